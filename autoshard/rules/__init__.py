@@ -1,0 +1,89 @@
+"""Op sharding rules: one module per op family, registered on an explicit
+:class:`RuleRegistry` by :func:`load_rules`, expanded to N-D strategies and
+checked numerically by :mod:`autoshard.rules.validator`.
+
+>>> import torch
+>>> rules = load_rules()
+>>> x = TensorMeta((8, 16), torch.float32)
+>>> len(rules.strategies(torch.ops.aten.relu.default, (x,), {}, (2, 2))) > 1
+True
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from autoshard.rules.core import (
+    COMPUTE_KINDS,
+    OpCall,
+    OpCompute,
+    OpStrategy,
+    P,
+    P_AVG,
+    P_MAX,
+    P_MIN,
+    R,
+    S,
+    ShardPlaceholder,
+    SingleDimStrategy,
+    TensorMeta,
+    to_meta,
+)
+from autoshard.rules.registry import Rule, RuleError, RuleRegistry, SampleInput, op_name
+
+__all__ = [
+    "FAMILIES",
+    "load_rules",
+    "RuleRegistry",
+    "Rule",
+    "RuleError",
+    "SampleInput",
+    "TensorMeta",
+    "to_meta",
+    "OpStrategy",
+    "OpCompute",
+    "OpCall",
+    "COMPUTE_KINDS",
+    "SingleDimStrategy",
+    "ShardPlaceholder",
+    "S",
+    "R",
+    "P",
+    "P_AVG",
+    "P_MAX",
+    "P_MIN",
+    "op_name",
+]
+
+FAMILIES: tuple[str, ...] = (
+    "matmul",
+    "pointwise",
+    "reductions",
+    "views",
+    "slicing",
+    "normalization",
+    "attention",
+    "indexing",
+    "losses",
+    "convolution",
+    "factory",
+)
+"""Family modules under ``autoshard.rules``, each with ``register(registry)``."""
+
+
+def load_rules(*, dtensor_fallback: bool = False) -> RuleRegistry:
+    """A fresh registry with every family's rules.
+
+    ``dtensor_fallback``: for ops with no rule of ours, derive one from
+    PyTorch's DTensor single-dim strategies, validated numerically before use
+    and logged (:mod:`autoshard.rules.dtensor_fallback`). Off by default.
+    """
+    registry = RuleRegistry()
+    for family in FAMILIES:
+        module = importlib.import_module(f"autoshard.rules.{family}")
+        module.register(registry)
+    if dtensor_fallback:
+        from autoshard.rules.dtensor_fallback import DTensorFallback
+
+        registry.set_fallback(DTensorFallback(registry))
+    return registry

@@ -1,0 +1,251 @@
+"""Expansion of a single-dim rule to the N-D strategies of a call, with pruning.
+
+For a mesh of sizes ``(m_0, ..., m_{n-1})`` the strategies of a call are the
+product, over mesh dims, of the rule's single-dim strategies (the all-replicate
+one added first, placeholders ``S*(d)`` filled with ``S(d)`` and with
+``_S(d,sf=k)`` for each requested split factor ``k``). Mesh dims apply left to
+right (DESIGN.md), so the product is walked depth first while the local size
+of every tensor dim is tracked; a choice for mesh dim ``i`` is checked on the
+local sizes left by mesh dims ``0..i-1``. Shape-dependent rules (views) are
+re-run on those local sizes, which is how a reshape of an already split tensor
+gets the right strided shard.
+
+Pruning, and why the optimum of the strategy graph is kept:
+
+(a) Canonical form. On a mesh dim of size 1 every placement is the same layout
+    as ``R`` (one rank holds the whole tensor; a partial over one rank is its
+    value), so only the all-replicate choice is made there. ``_S(d,sf=1)`` is
+    ``S(d)`` and negative tensor dims are made positive. Strategies that become
+    equal are the same local tensors on every rank, so they cost the same
+    under any cost model: keeping one loses nothing.
+(b) Divisibility policy (a restriction, not a reduction): a shard must split
+    its tensor dim evenly, unless ``allow_uneven`` is set *and* the rule is
+    exact on uneven splits (``Rule.uneven``); strided shards are always even;
+    no shard may leave a rank empty (``torch.chunk`` sizes). Strategies outside
+    the policy are not runnable by the runtime, so they are not candidates.
+(c) Duplicates: equal (outputs, inputs) placement tuples are kept once.
+(d) Dominance: nothing else is removed here. Two distinct strategies differ in
+    the layout of some tensor, so which one is cheaper depends on compute,
+    communication and memory prices that this layer does not have; the solver
+    removes cost- and memory-dominated strategies exactly, once priced.
+
+>>> import torch
+>>> from autoshard.rules.core import OpCall, SingleDimStrategy, TensorMeta, S
+>>> from autoshard.rules.registry import Rule
+>>> from autoshard.rules.compute import elementwise
+>>> x = TensorMeta((4, 6), torch.float32)
+>>> neg = Rule(torch.ops.aten.neg.default, "demo", lambda c: [SingleDimStrategy(S(0), S(0)), SingleDimStrategy(S(1), S(1))], elementwise())
+>>> call = OpCall(torch.ops.aten.neg.default, (x,), {}, (x,), (x,))
+>>> [str(s) for s in expand_rule(neg, call, (2, 3))]
+['RR <- RR', 'RS(1) <- RS(1)', 'S(0)R <- S(0)R', 'S(0)S(1) <- S(0)S(1)', 'S(1)R <- S(1)R', 'S(1)S(1) <- S(1)S(1)']
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+from costmodel.layout import max_local_shape
+from costmodel.placements import Partial, Placement, Replicate, Shard, StridedShard
+
+from autoshard.rules.core import OpCall, OpStrategy, ShardPlaceholder, SingleDimStrategy, TensorMeta
+from autoshard.rules.registry import Rule, RuleError, op_name
+
+__all__ = ["expand_rule", "replicate_only", "local_call", "fill_placeholders"]
+
+_REPLICATE = Replicate()
+Sizes = tuple[tuple[int, int], ...]
+"""Per tensor dim: (smallest, largest) local size over the ranks."""
+Option = tuple[Placement | None, ...]
+"""One concrete single-dim choice: a placement per output, then per input."""
+
+
+def _split(sizes: Sizes, p: Placement, m: int, uneven: bool) -> Sizes | None:
+    """Local sizes after splitting by ``p`` over ``m`` ranks; None if the
+    policy (b) forbids it."""
+    d = p.dim  # type: ignore[union-attr]
+    lo, hi = sizes[d]
+    if isinstance(p, StridedShard):
+        step = m * p.split_factor
+        if lo != hi or hi % step:
+            return None
+        new = (hi // m, hi // m)
+    elif lo == hi and hi % m == 0:
+        if hi < m:
+            return None
+        new = (hi // m, hi // m)
+    else:
+        if not uneven:
+            return None
+        # torch.chunk: chunks of ceil(n/m), the last one smaller; none empty.
+        c_lo, c_hi = -(-lo // m), -(-hi // m)
+        if (m - 1) * c_lo >= lo or (m - 1) * c_hi >= hi:
+            return None
+        new = (min(lo - (m - 1) * c_lo, hi - (m - 1) * c_hi), c_hi)
+    return sizes[:d] + (new,) + sizes[d + 1 :]
+
+
+def _concrete(p: object, kind: int | None, ndim: int | None, name: str, s: SingleDimStrategy) -> Placement | None:
+    """Fill a placeholder with ``S(d)`` (kind None) or ``_S(d,sf=kind)``."""
+    if p is None or isinstance(p, (Replicate, Partial)):
+        return p  # type: ignore[return-value]
+    if isinstance(p, (ShardPlaceholder, Shard, StridedShard)):
+        if ndim is None:
+            raise RuleError(f"{name} ({s}): shards a tensor that does not exist")
+        d = p.dim + ndim if p.dim < 0 else p.dim
+        if not 0 <= d < ndim:
+            raise RuleError(f"{name} ({s}): {p} names tensor dim {p.dim} of a {ndim}-D tensor")
+        if isinstance(p, ShardPlaceholder):
+            return Shard(d) if kind is None else StridedShard(d, kind)
+        if isinstance(p, StridedShard):
+            return Shard(d) if p.split_factor == 1 else StridedShard(d, p.split_factor)
+        return Shard(d)
+    raise RuleError(f"{name} ({s}): {p!r} is not a placement")
+
+
+def fill_placeholders(
+    rule: Rule, call: OpCall, strategies: Sequence[SingleDimStrategy], kinds: Sequence[int | None]
+) -> list[Option]:
+    """Concrete single-dim options of one call, all-replicate first, no duplicates."""
+    name = op_name(call.op)
+    n_out, n_in = len(call.outputs), len(call.inputs)
+    metas: list[TensorMeta | None] = list(call.outputs) + list(call.inputs)
+    ndims = [None if m is None else m.ndim for m in metas]
+    unread = None
+    options: list[Option] = []
+    seen: set[Option] = set()
+    for s in strategies:
+        if len(s.outputs) != n_out or len(s.inputs) != n_in:
+            raise RuleError(
+                f"{name}: rule gave {len(s.outputs)} outputs / {len(s.inputs)} inputs "
+                f"({s}), the call has {n_out} / {n_in}"
+            )
+        none_inputs = tuple(p is None for p in s.inputs)
+        if unread is None:
+            unread = none_inputs
+        elif unread != none_inputs:
+            raise RuleError(f"{name}: an input is None (unread) in some strategies only ({s})")
+        raw = s.outputs + s.inputs
+        has_placeholder = any(isinstance(p, ShardPlaceholder) for p in raw)
+        for kind in kinds if has_placeholder else (None,):
+            opt = tuple(
+                None if (i < n_out and metas[i] is None) else _concrete(p, kind, ndims[i], name, s)
+                for i, p in enumerate(raw)
+            )
+            if opt not in seen:
+                seen.add(opt)
+                options.append(opt)
+    unread = unread or (False,) * n_in
+    all_r: Option = tuple(None if metas[i] is None else _REPLICATE for i in range(n_out)) + tuple(
+        None if unread[i] else _REPLICATE for i in range(n_in)
+    )
+    if all_r in seen:
+        options.remove(all_r)
+    return [all_r] + options
+
+
+def _start_sizes(metas: Sequence[TensorMeta | None]) -> list[Sizes | None]:
+    return [None if m is None else tuple((s, s) for s in m.shape) for m in metas]
+
+
+def _walk(
+    mesh: tuple[int, ...],
+    metas: Sequence[TensorMeta | None],
+    options_at: Callable[[list[Sizes | None]], list[Option]],
+    uneven: bool,
+) -> list[tuple[Option, ...]]:
+    """Depth-first product over mesh dims, checking policy (b) on local sizes."""
+    results: list[tuple[Option, ...]] = []
+    chosen: list[Option] = []
+    n_mesh = len(mesh)
+
+    def rec(i: int, sizes: list[Sizes | None]) -> None:
+        if i == n_mesh:
+            results.append(tuple(chosen))
+            return
+        m = mesh[i]
+        opts = options_at(sizes)
+        if m == 1:  # (a): only the all-replicate choice on a size-1 mesh dim
+            opts = opts[:1]
+        for opt in opts:
+            new = sizes
+            for t, p in enumerate(opt):
+                if p is None or isinstance(p, (Replicate, Partial)):
+                    continue
+                cur = new[t]
+                if cur is None:
+                    break
+                split = _split(cur, p, m, uneven)
+                if split is None:
+                    break
+                if new is sizes:
+                    new = list(sizes)
+                new[t] = split
+            else:
+                chosen.append(opt)
+                rec(i + 1, new)
+                chosen.pop()
+
+    rec(0, _start_sizes(metas))
+    return results
+
+
+def _assemble(results: list[tuple[Option, ...]], n_out: int, n_in: int) -> tuple[OpStrategy, ...]:
+    out: dict[OpStrategy, None] = {}
+    for per_dim in results:
+        cols = list(zip(*per_dim))
+        outs = tuple(None if cols[j][0] is None else tuple(cols[j]) for j in range(n_out))
+        ins = tuple(None if cols[n_out + j][0] is None else tuple(cols[n_out + j]) for j in range(n_in))
+        out.setdefault(OpStrategy(outs, ins), None)  # (c) duplicates
+    return tuple(out)
+
+
+def expand_rule(
+    rule: Rule,
+    call: OpCall,
+    mesh_shape: tuple[int, ...],
+    *,
+    allow_uneven: bool = False,
+    strided_factors: tuple[int, ...] = (),
+) -> tuple[OpStrategy, ...]:
+    """The pruned N-D strategies of ``call`` under ``rule`` (module docstring)."""
+    kinds: tuple[int | None, ...] = (None,) + (strided_factors if rule.strided else ())
+    metas = list(call.outputs) + list(call.inputs)
+    uneven = allow_uneven and rule.uneven
+    if not rule.shape_dependent:
+        options = fill_placeholders(rule, call, rule.single_dim(call), kinds)
+        results = _walk(mesh_shape, metas, lambda sizes: options, uneven)
+    else:
+        n_out = len(call.outputs)
+        memo: dict[tuple, list[Option]] = {}
+
+        def options_at(sizes: list[Sizes | None]) -> list[Option]:
+            key = tuple(sizes)
+            if key not in memo:
+                local = [None if s is None else TensorMeta(tuple(hi for _, hi in s), m.dtype) for s, m in zip(sizes, metas)]  # type: ignore[union-attr]
+                lcall = call.with_shapes(tuple(local[n_out:]), tuple(local[:n_out]))  # type: ignore[arg-type]
+                memo[key] = fill_placeholders(rule, lcall, rule.single_dim(lcall), kinds)
+            return memo[key]
+
+        results = _walk(mesh_shape, metas, options_at, uneven)
+    return _assemble(results, len(call.outputs), len(call.inputs))
+
+
+def replicate_only(call: OpCall, mesh_shape: tuple[int, ...]) -> OpStrategy:
+    """The one strategy of an op without a rule: every tensor replicated."""
+    rep = (_REPLICATE,) * len(mesh_shape)
+    return OpStrategy(
+        tuple(None if o is None else rep for o in call.outputs), tuple(rep for _ in call.inputs)
+    )
+
+
+def local_call(call: OpCall, strategy: OpStrategy, mesh_shape: tuple[int, ...]) -> OpCall:
+    """``call`` with the largest local shard shape of every tensor."""
+
+    def shrink(meta: TensorMeta | None, placements: tuple[Placement, ...] | None) -> TensorMeta | None:
+        if meta is None or placements is None:
+            return meta
+        return TensorMeta(max_local_shape(meta.shape, placements, mesh_shape), meta.dtype)
+
+    ins = tuple(shrink(m, p) for m, p in zip(call.inputs, strategy.input_placements))
+    outs = tuple(shrink(m, p) for m, p in zip(call.outputs, strategy.output_placements))
+    return call.with_shapes(ins, outs)  # type: ignore[arg-type]

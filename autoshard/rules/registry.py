@@ -1,0 +1,383 @@
+"""The rule registry: which sharding rule covers which aten op, and the one
+entry point that enumerates an op's N-D strategies on a mesh.
+
+A :class:`Rule` is written for ONE mesh dim (see :mod:`autoshard.rules.core`):
+it returns single-dim strategies with shard placeholders ``S*(d)``. The
+registry adds the all-replicate strategy, fills placeholders with ``S(d)`` and
+the strided shards asked for, takes the product over mesh dims and prunes it
+(:mod:`autoshard.rules.expand` states the pruning and why it keeps the optimum).
+
+Rules are registered with a decorator on an explicit registry, one family
+module at a time; :func:`autoshard.rules.load_rules` builds a fresh registry by
+calling every family's ``register(registry)``. Nothing is registered at import.
+
+>>> import torch
+>>> from autoshard.rules import load_rules, TensorMeta
+>>> rules = load_rules()
+>>> mm = torch.ops.aten.mm.default
+>>> a, b = TensorMeta((64, 32), torch.float32), TensorMeta((32, 16), torch.float32)
+>>> [str(s) for s in rules.strategies(mm, (a, b), {}, (2,))]
+['R <- R, R', 'S(0) <- S(0), R', 'S(1) <- R, S(1)', 'P(sum) <- S(1), S(0)', 'P(sum) <- P(sum), R', 'P(sum) <- R, P(sum)']
+>>> rules.compute_kind(mm, (a, b)).kind
+'matmul'
+
+An op with no rule gets the replicate-only strategy and one warning per
+registry naming the op; it never fails.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import torch
+from torch._ops import OpOverload
+
+from autoshard.rules.core import (
+    OpCall,
+    OpCompute,
+    OpStrategy,
+    SingleDimStrategy,
+    TensorMeta,
+)
+
+__all__ = [
+    "Rule",
+    "RuleError",
+    "RuleRegistry",
+    "SampleInput",
+    "op_name",
+]
+
+log = logging.getLogger(__name__)
+
+SingleDimFn = Callable[[OpCall], Sequence[SingleDimStrategy]]
+"""A rule: the single-dim strategies of one call (placeholders allowed)."""
+ComputeFn = Callable[[OpCall], OpCompute]
+"""What one call costs, from the (local) shapes in the call."""
+LocalizeFn = Callable[[tuple, dict, OpCall], tuple[tuple, dict]]
+"""(args with local tensors, kwargs, call with local shapes) -> args and kwargs
+to run the op on one rank's shards (e.g. the target shape of a view)."""
+SampleFn = Callable[[Any], Iterable["SampleInput"]]
+"""Random valid inputs for the validator, from a :class:`autoshard.rules.samples.Sampler`."""
+ContractFn = Callable[[tuple, dict, tuple], "str | None"]
+"""For random ops: (global args, kwargs, unsharded outputs) -> None if the
+outputs satisfy the op's contract, else a message."""
+
+
+class RuleError(ValueError):
+    """A rule that does not fit its op (wrong number of placements, bad dim)."""
+
+
+def op_name(op: Any) -> str:
+    """``aten.mm.default`` for ``torch.ops.aten.mm.default``."""
+    if isinstance(op, OpOverload):
+        return f"{op.namespace}.{op._opname}.{op._overloadname}"
+    return str(op)
+
+
+@dataclass(frozen=True, slots=True)
+class SampleInput:
+    """One random, valid call of an op with real tensors, for the validator."""
+
+    args: tuple
+    kwargs: dict
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """The sharding rule of one op.
+
+    >>> # registered through RuleRegistry.family("matmul")(aten.mm.default, ...)
+    """
+
+    op: OpOverload
+    """The aten overload the rule covers."""
+    family: str
+    """The family module that registered it (``matmul``, ``pointwise``, ...)."""
+    single_dim: SingleDimFn
+    """Single-dim strategies for a call; the all-replicate one is implied."""
+    compute: ComputeFn
+    """Compute description for the cost model, from local shapes."""
+    samples: SampleFn | None = None
+    """Random valid inputs for the validator (None: not validated, see ``note``)."""
+    localize: LocalizeFn | None = None
+    """Adjusts non-tensor args (sizes) for local shards; None: args unchanged."""
+    uneven: bool = True
+    """Whether the rule stays exact when a tensor dim is split unevenly."""
+    strided: bool = True
+    """Whether placeholders may be filled with strided shards."""
+    shape_dependent: bool = False
+    """Re-run ``single_dim`` per mesh dim on local shapes (views, reshapes)."""
+    contract: ContractFn | None = None
+    """Random ops: checked by contract instead of values."""
+    reference: Callable[..., Any] | None = None
+    """A CPU implementation the validator runs in place of an op that has no
+    CPU kernel (same arguments, same outputs)."""
+    note: str = ""
+    """Why the rule is restricted or not validated (shown by the validator)."""
+
+
+def _freeze(obj: Any) -> Any:
+    """A hashable form of an args structure, for cache keys."""
+    if isinstance(obj, (list, tuple)):
+        return (type(obj) is list, tuple(_freeze(o) for o in obj))
+    if isinstance(obj, dict):
+        return tuple(sorted((k, _freeze(v)) for k, v in obj.items()))
+    if isinstance(obj, torch.Tensor):
+        raise RuleError("args_meta: pass TensorMeta (autoshard.rules.to_meta), not tensors")
+    return obj
+
+
+def _tensor_metas(args_meta: Sequence[Any], kwargs: Mapping[str, Any] | None) -> list[TensorMeta]:
+    from autoshard.rules.calls import flatten_tensors
+
+    return flatten_tensors((tuple(args_meta), tuple((kwargs or {}).values())))
+
+
+def _replicate_from_schema(op: OpOverload, args_meta: Sequence[Any], kwargs: Mapping[str, Any], mesh: tuple[int, ...]) -> OpStrategy:
+    """Replicate-only strategy when the outputs cannot be inferred: one output
+    per ``Tensor``/``Tensor?`` return (a ``Tensor[]`` return counts as one)."""
+    from costmodel.placements import Replicate
+
+    rep = (Replicate(),) * len(mesh)
+    n_out = sum(1 for r in op._schema.returns if "Tensor" in str(r.type))
+    n_in = len(_tensor_metas(args_meta, kwargs))
+    return OpStrategy((rep,) * n_out, (rep,) * n_in)
+
+
+class RuleRegistry:
+    """Rules by op, and strategy enumeration with a cache per call signature.
+
+    >>> registry = RuleRegistry()
+    >>> registry.ops()
+    []
+    """
+
+    def __init__(self) -> None:
+        self._rules: dict[OpOverload, Rule] = {}
+        self._warned: set[OpOverload] = set()
+        self._strategy_cache: dict[tuple, tuple[OpStrategy, ...]] = {}
+        self._call_cache: dict[tuple, OpCall] = {}
+        self._fallback: Any = None  # autoshard.rules.dtensor_fallback.DTensorFallback
+        self.fallback_uses: dict[OpOverload, int] = {}
+        """How many enumerations used a DTensor-derived rule, per op."""
+        self.enumerate_s = 0.0
+        """Seconds spent expanding strategies (cache misses only)."""
+
+    # ------------------------------------------------------------------ registration
+
+    def family(self, name: str) -> Callable[..., Callable[[SingleDimFn], SingleDimFn]]:
+        """The decorator of one family module.
+
+        >>> registry = RuleRegistry()
+        >>> rule = registry.family("demo")
+        >>> from autoshard.rules.core import SingleDimStrategy, S, R
+        >>> from autoshard.rules.compute import elementwise
+        >>> @rule(torch.ops.aten.neg.default, compute=elementwise())
+        ... def neg(call):
+        ...     return [SingleDimStrategy(S(d), S(d)) for d in range(call.inputs[0].ndim)]
+        >>> registry.rule_for(torch.ops.aten.neg.default).family
+        'demo'
+        """
+
+        def rule(
+            ops: OpOverload | Sequence[OpOverload], *, compute: ComputeFn, **options: Any
+        ) -> Callable[[SingleDimFn], SingleDimFn]:
+            op_list = [ops] if isinstance(ops, OpOverload) else list(ops)
+
+            def decorate(fn: SingleDimFn) -> SingleDimFn:
+                for op in op_list:
+                    self.add(Rule(op=op, family=name, single_dim=fn, compute=compute, **options))
+                return fn
+
+            return decorate
+
+        return rule
+
+    def add(self, rule: Rule) -> None:
+        """Register one rule; an op may have one rule only."""
+        if not isinstance(rule.op, OpOverload):
+            raise RuleError(f"rule.op: expected an OpOverload, got {rule.op!r}")
+        if rule.op in self._rules:
+            raise RuleError(
+                f"{op_name(rule.op)}: already has a rule from family "
+                f"{self._rules[rule.op].family!r} (new one from {rule.family!r})"
+            )
+        self._rules[rule.op] = rule
+        self._strategy_cache.clear()
+
+    def set_fallback(self, fallback: Any) -> None:
+        """Use ``fallback.rule_for(op, call) -> Rule | None`` for ops without a rule."""
+        self._fallback = fallback
+
+    # ------------------------------------------------------------------ lookup
+
+    def rule_for(self, op: OpOverload) -> Rule | None:
+        """The registered rule of ``op`` (not the DTensor fallback), or None."""
+        return self._rules.get(op)
+
+    def ops(self) -> list[OpOverload]:
+        """Every op with a registered rule, sorted by name."""
+        return sorted(self._rules, key=op_name)
+
+    def families(self) -> dict[str, list[OpOverload]]:
+        """Ops per family, sorted by name."""
+        out: dict[str, list[OpOverload]] = {}
+        for op in self.ops():
+            out.setdefault(self._rules[op].family, []).append(op)
+        return out
+
+    # ------------------------------------------------------------------ calls
+
+    def op_call(
+        self,
+        op: OpOverload,
+        args_meta: Sequence[Any],
+        kwargs: Mapping[str, Any] | None = None,
+        *,
+        out_meta: Any = None,
+    ) -> OpCall:
+        """The :class:`OpCall` of ``op`` on ``args_meta``: schema-bound arguments,
+        flattened tensor inputs and outputs (from ``out_meta`` when given, else
+        by running the op on meta tensors)."""
+        from autoshard.rules.calls import make_call
+
+        kwargs = dict(kwargs or {})
+        key = (op, _freeze(tuple(args_meta)), _freeze(kwargs), _freeze(out_meta))
+        call = self._call_cache.get(key)
+        if call is None:
+            call = make_call(op, tuple(args_meta), kwargs, out_meta)
+            self._call_cache[key] = call
+        return call
+
+    def _resolve(self, op: OpOverload, call: OpCall) -> Rule | None:
+        rule = self._rules.get(op)
+        if rule is None and self._fallback is not None:
+            rule = self._fallback.rule_for(op, call)
+            if rule is not None:
+                self.fallback_uses[op] = self.fallback_uses.get(op, 0) + 1
+                log.info("%s: using a rule derived from DTensor's single-dim strategy", op_name(op))
+        if rule is None:
+            self._warn_no_rule(op)
+        return rule
+
+    def _warn_no_rule(self, op: OpOverload) -> None:
+        if op not in self._warned:
+            self._warned.add(op)
+            log.warning("no sharding rule for %s: using the replicate-only strategy", op_name(op))
+
+    # ------------------------------------------------------------------ enumeration
+
+    def strategies(
+        self,
+        op: OpOverload,
+        args_meta: Sequence[Any],
+        kwargs: Mapping[str, Any] | None,
+        mesh_shape: Sequence[int],
+        *,
+        allow_uneven: bool = False,
+        strided_factors: Iterable[int] = (),
+        out_meta: Any = None,
+    ) -> list[OpStrategy]:
+        """Every N-D strategy of one call of ``op`` on a mesh of ``mesh_shape``,
+        after pruning; the all-replicate strategy comes first.
+
+        ``args_meta``: the op's positional args with :class:`TensorMeta` in place
+        of tensors (lists of them for ``Tensor[]``), other values as they are.
+        ``allow_uneven``: let rules that stay exact on uneven splits shard a
+        tensor dim not divisible by the mesh dim size (never into empty shards).
+        ``strided_factors``: split factors of ``_S(d,sf=k)`` placements that the
+        producers of the inputs may hand over (from views); placeholders are
+        also filled with those. ``out_meta``: the outputs' metadata, when
+        known (needed for ops whose output shape depends on data).
+
+        Results are cached per (op, shapes, dtypes, args, mesh, options).
+        """
+        mesh = tuple(int(m) for m in mesh_shape)
+        if not mesh or any(m < 1 for m in mesh):
+            raise RuleError(f"mesh_shape: expected positive sizes, got {tuple(mesh_shape)}")
+        factors = tuple(sorted({int(f) for f in strided_factors if int(f) > 1}))
+        kw = dict(kwargs or {})
+        key = (op, _freeze(tuple(args_meta)), _freeze(kw), mesh, bool(allow_uneven), factors, _freeze(out_meta))
+        cached = self._strategy_cache.get(key)
+        if cached is not None:
+            return list(cached)
+        start = time.perf_counter()
+        from autoshard.rules.calls import OutputsUnknown
+        from autoshard.rules.expand import expand_rule, replicate_only
+
+        try:
+            call = self.op_call(op, args_meta, kw, out_meta=out_meta)
+        except OutputsUnknown:
+            if op in self._rules:
+                raise
+            # No rule and no output shapes (data-dependent): still never fail.
+            self._warn_no_rule(op)
+            result: tuple[OpStrategy, ...] = (_replicate_from_schema(op, args_meta, kw, mesh),)
+        else:
+            rule = self._resolve(op, call)
+            if rule is None:
+                result = (replicate_only(call, mesh),)
+            else:
+                result = expand_rule(rule, call, mesh, allow_uneven=allow_uneven, strided_factors=factors)
+        self._strategy_cache[key] = result
+        self.enumerate_s += time.perf_counter() - start
+        return list(result)
+
+    def compute_kind(
+        self,
+        op: OpOverload,
+        args_meta: Sequence[Any],
+        kwargs: Mapping[str, Any] | None = None,
+        *,
+        out_meta: Any = None,
+    ) -> OpCompute:
+        """Kind, FLOPs and bytes of one call, for the shapes in ``args_meta``
+        (pass local shard shapes to price one rank; see :meth:`strategy_compute`).
+        An op with no rule is priced as an elementwise pass over its tensors."""
+        from autoshard.rules.compute import elementwise
+
+        from autoshard.rules.calls import OutputsUnknown
+
+        try:
+            call = self.op_call(op, args_meta, kwargs, out_meta=out_meta)
+        except OutputsUnknown:
+            if op in self._rules:
+                raise
+            call = OpCall(op, tuple(args_meta), dict(kwargs or {}), tuple(_tensor_metas(args_meta, kwargs)), ())
+            return elementwise()(call)
+        rule = self._rules.get(op)
+        if rule is None and self._fallback is not None:
+            rule = self._fallback.rule_for(op, call)
+        return (rule.compute if rule is not None else elementwise())(call)
+
+    def strategy_compute(
+        self,
+        op: OpOverload,
+        args_meta: Sequence[Any],
+        kwargs: Mapping[str, Any] | None,
+        mesh_shape: Sequence[int],
+        strategy: OpStrategy,
+        *,
+        out_meta: Any = None,
+    ) -> OpCompute:
+        """Compute of the busiest rank when ``op`` runs with ``strategy``: the
+        rule's compute on the largest local shard of every tensor."""
+        from autoshard.rules.expand import local_call
+
+        call = self.op_call(op, args_meta, kwargs, out_meta=out_meta)
+        local = local_call(call, strategy, tuple(mesh_shape))
+        rule = self._rules.get(op)
+        if rule is None and self._fallback is not None:
+            rule = self._fallback.rule_for(op, call)
+        from autoshard.rules.compute import elementwise
+
+        return (rule.compute if rule is not None else elementwise())(local)
+
+    def clear_cache(self) -> None:
+        """Forget cached strategies and calls (rules stay)."""
+        self._strategy_cache.clear()
+        self._call_cache.clear()

@@ -1,0 +1,594 @@
+"""Numerical validator of sharding rules on a simulated mesh (no process group).
+
+For a rule and a random valid call (the rule's ``samples``), every N-D
+strategy that the registry enumerates on small meshes is checked:
+
+1. every input is split into the local tensor of each rank per its input
+   placements: ``S``/``_S``/``R`` by ``costmodel.simulate.shard``, one mesh dim
+   at a time; on a ``P(op)`` mesh dim the value is cut into *random* pieces
+   that reduce to it (``sum``: random addends with mixed signs; ``avg``:
+   addends of ``m*x``; ``max``/``min``: one random owner per element holds
+   the value, the others something smaller/larger);
+2. the op runs on each rank's local tensors (non-tensor args localised by
+   the rule, e.g. the target shape of a view);
+3. each output is compared with the unsharded op: with no partial, every
+   rank's local tensor must equal the matching shard of the reference (shape
+   and values); with partials, replicas must agree and
+   ``costmodel.simulate.unshard`` (which reduces ``P(...)``) must give the
+   reference.
+
+Tolerances are per dtype (:data:`TOLERANCE`, relative to the largest value),
+because split reductions add in another order. Random ops are checked by their
+contract (shapes, value range, mask consistency) with a per-rank seed, since
+their values cannot match an unsharded run.
+
+Meshes (cycled over cases): ``(2,)``, ``(3,)``, ``(2, 2)``, ``(2,)`` with strided
+shards of split factor 2, and ``(3,)`` with uneven sizes for rules that allow
+uneven splits.
+
+Command line::
+
+    python -m autoshard.rules.validator --op aten.mm.default
+    autoshard validate-rules [--op NAME] [--family NAME] [--cases N]
+
+>>> from autoshard.rules import load_rules
+>>> import torch
+>>> registry = load_rules()
+>>> report = validate_rule(registry.rule_for(torch.ops.aten.mm.default), registry, cases=2)
+>>> report.ok, report.strategies_checked > 0
+(True, True)
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Sequence
+
+import torch
+
+from costmodel import simulate
+from costmodel.layout import local_shape
+from costmodel.placements import Partial, Placement, Replicate
+
+from autoshard.rules.calls import flatten_results, ordered_tensor_args, replace_tensors
+from autoshard.rules.core import OpCall, OpStrategy, TensorMeta, to_meta
+from autoshard.rules.expand import expand_rule
+from autoshard.rules.registry import Rule, RuleRegistry, SampleInput, op_name
+from autoshard.rules.samples import Sampler
+
+__all__ = [
+    "TOLERANCE",
+    "MeshCase",
+    "MESH_CASES",
+    "Failure",
+    "RuleReport",
+    "distribute",
+    "check_strategy",
+    "validate_rule",
+    "validate_registry",
+    "format_reports",
+    "add_arguments",
+    "run",
+]
+
+TOLERANCE: dict[torch.dtype, float] = {
+    torch.float64: 1e-9,
+    torch.float32: 2e-4,
+    torch.float16: 5e-3,
+    torch.bfloat16: 5e-2,
+    torch.complex64: 2e-4,
+    torch.complex128: 1e-9,
+}
+"""Allowed |sharded - reference| relative to 1 + max |reference|, per dtype."""
+
+
+@dataclass(frozen=True, slots=True)
+class MeshCase:
+    """A mesh and the sizes, options that go with it."""
+
+    mesh_shape: tuple[int, ...]
+    sizes: tuple[int, ...]
+    allow_uneven: bool = False
+    strided_factors: tuple[int, ...] = ()
+
+
+MESH_CASES: tuple[MeshCase, ...] = (
+    MeshCase((2,), (4, 8, 12)),
+    MeshCase((2, 2), (4, 8)),
+    MeshCase((3,), (6, 12)),
+    MeshCase((2,), (4, 8), strided_factors=(2,)),
+    MeshCase((3,), (4, 5, 7), allow_uneven=True),
+)
+"""Cycled over a rule's cases (the uneven one only for rules that allow it)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """One strategy that did not reproduce the unsharded op."""
+
+    mesh_shape: tuple[int, ...]
+    strategy: str
+    sample: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"mesh {self.mesh_shape} {self.strategy} on {self.sample}: {self.message}"
+
+
+@dataclass(slots=True)
+class RuleReport:
+    """What validating one rule found."""
+
+    op: str
+    family: str
+    cases: int = 0
+    strategies_checked: int = 0
+    failures: list[Failure] = field(default_factory=list)
+    skipped: str = ""
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+
+# --------------------------------------------------------------------------- sharding inputs
+
+
+def _random_pieces(value: torch.Tensor, reduce_op: str, m: int, gen: torch.Generator) -> list[torch.Tensor]:
+    """``m`` tensors that reduce (``reduce_op``) to ``value`` (module docstring)."""
+    shape = tuple(value.shape)
+    if value.dtype == torch.bool:
+        if reduce_op not in ("max", "min"):
+            raise ValueError(f"a bool tensor cannot be P({reduce_op})")
+        owner = torch.randint(0, m, shape, generator=gen)
+        filler = torch.full(shape, reduce_op == "min", dtype=torch.bool)
+        return [torch.where(owner == r, value, filler) for r in range(m)]
+    integral = not (value.dtype.is_floating_point or value.dtype.is_complex)
+    if value.dtype.is_complex:
+        if reduce_op not in ("sum", "avg"):
+            raise ValueError(f"a complex tensor cannot be P({reduce_op})")
+        v = value.to(torch.complex128)
+    else:
+        v = value.to(torch.float64) if not integral else value.to(torch.int64)
+    if reduce_op in ("sum", "avg"):
+        target = v * m if reduce_op == "avg" else v
+        if integral:
+            parts = [torch.randint(-3, 4, shape, generator=gen) for _ in range(m - 1)]
+        else:
+            scale = target.abs() + 1
+            noise = torch.complex128 if v.dtype.is_complex else torch.float64
+            parts = [torch.randn(shape, generator=gen, dtype=noise) * scale for _ in range(m - 1)]
+        last = target - sum(parts) if parts else target
+        pieces = parts + [last]
+        # The holder of the remainder changes between calls: no rank is special.
+        shift = int(torch.randint(0, m, (1,), generator=gen))
+        pieces = pieces[shift:] + pieces[:shift]
+    else:
+        owner = torch.randint(0, m, shape, generator=gen)
+        sign = -1 if reduce_op == "max" else 1
+        pieces = []
+        for r in range(m):
+            if integral:
+                delta = torch.randint(1, 4, shape, generator=gen)
+            else:
+                delta = (v.abs() + 1) * (0.5 + torch.rand(shape, generator=gen, dtype=torch.float64))
+            pieces.append(torch.where(owner == r, v, v + sign * delta))
+    return [p.to(value.dtype) for p in pieces]
+
+
+def distribute(
+    tensor: torch.Tensor, placements: Sequence[Placement], mesh_shape: Sequence[int], gen: torch.Generator
+) -> dict[tuple[int, ...], torch.Tensor]:
+    """Local tensor of every rank: mesh dims applied left to right, shards by
+    ``costmodel.simulate.shard``, partials as random pieces.
+
+    >>> from costmodel.placements import Shard
+    >>> parts = distribute(torch.arange(4.0), (Partial("sum"),), (2,), torch.Generator().manual_seed(0))
+    >>> torch.allclose(parts[(0,)] + parts[(1,)], torch.arange(4.0, dtype=torch.float64).float())
+    True
+    """
+    # Replicated mesh dims do not branch: replicas hold identical local
+    # tensors, including identical partial pieces on later mesh dims.
+    split_dims = [d for d, p in enumerate(placements) if not isinstance(p, Replicate)]
+    pieces: dict[tuple[int, ...], torch.Tensor] = {(): tensor}
+    for mesh_dim in split_dims:
+        p, m = placements[mesh_dim], mesh_shape[mesh_dim]
+        nxt: dict[tuple[int, ...], torch.Tensor] = {}
+        for prefix, value in pieces.items():
+            if isinstance(p, Partial):
+                parts = _random_pieces(value, p.reduce_op, m, gen)
+            else:
+                split = simulate.shard(value, (p,), (m,))
+                parts = [split[(r,)] for r in range(m)]
+            for r, part in enumerate(parts):
+                nxt[prefix + (r,)] = part.contiguous().clone()
+        pieces = nxt
+    return {c: pieces[tuple(c[d] for d in split_dims)] for c in simulate.mesh_coords(mesh_shape)}
+
+
+# --------------------------------------------------------------------------- comparing outputs
+
+
+def _close(
+    actual: torch.Tensor, expected: torch.Tensor, where: str, tol_dtype: torch.dtype | None = None, scale: float = 0.0
+) -> str | None:
+    """None if equal within the dtype's tolerance times ``1 + max(|expected|, scale)``."""
+    if tol_dtype is None and actual.dtype != expected.dtype:
+        return f"{where}: dtype {actual.dtype}, expected {expected.dtype}"
+    if tuple(actual.shape) != tuple(expected.shape):
+        return f"{where}: shape {tuple(actual.shape)}, expected {tuple(expected.shape)}"
+    if not (expected.dtype.is_floating_point or expected.dtype.is_complex):
+        if torch.equal(actual, expected):
+            return None
+        return f"{where}: {(actual != expected).sum().item()} of {expected.numel()} values differ"
+    a, e = actual.to(torch.complex128 if expected.dtype.is_complex else torch.float64), expected.to(
+        torch.complex128 if expected.dtype.is_complex else torch.float64
+    )
+    nan_a, nan_e = torch.isnan(a), torch.isnan(e)
+    if not torch.equal(nan_a, nan_e):
+        return f"{where}: NaN at different positions"
+    a, e = torch.where(nan_e, 0, a), torch.where(nan_e, 0, e)
+    inf_e = torch.isinf(e)
+    if not torch.equal(a[inf_e], e[inf_e]):
+        return f"{where}: infinities differ"
+    a, e = torch.where(inf_e, 0, a), torch.where(inf_e, 0, e)
+    if e.numel() == 0:
+        return None
+    tol = TOLERANCE.get(tol_dtype or expected.dtype, 1e-4) * (1 + max(float(e.abs().max()), scale))
+    diff = float((a - e).abs().max())
+    if diff > tol:
+        return f"{where}: max |difference| {diff:.3g} > {tol:.3g}"
+    return None
+
+
+def _as_float64(t: torch.Tensor) -> torch.Tensor:
+    return t.to(torch.float64) if t.dtype in (torch.float16, torch.bfloat16, torch.float32) else t
+
+
+def _compare_output(
+    k: int,
+    locals_: Mapping[tuple[int, ...], torch.Tensor],
+    reference: torch.Tensor,
+    placements: tuple[Placement, ...],
+    mesh_shape: tuple[int, ...],
+    tol_dtype: torch.dtype,
+) -> str | None:
+    for coord, t in locals_.items():
+        if not isinstance(t, torch.Tensor):
+            return f"output {k} at rank {coord}: not a tensor"
+        want = local_shape(tuple(reference.shape), placements, mesh_shape, coord)
+        if tuple(t.shape) != want:
+            return f"output {k} at rank {coord}: local shape {tuple(t.shape)}, expected {want}"
+    if not any(isinstance(p, Partial) for p in placements):
+        expected = simulate.shard(reference, placements, mesh_shape)
+        for coord, t in locals_.items():
+            want_t = expected[coord]
+            msg = _close(t, want_t, f"output {k} at rank {coord}")
+            if msg and t.dtype == want_t.dtype and tol_dtype != t.dtype:
+                msg = _close(_as_float64(t), _as_float64(want_t), f"output {k} at rank {coord}", tol_dtype)
+            if msg:
+                return msg
+        return None
+    # Replicas along R mesh dims must agree before partials are reduced.
+    for coord, t in locals_.items():
+        for mesh_dim, p in enumerate(placements):
+            if isinstance(p, Replicate) and coord[mesh_dim]:
+                base = coord[:mesh_dim] + (0,) + coord[mesh_dim + 1 :]
+                msg = _close(_as_float64(t), _as_float64(locals_[base]), f"output {k} replica {coord} vs {base}", tol_dtype)
+                if msg:
+                    return msg
+    for coord, t in locals_.items():
+        if t.dtype != reference.dtype:
+            return f"output {k} at rank {coord}: dtype {t.dtype}, expected {reference.dtype}"
+    widened = {c: _as_float64(t) for c, t in locals_.items()}
+    try:
+        total = simulate.unshard(widened, placements, mesh_shape, check_replicas=False)
+    except simulate.SimulationError as exc:
+        return f"output {k}: {exc}"
+    # Each rank's contribution was rounded on its own magnitude, which random
+    # pieces make larger than the result's: scale the tolerance by their sum.
+    pieces = sum(float(t.abs().max()) for t in widened.values() if t.numel() and t.is_floating_point())
+    return _close(total, _as_float64(reference), f"output {k} (reduced)", tol_dtype=tol_dtype, scale=pieces)
+
+
+# --------------------------------------------------------------------------- one strategy
+
+
+def _coord_seed(base: int, coord: tuple[int, ...], placements: tuple[Placement, ...] | None) -> int:
+    """Same seed along replicated mesh dims (replicas draw the same numbers),
+    different seeds along split ones."""
+    seed = base
+    for mesh_dim, c in enumerate(coord):
+        if placements is None or not isinstance(placements[mesh_dim], Replicate):
+            seed = seed * 31 + c + 1
+    return seed
+
+
+def check_strategy(
+    rule: Rule,
+    sample: SampleInput,
+    strategy: OpStrategy,
+    mesh_shape: tuple[int, ...],
+    reference: list[Any],
+    gen: torch.Generator,
+) -> str | None:
+    """Run one strategy on simulated shards; None if it matches ``reference``
+    (the flattened outputs of the unsharded op), else what differs."""
+    op = rule.op
+    flat_inputs = _flat_tensors(op, sample)
+    local_inputs: list[dict[tuple[int, ...], torch.Tensor]] = []
+    for j, t in enumerate(flat_inputs):
+        placements = strategy.input_placements[j] or (Replicate(),) * len(mesh_shape)
+        try:
+            local_inputs.append(distribute(t, placements, mesh_shape, gen))
+        except ValueError as exc:
+            return f"input {j}: {exc}"
+    coords = simulate.mesh_coords(mesh_shape)
+    outputs: dict[tuple[int, ...], list[Any]] = {}
+    first_out = next((p for p in strategy.output_placements if p is not None), None)
+    for coord in coords:
+        tensors = [local[coord] for local in local_inputs]
+        args, kwargs = replace_tensors(op, sample.args, sample.kwargs, tensors)
+        if rule.localize is not None:
+            out_metas = tuple(
+                None if (ref is None or pl is None) else TensorMeta(local_shape(tuple(ref.shape), pl, mesh_shape, coord), ref.dtype)
+                for ref, pl in zip(reference, strategy.output_placements)
+            )
+            in_metas = tuple(TensorMeta.of(t) for t in tensors)
+            lcall = OpCall(op, to_meta(args), to_meta(kwargs), in_metas, out_metas)
+            try:
+                args, kwargs = rule.localize(args, kwargs, lcall)
+            except Exception as exc:  # noqa: BLE001 - a rule bug, reported as a failure
+                return f"rank {coord}: localize failed: {type(exc).__name__}: {_first_line(exc)}"
+        if rule.contract is not None:
+            torch.manual_seed(_coord_seed(1234, coord, first_out))
+        try:
+            result = (rule.reference or op)(*args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - the local op rejected its shards
+            return f"rank {coord}: local op failed: {type(exc).__name__}: {_first_line(exc)}"
+        outputs[coord] = flatten_results(result)
+    for coord, outs in outputs.items():
+        if len(outs) != len(reference):
+            return f"rank {coord}: {len(outs)} outputs, expected {len(reference)}"
+    if rule.contract is not None:
+        gathered = []
+        for k, pl in enumerate(strategy.output_placements):
+            if pl is None or reference[k] is None:
+                gathered.append(None)
+                continue
+            locals_k = {c: outputs[c][k] for c in coords}
+            try:
+                # replicas of a random op agree by seeding, not by the rule
+                gathered.append(simulate.unshard(locals_k, pl, mesh_shape, check_replicas=False))
+            except simulate.SimulationError as exc:
+                return f"output {k}: {exc}"
+        return rule.contract(sample.args, sample.kwargs, tuple(gathered))
+    for k, ref in enumerate(reference):
+        pl = strategy.output_placements[k]
+        if ref is None or pl is None:
+            continue
+        msg = _compare_output(k, {c: outputs[c][k] for c in coords}, ref, pl, mesh_shape, _loosest(flat_inputs, ref))
+        if msg:
+            return msg
+    return None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:200] if text else type(exc).__name__
+
+
+def _loosest(inputs: Sequence[torch.Tensor], output: torch.Tensor) -> torch.dtype:
+    """The dtype whose tolerance applies: the least precise float among the
+    inputs and the output (a cast cannot be more exact than its source)."""
+    dtypes = [t.dtype for t in list(inputs) + [output] if t.dtype in TOLERANCE]
+    return max(dtypes, key=lambda d: TOLERANCE[d], default=output.dtype)
+
+
+def _flat_tensors(op: Any, sample: SampleInput) -> list[torch.Tensor]:
+    return ordered_tensor_args(op, sample.args, sample.kwargs)
+
+
+def _describe(sample: SampleInput) -> str:
+    def one(o: Any) -> str:
+        if isinstance(o, torch.Tensor):
+            return str(TensorMeta.of(o))
+        if isinstance(o, (list, tuple)):
+            return "[" + ", ".join(one(x) for x in o) + "]"
+        return repr(o)
+
+    parts = [one(a) for a in sample.args] + [f"{k}={one(v)}" for k, v in sample.kwargs.items()]
+    return "(" + ", ".join(parts) + ")"
+
+
+# --------------------------------------------------------------------------- rules
+
+
+def validate_rule(
+    rule: Rule,
+    registry: RuleRegistry | None = None,
+    *,
+    cases: int = 5,
+    seed: int = 0,
+    max_strategies: int = 40,
+    mesh_cases: Sequence[MeshCase] = MESH_CASES,
+) -> RuleReport:
+    """Check ``rule`` on ``cases`` mesh cases (each with the samples the rule
+    draws for it); every enumerated strategy, or a random ``max_strategies`` of
+    them, is run (:func:`check_strategy`)."""
+    registry = registry or RuleRegistry()
+    report = RuleReport(op_name(rule.op), rule.family)
+    start = time.perf_counter()
+    if rule.samples is None:
+        report.skipped = rule.note or "no samples"
+        return report
+    # The tensors are tiny: intra-op threads only add overhead (100x for a
+    # small CPU convolution backward).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        _validate_cases(rule, registry, report, cases, seed, max_strategies, mesh_cases)
+    finally:
+        torch.set_num_threads(threads)
+    report.seconds = time.perf_counter() - start
+    return report
+
+
+def _validate_cases(
+    rule: Rule,
+    registry: RuleRegistry,
+    report: RuleReport,
+    cases: int,
+    seed: int,
+    max_strategies: int,
+    mesh_cases: Sequence[MeshCase],
+) -> None:
+    usable = [mc for mc in mesh_cases if rule.uneven or not mc.allow_uneven]
+    for case in range(cases):
+        mc = usable[case % len(usable)]
+        case_seed = seed * 100_003 + case
+        sampler = Sampler(case_seed, sizes=mc.sizes)
+        rng = random.Random(case_seed)
+        gen = torch.Generator().manual_seed(case_seed)
+        report.cases += 1
+        try:
+            samples = list(rule.samples(sampler))
+        except Exception as exc:  # noqa: BLE001 - a broken sampler is the rule's bug
+            report.failures.append(Failure(mc.mesh_shape, "-", "-", f"samples failed: {type(exc).__name__}: {_first_line(exc)}"))
+            continue
+        for sample in samples:
+            desc = _describe(sample)
+            try:
+                with torch.no_grad():
+                    reference = flatten_results((rule.reference or rule.op)(*sample.args, **sample.kwargs))
+            except Exception as exc:  # noqa: BLE001 - a bad sample is the rule's bug
+                report.failures.append(Failure(mc.mesh_shape, "-", desc, f"sample rejected by the op: {_first_line(exc)}"))
+                continue
+            try:
+                # the reference outputs give the output shapes, also data-dependent ones
+                call = registry.op_call(rule.op, to_meta(sample.args), to_meta(sample.kwargs), out_meta=to_meta(reference))
+                strategies = expand_rule(
+                    rule, call, mc.mesh_shape, allow_uneven=mc.allow_uneven, strided_factors=mc.strided_factors
+                )
+            except Exception as exc:  # noqa: BLE001 - rule errors are reported, not raised
+                report.failures.append(Failure(mc.mesh_shape, "-", desc, f"enumeration failed: {type(exc).__name__}: {_first_line(exc)}"))
+                continue
+            chosen = list(strategies)
+            if len(chosen) > max_strategies:
+                chosen = [chosen[0]] + rng.sample(chosen[1:], max_strategies - 1)
+            for strategy in chosen:
+                report.strategies_checked += 1
+                try:
+                    msg = check_strategy(rule, sample, strategy, mc.mesh_shape, reference, gen)
+                except Exception as exc:  # noqa: BLE001 - e.g. a shard dim the simulator rejects
+                    msg = f"could not run the strategy: {type(exc).__name__}: {_first_line(exc)}"
+                if msg:
+                    report.failures.append(Failure(mc.mesh_shape, str(strategy), desc, msg))
+
+
+def select_ops(registry: RuleRegistry, patterns: Sequence[str] = (), families: Sequence[str] = ()) -> list[Any]:
+    """Registered ops matching any name pattern (``aten.mm.default``, ``mm``,
+    ``aten.mm``, globs, else any op whose name contains it) and family; all
+    when none given."""
+    ops = registry.ops()
+    if families:
+        unknown = set(families) - set(registry.families())
+        if unknown:
+            raise ValueError(f"--family: unknown {', '.join(sorted(unknown))} (known: {', '.join(registry.families())})")
+        ops = [op for op in ops if registry.rule_for(op).family in families]
+    if not patterns:
+        return ops
+    chosen = []
+    for pattern in patterns:
+        hits = [
+            op
+            for op in ops
+            if fnmatch.fnmatch(op_name(op), pattern)
+            or op_name(op).startswith(pattern.rstrip(".") + ".")
+            or op_name(op).split(".")[1] == pattern
+        ]
+        if not hits:  # a bare name: every op whose name contains it
+            hits = [op for op in ops if pattern in op_name(op)]
+        if not hits:
+            raise ValueError(f"--op: no registered rule matches {pattern!r}")
+        chosen.extend(op for op in hits if op not in chosen)
+    return chosen
+
+
+def validate_registry(
+    registry: RuleRegistry, ops: Iterable[Any] | None = None, *, cases: int = 5, seed: int = 0, max_strategies: int = 40
+) -> list[RuleReport]:
+    """:func:`validate_rule` for every (or each given) registered op."""
+    reports = []
+    for op in ops if ops is not None else registry.ops():
+        rule = registry.rule_for(op)
+        if rule is None:
+            raise ValueError(f"{op_name(op)}: no registered rule to validate")
+        reports.append(validate_rule(rule, registry, cases=cases, seed=seed, max_strategies=max_strategies))
+    return reports
+
+
+def format_reports(reports: Sequence[RuleReport], *, show_failures: int = 3) -> str:
+    """A pass/fail table, then the first failures of each failing rule."""
+    width = max([len(r.op) for r in reports] + [10])
+    lines = [f"{'op':<{width}}  {'family':<13} {'cases':>5} {'checked':>8} {'failed':>6}  result"]
+    for r in reports:
+        result = "skip: " + r.skipped if r.skipped else ("PASS" if r.ok else "FAIL")
+        lines.append(f"{r.op:<{width}}  {r.family:<13} {r.cases:>5} {r.strategies_checked:>8} {len(r.failures):>6}  {result}")
+    failing = [r for r in reports if not r.ok]
+    passed = sum(1 for r in reports if r.ok and not r.skipped)
+    skipped = sum(1 for r in reports if r.skipped)
+    lines.append(f"{passed} passed, {len(failing)} failed, {skipped} skipped, "
+                 f"{sum(r.strategies_checked for r in reports)} strategies checked")
+    for r in failing:
+        for f in r.failures[:show_failures]:
+            lines.append(f"FAIL {r.op}: {f}")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of ``autoshard validate-rules`` / ``python -m autoshard.rules.validator``."""
+    parser.add_argument("--op", action="append", default=[], metavar="NAME",
+                        help="op to check (aten.mm.default, mm, or a glob); repeatable; default all")
+    parser.add_argument("--family", action="append", default=[], metavar="NAME", help="only rules of this family; repeatable")
+    parser.add_argument("--cases", type=int, default=5, help="mesh cases per rule (default 5)")
+    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    parser.add_argument("--max-strategies", type=int, default=40, help="strategies checked per sample (default 40)")
+    parser.add_argument("--failures", type=int, default=3, help="failures shown per failing rule (default 3)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Validate the selected rules, print the table; 1 if any failed."""
+    from autoshard.rules import load_rules
+
+    if args.cases < 1:
+        raise ValueError(f"--cases: must be >= 1, got {args.cases}")
+    registry = load_rules()
+    ops = select_ops(registry, args.op, args.family)
+    reports = validate_registry(registry, ops, cases=args.cases, seed=args.seed, max_strategies=args.max_strategies)
+    print(format_reports(reports, show_failures=args.failures))
+    return 0 if all(r.ok for r in reports) else 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m autoshard.rules.validator", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        return run(args)
+    except ValueError as exc:
+        print(f"validate-rules: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

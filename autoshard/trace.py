@@ -1,0 +1,342 @@
+"""Trace a model into one joint forward+backward ATen graph, on fake tensors.
+
+This is the first stage of the pipeline (DESIGN.md): everything later (op
+rules, the strategy graph, the runtime) reads the :class:`TracedGraph` built
+here. The model's ``forward(*example_inputs)`` must return the scalar loss;
+the joint graph then holds the forward, the loss and every gradient.
+
+How: parameters, buffers and inputs are swapped for FakeTensors (shapes,
+dtypes and strides without storage; ``meta`` tensors become fake tensors on
+``device``), and ``aot_export_joint_with_descriptors`` traces the functional
+joint graph. Its placeholders and outputs carry descriptors, from which the
+parameter, buffer and input nodes, the gradient of each parameter, buffer
+mutations (BatchNorm statistics) and the loss are read, all by name. The
+model is left untouched: its tensors are put back after tracing.
+
+Every private torch API that autoshard uses for tracing is called from this
+module only (``torch._functorch``, ``torch._subclasses``), so that a change
+between torch releases is fixed in one place.
+
+>>> from examples.models import mlp
+>>> traced = trace_joint(*mlp.tiny(device="meta"))
+>>> sorted(traced.params)[:2], traced.loss_meta.shape
+(['layers.0.w1.bias', 'layers.0.w1.weight'], ())
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch import nn
+from torch._functorch._aot_autograd import descriptors as aot_desc
+from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
+from torch._ops import OpOverload
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from autoshard.rules.core import TensorMeta, to_meta
+
+__all__ = ["TensorMeta", "NodeInfo", "TracedGraph", "JointResult", "trace_joint", "traced_ops", "run_joint"]
+
+aten = torch.ops.aten
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    """One ``call_function`` node of the joint graph, with its tensor metadata."""
+
+    name: str
+    """The fx node's name (unique in the graph; plan files use it)."""
+
+    op: OpOverload | Callable[..., Any]
+    """The ATen op (``torch.ops.aten.mm.default``) or, for tuple access, ``operator.getitem``."""
+
+    args: tuple[Any, ...]
+    """Positional args with a :class:`TensorMeta` in place of every tensor (``args_meta`` of the rules)."""
+
+    kwargs: Mapping[str, Any]
+    """Keyword args, tensors replaced the same way."""
+
+    inputs: tuple[TensorMeta, ...]
+    """One entry per tensor argument, args then kwargs, lists flattened."""
+
+    outputs: tuple[TensorMeta | None, ...]
+    """One entry per output (``None`` where an output is not a tensor)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TracedGraph:
+    """A joint forward+backward graph and what each of its inputs and outputs means.
+
+    All mappings are keyed by name: parameter and buffer fully qualified names
+    (``layers.0.attention.wq.weight``), the forward's argument names for user
+    inputs (``tokens``), fx node names for :attr:`nodes`.
+    """
+
+    graph_module: fx.GraphModule
+    """The joint graph, called as ``graph_module(primals, [tangent])`` (see :func:`run_joint`)."""
+
+    nodes: Mapping[str, NodeInfo]
+    """Every ``call_function`` node, in graph order."""
+
+    params: Mapping[str, fx.Node]
+    """Parameter FQN -> its placeholder."""
+
+    grads: Mapping[str, fx.Node | None]
+    """Parameter FQN -> the node computing its gradient (``None``: no gradient flows)."""
+
+    buffers: Mapping[str, fx.Node]
+    """Buffer FQN -> its placeholder."""
+
+    buffer_updates: Mapping[str, fx.Node]
+    """Buffer FQN -> the node with its new value, for buffers the step mutates."""
+
+    inputs: Mapping[str, fx.Node]
+    """Forward argument name -> its placeholder, in argument order."""
+
+    tangent: fx.Node
+    """Placeholder for d(loss)/d(loss), fed 1.0 in training."""
+
+    loss: fx.Node
+    """The node computing the scalar loss."""
+
+    fake_mode: Any
+    """The FakeTensorMode that owns every ``node.meta["val"]`` (for re-tracing later stages)."""
+
+    @property
+    def loss_meta(self) -> TensorMeta:
+        """Metadata of the loss (a scalar)."""
+        return TensorMeta.of(self.loss.meta["val"])
+
+
+def traced_ops(traced: TracedGraph) -> Counter[OpOverload]:
+    """How many nodes of each ATen op the joint graph has (tuple access excluded).
+
+    >>> from examples.models import mlp
+    >>> traced_ops(trace_joint(*mlp.tiny(device="meta")))[torch.ops.aten.addmm.default]
+    4
+    """
+    return Counter(info.op for info in traced.nodes.values() if isinstance(info.op, OpOverload))
+
+
+def trace_joint(
+    model: nn.Module,
+    example_inputs: Sequence[torch.Tensor],
+    *,
+    device: str | torch.device = "cpu",
+    decompositions: Mapping[OpOverload, Callable[..., Any]] | None = None,
+) -> TracedGraph:
+    """Trace ``model(*example_inputs)`` (a scalar loss) and its backward into one graph.
+
+    Parameters, buffers and inputs may be real, ``meta`` or fake; the trace
+    runs on fake tensors placed on ``device`` (which picks device-specific
+    kernels, e.g. the CPU flash-attention op), so it allocates no tensor
+    memory. ``decompositions`` maps ops to Python functions that replace them
+    during the trace (none by default: the graph keeps the ops autograd
+    emits). ``aten.detach`` nodes are removed: in a joint graph they are
+    identities.
+
+    >>> from examples.models import llama3
+    >>> traced = trace_joint(*llama3.tiny(device="meta"))
+    >>> list(traced.inputs), traced.grads["norm.weight"] is not None
+    (['tokens', 'labels'], True)
+    """
+    input_names = _input_names(model, len(example_inputs))
+    for name, value in zip(input_names, example_inputs):
+        if not isinstance(value, torch.Tensor):
+            raise ValueError(f"example input {name!r} must be a tensor, got {type(value).__name__}")
+    fake_mode = FakeTensorMode()
+    target = torch.device(device)
+    with _fake_state(model, fake_mode, target):
+        with fake_mode:
+            fake_inputs = tuple(_to_fake(fake_mode, value, target) for value in example_inputs)
+        with contextlib.ExitStack() as stack:
+            joint = aot_export_joint_with_descriptors(
+                stack, model, fake_inputs, decompositions=dict(decompositions or {})
+            )
+            graph_module = joint.graph_module
+    _remove_detach(graph_module)
+    return _describe(graph_module, input_names, fake_mode)
+
+
+@dataclass(frozen=True, slots=True)
+class JointResult:
+    """What one run of the joint graph computes."""
+
+    loss: torch.Tensor
+    """The scalar loss."""
+
+    grads: Mapping[str, torch.Tensor | None]
+    """Parameter FQN -> gradient."""
+
+    buffer_updates: Mapping[str, torch.Tensor]
+    """Buffer FQN -> new value (copy it into the buffer to finish the step)."""
+
+
+def run_joint(
+    traced: TracedGraph,
+    values: Mapping[str, torch.Tensor],
+    inputs: Sequence[torch.Tensor],
+) -> JointResult:
+    """Run the joint graph on real tensors: ``values`` maps parameter and buffer FQNs
+    to tensors (``dict(model.named_parameters())`` and buffers), ``inputs`` are the
+    forward's arguments. The loss tangent is 1.
+
+    >>> from examples.models import mlp
+    >>> model, inputs = mlp.tiny()
+    >>> result = run_joint(trace_joint(model, inputs), dict(model.named_parameters()), inputs)
+    >>> torch.allclose(result.loss, model(*inputs))
+    True
+    """
+    by_node: dict[fx.Node, torch.Tensor] = {}
+    for fqn, node in {**traced.params, **traced.buffers}.items():
+        if fqn not in values:
+            raise ValueError(f"values: missing tensor for {fqn!r}")
+        by_node[node] = values[fqn].detach()
+    if len(inputs) != len(traced.inputs):
+        raise ValueError(f"inputs: expected {len(traced.inputs)} tensors ({', '.join(traced.inputs)}), got {len(inputs)}")
+    by_node.update(zip(traced.inputs.values(), inputs))
+    by_node[traced.tangent] = torch.ones((), dtype=traced.loss.meta["val"].dtype)
+    placeholders = [node for node in traced.graph_module.graph.nodes if node.op == "placeholder"]
+    # flat in, flat out: the module's own calling convention nests them in pytrees
+    with torch.no_grad():
+        outputs = fx.Interpreter(traced.graph_module).run(
+            *[by_node[node] for node in placeholders], enable_io_processing=False
+        )
+    output_node = next(n for n in traced.graph_module.graph.nodes if n.op == "output")
+    result = {node: value for node, value in zip(output_node.args[0], outputs) if isinstance(node, fx.Node)}
+    return JointResult(
+        loss=result[traced.loss],
+        grads={fqn: None if node is None else result[node] for fqn, node in traced.grads.items()},
+        buffer_updates={fqn: result[node] for fqn, node in traced.buffer_updates.items()},
+    )
+
+
+def _input_names(model: nn.Module, count: int) -> list[str]:
+    """Names of the forward's first ``count`` positional parameters (``input{i}`` past ``*args``)."""
+    names: list[str] = []
+    for param in inspect.signature(model.forward).parameters.values():
+        if param.kind not in (param.POSITIONAL_ONLY, param.POSITIONAL_OR_KEYWORD):
+            break
+        names.append(param.name)
+    names = names[:count]
+    return names + [f"input{i}" for i in range(len(names), count)]
+
+
+def _to_fake(fake_mode: FakeTensorMode, value: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A fake copy of ``value`` on ``device`` (no storage is allocated)."""
+    fake = fake_mode.from_tensor(value)
+    return fake if fake.device == device else fake.to(device)
+
+
+@contextlib.contextmanager
+def _fake_state(model: nn.Module, fake_mode: FakeTensorMode, device: torch.device) -> Iterator[None]:
+    """Swap every parameter and buffer of ``model`` for a fake one; put them back on exit.
+
+    Tensors shared between modules (tied embeddings) map to one fake tensor,
+    so the trace still sees a single parameter with one gradient.
+    """
+    fakes: dict[int, torch.Tensor] = {}
+    saved: list[tuple[dict[str, Any], str, Any]] = []
+    try:
+        with fake_mode:
+            for module in model.modules():
+                for slots, as_param in ((module._parameters, True), (module._buffers, False)):
+                    for name, tensor in list(slots.items()):
+                        if tensor is None:
+                            continue
+                        if id(tensor) not in fakes:
+                            fake = _to_fake(fake_mode, tensor, device)
+                            fakes[id(tensor)] = nn.Parameter(fake, requires_grad=tensor.requires_grad) if as_param else fake
+                        saved.append((slots, name, tensor))
+                        slots[name] = fakes[id(tensor)]
+        yield
+    finally:
+        for slots, name, tensor in reversed(saved):
+            slots[name] = tensor
+
+
+def _remove_detach(graph_module: fx.GraphModule) -> None:
+    """Replace ``aten.detach`` nodes by their input: no autograd runs on the joint graph."""
+    graph = graph_module.graph
+    for node in list(graph.nodes):
+        if node.op == "call_function" and node.target is aten.detach.default:
+            node.replace_all_uses_with(node.args[0])
+            graph.erase_node(node)
+    graph_module.recompile()
+
+
+def _describe(graph_module: fx.GraphModule, input_names: list[str], fake_mode: FakeTensorMode) -> TracedGraph:
+    """Read the descriptors on placeholders and outputs into a :class:`TracedGraph`."""
+    params: dict[str, fx.Node] = {}
+    buffers: dict[str, fx.Node] = {}
+    inputs: dict[int, fx.Node] = {}
+    tangents: list[fx.Node] = []
+    nodes: dict[str, NodeInfo] = {}
+    output_node = None
+    for node in graph_module.graph.nodes:
+        if node.op == "placeholder":
+            desc = node.meta["desc"]
+            if isinstance(desc, aot_desc.ParamAOTInput):
+                params[desc.target] = node
+            elif isinstance(desc, aot_desc.BufferAOTInput):
+                buffers[desc.target] = node
+            elif isinstance(desc, aot_desc.PlainAOTInput):
+                inputs[desc.idx] = node
+            elif isinstance(desc, aot_desc.TangentAOTInput):
+                tangents.append(node)
+            else:
+                raise ValueError(f"unsupported graph input {node.name}: {desc} (tensor subclass or aliased input?)")
+        elif node.op == "call_function":
+            nodes[node.name] = _node_info(node)
+        elif node.op == "output":
+            output_node = node
+    if output_node is None:
+        raise ValueError("the traced graph has no output")
+
+    grads: dict[str, fx.Node | None] = {fqn: None for fqn in params}
+    buffer_updates: dict[str, fx.Node] = {}
+    losses: list[fx.Node] = []
+    for value, desc in zip(output_node.args[0], output_node.meta["desc"]):
+        if isinstance(desc, aot_desc.GradAOTOutput) and isinstance(desc.grad_of, aot_desc.ParamAOTInput):
+            grads[desc.grad_of.target] = value
+        elif isinstance(desc, aot_desc.InputMutationAOTOutput) and isinstance(desc.mutated_input, aot_desc.BufferAOTInput):
+            buffer_updates[desc.mutated_input.target] = value
+        elif isinstance(desc, aot_desc.PlainAOTOutput):
+            losses.append(value)
+    if len(losses) != 1 or len(tangents) != 1:
+        raise ValueError(f"forward must return exactly one tensor (the loss), got {len(losses)} outputs")
+    loss_meta = TensorMeta.of(losses[0].meta["val"])
+    if loss_meta.shape != ():
+        raise ValueError(f"forward must return a scalar loss, got shape {loss_meta.shape}")
+    return TracedGraph(
+        graph_module=graph_module, nodes=nodes, params=params, grads=grads, buffers=buffers,
+        buffer_updates=buffer_updates,
+        inputs={input_names[idx]: inputs[idx] for idx in sorted(inputs)},
+        tangent=tangents[0], loss=losses[0], fake_mode=fake_mode,
+    )
+
+
+def _node_info(node: fx.Node) -> NodeInfo:
+    """The op and tensor metadata of one ``call_function`` node."""
+    args, kwargs = to_meta(fx.node.map_arg((tuple(node.args), dict(node.kwargs)), lambda arg: arg.meta.get("val")))
+    inputs: list[TensorMeta] = []
+    fx.node.map_arg((node.args, node.kwargs), lambda arg: _collect_tensor(arg, inputs))
+    value = node.meta.get("val")
+    values = value if isinstance(value, (tuple, list)) else (value,)
+    outputs = tuple(TensorMeta.of(v) if isinstance(v, torch.Tensor) else None for v in values)
+    return NodeInfo(name=node.name, op=node.target, args=args, kwargs=kwargs, inputs=tuple(inputs), outputs=outputs)
+
+
+def _collect_tensor(arg: fx.Node, into: list[TensorMeta]) -> fx.Node:
+    """Append the metadata of ``arg`` to ``into`` when it is a tensor."""
+    value = arg.meta.get("val")
+    if isinstance(value, torch.Tensor):
+        into.append(TensorMeta.of(value))
+    return arg

@@ -1,0 +1,161 @@
+"""Compute time of one op on one device: a roofline with efficiency curves.
+
+For an op of kind ``k`` doing ``F`` FLOPs and moving ``B`` bytes of HBM traffic
+in dtype ``t`` on a device with peak ``P[t]`` FLOP/s and bandwidth ``W`` B/s:
+
+    time = max(F / (P[t] * e_k(F)),  B / (W * e_mem)) + launch
+
+* ``e_k(F)`` (matmul, attention): the profile's curve of points
+  ``(flops, fraction)``, interpolated linearly in ``log10(F)`` and held constant
+  beyond its ends: small GEMMs reach a small fraction of peak.
+* elementwise and reduction ops run on the vector units: their compute term uses
+  the FP32 (non-tensor) peak with the memory efficiency; they are nearly
+  always memory-bound.
+* ``copy`` is ``B / (W * e_mem) + launch``; ``view`` (no data moves) is 0, the
+  only free kind.
+* ``launch`` is the profile's floor on any kernel.
+
+Local re-layouts of a redistribution (slices, zero fills, transposes, padding)
+are copies: :func:`local_copy_time_s` counts a read and a write of every byte,
+:func:`local_fill_time_s` a write only. None of them is free.
+
+>>> from hw_profiles import load
+>>> h100 = load("h100-sxm-80gb")
+>>> t = op_time_s("matmul", flops=2 * 4096**3, bytes_accessed=3 * 4096**2 * 2, dtype="bf16", profile=h100)
+>>> round(t * 1e3, 3)  # ms for a 4096^3 bf16 GEMM
+0.206
+"""
+
+from __future__ import annotations
+
+import math
+
+from hw_profiles import HardwareProfile
+
+__all__ = [
+    "OP_KINDS",
+    "ComputeError",
+    "efficiency",
+    "op_time_s",
+    "matmul_time_s",
+    "local_copy_time_s",
+    "local_fill_time_s",
+    "local_slice_time_s",
+    "transpose_time_s",
+]
+
+OP_KINDS = ("matmul", "elementwise", "reduction", "attention", "copy", "view")
+
+
+class ComputeError(ValueError):
+    """Bad arguments to a compute-cost function (names the argument)."""
+
+
+def efficiency(curve: tuple[tuple[float, float], ...], flops: float) -> float:
+    """Fraction of peak at ``flops`` on a curve of ``(flops, fraction)`` points,
+    linear in log10(flops), constant beyond the ends.
+
+    >>> efficiency(((1e9, 0.35), (1e12, 0.75)), 1e10) > 0.35
+    True
+    """
+    if not curve:
+        raise ComputeError("efficiency: empty curve")
+    if flops <= curve[0][0]:
+        return curve[0][1]
+    if flops >= curve[-1][0]:
+        return curve[-1][1]
+    x = math.log10(flops)
+    for (f0, e0), (f1, e1) in zip(curve, curve[1:]):
+        if flops <= f1:
+            x0, x1 = math.log10(f0), math.log10(f1)
+            return e0 + (e1 - e0) * (x - x0) / (x1 - x0)
+    return curve[-1][1]  # unreachable: flops < last point
+
+
+def _memory_s(nbytes: float, profile: HardwareProfile) -> float:
+    device = profile.device
+    return nbytes / (device.memory_bandwidth_Bps * device.efficiency.memory)
+
+
+def _vector_peak(profile: HardwareProfile) -> float:
+    try:
+        return profile.device.peak_flops_for("fp32")
+    except KeyError:
+        return max(v for _, v in profile.device.peak_flops)
+
+
+def op_time_s(
+    kind: str, *, flops: float, bytes_accessed: float, dtype: str, profile: HardwareProfile
+) -> float:
+    """Seconds for one op of ``kind`` (one of ``OP_KINDS``) on one device.
+
+    ``flops``: floating-point operations (a GEMM ``m x k @ k x n`` is
+    ``2*m*n*k``); ``bytes_accessed``: HBM bytes read plus written; ``dtype``: the
+    compute dtype (``bf16``, ``torch.float32``, ...).
+
+    >>> from hw_profiles import load
+    >>> op_time_s("view", flops=0, bytes_accessed=1e9, dtype="bf16", profile=load("h100-sxm-80gb"))
+    0.0
+    """
+    if kind not in OP_KINDS:
+        raise ComputeError(f"kind: unknown op kind {kind!r} (expected one of {', '.join(OP_KINDS)})")
+    if flops < 0 or bytes_accessed < 0:
+        raise ComputeError(f"flops/bytes_accessed: must be >= 0, got {flops}, {bytes_accessed}")
+    if kind == "view":
+        return 0.0
+    device = profile.device
+    memory_s = _memory_s(bytes_accessed, profile)
+    if kind in ("matmul", "attention"):
+        try:
+            peak = device.peak_flops_for(dtype)
+        except KeyError as exc:
+            raise ComputeError(f"dtype: {exc.args[0]}") from None
+        curve = device.efficiency.attention if kind == "attention" and device.efficiency.attention else device.efficiency.matmul
+        compute_s = flops / (peak * efficiency(curve, flops)) if flops else 0.0
+    elif kind == "copy":
+        compute_s = 0.0
+    else:  # elementwise, reduction: vector units
+        compute_s = flops / (_vector_peak(profile) * device.efficiency.memory) if flops else 0.0
+    return max(compute_s, memory_s) + device.launch_s
+
+
+def matmul_time_s(m: int, n: int, k: int, *, dtype: str, profile: HardwareProfile, itemsize: int = 2) -> float:
+    """Seconds for ``(m x k) @ (k x n)``: ``2mnk`` FLOPs, reading both inputs and
+    writing the output once."""
+    return op_time_s(
+        "matmul",
+        flops=2.0 * m * n * k,
+        bytes_accessed=float(itemsize) * (m * k + k * n + m * n),
+        dtype=dtype,
+        profile=profile,
+    )
+
+
+def local_copy_time_s(nbytes: float, profile: HardwareProfile) -> float:
+    """Seconds to copy ``nbytes`` within device memory (read + write).
+
+    >>> from hw_profiles import load
+    >>> local_copy_time_s(0, load("h100-sxm-80gb")) > 0
+    True
+    """
+    if nbytes < 0:
+        raise ComputeError(f"nbytes: must be >= 0, got {nbytes}")
+    return _memory_s(2.0 * nbytes, profile) + profile.device.launch_s
+
+
+def local_fill_time_s(nbytes: float, profile: HardwareProfile) -> float:
+    """Seconds to write ``nbytes`` of a constant (zero fill for ``R -> P(sum)``)."""
+    if nbytes < 0:
+        raise ComputeError(f"nbytes: must be >= 0, got {nbytes}")
+    return _memory_s(float(nbytes), profile) + profile.device.launch_s
+
+
+def local_slice_time_s(out_nbytes: float, profile: HardwareProfile) -> float:
+    """Seconds to materialize a slice of ``out_nbytes`` (``R -> S(d)``): a copy of
+    the kept part, so that later collectives get a contiguous buffer."""
+    return local_copy_time_s(out_nbytes, profile)
+
+
+def transpose_time_s(nbytes: float, profile: HardwareProfile) -> float:
+    """Seconds to re-lay out ``nbytes`` with another dim order (a copy)."""
+    return local_copy_time_s(nbytes, profile)

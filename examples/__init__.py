@@ -1,0 +1,1 @@
+"""Example models and scripts for autoshard (not part of the installed package)."""

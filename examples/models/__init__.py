@@ -1,0 +1,1 @@
+"""Example models: each module exposes factories ``FACTORY(**overrides) -> (model, example_inputs)``."""

@@ -1,0 +1,1 @@
+"""Strategy-graph solver (torch-free)."""

@@ -1,0 +1,179 @@
+"""CBC through PuLP's bundled binary, fed a free-MPS file written with numpy.
+
+PuLP's modelling objects cost several microseconds per variable and per term;
+our programs have 10^5-10^6 of each, so the MPS file is written directly from
+the sparse arrays of :class:`~solver.ilp.LinearProgram`, and PuLP provides the
+CBC binary (``pulp.PULP_CBC_CMD().path``). The lower bound at a time limit is
+read from CBC's closing summary (``Lower bound:``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import subprocess
+import tempfile
+import time
+
+import numpy as np
+
+from solver.backends.base import BackendUnavailable, ProgramBackend, ProgramResult
+from solver.ilp import LinearProgram
+
+__all__ = ["CbcBackend", "write_mps"]
+
+log = logging.getLogger(__name__)
+
+
+def _cbc_path() -> str | None:
+    try:
+        import pulp
+    except ImportError:
+        return None
+    path = pulp.PULP_CBC_CMD().path
+    return path if path and os.path.exists(path) and os.access(path, os.X_OK) else None
+
+
+def _num(values: np.ndarray) -> np.ndarray:
+    return np.char.mod("%.17g", values)
+
+
+_DIGITS = np.array(list("0123456789abcdefghijklmnopqrstuvwxyz"))
+
+
+def _names(prefix: str, indices: np.ndarray) -> np.ndarray:
+    """Base-36 names (``C1z``), short enough for the 8-character fields of fixed MPS."""
+    rest = np.asarray(indices, dtype=np.int64).copy()
+    out = _DIGITS[rest % 36]
+    rest //= 36
+    while rest.any():
+        more = rest > 0
+        out = np.where(more, np.char.add(_DIGITS[rest % 36], out), out)
+        rest //= 36
+    return np.char.add(prefix, out)
+
+
+def write_mps(program: LinearProgram, path: str) -> None:
+    """Fixed-layout MPS (as PuLP writes it): rows R<i>, columns C<j> in base 36,
+    objective OBJ, binaries as integer columns bounded by 1.
+
+    CBC reads the BOUNDS section by column position, so every name field is
+    padded to 8 characters.
+    """
+    col_names = np.char.ljust(_names("C", np.arange(program.num_vars)), 8)
+    row_names = np.char.ljust(_names("R", np.arange(program.num_rows)), 8)
+    lines = ["NAME          autoshard", "ROWS", " N  OBJ"]
+    sense = np.where(program.sense == ord("E"), " E  ", " L  ")
+    lines += np.char.add(sense, row_names).tolist()
+    lines.append("COLUMNS")
+    rows = np.repeat(np.arange(program.num_rows), np.diff(program.row_off))
+    ncols = program.num_vars
+    all_col = np.concatenate([np.arange(ncols), program.row_col])
+    all_row = np.concatenate([np.full(ncols, "OBJ     "), row_names[rows]])
+    all_val = np.concatenate([program.cost, program.row_val])
+    keep = (all_val != 0) | (np.arange(all_col.size) < ncols)  # every column appears once at least
+    all_col, all_row, all_val = all_col[keep], all_row[keep], all_val[keep]
+    order = np.argsort(all_col, kind="stable")
+    all_col, all_row, all_val = all_col[order], all_row[order], all_val[order]
+    entries = np.char.add(
+        np.char.add(np.char.add("    ", col_names[all_col]), "  "), np.char.add(np.char.add(all_row, "  "), _num(all_val))
+    ).tolist()
+    boundary = int(np.searchsorted(all_col, program.num_binary))
+    lines.append("    MARK      'MARKER'                 'INTORG'")
+    lines += entries[:boundary]
+    lines.append("    MARK      'MARKER'                 'INTEND'")
+    lines += entries[boundary:]
+    lines.append("RHS")
+    nz = np.flatnonzero(program.rhs)
+    lines += np.char.add(np.char.add("    RHS       ", row_names[nz]), np.char.add("  ", _num(program.rhs[nz]))).tolist()
+    lines.append("BOUNDS")
+    # integer columns with upper bound 1 are binary; y columns are in [0, 1]
+    lines += np.char.add(np.char.add(" UP BND       ", col_names), "  1").tolist()
+    lines.append("ENDATA")
+    with open(path, "w") as handle:
+        handle.write("\n".join(lines) + "\n")
+
+
+class CbcBackend(ProgramBackend):
+    """COIN-OR CBC (branch and cut), PuLP's bundled binary."""
+
+    name = "cbc"
+
+    @classmethod
+    def available(cls) -> bool:
+        return _cbc_path() is not None
+
+    def solve_program(
+        self,
+        program: LinearProgram,
+        *,
+        time_limit: float,
+        threads: int,
+        warm_start: np.ndarray | None = None,
+        seed: int = 0,
+    ) -> ProgramResult:
+        path = _cbc_path()
+        if path is None:
+            raise BackendUnavailable("CBC binary not found (install pulp)")
+        start = time.perf_counter()
+        with tempfile.TemporaryDirectory(prefix="autoshard-cbc-") as tmp:
+            mps = os.path.join(tmp, "model.mps")
+            sol = os.path.join(tmp, "model.sol")
+            write_mps(program, mps)
+            args = [path, mps, "-sec", f"{max(time_limit, 0.5):.3f}", "-timeMode", "elapsed",
+                    "-threads", str(max(1, threads)), "-randomSeed", str(seed + 1),
+                    "-ratioGap", "0", "-allowableGap", "0"]
+            if warm_start is not None:
+                mst = os.path.join(tmp, "start.mst")
+                with open(mst, "w") as handle:
+                    handle.write("Stopped on time - objective value 0\n")
+                    nz = np.flatnonzero(warm_start)
+                    names = _names("C", nz)
+                    handle.writelines(f"{i:>7} {name} {warm_start[j]:>15} 0\n" for i, (j, name) in enumerate(zip(nz, names)))
+                args += ["-mips", mst]
+            args += ["-solve", "-printingOptions", "all", "-solution", sol]
+            log.debug("running %s", " ".join(args))
+            proc = subprocess.run(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                  stdin=subprocess.DEVNULL, check=False)
+            seconds = time.perf_counter() - start
+            if proc.returncode != 0 or not os.path.exists(sol):
+                log.warning("cbc failed (exit %s): %s", proc.returncode, proc.stdout[-500:])
+                return ProgramResult("unknown", None, None, None, seconds)
+            return _read_solution(sol, proc.stdout, program, seconds)
+
+
+_BOUND = re.compile(r"Lower bound:\s*([-+0-9.eE]+)")
+_OBJ = re.compile(r"Objective value:\s*([-+0-9.eE]+)")
+
+
+def _read_solution(path: str, log_text: str, program: LinearProgram, seconds: float) -> ProgramResult:
+    with open(path) as handle:
+        header = handle.readline()
+        z = np.zeros(program.num_vars)
+        for line in handle:
+            parts = line.split()
+            if parts and parts[0] == "**":  # CBC marks some entries (e.g. infeasibilities)
+                parts = parts[1:]
+            if len(parts) >= 3 and parts[1].startswith("C"):
+                z[int(parts[1][1:], 36)] = float(parts[2])
+    head = header.lower()
+    if head.startswith("optimal"):
+        status = "optimal"
+    elif "infeasible" in head and "objective" in head and "integer" not in head and head.startswith("infeasible"):
+        status = "infeasible"
+    elif head.startswith("stopped") or "no integer" in head:
+        status = "feasible" if "no integer" not in head else "unknown"
+    else:
+        status = "unknown"
+    bound_match = _BOUND.search(log_text)
+    bound = float(bound_match.group(1)) + program.constant if bound_match else None
+    if status in ("infeasible", "unknown"):
+        return ProgramResult(status, None, None, bound, seconds)
+    # a stopped run may report a point that is not integral: treat it as no solution
+    if not np.allclose(z[: program.num_binary], np.round(z[: program.num_binary]), atol=1e-6):
+        return ProgramResult("unknown", None, None, bound, seconds)
+    objective = float(program.cost @ z) + program.constant
+    if status == "optimal":
+        bound = objective
+    return ProgramResult(status, z, objective, bound, seconds)

@@ -1,0 +1,266 @@
+r"""Flat-array form of a reduced graph, for the search kernels and the ILP builders.
+
+Variables are renumbered 0..n-1; domains, unary costs, edge matrices and
+memory terms become flat numpy arrays with offsets (CSR), which numba kernels
+read directly.
+
+Time compression. Memory only grows at the start of an interval, so the peak
+is reached at some start point; and the live set at a start s is contained in
+the live set at the next start s' unless an interval ends in (s, s']. The
+constraint is therefore needed only at the starts followed by an end before
+the next start (the maximal cliques of the interval graph). Those points are
+renumbered 0..T-1 and every term gets the half-open range [t0, t1) of points
+it covers (never empty: a term [s, e) covers the first kept point >= s).
+
+Redundant points. If even the most memory-hungry choice of every variable fits
+under the limit at point p, the constraint at p can never bind; such points are
+dropped (a term's points stay a contiguous range after dropping), and a term
+left with no point is dropped from the memory model.
+
+Disjoint segments. The terms of one variable (several after merging
+followers) are re-cut into disjoint ranges with summed usage, and each range's
+minimum moves to the fixed memory, so that at any point a variable has at most
+one term: checking a move term by term is then exact.
+
+>>> from solver.problem import Problem
+>>> from solver.reductions import reduce_problem
+>>> p = Problem.from_dict({"nodes": [{"cost": [1, 2], "memory": [5, 1], "live": [0, 2]},
+...     {"cost": [1, 0], "memory": [1, 5], "live": [1, 3]}],
+...     "edges": [{"src": 0, "dst": 1, "cost": [[0, 1], [1, 0]]}], "memory_limit": 7})
+>>> graph, _ = reduce_problem(p, dominance=False, followers=False, elimination=False)
+>>> c = compile_graph(graph)
+>>> c.num_vars, c.num_times
+(2, 1)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from solver.graph import MemoryTerm, WorkingGraph
+
+__all__ = ["CompiledGraph", "compile_graph"]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class CompiledGraph:
+    """Flat arrays of a reduced graph (see module docstring)."""
+
+    var_ids: np.ndarray  # working-graph id of each compact variable
+    dom: np.ndarray  # int64 (n,)
+    unary_off: np.ndarray  # int64 (n+1,)
+    unary: np.ndarray  # float64, inf = forbidden
+    edge_u: np.ndarray  # int64 (m,)
+    edge_v: np.ndarray  # int64 (m,)
+    edge_off: np.ndarray  # int64 (m+1,), matrices row-major [d_u, d_v]
+    edge_cost: np.ndarray  # float64
+    adj_off: np.ndarray  # int64 (n+1,)
+    adj_edge: np.ndarray  # int64, edge index per incidence
+    adj_other: np.ndarray  # int64, the other endpoint
+    adj_is_u: np.ndarray  # bool, True when this variable is the edge's u
+    num_times: int
+    term_var: np.ndarray  # int64 (k,)
+    term_t0: np.ndarray  # int64 (k,) first point covered
+    term_t1: np.ndarray  # int64 (k,) one past the last point
+    term_off: np.ndarray  # int64 (k+1,), usage per value of term_var
+    term_usage: np.ndarray  # float64
+    var_term_off: np.ndarray  # int64 (n+1,)
+    var_term: np.ndarray  # int64 terms per variable
+    base: np.ndarray  # float64 (T,) memory that does not depend on any choice
+    time_points: np.ndarray  # int64 (T,) original time of each point
+    limit: float  # inf without a memory limit
+    constant: float  # cost that does not depend on any choice
+
+    @property
+    def num_vars(self) -> int:
+        return int(self.dom.shape[0])
+
+    @property
+    def num_edges(self) -> int:
+        return int(self.edge_u.shape[0])
+
+    def unary_of(self, var: int) -> np.ndarray:
+        return self.unary[self.unary_off[var] : self.unary_off[var + 1]]
+
+    def edge_matrix(self, edge: int) -> np.ndarray:
+        du, dv = self.dom[self.edge_u[edge]], self.dom[self.edge_v[edge]]
+        return self.edge_cost[self.edge_off[edge] : self.edge_off[edge + 1]].reshape(du, dv)
+
+    def term_usage_of(self, term: int) -> np.ndarray:
+        return self.term_usage[self.term_off[term] : self.term_off[term + 1]]
+
+    def cost(self, values: np.ndarray) -> float:
+        """Objective (constant included) of one value per variable."""
+        total = self.constant + float(self.unary[self.unary_off[:-1] + values].sum())
+        if self.num_edges:
+            idx = self.edge_off[:-1] + values[self.edge_u] * self.dom[self.edge_v] + values[self.edge_v]
+            total += float(self.edge_cost[idx].sum())
+        return total
+
+    def memory_profile(self, values: np.ndarray) -> np.ndarray:
+        """Memory at every kept point for one value per variable."""
+        diff = np.zeros(self.num_times + 1)
+        if self.term_var.shape[0]:
+            use = self.term_usage[self.term_off[:-1] + values[self.term_var]]
+            np.add.at(diff, self.term_t0, use)
+            np.add.at(diff, self.term_t1, -use)
+        return self.base + np.cumsum(diff)[:-1]
+
+    def values_to_dict(self, values: np.ndarray) -> dict[int, int]:
+        return {int(v): int(x) for v, x in zip(self.var_ids, values)}
+
+
+def _kept_points(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Start points followed by an end before the next start (maximal live sets)."""
+    if starts.size == 0:
+        return np.zeros(1, dtype=np.int64)
+    uniq = np.unique(starts)
+    nxt = np.append(uniq[1:], np.iinfo(np.int64).max)
+    sorted_ends = np.sort(ends)
+    # an end e with s < e <= next start
+    first_after = np.searchsorted(sorted_ends, uniq, side="right")
+    has_end = first_after < sorted_ends.size
+    has_end[has_end] = sorted_ends[first_after[has_end]] <= nxt[has_end]
+    return uniq[has_end]
+
+
+def _disjoint_segments(terms: list[tuple[int, int, np.ndarray]]) -> list[tuple[int, int, np.ndarray]]:
+    """Cut overlapping ranges with usage vectors into disjoint ranges with summed usage."""
+    if len(terms) == 1:
+        return terms
+    cuts = np.unique(np.array([t0 for t0, _, _ in terms] + [t1 for _, t1, _ in terms]))
+    diff = np.zeros((cuts.shape[0], terms[0][2].shape[0]))
+    for t0, t1, usage in terms:
+        diff[np.searchsorted(cuts, t0)] += usage
+        diff[np.searchsorted(cuts, t1)] -= usage
+    level = np.cumsum(diff, axis=0)
+    segments: list[tuple[int, int, np.ndarray]] = []
+    for i in range(cuts.shape[0] - 1):
+        usage = level[i]
+        if not usage.any():
+            continue
+        if segments and segments[-1][1] == cuts[i] and np.array_equal(segments[-1][2], usage):
+            segments[-1] = (segments[-1][0], int(cuts[i + 1]), usage)
+        else:
+            segments.append((int(cuts[i]), int(cuts[i + 1]), usage))
+    return segments
+
+
+def compile_graph(graph: WorkingGraph, *, drop_redundant_times: bool = True) -> CompiledGraph:
+    """Flatten a (reduced) working graph; see the module docstring."""
+    var_ids = np.array(sorted(graph.unary), dtype=np.int64)
+    index = {int(v): i for i, v in enumerate(var_ids)}
+    n = var_ids.shape[0]
+    dom = np.array([graph.unary[v].shape[0] for v in var_ids], dtype=np.int64)
+    unary_off = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(dom, out=unary_off[1:])
+    unary = np.concatenate([graph.unary[v] for v in var_ids]) if n else np.zeros(0)
+
+    keys = sorted(graph.edges, key=lambda k: (index[k[0]], index[k[1]]))
+    edge_u = np.array([index[u] for u, _ in keys], dtype=np.int64)
+    edge_v = np.array([index[w] for _, w in keys], dtype=np.int64)
+    sizes = np.array([graph.edges[k].size for k in keys], dtype=np.int64)
+    edge_off = np.zeros(len(keys) + 1, dtype=np.int64)
+    np.cumsum(sizes, out=edge_off[1:])
+    edge_cost = np.concatenate([graph.edges[k].ravel() for k in keys]) if keys else np.zeros(0)
+
+    # CSR adjacency: each edge appears once under u and once under v.
+    inc_var = np.concatenate([edge_u, edge_v])
+    inc_edge = np.concatenate([np.arange(len(keys)), np.arange(len(keys))])
+    inc_other = np.concatenate([edge_v, edge_u])
+    inc_is_u = np.concatenate([np.ones(len(keys), bool), np.zeros(len(keys), bool)])
+    order = np.argsort(inc_var, kind="stable")
+    adj_off = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(inc_var, minlength=n), out=adj_off[1:])
+
+    # Memory: time points from every interval (fixed ones included).
+    var_terms = [(index[v], t) for v in var_ids.tolist() for t in graph.memory[v]]
+    all_terms: list[MemoryTerm] = [t for _, t in var_terms] + list(graph.fixed_memory)
+    bounded = [t for t in all_terms if t.start is not None]
+    starts = np.array([t.start for t in bounded], dtype=np.int64)
+    ends = np.array([t.end for t in bounded], dtype=np.int64)
+    points = _kept_points(starts, ends)
+    limit = math.inf if graph.memory_limit is None else float(graph.memory_limit)
+
+    def point_range(term: MemoryTerm, pts: np.ndarray) -> tuple[int, int]:
+        if term.start is None:
+            return 0, pts.shape[0]
+        return int(np.searchsorted(pts, term.start, "left")), int(np.searchsorted(pts, term.end, "left"))
+
+    def profile(terms: list[tuple[MemoryTerm, float]], pts: np.ndarray) -> np.ndarray:
+        diff = np.zeros(pts.shape[0] + 1)
+        for term, amount in terms:
+            t0, t1 = point_range(term, pts)
+            diff[t0] += amount
+            diff[t1] -= amount
+        return np.cumsum(diff)[:-1]
+
+    fixed = [(t, float(t.usage[0])) for t in graph.fixed_memory]
+    if drop_redundant_times and math.isfinite(limit) and points.size:
+        worst = profile(fixed + [(t, float(t.usage.max())) for _, t in var_terms], points)
+        points = points[worst > limit]
+        if points.size == 0:
+            points = np.zeros(0, dtype=np.int64)
+    base = profile(fixed, points) if points.size else np.zeros(0)
+
+    # One variable's terms may overlap (merged followers): re-cut them into
+    # disjoint segments with summed usage, so that a kernel checking one
+    # segment at a time sees the variable's whole usage at every point.
+    by_var: dict[int, list[tuple[int, int, np.ndarray]]] = {}
+    for var, term in var_terms:
+        t0, t1 = point_range(term, points)
+        if t1 > t0:
+            by_var.setdefault(var, []).append((t0, t1, term.usage))
+    base_diff = np.zeros(points.shape[0] + 1)
+    term_var, term_t0, term_t1, usages = [], [], [], []
+    for var in sorted(by_var):
+        for t0, t1, usage in _disjoint_segments(by_var[var]):
+            low = float(usage.min())
+            if low > 0:  # (R5) again: the part every value uses is fixed memory
+                base_diff[t0] += low
+                base_diff[t1] -= low
+                usage = usage - low
+            if usage.any():
+                term_var.append(var)
+                term_t0.append(t0)
+                term_t1.append(t1)
+                usages.append(usage)
+    if points.size:
+        base = base + np.cumsum(base_diff)[:-1]
+    k = len(term_var)
+    term_var_a = np.array(term_var, dtype=np.int64)
+    term_off = np.zeros(k + 1, dtype=np.int64)
+    np.cumsum([u.shape[0] for u in usages], out=term_off[1:])
+    torder = np.argsort(term_var_a, kind="stable")
+    var_term_off = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(term_var_a, minlength=n), out=var_term_off[1:])
+
+    return CompiledGraph(
+        var_ids=var_ids,
+        dom=dom,
+        unary_off=unary_off,
+        unary=unary.astype(np.float64),
+        edge_u=edge_u,
+        edge_v=edge_v,
+        edge_off=edge_off,
+        edge_cost=edge_cost.astype(np.float64),
+        adj_off=adj_off,
+        adj_edge=inc_edge[order].astype(np.int64),
+        adj_other=inc_other[order].astype(np.int64),
+        adj_is_u=inc_is_u[order],
+        num_times=int(points.shape[0]),
+        term_var=term_var_a,
+        term_t0=np.array(term_t0, dtype=np.int64),
+        term_t1=np.array(term_t1, dtype=np.int64),
+        term_off=term_off,
+        term_usage=np.concatenate(usages).astype(np.float64) if usages else np.zeros(0),
+        var_term_off=var_term_off,
+        var_term=torder.astype(np.int64),
+        base=base,
+        time_points=points.astype(np.int64),
+        limit=limit,
+        constant=float(graph.constant),
+    )

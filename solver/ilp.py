@@ -1,0 +1,222 @@
+r"""The integer program, built as sparse arrays, with memory rows added lazily.
+
+On a compiled (reduced) graph with variables v, values a in D_v, edges
+e = (u, v) with finite pairs F_e, and memory segments s (variable v_s, usage
+m_s(a), kept time points P_s):
+
+    minimise   K + sum_v sum_a c_v(a) x_va + sum_e sum_{(a,b) in F_e} M_e(a,b) y_eab
+
+    (A) sum_a x_va = 1                                   for every variable v
+    (B) sum_b y_eab = x_ua                               for every edge e, a in D_u
+    (C) sum_a y_eab = x_vb                               for every edge e, b in D_v
+    (D) sum_{s : p in P_s} sum_a m_s(a) x_{v_s a} <= L - base_p    for p in the active set
+        x binary, y >= 0 (continuous)
+
+(B) and (C) linearise the edge costs exactly: with x one-hot, the only
+non-negative y whose rows sum to x_u and whose columns sum to x_v is the outer
+product, so y_eab = x_ua x_vb. Pairs with infinite cost get no y at all, which
+forbids them. Their LP relaxation is the local polytope of the pairwise
+problem, tight on trees and nearly so on these graphs.
+
+Lazy memory rows (D). A kept time point's row is added only when a solution
+violates it: the program with a subset of rows is a relaxation, so its bound is
+a valid lower bound of the full problem, and a solution that satisfies every
+row of the full profile is optimal for the full problem when it is optimal for
+the relaxation. Each round adds, per maximal run of violated points, the point
+of largest excess.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from solver.compiled import CompiledGraph
+
+__all__ = ["LinearProgram", "build_program", "violated_points", "initial_points"]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class LinearProgram:
+    """``min c.z + constant`` s.t. rows (CSR) with senses ``'E'``/``'L'``; z[:num_binary] binary."""
+
+    cost: np.ndarray  # (num_vars,)
+    num_binary: int  # x variables come first and are binary; y are continuous in [0, 1]
+    row_off: np.ndarray  # (num_rows + 1,)
+    row_col: np.ndarray
+    row_val: np.ndarray
+    sense: np.ndarray  # (num_rows,) 'E' or 'L' as uint8 codes (ord)
+    rhs: np.ndarray
+    constant: float
+    memory_points: np.ndarray  # active time points, in row order after the others
+    y_entry: np.ndarray  # for each y column: index into graph.edge_cost
+
+    @property
+    def num_vars(self) -> int:
+        return int(self.cost.shape[0])
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.rhs.shape[0])
+
+    @property
+    def num_nonzeros(self) -> int:
+        return int(self.row_col.shape[0])
+
+    def values_from_solution(self, z: np.ndarray, graph: CompiledGraph) -> np.ndarray:
+        """One value per variable from a (near-)integral x part of a solution."""
+        x = z[: self.num_binary]
+        values = np.empty(graph.num_vars, dtype=np.int64)
+        for v in range(graph.num_vars):
+            values[v] = int(np.argmax(x[graph.unary_off[v] : graph.unary_off[v + 1]]))
+        return values
+
+    def solution_from_values(self, values: np.ndarray, graph: CompiledGraph) -> np.ndarray:
+        """The full (x, y) vector of an assignment (for warm starts)."""
+        z = np.zeros(self.num_vars)
+        z[graph.unary_off[:-1] + values] = 1.0
+        if self.y_entry.size:
+            chosen = graph.edge_off[:-1] + values[graph.edge_u] * graph.dom[graph.edge_v] + values[graph.edge_v]
+            pos = np.searchsorted(self.y_entry, chosen)
+            ok = (pos < self.y_entry.size) & (self.y_entry[np.minimum(pos, self.y_entry.size - 1)] == chosen)
+            z[self.num_binary + pos[ok]] = 1.0
+        return z
+
+
+def build_program(graph: CompiledGraph, points: np.ndarray) -> LinearProgram:
+    """Rows (A)-(D) of the module docstring for the active memory ``points``."""
+    n = graph.num_vars
+    num_x = int(graph.unary_off[-1])
+    finite_x = np.isfinite(graph.unary)
+    cost_x = np.where(finite_x, graph.unary, 0.0)
+
+    # y columns: finite pairs only
+    y_entry = np.flatnonzero(np.isfinite(graph.edge_cost))
+    num_y = y_entry.size
+    cols_y = num_x + np.arange(num_y)
+    sizes = np.diff(graph.edge_off)
+    edge_of = np.repeat(np.arange(graph.num_edges), sizes)[y_entry] if num_y else np.zeros(0, np.int64)
+    local = y_entry - graph.edge_off[edge_of]
+    dv = graph.dom[graph.edge_v[edge_of]]
+    ya = local // dv
+    yb = local % dv
+
+    rows_i: list[np.ndarray] = []
+    rows_j: list[np.ndarray] = []
+    rows_v: list[np.ndarray] = []
+    senses: list[np.ndarray] = []
+    rhs: list[np.ndarray] = []
+    next_row = 0
+
+    # (A) one value per variable; forbidden unary values are fixed to 0 by leaving them out
+    var_of_x = np.repeat(np.arange(n), graph.dom)
+    keep = finite_x
+    rows_i.append(next_row + var_of_x[keep])
+    rows_j.append(np.flatnonzero(keep))
+    rows_v.append(np.ones(int(keep.sum())))
+    senses.append(np.full(n, ord("E"), np.uint8))
+    rhs.append(np.ones(n))
+    next_row += n
+
+    # (B) row sums: one row per (edge, value of u)
+    du = graph.dom[graph.edge_u]
+    base_b = np.zeros(graph.num_edges + 1, dtype=np.int64)
+    np.cumsum(du, out=base_b[1:])
+    num_b = int(base_b[-1])
+    row_of_b = next_row + base_b[:-1]
+    edge_rows = np.repeat(np.arange(graph.num_edges), du)
+    a_of_row = np.arange(num_b) - base_b[:-1][edge_rows]
+    rows_i += [row_of_b[edge_of] + ya, next_row + np.arange(num_b)]
+    rows_j += [cols_y, graph.unary_off[graph.edge_u[edge_rows]] + a_of_row]
+    rows_v += [np.ones(num_y), -np.ones(num_b)]
+    senses.append(np.full(num_b, ord("E"), np.uint8))
+    rhs.append(np.zeros(num_b))
+    next_row += num_b
+
+    # (C) column sums: one row per (edge, value of v)
+    dvv = graph.dom[graph.edge_v]
+    base_c = np.zeros(graph.num_edges + 1, dtype=np.int64)
+    np.cumsum(dvv, out=base_c[1:])
+    num_c = int(base_c[-1])
+    row_of_c = next_row + base_c[:-1]
+    edge_rows_c = np.repeat(np.arange(graph.num_edges), dvv)
+    b_of_row = np.arange(num_c) - base_c[:-1][edge_rows_c]
+    rows_i += [row_of_c[edge_of] + yb, next_row + np.arange(num_c)]
+    rows_j += [cols_y, graph.unary_off[graph.edge_v[edge_rows_c]] + b_of_row]
+    rows_v += [np.ones(num_y), -np.ones(num_c)]
+    senses.append(np.full(num_c, ord("E"), np.uint8))
+    rhs.append(np.zeros(num_c))
+    next_row += num_c
+
+    # (D) memory rows at the active points
+    points = np.unique(np.asarray(points, dtype=np.int64))
+    if points.size and graph.term_var.size:
+        for r, p in enumerate(points):
+            segs = np.flatnonzero((graph.term_t0 <= p) & (p < graph.term_t1))
+            for s in segs:
+                var = graph.term_var[s]
+                use = graph.term_usage[graph.term_off[s] : graph.term_off[s + 1]]
+                nz = np.flatnonzero(use)
+                rows_i.append(np.full(nz.size, next_row + r))
+                rows_j.append(graph.unary_off[var] + nz)
+                rows_v.append(use[nz])
+        senses.append(np.full(points.size, ord("L"), np.uint8))
+        rhs.append(graph.limit - graph.base[points])
+        next_row += points.size
+    else:
+        points = np.zeros(0, dtype=np.int64)
+
+    i = np.concatenate(rows_i).astype(np.int64)
+    j = np.concatenate(rows_j).astype(np.int64)
+    v = np.concatenate(rows_v)
+    order = np.lexsort((j, i))
+    i, j, v = i[order], j[order], v[order]
+    row_off = np.zeros(next_row + 1, dtype=np.int64)
+    np.cumsum(np.bincount(i, minlength=next_row), out=row_off[1:])
+    cost = np.concatenate([cost_x, graph.edge_cost[y_entry]])
+    return LinearProgram(
+        cost=cost,
+        num_binary=num_x,
+        row_off=row_off,
+        row_col=j,
+        row_val=v,
+        sense=np.concatenate(senses),
+        rhs=np.concatenate(rhs),
+        constant=graph.constant,
+        memory_points=points,
+        y_entry=y_entry,
+    )
+
+
+def violated_points(graph: CompiledGraph, values: np.ndarray, *, per_round: int = 50) -> np.ndarray:
+    """Per maximal run of points over the limit, the point of largest excess."""
+    if not graph.num_times or not math.isfinite(graph.limit):
+        return np.zeros(0, dtype=np.int64)
+    excess = graph.memory_profile(values) - graph.limit
+    over = excess > 1e-9 * max(1.0, abs(graph.limit))
+    if not over.any():
+        return np.zeros(0, dtype=np.int64)
+    edges = np.diff(np.concatenate([[0], over.astype(np.int8), [0]]))
+    starts, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
+    picks = np.array([s + int(np.argmax(excess[s:e])) for s, e in zip(starts, ends)], dtype=np.int64)
+    if picks.size > per_round:
+        picks = picks[np.argsort(-excess[picks])[:per_round]]
+    return np.sort(picks)
+
+
+def initial_points(graph: CompiledGraph, values: np.ndarray | None, *, count: int = 8) -> np.ndarray:
+    """Points to start with: the highest points of a known solution's profile, spread out."""
+    if not graph.num_times or not math.isfinite(graph.limit) or values is None:
+        return np.zeros(0, dtype=np.int64)
+    profile = graph.memory_profile(values)
+    order = np.argsort(-profile)
+    picks: list[int] = []
+    spacing = max(1, graph.num_times // (4 * count))
+    for p in order:
+        if all(abs(int(p) - q) >= spacing for q in picks):
+            picks.append(int(p))
+        if len(picks) >= count:
+            break
+    return np.array(sorted(picks), dtype=np.int64)

@@ -1,0 +1,207 @@
+"""Reading problems and writing solutions: our format, the IOPDDL contest format, gzip.
+
+``load_problem`` accepts ``autoshard.problem/1`` and the IOPDDL contest format
+(XLA's exported auto-sharding problems, ``../shared/iopddl/README.md``), plain
+or gzip-compressed, and detects which from the content. Files are written
+atomically (temporary file in the same folder, then rename), so a reader never
+sees half a file and an interrupted write leaves the old file in place.
+
+IOPDDL semantics kept exactly: a node's memory counts at ``start <= t < end``
+(``[0, 0]`` = nowhere); an edge's costs are flattened row-major
+(``s_u * len(S_v) + s_v``); several edges on one pair add up; 1e18 means
+forbidden.
+
+>>> problem = load_problem("../shared/iopddl/asplos-2025-iopddl-V.json.gz")  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from solver.problem import FORBIDDEN_COST, Edge, Node, Problem, ProblemError
+
+__all__ = [
+    "FORMATS",
+    "load_json",
+    "load_problem",
+    "problem_from_json",
+    "problem_from_iopddl",
+    "problem_to_iopddl",
+    "detect_format",
+    "write_json_atomic",
+    "write_text_atomic",
+    "iopddl_choice_line",
+]
+
+FORMATS = ("autoshard", "iopddl")
+
+
+def load_json(path: str | os.PathLike[str]) -> Any:
+    """Parse a JSON file, gunzipping it when it starts with the gzip magic bytes."""
+    raw = Path(path).read_bytes()
+    if raw[:2] == b"\x1f\x8b":
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError) as exc:
+            raise ProblemError("(file)", f"corrupt gzip data: {exc}") from None
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ProblemError("(file)", f"malformed JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    except UnicodeDecodeError:
+        raise ProblemError("(file)", "not a text (UTF-8) JSON file") from None
+
+
+def detect_format(data: Any) -> str:
+    """``"iopddl"`` for the contest's ``{"problem": {...}}`` layout, else ``"autoshard"``."""
+    if isinstance(data, Mapping) and "problem" in data and "format" not in data:
+        return "iopddl"
+    return "autoshard"
+
+
+def problem_from_json(data: Any, fmt: str | None = None) -> Problem:
+    """Build a problem from parsed JSON in either format (detected when ``fmt`` is None)."""
+    fmt = fmt or detect_format(data)
+    if fmt == "iopddl":
+        return problem_from_iopddl(data)
+    if fmt == "autoshard":
+        return Problem.from_dict(data)
+    raise ValueError(f"unknown problem format {fmt!r} (expected one of {', '.join(FORMATS)})")
+
+
+def load_problem(path: str | os.PathLike[str], fmt: str | None = None) -> Problem:
+    """Read a problem file (JSON or gzip JSON, either format)."""
+    return problem_from_json(load_json(path), fmt)
+
+
+def _field(mapping: Any, key: str, path: str) -> Any:
+    if not isinstance(mapping, Mapping) or key not in mapping:
+        raise ProblemError(f"{path}.{key}" if path else key, "missing")
+    return mapping[key]
+
+
+def problem_from_iopddl(data: Mapping[str, Any]) -> Problem:
+    """Convert the IOPDDL contest layout (see module docstring)."""
+    prob = _field(data, "problem", "")
+    nodes_raw = _field(prob, "nodes", "problem")
+    intervals = _field(nodes_raw, "intervals", "problem.nodes")
+    costs = _field(nodes_raw, "costs", "problem.nodes")
+    usages = _field(nodes_raw, "usages", "problem.nodes")
+    if not (isinstance(intervals, list) and isinstance(costs, list) and isinstance(usages, list)):
+        raise ProblemError("problem.nodes", "intervals, costs and usages must be lists")
+    if not len(intervals) == len(costs) == len(usages):
+        raise ProblemError(
+            "problem.nodes",
+            f"intervals, costs and usages differ in length ({len(intervals)}, {len(costs)}, {len(usages)})",
+        )
+    nodes = []
+    for i, (interval, cost, usage) in enumerate(zip(intervals, costs, usages)):
+        try:
+            cost_arr = np.asarray(cost, dtype=np.float64)
+            usage_arr = np.asarray(usage, dtype=np.float64)
+        except (TypeError, ValueError):
+            raise ProblemError(f"problem.nodes.costs[{i}]", "costs and usages must be numbers") from None
+        if cost_arr.ndim != 1 or cost_arr.shape != usage_arr.shape:
+            raise ProblemError(f"problem.nodes.usages[{i}]", "expected one usage per cost")
+        if not (isinstance(interval, list) and len(interval) == 2):
+            raise ProblemError(f"problem.nodes.intervals[{i}]", f"expected [start, end], got {interval!r}")
+        cost_arr = cost_arr.copy()
+        cost_arr[cost_arr >= FORBIDDEN_COST] = np.inf
+        nodes.append(Node(cost=cost_arr, memory_bytes=usage_arr, live=(int(interval[0]), int(interval[1]))))
+    edges_raw = _field(prob, "edges", "problem")
+    pairs = _field(edges_raw, "nodes", "problem.edges")
+    edge_costs = _field(edges_raw, "costs", "problem.edges")
+    if not (isinstance(pairs, list) and isinstance(edge_costs, list)) or len(pairs) != len(edge_costs):
+        raise ProblemError("problem.edges", "nodes and costs must be lists of the same length")
+    n = len(nodes)
+    edges = []
+    for j, (pair, flat) in enumerate(zip(pairs, edge_costs)):
+        if not (isinstance(pair, list) and len(pair) == 2):
+            raise ProblemError(f"problem.edges.nodes[{j}]", f"expected [u, v], got {pair!r}")
+        u, v = int(pair[0]), int(pair[1])
+        for end in (u, v):
+            if not 0 <= end < n:
+                raise ProblemError(f"problem.edges.nodes[{j}]", f"node {end} out of range (problem has {n} nodes)")
+        du, dv = nodes[u].num_strategies, nodes[v].num_strategies
+        try:
+            mat = np.asarray(flat, dtype=np.float64)
+        except (TypeError, ValueError):
+            raise ProblemError(f"problem.edges.costs[{j}]", "costs must be numbers") from None
+        if mat.shape != (du * dv,):
+            raise ProblemError(
+                f"problem.edges.costs[{j}]", f"expected {du}x{dv}={du * dv} costs, got {mat.size}"
+            )
+        mat = mat.reshape(du, dv).copy()
+        mat[mat >= FORBIDDEN_COST] = np.inf
+        edges.append(Edge(src=u, dst=v, cost=mat))
+    limit = prob.get("usage_limit")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, (int, float))):
+        raise ProblemError("problem.usage_limit", f"must be a number, got {limit!r}")
+    return Problem(
+        nodes=tuple(nodes),
+        edges=tuple(edges),
+        memory_limit=None if limit is None else float(limit),
+        name=str(prob.get("name", "")),
+    )
+
+
+def problem_to_iopddl(problem: Problem) -> dict[str, Any]:
+    """The contest layout of a problem (ties and pins cannot be expressed there)."""
+    if problem.ties or problem.pins:
+        raise ValueError("the IOPDDL format has no ties or pins")
+
+    def cost_list(values: np.ndarray) -> list[float]:
+        return [int(v) if np.isfinite(v) and float(v).is_integer() else (FORBIDDEN_COST if not np.isfinite(v) else float(v))
+                for v in values.tolist()]
+
+    return {
+        "problem": {
+            "name": problem.name,
+            "nodes": {
+                "intervals": [list(node.live) if node.live is not None else [0, 0] for node in problem.nodes],
+                "costs": [cost_list(node.cost) for node in problem.nodes],
+                "usages": [[int(u) for u in node.memory_bytes.tolist()] for node in problem.nodes],
+            },
+            "edges": {
+                "nodes": [[e.src, e.dst] for e in problem.edges],
+                "costs": [cost_list(e.cost.ravel()) for e in problem.edges],
+            },
+            "usage_limit": problem.memory_limit,
+        }
+    }
+
+
+def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
+    """Write ``text`` to ``path`` atomically (temp file + fsync + rename)."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def write_json_atomic(path: str | os.PathLike[str], obj: Any, *, indent: int | None = 1) -> None:
+    """Serialise ``obj`` as JSON and write it atomically."""
+    write_text_atomic(path, json.dumps(obj, indent=indent) + "\n")
+
+
+def iopddl_choice_line(choice: Sequence[int]) -> str:
+    """The contest's output: ``[s0, s1, ...]``."""
+    return "[" + ", ".join(str(int(c)) for c in choice) + "]"

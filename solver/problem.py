@@ -1,0 +1,368 @@
+"""The strategy-graph problem (``autoshard.problem/1``) and its validation.
+
+A problem has nodes, each with ``k`` candidate strategies (a cost and a memory
+figure per strategy, and optionally a half-open live interval), and edges whose
+``k_src x k_dst`` matrices price every pair of strategies. The task is to pick
+one strategy per node minimising the sum of node and edge costs, such that at
+every time t the memory of the nodes live at t stays within ``memory_limit``
+(nodes without ``live`` count at every time). ``ties`` force groups of nodes to
+pick the same index; ``pins`` force one node's index.
+
+Forbidden strategies and pairs: ``null`` in JSON, or any cost >= 1e18 (real
+exported problems, e.g. XLA's, use 1e18). In memory they are ``inf``.
+
+>>> p = Problem.from_dict({"format": "autoshard.problem/1",
+...     "nodes": [{"cost": [1, 2]}, {"cost": [3, 0]}],
+...     "edges": [{"src": 0, "dst": 1, "cost": [[0, 5], [5, 0]]}]})
+>>> p.num_nodes, p.nodes[1].num_strategies
+(2, 2)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+__all__ = [
+    "FORMAT",
+    "FORBIDDEN_COST",
+    "ProblemError",
+    "Node",
+    "Edge",
+    "Problem",
+]
+
+FORMAT = "autoshard.problem/1"
+
+# Costs at or above this are "forbidden", as in XLA's exports (1e18).
+FORBIDDEN_COST = 1e18
+
+
+class ProblemError(ValueError):
+    """A problem that does not follow the format; the message names the field."""
+
+    def __init__(self, field_path: str, message: str) -> None:
+        super().__init__(f"{field_path}: {message}")
+        self.field = field_path
+
+
+def _cost_array(values: Any, field_path: str) -> np.ndarray:
+    """Costs as float64 with ``inf`` for forbidden; rejects negative and NaN."""
+    if isinstance(values, np.ndarray):
+        arr = values.astype(np.float64, copy=True)
+    else:
+        if not isinstance(values, (list, tuple)):
+            raise ProblemError(field_path, f"expected a list of costs, got {type(values).__name__}")
+        try:
+            arr = np.array([math.inf if v is None else v for v in values], dtype=np.float64)
+        except (TypeError, ValueError):
+            raise ProblemError(field_path, "costs must be numbers or null") from None
+    if arr.ndim != 1:
+        raise ProblemError(field_path, "expected a flat list of costs")
+    _check_costs(arr, field_path)
+    arr[arr >= FORBIDDEN_COST] = math.inf
+    return arr
+
+
+def _check_costs(arr: np.ndarray, field_path: str) -> None:
+    bad = np.isnan(arr)
+    if bad.any():
+        index = np.unravel_index(int(np.argmax(bad)), arr.shape)
+        raise ProblemError(field_path + "".join(f"[{i}]" for i in index), "cost is NaN")
+    bad = arr < 0
+    if bad.any():
+        index = np.unravel_index(int(np.argmax(bad)), arr.shape)
+        raise ProblemError(
+            field_path + "".join(f"[{i}]" for i in index), f"negative cost {arr[index]!r}"
+        )
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Node:
+    """One op or tensor of the strategy graph.
+
+    ``cost`` and ``memory_bytes`` have one entry per strategy; ``live`` is the
+    half-open interval ``[start, end)`` of times at which the memory counts, or
+    None for "always" (parameters, optimizer state).
+    """
+
+    cost: np.ndarray
+    memory_bytes: np.ndarray
+    live: tuple[int, int] | None = None
+    name: str = ""
+    strategies: tuple[str, ...] | None = None
+
+    @property
+    def num_strategies(self) -> int:
+        return int(self.cost.shape[0])
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Edge:
+    """A resharding (or any pairwise) cost: ``cost[a, b]`` when src picks a and dst picks b."""
+
+    src: int
+    dst: int
+    cost: np.ndarray
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Problem:
+    """A strategy-graph problem; build with :meth:`from_dict` or directly.
+
+    The constructor validates everything; a bad field raises
+    :class:`ProblemError` naming it.
+    """
+
+    nodes: tuple[Node, ...]
+    edges: tuple[Edge, ...] = ()
+    memory_limit: float | None = None
+    ties: tuple[tuple[int, ...], ...] = ()
+    pins: Mapping[int, int] = field(default_factory=dict)
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        self._validate()
+
+    # -- sizes -------------------------------------------------------------
+    @property
+    def num_nodes(self) -> int:
+        return len(self.nodes)
+
+    @property
+    def num_edges(self) -> int:
+        return len(self.edges)
+
+    def num_choices(self) -> int:
+        """Total number of (node, strategy) pairs."""
+        return sum(node.num_strategies for node in self.nodes)
+
+    # -- validation --------------------------------------------------------
+    def _validate(self) -> None:
+        n = len(self.nodes)
+        for i, node in enumerate(self.nodes):
+            k = node.cost.shape[0] if node.cost.ndim == 1 else -1
+            if k < 1:
+                raise ProblemError(f"nodes[{i}].cost", "a node needs at least one strategy")
+            _check_costs(node.cost, f"nodes[{i}].cost")
+            if node.memory_bytes.shape != (k,):
+                raise ProblemError(
+                    f"nodes[{i}].memory",
+                    f"expected {k} entries (one per strategy), got {node.memory_bytes.shape[0]}",
+                )
+            if not np.all(np.isfinite(node.memory_bytes)) or (node.memory_bytes < 0).any():
+                raise ProblemError(f"nodes[{i}].memory", "memory must be finite and non-negative")
+            if node.live is not None:
+                start, end = node.live
+                if start > end:
+                    raise ProblemError(f"nodes[{i}].live", f"start {start} after end {end}")
+            if node.strategies is not None and len(node.strategies) != k:
+                raise ProblemError(
+                    f"nodes[{i}].strategies", f"expected {k} labels (one per cost), got {len(node.strategies)}"
+                )
+        for j, edge in enumerate(self.edges):
+            for end_name, index in (("src", edge.src), ("dst", edge.dst)):
+                if not 0 <= index < n:
+                    raise ProblemError(f"edges[{j}].{end_name}", f"node {index} out of range (problem has {n} nodes)")
+            if edge.src == edge.dst:
+                raise ProblemError(f"edges[{j}]", f"self-loop on node {edge.src}")
+            shape = (self.nodes[edge.src].num_strategies, self.nodes[edge.dst].num_strategies)
+            if edge.cost.shape != shape:
+                got = "x".join(str(s) for s in edge.cost.shape)
+                raise ProblemError(
+                    f"edges[{j}].cost", f"expected a {shape[0]}x{shape[1]} matrix (src x dst strategies), got {got}"
+                )
+            _check_costs(edge.cost, f"edges[{j}].cost")
+        if self.memory_limit is not None:
+            if not (isinstance(self.memory_limit, (int, float)) and math.isfinite(self.memory_limit)) or self.memory_limit < 0:
+                raise ProblemError("memory_limit", f"must be a non-negative number, got {self.memory_limit!r}")
+        seen_in_tie: dict[int, int] = {}
+        for t, group in enumerate(self.ties):
+            for member in group:
+                if not 0 <= member < n:
+                    raise ProblemError(f"ties[{t}]", f"node {member} out of range (problem has {n} nodes)")
+                if member in seen_in_tie and seen_in_tie[member] != t:
+                    raise ProblemError(f"ties[{t}]", f"node {member} is also in ties[{seen_in_tie[member]}]")
+                seen_in_tie[member] = t
+            if group:
+                k0 = self.nodes[group[0]].num_strategies
+                for member in group[1:]:
+                    k = self.nodes[member].num_strategies
+                    if k != k0:
+                        raise ProblemError(
+                            f"ties[{t}]",
+                            f"nodes {group[0]} and {member} have different strategy counts ({k0} vs {k})",
+                        )
+        for node_index, strategy in self.pins.items():
+            if not 0 <= node_index < n:
+                raise ProblemError(f"pins[{node_index}]", f"node {node_index} out of range (problem has {n} nodes)")
+            k = self.nodes[node_index].num_strategies
+            if not 0 <= strategy < k:
+                raise ProblemError(
+                    f"pins[{node_index}]", f"strategy {strategy} out of range (node {node_index} has {k} strategies)"
+                )
+
+    # -- JSON --------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Problem":
+        """Build from the ``autoshard.problem/1`` JSON object (DESIGN.md)."""
+        if not isinstance(data, Mapping):
+            raise ProblemError("(root)", f"expected a JSON object, got {type(data).__name__}")
+        fmt = data.get("format", FORMAT)
+        if fmt != FORMAT:
+            raise ProblemError("format", f"expected {FORMAT!r}, got {fmt!r}")
+        raw_nodes = data.get("nodes")
+        if not isinstance(raw_nodes, list):
+            raise ProblemError("nodes", "missing or not a list")
+        nodes = tuple(_node_from_dict(raw, i) for i, raw in enumerate(raw_nodes))
+        raw_edges = data.get("edges", [])
+        if not isinstance(raw_edges, list):
+            raise ProblemError("edges", "not a list")
+        edges = tuple(_edge_from_dict(raw, j, nodes) for j, raw in enumerate(raw_edges))
+        limit = data.get("memory_limit")
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, (int, float))):
+            raise ProblemError("memory_limit", f"must be a number or null, got {limit!r}")
+        ties = _ties_from_json(data.get("ties", []))
+        pins = _pins_from_json(data.get("pins", {}))
+        name = data.get("name", "")
+        return cls(nodes=nodes, edges=edges, memory_limit=None if limit is None else float(limit),
+                   ties=ties, pins=pins, name=str(name))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``autoshard.problem/1`` JSON object; forbidden costs become ``null``."""
+        out: dict[str, Any] = {"format": FORMAT}
+        if self.name:
+            out["name"] = self.name
+        out["nodes"] = [_node_to_dict(node) for node in self.nodes]
+        out["edges"] = [
+            {"src": e.src, "dst": e.dst, "cost": [_costs_to_json(row) for row in e.cost]} for e in self.edges
+        ]
+        if self.memory_limit is not None:
+            out["memory_limit"] = self.memory_limit
+        if self.ties:
+            out["ties"] = [list(group) for group in self.ties]
+        if self.pins:
+            out["pins"] = {str(k): v for k, v in sorted(self.pins.items())}
+        return out
+
+
+def _costs_to_json(values: np.ndarray) -> list[float | None]:
+    return [None if math.isinf(v) else _plain_number(v) for v in values.tolist()]
+
+
+def _plain_number(value: float) -> float | int:
+    return int(value) if float(value).is_integer() and abs(value) < 2**53 else value
+
+
+def _node_to_dict(node: Node) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if node.name:
+        out["name"] = node.name
+    if node.strategies is not None:
+        out["strategies"] = list(node.strategies)
+    out["cost"] = _costs_to_json(node.cost)
+    out["memory"] = [_plain_number(v) for v in node.memory_bytes.tolist()]
+    if node.live is not None:
+        out["live"] = list(node.live)
+    return out
+
+
+def _node_from_dict(raw: Any, i: int) -> Node:
+    path = f"nodes[{i}]"
+    if not isinstance(raw, Mapping):
+        raise ProblemError(path, "expected an object")
+    if "cost" not in raw:
+        raise ProblemError(f"{path}.cost", "missing")
+    cost = _cost_array(raw["cost"], f"{path}.cost")
+    k = cost.shape[0]
+    memory_raw = raw.get("memory")
+    if memory_raw is None:
+        memory = np.zeros(k, dtype=np.float64)
+    else:
+        if not isinstance(memory_raw, (list, tuple)):
+            raise ProblemError(f"{path}.memory", "expected a list of numbers")
+        try:
+            memory = np.array(memory_raw, dtype=np.float64)
+        except (TypeError, ValueError):
+            raise ProblemError(f"{path}.memory", "memory must be numbers") from None
+        if memory.ndim != 1:
+            raise ProblemError(f"{path}.memory", "expected a flat list of numbers")
+    live_raw = raw.get("live")
+    live = None
+    if live_raw is not None:
+        if (
+            not isinstance(live_raw, (list, tuple))
+            or len(live_raw) != 2
+            or not all(isinstance(v, int) and not isinstance(v, bool) for v in live_raw)
+        ):
+            raise ProblemError(f"{path}.live", f"expected [start, end] integers, got {live_raw!r}")
+        live = (int(live_raw[0]), int(live_raw[1]))
+    labels = raw.get("strategies")
+    if labels is not None:
+        if not isinstance(labels, (list, tuple)) or not all(isinstance(s, str) for s in labels):
+            raise ProblemError(f"{path}.strategies", "expected a list of strings")
+        labels = tuple(labels)
+    name = raw.get("name", "")
+    return Node(cost=cost, memory_bytes=memory, live=live, name=str(name), strategies=labels)
+
+
+def _edge_from_dict(raw: Any, j: int, nodes: Sequence[Node]) -> Edge:
+    path = f"edges[{j}]"
+    if not isinstance(raw, Mapping):
+        raise ProblemError(path, "expected an object")
+    ends = []
+    for key in ("src", "dst"):
+        value = raw.get(key)
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ProblemError(f"{path}.{key}", f"expected a node index, got {value!r}")
+        if not 0 <= value < len(nodes):
+            raise ProblemError(f"{path}.{key}", f"node {value} out of range (problem has {len(nodes)} nodes)")
+        ends.append(value)
+    matrix = raw.get("cost")
+    shape = (nodes[ends[0]].num_strategies, nodes[ends[1]].num_strategies)
+    if not isinstance(matrix, list) or not all(isinstance(row, list) for row in matrix):
+        raise ProblemError(f"{path}.cost", f"expected a {shape[0]}x{shape[1]} matrix (list of rows)")
+    if len(matrix) != shape[0] or any(len(row) != shape[1] for row in matrix):
+        got_rows = len(matrix)
+        got_cols = len(matrix[0]) if matrix else 0
+        raise ProblemError(
+            f"{path}.cost",
+            f"expected a {shape[0]}x{shape[1]} matrix (src x dst strategies), got {got_rows}x{got_cols}",
+        )
+    try:
+        arr = np.array([[math.inf if v is None else v for v in row] for row in matrix], dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ProblemError(f"{path}.cost", "costs must be numbers or null") from None
+    arr = arr.reshape(shape)
+    _check_costs(arr, f"{path}.cost")
+    arr[arr >= FORBIDDEN_COST] = math.inf
+    return Edge(src=ends[0], dst=ends[1], cost=arr)
+
+
+def _ties_from_json(raw: Any) -> tuple[tuple[int, ...], ...]:
+    if not isinstance(raw, list):
+        raise ProblemError("ties", "expected a list of lists of node indices")
+    groups = []
+    for t, group in enumerate(raw):
+        if not isinstance(group, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in group):
+            raise ProblemError(f"ties[{t}]", "expected a list of node indices")
+        groups.append(tuple(group))
+    return tuple(groups)
+
+
+def _pins_from_json(raw: Any) -> dict[int, int]:
+    if not isinstance(raw, Mapping):
+        raise ProblemError("pins", "expected an object mapping node index to strategy index")
+    pins: dict[int, int] = {}
+    for key, value in raw.items():
+        try:
+            node_index = int(key)
+        except (TypeError, ValueError):
+            raise ProblemError(f"pins[{key!r}]", "key must be a node index") from None
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ProblemError(f"pins[{key}]", f"strategy must be an integer, got {value!r}")
+        pins[node_index] = value
+    return pins

@@ -1,0 +1,123 @@
+"""The numerical validator: it passes every registered rule, catches wrong
+rules, splits partial inputs correctly, and its command line reports."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from costmodel import simulate
+from costmodel.placements import Partial, Replicate, Shard
+from autoshard.rules import RuleRegistry, load_rules
+from autoshard.rules.compute import elementwise, reduction
+from autoshard.rules.core import P, R, S, SingleDimStrategy
+from autoshard.rules.registry import Rule
+from autoshard.rules.validator import add_arguments, distribute, format_reports, run, validate_rule
+
+aten = torch.ops.aten
+REGISTRY = load_rules()
+
+
+@pytest.mark.parametrize("op", REGISTRY.ops(), ids=str)
+def test_validator_passes_registered_rule(op: torch._ops.OpOverload) -> None:
+    report = validate_rule(REGISTRY.rule_for(op), REGISTRY, cases=5, seed=7)
+    assert report.ok, "\n".join(str(f) for f in report.failures[:3])
+    assert report.strategies_checked > 0 or op is aten._assert_async.msg
+
+
+@pytest.mark.parametrize("reduce_op", ["sum", "avg", "max", "min"])
+def test_partial_inputs_are_random_pieces_that_reduce_to_the_value(reduce_op: str) -> None:
+    x = torch.randn(6, 4, dtype=torch.float64)
+    placements = (Partial(reduce_op), Shard(1))
+    locals_ = distribute(x, placements, (3, 2), torch.Generator().manual_seed(0))
+    assert torch.allclose(simulate.unshard(locals_, placements, (3, 2)), x)
+    assert not torch.equal(locals_[(0, 0)], locals_[(1, 0)])
+
+
+def test_replicas_hold_identical_pieces_of_a_later_partial_mesh_dim() -> None:
+    x = torch.randn(4, dtype=torch.float64)
+    locals_ = distribute(x, (Replicate(), Partial("sum")), (2, 2), torch.Generator().manual_seed(1))
+    assert torch.equal(locals_[(0, 1)], locals_[(1, 1)])
+
+
+def _bad(op, fn, compute=None) -> Rule:
+    return Rule(op, "bad", fn, compute or elementwise(), samples=REGISTRY.rule_for(op).samples)
+
+
+@pytest.mark.parametrize(
+    "rule",
+    [
+        # relu is not linear: relu(a) + relu(b) != relu(a + b)
+        _bad(aten.relu.default, lambda call: [SingleDimStrategy(P, P)]),
+        # the rows of A give the rows of C, not its columns
+        _bad(aten.mm.default, lambda call: [SingleDimStrategy(S(1), (S(0), R))]),
+        # softmax needs the whole row it normalizes
+        _bad(aten._softmax.default, lambda call: [SingleDimStrategy(S(call.arg("dim")), S(call.arg("dim")))]),
+        # a reduced dim cannot stay split
+        _bad(aten.sum.default, lambda call: [SingleDimStrategy(S(0), S(0))], reduction()),
+        # merging [B, S] with S split is a strided shard, not a plain one
+        Rule(aten.view.default, "bad", lambda call: [SingleDimStrategy(S(0), S(1))] if call.inputs[0].ndim > call.outputs[0].ndim else [],
+             elementwise(), samples=lambda s: iter([__import__("autoshard.rules.registry", fromlist=["SampleInput"]).SampleInput((torch.randn(4, 6, 2, dtype=torch.float64), [24, 2]), {})]),
+             localize=REGISTRY.rule_for(aten.view.default).localize, uneven=False),
+        # adding a replicated bias to a partial sum counts the bias once per rank
+        _bad(aten.add.Tensor, lambda call: [SingleDimStrategy(P, (P, R))] if len(call.inputs) == 2 else []),
+    ],
+    ids=["relu-partial", "mm-rows-as-cols", "softmax-split-dim", "sum-keeps-split", "view-merge-plain", "add-replicated-bias"],
+)
+def test_validator_catches_a_deliberately_wrong_rule(rule: Rule) -> None:
+    report = validate_rule(rule, REGISTRY, cases=4)
+    assert not report.ok
+
+
+def test_validator_reports_a_rule_without_samples_as_skipped() -> None:
+    rule = Rule(aten.neg.default, "demo", lambda call: [], elementwise(), note="no CPU kernel")
+    report = validate_rule(rule, REGISTRY)
+    assert report.skipped == "no CPU kernel" and report.ok
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_run_prints_a_pass_table_and_exits_zero(capsys: pytest.CaptureFixture) -> None:
+    assert run(_args("--op", "aten.mm.default", "--op", "bmm", "--cases", "2")) == 0
+    out = capsys.readouterr().out
+    assert "aten.mm.default" in out and "aten.bmm.default" in out and "PASS" in out
+
+
+def test_run_exits_non_zero_when_a_rule_fails(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    def broken() -> RuleRegistry:
+        registry = RuleRegistry()
+        registry.add(_bad(aten.relu.default, lambda call: [SingleDimStrategy(P, P)]))
+        return registry
+
+    monkeypatch.setattr("autoshard.rules.load_rules", broken)
+    assert run(_args("--op", "relu", "--cases", "2")) == 1
+    assert "FAIL aten.relu.default" in capsys.readouterr().out
+
+
+def test_unknown_op_is_a_one_line_error() -> None:
+    with pytest.raises(ValueError, match="--op: no registered rule matches 'nosuchop'"):
+        run(_args("--op", "nosuchop"))
+
+
+def test_format_reports_lists_failures_after_the_table() -> None:
+    report = validate_rule(_bad(aten.relu.default, lambda call: [SingleDimStrategy(P, P)]), REGISTRY, cases=2)
+    text = format_reports([report])
+    assert text.splitlines()[1].endswith("FAIL") and "FAIL aten.relu.default: mesh" in text
+
+
+def test_python_m_validator_and_autoshard_validate_rules_exit_zero() -> None:
+    done = subprocess.run([sys.executable, "-m", "autoshard.rules.validator", "--op", "aten.mm.default", "--cases", "1"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "1 passed, 0 failed" in done.stdout
+    from autoshard.cli import main
+
+    assert main(["validate-rules", "--op", "t", "--cases", "1"]) == 0

@@ -1,0 +1,129 @@
+"""Tracing the joint forward+backward graph: names, gradients, loss, no real memory."""
+
+from __future__ import annotations
+
+import resource
+
+import pytest
+import torch
+from torch import nn
+
+from autoshard.trace import TensorMeta, run_joint, trace_joint, traced_ops
+from examples.models import convnet, gpt2, llama3, mlp
+
+aten = torch.ops.aten
+
+
+def test_every_parameter_is_a_placeholder_named_by_fqn_with_a_gradient(traced_tiny):
+    model, _ = llama3.tiny(device="meta")
+    traced = traced_tiny("llama3")
+    expected = {name: tuple(p.shape) for name, p in model.named_parameters()}
+    assert {fqn: TensorMeta.of(node.meta["val"]).shape for fqn, node in traced.params.items()} == expected
+    for fqn, grad in traced.grads.items():
+        assert grad is not None, fqn
+        assert tuple(grad.meta["val"].shape) == expected[fqn], fqn
+
+
+def test_user_inputs_are_named_after_forward_arguments(traced_tiny):
+    traced = traced_tiny("llama3")
+    assert list(traced.inputs) == ["tokens", "labels"]
+    assert all(node.op == "placeholder" for node in traced.inputs.values())
+
+
+def test_loss_is_a_scalar_graph_output_with_a_tangent(traced_tiny):
+    traced = traced_tiny("gpt2")
+    output = next(n for n in traced.graph_module.graph.nodes if n.op == "output")
+    assert traced.loss in output.args[0]
+    assert traced.loss_meta.shape == ()
+    assert traced.tangent.op == "placeholder"
+
+
+def test_tied_embedding_is_one_parameter_with_one_gradient(traced_tiny):
+    traced = traced_tiny("gpt2")
+    assert "tok_embeddings.weight" in traced.params
+    assert not any("lm_head" in fqn or fqn.startswith("output") for fqn in traced.params)
+    assert traced.grads["tok_embeddings.weight"] is not None
+
+
+def test_untied_llama_has_an_output_weight_and_tied_llama_does_not():
+    untied = trace_joint(*llama3.tiny(device="meta", n_layers=1))
+    tied = trace_joint(*llama3.tiny(device="meta", n_layers=1, tie_embeddings=True))
+    assert "output.weight" in untied.params
+    assert "output.weight" not in tied.params
+
+
+def test_buffers_are_named_and_batchnorm_statistics_are_buffer_updates(traced_tiny):
+    traced = traced_tiny("convnet")
+    stats = {f"stages.{i}.bn.{name}" for i in range(2) for name in ("running_mean", "running_var", "num_batches_tracked")}
+    assert set(traced.buffers) == stats
+    assert set(traced.buffer_updates) == stats
+    rope = traced_tiny("llama3")
+    assert set(rope.buffers) == {"rope_cos", "rope_sin"} and not rope.buffer_updates
+
+
+def test_detach_nodes_are_removed(traced_tiny):
+    for name in ("mlp", "llama3"):
+        assert aten.detach.default not in traced_ops(traced_tiny(name)), name
+
+
+def test_node_info_replaces_tensors_by_tensor_meta(traced_tiny):
+    traced = traced_tiny("mlp")
+    mm = next(info for info in traced.nodes.values() if info.op is aten.mm.default)
+    assert all(isinstance(a, TensorMeta) for a in mm.args)
+    assert mm.inputs == mm.args
+    (a, b), (out,) = mm.args, mm.outputs
+    assert out.shape == (a.shape[0], b.shape[1])
+
+
+def test_tracing_leaves_a_real_model_untouched():
+    model, inputs = mlp.tiny()
+    before = {name: (p, p.detach().clone()) for name, p in model.named_parameters()}
+    trace_joint(model, inputs)
+    for name, p in model.named_parameters():
+        assert p is before[name][0], name
+        assert type(p) is nn.Parameter and torch.equal(p, before[name][1]), name
+
+
+@pytest.mark.parametrize("module", [mlp, llama3, convnet, gpt2])
+def test_joint_graph_run_on_real_tensors_matches_eager_loss_and_grads(module):
+    model, inputs = module.tiny()
+    traced = trace_joint(model, inputs)
+    values = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+    result = run_joint(traced, {fqn: t.clone() for fqn, t in values.items()}, inputs)
+
+    loss = model(*inputs)
+    loss.backward()
+    torch.testing.assert_close(result.loss, loss.detach())
+    for fqn, param in model.named_parameters():
+        torch.testing.assert_close(result.grads[fqn], param.grad, msg=fqn)
+    # the eager step updated the real BatchNorm statistics in place; the graph must agree
+    for fqn, new_value in result.buffer_updates.items():
+        torch.testing.assert_close(new_value, values[fqn], msg=fqn)
+
+
+def test_non_scalar_output_is_rejected():
+    class Vector(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.lin(x)
+
+    with pytest.raises(ValueError, match="scalar loss"):
+        trace_joint(Vector(), (torch.randn(2, 4),))
+
+
+def test_non_tensor_input_is_rejected():
+    model, (x, y) = mlp.tiny(device="meta")
+    with pytest.raises(ValueError, match="'target' must be a tensor"):
+        trace_joint(model, (x, 3))
+
+
+def test_8b_shaped_layer_traces_on_fake_tensors_without_allocating():
+    # one layer of LLaMA-3-8B: the embedding and head alone would take 4.2 GB if allocated
+    model, inputs = llama3.llama3_8b(n_layers=1, batch_size=8, seq_len=1024)
+    traced = trace_joint(model, inputs)
+    assert TensorMeta.of(traced.params["tok_embeddings.weight"].meta["val"]).shape == (128256, 4096)
+    peak_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    assert peak_gib < 3.0, f"peak RSS {peak_gib:.1f} GiB: tensors were materialised"
