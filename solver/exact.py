@@ -56,6 +56,12 @@ def solve_exact(
     seed: int = 0,
 ) -> ExactResult:
     """Solve to optimality or until ``deadline`` (a ``time.perf_counter()`` value)."""
+    if graph.num_vars == 0:  # the reductions decided everything
+        values = np.zeros(0, dtype=np.int64)
+        if violated_points(graph, values).size:
+            return ExactResult(None, None, math.inf, "infeasible")
+        cost = graph.cost(values)
+        return ExactResult(values, cost, cost, "optimal")
     engine = get_backend(backend)
     best = None if start is None else np.asarray(start, dtype=np.int64)
     if best is not None and violated_points(graph, best).size:

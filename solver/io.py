@@ -17,6 +17,7 @@ forbidden.
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 import os
 import tempfile
@@ -101,46 +102,56 @@ def problem_from_iopddl(data: Mapping[str, Any]) -> Problem:
             "problem.nodes",
             f"intervals, costs and usages differ in length ({len(intervals)}, {len(costs)}, {len(usages)})",
         )
-    nodes = []
-    for i, (interval, cost, usage) in enumerate(zip(intervals, costs, usages)):
-        try:
-            cost_arr = np.asarray(cost, dtype=np.float64)
-            usage_arr = np.asarray(usage, dtype=np.float64)
-        except (TypeError, ValueError):
-            raise ProblemError(f"problem.nodes.costs[{i}]", "costs and usages must be numbers") from None
-        if cost_arr.ndim != 1 or cost_arr.shape != usage_arr.shape:
-            raise ProblemError(f"problem.nodes.usages[{i}]", "expected one usage per cost")
-        if not (isinstance(interval, list) and len(interval) == 2):
-            raise ProblemError(f"problem.nodes.intervals[{i}]", f"expected [start, end], got {interval!r}")
-        cost_arr = cost_arr.copy()
-        cost_arr[cost_arr >= FORBIDDEN_COST] = np.inf
-        nodes.append(Node(cost=cost_arr, memory_bytes=usage_arr, live=(int(interval[0]), int(interval[1]))))
+    cost_flat, cost_off = _flatten(costs, "problem.nodes.costs")
+    usage_flat, usage_off = _flatten(usages, "problem.nodes.usages")
+    if not np.array_equal(cost_off, usage_off):
+        i = int(np.flatnonzero(np.diff(cost_off) != np.diff(usage_off))[0])
+        raise ProblemError(f"problem.nodes.usages[{i}]", "expected one usage per cost")
+    try:
+        live = np.asarray(intervals, dtype=np.int64)
+    except (TypeError, ValueError):
+        live = None
+    if live is None or live.shape != (len(intervals), 2):
+        bad = next((i for i, iv in enumerate(intervals) if not (isinstance(iv, list) and len(iv) == 2)), 0)
+        raise ProblemError(f"problem.nodes.intervals[{bad}]", f"expected [start, end], got {intervals[bad]!r}")
+    cost_flat[cost_flat >= FORBIDDEN_COST] = np.inf
+    live_list = live.tolist()
+    nodes = [
+        Node(cost=cost_flat[cost_off[i] : cost_off[i + 1]], memory_bytes=usage_flat[usage_off[i] : usage_off[i + 1]],
+             live=(live_list[i][0], live_list[i][1]))
+        for i in range(len(costs))
+    ]
     edges_raw = _field(prob, "edges", "problem")
     pairs = _field(edges_raw, "nodes", "problem.edges")
     edge_costs = _field(edges_raw, "costs", "problem.edges")
     if not (isinstance(pairs, list) and isinstance(edge_costs, list)) or len(pairs) != len(edge_costs):
         raise ProblemError("problem.edges", "nodes and costs must be lists of the same length")
     n = len(nodes)
-    edges = []
-    for j, (pair, flat) in enumerate(zip(pairs, edge_costs)):
-        if not (isinstance(pair, list) and len(pair) == 2):
-            raise ProblemError(f"problem.edges.nodes[{j}]", f"expected [u, v], got {pair!r}")
-        u, v = int(pair[0]), int(pair[1])
-        for end in (u, v):
-            if not 0 <= end < n:
-                raise ProblemError(f"problem.edges.nodes[{j}]", f"node {end} out of range (problem has {n} nodes)")
-        du, dv = nodes[u].num_strategies, nodes[v].num_strategies
-        try:
-            mat = np.asarray(flat, dtype=np.float64)
-        except (TypeError, ValueError):
-            raise ProblemError(f"problem.edges.costs[{j}]", "costs must be numbers") from None
-        if mat.shape != (du * dv,):
-            raise ProblemError(
-                f"problem.edges.costs[{j}]", f"expected {du}x{dv}={du * dv} costs, got {mat.size}"
-            )
-        mat = mat.reshape(du, dv).copy()
-        mat[mat >= FORBIDDEN_COST] = np.inf
-        edges.append(Edge(src=u, dst=v, cost=mat))
+    try:
+        ends = np.asarray(pairs, dtype=np.int64)
+    except (TypeError, ValueError):
+        ends = None
+    if ends is None or ends.shape != (len(pairs), 2):
+        bad = next((j for j, pr in enumerate(pairs) if not (isinstance(pr, list) and len(pr) == 2)), 0)
+        raise ProblemError(f"problem.edges.nodes[{bad}]", f"expected [u, v], got {pairs[bad]!r}")
+    if ends.size and (ends.min() < 0 or ends.max() >= n):
+        j = int(np.flatnonzero((ends < 0).any(axis=1) | (ends >= n).any(axis=1))[0])
+        raise ProblemError(f"problem.edges.nodes[{j}]", f"node out of range (problem has {n} nodes)")
+    flat, off = _flatten(edge_costs, "problem.edges.costs")
+    sizes = np.diff(cost_off)
+    expected = sizes[ends[:, 0]] * sizes[ends[:, 1]] if ends.size else np.zeros(0, np.int64)
+    if not np.array_equal(np.diff(off), expected):
+        j = int(np.flatnonzero(np.diff(off) != expected)[0])
+        raise ProblemError(
+            f"problem.edges.costs[{j}]",
+            f"expected {sizes[ends[j, 0]]}x{sizes[ends[j, 1]]}={expected[j]} costs, got {off[j + 1] - off[j]}",
+        )
+    flat[flat >= FORBIDDEN_COST] = np.inf
+    pairs_list = ends.tolist()
+    edges = [
+        Edge(src=u, dst=v, cost=flat[off[j] : off[j + 1]].reshape(int(sizes[u]), int(sizes[v])))
+        for j, (u, v) in enumerate(pairs_list)
+    ]
     limit = prob.get("usage_limit")
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, (int, float))):
         raise ProblemError("problem.usage_limit", f"must be a number, got {limit!r}")
@@ -150,6 +161,22 @@ def problem_from_iopddl(data: Mapping[str, Any]) -> Problem:
         memory_limit=None if limit is None else float(limit),
         name=str(prob.get("name", "")),
     )
+
+
+def _flatten(lists: list, field_path: str) -> tuple[np.ndarray, np.ndarray]:
+    """One float64 array of all numbers in a list of lists, and the offsets of each list."""
+    try:
+        lengths = np.fromiter((len(item) for item in lists), dtype=np.int64, count=len(lists))
+        flat = np.fromiter(itertools.chain.from_iterable(lists), dtype=np.float64, count=int(lengths.sum()))
+    except (TypeError, ValueError):
+        for i, item in enumerate(lists):
+            if not isinstance(item, list) or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                                     for v in item):
+                raise ProblemError(f"{field_path}[{i}]", "expected a list of numbers") from None
+        raise ProblemError(field_path, "expected lists of numbers") from None
+    off = np.zeros(len(lists) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=off[1:])
+    return flat, off
 
 
 def problem_to_iopddl(problem: Problem) -> dict[str, Any]:

@@ -218,12 +218,21 @@ def total_cost(arr, x):
 @numba.njit(cache=True)
 def local_costs(arr, x, v, out):
     """out[b] = unary_v(b) + sum over edges of v of M(b, x_other)."""
+    local_costs_except(arr, x, v, -1, out)
+
+
+@numba.njit(cache=True)
+def local_costs_except(arr, x, v, skip_edge, out):
+    """As local_costs without edge ``skip_edge``; summing it out instead would
+    lose every other term next to a forbidden (1e30) entry."""
     d = arr.dom[v]
     base = arr.unary_off[v]
     for b in range(d):
         out[b] = arr.unary[base + b]
     for i in range(arr.adj_off[v], arr.adj_off[v + 1]):
         e = arr.adj_edge[i]
+        if e == skip_edge:
+            continue
         w = arr.adj_other[i]
         off = arr.edge_off[e]
         if arr.adj_is_u[i]:

@@ -30,7 +30,7 @@ from solver.kernels import (
     Arrays,
     apply_value,
     local_costs,
-    tree_add,
+    local_costs_except,
     tree_argmax,
     tree_build,
     tree_max,
@@ -178,16 +178,11 @@ def pair_opt(arr, x, tree, pend, edges, enforce, tries):  # pragma: no cover - c
         dv = arr.dom[v]
         if du * dv < 2:
             continue
-        local_costs(arr, x, u, gu)
-        local_costs(arr, x, v, gv)
+        local_costs_except(arr, x, u, e, gu)
+        local_costs_except(arr, x, v, e, gv)
         xu = x[u]
         xv = x[v]
         off = arr.edge_off[e]
-        # remove the edge's own contribution from both local costs
-        for a in range(du):
-            gu[a] -= arr.edge_cost[off + a * dv + xv]
-        for b in range(dv):
-            gv[b] -= arr.edge_cost[off + xu * dv + b]
         cur = gu[xu] + gv[xv] + arr.edge_cost[off + xu * dv + xv]
         bound = cur - REL_TOL * (abs(cur) + 1.0)
         skipped = 0

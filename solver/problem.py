@@ -80,6 +80,16 @@ def _check_costs(arr: np.ndarray, field_path: str) -> None:
         )
 
 
+def _all_valid_costs(arrays: list[np.ndarray]) -> bool:
+    flat = np.concatenate(arrays)
+    return not (np.isnan(flat).any() or (flat < 0).any())
+
+
+def _all_valid_memory(arrays: list[np.ndarray]) -> bool:
+    flat = np.concatenate(arrays)
+    return bool(np.isfinite(flat).all() and (flat >= 0).all())
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class Node:
     """One op or tensor of the strategy graph.
@@ -143,17 +153,22 @@ class Problem:
     # -- validation --------------------------------------------------------
     def _validate(self) -> None:
         n = len(self.nodes)
+        # Fast path: check all costs and memory at once; walk node by node only
+        # to name the field when something is wrong.
+        costs_ok = n == 0 or _all_valid_costs([node.cost for node in self.nodes])
+        memory_ok = n == 0 or _all_valid_memory([node.memory_bytes for node in self.nodes])
         for i, node in enumerate(self.nodes):
             k = node.cost.shape[0] if node.cost.ndim == 1 else -1
             if k < 1:
                 raise ProblemError(f"nodes[{i}].cost", "a node needs at least one strategy")
-            _check_costs(node.cost, f"nodes[{i}].cost")
+            if not costs_ok:
+                _check_costs(node.cost, f"nodes[{i}].cost")
             if node.memory_bytes.shape != (k,):
                 raise ProblemError(
                     f"nodes[{i}].memory",
                     f"expected {k} entries (one per strategy), got {node.memory_bytes.shape[0]}",
                 )
-            if not np.all(np.isfinite(node.memory_bytes)) or (node.memory_bytes < 0).any():
+            if not memory_ok and (not np.all(np.isfinite(node.memory_bytes)) or (node.memory_bytes < 0).any()):
                 raise ProblemError(f"nodes[{i}].memory", "memory must be finite and non-negative")
             if node.live is not None:
                 start, end = node.live
@@ -163,6 +178,7 @@ class Problem:
                 raise ProblemError(
                     f"nodes[{i}].strategies", f"expected {k} labels (one per cost), got {len(node.strategies)}"
                 )
+        edges_ok = not self.edges or _all_valid_costs([edge.cost.ravel() for edge in self.edges])
         for j, edge in enumerate(self.edges):
             for end_name, index in (("src", edge.src), ("dst", edge.dst)):
                 if not 0 <= index < n:
@@ -175,7 +191,8 @@ class Problem:
                 raise ProblemError(
                     f"edges[{j}].cost", f"expected a {shape[0]}x{shape[1]} matrix (src x dst strategies), got {got}"
                 )
-            _check_costs(edge.cost, f"edges[{j}].cost")
+            if not edges_ok:
+                _check_costs(edge.cost, f"edges[{j}].cost")
         if self.memory_limit is not None:
             if not (isinstance(self.memory_limit, (int, float)) and math.isfinite(self.memory_limit)) or self.memory_limit < 0:
                 raise ProblemError("memory_limit", f"must be a non-negative number, got {self.memory_limit!r}")

@@ -1,20 +1,23 @@
-"""CBC through PuLP's bundled binary, fed a free-MPS file written with numpy.
+"""CBC (the binary that comes with PuLP), fed a free-MPS file written with numpy.
 
 PuLP's modelling objects cost several microseconds per variable and per term;
 our programs have 10^5-10^6 of each, so the MPS file is written directly from
-the sparse arrays of :class:`~solver.ilp.LinearProgram`, and PuLP provides the
-CBC binary (``pulp.PULP_CBC_CMD().path``). The lower bound at a time limit is
+the sparse arrays of :class:`~solver.ilp.LinearProgram`; the binary is the one
+``pulp[cbc]`` installs (cbcbox), or the one older PuLP releases bundle. The lower bound at a time limit is
 read from CBC's closing summary (``Lower bound:``).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
+import shutil
 import subprocess
 import tempfile
 import time
+import warnings
 
 import numpy as np
 
@@ -26,13 +29,30 @@ __all__ = ["CbcBackend", "write_mps"]
 log = logging.getLogger(__name__)
 
 
+@functools.lru_cache(maxsize=1)
 def _cbc_path() -> str | None:
+    """The CBC binary: ``pulp[cbc]``'s cbcbox build (PuLP's choice from 3.3 on), else
+    the binary older PuLP releases bundle, else one on PATH."""
+    candidates = []
+    try:
+        import cbcbox
+
+        candidates.append(cbcbox.cbc_bin_path())
+    except Exception:  # not installed, or no build for this platform
+        pass
     try:
         import pulp
-    except ImportError:
-        return None
-    path = pulp.PULP_CBC_CMD().path
-    return path if path and os.path.exists(path) and os.access(path, os.X_OK) else None
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            candidates.append(pulp.PULP_CBC_CMD().path)
+    except Exception:
+        pass
+    candidates.append(shutil.which("cbc"))
+    for path in candidates:
+        if path and os.path.exists(path) and os.access(path, os.X_OK):
+            return path
+    return None
 
 
 def _num(values: np.ndarray) -> np.ndarray:
@@ -121,7 +141,11 @@ class CbcBackend(ProgramBackend):
             mps = os.path.join(tmp, "model.mps")
             sol = os.path.join(tmp, "model.sol")
             write_mps(program, mps)
-            args = [path, mps, "-sec", f"{max(time_limit, 0.5):.3f}", "-timeMode", "elapsed",
+            # CBC checks its -sec limit only between phases (its root cuts and
+            # heuristics can overrun it by minutes), so it gets most of the time
+            # as -sec and is killed at the real limit.
+            budget = time_limit - (time.perf_counter() - start)
+            args = [path, mps, "-sec", f"{max(0.85 * budget, 0.2):.3f}", "-timeMode", "elapsed",
                     "-threads", str(max(1, threads)), "-randomSeed", str(seed + 1),
                     "-ratioGap", "0", "-allowableGap", "0"]
             if warm_start is not None:
@@ -134,8 +158,13 @@ class CbcBackend(ProgramBackend):
                 args += ["-mips", mst]
             args += ["-solve", "-printingOptions", "all", "-solution", sol]
             log.debug("running %s", " ".join(args))
-            proc = subprocess.run(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                  stdin=subprocess.DEVNULL, check=False)
+            try:
+                proc = subprocess.run(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                      stdin=subprocess.DEVNULL, check=False,
+                                      timeout=max(time_limit - (time.perf_counter() - start), 0.1))
+            except subprocess.TimeoutExpired:
+                log.info("cbc killed at its time limit")
+                return ProgramResult("unknown", None, None, None, time.perf_counter() - start)
             seconds = time.perf_counter() - start
             if proc.returncode != 0 or not os.path.exists(sol):
                 log.warning("cbc failed (exit %s): %s", proc.returncode, proc.stdout[-500:])
@@ -158,16 +187,26 @@ def _read_solution(path: str, log_text: str, program: LinearProgram, seconds: fl
             if len(parts) >= 3 and parts[1].startswith("C"):
                 z[int(parts[1][1:], 36)] = float(parts[2])
     head = header.lower()
+    # e.g. "Optimal - objective value 4", "Integer infeasible - objective value 0",
+    # "Infeasible - ...", "Stopped on time - objective value 9",
+    # "Stopped on time (no integer solution - continuous used) - ..."
     if head.startswith("optimal"):
         status = "optimal"
-    elif "infeasible" in head and "objective" in head and "integer" not in head and head.startswith("infeasible"):
+    elif "no integer" in head or "unbounded" in head:
+        status = "unknown"
+    elif "infeasible" in head and not head.startswith("stopped"):
         status = "infeasible"
-    elif head.startswith("stopped") or "no integer" in head:
-        status = "feasible" if "no integer" not in head else "unknown"
+    elif head.startswith("stopped"):
+        status = "feasible"
     else:
         status = "unknown"
     bound_match = _BOUND.search(log_text)
-    bound = float(bound_match.group(1)) + program.constant if bound_match else None
+    # CBC prints the bound to 6 significant digits: shade it down by 1e-5
+    # (relative) so that rounding can never lift it above the true bound.
+    bound = None
+    if bound_match:
+        printed = float(bound_match.group(1))
+        bound = printed - 1e-5 * abs(printed) + program.constant
     if status in ("infeasible", "unknown"):
         return ProgramResult(status, None, None, bound, seconds)
     # a stopped run may report a point that is not integral: treat it as no solution

@@ -1,0 +1,162 @@
+r"""Anytime search for graphs too large for one exact solve.
+
+Starting from a feasible assignment (``solver.localsearch.greedy``), the
+search keeps the best feasible assignment x* and repeats until the deadline:
+
+1. Large-neighbourhood search (LNS): grow a connected window W of variables
+   (breadth-first from a seed drawn with probability proportional to its local
+   cost), solve the window problem of ``solver.window`` exactly with the
+   chosen backend (its memory rows are exact, so the result is feasible), and
+   splice the result in. The window budget grows when windows are solved to
+   optimality without improvement (the neighbourhood is exhausted at that
+   size) and shrinks when they time out.
+2. Every few windows, a perturbation: a random connected region of 1-5 % of
+   the variables moves to random values, then repair and descent (1- and
+   2-variable moves under the memory limit); kept if it beats x*.
+
+Every accepted step is checked against the memory tree, so x* is always
+feasible; the cost only decreases.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from solver.compiled import CompiledGraph
+from solver.exact import solve_exact
+from solver.kernels import Arrays
+from solver.localsearch import SearchState, descend, repair
+from solver.window import extract_window, grow_window
+
+__all__ = ["AnytimeReport", "improve"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class AnytimeReport:
+    """What the anytime search did."""
+
+    windows: int = 0
+    windows_improved: int = 0
+    perturbations: int = 0
+    perturbations_improved: int = 0
+    history: list[tuple[float, float]] = field(default_factory=list)  # (seconds, cost)
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "windows": self.windows,
+            "windows_improved": self.windows_improved,
+            "perturbations": self.perturbations,
+            "perturbations_improved": self.perturbations_improved,
+        }
+
+
+def _local_costs(graph: CompiledGraph, x: np.ndarray) -> np.ndarray:
+    """Per variable: its unary cost plus half of its edges' costs at x."""
+    cost = graph.unary[graph.unary_off[:-1] + x].copy()
+    if graph.num_edges:
+        idx = graph.edge_off[:-1] + x[graph.edge_u] * graph.dom[graph.edge_v] + x[graph.edge_v]
+        e = graph.edge_cost[idx]
+        np.add.at(cost, graph.edge_u, 0.5 * e)
+        np.add.at(cost, graph.edge_v, 0.5 * e)
+    return np.where(np.isfinite(cost), cost, 1e30)
+
+
+def improve(
+    graph: CompiledGraph,
+    arr: Arrays,
+    state: SearchState,
+    *,
+    backend: str,
+    deadline: float,
+    threads: int = 1,
+    seed: int = 0,
+    on_improve=None,
+) -> AnytimeReport:
+    """Improve the feasible ``state`` in place until ``deadline``."""
+    rng = np.random.default_rng(seed)
+    report = AnytimeReport()
+    start = time.perf_counter()
+    best_cost = graph.cost(state.x)
+    report.history.append((0.0, best_cost))
+    n = graph.num_vars
+    if n == 0:
+        return report
+    max_choices, max_pairs = 400, 60_000
+    stale = 0
+    while time.perf_counter() < deadline - 0.05:
+        # -- LNS window ---------------------------------------------------
+        weights = _local_costs(graph, state.x)
+        weights = weights - weights.min() + 1e-9 * (abs(weights).max() + 1.0)
+        seed_var = int(rng.choice(n, p=weights / weights.sum()))
+        members = grow_window(graph, seed_var, max_choices, max_pairs, rng)
+        profile = graph.memory_profile(state.x)
+        sub = extract_window(graph, state.x, members, profile)
+        window_deadline = min(deadline, time.perf_counter() + max(1.0, 0.1 * (deadline - start)))
+        result = solve_exact(sub, backend, deadline=window_deadline, threads=threads,
+                             start=state.x[members], seed=int(rng.integers(1 << 30)))
+        report.windows += 1
+        improved = False
+        if result.values is not None:
+            old = state.x[members].copy()
+            for i, v in enumerate(members):
+                _set(arr, state, int(v), int(result.values[i]))
+            new_cost = graph.cost(state.x)
+            if new_cost < best_cost - 1e-9 * abs(best_cost) and state.feasible():
+                best_cost = new_cost
+                improved = True
+                report.windows_improved += 1
+            else:
+                for i, v in enumerate(members):
+                    _set(arr, state, int(v), int(old[i]))
+        if result.status == "optimal" and not improved:
+            stale += 1
+            if stale >= 3:
+                max_choices = min(int(max_choices * 1.5), 20_000)
+                max_pairs = min(int(max_pairs * 1.5), 2_000_000)
+                stale = 0
+        elif result.status != "optimal":
+            max_choices = max(int(max_choices / 1.5), 50)
+            max_pairs = max(int(max_pairs / 1.5), 5_000)
+        # -- perturbation -------------------------------------------------
+        if report.windows % 5 == 0 and time.perf_counter() < deadline - 0.1:
+            candidate = state.copy()
+            size = max(1, int(n * rng.uniform(0.01, 0.05)))
+            region = grow_window(graph, int(rng.integers(n)), 10 * size * int(graph.dom.max()), 10**12, rng)[:size]
+            for v in region:
+                _set(arr, candidate, int(v), int(rng.integers(graph.dom[v])))
+            if graph.num_times:
+                repair(arr, candidate.x, candidate.tree, candidate.pend, 100_000)
+            if candidate.feasible():
+                descend(candidate, enforce=True, rng=rng, deadline=deadline)
+                report.perturbations += 1
+                cost = graph.cost(candidate.x)
+                if candidate.feasible() and cost < best_cost - 1e-9 * abs(best_cost):
+                    state.x, state.tree, state.pend = candidate.x, candidate.tree, candidate.pend
+                    best_cost = cost
+                    improved = True
+                    report.perturbations_improved += 1
+        if improved:
+            report.history.append((time.perf_counter() - start, best_cost))
+            if on_improve is not None:
+                on_improve(best_cost)
+            log.debug("anytime: cost %.6g (window budget %d values)", best_cost, max_choices)
+    return report
+
+
+def _set(arr: Arrays, state: SearchState, var: int, value: int) -> None:
+    from solver.kernels import apply_value
+
+    apply_value(arr, state.tree, state.pend, state.x, var, value)
+
+
+def gap(cost: float, bound: float) -> float:
+    if not math.isfinite(cost) or not math.isfinite(bound):
+        return math.inf
+    return max(0.0, (cost - bound) / max(abs(cost), 1e-12))

@@ -1,0 +1,184 @@
+"""``solve(problem)``: reductions, a feasible start, then exact or anytime search.
+
+The method is chosen by the size of the reduced problem's integer program
+(``solver.ilp``): when it has at most ``exact_max_columns`` columns the whole
+program is solved with the chosen backend (memory rows added lazily,
+``solver.exact``), warm-started from the heuristic; otherwise the anytime
+search of ``solver.anytime`` improves the heuristic until the time limit,
+solving windows exactly with the same backend. Every answer is re-checked by
+``solver.evaluate`` on the original problem before it is returned.
+
+>>> from solver.problem import Problem
+>>> p = Problem.from_dict({"nodes": [{"cost": [1, 2]}, {"cost": [3, 0]}],
+...     "edges": [{"src": 0, "dst": 1, "cost": [[0, 5], [5, 0]]}]})
+>>> s = solve(p, time_limit=10)
+>>> s.choice, s.cost, s.status.value
+((1, 1), 2.0, 'optimal')
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+from solver.anytime import improve
+from solver.backends import DEFAULT_BACKEND, get_backend
+from solver.compiled import CompiledGraph, compile_graph
+from solver.evaluate import evaluate
+from solver.exact import solve_exact
+from solver.kernels import to_arrays
+from solver.localsearch import greedy
+from solver.problem import Problem
+from solver.reductions import InfeasibleError, reduce_problem
+from solver.solution import Solution, Status
+
+__all__ = ["solve", "METHODS", "EXACT_MAX_COLUMNS"]
+
+log = logging.getLogger(__name__)
+
+METHODS = ("auto", "exact", "anytime", "heuristic")
+EXACT_MAX_COLUMNS = 150_000
+
+ProgressFn = Callable[[dict[str, Any]], None]
+
+
+def _program_columns(graph: CompiledGraph) -> int:
+    return int(graph.unary_off[-1]) + int(np.isfinite(graph.edge_cost).sum())
+
+
+def solve(
+    problem: Problem,
+    *,
+    backend: str = DEFAULT_BACKEND,
+    time_limit: float = 60.0,
+    threads: int | None = None,
+    seed: int = 0,
+    method: str = "auto",
+    start_time: float | None = None,
+    progress: ProgressFn | None = None,
+    exact_max_columns: int = EXACT_MAX_COLUMNS,
+) -> Solution:
+    """Pick one strategy per node minimising total cost under the memory limit.
+
+    ``time_limit`` counts from ``start_time`` (a ``time.perf_counter()``
+    value, default now), so a caller can include file loading in it.
+    ``threads`` defaults to all cores. Deterministic for a given ``seed`` and
+    ``threads`` when the time limit is not reached.
+    """
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r} (expected one of {', '.join(METHODS)})")
+    get_backend(backend)  # fail early on an unknown or missing backend
+    t0 = time.perf_counter() if start_time is None else start_time
+    # Leave time to rebuild the choice, check it and write it (about 5 us per
+    # node and edge, measured on the IOPDDL instances) before the limit.
+    finish_margin = 0.25 + 5e-6 * (problem.num_nodes + problem.num_edges)
+    deadline = t0 + max(time_limit - finish_margin, 0.5 * time_limit)
+    threads = threads or os.cpu_count() or 1
+    stats: dict[str, Any] = {"method": method, "methods_run": []}
+
+    def emit(stage: str, **data: Any) -> None:
+        if progress is not None:
+            progress({"stage": stage, "seconds": time.perf_counter() - t0, **data})
+
+    def finish(status: Status, choice: tuple[int, ...], bound: float | None, message: str = "") -> Solution:
+        cost = peak = None
+        if choice:
+            check = evaluate(problem, choice)
+            cost, peak = check.cost, check.peak_memory_bytes
+            if not check.feasible:
+                raise RuntimeError(f"internal error: solver produced an infeasible choice: {check.violations[:3]}")
+        if bound is not None and cost is not None and bound > cost:
+            bound = cost  # rounding in a backend must not make the bound exceed the cost
+        return Solution(choice=choice, cost=cost, lower_bound=bound, status=status,
+                        seconds=time.perf_counter() - t0, backend=backend, message=message,
+                        peak_memory_bytes=peak, stats=stats)
+
+    emit("reduce")
+    try:
+        working, report = reduce_problem(problem, time_limit=max(0.25 * (deadline - time.perf_counter()), 1.0))
+    except InfeasibleError as exc:
+        return finish(Status.INFEASIBLE, (), None, str(exc))
+    stats["reduction"] = report.to_dict()
+    graph = compile_graph(working)
+    arr = to_arrays(graph)
+    stats["compiled"] = {"variables": graph.num_vars, "edges": graph.num_edges,
+                         "time_points": graph.num_times, "memory_segments": int(graph.term_var.size),
+                         "program_columns": _program_columns(graph)}
+
+    def to_choice(values: np.ndarray) -> tuple[int, ...]:
+        return tuple(working.reconstruct(graph.values_to_dict(values)))
+
+    if graph.num_times and graph.base.max() > graph.limit:
+        return finish(Status.INFEASIBLE, (), None,
+                      f"memory limit {graph.limit:.6g} is below the memory that no choice avoids "
+                      f"({graph.base.max():.6g}); the smallest achievable peak is at least that")
+
+    emit("heuristic")
+    rng = np.random.default_rng(seed)
+    state = greedy(arr, graph.num_times, rng=rng, deadline=deadline)
+    stats["methods_run"].append("greedy")
+    best = state.x.copy() if state.feasible() else None
+    if best is not None:
+        stats["first_feasible_seconds"] = round(time.perf_counter() - t0, 4)
+        stats["heuristic_cost"] = graph.cost(best)
+        emit("feasible", cost=graph.cost(best))
+    bound = -math.inf
+    chosen = method
+    if method == "auto":
+        chosen = "exact" if _program_columns(graph) <= exact_max_columns else "anytime"
+    stats["method"] = chosen
+
+    if chosen == "exact" or (best is None and chosen != "heuristic"):
+        emit("exact", backend=backend)
+        result = solve_exact(graph, backend, deadline=deadline, threads=threads, start=best, seed=seed)
+        stats["methods_run"].append(f"exact:{backend}")
+        stats["exact"] = {"rounds": result.rounds, "variables": result.variables, "constraints": result.constraints,
+                          "nonzeros": result.nonzeros, "memory_points": result.memory_points,
+                          "build_seconds": round(result.build_seconds, 3),
+                          "solve_seconds": round(result.solve_seconds, 3)}
+        bound = max(bound, result.bound)
+        if result.status == "infeasible":
+            return finish(Status.INFEASIBLE, (), None, _infeasible_message(graph, state))
+        if result.values is not None:
+            best = result.values
+            if result.status == "optimal":
+                return finish(Status.OPTIMAL, to_choice(best), graph.cost(best))
+        if best is not None and chosen == "anytime" and time.perf_counter() < deadline:
+            state = _state_for(arr, graph, best)
+
+    if chosen == "anytime" and best is not None:
+        emit("anytime", cost=graph.cost(best))
+        state = _state_for(arr, graph, best)
+        report_any = improve(graph, arr, state, backend=backend, deadline=deadline, threads=threads, seed=seed,
+                             on_improve=lambda c: emit("improved", cost=c))
+        stats["methods_run"].append(f"lns:{backend}")
+        stats["anytime"] = report_any.to_dict()
+        best = state.x.copy()
+
+    if best is None:
+        status = Status.TIMEOUT if time.perf_counter() >= deadline else Status.INFEASIBLE
+        return finish(status, (), None if not math.isfinite(bound) else bound, _infeasible_message(graph, state))
+    cost = graph.cost(best)
+    final_bound = bound if math.isfinite(bound) else None
+    if final_bound is not None and final_bound >= cost - 1e-9 * max(1.0, abs(cost)):
+        return finish(Status.OPTIMAL, to_choice(best), cost)
+    status = Status.TIMEOUT if time.perf_counter() >= deadline - 0.1 else Status.FEASIBLE
+    return finish(status, to_choice(best), final_bound)
+
+
+def _state_for(arr, graph: CompiledGraph, values: np.ndarray):
+    from solver.localsearch import SearchState
+
+    return SearchState(arr, values, graph.num_times)
+
+
+def _infeasible_message(graph: CompiledGraph, state) -> str:
+    floor = float(graph.base.max()) if graph.num_times else 0.0
+    reached = state.peak() if state is not None else math.nan
+    return (f"no choice found within the memory limit {graph.limit:.6g}; the smallest achievable peak "
+            f"is at least {floor:.6g} (the heuristic reached {reached:.6g})")
