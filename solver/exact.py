@@ -64,7 +64,7 @@ def solve_exact(
         return ExactResult(values, cost, cost, "optimal")
     engine = get_backend(backend)
     best = None if start is None else np.asarray(start, dtype=np.int64)
-    if best is not None and violated_points(graph, best).size:
+    if best is not None and (violated_points(graph, best).size or not math.isfinite(graph.cost(best))):
         best = None  # a warm start must be feasible
     best_cost = math.inf if best is None else graph.cost(best)
     points = initial_points(graph, best)

@@ -122,7 +122,8 @@ def solve(
     rng = np.random.default_rng(seed)
     state = greedy(arr, graph.num_times, rng=rng, deadline=deadline)
     stats["methods_run"].append("greedy")
-    best = state.x.copy() if state.feasible() else None
+    # feasible = within the memory limit and free of forbidden costs
+    best = state.x.copy() if state.feasible() and math.isfinite(graph.cost(state.x)) else None
     if best is not None:
         stats["first_feasible_seconds"] = round(time.perf_counter() - t0, 4)
         stats["heuristic_cost"] = graph.cost(best)

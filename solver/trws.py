@@ -197,6 +197,8 @@ def _sender_matrices(dom, edge_off, edge_cost, adj_off, adj_edge, adj_other, adj
     return start, cost
 
 
+# fastmath: every value here is finite (forbidden = BIG, inputs sanitised by
+# trws), and the minimum along a row vectorises only without strict IEEE order.
 @numba.njit(cache=True, fastmath=True)
 def _pass(dom, unary, unary_off, adj_off, adj_other, seq, pos, gamma, in_off, out_off,
           send_off, send_cost, msg, pending, labels, forward):  # pragma: no cover - compiled
@@ -386,9 +388,11 @@ def trws(
     value) and recomputed by the first iteration. ``deadline`` is a
     ``time.perf_counter()`` value checked between iterations (one iteration
     always runs). ``order`` is a permutation of the variables (default
-    :func:`default_order`), or ``plan`` a prebuilt :func:`plan_trws` (then
-    ``order`` must be None). ``tol`` stops early (module docstring); with
-    ``tol <= 0`` only a closed gap stops before ``iterations``.
+    :func:`default_order`), or ``plan`` what :func:`plan_trws` built from this
+    same ``arr`` (it holds copies of the edge costs; then ``order`` must be
+    None). ``tol`` stops early (module docstring): with
+    ``tol = 0`` only a closed gap stops before ``iterations``, with ``tol < 0``
+    nothing does.
 
     >>> # see the module docstring for a worked two-variable example
     """
