@@ -34,7 +34,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--time-limit", type=float, default=60.0, help="seconds, loading and writing included")
     parser.add_argument("--threads", type=int, default=None, help="threads for the backend (default: all cores)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (results are deterministic per seed)")
-    parser.add_argument("--method", default="auto", choices=("auto", "exact", "anytime", "heuristic"))
+    parser.add_argument("--method", default="auto", choices=("auto", "exact", "anytime", "heuristic"),
+                        help="auto: exact program when small, else the anytime search (default)")
+    parser.add_argument("--inner", choices=("trws", "toulbar2"), default=None,
+                        help="pairwise solver inside the Lagrangian rounds (default trws; toulbar2 needs "
+                             "the optional pytoulbar2)")
     parser.add_argument("--iopddl-output", action="store_true",
                         help="print the contest's [s0, s1, ...] line instead of the JSON solution")
     parser.add_argument("--quiet", action="store_true", help="no progress display")
@@ -85,7 +89,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         problem = load_problem(args.problem, args.format)
         solution = solve(problem, backend=args.backend, time_limit=args.time_limit, threads=args.threads,
-                         seed=args.seed, method=args.method, start_time=PROCESS_START, progress=update)
+                         seed=args.seed, method=args.method, start_time=PROCESS_START, progress=update,
+                         inner=args.inner)
     except FileNotFoundError:
         print(f"error: {args.problem}: no such file", file=sys.stderr)
         return 2

@@ -54,8 +54,14 @@ def solve_exact(
     threads: int = 1,
     start: np.ndarray | None = None,
     seed: int = 0,
+    lp_heuristic: bool = True,
 ) -> ExactResult:
-    """Solve to optimality or until ``deadline`` (a ``time.perf_counter()`` value)."""
+    """Solve to optimality or until ``deadline`` (a ``time.perf_counter()`` value).
+
+    With ``lp_heuristic``, the first round solves the LP relaxation first (when
+    CBC's LP solver is available) and builds an incumbent from it
+    (``solver.lpguide``) before branch and bound.
+    """
     if graph.num_vars == 0:  # the reductions decided everything
         values = np.zeros(0, dtype=np.int64)
         if violated_points(graph, values).size:
@@ -79,6 +85,10 @@ def solve_exact(
         result.rounds += 1
         result.variables, result.constraints = program.num_vars, program.num_rows
         result.nonzeros, result.memory_points = program.num_nonzeros, int(points.size)
+        if lp_heuristic and result.rounds == 1:
+            improved = _lp_incumbent(graph, program, backend, deadline, threads, seed, result)
+            if improved is not None and graph.cost(improved) < best_cost:
+                best, best_cost = improved, graph.cost(improved)
         warm = program.solution_from_values(best, graph) if best is not None else None
         remaining = deadline - time.perf_counter()
         outcome = engine.solve_program(program, time_limit=remaining, threads=threads, warm_start=warm, seed=seed)
@@ -109,6 +119,25 @@ def solve_exact(
         points = np.union1d(points, new_points)
     result.values = best
     result.cost = None if best is None else best_cost
+    if result.cost is not None:
+        result.bound = min(result.bound, result.cost)
     if result.status == "timeout" and best is not None and result.bound >= best_cost - 1e-9 * max(1.0, abs(best_cost)):
         result.status = "optimal"
     return result
+
+
+def _lp_incumbent(graph, program, backend, deadline, threads, seed, result):
+    """Solve the LP relaxation (CBC's Clp) and round it into an incumbent (solver.lpguide)."""
+    from solver.backends.cbc import CbcBackend
+    from solver.lpguide import round_and_fix
+
+    if not CbcBackend.available():
+        return None
+    remaining = deadline - time.perf_counter()
+    lp = CbcBackend().solve_relaxation(program, time_limit=0.3 * remaining)
+    result.log.append(f"LP relaxation: {lp.status} obj={lp.objective} in {lp.seconds:.2f}s")
+    if lp.status != "optimal":
+        return None
+    result.bound = max(result.bound, lp.bound)
+    window_deadline = min(deadline, time.perf_counter() + 0.3 * (deadline - time.perf_counter()))
+    return round_and_fix(graph, program, lp.z, backend=backend, deadline=window_deadline, threads=threads, seed=seed)

@@ -65,9 +65,13 @@ class LinearProgram:
     def num_nonzeros(self) -> int:
         return int(self.row_col.shape[0])
 
+    def x_part(self, z: np.ndarray) -> np.ndarray:
+        """The x (one-hot) columns of a solution."""
+        return z[: self.num_binary]
+
     def values_from_solution(self, z: np.ndarray, graph: CompiledGraph) -> np.ndarray:
-        """One value per variable from a (near-)integral x part of a solution."""
-        x = z[: self.num_binary]
+        """Per variable, the value of largest x (its value when x is integral)."""
+        x = self.x_part(z)
         values = np.empty(graph.num_vars, dtype=np.int64)
         for v in range(graph.num_vars):
             values[v] = int(np.argmax(x[graph.unary_off[v] : graph.unary_off[v + 1]]))

@@ -32,6 +32,7 @@ from solver.compiled import CompiledGraph, compile_graph
 from solver.evaluate import evaluate
 from solver.exact import solve_exact
 from solver.kernels import to_arrays
+from solver.lagrangian import price_and_repair
 from solver.localsearch import greedy
 from solver.problem import Problem
 from solver.reductions import InfeasibleError, reduce_problem
@@ -42,6 +43,8 @@ __all__ = ["solve", "METHODS", "EXACT_MAX_COLUMNS"]
 log = logging.getLogger(__name__)
 
 METHODS = ("auto", "exact", "anytime", "heuristic")
+# auto: exact for programs up to EXACT_MAX_COLUMNS columns (then, if not proven
+# optimal in half the time, the anytime stages), anytime beyond.
 EXACT_MAX_COLUMNS = 150_000
 
 ProgressFn = Callable[[dict[str, Any]], None]
@@ -62,13 +65,16 @@ def solve(
     start_time: float | None = None,
     progress: ProgressFn | None = None,
     exact_max_columns: int = EXACT_MAX_COLUMNS,
+    inner: str | None = None,
 ) -> Solution:
     """Pick one strategy per node minimising total cost under the memory limit.
 
     ``time_limit`` counts from ``start_time`` (a ``time.perf_counter()``
     value, default now), so a caller can include file loading in it.
-    ``threads`` defaults to all cores. Deterministic for a given ``seed`` and
-    ``threads`` when the time limit is not reached.
+    ``threads`` defaults to all cores. ``inner`` picks the pairwise solver of
+    the Lagrangian rounds (``trws``, the default, or ``toulbar2``).
+    Deterministic for a given ``seed`` and ``threads`` when the time limit is
+    not reached.
     """
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r} (expected one of {', '.join(METHODS)})")
@@ -136,12 +142,16 @@ def solve(
 
     if chosen == "exact" or (best is None and chosen != "heuristic"):
         emit("exact", backend=backend)
-        result = solve_exact(graph, backend, deadline=deadline, threads=threads, start=best, seed=seed)
+        # a small program gets up to half the time to finish (or prove) alone;
+        # what it leaves goes to the search below, from its best solution
+        exact_deadline = deadline if chosen == "exact" and method == "exact" else \
+            time.perf_counter() + 0.5 * (deadline - time.perf_counter())
+        result = solve_exact(graph, backend, deadline=exact_deadline, threads=threads, start=best, seed=seed)
         stats["methods_run"].append(f"exact:{backend}")
         stats["exact"] = {"rounds": result.rounds, "variables": result.variables, "constraints": result.constraints,
                           "nonzeros": result.nonzeros, "memory_points": result.memory_points,
                           "build_seconds": round(result.build_seconds, 3),
-                          "solve_seconds": round(result.solve_seconds, 3)}
+                          "solve_seconds": round(result.solve_seconds, 3), "log": result.log[-6:]}
         bound = max(bound, result.bound)
         if result.status == "infeasible":
             return finish(Status.INFEASIBLE, (), None, _infeasible_message(graph, state))
@@ -149,11 +159,23 @@ def solve(
             best = result.values
             if result.status == "optimal":
                 return finish(Status.OPTIMAL, to_choice(best), graph.cost(best))
-        if best is not None and chosen == "anytime" and time.perf_counter() < deadline:
-            state = _state_for(arr, graph, best)
+            if "first_feasible_seconds" not in stats:
+                stats["first_feasible_seconds"] = round(time.perf_counter() - t0, 4)
 
-    if chosen == "anytime" and best is not None:
-        emit("anytime", cost=graph.cost(best))
+    if chosen in ("anytime", "exact") and method != "exact" and best is not None and graph.num_times:
+        emit("lagrangian", cost=graph.cost(best))
+        state = _state_for(arr, graph, best)
+        lag_deadline = time.perf_counter() + 0.7 * (deadline - time.perf_counter())
+        lag = price_and_repair(graph, state, deadline=lag_deadline, seed=seed, inner=inner,
+                               on_improve=lambda c: emit("improved", cost=c))
+        stats["methods_run"].append(f"lagrangian:{lag.inner}")
+        stats["lagrangian"] = lag.to_dict()
+        bound = max(bound, lag.bound)
+        best = state.x.copy()
+
+    if chosen in ("anytime", "exact") and method != "exact" and best is not None \
+            and time.perf_counter() < deadline - 0.1:
+        emit("lns", cost=graph.cost(best))
         state = _state_for(arr, graph, best)
         report_any = improve(graph, arr, state, backend=backend, deadline=deadline, threads=threads, seed=seed,
                              on_improve=lambda c: emit("improved", cost=c))

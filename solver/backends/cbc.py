@@ -172,6 +172,50 @@ class CbcBackend(ProgramBackend):
             return _read_solution(sol, proc.stdout, program, seconds)
 
 
+    def solve_relaxation(self, program: LinearProgram, *, time_limit: float) -> ProgramResult:
+        """The LP relaxation (Clp, dual simplex): status ``optimal`` with the
+        fractional solution and its objective (a valid lower bound), else ``unknown``."""
+        path = _cbc_path()
+        if path is None:
+            raise BackendUnavailable("CBC binary not found (install pulp[cbc])")
+        start = time.perf_counter()
+        with tempfile.TemporaryDirectory(prefix="autoshard-clp-") as tmp:
+            mps = os.path.join(tmp, "model.mps")
+            sol = os.path.join(tmp, "model.sol")
+            write_mps(program, mps)
+            budget = time_limit - (time.perf_counter() - start)
+            args = [path, mps, "-sec", f"{max(budget, 0.2):.3f}", "-timeMode", "elapsed",
+                    "-initialSolve", "-printingOptions", "all", "-solution", sol]
+            try:
+                subprocess.run(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+                               check=False, timeout=max(time_limit - (time.perf_counter() - start), 0.1))
+            except subprocess.TimeoutExpired:
+                return ProgramResult("unknown", None, None, None, time.perf_counter() - start)
+            seconds = time.perf_counter() - start
+            if not os.path.exists(sol):
+                return ProgramResult("unknown", None, None, None, seconds)
+            with open(sol) as handle:
+                header = handle.readline().lower()
+                if not header.startswith("optimal"):
+                    return ProgramResult("infeasible" if "infeasible" in header else "unknown", None, None, None,
+                                         seconds)
+                z = _read_columns(handle, program.num_vars)
+        objective = float(program.cost @ z) + program.constant
+        # Clp's optimum is exact up to its tolerances; shade it like the MIP bound
+        return ProgramResult("optimal", z, objective, objective - 1e-7 * abs(objective), seconds)
+
+
+def _read_columns(handle, num_vars: int) -> np.ndarray:
+    z = np.zeros(num_vars)
+    for line in handle:
+        parts = line.split()
+        if parts and parts[0] == "**":  # CBC marks some entries (e.g. infeasibilities)
+            parts = parts[1:]
+        if len(parts) >= 3 and parts[1].startswith("C"):
+            z[int(parts[1][1:], 36)] = float(parts[2])
+    return z
+
+
 _BOUND = re.compile(r"Lower bound:\s*([-+0-9.eE]+)")
 _OBJ = re.compile(r"Objective value:\s*([-+0-9.eE]+)")
 
@@ -179,13 +223,7 @@ _OBJ = re.compile(r"Objective value:\s*([-+0-9.eE]+)")
 def _read_solution(path: str, log_text: str, program: LinearProgram, seconds: float) -> ProgramResult:
     with open(path) as handle:
         header = handle.readline()
-        z = np.zeros(program.num_vars)
-        for line in handle:
-            parts = line.split()
-            if parts and parts[0] == "**":  # CBC marks some entries (e.g. infeasibilities)
-                parts = parts[1:]
-            if len(parts) >= 3 and parts[1].startswith("C"):
-                z[int(parts[1][1:], 36)] = float(parts[2])
+        z = _read_columns(handle, program.num_vars)
     head = header.lower()
     # e.g. "Optimal - objective value 4", "Integer infeasible - objective value 0",
     # "Infeasible - ...", "Stopped on time - objective value 9",

@@ -1,0 +1,225 @@
+r"""Memory as prices: Lagrangian relaxation of the memory rows, solved by an inner pairwise solver.
+
+For multipliers lambda_p >= 0 on a set A of kept time points, the relaxation
+
+    D(lambda) = min_x  F(x) + sum_{p in A} lambda_p (mem_p(x) - L)
+              = min_x  F_lambda(x) + sum_{p in A} lambda_p (base_p - L)
+
+is a pairwise problem without memory: every memory segment s of variable v
+(usage m_s, points [t0_s, t1_s)) adds  W_s m_s(a)  to the unary cost of v,
+with  W_s = sum_{p in A, t0_s <= p < t1_s} lambda_p.  Any lower bound of
+min F_lambda gives a valid lower bound of the constrained optimum
+(weak duality), for any lambda >= 0 and any A.
+
+Each round solves the priced problem with an inner solver (``toulbar2`` when
+pytoulbar2 is installed, otherwise TRW-S of ``solver.trws``; both return
+labels and a bound), then:
+
+* the labels are repaired to the memory limit and descended
+  (``solver.localsearch``): a feasible candidate for the incumbent;
+* points where the labels exceed the limit join A;
+* multipliers take a projected subgradient step of Polyak size,
+  lambda_p <- max(0, lambda_p + theta (UB - D) / ||g||^2 g_p) with
+  g_p = mem_p(x) - L, and theta halves after rounds without progress.
+
+The prices steer the inner solver towards layouts that fit (the contest
+winner's approach, with per-point rather than per-node prices, so that the
+same rounds also give a lower bound).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from solver.compiled import CompiledGraph
+from solver.ilp import initial_points, violated_points
+from solver.kernels import BIG, Arrays, to_arrays
+from solver.localsearch import SearchState, descend, repair
+
+__all__ = ["LagrangianReport", "price_and_repair", "inner_solver_names"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class LagrangianReport:
+    rounds: int = 0
+    candidates: int = 0
+    improved: int = 0
+    bound: float = -math.inf
+    inner: str = ""
+    history: list[tuple[float, float, float]] = field(default_factory=list)  # (s, best, bound)
+
+    def to_dict(self) -> dict[str, object]:
+        return {"rounds": self.rounds, "candidates": self.candidates, "improved": self.improved,
+                "inner": self.inner, "bound": None if not math.isfinite(self.bound) else self.bound}
+
+
+def inner_solver_names() -> list[str]:
+    """Inner solvers available here."""
+    names = ["trws"]
+    try:
+        import pytoulbar2  # noqa: F401
+
+        names.append("toulbar2")
+    except ImportError:
+        pass
+    return names
+
+
+def segment_prices(graph: CompiledGraph, lam: np.ndarray) -> np.ndarray:
+    """W_s for every segment, from multipliers on all points (zeros outside A)."""
+    cum = np.concatenate([[0.0], np.cumsum(lam)])
+    return cum[graph.term_t1] - cum[graph.term_t0]
+
+
+def priced_unary(graph: CompiledGraph, prices: np.ndarray) -> np.ndarray:
+    """Unary costs plus W_s m_s(a) for every segment (see the module docstring)."""
+    unary = graph.unary.copy()
+    if graph.term_var.size:
+        lengths = np.diff(graph.term_off)
+        seg_of = np.repeat(np.arange(graph.term_var.size), lengths)
+        value = np.arange(graph.term_usage.size) - graph.term_off[seg_of]
+        target = graph.unary_off[graph.term_var[seg_of]] + value
+        np.add.at(unary, target, prices[seg_of] * graph.term_usage)
+    return unary
+
+
+class _TrwsInner:
+    name = "trws"
+
+    def __init__(self, arr: Arrays, iterations: int) -> None:
+        from solver.trws import plan_trws
+
+        self.arr = arr
+        self.plan = plan_trws(arr)
+        self.messages = None
+        self.iterations = iterations
+
+    def solve(self, unary: np.ndarray, deadline: float) -> tuple[np.ndarray, float]:
+        from solver.trws import trws
+
+        result = trws(self.arr, unary=np.where(np.isfinite(unary), unary, BIG), iterations=self.iterations,
+                      deadline=deadline, messages=self.messages, plan=self.plan)
+        self.messages = result.messages
+        return result.labels, float(result.lower_bound)
+
+
+class _Toulbar2Inner:
+    """pytoulbar2 on the priced problem: limited discrepancy search, then complete search."""
+
+    name = "toulbar2"
+
+    def __init__(self, graph: CompiledGraph) -> None:
+        self.graph = graph
+        finite = graph.edge_cost[np.isfinite(graph.edge_cost)]
+        # costs are integers in toulbar2; forbidden entries get a cost above any finite total
+        self.top = float(min(4e18, 16 * (float(finite.sum()) + float(np.abs(graph.unary[np.isfinite(graph.unary)]).sum()) + 1e6)))
+        self.edges = [(int(graph.edge_u[e]), int(graph.edge_v[e]),
+                       np.where(np.isfinite(m := graph.edge_matrix(e).ravel()), np.round(m), self.top).tolist())
+                      for e in range(graph.num_edges)]
+
+    def solve(self, unary: np.ndarray, deadline: float) -> tuple[np.ndarray | None, float]:
+        import pytoulbar2
+
+        g = self.graph
+        seconds = max(1, int(deadline - time.perf_counter()))
+        shift = np.minimum.reduceat(np.where(np.isfinite(unary), unary, np.inf), g.unary_off[:-1])
+        cfn = pytoulbar2.CFN(ubinit=self.top, vac=0, verbose=-1, seed=1)
+        cfn.Option.lds = 4
+        for v in range(g.num_vars):
+            cfn.AddVariable(f"v{v}", range(int(g.dom[v])))
+        rounded = 0.0
+        for v in range(g.num_vars):
+            u = unary[g.unary_off[v] : g.unary_off[v + 1]] - shift[v]
+            cfn.AddFunction([v], np.where(np.isfinite(u), np.round(u), self.top).tolist())
+            rounded += 0.5
+        for u_var, v_var, costs in self.edges:
+            cfn.AddFunction([u_var, v_var], costs)
+        rounded += 0.5 * len(self.edges)
+        try:
+            result = cfn.Solve(timeLimit=seconds)
+        except Exception as exc:  # toulbar2 signals an empty search space by raising
+            log.debug("toulbar2: %s", exc)
+            return None, -math.inf
+        bound = float(cfn.GetDDualBound()) + float(shift.sum()) - rounded
+        if not result:
+            return None, bound
+        return np.asarray(result[0], dtype=np.int64), bound
+
+
+def price_and_repair(
+    graph: CompiledGraph,
+    state: SearchState,
+    *,
+    deadline: float,
+    inner: str | None = None,
+    seed: int = 0,
+    max_rounds: int = 10_000,
+    on_improve=None,
+) -> LagrangianReport:
+    """Improve the feasible ``state`` in place by Lagrangian rounds until ``deadline``."""
+    arr = state.arr
+    rng = np.random.default_rng(seed)
+    inner = inner or "trws"  # measured best on the large IOPDDL graphs; toulbar2 on request
+    solver = _Toulbar2Inner(graph) if inner == "toulbar2" else _TrwsInner(arr, iterations=40)
+    report = LagrangianReport(inner=solver.name)
+    start = time.perf_counter()
+    best_cost = graph.cost(state.x)
+    if graph.num_times == 0 or graph.num_vars == 0:
+        return report
+    active = initial_points(graph, state.x, count=16)
+    lam = np.zeros(graph.num_times)
+    theta = 1.0
+    stale = 0
+    prices_base = graph.limit - graph.base  # L - base_p
+    while report.rounds < max_rounds and time.perf_counter() < deadline - 0.05:
+        report.rounds += 1
+        unary = priced_unary(graph, segment_prices(graph, lam))
+        round_deadline = min(deadline, time.perf_counter() + max(1.0, 0.25 * (deadline - time.perf_counter())))
+        labels, inner_bound = solver.solve(unary, round_deadline)
+        dual = inner_bound + graph.constant - float(lam @ prices_base)
+        if math.isfinite(dual) and dual > report.bound:
+            report.bound = dual
+        if labels is None:
+            break
+        profile = graph.memory_profile(labels)
+        # candidate: repair and descend the priced labels under the real costs
+        candidate = SearchState(arr, labels, graph.num_times)
+        repair(arr, candidate.x, candidate.tree, candidate.pend, 100_000)
+        if candidate.feasible():
+            descend(candidate, enforce=True, rng=rng, deadline=deadline)
+            cost = graph.cost(candidate.x)
+            report.candidates += 1
+            if candidate.feasible() and cost < best_cost - 1e-9 * abs(best_cost):
+                best_cost = cost
+                state.x, state.tree, state.pend = candidate.x, candidate.tree, candidate.pend
+                report.improved += 1
+                stale = 0
+                if on_improve is not None:
+                    on_improve(best_cost)
+            else:
+                stale += 1
+        else:
+            stale += 1
+        report.history.append((time.perf_counter() - start, best_cost, report.bound))
+        # multipliers: projected subgradient on the active points, Polyak step
+        new_points = violated_points(graph, labels, per_round=20)
+        active = np.union1d(active, new_points)
+        g = profile[active] - graph.limit
+        norm = float(g @ g)
+        if norm <= 0:
+            break  # the priced optimum fits everywhere: the relaxation is tight there
+        gap = max(best_cost - dual, 1e-9 * abs(best_cost)) if math.isfinite(dual) else abs(best_cost)
+        lam[active] = np.maximum(0.0, lam[active] + theta * gap / norm * g)
+        if stale >= 5:
+            theta = max(theta / 2, 1e-4)
+            stale = 0
+        log.debug("lagrangian round %d: best %.6g bound %.6g theta %.3g active %d",
+                  report.rounds, best_cost, report.bound, theta, active.size)
+    return report
