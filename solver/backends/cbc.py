@@ -74,7 +74,20 @@ def _names(prefix: str, indices: np.ndarray) -> np.ndarray:
     return np.char.add(prefix, out)
 
 
-def write_mps(program: LinearProgram, path: str) -> None:
+def objective_scale(cost: np.ndarray) -> float:
+    """A power of two bringing the median nonzero cost near 1e3.
+
+    CBC's tolerances are absolute (cut-off increments, reduced costs around
+    1e-7): with costs in seconds (1e-6..1e-2) it declared non-optimal
+    solutions optimal. A power of two rescales without rounding error.
+    """
+    nonzero = np.abs(cost[cost != 0])
+    if nonzero.size == 0:
+        return 1.0
+    return float(2.0 ** round(np.log2(1e3 / float(np.median(nonzero)))))
+
+
+def write_mps(program: LinearProgram, path: str, scale: float = 1.0) -> None:
     """Fixed-layout MPS (as PuLP writes it): rows R<i>, columns C<j> in base 36,
     objective OBJ, binaries as integer columns bounded by 1.
 
@@ -91,7 +104,7 @@ def write_mps(program: LinearProgram, path: str) -> None:
     ncols = program.num_vars
     all_col = np.concatenate([np.arange(ncols), program.row_col])
     all_row = np.concatenate([np.full(ncols, "OBJ     "), row_names[rows]])
-    all_val = np.concatenate([program.cost, program.row_val])
+    all_val = np.concatenate([program.cost * scale, program.row_val])
     keep = (all_val != 0) | (np.arange(all_col.size) < ncols)  # every column appears once at least
     all_col, all_row, all_val = all_col[keep], all_row[keep], all_val[keep]
     order = np.argsort(all_col, kind="stable")
@@ -140,7 +153,8 @@ class CbcBackend(ProgramBackend):
         with tempfile.TemporaryDirectory(prefix="autoshard-cbc-") as tmp:
             mps = os.path.join(tmp, "model.mps")
             sol = os.path.join(tmp, "model.sol")
-            write_mps(program, mps)
+            scale = objective_scale(program.cost)
+            write_mps(program, mps, scale)
             # CBC checks its -sec limit only between phases (its root cuts and
             # heuristics can overrun it by minutes), so it gets most of the time
             # as -sec and is killed at the real limit.
@@ -169,7 +183,7 @@ class CbcBackend(ProgramBackend):
             if proc.returncode != 0 or not os.path.exists(sol):
                 log.warning("cbc failed (exit %s): %s", proc.returncode, proc.stdout[-500:])
                 return ProgramResult("unknown", None, None, None, seconds)
-            return _read_solution(sol, proc.stdout, program, seconds)
+            return _read_solution(sol, proc.stdout, program, seconds, scale)
 
 
     def solve_relaxation(self, program: LinearProgram, *, time_limit: float) -> ProgramResult:
@@ -182,7 +196,7 @@ class CbcBackend(ProgramBackend):
         with tempfile.TemporaryDirectory(prefix="autoshard-clp-") as tmp:
             mps = os.path.join(tmp, "model.mps")
             sol = os.path.join(tmp, "model.sol")
-            write_mps(program, mps)
+            write_mps(program, mps, objective_scale(program.cost))
             budget = time_limit - (time.perf_counter() - start)
             args = [path, mps, "-sec", f"{max(budget, 0.2):.3f}", "-timeMode", "elapsed",
                     "-initialSolve", "-printingOptions", "all", "-solution", sol]
@@ -220,7 +234,8 @@ _BOUND = re.compile(r"Lower bound:\s*([-+0-9.eE]+)")
 _OBJ = re.compile(r"Objective value:\s*([-+0-9.eE]+)")
 
 
-def _read_solution(path: str, log_text: str, program: LinearProgram, seconds: float) -> ProgramResult:
+def _read_solution(path: str, log_text: str, program: LinearProgram, seconds: float,
+                   scale: float) -> ProgramResult:
     with open(path) as handle:
         header = handle.readline()
         z = _read_columns(handle, program.num_vars)
@@ -244,7 +259,7 @@ def _read_solution(path: str, log_text: str, program: LinearProgram, seconds: fl
     bound = None
     if bound_match:
         printed = float(bound_match.group(1))
-        bound = printed - 1e-5 * abs(printed) + program.constant
+        bound = (printed - 1e-5 * abs(printed)) / scale + program.constant
     if status in ("infeasible", "unknown"):
         return ProgramResult(status, None, None, bound, seconds)
     # a stopped run may report a point that is not integral: treat it as no solution

@@ -66,3 +66,4 @@ def test_heuristic_is_feasible_and_never_below_optimum(make_random_problem, orac
         if s.choice:
             ev = evaluate(problem, s.choice)
             assert ev.feasible and ev.cost >= best - 1e-9
+
