@@ -113,6 +113,67 @@ class CompiledGraph:
         return {int(v): int(x) for v, x in zip(self.var_ids, values)}
 
 
+def assemble_graph(
+    *,
+    var_ids: np.ndarray,
+    unary: list[np.ndarray],
+    edge_u: np.ndarray,
+    edge_v: np.ndarray,
+    edge_costs: list[np.ndarray],
+    term_var: np.ndarray,
+    term_t0: np.ndarray,
+    term_t1: np.ndarray,
+    term_usage: list[np.ndarray],
+    base: np.ndarray,
+    time_points: np.ndarray,
+    limit: float,
+    constant: float,
+) -> CompiledGraph:
+    """A CompiledGraph from per-variable, per-edge and per-segment pieces: offsets,
+    the CSR adjacency (each edge listed under both ends) and the variable -> segment
+    index are derived here."""
+    n = len(unary)
+    m = len(edge_costs)
+    dom = np.array([u.shape[0] for u in unary], dtype=np.int64)
+
+    def offsets(sizes) -> np.ndarray:
+        off = np.zeros(len(sizes) + 1, dtype=np.int64)
+        np.cumsum(np.asarray(sizes, dtype=np.int64), out=off[1:])
+        return off
+
+    edge_u = np.asarray(edge_u, dtype=np.int64)
+    edge_v = np.asarray(edge_v, dtype=np.int64)
+    inc_var = np.concatenate([edge_u, edge_v])
+    order = np.argsort(inc_var, kind="stable")
+    term_var = np.asarray(term_var, dtype=np.int64)
+    return CompiledGraph(
+        var_ids=np.asarray(var_ids, dtype=np.int64),
+        dom=dom,
+        unary_off=offsets(dom),
+        unary=np.concatenate(unary).astype(np.float64) if n else np.zeros(0),
+        edge_u=edge_u,
+        edge_v=edge_v,
+        edge_off=offsets([c.size for c in edge_costs]),
+        edge_cost=np.concatenate([c.ravel() for c in edge_costs]).astype(np.float64) if m else np.zeros(0),
+        adj_off=offsets(np.bincount(inc_var, minlength=n)),
+        adj_edge=np.concatenate([np.arange(m), np.arange(m)])[order].astype(np.int64),
+        adj_other=np.concatenate([edge_v, edge_u])[order].astype(np.int64),
+        adj_is_u=np.concatenate([np.ones(m, bool), np.zeros(m, bool)])[order],
+        num_times=int(time_points.shape[0]),
+        term_var=term_var,
+        term_t0=np.asarray(term_t0, dtype=np.int64),
+        term_t1=np.asarray(term_t1, dtype=np.int64),
+        term_off=offsets([u.shape[0] for u in term_usage]),
+        term_usage=np.concatenate(term_usage).astype(np.float64) if term_usage else np.zeros(0),
+        var_term_off=offsets(np.bincount(term_var, minlength=n)),
+        var_term=np.argsort(term_var, kind="stable").astype(np.int64),
+        base=np.asarray(base, dtype=np.float64),
+        time_points=np.asarray(time_points, dtype=np.int64),
+        limit=limit,
+        constant=constant,
+    )
+
+
 def _kept_points(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     """Start points followed by an end before the next start (maximal live sets)."""
     if starts.size == 0:
@@ -153,28 +214,7 @@ def compile_graph(graph: WorkingGraph, *, drop_redundant_times: bool = True) -> 
     """Flatten a (reduced) working graph; see the module docstring."""
     var_ids = np.array(sorted(graph.unary), dtype=np.int64)
     index = {int(v): i for i, v in enumerate(var_ids)}
-    n = var_ids.shape[0]
-    dom = np.array([graph.unary[v].shape[0] for v in var_ids], dtype=np.int64)
-    unary_off = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(dom, out=unary_off[1:])
-    unary = np.concatenate([graph.unary[v] for v in var_ids]) if n else np.zeros(0)
-
     keys = sorted(graph.edges, key=lambda k: (index[k[0]], index[k[1]]))
-    edge_u = np.array([index[u] for u, _ in keys], dtype=np.int64)
-    edge_v = np.array([index[w] for _, w in keys], dtype=np.int64)
-    sizes = np.array([graph.edges[k].size for k in keys], dtype=np.int64)
-    edge_off = np.zeros(len(keys) + 1, dtype=np.int64)
-    np.cumsum(sizes, out=edge_off[1:])
-    edge_cost = np.concatenate([graph.edges[k].ravel() for k in keys]) if keys else np.zeros(0)
-
-    # CSR adjacency: each edge appears once under u and once under v.
-    inc_var = np.concatenate([edge_u, edge_v])
-    inc_edge = np.concatenate([np.arange(len(keys)), np.arange(len(keys))])
-    inc_other = np.concatenate([edge_v, edge_u])
-    inc_is_u = np.concatenate([np.ones(len(keys), bool), np.zeros(len(keys), bool)])
-    order = np.argsort(inc_var, kind="stable")
-    adj_off = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(np.bincount(inc_var, minlength=n), out=adj_off[1:])
 
     # Memory: time points from every interval (fixed ones included).
     var_terms = [(index[v], t) for v in var_ids.tolist() for t in graph.memory[v]]
@@ -230,37 +270,18 @@ def compile_graph(graph: WorkingGraph, *, drop_redundant_times: bool = True) -> 
                 usages.append(usage)
     if points.size:
         base = base + np.cumsum(base_diff)[:-1]
-    k = len(term_var)
-    term_var_a = np.array(term_var, dtype=np.int64)
-    term_off = np.zeros(k + 1, dtype=np.int64)
-    np.cumsum([u.shape[0] for u in usages], out=term_off[1:])
-    torder = np.argsort(term_var_a, kind="stable")
-    var_term_off = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(np.bincount(term_var_a, minlength=n), out=var_term_off[1:])
-
-    return CompiledGraph(
+    return assemble_graph(
         var_ids=var_ids,
-        dom=dom,
-        unary_off=unary_off,
-        unary=unary.astype(np.float64),
-        edge_u=edge_u,
-        edge_v=edge_v,
-        edge_off=edge_off,
-        edge_cost=edge_cost.astype(np.float64),
-        adj_off=adj_off,
-        adj_edge=inc_edge[order].astype(np.int64),
-        adj_other=inc_other[order].astype(np.int64),
-        adj_is_u=inc_is_u[order],
-        num_times=int(points.shape[0]),
-        term_var=term_var_a,
+        unary=[graph.unary[v] for v in var_ids.tolist()],
+        edge_u=np.array([index[u] for u, _ in keys], dtype=np.int64),
+        edge_v=np.array([index[w] for _, w in keys], dtype=np.int64),
+        edge_costs=[graph.edges[k] for k in keys],
+        term_var=np.array(term_var, dtype=np.int64),
         term_t0=np.array(term_t0, dtype=np.int64),
         term_t1=np.array(term_t1, dtype=np.int64),
-        term_off=term_off,
-        term_usage=np.concatenate(usages).astype(np.float64) if usages else np.zeros(0),
-        var_term_off=var_term_off,
-        var_term=torder.astype(np.int64),
+        term_usage=usages,
         base=base,
-        time_points=points.astype(np.int64),
+        time_points=points,
         limit=limit,
         constant=float(graph.constant),
     )

@@ -124,35 +124,20 @@ def build_program(graph: CompiledGraph, points: np.ndarray) -> LinearProgram:
     rhs.append(np.ones(n))
     next_row += n
 
-    # (B) row sums: one row per (edge, value of u)
-    du = graph.dom[graph.edge_u]
-    base_b = np.zeros(graph.num_edges + 1, dtype=np.int64)
-    np.cumsum(du, out=base_b[1:])
-    num_b = int(base_b[-1])
-    row_of_b = next_row + base_b[:-1]
-    edge_rows = np.repeat(np.arange(graph.num_edges), du)
-    a_of_row = np.arange(num_b) - base_b[:-1][edge_rows]
-    rows_i += [row_of_b[edge_of] + ya, next_row + np.arange(num_b)]
-    rows_j += [cols_y, graph.unary_off[graph.edge_u[edge_rows]] + a_of_row]
-    rows_v += [np.ones(num_y), -np.ones(num_b)]
-    senses.append(np.full(num_b, ord("E"), np.uint8))
-    rhs.append(np.zeros(num_b))
-    next_row += num_b
-
-    # (C) column sums: one row per (edge, value of v)
-    dvv = graph.dom[graph.edge_v]
-    base_c = np.zeros(graph.num_edges + 1, dtype=np.int64)
-    np.cumsum(dvv, out=base_c[1:])
-    num_c = int(base_c[-1])
-    row_of_c = next_row + base_c[:-1]
-    edge_rows_c = np.repeat(np.arange(graph.num_edges), dvv)
-    b_of_row = np.arange(num_c) - base_c[:-1][edge_rows_c]
-    rows_i += [row_of_c[edge_of] + yb, next_row + np.arange(num_c)]
-    rows_j += [cols_y, graph.unary_off[graph.edge_v[edge_rows_c]] + b_of_row]
-    rows_v += [np.ones(num_y), -np.ones(num_c)]
-    senses.append(np.full(num_c, ord("E"), np.uint8))
-    rhs.append(np.zeros(num_c))
-    next_row += num_c
+    # (B) row sums, one row per (edge, value of u); (C) column sums, per (edge, value of v)
+    for end, value_of_y in ((graph.edge_u, ya), (graph.edge_v, yb)):
+        sizes_end = graph.dom[end]
+        first = np.zeros(graph.num_edges + 1, dtype=np.int64)
+        np.cumsum(sizes_end, out=first[1:])
+        count = int(first[-1])
+        edge_rows = np.repeat(np.arange(graph.num_edges), sizes_end)
+        value_of_row = np.arange(count) - first[:-1][edge_rows]
+        rows_i += [next_row + first[:-1][edge_of] + value_of_y, next_row + np.arange(count)]
+        rows_j += [cols_y, graph.unary_off[end[edge_rows]] + value_of_row]
+        rows_v += [np.ones(num_y), -np.ones(count)]
+        senses.append(np.full(count, ord("E"), np.uint8))
+        rhs.append(np.zeros(count))
+        next_row += count
 
     # (D) memory rows at the active points
     points = np.unique(np.asarray(points, dtype=np.int64))

@@ -20,7 +20,7 @@ import math
 
 import numpy as np
 
-from solver.compiled import CompiledGraph
+from solver.compiled import CompiledGraph, assemble_graph
 
 __all__ = ["extract_window", "grow_window"]
 
@@ -32,41 +32,24 @@ def extract_window(graph: CompiledGraph, x: np.ndarray, members: np.ndarray, pro
     Variable i of the result is ``members[i]``.
     """
     members = np.asarray(members, dtype=np.int64)
-    n = graph.num_vars
-    local = np.full(n, -1, dtype=np.int64)
+    local = np.full(graph.num_vars, -1, dtype=np.int64)
     local[members] = np.arange(members.size)
-    dom = graph.dom[members]
-    unary_off = np.zeros(members.size + 1, dtype=np.int64)
-    np.cumsum(dom, out=unary_off[1:])
-    unary = np.concatenate([graph.unary_of(v) for v in members]).astype(np.float64)
-    # edges: inside the window kept, to fixed neighbours folded into unary, others dropped
+    unary = [graph.unary_of(int(v)).copy() for v in members]
+    # edges: inside the window kept, to fixed neighbours folded into unary costs
     inside_u = local[graph.edge_u] >= 0
     inside_v = local[graph.edge_v] >= 0
-    constant = 0.0
-    keep = np.flatnonzero(inside_u & inside_v)
     for e in np.flatnonzero(inside_u & ~inside_v):
-        u = local[graph.edge_u[e]]
-        unary[unary_off[u] : unary_off[u + 1]] += graph.edge_matrix(e)[:, x[graph.edge_v[e]]]
+        unary[local[graph.edge_u[e]]] += graph.edge_matrix(e)[:, x[graph.edge_v[e]]]
     for e in np.flatnonzero(~inside_u & inside_v):
-        v = local[graph.edge_v[e]]
-        unary[unary_off[v] : unary_off[v + 1]] += graph.edge_matrix(e)[x[graph.edge_u[e]], :]
-    edge_u = local[graph.edge_u[keep]]
-    edge_v = local[graph.edge_v[keep]]
-    sizes = graph.edge_off[keep + 1] - graph.edge_off[keep]
-    edge_off = np.zeros(keep.size + 1, dtype=np.int64)
-    np.cumsum(sizes, out=edge_off[1:])
-    edge_cost = (np.concatenate([graph.edge_cost[graph.edge_off[e] : graph.edge_off[e + 1]] for e in keep])
-                 if keep.size else np.zeros(0))
-    inc_var = np.concatenate([edge_u, edge_v])
-    inc_edge = np.concatenate([np.arange(keep.size), np.arange(keep.size)])
-    inc_other = np.concatenate([edge_v, edge_u])
-    inc_is_u = np.concatenate([np.ones(keep.size, bool), np.zeros(keep.size, bool)])
-    order = np.argsort(inc_var, kind="stable")
-    adj_off = np.zeros(members.size + 1, dtype=np.int64)
-    np.cumsum(np.bincount(inc_var, minlength=members.size), out=adj_off[1:])
+        unary[local[graph.edge_v[e]]] += graph.edge_matrix(e)[x[graph.edge_u[e]], :]
+    keep = np.flatnonzero(inside_u & inside_v)
 
-    # memory: the window's segments, on the points they cover
+    # memory: the window's segments, on the points they cover, above what the
+    # rest of the solution uses there
     seg = np.flatnonzero(local[graph.term_var] >= 0) if graph.term_var.size else np.zeros(0, np.int64)
+    points = np.zeros(0, dtype=np.int64)
+    base = np.zeros(0)
+    t0 = t1 = np.zeros(0, dtype=np.int64)
     if seg.size and math.isfinite(graph.limit):
         cover = np.zeros(graph.num_times + 1, dtype=np.int64)
         np.add.at(cover, graph.term_t0[seg], 1)
@@ -76,49 +59,25 @@ def extract_window(graph: CompiledGraph, x: np.ndarray, members: np.ndarray, pro
         use = graph.term_usage[graph.term_off[seg] + x[graph.term_var[seg]]]
         np.add.at(window_use, graph.term_t0[seg], use)
         np.add.at(window_use, graph.term_t1[seg], -use)
-        outside = profile - np.cumsum(window_use)[:-1]
-        base = outside[points]
+        base = (profile - np.cumsum(window_use)[:-1])[points]
         t0 = np.searchsorted(points, graph.term_t0[seg], "left")
         t1 = np.searchsorted(points, graph.term_t1[seg], "left")
-        term_var = local[graph.term_var[seg]]
-        usages = [graph.term_usage_of(int(s)) for s in seg]
-        limit = graph.limit
     else:
-        points = np.zeros(0, dtype=np.int64)
-        base = np.zeros(0)
-        t0 = t1 = term_var = np.zeros(0, dtype=np.int64)
-        usages = []
-        limit = graph.limit
-    term_off = np.zeros(len(usages) + 1, dtype=np.int64)
-    np.cumsum([u.shape[0] for u in usages], out=term_off[1:])
-    torder = np.argsort(term_var, kind="stable")
-    var_term_off = np.zeros(members.size + 1, dtype=np.int64)
-    np.cumsum(np.bincount(term_var, minlength=members.size), out=var_term_off[1:])
-    return CompiledGraph(
+        seg = np.zeros(0, np.int64)
+    return assemble_graph(
         var_ids=graph.var_ids[members],
-        dom=dom,
-        unary_off=unary_off,
         unary=unary,
-        edge_u=edge_u,
-        edge_v=edge_v,
-        edge_off=edge_off,
-        edge_cost=edge_cost.astype(np.float64),
-        adj_off=adj_off,
-        adj_edge=inc_edge[order].astype(np.int64),
-        adj_other=inc_other[order].astype(np.int64),
-        adj_is_u=inc_is_u[order],
-        num_times=int(points.size),
-        term_var=term_var.astype(np.int64),
-        term_t0=t0.astype(np.int64),
-        term_t1=t1.astype(np.int64),
-        term_off=term_off,
-        term_usage=np.concatenate(usages).astype(np.float64) if usages else np.zeros(0),
-        var_term_off=var_term_off,
-        var_term=torder.astype(np.int64),
-        base=base.astype(np.float64),
-        time_points=points.astype(np.int64),
-        limit=limit,
-        constant=constant,
+        edge_u=local[graph.edge_u[keep]],
+        edge_v=local[graph.edge_v[keep]],
+        edge_costs=[graph.edge_matrix(int(e)) for e in keep],
+        term_var=local[graph.term_var[seg]],
+        term_t0=t0,
+        term_t1=t1,
+        term_usage=[graph.term_usage_of(int(s)) for s in seg],
+        base=base,
+        time_points=graph.time_points[points],
+        limit=graph.limit,
+        constant=0.0,
     )
 
 

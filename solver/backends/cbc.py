@@ -129,7 +129,7 @@ def write_mps(program: LinearProgram, path: str, scale: float = 1.0) -> None:
 
 
 class CbcBackend(ProgramBackend):
-    """COIN-OR CBC (branch and cut), PuLP's bundled binary."""
+    """COIN-OR CBC (branch and cut); its LP solver Clp for relaxations."""
 
     name = "cbc"
 
@@ -146,77 +146,73 @@ class CbcBackend(ProgramBackend):
         warm_start: np.ndarray | None = None,
         seed: int = 0,
     ) -> ProgramResult:
-        path = _cbc_path()
-        if path is None:
-            raise BackendUnavailable("CBC binary not found (install pulp)")
-        start = time.perf_counter()
-        with tempfile.TemporaryDirectory(prefix="autoshard-cbc-") as tmp:
-            mps = os.path.join(tmp, "model.mps")
-            sol = os.path.join(tmp, "model.sol")
-            scale = objective_scale(program.cost)
-            write_mps(program, mps, scale)
+        def options(tmp: str, budget: float) -> list[str]:
             # CBC checks its -sec limit only between phases (its root cuts and
             # heuristics can overrun it by minutes), so it gets most of the time
             # as -sec and is killed at the real limit.
-            budget = time_limit - (time.perf_counter() - start)
-            args = [path, mps, "-sec", f"{max(0.85 * budget, 0.2):.3f}", "-timeMode", "elapsed",
+            args = ["-sec", f"{max(0.85 * budget, 0.2):.3f}", "-timeMode", "elapsed",
                     "-threads", str(max(1, threads)), "-randomSeed", str(seed + 1),
                     "-ratioGap", "0", "-allowableGap", "0"]
             if warm_start is not None:
                 mst = os.path.join(tmp, "start.mst")
+                nz = np.flatnonzero(warm_start)
                 with open(mst, "w") as handle:
                     handle.write("Stopped on time - objective value 0\n")
-                    nz = np.flatnonzero(warm_start)
-                    names = _names("C", nz)
-                    handle.writelines(f"{i:>7} {name} {warm_start[j]:>15} 0\n" for i, (j, name) in enumerate(zip(nz, names)))
+                    handle.writelines(f"{i:>7} {name} {warm_start[j]:>15} 0\n"
+                                      for i, (j, name) in enumerate(zip(nz, _names("C", nz))))
                 args += ["-mips", mst]
-            args += ["-solve", "-printingOptions", "all", "-solution", sol]
-            log.debug("running %s", " ".join(args))
-            try:
-                proc = subprocess.run(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                      stdin=subprocess.DEVNULL, check=False,
-                                      timeout=max(time_limit - (time.perf_counter() - start), 0.1))
-            except subprocess.TimeoutExpired:
-                log.info("cbc killed at its time limit")
-                return ProgramResult("unknown", None, None, None, time.perf_counter() - start)
-            seconds = time.perf_counter() - start
-            if proc.returncode != 0 or not os.path.exists(sol):
-                log.warning("cbc failed (exit %s): %s", proc.returncode, proc.stdout[-500:])
-                return ProgramResult("unknown", None, None, None, seconds)
-            return _read_solution(sol, proc.stdout, program, seconds, scale)
+            return args + ["-solve"]
 
+        return _run_cbc(program, options, time_limit,
+                        lambda sol, log_text, scale, seconds: _read_solution(sol, log_text, program, seconds, scale))
 
     def solve_relaxation(self, program: LinearProgram, *, time_limit: float) -> ProgramResult:
-        """The LP relaxation (Clp, dual simplex): status ``optimal`` with the
-        fractional solution and its objective (a valid lower bound), else ``unknown``."""
-        path = _cbc_path()
-        if path is None:
-            raise BackendUnavailable("CBC binary not found (install pulp[cbc])")
-        start = time.perf_counter()
-        with tempfile.TemporaryDirectory(prefix="autoshard-clp-") as tmp:
-            mps = os.path.join(tmp, "model.mps")
-            sol = os.path.join(tmp, "model.sol")
-            write_mps(program, mps, objective_scale(program.cost))
-            budget = time_limit - (time.perf_counter() - start)
-            args = [path, mps, "-sec", f"{max(budget, 0.2):.3f}", "-timeMode", "elapsed",
-                    "-initialSolve", "-printingOptions", "all", "-solution", sol]
-            try:
-                subprocess.run(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
-                               check=False, timeout=max(time_limit - (time.perf_counter() - start), 0.1))
-            except subprocess.TimeoutExpired:
-                return ProgramResult("unknown", None, None, None, time.perf_counter() - start)
-            seconds = time.perf_counter() - start
-            if not os.path.exists(sol):
-                return ProgramResult("unknown", None, None, None, seconds)
+        """The LP relaxation (Clp): status ``optimal`` with the fractional
+        solution and its objective (a valid lower bound), else ``unknown``."""
+        def read(sol: str, log_text: str, scale: float, seconds: float) -> ProgramResult:
             with open(sol) as handle:
                 header = handle.readline().lower()
                 if not header.startswith("optimal"):
-                    return ProgramResult("infeasible" if "infeasible" in header else "unknown", None, None, None,
-                                         seconds)
+                    status = "infeasible" if "infeasible" in header else "unknown"
+                    return ProgramResult(status, None, None, None, seconds)
                 z = _read_columns(handle, program.num_vars)
-        objective = float(program.cost @ z) + program.constant
-        # Clp's optimum is exact up to its tolerances; shade it like the MIP bound
-        return ProgramResult("optimal", z, objective, objective - 1e-7 * abs(objective), seconds)
+            objective = float(program.cost @ z) + program.constant
+            # Clp's optimum is exact up to its tolerances; shade it like the MIP bound
+            return ProgramResult("optimal", z, objective, objective - 1e-7 * abs(objective), seconds)
+
+        options = lambda tmp, budget: ["-sec", f"{max(budget, 0.2):.3f}", "-timeMode", "elapsed",  # noqa: E731
+                                       "-initialSolve"]
+        return _run_cbc(program, options, time_limit, read)
+
+
+def _run_cbc(program: LinearProgram, options, time_limit: float, read) -> ProgramResult:
+    """Write the program, run CBC with ``options(tmpdir, budget)`` and return
+    ``read(solution path, log, objective scale, seconds)`` while the temporary
+    folder still exists; ``unknown`` when CBC failed or was killed at the limit."""
+    path = _cbc_path()
+    if path is None:
+        raise BackendUnavailable("CBC binary not found (install pulp[cbc])")
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="autoshard-cbc-") as tmp:
+        mps = os.path.join(tmp, "model.mps")
+        sol = os.path.join(tmp, "model.sol")
+        scale = objective_scale(program.cost)
+        write_mps(program, mps, scale)
+        budget = time_limit - (time.perf_counter() - start)
+        args = [path, mps, *options(tmp, budget), "-printingOptions", "all", "-solution", sol]
+        log.debug("running %s", " ".join(args))
+        try:
+            proc = subprocess.run(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                  stdin=subprocess.DEVNULL, check=False,
+                                  timeout=max(time_limit - (time.perf_counter() - start), 0.1))
+        except subprocess.TimeoutExpired:
+            log.info("cbc killed at its time limit")
+            return ProgramResult("unknown", None, None, None, time.perf_counter() - start)
+        seconds = time.perf_counter() - start
+        if proc.returncode != 0 or not os.path.exists(sol):
+            log.warning("cbc failed (exit %s): %s", proc.returncode, proc.stdout[-500:])
+            return ProgramResult("unknown", None, None, None, seconds)
+        return read(sol, proc.stdout, scale, seconds)
 
 
 def _read_columns(handle, num_vars: int) -> np.ndarray:
