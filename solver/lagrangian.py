@@ -40,6 +40,7 @@ from solver.compiled import CompiledGraph
 from solver.ilp import initial_points, violated_points
 from solver.kernels import BIG, Arrays, to_arrays
 from solver.localsearch import SearchState, descend, repair
+from solver.wcsp import COST_RANGE
 
 __all__ = ["LagrangianReport", "price_and_repair", "inner_solver_names"]
 
@@ -118,10 +119,8 @@ class _Toulbar2Inner:
     def __init__(self, graph: CompiledGraph) -> None:
         self.graph = graph
         finite = graph.edge_cost[np.isfinite(graph.edge_cost)]
-        # costs are integers in toulbar2; forbidden entries get a cost above any finite total
-        self.top = float(min(4e18, 16 * (float(finite.sum()) + float(np.abs(graph.unary[np.isfinite(graph.unary)]).sum()) + 1e6)))
-        self.edges = [(int(graph.edge_u[e]), int(graph.edge_v[e]),
-                       np.where(np.isfinite(m := graph.edge_matrix(e).ravel()), np.round(m), self.top).tolist())
+        self.edge_total = float(np.abs(finite).sum())
+        self.edges = [(int(graph.edge_u[e]), int(graph.edge_v[e]), graph.edge_matrix(e).ravel())
                       for e in range(graph.num_edges)]
 
     def solve(self, unary: np.ndarray, deadline: float) -> tuple[np.ndarray | None, float]:
@@ -130,24 +129,29 @@ class _Toulbar2Inner:
         g = self.graph
         seconds = max(1, int(deadline - time.perf_counter()))
         shift = np.minimum.reduceat(np.where(np.isfinite(unary), unary, np.inf), g.unary_off[:-1])
-        cfn = pytoulbar2.CFN(ubinit=self.top, vac=0, verbose=-1, seed=1)
+        priced = unary - np.repeat(shift, g.dom)
+        # costs are integers in toulbar2: scale the total to COST_RANGE (costs may
+        # be seconds); forbidden entries get a cost above any finite total
+        total = float(np.abs(priced[np.isfinite(priced)]).sum()) + self.edge_total
+        scale = COST_RANGE / max(total, 1e-300)
+        top = 4.0 * COST_RANGE
+        cfn = pytoulbar2.CFN(ubinit=top, vac=0, verbose=-1, seed=1)
         cfn.Option.lds = 4
         for v in range(g.num_vars):
             cfn.AddVariable(f"v{v}", range(int(g.dom[v])))
-        rounded = 0.0
         for v in range(g.num_vars):
-            u = unary[g.unary_off[v] : g.unary_off[v + 1]] - shift[v]
-            cfn.AddFunction([v], np.where(np.isfinite(u), np.round(u), self.top).tolist())
-            rounded += 0.5
+            u = priced[g.unary_off[v] : g.unary_off[v + 1]] * scale
+            cfn.AddFunction([v], np.where(np.isfinite(u), np.round(u), top).tolist())
         for u_var, v_var, costs in self.edges:
-            cfn.AddFunction([u_var, v_var], costs)
-        rounded += 0.5 * len(self.edges)
+            m = costs * scale
+            cfn.AddFunction([u_var, v_var], np.where(np.isfinite(m), np.round(m), top).tolist())
+        rounded = 0.5 * (g.num_vars + len(self.edges))  # each function rounded by at most 1/2
         try:
             result = cfn.Solve(timeLimit=seconds)
         except Exception as exc:  # toulbar2 signals an empty search space by raising
             log.debug("toulbar2: %s", exc)
             return None, -math.inf
-        bound = float(cfn.GetDDualBound()) + float(shift.sum()) - rounded
+        bound = (float(cfn.GetDDualBound()) - rounded) / scale + float(shift.sum())
         if not result:
             return None, bound
         return np.asarray(result[0], dtype=np.int64), bound

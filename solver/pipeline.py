@@ -5,8 +5,13 @@ The method is chosen by the size of the reduced problem's integer program
 program is solved with the chosen backend (memory rows added lazily,
 ``solver.exact``), warm-started from the heuristic; otherwise the anytime
 search of ``solver.anytime`` improves the heuristic until the time limit,
-solving windows exactly with the same backend. Every answer is re-checked by
-``solver.evaluate`` on the original problem before it is returned.
+solving windows exactly with the same backend. What the exact stage leaves
+unproven goes, in order, to toulbar2 with memory as knapsack constraints
+(``solver.wcsp``, when pytoulbar2 is installed and the model is small), to
+Lagrangian pricing of the memory limit (``solver.lagrangian``) and to the
+windows of ``solver.anytime``. Every answer is re-checked by
+``solver.evaluate`` on the original problem before it is returned; the
+stages that ran are listed in ``solution.stats["methods_run"]``.
 
 >>> from solver.problem import Problem
 >>> p = Problem.from_dict({"nodes": [{"cost": [1, 2]}, {"cost": [3, 0]}],
@@ -37,6 +42,7 @@ from solver.localsearch import greedy
 from solver.problem import Problem
 from solver.reductions import InfeasibleError, reduce_problem
 from solver.solution import Solution, Status
+from solver.wcsp import solve_wcsp, wcsp_eligible
 
 __all__ = ["solve", "METHODS", "EXACT_MAX_COLUMNS"]
 
@@ -46,6 +52,10 @@ METHODS = ("auto", "exact", "anytime", "heuristic")
 # auto: exact for programs up to EXACT_MAX_COLUMNS columns (then, if not proven
 # optimal in half the time, the anytime stages), anytime beyond.
 EXACT_MAX_COLUMNS = 150_000
+# toulbar2 (solver.wcsp) runs when its model is small and the exact stage left a
+# gap above this: it closes memory-bound problems whose LP bound is weak
+# (IOPDDL V: LP bound 0.65 of the optimum, solved to the optimum in 300 s).
+WCSP_MIN_GAP = 0.01
 
 ProgressFn = Callable[[dict[str, Any]], None]
 
@@ -140,12 +150,15 @@ def solve(
         chosen = "exact" if _program_columns(graph) <= exact_max_columns else "anytime"
     stats["method"] = chosen
 
+    wcsp_rows = wcsp_eligible(graph) if chosen in ("anytime", "exact") and method != "exact" else None
     if chosen == "exact" or (best is None and chosen != "heuristic"):
         emit("exact", backend=backend)
-        # a small program gets up to half the time to finish (or prove) alone;
-        # what it leaves goes to the search below, from its best solution
+        # a small program gets up to half the time (a third when toulbar2 comes
+        # next) to finish or prove alone; what it leaves goes to the search
+        # below, from its best solution
+        share = 0.5 if wcsp_rows is None else 1 / 3
         exact_deadline = deadline if chosen == "exact" and method == "exact" else \
-            time.perf_counter() + 0.5 * (deadline - time.perf_counter())
+            time.perf_counter() + share * (deadline - time.perf_counter())
         result = solve_exact(graph, backend, deadline=exact_deadline, threads=threads, start=best, seed=seed)
         stats["methods_run"].append(f"exact:{backend}")
         stats["exact"] = {"rounds": result.rounds, "variables": result.variables, "constraints": result.constraints,
@@ -161,6 +174,26 @@ def solve(
                 return finish(Status.OPTIMAL, to_choice(best), graph.cost(best))
             if "first_feasible_seconds" not in stats:
                 stats["first_feasible_seconds"] = round(time.perf_counter() - t0, 4)
+
+    if wcsp_rows is not None and best is not None and math.isfinite(bound) \
+            and graph.cost(best) - bound <= WCSP_MIN_GAP * max(abs(graph.cost(best)), 1e-300):
+        # the LP bound is already tight: the rest of the time goes to local improvement
+        wcsp_rows = None
+    if wcsp_rows is not None and time.perf_counter() < deadline - 1.0:
+        emit("wcsp", cost=None if best is None else graph.cost(best))
+        tb2 = solve_wcsp(graph, deadline=time.perf_counter() + 0.6 * (deadline - time.perf_counter()),
+                         start=best, seed=seed, rows=wcsp_rows)
+        stats["methods_run"].append("wcsp:toulbar2")
+        stats["wcsp"] = tb2.to_dict()
+        bound = max(bound, tb2.bound)
+        if tb2.values is not None and (best is None or graph.cost(tb2.values) < graph.cost(best)):
+            best = tb2.values
+            stats.setdefault("first_feasible_seconds", round(time.perf_counter() - t0, 4))
+            emit("improved", cost=graph.cost(best))
+        if best is not None and bound >= graph.cost(best) - 1e-9 * max(1.0, abs(graph.cost(best))):
+            return finish(Status.OPTIMAL, to_choice(best), graph.cost(best))
+        if tb2.status == "infeasible" and best is None:
+            return finish(Status.INFEASIBLE, (), None, _infeasible_message(graph, state))
 
     if chosen in ("anytime", "exact") and method != "exact" and best is not None and graph.num_times:
         emit("lagrangian", cost=graph.cost(best))
