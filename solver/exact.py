@@ -91,6 +91,8 @@ def solve_exact(
                 best, best_cost = improved, graph.cost(improved)
         warm = program.solution_from_values(best, graph) if best is not None else None
         remaining = deadline - time.perf_counter()
+        if remaining <= 0.05:  # building took what was left
+            break
         outcome = engine.solve_program(program, time_limit=remaining, threads=threads, warm_start=warm, seed=seed)
         result.solve_seconds += outcome.seconds
         if outcome.bound is not None and math.isfinite(outcome.bound):

@@ -91,8 +91,9 @@ def solve(
     get_backend(backend)  # fail early on an unknown or missing backend
     t0 = time.perf_counter() if start_time is None else start_time
     # Leave time to rebuild the choice, check it and write it (about 5 us per
-    # node and edge, measured on the IOPDDL instances) before the limit.
-    finish_margin = 0.6 + 5e-6 * (problem.num_nodes + problem.num_edges)
+    # node and edge, measured on the IOPDDL instances) and for a stage to stop
+    # (a killed backend) before the limit.
+    finish_margin = 1.0 + 1e-5 * (problem.num_nodes + problem.num_edges)
     deadline = t0 + max(time_limit - finish_margin, 0.5 * time_limit)
     threads = threads or os.cpu_count() or 1
     stats: dict[str, Any] = {"method": method, "methods_run": []}
