@@ -42,7 +42,7 @@ from solver.localsearch import greedy
 from solver.problem import Problem
 from solver.reductions import InfeasibleError, reduce_problem
 from solver.solution import Solution, Status
-from solver.wcsp import solve_wcsp, wcsp_eligible
+from solver.wcsp import solve_wcsp, solve_wcsp_lazy, wcsp_eligible, wcsp_lazy_eligible
 
 __all__ = ["solve", "METHODS", "EXACT_MAX_COLUMNS"]
 
@@ -55,6 +55,8 @@ EXACT_MAX_COLUMNS = 150_000
 # toulbar2 (solver.wcsp) runs when its model is small and the exact stage left a
 # gap above this: it closes memory-bound problems whose LP bound is weak
 # (IOPDDL V: LP bound 0.65 of the optimum, solved to the optimum in 300 s).
+# With too many memory points to post (IOPDDL D: 15,373 after pruning) it
+# runs with lazily added knapsacks, only after an exact stage.
 WCSP_MIN_GAP = 0.01
 
 ProgressFn = Callable[[dict[str, Any]], None]
@@ -152,6 +154,9 @@ def solve(
     stats["method"] = chosen
 
     wcsp_rows = wcsp_eligible(graph) if chosen in ("anytime", "exact") and method != "exact" else None
+    # too many memory points to post at once: after an exact stage, knapsacks go in lazily
+    wcsp_lazy = wcsp_rows is None and chosen == "exact" and method != "exact" and bool(graph.num_times) \
+        and wcsp_lazy_eligible(graph)
     if chosen == "exact" or (best is None and chosen != "heuristic"):
         emit("exact", backend=backend)
         # a small program gets up to half the time (a third when toulbar2 comes
@@ -176,15 +181,20 @@ def solve(
             if "first_feasible_seconds" not in stats:
                 stats["first_feasible_seconds"] = round(time.perf_counter() - t0, 4)
 
-    if wcsp_rows is not None and best is not None and math.isfinite(bound) \
+    use_wcsp = wcsp_rows is not None or (wcsp_lazy and best is not None)
+    if use_wcsp and best is not None and math.isfinite(bound) \
             and graph.cost(best) - bound <= WCSP_MIN_GAP * max(abs(graph.cost(best)), 1e-300):
-        # the LP bound is already tight: the rest of the time goes to local improvement
-        wcsp_rows = None
-    if wcsp_rows is not None and time.perf_counter() < deadline - 1.0:
+        use_wcsp = False  # the LP bound is already tight: the rest goes to local improvement
+    if use_wcsp and time.perf_counter() < deadline - 1.0:
         emit("wcsp", cost=None if best is None else graph.cost(best))
-        tb2 = solve_wcsp(graph, deadline=time.perf_counter() + 0.6 * (deadline - time.perf_counter()),
-                         start=best, seed=seed, rows=wcsp_rows)
-        stats["methods_run"].append("wcsp:toulbar2")
+        if wcsp_rows is not None:
+            tb2 = solve_wcsp(graph, deadline=time.perf_counter() + 0.6 * (deadline - time.perf_counter()),
+                             start=best, seed=seed, rows=wcsp_rows)
+            stats["methods_run"].append("wcsp:toulbar2")
+        else:
+            tb2 = solve_wcsp_lazy(graph, deadline=time.perf_counter() + 0.8 * (deadline - time.perf_counter()),
+                                  start=best, seed=seed)
+            stats["methods_run"].append("wcsp-lazy:toulbar2")
         stats["wcsp"] = tb2.to_dict()
         bound = max(bound, tb2.bound)
         if tb2.values is not None and (best is None or graph.cost(tb2.values) < graph.cost(best)):

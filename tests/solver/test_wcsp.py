@@ -156,3 +156,32 @@ def test_anytime_pipeline_runs_wcsp_and_reaches_the_optimum(make_random_problem,
             if ran == 3:
                 break
     assert ran == 3
+
+
+@needs_toulbar2
+def test_lazy_knapsacks_reach_the_brute_force_optimum(make_random_problem, oracle):
+    from solver.wcsp import solve_wcsp_lazy
+
+    proved = 0
+    for seed in range(40):
+        problem = make_random_problem(np.random.default_rng(2000 + seed), max_nodes=7, max_strategies=4)
+        best, _ = oracle(problem)
+        working, graph = _compiled(problem)
+        if graph is None or graph.num_vars == 0 or not graph.num_times or not math.isfinite(best):
+            continue
+        start = None
+        for x in np.ndindex(*graph.dom):  # any feasible start, as the pipeline's greedy gives
+            x = np.array(x)
+            if np.all(graph.memory_profile(x) <= graph.limit) and math.isfinite(graph.cost(x)):
+                start = x
+                break
+        result = solve_wcsp_lazy(graph, deadline=time.perf_counter() + 6, start=start)
+        final = result.values if result.values is not None else start
+        assert np.all(graph.memory_profile(final) <= graph.limit)
+        assert result.bound <= best + 1e-9
+        if result.status == "optimal":
+            proved += 1
+            assert graph.cost(final) == pytest.approx(best)
+        if proved == 8:
+            break
+    assert proved == 8
