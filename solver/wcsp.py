@@ -74,7 +74,8 @@ class WcspResult:
 
     def to_dict(self) -> dict[str, object]:
         return {"status": self.status, "solutions": self.solutions, "knapsacks": self.knapsacks,
-                "bound": self.bound, "seconds": round(self.seconds, 3)}
+                "bound": self.bound if math.isfinite(self.bound) else None,  # JSON has no infinity
+                "seconds": round(self.seconds, 3)}
 
 
 def wcsp_available() -> bool:

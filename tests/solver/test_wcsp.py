@@ -185,3 +185,12 @@ def test_lazy_knapsacks_reach_the_brute_force_optimum(make_random_problem, oracl
         if proved == 8:
             break
     assert proved == 8
+
+
+def test_wcsp_report_is_strict_json_without_a_bound():
+    import json
+
+    from solver.wcsp import WcspResult
+
+    text = json.dumps(WcspResult(values=None, bound=-math.inf, status="timeout").to_dict(), allow_nan=False)
+    assert json.loads(text)["bound"] is None
