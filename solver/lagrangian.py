@@ -40,7 +40,7 @@ from solver.compiled import CompiledGraph
 from solver.ilp import initial_points, violated_points
 from solver.kernels import BIG, Arrays, to_arrays
 from solver.localsearch import SearchState, descend, repair
-from solver.wcsp import COST_RANGE
+from solver.wcsp import COST_RANGE, add_cost_functions
 
 __all__ = ["LagrangianReport", "price_and_repair", "inner_solver_names"]
 
@@ -120,8 +120,6 @@ class _Toulbar2Inner:
         self.graph = graph
         finite = graph.edge_cost[np.isfinite(graph.edge_cost)]
         self.edge_total = float(np.abs(finite).sum())
-        self.edges = [(int(graph.edge_u[e]), int(graph.edge_v[e]), graph.edge_matrix(e).ravel())
-                      for e in range(graph.num_edges)]
 
     def solve(self, unary: np.ndarray, deadline: float) -> tuple[np.ndarray | None, float]:
         import pytoulbar2
@@ -137,15 +135,8 @@ class _Toulbar2Inner:
         top = 4.0 * COST_RANGE
         cfn = pytoulbar2.CFN(ubinit=top, vac=0, verbose=-1, seed=1)
         cfn.Option.lds = 4
-        for v in range(g.num_vars):
-            cfn.AddVariable(f"v{v}", range(int(g.dom[v])))
-        for v in range(g.num_vars):
-            u = priced[g.unary_off[v] : g.unary_off[v + 1]] * scale
-            cfn.AddFunction([v], np.where(np.isfinite(u), np.round(u), top).tolist())
-        for u_var, v_var, costs in self.edges:
-            m = costs * scale
-            cfn.AddFunction([u_var, v_var], np.where(np.isfinite(m), np.round(m), top).tolist())
-        rounded = 0.5 * (g.num_vars + len(self.edges))  # each function rounded by at most 1/2
+        add_cost_functions(cfn, g, priced, scale, top)
+        rounded = 0.5 * (g.num_vars + g.num_edges)  # each function rounded by at most 1/2
         try:
             result = cfn.Solve(timeLimit=seconds)
         except Exception as exc:  # toulbar2 signals an empty search space by raising

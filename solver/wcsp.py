@@ -46,7 +46,7 @@ import numpy as np
 from solver.compiled import CompiledGraph
 from solver.ilp import initial_points, violated_points
 
-__all__ = ["WcspResult", "knapsack_groups", "knapsack_rows", "solve_wcsp", "solve_wcsp_lazy", "wcsp_available",
+__all__ = ["WcspResult", "add_cost_functions", "knapsack_groups", "knapsack_rows", "solve_wcsp", "solve_wcsp_lazy", "wcsp_available",
            "wcsp_eligible", "wcsp_lazy_eligible"]
 
 log = logging.getLogger(__name__)
@@ -123,10 +123,14 @@ def knapsack_rows(graph: CompiledGraph, groups: list[tuple[int, float]] | None =
     groups = knapsack_groups(graph) if groups is None else groups
     rows = []
     for lo, capacity in groups:
-        terms = np.nonzero((graph.term_t0 <= lo) & (graph.term_t1 > lo))[0]
+        terms = _covering_terms(graph, lo)
         if terms.size:
             rows.append((capacity, terms))
     return rows
+
+
+def _covering_terms(graph: CompiledGraph, point: int) -> np.ndarray:
+    return np.nonzero((graph.term_t0 <= point) & (graph.term_t1 > point))[0]
 
 
 def wcsp_eligible(graph: CompiledGraph) -> list[tuple[float, np.ndarray]] | None:
@@ -167,11 +171,11 @@ def solve_wcsp_lazy(
     """
     t0 = time.perf_counter()
     capacity = graph.limit - graph.base
-    points = set(initial_points(graph, start).tolist())
+    rows_at = {int(t): (float(capacity[t]), _covering_terms(graph, int(t))) for t in initial_points(graph, start)}
     best = np.asarray(start, dtype=np.int64).copy()
     total = WcspResult(values=None, bound=-math.inf, status="timeout")
     while time.perf_counter() < deadline - 1.0:
-        rows = [(float(capacity[t]), np.nonzero((graph.term_t0 <= t) & (graph.term_t1 > t))[0]) for t in sorted(points)]
+        rows = [rows_at[t] for t in sorted(rows_at)]
         remaining = deadline - time.perf_counter()
         result = solve_wcsp(graph, deadline=time.perf_counter() + min(remaining, max(2.0, remaining / 3)),
                             start=best, seed=seed + total.solutions, rows=rows)
@@ -183,7 +187,7 @@ def solve_wcsp_lazy(
             total.values = best
         exceeded = violated_points(graph, result.last) if result.last is not None else np.zeros(0, dtype=np.int64)
         if exceeded.size:
-            points.update(exceeded.tolist())
+            rows_at.update((int(t), (float(capacity[t]), _covering_terms(graph, int(t)))) for t in exceeded)
         elif result.status in ("optimal", "optimal_start"):
             total.status = "optimal"  # the relaxation's optimum fits everywhere
             break
@@ -191,15 +195,34 @@ def solve_wcsp_lazy(
     return total
 
 
-def _scale(graph: CompiledGraph) -> tuple[float, bool]:
-    """Factor that makes costs toulbar2 integers, and whether that is exact (integral costs)."""
+def _scale(graph: CompiledGraph) -> tuple[float, bool, float]:
+    """Factor that makes costs toulbar2 integers, whether that is exact (integral costs), and the
+    sum of absolute finite costs."""
     finite_u = graph.unary[np.isfinite(graph.unary)]
     finite_e = graph.edge_cost[np.isfinite(graph.edge_cost)]
     total = float(np.abs(finite_u).sum() + np.abs(finite_e).sum())
     integral = bool(np.all(finite_u == np.round(finite_u)) and np.all(finite_e == np.round(finite_e)))
     if integral and total <= COST_RANGE:
-        return 1.0, True
-    return COST_RANGE / max(total, 1e-300), False
+        return 1.0, True, total
+    return COST_RANGE / max(total, 1e-300), False, total
+
+
+def add_cost_functions(cfn, graph: CompiledGraph, unary: np.ndarray, scale: float, forbidden: float) -> None:
+    """Variables, unary and pairwise cost functions of ``graph`` in a pytoulbar2 ``CFN``.
+
+    Costs are multiplied by ``scale`` and rounded (toulbar2 costs are
+    integers); non-finite entries cost ``forbidden``. ``unary`` replaces the
+    graph's own unary costs (the Lagrangian prices them).
+    """
+    for v in range(graph.num_vars):
+        cfn.AddVariable(f"v{v}", range(int(graph.dom[v])))
+    for v in range(graph.num_vars):
+        u = unary[graph.unary_off[v] : graph.unary_off[v + 1]] * scale
+        cfn.AddFunction([v], np.where(np.isfinite(u), np.round(u), forbidden).tolist())
+    for e in range(graph.num_edges):
+        m = graph.edge_matrix(e).ravel() * scale
+        cfn.AddFunction([int(graph.edge_u[e]), int(graph.edge_v[e])],
+                        np.where(np.isfinite(m), np.round(m), forbidden).tolist())
 
 
 def solve_wcsp(
@@ -217,15 +240,17 @@ def solve_wcsp(
     """
     t0 = time.perf_counter()
     rows = knapsack_rows(graph) if rows is None else rows
-    scale, exact = _scale(graph)
+    scale, exact, cost_total = _scale(graph)
     rounding = 0.0 if exact else 0.5 * (graph.num_vars + graph.num_edges)
     ub = None
     if start is not None and math.isfinite(graph.cost(start)):
         # toulbar2 only reports assignments strictly below its initial upper bound
         ub = _rounded_cost(graph, start, scale)
+    # above any finite total, or the start's cost when there is one
+    top = float(2 * cost_total * scale + 1e6) if ub is None else float(ub)
     read_fd, write_fd = os.pipe()
     ctx = multiprocessing.get_context("fork")
-    child = ctx.Process(target=_child, args=(graph, rows, scale, ub, start, seed, deadline, write_fd), daemon=True)
+    child = ctx.Process(target=_child, args=(graph, rows, scale, top, start, seed, deadline, write_fd), daemon=True)
     child.start()
     os.close(write_fd)
     best, solutions, bound_raw, finished, expired, errored = None, 0, None, False, False, False
@@ -309,7 +334,7 @@ def _parse_line(line: bytes, num_vars: int):
     return None
 
 
-def _child(graph, rows, scale, ub, start, seed, deadline, write_fd) -> None:  # pragma: no cover - runs forked
+def _child(graph, rows, scale, top, start, seed, deadline, write_fd) -> None:  # pragma: no cover - runs forked
     os.dup2(write_fd, 1)  # toulbar2 prints each improving solution on standard output
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 2)
@@ -317,22 +342,9 @@ def _child(graph, rows, scale, ub, start, seed, deadline, write_fd) -> None:  # 
     try:
         import pytoulbar2
 
-        finite_u = graph.unary[np.isfinite(graph.unary)]
-        finite_e = graph.edge_cost[np.isfinite(graph.edge_cost)]
-        top = float(2 * (np.abs(finite_u).sum() + np.abs(finite_e).sum()) * scale + 1e6)
-        if ub is not None:
-            top = min(top, float(ub))
         cfn = pytoulbar2.CFN(ubinit=top, vac=0, verbose=0, seed=seed + 1)
         cfn.Option.solutionBasedPhaseSaving = True
-        for v in range(graph.num_vars):
-            cfn.AddVariable(f"v{v}", range(int(graph.dom[v])))
-        hard = top + 1
-        for v in range(graph.num_vars):
-            u = graph.unary_of(v) * scale
-            cfn.AddFunction([v], np.where(np.isfinite(u), np.round(u), hard).tolist())
-        for e in range(graph.num_edges):
-            m = graph.edge_matrix(e).ravel() * scale
-            cfn.AddFunction([int(graph.edge_u[e]), int(graph.edge_v[e])], np.where(np.isfinite(m), np.round(m), hard).tolist())
+        add_cost_functions(cfn, graph, graph.unary, scale, top + 1)
         for capacity, terms in rows:
             tuples, integral = [], True
             for k in terms:
