@@ -36,9 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0, help="random seed (results are deterministic per seed)")
     parser.add_argument("--method", default="auto", choices=("auto", "exact", "anytime", "heuristic"),
                         help="auto: exact program when small, else the anytime search (default)")
-    parser.add_argument("--inner", choices=("trws", "toulbar2"), default=None,
-                        help="pairwise solver inside the Lagrangian rounds (default trws; toulbar2 needs "
-                             "the optional pytoulbar2)")
+    parser.add_argument("--inner", choices=("trws", "treedp", "toulbar2"), default=None,
+                        help="pairwise solver inside the Lagrangian rounds (default trws; treedp: exact, for "
+                             "graphs of small treewidth; toulbar2 needs the optional pytoulbar2)")
     parser.add_argument("--iopddl-output", action="store_true",
                         help="print the contest's [s0, s1, ...] line instead of the JSON solution")
     parser.add_argument("--quiet", action="store_true", help="no progress display")

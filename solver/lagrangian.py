@@ -11,9 +11,10 @@ with  W_s = sum_{p in A, t0_s <= p < t1_s} lambda_p.  Any lower bound of
 min F_lambda gives a valid lower bound of the constrained optimum
 (weak duality), for any lambda >= 0 and any A.
 
-Each round solves the priced problem with an inner solver (``toulbar2`` when
-pytoulbar2 is installed, otherwise TRW-S of ``solver.trws``; both return
-labels and a bound), then:
+Each round solves the priced problem with an inner solver (TRW-S of
+``solver.trws`` by default; on request ``toulbar2`` or the exact bucket
+elimination of ``solver.treedp``, which the pipeline uses through
+``solver.colgen`` instead; all return labels and a bound), then:
 
 * the labels are repaired to the memory limit and descended
   (``solver.localsearch``): a feasible candidate for the incumbent;
@@ -63,7 +64,7 @@ class LagrangianReport:
 
 def inner_solver_names() -> list[str]:
     """Inner solvers available here."""
-    names = ["trws"]
+    names = ["trws", "treedp"]
     try:
         import pytoulbar2  # noqa: F401
 
@@ -109,6 +110,24 @@ class _TrwsInner:
                       deadline=deadline, messages=self.messages, plan=self.plan)
         self.messages = result.messages
         return result.labels, float(result.lower_bound)
+
+
+class _TreeDpInner:
+    """Exact bucket elimination (``solver.treedp``) when the graph's treewidth allows it."""
+
+    name = "treedp"
+
+    def __init__(self, graph: CompiledGraph, plan) -> None:
+        self.graph = graph
+        self.plan = plan
+
+    def solve(self, unary: np.ndarray, deadline: float) -> tuple[np.ndarray | None, float]:
+        from solver.treedp import solve_plan
+
+        labels, value = solve_plan(self.plan, self.graph, unary)
+        if not math.isfinite(value):
+            return None, math.inf
+        return labels, value
 
 
 class _Toulbar2Inner:
@@ -161,8 +180,17 @@ def price_and_repair(
     """Improve the feasible ``state`` in place by Lagrangian rounds until ``deadline``."""
     arr = state.arr
     rng = np.random.default_rng(seed)
-    inner = inner or "trws"  # measured best on the large IOPDDL graphs; toulbar2 on request
-    solver = _Toulbar2Inner(graph) if inner == "toulbar2" else _TrwsInner(arr, iterations=40)
+    plan = None
+    if inner == "treedp":
+        from solver.treedp import plan_elimination
+
+        plan = plan_elimination(graph)  # None when the treewidth is too large: TRW-S instead
+    if plan is not None:
+        solver = _TreeDpInner(graph, plan)
+    elif inner == "toulbar2":
+        solver = _Toulbar2Inner(graph)
+    else:
+        solver = _TrwsInner(arr, iterations=40)  # measured best on the large IOPDDL graphs
     report = LagrangianReport(inner=solver.name)
     start = time.perf_counter()
     best_cost = graph.cost(state.x)

@@ -1,17 +1,28 @@
 """``solve(problem)``: reductions, a feasible start, then exact or anytime search.
 
-The method is chosen by the size of the reduced problem's integer program
-(``solver.ilp``): when it has at most ``exact_max_columns`` columns the whole
-program is solved with the chosen backend (memory rows added lazily,
-``solver.exact``), warm-started from the heuristic; otherwise the anytime
-search of ``solver.anytime`` improves the heuristic until the time limit,
-solving windows exactly with the same backend. What the exact stage leaves
-unproven goes, in order, to toulbar2 with memory as knapsack constraints
-(``solver.wcsp``, when pytoulbar2 is installed and the model is small), to
-Lagrangian pricing of the memory limit (``solver.lagrangian``) and to the
-windows of ``solver.anytime``. Every answer is re-checked by
-``solver.evaluate`` on the original problem before it is returned; the
-stages that ran are listed in ``solution.stats["methods_run"]``.
+When the reduced graph has small treewidth (``solver.treedp`` finds an
+elimination order whose tables fit the time left), the pairwise problem
+without memory is minimised exactly by bucket elimination: that alone is the
+optimum when no memory point can bind; otherwise column generation
+(``solver.colgen``) prices the memory rows to the Dantzig-Wolfe bound, the
+integer program over the values its mixed columns use gives a solution near
+it, and Lagrangian reduced-cost fixing drops the values that cannot beat
+that solution before the exact stage. (Transformer-shaped training graphs
+take this path; the IOPDDL graphs have too large a treewidth.)
+
+The method is then chosen by the size of the reduced problem's integer
+program (``solver.ilp``): when it has at most ``exact_max_columns`` columns
+the whole program is solved with the chosen backend (memory rows added
+lazily, ``solver.exact``), warm-started from the best solution so far;
+otherwise the anytime search of ``solver.anytime`` improves it until the time
+limit, solving windows exactly with the same backend. What the exact stage
+leaves unproven goes, in order, to toulbar2 with memory as knapsack
+constraints (``solver.wcsp``, when pytoulbar2 is installed and the model is
+small), to Lagrangian pricing of the memory limit (``solver.lagrangian``,
+skipped after column generation) and to the windows of ``solver.anytime``.
+Every answer is re-checked by ``solver.evaluate`` on the original problem
+before it is returned; the stages that ran are listed in
+``solution.stats["methods_run"]``.
 
 >>> from solver.problem import Problem
 >>> p = Problem.from_dict({"nodes": [{"cost": [1, 2]}, {"cost": [3, 0]}],
@@ -32,6 +43,7 @@ from typing import Any, Callable
 import numpy as np
 
 from solver.anytime import improve
+from solver.colgen import column_generation, fix_by_reduced_cost, solve_restricted
 from solver.backends import DEFAULT_BACKEND, get_backend
 from solver.compiled import CompiledGraph, compile_graph
 from solver.evaluate import evaluate
@@ -42,7 +54,9 @@ from solver.localsearch import greedy
 from solver.problem import Problem
 from solver.reductions import InfeasibleError, reduce_problem
 from solver.solution import Solution, Status
+from solver.treedp import plan_elimination, solve_plan
 from solver.wcsp import solve_wcsp, solve_wcsp_lazy, wcsp_eligible, wcsp_lazy_eligible
+from solver.window import restrict_values
 
 __all__ = ["solve", "METHODS", "EXACT_MAX_COLUMNS"]
 
@@ -58,6 +72,14 @@ EXACT_MAX_COLUMNS = 150_000
 # With too many memory points to post (IOPDDL D: 15,373 after pruning) it
 # runs with lazily added knapsacks, only after an exact stage.
 WCSP_MIN_GAP = 0.01
+# Graphs of small treewidth are minimised exactly by bucket elimination
+# (solver.treedp): alone when no memory point can bind, as the pricing step of
+# column generation (solver.colgen) otherwise. The plan is built when one
+# elimination pass fits DP_PASSES times into the time left (about 3 ns per
+# table entry and factor, measured on 2 cores).
+DP_PASSES = 40
+DP_SECONDS_PER_UNIT = 3e-9
+PLAN_SECONDS = 15.0  # the 60,000-node transformer graph needs about 8 s
 
 ProgressFn = Callable[[dict[str, Any]], None]
 
@@ -84,7 +106,7 @@ def solve(
     ``time_limit`` counts from ``start_time`` (a ``time.perf_counter()``
     value, default now), so a caller can include file loading in it.
     ``threads`` defaults to all cores. ``inner`` picks the pairwise solver of
-    the Lagrangian rounds (``trws``, the default, or ``toulbar2``).
+    the Lagrangian rounds (``trws``, the default, ``treedp`` or ``toulbar2``).
     Deterministic for a given ``seed`` and ``threads`` when the time limit is
     not reached.
     """
@@ -148,6 +170,49 @@ def solve(
         stats["heuristic_cost"] = graph.cost(best)
         emit("feasible", cost=graph.cost(best))
     bound = -math.inf
+    plan = fixed = None
+    if method in ("auto", "anytime") and graph.num_vars:
+        budget = max(deadline - time.perf_counter(), 0.0)
+        # the order search gives up after a short while: graphs of large
+        # treewidth (the IOPDDL ones) are recognised only by trying
+        plan = plan_elimination(graph, max_work=int(budget / DP_PASSES / DP_SECONDS_PER_UNIT),
+                                deadline=time.perf_counter() + min(PLAN_SECONDS, 0.05 * budget))
+        stats["treedp"] = None if plan is None else {"width": plan.width, "work": plan.work}
+    if plan is not None and (graph.num_times == 0 or not math.isfinite(graph.limit)):
+        # no memory point can bind: one elimination pass is the optimum
+        emit("treedp")
+        values, value = solve_plan(plan, graph)
+        stats["methods_run"].append("treedp")
+        if math.isfinite(value):
+            return finish(Status.OPTIMAL, to_choice(values), graph.cost(values))
+    if plan is not None and best is not None and graph.num_times and time.perf_counter() < deadline - 1.0:
+        emit("colgen", cost=graph.cost(best))
+        state = _state_for(arr, graph, best)
+        cg = column_generation(graph, state, plan, seed=seed, on_improve=lambda c: emit("improved", cost=c),
+                               deadline=time.perf_counter() + 0.4 * (deadline - time.perf_counter()))
+        stats["methods_run"].append("colgen:treedp")
+        stats["colgen"] = cg.to_dict()
+        bound = max(bound, cg.bound)
+        best = state.x.copy()
+        if cg.support and bound < graph.cost(best) - 1e-9 * max(1.0, abs(graph.cost(best))) \
+                and time.perf_counter() < deadline - 1.0:
+            emit("restricted", cost=graph.cost(best))
+            values = solve_restricted(graph, cg.support, best, backend=backend, threads=threads, seed=seed,
+                                      deadline=time.perf_counter() + 0.5 * (deadline - time.perf_counter()))
+            stats["methods_run"].append(f"restricted:{backend}")
+            if values is not None:
+                best = values
+                emit("improved", cost=graph.cost(best))
+        if bound >= graph.cost(best) - 1e-9 * max(1.0, abs(graph.cost(best))):
+            return finish(Status.OPTIMAL, to_choice(best), graph.cost(best))
+        if cg.prices is not None:
+            allowed = fix_by_reduced_cost(graph, plan, cg.prices, graph.cost(best), best)
+            kept = sum(a.size for a in allowed)
+            stats["colgen"]["values_kept"] = kept
+            if kept < int(graph.dom.sum()):
+                # the exact stage below only needs the values that can still beat
+                # the incumbent; its bound stays valid for the whole problem
+                fixed = restrict_values(graph, allowed)
     chosen = method
     if method == "auto":
         chosen = "exact" if _program_columns(graph) <= exact_max_columns else "anytime"
@@ -165,7 +230,13 @@ def solve(
         share = 0.5 if wcsp_rows is None else 1 / 3
         exact_deadline = deadline if chosen == "exact" and method == "exact" else \
             time.perf_counter() + share * (deadline - time.perf_counter())
-        result = solve_exact(graph, backend, deadline=exact_deadline, threads=threads, start=best, seed=seed)
+        if fixed is None:
+            result = solve_exact(graph, backend, deadline=exact_deadline, threads=threads, start=best, seed=seed)
+        else:
+            result = solve_exact(fixed, backend, deadline=exact_deadline, threads=threads, seed=seed,
+                                 start=np.array([int(np.searchsorted(a, x)) for a, x in zip(allowed, best)]))
+            if result.values is not None:
+                result.values = np.array([a[x] for a, x in zip(allowed, result.values)], dtype=np.int64)
         stats["methods_run"].append(f"exact:{backend}")
         stats["exact"] = {"rounds": result.rounds, "variables": result.variables, "constraints": result.constraints,
                           "nonzeros": result.nonzeros, "memory_points": result.memory_points,
@@ -206,7 +277,8 @@ def solve(
         if tb2.status == "infeasible" and best is None:
             return finish(Status.INFEASIBLE, (), None, _infeasible_message(graph, state))
 
-    if chosen in ("anytime", "exact") and method != "exact" and best is not None and graph.num_times:
+    if chosen in ("anytime", "exact") and method != "exact" and best is not None and graph.num_times \
+            and plan is None:  # with a plan, column generation already priced memory exactly
         emit("lagrangian", cost=graph.cost(best))
         state = _state_for(arr, graph, best)
         lag_deadline = time.perf_counter() + 0.7 * (deadline - time.perf_counter())

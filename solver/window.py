@@ -22,7 +22,7 @@ import numpy as np
 
 from solver.compiled import CompiledGraph, assemble_graph
 
-__all__ = ["extract_window", "grow_window"]
+__all__ = ["extract_window", "grow_window", "restrict_values"]
 
 
 def extract_window(graph: CompiledGraph, x: np.ndarray, members: np.ndarray, profile: np.ndarray) -> CompiledGraph:
@@ -106,3 +106,20 @@ def grow_window(graph: CompiledGraph, seed: int, max_choices: int, max_pairs: in
             pairs += extra_pairs
             frontier.append(w)
     return np.array(sorted(chosen), dtype=np.int64)
+
+
+def restrict_values(graph: CompiledGraph, allowed: list[np.ndarray]) -> CompiledGraph:
+    """The same problem with variable v limited to the values ``allowed[v]`` (sorted, non-empty).
+
+    Value i of v in the result is ``allowed[v][i]`` in ``graph``; costs, edges
+    and memory are unchanged otherwise, so a solution of the result maps back
+    to a solution of ``graph`` with the same cost and memory.
+    """
+    unary = [graph.unary_of(v)[allowed[v]] for v in range(graph.num_vars)]
+    edge_costs = [graph.edge_matrix(e)[np.ix_(allowed[int(graph.edge_u[e])], allowed[int(graph.edge_v[e])])]
+                  for e in range(graph.num_edges)]
+    usage = [graph.term_usage_of(s)[allowed[int(graph.term_var[s])]] for s in range(graph.term_var.size)]
+    return assemble_graph(
+        var_ids=graph.var_ids, unary=unary, edge_u=graph.edge_u, edge_v=graph.edge_v, edge_costs=edge_costs,
+        term_var=graph.term_var, term_t0=graph.term_t0, term_t1=graph.term_t1, term_usage=usage,
+        base=graph.base, time_points=graph.time_points, limit=graph.limit, constant=graph.constant)

@@ -1,0 +1,268 @@
+r"""Memory as prices, solved to the best price: column generation over exact pairwise solutions.
+
+When the pairwise problem without memory can be minimised exactly
+(:mod:`solver.treedp`), the best Lagrangian bound is the Dantzig-Wolfe bound
+
+    DW = min { sum_j alpha_j F(x^j) :  sum_j alpha_j mem_p(x^j) <= L  (p kept),
+               sum_j alpha_j = 1,  alpha >= 0 },   x^j ranging over all labellings,
+
+which is at least the LP relaxation of :mod:`solver.ilp` (conv of labellings
+is inside the local polytope). Column generation computes it:
+
+* the master LP holds the columns found so far (the incumbent first, so it is
+  feasible) and the rows of the points in A; from it come alpha and duals
+  lambda_p >= 0 (rows) and mu (convexity);
+* pricing solves min_x F(x) + sum_p lambda_p mem_p(x) exactly; by weak
+  duality, for any lambda >= 0,
+
+      D(lambda) = min_x [F(x) + sum_p lambda_p (mem_p(x) - L)]  <=  optimum,
+
+  which is the bound reported (the best over all rounds); the minimiser joins
+  the master as a new column;
+* a point where the master's mixture exceeds the limit joins A (separation);
+* prices are smoothed (Wentges): pricing uses beta lambda_center +
+  (1 - beta) lambda_master, lambda_center the prices of the best D so far,
+  which damps the oscillation of plain Kelley cutting planes.
+
+It stops when D(lambda) meets the master's value (the bound is then DW, up
+to the tolerance) or at the deadline. Every priced labelling is also a
+primal candidate: repaired to the limit, descended (``solver.localsearch``),
+and kept when it beats the incumbent.
+
+Price and branch (:func:`solve_restricted`). The master's mixture is
+fractional; integer solutions near it come from the integer program of
+``solver.exact`` over the values the mixed columns (and the incumbent) use,
+
+    x_v in V_v = { x^j_v : alpha_j > 0 } + { incumbent_v },
+
+typically 1-2 values per variable, which CBC solves or nearly solves fast.
+Its bound is a bound of the restricted problem only, never reported.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from solver.compiled import CompiledGraph
+from solver.ilp import initial_points
+from solver.lagrangian import priced_unary, segment_prices
+from solver.localsearch import SearchState, descend, repair
+from solver.treedp import EliminationPlan, solve_plan
+from solver.window import restrict_values
+
+__all__ = ["ColumnGenerationReport", "column_generation", "solve_restricted", "fix_by_reduced_cost"]
+
+log = logging.getLogger(__name__)
+
+SMOOTHING = 0.5
+CANDIDATE_EXCESS = 0.1  # priced labels at most this far over the limit (relative) become candidates,
+CANDIDATE_ANY_VARS = 5000  # or any priced labels on graphs up to this many variables
+CONVERGED = 1e-6  # relative distance between master value and bound (of the incumbent's cost)
+
+
+@dataclass(slots=True)
+class ColumnGenerationReport:
+    rounds: int = 0
+    columns: int = 0
+    rows: int = 0
+    improved: int = 0
+    bound: float = -math.inf
+    master: float = math.inf
+    converged: bool = False
+    seconds: float = 0.0
+    history: list[tuple[float, float, float]] = field(default_factory=list)  # (s, best, bound)
+    support: list[np.ndarray] = field(default_factory=list)  # labellings the last master mixes
+    prices: np.ndarray | None = None  # multipliers of the best bound
+
+    def to_dict(self) -> dict[str, object]:
+        return {"rounds": self.rounds, "columns": self.columns, "rows": self.rows, "improved": self.improved,
+                "bound": None if not math.isfinite(self.bound) else self.bound,
+                "master": None if not math.isfinite(self.master) else self.master,
+                "converged": self.converged, "seconds": round(self.seconds, 3)}
+
+
+def _solve_master(costs: list[float], usage: np.ndarray, capacity: np.ndarray):
+    """LP over the columns; returns (value, alpha, lambda on the rows, mu) or None if not optimal."""
+    from ortools.linear_solver import pywraplp
+
+    lp = pywraplp.Solver.CreateSolver("GLOP")
+    # scale to O(1) so GLOP's tolerances are relative
+    cscale = max(max(abs(c) for c in costs), 1e-300)
+    mscale = np.maximum(np.abs(capacity), 1.0)
+    alpha = [lp.NumVar(0.0, lp.infinity(), "") for _ in costs]
+    rows = []
+    for r in range(capacity.shape[0]):
+        row = lp.Constraint(-lp.infinity(), float(capacity[r] / mscale[r]))
+        for j, a in enumerate(alpha):
+            if usage[j, r] != 0.0:
+                row.SetCoefficient(a, float(usage[j, r] / mscale[r]))
+        rows.append(row)
+    convex = lp.Constraint(1.0, 1.0)
+    for a in alpha:
+        convex.SetCoefficient(a, 1.0)
+    objective = lp.Objective()
+    for a, c in zip(alpha, costs):
+        objective.SetCoefficient(a, c / cscale)
+    objective.SetMinimization()
+    if lp.Solve() != pywraplp.Solver.OPTIMAL:
+        return None
+    lam = np.array([max(-row.dual_value(), 0.0) for row in rows]) * cscale / mscale
+    return (objective.Value() * cscale, np.array([a.solution_value() for a in alpha]), lam,
+            convex.dual_value() * cscale)
+
+
+def column_generation(
+    graph: CompiledGraph,
+    state: SearchState,
+    plan: EliminationPlan,
+    *,
+    deadline: float,
+    seed: int = 0,
+    max_rounds: int = 100_000,
+    on_improve=None,
+) -> ColumnGenerationReport:
+    """Bound the constrained optimum by DW and improve the feasible ``state`` in place (see module docstring)."""
+    report = ColumnGenerationReport()
+    start = time.perf_counter()
+    if graph.num_times == 0 or graph.num_vars == 0 or not math.isfinite(graph.limit):
+        return report
+    arr = state.arr
+    rng = np.random.default_rng(seed)
+    capacity = graph.limit - graph.base  # what the choices may use at each point
+    base_profile = graph.base
+
+    def usage_of(x: np.ndarray) -> np.ndarray:
+        return graph.memory_profile(x) - base_profile
+
+    best_cost = graph.cost(state.x)
+    costs: list[float] = [best_cost]
+    usages: list[np.ndarray] = [usage_of(state.x)]
+    pool: list[np.ndarray] = [state.x.copy()]
+    active = np.unique(initial_points(graph, state.x, count=16))
+    center = np.zeros(graph.num_times)
+    tol = CONVERGED * max(abs(best_cost), 1e-300)
+    while report.rounds < max_rounds and time.perf_counter() < deadline - 0.05:
+        usage = np.stack(usages)
+        master = _solve_master(costs, usage[:, active], capacity[active])
+        if master is None:
+            log.debug("column generation: master LP not solved")
+            break
+        value, alpha, lam_rows, _mu = master
+        report.master = value
+        report.support = [pool[j] for j in np.flatnonzero(alpha > 1e-9)]
+        mixture = alpha @ usage
+        over = mixture - capacity > 1e-9 * np.maximum(np.abs(graph.limit), 1.0)
+        over[active] = False
+        if over.any():  # separation: the mixture breaks a point not in the master yet
+            excess = np.where(over, mixture - capacity, -np.inf)
+            new = np.argsort(-excess)[: min(int(over.sum()), 20)]
+            active = np.union1d(active, new)
+            continue
+        lam_master = np.zeros(graph.num_times)
+        lam_master[active] = lam_rows
+        prices = SMOOTHING * center + (1 - SMOOTHING) * lam_master if report.rounds else lam_master
+        report.rounds += 1
+        unary = priced_unary(graph, segment_prices(graph, prices))
+        labels, inner = solve_plan(plan, graph, unary)
+        if not math.isfinite(inner):
+            break  # no labelling avoids forbidden costs; the caller's incumbent says otherwise
+        dual = inner + graph.constant - float(prices @ capacity)
+        if dual > report.bound:
+            report.bound = dual
+            center = prices
+            report.prices = prices
+        cost = graph.cost(labels)
+        costs.append(cost)
+        usages.append(usage_of(labels))
+        pool.append(labels)
+        # primal: the priced labels, repaired to the limit and descended. On
+        # large graphs only when they are near the limit: repairing the first
+        # rounds' labels (7x over it) took minutes on 60,000 variables
+        excess = float(np.max((usages[-1] - capacity) / np.maximum(capacity, 1.0)))
+        try_it = excess <= CANDIDATE_EXCESS or graph.num_vars <= CANDIDATE_ANY_VARS
+        candidate = SearchState(arr, labels, graph.num_times)
+        if try_it:
+            repair(arr, candidate.x, candidate.tree, candidate.pend, 100_000)
+        if try_it and candidate.feasible():
+            descend(candidate, enforce=True, rng=rng,
+                    deadline=min(deadline, time.perf_counter() + max(0.5, 0.1 * (deadline - time.perf_counter()))))
+            c = graph.cost(candidate.x)
+            if candidate.feasible() and c < best_cost - 1e-12 * abs(best_cost):
+                best_cost = c
+                state.x, state.tree, state.pend = candidate.x, candidate.tree, candidate.pend
+                costs.append(c)
+                usages.append(usage_of(candidate.x))
+                pool.append(candidate.x.copy())
+                report.improved += 1
+                if on_improve is not None:
+                    on_improve(best_cost)
+        report.history.append((time.perf_counter() - start, best_cost, report.bound))
+        log.debug("column generation round %d: master %.9g bound %.9g best %.9g rows %d",
+                  report.rounds, value, report.bound, best_cost, active.size)
+        if value - report.bound <= tol or report.bound >= best_cost - tol:
+            report.converged = True
+            break
+    report.columns = len(costs)
+    report.rows = int(active.size)
+    report.seconds = time.perf_counter() - start
+    return report
+
+
+def solve_restricted(
+    graph: CompiledGraph,
+    support: list[np.ndarray],
+    incumbent: np.ndarray,
+    *,
+    backend: str,
+    deadline: float,
+    threads: int = 1,
+    seed: int = 0,
+) -> np.ndarray | None:
+    """Best labelling found by the exact solver over the values of ``support`` and ``incumbent``
+    (see the module docstring); None when it found nothing better than ``incumbent``."""
+    from solver.exact import solve_exact
+
+    columns = np.stack([incumbent] + list(support))
+    allowed = [np.unique(columns[:, v]) for v in range(graph.num_vars)]
+    sub = restrict_values(graph, allowed)
+    start = np.array([int(np.searchsorted(allowed[v], incumbent[v])) for v in range(graph.num_vars)],
+                     dtype=np.int64)
+    result = solve_exact(sub, backend, deadline=deadline, threads=threads, start=start, seed=seed)
+    log.info("restricted program over %d values: %s cost %s", sum(a.size for a in allowed), result.status,
+             result.cost)
+    if result.values is None:
+        return None
+    values = np.array([allowed[v][x] for v, x in enumerate(result.values)], dtype=np.int64)
+    if graph.cost(values) < graph.cost(incumbent) - 1e-12 * abs(graph.cost(incumbent)):
+        return values
+    return None
+
+
+def fix_by_reduced_cost(graph: CompiledGraph, plan: EliminationPlan, prices: np.ndarray, upper: float,
+                        keep: np.ndarray) -> list[np.ndarray]:
+    """Values that can still be part of a solution cheaper than ``upper`` (Lagrangian reduced-cost fixing).
+
+    For any feasible x with x_v = a and any prices lambda >= 0,
+
+        F(x) >= F(x) + sum_p lambda_p (mem_p(x) - L)  >=  minmarg^lambda_v(a) - sum_p lambda_p (L - base_p),
+
+    the min-marginal of the priced problem (:func:`solver.treedp.min_marginals`)
+    plus the constant. A value whose right-hand side exceeds ``upper`` (the
+    cost of a known feasible solution) appears in no better solution and is
+    dropped; the values of ``keep`` (that solution) always stay. Returns the
+    sorted values left per variable.
+    """
+    from solver.treedp import min_marginals
+
+    capacity = graph.limit - graph.base
+    unary = priced_unary(graph, segment_prices(graph, prices))
+    marg, _, _ = min_marginals(plan, graph, unary)
+    lower = marg + graph.constant - float(prices @ capacity)
+    alive = lower <= upper + 1e-9 * max(abs(upper), 1e-300)
+    alive[graph.unary_off[:-1] + keep] = True
+    return [np.flatnonzero(alive[graph.unary_off[v]:graph.unary_off[v + 1]]) for v in range(graph.num_vars)]
