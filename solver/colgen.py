@@ -51,9 +51,9 @@ import numpy as np
 from solver.compiled import CompiledGraph
 from solver.ilp import initial_points
 from solver.lagrangian import priced_unary, segment_prices
-from solver.localsearch import SearchState, descend, repair
+from solver.localsearch import SearchState, repaired_candidate
 from solver.treedp import EliminationPlan, solve_plan
-from solver.window import restrict_values
+from solver.window import from_restricted, restrict_values, to_restricted
 
 __all__ = ["ColumnGenerationReport", "column_generation", "solve_restricted", "fix_by_reduced_cost"]
 
@@ -87,7 +87,7 @@ class ColumnGenerationReport:
 
 
 def _solve_master(costs: list[float], usage: np.ndarray, capacity: np.ndarray):
-    """LP over the columns; returns (value, alpha, lambda on the rows, mu) or None if not optimal."""
+    """LP over the columns; returns (value, alpha, lambda on the rows) or None if not optimal."""
     from ortools.linear_solver import pywraplp
 
     lp = pywraplp.Solver.CreateSolver("GLOP")
@@ -112,8 +112,7 @@ def _solve_master(costs: list[float], usage: np.ndarray, capacity: np.ndarray):
     if lp.Solve() != pywraplp.Solver.OPTIMAL:
         return None
     lam = np.array([max(-row.dual_value(), 0.0) for row in rows]) * cscale / mscale
-    return (objective.Value() * cscale, np.array([a.solution_value() for a in alpha]), lam,
-            convex.dual_value() * cscale)
+    return objective.Value() * cscale, np.array([a.solution_value() for a in alpha]), lam
 
 
 def column_generation(
@@ -134,10 +133,9 @@ def column_generation(
     arr = state.arr
     rng = np.random.default_rng(seed)
     capacity = graph.limit - graph.base  # what the choices may use at each point
-    base_profile = graph.base
 
     def usage_of(x: np.ndarray) -> np.ndarray:
-        return graph.memory_profile(x) - base_profile
+        return graph.memory_profile(x) - graph.base
 
     best_cost = graph.cost(state.x)
     costs: list[float] = [best_cost]
@@ -152,7 +150,7 @@ def column_generation(
         if master is None:
             log.debug("column generation: master LP not solved")
             break
-        value, alpha, lam_rows, _mu = master
+        value, alpha, lam_rows = master
         report.master = value
         report.support = [pool[j] for j in np.flatnonzero(alpha > 1e-9)]
         mixture = alpha @ usage
@@ -184,23 +182,20 @@ def column_generation(
         # large graphs only when they are near the limit: repairing the first
         # rounds' labels (7x over it) took minutes on 60,000 variables
         excess = float(np.max((usages[-1] - capacity) / np.maximum(capacity, 1.0)))
-        try_it = excess <= CANDIDATE_EXCESS or graph.num_vars <= CANDIDATE_ANY_VARS
-        candidate = SearchState(arr, labels, graph.num_times)
-        if try_it:
-            repair(arr, candidate.x, candidate.tree, candidate.pend, 100_000)
-        if try_it and candidate.feasible():
-            descend(candidate, enforce=True, rng=rng,
-                    deadline=min(deadline, time.perf_counter() + max(0.5, 0.1 * (deadline - time.perf_counter()))))
-            c = graph.cost(candidate.x)
-            if candidate.feasible() and c < best_cost - 1e-12 * abs(best_cost):
-                best_cost = c
-                state.x, state.tree, state.pend = candidate.x, candidate.tree, candidate.pend
-                costs.append(c)
-                usages.append(usage_of(candidate.x))
-                pool.append(candidate.x.copy())
-                report.improved += 1
-                if on_improve is not None:
-                    on_improve(best_cost)
+        candidate = None
+        if excess <= CANDIDATE_EXCESS or graph.num_vars <= CANDIDATE_ANY_VARS:
+            candidate = repaired_candidate(
+                arr, labels, graph.num_times, rng=rng,
+                deadline=min(deadline, time.perf_counter() + max(0.5, 0.1 * (deadline - time.perf_counter()))))
+        if candidate is not None and graph.cost(candidate.x) < best_cost - 1e-12 * abs(best_cost):
+            best_cost = graph.cost(candidate.x)
+            state.x, state.tree, state.pend = candidate.x, candidate.tree, candidate.pend
+            costs.append(best_cost)
+            usages.append(usage_of(candidate.x))
+            pool.append(candidate.x.copy())
+            report.improved += 1
+            if on_improve is not None:
+                on_improve(best_cost)
         report.history.append((time.perf_counter() - start, best_cost, report.bound))
         log.debug("column generation round %d: master %.9g bound %.9g best %.9g rows %d",
                   report.rounds, value, report.bound, best_cost, active.size)
@@ -230,14 +225,13 @@ def solve_restricted(
     columns = np.stack([incumbent] + list(support))
     allowed = [np.unique(columns[:, v]) for v in range(graph.num_vars)]
     sub = restrict_values(graph, allowed)
-    start = np.array([int(np.searchsorted(allowed[v], incumbent[v])) for v in range(graph.num_vars)],
-                     dtype=np.int64)
-    result = solve_exact(sub, backend, deadline=deadline, threads=threads, start=start, seed=seed)
+    result = solve_exact(sub, backend, deadline=deadline, threads=threads, seed=seed,
+                         start=to_restricted(allowed, incumbent))
     log.info("restricted program over %d values: %s cost %s", sum(a.size for a in allowed), result.status,
              result.cost)
     if result.values is None:
         return None
-    values = np.array([allowed[v][x] for v, x in enumerate(result.values)], dtype=np.int64)
+    values = from_restricted(allowed, result.values)
     if graph.cost(values) < graph.cost(incumbent) - 1e-12 * abs(graph.cost(incumbent)):
         return values
     return None

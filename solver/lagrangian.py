@@ -40,7 +40,7 @@ import numpy as np
 from solver.compiled import CompiledGraph
 from solver.ilp import initial_points, violated_points
 from solver.kernels import BIG, Arrays, to_arrays
-from solver.localsearch import SearchState, descend, repair
+from solver.localsearch import SearchState, repaired_candidate
 from solver.wcsp import COST_RANGE, add_cost_functions
 
 __all__ = ["LagrangianReport", "price_and_repair", "inner_solver_names"]
@@ -213,21 +213,16 @@ def price_and_repair(
             break
         profile = graph.memory_profile(labels)
         # candidate: repair and descend the priced labels under the real costs
-        candidate = SearchState(arr, labels, graph.num_times)
-        repair(arr, candidate.x, candidate.tree, candidate.pend, 100_000)
-        if candidate.feasible():
-            descend(candidate, enforce=True, rng=rng, deadline=deadline)
-            cost = graph.cost(candidate.x)
+        candidate = repaired_candidate(arr, labels, graph.num_times, rng=rng, deadline=deadline)
+        if candidate is not None:
             report.candidates += 1
-            if candidate.feasible() and cost < best_cost - 1e-9 * abs(best_cost):
-                best_cost = cost
-                state.x, state.tree, state.pend = candidate.x, candidate.tree, candidate.pend
-                report.improved += 1
-                stale = 0
-                if on_improve is not None:
-                    on_improve(best_cost)
-            else:
-                stale += 1
+        if candidate is not None and graph.cost(candidate.x) < best_cost - 1e-9 * abs(best_cost):
+            best_cost = graph.cost(candidate.x)
+            state.x, state.tree, state.pend = candidate.x, candidate.tree, candidate.pend
+            report.improved += 1
+            stale = 0
+            if on_improve is not None:
+                on_improve(best_cost)
         else:
             stale += 1
         report.history.append((time.perf_counter() - start, best_cost, report.bound))

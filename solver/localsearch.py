@@ -36,7 +36,8 @@ from solver.kernels import (
     tree_max,
 )
 
-__all__ = ["SearchState", "greedy_values", "repair", "one_opt", "pair_opt", "descend", "least_memory_values"]
+__all__ = ["SearchState", "greedy_values", "repair", "one_opt", "pair_opt", "descend", "least_memory_values",
+           "repaired_candidate"]
 
 REL_TOL = 1e-12
 
@@ -319,6 +320,18 @@ def descend(
         if moves == 0 or (deadline is not None and time.perf_counter() > deadline):
             break
     return total
+
+
+def repaired_candidate(arr: Arrays, labels: np.ndarray, num_times: int, *,
+                       rng: np.random.Generator | None = None, deadline: float | None = None) -> SearchState | None:
+    """``labels`` (e.g. a priced problem's optimum) repaired to the memory limit and descended
+    under the real costs; None when the repair cannot make them fit."""
+    candidate = SearchState(arr, labels, num_times)
+    repair(arr, candidate.x, candidate.tree, candidate.pend, 100_000)
+    if not candidate.feasible():
+        return None
+    descend(candidate, enforce=True, rng=rng, deadline=deadline)
+    return candidate if candidate.feasible() else None
 
 
 def greedy(arr: Arrays, num_times: int, *, rng: np.random.Generator | None = None,

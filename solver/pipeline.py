@@ -43,8 +43,8 @@ from typing import Any, Callable
 import numpy as np
 
 from solver.anytime import improve
-from solver.colgen import column_generation, fix_by_reduced_cost, solve_restricted
 from solver.backends import DEFAULT_BACKEND, get_backend
+from solver.colgen import column_generation, fix_by_reduced_cost, solve_restricted
 from solver.compiled import CompiledGraph, compile_graph
 from solver.evaluate import evaluate
 from solver.exact import solve_exact
@@ -56,7 +56,7 @@ from solver.reductions import InfeasibleError, reduce_problem
 from solver.solution import Solution, Status
 from solver.treedp import plan_elimination, solve_plan
 from solver.wcsp import solve_wcsp, solve_wcsp_lazy, wcsp_eligible, wcsp_lazy_eligible
-from solver.window import restrict_values
+from solver.window import from_restricted, restrict_values, to_restricted
 
 __all__ = ["solve", "METHODS", "EXACT_MAX_COLUMNS"]
 
@@ -170,7 +170,7 @@ def solve(
         stats["heuristic_cost"] = graph.cost(best)
         emit("feasible", cost=graph.cost(best))
     bound = -math.inf
-    plan = fixed = None
+    plan = prices = None  # prices: the column generation's multipliers of its best bound
     if method in ("auto", "anytime") and graph.num_vars:
         budget = max(deadline - time.perf_counter(), 0.0)
         # the order search gives up after a short while: graphs of large
@@ -205,14 +205,7 @@ def solve(
                 emit("improved", cost=graph.cost(best))
         if bound >= graph.cost(best) - 1e-9 * max(1.0, abs(graph.cost(best))):
             return finish(Status.OPTIMAL, to_choice(best), graph.cost(best))
-        if cg.prices is not None:
-            allowed = fix_by_reduced_cost(graph, plan, cg.prices, graph.cost(best), best)
-            kept = sum(a.size for a in allowed)
-            stats["colgen"]["values_kept"] = kept
-            if kept < int(graph.dom.sum()):
-                # the exact stage below only needs the values that can still beat
-                # the incumbent; its bound stays valid for the whole problem
-                fixed = restrict_values(graph, allowed)
+        prices = cg.prices
     chosen = method
     if method == "auto":
         chosen = "exact" if _program_columns(graph) <= exact_max_columns else "anytime"
@@ -230,13 +223,21 @@ def solve(
         share = 0.5 if wcsp_rows is None else 1 / 3
         exact_deadline = deadline if chosen == "exact" and method == "exact" else \
             time.perf_counter() + share * (deadline - time.perf_counter())
-        if fixed is None:
+        allowed = None
+        if prices is not None and best is not None:
+            # the exact stage only needs the values that can still beat the
+            # incumbent; its bound stays valid for the whole problem
+            allowed = fix_by_reduced_cost(graph, plan, prices, graph.cost(best), best)
+            stats["colgen"]["values_kept"] = sum(a.size for a in allowed)
+            if stats["colgen"]["values_kept"] == int(graph.dom.sum()):
+                allowed = None
+        if allowed is None:
             result = solve_exact(graph, backend, deadline=exact_deadline, threads=threads, start=best, seed=seed)
         else:
-            result = solve_exact(fixed, backend, deadline=exact_deadline, threads=threads, seed=seed,
-                                 start=np.array([int(np.searchsorted(a, x)) for a, x in zip(allowed, best)]))
+            result = solve_exact(restrict_values(graph, allowed), backend, deadline=exact_deadline, threads=threads,
+                                 seed=seed, start=to_restricted(allowed, best))
             if result.values is not None:
-                result.values = np.array([a[x] for a, x in zip(allowed, result.values)], dtype=np.int64)
+                result.values = from_restricted(allowed, result.values)
         stats["methods_run"].append(f"exact:{backend}")
         stats["exact"] = {"rounds": result.rounds, "variables": result.variables, "constraints": result.constraints,
                           "nonzeros": result.nonzeros, "memory_points": result.memory_points,

@@ -22,7 +22,7 @@ import numpy as np
 
 from solver.compiled import CompiledGraph, assemble_graph
 
-__all__ = ["extract_window", "grow_window", "restrict_values"]
+__all__ = ["extract_window", "grow_window", "restrict_values", "to_restricted", "from_restricted"]
 
 
 def extract_window(graph: CompiledGraph, x: np.ndarray, members: np.ndarray, profile: np.ndarray) -> CompiledGraph:
@@ -123,3 +123,13 @@ def restrict_values(graph: CompiledGraph, allowed: list[np.ndarray]) -> Compiled
         var_ids=graph.var_ids, unary=unary, edge_u=graph.edge_u, edge_v=graph.edge_v, edge_costs=edge_costs,
         term_var=graph.term_var, term_t0=graph.term_t0, term_t1=graph.term_t1, term_usage=usage,
         base=graph.base, time_points=graph.time_points, limit=graph.limit, constant=graph.constant)
+
+
+def to_restricted(allowed: list[np.ndarray], values: np.ndarray) -> np.ndarray:
+    """Values of the full problem (each in ``allowed[v]``) as indices of :func:`restrict_values`' result."""
+    return np.array([int(np.searchsorted(a, x)) for a, x in zip(allowed, values)], dtype=np.int64)
+
+
+def from_restricted(allowed: list[np.ndarray], values: np.ndarray) -> np.ndarray:
+    """Values of :func:`restrict_values`' result as values of the full problem."""
+    return np.array([a[x] for a, x in zip(allowed, values)], dtype=np.int64)
