@@ -563,6 +563,65 @@ def plan_redistribute(
     return _plan_cached(src_t, dst_t, mesh_spec, shape_t, itemsize, profile, fuse)
 
 
+def redistribute_costs(
+    srcs: Sequence[Sequence[Placement] | None],
+    dsts: Sequence[Sequence[Placement] | None],
+    mesh: MeshSpec,
+    shape: Sequence[int],
+    itemsize: int,
+    profile: HardwareProfile,
+    *,
+    fuse: bool = True,
+) -> list[list[float]]:
+    """``cost_s`` of :func:`plan_redistribute` for every pair ``srcs[a] -> dsts[b]``
+    (``inf`` where no plan exists, 0 where either side is None), without building
+    the plans: each placement is checked once and each source searched once.
+    The search graph of a pair is the one ``plan_redistribute`` uses, so the
+    costs are the same numbers.
+
+    >>> from hw_profiles import load
+    >>> from costmodel.placements import parse_placements as pp
+    >>> redistribute_costs([pp("S(0)")], [pp("R"), None], MeshSpec((4,)), (64, 64), 4, load("h100-sxm-80gb"))[0][1]
+    0.0
+    """
+    shape_t = tuple(int(s) for s in shape)
+
+    def prepared(items: Sequence[Sequence[Placement] | None], name: str) -> list[tuple | None]:
+        out: list[tuple | None] = []
+        for pl in items:
+            if pl is None:
+                out.append(None)
+                continue
+            pl_t = as_placements(pl)
+            try:
+                check_placements(pl_t, len(shape_t), mesh.shape)
+            except LayoutError as exc:
+                raise PlannerError(f"{name}: {exc}") from None
+            out.append((
+                _canonical(pl_t, mesh),
+                frozenset(p.reduce_op for p in pl_t if isinstance(p, Partial)),
+                frozenset(p for p in pl_t if isinstance(p, StridedShard)),
+            ))
+        return out
+
+    src_p, dst_p = prepared(srcs, "src"), prepared(dsts, "dst")
+    table: list[list[float]] = []
+    for s in src_p:
+        row: list[float] = []
+        for d in dst_p:
+            if s is None or d is None or s[0] == d[0]:
+                row.append(0.0)
+                continue
+            partial_ops = tuple(sorted(s[1] | d[1]))
+            strided = tuple(sorted(s[2] | d[2], key=str))
+            graph = _graph(mesh, shape_t, itemsize, profile, fuse, partial_ops, strided)
+            start, goal = graph.state_id(s[0]), graph.state_id(d[0])
+            tree = graph.search(start, goal)
+            row.append(tree[goal][0] if goal in tree else math.inf)
+        table.append(row)
+    return table
+
+
 def clear_cache() -> None:
     """Forget cached plans and search graphs (e.g. before timing the planner)."""
     _plan_cached.cache_clear()

@@ -22,6 +22,7 @@ import numpy as np
 from solver.backends import get_backend
 from solver.compiled import CompiledGraph
 from solver.ilp import build_program, initial_points, violated_points
+from solver.tolerance import is_proven
 
 __all__ = ["ExactResult", "solve_exact"]
 
@@ -115,7 +116,7 @@ def solve_exact(
                 best, best_cost = values, cost
             if outcome.status == "optimal":
                 result.bound = max(result.bound, min(cost, best_cost))
-                result.status = "optimal" if best_cost <= result.bound + 1e-9 * max(1.0, abs(best_cost)) else "feasible"
+                result.status = "optimal" if is_proven(best_cost, result.bound) else "feasible"
                 break
             break  # stopped by the time limit with a full-feasible solution
         points = np.union1d(points, new_points)
@@ -123,7 +124,7 @@ def solve_exact(
     result.cost = None if best is None else best_cost
     if result.cost is not None:
         result.bound = min(result.bound, result.cost)
-    if result.status == "timeout" and best is not None and result.bound >= best_cost - 1e-9 * max(1.0, abs(best_cost)):
+    if result.status == "timeout" and best is not None and is_proven(best_cost, result.bound):
         result.status = "optimal"
     return result
 

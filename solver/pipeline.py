@@ -54,6 +54,7 @@ from solver.localsearch import greedy
 from solver.problem import Problem
 from solver.reductions import InfeasibleError, reduce_problem
 from solver.solution import Solution, Status
+from solver.tolerance import DEFAULT_GAP, is_proven
 from solver.treedp import plan_elimination, solve_plan
 from solver.wcsp import solve_wcsp, solve_wcsp_lazy, wcsp_eligible, wcsp_lazy_eligible
 from solver.window import from_restricted, restrict_values, to_restricted
@@ -100,6 +101,7 @@ def solve(
     progress: ProgressFn | None = None,
     exact_max_columns: int = EXACT_MAX_COLUMNS,
     inner: str | None = None,
+    gap: float = DEFAULT_GAP,
 ) -> Solution:
     """Pick one strategy per node minimising total cost under the memory limit.
 
@@ -107,6 +109,8 @@ def solve(
     value, default now), so a caller can include file loading in it.
     ``threads`` defaults to all cores. ``inner`` picks the pairwise solver of
     the Lagrangian rounds (``trws``, the default, ``treedp`` or ``toulbar2``).
+    ``gap``: relative gap at which a bound proves the cost optimal and the
+    search stops (``solver.tolerance``).
     Deterministic for a given ``seed`` and ``threads`` when the time limit is
     not reached.
     """
@@ -194,7 +198,7 @@ def solve(
         stats["colgen"] = cg.to_dict()
         bound = max(bound, cg.bound)
         best = state.x.copy()
-        if cg.support and bound < graph.cost(best) - 1e-9 * max(1.0, abs(graph.cost(best))) \
+        if cg.support and not is_proven(graph.cost(best), bound, gap) \
                 and time.perf_counter() < deadline - 1.0:
             emit("restricted", cost=graph.cost(best))
             values = solve_restricted(graph, cg.support, best, backend=backend, threads=threads, seed=seed,
@@ -203,7 +207,7 @@ def solve(
             if values is not None:
                 best = values
                 emit("improved", cost=graph.cost(best))
-        if bound >= graph.cost(best) - 1e-9 * max(1.0, abs(graph.cost(best))):
+        if is_proven(graph.cost(best), bound, gap):
             return finish(Status.OPTIMAL, to_choice(best), graph.cost(best))
         prices = cg.prices
     chosen = method
@@ -273,11 +277,13 @@ def solve(
             best = tb2.values
             stats.setdefault("first_feasible_seconds", round(time.perf_counter() - t0, 4))
             emit("improved", cost=graph.cost(best))
-        if best is not None and bound >= graph.cost(best) - 1e-9 * max(1.0, abs(graph.cost(best))):
+        if best is not None and is_proven(graph.cost(best), bound, gap):
             return finish(Status.OPTIMAL, to_choice(best), graph.cost(best))
         if tb2.status == "infeasible" and best is None:
             return finish(Status.INFEASIBLE, (), None, _infeasible_message(graph, state))
 
+    if best is not None and is_proven(graph.cost(best), bound, gap):
+        return finish(Status.OPTIMAL, to_choice(best), graph.cost(best))
     if chosen in ("anytime", "exact") and method != "exact" and best is not None and graph.num_times \
             and plan is None:  # with a plan, column generation already priced memory exactly
         emit("lagrangian", cost=graph.cost(best))
@@ -290,6 +296,8 @@ def solve(
         bound = max(bound, lag.bound)
         best = state.x.copy()
 
+    if best is not None and is_proven(graph.cost(best), bound, gap):
+        return finish(Status.OPTIMAL, to_choice(best), graph.cost(best))
     if chosen in ("anytime", "exact") and method != "exact" and best is not None \
             and time.perf_counter() < deadline - 0.1:
         emit("lns", cost=graph.cost(best))
@@ -305,7 +313,7 @@ def solve(
         return finish(status, (), None if not math.isfinite(bound) else bound, _infeasible_message(graph, state))
     cost = graph.cost(best)
     final_bound = bound if math.isfinite(bound) else None
-    if final_bound is not None and final_bound >= cost - 1e-9 * max(1.0, abs(cost)):
+    if final_bound is not None and is_proven(cost, final_bound, gap):
         return finish(Status.OPTIMAL, to_choice(best), cost)
     status = Status.TIMEOUT if time.perf_counter() >= deadline - 0.1 else Status.FEASIBLE
     return finish(status, to_choice(best), final_bound)

@@ -1,0 +1,441 @@
+r"""Traced joint graph + op rules + cost model -> the strategy graph of a training step.
+
+Nodes (one per tensor-producing op of the joint graph, plus leaves and sinks):
+
+- **op**: every ATen call except tuple access (``getitem`` reads output k of
+  its producer, so readers are wired to that output directly). Strategies
+  from the rules; cost = compute time of the busiest rank's local shard
+  (``costmodel.compute.op_time_s`` of the rule's ``OpCompute``); memory = its
+  outputs' local bytes over their live interval (views own none).
+- **param / buffer / input / tangent**: the graph's inputs. Strategies = every
+  even placement of the whole tensor (``autoshard.graph.placements``); the
+  tangent (d loss / d loss, a scalar) is replicated. A parameter holds its
+  shard and optimizer state all step, and its cost is the optimizer update on
+  its shard.
+- **grad** sinks: one per parameter with a gradient. The gradient must leave
+  the graph in the parameter's placement, already reduced: the sink is tied to
+  the parameter (same strategy index) and the edge from the op making the
+  gradient prices the redistribution (``P(sum) -> S(0)`` is FSDP's
+  reduce_scatter, ``P(sum) -> R`` DDP's all_reduce). The sink holds the
+  gradient shard from then to the optimizer step.
+- **buffer update** sinks (tied to their buffer) and one **loss** sink (the
+  loss is returned replicated, equal on every rank).
+
+Edges: one per (reader, tensor input), matrix from ``autoshard.graph.edges``.
+
+Ties: the parameter/sink pairs always; repeated layers
+(``autoshard.graph.ties``) when ``ties=True``.
+
+>>> from examples.models import mlp
+>>> from autoshard.trace import trace_joint
+>>> from costmodel.mesh import MeshSpec
+>>> from hw_profiles import load
+>>> g = build_graph(trace_joint(*mlp.tiny(device="meta")), MeshSpec((2,)), load("h100-sxm-80gb"))
+>>> g.nodes[g.params["layers.0.w1.weight"]].kind, len(g.matrices) <= len(g.edges)
+('param', True)
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+import numpy as np
+import torch
+import torch.fx as fx
+from torch._ops import OpOverload
+
+from costmodel.compute import op_time_s
+from costmodel.mesh import MeshSpec
+from costmodel.placements import Placement
+from hw_profiles import HardwareProfile
+
+from autoshard.graph.edges import EdgePricer
+from autoshard.graph.liveness import compute_liveness
+from autoshard.graph.memory import OptimizerMemory, local_bytes
+from autoshard.graph.placements import leaf_placements, replicated
+from autoshard.graph.ties import UnionFind, repeated_groups
+from autoshard.rules import OpStrategy, RuleRegistry, TensorMeta, load_rules, op_name
+from autoshard.rules.calls import flatten_tensors
+from autoshard.trace import TracedGraph
+
+__all__ = ["NODE_KINDS", "GraphNode", "GraphEdge", "BuildStats", "StrategyGraph", "build_graph"]
+
+log = logging.getLogger(__name__)
+
+NODE_KINDS = ("op", "param", "buffer", "input", "tangent", "grad", "buffer_update", "loss")
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class GraphNode:
+    """One node of the strategy graph."""
+
+    name: str
+    """Unique: the fx name for ops; ``param:<fqn>``, ``input:<name>``,
+    ``buffer:<fqn>``, ``grad:<fqn>``, ``buffer_update:<fqn>``, ``tangent``, ``loss``."""
+    kind: str
+    """One of :data:`NODE_KINDS`."""
+    target: str
+    """``aten.mm.default`` for ops; the parameter/buffer/input name for the others."""
+    strategies: tuple[OpStrategy, ...]
+    """Candidate strategies (leaves and sinks: one output placement each)."""
+    compute_s: np.ndarray
+    """Compute time of each strategy on the busiest rank (seconds)."""
+    memory_bytes: np.ndarray
+    """Memory of each strategy on the busiest rank, counted over :attr:`live`."""
+    live: tuple[int, int] | None
+    """``[start, end)`` on the step's time axis; None: all step."""
+    outputs: tuple[TensorMeta | None, ...]
+    """Global metadata of each output."""
+    signature: str
+    """Identity of the strategy list (equal signatures, equal lists)."""
+
+
+@dataclass(frozen=True, slots=True)
+class GraphEdge:
+    """Output ``src_output`` of node ``src`` read as tensor input ``dst_input`` of ``dst``."""
+
+    src: int
+    dst: int
+    src_output: int
+    dst_input: int
+    tensor: TensorMeta
+    """Global shape and dtype of the tensor carried."""
+    matrix: int
+    """Index in :attr:`StrategyGraph.matrices`."""
+
+
+@dataclass(frozen=True, slots=True)
+class BuildStats:
+    """What building took."""
+
+    seconds: Mapping[str, float]
+    """Wall time per phase: ``strategies``, ``compute``, ``edges``, ``ties``."""
+    op_nodes: int
+    strategies_mean: float
+    strategies_max: int
+    pairs_planned: int
+    """Placement pairs priced by the redistribution planner."""
+    uncovered_ops: tuple[str, ...]
+    """Ops without a rule (run replicated)."""
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class StrategyGraph:
+    """The strategy graph of one training step on one mesh and profile."""
+
+    mesh: MeshSpec
+    profile: HardwareProfile
+    nodes: tuple[GraphNode, ...]
+    edges: tuple[GraphEdge, ...]
+    matrices: tuple[np.ndarray, ...]
+    """Shared edge cost matrices (seconds, ``inf`` = forbidden)."""
+    ties: tuple[tuple[int, ...], ...]
+    index: Mapping[str, int]
+    """Node name -> index."""
+    params: Mapping[str, int]
+    """Parameter FQN -> its node."""
+    grads: Mapping[str, int]
+    """Parameter FQN -> its gradient sink (parameters with a gradient only)."""
+    inputs: Mapping[str, int]
+    """Forward argument name -> its node."""
+    buffers: Mapping[str, int]
+    param_aliases: Mapping[str, tuple[str, ...]]
+    """Canonical parameter FQN -> other names of the same (tied) parameter."""
+    end_time: int
+    """The optimizer step on the time axis."""
+    optimizer: OptimizerMemory
+    stats: BuildStats
+
+
+def _dtype_key(metas: tuple[TensorMeta | None, ...]) -> str:
+    """The compute dtype of a call: its first floating tensor (fp32 otherwise)."""
+    for meta in metas:
+        if meta is not None and meta.dtype.is_floating_point:
+            return str(meta.dtype)
+    return "torch.float32"
+
+
+def _tensor_arg_nodes(node: fx.Node) -> list[fx.Node]:
+    """The fx nodes of the tensor arguments, in the rules' input order (positional
+    args, then kwargs in schema order; see ``autoshard.rules.calls``)."""
+
+    def is_tensor(arg: Any) -> bool:
+        return isinstance(arg, fx.Node) and isinstance(arg.meta.get("val"), torch.Tensor)
+
+    def walk(obj: Any, out: list[fx.Node]) -> None:
+        if is_tensor(obj):
+            out.append(obj)
+        elif isinstance(obj, (list, tuple)):
+            for item in obj:
+                walk(item, out)
+
+    found: list[fx.Node] = []
+    walk(node.args, found)
+    names = [a.name for a in node.target._schema.arguments] if isinstance(node.target, OpOverload) else []
+    for name in sorted(node.kwargs, key=lambda n: names.index(n) if n in names else len(names)):
+        walk(node.kwargs[name], found)
+    return found
+
+
+class _Builder:
+    """One build; the phases are methods so that each reads on its own."""
+
+    def __init__(self, traced: TracedGraph, mesh: MeshSpec, profile: HardwareProfile, rules: RuleRegistry,
+                 optimizer: OptimizerMemory, allow_uneven: bool) -> None:
+        self.traced = traced
+        self.mesh = mesh
+        self.mesh_shape = mesh.shape
+        self.profile = profile
+        self.rules = rules
+        self.optimizer = optimizer
+        self.allow_uneven = allow_uneven
+        self.pricer = EdgePricer(mesh, profile)
+        self.nodes: list[GraphNode] = []
+        self.edges: list[GraphEdge] = []
+        self.index: dict[str, int] = {}
+        self.fx_index: dict[str, int] = {}  # fx node name -> graph node (placeholders and ops)
+        self.producer: dict[str, tuple[int, int]] = {}  # fx node name -> (graph node, output)
+        self.union = UnionFind(0)
+        self.seconds = {"strategies": 0.0, "compute": 0.0, "edges": 0.0, "ties": 0.0}
+        self._compute_cache: dict[str, np.ndarray] = {}
+        self._memory_cache: dict[tuple[str, bool], np.ndarray] = {}
+        self.uncovered: set[str] = set()
+
+    # -- nodes ---------------------------------------------------------------
+    def add(self, node: GraphNode) -> int:
+        if node.name in self.index:
+            raise ValueError(f"graph: duplicate node name {node.name!r}")
+        self.index[node.name] = len(self.nodes)
+        self.nodes.append(node)
+        self.union.parent.append(len(self.union.parent))
+        return len(self.nodes) - 1
+
+    def leaf(self, name: str, kind: str, target: str, meta: TensorMeta, *, live: tuple[int, int] | None,
+             memory_per_byte: float = 1.0, cost: Callable[[int], float] | None = None,
+             placements: tuple[tuple[Placement, ...], ...] | None = None) -> int:
+        """A node whose strategies are whole-tensor placements."""
+        options = placements if placements is not None else leaf_placements(meta.shape, self.mesh_shape)
+        strategies = tuple(OpStrategy((p,), ()) for p in options)
+        shard = np.array([local_bytes(meta, p, self.mesh_shape) for p in options], dtype=np.float64)
+        compute = np.array([cost(int(b) // max(meta.itemsize, 1)) if cost else 0.0 for b in shard])
+        signature = f"{kind}|{meta}|{len(options)}"
+        return self.add(GraphNode(name, kind, target, strategies, compute, shard * memory_per_byte, live,
+                                  (meta,), signature))
+
+    def op_node(self, node: fx.Node, live: tuple[int, int], owns_memory: bool) -> int:
+        info = self.traced.nodes[node.name]
+        start = time.perf_counter()
+        strategies = tuple(self.rules.strategies(
+            info.op, info.args, info.kwargs, self.mesh_shape, allow_uneven=self.allow_uneven, out_meta=info.outputs
+        ))
+        if self.rules.rule_for(info.op) is None:
+            self.uncovered.add(op_name(info.op))
+        self.seconds["strategies"] += time.perf_counter() - start
+        signature = f"{op_name(info.op)}|{info.args!r}|{info.kwargs!r}|{info.outputs!r}|{self.allow_uneven}"
+        start = time.perf_counter()
+        compute = self._compute_cache.get(signature)
+        if compute is None:
+            dtype = _dtype_key(info.inputs + info.outputs)
+            compute = np.array([self._op_time(info, s, dtype) for s in strategies], dtype=np.float64)
+            self._compute_cache[signature] = compute
+        memory = self._memory_cache.get((signature, owns_memory))
+        if memory is None:
+            memory = np.array([
+                sum(local_bytes(m, p, self.mesh_shape) for m, p in zip(info.outputs, s.output_placements) if m is not None)
+                if owns_memory else 0
+                for s in strategies
+            ], dtype=np.float64)
+            self._memory_cache[(signature, owns_memory)] = memory
+        self.seconds["compute"] += time.perf_counter() - start
+        return self.add(GraphNode(node.name, "op", op_name(info.op), strategies, compute, memory, live,
+                                  info.outputs, signature))
+
+    def _op_time(self, info: Any, strategy: OpStrategy, dtype: str) -> float:
+        work = self.rules.strategy_compute(info.op, info.args, info.kwargs, self.mesh_shape, strategy,
+                                           out_meta=info.outputs)
+        try:
+            return op_time_s(work.kind, flops=work.flops, bytes_accessed=work.bytes_accessed, dtype=dtype,
+                             profile=self.profile)
+        except ValueError:  # a dtype the profile has no peak for (fp64, ints): price as fp32
+            return op_time_s(work.kind, flops=work.flops, bytes_accessed=work.bytes_accessed,
+                             dtype="torch.float32", profile=self.profile)
+
+    # -- edges ---------------------------------------------------------------
+    def edge(self, src: int, src_output: int, dst: int, dst_input: int,
+             dst_placement: Callable[[OpStrategy], Any]) -> None:
+        start = time.perf_counter()
+        u, v = self.nodes[src], self.nodes[dst]
+        tensor = u.outputs[src_output]
+        if tensor is None:
+            raise ValueError(f"graph: {v.name} reads output {src_output} of {u.name}, which is not a tensor")
+        key = (u.signature, src_output, v.signature, dst_input, v.kind)
+        matrix = self.pricer.matrix_index(
+            key, tensor.shape, tensor.itemsize,
+            [s.output_placements[src_output] for s in u.strategies],
+            [dst_placement(s) for s in v.strategies],
+        )
+        self.edges.append(GraphEdge(src, dst, src_output, dst_input, tensor, matrix))
+        self.seconds["edges"] += time.perf_counter() - start
+
+    def read(self, fx_name: str) -> tuple[int, int]:
+        if fx_name not in self.producer:
+            raise ValueError(f"graph: {fx_name} is read before it is made (not a tensor?)")
+        return self.producer[fx_name]
+
+
+def build_graph(
+    traced: TracedGraph,
+    mesh: MeshSpec,
+    profile: HardwareProfile,
+    *,
+    rules: RuleRegistry | None = None,
+    optimizer: OptimizerMemory | None = None,
+    ties: bool = True,
+    allow_uneven: bool = False,
+    on_progress: Callable[[int, int], None] | None = None,
+) -> StrategyGraph:
+    """The strategy graph of ``traced`` on ``mesh`` priced with ``profile`` (module docstring).
+
+    ``optimizer``: what the optimizer holds and costs (AdamW by default);
+    ``ties``: tie repeated layers; ``allow_uneven``: let rules split tensor
+    dims that the mesh dim size does not divide; ``on_progress(done, total)``
+    is called as op nodes are built.
+    """
+    rules = rules or load_rules()
+    optimizer = optimizer or OptimizerMemory()
+    b = _Builder(traced, mesh, profile, rules, optimizer, allow_uneven)
+    gm = traced.graph_module
+    kept = {traced.loss.name} | {n.name for n in traced.buffer_updates.values()}
+    liveness = compute_liveness(gm, outputs_live_to_end=frozenset(kept))
+    end = liveness.end
+    rep = replicated(len(mesh.shape))
+    names_of = {node: name for name, node in traced.params.items()}
+    buffer_names = {node: name for name, node in traced.buffers.items()}
+    input_names = {node: name for name, node in traced.inputs.items()}
+    params: dict[str, int] = {}
+    buffers: dict[str, int] = {}
+    inputs: dict[str, int] = {}
+    fx_nodes = [n for n in gm.graph.nodes if n.op in ("placeholder", "call_function")]
+    total_ops = sum(1 for n in fx_nodes if n.op == "call_function")
+    done = 0
+    for node in fx_nodes:
+        val = node.meta.get("val")
+        if node.op == "placeholder":
+            meta = TensorMeta.of(val)
+            interval = liveness.intervals[node.name]
+            if node in names_of:
+                fqn = names_of[node]
+                numel_dtype = meta.dtype
+
+                def update_cost(numel: int, dtype: torch.dtype = numel_dtype) -> float:
+                    flops, nbytes = optimizer.update_flops_bytes(numel, dtype)
+                    return op_time_s("elementwise", flops=flops, bytes_accessed=nbytes, dtype="torch.float32",
+                                     profile=profile) if nbytes else 0.0
+
+                per_byte = 1.0 + optimizer.state_bytes(meta.dtype) / meta.itemsize
+                i = b.leaf(f"param:{fqn}", "param", fqn, meta, live=None, memory_per_byte=per_byte, cost=update_cost)
+                params[fqn] = i
+            elif node in buffer_names:
+                i = b.leaf(f"buffer:{buffer_names[node]}", "buffer", buffer_names[node], meta, live=None)
+                buffers[buffer_names[node]] = i
+            elif node in input_names:
+                i = b.leaf(f"input:{input_names[node]}", "input", input_names[node], meta, live=interval)
+                inputs[input_names[node]] = i
+            else:  # the loss tangent
+                i = b.leaf("tangent", "tangent", "tangent", meta, live=interval, placements=(rep,))
+            b.fx_index[node.name] = i
+            b.producer[node.name] = (i, 0)
+            continue
+        if node.target is operator.getitem:
+            src, _ = b.read(node.args[0].name)
+            b.producer[node.name] = (src, int(node.args[1]))
+            continue
+        if not isinstance(val, (torch.Tensor, tuple, list)):
+            continue  # no tensor made (symbolic sizes)
+        owner = liveness.owner[node.name]
+        i = b.op_node(node, liveness.intervals[owner] if owner == node.name else (liveness.time[node.name],) * 2,
+                      owns_memory=owner == node.name)
+        b.fx_index[node.name] = i
+        b.producer[node.name] = (i, 0)
+        for position, arg in enumerate(_tensor_arg_nodes(node)):
+            src, out = b.read(arg.name)
+            b.edge(src, out, i, position, lambda s, position=position: s.input_placements[position])
+        done += 1
+        if on_progress is not None and done % 64 == 0:
+            on_progress(done, total_ops)
+    if on_progress is not None:
+        on_progress(total_ops, total_ops)
+
+    def same_placement(s: OpStrategy) -> Any:
+        return s.output_placements[0]
+
+    grads: dict[str, int] = {}
+    for fqn, gnode in traced.grads.items():
+        if gnode is None:
+            continue
+        param = b.nodes[params[fqn]]
+        meta = TensorMeta(param.outputs[0].shape, gnode.meta["val"].dtype)
+        start = liveness.time[gnode.name]
+        sink = b.add(GraphNode(
+            f"grad:{fqn}", "grad", fqn, param.strategies, np.zeros(len(param.strategies)),
+            np.array([local_bytes(meta, s.output_placements[0], mesh.shape) for s in param.strategies], dtype=np.float64),
+            (start, end + 1), (meta,), f"grad|{param.signature}",
+        ))
+        src, out = b.read(gnode.name)
+        b.edge(src, out, sink, 0, same_placement)
+        b.union.union(params[fqn], sink)
+        grads[fqn] = sink
+    for fqn, unode in traced.buffer_updates.items():
+        buffer = b.nodes[buffers[fqn]]
+        sink = b.add(GraphNode(
+            f"buffer_update:{fqn}", "buffer_update", fqn, buffer.strategies, np.zeros(len(buffer.strategies)),
+            np.zeros(len(buffer.strategies)), None, buffer.outputs, f"buffer_update|{buffer.signature}",
+        ))
+        src, out = b.read(unode.name)
+        b.edge(src, out, sink, 0, same_placement)
+        b.union.union(buffers[fqn], sink)
+    loss_meta = TensorMeta.of(traced.loss.meta["val"])
+    sink = b.add(GraphNode("loss", "loss", "loss", (OpStrategy((rep,), (rep,)),), np.zeros(1), np.zeros(1),
+                           None, (loss_meta,), "loss"))
+    src, out = b.read(traced.loss.name)
+    b.edge(src, out, sink, 0, same_placement)
+
+    start = time.perf_counter()
+    if ties:
+        _tie_repeated(b, gm)
+    groups = tuple(tuple(g) for g in b.union.groups())
+    b.seconds["ties"] = time.perf_counter() - start
+    counts = [len(n.strategies) for n in b.nodes if n.kind == "op"]
+    stats = BuildStats(
+        seconds=dict(b.seconds), op_nodes=len(counts),
+        strategies_mean=float(np.mean(counts)) if counts else 0.0, strategies_max=max(counts, default=0),
+        pairs_planned=b.pricer.pairs_planned, uncovered_ops=tuple(sorted(b.uncovered)),
+    )
+    return StrategyGraph(
+        mesh=mesh, profile=profile, nodes=tuple(b.nodes), edges=tuple(b.edges), matrices=tuple(b.pricer.matrices),
+        ties=groups, index=dict(b.index), params=params, grads=grads, inputs=inputs, buffers=buffers,
+        param_aliases=dict(getattr(traced, "param_aliases", {}) or {}), end_time=end, optimizer=optimizer,
+        stats=stats,
+    )
+
+
+def _tie_repeated(b: _Builder, gm: fx.GraphModule) -> None:
+    """Union the nodes that repeated-layer detection groups (same strategy list only)."""
+
+    def signature(node: fx.Node) -> str:
+        i = b.fx_index.get(node.name)
+        if i is not None:
+            n = b.nodes[i]
+            return n.kind + "|" + n.signature
+        return f"{node.op}|{node.target}|{node.args[1:] if node.target is operator.getitem else ''}"
+
+    for group in repeated_groups(gm, signature):
+        members = [b.fx_index[name] for name in group if name in b.fx_index]
+        members = [m for m in members if b.nodes[m].kind in ("op", "param", "buffer")]
+        for m in members[1:]:
+            if b.nodes[m].signature == b.nodes[members[0]].signature:
+                b.union.union(members[0], m)

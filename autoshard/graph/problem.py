@@ -1,0 +1,77 @@
+"""Strategy graph -> solver problem (``autoshard.problem/1``), and back to names.
+
+Nodes keep their order and names; edge matrices stay shared objects (an edge
+of the problem refers to the graph's matrix itself, so repeated layers cost
+the memory of one), and the file form writes them once in ``matrices``.
+
+>>> # problem = to_problem(graph, memory_limit=80e9, pins={3: 1})
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+
+from solver import Problem
+from solver.problem import Edge, Node
+
+from autoshard.graph.builder import StrategyGraph
+
+__all__ = ["to_problem", "strategy_labels", "problem_dict"]
+
+
+def strategy_labels(graph: StrategyGraph) -> list[tuple[str, ...]]:
+    """Readable label of every strategy of every node (``S(0)R <- S(0)R, RR``);
+    computed once per distinct strategy list."""
+    cache: dict[int, tuple[str, ...]] = {}
+    out = []
+    for node in graph.nodes:
+        key = id(node.strategies)
+        if key not in cache:
+            if node.kind == "op":
+                cache[key] = tuple(str(s) for s in node.strategies)
+            else:
+                cache[key] = tuple("".join(str(p) for p in s.output_placements[0]) for s in node.strategies)
+        out.append(cache[key])
+    return out
+
+
+def to_problem(
+    graph: StrategyGraph,
+    *,
+    memory_limit: float | None = None,
+    pins: Mapping[int, int] | None = None,
+    ties: bool = True,
+    labels: bool = False,
+) -> Problem:
+    """The solver's problem for ``graph``: cost = compute time per strategy,
+    edges = redistribution time matrices, memory with liveness.
+
+    ``ties=False`` drops the tie groups (the parameter/gradient pairs are kept:
+    they are what makes a gradient arrive in its parameter's placement).
+    """
+    names = strategy_labels(graph) if labels else [None] * len(graph.nodes)
+    nodes = tuple(
+        Node(cost=n.compute_s, memory_bytes=n.memory_bytes, live=n.live, name=n.name, strategies=label)
+        for n, label in zip(graph.nodes, names)
+    )
+    edges = tuple(Edge(e.src, e.dst, graph.matrices[e.matrix]) for e in graph.edges)
+    groups = graph.ties
+    if not ties:
+        groups = tuple(g for g in groups if _is_param_grad(graph, g))
+    return Problem(nodes=nodes, edges=edges, memory_limit=memory_limit, ties=groups, pins=dict(pins or {}),
+                   name="autoshard")
+
+
+def _is_param_grad(graph: StrategyGraph, group: tuple[int, ...]) -> bool:
+    kinds = {graph.nodes[i].kind for i in group}
+    return kinds <= {"param", "grad", "buffer", "buffer_update"} and len(group) == 2
+
+
+def problem_dict(problem: Problem, matrix_of_edge: list[int], matrices: tuple[np.ndarray, ...]) -> dict[str, Any]:
+    """The file form with shared matrices: ``matrices`` once, each edge ``"matrix": k``."""
+    out = problem.to_dict()
+    out["matrices"] = [[[None if np.isinf(v) else float(v) for v in row] for row in m.tolist()] for m in matrices]
+    out["edges"] = [{"src": e.src, "dst": e.dst, "matrix": k} for e, k in zip(problem.edges, matrix_of_edge)]
+    return out

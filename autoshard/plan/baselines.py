@@ -1,0 +1,166 @@
+"""Expert layouts as pins, priced by the same cost model as the solved plan.
+
+Each baseline fixes the placement of every parameter (and of the batch) and
+leaves every activation free, so the solver fills in the best activations for
+that parameter layout; the result is what the expert layout costs *at best*
+under our cost model, which is the fair comparison for a solved plan.
+
+- ``ddp``: parameters replicated, the batch split over every mesh dim
+  (gradients all-reduced: the solver prices ``P(sum) -> R``).
+- ``fsdp`` (ZeRO-3): every parameter split over every mesh dim (dim 0, or the
+  first tensor dim the mesh divides), the batch split over every mesh dim.
+- ``tp`` (Megatron): on the tensor-parallel mesh dim, column-parallel weights
+  split on their output dim, row-parallel on their input dim (from a
+  name-pattern table), the rest replicated; data parallel on the other dims.
+- ``fsdp+tp``: ``tp`` on the tensor-parallel mesh dim, FSDP on the others.
+
+Sequence parallelism is not a separate baseline: its parameters are laid out
+as in ``tp``, and the activations it shards along the sequence are free
+here, so the ``tp`` row already takes them where they pay.
+
+The tensor-parallel mesh dim is the one named ``tp`` (else the last one).
+Name-pattern tables ship for the example families (MLP, GPT-2, LLaMA, MoE);
+users pass theirs as ``{pattern: "col" | "row" | tensor_dim}``.
+
+>>> TP_TABLES["llama"]["*.attention.wo.weight"]
+'row'
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from typing import Mapping
+
+from autoshard.graph.builder import StrategyGraph
+
+__all__ = ["BASELINES", "TP_TABLES", "BaselineError", "baseline_pins", "tp_table_for", "applicable_baselines"]
+
+BASELINES = ("ddp", "fsdp", "tp", "fsdp+tp")
+
+TP_TABLES: dict[str, dict[str, str | int]] = {
+    "llama": {
+        "tok_embeddings.weight": "col", "output.weight": "col",
+        "*.attention.wq.weight": "col", "*.attention.wk.weight": "col", "*.attention.wv.weight": "col",
+        "*.attention.wo.weight": "row",
+        "*.feed_forward.w1.weight": "col", "*.feed_forward.w3.weight": "col", "*.feed_forward.w2.weight": "row",
+    },
+    "gpt2": {
+        "tok_embeddings.weight": "col",
+        "*.attn.qkv.weight": "col", "*.attn.qkv.bias": "col", "*.attn.proj.weight": "row",
+        "*.fc.weight": "col", "*.fc.bias": "col", "layers.*[0-9].proj.weight": "row",
+    },
+    "mlp": {"*.w1.weight": "col", "*.w1.bias": "col", "*.w2.weight": "row"},
+    "moe": {
+        "tok_embeddings.weight": "col", "output.weight": "col",
+        "*.attention.wq.weight": "col", "*.attention.wk.weight": "col", "*.attention.wv.weight": "col",
+        "*.attention.wo.weight": "row",
+        # experts stored (experts, in, out): column = split out, row = split in
+        "*.moe.w1": 2, "*.moe.w3": 2, "*.moe.w2": 1,
+    },
+}
+"""Megatron layouts by name pattern: ``col`` splits a Linear weight's output
+dim (tensor dim 0), ``row`` its input dim (1); an int names the tensor dim."""
+
+
+class BaselineError(ValueError):
+    """A baseline that does not apply to this model or mesh."""
+
+
+def tp_table_for(param_names: list[str]) -> tuple[str, dict[str, str | int]] | None:
+    """The shipped table that matches most parameters (None if none matches a
+    column and a row weight)."""
+    best = None
+    for family, table in TP_TABLES.items():
+        kinds = {kind for name in param_names for pat, kind in table.items() if fnmatch.fnmatchcase(name, pat)}
+        hits = sum(1 for name in param_names if any(fnmatch.fnmatchcase(name, p) for p in table))
+        if len(kinds) >= 2 and (best is None or hits > best[0]):
+            best = (hits, family, table)
+    return None if best is None else (best[1], best[2])
+
+
+def _tp_dim(graph: StrategyGraph) -> int:
+    names = graph.mesh.dim_names
+    return names.index("tp") if "tp" in names else graph.mesh.ndim - 1
+
+
+def _split(shape: tuple[int, ...], dims: list[int | None], mesh: tuple[int, ...]) -> str | None:
+    """Placement text for splitting tensor dim ``dims[k]`` on mesh dim k (None: R),
+    or None when a split is uneven."""
+    sizes = list(shape)
+    parts = []
+    for d, m in zip(dims, mesh):
+        if d is None or m == 1:
+            parts.append("R")
+            continue
+        if sizes[d] % m or sizes[d] < m:
+            return None
+        sizes[d] //= m
+        parts.append(f"S({d})")
+    return "".join(parts)
+
+
+def _fsdp_dim(shape: tuple[int, ...], fixed: list[int | None], k: int, mesh: tuple[int, ...]) -> int | None:
+    """The first tensor dim FSDP can split on mesh dim ``k`` given the other mesh dims' choices."""
+    for d in range(len(shape)):
+        trial = list(fixed)
+        trial[k] = d
+        if _split(shape, trial, mesh) is not None:
+            return d
+    return None
+
+
+def applicable_baselines(graph: StrategyGraph, table: Mapping[str, str | int] | None = None) -> list[str]:
+    """The baselines that apply: DDP and FSDP always, TP with a table, FSDP+TP also on >= 2-D meshes."""
+    names = list(graph.params)
+    has_table = table is not None or tp_table_for(names) is not None
+    out = ["ddp", "fsdp"]
+    if has_table:
+        out.append("tp")
+        if graph.mesh.ndim >= 2:
+            out.append("fsdp+tp")
+    return out
+
+
+def baseline_pins(graph: StrategyGraph, name: str, table: Mapping[str, str | int] | None = None) -> dict[str, str]:
+    """Pins (exact names -> placement) that express baseline ``name`` on ``graph``'s mesh."""
+    if name not in BASELINES:
+        raise BaselineError(f"baseline: unknown {name!r} (expected one of {', '.join(BASELINES)})")
+    mesh = graph.mesh.shape
+    n = len(mesh)
+    tp = _tp_dim(graph) if name in ("tp", "fsdp+tp") else None
+    if name in ("tp", "fsdp+tp"):
+        if table is None:
+            found = tp_table_for(list(graph.params))
+            if found is None:
+                raise BaselineError(f"baseline {name}: no tensor-parallel table matches this model's parameters "
+                                    "(pass one: {pattern: 'col' | 'row' | tensor dim})")
+            table = found[1]
+        if name == "fsdp+tp" and n < 2:
+            raise BaselineError("baseline fsdp+tp: needs a mesh with at least 2 dims")
+    data_dims = [k for k in range(n) if k != tp]
+    pins: dict[str, str] = {}
+    for fqn, i in graph.params.items():
+        shape = graph.nodes[i].outputs[0].shape
+        dims: list[int | None] = [None] * n
+        if tp is not None:
+            kind = next((k for pat, k in (table or {}).items() if fnmatch.fnmatchcase(fqn, pat)), None)
+            if kind is not None:
+                dims[tp] = {"col": 0, "row": 1}.get(kind, kind) if isinstance(kind, str) else int(kind)
+                if dims[tp] >= len(shape) or _split(shape, dims, mesh) is None:
+                    dims[tp] = None  # a bias of a row weight, or an uneven split: replicated
+        if name in ("fsdp", "fsdp+tp"):
+            for k in data_dims:
+                dims[k] = _fsdp_dim(shape, dims, k, mesh)
+        text = _split(shape, dims, mesh)
+        pins[fqn] = text if text is not None else "R" * n
+    for input_name, i in graph.inputs.items():
+        shape = graph.nodes[i].outputs[0].shape
+        if not shape:
+            continue
+        dims = [0 if k in data_dims else None for k in range(n)]
+        text = _split(shape, dims, mesh)
+        if text is None:
+            raise BaselineError(f"baseline {name}: input {input_name} (batch {shape[0]}) is not divisible by the "
+                                f"data-parallel mesh dims {[mesh[k] for k in data_dims]}")
+        pins[input_name] = text
+    return pins

@@ -1,0 +1,289 @@
+"""The plan file (``autoshard.plan/1``): what a solve produces and the runtime runs.
+
+Human-readable, diffable, versioned JSON (never pickled), as in DESIGN.md:
+``fingerprint``, per-parameter and per-input placements, per-node strategies,
+every redistribution with its collective steps, the estimate and the solver's
+report. Extra keys (``buffers``, ``param_aliases``, ``options``, ``baseline``)
+carry what the runtime and ``autoshard explain`` need.
+
+Loading checks the fingerprint against the model, mesh and profile in hand
+and names the part that differs; ``allow_profile_change`` accepts a plan
+solved for another profile (the layout is still runnable, only its estimate
+is for other hardware).
+
+>>> fp = Fingerprint("sha256:ab", (2, 2), ("dp", "tp"), "h100@sha256:cd", "2.13.0", "0.1.0")
+>>> fp.differences(Fingerprint("sha256:ab", (4,), ("dp",), "h100@sha256:cd", "2.13.0", "0.1.0"))
+['mesh (plan: 2x2 dp,tp; here: 4 dp)']
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from costmodel.steps import RedistributeStep, StepError
+
+__all__ = ["FORMAT", "PlanError", "Fingerprint", "PlanNode", "Redistribution", "Estimate", "SolverReport", "Plan"]
+
+FORMAT = "autoshard.plan/1"
+
+
+class PlanError(ValueError):
+    """A plan file that cannot be read, or does not belong to what is in hand."""
+
+
+def _need(data: Mapping[str, Any], key: str, where: str) -> Any:
+    if not isinstance(data, Mapping):
+        raise PlanError(f"{where}: expected an object")
+    if key not in data:
+        raise PlanError(f"{where}.{key}: missing")
+    return data[key]
+
+
+@dataclass(frozen=True, slots=True)
+class Fingerprint:
+    """What a plan was solved for."""
+
+    graph: str
+    """``sha256:<hex>`` of the traced joint graph (ops, wiring, shapes, dtypes)."""
+    mesh_shape: tuple[int, ...]
+    dim_names: tuple[str, ...]
+    profile: str
+    """``name@sha256:<hex>`` of the hardware profile."""
+    torch: str
+    autoshard: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"graph": self.graph, "mesh": {"shape": list(self.mesh_shape), "dim_names": list(self.dim_names)},
+                "profile": self.profile, "torch": self.torch, "autoshard": self.autoshard}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Fingerprint":
+        mesh = _need(data, "mesh", "fingerprint")
+        try:
+            return cls(str(_need(data, "graph", "fingerprint")), tuple(int(s) for s in _need(mesh, "shape", "fingerprint.mesh")),
+                       tuple(str(n) for n in _need(mesh, "dim_names", "fingerprint.mesh")),
+                       str(_need(data, "profile", "fingerprint")), str(data.get("torch", "")), str(data.get("autoshard", "")))
+        except (TypeError, ValueError) as exc:
+            raise PlanError(f"fingerprint: {exc}") from None
+
+    def differences(self, here: "Fingerprint", *, allow_profile_change: bool = False) -> list[str]:
+        """The parts of this (the plan's) fingerprint that differ from ``here``, each
+        as ``part (plan: ...; here: ...)``; torch/autoshard versions are not compared."""
+        out = []
+        if self.graph != here.graph:
+            out.append(f"graph (plan: {self.graph[:19]}; here: {here.graph[:19]}: another model, input shape or dtype)")
+        if (self.mesh_shape, self.dim_names) != (here.mesh_shape, here.dim_names):
+            def text(fp: Fingerprint) -> str:
+                return "x".join(map(str, fp.mesh_shape)) + " " + ",".join(fp.dim_names)
+            out.append(f"mesh (plan: {text(self)}; here: {text(here)})")
+        if self.profile != here.profile and not allow_profile_change:
+            out.append(f"profile (plan: {self.profile[:40]}; here: {here.profile[:40]})")
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class PlanNode:
+    """The strategy chosen for one op node: placements of its outputs and inputs."""
+
+    name: str
+    op: str
+    out: tuple[str | None, ...]
+    inputs: tuple[str | None, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        out = self.out[0] if len(self.out) == 1 else list(self.out)
+        return {"name": self.name, "op": self.op, "out": out, "in": list(self.inputs)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], where: str) -> "PlanNode":
+        out = _need(data, "out", where)
+        return cls(str(_need(data, "name", where)), str(_need(data, "op", where)),
+                   tuple(out) if isinstance(out, list) else (out,), tuple(_need(data, "in", where)))
+
+
+@dataclass(frozen=True, slots=True)
+class Redistribution:
+    """One edge whose producer and reader placements differ, and the steps that fix it."""
+
+    tensor: str
+    """The producing node."""
+    to: str
+    """The reading node."""
+    input_index: int
+    """Which tensor input of the reader."""
+    output_index: int
+    """Which output of the producer."""
+    src: str
+    dst: str
+    steps: tuple[RedistributeStep, ...]
+    cost_s: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"tensor": self.tensor, "output": self.output_index, "to": self.to, "input": self.input_index,
+                "from": self.src, "to_placement": self.dst, "steps": [s.to_dict() for s in self.steps],
+                "cost_s": self.cost_s}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], where: str) -> "Redistribution":
+        try:
+            steps = tuple(RedistributeStep.from_dict(s) for s in _need(data, "steps", where))
+        except StepError as exc:
+            raise PlanError(f"{where}: {exc}") from None
+        return cls(str(_need(data, "tensor", where)), str(_need(data, "to", where)), int(data.get("input", 0)),
+                   int(data.get("output", 0)), str(_need(data, "from", where)), str(_need(data, "to_placement", where)),
+                   steps, float(data.get("cost_s", sum(s.cost_s for s in steps))))
+
+
+@dataclass(frozen=True, slots=True)
+class Estimate:
+    """Predicted time and memory of one training step on the busiest rank."""
+
+    step_s: float
+    compute_s: float
+    """Ops and the optimizer update."""
+    comm_s: float
+    """Collectives (their re-layout copies included)."""
+    relayout_s: float
+    """Local steps of redistributions (slices, zero fills)."""
+    peak_memory_bytes: float
+    memory_limit_bytes: float | None
+
+    @property
+    def fits(self) -> bool:
+        return self.memory_limit_bytes is None or self.peak_memory_bytes <= self.memory_limit_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"step_s": self.step_s, "compute_s": self.compute_s, "comm_s": self.comm_s,
+                "relayout_s": self.relayout_s, "peak_memory_bytes": self.peak_memory_bytes,
+                "memory_limit_bytes": self.memory_limit_bytes}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Estimate":
+        return cls(*(float(_need(data, k, "estimate")) for k in ("step_s", "compute_s", "comm_s")),
+                   float(data.get("relayout_s", 0.0)), float(_need(data, "peak_memory_bytes", "estimate")),
+                   None if data.get("memory_limit_bytes") is None else float(data["memory_limit_bytes"]))
+
+
+@dataclass(frozen=True, slots=True)
+class SolverReport:
+    """How the solve went."""
+
+    backend: str
+    status: str
+    gap: float | None
+    seconds: float
+    variables: int
+    """Problem nodes before reduction."""
+    constraints: int
+    """Problem edges before reduction (each a pairwise cost table)."""
+    reduced_variables: int | None = None
+    timings: Mapping[str, float] = field(default_factory=dict)
+    """Seconds per phase: trace, build, solve, plan."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"backend": self.backend, "status": self.status, "gap": self.gap, "seconds": self.seconds,
+                "variables": self.variables, "constraints": self.constraints,
+                "reduced_variables": self.reduced_variables, "timings": dict(self.timings)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "SolverReport":
+        return cls(str(_need(data, "backend", "solver")), str(_need(data, "status", "solver")),
+                   None if data.get("gap") is None else float(data["gap"]), float(data.get("seconds", 0.0)),
+                   int(data.get("variables", 0)), int(data.get("constraints", 0)), data.get("reduced_variables"),
+                   dict(data.get("timings", {})))
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """A solved sharding plan (module docstring). Build with :func:`autoshard.solve`."""
+
+    fingerprint: Fingerprint
+    params: Mapping[str, str]
+    """Every ``named_parameters()`` name (aliases of tied parameters included) -> placement."""
+    inputs: Mapping[str, str]
+    buffers: Mapping[str, str]
+    nodes: tuple[PlanNode, ...]
+    redistributions: tuple[Redistribution, ...]
+    estimate: Estimate
+    solver: SolverReport
+    param_aliases: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    options: Mapping[str, Any] = field(default_factory=dict)
+    """How it was solved: optimizer, ties, pins, memory limit, baseline."""
+    memory_timeline: tuple[tuple[int, float], ...] = ()
+    """(time, bytes) at every point where the live memory changes, for plots."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "fingerprint": self.fingerprint.to_dict(),
+            "params": dict(self.params),
+            "param_aliases": {k: list(v) for k, v in self.param_aliases.items()},
+            "inputs": dict(self.inputs),
+            "buffers": dict(self.buffers),
+            "nodes": [n.to_dict() for n in self.nodes],
+            "redistributions": [r.to_dict() for r in self.redistributions],
+            "estimate": self.estimate.to_dict(),
+            "solver": self.solver.to_dict(),
+            "options": dict(self.options),
+            "memory_timeline": [list(p) for p in self.memory_timeline],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Plan":
+        if not isinstance(data, Mapping):
+            raise PlanError("(root): expected a JSON object")
+        if data.get("format") != FORMAT:
+            raise PlanError(f"format: expected {FORMAT!r}, got {data.get('format')!r}")
+        try:
+            return cls(
+                fingerprint=Fingerprint.from_dict(_need(data, "fingerprint", "(root)")),
+                params={str(k): str(v) for k, v in _need(data, "params", "(root)").items()},
+                inputs={str(k): str(v) for k, v in data.get("inputs", {}).items()},
+                buffers={str(k): str(v) for k, v in data.get("buffers", {}).items()},
+                nodes=tuple(PlanNode.from_dict(n, f"nodes[{i}]") for i, n in enumerate(_need(data, "nodes", "(root)"))),
+                redistributions=tuple(Redistribution.from_dict(r, f"redistributions[{i}]")
+                                      for i, r in enumerate(data.get("redistributions", []))),
+                estimate=Estimate.from_dict(_need(data, "estimate", "(root)")),
+                solver=SolverReport.from_dict(_need(data, "solver", "(root)")),
+                param_aliases={str(k): tuple(v) for k, v in data.get("param_aliases", {}).items()},
+                options=dict(data.get("options", {})),
+                memory_timeline=tuple((int(t), float(b)) for t, b in data.get("memory_timeline", [])),
+            )
+        except (TypeError, ValueError, AttributeError) as exc:
+            if isinstance(exc, PlanError):
+                raise
+            raise PlanError(f"malformed plan: {exc}") from None
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write the JSON atomically (a reader never sees half a file)."""
+        from solver.io import write_text_atomic
+
+        write_text_atomic(path, json.dumps(self.to_dict(), indent=1, allow_nan=False) + "\n")
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str], *, expect: Fingerprint | None = None,
+             allow_profile_change: bool = False) -> "Plan":
+        """Read a plan file; with ``expect``, refuse one solved for another
+        model, mesh or profile, naming the part that differs."""
+        try:
+            text = Path(path).read_text()
+        except OSError as exc:
+            raise PlanError(f"{path}: cannot read ({exc.strerror})") from None
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise PlanError(f"{path}: malformed JSON: {exc.msg} at line {exc.lineno}") from None
+        plan = cls.from_dict(data)
+        if expect is not None:
+            plan.check(expect, allow_profile_change=allow_profile_change)
+        return plan
+
+    def check(self, here: Fingerprint, *, allow_profile_change: bool = False) -> None:
+        """Raise :class:`PlanError` naming every part of the fingerprint that differs."""
+        diffs = self.fingerprint.differences(here, allow_profile_change=allow_profile_change)
+        if diffs:
+            raise PlanError("plan does not match: " + "; ".join(diffs))

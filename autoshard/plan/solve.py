@@ -1,0 +1,217 @@
+"""Model -> plan: trace, build the strategy graph, solve, write the plan.
+
+``solve`` is the offline entry point (no GPU, no process group: the model is
+traced on fake tensors). ``prepare`` does the model-dependent part once so
+that several solves (the solved plan and every baseline) share it.
+
+>>> from examples.models import mlp
+>>> plan = solve(*mlp.tiny(), mesh_shape=(2,), profile="h100-sxm-80gb", time_limit=20)
+>>> sorted(plan.params)[0], plan.estimate.step_s > 0
+('layers.0.w1.bias', True)
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Mapping, Sequence
+
+from costmodel.mesh import MeshSpec
+from hw_profiles import HardwareProfile
+from hw_profiles import load as load_profile
+from solver import solve as solve_problem
+from solver.solution import Status
+
+from autoshard.graph.builder import StrategyGraph, build_graph
+from autoshard.graph.memory import OptimizerMemory
+from autoshard.graph.problem import to_problem
+from autoshard.plan.baselines import applicable_baselines, baseline_pins
+from autoshard.plan.build import make_fingerprint, plan_from_solution
+from autoshard.plan.format import Fingerprint, Plan
+from autoshard.plan.pins import resolve_pins
+from autoshard.trace import TracedGraph, trace_joint
+
+__all__ = ["PLAN_GAP", "Prepared", "InfeasibleMemoryError", "prepare", "solve", "solve_prepared",
+           "BaselineResult", "compare_baselines"]
+
+log = logging.getLogger(__name__)
+
+PLAN_GAP = 1e-6
+"""Relative gap at which a plan counts as optimal: a millionth of the step
+time is below the cost model's own accuracy by orders of magnitude."""
+
+Progress = Callable[[str, float, float], None]
+"""``progress(phase, done, total)``: phases ``trace``, ``build``, ``solve``."""
+
+
+class InfeasibleMemoryError(ValueError):
+    """No plan fits the memory limit."""
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A traced model and its strategy graph on one mesh and profile."""
+
+    traced: TracedGraph
+    graph: StrategyGraph
+    fingerprint: Fingerprint
+    timings: Mapping[str, float] = field(default_factory=dict)
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+def _profile(profile: str | HardwareProfile) -> HardwareProfile:
+    return profile if isinstance(profile, HardwareProfile) else load_profile(profile)
+
+
+def prepare(
+    model: Any,
+    example_inputs: Sequence[Any] | Mapping[str, Any],
+    mesh_shape: Sequence[int],
+    dim_names: Sequence[str] | None = None,
+    *,
+    profile: str | HardwareProfile = "h100-sxm-80gb",
+    optimizer: str = "adamw",
+    mixed_precision: bool = False,
+    allow_uneven: bool = False,
+    progress: Progress | None = None,
+) -> Prepared:
+    """Trace ``model(*example_inputs)`` and build its strategy graph on the mesh."""
+    prof = _profile(profile)
+    mesh = MeshSpec(tuple(int(m) for m in mesh_shape), tuple(dim_names or ()))
+    t0 = time.perf_counter()
+    if progress:
+        progress("trace", 0, 1)
+    traced = trace_joint(model, example_inputs)
+    t1 = time.perf_counter()
+    if progress:
+        progress("trace", 1, 1)
+    graph = build_graph(
+        traced, mesh, prof, optimizer=OptimizerMemory(optimizer, mixed_precision), ties=True,
+        allow_uneven=allow_uneven, on_progress=(lambda d, t: progress("build", d, t)) if progress else None,
+    )
+    t2 = time.perf_counter()
+    return Prepared(
+        traced=traced, graph=graph, fingerprint=make_fingerprint(traced, mesh.shape, mesh.dim_names, prof),
+        timings={"trace_s": round(t1 - t0, 4), "build_s": round(t2 - t1, 4)},
+        options={"optimizer": optimizer, "mixed_precision": mixed_precision, "allow_uneven": allow_uneven},
+    )
+
+
+def solve_prepared(
+    prep: Prepared,
+    *,
+    memory_limit: float | None = None,
+    pins: Mapping[str, str] | None = None,
+    time_limit: float = 60.0,
+    backend: str = "cbc",
+    ties: bool = True,
+    baseline: str | None = None,
+    tp_table: Mapping[str, str | int] | None = None,
+    progress: Progress | None = None,
+) -> Plan:
+    """Solve a prepared graph. ``memory_limit`` defaults to the profile's device
+    memory; ``baseline`` (``ddp``, ``fsdp``, ``tp``, ``fsdp+tp``) adds its pins
+    (``autoshard.plan.baselines``) under the user's."""
+    graph = prep.graph
+    limit = float(graph.profile.device.memory_bytes if memory_limit is None else memory_limit)
+    all_pins: dict[str, str] = {}
+    if baseline is not None:
+        all_pins.update(baseline_pins(graph, baseline, tp_table))
+    all_pins.update(pins or {})
+    problem = to_problem(graph, memory_limit=limit, pins=resolve_pins(graph, all_pins), ties=ties)
+    start = time.perf_counter()
+
+    def on_event(event: dict[str, Any]) -> None:
+        if progress:
+            progress("solve", min(time.perf_counter() - start, time_limit), time_limit)
+
+    solution = solve_problem(problem, backend=backend, time_limit=time_limit, gap=PLAN_GAP, progress=on_event)
+    if progress:
+        progress("solve", time_limit, time_limit)
+    if solution.status is Status.INFEASIBLE or not solution.choice:
+        raise InfeasibleMemoryError(
+            f"memory limit {limit / 2**30:.2f} GiB: no plan fits ({solution.message or solution.status.value})"
+            + _smallest_peak_hint(prep, baseline, time_limit)
+        )
+    timings = {**prep.timings, "solve_s": round(solution.seconds, 4)}
+    t = time.perf_counter()
+    options = {**prep.options, "ties": ties, "pins": dict(pins or {}), "memory_limit_bytes": limit,
+               "baseline": baseline, "time_limit_s": time_limit, "backend": backend}
+    plan = plan_from_solution(graph, problem, solution, fingerprint=prep.fingerprint, options=options,
+                              timings=timings)
+    return replace(plan, solver=replace(plan.solver, timings={**timings, "plan_s": round(time.perf_counter() - t, 4)}))
+
+
+def _smallest_peak_hint(prep: Prepared, baseline: str | None, time_limit: float) -> str:
+    """The peak of the FSDP layout without a limit: the smallest peak found by a quick try."""
+    if baseline == "fsdp":
+        return ""
+    try:
+        plan = solve_prepared(prep, memory_limit=1e30, baseline="fsdp", time_limit=min(time_limit, 20.0))
+    except ValueError:
+        return ""
+    return f"; smallest peak found: {plan.estimate.peak_memory_bytes / 2**30:.2f} GiB (FSDP layout)"
+
+
+def solve(
+    model: Any,
+    example_inputs: Sequence[Any] | Mapping[str, Any],
+    mesh_shape: Sequence[int],
+    dim_names: Sequence[str] | None = None,
+    *,
+    profile: str | HardwareProfile = "h100-sxm-80gb",
+    memory_limit: float | None = None,
+    pins: Mapping[str, str] | None = None,
+    time_limit: float = 60.0,
+    backend: str = "cbc",
+    ties: bool = True,
+    optimizer: str = "adamw",
+    mixed_precision: bool = False,
+    baseline: str | None = None,
+    progress: Progress | None = None,
+) -> Plan:
+    """The sharding plan of one training step of ``model`` on a mesh (DESIGN.md, Python API).
+
+    ``model(*example_inputs)`` (or ``model(**example_inputs)``) returns the
+    loss, or an object/dict with a ``loss``. ``pins`` fix placements by name
+    pattern (``{"*.tok_embeddings.weight": "S(0)R"}``); ``ties=False`` lets
+    every repeated layer choose its own strategies; ``optimizer`` is
+    ``adamw`` (default), ``sgd``, ``sgd-momentum`` or ``none``.
+    """
+    prep = prepare(model, example_inputs, mesh_shape, dim_names, profile=profile, optimizer=optimizer,
+                   mixed_precision=mixed_precision, progress=progress)
+    return solve_prepared(prep, memory_limit=memory_limit, pins=pins, time_limit=time_limit, backend=backend,
+                          ties=ties, baseline=baseline, progress=progress)
+
+
+@dataclass(frozen=True, slots=True)
+class BaselineResult:
+    """One row of the comparison: a baseline's best plan, or why there is none."""
+
+    name: str
+    plan: Plan | None
+    error: str | None = None
+
+
+def compare_baselines(
+    prep: Prepared,
+    *,
+    memory_limit: float | None = None,
+    time_limit: float = 30.0,
+    backend: str = "cbc",
+    tp_table: Mapping[str, str | int] | None = None,
+) -> list[BaselineResult]:
+    """Every applicable baseline solved with its pins and no memory limit (so a
+    layout that does not fit still gets its numbers; ``fits`` tells)."""
+    limit = float(prep.graph.profile.device.memory_bytes if memory_limit is None else memory_limit)
+    out = []
+    for name in applicable_baselines(prep.graph, tp_table):
+        try:
+            plan = solve_prepared(prep, memory_limit=1e30, time_limit=time_limit, backend=backend, baseline=name,
+                                  tp_table=tp_table)
+            plan = replace(plan, estimate=replace(plan.estimate, memory_limit_bytes=limit))
+            out.append(BaselineResult(name, plan))
+        except ValueError as exc:
+            out.append(BaselineResult(name, None, str(exc)))
+    return out
