@@ -94,9 +94,14 @@ def pool_rule(call: OpCall) -> list[SingleDimStrategy]:
     lead = x.ndim - 2  # N, C (or C alone) before the two spatial dims
     k = len(call.outputs)
     strategies = [SingleDimStrategy((S(d),) * k, S(d)) for d in range(lead)]
-    if call.op is not aten.max_pool2d_with_indices.default:
+    if call.op is not aten.max_pool2d_with_indices.default and _exact_division(x.dtype):
         strategies += [SingleDimStrategy(p, p) for p in (P, P_AVG)]
     return strategies
+
+
+def _exact_division(dtype: torch.dtype) -> bool:
+    """Averaging is linear for floats; integer averages round each piece."""
+    return dtype.is_floating_point or dtype.is_complex
 
 
 def pool_backward_rule(call: OpCall) -> list[SingleDimStrategy]:
@@ -104,6 +109,8 @@ def pool_backward_rule(call: OpCall) -> list[SingleDimStrategy]:
     n_in = len(call.inputs)
     lead = call.inputs[0].ndim - 2
     strategies = [SingleDimStrategy(S(d), (S(d),) * n_in) for d in range(lead)]
+    if not _exact_division(call.inputs[0].dtype):
+        return strategies
     return strategies + [SingleDimStrategy(p, (p,) + (R,) * (n_in - 1)) for p in (P, P_AVG)]
 
 

@@ -24,7 +24,11 @@ Pruning, and why the optimum of the strategy graph is kept:
     no shard may leave a rank empty (``torch.chunk`` sizes). Strategies outside
     the policy are not runnable by the runtime, so they are not candidates.
 (c) Duplicates: equal (outputs, inputs) placement tuples are kept once.
-(d) Dominance: nothing else is removed here. Two distinct strategies differ in
+(d) Dtype: a partial must be a reduction the tensor's dtype can carry, and
+    must survive the op's dtype change (:func:`partial_fits`,
+    :func:`cast_keeps_partial`). Strategies outside are wrong, not costly:
+    removing them removes no correct candidate.
+(e) Dominance: nothing else is removed here. Two distinct strategies differ in
     the layout of some tensor, so which one is cheaper depends on compute,
     communication and memory prices that this layer does not have; the solver
     removes cost- and memory-dominated strategies exactly, once priced.
@@ -44,13 +48,22 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
+import torch
+
 from costmodel.layout import max_local_shape
 from costmodel.placements import Partial, Placement, Replicate, Shard, StridedShard
 
 from autoshard.rules.core import OpCall, OpStrategy, ShardPlaceholder, SingleDimStrategy, TensorMeta
 from autoshard.rules.registry import Rule, RuleError, op_name
 
-__all__ = ["expand_rule", "replicate_only", "local_call", "fill_placeholders"]
+__all__ = [
+    "expand_rule",
+    "replicate_only",
+    "local_call",
+    "fill_placeholders",
+    "partial_fits",
+    "cast_keeps_partial",
+]
 
 _REPLICATE = Replicate()
 Sizes = tuple[tuple[int, int], ...]
@@ -102,6 +115,78 @@ def _concrete(p: object, kind: int | None, ndim: int | None, name: str, s: Singl
     raise RuleError(f"{name} ({s}): {p!r} is not a placement")
 
 
+def _kind(dtype: torch.dtype) -> str:
+    if dtype == torch.bool:
+        return "bool"
+    if dtype.is_complex:
+        return "complex"
+    if dtype.is_floating_point:
+        return "float"
+    return "int"
+
+
+def partial_fits(reduce_op: str, dtype: torch.dtype) -> bool:
+    """Whether ``P(reduce_op)`` is a layout a ``dtype`` tensor can have.
+
+    bool has no sum (``True + True`` saturates) and so no average; integer
+    sums are exact (wrap-around included) but integer averages truncate;
+    complex numbers have no order, so no max/min.
+
+    >>> partial_fits("sum", torch.bool), partial_fits("avg", torch.int64), partial_fits("max", torch.complex64)
+    (False, False, False)
+    >>> partial_fits("sum", torch.int32), partial_fits("max", torch.bool), partial_fits("avg", torch.bfloat16)
+    (True, True, True)
+    """
+    kind = _kind(dtype)
+    if kind == "bool":
+        return reduce_op in ("max", "min")
+    if kind == "int":
+        return reduce_op != "avg"
+    if kind == "complex":
+        return reduce_op in ("sum", "avg")
+    return True
+
+
+def cast_keeps_partial(src: torch.dtype, dst: torch.dtype, reduce_op: str) -> bool:
+    """Whether a ``P(reduce_op)`` input of dtype ``src`` may give a partial
+    output of dtype ``dst``: each rank converts its own piece, which must
+    commute with the reduction.
+
+    Widening or float-to-float rounding keeps every partial (up to rounding);
+    float to integer truncates each piece (``trunc(0.6) + trunc(0.6) != trunc(1.2)``)
+    but keeps the order, so only max/min pass; anything to bool
+    (``x != 0``) keeps nothing.
+
+    >>> cast_keeps_partial(torch.float32, torch.int32, "sum"), cast_keeps_partial(torch.float32, torch.int32, "max")
+    (False, True)
+    >>> cast_keeps_partial(torch.int64, torch.float32, "sum"), cast_keeps_partial(torch.float32, torch.bool, "max")
+    (True, False)
+    """
+    if src == dst:
+        return True
+    s, d = _kind(src), _kind(dst)
+    if d == "bool":
+        return False
+    if d == "int" and s in ("float", "complex"):
+        return reduce_op in ("max", "min")
+    return True
+
+
+def _dtype_fits(opt: Option, metas: Sequence[TensorMeta | None], n_out: int) -> bool:
+    """(d): every partial suits its tensor's dtype, and every partial output
+    survives the cast from each partial input's dtype."""
+    for p, m in zip(opt, metas):
+        if isinstance(p, Partial) and m is not None and not partial_fits(p.reduce_op, m.dtype):
+            return False
+    for p_out, m_out in zip(opt[:n_out], metas[:n_out]):
+        if not isinstance(p_out, Partial) or m_out is None:
+            continue
+        for p_in, m_in in zip(opt[n_out:], metas[n_out:]):
+            if isinstance(p_in, Partial) and m_in is not None and not cast_keeps_partial(m_in.dtype, m_out.dtype, p_out.reduce_op):
+                return False
+    return True
+
+
 def fill_placeholders(
     rule: Rule, call: OpCall, strategies: Sequence[SingleDimStrategy], kinds: Sequence[int | None]
 ) -> list[Option]:
@@ -133,7 +218,8 @@ def fill_placeholders(
             )
             if opt not in seen:
                 seen.add(opt)
-                options.append(opt)
+                if _dtype_fits(opt, metas, n_out):
+                    options.append(opt)
     unread = unread or (False,) * n_in
     all_r: Option = tuple(None if metas[i] is None else _REPLICATE for i in range(n_out)) + tuple(
         None if unread[i] else _REPLICATE for i in range(n_in)

@@ -72,6 +72,20 @@ def like_rule(call: OpCall) -> list[SingleDimStrategy]:
     return strategies
 
 
+def fill_tensor_rule(call: OpCall) -> list[SingleDimStrategy]:
+    """fill.Tensor(x, value): x gives the (local) shape, the 0-d ``value`` the
+    data. A replicated value is a constant (:func:`constant_kinds`, no sum:
+    the value is not known to be zero); a partial value fills every element
+    with its piece, so the output is that partial."""
+    n = call.inputs[0].ndim
+    strategies = [SingleDimStrategy(S(d), (S(d), R)) for d in range(n)]
+    for k in (P_AVG, P_MAX, P_MIN):
+        strategies += [SingleDimStrategy(k, (R, R)), SingleDimStrategy(k, (k, R))]
+    for k in (P, P_AVG, P_MAX, P_MIN):
+        strategies += [SingleDimStrategy(k, (R, k)), SingleDimStrategy(k, (k, k)), SingleDimStrategy(R, (k, R))]
+    return strategies
+
+
 def scalar_rule(call: OpCall) -> list[SingleDimStrategy]:
     """scalar_tensor(s): a 0-d constant."""
     return [SingleDimStrategy(k, ()) for k in constant_kinds(call.arg("s"))]
@@ -130,7 +144,7 @@ def _repeats(out: torch.Tensor) -> bool:
 
 
 def _rand_contract(args: tuple, kwargs: dict, outputs: tuple) -> str | None:
-    out = outputs[0]
+    out = torch.view_as_real(outputs[0]) if outputs[0].is_complex() else outputs[0]
     if out.numel() and not (0 <= float(out.min()) and float(out.max()) < 1):
         return "rand values outside [0, 1)"
     if _repeats(out):
@@ -155,7 +169,10 @@ def _dropout_contract(args: tuple, kwargs: dict, outputs: tuple) -> str | None:
     if train is False:
         return None if torch.equal(out, x) else "eval-mode dropout changed its input"
     expected = torch.where(mask, x / (1 - p), torch.zeros_like(x))
-    if not torch.allclose(out.double(), expected.double(), rtol=1e-2, atol=1e-2):
+    # a dropped -inf is -inf * 0 = NaN in the kernel: only finite x are checked
+    finite = torch.isfinite(x)
+    wide = torch.complex128 if x.is_complex() else torch.float64
+    if not torch.allclose(out[finite].to(wide), expected[finite].to(wide), rtol=1e-2, atol=1e-2):
         return "out != x * mask / (1 - p)"
     kept = float(mask.double().mean())
     if mask.numel() >= 32 and abs(kept - (1 - p)) > 0.35:
@@ -193,6 +210,13 @@ def _like_samples(extra: Sequence[Any] = ()) -> Callable[[Sampler], Any]:
             yield SampleInput((sampler.randn(sampler.shape(), _dtype(sampler)), *extra), {})
 
     return samples
+
+
+def _fill_tensor_samples(sampler: Sampler):
+    for value_dtype in (None, torch.float64, torch.int64):
+        dtype = _dtype(sampler)
+        value = sampler.randn((), value_dtype or dtype) if value_dtype is not torch.int64 else sampler.index((), 5)
+        yield SampleInput((sampler.randn(sampler.shape(), dtype), value), {})
 
 
 def _empty_strided_samples(sampler: Sampler):
@@ -242,6 +266,7 @@ def register(registry: RuleRegistry) -> None:
     rule([aten.zeros_like.default, aten.ones_like.default], compute=mem, samples=_like_samples())(like_rule)
     rule(aten.full_like.default, compute=mem, samples=_like_samples((-3.0,)))(like_rule)
     rule(aten.fill.Scalar, compute=mem, samples=_like_samples((0.5,)))(like_rule)
+    rule(aten.fill.Tensor, compute=mem, samples=_fill_tensor_samples)(fill_tensor_rule)
     rule(aten.empty_like.default, compute=mem, samples=_like_samples(), contract=_shape_contract)(like_rule)
     rule(aten.scalar_tensor.default, compute=mem, samples=_scalar_samples)(scalar_rule)
     rule(aten.arange.default, compute=mem, samples=_arange_samples("default"))(replicate_rule)

@@ -73,10 +73,13 @@ class Pointwise:
     """Float dtypes to sample (None: all)."""
     flops: float = 1.0
     """FLOPs per output element (a rough count for the roofline)."""
+    extremes: bool = True
+    """See :attr:`autoshard.rules.registry.Rule.extremes`."""
 
 
-def pw(op: torch._ops.OpOverload, *specs: tuple, kwargs: Sequence[Mapping[str, Any]] = ({},), dtypes=None, flops: float = 1.0) -> Pointwise:
-    return Pointwise(op, tuple(specs), tuple(kwargs), dtypes, flops)
+def pw(op: torch._ops.OpOverload, *specs: tuple, kwargs: Sequence[Mapping[str, Any]] = ({},), dtypes=None,
+       flops: float = 1.0, extremes: bool = True) -> Pointwise:
+    return Pointwise(op, tuple(specs), tuple(kwargs), dtypes, flops, extremes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,7 +166,8 @@ GROUPS: tuple[Group, ...] = (
         pw(aten.pow.Tensor_Tensor, ("p", "y"), flops=8), pw(aten.atan2.default, XY, flops=8),
         pw(aten.div.Tensor_mode, ("x", "q"), kwargs=({"rounding_mode": "floor"}, {"rounding_mode": "trunc"})),
         pw(aten.floor_divide.default, ("i", 3)), pw(aten.remainder.Scalar, ("i", 3)),
-        pw(aten.remainder.Tensor, ("x", "q")),
+        # remainder(finfo.min, y): NaN in the vectorised loop, finite in the scalar one
+        pw(aten.remainder.Tensor, ("x", "q"), extremes=False),
         pw(aten.lerp.Scalar, ("x", "y", 0.3)), pw(aten.lerp.Tensor, ("x", "y", "y")),
         pw(aten.addcmul.default, ("x", "y", "y"), kwargs=({}, {"value": 0.5}), flops=2),
         pw(aten.addcdiv.default, ("x", "y", "q"), kwargs=({}, {"value": 0.5}), flops=2),
@@ -252,7 +256,8 @@ def register(registry: RuleRegistry) -> None:
     rule = registry.family("pointwise")
     for group in GROUPS:
         for entry in group.ops:
-            rule(entry.op, compute=elementwise(entry.flops), samples=_samples(entry), note=group.why)(
+            rule(entry.op, compute=elementwise(entry.flops), samples=_samples(entry), note=group.why,
+                 extremes=entry.extremes)(
                 pointwise_rule(group.partials)
             )
     rule(aten._to_copy.default, compute=elementwise(), samples=_to_copy_samples)(_to_copy_rule)

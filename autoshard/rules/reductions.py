@@ -92,6 +92,16 @@ def _scan_rule(call: OpCall) -> list[SingleDimStrategy]:
     ]
 
 
+def _histc_rule(call: OpCall) -> list[SingleDimStrategy]:
+    """histc: counts of the elements of each slice add up to the counts of
+    the whole, but only over a fixed range: with ``min == max`` each rank
+    would take its own slice's data range as the bins."""
+    lo, hi = call.arg("min", 0), call.arg("max", 0)
+    if not lo < hi:
+        return []
+    return [SingleDimStrategy(P, S(d)) for d in range(call.inputs[0].ndim)]
+
+
 def _assert_rule(call: OpCall) -> list[SingleDimStrategy]:
     """_assert_async reads one flag; it has no output and nothing to split."""
     return []
@@ -146,6 +156,14 @@ def _cumsum_samples(sampler: Sampler):
         yield SampleInput((sampler.randn(shape, sampler.float_dtype()), sampler.randint(-len(shape), len(shape) - 1)), {})
 
 
+def _histc_samples(sampler: Sampler):
+    for lo, hi in ((0, 3), (-1.5, 1.5), (0, 0)):
+        x = sampler.randn(sampler.shape(), sampler.float_dtype((torch.float64, torch.float32)))
+        # integers in [lo, hi] as in MoE token counts, exactly on bin edges too
+        values = x.round().clamp(-2, 4) if lo == 0 else x
+        yield SampleInput((values, sampler.choice((2, 4, 5)), lo, hi), {})
+
+
 def _assert_samples(sampler: Sampler):
     yield SampleInput((torch.tensor(True), "never raised"), {})
 
@@ -184,4 +202,5 @@ def register(registry: RuleRegistry) -> None:
     rule(aten.var.correction, compute=reduction(3.0), samples=_var_samples)(reduction_rule())
     rule(aten.std.correction, compute=reduction(3.0), samples=_var_samples)(reduction_rule())
     rule(aten.cumsum.default, compute=red, samples=_cumsum_samples)(_scan_rule)
+    rule(aten.histc.default, compute=red, samples=_histc_samples)(_histc_rule)
     rule(aten._assert_async.msg, compute=red, samples=_assert_samples)(_assert_rule)

@@ -116,6 +116,10 @@ class Rule:
     reference: Callable[..., Any] | None = None
     """A CPU implementation the validator runs in place of an op that has no
     CPU kernel (same arguments, same outputs)."""
+    extremes: bool = True
+    """Whether the validator feeds ``-inf`` and ``finfo.min``: False where
+    the kernel's own result at those values depends on the tensor's shape
+    (vectorised and scalar loops disagree), which no rule can reproduce."""
     note: str = ""
     """Why the rule is restricted or not validated (shown by the validator)."""
 

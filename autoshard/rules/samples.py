@@ -25,6 +25,13 @@ s     a random Python float
 
 Anything else in a spec is passed as it is (numbers, strings, None).
 
+Beyond a rule's own samples, the validator checks *variants* of each
+(:func:`variant`): the float tensors (and float ``dtype`` arguments) turned
+into float16, int64, complex64 or bool, and float tensors with extreme
+values (``-inf``, ``torch.finfo(dtype).min``), because models feed rules
+masks, token counts and rotary embeddings, not only float32 activations. A
+variant the op rejects is skipped: the op does not take that dtype.
+
 >>> sampler = Sampler(0)
 >>> args = from_spec(sampler, ("x", "y", 2.0), shape=(4, 6), dtype=torch.float32)
 >>> args[0].shape, args[2]
@@ -38,10 +45,10 @@ from typing import Any, Sequence
 
 import torch
 
-__all__ = ["Sampler", "from_spec", "FLOAT_DTYPES"]
+__all__ = ["Sampler", "from_spec", "FLOAT_DTYPES", "VARIANTS", "variant"]
 
 FLOAT_DTYPES = (torch.float64, torch.float32, torch.bfloat16)
-_DTYPE_WEIGHTS = (0.5, 0.35, 0.15)
+_DTYPE_WEIGHTS = {torch.float64: 0.5, torch.float32: 0.35, torch.bfloat16: 0.15}
 
 
 class Sampler:
@@ -84,7 +91,7 @@ class Sampler:
 
     def float_dtype(self, choices: Sequence[torch.dtype] = FLOAT_DTYPES) -> torch.dtype:
         """float64 most often (exact checks), then float32, then bfloat16."""
-        weights = [w for d, w in zip(FLOAT_DTYPES, _DTYPE_WEIGHTS) if d in choices] or None
+        weights = [_DTYPE_WEIGHTS.get(d, 0.15) for d in choices]
         return self.rng.choices(list(choices), weights=weights)[0]
 
     def choice(self, seq: Sequence[Any]) -> Any:
@@ -146,3 +153,82 @@ def from_spec(sampler: Sampler, spec: Sequence[Any], *, shape: tuple[int, ...], 
         else:  # "s"
             out.append(round(sampler.uniform(-2.0, 2.0), 3))
     return tuple(out)
+
+
+VARIANTS: tuple[str, ...] = ("extreme", "float16", "int64", "complex64", "bool")
+"""Variant kinds, cycled over the validator's cases (:func:`variant`)."""
+
+
+def _cast(t: torch.Tensor, kind: str, gen: torch.Generator) -> torch.Tensor:
+    if kind == "float16":
+        return t.to(torch.float16)
+    if kind == "int64":
+        # small integers with repeats and zeros, as in counts and ids
+        return (t.to(torch.float64) * 3).round().to(torch.int64)
+    if kind == "bool":
+        return t > 0
+    imag = torch.randn(tuple(t.shape), generator=gen, dtype=torch.float64)
+    return torch.complex(t.to(torch.float64), imag).to(torch.complex64)
+
+
+def _with_extremes(t: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """One element set to ``-inf`` or ``finfo.min``: one only, because a
+    reduction that meets an infinity and an overflow (``-inf + inf``) gives
+    NaN or not depending on the order it adds in, which no split keeps."""
+    out = t.clone()
+    pick = torch.randint(0, out.numel(), (1,), generator=gen)
+    value = float("-inf") if bool(torch.randint(0, 2, (1,), generator=gen)) else torch.finfo(t.dtype).min
+    out[torch.unravel_index(pick, tuple(out.shape))] = value
+    return out
+
+
+def variant(args: tuple, kwargs: dict, kind: str, gen: torch.Generator) -> tuple[tuple, dict] | None:
+    """``args``/``kwargs`` with every float tensor cast to ``kind`` (a float
+    ``dtype`` argument too), or for ``"extreme"`` one float tensor with
+    extreme values; None when nothing changes.
+
+    >>> a, k = variant((torch.ones(2, 3), 2), {}, "bool", torch.Generator().manual_seed(0))
+    >>> a[0].dtype, a[1]
+    (torch.bool, 2)
+    >>> a, _ = variant((torch.zeros(4),), {}, "extreme", torch.Generator().manual_seed(0))
+    >>> a[0].min().item() in (float("-inf"), torch.finfo(torch.float32).min)
+    True
+    """
+    floats: list[torch.Tensor] = []
+
+    def collect(o: Any) -> None:
+        if isinstance(o, torch.Tensor) and o.dtype.is_floating_point and o.numel() >= 2:
+            floats.append(o)
+        elif isinstance(o, (list, tuple)):
+            for x in o:
+                collect(x)
+        elif isinstance(o, dict):
+            for x in o.values():
+                collect(x)
+
+    collect((args, kwargs))
+    target = floats[int(torch.randint(0, len(floats), (1,), generator=gen))] if floats and kind == "extreme" else None
+    changed = False
+
+    def sub(o: Any) -> Any:
+        nonlocal changed
+        if isinstance(o, torch.Tensor) and o.dtype.is_floating_point:
+            if kind == "extreme":
+                if o is not target:
+                    return o
+                changed = True
+                return _with_extremes(o, gen)
+            changed = True
+            return _cast(o, kind, gen)
+        if isinstance(o, torch.dtype) and o.is_floating_point and kind != "extreme":
+            changed = True
+            return getattr(torch, kind)
+        if isinstance(o, tuple):
+            return tuple(sub(x) for x in o)
+        if isinstance(o, list):
+            return [sub(x) for x in o]
+        return o
+
+    new_args = sub(args)
+    new_kwargs = {k: sub(v) for k, v in kwargs.items()}
+    return (new_args, new_kwargs) if changed else None

@@ -1,5 +1,5 @@
 """Joining, splitting and slicing: cat, stack, split, unbind, slice, select, their
-backward ops, padding, repeat, flip, roll, tril/triu.
+backward and scatter ops, padding, repeat, flip, roll, tril/triu.
 
 All of them act along some tensor dims (the cat dim, the sliced dim, ...) and
 copy every other dim through unchanged, so any *other* dim can stay split on
@@ -99,6 +99,20 @@ def _backward_rule(call: OpCall) -> list[SingleDimStrategy]:
             g = o
         strategies.append(SingleDimStrategy(S(o), S(g)))
     return strategies + [SingleDimStrategy(k, k) for k in ALL]
+
+
+def _scatter_rule(call: OpCall) -> list[SingleDimStrategy]:
+    """select_scatter/slice_scatter: ``src`` written into a copy of ``self`` at
+    a global index of ``dim``, so ``dim`` stays whole; every other dim splits
+    ``self``, ``src`` and the output alike. Partials pass when both operands
+    carry the same one: each element comes from exactly one of them."""
+    n = call.inputs[0].ndim
+    dim = _norm(call.arg("dim", 0), max(n, 1))
+    drop = call.op is aten.select_scatter.default  # src has no ``dim``
+    strategies = [
+        SingleDimStrategy(S(d), (S(d), S(d - 1 if drop and d > dim else d))) for d in range(n) if d != dim
+    ]
+    return strategies + [SingleDimStrategy(k, (k, k)) for k in ALL]
 
 
 def _localize_input_sizes(args: tuple, kwargs: dict, local: OpCall) -> tuple[tuple, dict]:
@@ -221,6 +235,27 @@ def _select_backward_samples(sampler: Sampler):
         yield SampleInput((_x(sampler, g), list(full), d, sampler.randint(0, full[d] - 1)), {})
 
 
+def _select_scatter_samples(sampler: Sampler):
+    for _ in range(2):
+        shape = sampler.shape(min_ndim=1)
+        d = sampler.rng.randrange(len(shape))
+        dtype = sampler.float_dtype()
+        src = sampler.randn(shape[:d] + shape[d + 1 :], dtype)
+        yield SampleInput((sampler.randn(shape, dtype), src, d - len(shape) * sampler.randint(0, 1), sampler.randint(-1, shape[d] - 1)), {})
+
+
+def _slice_scatter_samples(sampler: Sampler):
+    for _ in range(3):
+        shape = sampler.shape(min_ndim=1)
+        d = sampler.rng.randrange(len(shape))
+        start, step = sampler.randint(0, shape[d] - 1), sampler.choice((1, 2))
+        end = sampler.choice((shape[d], start + 1, None))
+        n = len(range(start, shape[d] if end is None else end, step))
+        dtype = sampler.float_dtype()
+        src = sampler.randn(shape[:d] + (n,) + shape[d + 1 :], dtype)
+        yield SampleInput((sampler.randn(shape, dtype), src, d, start, end, step), {})
+
+
 def _pad_samples(sampler: Sampler):
     for value in (0.0, 1.5):
         shape = sampler.shape(min_ndim=2)
@@ -267,6 +302,8 @@ def register(registry: RuleRegistry) -> None:
         _backward_rule)
     rule(aten.select_backward.default, compute=copy(), samples=_select_backward_samples, localize=_localize_input_sizes)(
         _backward_rule)
+    rule(aten.select_scatter.default, compute=copy(), samples=_select_scatter_samples)(_scatter_rule)
+    rule(aten.slice_scatter.default, compute=copy(), samples=_slice_scatter_samples)(_scatter_rule)
     rule(aten.constant_pad_nd.default, compute=copy(), samples=_pad_samples)(
         _other_dims_rule(_pad_touched, kinds=_pad_kinds))
     rule(aten.repeat.default, compute=copy(), samples=_repeat_samples)(

@@ -47,7 +47,7 @@ import random
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Sequence
 
 import torch
 
@@ -56,10 +56,11 @@ from costmodel.layout import local_shape
 from costmodel.placements import Partial, Placement, Replicate
 
 from autoshard.rules.calls import flatten_results, ordered_tensor_args, replace_tensors
+from autoshard.rules.compare import TOLERANCE, big_magnitude as _big, compare_output as _compare_output, distribute
 from autoshard.rules.core import OpCall, OpStrategy, TensorMeta, to_meta
 from autoshard.rules.expand import expand_rule
 from autoshard.rules.registry import Rule, RuleRegistry, SampleInput, op_name
-from autoshard.rules.samples import Sampler
+from autoshard.rules.samples import VARIANTS, Sampler, variant
 
 __all__ = [
     "TOLERANCE",
@@ -76,15 +77,6 @@ __all__ = [
     "run",
 ]
 
-TOLERANCE: dict[torch.dtype, float] = {
-    torch.float64: 1e-9,
-    torch.float32: 2e-4,
-    torch.float16: 5e-3,
-    torch.bfloat16: 5e-2,
-    torch.complex64: 2e-4,
-    torch.complex128: 1e-9,
-}
-"""Allowed |sharded - reference| relative to 1 + max |reference|, per dtype."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,170 +123,14 @@ class RuleReport:
     failures: list[Failure] = field(default_factory=list)
     skipped: str = ""
     seconds: float = 0.0
+    variants_checked: int = 0
+    """Dtype and extreme-value variants of the samples that the op took."""
+    variants_rejected: int = 0
+    """Variants the unsharded op rejected (a dtype it does not take)."""
 
     @property
     def ok(self) -> bool:
         return not self.failures
-
-
-# --------------------------------------------------------------------------- sharding inputs
-
-
-def _random_pieces(value: torch.Tensor, reduce_op: str, m: int, gen: torch.Generator) -> list[torch.Tensor]:
-    """``m`` tensors that reduce (``reduce_op``) to ``value`` (module docstring)."""
-    shape = tuple(value.shape)
-    if value.dtype == torch.bool:
-        if reduce_op not in ("max", "min"):
-            raise ValueError(f"a bool tensor cannot be P({reduce_op})")
-        owner = torch.randint(0, m, shape, generator=gen)
-        filler = torch.full(shape, reduce_op == "min", dtype=torch.bool)
-        return [torch.where(owner == r, value, filler) for r in range(m)]
-    integral = not (value.dtype.is_floating_point or value.dtype.is_complex)
-    if value.dtype.is_complex:
-        if reduce_op not in ("sum", "avg"):
-            raise ValueError(f"a complex tensor cannot be P({reduce_op})")
-        v = value.to(torch.complex128)
-    else:
-        v = value.to(torch.float64) if not integral else value.to(torch.int64)
-    if reduce_op in ("sum", "avg"):
-        target = v * m if reduce_op == "avg" else v
-        if integral:
-            parts = [torch.randint(-3, 4, shape, generator=gen) for _ in range(m - 1)]
-        else:
-            scale = target.abs() + 1
-            noise = torch.complex128 if v.dtype.is_complex else torch.float64
-            parts = [torch.randn(shape, generator=gen, dtype=noise) * scale for _ in range(m - 1)]
-        last = target - sum(parts) if parts else target
-        pieces = parts + [last]
-        # The holder of the remainder changes between calls: no rank is special.
-        shift = int(torch.randint(0, m, (1,), generator=gen))
-        pieces = pieces[shift:] + pieces[:shift]
-    else:
-        owner = torch.randint(0, m, shape, generator=gen)
-        sign = -1 if reduce_op == "max" else 1
-        pieces = []
-        for r in range(m):
-            if integral:
-                delta = torch.randint(1, 4, shape, generator=gen)
-            else:
-                delta = (v.abs() + 1) * (0.5 + torch.rand(shape, generator=gen, dtype=torch.float64))
-            pieces.append(torch.where(owner == r, v, v + sign * delta))
-    return [p.to(value.dtype) for p in pieces]
-
-
-def distribute(
-    tensor: torch.Tensor, placements: Sequence[Placement], mesh_shape: Sequence[int], gen: torch.Generator
-) -> dict[tuple[int, ...], torch.Tensor]:
-    """Local tensor of every rank: mesh dims applied left to right, shards by
-    ``costmodel.simulate.shard``, partials as random pieces.
-
-    >>> from costmodel.placements import Shard
-    >>> parts = distribute(torch.arange(4.0), (Partial("sum"),), (2,), torch.Generator().manual_seed(0))
-    >>> torch.allclose(parts[(0,)] + parts[(1,)], torch.arange(4.0, dtype=torch.float64).float())
-    True
-    """
-    # Replicated mesh dims do not branch: replicas hold identical local
-    # tensors, including identical partial pieces on later mesh dims.
-    split_dims = [d for d, p in enumerate(placements) if not isinstance(p, Replicate)]
-    pieces: dict[tuple[int, ...], torch.Tensor] = {(): tensor}
-    for mesh_dim in split_dims:
-        p, m = placements[mesh_dim], mesh_shape[mesh_dim]
-        nxt: dict[tuple[int, ...], torch.Tensor] = {}
-        for prefix, value in pieces.items():
-            if isinstance(p, Partial):
-                parts = _random_pieces(value, p.reduce_op, m, gen)
-            else:
-                split = simulate.shard(value, (p,), (m,))
-                parts = [split[(r,)] for r in range(m)]
-            for r, part in enumerate(parts):
-                nxt[prefix + (r,)] = part.contiguous().clone()
-        pieces = nxt
-    return {c: pieces[tuple(c[d] for d in split_dims)] for c in simulate.mesh_coords(mesh_shape)}
-
-
-# --------------------------------------------------------------------------- comparing outputs
-
-
-def _close(
-    actual: torch.Tensor, expected: torch.Tensor, where: str, tol_dtype: torch.dtype | None = None, scale: float = 0.0
-) -> str | None:
-    """None if equal within the dtype's tolerance times ``1 + max(|expected|, scale)``."""
-    if tol_dtype is None and actual.dtype != expected.dtype:
-        return f"{where}: dtype {actual.dtype}, expected {expected.dtype}"
-    if tuple(actual.shape) != tuple(expected.shape):
-        return f"{where}: shape {tuple(actual.shape)}, expected {tuple(expected.shape)}"
-    if not (expected.dtype.is_floating_point or expected.dtype.is_complex):
-        if torch.equal(actual, expected):
-            return None
-        return f"{where}: {(actual != expected).sum().item()} of {expected.numel()} values differ"
-    a, e = actual.to(torch.complex128 if expected.dtype.is_complex else torch.float64), expected.to(
-        torch.complex128 if expected.dtype.is_complex else torch.float64
-    )
-    nan_a, nan_e = torch.isnan(a), torch.isnan(e)
-    if not torch.equal(nan_a, nan_e):
-        return f"{where}: NaN at different positions"
-    a, e = torch.where(nan_e, 0, a), torch.where(nan_e, 0, e)
-    inf_e = torch.isinf(e)
-    if not torch.equal(a[inf_e], e[inf_e]):
-        return f"{where}: infinities differ"
-    a, e = torch.where(inf_e, 0, a), torch.where(inf_e, 0, e)
-    if e.numel() == 0:
-        return None
-    tol = TOLERANCE.get(tol_dtype or expected.dtype, 1e-4) * (1 + max(float(e.abs().max()), scale))
-    diff = float((a - e).abs().max())
-    if diff > tol:
-        return f"{where}: max |difference| {diff:.3g} > {tol:.3g}"
-    return None
-
-
-def _as_float64(t: torch.Tensor) -> torch.Tensor:
-    return t.to(torch.float64) if t.dtype in (torch.float16, torch.bfloat16, torch.float32) else t
-
-
-def _compare_output(
-    k: int,
-    locals_: Mapping[tuple[int, ...], torch.Tensor],
-    reference: torch.Tensor,
-    placements: tuple[Placement, ...],
-    mesh_shape: tuple[int, ...],
-    tol_dtype: torch.dtype,
-) -> str | None:
-    for coord, t in locals_.items():
-        if not isinstance(t, torch.Tensor):
-            return f"output {k} at rank {coord}: not a tensor"
-        want = local_shape(tuple(reference.shape), placements, mesh_shape, coord)
-        if tuple(t.shape) != want:
-            return f"output {k} at rank {coord}: local shape {tuple(t.shape)}, expected {want}"
-    if not any(isinstance(p, Partial) for p in placements):
-        expected = simulate.shard(reference, placements, mesh_shape)
-        for coord, t in locals_.items():
-            want_t = expected[coord]
-            msg = _close(t, want_t, f"output {k} at rank {coord}")
-            if msg and t.dtype == want_t.dtype and tol_dtype != t.dtype:
-                msg = _close(_as_float64(t), _as_float64(want_t), f"output {k} at rank {coord}", tol_dtype)
-            if msg:
-                return msg
-        return None
-    # Replicas along R mesh dims must agree before partials are reduced.
-    for coord, t in locals_.items():
-        for mesh_dim, p in enumerate(placements):
-            if isinstance(p, Replicate) and coord[mesh_dim]:
-                base = coord[:mesh_dim] + (0,) + coord[mesh_dim + 1 :]
-                msg = _close(_as_float64(t), _as_float64(locals_[base]), f"output {k} replica {coord} vs {base}", tol_dtype)
-                if msg:
-                    return msg
-    for coord, t in locals_.items():
-        if t.dtype != reference.dtype:
-            return f"output {k} at rank {coord}: dtype {t.dtype}, expected {reference.dtype}"
-    widened = {c: _as_float64(t) for c, t in locals_.items()}
-    try:
-        total = simulate.unshard(widened, placements, mesh_shape, check_replicas=False)
-    except simulate.SimulationError as exc:
-        return f"output {k}: {exc}"
-    # Each rank's contribution was rounded on its own magnitude, which random
-    # pieces make larger than the result's: scale the tolerance by their sum.
-    pieces = sum(float(t.abs().max()) for t in widened.values() if t.numel() and t.is_floating_point())
-    return _close(total, _as_float64(reference), f"output {k} (reduced)", tol_dtype=tol_dtype, scale=pieces)
 
 
 # --------------------------------------------------------------------------- one strategy
@@ -462,34 +298,83 @@ def _validate_cases(
         except Exception as exc:  # noqa: BLE001 - a broken sampler is the rule's bug
             report.failures.append(Failure(mc.mesh_shape, "-", "-", f"samples failed: {type(exc).__name__}: {_first_line(exc)}"))
             continue
+        kind = VARIANTS[case % len(VARIANTS)]
         for sample in samples:
-            desc = _describe(sample)
-            try:
-                with torch.no_grad():
-                    reference = flatten_results((rule.reference or rule.op)(*sample.args, **sample.kwargs))
-            except Exception as exc:  # noqa: BLE001 - a bad sample is the rule's bug
-                report.failures.append(Failure(mc.mesh_shape, "-", desc, f"sample rejected by the op: {_first_line(exc)}"))
-                continue
-            try:
-                # the reference outputs give the output shapes, also data-dependent ones
-                call = registry.op_call(rule.op, to_meta(sample.args), to_meta(sample.kwargs), out_meta=to_meta(reference))
-                strategies = expand_rule(
-                    rule, call, mc.mesh_shape, allow_uneven=mc.allow_uneven, strided_factors=mc.strided_factors
-                )
-            except Exception as exc:  # noqa: BLE001 - rule errors are reported, not raised
-                report.failures.append(Failure(mc.mesh_shape, "-", desc, f"enumeration failed: {type(exc).__name__}: {_first_line(exc)}"))
-                continue
-            chosen = list(strategies)
-            if len(chosen) > max_strategies:
-                chosen = [chosen[0]] + rng.sample(chosen[1:], max_strategies - 1)
-            for strategy in chosen:
-                report.strategies_checked += 1
-                try:
-                    msg = check_strategy(rule, sample, strategy, mc.mesh_shape, reference, gen)
-                except Exception as exc:  # noqa: BLE001 - e.g. a shard dim the simulator rejects
-                    msg = f"could not run the strategy: {type(exc).__name__}: {_first_line(exc)}"
-                if msg:
-                    report.failures.append(Failure(mc.mesh_shape, str(strategy), desc, msg))
+            _check_sample(rule, registry, report, mc, sample, rng, gen, max_strategies)
+            derived = variant(sample.args, sample.kwargs, kind, gen) if rule.extremes or kind != "extreme" else None
+            if derived is not None:
+                _check_sample(rule, registry, report, mc, SampleInput(*derived), rng, gen,
+                              max(8, max_strategies // 2), variant_kind=kind)
+
+
+def _extreme(tensors: Iterable[Any]) -> bool:
+    """Whether any float tensor holds a non-finite value or one near its dtype's range."""
+    return any(
+        isinstance(t, torch.Tensor)
+        and (t.is_floating_point() or t.is_complex())
+        and t.numel() > 0
+        and not bool((torch.isfinite(t) & (t.abs() <= _big(t.dtype))).all())
+        for t in tensors
+    )
+
+
+def _feeds_sum(strategy: OpStrategy) -> bool:
+    """Whether a sum or average partial goes into the op."""
+    return any(
+        isinstance(p, Partial) and p.reduce_op in ("sum", "avg")
+        for ps in strategy.input_placements if ps is not None for p in ps
+    )
+
+
+def _check_sample(
+    rule: Rule,
+    registry: RuleRegistry,
+    report: RuleReport,
+    mc: MeshCase,
+    sample: SampleInput,
+    rng: random.Random,
+    gen: torch.Generator,
+    max_strategies: int,
+    *,
+    variant_kind: str = "",
+) -> None:
+    """Check every (or a random ``max_strategies`` of the) strategies of one sample."""
+    desc = _describe(sample) + (f" [{variant_kind} variant]" if variant_kind else "")
+    try:
+        with torch.no_grad():
+            reference = flatten_results((rule.reference or rule.op)(*sample.args, **sample.kwargs))
+    except Exception as exc:  # noqa: BLE001 - a bad sample is the rule's bug
+        if variant_kind:  # the op does not take this dtype: nothing to check
+            report.variants_rejected += 1
+            return
+        report.failures.append(Failure(mc.mesh_shape, "-", desc, f"sample rejected by the op: {_first_line(exc)}"))
+        return
+    if variant_kind:
+        report.variants_checked += 1
+    try:
+        # the reference outputs give the output shapes, also data-dependent ones
+        call = registry.op_call(rule.op, to_meta(sample.args), to_meta(sample.kwargs), out_meta=to_meta(reference))
+        strategies = expand_rule(rule, call, mc.mesh_shape, allow_uneven=mc.allow_uneven, strided_factors=mc.strided_factors)
+    except Exception as exc:  # noqa: BLE001 - rule errors are reported, not raised
+        report.failures.append(Failure(mc.mesh_shape, "-", desc, f"enumeration failed: {type(exc).__name__}: {_first_line(exc)}"))
+        return
+    chosen = list(strategies)
+    # inf - inf is NaN: a sum of pieces meets an infinite (or overflowing)
+    # factor once per piece, which the unsharded op meets once, and an
+    # average of finfo.min overflows in its sum. Sum and avg partials are
+    # exact within the dtype's range only, and are checked there.
+    if _extreme(list(_flat_tensors(rule.op, sample)) + list(reference)):
+        chosen = [s for s in chosen if not _feeds_sum(s)]
+    if len(chosen) > max_strategies:
+        chosen = [chosen[0]] + rng.sample(chosen[1:], max_strategies - 1)
+    for strategy in chosen:
+        report.strategies_checked += 1
+        try:
+            msg = check_strategy(rule, sample, strategy, mc.mesh_shape, reference, gen)
+        except Exception as exc:  # noqa: BLE001 - e.g. a shard dim the simulator rejects
+            msg = f"could not run the strategy: {type(exc).__name__}: {_first_line(exc)}"
+        if msg:
+            report.failures.append(Failure(mc.mesh_shape, str(strategy), desc, msg))
 
 
 def select_ops(registry: RuleRegistry, patterns: Sequence[str] = (), families: Sequence[str] = ()) -> list[Any]:

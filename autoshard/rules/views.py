@@ -1,5 +1,5 @@
 """View ops: reshape/view, transpose/permute, squeeze/unsqueeze, expand, and the
-complex/real reinterpretations. Views only move data around, so every partial
+complex/real reinterpretations (and ``_conj``). Views only move data around, so every partial
 passes through unchanged; what a rule must get right is where a shard goes.
 
 Reshapes are shape-dependent: the rule is evaluated per mesh dim on the local
@@ -287,6 +287,12 @@ def _complex_samples(to_complex: bool) -> Callable[[Sampler], Any]:
     return samples
 
 
+def _conj_samples(sampler: Sampler):
+    for dtype in (torch.complex64, torch.complex128):
+        shape = sampler.shape(min_ndim=1)
+        yield SampleInput((torch.complex(sampler.randn(shape, torch.float64), sampler.randn(shape, torch.float64)).to(dtype),), {})
+
+
 def register(registry: RuleRegistry) -> None:
     """Add the view rules to ``registry``."""
     rule = registry.family("views")
@@ -312,3 +318,5 @@ def register(registry: RuleRegistry) -> None:
         _map_rule(_view_as_real_pairs, kinds=(P, P_AVG)))
     rule(aten.view_as_complex.default, compute=view(), samples=_complex_samples(True))(
         _map_rule(_view_as_complex_pairs, kinds=(P, P_AVG)))
+    # conj(a + b) = conj(a) + conj(b); _conj accepts complex tensors only.
+    rule(aten._conj.default, compute=view(), samples=_conj_samples)(_map_rule(_identity_pairs, kinds=(P, P_AVG)))

@@ -27,3 +27,37 @@ def test_dropout_splits_but_never_takes_partials() -> None:
     x = TensorMeta((4, 8), torch.float32)
     strategies = load_rules().strategies(aten.native_dropout.default, (x, 0.1, True), {}, (2,))
     assert len(strategies) == 3 and not any(isinstance(p[0], Partial) for s in strategies for p in s.input_placements)
+
+
+def _partials(strategies) -> set[str]:
+    return {
+        p.reduce_op
+        for s in strategies
+        for ps in list(s.output_placements) + list(s.input_placements) if ps is not None
+        for p in ps if isinstance(p, Partial)
+    }
+
+
+def test_new_ones_of_bool_is_only_a_max_or_min_partial() -> None:
+    x = TensorMeta((4, 8), torch.bool)
+    strategies = load_rules().strategies(aten.new_ones.default, (x, [8, 4]), {}, (2,))
+    assert _partials(strategies) == {"max", "min"}
+
+
+def test_zeros_of_int64_can_be_a_partial_sum_but_not_an_average() -> None:
+    strategies = load_rules().strategies(aten.zeros.default, ([8, 4],), {"dtype": torch.int64}, (2,))
+    assert _partials(strategies) == {"sum", "max", "min"}
+
+
+def test_fill_tensor_follows_a_partial_value_and_never_sums_a_replicated_one() -> None:
+    x, value = TensorMeta((4, 8), torch.float32), TensorMeta((), torch.float32)
+    labels = [str(s) for s in load_rules().strategies(aten.fill.Tensor, (x, value), {}, (2,))]
+    assert "S(1) <- S(1), R" in labels and "P(sum) <- R, P(sum)" in labels and "P(max) <- R, R" in labels
+    assert "P(sum) <- R, R" not in labels  # the value is not known to be zero
+
+
+def test_fill_tensor_of_an_int_tensor_takes_no_float_partial_sum() -> None:
+    # each rank would truncate its piece of the value: int(0.6) + int(0.6) != int(1.2)
+    x, value = TensorMeta((4, 8), torch.int32), TensorMeta((), torch.float32)
+    labels = [str(s) for s in load_rules().strategies(aten.fill.Tensor, (x, value), {}, (2,))]
+    assert "P(sum) <- R, P(sum)" not in labels and "P(max) <- R, P(max)" in labels

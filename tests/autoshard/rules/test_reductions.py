@@ -32,3 +32,38 @@ def test_sum_keeps_partial_sums() -> None:
     strategies = load_rules().strategies(aten.sum.default, (TensorMeta((4, 8), F32),), {}, (2,))
     assert any(s.input_placements[0] == (Partial("sum"),) and s.output_placements[0] == (Partial("sum"),) for s in strategies)
     assert not any(s.output_placements[0] == (Shard(0),) for s in strategies)
+
+
+# ------------------------------------------------------------------ histc, dtypes
+
+def _partials(strategies) -> set[str]:
+    return {
+        p.reduce_op
+        for s in strategies
+        for ps in list(s.output_placements) + list(s.input_placements) if ps is not None
+        for p in ps if isinstance(p, Partial)
+    }
+
+
+def test_histc_with_a_fixed_range_counts_each_slice_into_a_partial_sum() -> None:
+    x = TensorMeta((16, 8), torch.float32)
+    labels = [str(s) for s in load_rules().strategies(aten.histc.default, (x, 4, 0, 3), {}, (2,))]
+    assert labels == ["R <- R", "P(sum) <- S(0)", "P(sum) <- S(1)"]
+
+
+def test_histc_over_the_data_range_stays_replicated() -> None:
+    x = TensorMeta((16, 8), torch.float32)
+    assert len(load_rules().strategies(aten.histc.default, (x, 4), {}, (2,))) == 1
+
+
+def test_cumsum_of_bool_offers_no_sum_or_average_partial() -> None:
+    x = TensorMeta((8, 4), torch.bool)
+    strategies = load_rules().strategies(aten.cumsum.default, (x, 1), {}, (2,))
+    assert len(strategies) > 1 and not _partials(strategies) & {"sum", "avg"}
+
+
+def test_cumsum_cast_to_int32_passes_no_partial_through() -> None:
+    x = TensorMeta((8, 4), torch.float32)
+    rules = load_rules()
+    assert _partials(rules.strategies(aten.cumsum.default, (x, 1), {"dtype": torch.int32}, (2,))) == set()
+    assert _partials(rules.strategies(aten.cumsum.default, (x, 1), {}, (2,))) == {"sum", "avg"}

@@ -9,8 +9,8 @@ import torch
 from costmodel.placements import Partial, Replicate, Shard, StridedShard
 from autoshard.rules import RuleRegistry, TensorMeta, load_rules
 from autoshard.rules.compute import elementwise
-from autoshard.rules.core import OpCall, S, SingleDimStrategy
-from autoshard.rules.expand import expand_rule
+from autoshard.rules.core import P, P_MAX, R, OpCall, S, SingleDimStrategy
+from autoshard.rules.expand import cast_keeps_partial, expand_rule, partial_fits
 from autoshard.rules.registry import Rule
 
 aten = torch.ops.aten
@@ -118,3 +118,42 @@ def test_views_keep_every_partial(rules: RuleRegistry) -> None:
     x = TensorMeta((4, 6), F32)
     outs = {s.output_placements[0] for s in rules.strategies(aten.t.default, (x,), {}, (2,))}
     assert {(Partial(k),) for k in ("sum", "avg", "max", "min")} <= outs
+
+
+# ------------------------------------------------------------------ (d) dtype
+
+
+@pytest.mark.parametrize(
+    "dtype, fits",
+    [
+        (torch.bool, {"max", "min"}),
+        (torch.int32, {"sum", "max", "min"}),
+        (torch.complex64, {"sum", "avg"}),
+        (torch.float16, {"sum", "avg", "max", "min"}),
+    ],
+    ids=str,
+)
+def test_partial_fits_its_dtype(dtype: torch.dtype, fits: set[str]) -> None:
+    assert {k for k in ("sum", "avg", "max", "min") if partial_fits(k, dtype)} == fits
+
+
+def test_casts_to_integers_keep_only_order_and_to_bool_nothing() -> None:
+    assert not cast_keeps_partial(torch.float32, torch.int64, "sum")
+    assert cast_keeps_partial(torch.float32, torch.int64, "min")
+    assert not cast_keeps_partial(torch.int64, torch.bool, "max")
+    assert cast_keeps_partial(torch.int64, torch.float32, "sum") and cast_keeps_partial(torch.float64, torch.bfloat16, "avg")
+
+
+def test_expansion_drops_partials_the_dtype_cannot_carry_whatever_the_rule_says() -> None:
+    # a careless rule offering every partial: the expansion keeps the ones that hold
+    rule = Rule(aten.clone.default, "demo", lambda call: [SingleDimStrategy(k, k) for k in (P, P_MAX)], elementwise())
+    for dtype, kept in ((torch.bool, ["P(max) <- P(max)"]), (torch.complex64, ["P(sum) <- P(sum)"])):
+        x = TensorMeta((4,), dtype)
+        labels = [str(s) for s in expand_rule(rule, OpCall(aten.clone.default, (x,), {}, (x,), (x,)), (2,))]
+        assert labels == ["R <- R"] + kept
+
+
+def test_expansion_drops_a_partial_sum_through_a_cast_to_int() -> None:
+    rule = Rule(aten._to_copy.default, "demo", lambda call: [SingleDimStrategy(P, P), SingleDimStrategy(R, R)], elementwise())
+    x, y = TensorMeta((4,), torch.float32), TensorMeta((4,), torch.int32)
+    assert [str(s) for s in expand_rule(rule, OpCall(aten._to_copy.default, (x,), {}, (x,), (y,)), (2,))] == ["R <- R"]

@@ -14,8 +14,9 @@ from costmodel import simulate
 from costmodel.placements import Partial, Replicate, Shard
 from autoshard.rules import RuleRegistry, load_rules
 from autoshard.rules.compute import elementwise, reduction
-from autoshard.rules.core import P, R, S, SingleDimStrategy
+from autoshard.rules.core import P, P_MAX, P_MIN, R, S, SingleDimStrategy
 from autoshard.rules.registry import Rule
+from autoshard.rules.samples import VARIANTS
 from autoshard.rules.validator import add_arguments, distribute, format_reports, run, validate_rule
 
 aten = torch.ops.aten
@@ -121,3 +122,50 @@ def test_python_m_validator_and_autoshard_validate_rules_exit_zero() -> None:
     from autoshard.cli import main
 
     assert main(["validate-rules", "--op", "t", "--cases", "1"]) == 0
+
+
+# ------------------------------------------------------------------ dtypes and extreme values
+
+
+def test_validator_checks_bool_int_complex_half_and_extreme_variants() -> None:
+    report = validate_rule(REGISTRY.rule_for(aten.clone.default), REGISTRY, cases=5, seed=7)
+    # one sample per case, each case another variant kind (VARIANTS), all taken by clone
+    assert report.ok and report.variants_checked == 5 == len(VARIANTS)
+
+
+def test_variants_the_op_rejects_are_skipped_not_failed() -> None:
+    # _softmax takes no integer, bool or complex input
+    report = validate_rule(REGISTRY.rule_for(aten._softmax.default), REGISTRY, cases=5, seed=7)
+    assert report.ok and report.variants_rejected > 0 and report.variants_checked > 0
+
+
+@pytest.mark.parametrize(
+    "rule",
+    [
+        # |x| is monotone on bools and unsigned ints only: a rule that assumes
+        # integers are counts is wrong for negative ints, never seen by float samples
+        _bad(aten.abs.default, lambda call: [SingleDimStrategy(P_MAX, P_MAX)] if not call.inputs[0].dtype.is_floating_point else []),
+        # sgn(z) = z/|z| is not linear on complex numbers
+        _bad(aten.sgn.default, lambda call: [SingleDimStrategy(P, P)] if call.inputs[0].dtype.is_complex else []),
+    ],
+    ids=["abs-monotone-on-ints", "sgn-linear-on-complex"],
+)
+def test_validator_catches_a_rule_wrong_only_for_some_dtype(rule: Rule) -> None:
+    report = validate_rule(rule, REGISTRY, cases=5)
+    assert not report.ok and all("variant]" in f.sample for f in report.failures)
+
+
+def test_max_partial_of_minus_inf_and_finfo_min_reduces_to_the_value() -> None:
+    x = torch.tensor([float("-inf"), torch.finfo(torch.float32).min, 1.0])
+    for reduce_op in ("max", "min"):
+        locals_ = distribute(x, (Partial(reduce_op),), (3,), torch.Generator().manual_seed(0))
+        assert torch.equal(simulate.unshard(locals_, (Partial(reduce_op),), (3,)), x)
+
+
+def test_extreme_values_pass_a_correct_masking_rule_and_still_catch_a_wrong_one() -> None:
+    # masked_fill(x, mask, -inf) / softmax over -inf and finfo.min: no false alarm
+    for op in (aten.masked_fill.Scalar, aten._softmax.default, aten.amax.default):
+        report = validate_rule(REGISTRY.rule_for(op), REGISTRY, cases=5, seed=11)
+        assert report.ok, "\n".join(str(f) for f in report.failures[:3])
+    wrong = _bad(aten.amax.default, lambda call: [SingleDimStrategy(P_MIN, S(0))], reduction())
+    assert not validate_rule(wrong, REGISTRY, cases=5, seed=11).ok

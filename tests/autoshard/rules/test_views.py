@@ -41,3 +41,26 @@ def test_expand_splits_a_broadcast_dim_with_a_replicated_input() -> None:
     x = TensorMeta((1, 8), F32)
     labels = [str(s) for s in load_rules().strategies(aten.expand.default, (x, [4, 8]), {}, (2,))]
     assert "S(0) <- R" in labels and "S(1) <- S(1)" in labels
+
+
+def _partials(strategies) -> set[str]:
+    return {
+        p.reduce_op
+        for s in strategies
+        for ps in list(s.output_placements) + list(s.input_placements) if ps is not None
+        for p in ps if type(p).__name__ == "Partial"
+    }
+
+
+def test_bool_views_and_expands_carry_no_sum_or_average() -> None:
+    rules = load_rules()
+    mask = TensorMeta((1, 8, 8), torch.bool)
+    assert _partials(rules.strategies(aten.expand.default, (mask, [4, 8, 8]), {}, (2,))) == {"max", "min"}
+    assert _partials(rules.strategies(aten.view.default, (mask, [64]), {}, (2,))) == {"max", "min"}
+
+
+def test_complex_views_carry_no_max_or_min() -> None:
+    rules = load_rules()
+    freqs = TensorMeta((8, 4), torch.complex64)  # rotary embeddings
+    assert _partials(rules.strategies(aten.view.default, (freqs, [1, 8, 1, 4]), {}, (2,))) == {"sum", "avg"}
+    assert _partials(rules.strategies(aten._conj.default, (freqs,), {}, (2,))) == {"sum", "avg"}
