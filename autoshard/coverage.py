@@ -6,8 +6,8 @@ covers it (``NO RULE`` when none does: such an op can only run replicated),
 and prints the share of ops and of op nodes covered.
 
 ``MODULE:FACTORY`` names a function ``FACTORY(**overrides) -> (model,
-example_inputs)`` whose model returns the scalar loss (see
-``examples/models/factory.py``); ``--kwargs`` passes overrides as a JSON
+example_inputs)`` whose model returns the scalar loss or an output with a
+``loss`` (see ``examples/models/factory.py``, ``examples/models/hf.py``); ``--kwargs`` passes overrides as a JSON
 object. The current directory is importable, as with ``python -m``.
 
     $ autoshard coverage examples.models.llama3:tiny --kwargs '{"n_layers": 1}'
@@ -123,8 +123,11 @@ class CoverageReport:
         }
 
 
-def load_example(spec: str, overrides: Mapping[str, Any] | None = None) -> tuple[nn.Module, tuple]:
+def load_example(spec: str, overrides: Mapping[str, Any] | None = None) -> tuple[nn.Module, tuple | dict]:
     """Import ``MODULE:FACTORY`` and call ``FACTORY(**overrides)``.
+
+    The example inputs are a tuple of positional tensors or a dict of keyword
+    tensors (``examples.models.hf``).
 
     Every failure (bad spec, missing module or factory, a factory that raises
     or returns something else) is a ``ValueError`` with a one-line message.
@@ -150,9 +153,10 @@ def load_example(spec: str, overrides: Mapping[str, Any] | None = None) -> tuple
     except Exception as exc:  # any failure of user code is reported, not raised
         first_line = str(exc).splitlines()[0] if str(exc) else ""
         raise ValueError(f"{spec}(**{dict(overrides or {})}) failed: {type(exc).__name__}: {first_line}") from None
-    if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], (tuple, list))):
+    if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], (tuple, list, Mapping))):
         raise ValueError(f"{spec} must return (model, example_inputs), got {type(result).__name__}")
-    return result[0], tuple(result[1])
+    inputs = result[1]
+    return result[0], dict(inputs) if isinstance(inputs, Mapping) else tuple(inputs)
 
 
 def compute_coverage(traced: TracedGraph, registry: RuleLookup, *, model: str = "", trace_s: float = 0.0) -> CoverageReport:

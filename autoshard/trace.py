@@ -2,20 +2,38 @@
 
 This is the first stage of the pipeline (DESIGN.md): everything later (op
 rules, the strategy graph, the runtime) reads the :class:`TracedGraph` built
-here. The model's ``forward(*example_inputs)`` must return the scalar loss;
-the joint graph then holds the forward, the loss and every gradient.
+here. The model is called as ``model(*example_inputs)`` (a tuple of
+tensors) or ``model(**example_inputs)`` (a dict of keyword tensors) and must
+return the scalar loss, or an object or dict whose ``loss`` is that scalar
+(Hugging Face ``model(input_ids=..., labels=...)``); the joint graph then holds
+the forward, the loss and every gradient.
 
-How: parameters, buffers and inputs are swapped for FakeTensors (shapes,
+How: parameters, buffers and inputs are copied as FakeTensors (shapes,
 dtypes and strides without storage; ``meta`` tensors become fake tensors on
 ``device``), and ``aot_export_joint_with_descriptors`` traces the functional
-joint graph. Its placeholders and outputs carry descriptors, from which the
-parameter, buffer and input nodes, the gradient of each parameter, buffer
-mutations (BatchNorm statistics) and the loss are read, all by name. The
-model is left untouched: its tensors are put back after tracing.
+joint graph of a small wrapper module that owns one fake tensor per distinct
+parameter or buffer and calls the model with ``torch.func.functional_call``.
+Placeholders and outputs carry descriptors, from which the parameter, buffer
+and input nodes, the gradient of each parameter, buffer mutations (BatchNorm
+statistics) and the loss are read, all by name. The model is left untouched.
+
+Parameters are identified by object, not by module path: a parameter that
+two modules share (tied embeddings, ``lm_head.weight = wte.weight``) is one
+graph input with one gradient (the sum over its uses), named by its first
+``named_parameters()`` name; its other paths are in
+:attr:`TracedGraph.param_aliases`. (``aot_export`` alone would collect
+``named_parameters(remove_duplicate=False)`` and give each path its own input
+and a partial gradient.)
+
+While tracing, ``torch.compiler.is_compiling()`` is true (as in
+``torch.export``), so that libraries skip their value-dependent fast paths
+(:mod:`autoshard.trace_compat`); a model that still reads tensor values gets
+one :class:`DataDependentError` line naming the op and the model's line.
 
 Every private torch API that autoshard uses for tracing is called from this
-module only (``torch._functorch``, ``torch._subclasses``), so that a change
-between torch releases is fixed in one place.
+module or :mod:`autoshard.trace_compat` only (``torch._functorch``,
+``torch._subclasses``), so that a change between torch releases is fixed in
+one place.
 
 >>> from examples.models import mlp
 >>> traced = trace_joint(*mlp.tiny(device="meta"))
@@ -26,9 +44,10 @@ between torch releases is fixed in one place.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,8 +60,12 @@ from torch._ops import OpOverload
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from autoshard.rules.core import TensorMeta, to_meta
+from autoshard.trace_compat import DataDependentError, TraceError, data_dependent_error, library_tracing
 
-__all__ = ["TensorMeta", "NodeInfo", "TracedGraph", "JointResult", "trace_joint", "traced_ops", "run_joint"]
+__all__ = [
+    "TensorMeta", "NodeInfo", "TracedGraph", "JointResult", "TraceError", "DataDependentError",
+    "trace_joint", "traced_ops", "run_joint",
+]
 
 aten = torch.ops.aten
 
@@ -75,8 +98,9 @@ class TracedGraph:
     """A joint forward+backward graph and what each of its inputs and outputs means.
 
     All mappings are keyed by name: parameter and buffer fully qualified names
-    (``layers.0.attention.wq.weight``), the forward's argument names for user
-    inputs (``tokens``), fx node names for :attr:`nodes`.
+    (``layers.0.attention.wq.weight``; a shared tensor under its first
+    ``named_parameters()`` name), the forward's argument names or the keyword
+    names for user inputs (``tokens``), fx node names for :attr:`nodes`.
     """
 
     graph_module: fx.GraphModule
@@ -98,7 +122,7 @@ class TracedGraph:
     """Buffer FQN -> the node with its new value, for buffers the step mutates."""
 
     inputs: Mapping[str, fx.Node]
-    """Forward argument name -> its placeholder, in argument order."""
+    """Forward argument name (or keyword of a dict of example inputs) -> its placeholder, in order."""
 
     tangent: fx.Node
     """Placeholder for d(loss)/d(loss), fed 1.0 in training."""
@@ -108,6 +132,12 @@ class TracedGraph:
 
     fake_mode: Any
     """The FakeTensorMode that owns every ``node.meta["val"]`` (for re-tracing later stages)."""
+
+    param_aliases: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    """Parameter FQN -> the other module paths of the same tensor (tied weights); only shared ones."""
+
+    buffer_aliases: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    """Buffer FQN -> the other module paths of the same tensor; only shared ones."""
 
     @property
     def loss_meta(self) -> TensorMeta:
@@ -127,42 +157,72 @@ def traced_ops(traced: TracedGraph) -> Counter[OpOverload]:
 
 def trace_joint(
     model: nn.Module,
-    example_inputs: Sequence[torch.Tensor],
+    example_inputs: Sequence[torch.Tensor] | Mapping[str, torch.Tensor],
     *,
     device: str | torch.device = "cpu",
     decompositions: Mapping[OpOverload, Callable[..., Any]] | None = None,
 ) -> TracedGraph:
-    """Trace ``model(*example_inputs)`` (a scalar loss) and its backward into one graph.
+    """Trace ``model(*example_inputs)`` or ``model(**example_inputs)`` (the loss) and its backward into one graph.
 
-    Parameters, buffers and inputs may be real, ``meta`` or fake; the trace
-    runs on fake tensors placed on ``device`` (which picks device-specific
-    kernels, e.g. the CPU flash-attention op), so it allocates no tensor
-    memory. ``decompositions`` maps ops to Python functions that replace them
-    during the trace (none by default: the graph keeps the ops autograd
-    emits). ``aten.detach`` nodes are removed: in a joint graph they are
-    identities.
+    The model returns the scalar loss, or an object or dict with a ``loss``
+    entry (Hugging Face outputs). Parameters, buffers and inputs may be real,
+    ``meta`` or fake; the trace runs on fake tensors placed on ``device``
+    (which picks device-specific kernels, e.g. the CPU flash-attention op), so
+    it allocates no tensor memory. ``decompositions`` maps ops to Python
+    functions that replace them during the trace (none by default: the graph
+    keeps the ops autograd emits). ``aten.detach`` nodes are removed: in a
+    joint graph they are identities.
+
+    Raises :class:`TraceError` (a ``ValueError``) with one line when the model
+    cannot be traced as given, :class:`DataDependentError` when it reads
+    tensor values.
 
     >>> from examples.models import llama3
     >>> traced = trace_joint(*llama3.tiny(device="meta"))
     >>> list(traced.inputs), traced.grads["norm.weight"] is not None
     (['tokens', 'labels'], True)
     """
-    input_names = _input_names(model, len(example_inputs))
-    for name, value in zip(input_names, example_inputs):
+    if isinstance(example_inputs, Mapping):
+        input_names, values, by_keyword = list(example_inputs), list(example_inputs.values()), True
+    else:
+        values, by_keyword = list(example_inputs), False
+        input_names = _input_names(model, len(values))
+    for name, value in zip(input_names, values):
         if not isinstance(value, torch.Tensor):
-            raise ValueError(f"example input {name!r} must be a tensor, got {type(value).__name__}")
+            raise TraceError(f"example input {name!r} must be a tensor, got {type(value).__name__}")
     fake_mode = FakeTensorMode()
     target = torch.device(device)
-    with _fake_state(model, fake_mode, target):
-        with fake_mode:
-            fake_inputs = tuple(_to_fake(fake_mode, value, target) for value in example_inputs)
-        with contextlib.ExitStack() as stack:
+    params, param_aliases = _unique_tensors(model.named_parameters(remove_duplicate=False))
+    buffers, buffer_aliases = _unique_tensors(model.named_buffers(remove_duplicate=False))
+    with fake_mode:
+        fake_params = {
+            name: nn.Parameter(_to_fake(fake_mode, p, target), requires_grad=p.requires_grad)
+            for name, p in params.items()
+        }
+        fake_buffers = {name: _to_fake(fake_mode, b, target) for name, b in buffers.items()}
+        fake_inputs = tuple(_to_fake(fake_mode, value, target) for value in values)
+    wrapper = _LossOf(
+        model, fake_params, fake_buffers, {**param_aliases, **buffer_aliases},
+        input_names if by_keyword else None,
+    )
+    try:
+        with contextlib.ExitStack() as stack, library_tracing():
             joint = aot_export_joint_with_descriptors(
-                stack, model, fake_inputs, decompositions=dict(decompositions or {})
+                stack, wrapper, fake_inputs, decompositions=dict(decompositions or {})
             )
             graph_module = joint.graph_module
+    except TraceError:
+        raise
+    except Exception as exc:  # a model reading tensor values: one line instead of a torch-internal trace
+        error = data_dependent_error(exc)
+        if error is None:
+            raise
+        raise error from exc
     _remove_detach(graph_module)
-    return _describe(graph_module, input_names, fake_mode)
+    return _describe(
+        graph_module, input_names, fake_mode, names=wrapper.slot_names,
+        param_aliases=param_aliases, buffer_aliases=buffer_aliases,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,11 +242,13 @@ class JointResult:
 def run_joint(
     traced: TracedGraph,
     values: Mapping[str, torch.Tensor],
-    inputs: Sequence[torch.Tensor],
+    inputs: Sequence[torch.Tensor] | Mapping[str, torch.Tensor],
 ) -> JointResult:
     """Run the joint graph on real tensors: ``values`` maps parameter and buffer FQNs
-    to tensors (``dict(model.named_parameters())`` and buffers), ``inputs`` are the
-    forward's arguments. The loss tangent is 1.
+    to tensors (``dict(model.named_parameters())`` and buffers, with or without
+    ``remove_duplicate=False``: a shared tensor may come under any of its
+    paths), ``inputs`` are the forward's arguments, in order or by name. The
+    loss tangent is 1.
 
     >>> from examples.models import mlp
     >>> model, inputs = mlp.tiny()
@@ -194,11 +256,17 @@ def run_joint(
     >>> torch.allclose(result.loss, model(*inputs))
     True
     """
+    aliases = {**traced.param_aliases, **traced.buffer_aliases}
     by_node: dict[fx.Node, torch.Tensor] = {}
     for fqn, node in {**traced.params, **traced.buffers}.items():
-        if fqn not in values:
+        name = next((n for n in (fqn, *aliases.get(fqn, ())) if n in values), None)
+        if name is None:
             raise ValueError(f"values: missing tensor for {fqn!r}")
-        by_node[node] = values[fqn].detach()
+        by_node[node] = values[name].detach()
+    if isinstance(inputs, Mapping):
+        if sorted(inputs) != sorted(traced.inputs):
+            raise ValueError(f"inputs: expected tensors named {', '.join(traced.inputs)}, got {', '.join(inputs)}")
+        inputs = [inputs[name] for name in traced.inputs]
     if len(inputs) != len(traced.inputs):
         raise ValueError(f"inputs: expected {len(traced.inputs)} tensors ({', '.join(traced.inputs)}), got {len(inputs)}")
     by_node.update(zip(traced.inputs.values(), inputs))
@@ -235,31 +303,85 @@ def _to_fake(fake_mode: FakeTensorMode, value: torch.Tensor, device: torch.devic
     return fake if fake.device == device else fake.to(device)
 
 
-@contextlib.contextmanager
-def _fake_state(model: nn.Module, fake_mode: FakeTensorMode, device: torch.device) -> Iterator[None]:
-    """Swap every parameter and buffer of ``model`` for a fake one; put them back on exit.
+def _unique_tensors(
+    named: Iterable[tuple[str, torch.Tensor]],
+) -> tuple[dict[str, torch.Tensor], dict[str, tuple[str, ...]]]:
+    """``(first name -> tensor, first name -> its other names)`` of a ``remove_duplicate=False`` listing.
 
-    Tensors shared between modules (tied embeddings) map to one fake tensor,
-    so the trace still sees a single parameter with one gradient.
+    The first name is the one ``named_parameters()`` keeps when it removes duplicates.
     """
-    fakes: dict[int, torch.Tensor] = {}
-    saved: list[tuple[dict[str, Any], str, Any]] = []
-    try:
-        with fake_mode:
-            for module in model.modules():
-                for slots, as_param in ((module._parameters, True), (module._buffers, False)):
-                    for name, tensor in list(slots.items()):
-                        if tensor is None:
-                            continue
-                        if id(tensor) not in fakes:
-                            fake = _to_fake(fake_mode, tensor, device)
-                            fakes[id(tensor)] = nn.Parameter(fake, requires_grad=tensor.requires_grad) if as_param else fake
-                        saved.append((slots, name, tensor))
-                        slots[name] = fakes[id(tensor)]
-        yield
-    finally:
-        for slots, name, tensor in reversed(saved):
-            slots[name] = tensor
+    first: dict[int, str] = {}
+    tensors: dict[str, torch.Tensor] = {}
+    others: dict[str, list[str]] = {}
+    for name, tensor in named:
+        if id(tensor) in first:
+            others.setdefault(first[id(tensor)], []).append(name)
+        else:
+            first[id(tensor)] = name
+            tensors[name] = tensor
+    return tensors, {name: tuple(paths) for name, paths in others.items()}
+
+
+class _LossOf(nn.Module):
+    """What ``aot_export`` traces: one slot per distinct tensor of ``model``, and the loss as output.
+
+    ``aot_export`` lifts every ``named_parameters(remove_duplicate=False)``
+    path of the module it is given into an input of its own; given this
+    wrapper, it sees each shared tensor once. The model is not a submodule
+    (its paths would be lifted again): ``forward`` puts the traced slot values
+    at every path of the model with ``functional_call``.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        params: Mapping[str, nn.Parameter],
+        buffers: Mapping[str, torch.Tensor],
+        aliases: Mapping[str, tuple[str, ...]],
+        keywords: list[str] | None,
+    ) -> None:
+        super().__init__()
+        object.__setattr__(self, "model", model)
+        self.keywords = keywords
+        self.paths: dict[str, tuple[str, ...]] = {}
+        # slot names cannot contain dots; slot_names maps them back to FQNs
+        self.slot_names: dict[str, str] = {}
+        for index, (name, param) in enumerate(params.items()):
+            self.register_parameter(f"p{index}", param)
+            self.slot_names[f"p{index}"] = name
+        for index, (name, buffer) in enumerate(buffers.items()):
+            self.register_buffer(f"b{index}", buffer)
+            self.slot_names[f"b{index}"] = name
+        self.paths = {slot: (name, *aliases.get(name, ())) for slot, name in self.slot_names.items()}
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        state = {path: getattr(self, slot) for slot, paths in self.paths.items() for path in paths}
+        if self.keywords is None:
+            args, kwargs = inputs, {}
+        else:
+            args, kwargs = (), dict(zip(self.keywords, inputs))
+        return _loss_of(torch.func.functional_call(self.model, state, args, kwargs, tie_weights=False))
+
+
+def _loss_of(output: Any) -> torch.Tensor:
+    """The loss tensor of a model's output: the output itself, ``output["loss"]`` or ``output.loss``."""
+    if isinstance(output, torch.Tensor):
+        return output
+    if isinstance(output, Mapping):
+        loss = output.get("loss")
+    elif hasattr(output, "loss"):
+        loss = output.loss
+    else:
+        raise TraceError(
+            "forward must return the scalar loss, or an object or dict with a 'loss' entry; "
+            f"got {type(output).__name__}"
+        )
+    if not isinstance(loss, torch.Tensor):
+        raise TraceError(
+            f"the model's output ({type(output).__name__}) has no loss tensor (loss is {type(loss).__name__}): "
+            "pass the labels among the example inputs"
+        )
+    return loss
 
 
 def _remove_detach(graph_module: fx.GraphModule) -> None:
@@ -272,8 +394,19 @@ def _remove_detach(graph_module: fx.GraphModule) -> None:
     graph_module.recompile()
 
 
-def _describe(graph_module: fx.GraphModule, input_names: list[str], fake_mode: FakeTensorMode) -> TracedGraph:
-    """Read the descriptors on placeholders and outputs into a :class:`TracedGraph`."""
+def _describe(
+    graph_module: fx.GraphModule,
+    input_names: list[str],
+    fake_mode: FakeTensorMode,
+    *,
+    names: Mapping[str, str],
+    param_aliases: Mapping[str, tuple[str, ...]],
+    buffer_aliases: Mapping[str, tuple[str, ...]],
+) -> TracedGraph:
+    """Read the descriptors on placeholders and outputs into a :class:`TracedGraph`.
+
+    ``names`` maps the traced wrapper's slot names (descriptor targets) to FQNs of the model.
+    """
     params: dict[str, fx.Node] = {}
     buffers: dict[str, fx.Node] = {}
     inputs: dict[int, fx.Node] = {}
@@ -284,42 +417,43 @@ def _describe(graph_module: fx.GraphModule, input_names: list[str], fake_mode: F
         if node.op == "placeholder":
             desc = node.meta["desc"]
             if isinstance(desc, aot_desc.ParamAOTInput):
-                params[desc.target] = node
+                params[names[desc.target]] = node
             elif isinstance(desc, aot_desc.BufferAOTInput):
-                buffers[desc.target] = node
+                buffers[names[desc.target]] = node
             elif isinstance(desc, aot_desc.PlainAOTInput):
                 inputs[desc.idx] = node
             elif isinstance(desc, aot_desc.TangentAOTInput):
                 tangents.append(node)
             else:
-                raise ValueError(f"unsupported graph input {node.name}: {desc} (tensor subclass or aliased input?)")
+                raise TraceError(f"unsupported graph input {node.name}: {desc} (tensor subclass or aliased input?)")
         elif node.op == "call_function":
             nodes[node.name] = _node_info(node)
         elif node.op == "output":
             output_node = node
     if output_node is None:
-        raise ValueError("the traced graph has no output")
+        raise TraceError("the traced graph has no output")
 
     grads: dict[str, fx.Node | None] = {fqn: None for fqn in params}
     buffer_updates: dict[str, fx.Node] = {}
     losses: list[fx.Node] = []
     for value, desc in zip(output_node.args[0], output_node.meta["desc"]):
         if isinstance(desc, aot_desc.GradAOTOutput) and isinstance(desc.grad_of, aot_desc.ParamAOTInput):
-            grads[desc.grad_of.target] = value
+            grads[names[desc.grad_of.target]] = value
         elif isinstance(desc, aot_desc.InputMutationAOTOutput) and isinstance(desc.mutated_input, aot_desc.BufferAOTInput):
-            buffer_updates[desc.mutated_input.target] = value
+            buffer_updates[names[desc.mutated_input.target]] = value
         elif isinstance(desc, aot_desc.PlainAOTOutput):
             losses.append(value)
     if len(losses) != 1 or len(tangents) != 1:
-        raise ValueError(f"forward must return exactly one tensor (the loss), got {len(losses)} outputs")
+        raise TraceError(f"forward must return exactly one tensor (the loss), got {len(losses)} outputs")
     loss_meta = TensorMeta.of(losses[0].meta["val"])
     if loss_meta.shape != ():
-        raise ValueError(f"forward must return a scalar loss, got shape {loss_meta.shape}")
+        raise TraceError(f"forward must return a scalar loss, got shape {loss_meta.shape}")
     return TracedGraph(
         graph_module=graph_module, nodes=nodes, params=params, grads=grads, buffers=buffers,
         buffer_updates=buffer_updates,
         inputs={input_names[idx]: inputs[idx] for idx in sorted(inputs)},
         tangent=tangents[0], loss=losses[0], fake_mode=fake_mode,
+        param_aliases=dict(param_aliases), buffer_aliases=dict(buffer_aliases),
     )
 
 

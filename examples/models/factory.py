@@ -6,7 +6,8 @@ A *factory* is a function ``FACTORY(**overrides) -> (model, example_inputs)``:
   scalar training loss, so that a joint forward+backward trace contains the
   loss and every gradient;
 - ``example_inputs`` is a tuple of tensors (inputs and labels) on the same
-  device as the model;
+  device as the model (library models in ``hf.py`` take a dict of keyword
+  tensors instead, ``model(**example_inputs).loss``);
 - ``overrides`` are keyword arguments: any field of the model's config
   dataclass (``dim=64``, ``n_layers=2``) or one of the build options below
   (``batch_size``, ``seq_len`` where the model takes sequences, ``device``,

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from autoshard.trace import TensorMeta, run_joint, trace_joint, traced_ops
+from autoshard.trace import DataDependentError, TensorMeta, TraceError, run_joint, trace_joint, traced_ops
 from examples.models import convnet, gpt2, llama3, mlp
 
 aten = torch.ops.aten
@@ -127,3 +127,85 @@ def test_8b_shaped_layer_traces_on_fake_tensors_without_allocating():
     assert TensorMeta.of(traced.params["tok_embeddings.weight"].meta["val"]).shape == (128256, 4096)
     peak_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     assert peak_gib < 3.0, f"peak RSS {peak_gib:.1f} GiB: tensors were materialised"
+
+
+class _TiedHead(nn.Module):
+    """Embedding and head share one Parameter under two module paths (as transformers ties them)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(16, 8)
+        self.head = nn.Linear(8, 16, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, tokens: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+        logits = self.head(self.embed(tokens))
+        return {"logits": logits, "loss": nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten())}
+
+
+def test_parameter_shared_by_two_modules_is_one_input_with_the_summed_gradient():
+    torch.manual_seed(0)
+    model = _TiedHead()
+    inputs = {"tokens": torch.randint(0, 16, (2, 5)), "labels": torch.randint(0, 16, (2, 5))}
+    traced = trace_joint(model, inputs)
+    assert list(traced.params) == ["embed.weight"]
+    assert traced.param_aliases == {"embed.weight": ("head.weight",)}
+    model(**inputs)["loss"].backward()
+    for values in (dict(model.named_parameters()), dict(model.named_parameters(remove_duplicate=False))):
+        result = run_joint(traced, values, inputs)
+        torch.testing.assert_close(result.grads["embed.weight"], model.embed.weight.grad)
+
+
+def test_dict_inputs_are_keyword_arguments_named_by_their_keys():
+    model, (x, y) = mlp.tiny()
+    traced = trace_joint(model, {"target": y, "x": x})
+    assert list(traced.inputs) == ["target", "x"]
+    by_name = run_joint(traced, dict(model.named_parameters()), {"x": x, "target": y})
+    in_order = run_joint(traced, dict(model.named_parameters()), [y, x])
+    torch.testing.assert_close(by_name.loss, model(x, y).detach())
+    torch.testing.assert_close(in_order.loss, by_name.loss)
+
+
+def test_output_without_a_loss_is_a_one_line_error():
+    class Pair(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return self.lin(x).sum(), x
+
+    with pytest.raises(TraceError, match="scalar loss, or an object or dict with a 'loss' entry; got tuple"):
+        trace_joint(Pair(), (torch.randn(2, 4),))
+
+
+class _ValueBranch(nn.Module):
+    """Reads a tensor's value unless it is being traced, as transformers' mask code does."""
+
+    def __init__(self, *, check_tracing: bool) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.check_tracing = check_tracing
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.lin(x)
+        if self.check_tracing and torch.compiler.is_compiling():
+            return out.sum()
+        if (x > 0).all():  # the line the error must name
+            out = out * 2
+        return out.sum()
+
+
+def test_value_read_is_one_line_naming_the_op_and_the_model_line():
+    with pytest.raises(DataDependentError) as info:
+        trace_joint(_ValueBranch(check_tracing=False), (torch.randn(2, 4),))
+    message = str(info.value)
+    assert "\n" not in message
+    assert "aten._local_scalar_dense.default" in message
+    assert "test_trace.py:" in message and "if (x > 0).all():" in message
+    assert not torch.compiler.is_compiling()  # the flag is put back after a failed trace too
+
+
+def test_libraries_see_a_tracer_while_tracing_and_skip_value_reads():
+    trace_joint(_ValueBranch(check_tracing=True), (torch.randn(2, 4),))
+    assert not torch.compiler.is_compiling()

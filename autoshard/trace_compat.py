@@ -1,0 +1,129 @@
+"""What real model libraries need from a trace: the "being traced" signal and readable errors.
+
+Libraries such as Hugging Face ``transformers`` read tensor values in Python
+(``if (mask == 1).all(): mask = None``) unless they detect a tracer, and they
+detect one through ``torch.compiler.is_compiling()``. ``torch.export`` in
+non-strict mode, which traces Python on fake tensors as :mod:`autoshard.trace`
+does, sets that flag for the duration of the trace; :func:`library_tracing`
+does the same, and only that (not ``is_exporting()``: the joint graph has
+static shapes, so shape-derived shortcuts such as SDPA's ``is_causal`` stay
+valid). The flag is restored on exit, also on error.
+
+A model that still reads tensor values fails on fake tensors with an
+exception naming only the ATen op; :func:`data_dependent_error` turns it into
+one line naming the op, the model's source line that called it, and the way
+out.
+
+Every private torch API used here (``torch.compiler._is_compiling_flag``, the
+fake-tensor exceptions) is read in this module only.
+
+>>> import torch
+>>> with library_tracing():
+...     torch.compiler.is_compiling()
+True
+>>> torch.compiler.is_compiling()
+False
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import traceback
+from collections.abc import Iterator
+
+import torch
+import torch.compiler
+from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
+from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
+__all__ = ["TraceError", "DataDependentError", "library_tracing", "data_dependent_error"]
+
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+_AUTOSHARD_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+class TraceError(ValueError):
+    """A model that cannot be traced as given; the message is one line saying why and what to do."""
+
+
+class DataDependentError(TraceError):
+    """The model reads tensor values (``.item()``, ``if tensor:``) or makes value-dependent shapes."""
+
+
+@contextlib.contextmanager
+def library_tracing() -> Iterator[None]:
+    """Make ``torch.compiler.is_compiling()`` true while the block runs, as ``torch.export`` does.
+
+    >>> with library_tracing():
+    ...     pass
+    """
+    previous = torch.compiler._is_compiling_flag
+    torch.compiler._is_compiling_flag = True
+    try:
+        yield
+    finally:
+        torch.compiler._is_compiling_flag = previous
+
+
+def data_dependent_error(exc: BaseException) -> DataDependentError | None:
+    """A one-line :class:`DataDependentError` for a data-dependent failure in ``exc``'s chain, else ``None``.
+
+    >>> data_dependent_error(RuntimeError("unrelated")) is None
+    True
+    """
+    for cause in _chain(exc):
+        if isinstance(cause, DataDependentOutputException):
+            what = f"{cause.func} reads a tensor's value in Python (.item(), bool(), int(), `if tensor`)"
+        elif isinstance(cause, DynamicOutputShapeException):
+            what = f"{cause.func} has an output shape that depends on tensor values"
+        elif isinstance(cause, GuardOnDataDependentSymNode):
+            what = "a branch depends on a tensor's value"
+        else:
+            continue
+        where = _user_line(cause)
+        if where.startswith("transformers" + os.sep):
+            way_out = ("pass an explicit attention_mask or position_ids, or pick another "
+                       "attn_implementation / experts_implementation")
+        else:
+            way_out = ("compute it from shapes only (torch.where instead of `if`, "
+                       "a fixed-capacity dispatch instead of nonzero)")
+        return DataDependentError(
+            f"{what}, at {where}; a traced graph has fixed shapes and no branch on tensor values: {way_out}"
+        )
+    return None
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and the exceptions it was raised from or during, innermost last."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
+
+
+def _user_line(exc: BaseException) -> str:
+    """``file:line (function): source`` of the innermost frame outside torch and autoshard."""
+    frames = [
+        frame for frame in traceback.extract_tb(exc.__traceback__)
+        if not frame.filename.startswith((_TORCH_DIR, _AUTOSHARD_DIR))
+    ]
+    if not frames:
+        return "an unknown line (no model frame in the traceback)"
+    frame = frames[-1]
+    source = f": {frame.line.strip()}" if frame.line else ""
+    return f"{_short_path(frame.filename)}:{frame.lineno} ({frame.name}){source}"
+
+
+def _short_path(path: str) -> str:
+    """``transformers/masking_utils.py`` for an installed package, else the path relative to the cwd."""
+    marker = os.sep + "site-packages" + os.sep
+    if marker in path:
+        return path.rsplit(marker, 1)[1]
+    try:
+        relative = os.path.relpath(path)
+    except ValueError:  # another drive on Windows
+        return path
+    return path if relative.startswith("..") else relative
