@@ -21,6 +21,8 @@ _COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("demo", "autoshard.demo", "run the end-to-end demo on small examples"),
     ("coverage", "autoshard.coverage", "list a model's aten ops and the rules that cover them"),
     ("validate-rules", "autoshard.rules.validator", "check sharding rules numerically on simulated shards"),
+    ("solve", "autoshard.plan.solve_cli", "trace a model factory and solve its sharding plan for a mesh"),
+    ("explain", "autoshard.plan.explain", "show a plan: placements, costliest redistributions, estimate"),
 )
 
 

@@ -41,6 +41,7 @@ from solver.compiled import CompiledGraph
 from solver.ilp import initial_points, violated_points
 from solver.kernels import BIG, Arrays, to_arrays
 from solver.localsearch import SearchState, repaired_candidate
+from solver.tolerance import DEFAULT_GAP, is_proven
 from solver.wcsp import COST_RANGE, add_cost_functions
 
 __all__ = ["LagrangianReport", "price_and_repair", "inner_solver_names"]
@@ -176,8 +177,10 @@ def price_and_repair(
     seed: int = 0,
     max_rounds: int = 10_000,
     on_improve=None,
+    gap: float = DEFAULT_GAP,
 ) -> LagrangianReport:
-    """Improve the feasible ``state`` in place by Lagrangian rounds until ``deadline``."""
+    """Improve the feasible ``state`` in place by Lagrangian rounds until ``deadline``,
+    or until the bound proves the best cost within ``gap`` (``solver.tolerance``)."""
     arr = state.arr
     rng = np.random.default_rng(seed)
     plan = None
@@ -226,6 +229,8 @@ def price_and_repair(
         else:
             stale += 1
         report.history.append((time.perf_counter() - start, best_cost, report.bound))
+        if is_proven(best_cost, report.bound, gap):
+            break
         # multipliers: projected subgradient on the active points, Polyak step
         new_points = violated_points(graph, labels, per_round=20)
         active = np.union1d(active, new_points)

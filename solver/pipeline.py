@@ -289,7 +289,7 @@ def solve(
         emit("lagrangian", cost=graph.cost(best))
         state = _state_for(arr, graph, best)
         lag_deadline = time.perf_counter() + 0.7 * (deadline - time.perf_counter())
-        lag = price_and_repair(graph, state, deadline=lag_deadline, seed=seed, inner=inner,
+        lag = price_and_repair(graph, state, deadline=lag_deadline, seed=seed, inner=inner, gap=gap,
                                on_improve=lambda c: emit("improved", cost=c))
         stats["methods_run"].append(f"lagrangian:{lag.inner}")
         stats["lagrangian"] = lag.to_dict()

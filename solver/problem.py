@@ -8,6 +8,11 @@ every time t the memory of the nodes live at t stays within ``memory_limit``
 (nodes without ``live`` count at every time). ``ties`` force groups of nodes to
 pick the same index; ``pins`` force one node's index.
 
+Edges may share one matrix (top-level ``matrices``, an edge giving
+``"matrix": k`` instead of ``"cost"``): in memory the edges then hold the same
+array, checked once, and :meth:`Problem.to_dict` writes an array used by
+several edges that way.
+
 Forbidden strategies and pairs: ``null`` in JSON, or any cost >= 1e18 (real
 exported problems, e.g. XLA's, use 1e18). In memory they are ``inf``.
 
@@ -178,7 +183,9 @@ class Problem:
                 raise ProblemError(
                     f"nodes[{i}].strategies", f"expected {k} labels (one per cost), got {len(node.strategies)}"
                 )
-        edges_ok = not self.edges or _all_valid_costs([edge.cost.ravel() for edge in self.edges])
+        # shared matrices (one array for many edges) are checked once
+        distinct = {id(edge.cost): edge.cost for edge in self.edges}
+        edges_ok = not self.edges or _all_valid_costs([m.ravel() for m in distinct.values()])
         for j, edge in enumerate(self.edges):
             for end_name, index in (("src", edge.src), ("dst", edge.dst)):
                 if not 0 <= index < n:
@@ -238,7 +245,8 @@ class Problem:
         raw_edges = data.get("edges", [])
         if not isinstance(raw_edges, list):
             raise ProblemError("edges", "not a list")
-        edges = tuple(_edge_from_dict(raw, j, nodes) for j, raw in enumerate(raw_edges))
+        matrices = _matrices_from_json(data.get("matrices", []))
+        edges = tuple(_edge_from_dict(raw, j, nodes, matrices) for j, raw in enumerate(raw_edges))
         limit = data.get("memory_limit")
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, (int, float))):
             raise ProblemError("memory_limit", f"must be a number or null, got {limit!r}")
@@ -254,9 +262,24 @@ class Problem:
         if self.name:
             out["name"] = self.name
         out["nodes"] = [_node_to_dict(node) for node in self.nodes]
-        out["edges"] = [
-            {"src": e.src, "dst": e.dst, "cost": [_costs_to_json(row) for row in e.cost]} for e in self.edges
-        ]
+        # An array used by several edges is written once, in "matrices".
+        uses: dict[int, int] = {}
+        for e in self.edges:
+            uses[id(e.cost)] = uses.get(id(e.cost), 0) + 1
+        shared: dict[int, int] = {}
+        matrices: list[list[list[float | None]]] = []
+        edges: list[dict[str, Any]] = []
+        for e in self.edges:
+            if uses[id(e.cost)] > 1:
+                if id(e.cost) not in shared:
+                    shared[id(e.cost)] = len(matrices)
+                    matrices.append([_costs_to_json(row) for row in e.cost])
+                edges.append({"src": e.src, "dst": e.dst, "matrix": shared[id(e.cost)]})
+            else:
+                edges.append({"src": e.src, "dst": e.dst, "cost": [_costs_to_json(row) for row in e.cost]})
+        if matrices:
+            out["matrices"] = matrices
+        out["edges"] = edges
         if self.memory_limit is not None:
             out["memory_limit"] = self.memory_limit
         if self.ties:
@@ -326,7 +349,28 @@ def _node_from_dict(raw: Any, i: int) -> Node:
     return Node(cost=cost, memory_bytes=memory, live=live, name=str(name), strategies=labels)
 
 
-def _edge_from_dict(raw: Any, j: int, nodes: Sequence[Node]) -> Edge:
+def _matrices_from_json(raw: Any) -> list[np.ndarray]:
+    """The optional top-level ``matrices``: shared edge matrices, parsed once."""
+    if not isinstance(raw, list):
+        raise ProblemError("matrices", "expected a list of matrices")
+    out = []
+    for k, matrix in enumerate(raw):
+        if not isinstance(matrix, list) or not matrix or not all(isinstance(row, list) for row in matrix):
+            raise ProblemError(f"matrices[{k}]", "expected a non-empty matrix (list of rows)")
+        if any(len(row) != len(matrix[0]) for row in matrix):
+            raise ProblemError(f"matrices[{k}]", "rows of different lengths")
+        try:
+            arr = np.array([[math.inf if v is None else v for v in row] for row in matrix], dtype=np.float64)
+        except (TypeError, ValueError):
+            raise ProblemError(f"matrices[{k}]", "costs must be numbers or null") from None
+        arr = arr.reshape(len(matrix), len(matrix[0]))
+        _check_costs(arr, f"matrices[{k}]")
+        arr[arr >= FORBIDDEN_COST] = math.inf
+        out.append(arr)
+    return out
+
+
+def _edge_from_dict(raw: Any, j: int, nodes: Sequence[Node], matrices: Sequence[np.ndarray] = ()) -> Edge:
     path = f"edges[{j}]"
     if not isinstance(raw, Mapping):
         raise ProblemError(path, "expected an object")
@@ -338,8 +382,16 @@ def _edge_from_dict(raw: Any, j: int, nodes: Sequence[Node]) -> Edge:
         if not 0 <= value < len(nodes):
             raise ProblemError(f"{path}.{key}", f"node {value} out of range (problem has {len(nodes)} nodes)")
         ends.append(value)
-    matrix = raw.get("cost")
     shape = (nodes[ends[0]].num_strategies, nodes[ends[1]].num_strategies)
+    if "matrix" in raw:
+        k = raw["matrix"]
+        if not isinstance(k, int) or isinstance(k, bool) or not 0 <= k < len(matrices):
+            raise ProblemError(f"{path}.matrix", f"expected an index into matrices (0..{len(matrices) - 1}), got {k!r}")
+        if matrices[k].shape != shape:
+            got = "x".join(str(d) for d in matrices[k].shape)
+            raise ProblemError(f"{path}.matrix", f"matrices[{k}] is {got}, expected {shape[0]}x{shape[1]} (src x dst strategies)")
+        return Edge(src=ends[0], dst=ends[1], cost=matrices[k])
+    matrix = raw.get("cost")
     if not isinstance(matrix, list) or not all(isinstance(row, list) for row in matrix):
         raise ProblemError(f"{path}.cost", f"expected a {shape[0]}x{shape[1]} matrix (list of rows)")
     if len(matrix) != shape[0] or any(len(row) != shape[1] for row in matrix):

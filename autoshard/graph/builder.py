@@ -11,7 +11,8 @@ Nodes (one per tensor-producing op of the joint graph, plus leaves and sinks):
   even placement of the whole tensor (``autoshard.graph.placements``); the
   tangent (d loss / d loss, a scalar) is replicated. A parameter holds its
   shard and optimizer state all step, and its cost is the optimizer update on
-  its shard.
+  its shard. An input's shard is held all step too (the training loop keeps
+  its batch until the step ends).
 - **grad** sinks: one per parameter with a gradient. The gradient must leave
   the graph in the parameter's placement, already reduced: the sink is tied to
   the parameter (same strategy index) and the edge from the op making the
@@ -275,8 +276,7 @@ class _Builder:
         key = (u.signature, src_output, v.signature, dst_input, v.kind)
         matrix = self.pricer.matrix_index(
             key, tensor.shape, tensor.itemsize,
-            [s.output_placements[src_output] for s in u.strategies],
-            [dst_placement(s) for s in v.strategies],
+            lambda: ([s.output_placements[src_output] for s in u.strategies], [dst_placement(s) for s in v.strategies]),
         )
         self.edges.append(GraphEdge(src, dst, src_output, dst_input, tensor, matrix))
         self.seconds["edges"] += time.perf_counter() - start
@@ -343,7 +343,8 @@ def build_graph(
                 i = b.leaf(f"buffer:{buffer_names[node]}", "buffer", buffer_names[node], meta, live=None)
                 buffers[buffer_names[node]] = i
             elif node in input_names:
-                i = b.leaf(f"input:{input_names[node]}", "input", input_names[node], meta, live=interval)
+                # the caller holds its batch for the whole step
+                i = b.leaf(f"input:{input_names[node]}", "input", input_names[node], meta, live=(0, end + 1))
                 inputs[input_names[node]] = i
             else:  # the loss tangent
                 i = b.leaf("tangent", "tangent", "tangent", meta, live=interval, placements=(rep,))

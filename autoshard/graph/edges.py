@@ -31,7 +31,7 @@ k`` in the problem file).
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -98,15 +98,15 @@ class EdgePricer:
         key: tuple,
         shape: tuple[int, ...],
         itemsize: int,
-        src: Sequence[Placements | None],
-        dst: Sequence[Placements | None],
+        placements: Callable[[], tuple[Sequence[Placements | None], Sequence[Placements | None]]],
     ) -> int:
         """Index in :attr:`matrices` of the edge matrix for ``key`` (a hashable
-        identity of the two strategy lists and positions), built once."""
+        identity of the two strategy lists and positions), built once from the
+        (producer, reader) placement lists that ``placements()`` returns."""
         full_key = (key, shape, itemsize)
         index = self._matrix_cache.get(full_key)
         if index is None:
             index = len(self.matrices)
-            self.matrices.append(self.matrix(shape, itemsize, src, dst))
+            self.matrices.append(self.matrix(shape, itemsize, *placements()))
             self._matrix_cache[full_key] = index
         return index

@@ -2,7 +2,7 @@
 
 Nodes keep their order and names; edge matrices stay shared objects (an edge
 of the problem refers to the graph's matrix itself, so repeated layers cost
-the memory of one), and the file form writes them once in ``matrices``.
+the memory of one), and ``Problem.to_dict`` writes them once in ``matrices``.
 
 >>> # problem = to_problem(graph, memory_limit=80e9, pins={3: 1})
 """
@@ -11,14 +11,12 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-import numpy as np
-
 from solver import Problem
 from solver.problem import Edge, Node
 
 from autoshard.graph.builder import StrategyGraph
 
-__all__ = ["to_problem", "strategy_labels", "problem_dict"]
+__all__ = ["to_problem", "strategy_labels"]
 
 
 def strategy_labels(graph: StrategyGraph) -> list[tuple[str, ...]]:
@@ -68,10 +66,3 @@ def _is_param_grad(graph: StrategyGraph, group: tuple[int, ...]) -> bool:
     kinds = {graph.nodes[i].kind for i in group}
     return kinds <= {"param", "grad", "buffer", "buffer_update"} and len(group) == 2
 
-
-def problem_dict(problem: Problem, matrix_of_edge: list[int], matrices: tuple[np.ndarray, ...]) -> dict[str, Any]:
-    """The file form with shared matrices: ``matrices`` once, each edge ``"matrix": k``."""
-    out = problem.to_dict()
-    out["matrices"] = [[[None if np.isinf(v) else float(v) for v in row] for row in m.tolist()] for m in matrices]
-    out["edges"] = [{"src": e.src, "dst": e.dst, "matrix": k} for e, k in zip(problem.edges, matrix_of_edge)]
-    return out

@@ -1,0 +1,123 @@
+"""``autoshard explain PLAN.json``: what a plan does, for a person.
+
+Three tables (parameter placements, the ten costliest redistributions, the
+estimate) and, with ``--plot``, a PNG of live memory over the step.
+
+>>> # autoshard explain plan.json --plot memory.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+from autoshard.plan.format import Plan
+
+__all__ = ["explain_text", "plot_memory", "add_arguments", "run"]
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+def _ms(s: float) -> str:
+    return f"{s * 1e3:.3f} ms"
+
+
+def explain_text(plan: Plan, *, top: int = 10, params_limit: int = 40) -> str:
+    """The plan as markdown-style tables (no colours: pipes and logs read it too)."""
+    fp = plan.fingerprint
+    e = plan.estimate
+    lines = [
+        f"plan for mesh {'x'.join(map(str, fp.mesh_shape))} ({','.join(fp.dim_names)}), profile {fp.profile.split('@')[0]}, "
+        f"solver {plan.solver.backend} {plan.solver.status}"
+        + (f" (gap {plan.solver.gap:.2e})" if plan.solver.gap is not None else "")
+        + f" in {plan.solver.seconds:.2f} s",
+    ]
+    if plan.options.get("baseline"):
+        lines.append(f"baseline: {plan.options['baseline']}")
+    lines += [
+        "",
+        "| estimate | value |",
+        "|---|---:|",
+        f"| step | {_ms(e.step_s)} |",
+        f"| compute | {_ms(e.compute_s)} |",
+        f"| communication | {_ms(e.comm_s)} |",
+        f"| local re-layouts | {_ms(e.relayout_s)} |",
+        f"| peak memory | {_gib(e.peak_memory_bytes)} |",
+    ]
+    if e.memory_limit_bytes is not None:
+        lines.append(f"| memory limit | {_gib(e.memory_limit_bytes)} ({'fits' if e.fits else 'DOES NOT FIT'}) |")
+    lines += ["", "| parameter | placement |", "|---|---|"]
+    names = sorted(plan.params)
+    for name in names[:params_limit]:
+        lines.append(f"| {name} | {plan.params[name]} |")
+    if len(names) > params_limit:
+        counts = Counter(plan.params[n] for n in names[params_limit:])
+        rest = ", ".join(f"{p} x{c}" for p, c in counts.most_common())
+        lines.append(f"| ... {len(names) - params_limit} more | {rest} |")
+    if plan.inputs:
+        lines += ["", "| input | placement |", "|---|---|"]
+        lines += [f"| {k} | {v} |" for k, v in plan.inputs.items()]
+    costly = sorted(plan.redistributions, key=lambda r: -r.cost_s)[:top]
+    lines += ["", f"| top {len(costly)} redistributions (of {len(plan.redistributions)}) | from -> to | steps | time |",
+              "|---|---|---|---:|"]
+    for r in costly:
+        steps = " ; ".join(f"{s.collective}[{','.join(map(str, s.mesh_dims))}]" for s in r.steps) or "-"
+        lines.append(f"| {r.tensor} -> {r.to} | {r.src} -> {r.dst} | {steps} | {_ms(r.cost_s)} |")
+    return "\n".join(lines)
+
+
+def plot_memory(plan: Plan, path: str) -> None:
+    """Live memory (GiB) over the step's time axis, with the limit, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    points = list(plan.memory_timeline)
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    if points:
+        xs = [t for t, _ in points]
+        ys = [b / 2**30 for _, b in points]
+        ax.step(xs, ys, where="post", label="live memory")
+    if plan.estimate.memory_limit_bytes is not None and plan.estimate.memory_limit_bytes < 1e20:
+        ax.axhline(plan.estimate.memory_limit_bytes / 2**30, color="red", linestyle="--", label="limit")
+    ax.set_xlabel("op index in the training step (forward, backward, optimizer)")
+    ax.set_ylabel("GiB per rank")
+    ax.set_title(f"memory over one step (peak {_gib(plan.estimate.peak_memory_bytes)})")
+    ax.legend(loc="upper left")
+    fig.tight_layout()
+    # atomic: a reader never sees half a PNG, an error leaves no file behind
+    target = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".png", dir=target.parent if str(target.parent) else ".")
+    os.close(fd)
+    try:
+        fig.savefig(tmp, dpi=120)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    finally:
+        plt.close(fig)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of ``autoshard explain``."""
+    parser.add_argument("plan", metavar="PLAN.json", help="a plan written by `autoshard solve`")
+    parser.add_argument("--top", type=int, default=10, help="how many redistributions to list (default 10)")
+    parser.add_argument("--plot", metavar="PNG", help="also draw memory over the step into this PNG")
+
+
+def run(args: argparse.Namespace) -> int:
+    plan = Plan.load(args.plan)
+    if args.top < 0:
+        raise ValueError("--top: must be >= 0")
+    print(explain_text(plan, top=args.top))
+    if args.plot:
+        plot_memory(plan, args.plot)
+        print(f"\nmemory plot written to {args.plot}")
+    return 0
