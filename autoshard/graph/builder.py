@@ -38,6 +38,7 @@ Ties: the parameter/sink pairs always; repeated layers
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import operator
 import time
@@ -66,6 +67,9 @@ from autoshard.trace import TracedGraph
 __all__ = ["NODE_KINDS", "GraphNode", "GraphEdge", "BuildStats", "StrategyGraph", "build_graph"]
 
 log = logging.getLogger(__name__)
+
+Restrict = Callable[[fx.Node, tuple[OpStrategy, ...]], "tuple[OpStrategy, ...] | list[OpStrategy]"]
+"""Keeps a subset of an op node's strategies (``build_graph(restrict=...)``)."""
 
 NODE_KINDS = ("op", "param", "buffer", "input", "tangent", "grad", "buffer_update", "loss")
 
@@ -186,8 +190,9 @@ class _Builder:
     """One build; the phases are methods so that each reads on its own."""
 
     def __init__(self, traced: TracedGraph, mesh: MeshSpec, profile: HardwareProfile, rules: RuleRegistry,
-                 optimizer: OptimizerMemory, allow_uneven: bool) -> None:
+                 optimizer: OptimizerMemory, allow_uneven: bool, restrict: Restrict | None = None) -> None:
         self.traced = traced
+        self.restrict = restrict
         self.mesh = mesh
         self.mesh_shape = mesh.shape
         self.profile = profile
@@ -235,8 +240,16 @@ class _Builder:
         ))
         if self.rules.rule_for(info.op) is None:
             self.uncovered.add(op_name(info.op))
-        self.seconds["strategies"] += time.perf_counter() - start
         signature = f"{op_name(info.op)}|{info.args!r}|{info.kwargs!r}|{info.outputs!r}|{self.allow_uneven}"
+        if self.restrict is not None:
+            kept = tuple(self.restrict(node, strategies))
+            if not kept:
+                raise ValueError(f"graph: the strategy restriction left {node.name} ({op_name(info.op)}) no strategy")
+            if kept != strategies:
+                # equal signatures must mean equal lists (edge matrices and ties are shared by signature)
+                signature += "|kept:" + hashlib.blake2b(repr(kept).encode(), digest_size=10).hexdigest()
+                strategies = kept
+        self.seconds["strategies"] += time.perf_counter() - start
         start = time.perf_counter()
         compute = self._compute_cache.get(signature)
         if compute is None:
@@ -297,17 +310,20 @@ def build_graph(
     ties: bool = True,
     allow_uneven: bool = False,
     on_progress: Callable[[int, int], None] | None = None,
+    restrict: Restrict | None = None,
 ) -> StrategyGraph:
     """The strategy graph of ``traced`` on ``mesh`` priced with ``profile`` (module docstring).
 
     ``optimizer``: what the optimizer holds and costs (AdamW by default);
     ``ties``: tie repeated layers; ``allow_uneven``: let rules split tensor
     dims that the mesh dim size does not divide; ``on_progress(done, total)``
-    is called as op nodes are built.
+    is called as op nodes are built; ``restrict(fx_node, strategies)`` returns
+    the strategies to keep for an op node (a search-space restriction: the
+    result is then optimal only over what it keeps).
     """
     rules = rules or load_rules()
     optimizer = optimizer or OptimizerMemory()
-    b = _Builder(traced, mesh, profile, rules, optimizer, allow_uneven)
+    b = _Builder(traced, mesh, profile, rules, optimizer, allow_uneven, restrict)
     gm = traced.graph_module
     kept = {traced.loss.name} | {n.name for n in traced.buffer_updates.values()}
     liveness = compute_liveness(gm, outputs_live_to_end=frozenset(kept))
