@@ -1,0 +1,66 @@
+"""``autoshard solve`` and ``autoshard explain``: plans written, bad input refused in one line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from autoshard.cli import main
+from autoshard.plan.format import Plan
+
+
+def _run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_solve_writes_a_plan_and_explain_reads_it(capsys, tmp_path) -> None:
+    plan_path, problem_path, png = tmp_path / "plan.json", tmp_path / "problem.json", tmp_path / "memory.png"
+    code, out, err = _run(capsys, "solve", "examples.models.mlp:tiny", "--kwargs", '{"batch_size": 16}',
+                          "--mesh", "2x2", "--dims", "dp,tp", "--profile", "cpu-gloo", "--time-limit", "20",
+                          "--pin", "layers.*.w1.weight=RR", "--dump-problem", str(problem_path),
+                          "--compare-baselines", "-o", str(plan_path))
+    assert code == 0, err
+    plan = Plan.load(plan_path)
+    assert plan.params["layers.1.w1.weight"] == "RR"
+    assert "| layout | step ms" in out and "| ddp |" in out and "| solved |" in out
+    problem = json.loads(problem_path.read_text())
+    assert problem["format"] == "autoshard.problem/1" and len(problem["nodes"]) == plan.solver.variables
+    code, out, err = _run(capsys, "explain", str(plan_path), "--plot", str(png))
+    assert code == 0, err
+    assert "| parameter | placement |" in out and "peak memory" in out
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--mesh", "2x2", "--dims", "dp"], "--mesh/--dims"),
+    (["--mesh", "2", "--profile", "no-such-gpu"], "unknown name 'no-such-gpu'"),
+    (["--mesh", "2", "--memory-limit", "lots"], "--memory-limit"),
+    (["--mesh", "2", "--pin", "*.nothing=R"], "matches no parameter"),
+    (["--mesh", "2", "--pin", "layers.0.w1.weight=S(7)"], "cannot take S(7)"),
+    (["--mesh", "2", "--kwargs", '{"no_such_field": 1}'], "no_such_field"),
+    (["--mesh", "2", "--time-limit", "-1"], "--time-limit"),
+])
+def test_bad_input_gets_one_line_and_exit_2(capsys, tmp_path, argv, message) -> None:
+    out_path = tmp_path / "plan.json"
+    code, _, err = _run(capsys, "solve", "examples.models.mlp:tiny", *argv, "-o", str(out_path))
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], err
+    assert "Traceback" not in err and not out_path.exists()
+
+
+def test_infeasible_memory_limit_exits_1_with_the_smallest_peak(capsys, tmp_path) -> None:
+    out_path = tmp_path / "plan.json"
+    code, _, err = _run(capsys, "solve", "examples.models.mlp:tiny", "--mesh", "2", "--memory-limit", "1KiB",
+                        "--time-limit", "10", "-o", str(out_path))
+    assert code == 1 and "smallest peak found" in err and not out_path.exists()
+
+
+def test_explain_of_a_bad_file_is_one_line(capsys, tmp_path) -> None:
+    bad = tmp_path / "plan.json"
+    bad.write_text('{"format": "other"}')
+    code, _, err = _run(capsys, "explain", str(bad))
+    assert code == 2 and "format" in err and len(err.strip().splitlines()) == 1

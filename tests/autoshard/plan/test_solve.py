@@ -1,0 +1,130 @@
+"""Model -> plan: the estimate adds up, the expert layout is rediscovered, pins
+and memory limits are honoured, baselines never beat the solved plan."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from costmodel.collectives import collective_time_s
+from solver import evaluate
+
+from autoshard.graph.problem import to_problem
+from autoshard.plan.baselines import baseline_pins
+from autoshard.plan.pins import PinError, resolve_pins
+from autoshard.plan.solve import InfeasibleMemoryError, compare_baselines, solve_prepared
+
+
+def test_estimate_is_the_sum_of_its_parts_and_equals_evaluate(dp_mlp) -> None:
+    plan = solve_prepared(dp_mlp, time_limit=30)
+    e = plan.estimate
+    assert e.step_s == pytest.approx(e.compute_s + e.comm_s + e.relayout_s, rel=1e-12)
+    problem = to_problem(dp_mlp.graph, memory_limit=e.memory_limit_bytes)
+    choice = _choice_of(plan, dp_mlp.graph)
+    check = evaluate(problem, choice)
+    assert check.cost == pytest.approx(e.step_s, rel=1e-9)
+    assert check.peak_memory_bytes == pytest.approx(e.peak_memory_bytes)
+    assert sum(r.cost_s for r in plan.redistributions) == pytest.approx(e.comm_s + e.relayout_s, rel=1e-9)
+
+
+def _choice_of(plan, graph) -> tuple[int, ...]:
+    """Recover the strategy index of every node from the plan's placements (params,
+    inputs, op nodes); sinks follow their tie partner."""
+    index = [0] * len(graph.nodes)
+    by_name = {n.name: n for n in plan.nodes}
+    for i, node in enumerate(graph.nodes):
+        if node.kind == "op":
+            want = by_name[node.name]
+            index[i] = next(k for k, s in enumerate(node.strategies)
+                            if tuple(_text(p) for p in s.output_placements) == want.out
+                            and tuple(_text(p) for p in s.input_placements) == want.inputs)
+        elif node.kind in ("param", "input", "buffer"):
+            table = plan.params if node.kind == "param" else plan.inputs if node.kind == "input" else plan.buffers
+            index[i] = [_text(s.output_placements[0]) for s in node.strategies].index(table[node.target])
+    for group in graph.ties:
+        lead = next((m for m in group if graph.nodes[m].kind != "grad"), group[0])
+        for m in group:
+            if graph.nodes[m].kind in ("grad", "buffer_update"):
+                index[m] = index[lead]
+    return tuple(index)
+
+
+def _text(p) -> str | None:
+    return None if p is None else "".join(str(x) for x in p)
+
+
+def test_stack_of_linears_rediscovers_megatron_with_the_closed_form_communication(megatron_mlp) -> None:
+    # The batch is replicated (pinned), so data parallelism is not available: the
+    # optimum splits w1 by columns and w2 by rows, and communicates one all-reduce
+    # of the block output per block in the forward and one per block whose input
+    # needs a gradient in the backward (not the first: x needs none).
+    plan = solve_prepared(megatron_mlp, time_limit=30, pins={"x": "R", "target": "R"})
+    assert plan.solver.status == "optimal"
+    for layer in (0, 1):
+        assert plan.params[f"layers.{layer}.w1.weight"] == "S(0)"
+        assert plan.params[f"layers.{layer}.w2.weight"] == "S(1)"
+    graph = megatron_mlp.graph
+    one = collective_time_s("all_reduce", 8 * 1024 * 4, (0,), graph.mesh, graph.profile)
+    assert plan.estimate.comm_s == pytest.approx(3 * one, rel=1e-9)
+    assert [s.collective for r in plan.redistributions for s in r.steps] == ["all_reduce"] * 3
+
+
+def test_pins_are_honoured(dp_mlp) -> None:
+    pins = {"layers.*.w1.weight": "RS(0)", "x": "S(0)R"}
+    plan = solve_prepared(dp_mlp, time_limit=30, pins=pins)
+    assert all(plan.params[f"layers.{i}.w1.weight"] == "RS(0)" for i in range(4))
+    assert plan.inputs["x"] == "S(0)R"
+    assert plan.options["pins"] == pins
+
+
+def test_a_pin_matching_nothing_or_naming_an_impossible_placement_is_refused(dp_mlp) -> None:
+    with pytest.raises(PinError, match="matches no parameter"):
+        resolve_pins(dp_mlp.graph, {"*.nothing": "RR"})
+    with pytest.raises(PinError, match="cannot take P\\(sum\\)R"):
+        resolve_pins(dp_mlp.graph, {"layers.0.w1.weight": "P(sum)R"})
+    with pytest.raises(PinError, match="one placement per mesh dim"):
+        resolve_pins(dp_mlp.graph, {"layers.0.w1.weight": "R"})
+
+
+def test_solved_plan_is_never_worse_than_any_baseline(dp_mlp) -> None:
+    plan = solve_prepared(dp_mlp, time_limit=30)
+    rows = compare_baselines(dp_mlp, time_limit=30)
+    assert {r.name for r in rows} == {"ddp", "fsdp", "tp", "fsdp+tp"}
+    for row in rows:
+        assert row.plan is not None, row.error
+        assert plan.estimate.step_s <= row.plan.estimate.step_s * (1 + 1e-9), row.name
+
+
+def test_baselines_place_parameters_as_the_experts_do(dp_mlp) -> None:
+    graph = dp_mlp.graph
+    ddp = baseline_pins(graph, "ddp")
+    assert ddp["layers.0.w1.weight"] == "RR" and ddp["x"] == "S(0)S(0)"
+    fsdp = baseline_pins(graph, "fsdp")
+    assert fsdp["layers.0.w1.weight"] == "S(0)S(0)"
+    tp = baseline_pins(graph, "tp")
+    assert tp["layers.0.w1.weight"] == "RS(0)" and tp["layers.0.w2.weight"] == "RS(1)" and tp["x"] == "S(0)R"
+    both = baseline_pins(graph, "fsdp+tp")
+    assert both["layers.0.w1.weight"] == "S(0)S(0)" and both["layers.0.w2.weight"] == "S(0)S(1)"
+
+
+def test_memory_limit_between_fsdp_and_ddp_peaks_makes_the_plan_shard_parameters(megatron_mlp) -> None:
+    ddp = solve_prepared(megatron_mlp, time_limit=30, baseline="ddp", memory_limit=1e30)
+    fsdp = solve_prepared(megatron_mlp, time_limit=30, baseline="fsdp", memory_limit=1e30)
+    assert fsdp.estimate.peak_memory_bytes < ddp.estimate.peak_memory_bytes
+    limit = (fsdp.estimate.peak_memory_bytes + ddp.estimate.peak_memory_bytes) / 2
+    plan = solve_prepared(megatron_mlp, time_limit=30, memory_limit=limit, pins={"x": "S(0)", "target": "S(0)"})
+    assert plan.estimate.peak_memory_bytes <= limit
+    assert any(p != "R" for p in plan.params.values())
+
+
+def test_a_memory_limit_no_plan_meets_is_refused_with_the_smallest_peak(megatron_mlp) -> None:
+    with pytest.raises(InfeasibleMemoryError, match="smallest peak found"):
+        solve_prepared(megatron_mlp, time_limit=20, memory_limit=1e6)
+
+
+def test_no_ties_lets_layers_choose_and_costs_no_more(dp_mlp) -> None:
+    tied = solve_prepared(dp_mlp, time_limit=30)
+    free = solve_prepared(dp_mlp, time_limit=30, ties=False)
+    assert free.estimate.step_s <= tied.estimate.step_s * (1 + 1e-9)
+    assert free.options["ties"] is False and math.isfinite(free.estimate.step_s)
