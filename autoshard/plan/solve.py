@@ -26,6 +26,7 @@ from solver.solution import Status
 from autoshard.graph.builder import StrategyGraph, build_graph
 from autoshard.graph.memory import OptimizerMemory
 from autoshard.graph.problem import to_problem
+from autoshard.graph.restrict import choose_search, seeded_restriction
 from autoshard.plan.baselines import applicable_baselines, baseline_pins
 from autoshard.plan.build import make_fingerprint, plan_from_solution
 from autoshard.plan.format import Fingerprint, Plan
@@ -36,6 +37,9 @@ __all__ = ["PLAN_GAP", "Prepared", "InfeasibleMemoryError", "prepare", "solve", 
            "BaselineResult", "compare_baselines"]
 
 log = logging.getLogger(__name__)
+
+PORTFOLIO_SHARE = 0.2
+"""Share of the time limit kept for the expert layouts (``_best_of_baselines``)."""
 
 PLAN_GAP = 1e-6
 """Relative gap at which a plan counts as optimal: a millionth of the step
@@ -75,8 +79,17 @@ def prepare(
     mixed_precision: bool = False,
     allow_uneven: bool = False,
     progress: Progress | None = None,
+    search: str = "auto",
+    seed_time_limit: float = 30.0,
 ) -> Prepared:
-    """Trace ``model(*example_inputs)`` and build its strategy graph on the mesh."""
+    """Trace ``model(*example_inputs)`` and build its strategy graph on the mesh.
+
+    ``search``: ``full`` enumerates every strategy; ``seeded`` keeps only those
+    near a solve on a coarser 2-D mesh (``autoshard.graph.restrict``: a
+    restriction, so the plan is optimal over what it keeps; the seed's solve
+    gets ``seed_time_limit`` seconds); ``auto`` (default) seeds meshes with
+    3 or more dims of size > 1, whose full enumeration takes minutes to hours.
+    """
     prof = _profile(profile)
     mesh = MeshSpec(tuple(int(m) for m in mesh_shape), tuple(dim_names or ()))
     t0 = time.perf_counter()
@@ -86,15 +99,24 @@ def prepare(
     t1 = time.perf_counter()
     if progress:
         progress("trace", 1, 1)
+    opt_memory = OptimizerMemory(optimizer, mixed_precision)
+    mode = choose_search(mesh.shape, search)
+    restrict, seed_timings = None, {}
+    if mode == "seeded":
+        restrict, seed = seeded_restriction(traced, mesh, prof, optimizer=opt_memory, allow_uneven=allow_uneven,
+                                            time_limit=seed_time_limit)
+        seed_timings = {"seed_build_s": seed.seconds["build"], "seed_solve_s": seed.seconds["solve"]}
+    t_seed = time.perf_counter()
     graph = build_graph(
-        traced, mesh, prof, optimizer=OptimizerMemory(optimizer, mixed_precision), ties=True,
-        allow_uneven=allow_uneven, on_progress=(lambda d, t: progress("build", d, t)) if progress else None,
+        traced, mesh, prof, optimizer=opt_memory, ties=True, allow_uneven=allow_uneven,
+        on_progress=(lambda d, t: progress("build", d, t)) if progress else None, restrict=restrict,
     )
     t2 = time.perf_counter()
     return Prepared(
         traced=traced, graph=graph, fingerprint=make_fingerprint(traced, mesh.shape, mesh.dim_names, prof),
-        timings={"trace_s": round(t1 - t0, 4), "build_s": round(t2 - t1, 4)},
-        options={"optimizer": optimizer, "mixed_precision": mixed_precision, "allow_uneven": allow_uneven},
+        timings={"trace_s": round(t1 - t0, 4), **seed_timings, "build_s": round(t2 - t_seed, 4)},
+        options={"optimizer": optimizer, "mixed_precision": mixed_precision, "allow_uneven": allow_uneven,
+                 "search": mode},
     )
 
 
@@ -112,7 +134,11 @@ def solve_prepared(
 ) -> Plan:
     """Solve a prepared graph. ``memory_limit`` defaults to the profile's device
     memory; ``baseline`` (``ddp``, ``fsdp``, ``tp``, ``fsdp+tp``) adds its pins
-    (``autoshard.plan.baselines``) under the user's."""
+    (``autoshard.plan.baselines``) under the user's. Without pins, when the
+    search ends before proving its answer optimal, the expert layouts are
+    priced too (in the last fifth of the time) and the plan is the cheapest
+    of all (``options["portfolio"]`` names the layout when it is one of them).
+    """
     graph = prep.graph
     limit = float(graph.profile.device.memory_bytes if memory_limit is None else memory_limit)
     all_pins: dict[str, str] = {}
@@ -126,9 +152,12 @@ def solve_prepared(
         if progress:
             progress("solve", min(time.perf_counter() - start, time_limit), time_limit)
 
-    solution = solve_problem(problem, backend=backend, time_limit=time_limit, gap=PLAN_GAP, progress=on_event)
-    if progress:
-        progress("solve", time_limit, time_limit)
+    # Unless the layout is pinned, a fifth of the time is kept for the expert
+    # layouts: when the search ends unproven, the plan is never worse than them.
+    portfolio = baseline is None and not pins
+    share = PORTFOLIO_SHARE if portfolio else 0.0
+    solution = solve_problem(problem, backend=backend, time_limit=time_limit * (1 - share), gap=PLAN_GAP,
+                             progress=on_event)
     if solution.status is Status.INFEASIBLE or not solution.choice:
         raise InfeasibleMemoryError(
             f"memory limit {limit / 2**30:.2f} GiB: no plan fits ({solution.message or solution.status.value})"
@@ -140,7 +169,34 @@ def solve_prepared(
                "baseline": baseline, "time_limit_s": time_limit, "backend": backend}
     plan = plan_from_solution(graph, problem, solution, fingerprint=prep.fingerprint, options=options,
                               timings=timings)
-    return replace(plan, solver=replace(plan.solver, timings={**timings, "plan_s": round(time.perf_counter() - t, 4)}))
+    plan = replace(plan, solver=replace(plan.solver, timings={**timings, "plan_s": round(time.perf_counter() - t, 4)}))
+    if portfolio and solution.status is not Status.OPTIMAL:
+        plan = _best_of_baselines(prep, plan, limit, time_limit * share, backend, tp_table)
+    if progress:
+        progress("solve", time_limit, time_limit)
+    return plan
+
+
+def _best_of_baselines(prep: Prepared, plan: Plan, limit: float, seconds: float, backend: str,
+                       tp_table: Mapping[str, str | int] | None) -> Plan:
+    """``plan``, or the cheapest expert layout that fits if it beats the unproven search."""
+    names = applicable_baselines(prep.graph, tp_table)
+    best = plan
+    for name in names:
+        try:
+            candidate = solve_prepared(prep, memory_limit=limit, time_limit=max(seconds / len(names), 1.0),
+                                       backend=backend, baseline=name, tp_table=tp_table)
+        except ValueError:  # does not apply or does not fit
+            continue
+        if candidate.estimate.step_s < best.estimate.step_s:
+            best = candidate
+    if best is plan:
+        return plan
+    log.info("the search ended unproven at %.6g s; the %s layout is better (%.6g s) and is the plan",
+             plan.estimate.step_s, best.options["baseline"], best.estimate.step_s)
+    options = {**plan.options, "portfolio": best.options["baseline"]}
+    return replace(best, options=options, solver=replace(best.solver, status=plan.solver.status,
+                                                         gap=plan.solver.gap, seconds=plan.solver.seconds))
 
 
 def _smallest_peak_hint(prep: Prepared, baseline: str | None, time_limit: float) -> str:

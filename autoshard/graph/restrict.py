@@ -1,0 +1,272 @@
+r"""Seeded search on N-D meshes: keep, per op node, the strategies near a coarse solution.
+
+Why. On a mesh of ``n`` dims the rules give every op the product, over mesh
+dims, of its single-dim strategies: ``O((d+1)^n)`` strategies per node (LLaMA
+on 2x4x8: ~470 per node on average, up to 1,330). Edge matrices are priced over
+the distinct placement pairs of the two ends, so their size and the pricing
+time grow with the square of that: a 3-D mesh is out of reach for full
+enumeration, while a 2-D mesh with the same devices is routine.
+
+The restriction (coarse to fine). Let the fine mesh have dims ``0..n-1``.
+
+1. *Coarse mesh.* Merge contiguous fine dims into two groups ``G_A, G_B``
+   (``2x4x8 -> (2*4) x 8 = 8x8``; the most balanced split). A merged dim has
+   the size of the product and the stride of its innermost member, so the
+   coarse mesh numbers the ranks exactly as the fine one does: its rank groups
+   are unions of fine rank groups and the cost model prices its collectives on
+   the same links (the coarse dim that spans nodes still spans nodes).
+2. *Seed.* Build and solve the strategy graph on the coarse mesh (exact over
+   its own space, with the same memory limit). A coarse strategy of node ``v``
+   is a pair of single-dim choices ``(c_A(v), c_B(v))``; a single-dim choice
+   is the tuple of placements, on that mesh dim, of every output and input.
+   A coarse choice ``S(d)`` on a merged dim of size ``m_0 m_1`` is the fine
+   layout ``S(d)S(d)`` (split by ``m_0``, then each piece by ``m_1``: the same
+   contiguous chunks), so every coarse plan is also a fine plan.
+3. *Neighbourhood.* Let ``key(p)`` forget the split factor of a strided shard
+   (``_S(d,sf=k) -> S(d)``: the factor depends on the mesh sizes, the layout
+   idea does not). For an op signature ``sigma`` (op, shapes, args: what the
+   builder keys strategy lists by) let
+
+       Sigma(sigma) = {key(R...R)} u { key(c_g(v)) : v with signature sigma, g in {A, B} }
+
+   and keep the fine strategies ``f = (f_0, ..., f_{n-1})`` of a node with
+   signature ``sigma`` such that ``key(f_i) in Sigma(sigma)`` for every fine
+   dim ``i``. Every fine dim may thus take any single-dim choice the seed used
+   for that op anywhere (on either coarse dim), or replicate: the seed's own
+   layout (``c_A`` on every dim of ``G_A``, ``c_B`` on ``G_B``) is kept, and
+   so are its refinements that split the merged group between two ideas
+   (data parallel across nodes and tensor parallel inside one on ``2x4``,
+   say). With ``|Sigma| <= 3`` that is at most ``3^n`` strategies (27 on a
+   3-D mesh) instead of hundreds.
+4. *Fallback.* The all-replicate strategy is always kept (``R`` is in every
+   ``Sigma``), so every node has a strategy any neighbour can reach.
+   Leaves (parameters, inputs, buffers) and sinks are not restricted: their
+   lists are small and any layout of a parameter is reachable by the ops.
+
+Why it is reasonable. The coarse problem is the fine problem with the two
+dims of a group forced to agree; where they should agree (the usual case: both
+carry the same kind of parallelism), the seed is right and the fine solve only
+re-prices it on the real mesh; where they should differ, the useful second
+choice is nearly always one the seed already uses for the same op on the other
+dim (data on one, tensor/sequence on the other), which the mixing in 3. keeps.
+Since ``Sigma`` depends on the signature only, nodes with equal signatures get
+equal kept lists, so repeated layers still share edge matrices and ties.
+
+This is a *restriction, not an exact reduction*: the fine solve is optimal
+over the kept strategies only, so its step time is never below that of the
+full search and may be above it (measured in the task report / tests on
+2x2x2, where full enumeration is feasible).
+
+>>> from costmodel.mesh import MeshSpec
+>>> coarse_groups((2, 4, 8)), coarse_mesh(MeshSpec((2, 4, 8)), ((0, 1), (2,))).shape
+(((0, 1), (2,)), (8, 8))
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import torch.fx as fx
+
+from costmodel.mesh import MeshSpec
+from costmodel.placements import Partial, Placement, Replicate, Shard, StridedShard
+from hw_profiles import HardwareProfile
+
+from autoshard.graph.memory import OptimizerMemory
+from autoshard.rules import OpStrategy
+
+__all__ = ["SEARCH_MODES", "choose_search", "coarse_groups", "coarse_mesh", "dim_choice",
+           "SeededRestriction", "SeedInfo", "seeded_restriction"]
+
+log = logging.getLogger(__name__)
+
+SEARCH_MODES = ("auto", "full", "seeded")
+
+ChoiceKey = tuple[Any, ...]
+"""A single-dim choice up to split factors: one key per output, then per input."""
+
+
+def _key(p: Placement | None) -> Any:
+    """A placement up to its strided split factor (``None``: not read / no tensor)."""
+    if p is None:
+        return None
+    if isinstance(p, Replicate):
+        return "R"
+    if isinstance(p, (Shard, StridedShard)):
+        return ("S", p.dim)
+    if isinstance(p, Partial):
+        return ("P", p.reduce_op)
+    return repr(p)  # a placement kind this module does not know: compared exactly
+
+
+def dim_choice(strategy: OpStrategy, dim: int) -> ChoiceKey:
+    """The single-dim choice of ``strategy`` on mesh dim ``dim`` (placement keys
+    of every output, then every input; ``None`` stays ``None``)."""
+    return tuple(None if ps is None else _key(ps[dim])
+                 for ps in (*strategy.output_placements, *strategy.input_placements))
+
+
+def choose_search(mesh_shape: Sequence[int], search: str = "auto") -> str:
+    """``full`` or ``seeded``: ``auto`` seeds meshes with 3 or more dims of size > 1
+    (2-D meshes enumerate in seconds; 3-D ones take minutes to hours)."""
+    if search not in SEARCH_MODES:
+        raise ValueError(f"search: expected one of {SEARCH_MODES}, got {search!r}")
+    if search != "auto":
+        return search
+    return "seeded" if sum(1 for m in mesh_shape if int(m) > 1) >= 3 else "full"
+
+
+def coarse_groups(mesh_shape: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The split of the mesh dims into two contiguous groups whose sizes are the
+    most balanced (ties: the first such split); size-1 dims are merged freely."""
+    shape = tuple(int(m) for m in mesh_shape)
+    if len(shape) < 2:
+        raise ValueError(f"coarse_groups: need at least 2 mesh dims, got {shape}")
+    best = min(range(1, len(shape)),
+               key=lambda k: abs(math.log(math.prod(shape[:k])) - math.log(math.prod(shape[k:]))))
+    return tuple(range(best)), tuple(range(best, len(shape)))
+
+
+def coarse_mesh(mesh: MeshSpec, groups: Sequence[Sequence[int]]) -> MeshSpec:
+    """The mesh with each group of contiguous dims merged into one. A merged dim
+    keeps the rank numbering: size = product, stride = the innermost member's
+    (valid when the group is contiguous in rank space, as in a row-major mesh)."""
+    sizes, strides, names = [], [], []
+    for group in groups:
+        dims = list(group)
+        if dims != list(range(dims[0], dims[0] + len(dims))):
+            raise ValueError(f"coarse_mesh: group {tuple(group)} is not contiguous")
+        for a, b in zip(dims, dims[1:]):
+            if mesh.strides[a] != mesh.strides[b] * mesh.shape[b]:
+                raise ValueError(f"coarse_mesh: dims {a} and {b} are not contiguous in rank space "
+                                 f"(strides {mesh.strides})")
+        sizes.append(math.prod(mesh.shape[d] for d in dims))
+        strides.append(mesh.strides[dims[-1]])
+        names.append("*".join(mesh.dim_names[d] for d in dims))
+    return MeshSpec(tuple(sizes), tuple(names), tuple(strides))
+
+
+@dataclass
+class SeededRestriction:
+    """``restrict(fx_node, strategies)`` for :func:`autoshard.graph.builder.build_graph`:
+    keep the strategies whose every per-dim choice is in the node's allowed set
+    (module docstring, step 3). Nodes the seed does not know keep everything."""
+
+    allowed: Mapping[str, frozenset[ChoiceKey]]
+    """Op signature -> allowed single-dim choice keys (replicate excluded: always allowed)."""
+    signature_of: Mapping[str, str]
+    """fx node name -> op signature (as the builder computes it, unrestricted)."""
+    kept_counts: dict[str, tuple[int, int]] = field(default_factory=dict)
+    """Signature -> (strategies kept, strategies offered): what the restriction did."""
+    _cache: dict[tuple[str, int], tuple[OpStrategy, ...]] = field(default_factory=dict, repr=False)
+
+    def __call__(self, node: fx.Node, strategies: Sequence[OpStrategy]) -> tuple[OpStrategy, ...]:
+        strategies = tuple(strategies)
+        signature = self.signature_of.get(node.name)
+        if signature is None or not strategies:
+            return strategies
+        # equal signatures give equal strategy lists (the rules cache by the same key), so the kept list
+        # is a function of the signature; the length guards against a caller breaking that
+        cache_key = (signature, len(strategies))
+        kept = self._cache.get(cache_key)
+        if kept is None:
+            allowed = self.allowed.get(signature, frozenset())
+            ndim = _mesh_ndim(strategies[0])
+            kept = tuple(
+                s for j, s in enumerate(strategies)
+                if j == 0 or all(_is_replicate(c) or c in allowed for c in (dim_choice(s, i) for i in range(ndim)))
+            )
+            self._cache[cache_key] = kept
+            self.kept_counts[signature] = (len(kept), len(strategies))
+        return kept
+
+
+def _mesh_ndim(strategy: OpStrategy) -> int:
+    for ps in (*strategy.output_placements, *strategy.input_placements):
+        if ps is not None:
+            return len(ps)
+    return 0
+
+
+def _is_replicate(choice: ChoiceKey) -> bool:
+    return all(k is None or k == "R" for k in choice)
+
+
+@dataclass(frozen=True, slots=True)
+class SeedInfo:
+    """What seeding took and found."""
+
+    coarse_shape: tuple[int, ...]
+    groups: tuple[tuple[int, ...], ...]
+    seconds: Mapping[str, float]
+    """``build``, ``solve``: the coarse graph's."""
+    coarse_step_s: float
+    """Objective of the coarse solution (seconds; the coarse mesh's cost model)."""
+    coarse_status: str
+    coarse_strategies_mean: float
+    memory_relaxed: bool
+    """True when the coarse problem had no plan under the memory limit and was
+    solved without one (the seed is then only a layout hint)."""
+
+
+def seeded_restriction(
+    traced: Any,
+    mesh: MeshSpec,
+    profile: HardwareProfile,
+    *,
+    optimizer: OptimizerMemory | None = None,
+    allow_uneven: bool = False,
+    memory_limit: float | None = None,
+    time_limit: float = 30.0,
+    groups: Sequence[Sequence[int]] | None = None,
+    backend: str = "cbc",
+) -> tuple[SeededRestriction, SeedInfo]:
+    """Solve ``traced`` on the coarse mesh and return the restriction for ``mesh``
+    (module docstring). ``memory_limit`` defaults to the profile's device memory."""
+    # imported here: builder imports nothing from this module, but keep the graph package's import order flat
+    from solver import solve as solve_problem
+    from solver.solution import Status
+
+    from autoshard.graph.builder import build_graph
+    from autoshard.graph.problem import to_problem
+
+    groups_t = tuple(tuple(g) for g in (groups or coarse_groups(mesh.shape)))
+    coarse = coarse_mesh(mesh, groups_t)
+    t0 = time.perf_counter()
+    graph = build_graph(traced, coarse, profile, optimizer=optimizer, ties=True, allow_uneven=allow_uneven)
+    t1 = time.perf_counter()
+    limit = float(profile.device.memory_bytes if memory_limit is None else memory_limit)
+    solution = solve_problem(to_problem(graph, memory_limit=limit), backend=backend, time_limit=time_limit)
+    relaxed = False
+    if solution.status is Status.INFEASIBLE or not solution.choice:
+        # no coarse plan fits: seed from the unconstrained optimum; the fine mesh may still fit
+        # (all-replicate and every leaf layout stay available there)
+        log.warning("seeded search: no coarse plan fits %.1f GiB; seeding without the limit", limit / 2**30)
+        solution = solve_problem(to_problem(graph, memory_limit=None), backend=backend, time_limit=time_limit)
+        relaxed = True
+    t2 = time.perf_counter()
+    allowed: dict[str, set[ChoiceKey]] = {}
+    signature_of: dict[str, str] = {}
+    for node, choice in zip(graph.nodes, solution.choice):
+        if node.kind != "op":
+            continue
+        signature_of[node.name] = node.signature
+        strategy = node.strategies[choice]
+        keys = allowed.setdefault(node.signature, set())
+        for d in range(len(groups_t)):
+            c = dim_choice(strategy, d)
+            if not _is_replicate(c):
+                keys.add(c)
+    counts = [len(n.strategies) for n in graph.nodes if n.kind == "op"]
+    info = SeedInfo(
+        coarse_shape=coarse.shape, groups=groups_t,
+        seconds={"build": round(t1 - t0, 4), "solve": round(t2 - t1, 4)},
+        coarse_step_s=float(solution.cost), coarse_status=solution.status.value,
+        coarse_strategies_mean=sum(counts) / max(len(counts), 1), memory_relaxed=relaxed,
+    )
+    restrict = SeededRestriction({k: frozenset(v) for k, v in allowed.items()}, signature_of)
+    return restrict, info

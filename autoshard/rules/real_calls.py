@@ -1,0 +1,588 @@
+"""Validate the strategies of the calls a real model makes, on their real shapes.
+
+:mod:`autoshard.rules.validator` checks each rule on random calls that the
+rule's own sampler draws at small sizes. A model calls an op with *its*
+shapes, dtypes and arguments (a ``view`` to ``[2, 16, 4, 16]``, an
+``embedding`` of a 256-row table, a ``_grouped_mm`` with ``offs``), and the
+rule enumerates other strategies for that call. This module checks those:
+
+1. every DISTINCT call of a traced joint graph (op, args and kwargs with
+   :class:`~autoshard.rules.core.TensorMeta` in place of tensors, output
+   metadata) is taken once, however many nodes make it;
+2. each gets real tensors of exactly those shapes and dtypes, never shrunk:
+
+   * ``captured``: the values the call really receives when the joint graph
+     runs on the model's parameters and example inputs (an fx interpreter
+     records the first node of each distinct call), so that token ids,
+     gather and scatter indices, ``_grouped_mm`` offsets, loss targets with
+     ``ignore_index`` and attention masks are valid by construction;
+   * ``synthesized``: random tensors made per op from the metadata alone
+     (:func:`synthesize`; floats ``randn``, bools at random, integer
+     tensors within the valid range of what they index: embedding rows,
+     gather / scatter / index dims, class ids with a few ``ignore_index``,
+     sorted group offsets, nonzero divisors). An op whose integer inputs
+     have no known valid range, or that rejects the synthesized tensors, is
+     not synthesized (and is reported as skipped when nothing else is there);
+
+3. on each mesh, every strategy that ``RuleRegistry.strategies`` enumerates
+   for the call is run on simulated shards by
+   :func:`autoshard.rules.validator.check_strategy` and compared with the
+   unsharded op. Where a sample holds extreme values (``-inf`` or
+   ``finfo.min`` in a mask), strategies fed by a sum or average partial are
+   not exact (``-inf + inf``) and are checked on the other (finite) sample
+   only, as the validator does; a strategy no sample could check is counted
+   as unchecked.
+
+Ops with no rule get the replicate-only strategy (correct by construction)
+and are counted, not checked; ``operator.getitem`` nodes are tuple access,
+not calls.
+
+>>> from examples.models import mlp
+>>> model, inputs = mlp.tiny()
+>>> report = validate_model(model, inputs, [(2,)])
+>>> report.ok, report.calls > 0, report.strategies_checked > 0
+(True, True, True)
+"""
+
+from __future__ import annotations
+
+import operator
+import random
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch._ops import OpOverload
+
+from autoshard.rules.calls import bind_args, flatten_results, ordered_tensor_args, replace_tensors
+from autoshard.rules.core import OpStrategy, TensorMeta, to_meta
+from autoshard.rules.registry import Rule, RuleRegistry, SampleInput, _freeze, op_name
+from autoshard.rules.samples import Sampler
+from autoshard.rules.validator import _extreme, _feeds_sum, _first_line, check_strategy
+
+__all__ = [
+    "MESHES",
+    "RealCall",
+    "RealFailure",
+    "RealCallReport",
+    "distinct_calls",
+    "capture_samples",
+    "synthesize",
+    "validate_traced",
+    "validate_model",
+]
+
+aten = torch.ops.aten
+
+MESHES: tuple[tuple[int, ...], ...] = ((2,), (4,), (2, 2))
+"""The meshes real calls are checked on by default."""
+
+
+@dataclass(slots=True)
+class RealCall:
+    """One distinct call of a traced graph."""
+
+    op: OpOverload
+    args: tuple
+    kwargs: dict
+    outputs: tuple[TensorMeta | None, ...]
+    nodes: list[str] = field(default_factory=list)
+    """The graph nodes that make this exact call (the first one is captured)."""
+
+    @property
+    def key(self) -> tuple:
+        return _call_key(self.op, self.args, self.kwargs, self.outputs)
+
+    def __str__(self) -> str:
+        def one(o: Any) -> str:
+            if isinstance(o, (list, tuple)):
+                return "[" + ", ".join(one(x) for x in o) + "]"
+            return str(o) if isinstance(o, TensorMeta) else repr(o)
+
+        parts = [one(a) for a in self.args] + [f"{k}={one(v)}" for k, v in self.kwargs.items()]
+        return f"{op_name(self.op)}({', '.join(parts)})"
+
+
+@dataclass(frozen=True, slots=True)
+class RealFailure:
+    """A strategy that did not reproduce the unsharded op on a real call."""
+
+    op: str
+    call: str
+    mesh_shape: tuple[int, ...]
+    strategy: str
+    source: str
+    """``captured`` or ``synthesized``: which sample showed it."""
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.call} mesh {self.mesh_shape} {self.strategy} [{self.source}]: {self.message}"
+
+
+@dataclass(slots=True)
+class RealCallReport:
+    """What validating the real calls of one or more traced graphs found."""
+
+    label: str = ""
+    meshes: tuple[tuple[int, ...], ...] = MESHES
+    nodes: int = 0
+    """Op nodes seen (tuple access excluded)."""
+    calls: int = 0
+    """Distinct calls with a rule."""
+    strategies: int = 0
+    """Strategies enumerated over all distinct calls and meshes."""
+    strategies_checked: int = 0
+    """Strategies checked on at least one sample."""
+    checks: int = 0
+    """(strategy, sample) runs."""
+    samples: dict[str, int] = field(default_factory=dict)
+    """Samples used, per source."""
+    failures: list[RealFailure] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    """(call, why): distinct calls with a rule that no sample could be made for."""
+    unchecked: list[tuple[str, tuple[int, ...], str, str]] = field(default_factory=list)
+    """(call, mesh, strategy, why): strategies of sampled calls that no sample could check."""
+    no_rule: dict[str, int] = field(default_factory=dict)
+    """Ops without a rule (replicate-only, not checked) -> distinct calls."""
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+    @property
+    def wrong_strategies(self) -> int:
+        """Distinct (call, mesh, strategy) that failed on some sample."""
+        return len({(f.call, f.mesh_shape, f.strategy) for f in self.failures})
+
+    @property
+    def strategies_skipped(self) -> int:
+        """Strategies enumerated but never checked (skipped calls and unchecked strategies)."""
+        return self.strategies - self.strategies_checked
+
+    def merge(self, other: "RealCallReport") -> None:
+        """Add ``other``'s counts and lists to this report."""
+        self.nodes += other.nodes
+        self.calls += other.calls
+        self.strategies += other.strategies
+        self.strategies_checked += other.strategies_checked
+        self.checks += other.checks
+        for k, v in other.samples.items():
+            self.samples[k] = self.samples.get(k, 0) + v
+        self.failures.extend(other.failures)
+        self.skipped.extend(other.skipped)
+        self.unchecked.extend(other.unchecked)
+        for k, v in other.no_rule.items():
+            self.no_rule[k] = self.no_rule.get(k, 0) + v
+        self.seconds += other.seconds
+
+    def summary(self) -> str:
+        """One line of numbers, then each failure, skip and unchecked strategy."""
+        meshes = ", ".join("x".join(map(str, m)) for m in self.meshes)
+        sources = ", ".join(f"{v} {k}" for k, v in sorted(self.samples.items())) or "none"
+        lines = [
+            f"{self.label + ': ' if self.label else ''}{self.calls} distinct calls ({self.nodes} op nodes) on meshes {meshes}: "
+            f"{self.strategies_checked}/{self.strategies} strategies checked ({self.checks} runs; samples: {sources}), "
+            f"{self.wrong_strategies} wrong, {len(self.skipped)} calls skipped, {len(self.unchecked)} strategies unchecked"
+            + (f"; no rule (replicate only): {', '.join(sorted(self.no_rule))}" if self.no_rule else "")
+            + f" [{self.seconds:.1f} s]"
+        ]
+        lines += [f"FAIL {f}" for f in self.failures]
+        lines += [f"SKIP {call}: {why}" for call, why in self.skipped]
+        lines += [f"UNCHECKED {call} mesh {mesh} {s}: {why}" for call, mesh, s, why in self.unchecked]
+        return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- calls
+
+
+def _call_key(op: Any, args: Any, kwargs: Mapping[str, Any], outputs: Any) -> tuple:
+    return (op, _freeze(tuple(args)), _freeze(dict(kwargs)), _freeze(tuple(outputs)))
+
+
+def distinct_calls(traced: Any) -> tuple[list[RealCall], int]:
+    """The distinct ATen calls of a :class:`~autoshard.trace.TracedGraph`, in
+    graph order, and the number of op nodes (``operator.getitem`` excluded)."""
+    calls: dict[tuple, RealCall] = {}
+    nodes = 0
+    for name, info in traced.nodes.items():
+        if info.op is operator.getitem or not isinstance(info.op, OpOverload):
+            continue
+        nodes += 1
+        key = _call_key(info.op, info.args, info.kwargs, info.outputs)
+        call = calls.get(key)
+        if call is None:
+            call = calls[key] = RealCall(info.op, tuple(info.args), dict(info.kwargs), tuple(info.outputs))
+        call.nodes.append(name)
+    return list(calls.values()), nodes
+
+
+# --------------------------------------------------------------------------- captured samples
+
+
+def _snapshot(obj: Any) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().clone().contiguous()
+    if isinstance(obj, tuple):
+        return tuple(_snapshot(o) for o in obj)
+    if isinstance(obj, list):
+        return [_snapshot(o) for o in obj]
+    if isinstance(obj, dict):
+        return {k: _snapshot(v) for k, v in obj.items()}
+    return obj
+
+
+class _Recorder(fx.Interpreter):
+    """Runs the joint graph and keeps the real args of the wanted nodes."""
+
+    def __init__(self, module: fx.GraphModule, wanted: set[str]) -> None:
+        super().__init__(module)
+        self.wanted = wanted
+        self.recorded: dict[str, tuple[tuple, dict]] = {}
+
+    def run_node(self, n: fx.Node) -> Any:
+        if n.name in self.wanted:
+            args, kwargs = self.fetch_args_kwargs_from_env(n)
+            self.recorded[n.name] = (_snapshot(tuple(args)), _snapshot(dict(kwargs)))
+        return super().run_node(n)
+
+
+def capture_samples(
+    traced: Any,
+    values: Mapping[str, torch.Tensor],
+    inputs: Sequence[torch.Tensor] | Mapping[str, torch.Tensor],
+    calls: Sequence[RealCall],
+) -> dict[tuple, SampleInput]:
+    """Run the joint graph on real ``values`` (parameter and buffer FQNs ->
+    tensors, as :func:`autoshard.trace.run_joint` takes them) and ``inputs``;
+    the real args of the first node of each call, keyed by :attr:`RealCall.key`."""
+    aliases = {**traced.param_aliases, **traced.buffer_aliases}
+    by_node: dict[fx.Node, torch.Tensor] = {}
+    for fqn, node in {**traced.params, **traced.buffers}.items():
+        name = next((n for n in (fqn, *aliases.get(fqn, ())) if n in values), None)
+        if name is None:
+            raise ValueError(f"values: missing tensor for {fqn!r}")
+        by_node[node] = values[name].detach()
+    if isinstance(inputs, Mapping):
+        inputs = [inputs[name] for name in traced.inputs]
+    by_node.update(zip(traced.inputs.values(), inputs))
+    by_node[traced.tangent] = torch.ones((), dtype=traced.loss.meta["val"].dtype)
+    placeholders = [node for node in traced.graph_module.graph.nodes if node.op == "placeholder"]
+    first = {call.nodes[0]: call.key for call in calls}
+    recorder = _Recorder(traced.graph_module, set(first))
+    with torch.no_grad():
+        recorder.run(*[by_node[node] for node in placeholders], enable_io_processing=False)
+    return {first[name]: SampleInput(args, kwargs) for name, (args, kwargs) in recorder.recorded.items()}
+
+
+# --------------------------------------------------------------------------- synthesized samples
+
+
+class CannotSample(ValueError):
+    """No valid random inputs are known for this call."""
+
+
+_POSITIVE_FIRST = {aten.rsqrt.default, aten.sqrt.default, aten.log.default, aten.reciprocal.default}
+_NONZERO_SECOND = {aten.floor_divide.default, aten.remainder.Tensor, aten.fmod.Tensor, aten.div.Tensor, aten.div.Tensor_mode}
+
+
+def _unique_along(shape: tuple[int, ...], dim: int, high: int, gen: torch.Generator) -> torch.Tensor:
+    """int64 indices of ``shape`` in ``[0, high)``, distinct along ``dim`` (scatter without collisions)."""
+    if shape[dim] > high:
+        raise CannotSample(f"{shape[dim]} distinct indices below {high}")
+    full = list(shape)
+    full[dim] = high
+    order = torch.rand(tuple(full), generator=gen).argsort(dim=dim)
+    return order.narrow(dim, 0, shape[dim]).contiguous()
+
+
+def _int_bounds(call: RealCall) -> dict[int, Any]:
+    """Tensor input position -> how to draw it: an int bound (values in
+    ``[0, bound)``), ``"offsets:N"``, ``"unique:dim:N"``, ``"target:C:ignore"``
+    or ``"nonzero"``. Integer inputs not listed are drawn in ``[0, 10)`` where
+    the op only computes with them (:data:`_VALUE_INT_OPS`)."""
+    op, a = call.op, bind_args(call.op, call.args, call.kwargs)
+    if op is aten.embedding.default:
+        return {1: a["weight"].shape[0]}
+    if op is aten.embedding_dense_backward.default:
+        return {1: a["num_weights"]}
+    if op is aten.gather.default:
+        return {1: a["self"].shape[a["dim"]]}
+    if op in (aten.scatter.src, aten.scatter.value):
+        return {1: f"unique:{a['dim']}:{a['self'].shape[a['dim']]}"}
+    if op in (aten.scatter_add.default, aten.index_add.default):
+        dim = a["dim"]
+        return {1: a["self"].shape[dim]}
+    if op is aten.index_select.default:
+        return {1: a["self"].shape[a["dim"]]}
+    if op in (aten.nll_loss_forward.default, aten.nll_loss_backward.default):
+        x = a["self"]
+        classes = x.shape[-1] if x.ndim == 1 else x.shape[1]
+        pos = 1 if op is aten.nll_loss_forward.default else 2
+        return {pos: f"target:{classes}:{a['ignore_index']}"}
+    if op is aten.index.Tensor:
+        self_shape = a["self"].shape
+        bounds, pos = {}, 1
+        for k, idx in enumerate(a["indices"]):
+            if idx is None:
+                continue
+            if idx.dtype == torch.bool:
+                raise CannotSample("boolean index: the output shape depends on how many are true")
+            bounds[pos] = self_shape[k]
+            pos += 1
+        return bounds
+    if op in (aten.index_put.default, aten.index_put_.default):
+        if not a.get("accumulate", False):
+            raise CannotSample("index_put without accumulate: repeated indices make the result order-dependent")
+        self_shape = a["self"].shape
+        bounds, pos = {}, 1
+        for k, idx in enumerate(a["indices"]):
+            if idx is None:
+                continue
+            if idx.dtype == torch.bool:
+                raise CannotSample("boolean index")
+            bounds[pos] = self_shape[k]
+            pos += 1
+        return bounds
+    if op is aten._grouped_mm.default:
+        a_, b_ = a["self"], a["mat2"]
+        # the ragged dim: rows of a 2-D mat_a with a 3-D mat_b, else the shared K of two 2-D mats
+        total = a_.shape[0] if b_.ndim == 3 else (a_.shape[1] if a_.ndim == 2 and b_.ndim == 2 else a_.shape[-1])
+        if a_.ndim == 3 and b_.ndim == 2:
+            total = b_.shape[-1]
+        return {2: f"offsets:{total}"}
+    if op in _NONZERO_SECOND:
+        return {1: "nonzero"}
+    return {}
+
+
+def synthesize(call: RealCall, seed: int = 0) -> SampleInput:
+    """Random tensors of exactly the call's shapes and dtypes (module
+    docstring); raises :class:`CannotSample` when no valid ones are known."""
+    sampler = Sampler(seed)
+    gen = sampler.gen
+    metas = ordered_tensor_args(call.op, call.args, call.kwargs)
+    bounds = _int_bounds(call)
+    tensors: list[torch.Tensor] = []
+    for j, m in enumerate(metas):
+        shape, dtype = tuple(m.shape), m.dtype
+        how = bounds.get(j)
+        if dtype.is_floating_point:
+            if j == 0 and call.op in _POSITIVE_FIRST:
+                t = sampler.positive(shape, dtype)
+            elif how == "nonzero":
+                t = sampler.positive(shape, dtype)
+            else:
+                t = sampler.randn(shape, dtype)
+        elif dtype.is_complex:
+            t = torch.complex(sampler.randn(shape, torch.float64), sampler.randn(shape, torch.float64)).to(dtype)
+        elif dtype == torch.bool:
+            t = sampler.bool(shape)
+        elif how is None:
+            if call.op in _INDEXING_OPS:
+                raise CannotSample(f"integer input {j} of {op_name(call.op)}: no known valid range")
+            t = sampler.index(shape, 10).to(dtype)
+        elif isinstance(how, int):
+            if how < 1 and m.numel:
+                raise CannotSample(f"integer input {j}: nothing to index")
+            t = sampler.index(shape, max(how, 1)).to(dtype)
+        elif how == "nonzero":
+            t = (sampler.index(shape, 9) + 1).to(dtype)
+        elif how.startswith("offsets:"):
+            total, groups = int(how.split(":")[1]), m.numel
+            cuts = torch.sort(torch.randint(0, total + 1, (max(groups - 1, 0),), generator=gen)).values
+            t = torch.cat([cuts, torch.tensor([total])]).to(dtype).reshape(shape)
+        elif how.startswith("unique:"):
+            _, dim, high = how.split(":")
+            t = _unique_along(shape, int(dim) % max(len(shape), 1), int(high), gen).to(dtype)
+        else:  # target:C:ignore
+            _, classes, ignore = how.split(":")
+            t = sampler.index(shape, int(classes))
+            if t.numel() > 1:
+                t[sampler.bool(shape, 0.2)] = int(ignore)
+            t = t.to(dtype)
+        tensors.append(t)
+    args, kwargs = replace_tensors(call.op, call.args, call.kwargs, tensors)
+    return SampleInput(tuple(args), dict(kwargs))
+
+
+_INDEXING_OPS = {
+    aten.embedding.default, aten.embedding_dense_backward.default, aten.gather.default, aten.scatter.src,
+    aten.scatter.value, aten.scatter_add.default, aten.scatter_reduce.two, aten.index_select.default,
+    aten.index.Tensor, aten.index_put.default, aten.index_put_.default, aten.index_add.default,
+    aten.nll_loss_forward.default, aten.nll_loss_backward.default, aten._grouped_mm.default,
+    aten.bincount.default, aten.histc.default, aten._unsafe_index.Tensor, aten.take_along_dim.default,
+    aten.index_copy.default, aten.index_fill.int_Scalar, aten.masked_scatter.default,
+}
+"""Ops whose integer inputs index something: drawn only within a known range."""
+
+
+# --------------------------------------------------------------------------- checking
+
+
+def _matches(sample: SampleInput, call: RealCall, reference: list[Any]) -> str | None:
+    """Why a sample is not this call (shapes, dtypes or outputs differ), or None."""
+    if to_meta(tuple(sample.args)) != to_meta(call.args) or to_meta(dict(sample.kwargs)) != to_meta(call.kwargs):
+        return "the sample's metadata differs from the call's"
+    got = tuple(None if r is None else TensorMeta.of(r) for r in reference)
+    if got != tuple(call.outputs):
+        return f"outputs {got}, the traced call has {tuple(call.outputs)}"
+    return None
+
+
+def _check_call(
+    rule: Rule,
+    registry: RuleRegistry,
+    call: RealCall,
+    samples: list[tuple[str, SampleInput]],
+    meshes: Sequence[tuple[int, ...]],
+    report: RealCallReport,
+    gen: torch.Generator,
+    allow_uneven: bool,
+    max_strategies: int | None,
+    rng: random.Random,
+) -> None:
+    desc = str(call)
+    usable: list[tuple[str, SampleInput, list[Any], bool]] = []
+    reasons = []
+    for source, sample in samples:
+        try:
+            with torch.no_grad():
+                reference = flatten_results((rule.reference or rule.op)(*sample.args, **sample.kwargs))
+        except Exception as exc:  # noqa: BLE001 - e.g. synthesized values the op rejects
+            reasons.append(f"{source} sample rejected by the op: {_first_line(exc)}")
+            continue
+        why = _matches(sample, call, reference)
+        if why:
+            reasons.append(f"{source} sample: {why}")
+            continue
+        extreme = _extreme(list(ordered_tensor_args(call.op, sample.args, sample.kwargs)) + list(reference))
+        usable.append((source, sample, reference, extreme))
+        report.samples[source] = report.samples.get(source, 0) + 1
+    strategies_by_mesh = {
+        mesh: registry.strategies(call.op, call.args, call.kwargs, mesh, allow_uneven=allow_uneven, out_meta=call.outputs)
+        for mesh in meshes
+    }
+    report.calls += 1
+    report.strategies += sum(len(s) for s in strategies_by_mesh.values())
+    if not usable:
+        report.skipped.append((desc, "; ".join(reasons) or "no sample"))
+        return
+    for mesh, strategies in strategies_by_mesh.items():
+        chosen: list[OpStrategy] = list(strategies)
+        if max_strategies is not None and len(chosen) > max_strategies:
+            chosen = [chosen[0]] + rng.sample(chosen[1:], max_strategies - 1)
+        for strategy in chosen:
+            checked = False
+            for source, sample, reference, extreme in usable:
+                if extreme and _feeds_sum(strategy):
+                    continue
+                checked = True
+                report.checks += 1
+                try:
+                    msg = check_strategy(rule, sample, strategy, mesh, reference, gen)
+                except Exception as exc:  # noqa: BLE001 - reported, not raised
+                    msg = f"could not run the strategy: {type(exc).__name__}: {_first_line(exc)}"
+                if msg:
+                    report.failures.append(RealFailure(op_name(call.op), desc, mesh, str(strategy), source, msg))
+            if checked:
+                report.strategies_checked += 1
+            else:
+                report.unchecked.append((desc, mesh, str(strategy),
+                                         "a sum/avg partial into extreme values (-inf, finfo.min) is not exact; no finite sample"))
+
+
+def validate_traced(
+    traced: Any,
+    mesh_shapes: Sequence[Sequence[int]] = MESHES,
+    *,
+    values: Mapping[str, torch.Tensor] | None = None,
+    inputs: Sequence[torch.Tensor] | Mapping[str, torch.Tensor] | None = None,
+    registry: RuleRegistry | None = None,
+    synthesized: bool = True,
+    allow_uneven: bool = False,
+    max_strategies: int | None = None,
+    seed: int = 0,
+    label: str = "",
+    seen: set[tuple] | None = None,
+) -> RealCallReport:
+    """Check every strategy of every distinct call of ``traced`` on each mesh.
+
+    ``values`` and ``inputs`` (real parameters/buffers and example inputs):
+    capture each call's real args by running the graph; without them, or in
+    addition (``synthesized``), random valid tensors are made per call.
+    ``max_strategies``: check a random subset per call and mesh (None: all).
+    ``seen``: call keys already checked (by another model): skipped without
+    counting, and the new ones added (for a suite of models).
+    """
+    from autoshard.rules import load_rules
+
+    start = time.perf_counter()
+    registry = registry or load_rules()
+    meshes = tuple(tuple(int(m) for m in mesh) for mesh in mesh_shapes)
+    report = RealCallReport(label=label, meshes=meshes)
+    calls, report.nodes = distinct_calls(traced)
+    todo = []
+    for call in calls:
+        rule = registry.rule_for(call.op)
+        if rule is None:
+            report.no_rule[op_name(call.op)] = report.no_rule.get(op_name(call.op), 0) + 1
+            continue
+        if seen is not None:
+            if call.key in seen:
+                continue
+            seen.add(call.key)
+        todo.append((call, rule))
+    captured: dict[tuple, SampleInput] = {}
+    if values is not None and inputs is not None:
+        captured = capture_samples(traced, values, inputs, [c for c, _ in todo])
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for index, (call, rule) in enumerate(todo):
+            samples: list[tuple[str, SampleInput]] = []
+            if call.key in captured:
+                samples.append(("captured", captured[call.key]))
+            if synthesized or not samples:
+                try:
+                    samples.append(("synthesized", synthesize(call, seed * 100_003 + index)))
+                except CannotSample as exc:
+                    if not samples:
+                        report.calls += 1
+                        report.strategies += sum(
+                            len(registry.strategies(call.op, call.args, call.kwargs, mesh,
+                                                    allow_uneven=allow_uneven, out_meta=call.outputs))
+                            for mesh in meshes)
+                        report.skipped.append((str(call), f"cannot synthesize: {exc}"))
+                        continue
+            gen = torch.Generator().manual_seed(seed * 100_003 + index)
+            _check_call(rule, registry, call, samples, meshes, report, gen, allow_uneven, max_strategies,
+                        random.Random(seed * 100_003 + index))
+    finally:
+        torch.set_num_threads(threads)
+    report.seconds = time.perf_counter() - start
+    return report
+
+
+def validate_model(
+    model: torch.nn.Module,
+    inputs: Sequence[torch.Tensor] | Mapping[str, torch.Tensor],
+    mesh_shapes: Sequence[Sequence[int]] = MESHES,
+    **options: Any,
+) -> RealCallReport:
+    """Trace ``model`` (:func:`autoshard.trace.trace_joint`) and
+    :func:`validate_traced` it with its real parameters, buffers and inputs
+    captured (models on ``meta`` get synthesized samples only)."""
+    from autoshard.trace import trace_joint
+
+    traced = trace_joint(model, inputs)
+    on_meta = any(t.is_meta for t in list(model.parameters()) + list(model.buffers())) or any(
+        t.is_meta for t in (inputs.values() if isinstance(inputs, Mapping) else inputs)
+    )
+    values = None
+    if not on_meta:
+        values = {**dict(model.named_parameters(remove_duplicate=False)), **dict(model.named_buffers(remove_duplicate=False))}
+    return validate_traced(traced, mesh_shapes, values=values, inputs=None if on_meta else inputs, **options)

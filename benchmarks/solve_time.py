@@ -1,0 +1,161 @@
+"""Model -> plan at scale: LLaMA-3 8B / 70B shapes on 1-D, 2-D and 3-D meshes.
+
+For every configuration (run in its own process, so peak RSS is its own):
+trace / build / solve seconds, graph size (problem nodes and edges, distinct
+edge matrices) and the solver's reduced size, peak RSS, and the plan's step
+time and peak memory beside every expert baseline (DDP, FSDP, TP, FSDP+TP)
+priced by the same cost model. Models are built on meta in bf16 with an fp32
+master copy and fp32 AdamW state (``mixed_precision``), one sequence per GPU
+(global batch = mesh size), H100 profile, memory limit 80 GiB. Not a test.
+
+    python -m benchmarks.solve_time                   # the README table
+    python -m benchmarks.solve_time --layers          # solve time vs layers (8x8), plot
+    python -m benchmarks.solve_time --only 8b-2048:8x8
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+CONFIGS = {
+    "8b-2048": ("llama3_8b", {"seq_len": 2048}),
+    "8b-8192": ("llama3_8b", {"seq_len": 8192}),
+    "70b-2048": ("llama3_70b", {"seq_len": 2048}),
+}
+RUNS = [("8b-2048", "8"), ("8b-2048", "8x8"), ("8b-2048", "2x4x8"), ("8b-8192", "8"), ("8b-8192", "8x8"),
+        ("8b-8192", "2x4x8"), ("70b-2048", "2x4x8")]
+DIM_NAMES = {1: "dp", 2: "dp,tp", 3: "pp,dp,tp"}
+
+
+def run_one(config: str, mesh_text: str, *, n_layers: int | None = None, baselines: bool = True,
+            time_limit: float = 60.0) -> dict:
+    """One configuration in this process; returns the row."""
+    from examples.models import llama3
+
+    from autoshard.plan.solve import compare_baselines, prepare, solve_prepared
+
+    factory, overrides = CONFIGS[config]
+    mesh = tuple(int(m) for m in mesh_text.split("x"))
+    # one sequence per GPU (torchtitan's 8B/70B recipes use a local batch of 1-2)
+    overrides = {**overrides, "dtype": "bfloat16", "device": "meta", "batch_size": math.prod(mesh)}
+    if n_layers is not None:
+        overrides["n_layers"] = n_layers
+    names = tuple(DIM_NAMES.get(len(mesh), ",".join(f"d{i}" for i in range(len(mesh)))).split(","))
+    t0 = time.perf_counter()
+    model, inputs = getattr(llama3, factory)(**overrides)
+    prep = prepare(model, inputs, mesh, names, profile="h100-sxm-80gb", mixed_precision=True)
+    plan = solve_prepared(prep, time_limit=time_limit, memory_limit=80 * 2**30)
+    total = time.perf_counter() - t0
+    graph = prep.graph
+    row = {
+        "config": config, "mesh": mesh_text, "layers": n_layers or len(model.layers),
+        "trace_s": prep.timings["trace_s"], "build_s": prep.timings["build_s"], "solve_s": plan.solver.seconds,
+        "total_s": round(total, 2), "nodes": len(graph.nodes), "edges": len(graph.edges),
+        "matrices": len(graph.matrices), "strategies_mean": round(graph.stats.strategies_mean, 1),
+        "reduced_vars": plan.solver.reduced_variables, "status": plan.solver.status,
+        "step_s": plan.estimate.step_s, "peak_gib": plan.estimate.peak_memory_bytes / 2**30,
+        "rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+        "search": prep.options.get("search", "full"), "baselines": {},
+    }
+    if baselines:
+        for result in compare_baselines(prep, memory_limit=80 * 2**30, time_limit=30):
+            row["baselines"][result.name] = None if result.plan is None else {
+                "step_s": result.plan.estimate.step_s, "peak_gib": result.plan.estimate.peak_memory_bytes / 2**30,
+                "fits": result.plan.estimate.fits}
+    return row
+
+
+def _child(args: list[str]) -> dict:
+    out = subprocess.run([sys.executable, "-m", "benchmarks.solve_time", "--child", *args],
+                         capture_output=True, text=True, timeout=1800)
+    if out.returncode != 0:
+        return {"error": (out.stderr.strip().splitlines() or ["?"])[-1]}
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| model | mesh | search | trace s | build s | solve s | total s | nodes / edges / matrices | strategies | reduced vars | RSS GiB | status | step s | peak GiB | DDP | FSDP | TP | FSDP+TP |",
+             "|---|---|---|---:|---:|---:|---:|---|---:|---:|---:|---|---:|---:|---|---|---|---|"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r.get('config')} | {r.get('mesh')} | error: {r['error']} |")
+            continue
+
+        def base(name: str) -> str:
+            b = r["baselines"].get(name)
+            if b is None:
+                return "n/a"
+            return f"{b['step_s']:.3f} s, {b['peak_gib']:.1f} GiB{'' if b['fits'] else ' (no fit)'}"
+
+        lines.append(
+            f"| {r['config']} | {r['mesh']} | {r['search']} | {r['trace_s']:.1f} | {r['build_s']:.1f} | {r['solve_s']:.1f} "
+            f"| {r['total_s']:.1f} | {r['nodes']} / {r['edges']} / {r['matrices']} | {r['strategies_mean']} "
+            f"| {r['reduced_vars']} | {r['rss_gib']:.2f} | {r['status']} | {r['step_s']:.3f} | {r['peak_gib']:.1f} "
+            f"| {base('ddp')} | {base('fsdp')} | {base('tp')} | {base('fsdp+tp')} |")
+    return "\n".join(lines)
+
+
+def layers_sweep(mesh: str, counts: list[int], plot: Path) -> str:
+    rows = [_child(["8b-2048", mesh, "--n-layers", str(n), "--no-baselines"]) for n in counts]
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = [r for r in rows if "error" not in r]
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for key, label in (("trace_s", "trace"), ("build_s", "build"), ("solve_s", "solve")):
+        ax.plot([r["layers"] for r in ok], [r[key] for r in ok], marker="o", label=label)
+    ax.set_xlabel("layers (LLaMA-3-8B shape)")
+    ax.set_ylabel("seconds")
+    ax.set_xscale("log", base=2)
+    ax.set_title(f"model -> plan on {mesh} (2 cores)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(plot, dpi=110)
+    lines = ["| layers | trace s | build s | solve s | reduced vars | status |", "|---:|---:|---:|---:|---:|---|"]
+    lines += [f"| {r['layers']} | {r['trace_s']:.1f} | {r['build_s']:.1f} | {r['solve_s']:.2f} | {r['reduced_vars']} | {r['status']} |"
+              for r in ok]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--child", nargs=2, metavar=("CONFIG", "MESH"), help=argparse.SUPPRESS)
+    parser.add_argument("--n-layers", type=int)
+    parser.add_argument("--no-baselines", action="store_true")
+    parser.add_argument("--only", nargs="+", metavar="CONFIG:MESH", help="e.g. 8b-2048:8x8")
+    parser.add_argument("--layers", action="store_true", help="solve time vs number of layers, with a plot")
+    parser.add_argument("--plot", default="benchmarks/solve_time_vs_layers.png")
+    args = parser.parse_args(argv)
+    import logging
+
+    logging.basicConfig(level=logging.ERROR)
+    if args.child:
+        row = run_one(*args.child, n_layers=args.n_layers, baselines=not args.no_baselines)
+        print(json.dumps(row))
+        return 0
+    if args.layers:
+        print(layers_sweep("8x8", [1, 2, 4, 8, 16, 32], Path(args.plot)))
+        return 0
+    runs = [tuple(s.split(":")) for s in args.only] if args.only else RUNS
+    rows = []
+    for config, mesh in runs:
+        row = _child([config, mesh])
+        row.setdefault("config", config)
+        row.setdefault("mesh", mesh)
+        rows.append(row)
+        print(f"done {config} on {mesh}", file=sys.stderr)
+    print(table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
