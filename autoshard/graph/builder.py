@@ -19,6 +19,9 @@ Nodes (one per tensor-producing op of the joint graph, plus leaves and sinks):
   gradient prices the redistribution (``P(sum) -> S(0)`` is FSDP's
   reduce_scatter, ``P(sum) -> R`` DDP's all_reduce). The sink holds the
   gradient shard from then to the optimizer step.
+- **opt_temp**: what the optimizer step allocates for a parameter beyond its
+  state (``OptimizerMemory.step_temp_bytes``), tied to the parameter, live at
+  the step only.
 - **buffer update** sinks (tied to their buffer) and one **loss** sink (the
   loss is returned replicated, equal on every rank).
 
@@ -71,7 +74,7 @@ log = logging.getLogger(__name__)
 Restrict = Callable[[fx.Node, tuple[OpStrategy, ...]], "tuple[OpStrategy, ...] | list[OpStrategy]"]
 """Keeps a subset of an op node's strategies (``build_graph(restrict=...)``)."""
 
-NODE_KINDS = ("op", "param", "buffer", "input", "tangent", "grad", "buffer_update", "loss")
+NODE_KINDS = ("op", "param", "buffer", "input", "tangent", "grad", "opt_temp", "buffer_update", "loss")
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -80,7 +83,7 @@ class GraphNode:
 
     name: str
     """Unique: the fx name for ops; ``param:<fqn>``, ``input:<name>``,
-    ``buffer:<fqn>``, ``grad:<fqn>``, ``buffer_update:<fqn>``, ``tangent``, ``loss``."""
+    ``buffer:<fqn>``, ``grad:<fqn>``, ``opt_temp:<fqn>``, ``buffer_update:<fqn>``, ``tangent``, ``loss``."""
     kind: str
     """One of :data:`NODE_KINDS`."""
     target: str
@@ -139,6 +142,10 @@ class StrategyGraph:
     matrices: tuple[np.ndarray, ...]
     """Shared edge cost matrices (seconds, ``inf`` = forbidden)."""
     ties: tuple[tuple[int, ...], ...]
+    """Tie groups: :attr:`required_ties` merged with repeated layers (when built with ``ties=True``)."""
+    required_ties: tuple[tuple[int, ...], ...]
+    """Ties that training semantics need whatever the options: a parameter with its
+    gradient sink and optimizer temporary, a buffer with its update."""
     index: Mapping[str, int]
     """Node name -> index."""
     params: Mapping[str, int]
@@ -355,6 +362,10 @@ def build_graph(
                 per_byte = 1.0 + optimizer.state_bytes(meta.dtype) / meta.itemsize
                 i = b.leaf(f"param:{fqn}", "param", fqn, meta, live=None, memory_per_byte=per_byte, cost=update_cost)
                 params[fqn] = i
+                temp = optimizer.step_temp_bytes(meta.dtype) / meta.itemsize
+                if temp:  # held during the optimizer step only, laid out like the parameter
+                    t = b.leaf(f"opt_temp:{fqn}", "opt_temp", fqn, meta, live=(end, end + 1), memory_per_byte=temp)
+                    b.union.union(i, t)
             elif node in buffer_names:
                 i = b.leaf(f"buffer:{buffer_names[node]}", "buffer", buffer_names[node], meta, live=None)
                 buffers[buffer_names[node]] = i
@@ -396,7 +407,9 @@ def build_graph(
             continue
         param = b.nodes[params[fqn]]
         meta = TensorMeta(param.outputs[0].shape, gnode.meta["val"].dtype)
-        start = liveness.time[gnode.name]
+        # the op's output *is* the gradient while it is made (autograd hands it to
+        # .grad without a copy): the sink holds it from the next time on
+        start = liveness.time[gnode.name] + 1
         sink = b.add(GraphNode(
             f"grad:{fqn}", "grad", fqn, param.strategies, np.zeros(len(param.strategies)),
             np.array([local_bytes(meta, s.output_placements[0], mesh.shape) for s in param.strategies], dtype=np.float64),
@@ -422,6 +435,7 @@ def build_graph(
     b.edge(src, out, sink, 0, same_placement)
 
     start = time.perf_counter()
+    required = tuple(tuple(g) for g in b.union.groups())
     if ties:
         _tie_repeated(b, gm)
     groups = tuple(tuple(g) for g in b.union.groups())
@@ -434,7 +448,7 @@ def build_graph(
     )
     return StrategyGraph(
         mesh=mesh, profile=profile, nodes=tuple(b.nodes), edges=tuple(b.edges), matrices=tuple(b.pricer.matrices),
-        ties=groups, index=dict(b.index), params=params, grads=grads, inputs=inputs, buffers=buffers,
+        ties=groups, required_ties=required, index=dict(b.index), params=params, grads=grads, inputs=inputs, buffers=buffers,
         param_aliases=dict(getattr(traced, "param_aliases", {}) or {}), end_time=end, optimizer=optimizer,
         stats=stats,
     )

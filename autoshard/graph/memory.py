@@ -2,7 +2,8 @@
 
 What counts (every figure is for the busiest rank, the largest local shard):
 
-- parameters and optimizer state: held all step, sharded like the parameter.
+- parameters and optimizer state: held all step, sharded like the parameter;
+  the multi-tensor AdamW step adds one parameter-sized temporary at the step.
   AdamW keeps two moments per element (``exp_avg``, ``exp_avg_sq``), in the
   parameter's dtype as ``torch.optim.AdamW`` allocates them; SGD with momentum
   one buffer; plain SGD none. Mixed precision (``bf16`` parameters with an
@@ -66,6 +67,9 @@ class OptimizerMemory:
     """One of :data:`OPTIMIZERS`."""
     mixed_precision: bool = False
     """Low-precision parameters with an fp32 master copy and fp32 state."""
+    foreach: bool = True
+    """torch's multi-tensor step (the CUDA default): AdamW makes one full-size
+    temporary per parameter element (``exp_avg_sq.sqrt()``) during the step."""
 
     def __post_init__(self) -> None:
         if self.name not in OPTIMIZERS:
@@ -79,6 +83,12 @@ class OptimizerMemory:
         if self.mixed_precision:
             return 4 * self._moments() + (4 if self.name != "none" else 0)
         return param_dtype.itemsize * self._moments()
+
+    def step_temp_bytes(self, param_dtype: torch.dtype) -> int:
+        """Bytes per parameter element held only during the optimizer step."""
+        if self.name != "adamw" or not self.foreach:
+            return 0
+        return 4 if self.mixed_precision else param_dtype.itemsize
 
     def update_flops_bytes(self, numel: int, param_dtype: torch.dtype) -> tuple[float, float]:
         """FLOPs and bytes of one elementwise update of ``numel`` parameter

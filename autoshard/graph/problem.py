@@ -55,14 +55,7 @@ def to_problem(
         for n, label in zip(graph.nodes, names)
     )
     edges = tuple(Edge(e.src, e.dst, graph.matrices[e.matrix]) for e in graph.edges)
-    groups = graph.ties
-    if not ties:
-        groups = tuple(g for g in groups if _is_param_grad(graph, g))
+    groups = graph.ties if ties else graph.required_ties
     return Problem(nodes=nodes, edges=edges, memory_limit=memory_limit, ties=groups, pins=dict(pins or {}),
                    name="autoshard")
-
-
-def _is_param_grad(graph: StrategyGraph, group: tuple[int, ...]) -> bool:
-    kinds = {graph.nodes[i].kind for i in group}
-    return kinds <= {"param", "grad", "buffer", "buffer_update"} and len(group) == 2
 

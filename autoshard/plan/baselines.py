@@ -19,7 +19,8 @@ as in ``tp``, and the activations it shards along the sequence are free
 here, so the ``tp`` row already takes them where they pay.
 
 The tensor-parallel mesh dim is the one named ``tp`` (else the last one).
-Name-pattern tables ship for the example families (MLP, GPT-2, LLaMA, MoE);
+Name-pattern tables ship for the example families (MLP, GPT-2, LLaMA, MoE)
+and Hugging Face's LLaMA-family naming;
 users pass theirs as ``{pattern: "col" | "row" | tensor_dim}``.
 
 >>> TP_TABLES["llama"]["*.attention.wo.weight"]
@@ -50,6 +51,14 @@ TP_TABLES: dict[str, dict[str, str | int]] = {
         "*.fc.weight": "col", "*.fc.bias": "col", "layers.*[0-9].proj.weight": "row",
     },
     "mlp": {"*.w1.weight": "col", "*.w1.bias": "col", "*.w2.weight": "row"},
+    # Hugging Face LLaMA-family naming (LLaMA, Mistral, Qwen2, the attention of Mixtral)
+    "hf-llama": {
+        "*.embed_tokens.weight": "col", "lm_head.weight": "col",
+        "*.self_attn.q_proj.weight": "col", "*.self_attn.k_proj.weight": "col", "*.self_attn.v_proj.weight": "col",
+        "*.self_attn.q_proj.bias": "col", "*.self_attn.k_proj.bias": "col", "*.self_attn.v_proj.bias": "col",
+        "*.self_attn.o_proj.weight": "row",
+        "*.mlp.gate_proj.weight": "col", "*.mlp.up_proj.weight": "col", "*.mlp.down_proj.weight": "row",
+    },
     "moe": {
         "tok_embeddings.weight": "col", "output.weight": "col",
         "*.attention.wq.weight": "col", "*.attention.wk.weight": "col", "*.attention.wv.weight": "col",

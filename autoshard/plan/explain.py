@@ -84,11 +84,15 @@ def plot_memory(plan: Plan, path: str) -> None:
         xs = [t for t, _ in points]
         ys = [b / 2**30 for _, b in points]
         ax.step(xs, ys, where="post", label="live memory")
-    if plan.estimate.memory_limit_bytes is not None and plan.estimate.memory_limit_bytes < 1e20:
-        ax.axhline(plan.estimate.memory_limit_bytes / 2**30, color="red", linestyle="--", label="limit")
+    limit = plan.estimate.memory_limit_bytes
+    # a limit far above the curve would flatten it: then it is named in the title only
+    if limit is not None and limit <= 3 * plan.estimate.peak_memory_bytes:
+        ax.axhline(limit / 2**30, color="red", linestyle="--", label="limit")
     ax.set_xlabel("op index in the training step (forward, backward, optimizer)")
     ax.set_ylabel("GiB per rank")
-    ax.set_title(f"memory over one step (peak {_gib(plan.estimate.peak_memory_bytes)})")
+    title = f"memory over one step (peak {_gib(plan.estimate.peak_memory_bytes)}"
+    ax.set_title(title + (f", limit {_gib(limit)})" if limit is not None and limit < 1e20 else ")"))
+    ax.set_ylim(bottom=0)
     ax.legend(loc="upper left")
     fig.tight_layout()
     # atomic: a reader never sees half a PNG, an error leaves no file behind

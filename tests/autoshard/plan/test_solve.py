@@ -43,9 +43,9 @@ def _choice_of(plan, graph) -> tuple[int, ...]:
             table = plan.params if node.kind == "param" else plan.inputs if node.kind == "input" else plan.buffers
             index[i] = [_text(s.output_placements[0]) for s in node.strategies].index(table[node.target])
     for group in graph.ties:
-        lead = next((m for m in group if graph.nodes[m].kind != "grad"), group[0])
+        lead = next((m for m in group if graph.nodes[m].kind not in ("grad", "opt_temp", "buffer_update")), group[0])
         for m in group:
-            if graph.nodes[m].kind in ("grad", "buffer_update"):
+            if graph.nodes[m].kind in ("grad", "opt_temp", "buffer_update"):
                 index[m] = index[lead]
     return tuple(index)
 
