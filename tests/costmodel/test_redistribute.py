@@ -265,3 +265,20 @@ def test_all_pairs_on_a_3d_mesh_plan_in_under_one_second():
             plan_redistribute(src, dst, (2, 4, 8), (8192, 8192), 2, H100)
     elapsed = time.perf_counter() - start
     assert elapsed < 1.0, f"{len(pls) ** 2} pairs took {elapsed:.2f} s"
+
+
+def test_batch_costs_equal_single_plans_for_every_pair() -> None:
+    from costmodel.placements import parse_placements
+    from costmodel.redistribute import redistribute_costs
+    from hw_profiles import load
+
+    mesh, profile = MeshSpec((2, 2)), load("h100-sxm-80gb")
+    texts = ["".join(p) for p in itertools.product(["R", "S(0)", "S(1)", "P(sum)"], repeat=2)]
+    placements = [parse_placements(t) for t in texts] + [None]
+    table = redistribute_costs(placements, placements, mesh, (8, 12), 4, profile)
+    for i, src in enumerate(placements):
+        for j, dst in enumerate(placements):
+            if src is None or dst is None:
+                assert table[i][j] == 0.0
+            else:
+                assert table[i][j] == plan_redistribute(src, dst, mesh, (8, 12), 4, profile).cost_s

@@ -1,0 +1,88 @@
+"""The strategy graph of a training step: nodes, shared edge matrices priced by
+the redistribution planner, memory with liveness, required and repeated ties."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from costmodel.mesh import MeshSpec
+from costmodel.redistribute import plan_redistribute
+from hw_profiles import load
+
+from autoshard.graph.builder import build_graph
+from autoshard.graph.memory import OptimizerMemory
+from autoshard.graph.problem import to_problem
+from autoshard.trace import trace_joint
+from examples.models import mlp
+
+
+@pytest.fixture(scope="module")
+def graph():
+    traced = trace_joint(*mlp.tiny(device="meta", n_layers=6))
+    return build_graph(traced, MeshSpec((2, 2)), load("h100-sxm-80gb"))
+
+
+def test_every_op_and_leaf_has_strategies_and_every_parameter_a_gradient_sink(graph) -> None:
+    kinds = {n.kind for n in graph.nodes}
+    assert {"op", "param", "input", "grad", "loss", "tangent"} <= kinds
+    assert all(len(n.strategies) == len(n.compute_s) == len(n.memory_bytes) >= 1 for n in graph.nodes)
+    assert set(graph.grads) == set(graph.params)
+    for fqn, sink in graph.grads.items():
+        assert graph.nodes[sink].strategies is graph.nodes[graph.params[fqn]].strategies
+        assert any({graph.params[fqn], sink} <= set(g) for g in graph.required_ties)
+
+
+def test_edge_matrices_are_the_planner_costs_between_chosen_placements(graph) -> None:
+    rng = np.random.default_rng(0)
+    for e in rng.choice(len(graph.edges), size=25, replace=False):
+        edge = graph.edges[e]
+        u, v = graph.nodes[edge.src], graph.nodes[edge.dst]
+        matrix = graph.matrices[edge.matrix]
+        assert matrix.shape == (len(u.strategies), len(v.strategies))
+        a, b = rng.integers(len(u.strategies)), rng.integers(len(v.strategies))
+        src = u.strategies[a].output_placements[edge.src_output]
+        dst = v.strategies[b].input_placements[edge.dst_input] if v.kind == "op" else v.strategies[b].output_placements[0]
+        expected = plan_redistribute(src, dst, graph.mesh, edge.tensor.shape, edge.tensor.itemsize, graph.profile).cost_s
+        assert matrix[a, b] == pytest.approx(expected, rel=1e-12, abs=0)
+
+
+def test_repeated_layers_share_matrices_and_are_tied(graph) -> None:
+    assert len(graph.matrices) < len(graph.edges) / 3
+    w1 = [graph.params[f"layers.{i}.w1.weight"] for i in range(6)]
+    tied = [g for g in graph.ties if w1[2] in g]
+    assert tied and w1[3] in tied[0]
+
+
+def test_no_ties_keeps_the_parameter_gradient_ties(graph) -> None:
+    problem = to_problem(graph, ties=False)
+    assert problem.ties == graph.required_ties
+    assert all(len({graph.nodes[i].kind for i in g}) > 1 for g in problem.ties)
+
+
+def test_parameter_memory_counts_optimizer_state_and_views_own_nothing(graph) -> None:
+    i = graph.params["layers.0.w1.weight"]
+    node = graph.nodes[i]
+    full = 32 * 16 * 4
+    # AdamW in fp32: parameter + two moments, on the all-replicated strategy
+    assert node.memory_bytes[0] == 3 * full and node.live is None
+    sharded = [k for k, s in enumerate(node.strategies) if "".join(map(str, s.output_placements[0])) == "S(0)S(0)"][0]
+    assert node.memory_bytes[sharded] == 3 * full / 4
+    views = [n for n in graph.nodes if n.kind == "op" and n.target in ("aten.t.default", "aten.view.default")]
+    assert views and all(not n.memory_bytes.any() for n in views)
+
+
+def test_optimizer_choice_changes_parameter_memory() -> None:
+    assert OptimizerMemory("sgd").state_bytes(torch.float32) == 0
+    assert OptimizerMemory("adamw").state_bytes(torch.bfloat16) == 4
+    assert OptimizerMemory("adamw", mixed_precision=True).state_bytes(torch.bfloat16) == 12
+    assert OptimizerMemory("adamw", foreach=True).step_temp_bytes(torch.float32) == 4
+    with pytest.raises(ValueError, match="unknown 'lion'"):
+        OptimizerMemory("lion")
+
+
+def test_restriction_hook_keeps_what_it_returns(graph) -> None:
+    traced = trace_joint(*mlp.tiny(device="meta"))
+    small = build_graph(traced, MeshSpec((2, 2)), load("h100-sxm-80gb"), restrict=lambda node, s: s[:2])
+    assert all(len(n.strategies) <= 2 for n in small.nodes if n.kind == "op")
