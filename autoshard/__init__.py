@@ -3,6 +3,27 @@
 The pipeline (DESIGN.md): trace -> op rules -> strategy graph -> solve -> plan
 -> runtime. This package holds the torch-facing stages; the torch-free layers
 below it are ``solver``, ``costmodel`` and ``hw_profiles``.
+
+>>> from autoshard import solve, Plan   # doctest: +SKIP
+>>> plan = solve(model, example_inputs, mesh_shape=(8, 8), dim_names=("dp", "tp"))  # doctest: +SKIP
+>>> plan.save("plan.json")   # doctest: +SKIP
 """
 
+from typing import Any
+
 __version__ = "0.1.0"
+
+__all__ = ["__version__", "solve", "Plan"]
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy: ``autoshard --help`` and the torch-free layers must not pay for torch.
+    if name == "solve":
+        from autoshard.plan.solve import solve
+
+        return solve
+    if name == "Plan":
+        from autoshard.plan.format import Plan
+
+        return Plan
+    raise AttributeError(f"module 'autoshard' has no attribute {name!r}")
