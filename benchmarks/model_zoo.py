@@ -10,8 +10,20 @@ packages; they are not dependencies). Then the trace time of LLaMA-3-8B
 (32 layers, batch 64 x 2048) as ``transformers`` builds it and as
 ``examples.models.llama3`` does. Not a test.
 
+The column "wrong strategies on real calls" comes from
+:mod:`autoshard.rules.real_calls`: the same model at the tiny size its
+factory has for tests (the published widths do not fit a CPU run of every
+strategy), every distinct call of its joint graph run on real values (those
+the graph computes from the model's random weights and inputs, plus random
+finite ones where those hold masks), every strategy of it checked on
+simulated meshes 2, 4 and 2x2 against the unsharded op. "checked / skipped"
+counts strategies (skipped: no valid inputs could be made, or extreme values
+only; ops without a rule are replicate-only and not counted). The target is
+0 wrong.
+
     python -m benchmarks.model_zoo               # everything (minutes)
     python -m benchmarks.model_zoo --no-8b       # the table only
+    python -m benchmarks.model_zoo --no-real-calls   # without the real-call check
 """
 
 from __future__ import annotations
@@ -27,41 +39,57 @@ from typing import Any
 
 from autoshard.coverage import compute_coverage
 from autoshard.rules import load_rules
+from autoshard.rules.real_calls import validate_model
 from autoshard.trace import trace_joint
 from benchmarks.strategy_counts import count_strategies
 
 MESHES = ((8,), (8, 8), (2, 4, 8))
+REAL_CALL_MESHES = ((2,), (4,), (2, 2))
 TWO_LAYERS_META = {"device": "meta", "batch_size": 8, "seq_len": 1024}
 
-# (label, "module:factory", overrides)
-ZOO: tuple[tuple[str, str, dict[str, Any]], ...] = (
-    ("mlp small", "examples.models.mlp:small", {"device": "meta"}),
-    ("gpt2 124M", "examples.models.gpt2:gpt2_small", {"device": "meta"}),
-    ("llama3 8B, 2 layers", "examples.models.llama3:llama3_8b", {"n_layers": 2, "batch_size": 8, "seq_len": 1024}),
-    ("moe small", "examples.models.moe:small", {"device": "meta"}),
-    ("convnet small", "examples.models.convnet:small", {"device": "meta"}),
-    ("vit base", "examples.models.vit:vit_base", {"device": "meta"}),
+# (label, "module:factory", overrides, (tiny "module:factory", overrides) for the real-call check)
+ZOO: tuple[tuple[str, str, dict[str, Any], tuple[str, dict[str, Any]]], ...] = (
+    ("mlp small", "examples.models.mlp:small", {"device": "meta"},
+     ("examples.models.mlp:tiny", {})),
+    ("gpt2 124M", "examples.models.gpt2:gpt2_small", {"device": "meta"},
+     ("examples.models.gpt2:tiny", {})),
+    ("llama3 8B, 2 layers", "examples.models.llama3:llama3_8b", {"n_layers": 2, "batch_size": 8, "seq_len": 1024},
+     ("examples.models.llama3:tiny", {})),
+    ("moe small", "examples.models.moe:small", {"device": "meta"},
+     ("examples.models.moe:tiny", {})),
+    ("convnet small", "examples.models.convnet:small", {"device": "meta"},
+     ("examples.models.convnet:tiny", {})),
+    ("vit base", "examples.models.vit:vit_base", {"device": "meta"},
+     ("examples.models.vit:tiny", {})),
     ("HF LLaMA-3 8B, 2 layers, sdpa", "examples.models.hf:hf_llama3_8b",
-     {"num_hidden_layers": 2, **TWO_LAYERS_META}),
+     {"num_hidden_layers": 2, **TWO_LAYERS_META},
+     ("examples.models.hf:hf_llama", {})),
     ("HF LLaMA-3 8B, 2 layers, eager", "examples.models.hf:hf_llama3_8b",
-     {"num_hidden_layers": 2, "attn_implementation": "eager", **TWO_LAYERS_META}),
+     {"num_hidden_layers": 2, "attn_implementation": "eager", **TWO_LAYERS_META},
+     ("examples.models.hf:hf_llama", {"attn_implementation": "eager"})),
     ("HF Mistral 7B, 2 layers", "examples.models.hf:hf_mistral",
      {"vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32,
-      "num_key_value_heads": 8, "max_position_embeddings": 4096, "sliding_window": 4096, **TWO_LAYERS_META}),
+      "num_key_value_heads": 8, "max_position_embeddings": 4096, "sliding_window": 4096, **TWO_LAYERS_META},
+     ("examples.models.hf:hf_mistral", {})),
     ("HF GPT-2 124M, 2 layers", "examples.models.hf:hf_gpt2",
-     {"vocab_size": 50257, "n_embd": 768, "n_head": 12, "n_positions": 1024, **TWO_LAYERS_META}),
+     {"vocab_size": 50257, "n_embd": 768, "n_head": 12, "n_positions": 1024, **TWO_LAYERS_META},
+     ("examples.models.hf:hf_gpt2", {})),
     ("HF BERT base, 2 layers", "examples.models.hf:hf_bert",
      {"vocab_size": 30522, "hidden_size": 768, "num_attention_heads": 12, "intermediate_size": 3072,
-      "max_position_embeddings": 512, **{**TWO_LAYERS_META, "seq_len": 512}}),
+      "max_position_embeddings": 512, **{**TWO_LAYERS_META, "seq_len": 512}},
+     ("examples.models.hf:hf_bert", {})),
     ("HF T5 small, 2+2 layers", "examples.models.hf:hf_t5",
-     {"vocab_size": 32128, "d_model": 512, "d_kv": 64, "d_ff": 2048, "num_heads": 8, **TWO_LAYERS_META}),
+     {"vocab_size": 32128, "d_model": 512, "d_kv": 64, "d_ff": 2048, "num_heads": 8, **TWO_LAYERS_META},
+     ("examples.models.hf:hf_t5", {})),
     ("HF Mixtral 8x7B, 2 layers, fp32", "examples.models.hf:hf_mixtral",
      {"vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32,
-      "num_key_value_heads": 8, "num_local_experts": 8, "max_position_embeddings": 4096, **TWO_LAYERS_META}),
+      "num_key_value_heads": 8, "num_local_experts": 8, "max_position_embeddings": 4096, **TWO_LAYERS_META},
+     ("examples.models.hf:hf_mixtral", {})),
     ("HF Mixtral 8x7B, 2 layers, bf16", "examples.models.hf:hf_mixtral",
      {"vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32,
       "num_key_value_heads": 8, "num_local_experts": 8, "max_position_embeddings": 4096, "dtype": "bfloat16",
-      **TWO_LAYERS_META}),
+      **TWO_LAYERS_META},
+     ("examples.models.hf:hf_mixtral", {"dtype": "bfloat16"})),
 )
 
 
@@ -83,6 +111,18 @@ class ZooRow:
     """Ops without a rule."""
     mean_strategies: tuple[float, ...] = ()
     """Mean strategies per op node, one per mesh of :data:`MESHES`."""
+    real_wrong: int | None = None
+    """Wrong strategies found on the real calls of the tiny model (None: not checked)."""
+    real_checked: int = 0
+    """Strategies of real calls checked (meshes of :data:`REAL_CALL_MESHES`)."""
+    real_skipped: int = 0
+    """Strategies of real calls not checked (no valid inputs)."""
+    real_calls: int = 0
+    """Distinct real calls with a rule."""
+    real_error: str = ""
+    """Why the real calls could not be checked."""
+    real_failures: tuple[str, ...] = ()
+    """The first wrong strategies, for the notes under the table."""
 
 
 def build(spec: str, overrides: dict[str, Any]) -> tuple[Any, Any]:
@@ -91,35 +131,65 @@ def build(spec: str, overrides: dict[str, Any]) -> tuple[Any, Any]:
     return getattr(importlib.import_module(module_name), factory)(**overrides)
 
 
-def measure(label: str, spec: str, overrides: dict[str, Any]) -> ZooRow:
-    """Trace one model and count its coverage and strategies; a failure becomes the row's error."""
+def check_real_calls(tiny: tuple[str, dict[str, Any]]) -> dict[str, Any]:
+    """ZooRow fields of the real-call check of the tiny model ``tiny`` (:mod:`autoshard.rules.real_calls`)."""
+    try:
+        model, inputs = build(*tiny)
+        report = validate_model(model, inputs, REAL_CALL_MESHES, synthesized=True)
+    except Exception as exc:  # reported in the row
+        return {"real_error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
+    return {"real_wrong": report.wrong_strategies, "real_checked": report.strategies_checked,
+            "real_skipped": report.strategies_skipped, "real_calls": report.calls,
+            "real_failures": tuple(str(f) for f in report.failures[:3])}
+
+
+def measure(label: str, spec: str, overrides: dict[str, Any], tiny: tuple[str, dict[str, Any]] | None = None,
+            *, real_calls: bool = True) -> ZooRow:
+    """Trace one model and count its coverage and strategies; a failure becomes the row's error.
+    ``tiny``: the factory whose real calls are checked (``real_calls``)."""
+    real = check_real_calls(tiny) if tiny is not None and real_calls else {}
     try:
         model, inputs = build(spec, overrides)
         start = time.perf_counter()
         traced = trace_joint(model, inputs)
         trace_s = time.perf_counter() - start
     except Exception as exc:  # the table reports every failure, it does not stop at the first
-        return ZooRow(label=label, error=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+        return ZooRow(label=label, error=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}", **real)
     report = compute_coverage(traced, load_rules(), model=label)
     means = tuple(count_strategies(traced, mesh, model=label).mean_strategies for mesh in MESHES)
     return ZooRow(
         label=label, error="", trace_s=trace_s, nodes=len(traced.nodes), coverage_percent=report.percent,
-        uncovered=tuple(row.op for row in report.ops if not row.covered), mean_strategies=means,
+        uncovered=tuple(row.op for row in report.ops if not row.covered), mean_strategies=means, **real,
     )
 
 
 def format_table(rows: list[ZooRow]) -> str:
     """The markdown table."""
     meshes = " | ".join(f"strategies/node {'x'.join(map(str, mesh))}" for mesh in MESHES)
-    lines = [f"| model | traced | trace s | nodes | coverage | {meshes} | no rule / error |",
-             "|---|---|---:|---:|---:|" + "---:|" * len(MESHES) + "---|"]
+    lines = [f"| model | traced | trace s | nodes | coverage | {meshes} | wrong strategies on real calls | "
+             "real calls: checked / skipped | no rule / error |",
+             "|---|---|---:|---:|---:|" + "---:|" * len(MESHES) + "---:|---:|---|"]
+    notes = []
     for row in rows:
+        if row.real_error:
+            wrong, checked = "error", ""
+            notes.append(f"{row.label}: real calls not checked: {row.real_error}")
+        elif row.real_wrong is None:
+            wrong, checked = "", ""
+        else:
+            wrong, checked = str(row.real_wrong), f"{row.real_checked} / {row.real_skipped} ({row.real_calls} calls)"
+            notes += [f"{row.label}: {failure}" for failure in row.real_failures]
         if row.error:
-            lines.append(f"| {row.label} | no | | | |" + " |" * len(MESHES) + f" {row.error} |")
+            lines.append(f"| {row.label} | no | | | |" + " |" * len(MESHES) + f" {wrong} | {checked} | {row.error} |")
             continue
         means = " | ".join(f"{m:.1f}" for m in row.mean_strategies)
         lines.append(f"| {row.label} | yes | {row.trace_s:.1f} | {row.nodes} | {row.coverage_percent:.0f} % | "
-                     f"{means} | {', '.join(row.uncovered)} |")
+                     f"{means} | {wrong} | {checked} | {', '.join(row.uncovered)} |")
+    total = sum(row.real_wrong or 0 for row in rows)
+    lines.append("")
+    lines.append(f"{total} wrong strategies on real calls (tiny configs of the same models, meshes "
+                 f"{', '.join('x'.join(map(str, m)) for m in REAL_CALL_MESHES)}).")
+    lines += [f"- {note}" for note in notes]
     return "\n".join(lines)
 
 
@@ -139,12 +209,14 @@ def time_8b() -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--no-8b", action="store_true", help="skip the 32-layer LLaMA-3-8B trace timing")
+    parser.add_argument("--no-real-calls", action="store_true",
+                        help="skip the real-call check of the tiny models (about a minute on one core)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)
     logging.getLogger("transformers").setLevel(logging.ERROR)
     rows = []
-    for label, spec, overrides in ZOO:
-        rows.append(measure(label, spec, overrides))
+    for label, spec, overrides, tiny in ZOO:
+        rows.append(measure(label, spec, overrides, tiny, real_calls=not args.no_real_calls))
         print(f"done {label}", file=sys.stderr)
     missing = [name for name in ("timm", "torchtitan") if importlib.util.find_spec(name) is None]
     print(format_table(rows))

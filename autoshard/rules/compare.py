@@ -58,8 +58,11 @@ def _random_pieces(value: torch.Tensor, reduce_op: str, m: int, gen: torch.Gener
     # Values near the dtype's range (masks of -inf or finfo.min) cannot be cut
     # into random addends that fit the dtype: one rank holds them whole (sum)
     # or every rank holds them (avg), which is what a real partial of a mask is.
-    extreme = torch.zeros(shape, dtype=torch.bool) if integral else ~torch.isfinite(v) | (v.abs() > big_magnitude(value.dtype))
-    finite_v = torch.where(extreme, 0, v)
+    # (NaN and infinities fail ``<=``: extreme too)
+    extreme = None if integral else ~(v.abs() <= big_magnitude(value.dtype))
+    if extreme is not None and not bool(extreme.any()):
+        extreme = None
+    finite_v = v if extreme is None else torch.where(extreme, 0, v)
     if reduce_op in ("sum", "avg"):
         target = finite_v * m if reduce_op == "avg" else finite_v
         if integral:
@@ -73,7 +76,7 @@ def _random_pieces(value: torch.Tensor, reduce_op: str, m: int, gen: torch.Gener
         # The holder of the remainder changes between calls: no rank is special.
         shift = int(torch.randint(0, m, (1,), generator=gen))
         pieces = pieces[shift:] + pieces[:shift]
-        if bool(extreme.any()):
+        if extreme is not None:
             zero = torch.zeros_like(v)
             pieces = [torch.where(extreme, v if reduce_op == "avg" or r == shift else zero, p) for r, p in enumerate(pieces)]
     else:
@@ -128,6 +131,14 @@ def distribute(
 # --------------------------------------------------------------------------- comparing outputs
 
 
+def _equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """``torch.equal``, False where the dtype has no kernel for it (complex32)."""
+    try:
+        return torch.equal(a, b)
+    except (NotImplementedError, RuntimeError):
+        return False
+
+
 def close(
     actual: torch.Tensor, expected: torch.Tensor, where: str, tol_dtype: torch.dtype | None = None, scale: float = 0.0
 ) -> str | None:
@@ -136,7 +147,7 @@ def close(
         return f"{where}: dtype {actual.dtype}, expected {expected.dtype}"
     if tuple(actual.shape) != tuple(expected.shape):
         return f"{where}: shape {tuple(actual.shape)}, expected {tuple(expected.shape)}"
-    if actual.dtype == expected.dtype and torch.equal(actual, expected):
+    if actual.dtype == expected.dtype and _equal(actual, expected):
         return None  # bit-equal (the common case of exact ops): nothing to weigh
     if not (expected.dtype.is_floating_point or expected.dtype.is_complex):
         if torch.equal(actual, expected):
@@ -223,9 +234,11 @@ def compare_output(
         total = _as_float64(total.to(reference.dtype))
     # Each rank's contribution was rounded on its own magnitude, which random
     # pieces make larger than the result's: scale the tolerance by their sum.
-    pieces = 0.0
+    big = big_magnitude(reference.dtype)
+    maxes = []
     for t in widened.values():
-        if t.is_floating_point() or t.is_complex():
-            ordinary = t[torch.isfinite(t) & (t.abs() <= big_magnitude(reference.dtype))]
-            pieces += float(ordinary.abs().max()) if ordinary.numel() else 0.0
+        if (t.is_floating_point() or t.is_complex()) and t.numel():
+            magnitude = t.abs()  # NaN and infinities fail the comparison: not ordinary
+            maxes.append(torch.where(magnitude <= big, magnitude, 0).max())
+    pieces = float(torch.stack(maxes).sum()) if maxes else 0.0
     return close(total, _as_float64(reference), f"output {k} (reduced)", tol_dtype=tol_dtype, scale=pieces)

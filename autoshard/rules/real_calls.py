@@ -49,7 +49,7 @@ from __future__ import annotations
 import operator
 import random
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -142,6 +142,8 @@ class RealCallReport:
     """Samples used, per source."""
     failures: list[RealFailure] = field(default_factory=list)
     skipped: list[tuple[str, str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    """Samples that could not be used for a call that another sample checked."""
     """(call, why): distinct calls with a rule that no sample could be made for."""
     unchecked: list[tuple[str, tuple[int, ...], str, str]] = field(default_factory=list)
     """(call, mesh, strategy, why): strategies of sampled calls that no sample could check."""
@@ -174,6 +176,7 @@ class RealCallReport:
             self.samples[k] = self.samples.get(k, 0) + v
         self.failures.extend(other.failures)
         self.skipped.extend(other.skipped)
+        self.notes.extend(other.notes)
         self.unchecked.extend(other.unchecked)
         for k, v in other.no_rule.items():
             self.no_rule[k] = self.no_rule.get(k, 0) + v
@@ -192,6 +195,7 @@ class RealCallReport:
         ]
         lines += [f"FAIL {f}" for f in self.failures]
         lines += [f"SKIP {call}: {why}" for call, why in self.skipped]
+        lines += [f"NOTE {note}" for note in self.notes]
         lines += [f"UNCHECKED {call} mesh {mesh} {s}: {why}" for call, mesh, s, why in self.unchecked]
         return "\n".join(lines)
 
@@ -433,11 +437,28 @@ def _matches(sample: SampleInput, call: RealCall, reference: list[Any]) -> str |
     return None
 
 
+def _samples(
+    samples: list[tuple[str, SampleInput]],
+    usable: list[tuple[str, SampleInput, list[Any], bool]],
+    reasons: list[str],
+    synthesize_later: Callable[[], SampleInput] | None,
+) -> Iterator[tuple[str, SampleInput]]:
+    """The given samples, then a synthesized one when none was usable or every
+    usable one holds extreme values (so that sum partials get checked too)."""
+    yield from samples
+    if synthesize_later is not None and (not usable or all(extreme for *_, extreme in usable)):
+        try:
+            yield "synthesized", synthesize_later()
+        except CannotSample as exc:
+            reasons.append(f"cannot synthesize: {exc}")
+
+
 def _check_call(
     rule: Rule,
     registry: RuleRegistry,
     call: RealCall,
     samples: list[tuple[str, SampleInput]],
+    synthesize_later: Callable[[], SampleInput] | None,
     meshes: Sequence[tuple[int, ...]],
     report: RealCallReport,
     gen: torch.Generator,
@@ -447,8 +468,8 @@ def _check_call(
 ) -> None:
     desc = str(call)
     usable: list[tuple[str, SampleInput, list[Any], bool]] = []
-    reasons = []
-    for source, sample in samples:
+    reasons: list[str] = []
+    for source, sample in _samples(samples, usable, reasons, synthesize_later):
         try:
             with torch.no_grad():
                 reference = flatten_results((rule.reference or rule.op)(*sample.args, **sample.kwargs))
@@ -462,6 +483,8 @@ def _check_call(
         extreme = _extreme(list(ordered_tensor_args(call.op, sample.args, sample.kwargs)) + list(reference))
         usable.append((source, sample, reference, extreme))
         report.samples[source] = report.samples.get(source, 0) + 1
+    if usable:
+        report.notes.extend(f"{desc}: {why}" for why in reasons)
     strategies_by_mesh = {
         mesh: registry.strategies(call.op, call.args, call.kwargs, mesh, allow_uneven=allow_uneven, out_meta=call.outputs)
         for mesh in meshes
@@ -472,18 +495,19 @@ def _check_call(
         report.skipped.append((desc, "; ".join(reasons) or "no sample"))
         return
     for mesh, strategies in strategies_by_mesh.items():
+        shards: list[dict] = [{} for _ in usable]  # per sample: local inputs without partials, reused
         chosen: list[OpStrategy] = list(strategies)
         if max_strategies is not None and len(chosen) > max_strategies:
             chosen = [chosen[0]] + rng.sample(chosen[1:], max_strategies - 1)
         for strategy in chosen:
             checked = False
-            for source, sample, reference, extreme in usable:
+            for (source, sample, reference, extreme), cache in zip(usable, shards):
                 if extreme and _feeds_sum(strategy):
                     continue
                 checked = True
                 report.checks += 1
                 try:
-                    msg = check_strategy(rule, sample, strategy, mesh, reference, gen)
+                    msg = check_strategy(rule, sample, strategy, mesh, reference, gen, cache)
                 except Exception as exc:  # noqa: BLE001 - reported, not raised
                     msg = f"could not run the strategy: {type(exc).__name__}: {_first_line(exc)}"
                 if msg:
@@ -495,6 +519,15 @@ def _check_call(
                                          "a sum/avg partial into extreme values (-inf, finfo.min) is not exact; no finite sample"))
 
 
+def _skip(report: RealCallReport, registry: RuleRegistry, call: RealCall, meshes: Sequence[tuple[int, ...]],
+          allow_uneven: bool, why: str) -> None:
+    report.calls += 1
+    report.strategies += sum(
+        len(registry.strategies(call.op, call.args, call.kwargs, mesh, allow_uneven=allow_uneven, out_meta=call.outputs))
+        for mesh in meshes)
+    report.skipped.append((str(call), why))
+
+
 def validate_traced(
     traced: Any,
     mesh_shapes: Sequence[Sequence[int]] = MESHES,
@@ -502,7 +535,7 @@ def validate_traced(
     values: Mapping[str, torch.Tensor] | None = None,
     inputs: Sequence[torch.Tensor] | Mapping[str, torch.Tensor] | None = None,
     registry: RuleRegistry | None = None,
-    synthesized: bool = True,
+    synthesized: bool | None = None,
     allow_uneven: bool = False,
     max_strategies: int | None = None,
     seed: int = 0,
@@ -512,8 +545,11 @@ def validate_traced(
     """Check every strategy of every distinct call of ``traced`` on each mesh.
 
     ``values`` and ``inputs`` (real parameters/buffers and example inputs):
-    capture each call's real args by running the graph; without them, or in
-    addition (``synthesized``), random valid tensors are made per call.
+    capture each call's real args by running the graph. ``synthesized``:
+    True, also check every strategy on random valid tensors made per call
+    (:func:`synthesize`); False, never; None (default), only where no value
+    was captured or the captured one holds extreme values (masks), so that
+    sum-partial strategies are checked on finite values.
     ``max_strategies``: check a random subset per call and mesh (None: all).
     ``seen``: call keys already checked (by another model): skipped without
     counting, and the new ones added (for a suite of models).
@@ -543,24 +579,26 @@ def validate_traced(
     torch.set_num_threads(1)
     try:
         for index, (call, rule) in enumerate(todo):
+            call_seed = seed * 100_003 + index
             samples: list[tuple[str, SampleInput]] = []
             if call.key in captured:
                 samples.append(("captured", captured[call.key]))
-            if synthesized or not samples:
+            later = None
+            if synthesized or (synthesized is None and not samples):
                 try:
-                    samples.append(("synthesized", synthesize(call, seed * 100_003 + index)))
+                    samples.append(("synthesized", synthesize(call, call_seed)))
                 except CannotSample as exc:
                     if not samples:
-                        report.calls += 1
-                        report.strategies += sum(
-                            len(registry.strategies(call.op, call.args, call.kwargs, mesh,
-                                                    allow_uneven=allow_uneven, out_meta=call.outputs))
-                            for mesh in meshes)
-                        report.skipped.append((str(call), f"cannot synthesize: {exc}"))
+                        _skip(report, registry, call, meshes, allow_uneven, f"cannot synthesize: {exc}")
                         continue
-            gen = torch.Generator().manual_seed(seed * 100_003 + index)
-            _check_call(rule, registry, call, samples, meshes, report, gen, allow_uneven, max_strategies,
-                        random.Random(seed * 100_003 + index))
+                    report.notes.append(f"{call}: cannot synthesize: {exc}")
+            elif synthesized is None:
+                later = lambda call=call, call_seed=call_seed: synthesize(call, call_seed)  # noqa: E731
+            elif not samples:
+                _skip(report, registry, call, meshes, allow_uneven, "no captured values and synthesized=False")
+                continue
+            _check_call(rule, registry, call, samples, later, meshes, report, torch.Generator().manual_seed(call_seed),
+                        allow_uneven, max_strategies, random.Random(call_seed))
     finally:
         torch.set_num_threads(threads)
     report.seconds = time.perf_counter() - start

@@ -153,18 +153,31 @@ def check_strategy(
     mesh_shape: tuple[int, ...],
     reference: list[Any],
     gen: torch.Generator,
+    shards: dict[Any, dict[tuple[int, ...], torch.Tensor]] | None = None,
 ) -> str | None:
     """Run one strategy on simulated shards; None if it matches ``reference``
-    (the flattened outputs of the unsharded op), else what differs."""
+    (the flattened outputs of the unsharded op), else what differs.
+
+    ``shards``: a dict kept by the caller across the strategies of one
+    sample on one mesh, to reuse the local inputs of placements without
+    partials (they are not random); ignored for ops that mutate an input."""
     op = rule.op
     flat_inputs = _flat_tensors(op, sample)
+    if shards is not None and op._schema.is_mutable:
+        shards = None
     local_inputs: list[dict[tuple[int, ...], torch.Tensor]] = []
     for j, t in enumerate(flat_inputs):
         placements = strategy.input_placements[j] or (Replicate(),) * len(mesh_shape)
+        key = (j, placements) if shards is not None and not any(isinstance(p, Partial) for p in placements) else None
+        if key is not None and key in shards:
+            local_inputs.append(shards[key])
+            continue
         try:
             local_inputs.append(distribute(t, placements, mesh_shape, gen))
         except ValueError as exc:
             return f"input {j}: {exc}"
+        if key is not None:
+            shards[key] = local_inputs[-1]
     coords = simulate.mesh_coords(mesh_shape)
     outputs: dict[tuple[int, ...], list[Any]] = {}
     first_out = next((p for p in strategy.output_placements if p is not None), None)
