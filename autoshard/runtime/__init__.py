@@ -1,0 +1,18 @@
+"""Runtime: run a plan on a real mesh (DESIGN.md, "Runtime").
+
+* :mod:`autoshard.runtime.module`: :class:`ShardedModule` / :func:`shard`, the
+  user API (DTensor parameters, ``forward`` -> loss, ``backward`` -> ``.grad``);
+* :mod:`autoshard.runtime.execute`: :class:`JointRunner`, the joint graph on
+  one rank's local shards with the plan's redistributions;
+* :mod:`autoshard.runtime.steps`: one redistribution step on a local tensor;
+* :mod:`autoshard.runtime.collectives`: functional collectives on mesh-dim and
+  flattened process groups, and the collective trace
+  (``AUTOSHARD_TRACE_COLLECTIVES=1``).
+"""
+
+from autoshard.runtime.collectives import TRACE_ENV, CollectiveRecord, MeshComm
+from autoshard.runtime.execute import JointRunner, RuntimeLoadError, local_slice
+from autoshard.runtime.module import ShardedModule, shard, to_dtensor_placements
+
+__all__ = ["TRACE_ENV", "CollectiveRecord", "MeshComm", "JointRunner", "RuntimeLoadError", "local_slice",
+           "ShardedModule", "shard", "to_dtensor_placements"]

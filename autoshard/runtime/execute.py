@@ -1,0 +1,434 @@
+"""Run a traced joint graph on this rank's local shards, as a plan says.
+
+:class:`JointRunner` is built once per rank from the :class:`~autoshard.trace.TracedGraph`,
+the :class:`~autoshard.plan.format.Plan` and the rank's mesh coordinate. At
+build ("load") time it checks everything that does not depend on values and
+refuses, naming the node, what it cannot run:
+
+* the plan's fingerprint (graph hash and mesh shape) must match the graph and mesh in hand;
+* every op node needs a plan entry with the same op; every edge whose producer
+  and reader placements differ needs a redistribution from exactly that
+  placement to exactly that placement, and every step must be runnable
+  (``autoshard.runtime.steps.check_step_runnable``);
+* random ops (``nondeterministic_seeded``: dropout, rand) are refused: the
+  runtime does not yet give each rank its slice of one random stream;
+* an op with no sharding rule must be replicated on all its inputs and outputs;
+* a buffer that the step mutates (BatchNorm statistics) must be replicated
+  (checked by ``ShardedModule``).
+
+Not checked at load: whether a rule's ``localize`` really makes an op run on
+its shards (the rule validator checks that per rule, on small meshes); an op
+that still fails raises at run time naming the node, the op and the rank's
+coordinate, and every local output's shape is compared with the plan's.
+
+:meth:`JointRunner.run` then walks the graph in order: every tensor input of a
+node gets its edge's redistribution steps (collectives on the mesh-dim
+process group or on the flattened group of fused dims, ``MeshComm``), the
+non-tensor args are made local by the rule's ``localize`` (view sizes,
+factory shapes: the same call the rule validator makes), and the op runs on
+local tensors; every local output's shape is checked against the plan's
+placement. The sinks get their redistributions too: the loss ends replicated,
+each gradient in its parameter's placement (already reduced), each buffer
+update in its buffer's placement.
+
+>>> # runner = JointRunner(traced, plan, mesh_shape, coord, comm=MeshComm(mesh))
+>>> # result = runner.run(local_params, local_buffers, local_inputs)
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import torch
+import torch.fx as fx
+from torch._ops import OpOverload
+
+from costmodel.layout import local_indices, local_shape
+from costmodel.placements import Partial, Placement, Replicate, parse_placements
+from costmodel.steps import COLLECTIVE_STEPS, RedistributeStep
+
+from autoshard.plan.format import Plan, PlanError, Redistribution
+from autoshard.rules import RuleRegistry, load_rules, op_name
+from autoshard.rules.calls import bind_args, replace_tensors
+from autoshard.rules.core import OpCall, TensorMeta, to_meta
+from autoshard.runtime.steps import Comm, StepRuntimeError, check_step_runnable, run_step
+from autoshard.trace import JointResult, TracedGraph
+
+__all__ = ["RuntimeLoadError", "JointRunner", "local_slice", "placements_of"]
+
+aten = torch.ops.aten
+
+
+class RuntimeLoadError(ValueError):
+    """A plan the runtime cannot run on this graph and mesh (names the node and why)."""
+
+
+def placements_of(text: str | None, ndim_mesh: int) -> tuple[Placement, ...]:
+    """Parsed placements; None (no placement given) is replicated."""
+    if text is None:
+        return (Replicate(),) * ndim_mesh
+    return parse_placements(text)
+
+
+def local_slice(tensor: torch.Tensor, placements: Sequence[Placement], mesh_shape: Sequence[int],
+                coord: Sequence[int]) -> torch.Tensor:
+    """The local shard of a whole tensor at mesh coordinate ``coord`` (``torch.chunk``
+    sizes, mesh dims left to right, strided shards as ``costmodel.layout``).
+    Partial placements are refused: a whole value has no partial shard."""
+    if any(isinstance(p, Partial) for p in placements):
+        raise ValueError(f"local_slice: a whole tensor has no partial shard ({''.join(map(str, placements))})")
+    out = tensor
+    for dim, idx in enumerate(local_indices(tuple(tensor.shape), tuple(placements), tuple(mesh_shape), tuple(coord))):
+        if len(idx) == tensor.shape[dim]:
+            continue
+        if idx and list(idx) == list(range(idx[0], idx[0] + len(idx))):
+            out = out.narrow(dim, idx[0], len(idx))
+        else:
+            out = out.index_select(dim, torch.as_tensor(idx, dtype=torch.long, device=tensor.device))
+    # always a copy: a shard must not alias the caller's whole tensor
+    return out.clone(memory_format=torch.contiguous_format)
+
+
+@dataclass(slots=True)
+class _Edge:
+    """One tensor input of a reader: where it comes from and the steps it needs."""
+
+    source: fx.Node
+    steps: tuple[RedistributeStep, ...]
+    global_shape: tuple[int, ...]
+    key: tuple[str, str, int]
+    """(producer, reader, input) as in the plan."""
+
+
+@dataclass(slots=True)
+class _OpProgram:
+    node: fx.Node
+    op: Any
+    localize: Any
+    edges: list[_Edge]
+    out_placements: tuple[tuple[Placement, ...] | None, ...]
+    out_global: tuple[TensorMeta | None, ...]
+    free_after: list[fx.Node] = field(default_factory=list)
+
+
+def _tensor_arg_nodes(node: fx.Node) -> list[fx.Node]:
+    """Tensor arguments in the rules' input order (as ``autoshard.graph.builder``)."""
+
+    def is_tensor(arg: Any) -> bool:
+        return isinstance(arg, fx.Node) and isinstance(arg.meta.get("val"), torch.Tensor)
+
+    def walk(obj: Any, out: list[fx.Node]) -> None:
+        if is_tensor(obj):
+            out.append(obj)
+        elif isinstance(obj, (list, tuple)):
+            for item in obj:
+                walk(item, out)
+
+    found: list[fx.Node] = []
+    walk(node.args, found)
+    names = [a.name for a in node.target._schema.arguments] if isinstance(node.target, OpOverload) else []
+    for name in sorted(node.kwargs, key=lambda n: names.index(n) if n in names else len(names)):
+        walk(node.kwargs[name], found)
+    return found
+
+
+def _is_random(node: fx.Node, rule: Any) -> bool:
+    """Whether the op draws random numbers at this call (a dropout probability of 0,
+    as attention ops take by default in eval or without dropout, draws none)."""
+    op = node.target
+    if rule is not None and rule.contract is not None:
+        return True
+    if torch.Tag.nondeterministic_seeded not in getattr(op, "tags", ()):
+        return False
+    if isinstance(op, OpOverload):
+        bound = bind_args(op, tuple(node.args), dict(node.kwargs))
+        for key in ("dropout_p", "p"):
+            if key in bound and isinstance(bound[key], (int, float)) and float(bound[key]) == 0.0:
+                return False
+        if bound.get("train") is False:
+            return False
+    return True
+
+
+class JointRunner:
+    """The joint graph of ``traced`` run on local shards per ``plan`` (module docstring).
+
+    ``mesh_shape`` is the plan's mesh; ``coord`` this rank's coordinate on it;
+    ``comm`` issues the collectives (``autoshard.runtime.collectives.MeshComm``;
+    None is allowed for a plan without collectives). ``check_fingerprint``
+    compares the plan's graph hash with ``traced``.
+    """
+
+    def __init__(self, traced: TracedGraph, plan: Plan, mesh_shape: Sequence[int], coord: Sequence[int],
+                 *, comm: Comm | None = None, rules: RuleRegistry | None = None,
+                 check_fingerprint: bool = True) -> None:
+        self.traced = traced
+        self.plan = plan
+        self.mesh_shape = tuple(int(m) for m in mesh_shape)
+        self.coord = tuple(int(c) for c in coord)
+        self.comm = comm
+        if tuple(plan.fingerprint.mesh_shape) != self.mesh_shape:
+            raise RuntimeLoadError(f"mesh: the plan is for mesh {plan.fingerprint.mesh_shape}, here {self.mesh_shape}")
+        if len(self.coord) != len(self.mesh_shape) or any(not 0 <= c < m for c, m in zip(self.coord, self.mesh_shape)):
+            raise RuntimeLoadError(f"coordinate {self.coord} is not on mesh {self.mesh_shape}")
+        if check_fingerprint:
+            from autoshard.plan.build import graph_hash
+
+            here = graph_hash(traced)
+            if here != plan.fingerprint.graph:
+                raise PlanError(f"plan does not match: graph (plan: {plan.fingerprint.graph[:19]}; here: {here[:19]}: "
+                                "another model, input shape or dtype)")
+        self.rules = rules or load_rules()
+        self._build()
+
+    # ------------------------------------------------------------------ load time
+    def _placement(self, text: str | None) -> tuple[Placement, ...]:
+        return placements_of(text, len(self.mesh_shape))
+
+    def _build(self) -> None:
+        traced, plan, ndim = self.traced, self.plan, len(self.mesh_shape)
+        gm = traced.graph_module
+        plan_nodes = {n.name: n for n in plan.nodes}
+        self._redist: dict[tuple[str, int], Redistribution] = {}
+        for r in plan.redistributions:
+            key = (r.to, r.input_index)
+            if key in self._redist:
+                raise RuntimeLoadError(f"plan: two redistributions into input {r.input_index} of {r.to}")
+            self._redist[key] = r
+        used: set[tuple[str, int]] = set()
+
+        # what every fx node produces: (strategy-graph name, placements per output)
+        produced: dict[fx.Node, tuple[str, tuple[tuple[Placement, ...] | None, ...]]] = {}
+        names = {node: f"param:{fqn}" for fqn, node in traced.params.items()}
+        names.update({node: f"buffer:{fqn}" for fqn, node in traced.buffers.items()})
+        names.update({node: f"input:{name}" for name, node in traced.inputs.items()})
+        names[traced.tangent] = "tangent"
+        leaf_text = {f"param:{k}": v for k, v in plan.params.items()}
+        leaf_text.update({f"buffer:{k}": v for k, v in plan.buffers.items()})
+        leaf_text.update({f"input:{k}": v for k, v in plan.inputs.items()})
+        self.leaf_placements: dict[str, tuple[Placement, ...]] = {}
+        for node in gm.graph.nodes:
+            if node.op != "placeholder":
+                continue
+            name = names.get(node)
+            if name is None:
+                raise RuntimeLoadError(f"graph input {node.name}: not a parameter, buffer, input or the tangent")
+            if name == "tangent":
+                pl = (Replicate(),) * ndim
+            elif name not in leaf_text:
+                raise RuntimeLoadError(f"plan: no placement for {name}")
+            else:
+                pl = self._placement(leaf_text[name])
+            if any(isinstance(p, Partial) for p in pl):
+                raise RuntimeLoadError(f"plan: {name} is {leaf_text[name]}: a leaf cannot be partial")
+            self.leaf_placements[name] = pl
+            produced[node] = (name, (pl,))
+
+        def source(arg: fx.Node) -> tuple[str, int, tuple[Placement, ...]]:
+            """(producer name in the plan, its output index, placements) of the value ``arg``."""
+            if arg.op == "call_function" and arg.target is operator.getitem:
+                name, outs = produced[arg.args[0]]
+                k = int(arg.args[1])
+                return name, k, outs[k] if outs[k] is not None else self._placement(None)
+            name, outs = produced[arg]
+            return name, 0, outs[0] if outs[0] is not None else self._placement(None)
+
+        def edge(arg: fx.Node, reader: str, position: int, want: tuple[Placement, ...]) -> _Edge:
+            producer, _, have = source(arg)
+            r = self._redist.get((reader, position))
+            shape = tuple(int(s) for s in arg.meta["val"].shape)
+            where = f"{producer} -> {reader} (input {position})"
+            if r is None:
+                if have != want:
+                    raise RuntimeLoadError(f"plan: {where} needs {_fmt(have)} -> {_fmt(want)} but has no redistribution")
+                return _Edge(arg, (), shape, (producer, reader, position))
+            used.add((reader, position))
+            if r.tensor != producer or self._placement(r.src) != have or self._placement(r.dst) != want:
+                raise RuntimeLoadError(f"plan: the redistribution into {reader} (input {position}) is "
+                                       f"{r.tensor} {r.src} -> {r.dst}, the graph has {producer} {_fmt(have)} -> {_fmt(want)}")
+            for step in r.steps:
+                try:
+                    check_step_runnable(step, self.mesh_shape)
+                except StepRuntimeError as exc:
+                    raise RuntimeLoadError(f"{where}: {exc}") from None
+            if self.comm is None and any(s.collective in COLLECTIVE_STEPS for s in r.steps):
+                raise RuntimeLoadError(f"{where}: the plan issues collectives but no process group was given")
+            return _Edge(arg, tuple(r.steps), shape, (producer, reader, position))
+
+        self.program: list[_OpProgram] = []
+        for node in gm.graph.nodes:
+            if node.op in ("placeholder", "output"):
+                continue
+            if node.op != "call_function":
+                raise RuntimeLoadError(f"{node.name}: graph node kind {node.op!r} is not supported")
+            if node.target is operator.getitem:
+                if node.args[0] not in produced:
+                    raise RuntimeLoadError(f"{node.name}: reads {node.args[0].name}, which makes no tensor")
+                self.program.append(_OpProgram(node, operator.getitem, None, [], (), ()))
+                continue
+            val = node.meta.get("val")
+            if not isinstance(val, (torch.Tensor, tuple, list)):
+                raise RuntimeLoadError(f"{node.name} ({op_name(node.target)}): makes no tensor (symbolic sizes are not supported)")
+            pn = plan_nodes.get(node.name)
+            oname = op_name(node.target)
+            if pn is None:
+                raise RuntimeLoadError(f"plan: no strategy for node {node.name} ({oname})")
+            if pn.op != oname:
+                raise RuntimeLoadError(f"plan: node {node.name} is {pn.op} in the plan, {oname} in the graph")
+            rule = self.rules.rule_for(node.target)
+            outs = tuple(None if t is None else self._placement(t) for t in pn.out)
+            ins = tuple(self._placement(t) for t in pn.inputs)
+            if _is_random(node, rule):
+                raise RuntimeLoadError(f"{node.name} ({oname}): random ops are not supported yet (each rank would draw "
+                                       "its own numbers, not its slice of one random stream)")
+            replicated = all(p is None or all(isinstance(x, Replicate) for x in p) for p in outs + ins)
+            if rule is None and not replicated:
+                raise RuntimeLoadError(f"{node.name} ({oname}): no sharding rule, so it can only run replicated; "
+                                       f"the plan has {pn.out} <- {pn.inputs}")
+            args = _tensor_arg_nodes(node)
+            if len(args) != len(ins):
+                raise RuntimeLoadError(f"plan: node {node.name} has {len(ins)} input placements, the op {len(args)} tensor inputs")
+            edges = [edge(arg, node.name, i, ins[i]) for i, arg in enumerate(args)]
+            vals = val if isinstance(val, (tuple, list)) else (val,)
+            flat_vals = list(vals)
+            out_global = tuple(TensorMeta.of(v) if isinstance(v, torch.Tensor) else None for v in flat_vals)
+            if len(out_global) != len(outs):
+                raise RuntimeLoadError(f"plan: node {node.name} has {len(outs)} output placements, the op {len(out_global)} outputs")
+            produced[node] = (node.name, outs)
+            self.program.append(_OpProgram(node, node.target, rule.localize if rule is not None else None, edges,
+                                           outs, out_global))
+
+        # sinks
+        self.loss_edge = edge(traced.loss, "loss", 0, (Replicate(),) * ndim)
+        self.grad_edges: dict[str, _Edge] = {}
+        for fqn, gnode in traced.grads.items():
+            if gnode is not None:
+                self.grad_edges[fqn] = edge(gnode, f"grad:{fqn}", 0, self.leaf_placements[f"param:{fqn}"])
+        self.buffer_edges: dict[str, _Edge] = {}
+        for fqn, unode in traced.buffer_updates.items():
+            self.buffer_edges[fqn] = edge(unode, f"buffer_update:{fqn}", 0, self.leaf_placements[f"buffer:{fqn}"])
+        unused = set(self._redist) - used
+        if unused:
+            to, i = sorted(unused)[0]
+            raise RuntimeLoadError(f"plan: a redistribution into {to} (input {i}) matches no edge of the graph")
+
+        # free every value after its last reader (sink values are kept)
+        keep = {self.loss_edge.source} | {e.source for e in self.grad_edges.values()} | {
+            e.source for e in self.buffer_edges.values()}
+        position = {p.node: i for i, p in enumerate(self.program)}
+        for node in gm.graph.nodes:
+            if node in keep or node.op == "output":
+                continue
+            readers = [position[u] for u in node.users if u in position]
+            if readers:
+                self.program[max(readers)].free_after.append(node)
+
+        self.collective_steps = tuple(
+            (r.tensor, r.to, r.input_index, s) for r in plan.redistributions for s in r.steps
+            if s.collective in COLLECTIVE_STEPS
+        )
+        """Every collective step of the plan, with its edge, in plan order."""
+
+    def mesh_dim_sets(self) -> list[tuple[int, ...]]:
+        """Every set of mesh dims a collective of the plan runs on (for ``MeshComm.prepare``)."""
+        return sorted({tuple(s.mesh_dims) for *_, s in self.collective_steps})
+
+    # ------------------------------------------------------------------ run time
+    def _redistribute(self, value: torch.Tensor, edge: _Edge) -> torch.Tensor:
+        if not edge.steps:
+            return value
+        if self.comm is not None and hasattr(self.comm, "edge"):
+            self.comm.edge = edge.key
+        for step in edge.steps:
+            value = run_step(value, step, edge.global_shape, self.mesh_shape, self.coord, self.comm)
+        return value
+
+    def run(self, params: Mapping[str, torch.Tensor], buffers: Mapping[str, torch.Tensor],
+            inputs: Sequence[torch.Tensor] | Mapping[str, torch.Tensor]) -> JointResult:
+        """Run one training step's joint graph on local shards.
+
+        ``params`` / ``buffers``: FQN -> this rank's local shard (in the plan's
+        placement); ``inputs``: this rank's input shards, in order or by name.
+        Returns the loss (replicated: the whole value on every rank), every
+        gradient as this rank's shard in its parameter's placement, and every
+        buffer update as this rank's shard in its buffer's placement.
+        """
+        traced = self.traced
+        env: dict[fx.Node, Any] = {}
+        for fqn, node in traced.params.items():
+            env[node] = self._local_leaf(params, fqn, traced.param_aliases, f"param:{fqn}", node)
+        for fqn, node in traced.buffers.items():
+            env[node] = self._local_leaf(buffers, fqn, traced.buffer_aliases, f"buffer:{fqn}", node)
+        if isinstance(inputs, Mapping):
+            inputs = [inputs[name] for name in traced.inputs]
+        if len(inputs) != len(traced.inputs):
+            raise ValueError(f"inputs: expected {len(traced.inputs)} tensors ({', '.join(traced.inputs)}), got {len(inputs)}")
+        for (name, node), value in zip(traced.inputs.items(), inputs):
+            env[node] = self._check_local(value, f"input:{name}", node)
+        env[traced.tangent] = torch.ones((), dtype=traced.loss.meta["val"].dtype)
+        with torch.no_grad():
+            for step in self.program:
+                node = step.node
+                if step.op is operator.getitem:
+                    env[node] = env[node.args[0]][int(node.args[1])]
+                else:
+                    env[node] = self._run_op(step, env)
+                for dead in step.free_after:
+                    env.pop(dead, None)
+            loss = self._redistribute(env[self.loss_edge.source], self.loss_edge)
+            grads = {fqn: None for fqn in traced.grads}
+            for fqn, e in self.grad_edges.items():
+                grads[fqn] = self._redistribute(env[e.source], e)
+            updates = {fqn: self._redistribute(env[e.source], e) for fqn, e in self.buffer_edges.items()}
+        if self.comm is not None and hasattr(self.comm, "edge"):
+            self.comm.edge = None
+        return JointResult(loss=loss, grads=grads, buffer_updates=updates)
+
+    def _local_leaf(self, values: Mapping[str, torch.Tensor], fqn: str, aliases: Mapping[str, tuple[str, ...]],
+                    name: str, node: fx.Node) -> torch.Tensor:
+        for key in (fqn, *aliases.get(fqn, ())):
+            if key in values:
+                return self._check_local(values[key].detach(), name, node)
+        raise ValueError(f"missing local tensor for {name}")
+
+    def _check_local(self, value: torch.Tensor, name: str, node: fx.Node) -> torch.Tensor:
+        want = local_shape(tuple(node.meta["val"].shape), self.leaf_placements[name], self.mesh_shape, self.coord)
+        if tuple(value.shape) != want:
+            raise ValueError(f"{name}: local shard of shape {tuple(value.shape)}, the plan's "
+                             f"{_fmt(self.leaf_placements[name])} gives {want} at coordinate {self.coord}")
+        return value
+
+    def _run_op(self, step: _OpProgram, env: Mapping[fx.Node, Any]) -> Any:
+        node, op = step.node, step.op
+        locals_ = [self._redistribute(env[e.source], e) for e in step.edges]
+        args, kwargs = fx.node.map_arg((tuple(node.args), dict(node.kwargs)), lambda n: env[n])
+        args, kwargs = replace_tensors(op, args, kwargs, locals_)
+        out_local = tuple(
+            None if (meta is None or pl is None) else TensorMeta(local_shape(meta.shape, pl, self.mesh_shape, self.coord), meta.dtype)
+            for meta, pl in zip(step.out_global, step.out_placements)
+        )
+        if step.localize is not None:
+            call = OpCall(op, to_meta(args), to_meta(kwargs), tuple(TensorMeta.of(t) for t in locals_), out_local,
+                          bind_args(op, args, kwargs))
+            args, kwargs = step.localize(args, kwargs, call)
+        try:
+            result = op(*args, **kwargs)
+        except RuntimeError as exc:
+            if op in (aten.view.default, aten._unsafe_view.default) and "view" in str(exc):
+                # a collective or a slice left the local tensor non-contiguous
+                result = aten.reshape.default(*args, **kwargs)
+            else:
+                raise RuntimeError(f"{node.name} ({op_name(op)}) failed on local shards at coordinate "
+                                   f"{self.coord}: {exc}") from exc
+        flat = list(result) if isinstance(result, (tuple, list)) else [result]
+        for k, (got, want) in enumerate(zip(flat, out_local)):
+            if want is not None and isinstance(got, torch.Tensor) and tuple(got.shape) != want.shape:
+                raise RuntimeError(f"{node.name} ({op_name(op)}) output {k}: local shape {tuple(got.shape)}, "
+                                   f"the plan's {_fmt(step.out_placements[k])} gives {want.shape}")
+        return result
+
+
+def _fmt(placements: Sequence[Placement] | None) -> str:
+    return "None" if placements is None else "".join(str(p) for p in placements)

@@ -1,0 +1,248 @@
+"""Run one redistribution step (``costmodel.steps``) on this rank's local tensor.
+
+The semantics are those of ``costmodel.simulate.apply_step`` (the reference
+the cost model and the tests use); here each rank runs its own part, and the
+collective goes through a :class:`Comm` on the process group of the step's
+mesh dims (one flattened group where the step names several).
+
+Process-group collectives want equal sizes on every member (gloo's
+reduce_scatter, ``all_gather_single``), while placements follow
+``torch.chunk`` (uneven shards: ceil-sized chunks, trailing ones smaller or
+empty). Every member's local shape is known from the global shape and the
+step's source placements (``costmodel.layout.local_shape``), so buffers are
+padded with zeros to the largest member's extent before the collective and
+trimmed after it; with even shards nothing is padded and the bytes issued are
+the bytes the cost model priced.
+
+Members of a group over ``mesh_dims`` are numbered lexicographically by their
+coordinates on those dims (ascending), as DeviceMesh flattens them.
+
+>>> # y = run_step(x, step, global_shape, src, mesh_shape, coord, comm)
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Protocol, Sequence
+
+import torch
+
+from costmodel.layout import chunk_offsets, chunk_sizes, local_shape, strided_positions
+from costmodel.placements import Placement, StridedShard
+from costmodel.steps import COLLECTIVE_STEPS, LOCAL_STEPS, RedistributeStep
+
+__all__ = ["Comm", "StepRuntimeError", "member_index", "member_coords", "run_step", "check_step_runnable"]
+
+
+class StepRuntimeError(ValueError):
+    """A step the runtime cannot run (names the step)."""
+
+
+class Comm(Protocol):
+    """Collectives on the group of ``mesh_dims`` (dim 0 of equal-sized buffers).
+
+    ``all_gather``: members' ``x`` concatenated along dim 0 in member order.
+    ``all_reduce``: the ``op`` reduction of every member's ``x``.
+    ``reduce_scatter``: member q gets chunk q (of G equal ones, dim 0) of the reduction.
+    ``all_to_all``: ``x`` is ``[G, ...]``; member q gets ``out[p] = x_p[q]``.
+    ``permute``: ``src_dst[p] = r``: member p's ``x`` goes to member r.
+    """
+
+    def all_gather(self, x: torch.Tensor, mesh_dims: tuple[int, ...], nbytes: int) -> torch.Tensor: ...
+
+    def all_reduce(self, x: torch.Tensor, op: str, mesh_dims: tuple[int, ...], nbytes: int) -> torch.Tensor: ...
+
+    def reduce_scatter(self, x: torch.Tensor, op: str, mesh_dims: tuple[int, ...], nbytes: int) -> torch.Tensor: ...
+
+    def all_to_all(self, x: torch.Tensor, mesh_dims: tuple[int, ...], nbytes: int) -> torch.Tensor: ...
+
+    def permute(self, x: torch.Tensor, src_dst: list[int], mesh_dims: tuple[int, ...], nbytes: int) -> torch.Tensor: ...
+
+
+def member_index(coord: Sequence[int], mesh_shape: Sequence[int], mesh_dims: Sequence[int]) -> int:
+    """Flat index of ``coord`` in its group over ``mesh_dims`` (lexicographic).
+
+    >>> member_index((1, 0), (2, 2), (0, 1)), member_index((1, 0), (2, 2), (1,))
+    (2, 0)
+    """
+    q = 0
+    for d in mesh_dims:
+        q = q * mesh_shape[d] + coord[d]
+    return q
+
+
+def member_coords(coord: Sequence[int], mesh_shape: Sequence[int], mesh_dims: Sequence[int]) -> list[tuple[int, ...]]:
+    """Mesh coordinates of every member of ``coord``'s group over ``mesh_dims``, in member order."""
+    out = []
+    for sub in itertools.product(*(range(mesh_shape[d]) for d in mesh_dims)):
+        c = list(coord)
+        for d, v in zip(mesh_dims, sub):
+            c[d] = v
+        out.append(tuple(c))
+    return out
+
+
+def _pad_dim(x: torch.Tensor, dim: int, size: int) -> torch.Tensor:
+    """``x`` with zeros appended along ``dim`` up to ``size``."""
+    extra = size - x.shape[dim]
+    if extra <= 0:
+        return x
+    shape = list(x.shape)
+    shape[dim] = extra
+    return torch.cat([x, x.new_zeros(shape)], dim=dim)
+
+
+def _pad_to(x: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
+    """``x`` zero-padded at the end of every dim up to ``shape``."""
+    if tuple(x.shape) == tuple(shape):
+        return x
+    out = x.new_zeros(tuple(shape))
+    out[tuple(slice(0, s) for s in x.shape)] = x
+    return out
+
+
+def _trim(x: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
+    if tuple(x.shape) == tuple(shape):
+        return x
+    return x[tuple(slice(0, s) for s in shape)]
+
+
+def _nbytes(x: torch.Tensor) -> int:
+    return x.numel() * x.element_size()
+
+
+def check_step_runnable(step: RedistributeStep, mesh_shape: Sequence[int]) -> None:
+    """Raise :class:`StepRuntimeError` for a step this module cannot run."""
+    dims = tuple(step.mesh_dims)
+    if not dims or list(dims) != sorted(set(dims)) or any(not 0 <= d < len(mesh_shape) for d in dims):
+        raise StepRuntimeError(f"{step.describe()}: mesh_dims {dims} are not ascending dims of mesh {tuple(mesh_shape)}")
+    if step.collective not in COLLECTIVE_STEPS + LOCAL_STEPS:
+        raise StepRuntimeError(f"{step.describe()}: unknown step kind")
+    need = {"all_gather": ("tensor_dim",), "reduce_scatter": ("tensor_dim", "reduce_op"), "all_reduce": ("reduce_op",),
+            "all_to_all": ("tensor_dim", "split_tensor_dim"), "local_slice": ("tensor_dim",),
+            "local_zero_pad": ("tensor_dim",)}.get(step.collective, ())
+    for key in need:
+        if getattr(step, key) is None:
+            raise StepRuntimeError(f"{step.describe()}: missing {key}")
+    if step.collective == "permute" and (len(dims) != 2 or mesh_shape[dims[0]] != mesh_shape[dims[1]]):
+        raise StepRuntimeError(f"{step.describe()}: permute needs two mesh dims of equal size")
+    if step.collective == "all_gather" and step.src and len(dims) > 1 and any(
+            isinstance(step.src[d], StridedShard) for d in dims):
+        raise StepRuntimeError(f"{step.describe()}: a fused all_gather of strided shards is not supported")
+    if not step.src and step.collective in ("all_gather", "all_to_all", "permute", "local_zero_pad"):
+        raise StepRuntimeError(f"{step.describe()}: the step has no source placements")
+
+
+def run_step(
+    x: torch.Tensor,
+    step: RedistributeStep,
+    global_shape: Sequence[int],
+    mesh_shape: Sequence[int],
+    coord: Sequence[int],
+    comm: Comm | None,
+) -> torch.Tensor:
+    """This rank's local tensor after ``step`` (module docstring).
+
+    ``global_shape`` is the shape of the whole tensor; the step's ``src``
+    placements give every member's local shape.
+    """
+    dims = tuple(step.mesh_dims)
+    kind = step.collective
+    group = math.prod(mesh_shape[d] for d in dims)
+    q = member_index(coord, mesh_shape, dims)
+    src: tuple[Placement, ...] = tuple(step.src)
+
+    def shapes() -> list[tuple[int, ...]]:
+        return [local_shape(tuple(global_shape), src, tuple(mesh_shape), c) for c in member_coords(coord, mesh_shape, dims)]
+
+    if kind in COLLECTIVE_STEPS and comm is None:
+        raise StepRuntimeError(f"{step.describe()}: no process group to run a collective on")
+
+    if kind == "all_gather":
+        d = step.tensor_dim
+        extents = [s[d] for s in shapes()]
+        c = max(extents)
+        buf = _pad_dim(x, d, c).movedim(d, 0).contiguous()
+        gathered = comm.all_gather(buf, dims, _nbytes(buf) * group)
+        if c * group != sum(extents):
+            gathered = torch.cat([gathered[p * c: p * c + e] for p, e in enumerate(extents)], dim=0)
+        out = gathered.movedim(0, d)
+        placement = src[dims[0]] if src else None
+        if isinstance(placement, StridedShard) and len(dims) == 1:
+            extent = out.shape[d]
+            order = [i for r in range(group) for i in strided_positions(extent, group, placement.split_factor, r)]
+            inverse = [0] * extent
+            for i, position in enumerate(order):
+                inverse[position] = i
+            out = out.index_select(d, torch.as_tensor(inverse, dtype=torch.long, device=out.device))
+        return out.contiguous()
+
+    if kind == "all_reduce":
+        buf = x.contiguous()
+        return comm.all_reduce(buf, step.reduce_op, dims, _nbytes(buf))
+
+    if kind == "reduce_scatter":
+        d = step.tensor_dim
+        n = x.shape[d]
+        c = -(-n // group) if n else 0
+        buf = _pad_dim(x, d, c * group).movedim(d, 0).contiguous()
+        if c == 0:  # nothing to scatter: every member keeps an empty chunk
+            return x.narrow(d, 0, 0).contiguous()
+        piece = comm.reduce_scatter(buf, step.reduce_op, dims, _nbytes(buf))
+        size = chunk_sizes(n, group)[q]
+        return piece[:size].movedim(0, d).contiguous()
+
+    if kind == "all_to_all":
+        s, d = step.split_tensor_dim, step.tensor_dim
+        member_shapes = shapes()
+
+        def piece_shape(shape: tuple[int, ...], receiver: int) -> tuple[int, ...]:
+            out = list(shape)
+            out[s] = chunk_sizes(shape[s], group)[receiver]
+            return tuple(out)
+
+        block = [max(piece_shape(sh, r)[k] for sh in member_shapes for r in range(group)) for k in range(x.ndim)]
+        n = x.shape[s]
+        sizes, offsets = chunk_sizes(n, group), chunk_offsets(n, group)
+        send = torch.stack([_pad_to(x.narrow(s, offsets[p], sizes[p]), block) for p in range(group)]).contiguous()
+        received = comm.all_to_all(send, dims, _nbytes(send))
+        parts = [_trim(received[p], piece_shape(member_shapes[p], q)) for p in range(group)]
+        return torch.cat(parts, dim=d).contiguous()
+
+    if kind == "permute":
+        a, b = dims
+        m = mesh_shape[a]
+        member_shapes = shapes()
+        biggest = [max(sh[k] for sh in member_shapes) for k in range(x.ndim)]
+        # member (i, j) -> index i*m + j; its local goes to the rank at (j, i)
+        src_dst = [(p % m) * m + p // m for p in range(group)]
+        sender = src_dst[q]  # the swap is its own inverse
+        buf = _pad_to(x, biggest).contiguous()
+        received = comm.permute(buf, src_dst, dims, _nbytes(buf))
+        return _trim(received.view(biggest), member_shapes[sender]).contiguous()
+
+    if kind == "local_slice":
+        d = step.tensor_dim
+        n = x.shape[d]
+        if step.split_factor:
+            positions = strided_positions(n, group, step.split_factor, q)
+            return x.index_select(d, torch.as_tensor(positions, dtype=torch.long, device=x.device))
+        return x.narrow(d, chunk_offsets(n, group)[q], chunk_sizes(n, group)[q]).contiguous()
+
+    if kind == "local_zero_fill":
+        return x.clone() if q == 0 else torch.zeros_like(x)
+
+    if kind == "local_copy":
+        return x.clone()
+
+    if kind == "local_zero_pad":
+        d = step.tensor_dim
+        extents = [sh[d] for sh in shapes()]
+        shape = list(x.shape)
+        shape[d] = sum(extents)
+        out = x.new_zeros(shape)
+        out.narrow(d, sum(extents[:q]), extents[q]).copy_(x)
+        return out
+
+    raise StepRuntimeError(f"{step.describe()}: unknown step kind {kind!r}")

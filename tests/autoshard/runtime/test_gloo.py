@@ -1,0 +1,142 @@
+"""The runtime on real processes: 4 gloo ranks on loopback, meshes (4,) and (2, 2).
+
+One spawn runs every job (both meshes live in the same 4-rank job) and the
+tests below read its results: after one step through
+``autoshard.runtime.shard`` the loss and every gradient shard equal the
+single-device eager model's (fp32, rtol 1e-4), gradients are DTensors in
+their parameter's placement, names and state_dict keys are unchanged, the
+collectives issued are exactly the plan's steps (kind, mesh dims, bytes), and
+a step the plan fuses over mesh dims [0, 1] runs as ONE collective on the
+flattened group of all 4 ranks. Plans: the solver's (with a memory limit
+that forces sharding), DDP, FSDP, TP and FSDP+TP on the MLP, FSDP on LLaMA.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+from gloo_ranks import equivalence, spawn
+
+from costmodel.steps import COLLECTIVE_STEPS
+
+from autoshard.plan.solve import prepare, solve_prepared
+from examples.models import llama3, mlp
+
+pytestmark = pytest.mark.slow
+
+MESH_2X2 = ((2, 2), ("dp", "tp"))
+MESH_4 = ((4,), ("dp",))
+LLAMA_KW = {"batch_size": 4}
+
+
+def _solved_under_memory(prep, fraction: float):
+    """The solver's plan when memory allows only ``fraction`` of the replicated layout."""
+    full = solve_prepared(prep, time_limit=10).estimate.peak_memory_bytes
+    return solve_prepared(prep, time_limit=10, memory_limit=full * fraction)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("gloo")
+    plans: dict[str, object] = {}
+    jobs: dict[str, list[dict]] = {"2x2": [], "4": []}
+
+    def add(mesh_key, label, factory, plan, kwargs=None, **extra):
+        path = tmp / f"{label}.json"
+        plan.save(path)
+        plans[label] = plan
+        jobs[mesh_key].append({"label": label, "factory": factory, "plan": str(path), "kwargs": kwargs or {}, **extra})
+
+    model, inputs = mlp.tiny(device="meta")
+    prep = prepare(model, inputs, *MESH_2X2, profile="h100-sxm-80gb")
+    add("2x2", "mlp-2x2-solved", "mlp.tiny", _solved_under_memory(prep, 0.35))
+    add("2x2", "mlp-2x2-fsdp", "mlp.tiny", solve_prepared(prep, baseline="fsdp"), adamw_steps=3)
+    add("2x2", "mlp-2x2-ddp", "mlp.tiny", solve_prepared(prep, baseline="ddp"))
+    add("2x2", "mlp-2x2-tp", "mlp.tiny", solve_prepared(prep, baseline="tp"), trace="env")
+    add("2x2", "mlp-2x2-fsdp+tp", "mlp.tiny", solve_prepared(prep, baseline="fsdp+tp"))
+    prep = prepare(model, inputs, *MESH_4, profile="h100-sxm-80gb")
+    add("4", "mlp-4-solved", "mlp.tiny", _solved_under_memory(prep, 0.35))
+    add("4", "mlp-4-fsdp", "mlp.tiny", solve_prepared(prep, baseline="fsdp"), local_inputs=True)
+    model, inputs = llama3.tiny(device="meta", **LLAMA_KW)
+    prep = prepare(model, inputs, *MESH_4, profile="h100-sxm-80gb")
+    add("4", "llama-4-fsdp", "llama3.tiny", solve_prepared(prep, baseline="fsdp", time_limit=20), kwargs=LLAMA_KW)
+    errors = {(2, 2): [("error-other-model", "mlp.tiny", {"n_layers": 1}, str(tmp / "mlp-2x2-fsdp.json")),
+                       ("error-other-mesh", "mlp.tiny", {}, str(tmp / "mlp-4-fsdp.json"))]}
+    results = spawn(4, equivalence, ([(MESH_2X2, jobs["2x2"]), (MESH_4, jobs["4"])], errors), tmp / "ranks",
+                    timeout=240)
+    return plans, results
+
+
+LABELS = ["mlp-2x2-solved", "mlp-2x2-fsdp", "mlp-2x2-ddp", "mlp-2x2-tp", "mlp-2x2-fsdp+tp", "mlp-4-solved",
+          "mlp-4-fsdp", "llama-4-fsdp"]
+
+
+@pytest.mark.parametrize("label", LABELS)
+def test_loss_and_every_gradient_match_one_device(run, label):
+    plans, results = run
+    for rank, res in enumerate(results):
+        r = res[label]
+        torch.testing.assert_close(r["loss"], r["ref_loss"], rtol=1e-4, atol=1e-6)
+        assert r["names"] == r["ref_names"] and r["state_dict_keys"] == r["ref_state_dict_keys"]
+        assert r["params"], "no parameters compared"
+        for name, p in r["params"].items():
+            assert p["is_dtensor"], name
+            assert p["grad_placements"] == p["placements"], f"{name}: gradient not in the parameter's placement"
+            assert torch.equal(p["local"], p["want_local"]), f"{name}: wrong shard on rank {rank}"
+            torch.testing.assert_close(p["grad"], p["want"], rtol=1e-4, atol=1e-6,
+                                       msg=lambda m: f"{label} {name} rank {rank}: {m}")
+
+
+@pytest.mark.parametrize("label", LABELS)
+def test_collectives_issued_are_the_plans_steps(run, label):
+    plans, results = run
+    plan = plans[label]
+    planned = Counter((r.tensor, r.to, r.input_index, s.collective, tuple(s.mesh_dims), s.bytes)
+                      for r in plan.redistributions for s in r.steps if s.collective in COLLECTIVE_STEPS)
+    for res in results:
+        issued = Counter((e[0], e[1], e[2], kind, tuple(dims), nbytes)
+                         for kind, dims, nbytes, _, e in res[label]["trace"])
+        assert issued == planned
+    if label != "mlp-2x2-ddp":
+        assert planned, f"{label}: the plan has no collective (the test would be empty)"
+
+
+def test_fused_steps_run_on_one_flattened_group_of_all_ranks(run):
+    plans, results = run
+    fused_kinds = set()
+    for label in ("mlp-2x2-fsdp", "mlp-2x2-solved"):
+        for res in results:
+            for kind, dims, _, ranks, _ in res[label]["trace"]:
+                if len(dims) == 2:
+                    assert sorted(ranks) == [0, 1, 2, 3]
+                    fused_kinds.add(kind)
+                else:
+                    assert len(ranks) == 2  # one mesh dim of the 2x2 mesh
+    assert {"all_gather", "all_reduce"} <= fused_kinds
+
+
+def test_parameters_after_adamw_steps_match(run):
+    _, results = run
+    for res in results:
+        got, want = res["mlp-2x2-fsdp"]["grad_norms"]
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)  # clip_grad_norm_ on DTensor gradients
+        steps = res["mlp-2x2-fsdp"]["adamw"]
+        assert steps
+        for name, got, want in steps:
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6, msg=lambda m: f"{name}: {m}")
+
+
+def test_strided_placements_map_to_dtensor(run):
+    _, results = run
+    for res in results:
+        assert res["strided"] == {"_S(0,sf=2)S(0)": True, "S(0)S(1)": True, "_S(1,sf=2)S(1)": True}
+
+
+
+def test_a_plan_for_another_model_or_mesh_is_refused(run):
+    _, results = run
+    for res in results:
+        assert res["error-other-model"] is not None and "graph" in res["error-other-model"]
+        assert res["error-other-mesh"] is not None and "mesh" in res["error-other-mesh"]
