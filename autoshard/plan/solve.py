@@ -99,7 +99,8 @@ def prepare(
     t1 = time.perf_counter()
     if progress:
         progress("trace", 1, 1)
-    opt_memory = OptimizerMemory(optimizer, mixed_precision)
+    # torch's optimizers take the multi-tensor path by default on accelerators only
+    opt_memory = OptimizerMemory(optimizer, mixed_precision, foreach="cpu" not in prof.device.name.lower())
     mode = choose_search(mesh.shape, search)
     restrict, seed_timings = None, {}
     if mode == "seeded":

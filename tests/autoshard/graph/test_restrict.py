@@ -1,0 +1,122 @@
+"""Seeded search (autoshard.graph.restrict): the restriction keeps the fallback,
+is a function of the signature, never beats the full search, and runs on 3-D meshes."""
+
+from __future__ import annotations
+
+import pytest
+
+from costmodel.mesh import MeshSpec
+from costmodel.placements import Partial, Replicate, Shard, StridedShard
+from hw_profiles import load
+
+from autoshard.graph.builder import build_graph
+from autoshard.graph.problem import to_problem
+from autoshard.graph.restrict import (
+    choose_search,
+    coarse_groups,
+    coarse_mesh,
+    dim_choice,
+    seeded_restriction,
+)
+from autoshard.plan.solve import prepare, solve_prepared
+from autoshard.rules import OpStrategy
+from autoshard.trace import trace_joint
+from examples.models import mlp
+from solver import solve as solve_problem
+
+PROFILE = load("h100-sxm-80gb")
+
+
+def test_coarse_groups_and_mesh_keep_the_rank_numbering() -> None:
+    assert coarse_groups((2, 4, 8)) == ((0, 1), (2,))
+    assert coarse_groups((8, 2, 4)) == ((0,), (1, 2))
+    assert coarse_groups((2, 2, 2)) == ((0,), (1, 2)) or coarse_groups((2, 2, 2)) == ((0, 1), (2,))
+    fine = MeshSpec((2, 4, 8))
+    coarse = coarse_mesh(fine, ((0, 1), (2,)))
+    assert coarse.shape == (8, 8) and coarse.strides == (8, 1)
+    # same rank groups: the coarse mesh is the row-major 8x8 mesh
+    assert coarse.strides == MeshSpec((8, 8)).strides
+    with pytest.raises(ValueError):
+        coarse_mesh(fine, ((0, 2), (1,)))
+
+
+def test_choose_search() -> None:
+    assert choose_search((8, 8)) == "full"
+    assert choose_search((1, 8, 8)) == "full"
+    assert choose_search((2, 4, 8)) == "seeded"
+    assert choose_search((2, 4, 8), "full") == "full"
+    with pytest.raises(ValueError):
+        choose_search((2, 2), "nearest")
+
+
+def test_dim_choice_forgets_split_factors_only() -> None:
+    s = OpStrategy(((StridedShard(0, 2), Partial()),), ((Shard(0), Replicate()), None))
+    assert dim_choice(s, 0) == (("S", 0), ("S", 0), None)
+    assert dim_choice(s, 1) == (("P", "sum"), "R", None)
+
+
+@pytest.fixture(scope="module")
+def mlp_traced():
+    return trace_joint(*mlp.tiny(device="meta", dim=64, hidden_dim=256, batch_size=256))
+
+
+@pytest.fixture(scope="module")
+def seeded_2d(mlp_traced):
+    """A 2x2 mesh seeded from its 1-D coarsening (4,): small enough to compare with the full search."""
+    mesh = MeshSpec((2, 2))
+    restrict, info = seeded_restriction(mlp_traced, mesh, PROFILE, groups=((0, 1),), time_limit=10)
+    full = build_graph(mlp_traced, mesh, PROFILE)
+    restricted = build_graph(mlp_traced, mesh, PROFILE, restrict=restrict)
+    return restrict, info, full, restricted
+
+
+def test_replicate_always_kept_and_lists_shrink(seeded_2d) -> None:
+    _, info, full, restricted = seeded_2d
+    assert info.coarse_shape == (4,)
+    shrunk = 0
+    for f, r in zip(full.nodes, restricted.nodes):
+        assert f.name == r.name
+        if r.kind != "op":
+            assert len(r.strategies) == len(f.strategies)  # leaves and sinks are not restricted
+            continue
+        assert r.strategies[0] == f.strategies[0]  # all-replicate first, always kept
+        assert all(p is None or all(isinstance(x, Replicate) for x in p)
+                   for p in (*r.strategies[0].output_placements, *r.strategies[0].input_placements))
+        assert set(r.strategies) <= set(f.strategies)
+        shrunk += len(r.strategies) < len(f.strategies)
+    assert shrunk > 0
+
+
+def test_same_signature_same_kept_list(seeded_2d) -> None:
+    restrict, _, full, restricted = seeded_2d
+    by_signature: dict[str, tuple] = {}
+    for f, r in zip(full.nodes, restricted.nodes):
+        if r.kind == "op":
+            assert by_signature.setdefault(f.signature, r.strategies) == r.strategies
+            assert restrict.signature_of[f.name] == f.signature
+
+
+def test_restricted_optimum_is_never_better_than_full(seeded_2d) -> None:
+    _, _, full, restricted = seeded_2d
+    limit = PROFILE.device.memory_bytes
+    best_full = solve_problem(to_problem(full, memory_limit=limit), time_limit=20)
+    best_restricted = solve_problem(to_problem(restricted, memory_limit=limit), time_limit=20)
+    assert best_full.choice and best_restricted.choice
+    assert best_restricted.cost >= best_full.cost * (1 - 1e-6)
+    # and the restricted choice is a valid point of the full problem with the same cost
+    names = {n.name: i for i, n in enumerate(full.nodes)}
+    lifted = [0] * len(full.nodes)
+    for node, c in zip(restricted.nodes, best_restricted.choice):
+        lifted[names[node.name]] = full.nodes[names[node.name]].strategies.index(node.strategies[c])
+    from solver import evaluate
+    assert evaluate(to_problem(full, memory_limit=limit), lifted).cost == pytest.approx(best_restricted.cost, rel=1e-9)
+
+
+def test_prepare_seeds_3d_meshes() -> None:
+    prep = prepare(*mlp.tiny(device="meta", batch_size=64), (2, 2, 2), seed_time_limit=10)
+    assert prep.options["search"] == "seeded"
+    assert "seed_build_s" in prep.timings
+    # a handful of single-dim choices per mesh dim survive, not the hundreds of the full product
+    assert prep.graph.stats.strategies_max <= 64
+    plan = solve_prepared(prep, time_limit=10)
+    assert plan.estimate.step_s > 0
