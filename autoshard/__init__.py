@@ -4,7 +4,8 @@ The pipeline (DESIGN.md): trace -> op rules -> strategy graph -> solve -> plan
 -> runtime. This package holds the torch-facing stages; the torch-free layers
 below it are ``solver``, ``costmodel`` and ``hw_profiles``.
 
->>> from autoshard import solve, Plan   # doctest: +SKIP
+>>> from autoshard import autoshard, solve, Plan   # doctest: +SKIP
+>>> sharded = autoshard(model, mesh, example_inputs)  # under torchrun, every rank  # doctest: +SKIP
 >>> plan = solve(model, example_inputs, mesh_shape=(8, 8), dim_names=("dp", "tp"))  # doctest: +SKIP
 >>> plan.save("plan.json")   # doctest: +SKIP
 """
@@ -13,11 +14,15 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "solve", "Plan"]
+__all__ = ["__version__", "autoshard", "solve", "Plan"]
 
 
 def __getattr__(name: str) -> Any:
     # Lazy: ``autoshard --help`` and the torch-free layers must not pay for torch.
+    if name == "autoshard":
+        from autoshard.runtime.api import autoshard
+
+        return autoshard
     if name == "solve":
         from autoshard.plan.solve import solve
 

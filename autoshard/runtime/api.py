@@ -1,0 +1,279 @@
+"""``autoshard(model, mesh, example_inputs)``: solve once, run everywhere (DESIGN.md, Python API).
+
+Called on every rank of an initialized process group (``torchrun``), with the
+same model, mesh and example inputs (the whole batch) on every rank:
+
+1. every rank checks that the mesh covers the job (``mesh.size()`` equals the
+   world size) and traces the model (fake tensors: no memory, no
+   communication) to get the plan fingerprint of *its own* graph;
+2. rank 0 gets the plan: ``plan=`` (a :class:`Plan` or a path, read on rank 0
+   only), else the plan cached on disk under the key of the fingerprint and
+   solve options (``<cache_dir>/<sha256>.json``), else a solve, which it then
+   writes to the cache atomically;
+3. rank 0 broadcasts the plan as UTF-8 JSON bytes (a ``uint8`` tensor, its
+   length first; never pickled) over the default process group;
+4. every rank checks the plan's fingerprint against its own trace, and all
+   ranks agree (one ``all_reduce``) before anything else is collective: if any
+   rank fails (a plan for another model or mesh, a trace error, a solve that
+   finds nothing), **every** rank raises, the failing rank its own error and
+   the others :class:`RankSetupError` naming that rank and its message;
+5. :class:`~autoshard.runtime.module.ShardedModule` shards the parameters
+   (``sharded.plan`` holds the plan; ``sharded.plan_source`` says where it
+   came from: ``"given"``, ``"cache"`` or ``"solved"``).
+
+Ranks other than 0 wait in the broadcast while rank 0 solves, so the solve
+(``time_limit``, 60 s by default) must end within the process group's
+timeout (30 min by default).
+
+>>> # torchrun --standalone --nproc-per-node 4 train.py, in train.py:
+>>> # dist.init_process_group("gloo")
+>>> # mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+>>> # sharded = autoshard(model, mesh, example_inputs, memory_limit=2**20)
+>>> # loss = sharded(*batch); loss.backward(); optimizer.step()
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from costmodel.mesh import MeshSpec
+from hw_profiles import HardwareProfile
+from hw_profiles import load as load_profile
+
+from autoshard.plan.build import make_fingerprint
+from autoshard.plan.format import Fingerprint, Plan, PlanError
+from autoshard.runtime.module import ShardedModule
+from autoshard.trace import TracedGraph, trace_joint
+
+__all__ = ["autoshard", "MeshSizeError", "RankSetupError", "default_profile", "default_cache_dir", "cache_key"]
+
+log = logging.getLogger(__name__)
+
+CACHE_ENV = "AUTOSHARD_CACHE_DIR"
+"""Overrides the default plan cache folder (``~/.cache/autoshard/plans``)."""
+
+# Header codes of the plan broadcast: where rank 0's plan came from, or an error.
+_SOURCES = ("given", "cache", "solved")
+_ERROR = len(_SOURCES)
+
+
+class MeshSizeError(ValueError):
+    """The mesh does not cover exactly the ranks of the job."""
+
+
+class RankSetupError(RuntimeError):
+    """Another rank failed while setting up; names that rank and its error."""
+
+
+def default_profile(mesh: Any) -> str:
+    """The hardware profile priced when none is given: ``cpu-gloo`` on a CPU mesh,
+    ``h100-sxm-80gb`` otherwise.
+
+    >>> class M: device_type = "cpu"
+    >>> default_profile(M())
+    'cpu-gloo'
+    """
+    return "cpu-gloo" if getattr(mesh, "device_type", "cpu") == "cpu" else "h100-sxm-80gb"
+
+
+def default_cache_dir() -> Path:
+    """``$AUTOSHARD_CACHE_DIR``, else ``$XDG_CACHE_HOME/autoshard/plans`` (``~/.cache`` by default)."""
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "autoshard" / "plans"
+
+
+def cache_key(fingerprint: Fingerprint, memory_limit: float | None, pins: Mapping[str, str] | None) -> str:
+    """Hex sha256 of what decides the plan: the fingerprint (graph, mesh, profile,
+    versions) and the solve options that change the answer (not ``time_limit``).
+
+    >>> fp = Fingerprint("sha256:ab", (2, 2), ("dp", "tp"), "cpu-gloo@sha256:cd", "2.13.0", "0.1.0")
+    >>> cache_key(fp, None, None) == cache_key(fp, None, {}), cache_key(fp, 1e9, None) == cache_key(fp, None, None)
+    (True, False)
+    """
+    what = {"fingerprint": fingerprint.to_dict(), "memory_limit": memory_limit, "pins": dict(sorted((pins or {}).items()))}
+    return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
+
+
+def _comm_device() -> torch.device:
+    # NCCL only moves CUDA tensors; gloo (and a cpu:gloo,cuda:nccl mix) takes CPU tensors
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _broadcast_bytes(code: int, payload: bytes | None, src: int, device: torch.device) -> tuple[int, bytes]:
+    """``(code, payload)`` of rank ``src`` on every rank: a length header, then the bytes."""
+    is_src = dist.get_rank() == src
+    header = torch.tensor([code, len(payload or b"")] if is_src else [0, 0], dtype=torch.int64, device=device)
+    dist.broadcast(header, src=src)
+    code, n = (int(v) for v in header.tolist())
+    if is_src:
+        if n:
+            dist.broadcast(torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(device), src=src)
+        return code, payload or b""
+    buf = torch.empty(n, dtype=torch.uint8, device=device)
+    if n:
+        dist.broadcast(buf, src=src)
+    # a fresh tensor's storage holds exactly its n bytes
+    return code, bytes(buf.cpu().untyped_storage())
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or "(no message)"
+    return f"{type(exc).__name__}: {text}"
+
+
+def _agree(error: BaseException | None, device: torch.device) -> None:
+    """Raise on every rank if any rank has an ``error``: that rank raises its own, the
+    others :class:`RankSetupError` with the first failing rank's message. One
+    ``all_reduce`` when all is well (so no rank goes on into collectives alone)."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    message = _one_line(error).encode() if error is not None else b""
+    lengths = torch.zeros(world, dtype=torch.int64, device=device)
+    lengths[rank] = len(message)
+    dist.all_reduce(lengths)
+    failed = [r for r, n in enumerate(lengths.tolist()) if n]
+    if not failed:
+        return
+    _, text = _broadcast_bytes(0, message, failed[0], device)
+    if error is not None:
+        raise error
+    others = f" (and rank(s) {', '.join(map(str, failed[1:]))})" if len(failed) > 1 else ""
+    raise RankSetupError(f"rank {failed[0]} failed{others}: {text.decode(errors='replace')}")
+
+
+def _rank0_plan(model: nn.Module, example_inputs: Any, mesh_spec: MeshSpec, prof: HardwareProfile,
+                here: Fingerprint, plan: Plan | str | os.PathLike[str] | None, cache: Path | None,
+                memory_limit: float | None, pins: Mapping[str, str] | None, time_limit: float) -> tuple[str, Plan]:
+    """Rank 0's plan and where it came from: given, cached, or solved (then cached)."""
+    if plan is not None:
+        return "given", plan if isinstance(plan, Plan) else Plan.load(plan)
+    path = None if cache is None else cache / f"{cache_key(here, memory_limit, pins)}.json"
+    if path is not None and path.exists():
+        try:
+            cached = Plan.load(path, expect=here)
+            log.info("autoshard: plan from cache %s", path)
+            return "cache", cached
+        except PlanError as exc:  # a damaged or stale file: solve again and overwrite it
+            log.warning("autoshard: ignoring cached plan %s (%s)", path, exc)
+    from autoshard.plan.solve import prepare, solve_prepared
+
+    t0 = time.perf_counter()
+    prep = prepare(model, example_inputs, mesh_spec.shape, mesh_spec.dim_names, profile=prof)
+    solved = solve_prepared(prep, memory_limit=memory_limit, pins=pins, time_limit=time_limit)
+    log.info("autoshard: solved in %.1f s (%s)", time.perf_counter() - t0, solved.solver.status)
+    if path is not None:
+        try:
+            solved.save(path)  # atomic: a concurrent reader never sees half a plan
+        except OSError as exc:  # a read-only cache must not stop training
+            log.warning("autoshard: cannot write plan cache %s (%s)", path, exc)
+    return "solved", solved
+
+
+def autoshard(
+    model: nn.Module,
+    mesh: Any,
+    example_inputs: Sequence[torch.Tensor] | Mapping[str, torch.Tensor],
+    *,
+    profile: str | HardwareProfile | None = None,
+    memory_limit: float | None = None,
+    pins: Mapping[str, str] | None = None,
+    time_limit: float = 60.0,
+    plan: Plan | str | os.PathLike[str] | None = None,
+    cache_dir: str | os.PathLike[str] | bool | None = None,
+    local_inputs: bool = False,
+    trace_collectives: bool | None = None,
+    allow_profile_change: bool = False,
+) -> ShardedModule:
+    """``model`` sharded on ``mesh`` by a plan solved on rank 0 (module docstring).
+
+    ``example_inputs``: the whole batch (shapes and dtypes of every step).
+    ``profile``: hardware profile name; default :func:`default_profile`.
+    ``memory_limit`` (bytes per device), ``pins`` and ``time_limit`` go to the
+    solver. ``plan``: a :class:`Plan` or plan file to use instead of solving
+    (its fingerprint is checked on every rank). ``cache_dir``: folder of
+    cached plans (default :func:`default_cache_dir`; ``False`` disables the
+    cache). ``local_inputs`` and ``trace_collectives``: as
+    :class:`ShardedModule` (None: ``AUTOSHARD_TRACE_COLLECTIVES``).
+    ``allow_profile_change``: run a ``plan=`` solved for another hardware
+    profile (its layout is valid; only its estimate is for other hardware).
+
+    Raises :class:`MeshSizeError` when the mesh is not the whole job,
+    :class:`~autoshard.plan.format.PlanError` for a plan of another model,
+    mesh or profile, :class:`RankSetupError` on the ranks where another rank
+    failed.
+
+    >>> # sharded = autoshard(model, init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp")), (x, y))
+    >>> # sharded.plan.fingerprint.mesh_shape
+    >>> # (2, 2)
+    """
+    if not dist.is_initialized():
+        raise RuntimeError("autoshard: no process group: call torch.distributed.init_process_group on every rank "
+                           "first (or use autoshard.solve offline)")
+    world = dist.get_world_size()
+    if mesh.size() != world:
+        raise MeshSizeError(f"mesh {'x'.join(map(str, mesh.shape))} has {mesh.size()} ranks, the job {world}: "
+                            "the mesh must cover every rank")
+    mesh_spec = MeshSpec(tuple(int(m) for m in mesh.shape), tuple(mesh.mesh_dim_names or ()))
+    prof = profile if isinstance(profile, HardwareProfile) else load_profile(profile or default_profile(mesh))
+    cache: Path | None = None
+    if cache_dir is not False:
+        cache = default_cache_dir() if cache_dir in (None, True) else Path(cache_dir)
+    device = _comm_device()
+    rank = dist.get_rank()
+
+    # 1. every rank: its own graph and fingerprint (fake tensors, no communication)
+    error: BaseException | None = None
+    traced: TracedGraph | None = None
+    here: Fingerprint | None = None
+    try:
+        traced = trace_joint(model, example_inputs)
+        here = make_fingerprint(traced, mesh_spec.shape, mesh_spec.dim_names, prof)
+    except Exception as exc:  # noqa: BLE001 - reported to every rank by _agree
+        error = exc
+
+    # 2-3. rank 0: the plan, broadcast as JSON (or its error)
+    payload, code = None, _ERROR
+    if rank == 0:
+        if error is not None:
+            payload = _one_line(error).encode()
+        else:
+            try:
+                source, chosen = _rank0_plan(model, example_inputs, mesh_spec, prof, here, plan, cache,
+                                             memory_limit, pins, time_limit)
+                code, payload = _SOURCES.index(source), json.dumps(chosen.to_dict()).encode("utf-8")
+            except Exception as exc:  # noqa: BLE001 - broadcast, then raised on rank 0 too
+                error, payload = exc, _one_line(exc).encode()
+    code, payload = _broadcast_bytes(code, payload, 0, device)
+    if code == _ERROR:
+        if error is not None:
+            raise error
+        raise RankSetupError(f"rank 0 failed: {payload.decode(errors='replace')}")
+
+    # 4. every rank: the plan must be for its own graph, mesh and profile; all agree
+    received: Plan | None = None
+    if error is None:
+        try:
+            received = Plan.from_dict(json.loads(payload.decode("utf-8")))
+            received.check(here, allow_profile_change=allow_profile_change and plan is not None)
+        except Exception as exc:  # noqa: BLE001 - reported to every rank by _agree
+            error = exc
+    _agree(error, device)
+
+    # 5. shard (load-time checks are deterministic: every rank passes or fails alike)
+    sharded = ShardedModule(model, mesh, received, example_inputs, local_inputs=local_inputs,
+                            trace_collectives=trace_collectives, traced=traced)
+    sharded.plan_source = _SOURCES[code]
+    return sharded

@@ -1,0 +1,228 @@
+"""``autoshard(model, mesh, example_inputs)`` on 4 real gloo processes.
+
+One spawn (:func:`spawn_ranks`, a copy of ``gloo_ranks.spawn`` whose process
+group has a short timeout and whose ranks report errors instead of dying)
+runs every job in order on every rank (:func:`api_jobs`):
+
+* the MLP on a 2x2 mesh under a memory limit: rank 0 solves, every rank gets
+  the same plan (same JSON, fingerprint of its own trace), the loss and every
+  gradient equal the single-device model's;
+* the same call again: the plan comes from the cache file rank 0 wrote (not
+  solved again; the file is not rewritten);
+* a plan for another model (``plan=``): refused on every rank with one
+  ``PlanError`` line naming the graph; a model that differs on rank 2 only:
+  rank 2 raises its ``PlanError``, the others ``RankSetupError`` naming rank 2;
+* a mesh of 2 ranks in a job of 4: ``MeshSizeError`` on every rank;
+* rank 1 raises in the middle of a step and stays alive (last: the process
+  group is broken afterwards): every rank gets an error within the process
+  group's timeout, no hang.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from autoshard.plan.solve import prepare, solve_prepared
+from examples.models import mlp
+
+pytestmark = pytest.mark.slow
+
+PG_TIMEOUT_S = 15.0
+"""Process-group timeout of the spawned job: longer than rank 0's solve (the
+others wait for it in the plan broadcast), short enough to wait for in a test."""
+
+
+def _entry(rank: int, world: int, fn: Callable[..., Any], init_file: str, out_dir: str, pg_timeout: float,
+           args: tuple) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=pg_timeout))
+    try:
+        result = fn(rank, world, *args)
+        torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def spawn_ranks(world: int, fn: Callable[..., Any], args: tuple, tmp: Path, *, pg_timeout: float,
+                timeout: float = 150.0) -> list[Any]:
+    """``fn(rank, world, *args)`` on ``world`` gloo ranks whose process group times
+    out after ``pg_timeout`` seconds; the job is killed after ``timeout``."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    ctx = mp.start_processes(_entry, args=(world, fn, str(tmp / "store"), str(tmp), pg_timeout, args), nprocs=world,
+                             join=False, start_method="spawn")
+    deadline = time.monotonic() + timeout
+    try:
+        while not ctx.join(timeout=1.0):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{world} ranks did not finish within {timeout:.0f} s (a hang)")
+    finally:
+        for p in ctx.processes:
+            if p.is_alive():
+                p.kill()
+    return [torch.load(tmp / f"rank{r}.pt", weights_only=False) for r in range(world)]
+
+
+def _error(call: Callable[[], Any]) -> tuple[str, str] | None:
+    try:
+        call()
+    except Exception as exc:  # noqa: BLE001 - the test reads type and message
+        return type(exc).__name__, str(exc)
+    return None
+
+
+def api_jobs(rank: int, world: int, tmp: str, limit: float, other_plan: str, fail_plan: str) -> dict[str, Any]:
+    """Every job of this file on one rank (module docstring); errors are reported, never raised."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    import autoshard.runtime.execute as execute
+    from autoshard import autoshard
+
+    out: dict[str, Any] = {}
+    cache = Path(tmp) / "cache"
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    model, inputs = mlp.tiny()
+    reference = copy.deepcopy(model)
+
+    # 1. rank 0 solves, every rank gets the plan; one step against the single-device model
+    sharded = autoshard(model, mesh, inputs, memory_limit=limit, time_limit=4, cache_dir=cache)
+    files = sorted(cache.iterdir()) if rank == 0 else []
+    out["first"] = {"source": sharded.plan_source, "plan": sharded.plan.to_dict(),
+                    "cache": [(f.name, f.stat().st_mtime_ns) for f in files]}
+    loss = sharded(*inputs)
+    loss.backward()
+    ref_loss = reference(*inputs)
+    ref_loss.backward()
+    ref = dict(reference.named_parameters())
+    out["step"] = {"loss": (loss.detach(), ref_loss.detach()),
+                   "grads": {name: (p.grad.full_tensor(), ref[name].grad) for name, p in sharded.named_parameters()}}
+
+    # 2. the same call again: the cached plan, no solve
+    again = autoshard(mlp.tiny()[0], mesh, inputs, memory_limit=limit, time_limit=4, cache_dir=cache)
+    files = sorted(cache.iterdir()) if rank == 0 else []
+    out["second"] = {"source": again.plan_source, "plan": again.plan.to_dict(),
+                     "cache": [(f.name, f.stat().st_mtime_ns) for f in files]}
+
+    # 3. a plan for another model, on every rank; another model on rank 2 only
+    out["other-model"] = _error(lambda: autoshard(mlp.tiny()[0], mesh, inputs, plan=other_plan))
+    one_off = mlp.tiny(n_layers=1)[0] if rank == 2 else mlp.tiny()[0]
+    out["other-model-rank2"] = _error(lambda: autoshard(one_off, mesh, inputs, plan=sharded.plan))
+
+    # 4. a mesh that is not the whole job
+    half = init_device_mesh("cpu", (2,), mesh_dim_names=("half",))
+    out["mesh-size"] = _error(lambda: autoshard(mlp.tiny()[0], half, inputs, cache_dir=False))
+
+    # 5. rank 1 raises mid-step and stays alive; the others must not hang.
+    # A 1-D mesh of the whole job runs on the default group, whose timeout is PG_TIMEOUT_S
+    # (mesh-dim subgroups get torch's default timeout: 30 min on gloo).
+    mesh4 = init_device_mesh("cpu", (4,), mesh_dim_names=("dp",))
+    victim = autoshard(mlp.tiny()[0], mesh4, inputs, plan=fail_plan, cache_dir=False)
+    if rank == 1:
+        real, calls = execute.run_step, []
+
+        def failing(*args: Any, **kwargs: Any) -> Any:
+            calls.append(1)
+            if len(calls) == 2:  # after one collective of the step
+                raise RuntimeError("injected failure on rank 1")
+            return real(*args, **kwargs)
+
+        execute.run_step = failing
+    t0 = time.monotonic()
+    err = _error(lambda: victim(*inputs).backward())
+    out["mid-step"] = (err, time.monotonic() - t0)
+    if rank == 1:
+        time.sleep(PG_TIMEOUT_S + 3)  # alive, in no collective: the others must time out
+    return out
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("api")
+    model, inputs = mlp.tiny(device="meta")
+    prep = prepare(model, inputs, (2, 2), ("dp", "tp"), profile="cpu-gloo")
+    full = solve_prepared(prep, time_limit=4).estimate.peak_memory_bytes
+    other = mlp.tiny(device="meta", n_layers=1)
+    prep_other = prepare(*other, (2, 2), ("dp", "tp"), profile="cpu-gloo")
+    solve_prepared(prep_other, baseline="ddp").save(tmp / "other.json")
+    prep4 = prepare(model, inputs, (4,), ("dp",), profile="cpu-gloo")
+    solve_prepared(prep4, baseline="fsdp").save(tmp / "fsdp4.json")
+    results = spawn_ranks(4, api_jobs, (str(tmp), full * 0.35, str(tmp / "other.json"), str(tmp / "fsdp4.json")),
+                          tmp / "ranks", pg_timeout=PG_TIMEOUT_S, timeout=180)
+    return results
+
+
+def test_rank0_solves_and_every_rank_gets_the_same_plan(run):
+    plans = [res["first"]["plan"] for res in run]
+    assert all(p == plans[0] for p in plans)
+    assert all(res["first"]["source"] == "solved" for res in run)
+    assert any(p != "RR" for p in plans[0]["params"].values()), "the memory limit should force sharding"
+    assert plans[0]["fingerprint"]["mesh"] == {"shape": [2, 2], "dim_names": ["dp", "tp"]}
+    assert plans[0]["fingerprint"]["profile"].startswith("cpu-gloo@")  # the default on a CPU mesh
+
+
+def test_loss_and_gradients_match_one_device(run):
+    for rank, res in enumerate(run):
+        loss, ref_loss = res["step"]["loss"]
+        torch.testing.assert_close(loss, ref_loss, rtol=1e-4, atol=1e-6)
+        assert res["step"]["grads"]
+        for name, (got, want) in res["step"]["grads"].items():
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6, msg=lambda m: f"rank {rank} {name}: {m}")
+
+
+def test_plan_cache_is_written_once_and_reused(run):
+    first, second = run[0]["first"], run[0]["second"]
+    assert len(first["cache"]) == 1 and first["cache"][0][0].endswith(".json")
+    assert second["cache"] == first["cache"], "the cached plan was written again"
+    for res in run:
+        assert res["second"]["source"] == "cache"
+        assert res["second"]["plan"] == first["plan"]
+
+
+def test_plan_for_another_model_is_refused_on_every_rank(run):
+    for res in run:
+        kind, message = res["other-model"]
+        assert kind == "PlanError" and "graph" in message and "\n" not in message
+    for rank, res in enumerate(run):
+        kind, message = res["other-model-rank2"]
+        if rank == 2:
+            assert kind == "PlanError" and "graph" in message
+        else:
+            assert kind == "RankSetupError" and "rank 2" in message and "graph" in message
+
+
+def test_mesh_not_the_world_is_refused(run):
+    for res in run:
+        kind, message = res["mesh-size"]
+        assert kind == "MeshSizeError" and "2 ranks" in message and "4" in message
+
+
+def test_rank_failing_mid_step_fails_every_rank_without_hang(run):
+    for rank, res in enumerate(run):
+        err, seconds = res["mid-step"]
+        assert err is not None, f"rank {rank} finished a step that rank 1 never did"
+        if rank == 1:
+            assert "injected failure on rank 1" in err[1]
+        else:
+            assert seconds < PG_TIMEOUT_S + 10, f"rank {rank} waited {seconds:.0f} s"
+            assert err[1].strip(), f"rank {rank}: empty error"
+
+
+def test_api_doctests_and_lazy_export():
+    import doctest
+    import importlib
+
+    import autoshard
+    from autoshard.runtime import api
+
+    assert doctest.testmod(importlib.import_module("autoshard.runtime.api"), optionflags=doctest.ELLIPSIS).failed == 0
+    assert autoshard.autoshard is api.autoshard
