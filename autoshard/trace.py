@@ -64,7 +64,7 @@ from autoshard.trace_compat import DataDependentError, TraceError, data_dependen
 
 __all__ = [
     "TensorMeta", "NodeInfo", "TracedGraph", "JointResult", "TraceError", "DataDependentError",
-    "trace_joint", "traced_ops", "run_joint",
+    "trace_joint", "traced_ops", "run_joint", "placeholder_values",
 ]
 
 aten = torch.ops.aten
@@ -256,6 +256,34 @@ def run_joint(
     >>> torch.allclose(result.loss, model(*inputs))
     True
     """
+    # flat in, flat out: the module's own calling convention nests them in pytrees
+    with torch.no_grad():
+        outputs = fx.Interpreter(traced.graph_module).run(
+            *placeholder_values(traced, values, inputs), enable_io_processing=False
+        )
+    output_node = next(n for n in traced.graph_module.graph.nodes if n.op == "output")
+    result = {node: value for node, value in zip(output_node.args[0], outputs) if isinstance(node, fx.Node)}
+    return JointResult(
+        loss=result[traced.loss],
+        grads={fqn: None if node is None else result[node] for fqn, node in traced.grads.items()},
+        buffer_updates={fqn: result[node] for fqn, node in traced.buffer_updates.items()},
+    )
+
+
+def placeholder_values(
+    traced: TracedGraph,
+    values: Mapping[str, torch.Tensor],
+    inputs: Sequence[torch.Tensor] | Mapping[str, torch.Tensor],
+) -> list[torch.Tensor]:
+    """The joint graph's placeholders bound to real tensors, in graph order:
+    parameters and buffers from ``values`` (by FQN or any alias), the forward's
+    ``inputs`` (in order or by name), and 1 for the loss tangent.
+
+    >>> from examples.models import mlp
+    >>> model, inputs = mlp.tiny()
+    >>> len(placeholder_values(trace_joint(model, inputs), dict(model.named_parameters()), inputs))
+    11
+    """
     aliases = {**traced.param_aliases, **traced.buffer_aliases}
     by_node: dict[fx.Node, torch.Tensor] = {}
     for fqn, node in {**traced.params, **traced.buffers}.items():
@@ -271,19 +299,7 @@ def run_joint(
         raise ValueError(f"inputs: expected {len(traced.inputs)} tensors ({', '.join(traced.inputs)}), got {len(inputs)}")
     by_node.update(zip(traced.inputs.values(), inputs))
     by_node[traced.tangent] = torch.ones((), dtype=traced.loss.meta["val"].dtype)
-    placeholders = [node for node in traced.graph_module.graph.nodes if node.op == "placeholder"]
-    # flat in, flat out: the module's own calling convention nests them in pytrees
-    with torch.no_grad():
-        outputs = fx.Interpreter(traced.graph_module).run(
-            *[by_node[node] for node in placeholders], enable_io_processing=False
-        )
-    output_node = next(n for n in traced.graph_module.graph.nodes if n.op == "output")
-    result = {node: value for node, value in zip(output_node.args[0], outputs) if isinstance(node, fx.Node)}
-    return JointResult(
-        loss=result[traced.loss],
-        grads={fqn: None if node is None else result[node] for fqn, node in traced.grads.items()},
-        buffer_updates={fqn: result[node] for fqn, node in traced.buffer_updates.items()},
-    )
+    return [by_node[node] for node in traced.graph_module.graph.nodes if node.op == "placeholder"]
 
 
 def _input_names(model: nn.Module, count: int) -> list[str]:

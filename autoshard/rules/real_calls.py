@@ -62,6 +62,7 @@ from autoshard.rules.core import OpStrategy, TensorMeta, to_meta
 from autoshard.rules.registry import Rule, RuleRegistry, SampleInput, _freeze, op_name
 from autoshard.rules.samples import Sampler
 from autoshard.rules.validator import _extreme, _feeds_sum, _first_line, check_strategy
+from autoshard.trace import placeholder_values
 
 __all__ = [
     "MESHES",
@@ -263,22 +264,10 @@ def capture_samples(
     """Run the joint graph on real ``values`` (parameter and buffer FQNs ->
     tensors, as :func:`autoshard.trace.run_joint` takes them) and ``inputs``;
     the real args of the first node of each call, keyed by :attr:`RealCall.key`."""
-    aliases = {**traced.param_aliases, **traced.buffer_aliases}
-    by_node: dict[fx.Node, torch.Tensor] = {}
-    for fqn, node in {**traced.params, **traced.buffers}.items():
-        name = next((n for n in (fqn, *aliases.get(fqn, ())) if n in values), None)
-        if name is None:
-            raise ValueError(f"values: missing tensor for {fqn!r}")
-        by_node[node] = values[name].detach()
-    if isinstance(inputs, Mapping):
-        inputs = [inputs[name] for name in traced.inputs]
-    by_node.update(zip(traced.inputs.values(), inputs))
-    by_node[traced.tangent] = torch.ones((), dtype=traced.loss.meta["val"].dtype)
-    placeholders = [node for node in traced.graph_module.graph.nodes if node.op == "placeholder"]
     first = {call.nodes[0]: call.key for call in calls}
     recorder = _Recorder(traced.graph_module, set(first))
     with torch.no_grad():
-        recorder.run(*[by_node[node] for node in placeholders], enable_io_processing=False)
+        recorder.run(*placeholder_values(traced, values, inputs), enable_io_processing=False)
     return {first[name]: SampleInput(args, kwargs) for name, (args, kwargs) in recorder.recorded.items()}
 
 
