@@ -235,11 +235,15 @@ class JointRunner:
             name, outs = produced[arg]
             return name, 0, outs[0] if outs[0] is not None else self._placement(None)
 
-        def edge(arg: fx.Node, reader: str, position: int, want: tuple[Placement, ...]) -> _Edge:
+        def edge(arg: fx.Node, reader: str, position: int, want: tuple[Placement, ...] | None) -> _Edge:
             producer, _, have = source(arg)
             r = self._redist.get((reader, position))
             shape = tuple(int(s) for s in arg.meta["val"].shape)
             where = f"{producer} -> {reader} (input {position})"
+            if want is None:  # an input whose values the op does not read
+                if r is not None:
+                    raise RuntimeLoadError(f"plan: {where} is not read by the op, yet the plan redistributes it")
+                return _Edge(arg, (), shape, (producer, reader, position))
             if r is None:
                 if have != want:
                     raise RuntimeLoadError(f"plan: {where} needs {_fmt(have)} -> {_fmt(want)} but has no redistribution")
@@ -279,7 +283,9 @@ class JointRunner:
                 raise RuntimeLoadError(f"plan: node {node.name} is {pn.op} in the plan, {oname} in the graph")
             rule = self.rules.rule_for(node.target)
             outs = tuple(None if t is None else self._placement(t) for t in pn.out)
-            ins = tuple(self._placement(t) for t in pn.inputs)
+            # None: the op does not read this input's values (new_zeros(x, size)
+            # reads x's dtype only), so any placement does and nothing moves
+            ins = tuple(None if t is None else self._placement(t) for t in pn.inputs)
             if _is_random(node, rule):
                 raise RuntimeLoadError(f"{node.name} ({oname}): random ops are not supported yet (each rank would draw "
                                        "its own numbers, not its slice of one random stream)")

@@ -63,10 +63,11 @@ def _factory(name: str) -> Callable[..., Any]:
 
 
 def equivalence(rank: int, world: int, meshes: list[tuple[tuple[tuple[int, ...], tuple[str, ...]], list[dict[str, Any]]]],
-                errors: dict[tuple[int, ...], list[tuple[str, str, dict, str]]] | None = None) -> dict[str, Any]:
+                errors: dict[tuple[int, ...], list[tuple[str, str, dict, str]]] | None = None,
+                strided: bool = True) -> dict[str, Any]:
     """One step of every job through ``autoshard.runtime.shard`` vs eager
     single-device autograd, for each ``((mesh_shape, dim_names), jobs)``; also
-    ``strided``: :func:`_strided` on the first 2-D mesh; and for each
+    ``strided`` (unless ``strided=False``): :func:`_strided` on the first 2-D mesh; and for each
     ``errors[mesh_shape]`` entry ``(label, factory, kwargs, plan)``, the error
     ``shard`` raises (None if it raises none)."""
     from torch.distributed.device_mesh import init_device_mesh
@@ -74,10 +75,11 @@ def equivalence(rank: int, world: int, meshes: list[tuple[tuple[tuple[int, ...],
     from autoshard.runtime import shard
 
     out: dict[str, Any] = {}
+    traced: dict[str, Any] = {}
     for (mesh_shape, dim_names), jobs in meshes:
         mesh = init_device_mesh("cpu", mesh_shape, mesh_dim_names=dim_names)
-        out.update(_jobs(mesh, tuple(mesh_shape), jobs))
-        if len(mesh_shape) == 2 and "strided" not in out:
+        out.update(_jobs(mesh, tuple(mesh_shape), jobs, traced))
+        if strided and len(mesh_shape) == 2 and "strided" not in out:
             out["strided"] = _strided(mesh, ["_S(0,sf=2)S(0)", "S(0)S(1)", "_S(1,sf=2)S(1)"])
         for label, factory, kwargs, plan in (errors or {}).get(tuple(mesh_shape), []):
             model, inputs = _factory(factory)(**kwargs)
@@ -89,27 +91,37 @@ def equivalence(rank: int, world: int, meshes: list[tuple[tuple[tuple[int, ...],
     return out
 
 
-def _jobs(mesh: Any, mesh_shape: tuple[int, ...], jobs: list[dict[str, Any]]) -> dict[str, Any]:
+def _jobs(mesh: Any, mesh_shape: tuple[int, ...], jobs: list[dict[str, Any]],
+          traced: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``traced``: a cache of joint graphs by model (factory and kwargs), shared
+    by the jobs of one model (tracing is the slow part of a tiny job)."""
     from torch.distributed.tensor import DTensor
 
     from autoshard.runtime import TRACE_ENV, local_slice, shard
     from autoshard.runtime.execute import placements_of
+    from autoshard.trace import trace_joint
 
     coord = tuple(mesh.get_coordinate())
     out: dict[str, Any] = {}
+    traced = {} if traced is None else traced
     for job in jobs:
+        start = time.perf_counter()
         model, inputs = _factory(job["factory"])(**job.get("kwargs", {}))
+        key = repr((job["factory"], sorted(job.get("kwargs", {}).items())))
+        if key not in traced:
+            traced[key] = trace_joint(model, inputs)
+        graph = traced[key]
         reference = copy.deepcopy(model)
         ref_loss = reference(*inputs)
         ref_loss.backward()
         ref_params = dict(reference.named_parameters())
         if job.get("trace") == "env":
             os.environ[TRACE_ENV] = "1"
-            sharded = shard(model, mesh, job["plan"], inputs)
+            sharded = shard(model, mesh, job["plan"], inputs, traced=graph)
             del os.environ[TRACE_ENV]
         else:
             sharded = shard(model, mesh, job["plan"], inputs, trace_collectives=True,
-                            local_inputs=bool(job.get("local_inputs")))
+                            local_inputs=bool(job.get("local_inputs")), traced=graph)
         if job.get("local_inputs"):  # the data loader yields each rank's shard
             loss = sharded(*[local_slice(x, sharded.input_placements[name], mesh_shape, coord)
                              for name, x in zip(sharded.input_placements, inputs)])
@@ -163,6 +175,7 @@ def _jobs(mesh: Any, mesh_shape: tuple[int, ...], jobs: list[dict[str, Any]]) ->
             "trace": [(r.kind, r.mesh_dims, r.nbytes, r.group_ranks, r.edge) for r in sharded.collective_trace],
             "adamw": steps,
             "grad_norms": norms,
+            "seconds": time.perf_counter() - start,
         }
     return out
 
