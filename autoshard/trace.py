@@ -64,7 +64,7 @@ from autoshard.trace_compat import DataDependentError, TraceError, data_dependen
 
 __all__ = [
     "TensorMeta", "NodeInfo", "TracedGraph", "JointResult", "TraceError", "DataDependentError",
-    "trace_joint", "traced_ops", "run_joint", "placeholder_values",
+    "trace_joint", "traced_ops", "run_joint", "placeholder_values", "tensor_arg_nodes",
 ]
 
 aten = torch.ops.aten
@@ -300,6 +300,33 @@ def placeholder_values(
     by_node.update(zip(traced.inputs.values(), inputs))
     by_node[traced.tangent] = torch.ones((), dtype=traced.loss.meta["val"].dtype)
     return [by_node[node] for node in traced.graph_module.graph.nodes if node.op == "placeholder"]
+
+
+def tensor_arg_nodes(node: fx.Node) -> list[fx.Node]:
+    """The fx nodes of a call's tensor arguments, in the rules' input order
+    (positional args, then kwargs in schema order; ``autoshard.rules.calls``),
+    so that position i is the rules' input i.
+
+    >>> from examples.models import mlp
+    >>> traced = trace_joint(*mlp.tiny(device="meta"))
+    >>> addmm = next(n for n in traced.graph_module.graph.nodes if n.target is aten.addmm.default)
+    >>> len(tensor_arg_nodes(addmm))
+    3
+    """
+
+    def walk(obj: Any, out: list[fx.Node]) -> None:
+        if isinstance(obj, fx.Node) and isinstance(obj.meta.get("val"), torch.Tensor):
+            out.append(obj)
+        elif isinstance(obj, (list, tuple)):
+            for item in obj:
+                walk(item, out)
+
+    found: list[fx.Node] = []
+    walk(node.args, found)
+    names = [a.name for a in node.target._schema.arguments] if isinstance(node.target, OpOverload) else []
+    for name in sorted(node.kwargs, key=lambda n: names.index(n) if n in names else len(names)):
+        walk(node.kwargs[name], found)
+    return found
 
 
 def _input_names(model: nn.Module, count: int) -> list[str]:

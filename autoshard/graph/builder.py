@@ -45,13 +45,12 @@ import hashlib
 import logging
 import operator
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 import numpy as np
 import torch
 import torch.fx as fx
-from torch._ops import OpOverload
 
 from costmodel.compute import op_time_s
 from costmodel.mesh import MeshSpec
@@ -64,8 +63,7 @@ from autoshard.graph.memory import OptimizerMemory, local_bytes
 from autoshard.graph.placements import leaf_placements, replicated
 from autoshard.graph.ties import UnionFind, repeated_groups
 from autoshard.rules import OpStrategy, RuleRegistry, TensorMeta, load_rules, op_name
-from autoshard.rules.calls import flatten_tensors
-from autoshard.trace import TracedGraph
+from autoshard.trace import TracedGraph, tensor_arg_nodes
 
 __all__ = ["NODE_KINDS", "GraphNode", "GraphEdge", "BuildStats", "StrategyGraph", "build_graph"]
 
@@ -169,28 +167,6 @@ def _dtype_key(metas: tuple[TensorMeta | None, ...]) -> str:
         if meta is not None and meta.dtype.is_floating_point:
             return str(meta.dtype)
     return "torch.float32"
-
-
-def _tensor_arg_nodes(node: fx.Node) -> list[fx.Node]:
-    """The fx nodes of the tensor arguments, in the rules' input order (positional
-    args, then kwargs in schema order; see ``autoshard.rules.calls``)."""
-
-    def is_tensor(arg: Any) -> bool:
-        return isinstance(arg, fx.Node) and isinstance(arg.meta.get("val"), torch.Tensor)
-
-    def walk(obj: Any, out: list[fx.Node]) -> None:
-        if is_tensor(obj):
-            out.append(obj)
-        elif isinstance(obj, (list, tuple)):
-            for item in obj:
-                walk(item, out)
-
-    found: list[fx.Node] = []
-    walk(node.args, found)
-    names = [a.name for a in node.target._schema.arguments] if isinstance(node.target, OpOverload) else []
-    for name in sorted(node.kwargs, key=lambda n: names.index(n) if n in names else len(names)):
-        walk(node.kwargs[name], found)
-    return found
 
 
 class _Builder:
@@ -389,7 +365,7 @@ def build_graph(
                       owns_memory=owner == node.name)
         b.fx_index[node.name] = i
         b.producer[node.name] = (i, 0)
-        for position, arg in enumerate(_tensor_arg_nodes(node)):
+        for position, arg in enumerate(tensor_arg_nodes(node)):
             src, out = b.read(arg.name)
             b.edge(src, out, i, position, lambda s, position=position: s.input_placements[position])
         done += 1

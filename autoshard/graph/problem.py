@@ -9,7 +9,7 @@ the memory of one), and ``Problem.to_dict`` writes them once in ``matrices``.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Mapping
 
 from solver import Problem
 from solver.problem import Edge, Node

@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 from typing import Any, Mapping
 
-import numpy as np
 import torch
 
 from costmodel.placements import Placement

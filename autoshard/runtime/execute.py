@@ -54,7 +54,7 @@ from autoshard.rules import RuleRegistry, load_rules, op_name
 from autoshard.rules.calls import bind_args, replace_tensors
 from autoshard.rules.core import OpCall, TensorMeta, to_meta
 from autoshard.runtime.steps import Comm, StepRuntimeError, check_step_runnable, run_step
-from autoshard.trace import JointResult, TracedGraph
+from autoshard.trace import JointResult, TracedGraph, tensor_arg_nodes
 
 __all__ = ["RuntimeLoadError", "JointRunner", "local_slice", "placements_of"]
 
@@ -111,27 +111,6 @@ class _OpProgram:
     out_placements: tuple[tuple[Placement, ...] | None, ...]
     out_global: tuple[TensorMeta | None, ...]
     free_after: list[fx.Node] = field(default_factory=list)
-
-
-def _tensor_arg_nodes(node: fx.Node) -> list[fx.Node]:
-    """Tensor arguments in the rules' input order (as ``autoshard.graph.builder``)."""
-
-    def is_tensor(arg: Any) -> bool:
-        return isinstance(arg, fx.Node) and isinstance(arg.meta.get("val"), torch.Tensor)
-
-    def walk(obj: Any, out: list[fx.Node]) -> None:
-        if is_tensor(obj):
-            out.append(obj)
-        elif isinstance(obj, (list, tuple)):
-            for item in obj:
-                walk(item, out)
-
-    found: list[fx.Node] = []
-    walk(node.args, found)
-    names = [a.name for a in node.target._schema.arguments] if isinstance(node.target, OpOverload) else []
-    for name in sorted(node.kwargs, key=lambda n: names.index(n) if n in names else len(names)):
-        walk(node.kwargs[name], found)
-    return found
 
 
 def _is_random(node: fx.Node, rule: Any) -> bool:
@@ -293,7 +272,7 @@ class JointRunner:
             if rule is None and not replicated:
                 raise RuntimeLoadError(f"{node.name} ({oname}): no sharding rule, so it can only run replicated; "
                                        f"the plan has {pn.out} <- {pn.inputs}")
-            args = _tensor_arg_nodes(node)
+            args = tensor_arg_nodes(node)
             if len(args) != len(ins):
                 raise RuntimeLoadError(f"plan: node {node.name} has {len(ins)} input placements, the op {len(args)} tensor inputs")
             edges = [edge(arg, node.name, i, ins[i]) for i, arg in enumerate(args)]
