@@ -226,6 +226,7 @@ def solve(
     optimizer: str = "adamw",
     mixed_precision: bool = False,
     baseline: str | None = None,
+    search: str = "auto",
     progress: Progress | None = None,
 ) -> Plan:
     """The sharding plan of one training step of ``model`` on a mesh (DESIGN.md, Python API).
@@ -234,10 +235,11 @@ def solve(
     loss, or an object/dict with a ``loss``. ``pins`` fix placements by name
     pattern (``{"*.tok_embeddings.weight": "S(0)R"}``); ``ties=False`` lets
     every repeated layer choose its own strategies; ``optimizer`` is
-    ``adamw`` (default), ``sgd``, ``sgd-momentum`` or ``none``.
+    ``adamw`` (default), ``sgd``, ``sgd-momentum`` or ``none``; ``search``
+    as in :func:`prepare`.
     """
     prep = prepare(model, example_inputs, mesh_shape, dim_names, profile=profile, optimizer=optimizer,
-                   mixed_precision=mixed_precision, progress=progress)
+                   mixed_precision=mixed_precision, progress=progress, search=search)
     return solve_prepared(prep, memory_limit=memory_limit, pins=pins, time_limit=time_limit, backend=backend,
                           ties=ties, baseline=baseline, progress=progress)
 

@@ -61,6 +61,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--optimizer", default="adamw", help="adamw (default), sgd, sgd-momentum or none")
     parser.add_argument("--mixed-precision", action="store_true", help="low-precision params with fp32 master and state")
     parser.add_argument("--no-ties", action="store_true", help="let every repeated layer choose its own strategies")
+    parser.add_argument("--search", default="auto", choices=("auto", "full", "seeded"),
+                        help="full enumeration, or seeded from a coarser 2-D mesh (auto: seeded on 3-D+ meshes)")
     parser.add_argument("--baseline", help="solve an expert layout instead: ddp, fsdp, tp or fsdp+tp")
     parser.add_argument("--compare-baselines", action="store_true", help="price the expert layouts beside the plan")
     parser.add_argument("--dump-problem", metavar="FILE", help="also write the solver problem (autoshard.problem/1)")
@@ -104,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
             bar.update(tasks[phase], completed=done, total=total or 1, detail=detail)
 
         prep = prepare(model, inputs, mesh.shape, mesh.dim_names, profile=args.profile, optimizer=args.optimizer,
-                       mixed_precision=args.mixed_precision, progress=progress)
+                       mixed_precision=args.mixed_precision, progress=progress, search=args.search)
         try:
             plan = solve_prepared(prep, memory_limit=limit, pins=pins, time_limit=args.time_limit,
                                   backend=args.backend, ties=not args.no_ties, baseline=args.baseline,
