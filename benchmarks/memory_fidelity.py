@@ -53,10 +53,11 @@ import torch.distributed as dist
 import torch.fx as fx
 from torch import nn
 
-from autoshard.graph.builder import StrategyGraph, _tensor_arg_nodes, build_graph
+from autoshard.graph.builder import StrategyGraph, build_graph
 from autoshard.graph.memory import OptimizerMemory, local_bytes
 from autoshard.plan.build import make_fingerprint, placement_text
 from autoshard.plan.format import Plan
+from autoshard.trace import tensor_arg_nodes
 from autoshard.plan.solve import Prepared, prepare, solve_prepared
 from autoshard.rules import OpStrategy
 from autoshard.trace import trace_joint
@@ -276,7 +277,7 @@ def prepare_data_parallel(model: Any, inputs: Sequence[Any], world_size: int, *,
         return True
 
     def restrict(node: fx.Node, strategies: tuple[OpStrategy, ...]) -> tuple[OpStrategy, ...]:
-        args = _tensor_arg_nodes(node)  # in the rules' input order, as the builder wires edges
+        args = tensor_arg_nodes(node)  # in the rules' input order, as the builder wires edges
         kept = tuple(s for s in strategies if data_parallel(s, args))
         if not kept:
             unrestricted.append(node.name)
