@@ -292,6 +292,20 @@ def _unique_along(shape: tuple[int, ...], dim: int, high: int, gen: torch.Genera
     return order.narrow(dim, 0, shape[dim]).contiguous()
 
 
+def _index_bounds(self_shape: Sequence[int], indices: Sequence[Any]) -> dict[int, int]:
+    """Tensor input position -> exclusive bound of its values, for the index tensors
+    of ``index`` / ``index_put`` (they follow ``self`` as inputs 1, 2, ...)."""
+    bounds, pos = {}, 1
+    for k, idx in enumerate(indices):
+        if idx is None:
+            continue
+        if idx.dtype == torch.bool:
+            raise CannotSample("boolean index: the output shape depends on how many are true")
+        bounds[pos] = self_shape[k]
+        pos += 1
+    return bounds
+
+
 def _int_bounds(call: RealCall) -> dict[int, Any]:
     """Tensor input position -> how to draw it: an int bound (values in
     ``[0, bound)``), ``"offsets:N"``, ``"unique:dim:N"``, ``"target:C:ignore"``
@@ -317,29 +331,11 @@ def _int_bounds(call: RealCall) -> dict[int, Any]:
         pos = 1 if op is aten.nll_loss_forward.default else 2
         return {pos: f"target:{classes}:{a['ignore_index']}"}
     if op is aten.index.Tensor:
-        self_shape = a["self"].shape
-        bounds, pos = {}, 1
-        for k, idx in enumerate(a["indices"]):
-            if idx is None:
-                continue
-            if idx.dtype == torch.bool:
-                raise CannotSample("boolean index: the output shape depends on how many are true")
-            bounds[pos] = self_shape[k]
-            pos += 1
-        return bounds
+        return _index_bounds(a["self"].shape, a["indices"])
     if op in (aten.index_put.default, aten.index_put_.default):
         if not a.get("accumulate", False):
             raise CannotSample("index_put without accumulate: repeated indices make the result order-dependent")
-        self_shape = a["self"].shape
-        bounds, pos = {}, 1
-        for k, idx in enumerate(a["indices"]):
-            if idx is None:
-                continue
-            if idx.dtype == torch.bool:
-                raise CannotSample("boolean index")
-            bounds[pos] = self_shape[k]
-            pos += 1
-        return bounds
+        return _index_bounds(a["self"].shape, a["indices"])
     if op is aten._grouped_mm.default:
         a_, b_ = a["self"], a["mat2"]
         # the ragged dim: rows of a 2-D mat_a with a 3-D mat_b, else the shared K of two 2-D mats

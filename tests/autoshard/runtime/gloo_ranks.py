@@ -196,3 +196,19 @@ def _strided(mesh: Any, placements: list[str]) -> dict[str, bool]:
         dt = DTensor.from_local(local, mesh, to_dtensor_placements(pl), run_check=False, shape=x.shape, stride=x.stride())
         out[text] = bool(torch.equal(dt.full_tensor(), x))
     return out
+
+
+def assert_matches_one_device(results: list[dict[str, Any]], label: str) -> None:
+    """Every rank's loss, gradient shards (in their parameter's placement), parameter
+    shards, names and state_dict keys for job ``label`` equal the single-device run."""
+    for rank, res in enumerate(results):
+        r = res[label]
+        torch.testing.assert_close(r["loss"], r["ref_loss"], rtol=1e-4, atol=1e-6)
+        assert r["names"] == r["ref_names"] and r["state_dict_keys"] == r["ref_state_dict_keys"]
+        assert r["params"], "no parameters compared"
+        for name, p in r["params"].items():
+            assert p["is_dtensor"], name
+            assert p["grad_placements"] == p["placements"], f"{name}: gradient not in the parameter's placement"
+            assert torch.equal(p["local"], p["want_local"]), f"{name}: wrong shard on rank {rank}"
+            torch.testing.assert_close(p["grad"], p["want"], rtol=1e-4, atol=1e-6,
+                                       msg=lambda m, name=name, rank=rank: f"{label} {name} rank {rank}: {m}")

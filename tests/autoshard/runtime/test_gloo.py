@@ -17,7 +17,7 @@ from collections import Counter
 
 import pytest
 import torch
-from gloo_ranks import equivalence, spawn
+from gloo_ranks import assert_matches_one_device, equivalence, spawn
 
 from costmodel.steps import COLLECTIVE_STEPS
 
@@ -76,17 +76,7 @@ LABELS = ["mlp-2x2-solved", "mlp-2x2-fsdp", "mlp-2x2-ddp", "mlp-2x2-tp", "mlp-2x
 @pytest.mark.parametrize("label", LABELS)
 def test_loss_and_every_gradient_match_one_device(run, label):
     plans, results = run
-    for rank, res in enumerate(results):
-        r = res[label]
-        torch.testing.assert_close(r["loss"], r["ref_loss"], rtol=1e-4, atol=1e-6)
-        assert r["names"] == r["ref_names"] and r["state_dict_keys"] == r["ref_state_dict_keys"]
-        assert r["params"], "no parameters compared"
-        for name, p in r["params"].items():
-            assert p["is_dtensor"], name
-            assert p["grad_placements"] == p["placements"], f"{name}: gradient not in the parameter's placement"
-            assert torch.equal(p["local"], p["want_local"]), f"{name}: wrong shard on rank {rank}"
-            torch.testing.assert_close(p["grad"], p["want"], rtol=1e-4, atol=1e-6,
-                                       msg=lambda m: f"{label} {name} rank {rank}: {m}")
+    assert_matches_one_device(results, label)
 
 
 @pytest.mark.parametrize("label", LABELS)
