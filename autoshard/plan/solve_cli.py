@@ -69,7 +69,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-o", "--output", metavar="PLAN.json", help="where to write the plan")
 
 
-def _validate(args: argparse.Namespace) -> tuple[Any, tuple[str, ...] | None, int | None, dict[str, str]]:
+def _validate(args: argparse.Namespace) -> tuple[Any, int | None, dict[str, str]]:
     from costmodel.mesh import MeshSpec
     from hw_profiles import load
 
@@ -81,7 +81,7 @@ def _validate(args: argparse.Namespace) -> tuple[Any, tuple[str, ...] | None, in
         raise ValueError(f"--time-limit: must be a positive number of seconds, got {args.time_limit}")
     load(args.profile)  # an unknown profile fails before tracing
     limit = parse_bytes(args.memory_limit) if args.memory_limit else None
-    return mesh, tuple(args.dims.split(",")) if args.dims else None, limit, parse_pins(args.pin)
+    return mesh, limit, parse_pins(args.pin)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
     from autoshard.plan.explain import explain_text
     from autoshard.plan.solve import InfeasibleMemoryError, compare_baselines, prepare, solve_prepared
 
-    mesh, _, limit, pins = _validate(args)
+    mesh, limit, pins = _validate(args)
     model, inputs = load_example(args.model, parse_kwargs(args.kwargs))
     console = Console(stderr=True)
     with Progress(TextColumn("{task.description:<7}"), BarColumn(), TextColumn("{task.fields[detail]}"),

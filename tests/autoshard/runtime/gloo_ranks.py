@@ -19,6 +19,7 @@ import copy
 import importlib
 import os
 import time
+from collections import Counter
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable
@@ -212,3 +213,17 @@ def assert_matches_one_device(results: list[dict[str, Any]], label: str) -> None
             assert torch.equal(p["local"], p["want_local"]), f"{name}: wrong shard on rank {rank}"
             torch.testing.assert_close(p["grad"], p["want"], rtol=1e-4, atol=1e-6,
                                        msg=lambda m, name=name, rank=rank: f"{label} {name} rank {rank}: {m}")
+
+
+def planned_collectives_issued(plan: Any, results: list[dict[str, Any]], label: str) -> Counter:
+    """Assert that every rank issued exactly the plan's collective steps for job
+    ``label`` (edge, kind, mesh dims, bytes); returns the planned multiset."""
+    from costmodel.steps import COLLECTIVE_STEPS
+
+    planned = Counter((r.tensor, r.to, r.input_index, s.collective, tuple(s.mesh_dims), s.bytes)
+                      for r in plan.redistributions for s in r.steps if s.collective in COLLECTIVE_STEPS)
+    for res in results:
+        issued = Counter((e[0], e[1], e[2], kind, tuple(dims), nbytes)
+                         for kind, dims, nbytes, _, e in res[label]["trace"])
+        assert issued == planned
+    return planned
