@@ -23,27 +23,58 @@ _COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("validate-rules", "autoshard.rules.validator", "check sharding rules numerically on simulated shards"),
     ("solve", "autoshard.plan.solve_cli", "trace a model factory and solve its sharding plan for a mesh"),
     ("explain", "autoshard.plan.explain", "show a plan: placements, costliest redistributions, estimate"),
+    ("calibrate-hardware", "autoshard.calibrate.cli", "measure this machine into a hardware profile, or check one"),
+    ("serve", "autoshard.service.cli", "run the plan service: HTTP API, job queue, result cache"),
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="autoshard", description=__doc__.splitlines()[0])
+def _command_in(argv: Sequence[str]) -> str | None:
+    """The subcommand named in ``argv`` (the first word that is not a flag)."""
+    for word in argv:
+        if not word.startswith("-"):
+            return word
+    return None
+
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The parser; only the subcommand named in ``argv`` has its module imported
+    (every one when ``argv`` is None), so ``autoshard --help`` and a torch-free
+    subcommand (``serve``) do not pay for importing torch."""
+    parser = argparse.ArgumentParser(
+        prog="autoshard",
+        description="Automatic sharding for PyTorch: trace a model, solve how to split it over a device mesh, "
+                    "explain the plan, run it, calibrate the hardware profile, serve plans to a team.",
+        epilog="Run 'autoshard COMMAND --help' for a command's options.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("--version", action="version", version=f"autoshard {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    wanted = None if argv is None else _command_in(argv)
     for name, module_name, help_text in _COMMANDS:
         cmd = sub.add_parser(name, help=help_text, description=help_text)
         cmd.set_defaults(_module=module_name)
+        if argv is not None and name != wanted:
+            continue
         try:
             module = importlib.import_module(module_name)
-        except ImportError as exc:  # a subcommand whose module is not built yet
+        except ImportError as exc:  # a subcommand whose dependencies are not installed
             cmd.set_defaults(_unavailable=str(exc))
             continue
         module.add_arguments(cmd)
     return parser
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("autoshard")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING,

@@ -97,7 +97,9 @@ def make_plans(models: list[str], meshes: list[str], out: Path, time_limit: floa
                     continue
                 path = out / f"{mk}-{mesh_key}-{kind}.json"
                 plan.save(path)
-                colls = [st for r in plan.redistributions for st in r.steps if st.collective in COLLECTIVE_STEPS]
+                bucketed = {m for b in plan.buckets for m in b.members}  # a bucket issues one collective
+                colls = [st for r in plan.redistributions for st in r.steps
+                         if st.collective in COLLECTIVE_STEPS and r.to not in bucketed] + list(plan.buckets)
                 sharded_mm = sum(1 for n in plan.nodes if n.op == "aten.mm.default" and n.out and "S" in (n.out[0] or ""))
                 plans[(mk, mesh_key, kind)] = {"path": str(path), "predicted_s": plan.estimate.step_s,
                                                "portfolio": plan.options.get("portfolio"), "collectives": len(colls),

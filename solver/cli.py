@@ -41,6 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "graphs of small treewidth; toulbar2 needs the optional pytoulbar2)")
     parser.add_argument("--iopddl-output", action="store_true",
                         help="print the contest's [s0, s1, ...] line instead of the JSON solution")
+    parser.add_argument("--server", metavar="URL",
+                        help="solve on an autoshard serve (e.g. http://host:8470; token from $AUTOSHARD_TOKEN)")
     parser.add_argument("--quiet", action="store_true", help="no progress display")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     return parser
@@ -61,6 +63,29 @@ def _progress_printer(enabled: bool):
         status.update(f"[{event['seconds']:.1f}s] {stage}{extra}")
 
     return update, status
+
+
+def _solve_on_server(args: argparse.Namespace, update):
+    """The file's bytes (gzip or not) to ``autoshard serve``, its solution back. The
+    client lives with the service (standard library only) and is imported only here,
+    so the solver itself still imports nothing above it."""
+    from pathlib import Path
+
+    from autoshard.service.client import ServiceClient
+
+    raw = Path(args.problem).read_bytes()
+    options = {"time_limit": args.time_limit, "backend": args.backend, "threads": args.threads, "seed": args.seed,
+               "method": args.method, "inner": args.inner, "format": args.format}
+
+    def on_status(status: dict) -> None:
+        if update is not None:
+            event = {"stage": f"{status['state']} {status['progress']['stage'] or ''}".strip(),
+                     "seconds": status["progress"]["seconds"]}
+            if status.get("incumbent") is not None:
+                event["cost"] = status["incumbent"]
+            update(event)
+
+    return ServiceClient(args.server).solve_problem(raw, on_progress=on_status, **options)
 
 
 def _raise_interrupt(signum, frame):  # pragma: no cover - signal handler
@@ -87,10 +112,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     show = not args.quiet and sys.stderr.isatty()
     update, status = _progress_printer(show)
     try:
-        problem = load_problem(args.problem, args.format)
-        solution = solve(problem, backend=args.backend, time_limit=args.time_limit, threads=args.threads,
-                         seed=args.seed, method=args.method, start_time=PROCESS_START, progress=update,
-                         inner=args.inner)
+        if args.server:
+            solution = _solve_on_server(args, update)
+        else:
+            problem = load_problem(args.problem, args.format)
+            solution = solve(problem, backend=args.backend, time_limit=args.time_limit, threads=args.threads,
+                             seed=args.seed, method=args.method, start_time=PROCESS_START, progress=update,
+                             inner=args.inner)
     except FileNotFoundError:
         print(f"error: {args.problem}: no such file", file=sys.stderr)
         return 2

@@ -111,6 +111,8 @@ def solve(
     the Lagrangian rounds (``trws``, the default, ``treedp`` or ``toulbar2``).
     ``gap``: relative gap at which a bound proves the cost optimal and the
     search stops (``solver.tolerance``).
+    ``progress(event)`` is called at every stage with a dict: ``stage``,
+    ``seconds`` and, once known, ``cost`` (the incumbent) and ``bound``.
     Deterministic for a given ``seed`` and ``threads`` when the time limit is
     not reached.
     """
@@ -125,10 +127,13 @@ def solve(
     deadline = t0 + max(time_limit - finish_margin, 0.5 * time_limit)
     threads = threads or os.cpu_count() or 1
     stats: dict[str, Any] = {"method": method, "methods_run": []}
+    bound = -math.inf  # best lower bound so far (raised by the stages below)
 
     def emit(stage: str, **data: Any) -> None:
+        # every event carries the best bound proven so far, once there is one
         if progress is not None:
-            progress({"stage": stage, "seconds": time.perf_counter() - t0, **data})
+            extra = {"bound": bound} if math.isfinite(bound) else {}
+            progress({"stage": stage, "seconds": time.perf_counter() - t0, **extra, **data})
 
     def finish(status: Status, choice: tuple[int, ...], bound: float | None, message: str = "") -> Solution:
         cost = peak = None
@@ -173,7 +178,6 @@ def solve(
         stats["first_feasible_seconds"] = round(time.perf_counter() - t0, 4)
         stats["heuristic_cost"] = graph.cost(best)
         emit("feasible", cost=graph.cost(best))
-    bound = -math.inf
     plan = prices = None  # prices: the column generation's multipliers of its best bound
     if method in ("auto", "anytime") and graph.num_vars:
         budget = max(deadline - time.perf_counter(), 0.0)

@@ -52,6 +52,7 @@ import numpy as np
 import torch
 import torch.fx as fx
 
+from costmodel.bucketing import DEFAULT_BUCKET_BYTES, bucket_share
 from costmodel.compute import op_time_s
 from costmodel.mesh import MeshSpec
 from costmodel.placements import Placement
@@ -159,6 +160,8 @@ class StrategyGraph:
     """The optimizer step on the time axis."""
     optimizer: OptimizerMemory
     stats: BuildStats
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES
+    """Gradient bucket cap the gradient edges were priced with (0: no buckets)."""
 
 
 def _dtype_key(metas: tuple[TensorMeta | None, ...]) -> str:
@@ -263,7 +266,7 @@ class _Builder:
 
     # -- edges ---------------------------------------------------------------
     def edge(self, src: int, src_output: int, dst: int, dst_input: int,
-             dst_placement: Callable[[OpStrategy], Any]) -> None:
+             dst_placement: Callable[[OpStrategy], Any], share: float = 1.0) -> None:
         start = time.perf_counter()
         u, v = self.nodes[src], self.nodes[dst]
         tensor = u.outputs[src_output]
@@ -273,6 +276,7 @@ class _Builder:
         matrix = self.pricer.matrix_index(
             key, tensor.shape, tensor.itemsize,
             lambda: ([s.output_placements[src_output] for s in u.strategies], [dst_placement(s) for s in v.strategies]),
+            share=share,
         )
         self.edges.append(GraphEdge(src, dst, src_output, dst_input, tensor, matrix))
         self.seconds["edges"] += time.perf_counter() - start
@@ -294,6 +298,7 @@ def build_graph(
     allow_uneven: bool = False,
     on_progress: Callable[[int, int], None] | None = None,
     restrict: Restrict | None = None,
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES,
 ) -> StrategyGraph:
     """The strategy graph of ``traced`` on ``mesh`` priced with ``profile`` (module docstring).
 
@@ -302,7 +307,9 @@ def build_graph(
     dims that the mesh dim size does not divide; ``on_progress(done, total)``
     is called as op nodes are built; ``restrict(fx_node, strategies)`` returns
     the strategies to keep for an op node (a search-space restriction: the
-    result is then optimal only over what it keeps).
+    result is then optimal only over what it keeps); ``bucket_bytes``: the
+    runtime's gradient bucket cap, which prices gradient reductions
+    (``costmodel.bucketing``; 0 = one collective per gradient).
     """
     rules = rules or load_rules()
     optimizer = optimizer or OptimizerMemory()
@@ -378,6 +385,9 @@ def build_graph(
         return s.output_placements[0]
 
     grads: dict[str, int] = {}
+    grad_bytes = {fqn: TensorMeta(b.nodes[params[fqn]].outputs[0].shape, g.meta["val"].dtype).numel
+                  * g.meta["val"].dtype.itemsize for fqn, g in traced.grads.items() if g is not None}
+    total_grad_bytes = sum(grad_bytes.values())
     for fqn, gnode in traced.grads.items():
         if gnode is None:
             continue
@@ -392,7 +402,8 @@ def build_graph(
             (start, end + 1), (meta,), f"grad|{param.signature}",
         ))
         src, out = b.read(gnode.name)
-        b.edge(src, out, sink, 0, same_placement)
+        b.edge(src, out, sink, 0, same_placement,
+               share=bucket_share(grad_bytes[fqn], total_grad_bytes, bucket_bytes))
         b.union.union(params[fqn], sink)
         grads[fqn] = sink
     for fqn, unode in traced.buffer_updates.items():
@@ -426,7 +437,7 @@ def build_graph(
         mesh=mesh, profile=profile, nodes=tuple(b.nodes), edges=tuple(b.edges), matrices=tuple(b.pricer.matrices),
         ties=groups, required_ties=required, index=dict(b.index), params=params, grads=grads, inputs=inputs, buffers=buffers,
         param_aliases=dict(getattr(traced, "param_aliases", {}) or {}), end_time=end, optimizer=optimizer,
-        stats=stats,
+        stats=stats, bucket_bytes=int(bucket_bytes),
     )
 
 

@@ -20,8 +20,14 @@ index vectors); repeated layers ask for the same matrices thousands of
 times, so both are cached and M is one shared array (``matrices`` + ``matrix:
 k`` in the problem file).
 
+Gradient edges (op -> ``grad:<fqn>`` sink) pass ``share``: a reduction that
+the runtime issues in a bucket with other gradients pays only ``share`` of its
+call latency (``costmodel.bucketing``, which also says why this is an
+approximation and how the plan's estimate corrects it).
+
 >>> from hw_profiles import load
->>> from costmodel.mesh import MeshSpec
+>>> from costmodel.bucketing import amortized_cost_s
+from costmodel.mesh import MeshSpec
 >>> from costmodel.placements import parse_placements as pp
 >>> pricer = EdgePricer(MeshSpec((2,)), load("h100-sxm-80gb"))
 >>> m = pricer.matrix((1024, 1024), 4, [pp("R"), pp("S(0)")], [pp("R"), pp("S(0)"), pp("R")])
@@ -35,6 +41,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from costmodel.bucketing import amortized_cost_s
 from costmodel.mesh import MeshSpec
 from costmodel.placements import Placement
 from costmodel.redistribute import plan_redistribute, redistribute_costs
@@ -85,12 +92,30 @@ class EdgePricer:
             self._distinct_cache[key] = cached
         return cached
 
-    def matrix(
-        self, shape: tuple[int, ...], itemsize: int, src: Sequence[Placements | None], dst: Sequence[Placements | None]
+    def _bucketed_matrix(
+        self, shape: tuple[int, ...], itemsize: int, srcs: tuple[Placements | None, ...],
+        dsts: tuple[Placements | None, ...], share: float,
     ) -> np.ndarray:
-        """``M[a, b]`` for producer placements ``src[a]`` and reader placements ``dst[b]``."""
+        key = (shape, itemsize, srcs, dsts, share)
+        cached = self._distinct_cache.get(key)
+        if cached is None:
+            cached = self._distinct_matrix(shape, itemsize, srcs, dsts).copy()
+            for a, b in zip(*np.nonzero(np.isfinite(cached) & (cached > 0))):
+                cached[a, b] = amortized_cost_s(self.plan(shape, itemsize, srcs[a], dsts[b]), share,
+                                                self.mesh, self.profile)
+            self._distinct_cache[key] = cached
+        return cached
+
+    def matrix(
+        self, shape: tuple[int, ...], itemsize: int, src: Sequence[Placements | None], dst: Sequence[Placements | None],
+        *, share: float = 1.0,
+    ) -> np.ndarray:
+        """``M[a, b]`` for producer placements ``src[a]`` and reader placements ``dst[b]``;
+        ``share < 1``: a gradient reduction's latency amortised over its bucket."""
         srcs, ua = _distinct(src)
         dsts, vb = _distinct(dst)
+        if share < 1.0:
+            return self._bucketed_matrix(shape, itemsize, srcs, dsts, share)[np.ix_(ua, vb)]
         return self._distinct_matrix(shape, itemsize, srcs, dsts)[np.ix_(ua, vb)]
 
     def matrix_index(
@@ -99,14 +124,16 @@ class EdgePricer:
         shape: tuple[int, ...],
         itemsize: int,
         placements: Callable[[], tuple[Sequence[Placements | None], Sequence[Placements | None]]],
+        *,
+        share: float = 1.0,
     ) -> int:
         """Index in :attr:`matrices` of the edge matrix for ``key`` (a hashable
         identity of the two strategy lists and positions), built once from the
         (producer, reader) placement lists that ``placements()`` returns."""
-        full_key = (key, shape, itemsize)
+        full_key = (key, shape, itemsize, share)
         index = self._matrix_cache.get(full_key)
         if index is None:
             index = len(self.matrices)
-            self.matrices.append(self.matrix(shape, itemsize, *placements()))
+            self.matrices.append(self.matrix(shape, itemsize, *placements(), share=share))
             self._matrix_cache[full_key] = index
         return index

@@ -1,10 +1,11 @@
-"""Solution -> Plan: names, placements, the steps of every redistribution, the estimate.
+"""Solution -> Plan for a traced model: the fingerprint, and what the assembler needs.
 
-The estimate is the solver's objective taken apart: compute (every node's
-``compute_s`` at its chosen strategy, optimizer update included) plus, for
-every edge, the planner's steps between the chosen placements, split into
-collectives and local re-layouts. Their sum equals ``solver.evaluate`` of
-the choice (a test checks it). Peak memory is ``evaluate``'s peak.
+The plan itself is put together by :mod:`autoshard.plan.assemble` (torch-free,
+shared with the plan service): :func:`plan_from_solution` hands it the
+strategy graph's :func:`assembly_graph`; :func:`plan_request` writes the same
+as JSON beside the problem (``autoshard solve --dump-problem``, ``POST
+/v1/plans``). The estimate is the solver's objective taken apart (compute,
+collectives, local re-layouts; gradient buckets as they run); see there.
 
 >>> # plan = plan_from_solution(graph, problem, solution, fingerprint=fp)
 """
@@ -16,23 +17,19 @@ from typing import Any, Mapping
 
 import torch
 
-from costmodel.placements import Placement
 from hw_profiles import HardwareProfile
-from solver import Problem, evaluate
+from solver import Problem
 from solver.solution import Solution
 
 import autoshard
 from autoshard.graph.builder import StrategyGraph
-from autoshard.graph.edges import EdgePricer
-from autoshard.plan.format import Estimate, Fingerprint, Plan, PlanNode, Redistribution, SolverReport
+from autoshard.plan.assemble import (AssemblyEdge, AssemblyGraph, AssemblyNode, PlanRequest, assemble_plan,
+                                     memory_timeline, placement_text)
+from autoshard.plan.format import Fingerprint, Plan
 from autoshard.trace import TracedGraph
 
-__all__ = ["graph_hash", "make_fingerprint", "plan_from_solution", "placement_text", "memory_timeline"]
-
-
-def placement_text(placements: tuple[Placement, ...] | None) -> str | None:
-    """``S(0)R`` for a placement tuple (None stays None)."""
-    return None if placements is None else "".join(str(p) for p in placements)
+__all__ = ["graph_hash", "make_fingerprint", "plan_from_solution", "assembly_graph", "plan_request",
+           "placement_text", "memory_timeline"]
 
 
 def graph_hash(traced: TracedGraph) -> str:
@@ -56,27 +53,6 @@ def make_fingerprint(traced: TracedGraph, mesh_shape: tuple[int, ...], dim_names
                        torch.__version__.split("+")[0], autoshard.__version__)
 
 
-def memory_timeline(problem: Problem, choice: tuple[int, ...]) -> tuple[tuple[int, float], ...]:
-    """(time, bytes live) at every time the live memory changes (nodes without
-    ``live`` count everywhere)."""
-    always = 0.0
-    events: dict[int, float] = {}
-    for node, k in zip(problem.nodes, choice):
-        m = float(node.memory_bytes[k])
-        if not m:
-            continue
-        if node.live is None:
-            always += m
-        elif node.live[0] < node.live[1]:
-            events[node.live[0]] = events.get(node.live[0], 0.0) + m
-            events[node.live[1]] = events.get(node.live[1], 0.0) - m
-    out, level = [], always
-    for t in sorted(events):
-        level += events[t]
-        out.append((t, level))
-    return tuple(out) or ((0, always),)
-
-
 def plan_from_solution(
     graph: StrategyGraph,
     problem: Problem,
@@ -86,66 +62,41 @@ def plan_from_solution(
     options: Mapping[str, Any] | None = None,
     timings: Mapping[str, float] | None = None,
 ) -> Plan:
-    """The :class:`Plan` of a solved problem built from ``graph``."""
-    choice = solution.choice
-    pricer = EdgePricer(graph.mesh, graph.profile)
-    compute = float(sum(n.compute_s[k] for n, k in zip(graph.nodes, choice)))
-    comm = relayout = 0.0
-    redistributions = []
-    for e in graph.edges:
-        u, v = graph.nodes[e.src], graph.nodes[e.dst]
-        a, b = choice[e.src], choice[e.dst]
-        if graph.matrices[e.matrix][a, b] == 0.0:
-            continue
-        src = u.strategies[a].output_placements[e.src_output]
-        dst = _reader_placement(v, b, e.dst_input)
-        steps = pricer.plan(e.tensor.shape, e.tensor.itemsize, src, dst)
-        comm += steps.comm_s
-        relayout += steps.local_s
-        redistributions.append(Redistribution(
-            tensor=u.name, to=v.name, input_index=e.dst_input, output_index=e.src_output,
-            src=placement_text(src), dst=placement_text(dst), steps=steps.steps, cost_s=steps.cost_s,
-        ))
-    check = evaluate(problem, choice)
-    params = {}
-    for fqn, i in graph.params.items():
-        text = placement_text(graph.nodes[i].strategies[choice[i]].output_placements[0])
-        params[fqn] = text
-        for alias in graph.param_aliases.get(fqn, ()):
-            params[alias] = text
-    nodes = tuple(
-        PlanNode(n.name, n.target, tuple(placement_text(p) for p in n.strategies[k].output_placements),
-                 tuple(placement_text(p) for p in n.strategies[k].input_placements))
-        for n, k in zip(graph.nodes, choice) if n.kind == "op"
-    )
-    gap = None
-    if solution.lower_bound is not None and solution.cost:
-        gap = max(0.0, (solution.cost - solution.lower_bound) / solution.cost)
-    reduced = solution.stats.get("reduction", {}).get("after", {}).get("variables")
-    return Plan(
-        fingerprint=fingerprint,
-        params=params,
-        inputs={name: placement_text(graph.nodes[i].strategies[choice[i]].output_placements[0])
-                for name, i in graph.inputs.items()},
-        buffers={name: placement_text(graph.nodes[i].strategies[choice[i]].output_placements[0])
-                 for name, i in graph.buffers.items()},
-        nodes=nodes,
-        redistributions=tuple(redistributions),
-        estimate=Estimate(step_s=compute + comm + relayout, compute_s=compute, comm_s=comm, relayout_s=relayout,
-                          peak_memory_bytes=float(check.peak_memory_bytes), memory_limit_bytes=problem.memory_limit),
-        solver=SolverReport(backend=solution.backend, status=solution.status.value, gap=gap,
-                            seconds=round(solution.seconds, 4), variables=problem.num_nodes,
-                            constraints=problem.num_edges, reduced_variables=reduced, timings=dict(timings or {})),
-        param_aliases={k: tuple(v) for k, v in graph.param_aliases.items()},
-        options=dict(options or {}),
-        memory_timeline=memory_timeline(problem, choice),
-    )
+    """The :class:`Plan` of a solved problem built from ``graph`` (``problem`` is
+    ``to_problem(graph, ...)``): :func:`autoshard.plan.assemble.assemble_plan` on
+    the graph's :func:`assembly_graph`, as the plan service does."""
+    return assemble_plan(assembly_graph(graph), problem, solution, fingerprint=fingerprint, options=options,
+                         timings=timings)
 
 
-def _reader_placement(node: Any, k: int, position: int) -> tuple[Placement, ...] | None:
-    """The placement node ``node`` (strategy ``k``) requires on input ``position``;
-    sinks require their own (the parameter's) placement."""
-    strategy = node.strategies[k]
-    if node.kind == "op":
-        return strategy.input_placements[position]
-    return strategy.output_placements[0]
+def assembly_graph(graph: StrategyGraph) -> AssemblyGraph:
+    """What plan assembly needs from ``graph``, sharing its objects (no copies).
+    Nodes of equal signature share one strategy list (equal by the signature's
+    contract), so :meth:`AssemblyGraph.to_dict` writes each list once."""
+    lists: dict[str, Any] = {}
+    nodes = tuple(AssemblyNode(n.name, n.kind, n.target, lists.setdefault(n.signature, n.strategies))
+                  for n in graph.nodes)
+    edges = tuple(AssemblyEdge(e.src, e.dst, e.src_output, e.dst_input, tuple(e.tensor.shape), e.tensor.itemsize,
+                               str(e.tensor.dtype))
+                  for e in graph.edges)
+    return AssemblyGraph(graph.mesh, graph.profile, nodes, edges, dict(graph.params), dict(graph.inputs),
+                         dict(graph.buffers), {k: tuple(v) for k, v in graph.param_aliases.items()},
+                         getattr(graph, "bucket_bytes", 0))
+
+
+def plan_request(
+    graph: StrategyGraph,
+    problem: Problem,
+    *,
+    fingerprint: Fingerprint,
+    options: Mapping[str, Any],
+    timings: Mapping[str, float],
+    solve: Mapping[str, Any],
+) -> dict[str, Any]:
+    """``problem``'s JSON with the ``"autoshard"`` section (:class:`PlanRequest`)
+    that turns its solution into a plan without torch: what ``autoshard solve
+    --dump-problem`` writes and ``POST /v1/plans`` takes."""
+    data = problem.to_dict()
+    data["autoshard"] = PlanRequest(fingerprint, assembly_graph(graph), dict(options), dict(timings),
+                                    dict(solve)).to_dict()
+    return data

@@ -68,6 +68,12 @@ def explain_text(plan: Plan, *, top: int = 10, params_limit: int = 40) -> str:
     for r in costly:
         steps = " ; ".join(f"{s.collective}[{','.join(map(str, s.mesh_dims))}]" for s in r.steps) or "-"
         lines.append(f"| {r.tensor} -> {r.to} | {r.src} -> {r.dst} | {steps} | {_ms(r.cost_s)} |")
+    if plan.buckets:
+        lines += ["", f"| gradient bucket ({len(plan.buckets)}, one collective each) | gradients | MiB | time |",
+                  "|---|---:|---:|---:|"]
+        for b in plan.buckets:
+            lines.append(f"| {b.collective}[{','.join(map(str, b.mesh_dims))}]({b.reduce_op}) {b.dtype.replace('torch.', '')} "
+                         f"| {len(b.members)} | {b.bytes / 2**20:.2f} | {_ms(b.cost_s)} |")
     return "\n".join(lines)
 
 

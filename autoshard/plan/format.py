@@ -3,8 +3,10 @@
 Human-readable, diffable, versioned JSON (never pickled), as in DESIGN.md:
 ``fingerprint``, per-parameter and per-input placements, per-node strategies,
 every redistribution with its collective steps, the estimate and the solver's
-report. Extra keys (``buffers``, ``param_aliases``, ``options``, ``baseline``)
-carry what the runtime and ``autoshard explain`` need.
+report. Extra keys (``buffers``, ``param_aliases``, ``options``, ``baseline``,
+``buckets``) carry what the runtime and ``autoshard explain`` need. A bucket
+(``costmodel.bucketing.Bucket``) lists gradient sinks whose one-step
+reductions the runtime issues as one collective instead of their own steps.
 
 Loading checks the fingerprint against the model, mesh and profile in hand
 and names the part that differs; ``allow_profile_change`` accepts a plan
@@ -24,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from costmodel.bucketing import Bucket
 from costmodel.steps import RedistributeStep, StepError
 
 __all__ = ["FORMAT", "PlanError", "Fingerprint", "PlanNode", "Redistribution", "Estimate", "SolverReport", "Plan"]
@@ -215,6 +218,9 @@ class Plan:
     """How it was solved: optimizer, ties, pins, memory limit, baseline."""
     memory_timeline: tuple[tuple[int, float], ...] = ()
     """(time, bytes) at every point where the live memory changes, for plots."""
+    buckets: tuple[Bucket, ...] = ()
+    """Gradient reductions issued as one collective each (their members'
+    redistributions keep their steps for reading; the runtime runs the bucket)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -230,6 +236,7 @@ class Plan:
             "solver": self.solver.to_dict(),
             "options": dict(self.options),
             "memory_timeline": [list(p) for p in self.memory_timeline],
+            "buckets": [b.to_dict() for b in self.buckets],
         }
 
     @classmethod
@@ -252,6 +259,7 @@ class Plan:
                 param_aliases={str(k): tuple(v) for k, v in data.get("param_aliases", {}).items()},
                 options=dict(data.get("options", {})),
                 memory_timeline=tuple((int(t), float(b)) for t, b in data.get("memory_timeline", [])),
+                buckets=tuple(_bucket(b, f"buckets[{i}]") for i, b in enumerate(data.get("buckets", []))),
             )
         except (TypeError, ValueError, AttributeError) as exc:
             if isinstance(exc, PlanError):
@@ -287,3 +295,12 @@ class Plan:
         diffs = self.fingerprint.differences(here, allow_profile_change=allow_profile_change)
         if diffs:
             raise PlanError("plan does not match: " + "; ".join(diffs))
+
+
+def _bucket(data: Any, where: str) -> Bucket:
+    if not isinstance(data, Mapping):
+        raise PlanError(f"{where}: expected an object")
+    try:
+        return Bucket.from_dict(data)
+    except ValueError as exc:
+        raise PlanError(f"{where}: {exc}") from None

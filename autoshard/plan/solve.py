@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
 
+from costmodel.bucketing import DEFAULT_BUCKET_BYTES
 from costmodel.mesh import MeshSpec
 from hw_profiles import HardwareProfile
 from hw_profiles import load as load_profile
@@ -81,6 +82,7 @@ def prepare(
     progress: Progress | None = None,
     search: str = "auto",
     seed_time_limit: float = 30.0,
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES,
 ) -> Prepared:
     """Trace ``model(*example_inputs)`` and build its strategy graph on the mesh.
 
@@ -89,6 +91,8 @@ def prepare(
     restriction, so the plan is optimal over what it keeps; the seed's solve
     gets ``seed_time_limit`` seconds); ``auto`` (default) seeds meshes with
     3 or more dims of size > 1, whose full enumeration takes minutes to hours.
+    ``bucket_bytes``: the runtime's gradient bucket cap (``costmodel.bucketing``;
+    0 = one collective per gradient).
     """
     prof = _profile(profile)
     mesh = MeshSpec(tuple(int(m) for m in mesh_shape), tuple(dim_names or ()))
@@ -111,13 +115,14 @@ def prepare(
     graph = build_graph(
         traced, mesh, prof, optimizer=opt_memory, ties=True, allow_uneven=allow_uneven,
         on_progress=(lambda d, t: progress("build", d, t)) if progress else None, restrict=restrict,
+        bucket_bytes=bucket_bytes,
     )
     t2 = time.perf_counter()
     return Prepared(
         traced=traced, graph=graph, fingerprint=make_fingerprint(traced, mesh.shape, mesh.dim_names, prof),
         timings={"trace_s": round(t1 - t0, 4), **seed_timings, "build_s": round(t2 - t_seed, 4)},
         options={"optimizer": optimizer, "mixed_precision": mixed_precision, "allow_uneven": allow_uneven,
-                 "search": mode},
+                 "search": mode, "bucket_bytes": int(bucket_bytes)},
     )
 
 
@@ -132,6 +137,7 @@ def solve_prepared(
     baseline: str | None = None,
     tp_table: Mapping[str, str | int] | None = None,
     progress: Progress | None = None,
+    server: str | None = None,
 ) -> Plan:
     """Solve a prepared graph. ``memory_limit`` defaults to the profile's device
     memory; ``baseline`` (``ddp``, ``fsdp``, ``tp``, ``fsdp+tp``) adds its pins
@@ -139,6 +145,9 @@ def solve_prepared(
     search ends before proving its answer optimal, the expert layouts are
     priced too (in the last fifth of the time) and the plan is the cheapest
     of all (``options["portfolio"]`` names the layout when it is one of them).
+    ``server``: an ``autoshard serve`` URL that solves the problem and assembles
+    the plan (the same plan as here; :class:`autoshard.service.client.ServiceError`
+    when it cannot).
     """
     graph = prep.graph
     limit = float(graph.profile.device.memory_bytes if memory_limit is None else memory_limit)
@@ -157,36 +166,66 @@ def solve_prepared(
     # layouts: when the search ends unproven, the plan is never worse than them.
     portfolio = baseline is None and not pins
     share = PORTFOLIO_SHARE if portfolio else 0.0
-    solution = solve_problem(problem, backend=backend, time_limit=time_limit * (1 - share), gap=PLAN_GAP,
-                             progress=on_event)
+    options = {**prep.options, "ties": ties, "pins": dict(pins or {}), "memory_limit_bytes": limit,
+               "baseline": baseline, "time_limit_s": time_limit, "backend": backend}
+    remote = None
+    if server is not None:
+        remote, solution = _solve_on_server(server, prep, problem, options, time_limit * (1 - share), backend,
+                                            progress)
+    else:
+        solution = solve_problem(problem, backend=backend, time_limit=time_limit * (1 - share), gap=PLAN_GAP,
+                                 progress=on_event)
     if solution.status is Status.INFEASIBLE or not solution.choice:
         raise InfeasibleMemoryError(
             f"memory limit {limit / 2**30:.2f} GiB: no plan fits ({solution.message or solution.status.value})"
-            + _smallest_peak_hint(prep, baseline, time_limit)
+            + _smallest_peak_hint(prep, baseline, time_limit, server)
         )
-    timings = {**prep.timings, "solve_s": round(solution.seconds, 4)}
-    t = time.perf_counter()
-    options = {**prep.options, "ties": ties, "pins": dict(pins or {}), "memory_limit_bytes": limit,
-               "baseline": baseline, "time_limit_s": time_limit, "backend": backend}
-    plan = plan_from_solution(graph, problem, solution, fingerprint=prep.fingerprint, options=options,
-                              timings=timings)
-    plan = replace(plan, solver=replace(plan.solver, timings={**timings, "plan_s": round(time.perf_counter() - t, 4)}))
+    if remote is not None:
+        plan = remote
+    else:
+        timings = {**prep.timings, "solve_s": round(solution.seconds, 4)}
+        t = time.perf_counter()
+        plan = plan_from_solution(graph, problem, solution, fingerprint=prep.fingerprint, options=options,
+                                  timings=timings)
+        plan = replace(plan, solver=replace(plan.solver, timings={**timings,
+                                                                  "plan_s": round(time.perf_counter() - t, 4)}))
     if portfolio and solution.status is not Status.OPTIMAL:
-        plan = _best_of_baselines(prep, plan, limit, time_limit * share, backend, tp_table)
+        plan = _best_of_baselines(prep, plan, limit, time_limit * share, backend, tp_table, server)
     if progress:
         progress("solve", time_limit, time_limit)
     return plan
 
 
+def _solve_on_server(server: str, prep: Prepared, problem: Any, options: Mapping[str, Any], time_limit: float,
+                     backend: str, progress: Progress | None) -> tuple[Plan | None, Any]:
+    """(plan or None, solution) from an ``autoshard serve``: the problem goes with
+    its assembly section (``build.plan_request``) and comes back as the plan.
+    The request carries no timings (so a repeat is a cache hit); they are added here."""
+    from autoshard.plan.build import plan_request
+    from autoshard.service.client import ServiceClient
+
+    body = plan_request(prep.graph, problem, fingerprint=prep.fingerprint, options=options, timings={},
+                        solve={"time_limit": time_limit, "backend": backend, "gap": PLAN_GAP})
+
+    def on_status(status: dict[str, Any]) -> None:
+        if progress:
+            progress("solve", min(float(status["progress"]["seconds"]), time_limit), time_limit)
+
+    plan, solution = ServiceClient(server).solve_plan(body, on_progress=on_status)
+    if plan is not None:
+        plan = replace(plan, solver=replace(plan.solver, timings={**prep.timings, **plan.solver.timings}))
+    return plan, solution
+
+
 def _best_of_baselines(prep: Prepared, plan: Plan, limit: float, seconds: float, backend: str,
-                       tp_table: Mapping[str, str | int] | None) -> Plan:
+                       tp_table: Mapping[str, str | int] | None, server: str | None = None) -> Plan:
     """``plan``, or the cheapest expert layout that fits if it beats the unproven search."""
     names = applicable_baselines(prep.graph, tp_table)
     best = plan
     for name in names:
         try:
             candidate = solve_prepared(prep, memory_limit=limit, time_limit=max(seconds / len(names), 1.0),
-                                       backend=backend, baseline=name, tp_table=tp_table)
+                                       backend=backend, baseline=name, tp_table=tp_table, server=server)
         except ValueError:  # does not apply or does not fit
             continue
         if candidate.estimate.step_s < best.estimate.step_s:
@@ -200,12 +239,13 @@ def _best_of_baselines(prep: Prepared, plan: Plan, limit: float, seconds: float,
                                                          gap=plan.solver.gap, seconds=plan.solver.seconds))
 
 
-def _smallest_peak_hint(prep: Prepared, baseline: str | None, time_limit: float) -> str:
+def _smallest_peak_hint(prep: Prepared, baseline: str | None, time_limit: float, server: str | None = None) -> str:
     """The peak of the FSDP layout without a limit: the smallest peak found by a quick try."""
     if baseline == "fsdp":
         return ""
     try:
-        plan = solve_prepared(prep, memory_limit=1e30, baseline="fsdp", time_limit=min(time_limit, 20.0))
+        plan = solve_prepared(prep, memory_limit=1e30, baseline="fsdp", time_limit=min(time_limit, 20.0),
+                              server=server)
     except ValueError:
         return ""
     return f"; smallest peak found: {plan.estimate.peak_memory_bytes / 2**30:.2f} GiB (FSDP layout)"
@@ -228,6 +268,7 @@ def solve(
     baseline: str | None = None,
     search: str = "auto",
     progress: Progress | None = None,
+    server: str | None = None,
 ) -> Plan:
     """The sharding plan of one training step of ``model`` on a mesh (DESIGN.md, Python API).
 
@@ -236,12 +277,14 @@ def solve(
     pattern (``{"*.tok_embeddings.weight": "S(0)R"}``); ``ties=False`` lets
     every repeated layer choose its own strategies; ``optimizer`` is
     ``adamw`` (default), ``sgd``, ``sgd-momentum`` or ``none``; ``search``
-    as in :func:`prepare`.
+    as in :func:`prepare`. ``server``: the URL of an ``autoshard serve``
+    (``"http://host:8470"``) that solves instead of this process; tracing and
+    building stay here, the plan is the same.
     """
     prep = prepare(model, example_inputs, mesh_shape, dim_names, profile=profile, optimizer=optimizer,
                    mixed_precision=mixed_precision, progress=progress, search=search)
     return solve_prepared(prep, memory_limit=memory_limit, pins=pins, time_limit=time_limit, backend=backend,
-                          ties=ties, baseline=baseline, progress=progress)
+                          ties=ties, baseline=baseline, progress=progress, server=server)
 
 
 @dataclass(frozen=True, slots=True)

@@ -65,7 +65,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="full enumeration, or seeded from a coarser 2-D mesh (auto: seeded on 3-D+ meshes)")
     parser.add_argument("--baseline", help="solve an expert layout instead: ddp, fsdp, tp or fsdp+tp")
     parser.add_argument("--compare-baselines", action="store_true", help="price the expert layouts beside the plan")
-    parser.add_argument("--dump-problem", metavar="FILE", help="also write the solver problem (autoshard.problem/1)")
+    parser.add_argument("--dump-problem", metavar="FILE",
+                        help="also write the solver problem (autoshard.problem/1, with what turns its solution into "
+                             "this plan: POST it to autoshard serve's /v1/plans)")
+    parser.add_argument("--server", metavar="URL", help="solve on an autoshard serve (e.g. http://host:8470; token "
+                        "from $AUTOSHARD_TOKEN) instead of here")
     parser.add_argument("-o", "--output", metavar="PLAN.json", help="where to write the plan")
 
 
@@ -93,6 +97,10 @@ def run(args: argparse.Namespace) -> int:
     from autoshard.plan.solve import InfeasibleMemoryError, compare_baselines, prepare, solve_prepared
 
     mesh, limit, pins = _validate(args)
+    if args.server:  # an unreachable server fails before the model is traced
+        from autoshard.service.client import ServiceClient
+
+        ServiceClient(args.server).health()
     model, inputs = load_example(args.model, parse_kwargs(args.kwargs))
     console = Console(stderr=True)
     with Progress(TextColumn("{task.description:<7}"), BarColumn(), TextColumn("{task.fields[detail]}"),
@@ -110,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             plan = solve_prepared(prep, memory_limit=limit, pins=pins, time_limit=args.time_limit,
                                   backend=args.backend, ties=not args.no_ties, baseline=args.baseline,
-                                  progress=progress)
+                                  progress=progress, server=args.server)
         except InfeasibleMemoryError as exc:
             print(f"autoshard solve: {exc}", file=sys.stderr)
             return 1
@@ -137,17 +145,24 @@ def _row(name: str, plan: Any) -> str:
 
 
 def _dump_problem(prep: Any, plan: Any, pins: dict[str, str], limit: int | None, args: argparse.Namespace) -> None:
+    """The problem with its ``"autoshard"`` section (``autoshard.plan.assemble.PlanRequest``):
+    solved by ``autoshard serve`` (``POST /v1/plans``) it gives back this plan
+    (unless an expert layout won the portfolio: ``plan.options["portfolio"]``)."""
     import json
 
     from autoshard.graph.problem import to_problem
     from autoshard.plan.baselines import baseline_pins
+    from autoshard.plan.build import plan_request
     from autoshard.plan.pins import resolve_pins
+    from autoshard.plan.solve import PLAN_GAP, PORTFOLIO_SHARE
     from solver.io import write_text_atomic
 
     all_pins = dict(baseline_pins(prep.graph, args.baseline)) if args.baseline else {}
     all_pins.update(pins)
     problem = to_problem(prep.graph, memory_limit=plan.estimate.memory_limit_bytes,
                          pins=resolve_pins(prep.graph, all_pins), ties=not args.no_ties, labels=True)
-    data = problem.to_dict()
-    data["autoshard"] = {"fingerprint": plan.fingerprint.to_dict()}
+    share = PORTFOLIO_SHARE if args.baseline is None and not pins else 0.0
+    data = plan_request(prep.graph, problem, fingerprint=plan.fingerprint, options=plan.options,
+                        timings=prep.timings,
+                        solve={"time_limit": args.time_limit * (1 - share), "backend": args.backend, "gap": PLAN_GAP})
     write_text_atomic(args.dump_problem, json.dumps(data, allow_nan=False) + "\n")

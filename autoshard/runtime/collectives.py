@@ -8,6 +8,14 @@ collective on the flattened group of those dims (``mesh[names]._flatten()``),
 created once, on every rank in the same order (:meth:`MeshComm.prepare`,
 sorted), and cached by DeviceMesh under the joined dim names.
 
+Failures: a collective that fails (a peer rank raised and left, or never
+arrived within the process group's timeout) raises :class:`CollectiveFailure`
+naming the collective, the mesh dims, the group's ranks and the plan edge,
+instead of gloo's bare "Connection closed by peer" or timeout text. Every
+group the runtime uses gets the default process group's timeout (mesh-dim and
+flattened groups are otherwise created with torch's 30-minute default), so a
+rank that fails mid-step fails the others within the timeout the user chose.
+
 The trace: with ``trace=True`` (or ``AUTOSHARD_TRACE_COLLECTIVES=1``) every
 collective issued is appended to :attr:`MeshComm.records` as a
 :class:`CollectiveRecord` (kind, mesh dims, bytes of the buffer issued,
@@ -18,13 +26,14 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from datetime import timedelta
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
-__all__ = ["TRACE_ENV", "CollectiveRecord", "MeshComm", "trace_enabled"]
+__all__ = ["TRACE_ENV", "CollectiveFailure", "CollectiveRecord", "MeshComm", "trace_enabled"]
 
 TRACE_ENV = "AUTOSHARD_TRACE_COLLECTIVES"
 
@@ -51,6 +60,19 @@ class CollectiveRecord:
     """(producer, reader, reader input) of the plan's redistribution, when known."""
 
 
+class CollectiveFailure(RuntimeError):
+    """A collective of the plan failed on this rank (names it; module docstring)."""
+
+
+def default_timeout() -> timedelta | None:
+    """The default process group's timeout (None when it cannot be read)."""
+    try:
+        pg = dist.distributed_c10d._get_default_group()
+        return pg._get_backend(torch.device("cpu")).options._timeout
+    except Exception:  # noqa: BLE001 - another backend or torch version: keep torch's defaults
+        return None
+
+
 def _wait(t: torch.Tensor) -> torch.Tensor:
     return funcol.wait_tensor(t) if isinstance(t, funcol.AsyncCollectiveTensor) else t
 
@@ -61,9 +83,10 @@ _REDUCE = {"sum": "sum", "avg": "avg", "max": "max", "min": "min"}
 class MeshComm:
     """Collectives over mesh dims of ``mesh`` (module docstring)."""
 
-    def __init__(self, mesh: Any, *, trace: bool | None = None) -> None:
+    def __init__(self, mesh: Any, *, trace: bool | None = None, timeout: timedelta | None = None) -> None:
         self.mesh = mesh
         self.trace = trace_enabled(trace)
+        self.timeout = timeout if timeout is not None else (default_timeout() if dist.is_initialized() else None)
         self.records: list[CollectiveRecord] = []
         self.edge: tuple[str, str, int] | None = None
         self._groups: dict[tuple[int, ...], Any] = {}
@@ -92,6 +115,11 @@ class MeshComm:
                 )
             sub = self.mesh[tuple(names[d] for d in dims)]
             pg = sub._flatten().get_group()
+        if self.timeout is not None:
+            try:
+                dist.distributed_c10d._set_pg_timeout(self.timeout, pg)
+            except Exception:  # noqa: BLE001 - a backend without per-group timeouts keeps its own
+                pass
         self._groups[dims] = pg
         return pg
 
@@ -100,29 +128,36 @@ class MeshComm:
             ranks = tuple(dist.get_process_group_ranks(self.group(dims)))
             self.records.append(CollectiveRecord(kind, dims, int(nbytes), ranks, self.edge))
 
+    def _issue(self, kind: str, dims: tuple[int, ...], nbytes: int, call: Callable[[Any], torch.Tensor]) -> torch.Tensor:
+        pg = self.group(dims)
+        self._record(kind, dims, nbytes)
+        try:
+            return _wait(call(pg))
+        except RuntimeError as exc:
+            ranks = ",".join(str(r) for r in dist.get_process_group_ranks(pg))
+            where = "" if self.edge is None else f" for {self.edge[0]} -> {self.edge[1]}"
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise CollectiveFailure(
+                f"{kind} over mesh dims {list(dims)} (ranks {ranks}){where} failed on rank {dist.get_rank()}: "
+                f"another rank of the group probably stopped or is stuck (look for its error); gloo said: {first}"
+            ) from exc
+
     # -- collectives (dim 0, equal sizes; see autoshard.runtime.steps.Comm) ----
     def all_gather(self, x: torch.Tensor, mesh_dims: tuple[int, ...], nbytes: int) -> torch.Tensor:
-        pg = self.group(mesh_dims)
-        self._record("all_gather", mesh_dims, nbytes)
-        return _wait(funcol.all_gather_single(x, 0, pg))
+        return self._issue("all_gather", mesh_dims, nbytes, lambda pg: funcol.all_gather_single(x, 0, pg))
 
     def all_reduce(self, x: torch.Tensor, op: str, mesh_dims: tuple[int, ...], nbytes: int) -> torch.Tensor:
-        pg = self.group(mesh_dims)
-        self._record("all_reduce", mesh_dims, nbytes)
-        return _wait(funcol.all_reduce(x, _REDUCE[op], pg))
+        return self._issue("all_reduce", mesh_dims, nbytes, lambda pg: funcol.all_reduce(x, _REDUCE[op], pg))
 
     def reduce_scatter(self, x: torch.Tensor, op: str, mesh_dims: tuple[int, ...], nbytes: int) -> torch.Tensor:
-        pg = self.group(mesh_dims)
-        self._record("reduce_scatter", mesh_dims, nbytes)
-        return _wait(funcol.reduce_scatter_single(x, _REDUCE[op], 0, pg))
+        return self._issue("reduce_scatter", mesh_dims, nbytes,
+                           lambda pg: funcol.reduce_scatter_single(x, _REDUCE[op], 0, pg))
 
     def all_to_all(self, x: torch.Tensor, mesh_dims: tuple[int, ...], nbytes: int) -> torch.Tensor:
-        pg = self.group(mesh_dims)
-        self._record("all_to_all", mesh_dims, nbytes)
-        out = _wait(funcol.all_to_all_single(x.reshape(-1), None, None, pg))
+        out = self._issue("all_to_all", mesh_dims, nbytes,
+                          lambda pg: funcol.all_to_all_single(x.reshape(-1), None, None, pg))
         return out.view(x.shape)
 
     def permute(self, x: torch.Tensor, src_dst: list[int], mesh_dims: tuple[int, ...], nbytes: int) -> torch.Tensor:
-        pg = self.group(mesh_dims)
-        self._record("permute", mesh_dims, nbytes)
-        return _wait(funcol.permute_tensor(x.reshape(-1), src_dst, pg))
+        return self._issue("permute", mesh_dims, nbytes,
+                           lambda pg: funcol.permute_tensor(x.reshape(-1), src_dst, pg))

@@ -10,8 +10,9 @@ refuses, naming the node, what it cannot run:
   and reader placements differ needs a redistribution from exactly that
   placement to exactly that placement, and every step must be runnable
   (``autoshard.runtime.steps.check_step_runnable``);
-* random ops (``nondeterministic_seeded``: dropout, rand) are refused: the
-  runtime does not yet give each rank its slice of one random stream;
+* random ops (``nondeterministic_seeded``): dropout and rand/randn run sharded,
+  each rank computing its slice of the single-device draw
+  (``autoshard.runtime.random_ops``); any other random op must be replicated;
 * an op with no sharding rule must be replicated on all its inputs and outputs;
 * a buffer that the step mutates (BatchNorm statistics) must be replicated
   (checked by ``ShardedModule``).
@@ -29,7 +30,11 @@ factory shapes: the same call the rule validator makes), and the op runs on
 local tensors; every local output's shape is checked against the plan's
 placement. The sinks get their redistributions too: the loss ends replicated,
 each gradient in its parameter's placement (already reduced), each buffer
-update in its buffer's placement.
+update in its buffer's placement. Gradients in one of the plan's buckets
+(``costmodel.bucketing``) are reduced together: one collective on their
+concatenated payload (``autoshard.runtime.steps.run_bucket``) instead of one
+each, as DDP and FSDP do; a bucket is checked at load against its members'
+redistributions (same kind, mesh dims, reduce op and dtype).
 
 >>> # runner = JointRunner(traced, plan, mesh_shape, coord, comm=MeshComm(mesh))
 >>> # result = runner.run(local_params, local_buffers, local_inputs)
@@ -43,7 +48,6 @@ from typing import Any, Mapping, Sequence
 
 import torch
 import torch.fx as fx
-from torch._ops import OpOverload
 
 from costmodel.layout import local_indices, local_shape
 from costmodel.placements import Partial, Placement, Replicate, parse_placements
@@ -53,7 +57,8 @@ from autoshard.plan.format import Plan, PlanError, Redistribution
 from autoshard.rules import RuleRegistry, load_rules, op_name
 from autoshard.rules.calls import bind_args, replace_tensors
 from autoshard.rules.core import OpCall, TensorMeta, to_meta
-from autoshard.runtime.steps import Comm, StepRuntimeError, check_step_runnable, run_step
+from autoshard.runtime.random_ops import SLICEABLE, random_kind, run_random
+from autoshard.runtime.steps import Comm, StepRuntimeError, check_step_runnable, run_bucket, run_step
 from autoshard.trace import JointResult, TracedGraph, tensor_arg_nodes
 
 __all__ = ["RuntimeLoadError", "JointRunner", "local_slice", "placements_of"]
@@ -111,24 +116,94 @@ class _OpProgram:
     out_placements: tuple[tuple[Placement, ...] | None, ...]
     out_global: tuple[TensorMeta | None, ...]
     free_after: list[fx.Node] = field(default_factory=list)
+    out_local: tuple[TensorMeta | None, ...] | None = None
+    """This rank's output shapes (computed at the first run: they never change)."""
+    call: "_CallTemplate | None" = None
+    """The op's localized arguments with slots for its tensors, from the first run."""
+    slow: bool = False
+    """The arguments cannot be templated (localize made tensors): rebuild every run."""
+    random: str | None = None
+    """A sharded random draw (``autoshard.runtime.random_ops``): this rank's slice of the global draw."""
 
 
-def _is_random(node: fx.Node, rule: Any) -> bool:
-    """Whether the op draws random numbers at this call (a dropout probability of 0,
-    as attention ops take by default in eval or without dropout, draws none)."""
-    op = node.target
-    if rule is not None and rule.contract is not None:
-        return True
-    if torch.Tag.nondeterministic_seeded not in getattr(op, "tags", ()):
-        return False
-    if isinstance(op, OpOverload):
-        bound = bind_args(op, tuple(node.args), dict(node.kwargs))
-        for key in ("dropout_p", "p"):
-            if key in bound and isinstance(bound[key], (int, float)) and float(bound[key]) == 0.0:
-                return False
-        if bound.get("train") is False:
-            return False
-    return True
+class _Slot:
+    """Where tensor input ``i`` of an op goes in its argument template."""
+
+    __slots__ = ("i",)
+
+    def __init__(self, i: int) -> None:
+        self.i = i
+
+
+def _fill(obj: Any, values: Sequence[Any]) -> Any:
+    kind = type(obj)
+    if kind is _Slot:
+        return values[obj.i]
+    if kind is tuple:
+        return tuple(_fill(x, values) for x in obj)
+    if kind is list:
+        return [_fill(x, values) for x in obj]
+    return obj
+
+
+@dataclass(slots=True)
+class _CallTemplate:
+    """An op's final (localized) args and kwargs with its tensor inputs as slots.
+
+    Everything but the tensors is the same at every step (shapes are static per
+    rank), so the first run's arguments are kept with the input tensors swapped
+    for slots, and later runs only put the new tensors in: the per-op Python
+    work of binding, localizing and rebuilding arguments is paid once.
+    """
+
+    args: list[Any]
+    kwargs: dict[str, Any]
+    arg_slots: tuple[int, ...]
+    """Positions of ``args`` that hold a slot somewhere inside."""
+    kwarg_slots: tuple[str, ...]
+
+    @classmethod
+    def make(cls, args: tuple, kwargs: Mapping[str, Any], inputs: Sequence[torch.Tensor]) -> "_CallTemplate | None":
+        ids = {id(t): i for i, t in enumerate(inputs)}
+        found = False
+
+        def templ(obj: Any) -> Any:
+            nonlocal found
+            if isinstance(obj, torch.Tensor):
+                i = ids.get(id(obj))
+                if i is None:
+                    raise LookupError
+                found = True
+                return _Slot(i)
+            if isinstance(obj, (tuple, list)):
+                return type(obj)(templ(x) for x in obj)
+            return obj
+
+        try:
+            targs, arg_slots = [], []
+            for k, a in enumerate(args):
+                found = False
+                targs.append(templ(a))
+                if found:
+                    arg_slots.append(k)
+            tkwargs, kw_slots = {}, []
+            for name, v in kwargs.items():
+                found = False
+                tkwargs[name] = templ(v)
+                if found:
+                    kw_slots.append(name)
+        except LookupError:  # a tensor that is not an input (made by localize): no template
+            return None
+        return cls(targs, tkwargs, tuple(arg_slots), tuple(kw_slots))
+
+    def fill(self, values: Sequence[Any]) -> tuple[tuple, dict]:
+        args = list(self.args)
+        for k in self.arg_slots:
+            args[k] = _fill(args[k], values)
+        kwargs = dict(self.kwargs)
+        for name in self.kwarg_slots:
+            kwargs[name] = _fill(kwargs[name], values)
+        return tuple(args), kwargs
 
 
 class JointRunner:
@@ -241,6 +316,9 @@ class JointRunner:
             return _Edge(arg, tuple(r.steps), shape, (producer, reader, position))
 
         self.program: list[_OpProgram] = []
+        self._forward: list[_OpProgram] | None = None
+        self.has_random = False
+        """Whether a step draws random numbers (then every rank must hold one generator state)."""
         for node in gm.graph.nodes:
             if node.op in ("placeholder", "output"):
                 continue
@@ -265,10 +343,15 @@ class JointRunner:
             # None: the op does not read this input's values (new_zeros(x, size)
             # reads x's dtype only), so any placement does and nothing moves
             ins = tuple(None if t is None else self._placement(t) for t in pn.inputs)
-            if _is_random(node, rule):
-                raise RuntimeLoadError(f"{node.name} ({oname}): random ops are not supported yet (each rank would draw "
-                                       "its own numbers, not its slice of one random stream)")
             replicated = all(p is None or all(isinstance(x, Replicate) for x in p) for p in outs + ins)
+            random = random_kind(node, rule)
+            if random == "other" and not replicated:
+                raise RuntimeLoadError(f"{node.name} ({oname}): a random op that only runs replicated (every rank "
+                                       f"draws the whole tensor; slices of one stream are made for dropout and "
+                                       f"rand/randn only); the plan has {pn.out} <- {pn.inputs}")
+            drawn = outs[1:] if random == "dropout" else outs  # dropout's output may be partial, like its input
+            if random in SLICEABLE and any(p is not None and any(isinstance(x, Partial) for x in p) for p in drawn):
+                raise RuntimeLoadError(f"{node.name} ({oname}): a random draw cannot be partial ({pn.out})")
             if rule is None and not replicated:
                 raise RuntimeLoadError(f"{node.name} ({oname}): no sharding rule, so it can only run replicated; "
                                        f"the plan has {pn.out} <- {pn.inputs}")
@@ -283,7 +366,9 @@ class JointRunner:
                 raise RuntimeLoadError(f"plan: node {node.name} has {len(outs)} output placements, the op {len(out_global)} outputs")
             produced[node] = (node.name, outs)
             self.program.append(_OpProgram(node, node.target, rule.localize if rule is not None else None, edges,
-                                           outs, out_global))
+                                           outs, out_global, random=random if random in SLICEABLE and not replicated
+                                           else None))
+            self.has_random = self.has_random or random is not None
 
         # sinks
         self.loss_edge = edge(traced.loss, "loss", 0, (Replicate(),) * ndim)
@@ -294,6 +379,7 @@ class JointRunner:
         self.buffer_edges: dict[str, _Edge] = {}
         for fqn, unode in traced.buffer_updates.items():
             self.buffer_edges[fqn] = edge(unode, f"buffer_update:{fqn}", 0, self.leaf_placements[f"buffer:{fqn}"])
+        self.buckets = self._bucket_programs()
         unused = set(self._redist) - used
         if unused:
             to, i = sorted(unused)[0]
@@ -310,15 +396,44 @@ class JointRunner:
             if readers:
                 self.program[max(readers)].free_after.append(node)
 
+        bucketed = {m for b in plan.buckets for m in b.members}
         self.collective_steps = tuple(
             (r.tensor, r.to, r.input_index, s) for r in plan.redistributions for s in r.steps
-            if s.collective in COLLECTIVE_STEPS
+            if s.collective in COLLECTIVE_STEPS and r.to not in bucketed
         )
-        """Every collective step of the plan, with its edge, in plan order."""
+        """Every collective step of the plan outside gradient buckets, with its edge, in plan order."""
+
+    def _bucket_programs(self) -> list[tuple[Any, list[str]]]:
+        """(bucket, parameter FQNs) of the plan's gradient buckets, checked: every
+        member is a gradient whose edge is exactly the one step the bucket issues."""
+        out = []
+        seen: set[str] = set()
+        by_sink = {f"grad:{fqn}": fqn for fqn in self.grad_edges}
+        for i, bucket in enumerate(self.plan.buckets):
+            fqns = []
+            for member in bucket.members:
+                fqn = by_sink.get(member)
+                if fqn is None or member in seen:
+                    raise RuntimeLoadError(f"plan: bucket {i} lists {member}, which is not a gradient of this graph "
+                                           "(or is in two buckets)")
+                seen.add(member)
+                steps = self.grad_edges[fqn].steps
+                if len(steps) != 1 or (steps[0].collective, tuple(steps[0].mesh_dims), steps[0].reduce_op) != (
+                        bucket.collective, tuple(bucket.mesh_dims), bucket.reduce_op):
+                    raise RuntimeLoadError(f"plan: bucket {i} issues {bucket.collective}{list(bucket.mesh_dims)} for "
+                                           f"{member}, whose redistribution is "
+                                           f"{[st.describe() for st in steps] or 'nothing'}")
+                dtype = str(self.grad_edges[fqn].source.meta["val"].dtype)
+                if dtype != bucket.dtype:
+                    raise RuntimeLoadError(f"plan: bucket {i} is {bucket.dtype}, {member} is {dtype}")
+                fqns.append(fqn)
+            out.append((bucket, fqns))
+        return out
 
     def mesh_dim_sets(self) -> list[tuple[int, ...]]:
         """Every set of mesh dims a collective of the plan runs on (for ``MeshComm.prepare``)."""
-        return sorted({tuple(s.mesh_dims) for *_, s in self.collective_steps})
+        return sorted({tuple(s.mesh_dims) for *_, s in self.collective_steps}
+                      | {tuple(b.mesh_dims) for b, _ in self.buckets})
 
     # ------------------------------------------------------------------ run time
     def _redistribute(self, value: torch.Tensor, edge: _Edge) -> torch.Tensor:
@@ -330,8 +445,19 @@ class JointRunner:
             value = run_step(value, step, edge.global_shape, self.mesh_shape, self.coord, self.comm)
         return value
 
+    def _forward_program(self) -> list[_OpProgram]:
+        """The steps the loss and the buffer updates depend on (no backward)."""
+        need: set[fx.Node] = set()
+        stack = [self.loss_edge.source, *(e.source for e in self.buffer_edges.values())]
+        while stack:
+            node = stack.pop()
+            if node not in need:
+                need.add(node)
+                stack.extend(node.all_input_nodes)
+        return [p for p in self.program if p.node in need]
+
     def run(self, params: Mapping[str, torch.Tensor], buffers: Mapping[str, torch.Tensor],
-            inputs: Sequence[torch.Tensor] | Mapping[str, torch.Tensor]) -> JointResult:
+            inputs: Sequence[torch.Tensor] | Mapping[str, torch.Tensor], *, forward_only: bool = False) -> JointResult:
         """Run one training step's joint graph on local shards.
 
         ``params`` / ``buffers``: FQN -> this rank's local shard (in the plan's
@@ -339,6 +465,8 @@ class JointRunner:
         Returns the loss (replicated: the whole value on every rank), every
         gradient as this rank's shard in its parameter's placement, and every
         buffer update as this rank's shard in its buffer's placement.
+        ``forward_only``: run only what the loss and the buffer updates need
+        (evaluation); every gradient is then None.
         """
         traced = self.traced
         env: dict[fx.Node, Any] = {}
@@ -353,8 +481,10 @@ class JointRunner:
         for (name, node), value in zip(traced.inputs.items(), inputs):
             env[node] = self._check_local(value, f"input:{name}", node)
         env[traced.tangent] = torch.ones((), dtype=traced.loss.meta["val"].dtype)
+        if forward_only and self._forward is None:
+            self._forward = self._forward_program()
         with torch.no_grad():
-            for step in self.program:
+            for step in (self._forward if forward_only else self.program):
                 node = step.node
                 if step.op is operator.getitem:
                     env[node] = env[node.args[0]][int(node.args[1])]
@@ -364,8 +494,18 @@ class JointRunner:
                     env.pop(dead, None)
             loss = self._redistribute(env[self.loss_edge.source], self.loss_edge)
             grads = {fqn: None for fqn in traced.grads}
-            for fqn, e in self.grad_edges.items():
-                grads[fqn] = self._redistribute(env[e.source], e)
+            in_bucket = set()
+            for bucket, fqns in ([] if forward_only else self.buckets):
+                edges = [self.grad_edges[f] for f in fqns]
+                if self.comm is not None and hasattr(self.comm, "edge"):
+                    self.comm.edge = ("bucket", ",".join(bucket.members), 0)
+                for fqn, value in zip(fqns, run_bucket([env[e.source] for e in edges], [e.steps[0] for e in edges],
+                                                       self.mesh_shape, self.coord, self.comm)):
+                    grads[fqn] = value
+                in_bucket.update(fqns)
+            for fqn, e in ({} if forward_only else self.grad_edges).items():
+                if fqn not in in_bucket:
+                    grads[fqn] = self._redistribute(env[e.source], e)
             updates = {fqn: self._redistribute(env[e.source], e) for fqn, e in self.buffer_edges.items()}
         if self.comm is not None and hasattr(self.comm, "edge"):
             self.comm.edge = None
@@ -387,17 +527,14 @@ class JointRunner:
 
     def _run_op(self, step: _OpProgram, env: Mapping[fx.Node, Any]) -> Any:
         node, op = step.node, step.op
-        locals_ = [self._redistribute(env[e.source], e) for e in step.edges]
-        args, kwargs = fx.node.map_arg((tuple(node.args), dict(node.kwargs)), lambda n: env[n])
-        args, kwargs = replace_tensors(op, args, kwargs, locals_)
-        out_local = tuple(
-            None if (meta is None or pl is None) else TensorMeta(local_shape(meta.shape, pl, self.mesh_shape, self.coord), meta.dtype)
-            for meta, pl in zip(step.out_global, step.out_placements)
-        )
-        if step.localize is not None:
-            call = OpCall(op, to_meta(args), to_meta(kwargs), tuple(TensorMeta.of(t) for t in locals_), out_local,
-                          bind_args(op, args, kwargs))
-            args, kwargs = step.localize(args, kwargs, call)
+        locals_ = [self._redistribute(env[e.source], e) if e.steps else env[e.source] for e in step.edges]
+        if step.random is not None:
+            return run_random(step.random, node, locals_, step.out_global, step.out_placements, self.mesh_shape,
+                              self.coord)
+        if step.call is not None:
+            args, kwargs = step.call.fill(locals_)
+        else:
+            args, kwargs = self._first_args(step, env, locals_)
         try:
             result = op(*args, **kwargs)
         except RuntimeError as exc:
@@ -408,11 +545,32 @@ class JointRunner:
                 raise RuntimeError(f"{node.name} ({op_name(op)}) failed on local shards at coordinate "
                                    f"{self.coord}: {exc}") from exc
         flat = list(result) if isinstance(result, (tuple, list)) else [result]
-        for k, (got, want) in enumerate(zip(flat, out_local)):
+        for k, (got, want) in enumerate(zip(flat, step.out_local)):
             if want is not None and isinstance(got, torch.Tensor) and tuple(got.shape) != want.shape:
                 raise RuntimeError(f"{node.name} ({op_name(op)}) output {k}: local shape {tuple(got.shape)}, "
                                    f"the plan's {_fmt(step.out_placements[k])} gives {want.shape}")
         return result
+
+    def _first_args(self, step: _OpProgram, env: Mapping[fx.Node, Any], locals_: list[torch.Tensor]) -> tuple[tuple, dict]:
+        """The op's local arguments built from the graph node (the rule's ``localize``
+        makes shape arguments local); kept as a template for the next runs."""
+        node, op = step.node, step.op
+        args, kwargs = fx.node.map_arg((tuple(node.args), dict(node.kwargs)), lambda n: env[n])
+        args, kwargs = replace_tensors(op, args, kwargs, locals_)
+        if step.out_local is None:
+            step.out_local = tuple(
+                None if (meta is None or pl is None) else TensorMeta(local_shape(meta.shape, pl, self.mesh_shape, self.coord),
+                                                                     meta.dtype)
+                for meta, pl in zip(step.out_global, step.out_placements)
+            )
+        if step.localize is not None:
+            call = OpCall(op, to_meta(args), to_meta(kwargs), tuple(TensorMeta.of(t) for t in locals_), step.out_local,
+                          bind_args(op, args, kwargs))
+            args, kwargs = step.localize(args, kwargs, call)
+        if not step.slow:
+            step.call = _CallTemplate.make(args, kwargs, locals_)
+            step.slow = step.call is None
+        return args, kwargs
 
 
 def _fmt(placements: Sequence[Placement] | None) -> str:

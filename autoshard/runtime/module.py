@@ -33,14 +33,18 @@ What :class:`ShardedModule` does:
 
 Limitations (first version):
 
-* forward always runs the backward too (the joint graph is one graph): a
-  forward under ``torch.no_grad()`` (evaluation) costs a training step;
-  the loss's gradient is applied by scaling (exact for the loss tangent);
+* the forward computes the gradients too (the joint graph is one graph),
+  and ``backward`` hands them over; under ``torch.no_grad()`` (evaluation)
+  only the forward part runs. The loss's gradient is applied by scaling
+  (exact for the loss tangent);
 * the model's forward must be exactly the traced one: same input shapes and
   dtypes every step (the plan is for one graph);
-* random ops (dropout with p > 0, rand) are refused at load with the op's
-  name; a mutated buffer must be replicated; a plan fusing mesh dims needs a
-  DeviceMesh with ``mesh_dim_names`` (for the flattened process group);
+* random ops: dropout and rand/randn run sharded, each rank computing its
+  slice of the single-device draw (every rank draws the whole random tensor;
+  rank 0's generator state is copied to all ranks at start-up); other random
+  ops must be replicated; a mutated buffer must be replicated; a plan fusing
+  mesh dims needs a DeviceMesh with ``mesh_dim_names`` (for the flattened
+  process group);
 * the loss must not be used by other differentiable computations than
   ``backward`` (its graph has no other inputs than the parameters).
 """
@@ -63,6 +67,7 @@ from costmodel.placements import Partial, Placement, Replicate, Shard, StridedSh
 
 from autoshard.plan.format import Plan
 from autoshard.runtime.collectives import CollectiveRecord, MeshComm
+from autoshard.runtime.random_ops import sync_rng_state
 from autoshard.runtime.execute import JointRunner, RuntimeLoadError, local_slice, placements_of
 from autoshard.trace import TracedGraph, trace_joint
 
@@ -142,6 +147,8 @@ class ShardedModule(nn.Module):
                 raise RuntimeLoadError(f"buffer {fqn}: the step updates it, and the plan shards it "
                                        f"({plan.buffers[fqn]}): only replicated mutated buffers are supported")
         comm.prepare(runner.mesh_dim_sets())  # flattened groups: once, same order on every rank
+        if runner.has_random and dist.is_initialized():
+            sync_rng_state()  # one random stream: every rank draws what the single-device run draws
         # bypass nn.Module registration for the runtime's own state
         object.__setattr__(self, "_model", model)
         object.__setattr__(self, "_runner", runner)
@@ -207,7 +214,8 @@ class ShardedModule(nn.Module):
                                    tuple(self._runner.coord)))
         return out
 
-    def _run(self, args: tuple, kwargs: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor | None], dict[str, nn.Parameter]]:
+    def _run(self, args: tuple, kwargs: dict, forward_only: bool = False
+             ) -> tuple[torch.Tensor, dict[str, torch.Tensor | None], dict[str, nn.Parameter]]:
         runner, traced = self._runner, self._traced
         params = self._params()
         with torch.no_grad():
@@ -219,7 +227,7 @@ class ShardedModule(nn.Module):
             local_buffers[fqn] = local_slice(b, runner.leaf_placements[f"buffer:{fqn}"], tuple(self.mesh.shape),
                                              tuple(runner.coord))
         self._comm.records.clear()
-        result = runner.run(local_params, local_buffers, self._local_inputs(args, kwargs))
+        result = runner.run(local_params, local_buffers, self._local_inputs(args, kwargs), forward_only=forward_only)
         self.collective_trace = list(self._comm.records)
         with torch.no_grad():
             for fqn, value in result.buffer_updates.items():
@@ -231,17 +239,21 @@ class ShardedModule(nn.Module):
 
     # ------------------------------------------------------------------ API
     def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
-        """The loss of one step on the (global) batch; ``backward`` sets every ``.grad``."""
-        loss, grads, params = self._run(args, kwargs)
+        """The loss of one step on the (global) batch; ``backward`` sets every ``.grad``.
+        Under ``torch.no_grad()`` only the forward part of the graph runs."""
+        loss, grads, params = self._run(args, kwargs, forward_only=not torch.is_grad_enabled())
         order = [fqn for fqn in self._param_order if params[fqn].requires_grad]
         if not torch.is_grad_enabled() or not order:
             return loss
 
         def make_grads(grad_loss: torch.Tensor) -> list[Any]:
             out = []
+            unit = grad_loss.numel() == 1 and float(grad_loss) == 1.0  # loss.backward(): no scaling pass
             for fqn in order:
                 g = grads[fqn]
-                out.append(None if g is None else self._as_dtensor(params[fqn], g * grad_loss.to(g.dtype)))
+                if g is not None and not unit:
+                    g = g * grad_loss.to(g.dtype)
+                out.append(None if g is None else self._as_dtensor(params[fqn], g))
             return out
 
         return _JointStep.apply(loss, make_grads, *(params[fqn] for fqn in order))

@@ -32,7 +32,8 @@ from costmodel.layout import chunk_offsets, chunk_sizes, local_shape, strided_po
 from costmodel.placements import Placement, StridedShard
 from costmodel.steps import COLLECTIVE_STEPS, LOCAL_STEPS, RedistributeStep
 
-__all__ = ["Comm", "StepRuntimeError", "member_index", "member_coords", "run_step", "check_step_runnable"]
+__all__ = ["Comm", "StepRuntimeError", "member_index", "member_coords", "run_step", "run_bucket",
+           "check_step_runnable"]
 
 
 class StepRuntimeError(ValueError):
@@ -246,3 +247,56 @@ def run_step(
         return out
 
     raise StepRuntimeError(f"{step.describe()}: unknown step kind {kind!r}")
+
+
+def run_bucket(
+    xs: Sequence[torch.Tensor],
+    steps: Sequence[RedistributeStep],
+    mesh_shape: Sequence[int],
+    coord: Sequence[int],
+    comm: Comm,
+) -> list[torch.Tensor]:
+    """Several gradients' one-step reductions (``costmodel.bucketing``) as ONE
+    collective on a flat buffer; returns what :func:`run_step` returns for each.
+
+    all_reduce: the members flattened and concatenated. reduce_scatter: each
+    member padded on its scattered dim as :func:`run_step` pads it, that dim
+    moved to the front and viewed as ``[G, chunk]`` rows, the members
+    concatenated along the rows, so that member q's row of the reduced buffer
+    holds its chunk of every member.
+    """
+    first = steps[0]
+    dims, kind, op = tuple(first.mesh_dims), first.collective, first.reduce_op
+    for st in steps:
+        if (st.collective, tuple(st.mesh_dims), st.reduce_op) != (kind, dims, op):
+            raise StepRuntimeError(f"bucket: {st.describe()} differs from {first.describe()}")
+    if kind == "all_reduce":
+        flat = torch.cat([x.reshape(-1) for x in xs])
+        reduced = comm.all_reduce(flat, op, dims, _nbytes(flat))
+        out, offset = [], 0
+        for x in xs:
+            out.append(reduced[offset: offset + x.numel()].view(x.shape))
+            offset += x.numel()
+        return out
+    if kind != "reduce_scatter":
+        raise StepRuntimeError(f"bucket: {kind} steps are not bucketed")
+    group = math.prod(mesh_shape[d] for d in dims)
+    q = member_index(coord, mesh_shape, dims)
+    rows, layouts = [], []
+    for x, st in zip(xs, steps):
+        d = st.tensor_dim
+        n = x.shape[d]
+        c = -(-n // group) if n else 0
+        moved = _pad_dim(x, d, c * group).movedim(d, 0).contiguous()
+        layouts.append((d, n, c, tuple(moved.shape[1:])))
+        rows.append(moved.reshape(group, -1) if c else moved.new_zeros(group, 0))
+    buf = torch.cat(rows, dim=1).contiguous()
+    piece = comm.reduce_scatter(buf, op, dims, _nbytes(buf)).reshape(-1)
+    out, offset = [], 0
+    for d, n, c, rest in layouts:
+        numel = c * math.prod(rest)
+        chunk = piece[offset: offset + numel].view(c, *rest)
+        offset += numel
+        size = chunk_sizes(n, group)[q] if n else 0
+        out.append(chunk[:size].movedim(0, d).contiguous())
+    return out

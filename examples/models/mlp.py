@@ -40,11 +40,16 @@ class MLPConfig:
     bias: bool = True
     """Whether the linear layers have a bias."""
 
+    dropout: float = 0.0
+    """Dropout probability after each block's activation (training mode only)."""
+
     def __post_init__(self) -> None:
         if self.dim < 1 or self.hidden_dim < 1:
             raise ValueError(f"dim and hidden_dim must be >= 1, got {self.dim}, {self.hidden_dim}")
         if self.n_layers < 1:
             raise ValueError(f"n_layers must be >= 1, got {self.n_layers}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
 
 
 class FeedForward(nn.Module):
@@ -54,9 +59,13 @@ class FeedForward(nn.Module):
         super().__init__()
         self.w1 = nn.Linear(config.dim, config.hidden_dim, bias=config.bias)
         self.w2 = nn.Linear(config.hidden_dim, config.dim, bias=config.bias)
+        self.dropout = config.dropout
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.w2(F.relu(self.w1(x)))
+        h = F.relu(self.w1(x))
+        if self.dropout:
+            h = F.dropout(h, self.dropout, training=self.training)
+        return x + self.w2(h)
 
 
 class MLP(nn.Module):

@@ -7,7 +7,10 @@ import numpy as np
 import pytest
 import torch
 
+from costmodel.bucketing import amortized_cost_s, bucket_share
+from costmodel.collectives import collective_time_s
 from costmodel.mesh import MeshSpec
+from costmodel.placements import parse_placements as pp
 from costmodel.redistribute import plan_redistribute
 from hw_profiles import load
 
@@ -44,8 +47,45 @@ def test_edge_matrices_are_the_planner_costs_between_chosen_placements(graph) ->
         a, b = rng.integers(len(u.strategies)), rng.integers(len(v.strategies))
         src = u.strategies[a].output_placements[edge.src_output]
         dst = v.strategies[b].input_placements[edge.dst_input] if v.kind == "op" else v.strategies[b].output_placements[0]
-        expected = plan_redistribute(src, dst, graph.mesh, edge.tensor.shape, edge.tensor.itemsize, graph.profile).cost_s
+        plan = plan_redistribute(src, dst, graph.mesh, edge.tensor.shape, edge.tensor.itemsize, graph.profile)
+        expected = plan.cost_s
+        if v.kind == "grad":  # a gradient reduction pays its share of one bucket's latency
+            expected = amortized_cost_s(plan, _share(graph, v.target), graph.mesh, graph.profile)
         assert matrix[a, b] == pytest.approx(expected, rel=1e-12, abs=0)
+
+
+def _share(graph, fqn: str) -> float:
+    def nbytes(i: int) -> int:
+        return graph.nodes[i].outputs[0].numel * graph.nodes[i].outputs[0].itemsize
+
+    total = sum(nbytes(graph.params[f]) for f in graph.grads)
+    return bucket_share(nbytes(graph.params[fqn]), total, graph.bucket_bytes)
+
+
+def _grad_reduction_costs(graph) -> dict[str, float]:
+    """Cost of every gradient edge between the all-reduce placements P(sum)P(sum) -> RR."""
+    out = {}
+    for edge in graph.edges:
+        v, u = graph.nodes[edge.dst], graph.nodes[edge.src]
+        if v.kind != "grad":
+            continue
+        rows = [a for a, s in enumerate(u.strategies) if s.output_placements[edge.src_output] == pp("P(sum)P(sum)")]
+        cols = [b for b, s in enumerate(v.strategies) if s.output_placements[0] == pp("RR")]
+        if rows and cols:
+            out[v.name] = float(graph.matrices[edge.matrix][rows[0], cols[0]])
+    return out
+
+
+def test_gradient_all_reduces_are_priced_with_one_bucket_latency_shared(graph) -> None:
+    bucketed = _grad_reduction_costs(graph)
+    alone = _grad_reduction_costs(build_graph(trace_joint(*mlp.tiny(device="meta", n_layers=6)), MeshSpec((2, 2)),
+                                              load("h100-sxm-80gb"), bucket_bytes=0))
+    assert bucketed and bucketed.keys() == alone.keys()
+    latency = collective_time_s("all_reduce", 0, (0, 1), graph.mesh, graph.profile)
+    # every gradient saves a part of the latency, and all together pay about one
+    assert all(bucketed[k] < alone[k] for k in alone)
+    saved = sum(alone[k] - bucketed[k] for k in alone)
+    assert saved == pytest.approx((len(alone) - sum(_share(graph, k[len("grad:"):]) for k in alone)) * latency, rel=1e-9)
 
 
 def test_repeated_layers_share_matrices_and_are_tied(graph) -> None:

@@ -23,9 +23,34 @@ def test_estimate_is_the_sum_of_its_parts_and_equals_evaluate(dp_mlp) -> None:
     problem = to_problem(dp_mlp.graph, memory_limit=e.memory_limit_bytes)
     choice = _choice_of(plan, dp_mlp.graph)
     check = evaluate(problem, choice)
-    assert check.cost == pytest.approx(e.step_s, rel=1e-9)
+    # the solver priced each bucketed gradient with a share of the bucket's latency;
+    # the plan prices the bucket's one collective: the two differ by exactly that
+    members = {m for b in plan.buckets for m in b.members}
+    priced = {g.to: _edge_cost(dp_mlp.graph, g, choice) for g in plan.redistributions if g.to in members}
+    exact = check.cost - sum(priced.values()) + sum(b.cost_s for b in plan.buckets)
+    assert exact == pytest.approx(e.step_s, rel=1e-9)
     assert check.peak_memory_bytes == pytest.approx(e.peak_memory_bytes)
-    assert sum(r.cost_s for r in plan.redistributions) == pytest.approx(e.comm_s + e.relayout_s, rel=1e-9)
+    unbucketed = sum(r.cost_s for r in plan.redistributions if r.to not in members)
+    assert unbucketed + sum(b.cost_s for b in plan.buckets) == pytest.approx(e.comm_s + e.relayout_s, rel=1e-9)
+
+
+def test_buckets_make_gradient_reductions_one_collective_and_the_estimate_prices_it(dp_mlp) -> None:
+    plan = solve_prepared(dp_mlp, baseline="ddp", time_limit=30)
+    assert plan.buckets, "DDP's gradient all-reduces should share a bucket"
+    for b in plan.buckets:
+        assert b.collective == "all_reduce" and len(b.members) > 1
+        steps = [r.steps for r in plan.redistributions if r.to in b.members]
+        assert all(len(s) == 1 and s[0].collective == "all_reduce" for s in steps)
+        assert b.bytes == sum(s[0].bytes for s in steps)
+        assert b.cost_s < sum(s[0].cost_s for s in steps)  # one latency instead of one per gradient
+    assert type(plan).from_dict(plan.to_dict()).buckets == plan.buckets
+
+
+def _edge_cost(graph, redistribution, choice) -> float:
+    for e in graph.edges:
+        if graph.nodes[e.dst].name == redistribution.to and e.dst_input == redistribution.input_index:
+            return float(graph.matrices[e.matrix][choice[e.src], choice[e.dst]])
+    raise AssertionError(f"no edge into {redistribution.to}")
 
 
 def _choice_of(plan, graph) -> tuple[int, ...]:

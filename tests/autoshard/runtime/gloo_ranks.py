@@ -113,6 +113,8 @@ def _jobs(mesh: Any, mesh_shape: tuple[int, ...], jobs: list[dict[str, Any]],
             traced[key] = trace_joint(model, inputs)
         graph = traced[key]
         reference = copy.deepcopy(model)
+        if job.get("seed") is not None:  # random ops: both runs draw from the same generator state
+            torch.manual_seed(job["seed"])
         ref_loss = reference(*inputs)
         ref_loss.backward()
         ref_params = dict(reference.named_parameters())
@@ -123,6 +125,8 @@ def _jobs(mesh: Any, mesh_shape: tuple[int, ...], jobs: list[dict[str, Any]],
         else:
             sharded = shard(model, mesh, job["plan"], inputs, trace_collectives=True,
                             local_inputs=bool(job.get("local_inputs")), traced=graph)
+        if job.get("seed") is not None:
+            torch.manual_seed(job["seed"])
         if job.get("local_inputs"):  # the data loader yields each rank's shard
             loss = sharded(*[local_slice(x, sharded.input_placements[name], mesh_shape, coord)
                              for name, x in zip(sharded.input_placements, inputs)])
@@ -217,11 +221,15 @@ def assert_matches_one_device(results: list[dict[str, Any]], label: str) -> None
 
 def planned_collectives_issued(plan: Any, results: list[dict[str, Any]], label: str) -> Counter:
     """Assert that every rank issued exactly the plan's collective steps for job
-    ``label`` (edge, kind, mesh dims, bytes); returns the planned multiset."""
+    ``label`` (edge, kind, mesh dims, bytes), a gradient bucket's one collective
+    in place of its members' steps; returns the planned multiset."""
     from costmodel.steps import COLLECTIVE_STEPS
 
+    bucketed = {m for b in plan.buckets for m in b.members}
     planned = Counter((r.tensor, r.to, r.input_index, s.collective, tuple(s.mesh_dims), s.bytes)
-                      for r in plan.redistributions for s in r.steps if s.collective in COLLECTIVE_STEPS)
+                      for r in plan.redistributions for s in r.steps
+                      if s.collective in COLLECTIVE_STEPS and r.to not in bucketed)
+    planned.update(("bucket", ",".join(b.members), 0, b.collective, tuple(b.mesh_dims), b.bytes) for b in plan.buckets)
     for res in results:
         issued = Counter((e[0], e[1], e[2], kind, tuple(dims), nbytes)
                          for kind, dims, nbytes, _, e in res[label]["trace"])

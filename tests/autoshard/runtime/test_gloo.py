@@ -8,7 +8,9 @@ their parameter's placement, names and state_dict keys are unchanged, the
 collectives issued are exactly the plan's steps (kind, mesh dims, bytes), and
 a step the plan fuses over mesh dims [0, 1] runs as ONE collective on the
 flattened group of all 4 ranks. Plans: the solver's (with a memory limit
-that forces sharding), DDP, FSDP, TP and FSDP+TP on the MLP, FSDP on LLaMA.
+that forces sharding), DDP, FSDP, TP and FSDP+TP on the MLP, FSDP on LLaMA,
+and TP on the MLP with dropout (each rank drops exactly the elements of
+its shard that the single-device run drops, from the same seed).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ pytestmark = pytest.mark.slow
 MESH_2X2 = ((2, 2), ("dp", "tp"))
 MESH_4 = ((4,), ("dp",))
 LLAMA_KW = {"batch_size": 4}
+DROPOUT_KW = {"dropout": 0.25}
 
 
 def _solved_under_memory(prep, fraction: float):
@@ -52,6 +55,10 @@ def run(tmp_path_factory):
     add("2x2", "mlp-2x2-ddp", "mlp.tiny", solve_prepared(prep, baseline="ddp"))
     add("2x2", "mlp-2x2-tp", "mlp.tiny", solve_prepared(prep, baseline="tp"), trace="env")
     add("2x2", "mlp-2x2-fsdp+tp", "mlp.tiny", solve_prepared(prep, baseline="fsdp+tp"))
+    model, inputs = mlp.tiny(device="meta", **DROPOUT_KW)
+    prep = prepare(model, inputs, *MESH_2X2, profile="h100-sxm-80gb")
+    add("2x2", "mlp-dropout-2x2-tp", "mlp.tiny", solve_prepared(prep, baseline="tp"), kwargs=DROPOUT_KW, seed=11)
+    model, inputs = mlp.tiny(device="meta")
     prep = prepare(model, inputs, *MESH_4, profile="h100-sxm-80gb")
     add("4", "mlp-4-solved", "mlp.tiny", _solved_under_memory(prep, 0.35))
     add("4", "mlp-4-fsdp", "mlp.tiny", solve_prepared(prep, baseline="fsdp"), local_inputs=True)
@@ -65,8 +72,8 @@ def run(tmp_path_factory):
     return plans, results
 
 
-LABELS = ["mlp-2x2-solved", "mlp-2x2-fsdp", "mlp-2x2-ddp", "mlp-2x2-tp", "mlp-2x2-fsdp+tp", "mlp-4-solved",
-          "mlp-4-fsdp", "llama-4-fsdp"]
+LABELS = ["mlp-2x2-solved", "mlp-2x2-fsdp", "mlp-2x2-ddp", "mlp-2x2-tp", "mlp-2x2-fsdp+tp", "mlp-dropout-2x2-tp",
+          "mlp-4-solved", "mlp-4-fsdp", "llama-4-fsdp"]
 
 
 @pytest.mark.parametrize("label", LABELS)
@@ -114,6 +121,15 @@ def test_strided_placements_map_to_dtensor(run):
     for res in results:
         assert res["strided"] == {"_S(0,sf=2)S(0)": True, "S(0)S(1)": True, "_S(1,sf=2)S(1)": True}
 
+
+
+def test_dropout_is_sharded_and_draws_the_single_device_stream(run):
+    plans, results = run
+    plan = plans["mlp-dropout-2x2-tp"]
+    dropouts = [n for n in plan.nodes if n.op == "aten.native_dropout.default"]
+    assert dropouts and all("S(" in (n.out[0] or "") for n in dropouts), "the test needs a sharded dropout"
+    for res in results:  # and the loss is not the no-dropout loss: the masks did something
+        assert abs(float(res["mlp-dropout-2x2-tp"]["loss"]) - float(res["mlp-2x2-tp"]["loss"])) > 1e-4
 
 
 def test_a_plan_for_another_model_or_mesh_is_refused(run):

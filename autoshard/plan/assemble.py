@@ -1,0 +1,387 @@
+"""Solution -> Plan without torch: the one assembler of ``autoshard solve`` and the plan service.
+
+Why a torch-free assembler: the plan service (``autoshard.service``) runs on a
+small box without torch, and the plan it returns must be the plan that
+``autoshard solve`` writes for the same problem and solution. So the plan is
+assembled from an :class:`AssemblyGraph` - what the strategy graph knows that
+the solver problem does not (node names and kinds, every strategy's
+placements, every edge's tensor shape and itemsize, the mesh and the
+profile) - and nothing else. ``build.plan_from_solution`` extracts it from a
+``StrategyGraph`` (sharing the graph's objects, no copies); a
+:class:`PlanRequest` (the ``"autoshard"`` section of ``autoshard solve
+--dump-problem``, and the body of ``POST /v1/plans``) carries it as JSON.
+
+The estimate is the solver's objective taken apart: compute (every node's
+cost at its chosen strategy, optimizer update included; the problem's node
+cost is the graph's ``compute_s``) plus, for every edge with a non-zero cost
+at the chosen pair, the planner's steps between the chosen placements, split
+into collectives and local re-layouts, with every gradient bucket's one
+collective in place of its members' steps (``costmodel.bucketing``). Peak
+memory is ``solver.evaluate``'s.
+
+>>> from hw_profiles import load
+>>> from costmodel.mesh import MeshSpec
+>>> g = AssemblyGraph(MeshSpec((2,)), load("cpu-gloo"), (), (), {}, {}, {}, {})
+>>> AssemblyGraph.from_dict(g.to_dict()).mesh.shape
+(2,)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from costmodel.bucketing import group_buckets
+from costmodel.mesh import MeshSpec
+from costmodel.placements import Placement, PlacementParseError, parse_placements
+from costmodel.redistribute import plan_redistribute
+from hw_profiles import HardwareProfile, load_dict
+from solver import Problem, evaluate
+from solver.solution import Solution
+
+from autoshard.plan.format import Estimate, Fingerprint, Plan, PlanError, PlanNode, Redistribution, SolverReport
+
+__all__ = ["ASSEMBLY_FORMAT", "REQUEST_FORMAT", "AssemblyError", "StrategyPlacements", "AssemblyNode",
+           "AssemblyEdge", "AssemblyGraph", "PlanRequest", "assemble_plan", "placement_text", "memory_timeline"]
+
+ASSEMBLY_FORMAT = "autoshard.assembly/1"
+REQUEST_FORMAT = "autoshard.plan_request/1"
+
+Placements = tuple[Placement, ...]
+
+
+class AssemblyError(PlanError):
+    """An assembly section that cannot be read or does not fit its problem (names the field)."""
+
+
+def placement_text(placements: Placements | None) -> str | None:
+    """``S(0)R`` for a placement tuple (None stays None)."""
+    return None if placements is None else "".join(str(p) for p in placements)
+
+
+@dataclass(frozen=True, slots=True)
+class StrategyPlacements:
+    """The placements of one strategy: one tuple per output and per input (None: no tensor / not read).
+    ``autoshard.rules.OpStrategy`` has the same two fields and serves in its place."""
+
+    output_placements: tuple[Placements | None, ...]
+    input_placements: tuple[Placements | None, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class AssemblyNode:
+    """One node of the strategy graph, as the plan names it."""
+
+    name: str
+    kind: str
+    """``op``, ``param``, ``input``, ``grad``, ... (``autoshard.graph.builder.NODE_KINDS``)."""
+    target: str
+    """``aten.mm.default`` for ops; the parameter/buffer/input name otherwise."""
+    strategies: Sequence[Any]
+    """The node's strategies (:class:`StrategyPlacements` or ``OpStrategy``), in the problem's order."""
+
+
+@dataclass(frozen=True, slots=True)
+class AssemblyEdge:
+    """Output ``src_output`` of node ``src`` read as input ``dst_input`` of ``dst``; problem edge of the same index."""
+
+    src: int
+    dst: int
+    src_output: int
+    dst_input: int
+    shape: tuple[int, ...]
+    """Global shape of the tensor carried."""
+    itemsize: int
+    """Bytes per element."""
+    dtype: str = ""
+    """``torch.float32``: a gradient bucket's flat buffer has one dtype."""
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class AssemblyGraph:
+    """What plan assembly needs beyond the problem (module docstring)."""
+
+    mesh: MeshSpec
+    profile: HardwareProfile
+    nodes: tuple[AssemblyNode, ...]
+    edges: tuple[AssemblyEdge, ...]
+    params: Mapping[str, int]
+    """Parameter FQN -> node index."""
+    inputs: Mapping[str, int]
+    buffers: Mapping[str, int]
+    param_aliases: Mapping[str, tuple[str, ...]]
+    bucket_bytes: int = 0
+    """Gradient bucket cap of the runtime (``costmodel.bucketing``; 0: no buckets)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form; strategy lists shared by several nodes are written once."""
+        lists: list[list[list[list[str | None]]]] = []
+        list_index: dict[int, int] = {}
+        nodes = []
+        for node in self.nodes:
+            key = id(node.strategies)
+            if key not in list_index:
+                list_index[key] = len(lists)
+                lists.append([[[placement_text(p) for p in s.output_placements],
+                               [placement_text(p) for p in s.input_placements]] for s in node.strategies])
+            nodes.append({"name": node.name, "kind": node.kind, "target": node.target,
+                          "strategies": list_index[key]})
+        return {
+            "format": ASSEMBLY_FORMAT,
+            "mesh": {"shape": list(self.mesh.shape), "dim_names": list(self.mesh.dim_names),
+                     "strides": list(self.mesh.strides)},
+            "profile": self.profile.to_dict(),
+            "strategy_lists": lists,
+            "nodes": nodes,
+            "edges": [[e.src, e.dst, e.src_output, e.dst_input, list(e.shape), e.itemsize, e.dtype]
+                      for e in self.edges],
+            "params": dict(self.params), "inputs": dict(self.inputs), "buffers": dict(self.buffers),
+            "param_aliases": {k: list(v) for k, v in self.param_aliases.items()},
+            "bucket_bytes": self.bucket_bytes,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "autoshard.assembly") -> "AssemblyGraph":
+        """Parse :meth:`to_dict`'s form; a bad field raises :class:`AssemblyError` naming it."""
+        if not isinstance(data, Mapping):
+            raise AssemblyError(f"{where}: expected an object")
+        if data.get("format") != ASSEMBLY_FORMAT:
+            raise AssemblyError(f"{where}.format: expected {ASSEMBLY_FORMAT!r}, got {data.get('format')!r}")
+        mesh_raw = _get(data, "mesh", where, Mapping)
+        try:
+            mesh = MeshSpec(tuple(mesh_raw.get("shape", ())), tuple(mesh_raw.get("dim_names", ())),
+                            tuple(mesh_raw.get("strides", ())))
+        except (TypeError, ValueError) as exc:
+            raise AssemblyError(f"{where}.mesh: {exc}") from None
+        try:
+            profile = load_dict(dict(_get(data, "profile", where, Mapping)), where=f"{where}.profile")
+        except ValueError as exc:
+            raise AssemblyError(str(exc)) from None
+        parsed: dict[str | None, Placements | None] = {None: None}
+        lists = [_strategy_list(raw, f"{where}.strategy_lists[{i}]", parsed, len(mesh.shape))
+                 for i, raw in enumerate(_get(data, "strategy_lists", where, list))]
+        nodes = []
+        for i, raw in enumerate(_get(data, "nodes", where, list)):
+            path = f"{where}.nodes[{i}]"
+            k = _get(raw, "strategies", path, int)
+            if not 0 <= k < len(lists):
+                raise AssemblyError(f"{path}.strategies: no strategy list {k} (there are {len(lists)})")
+            nodes.append(AssemblyNode(str(_get(raw, "name", path, str)), str(_get(raw, "kind", path, str)),
+                                      str(_get(raw, "target", path, str)), lists[k]))
+        edges = []
+        for j, raw in enumerate(_get(data, "edges", where, list)):
+            try:
+                src, dst, out, inp, shape, itemsize, dtype = raw
+                edges.append(AssemblyEdge(int(src), int(dst), int(out), int(inp), tuple(int(s) for s in shape),
+                                          int(itemsize), str(dtype)))
+            except (TypeError, ValueError):
+                raise AssemblyError(f"{where}.edges[{j}]: expected [src, dst, output, input, shape, itemsize, "
+                                    "dtype]") from None
+        names = {}
+        for key in ("params", "inputs", "buffers"):
+            table = _get(data, key, where, Mapping)
+            for name, index in table.items():
+                if not isinstance(index, int) or not 0 <= index < len(nodes):
+                    raise AssemblyError(f"{where}.{key}[{name!r}]: not a node index")
+            names[key] = {str(k): int(v) for k, v in table.items()}
+        aliases = {str(k): tuple(str(a) for a in v) for k, v in data.get("param_aliases", {}).items()}
+        bucket_bytes = data.get("bucket_bytes", 0)
+        if not isinstance(bucket_bytes, int) or isinstance(bucket_bytes, bool):
+            raise AssemblyError(f"{where}.bucket_bytes: expected an integer, got {bucket_bytes!r}")
+        return cls(mesh, profile, tuple(nodes), tuple(edges), names["params"], names["inputs"], names["buffers"],
+                   aliases, bucket_bytes)
+
+    def check(self, problem: Problem, where: str = "autoshard.assembly") -> None:
+        """Raise :class:`AssemblyError` unless this graph describes ``problem`` node for node, edge for edge."""
+        if len(self.nodes) != problem.num_nodes:
+            raise AssemblyError(f"{where}.nodes: {len(self.nodes)} nodes, the problem has {problem.num_nodes}")
+        for i, (node, pnode) in enumerate(zip(self.nodes, problem.nodes)):
+            if len(node.strategies) != pnode.num_strategies:
+                raise AssemblyError(f"{where}.nodes[{i}]: {len(node.strategies)} strategies, "
+                                    f"problem node {i} has {pnode.num_strategies}")
+        if len(self.edges) != problem.num_edges:
+            raise AssemblyError(f"{where}.edges: {len(self.edges)} edges, the problem has {problem.num_edges}")
+        for j, (edge, pedge) in enumerate(zip(self.edges, problem.edges)):
+            if (edge.src, edge.dst) != (pedge.src, pedge.dst):
+                raise AssemblyError(f"{where}.edges[{j}]: joins {edge.src}->{edge.dst}, "
+                                    f"problem edge {j} joins {pedge.src}->{pedge.dst}")
+
+
+def _get(data: Any, key: str, where: str, kind: type) -> Any:
+    if not isinstance(data, Mapping) or key not in data:
+        raise AssemblyError(f"{where}.{key}: missing")
+    value = data[key]
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise AssemblyError(f"{where}.{key}: expected {kind.__name__}, got {type(value).__name__}")
+    return value
+
+
+def _strategy_list(raw: Any, where: str, parsed: dict[str | None, Placements | None],
+                   mesh_dims: int) -> tuple[StrategyPlacements, ...]:
+    def one(text: Any, path: str) -> Placements | None:
+        if text not in parsed:
+            try:
+                placements = parse_placements(text)
+            except PlacementParseError as exc:
+                raise AssemblyError(f"{path}: {exc}") from None
+            if len(placements) != mesh_dims:
+                raise AssemblyError(f"{path}: {text!r} has {len(placements)} mesh dims, the mesh has {mesh_dims}")
+            parsed[text] = placements
+        return parsed[text]
+
+    if not isinstance(raw, list):
+        raise AssemblyError(f"{where}: expected a list of strategies")
+    out = []
+    for k, strategy in enumerate(raw):
+        if not (isinstance(strategy, list) and len(strategy) == 2 and all(isinstance(s, list) for s in strategy)):
+            raise AssemblyError(f"{where}[{k}]: expected [[outputs...], [inputs...]]")
+        outs, ins = strategy
+        out.append(StrategyPlacements(tuple(one(t, f"{where}[{k}]") for t in outs),
+                                      tuple(one(t, f"{where}[{k}]") for t in ins)))
+    return tuple(out)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class PlanRequest:
+    """The ``"autoshard"`` section of a dumped problem: everything that turns its solution into a plan."""
+
+    fingerprint: Fingerprint
+    assembly: AssemblyGraph
+    options: Mapping[str, Any] = field(default_factory=dict)
+    """``plan.options`` (optimizer, ties, pins, memory limit, baseline, time limit, backend)."""
+    timings: Mapping[str, float] = field(default_factory=dict)
+    """Seconds of the stages before the solve (trace, build)."""
+    solve: Mapping[str, Any] = field(default_factory=dict)
+    """How ``autoshard solve`` ran the solver: ``time_limit``, ``backend``, ``gap``."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": REQUEST_FORMAT, "fingerprint": self.fingerprint.to_dict(),
+                "assembly": self.assembly.to_dict(), "options": dict(self.options),
+                "timings": dict(self.timings), "solve": dict(self.solve)}
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "autoshard") -> "PlanRequest":
+        if not isinstance(data, Mapping):
+            raise AssemblyError(f"{where}: missing or not an object (dump the problem with autoshard solve "
+                                "--dump-problem)")
+        if data.get("format") != REQUEST_FORMAT:
+            raise AssemblyError(f"{where}.format: expected {REQUEST_FORMAT!r}, got {data.get('format')!r}")
+        try:
+            fingerprint = Fingerprint.from_dict(_get(data, "fingerprint", where, Mapping))
+        except PlanError as exc:
+            raise AssemblyError(f"{where}.{exc}") from None
+        assembly = AssemblyGraph.from_dict(data.get("assembly"), f"{where}.assembly")
+        if assembly.profile.fingerprint != fingerprint.profile:
+            raise AssemblyError(f"{where}.assembly.profile: does not match fingerprint.profile")
+        if (assembly.mesh.shape, assembly.mesh.dim_names) != (fingerprint.mesh_shape, fingerprint.dim_names):
+            raise AssemblyError(f"{where}.assembly.mesh: does not match fingerprint.mesh")
+        return cls(fingerprint, assembly, dict(_get(data, "options", where, Mapping)),
+                   dict(_get(data, "timings", where, Mapping)), dict(_get(data, "solve", where, Mapping)))
+
+
+def memory_timeline(problem: Problem, choice: tuple[int, ...]) -> tuple[tuple[int, float], ...]:
+    """(time, bytes live) at every time the live memory changes (nodes without
+    ``live`` count everywhere)."""
+    always = 0.0
+    events: dict[int, float] = {}
+    for node, k in zip(problem.nodes, choice):
+        m = float(node.memory_bytes[k])
+        if not m:
+            continue
+        if node.live is None:
+            always += m
+        elif node.live[0] < node.live[1]:
+            events[node.live[0]] = events.get(node.live[0], 0.0) + m
+            events[node.live[1]] = events.get(node.live[1], 0.0) - m
+    out, level = [], always
+    for t in sorted(events):
+        level += events[t]
+        out.append((t, level))
+    return tuple(out) or ((0, always),)
+
+
+def assemble_plan(
+    graph: AssemblyGraph,
+    problem: Problem,
+    solution: Solution,
+    *,
+    fingerprint: Fingerprint,
+    options: Mapping[str, Any] | None = None,
+    timings: Mapping[str, float] | None = None,
+) -> Plan:
+    """The :class:`Plan` of ``solution`` to ``problem``, which ``graph`` describes (:meth:`AssemblyGraph.check`).
+
+    >>> # plan = assemble_plan(request.assembly, problem, solution, fingerprint=request.fingerprint)
+    """
+    choice = solution.choice
+    compute = float(sum(n.cost[k] for n, k in zip(problem.nodes, choice)))
+    comm = relayout = 0.0
+    redistributions = []
+    grads = []  # (sink, dtype, steps, comm_s) of gradient redistributions, for the buckets
+    for e, pe in zip(graph.edges, problem.edges):
+        a, b = choice[e.src], choice[e.dst]
+        if pe.cost[a, b] == 0.0:
+            continue
+        u, v = graph.nodes[e.src], graph.nodes[e.dst]
+        src = u.strategies[a].output_placements[e.src_output]
+        dst = _reader_placement(v, b, e.dst_input)
+        steps = plan_redistribute(src, dst, graph.mesh, e.shape, e.itemsize, graph.profile)
+        comm += steps.comm_s
+        relayout += steps.local_s
+        redistributions.append(Redistribution(
+            tensor=u.name, to=v.name, input_index=e.dst_input, output_index=e.src_output,
+            src=placement_text(src), dst=placement_text(dst), steps=steps.steps, cost_s=steps.cost_s,
+        ))
+        if v.kind == "grad":
+            grads.append((v.name, e.dtype, steps.steps, steps.comm_s))
+    # a bucket issues one collective in place of its members' steps: the
+    # estimate counts what runs (costmodel.bucketing)
+    buckets = group_buckets([g[:3] for g in grads], graph.mesh, graph.profile, graph.bucket_bytes)
+    if buckets:
+        members = {m for b in buckets for m in b.members}
+        comm += sum(b.cost_s for b in buckets) - sum(g[3] for g in grads if g[0] in members)
+    check = evaluate(problem, choice)
+
+    def chosen(i: int) -> str | None:
+        return placement_text(graph.nodes[i].strategies[choice[i]].output_placements[0])
+
+    params = {}
+    for fqn, i in graph.params.items():
+        params[fqn] = text = chosen(i)
+        for alias in graph.param_aliases.get(fqn, ()):
+            params[alias] = text
+    nodes = tuple(
+        PlanNode(n.name, n.target, tuple(placement_text(p) for p in n.strategies[k].output_placements),
+                 tuple(placement_text(p) for p in n.strategies[k].input_placements))
+        for n, k in zip(graph.nodes, choice) if n.kind == "op"
+    )
+    gap = None
+    if solution.lower_bound is not None and solution.cost:
+        gap = max(0.0, (solution.cost - solution.lower_bound) / solution.cost)
+    reduced = solution.stats.get("reduction", {}).get("after", {}).get("variables")
+    return Plan(
+        fingerprint=fingerprint,
+        params=params,
+        inputs={name: chosen(i) for name, i in graph.inputs.items()},
+        buffers={name: chosen(i) for name, i in graph.buffers.items()},
+        nodes=nodes,
+        redistributions=tuple(redistributions),
+        estimate=Estimate(step_s=compute + comm + relayout, compute_s=compute, comm_s=comm, relayout_s=relayout,
+                          peak_memory_bytes=float(check.peak_memory_bytes), memory_limit_bytes=problem.memory_limit),
+        solver=SolverReport(backend=solution.backend, status=solution.status.value, gap=gap,
+                            seconds=round(solution.seconds, 4), variables=problem.num_nodes,
+                            constraints=problem.num_edges, reduced_variables=reduced, timings=dict(timings or {})),
+        param_aliases={k: tuple(v) for k, v in graph.param_aliases.items()},
+        options=dict(options or {}),
+        memory_timeline=memory_timeline(problem, choice),
+        buckets=buckets,
+    )
+
+
+def _reader_placement(node: AssemblyNode, k: int, position: int) -> Placements | None:
+    """The placement node ``node`` (strategy ``k``) requires on input ``position``;
+    sinks require their own (the parameter's) placement."""
+    strategy = node.strategies[k]
+    if node.kind == "op":
+        return strategy.input_placements[position]
+    return strategy.output_placements[0]

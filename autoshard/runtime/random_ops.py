@@ -1,0 +1,120 @@
+"""Random ops on shards: every rank computes its slice of the one random stream
+that the single-device run draws.
+
+A sharded dropout must drop the same elements as the unsharded model, or the
+sharded run is a different model (and does not match the single-device
+reference). Offsetting a counter-based generator per shard (what DTensor does
+with Philox on CUDA) has no CPU counterpart, so this module takes the simple
+exact road: every rank holds the same generator state (:func:`sync_rng_state`
+copies rank 0's at start-up) and draws the *global* random tensor in the same
+order, then keeps its slice. The draw is then bit-identical to the
+single-device run's, at the price of each rank drawing the whole tensor (a
+dropout mask is one byte-per-element bernoulli draw; the multiply runs on the
+shard).
+
+Which ops:
+
+* ``native_dropout(x, p, train)``: the global mask is drawn as the CPU kernel
+  draws it (``empty_like(x_global).bernoulli_(1 - p)``), sliced to x's
+  placement, and ``x_local * mask * 1/(1-p)`` computed as the kernel does. A
+  partial ``x`` is fine: dropout is linear in ``x``.
+* ``rand``/``randn`` (a size argument) and ``rand_like``/``randn_like``: drawn at
+  the global shape, then sliced to the output placement.
+* any other random op (``bernoulli``, attention with ``dropout_p > 0``, ...):
+  only replicated (each rank then draws the same whole tensor); a sharded one is
+  refused at load, naming the op.
+
+Ops without a random draw at this call (dropout with ``p = 0`` or
+``train=False``) are ordinary ops.
+
+>>> # kind = random_kind(node, rule)            # at load: None, "dropout", "sized", "like" or "other"
+>>> # out = run_random(kind, node, args, ...)   # at run time, on this rank's shard
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+import torch.distributed as dist
+import torch.fx as fx
+from torch._ops import OpOverload
+
+from costmodel.placements import Partial, Placement, Replicate
+
+from autoshard.rules.calls import bind_args
+
+__all__ = ["SLICEABLE", "random_kind", "run_random", "sync_rng_state"]
+
+aten = torch.ops.aten
+
+_SIZED = {aten.rand.default, aten.randn.default}
+_LIKE = {aten.rand_like.default, aten.randn_like.default}
+
+SLICEABLE = ("dropout", "sized", "like")
+"""Random kinds whose shards the runtime computes (module docstring)."""
+
+
+def random_kind(node: fx.Node, rule: Any) -> str | None:
+    """How the op at ``node`` draws random numbers: None (it does not at this
+    call), ``dropout``, ``sized``, ``like`` or ``other``."""
+    op = node.target
+    if torch.Tag.nondeterministic_seeded not in getattr(op, "tags", ()):
+        return None
+    if isinstance(op, OpOverload):
+        bound = bind_args(op, tuple(node.args), dict(node.kwargs))
+        for key in ("dropout_p", "p"):
+            if key in bound and isinstance(bound[key], (int, float)) and float(bound[key]) == 0.0:
+                return None
+        if bound.get("train") is False:
+            return None
+    if op is aten.native_dropout.default:
+        return "dropout"
+    if op in _SIZED:
+        return "sized"
+    if op in _LIKE:
+        return "like"
+    return "other"
+
+
+def _slice(tensor: torch.Tensor, placements: Sequence[Placement], mesh_shape: Sequence[int],
+           coord: Sequence[int]) -> torch.Tensor:
+    from autoshard.runtime.execute import local_slice
+
+    whole = tuple(Replicate() if isinstance(p, Partial) else p for p in placements)
+    return local_slice(tensor, whole, mesh_shape, coord)
+
+
+def run_random(kind: str, node: fx.Node, local_inputs: Sequence[torch.Tensor],
+               out_global: Sequence[Any], out_placements: Sequence[Sequence[Placement] | None],
+               mesh_shape: Sequence[int], coord: Sequence[int]) -> Any:
+    """This rank's outputs of the random op at ``node`` (module docstring)."""
+    op = node.target
+    bound = bind_args(op, tuple(node.args), dict(node.kwargs))
+    if kind == "dropout":
+        x = local_inputs[0]
+        p = float(bound["p"])
+        keep = 1.0 - p
+        scale = 0.0 if keep == 0 else 1.0 / keep
+        mask = torch.empty(out_global[0].shape, dtype=x.dtype, device=x.device).bernoulli_(keep)
+        mask_x = _slice(mask, out_placements[0], mesh_shape, coord)
+        out = x.mul(mask_x).mul_(scale)
+        return out, _slice(mask, out_placements[1], mesh_shape, coord).to(torch.bool)
+    meta = out_global[0]
+    if kind == "sized":
+        whole = op(list(meta.shape), *node.args[1:], **dict(node.kwargs))
+    elif kind == "like":
+        template = torch.empty(meta.shape, dtype=local_inputs[0].dtype, device=local_inputs[0].device)
+        whole = op(template, **dict(node.kwargs))
+    else:
+        raise ValueError(f"{node.name}: random op kind {kind!r} has no sharded execution")
+    return _slice(whole, out_placements[0], mesh_shape, coord)
+
+
+def sync_rng_state(group: Any = None) -> None:
+    """Give every rank rank 0's CPU generator state, so that all draw one stream
+    (a collective: every rank of ``group`` must call it)."""
+    state = torch.get_rng_state().clone()  # a uint8 tensor: broadcast as data, never pickled
+    src = 0 if group is None else dist.get_global_rank(group, 0)
+    dist.broadcast(state, src=src, group=group)
+    torch.set_rng_state(state)

@@ -1,0 +1,112 @@
+"""The service's plan is the plan ``autoshard solve`` writes: the torch-free assembler on the
+``"autoshard"`` section (JSON round trip) equals ``plan_from_solution`` exactly, and through a real
+server ``autoshard.solve(server=)``, ``autoshard solve --server`` and ``POST /v1/plans`` of a
+``--dump-problem`` file give the local plan (its solve seconds and timings aside)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+pytest.importorskip("prometheus_client")
+
+from autoshard.cli import main  # noqa: E402
+from autoshard.graph.problem import to_problem  # noqa: E402
+from autoshard.plan.assemble import PlanRequest, assemble_plan  # noqa: E402
+from autoshard.plan.baselines import baseline_pins  # noqa: E402
+from autoshard.plan.build import plan_from_solution, plan_request  # noqa: E402
+from autoshard.plan.format import Plan  # noqa: E402
+from autoshard.plan.pins import resolve_pins  # noqa: E402
+from autoshard.plan.solve import PLAN_GAP, prepare, solve, solve_prepared  # noqa: E402
+from autoshard.service.client import ServiceClient  # noqa: E402
+from examples.models import llama3, mlp  # noqa: E402
+from service_helpers import Server  # noqa: E402
+from solver import Problem  # noqa: E402
+from solver import solve as solve_problem  # noqa: E402
+
+
+def _comparable(plan: Plan | dict) -> dict:
+    """The plan's JSON without what differs between two runs of the same solve."""
+    data = json.loads(json.dumps(plan if isinstance(plan, dict) else plan.to_dict()))
+    data["solver"].pop("seconds")
+    data["solver"]["timings"] = sorted(data["solver"]["timings"])  # the same stages, other seconds
+    return data
+
+
+def _assembled_from_json(prep, pins: dict[int, int] | None = None) -> tuple[Plan, Plan]:
+    """(plan_from_solution, assemble_plan on the JSON round trip of plan_request) for one solution."""
+    limit = prep.graph.profile.device.memory_bytes
+    problem = to_problem(prep.graph, memory_limit=limit, pins=pins)
+    solution = solve_problem(problem, time_limit=60, gap=PLAN_GAP)
+    options = {**prep.options, "memory_limit_bytes": float(limit)}
+    timings = {**prep.timings, "solve_s": round(solution.seconds, 4)}
+    local = plan_from_solution(prep.graph, problem, solution, fingerprint=prep.fingerprint, options=options,
+                               timings=timings)
+    body = json.loads(json.dumps(plan_request(prep.graph, problem, fingerprint=prep.fingerprint, options=options,
+                                              timings=timings, solve={"time_limit": 60})))
+    request = PlanRequest.from_dict(body["autoshard"])
+    remote_problem = Problem.from_dict(body)
+    request.assembly.check(remote_problem)
+    remote = assemble_plan(request.assembly, remote_problem, solution, fingerprint=request.fingerprint,
+                           options=request.options, timings=request.timings)
+    return local, remote
+
+
+def test_assembler_equals_plan_from_solution_on_mlp() -> None:
+    prep = prepare(*mlp.tiny(device="meta"), (2, 2), ("dp", "tp"), profile="cpu-gloo")
+    local, remote = _assembled_from_json(prep)
+    assert remote.to_dict() == local.to_dict()
+
+
+@pytest.mark.slow
+def test_assembler_equals_plan_from_solution_on_llama() -> None:
+    prep = prepare(*llama3.tiny(device="meta", batch_size=4), (2, 2), ("dp", "tp"), profile="cpu-gloo")
+    # pinned to FSDP (cpu-gloo's optimum replicates all): all-gathers, reduce-scatters to assemble
+    local, remote = _assembled_from_json(prep, resolve_pins(prep.graph, baseline_pins(prep.graph, "fsdp")))
+    assert remote.to_dict() == local.to_dict()
+    assert len(local.redistributions) > 10 and local.nodes
+
+
+@pytest.fixture(scope="module")
+def plan_server(tmp_path_factory):
+    base = tmp_path_factory.mktemp("plans")
+    srv = Server(base / "cache", base / "server.log", "--workers", "1").start()
+    yield srv
+    srv.stop()
+
+
+def test_the_service_plan_is_the_local_plan(plan_server, tmp_path, capsys) -> None:
+    args = ["solve", "examples.models.mlp:tiny", "--mesh", "2x2", "--dims", "dp,tp", "--profile", "cpu-gloo",
+            "--time-limit", "20"]
+    assert main([*args, "-o", str(tmp_path / "local.json"), "--dump-problem", str(tmp_path / "dump.json")]) == 0
+    assert main([*args, "-o", str(tmp_path / "remote.json"), "--server", plan_server.url]) == 0
+    capsys.readouterr()
+    local = _comparable(json.loads((tmp_path / "local.json").read_text()))
+    assert _comparable(json.loads((tmp_path / "remote.json").read_text())) == local
+    # the dump, posted as it is, gives the same plan
+    client = ServiceClient(plan_server.url)
+    plan, solution = client.solve_plan((tmp_path / "dump.json").read_bytes())
+    assert _comparable(plan) == local and solution.status.value == "optimal"
+    # the Python API; its repeat is a cache hit
+    model, inputs = mlp.tiny(device="meta")
+    api = solve(model, inputs, (2, 2), ("dp", "tp"), profile="cpu-gloo", time_limit=20, server=plan_server.url)
+    assert _comparable(api) == local
+    start = time.perf_counter()
+    job = client.submit_plan((tmp_path / "dump.json").read_bytes())
+    assert job["cached"] and Plan.from_dict(client.result(job["id"])["plan"]) == plan
+    assert time.perf_counter() - start < 0.1
+
+
+def test_solve_prepared_on_a_server_matches_local(plan_server) -> None:
+    prep = prepare(*mlp.tiny(device="meta", n_layers=1), (2,), ("dp",), profile="cpu-gloo")
+    pins = {"layers.0.w1.weight": "R"}
+    local = solve_prepared(prep, pins=pins, time_limit=20)
+    remote = solve_prepared(prep, pins=pins, time_limit=20, server=plan_server.url)
+    assert _comparable(remote) == _comparable(local)
+    assert remote.params["layers.0.w1.weight"] == "R"
+    assert list(remote.solver.timings) == list(local.solver.timings)
