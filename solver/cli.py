@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import signal
 import sys
@@ -19,7 +20,10 @@ from typing import Sequence
 
 from solver.clock import PROCESS_START
 
-__all__ = ["main", "build_parser"]
+__all__ = ["main", "build_parser", "MAX_TIME_LIMIT_S"]
+
+MAX_TIME_LIMIT_S = 7 * 24 * 3600.0
+"""Longest time limit accepted (a week): beyond it backends overflow their timers."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -96,8 +100,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
-    if args.time_limit <= 0:
-        print("error: --time-limit must be positive", file=sys.stderr)
+    if not math.isfinite(args.time_limit) or not 0 < args.time_limit <= MAX_TIME_LIMIT_S:
+        print(f"error: --time-limit must be a number of seconds in (0, {MAX_TIME_LIMIT_S:.0f}], got {args.time_limit}",
+              file=sys.stderr)
         return 2
     if args.threads is not None and args.threads < 1:
         print("error: --threads must be at least 1", file=sys.stderr)

@@ -137,7 +137,8 @@ def solve(
 
     def finish(status: Status, choice: tuple[int, ...], bound: float | None, message: str = "") -> Solution:
         cost = peak = None
-        if choice:
+        # a problem with no nodes has one solution, the empty choice (its cost is the constant)
+        if choice or (not problem.num_nodes and status is not Status.INFEASIBLE):
             check = evaluate(problem, choice)
             cost, peak = check.cost, check.peak_memory_bytes
             if not check.feasible:

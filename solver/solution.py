@@ -63,7 +63,8 @@ class Solution:
 
     @property
     def has_solution(self) -> bool:
-        return len(self.choice) > 0 and self.status is not Status.INFEASIBLE
+        # the empty choice is the solution of a problem without nodes (its cost is then set)
+        return (len(self.choice) > 0 or self.cost is not None) and self.status is not Status.INFEASIBLE
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -81,3 +81,24 @@ def test_infeasible_memory_limit_exits_1_with_the_smallest_peak(tmp_path, hand_p
     solution = json.loads(proc.stdout)
     assert solution["status"] == "infeasible" and solution["choice"] == []
     assert "5" in solution["message"]
+
+
+@pytest.mark.parametrize("limit", ["nan", "inf", "-inf", "1e7", "1e300", "0", "-3"])
+def test_an_absurd_time_limit_is_one_line_and_exit_2(tmp_path, limit):
+    src = tmp_path / "p.json"
+    src.write_text(json.dumps({"format": "autoshard.problem/1", "nodes": [{"cost": [1.0]}], "edges": []}))
+    out = tmp_path / "s.json"
+    proc = run(str(src), "-o", str(out), f"--time-limit={limit}")
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and "--time-limit" in proc.stderr and "Traceback" not in proc.stderr
+    assert not out.exists()
+
+
+def test_a_problem_without_nodes_is_solved_by_the_empty_choice(tmp_path):
+    src = tmp_path / "p.json"
+    src.write_text(json.dumps({"format": "autoshard.problem/1", "nodes": [], "edges": []}))
+    out = tmp_path / "s.json"
+    proc = run(str(src), "-o", str(out), "--time-limit", "10")
+    assert proc.returncode == 0, proc.stderr
+    solution = json.loads(out.read_text())
+    assert solution["status"] == "optimal" and solution["cost"] == 0 and solution["choice"] == []
