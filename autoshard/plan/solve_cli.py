@@ -81,8 +81,11 @@ def _validate(args: argparse.Namespace) -> tuple[Any, int | None, dict[str, str]
         mesh = MeshSpec.from_text(args.mesh, args.dims)
     except ValueError as exc:
         raise ValueError(f"--mesh/--dims: {exc}") from None
-    if not args.time_limit > 0 or args.time_limit == float("inf"):
-        raise ValueError(f"--time-limit: must be a positive number of seconds, got {args.time_limit}")
+    from solver.cli import MAX_TIME_LIMIT_S
+
+    if not 0 < args.time_limit <= MAX_TIME_LIMIT_S:  # also refuses nan
+        raise ValueError(f"--time-limit: must be a number of seconds in (0, {MAX_TIME_LIMIT_S:.0f}], "
+                         f"got {args.time_limit}")
     load(args.profile)  # an unknown profile fails before tracing
     limit = parse_bytes(args.memory_limit) if args.memory_limit else None
     return mesh, limit, parse_pins(args.pin)
