@@ -205,12 +205,18 @@ def problem_to_iopddl(problem: Problem) -> dict[str, Any]:
     }
 
 
-def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
-    """Write ``text`` to ``path`` atomically (temp file + fsync + rename)."""
+def write_text_atomic(path: str | os.PathLike[str], text: str, *, parents: bool = False) -> None:
+    """Write ``text`` to ``path`` atomically (temp file + fsync + rename), with the
+    permissions a plain ``open`` would give (the user's umask). The folder must
+    exist unless ``parents=True`` (a user's typo must not create directories)."""
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
+    if parents:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    elif not target.parent.is_dir():
+        raise FileNotFoundError(f"{target.parent}: no such directory (for {target.name})")
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600 files
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
             handle.flush()
@@ -227,6 +233,12 @@ def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
 def write_json_atomic(path: str | os.PathLike[str], obj: Any, *, indent: int | None = 1) -> None:
     """Serialise ``obj`` as JSON and write it atomically."""
     write_text_atomic(path, json.dumps(obj, indent=indent) + "\n")
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)  # the only portable way to read it is to set it
+    os.umask(mask)
+    return mask
 
 
 def iopddl_choice_line(choice: Sequence[int]) -> str:

@@ -176,6 +176,7 @@ def _rank0_plan(model: nn.Module, example_inputs: Any, mesh_spec: MeshSpec, prof
     log.info("autoshard: solved in %.1f s (%s)", time.perf_counter() - t0, solved.solver.status)
     if path is not None:
         try:
+            path.parent.mkdir(parents=True, exist_ok=True)  # the cache folder is ours to make
             solved.save(path)  # atomic: a concurrent reader never sees half a plan
         except OSError as exc:  # a read-only cache must not stop training
             log.warning("autoshard: cannot write plan cache %s (%s)", path, exc)

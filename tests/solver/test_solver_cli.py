@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import os
 import json
 import subprocess
 import sys
@@ -102,3 +103,15 @@ def test_a_problem_without_nodes_is_solved_by_the_empty_choice(tmp_path):
     assert proc.returncode == 0, proc.stderr
     solution = json.loads(out.read_text())
     assert solution["status"] == "optimal" and solution["cost"] == 0 and solution["choice"] == []
+
+
+def test_output_follows_the_umask_and_a_missing_folder_is_an_error(tmp_path):
+    src = tmp_path / "p.json"
+    src.write_text(json.dumps({"format": "autoshard.problem/1", "nodes": [{"cost": [1.0]}], "edges": []}))
+    proc = run(str(src), "-o", str(tmp_path / "no" / "such" / "s.json"), "--time-limit", "10")
+    assert proc.returncode == 2 and "no such directory" in proc.stderr and not (tmp_path / "no").exists()
+    proc = run(str(src), "-o", str(tmp_path / "s.json"), "--time-limit", "10")
+    assert proc.returncode == 0
+    mask = os.umask(0o022)
+    os.umask(mask)
+    assert (tmp_path / "s.json").stat().st_mode & 0o777 == 0o666 & ~mask
