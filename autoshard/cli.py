@@ -3,8 +3,8 @@
 Each subcommand lives in the module that owns its concern and exposes
 ``add_arguments(parser)`` and ``run(args) -> int``; this file only wires them.
 Errors that users cause (bad files, unknown names) are raised as
-:class:`autoshard.errors.UserError` (or ``ValueError`` subclasses of the lower
-layers) and printed as one line with a non-zero exit code, never a traceback.
+``ValueError`` (or its subclasses in every layer: ``PlanError``, ``ProblemError``,
+``ProfileError``...) or ``OSError`` and printed as one line with a non-zero exit code, never a traceback.
 """
 
 from __future__ import annotations

@@ -3,15 +3,23 @@
 For an op of kind ``k`` doing ``F`` FLOPs and moving ``B`` bytes of HBM traffic
 in dtype ``t`` on a device with peak ``P[t]`` FLOP/s and bandwidth ``W`` B/s:
 
-    time = max(F / (P[t] * e_k(F)),  B / (W * e_mem)) + launch
+    time = max(F / (P[t] * e_k(F)),  B / (W * e_mem(B))) + launch
 
 * ``e_k(F)`` (matmul, attention): the profile's curve of points
   ``(flops, fraction)``, interpolated linearly in ``log10(F)`` and held constant
   beyond its ends: small GEMMs reach a small fraction of peak.
+* ``e_mem(B)``: the profile's memory efficiency. Datasheet profiles give one
+  fraction; measured profiles give a curve over the working set ``B``
+  (interpolated the same way, in ``log10(B)``), because a working set that
+  fits a cache streams several times faster than DRAM/HBM: pricing every
+  size at one DRAM rate made small elementwise ops on CPU up to 5x too slow.
 * elementwise and reduction ops run on the vector units: their compute term uses
-  the FP32 (non-tensor) peak with the memory efficiency; they are nearly
-  always memory-bound.
-* ``copy`` is ``B / (W * e_mem) + launch``; ``view`` (no data moves) is 0, the
+  the FP32 (non-tensor) peak times ``e_vec``, the profile's vector efficiency
+  (measured profiles: transcendental and normalisation ops reach a few
+  percent of a CPU's GEMM peak, and are compute-bound there), or the memory
+  efficiency when the profile has none (datasheet profiles: such ops are then
+  nearly always memory-bound).
+* ``copy`` is ``B / (W * e_mem(B)) + launch``; ``view`` (no data moves) is 0, the
   only free kind.
 * ``launch`` is the profile's floor on any kernel.
 
@@ -36,6 +44,7 @@ __all__ = [
     "OP_KINDS",
     "ComputeError",
     "efficiency",
+    "memory_efficiency",
     "op_time_s",
     "matmul_time_s",
     "local_copy_time_s",
@@ -72,9 +81,21 @@ def efficiency(curve: tuple[tuple[float, float], ...], flops: float) -> float:
     return curve[-1][1]  # unreachable: flops < last point
 
 
+def memory_efficiency(profile: HardwareProfile, nbytes: float) -> float:
+    """Fraction of ``memory_bandwidth_Bps`` reached with a working set of
+    ``nbytes`` (the profile's scalar, or its curve at ``nbytes``).
+
+    >>> from hw_profiles import load
+    >>> memory_efficiency(load("h100-sxm-80gb"), 2**30)
+    0.85
+    """
+    return efficiency(profile.device.efficiency.memory_curve, max(float(nbytes), 1.0))
+
+
 def _memory_s(nbytes: float, profile: HardwareProfile) -> float:
-    device = profile.device
-    return nbytes / (device.memory_bandwidth_Bps * device.efficiency.memory)
+    if not nbytes:
+        return 0.0
+    return nbytes / (profile.device.memory_bandwidth_Bps * memory_efficiency(profile, nbytes))
 
 
 def _vector_peak(profile: HardwareProfile) -> float:
@@ -115,7 +136,8 @@ def op_time_s(
     elif kind == "copy":
         compute_s = 0.0
     else:  # elementwise, reduction: vector units
-        compute_s = flops / (_vector_peak(profile) * device.efficiency.memory) if flops else 0.0
+        vector = device.efficiency.vector or memory_efficiency(profile, bytes_accessed)
+        compute_s = flops / (_vector_peak(profile) * vector) if flops else 0.0
     return max(compute_s, memory_s) + device.launch_s
 
 

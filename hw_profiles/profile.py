@@ -6,7 +6,9 @@ A profile describes ONE device kind and the interconnect tiers between devices:
 * ``device``: datasheet peak FLOP/s per dtype (matrix units; ``fp32`` is the
   non-tensor FP32 rate), HBM capacity and bandwidth, the kernel launch floor and
   efficiency curves (``matmul`` / ``attention``: points ``[flops, fraction of
-  peak]`` interpolated in log(flops); ``memory``: fraction of HBM bandwidth);
+  peak]`` interpolated in log(flops); ``memory``: fraction of HBM bandwidth,
+  one number or points ``[working-set bytes, fraction]``; optional ``vector``:
+  fraction of the fp32 peak reached by elementwise FLOPs);
 * ``interconnect``: tiers from the innermost (``ranks`` = number of consecutive
   global ranks that share it, e.g. 8 on one NVLink domain) to the outermost
   (``ranks`` = null). Every tier has alpha-beta figures per collective kind
@@ -140,29 +142,54 @@ class Tier:
 
 @dataclass(frozen=True, slots=True)
 class Efficiency:
-    """Achievable fraction of peak: curves over FLOPs for matrix work, one
-    fraction of HBM bandwidth for memory-bound work."""
+    """Achievable fraction of peak: curves over FLOPs for matrix work; for
+    memory-bound work one fraction of ``memory_bandwidth_Bps`` or a curve over
+    the working set (bytes read plus written), since a working set that fits
+    a cache (CPU caches, a GPU's L2) streams faster than one that does not.
+
+    >>> Efficiency(matmul=((1e9, 0.5),), memory=((4096.0, 0.4), (1e9, 0.1))).memory_curve[-1]
+    (1000000000.0, 0.1)
+    >>> Efficiency(matmul=((1e9, 0.5),), memory=0.85).memory_curve
+    ((1.0, 0.85),)
+    """
 
     matmul: tuple[tuple[float, float], ...]
     """Points ``(flops, fraction)``, ascending flops."""
-    memory: float
-    """Fraction of ``memory_bandwidth_Bps`` reached by streaming kernels."""
+    memory: float | tuple[tuple[float, float], ...]
+    """Fraction of ``memory_bandwidth_Bps`` reached by streaming kernels: one
+    number, or points ``(working-set bytes, fraction)``, ascending bytes."""
     attention: tuple[tuple[float, float], ...] = ()
     """Like ``matmul`` for fused attention; empty = use ``matmul``."""
+    vector: float | None = None
+    """Fraction of the fp32 peak reached by elementwise and reduction FLOPs
+    (exp, tanh, normalisations: vector units, not matrix units); None = the
+    memory efficiency, as datasheet profiles price them."""
+
+    @property
+    def memory_curve(self) -> tuple[tuple[float, float], ...]:
+        """``memory`` as curve points (a single fraction is a one-point curve,
+        i.e. the same fraction at every working-set size)."""
+        if isinstance(self.memory, tuple):
+            return self.memory
+        return ((1.0, float(self.memory)),)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "Efficiency":
+        memory = data["memory"]
         return cls(
             matmul=tuple((float(f), float(e)) for f, e in data["matmul"]),
-            memory=float(data["memory"]),
+            memory=tuple((float(b), float(e)) for b, e in memory) if isinstance(memory, (list, tuple)) else float(memory),
             attention=tuple((float(f), float(e)) for f, e in data.get("attention", ())),
+            vector=None if data.get("vector") is None else float(data["vector"]),
         )
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"matmul": [list(p) for p in self.matmul]}
         if self.attention:
             out["attention"] = [list(p) for p in self.attention]
-        out["memory"] = self.memory
+        out["memory"] = [list(p) for p in self.memory] if isinstance(self.memory, tuple) else self.memory
+        if self.vector is not None:
+            out["vector"] = self.vector
         return out
 
 
@@ -228,7 +255,11 @@ class Calibration:
     torch: str | None = None
     method: str | None = None
     fit_error: tuple[tuple[str, float], ...] = ()
-    """Relative error of each alpha-beta fit (e.g. ``all_reduce``: 0.08)."""
+    """Relative error of each fit over the points it was fitted on (e.g.
+    ``loopback.all_reduce``: 0.08; measured profiles store the largest)."""
+    ranks: int | None = None
+    """Ranks of the job the figures were measured in (a measured device is
+    one rank of such a job: ranks sharing a host share its cores)."""
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "Calibration":
@@ -238,12 +269,15 @@ class Calibration:
             torch=data.get("torch"),
             method=data.get("method"),
             fit_error=tuple((k, float(v)) for k, v in data.get("fit_error", {}).items()),
+            ranks=None if data.get("ranks") is None else int(data["ranks"]),
         )
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"date": self.date, "host": self.host, "torch": self.torch}
         if self.method is not None:
             out["method"] = self.method
+        if self.ranks is not None:
+            out["ranks"] = self.ranks
         out["fit_error"] = dict(self.fit_error)
         return out
 
@@ -314,7 +348,7 @@ _EXAMPLE: dict[str, Any] = {
     "name": "example",
     "source": "datasheet",
     "device": {
-        "name": "example", "memory_bytes": 1, "peak_flops": {"bf16": 9.89e14},
+        "name": "example", "memory_bytes": 85899345920, "peak_flops": {"bf16": 9.89e14},
         "memory_bandwidth_Bps": 3.35e12, "launch_s": 5e-6,
         "efficiency": {"matmul": [[1e9, 0.35], [1e12, 0.75]], "memory": 0.85},
     },

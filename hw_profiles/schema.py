@@ -9,6 +9,23 @@ Required keys are those of DESIGN.md's example; shipped profiles add
 ``bandwidth_Bps`` and ``calibration.method``, all optional here so that a
 hand-written or measured profile with only ``all_reduce`` figures still loads.
 
+``device.efficiency.memory`` is either one fraction (datasheet profiles) or a
+curve ``[[bytes, fraction], ...]`` over the working set (measured profiles:
+caches make small working sets faster), strictly ascending in bytes.
+``device.efficiency.vector`` (optional) is the fraction of the fp32 peak that
+elementwise and reduction FLOPs reach.
+
+Figures must also be plausible, so that a broken measurement cannot be saved
+or loaded: every number finite (no NaN or infinity), and each figure inside a
+generous physical range (``_LIMITS`` below: a device with 1e20 B/s of memory
+bandwidth, zero FLOP/s or a launch floor of a minute is refused, naming the
+field).
+
+>>> validate({**_example(), "device": {**_example()["device"], "launch_s": float("nan")}})
+Traceback (most recent call last):
+...
+hw_profiles.schema.ProfileError: device.launch_s: nan is not a finite number
+
 >>> validate({"format": "autoshard.hw_profile/1"})
 Traceback (most recent call last):
 ...
@@ -17,6 +34,7 @@ hw_profiles.schema.ProfileError: (root): 'name' is a required property
 
 from __future__ import annotations
 
+import math
 from typing import Any, Mapping
 
 import jsonschema
@@ -32,6 +50,16 @@ class ProfileError(ValueError):
 
 _POS = {"type": "number", "exclusiveMinimum": 0}
 _NONNEG = {"type": "number", "minimum": 0}
+
+# Plausible ranges, far outside any real device but tight enough to catch a
+# unit slip or a broken timer (1e20 B/s, 1e-9 FLOP/s, a one-minute launch).
+_LIMITS = {
+    "flops": {"type": "number", "minimum": 1e6, "maximum": 1e18},  # 1 MFLOP/s .. 1 EFLOP/s per device
+    "bandwidth": {"type": "number", "minimum": 1e6, "maximum": 1e15},  # 1 MB/s .. 1 PB/s
+    "seconds": {"type": "number", "minimum": 0, "maximum": 10.0},  # latencies and launch floors
+    "s_per_byte": {"type": "number", "minimum": 1e-16, "maximum": 1e-3},  # 1 KB/s .. 10 PB/s
+    "memory_bytes": {"type": "integer", "minimum": 2**20, "maximum": 2**50},  # 1 MiB .. 1 PiB
+}
 _CURVE = {
     "type": "array",
     "minItems": 1,
@@ -46,9 +74,9 @@ _COLLECTIVE = {
     "type": "object",
     "required": ["alpha_s", "beta_s_per_byte"],
     "properties": {
-        "alpha_s": _NONNEG,
-        "alpha_per_step_s": _NONNEG,
-        "beta_s_per_byte": _POS,
+        "alpha_s": _LIMITS["seconds"],
+        "alpha_per_step_s": _LIMITS["seconds"],
+        "beta_s_per_byte": _LIMITS["s_per_byte"],
         "source": {"type": "string"},
     },
     "additionalProperties": False,
@@ -67,21 +95,24 @@ SCHEMA: dict[str, Any] = {
             "required": ["name", "memory_bytes", "peak_flops", "memory_bandwidth_Bps", "launch_s", "efficiency"],
             "properties": {
                 "name": {"type": "string"},
-                "memory_bytes": {"type": "integer", "exclusiveMinimum": 0},
+                "memory_bytes": _LIMITS["memory_bytes"],
                 "peak_flops": {
                     "type": "object",
                     "minProperties": 1,
-                    "additionalProperties": _POS,
+                    "additionalProperties": _LIMITS["flops"],
                 },
-                "memory_bandwidth_Bps": _POS,
-                "launch_s": _NONNEG,
+                "memory_bandwidth_Bps": _LIMITS["bandwidth"],
+                "launch_s": {**_LIMITS["seconds"], "maximum": 1.0},
                 "efficiency": {
                     "type": "object",
                     "required": ["matmul", "memory"],
                     "properties": {
                         "matmul": _CURVE,
                         "attention": _CURVE,
-                        "memory": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+                        "memory": {
+                            "anyOf": [{"type": "number", "exclusiveMinimum": 0, "maximum": 1}, _CURVE],
+                        },
+                        "vector": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
                     },
                     "additionalProperties": False,
                 },
@@ -98,7 +129,7 @@ SCHEMA: dict[str, Any] = {
                 "properties": {
                     "tier": {"type": "string", "minLength": 1},
                     "ranks": {"anyOf": [{"type": "integer", "minimum": 1}, {"type": "null"}]},
-                    "bandwidth_Bps": _POS,
+                    "bandwidth_Bps": _LIMITS["bandwidth"],
                     "collectives": {
                         "type": "object",
                         "minProperties": 1,
@@ -117,6 +148,7 @@ SCHEMA: dict[str, Any] = {
                 "host": {"type": ["string", "null"]},
                 "torch": {"type": ["string", "null"]},
                 "method": {"type": "string"},
+                "ranks": {"type": "integer", "minimum": 1},
                 "fit_error": {"type": "object", "additionalProperties": _NONNEG},
             },
             "additionalProperties": False,
@@ -141,10 +173,24 @@ def validate(data: Mapping[str, Any], *, where: str = "") -> None:
     prefix = f"{where}: " if where else ""
     if not isinstance(data, Mapping):
         raise ProfileError(f"{prefix}(root): expected a JSON object, got {type(data).__name__}")
+    _check_finite(data, (), prefix)
     error = jsonschema.exceptions.best_match(_VALIDATOR.iter_errors(data))
     if error is not None:
         raise ProfileError(f"{prefix}{_path(error.absolute_path)}: {error.message}")
     _check_semantics(data, prefix)
+
+
+def _check_finite(value: Any, path: tuple, prefix: str) -> None:
+    """NaN and infinity pass JSON Schema's range keywords (every comparison
+    with NaN is false), so they are refused here first."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ProfileError(f"{prefix}{_path(path)}: {value} is not a finite number")
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            _check_finite(item, (*path, key), prefix)
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            _check_finite(item, (*path, i), prefix)
 
 
 def _check_semantics(data: Mapping[str, Any], prefix: str) -> None:
@@ -167,8 +213,16 @@ def _check_semantics(data: Mapping[str, Any], prefix: str) -> None:
     if len(set(names)) != len(names):
         raise ProfileError(f"{prefix}interconnect: tier names repeat ({names})")
     efficiency = data["device"]["efficiency"]
-    for key in ("matmul", "attention"):
+    for key, unit in (("matmul", "flops"), ("attention", "flops"), ("memory", "bytes")):
         points = efficiency.get(key, [])
-        flops = [p[0] for p in points]
-        if flops != sorted(set(flops)):
-            raise ProfileError(f"{prefix}device.efficiency.{key}: points must have strictly ascending flops")
+        if not isinstance(points, list):
+            continue  # the scalar form of memory
+        xs = [p[0] for p in points]
+        if xs != sorted(set(xs)):
+            raise ProfileError(f"{prefix}device.efficiency.{key}: points must have strictly ascending {unit}")
+
+
+def _example() -> dict[str, Any]:
+    from hw_profiles.profile import _EXAMPLE
+
+    return dict(_EXAMPLE)

@@ -104,8 +104,13 @@ class PlanNode:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], where: str) -> "PlanNode":
         out = _need(data, "out", where)
-        return cls(str(_need(data, "name", where)), str(_need(data, "op", where)),
-                   tuple(out) if isinstance(out, list) else (out,), tuple(_need(data, "in", where)))
+        outs = tuple(out) if isinstance(out, list) else (out,)
+        ins = tuple(_need(data, "in", where))
+        for key, texts in (("out", outs), ("in", ins)):
+            for i, text in enumerate(texts):
+                if text is not None:
+                    _placement_text(text, f"{where}.{key}[{i}]")
+        return cls(str(_need(data, "name", where)), str(_need(data, "op", where)), outs, ins)
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,7 +142,8 @@ class Redistribution:
         except StepError as exc:
             raise PlanError(f"{where}: {exc}") from None
         return cls(str(_need(data, "tensor", where)), str(_need(data, "to", where)), int(data.get("input", 0)),
-                   int(data.get("output", 0)), str(_need(data, "from", where)), str(_need(data, "to_placement", where)),
+                   int(data.get("output", 0)), _placement_text(_need(data, "from", where), f"{where}.from"),
+                   _placement_text(_need(data, "to_placement", where), f"{where}.to_placement"),
                    steps, float(data.get("cost_s", sum(s.cost_s for s in steps))))
 
 
@@ -248,9 +254,9 @@ class Plan:
         try:
             return cls(
                 fingerprint=Fingerprint.from_dict(_need(data, "fingerprint", "(root)")),
-                params={str(k): str(v) for k, v in _need(data, "params", "(root)").items()},
-                inputs={str(k): str(v) for k, v in data.get("inputs", {}).items()},
-                buffers={str(k): str(v) for k, v in data.get("buffers", {}).items()},
+                params={str(k): _placement_text(v, f"params.{k}") for k, v in _need(data, "params", "(root)").items()},
+                inputs={str(k): _placement_text(v, f"inputs.{k}") for k, v in data.get("inputs", {}).items()},
+                buffers={str(k): _placement_text(v, f"buffers.{k}") for k, v in data.get("buffers", {}).items()},
                 nodes=tuple(PlanNode.from_dict(n, f"nodes[{i}]") for i, n in enumerate(_need(data, "nodes", "(root)"))),
                 redistributions=tuple(Redistribution.from_dict(r, f"redistributions[{i}]")
                                       for i, r in enumerate(data.get("redistributions", []))),
@@ -304,3 +310,16 @@ def _bucket(data: Any, where: str) -> Bucket:
         return Bucket.from_dict(data)
     except ValueError as exc:
         raise PlanError(f"{where}: {exc}") from None
+
+
+def _placement_text(value: Any, where: str) -> str:
+    """A placement string that parses (``S(0)R``); PlanError naming the field otherwise."""
+    from costmodel.placements import PlacementParseError, parse_placements
+
+    if not isinstance(value, str):
+        raise PlanError(f"{where}: expected a placement string like 'S(0)R', got {value!r}")
+    try:
+        parse_placements(value)
+    except (PlacementParseError, ValueError) as exc:
+        raise PlanError(f"{where}: {exc}") from None
+    return value

@@ -41,7 +41,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-edges", default="4000000", metavar="N", help="problem edges limit (413)")
     parser.add_argument("--max-time-limit", default="600", metavar="S", help="largest time limit a job may ask")
     parser.add_argument("--time-limit", default="60", metavar="S", help="time limit of problems that give none")
-    parser.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"))
+    parser.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"),
+                        help="server log level (default warning)")
 
 
 def _int(text: str, flag: str, low: int, high: int) -> int:

@@ -85,3 +85,48 @@ def test_errors_name_the_argument():
         op_time_s("matmul", flops=1, bytes_accessed=1, dtype="int4", profile=H100)
     with pytest.raises(ComputeError, match="nbytes"):
         local_copy_time_s(-1, H100)
+
+
+def _with_memory_curve(curve):
+    import dataclasses
+
+    eff = dataclasses.replace(H100.device.efficiency, memory=curve)
+    return dataclasses.replace(H100, device=dataclasses.replace(H100.device, efficiency=eff))
+
+
+def test_memory_curve_prices_cache_resident_working_sets_faster():
+    # 50 MB L2: working sets that fit stream at the full figure, larger ones at 40 %
+    profile = _with_memory_curve(((1e6, 1.0), (5e7, 1.0), (5e8, 0.4)))
+    small, large = 4e7, 4e9
+    t_small = op_time_s("elementwise", flops=0, bytes_accessed=small, dtype="bf16", profile=profile)
+    t_large = op_time_s("elementwise", flops=0, bytes_accessed=large, dtype="bf16", profile=profile)
+    assert t_small == pytest.approx(small / 3.35e12 + 5e-6)
+    assert t_large == pytest.approx(large / (3.35e12 * 0.4) + 5e-6)
+
+
+def test_memory_curve_interpolates_in_log_bytes_and_prices_copies():
+    from costmodel.compute import memory_efficiency
+
+    profile = _with_memory_curve(((1e4, 0.2), (1e6, 0.6)))
+    assert memory_efficiency(profile, 1e5) == pytest.approx(0.4)
+    assert memory_efficiency(profile, 1.0) == 0.2 and memory_efficiency(profile, 1e12) == 0.6
+    # a copy of n bytes moves 2n: the curve is read at its working set, 2n
+    assert local_copy_time_s(5e4, profile) == pytest.approx(1e5 / (3.35e12 * 0.4) + 5e-6)
+
+
+def test_scalar_memory_efficiency_is_the_same_at_every_size():
+    for nbytes in (1e3, 1e6, 1e9):
+        t = op_time_s("copy", flops=0, bytes_accessed=nbytes, dtype="bf16", profile=H100)
+        assert t == pytest.approx(nbytes / (3.35e12 * 0.85) + 5e-6)
+
+
+def test_vector_efficiency_prices_elementwise_flops_when_the_profile_has_one():
+    import dataclasses
+
+    eff = dataclasses.replace(H100.device.efficiency, vector=0.01)
+    profile = dataclasses.replace(H100, device=dataclasses.replace(H100.device, efficiency=eff))
+    flops, nbytes = 5e9, 8e9  # silu-like: 5 FLOPs per 8 bytes
+    t = op_time_s("elementwise", flops=flops, bytes_accessed=nbytes, dtype="bf16", profile=profile)
+    assert t == pytest.approx(flops / (6.7e13 * 0.01) + 5e-6)  # the fp32 (vector) peak, 1 % of it
+    assert op_time_s("elementwise", flops=flops, bytes_accessed=nbytes, dtype="bf16", profile=H100) == pytest.approx(
+        nbytes / (3.35e12 * 0.85) + 5e-6)  # without it: memory-bound, as before

@@ -148,9 +148,10 @@ _LATENCY_CASES = [
 
 @pytest.mark.parametrize(
     "profile,mesh_shape,src,dst",
-    [(p, *case) for p in (H100, A100) for case in _LATENCY_CASES]
-    # cpu-gloo was measured on 4 ranks: only its 2x2 cases are meaningful
-    + [(load("cpu-gloo"), *case) for case in _LATENCY_CASES[:3]],
+    # datasheet profiles only: on the measured cpu-gloo host one 4-rank gloo collective
+    # costs more than two 2-rank ones (benchmarks/calibration_report.md), so fusing
+    # rightly does not win there; test_fused_search_is_never_worse_than_unfused still holds
+    [(p, *case) for p in (H100, A100) for case in _LATENCY_CASES],
     ids=lambda v: getattr(v, "name", None),
 )
 def test_fused_plans_strictly_cheaper_than_unfused_when_latency_matters(profile, mesh_shape, src, dst):

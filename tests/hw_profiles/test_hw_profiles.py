@@ -131,3 +131,56 @@ def test_load_by_path_reads_an_edited_file_again(tmp_path):
 
     os.utime(path, ns=(1, 2_000_000_000_000_000_000))
     assert load(path).device.launch_s == 7e-6
+
+
+# -- measured profiles: memory curve, calibration metadata, plausibility -------------
+
+
+def test_memory_efficiency_may_be_a_curve_over_the_working_set():
+    data = _raw("h100-sxm-80gb")
+    data["device"]["efficiency"]["memory"] = [[4096, 0.3], [5e7, 1.0], [1e9, 0.8]]
+    profile = load_dict(data)
+    assert profile.device.efficiency.memory_curve == ((4096.0, 0.3), (5e7, 1.0), (1e9, 0.8))
+    assert profile.to_dict() == data  # round-trips in the curve form
+    assert load("h100-sxm-80gb").device.efficiency.memory_curve == ((1.0, 0.85),)  # the scalar form stays valid
+
+
+def test_calibration_ranks_and_vector_efficiency_round_trip():
+    data = _raw("h100-sxm-80gb")
+    data["calibration"]["ranks"] = 4
+    data["device"]["efficiency"]["vector"] = 0.05
+    profile = load_dict(data)
+    assert profile.calibration.ranks == 4 and profile.device.efficiency.vector == 0.05
+    assert profile.to_dict() == data
+    assert load("h100-sxm-80gb").device.efficiency.vector is None
+
+
+@pytest.mark.parametrize(
+    "path,value,field",
+    [
+        (("device", "efficiency", "memory"), [[1e9, 0.8], [4096, 0.3]], "device.efficiency.memory"),
+        (("device", "efficiency", "memory"), [[4096, 1.3]], "device.efficiency.memory"),
+        (("device", "launch_s"), float("nan"), "device.launch_s"),
+        (("device", "memory_bandwidth_Bps"), float("inf"), "device.memory_bandwidth_Bps"),
+        (("device", "memory_bandwidth_Bps"), 1e20, "device.memory_bandwidth_Bps"),
+        (("device", "peak_flops", "fp32"), 0.0, "device.peak_flops.fp32"),
+        (("device", "peak_flops", "bf16"), 1e30, "device.peak_flops.bf16"),
+        (("device", "launch_s"), 60.0, "device.launch_s"),
+        (("device", "memory_bytes"), 0, "device.memory_bytes"),
+        (("interconnect", 0, "collectives", "all_reduce", "beta_s_per_byte"), 0.0,
+         "interconnect[0].collectives.all_reduce.beta_s_per_byte"),
+        (("interconnect", 0, "collectives", "all_gather", "alpha_s"), float("nan"),
+         "interconnect[0].collectives.all_gather.alpha_s"),
+        (("calibration", "fit_error", "all_reduce"), -0.1, "calibration.fit_error.all_reduce"),
+        (("device", "efficiency", "vector"), 0.0, "device.efficiency.vector"),
+    ],
+)
+def test_absurd_figures_are_refused_naming_the_field(tmp_path, path, value, field):
+    bad = tmp_path / "bad.json"
+    data = _mutate(path, value)
+    bad.write_text(json.dumps(data))  # NaN / Infinity are written as JSON's extension tokens
+    with pytest.raises(ProfileError) as info:
+        load(bad)
+    assert str(info.value).startswith(f"{bad}: {field}"), str(info.value)
+    with pytest.raises(ProfileError, match=field.replace("[", r"\[").replace("]", r"\]").replace(".", r"\.")):
+        validate(data)

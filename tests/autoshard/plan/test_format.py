@@ -69,3 +69,21 @@ def test_bad_plan_files_get_one_clear_error(tmp_path, text, message) -> None:
 def test_fingerprint_is_stable_for_the_same_model(dp_mlp) -> None:
     again = make_fingerprint(dp_mlp.traced, (2, 2), ("dp", "tp"), load("h100-sxm-80gb"))
     assert again == dp_mlp.fingerprint and again.graph.startswith("sha256:")
+
+
+def test_a_placement_that_does_not_parse_is_refused_naming_its_field(tmp_path):
+    from autoshard.plan.format import Plan, PlanError
+    from autoshard.plan.solve import prepare, solve_prepared
+    from examples.models import mlp
+
+    plan = solve_prepared(prepare(*mlp.tiny(device="meta"), (2,), ("dp",), profile="cpu-gloo"), time_limit=5)
+    for path, value, field in ((("params", "layers.0.w1.weight"), "S(0", "params.layers.0.w1.weight"),
+                               (("params", "layers.0.w1.bias"), None, "params.layers.0.w1.bias"),
+                               (("nodes", 0, "in", 0), "X", r"nodes\[0\].in\[0\]")):
+        data = plan.to_dict()
+        target = data
+        for key in path[:-1]:
+            target = target[key]
+        target[path[-1]] = value
+        with pytest.raises(PlanError, match=field):
+            Plan.from_dict(data)

@@ -1,0 +1,175 @@
+"""``--nproc-per-node N``: start the ranks of a one-host job ourselves,
+instead of ``torchrun``.
+
+Why a launcher of our own: under ``torchrun`` a Ctrl-C or a failed rank ends
+with torchrun's own tracebacks and summaries, however carefully the ranks
+behave. Here the parent starts ``N`` child processes with torchrun's
+environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``,
+``MASTER_ADDR``, ``MASTER_PORT``), so each child runs exactly what a
+torchrun rank runs, and the parent alone reports the outcome in one line:
+
+* a child that fails writes its one-line error to a status folder and exits
+  non-zero; the parent stops the others (SIGTERM, then SIGKILL), prints the
+  first error and exits 1;
+* Ctrl-C reaches every process of the foreground group; children exit
+  quietly (code 130), the parent waits for them, prints one line and exits
+  130;
+* either way the previous profile is untouched (only rank 0 writes, at the
+  very end, atomically) and any temporary file of an interrupted write is
+  removed.
+
+>>> _free_port() > 0
+True
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["CHILD_ENV", "ARGS_ENV", "spawn", "child_main", "unchanged_text"]
+
+CHILD_ENV = "AUTOSHARD_CALIBRATE_STATUS_DIR"
+"""Set in children: the folder where a failing child writes its error line."""
+ARGS_ENV = "AUTOSHARD_CALIBRATE_ARGS"
+"""Set in children: the parsed command line, as JSON."""
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def unchanged_text(path: str | None) -> str:
+    """What an aborted run says about its output file.
+
+    >>> unchanged_text(None), unchanged_text("/no/such.json")
+    ('nothing written', 'nothing written to /no/such.json')
+    """
+    if not path:
+        return "nothing written"
+    return f"{path} left unchanged" if os.path.exists(path) else f"nothing written to {path}"
+
+
+def _stop(procs: list[subprocess.Popen], first: int | None = None, grace_s: float = 10.0) -> None:
+    """Send ``first`` (if any) to the children still running, wait up to
+    ``grace_s``, then SIGTERM, then SIGKILL."""
+    for sig, wait_s in ((first, grace_s), (signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+        alive = [p for p in procs if p.poll() is None]
+        if not alive:
+            return
+        if sig is not None:
+            for p in alive:
+                try:
+                    p.send_signal(sig)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline and any(p.poll() is None for p in alive):
+            time.sleep(0.05)
+
+
+def _remove_strays(targets: list[str], since: float) -> None:
+    """Temporary files of an interrupted atomic write (``solver.io``'s
+    ``.NAME.XXXX.tmp`` beside the target) created by this run."""
+    for target in targets:
+        path = Path(target)
+        for tmp in path.parent.glob(f".{path.name}.*.tmp"):
+            try:
+                if tmp.stat().st_mtime >= since - 1:
+                    tmp.unlink()
+            except OSError:
+                pass
+
+
+def _first_error(folder: str, codes: list[int | None]) -> str:
+    errors = []
+    for entry in Path(folder).glob("rank*.err"):
+        try:
+            errors.append((entry.stat().st_mtime, entry.read_text().strip()))
+        except OSError:
+            continue
+    if errors:
+        return min(errors)[1]
+    bad = [(r, c) for r, c in enumerate(codes) if c not in (0, None)]
+    return f"rank {bad[0][0]} exited with code {bad[0][1]}" if bad else "a rank stopped"
+
+
+def spawn(args: Any, nproc: int, command: str) -> int:
+    """Run ``nproc`` ranks of ``autoshard calibrate-hardware`` on this host
+    (module docstring); returns the exit code."""
+    payload = {k: v for k, v in vars(args).items() if not k.startswith("_") and k != "nproc_per_node"}
+    payload["command_line"] = command
+    folder = tempfile.mkdtemp(prefix="autoshard-calibrate-")
+    targets = [p for p in (args.output, args.report, args.plot, args.measurements) if p]
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE=str(nproc),
+               LOCAL_WORLD_SIZE=str(nproc), GROUP_RANK="0", ROLE_RANK="0", **{CHILD_ENV: folder,
+                                                                              ARGS_ENV: json.dumps(payload)})
+    started = time.time()
+    procs: list[subprocess.Popen] = []
+    # explicit handlers: a parent started with SIGINT ignored (a background job of a script) still stops its ranks
+    previous = {sig: signal.signal(sig, _raise_interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        for rank in range(nproc):
+            procs.append(subprocess.Popen([sys.executable, "-m", "autoshard.calibrate.launch"],
+                                          env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)}))
+        while any(p.poll() is None for p in procs):
+            if any(p.poll() not in (None, 0) for p in procs):
+                _stop(procs, None, grace_s=3.0)  # the others fail on their own once a peer is gone
+                break
+            time.sleep(0.05)
+        codes = [p.wait() for p in procs]
+        if all(c == 0 for c in codes):
+            return 0
+        if 130 in codes and not list(Path(folder).glob("rank*.err")):
+            raise KeyboardInterrupt("a rank was interrupted")
+        print(f"autoshard calibrate-hardware: {_first_error(folder, codes)}; {unchanged_text(args.output)}",
+              file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        _stop(procs, signal.SIGINT)
+        print(f"autoshard calibrate-hardware: interrupted; {unchanged_text(args.output)}", file=sys.stderr)
+        return 130
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        _stop(procs, signal.SIGTERM)
+        _remove_strays(targets, started)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def child_main() -> int:
+    """Entry of one child rank: run the rank with the parent's arguments;
+    report a failure in the status folder instead of printing it."""
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        import argparse
+
+        from autoshard.calibrate.cli import run_rank
+
+        data = json.loads(os.environ[ARGS_ENV])
+        command = data.pop("command_line", "")
+        return run_rank(argparse.Namespace(**data), command=command)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    code = child_main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # no interpreter teardown: a rank whose peers are gone must not hang in atexit handlers

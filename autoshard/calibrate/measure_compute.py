@@ -1,0 +1,304 @@
+"""What the device computes, as the cost model needs it: the points that
+``autoshard.calibrate.fit`` turns into a profile's device figures.
+
+Why these five families: ``costmodel.compute`` prices an op as
+``max(F / (P * e(F)), B / (W * e_mem(B))) + launch``, so a profile needs
+
+* ``launch``: the floor of any op: the median of 1-element calls of add,
+  mul by a Python scalar, neg and sum;
+* ``matmul``: GEMMs over sizes (square and the skinny shapes of activations
+  times weights and of weight gradients) in the primary dtype (fp32 on CPU,
+  bf16 on GPU) for the efficiency curve ``e(F)``, and a few large ones in the
+  other dtypes for their peaks;
+* ``memory``: out-of-place adds and copies (what a training step's
+  elementwise ops and re-layouts do, allocation included) over working sets
+  from a few KiB to hundreds of MiB, for the bandwidth curve ``e_mem(B)``:
+  working sets that fit a cache (CPU L1/L2, a GPU's L2) stream several times
+  faster than DRAM/HBM;
+* ``vector``: compute-heavy ops (silu, gelu, softmax, layer norm) for
+  the vector efficiency: the rate at which elementwise FLOPs (as the rules
+  count them) run, far below a CPU's GEMM peak;
+* ``attention``: the backend's fused scaled-dot-product attention, forward
+  and backward, causal as in decoder LLMs, for the attention curve.
+
+Every sample records the FLOPs and bytes that ``autoshard.rules.compute``
+counts for the same op, so the fit and the cost model agree on units. Ops
+are called as ATen op overloads (``torch.ops.aten.add.Tensor``), as the
+runtime's per-rank graph calls them: that path costs ~0.6 us more per call
+on CPU than ``torch.add``.
+
+>>> from autoshard.calibrate.timing import Job
+>>> items = compute_items(Job.single(), "tiny")
+>>> sorted({i.label.split()[0] for i in items})
+['attention', 'launch', 'matmul', 'memory', 'vector']
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from autoshard.calibrate.timing import Job, Settings, measure
+
+__all__ = ["MODES", "ComputeSample", "Item", "compute_items", "reference_items", "primary_dtype", "available_bytes"]
+
+MODES = ("full", "quick", "tiny")
+
+aten = torch.ops.aten
+
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "tf32": torch.float32}
+
+
+@dataclass(frozen=True, slots=True)
+class ComputeSample:
+    """One measured op."""
+
+    kind: str
+    """``launch``, ``matmul``, ``memory``, ``vector`` or ``attention``."""
+    op: str
+    """What ran (``mm``, ``add``, ``clone``, ``sdpa_fwd``, ``sdpa_bwd``)."""
+    shape: str
+    """Its sizes, e.g. ``512x512x512`` (m x k x n) or ``1048576``."""
+    dtype: str
+    """Short dtype key (``fp32``, ``bf16``, ...)."""
+    flops: float
+    bytes_accessed: float
+    seconds: float
+    spread: float
+    """(max - min) / median of the kept trials."""
+
+    def with_seconds(self, seconds: float) -> "ComputeSample":
+        return dataclasses.replace(self, seconds=seconds)
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "op": self.op, "shape": self.shape, "dtype": self.dtype, "flops": self.flops,
+                "bytes_accessed": self.bytes_accessed, "seconds": self.seconds, "spread": self.spread}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "ComputeSample":
+        return cls(**data)
+
+
+@dataclass(frozen=True, slots=True)
+class Item:
+    """One unit of measurement work, for the progress bar."""
+
+    label: str
+    weight: float
+    """Rough seconds it takes, so that the progress bar's ETA means something."""
+    run: Callable[[Job, Settings], list]
+    repeat: bool = True
+    """Measured in every pass (short items, where a burst of outside load
+    matters); long items, which average over seconds anyway, once."""
+
+
+def primary_dtype(job: Job) -> str:
+    """The dtype of the efficiency curves: bf16 on GPUs (what models train in),
+    fp32 on CPU (where bf16 GEMMs are a special path).
+
+    >>> primary_dtype(Job.single())
+    'fp32'
+    """
+    return "bf16" if job.is_cuda else "fp32"
+
+
+def available_bytes(job: Job) -> int:
+    """Memory one rank may use for buffers: a quarter of what is free on its
+    device, shared by the ranks of the host on CPU.
+
+    >>> available_bytes(Job.single()) > 2**20
+    True
+    """
+    if job.is_cuda:
+        free, _ = torch.cuda.mem_get_info(job.device)
+        return int(free) // 4
+    try:
+        with open("/proc/meminfo") as handle:
+            fields = dict(line.split(":", 1) for line in handle)
+        free = int(fields["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        free = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    return free // (4 * max(job.local_world, 1))
+
+
+def _sizes(mode: str, job: Job) -> dict:
+    """Sizes measured per family. Attention shapes are ``(batch x heads, seq,
+    head_dim)`` as in decoder training (8-32 heads of 32-128 per batch row)."""
+    scale = 4 if job.is_cuda else 1
+    if mode == "full":
+        sizes = dict(square=[16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048],
+                     rect=[32, 64, 128, 256, 512], dtype=[128, 256, 512, 1024],
+                     memory=[2**k for k in range(8, 27)], vector=[2**12, 2**15, 2**18, 2**21, 2**24],
+                     attention=[(bh, s, d) for s in (64, 256, 1024) for d in (32, 64, 128) for bh in (16,)]
+                     + [(32, 128, 64), (32, 512, 64)])
+    elif mode == "quick":
+        sizes = dict(square=[16, 32, 64, 128, 256, 512, 1024], rect=[64, 256], dtype=[256, 512],
+                     memory=[2**k for k in range(8, 25)], vector=[2**14, 2**18, 2**22],
+                     attention=[(16, 128, 32), (16, 512, 64), (32, 256, 128)])
+    elif mode == "tiny":
+        sizes = dict(square=[16, 64, 128], rect=[], dtype=[64], memory=[2**8, 2**12, 2**16], vector=[2**12],
+                     attention=[(4, 64, 32)])
+    else:
+        raise ValueError(f"mode: expected one of {', '.join(MODES)}, got {mode!r}")
+    if scale > 1:
+        sizes["square"] = [s * scale for s in sizes["square"]]
+        sizes["rect"] = [s * scale for s in sizes["rect"]]
+        sizes["dtype"] = [s * scale for s in sizes["dtype"]]
+        sizes["memory"] = sizes["memory"] + [sizes["memory"][-1] * 4, sizes["memory"][-1] * 16]
+        sizes["attention"] = [(bh, s * scale, d) for bh, s, d in sizes["attention"]]
+    budget = available_bytes(job)
+    sizes["memory"] = [n for n in sizes["memory"] if 3 * 4 * n <= budget]
+    sizes["vector"] = [n for n in sizes["vector"] if 2 * 4 * n <= budget]
+    return sizes
+
+
+_LAUNCH_OPS = {
+    "add": lambda x: aten.add.Tensor(x, x),
+    "mul_scalar": lambda x: aten.mul.Tensor(x, 0.5),  # a Python scalar costs a wrapped tensor per call
+    "neg": lambda x: aten.neg.default(x),
+    "sum": lambda x: aten.sum.default(x),
+}
+"""1-element calls of common ops; the launch floor is their median."""
+
+
+def _launch_item(op: str) -> Item:
+    def run(job: Job, settings: Settings) -> list[ComputeSample]:
+        x = torch.ones(1, device=job.device)
+        t = measure(job, lambda: _LAUNCH_OPS[op](x), settings)
+        return [ComputeSample("launch", op, "1", "fp32", 1.0, 8.0, t.seconds, t.spread)]
+
+    return Item(f"launch {op} 1", 0.1, run)
+
+
+def _matmul_item(m: int, k: int, n: int, dtype: str) -> Item:
+    torch_dtype = _DTYPES[dtype]
+    flops = 2.0 * m * k * n
+
+    def run(job: Job, settings: Settings) -> list[ComputeSample]:
+        a = torch.randn(m, k, device=job.device, dtype=torch_dtype)
+        b = torch.randn(k, n, device=job.device, dtype=torch_dtype)
+        tf32 = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
+        try:
+            t = measure(job, lambda: aten.mm.default(a, b), settings)
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = tf32
+        nbytes = float(a.element_size() * (m * k + k * n + m * n))
+        return [ComputeSample("matmul", "mm", f"{m}x{k}x{n}", dtype, flops, nbytes, t.seconds, t.spread)]
+
+    return Item(f"matmul {dtype} {m}x{k}x{n}", 0.1 + flops / 2e10, run)
+
+
+def _memory_item(op: str, numel: int) -> Item:
+    tensors = 3 if op == "add" else 2
+
+    def run(job: Job, settings: Settings) -> list[ComputeSample]:
+        a = torch.randn(numel, device=job.device)
+        b = torch.randn(numel, device=job.device)
+        fn = (lambda: aten.add.Tensor(a, b)) if op == "add" else (lambda: aten.clone.default(a))
+        t = measure(job, fn, settings)
+        return [ComputeSample("memory", op, str(numel), "fp32", float(numel) if op == "add" else 0.0,
+                              float(tensors * 4 * numel), t.seconds, t.spread)]
+
+    return Item(f"memory {op} {numel}", 0.1 + tensors * 4 * numel / 2e9, run)
+
+
+_VECTOR_OPS = {
+    "silu": (aten.silu.default, lambda a, w: (a,)),
+    "gelu": (aten.gelu.default, lambda a, w: (a,)),
+    "softmax": (aten._softmax.default, lambda a, w: (a, -1, False)),
+    "layer_norm": (aten.native_layer_norm.default, lambda a, w: (a, [a.shape[-1]], w, w, 1e-5)),
+}
+"""The compute-heavy ops of transformer training graphs (activations,
+softmax, normalisation) for the vector efficiency; rows of 256, FLOPs and
+bytes as the rules count them."""
+
+
+def _vector_item(op: str, numel: int) -> Item:
+    def run(job: Job, settings: Settings) -> list[ComputeSample]:
+        from autoshard.rules import load_rules
+        from autoshard.rules.core import to_meta
+
+        fn, make_args = _VECTOR_OPS[op]
+        a = torch.randn(max(1, numel // 256), 256, device=job.device)
+        args = make_args(a, torch.randn(256, device=job.device))
+        work = load_rules().compute_kind(fn, to_meta(args), {})
+        t = measure(job, lambda: fn(*args), settings)
+        return [ComputeSample("vector", op, f"{a.shape[0]}x256", "fp32", work.flops, work.bytes_accessed, t.seconds,
+                              t.spread)]
+
+    return Item(f"vector {op} {numel}", 0.1 + numel / 5e8, run)
+
+
+def _attention_item(batch_heads: int, seq: int, head_dim: int, dtype: str, backward: bool) -> Item:
+    batch, heads = max(1, batch_heads // 8), min(batch_heads, 8)
+    torch_dtype = _DTYPES[dtype]
+    fwd_flops = 4.0 * batch * heads * seq * seq * head_dim  # autoshard.rules.compute.attention_compute
+    flops = fwd_flops * (2.5 if backward else 1.0)
+    shape = f"{batch}x{heads}x{seq}x{head_dim}"
+
+    def run(job: Job, settings: Settings) -> list[ComputeSample]:
+        q, k, v = (torch.randn(batch, heads, seq, head_dim, device=job.device, dtype=torch_dtype,
+                               requires_grad=backward) for _ in range(3))
+        itemsize = q.element_size()
+        act = batch * heads * seq * head_dim * itemsize
+        lse = batch * heads * seq * 4
+        if backward:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            grad = torch.randn_like(out)
+
+            def fn() -> object:
+                return torch.autograd.grad(out, (q, k, v), grad, retain_graph=True)
+
+            nbytes = 8.0 * act + lse  # grad_out, q, k, v, out, lse in; 3 grads out
+        else:
+            def fn() -> object:
+                with torch.no_grad():
+                    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+            nbytes = 4.0 * act + lse
+        t = measure(job, fn, settings)
+        op = "sdpa_bwd" if backward else "sdpa_fwd"
+        return [ComputeSample("attention", op, shape, dtype, flops, nbytes, t.seconds, t.spread)]
+
+    return Item(f"attention {'bwd' if backward else 'fwd'} {shape}", 0.1 + flops / 1e10, run)
+
+
+def reference_items(job: Job) -> list[Item]:
+    """A few items of the fit set (launch, two GEMMs, adds and a copy), which
+    the accuracy check measures again: how far they moved tells how much
+    the machine itself changed since the calibration (other load on a
+    shared host), apart from any model error."""
+    dtype = primary_dtype(job)
+    scale = 4 if job.is_cuda else 1
+    return [_launch_item("add"), _matmul_item(256 * scale, 256 * scale, 256 * scale, dtype),
+            _matmul_item(512 * scale, 512 * scale, 512 * scale, dtype), _memory_item("add", 2**16),
+            _memory_item("add", 2**20), _memory_item("clone", 2**18)]
+
+
+def compute_items(job: Job, mode: str) -> list[Item]:
+    """The compute measurements of a calibration in ``mode`` (``full``,
+    ``quick``, or ``tiny`` for tests), sized for ``job``'s device and memory."""
+    sizes = _sizes(mode, job)
+    dtype = primary_dtype(job)
+    items = [_launch_item(op) for op in _LAUNCH_OPS]
+    for s in sizes["square"]:
+        items.append(_matmul_item(s, s, s, dtype))
+    for s in sizes["rect"]:  # activations x weight, weight gradient (long k), wide output
+        items += [_matmul_item(4 * s, s, s, dtype), _matmul_item(s, 4 * s, s, dtype), _matmul_item(s, s, 4 * s, dtype)]
+    others = ["fp32", "tf32", "fp16"] if job.is_cuda else ["bf16", "fp16"]
+    for other in others:
+        for s in sizes["dtype"]:
+            items.append(_matmul_item(s, s, s, other))
+    for numel in sizes["memory"]:
+        items += [_memory_item("add", numel), _memory_item("clone", numel)]
+    for numel in sizes["vector"]:
+        items += [_vector_item(op, numel) for op in _VECTOR_OPS]
+    for bh, seq, head_dim in sizes["attention"]:
+        items += [_attention_item(bh, seq, head_dim, dtype, False), _attention_item(bh, seq, head_dim, dtype, True)]
+    return items

@@ -1,0 +1,315 @@
+"""JSON Schemas (draft 2020-12) of the plan file (``autoshard.plan/1``) and of the
+``"autoshard"`` section of a dumped problem (``autoshard.plan_request/1``).
+
+Why: the plan is the one file that crosses from the solve to the runtime,
+and people diff it, review it and feed it to their own tools. A schema lets
+those tools check it without importing autoshard. The loaders
+(:meth:`autoshard.plan.format.Plan.from_dict`,
+:meth:`autoshard.plan.assemble.PlanRequest.from_dict`) remain the authority
+and check what a schema cannot (a fingerprint matching the model in hand,
+strategy lists matching the problem); ``docs/schemas/generate.py`` writes
+these dicts to ``docs/schemas/`` and ``tests/test_docs.py`` checks them
+against plans the code writes. Torch-free, like the plan format itself.
+
+Placements are checked against the text form the code writes
+(``costmodel.placements.format_placements``: one entry per mesh dim, no
+spaces), e.g. ``S(0)R``, ``P(sum)_S(1,sf=2)``. Unknown keys are refused, as
+in ``solver.schemas``.
+
+>>> import jsonschema
+>>> jsonschema.Draft202012Validator(PLACEMENT).is_valid("S(0)P(sum)")
+True
+>>> jsonschema.Draft202012Validator(PLACEMENT).is_valid("S(0) x")
+False
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from costmodel.placements import REDUCE_OPS
+from costmodel.steps import COLLECTIVE_STEPS, LOCAL_STEPS
+from hw_profiles import SCHEMA as PROFILE_SCHEMA
+from solver.schemas import DRAFT
+from solver.solution import Status
+
+from autoshard.plan.assemble import ASSEMBLY_FORMAT, REQUEST_FORMAT
+from autoshard.plan.format import FORMAT as PLAN_FORMAT
+
+__all__ = ["PLACEMENT", "PLAN_SCHEMA", "PLAN_REQUEST_SCHEMA"]
+
+_ONE = r"R|S\(-?[0-9]+\)|_S\(-?[0-9]+,sf=[1-9][0-9]*\)|P\((" + "|".join(REDUCE_OPS) + r")\)"
+
+PLACEMENT: dict[str, Any] = {
+    "type": "string",
+    "pattern": f"^({_ONE})+$",
+    "description": "One placement per mesh dim, concatenated: R, S(d), _S(d,sf=k), P(sum|avg|max|min).",
+}
+"""Schema of one tensor's placements on the mesh (``S(0)R``)."""
+
+_PLACE = {"$ref": "#/$defs/placement"}
+_PLACEMENT_OR_NULL = {"anyOf": [_PLACE, {"type": "null"}]}
+_INDEX = {"type": "integer", "minimum": 0}
+_SECONDS = {"type": "number", "minimum": 0}
+_BYTES = {"type": "number", "minimum": 0}
+_NAMES = {"type": "object", "additionalProperties": _PLACE}
+_NUMBERS = {"type": "object", "additionalProperties": {"type": "number"}}
+
+_FINGERPRINT = {
+    "type": "object",
+    "required": ["graph", "mesh", "profile"],
+    "properties": {
+        "graph": {"type": "string", "description": "sha256:<hex> of the traced joint graph."},
+        "mesh": {
+            "type": "object",
+            "required": ["shape", "dim_names"],
+            "properties": {
+                "shape": {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 1}},
+                "dim_names": {"type": "array", "items": {"type": "string"}},
+            },
+            "additionalProperties": False,
+        },
+        "profile": {"type": "string", "description": "<name>@sha256:<hex> of the hardware profile."},
+        "torch": {"type": "string"},
+        "autoshard": {"type": "string"},
+    },
+    "additionalProperties": False,
+}
+
+_STEP = {
+    "type": "object",
+    "required": ["collective", "mesh_dims", "bytes"],
+    "properties": {
+        "collective": {"enum": list(COLLECTIVE_STEPS + LOCAL_STEPS)},
+        "mesh_dims": {
+            "type": "array",
+            "minItems": 1,
+            "items": _INDEX,
+            "description": "Several: one collective on the flattened group of these mesh dims.",
+        },
+        "bytes": {**_INDEX, "description": "Per-rank buffer the step is priced on (largest rank)."},
+        "cost_s": _SECONDS,
+        "src": _PLACE,
+        "dst": _PLACE,
+        "tensor_dim": {"type": "integer"},
+        "split_tensor_dim": {"type": "integer"},
+        "reduce_op": {"enum": list(REDUCE_OPS)},
+        "split_factor": {"type": "integer", "minimum": 1},
+        "relayout_s": _SECONDS,
+    },
+    "additionalProperties": False,
+}
+
+_NODE = {
+    "type": "object",
+    "required": ["name", "op", "out", "in"],
+    "properties": {
+        "name": {"type": "string", "description": "The fx node name in the traced joint graph."},
+        "op": {"type": "string", "description": "aten.mm.default, ..."},
+        "out": {
+            "anyOf": [_PLACE, {"type": "null"}, {"type": "array", "items": _PLACEMENT_OR_NULL}],
+            "description": "Placement of the output, or a list for several outputs (null: not a tensor).",
+        },
+        "in": {
+            "type": "array",
+            "items": _PLACEMENT_OR_NULL,
+            "description": "Required placement of each tensor input (null: data not read).",
+        },
+    },
+    "additionalProperties": False,
+}
+
+_REDISTRIBUTION = {
+    "type": "object",
+    "required": ["tensor", "to", "from", "to_placement", "steps"],
+    "properties": {
+        "tensor": {"type": "string", "description": "Producing node."},
+        "output": {**_INDEX, "description": "Which output of the producer (default 0)."},
+        "to": {"type": "string", "description": "Reading node."},
+        "input": {**_INDEX, "description": "Which tensor input of the reader (default 0)."},
+        "from": _PLACE,
+        "to_placement": _PLACE,
+        "steps": {"type": "array", "items": _STEP},
+        "cost_s": _SECONDS,
+    },
+    "additionalProperties": False,
+}
+
+_BUCKET = {
+    "type": "object",
+    "required": ["collective", "mesh_dims", "reduce_op", "dtype", "members", "bytes"],
+    "properties": {
+        "collective": {"enum": ["all_reduce", "reduce_scatter"]},
+        "mesh_dims": {"type": "array", "minItems": 1, "items": _INDEX},
+        "reduce_op": {"enum": list(REDUCE_OPS)},
+        "dtype": {"type": "string", "description": "torch.float32, ...: the flat buffer has one dtype."},
+        "members": {
+            "type": "array",
+            "minItems": 1,
+            "items": {"type": "string"},
+            "description": "Gradient sinks (grad:<fqn>) in buffer order.",
+        },
+        "bytes": _INDEX,
+        "cost_s": _SECONDS,
+    },
+    "additionalProperties": False,
+}
+
+_ESTIMATE = {
+    "type": "object",
+    "required": ["step_s", "compute_s", "comm_s", "peak_memory_bytes"],
+    "properties": {
+        "step_s": _SECONDS,
+        "compute_s": _SECONDS,
+        "comm_s": _SECONDS,
+        "relayout_s": _SECONDS,
+        "peak_memory_bytes": _BYTES,
+        "memory_limit_bytes": {"type": ["number", "null"], "minimum": 0},
+    },
+    "additionalProperties": False,
+}
+
+_SOLVER = {
+    "type": "object",
+    "required": ["backend", "status"],
+    "properties": {
+        "backend": {"type": "string"},
+        "status": {"enum": [s.value for s in Status]},
+        "gap": {"type": ["number", "null"], "minimum": 0},
+        "seconds": _SECONDS,
+        "variables": {**_INDEX, "description": "Problem nodes before reduction."},
+        "constraints": {**_INDEX, "description": "Problem edges before reduction."},
+        "reduced_variables": {"type": ["integer", "null"], "minimum": 0},
+        "timings": {**_NUMBERS, "description": "Seconds per phase: trace_s, build_s, solve_s, plan_s, ..."},
+    },
+    "additionalProperties": False,
+}
+
+PLAN_SCHEMA: dict[str, Any] = {
+    "$schema": DRAFT,
+    "title": PLAN_FORMAT,
+    "description": "A sharding plan: placements of every parameter, input and op, the redistributions "
+                   "between them with their collective steps, and the estimate (docs/formats.md).",
+    "type": "object",
+    "required": ["format", "fingerprint", "params", "nodes", "estimate", "solver"],
+    "properties": {
+        "format": {"const": PLAN_FORMAT},
+        "fingerprint": _FINGERPRINT,
+        "params": {**_NAMES, "description": "Every parameter name (tied aliases included) -> placement."},
+        "param_aliases": {"type": "object", "additionalProperties": {"type": "array", "items": {"type": "string"}}},
+        "inputs": {**_NAMES, "description": "Forward argument (or keyword) name -> placement."},
+        "buffers": _NAMES,
+        "nodes": {"type": "array", "items": _NODE},
+        "redistributions": {"type": "array", "items": _REDISTRIBUTION},
+        "estimate": _ESTIMATE,
+        "solver": _SOLVER,
+        "options": {"type": "object", "description": "How the plan was solved (optimizer, pins, baseline, ...)."},
+        "memory_timeline": {
+            "type": "array",
+            "items": {
+                "type": "array",
+                "prefixItems": [{"type": "integer"}, _BYTES],
+                "minItems": 2,
+                "maxItems": 2,
+            },
+            "description": "[time, bytes live] wherever the live memory changes.",
+        },
+        "buckets": {"type": "array", "items": _BUCKET},
+    },
+    "additionalProperties": False,
+    "$defs": {"placement": PLACEMENT},
+}
+
+_STRATEGY = {
+    "type": "array",
+    "prefixItems": [
+        {"type": "array", "items": _PLACEMENT_OR_NULL, "description": "Output placements."},
+        {"type": "array", "items": _PLACEMENT_OR_NULL, "description": "Input placements."},
+    ],
+    "minItems": 2,
+    "maxItems": 2,
+}
+
+_PROFILE = {key: value for key, value in PROFILE_SCHEMA.items() if key != "$schema"}
+
+_ASSEMBLY = {
+    "type": "object",
+    "required": ["format", "mesh", "profile", "strategy_lists", "nodes", "edges", "params", "inputs", "buffers"],
+    "properties": {
+        "format": {"const": ASSEMBLY_FORMAT},
+        "mesh": {
+            "type": "object",
+            "properties": {
+                "shape": {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 1}},
+                "dim_names": {"type": "array", "items": {"type": "string"}},
+                "strides": {"type": "array", "items": {"type": "integer", "minimum": 1}},
+            },
+            "additionalProperties": False,
+        },
+        "profile": {**_PROFILE, "description": "The whole hardware profile (hw_profile.schema.json)."},
+        "strategy_lists": {
+            "type": "array",
+            "items": {"type": "array", "items": _STRATEGY},
+            "description": "Distinct strategy lists, each written once: [[outputs], [inputs]] per strategy.",
+        },
+        "nodes": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["name", "kind", "target", "strategies"],
+                "properties": {
+                    "name": {"type": "string"},
+                    "kind": {"type": "string", "description": "op, param, buffer, input, tangent, grad, ..."},
+                    "target": {"type": "string", "description": "aten.mm.default for ops, else the tensor's name."},
+                    "strategies": {**_INDEX, "description": "Index into strategy_lists."},
+                },
+                "additionalProperties": False,
+            },
+            "description": "One per problem node, in the problem's order.",
+        },
+        "edges": {
+            "type": "array",
+            "items": {
+                "type": "array",
+                "prefixItems": [_INDEX, _INDEX, _INDEX, _INDEX, {"type": "array", "items": _INDEX}, _INDEX,
+                                {"type": "string"}],
+                "minItems": 7,
+                "maxItems": 7,
+            },
+            "description": "[src, dst, src output, dst input, global shape, itemsize, dtype], one per problem edge.",
+        },
+        "params": {"type": "object", "additionalProperties": _INDEX},
+        "inputs": {"type": "object", "additionalProperties": _INDEX},
+        "buffers": {"type": "object", "additionalProperties": _INDEX},
+        "param_aliases": {"type": "object", "additionalProperties": {"type": "array", "items": {"type": "string"}}},
+        "bucket_bytes": {**_INDEX, "description": "Gradient bucket cap; 0: no buckets."},
+    },
+    "additionalProperties": False,
+}
+
+PLAN_REQUEST_SCHEMA: dict[str, Any] = {
+    "$schema": DRAFT,
+    "title": REQUEST_FORMAT,
+    "description": "The \"autoshard\" section of a problem dumped by autoshard solve --dump-problem (the body of "
+                   "POST /v1/plans): what turns the problem's solution into a plan without torch (docs/formats.md).",
+    "type": "object",
+    "required": ["format", "fingerprint", "assembly", "options", "timings", "solve"],
+    "properties": {
+        "format": {"const": REQUEST_FORMAT},
+        "fingerprint": _FINGERPRINT,
+        "assembly": _ASSEMBLY,
+        "options": {"type": "object", "description": "Copied into the plan's options."},
+        "timings": {**_NUMBERS, "description": "Seconds of the stages before the solve (trace_s, build_s)."},
+        "solve": {
+            "type": "object",
+            "properties": {
+                "time_limit": {"type": "number", "exclusiveMinimum": 0},
+                "backend": {"type": "string"},
+                "gap": {"type": "number", "minimum": 0, "maximum": 1},
+            },
+            "description": "How autoshard solve ran the solver; the service's defaults for this request.",
+        },
+    },
+    "additionalProperties": False,
+    "$defs": {"placement": PLACEMENT},
+}

@@ -1,0 +1,139 @@
+"""``autoshard calibrate-hardware`` on 4 real gloo ranks (CPU).
+
+* a calibration under ``torchrun`` (test-sized ``--tiny`` set) writes a
+  profile that validates and loads, and its alpha-beta and compute fits
+  reproduce the measured times within the errors the profile stores;
+* SIGINT to the process group mid-run (``--nproc-per-node``) and a failed rank
+  leave the previous profile byte-identical, print one line, exit non-zero
+  and leave no temporary file;
+* ``--check`` on one process writes the accuracy report and the plot.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from autoshard.calibrate.fit import predict_compute
+from autoshard.calibrate.measure_compute import ComputeSample
+from costmodel.collectives import collective_time_s
+from costmodel.mesh import MeshSpec
+from hw_profiles import load
+
+ROOT = Path(__file__).resolve().parents[3]
+OLD = '{"previous": "profile"}\n'
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR")}
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    return {**env, **extra}
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "autoshard.cli", "calibrate-hardware", *args]
+
+
+def test_torchrun_tiny_calibration_writes_a_profile_whose_fits_hold(tmp_path):
+    out, raw = tmp_path / "cpu-test.json", tmp_path / "raw.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4", "-m",
+           "autoshard.cli", "calibrate-hardware", "-o", str(out), "--tiny", "--measurements", str(raw)]
+    done = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=150)
+    assert done.returncode == 0, done.stderr[-3000:]
+    profile = load(out)  # validates
+    assert profile.name == "cpu-test" and profile.source == "measured" and profile.calibration.ranks == 4
+    assert "one of 4 ranks" in profile.device.name
+    fit_error = dict(profile.calibration.fit_error)
+    data = json.loads(raw.read_text())
+    mesh = MeshSpec(tuple(data["mesh"]["shape"]), tuple(data["mesh"]["dim_names"]))
+    kinds = set()
+    for s in data["collectives"]:
+        predicted = collective_time_s(s["kind"], s["nbytes"], tuple(s["mesh_dims"]), mesh, profile)
+        bound = fit_error[f"loopback.{s['kind']}"]
+        assert abs(predicted - s["seconds"]) / s["seconds"] <= bound + 1e-9, s
+        kinds.add(s["kind"])
+    assert kinds == {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "permute"}
+    assert {tuple(s["mesh_dims"]) for s in data["collectives"]} == {(0,), (1,), (0, 1)}
+    for s in map(ComputeSample.from_dict, data["compute"]):
+        if s.kind in fit_error:
+            assert abs(predict_compute(s, profile) - s.seconds) / s.seconds <= fit_error[s.kind] + 1e-9, s
+
+
+def _collect(stream) -> list[str]:
+    """Lines of ``stream``, read by a thread as they come."""
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(iter(stream.readline, "")), daemon=True).start()
+    return lines
+
+
+def test_sigint_mid_run_leaves_the_old_profile_byte_identical(tmp_path):
+    out = tmp_path / "cpu.json"
+    out.write_text(OLD)
+    proc = subprocess.Popen(_cli("--nproc-per-node", "4", "-o", str(out), "--quick"), cwd=ROOT, env=_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    lines = _collect(proc.stderr)
+    try:
+        deadline = time.monotonic() + 90
+        while not any("measuring" in line for line in lines) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert any("measuring" in line for line in lines), lines
+        time.sleep(1.5)  # mid-run: the quick set takes ~30 s
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    time.sleep(0.2)
+    assert proc.returncode == 130
+    lines = [line.strip() for line in lines if line.strip() and "measuring" not in line]
+    assert lines == [f"autoshard calibrate-hardware: interrupted; {out} left unchanged"], lines
+    assert out.read_text() == OLD
+    assert [p.name for p in tmp_path.iterdir()] == ["cpu.json"]
+
+
+def test_failed_rank_leaves_the_old_profile_and_says_so_in_one_line(tmp_path):
+    out = tmp_path / "cpu.json"
+    out.write_text(OLD)
+    done = subprocess.run(_cli("--nproc-per-node", "4", "-o", str(out), "--tiny"), cwd=ROOT, capture_output=True,
+                          text=True, timeout=150, env=_env(AUTOSHARD_CALIBRATE_TEST_FAIL_RANK="2"))
+    assert done.returncode == 1
+    lines = [line for line in done.stderr.splitlines() if line.strip() and "measuring" not in line]
+    assert lines == [f"autoshard calibrate-hardware: rank 2: injected failure on rank 2 "
+                     f"(AUTOSHARD_CALIBRATE_TEST_FAIL_RANK); {out} left unchanged"], done.stderr
+    assert out.read_text() == OLD
+    assert [p.name for p in tmp_path.iterdir()] == ["cpu.json"]
+
+
+def test_check_writes_report_and_plot(tmp_path):
+    report, plot = tmp_path / "report.md", tmp_path / "check.png"
+    done = subprocess.run(_cli("--check", "cpu-gloo", "--tiny", "--report", str(report), "--plot", str(plot)),
+                          cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=150)
+    assert done.returncode == 0, done.stderr[-3000:]
+    text = report.read_text()
+    assert "| compute |" in text and "## Per kind" in text and "examples.models.llama3:tiny" in text
+    assert "## Drift of the machine since the calibration" in text  # fit-set items measured again
+    kinds = {line.split("|")[2].strip() for line in text.splitlines() if line.startswith("| compute | ")}
+    assert {"matmul", "elementwise", "attention"} <= kinds
+    assert plot.stat().st_size > 10_000 and plot.read_bytes()[:4] == b"\x89PNG"
+    assert text in done.stdout
+
+
+@pytest.mark.parametrize("args,message", [
+    ((), "give -o PROFILE.json"),
+    (("-o", "x.json", "--check", "cpu-gloo"), "-o and --check"),
+    (("--check", "no-such-profile"), "unknown name"),
+    (("-o", "/no/such/dir/x.json"), "does not exist"),
+    (("-o", "x.json", "--mesh", "2x"), "mesh"),
+])
+def test_bad_arguments_are_one_line_errors(args, message):
+    done = subprocess.run(_cli(*args), cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert len(done.stderr.strip().splitlines()) == 1 and message in done.stderr, done.stderr
