@@ -8,6 +8,7 @@ feasible solution. Not a test: run it and paste the table into the README.
     python benchmarks/solver_scaling.py                 # all sizes, both backends
     python benchmarks/solver_scaling.py --sizes 1000 --backends cbc
     python benchmarks/solver_scaling.py --ties          # with repeated-layer ties
+    python benchmarks/solver_scaling.py --reductions-only   # time the exact reductions alone
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from synthetic_graphs import transformer_problem  # noqa: E402
 
 from solver import solve  # noqa: E402
+from solver.reduction_kernels import compile_kernels  # noqa: E402
+from solver.reductions import reduce_problem  # noqa: E402
 
 NODES_PER_LAYER = 24
 LIMITS = {1000: 60.0, 10000: 60.0, 60000: 300.0}
@@ -41,7 +44,12 @@ def main() -> int:
     parser.add_argument("--ties", action="store_true", help="tie the same node of every layer")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--time-limit", type=float, default=None, help="override the per-size limits")
+    parser.add_argument("--reductions-only", action="store_true",
+                        help="time reduce_problem alone (best of --repeat runs), no search")
+    parser.add_argument("--repeat", type=int, default=3, help="runs per size with --reductions-only")
     args = parser.parse_args()
+    if args.reductions_only:
+        return time_reductions(args)
     rows = []
     for size in (int(s) for s in args.sizes.split(",")):
         t = time.perf_counter()
@@ -78,6 +86,27 @@ def main() -> int:
         print(f"| {r['nodes']} | {r['edges']} | {r['backend']} | {r['vars_after']} / {r['edges_after']} | "
               f"{r['columns_before']} -> {r['columns_after']} | {r['reduce_s']} | {r['build_s']} | "
               f"{r['first_feasible_s']} | {r['seconds']:.1f} | {r['status']} | {r['cost']:.6g} | {bound} | {gap} |")
+    print(f"\n{'with' if args.ties else 'without'} ties; {os.cpu_count()} cores, "
+          f"{platform.processor() or platform.machine()}, Python {platform.python_version()}")
+    return 0
+
+
+def time_reductions(args: argparse.Namespace) -> int:
+    """Reduction time per size: kernel compilation (first call in this process) apart, best of --repeat."""
+    compile_s = compile_kernels()
+    print(f"kernels compiled or loaded from numba's cache in {compile_s:.2f} s (not part of the times below)")
+    print("| nodes | edges | vars / edges after reduction | reduce s (best of {}) | all runs s | load avg |"
+          .format(args.repeat))
+    print("|" + "---|" * 6)
+    for size in (int(s) for s in args.sizes.split(",")):
+        problem = transformer_problem(layers=max(1, round(size / NODES_PER_LAYER)), seed=args.seed, ties=args.ties)
+        runs = []
+        for _ in range(args.repeat):
+            _, report = reduce_problem(problem)
+            runs.append(report.seconds)
+        after = report.after
+        print(f"| {problem.num_nodes} | {problem.num_edges} | {after.variables} / {after.edges} | {min(runs):.2f} | "
+              f"{', '.join(f'{r:.2f}' for r in runs)} | {os.getloadavg()[0]:.1f} |", flush=True)
     print(f"\n{'with' if args.ties else 'without'} ties; {os.cpu_count()} cores, "
           f"{platform.processor() or platform.machine()}, Python {platform.python_version()}")
     return 0

@@ -19,6 +19,10 @@ elimination of memory-free variables). Throughout:
 * ``constant`` collects costs that no longer depend on any choice and
   ``fixed_memory`` the memory terms of variables that have one value left.
 
+Arrays are replaced, never modified in place: the graph may share them with
+the problem (edge matrices) and slices of one buffer (unary costs, usages),
+and the reductions' flat views may share their buffers.
+
 Invariant kept by every operation: for every assignment of the remaining
 variables, ``total(graph) + constant`` equals the original objective of the
 reconstructed choice, and the memory at every time equals the original
@@ -99,25 +103,48 @@ class WorkingGraph:
     @classmethod
     def from_problem(cls, problem: Problem) -> "WorkingGraph":
         n = problem.num_nodes
+        nodes = problem.nodes
+        if n == 0:
+            return cls(0, {}, {}, {}, {}, {}, problem.memory_limit)
+        # One copy of all costs and usages; each node gets a slice of it.
+        sizes = np.fromiter((node.cost.shape[0] for node in nodes), dtype=np.int64, count=n)
+        bounds = np.concatenate([[0], np.cumsum(sizes)])
+        spans = list(zip(bounds[:-1].tolist(), bounds[1:].tolist()))
+        costs = np.concatenate([node.cost for node in nodes]).astype(np.float64, copy=False)
+        usage = np.concatenate([node.memory_bytes for node in nodes]).astype(np.float64, copy=False)
+        used = np.maximum.reduceat(usage, bounds[:-1]) > 0  # usage >= 0, so any() is max > 0
+        identity = np.arange(int(sizes.max()))
         graph = cls(
             num_original_nodes=n,
-            unary={i: node.cost.copy() for i, node in enumerate(problem.nodes)},
+            unary={i: costs[a:b] for i, (a, b) in enumerate(spans)},
             edges={},
             neighbours={i: set() for i in range(n)},
-            memory={},
-            members={i: [Member(i, np.arange(node.num_strategies))] for i, node in enumerate(problem.nodes)},
+            memory={i: [] for i in range(n)},
+            members={i: [Member(i, identity[: b - a])] for i, (a, b) in enumerate(spans)},
             memory_limit=problem.memory_limit,
         )
-        for i, node in enumerate(problem.nodes):
-            terms = []
-            if node.memory_bytes.any():
-                if node.live is None:
-                    terms.append(MemoryTerm(None, None, node.memory_bytes.copy()))
-                elif node.live[0] < node.live[1]:
-                    terms.append(MemoryTerm(node.live[0], node.live[1], node.memory_bytes.copy()))
-            graph.memory[i] = terms
+        for i in np.flatnonzero(used).tolist():
+            live, (a, b) = nodes[i].live, spans[i]
+            if live is None:
+                graph.memory[i].append(MemoryTerm(None, None, usage[a:b]))
+            elif live[0] < live[1]:
+                graph.memory[i].append(MemoryTerm(live[0], live[1], usage[a:b]))
+        edges, neighbours = graph.edges, graph.neighbours
         for edge in problem.edges:
-            graph.add_edge(edge.src, edge.dst, edge.cost)
+            u, w, mat = edge.src, edge.dst, edge.cost
+            if u == w:
+                graph.add_edge(u, w, mat)
+                continue
+            key = (u, w) if u < w else (w, u)
+            if u > w:
+                mat = mat.T
+            existing = edges.get(key)
+            # The problem's own matrix is shared (nothing modifies it in place);
+            # a transposed one is copied so that stored matrices stay row-major
+            # float64 (the reduction kernels are compiled for that).
+            edges[key] = np.ascontiguousarray(mat, dtype=np.float64) if existing is None else existing + mat
+            neighbours[u].add(w)
+            neighbours[w].add(u)
         return graph
 
     # -- queries -----------------------------------------------------------
@@ -146,7 +173,7 @@ class WorkingGraph:
         return var if var in self.unary else None
 
     def num_choices(self) -> int:
-        return sum(int(c.shape[0]) for c in self.unary.values())
+        return sum(map(len, self.unary.values()))
 
     # -- edits (each keeps the invariant) ----------------------------------
     def add_edge(self, u: int, w: int, matrix: np.ndarray) -> None:
@@ -170,19 +197,43 @@ class WorkingGraph:
 
     def restrict(self, var: int, keep: np.ndarray) -> None:
         """Keep only the values ``keep`` (indices into the current domain) of ``var``."""
-        self.unary[var] = self.unary[var][keep]
+        self.unary[var] = self.unary[var].take(keep)
         for term in self.memory[var]:
-            term.usage = term.usage[keep]
+            term.usage = term.usage.take(keep)
         for member in self.members[var]:
-            member.table = member.table[keep]
+            member.table = member.table.take(keep)
+        edges = self.edges
         for other in self.neighbours[var]:
-            key = (var, other) if var < other else (other, var)
-            mat = self.edges[key]
-            self.edges[key] = mat[keep, :] if var < other else mat[:, keep]
+            # take() keeps the matrix C-contiguous (mat[:, keep] would not), so views ravel for free
+            if var < other:
+                edges[(var, other)] = edges[(var, other)].take(keep, axis=0)
+            else:
+                edges[(other, var)] = edges[(other, var)].take(keep, axis=1)
         for record in self.dependents.get(var, ()):
             for axis, dep in enumerate(record.deps):
                 if dep == var:
                     record.argmin = np.take(record.argmin, keep, axis=axis)
+
+    def restrict_many(self, keeps: dict[int, np.ndarray], unary: dict[int, np.ndarray],
+                      edges: dict[tuple[int, int], np.ndarray]) -> None:
+        """:meth:`restrict` several variables at once, given their restricted costs.
+
+        ``unary[var]`` is ``self.unary[var][keeps[var]]`` and ``edges`` holds,
+        for every edge with a restricted end, the matrix restricted at both
+        ends (the reductions compute both in one pass over a flat view);
+        memory terms, members and elimination records are restricted here.
+        """
+        for var, keep in keeps.items():
+            self.unary[var] = unary[var]
+            for term in self.memory[var]:
+                term.usage = term.usage.take(keep)
+            for member in self.members[var]:
+                member.table = member.table.take(keep)
+            for record in self.dependents.get(var, ()):
+                for axis, dep in enumerate(record.deps):
+                    if dep == var:
+                        record.argmin = np.take(record.argmin, keep, axis=axis)
+        self.edges.update(edges)
 
     def merge_into(self, var: int, into: int, mapping: np.ndarray) -> None:
         """Replace ``var`` by a function of ``into``: value of var = ``mapping[value of into]``.
@@ -191,20 +242,38 @@ class WorkingGraph:
         followers): costs, memory terms and members of ``var`` are re-indexed
         by ``into``'s values.
         """
-        if var in self.neighbours[into]:
+        unary, edges, neighbours = self.unary, self.edges, self.neighbours
+        near_var, near_into = neighbours[var], neighbours[into]
+        if var in near_into:
             mat = self.remove_edge(into, var)  # [into value, var value]
-            self.unary[into] = self.unary[into] + mat[np.arange(mapping.shape[0]), mapping]
-        self.unary[into] = self.unary[into] + self.unary.pop(var)[mapping]
-        for other in list(self.neighbours[var]):
-            mat = self.remove_edge(var, other)  # [var value, other value]
-            self.add_edge(into, other, mat[mapping, :])
+            unary[into] = unary[into] + mat[np.arange(mapping.shape[0]), mapping]
+        unary[into] = unary[into] + unary.pop(var).take(mapping)
+        for other in list(near_var):
+            # remove_edge(var, other) then add_edge(into, other, mat[mapping, :]),
+            # with the matrix taken straight into its stored orientation
+            stored = edges.pop((var, other) if var < other else (other, var))
+            near_var.discard(other)
+            near_other = neighbours[other]
+            near_other.discard(var)
+            mat = stored if var < other else stored.T  # [var value, other value]
+            if into < other:
+                key, moved = (into, other), mat.take(mapping, axis=0)
+            else:
+                key, moved = (other, into), mat.T.take(mapping, axis=1)
+            existing = edges.get(key)
+            edges[key] = moved if existing is None else existing + moved
+            near_into.add(other)
+            near_other.add(into)
+        terms = self.memory[into]
         for term in self.memory.pop(var):
-            self.memory[into].append(MemoryTerm(term.start, term.end, term.usage[mapping]))
+            terms.append(MemoryTerm(term.start, term.end, term.usage.take(mapping)))
+        members = self.members[into]
         for member in self.members.pop(var):
-            self.members[into].append(Member(member.node, member.table[mapping]))
-        for record in self.dependents.pop(var, ()):
-            self._redirect(record, var, into, mapping)
-        del self.neighbours[var]
+            members.append(Member(member.node, member.table.take(mapping)))
+        if var in self.dependents:
+            for record in self.dependents.pop(var):
+                self._redirect(record, var, into, mapping)
+        del neighbours[var]
         self.merged_into[var] = into
 
     def _redirect(self, record: Elimination, var: int, into: int, mapping: np.ndarray) -> None:

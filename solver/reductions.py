@@ -31,13 +31,18 @@ force.
      min_a m(a) (counted whatever the choice) and m - min m. A term whose
      residual is zero disappears; memory at every t is unchanged.
 
-(R6) Followers. If, on edge (u, w), every row a of M_uw has exactly one
+(R6) Followers. If, on edge (u, w), every row a of M_uw has at most one
      finite entry f(a), every finite solution has x_w = f(x_u): merge w into u
      (c_u(a) += c_w(f(a)) + M_uw(a, f(a)), w's other edges and memory terms
-     re-indexed through f). Likewise by columns. A leaf w (one neighbour u)
-     whose best value given each a, f(a) = argmin_b c_w(b) + M_uw(a, b), also
-     has the smallest usage in every memory term of w is a follower too: any
-     other b costs no less and uses no less memory.
+     re-indexed through f; a row without a finite entry is a value of u that
+     no finite solution takes, f(a) = 0 there). Likewise by columns. A leaf w
+     (one neighbour u) is a follower too if, for every a, some b of smallest
+     usage in every memory term of w attains min_b c_w(b) + M_uw(a, b); f(a)
+     is the first such b (0 where every b is forbidden, again a value of u
+     no finite solution takes): any other b costs no less and uses no less
+     memory.
+     (A row whose least-usage values are all forbidden while another value
+     is finite has no such b, and the leaf does not follow.)
 
 (R7) Dominated values. b dominates a in D_v when using b instead of a never
      costs more, whatever the neighbours choose, and never uses more memory:
@@ -47,8 +52,9 @@ force.
 
      Replacing a by b in any solution keeps it feasible and no worse, so a can
      be removed. The relation is transitive (max of a sum <= sum of maxes), so
-     all dominated values can go at once, keeping the lowest index among equal
-     ones.
+     all dominated values can go at once: values are examined in index order
+     and a goes when a value still present dominates it, so of two equal
+     values the later one stays.
 
 (R8) Memory-free elimination (bucket elimination). A variable v without
      memory terms and with at most two neighbours is eliminated exactly:
@@ -58,34 +64,48 @@ force.
      argmin tables give x_v back once u (and w) are known. Degree 2 is applied
      only when the new table stays small (|D_u| |D_v| |D_w| bounded).
 
-Each pass visits the variables touched by the previous one, until nothing
-changes.
+A pass applies R5, R2, R3, R6, R7 and R8 to the variables touched by the
+previous pass (all of them at first), until nothing changes.
+
+Implementation (``solver.reduction_passes``, one function per reduction).
+R2, R6 (who follows whom) and R7 take their decisions in one numba kernel
+call (``solver.reduction_kernels``) on a flat view of the variables they
+visit (``solver.reduction_views``); R5 is one vectorised pass over all memory
+terms. R6 and R7 are not confluent (which of two equal values stays, which
+end of a two-way follower edge merges) and unary sums round in the order they
+are made, so the kernels visit variables and neighbours in the iteration
+order of the Python sets the passes keep, exactly as a loop over the
+variables would: the reduced graph does not depend on how the decisions are
+computed. The edits (restrict, fix, merge, eliminate) are ``WorkingGraph``'s.
 """
 
 from __future__ import annotations
 
+import gc
 import logging
-import math
 import time
 from dataclasses import dataclass, field
 
-import numba
 import numpy as np
 
-from solver.graph import MemoryTerm, WorkingGraph
+from solver.graph import WorkingGraph
 from solver.problem import Problem
+from solver.reduction_kernels import compile_kernels
+from solver.reduction_passes import (
+    InfeasibleError,
+    SharedView,
+    Touched,
+    eliminate_memory_free,
+    fold_single_values,
+    merge_followers,
+    normalise_memory,
+    remove_dominated,
+    remove_forbidden,
+)
 
 __all__ = ["InfeasibleError", "GraphSize", "ReductionReport", "reduce_problem", "graph_size"]
 
 log = logging.getLogger(__name__)
-
-# Degree-2 elimination builds a |D_u| x |D_w| table at |D_u||D_v||D_w| work.
-MAX_ELIMINATION_WORK = 4_000_000
-MAX_ELIMINATION_TABLE = 250_000
-
-
-class InfeasibleError(ValueError):
-    """Every choice uses a forbidden cost (found by reduction R2)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,12 +130,18 @@ class GraphSize:
 
 @dataclass(slots=True)
 class ReductionReport:
-    """What the reductions did: sizes before and after, and counts per reduction."""
+    """What the reductions did: sizes before and after, and counts per reduction.
+
+    ``seconds`` is the reduction time; ``compile_seconds`` the time spent
+    before it compiling (or loading from numba's cache) the kernels, once per
+    process, kept apart so that it is not counted as reduction time.
+    """
 
     before: GraphSize
     after: GraphSize | None = None
     counts: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
+    compile_seconds: float = 0.0
 
     def count(self, key: str, amount: int = 1) -> None:
         self.counts[key] = self.counts.get(key, 0) + amount
@@ -134,8 +160,8 @@ def graph_size(graph: WorkingGraph) -> GraphSize:
         variables=len(graph.unary),
         edges=len(graph.edges),
         choices=graph.num_choices(),
-        edge_pairs=sum(int(m.size) for m in graph.edges.values()),
-        memory_terms=sum(len(t) for t in graph.memory.values()),
+        edge_pairs=sum([m.size for m in graph.edges.values()]),
+        memory_terms=sum(map(len, graph.memory.values())),
     )
 
 
@@ -150,7 +176,10 @@ def reduce_problem(
     """Build the working graph of ``problem`` and apply the exact reductions.
 
     Raises :class:`InfeasibleError` when every choice uses a forbidden cost.
-    The flags switch reductions off (for tests and measurements).
+    The flags switch reductions off (for tests and measurements). The first
+    call in a process compiles the kernels (or loads them from numba's
+    cache) before the clock starts: ``report.compile_seconds``, not part of
+    ``report.seconds``.
 
     >>> p = Problem.from_dict({"nodes": [{"cost": [1, 2]}, {"cost": [0]}],
     ...     "edges": [{"src": 0, "dst": 1, "cost": [[5], [0]]}]})
@@ -158,9 +187,26 @@ def reduce_problem(
     >>> len(graph.unary), graph.constant
     (0, 2.0)
     """
+    compile_seconds = compile_kernels()
+    # The reductions allocate ~10^5 small objects (members, memory terms, sets)
+    # and make no reference cycles; with a large heap, the collections those
+    # allocations trigger rescan it over and over (0.3-0.9 s on the largest
+    # IOPDDL instances). Cycles made elsewhere meanwhile are collected later.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return _reduce(problem, dominance=dominance, followers=followers, elimination=elimination,
+                       time_limit=time_limit, compile_seconds=compile_seconds)
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _reduce(problem: Problem, *, dominance: bool, followers: bool, elimination: bool,
+            time_limit: float | None, compile_seconds: float) -> tuple[WorkingGraph, ReductionReport]:
     start = time.perf_counter()
     graph = WorkingGraph.from_problem(problem)
-    report = ReductionReport(before=graph_size(graph))
+    report = ReductionReport(before=graph_size(graph), compile_seconds=compile_seconds)
     deadline = None if time_limit is None else start + time_limit
     for group in problem.ties:
         for member in group[1:]:
@@ -184,262 +230,18 @@ def reduce_problem(
         if deadline is not None and time.perf_counter() > deadline:
             log.info("reductions stopped by the time limit after %d passes", passes)
             break
-        touched: set[int] = set()
-        for var in dirty:
-            _normalise_memory(graph, var, report)
-        _forbidden_pass(graph, dirty, touched, report)
-        _single_value_pass(graph, dirty | touched, touched, report)
+        touched, shared = Touched(), SharedView()
+        normalise_memory(graph, list(dirty), report)  # R5
+        remove_forbidden(graph, dirty, touched, shared, report)  # R2
+        fold_single_values(graph, dirty | touched.vars, touched, shared, report)  # R3
         if followers:
-            _follower_pass(graph, dirty | touched, touched, report)
+            merge_followers(graph, dirty | touched.vars, touched, shared, report)  # R6
         if dominance:
-            _dominance_pass(graph, dirty | touched, touched, report)
+            remove_dominated(graph, dirty | touched.vars, touched, shared, report)  # R7
         if elimination:
-            _elimination_pass(graph, dirty | touched, touched, report)
-        dirty = {v for v in touched if v in graph.unary}
+            eliminate_memory_free(graph, dirty | touched.vars, touched, report)  # R8
+        dirty = {v for v in touched.vars if v in graph.unary}
     report.counts["passes"] = passes
     report.after = graph_size(graph)
     report.seconds = time.perf_counter() - start
     return graph, report
-
-
-# -- helpers ---------------------------------------------------------------
-def _touch(graph: WorkingGraph, var: int, touched: set[int]) -> None:
-    touched.add(var)
-    touched.update(graph.neighbours.get(var, ()))
-
-
-def _normalise_memory(graph: WorkingGraph, var: int, report: ReductionReport) -> None:
-    """(R5): move the minimum of each term to fixed memory, drop zero residuals."""
-    kept = []
-    for term in graph.memory[var]:
-        low = float(term.usage.min())
-        if low > 0:
-            graph.fixed_memory.append(MemoryTerm(term.start, term.end, np.array([low])))
-        residual = term.usage - low
-        if residual.any():
-            kept.append(MemoryTerm(term.start, term.end, residual))
-        else:
-            report.count("R5_memory_terms_fixed")
-    graph.memory[var] = kept
-
-
-def _restrict(graph: WorkingGraph, var: int, keep: np.ndarray, touched: set[int]) -> None:
-    if keep.size == 0:
-        raise InfeasibleError(
-            f"every strategy of node {graph.members[var][0].node if graph.members[var] else var} "
-            "uses a forbidden cost (directly or with every strategy of a neighbour)"
-        )
-    graph.restrict(var, keep)
-    _touch(graph, var, touched)
-
-
-def _forbidden_pass(graph: WorkingGraph, candidates: set[int], touched: set[int], report: ReductionReport) -> None:
-    """(R2) arc consistency on infinite costs, to a fixpoint.
-
-    Candidates are checked against their unary costs and every neighbour; after
-    that, a variable whose domain shrank only re-checks its neighbours against
-    itself (AC-3 on arcs), so a hub is not rescanned whenever a neighbour moves.
-    """
-
-    def shrink(var: int, ok: np.ndarray) -> bool:
-        if ok.all():
-            return False
-        report.count("R2_forbidden_values", int((~ok).sum()))
-        _restrict(graph, var, np.flatnonzero(ok), touched)
-        return True
-
-    queue: list[int] = []
-    for var in candidates:
-        if var not in graph.unary:
-            continue
-        ok = np.isfinite(graph.unary[var])
-        for other in graph.neighbours[var]:
-            ok &= np.isfinite(graph.edge_matrix(var, other)).any(axis=1)
-        if shrink(var, ok):
-            queue.append(var)
-    while queue:
-        var = queue.pop()
-        for other in list(graph.neighbours[var]):
-            ok = np.isfinite(graph.edge_matrix(other, var)).any(axis=1)
-            if shrink(other, ok):
-                queue.append(other)
-
-
-def _single_value_pass(graph: WorkingGraph, candidates: set[int], touched: set[int], report: ReductionReport) -> None:
-    """(R3) fold variables with one value left."""
-    for var in list(candidates):
-        if var in graph.unary and graph.domain_size(var) == 1:
-            neighbours = list(graph.neighbours[var])
-            graph.fix(var)
-            touched.update(neighbours)
-            report.count("R3_single_value")
-
-
-def _follower_pass(graph: WorkingGraph, candidates: set[int], touched: set[int], report: ReductionReport) -> None:
-    """(R6) merge variables whose value is a function of one neighbour's.
-
-    Follower relations form a forest (cycles of mutual followers are cut at
-    one variable). Merging leaves into their leader one by one would move a
-    chain's accumulated members and memory terms again at every step, so
-    followers are merged root first: after a leader has merged into its root,
-    its followers' edges lead to the root, and they merge there directly.
-    """
-    leader: dict[int, int] = {}
-    for var in candidates:
-        if var not in graph.unary:
-            continue
-        for other in graph.neighbours[var]:
-            if var in leader and other in leader:
-                continue
-            finite = np.isfinite(graph.edge_matrix(other, var))  # [other value, var value]
-            if var not in leader and (finite.sum(axis=1) <= 1).all():
-                leader[var] = other  # var follows other
-            elif other not in leader and (finite.sum(axis=0) <= 1).all():
-                leader[other] = var
-    depth: dict[int, int] = {}
-    for start in list(leader):
-        path, node = [], start
-        while node in leader and node not in depth and node not in path:
-            path.append(node)
-            node = leader[node]
-        if node in path:  # a cycle of followers: its entry becomes a root
-            del leader[node]
-            path = path[: path.index(node)]
-            depth[node] = 0
-        base = depth.get(node, 0)
-        for offset, member in enumerate(reversed(path), start=1):
-            depth[member] = base + offset
-    for var in sorted(leader, key=depth.__getitem__):
-        if var not in graph.unary:
-            continue
-        # The leader may have merged into its root by now; the edge moved there.
-        target = graph.representative(leader[var])
-        if target is None or target not in graph.neighbours[var]:
-            continue
-        finite = np.isfinite(graph.edge_matrix(target, var))
-        if (finite.sum(axis=1) <= 1).all():
-            _merge(graph, var, target, finite.argmax(axis=1), touched)
-            report.count("R6_followers")
-    for var in list(candidates):
-        if var in graph.unary and len(graph.neighbours[var]) == 1:
-            if _leaf_follower(graph, var, touched):
-                report.count("R6_leaf_followers")
-
-
-def _merge(graph: WorkingGraph, var: int, into: int, mapping: np.ndarray, touched: set[int]) -> None:
-    neighbours = graph.neighbours[var] | {into}
-    graph.merge_into(var, into, mapping)
-    touched.update(n for n in neighbours if n in graph.unary)
-    _touch(graph, into, touched)
-
-
-def _leaf_follower(graph: WorkingGraph, var: int, touched: set[int]) -> bool:
-    """A leaf whose cheapest value given each neighbour value also uses the least memory."""
-    (other,) = graph.neighbours[var]
-    total = graph.edge_matrix(other, var) + graph.unary[var][None, :]  # [other value, var value]
-    least = np.ones(total.shape[1], dtype=bool)
-    for term in graph.memory[var]:
-        least &= term.usage == term.usage.min()
-    mapping = np.where(least[None, :], total, np.inf).argmin(axis=1)
-    rows = np.arange(total.shape[0])
-    if not np.array_equal(total[rows, mapping], total.min(axis=1)):
-        return False
-    _merge(graph, var, other, mapping, touched)
-    return True
-
-
-def _dominance_pass(graph: WorkingGraph, candidates: set[int], touched: set[int], report: ReductionReport) -> None:
-    """(R7) remove dominated values."""
-    for var in list(candidates):
-        if var not in graph.unary or graph.domain_size(var) < 2:
-            continue
-        d = graph.domain_size(var)
-        blocks = [graph.edge_matrix(var, other) for other in graph.neighbours[var]]
-        rows = np.concatenate(blocks, axis=1) if blocks else np.zeros((d, 0))
-        bounds = np.cumsum([0] + [b.shape[1] for b in blocks]).astype(np.int64)
-        terms = graph.memory[var]
-        usage = np.stack([t.usage for t in terms], axis=1) if terms else np.zeros((d, 0))
-        removed = _dominated_values(
-            np.ascontiguousarray(graph.unary[var]),
-            np.ascontiguousarray(rows, dtype=np.float64),
-            bounds,
-            np.ascontiguousarray(usage, dtype=np.float64),
-        )
-        if removed.any():
-            report.count("R7_dominated_values", int(removed.sum()))
-            _restrict(graph, var, np.flatnonzero(~removed), touched)
-
-
-@numba.njit(cache=True)
-def _dominated_values(unary, rows, bounds, usage):  # pragma: no cover - compiled
-    # A value is dropped when a value not dropped yet dominates it. Among
-    # mutually dominating values the first one examined goes and the other
-    # stays; by transitivity every dropped value keeps a surviving dominator.
-    d = unary.shape[0]
-    removed = np.zeros(d, dtype=np.bool_)
-    for a in range(d):
-        if not np.isfinite(unary[a]):
-            continue
-        for b in range(d):
-            if b == a or removed[b] or not np.isfinite(unary[b]):
-                continue
-            ok = True
-            for k in range(usage.shape[1]):
-                if usage[b, k] > usage[a, k]:
-                    ok = False
-                    break
-            if not ok:
-                continue
-            slack = unary[b] - unary[a]
-            for e in range(bounds.shape[0] - 1):
-                worst = -np.inf  # stays -inf only if a is infeasible with this neighbour
-                for x in range(bounds[e], bounds[e + 1]):
-                    ra = rows[a, x]
-                    if np.isfinite(ra):
-                        diff = rows[b, x] - ra
-                        if diff > worst:
-                            worst = diff
-                slack += worst
-                if slack > 0:
-                    break
-            if slack <= 0:
-                removed[a] = True
-                break
-    return removed
-
-
-def _elimination_pass(graph: WorkingGraph, candidates: set[int], touched: set[int], report: ReductionReport) -> None:
-    """(R8) exact elimination of memory-free variables of degree <= 2."""
-    for var in list(candidates):
-        if var not in graph.unary or graph.memory[var]:
-            continue
-        degree = len(graph.neighbours[var])
-        if degree == 0:
-            best = int(np.argmin(graph.unary[var]))
-            graph.restrict(var, np.array([best]))
-            graph.fix(var)
-            report.count("R8_eliminated_isolated")
-        elif degree == 1:
-            (other,) = graph.neighbours[var]
-            total = graph.remove_edge(other, var) + graph.unary[var][None, :]
-            argmin = total.argmin(axis=1)
-            graph.unary[other] = graph.unary[other] + total[np.arange(total.shape[0]), argmin]
-            graph.eliminate(var, (other,), argmin)
-            _touch(graph, other, touched)
-            report.count("R8_eliminated_leaf")
-        elif degree == 2:
-            u, w = sorted(graph.neighbours[var])
-            du, dv, dw = graph.domain_size(u), graph.domain_size(var), graph.domain_size(w)
-            if du * dv * dw > MAX_ELIMINATION_WORK or du * dw > MAX_ELIMINATION_TABLE:
-                continue
-            left = graph.remove_edge(u, var)  # [u, v]
-            right = graph.remove_edge(var, w)  # [v, w]
-            total = left[:, :, None] + graph.unary[var][None, :, None] + right[None, :, :]
-            argmin = total.argmin(axis=1)
-            best = np.take_along_axis(total, argmin[:, None, :], axis=1)[:, 0, :]
-            graph.eliminate(var, (u, w), argmin)
-            graph.add_edge(u, w, best)
-            _touch(graph, u, touched)
-            _touch(graph, w, touched)
-            report.count("R8_eliminated_series")
-

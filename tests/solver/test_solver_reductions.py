@@ -89,3 +89,19 @@ def test_all_forbidden_is_reported_infeasible():
                            "edges": [{"src": 0, "dst": 1, "cost": [[None], [None]]}]})
     with pytest.raises(InfeasibleError):
         reduce_problem(p)
+
+
+def test_leaf_does_not_follow_when_its_least_memory_values_are_forbidden():
+    # Node 1 is a leaf of node 0 (node 2 keeps node 0 off the leaf list). With
+    # node 0 on value 0, node 1's least-memory value is forbidden and its
+    # cheapest value uses the most memory: fixing it there would lose the
+    # optimum (node 1 on its middle value fits the limit).
+    p = Problem.from_dict({
+        "nodes": [{"cost": [0, 100]}, {"cost": [0, 0, 0], "memory": [5, 3, 1]},
+                  {"cost": [0, 0], "memory": [1, 2]}],
+        "edges": [{"src": 0, "dst": 1, "cost": [[5, 6, None], [7, None, 0]]},
+                  {"src": 0, "dst": 2, "cost": [[0, 1], [1, 0]]}],
+        "memory_limit": 5})
+    working, report = reduce_problem(p, dominance=False, elimination=False)
+    assert "R6_leaf_followers" not in report.counts
+    assert enumerate_reduced(p) == 6
