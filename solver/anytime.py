@@ -32,6 +32,7 @@ from solver.exact import solve_exact
 from solver.kernels import Arrays
 from solver.localsearch import SearchState, descend, repair
 from solver.window import extract_window, grow_window
+from solver.budget import share_deadline
 
 __all__ = ["AnytimeReport", "improve"]
 
@@ -100,7 +101,7 @@ def improve(
         members = grow_window(graph, seed_var, max_choices, max_pairs, rng)
         profile = graph.memory_profile(state.x)
         sub = extract_window(graph, state.x, members, profile)
-        window_deadline = min(deadline, time.perf_counter() + max(1.0, 0.1 * (deadline - start)))
+        window_deadline = share_deadline("lns_window", deadline, stage_start=start)
         result = solve_exact(sub, backend, deadline=window_deadline, threads=threads,
                              start=state.x[members], seed=int(rng.integers(1 << 30)))
         report.windows += 1

@@ -54,6 +54,7 @@ from solver.lagrangian import priced_unary, segment_prices
 from solver.localsearch import SearchState, repaired_candidate
 from solver.treedp import EliminationPlan, solve_plan
 from solver.window import from_restricted, restrict_values, to_restricted
+from solver.budget import share_deadline
 
 __all__ = ["ColumnGenerationReport", "column_generation", "solve_restricted", "fix_by_reduced_cost"]
 
@@ -186,7 +187,7 @@ def column_generation(
         if excess <= CANDIDATE_EXCESS or graph.num_vars <= CANDIDATE_ANY_VARS:
             candidate = repaired_candidate(
                 arr, labels, graph.num_times, rng=rng,
-                deadline=min(deadline, time.perf_counter() + max(0.5, 0.1 * (deadline - time.perf_counter()))))
+                deadline=share_deadline("colgen_candidate", deadline))
         if candidate is not None and graph.cost(candidate.x) < best_cost - 1e-12 * abs(best_cost):
             best_cost = graph.cost(candidate.x)
             state.x, state.tree, state.pend = candidate.x, candidate.tree, candidate.pend

@@ -23,6 +23,7 @@ from solver.backends import get_backend
 from solver.compiled import CompiledGraph
 from solver.ilp import build_program, initial_points, violated_points
 from solver.tolerance import is_proven
+from solver.budget import share_deadline
 
 __all__ = ["ExactResult", "solve_exact"]
 
@@ -45,6 +46,13 @@ class ExactResult:
     solve_seconds: float = 0.0
     memory_points: int = 0
     log: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, object]:
+        """The figures a solution's stats show (the last lines of the backend log)."""
+        return {"status": self.status, "rounds": self.rounds, "variables": self.variables,
+                "constraints": self.constraints, "nonzeros": self.nonzeros, "memory_points": self.memory_points,
+                "build_seconds": round(self.build_seconds, 3), "solve_seconds": round(self.solve_seconds, 3),
+                "log": self.log[-6:]}
 
 
 def solve_exact(
@@ -136,11 +144,10 @@ def _lp_incumbent(graph, program, backend, deadline, threads, seed, result):
 
     if not CbcBackend.available():
         return None
-    remaining = deadline - time.perf_counter()
-    lp = CbcBackend().solve_relaxation(program, time_limit=0.3 * remaining)
+    lp = CbcBackend().solve_relaxation(program, time_limit=share_deadline("lp_relaxation", deadline) - time.perf_counter())
     result.log.append(f"LP relaxation: {lp.status} obj={lp.objective} in {lp.seconds:.2f}s")
     if lp.status != "optimal":
         return None
     result.bound = max(result.bound, lp.bound)
-    window_deadline = min(deadline, time.perf_counter() + 0.3 * (deadline - time.perf_counter()))
+    window_deadline = share_deadline("lp_rounding", deadline)
     return round_and_fix(graph, program, lp.z, backend=backend, deadline=window_deadline, threads=threads, seed=seed)

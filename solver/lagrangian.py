@@ -43,6 +43,7 @@ from solver.kernels import BIG, Arrays, to_arrays
 from solver.localsearch import SearchState, repaired_candidate
 from solver.tolerance import DEFAULT_GAP, is_proven
 from solver.wcsp import COST_RANGE, add_cost_functions
+from solver.budget import share_deadline
 
 __all__ = ["LagrangianReport", "price_and_repair", "inner_solver_names"]
 
@@ -207,7 +208,7 @@ def price_and_repair(
     while report.rounds < max_rounds and time.perf_counter() < deadline - 0.05:
         report.rounds += 1
         unary = priced_unary(graph, segment_prices(graph, lam))
-        round_deadline = min(deadline, time.perf_counter() + max(1.0, 0.25 * (deadline - time.perf_counter())))
+        round_deadline = share_deadline("lagrangian_round", deadline)
         labels, inner_bound = solver.solve(unary, round_deadline)
         dual = inner_bound + graph.constant - float(lam @ prices_base)
         if math.isfinite(dual) and dual > report.bound:

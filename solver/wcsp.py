@@ -45,6 +45,7 @@ import numpy as np
 
 from solver.compiled import CompiledGraph
 from solver.ilp import initial_points, violated_points
+from solver.budget import share_deadline
 
 __all__ = ["WcspResult", "add_cost_functions", "knapsack_groups", "knapsack_rows", "solve_wcsp", "solve_wcsp_lazy", "wcsp_available",
            "wcsp_eligible", "wcsp_lazy_eligible"]
@@ -176,8 +177,7 @@ def solve_wcsp_lazy(
     total = WcspResult(values=None, bound=-math.inf, status="timeout")
     while time.perf_counter() < deadline - 1.0:
         rows = [rows_at[t] for t in sorted(rows_at)]
-        remaining = deadline - time.perf_counter()
-        result = solve_wcsp(graph, deadline=time.perf_counter() + min(remaining, max(2.0, remaining / 3)),
+        result = solve_wcsp(graph, deadline=share_deadline("wcsp_lazy_round", deadline),
                             start=best, seed=seed + total.solutions, rows=rows)
         total.solutions += result.solutions
         total.knapsacks = len(rows)

@@ -1,0 +1,352 @@
+"""The stages of a solve: each ``(view, incumbent, budget) -> StageResult``.
+
+A stage sees the reduced problem through a :class:`View` (the compiled graph,
+the options, and what was decided before any stage ran: the method, an
+elimination plan when the treewidth is small, toulbar2's knapsack rows), the
+best solution so far as an :class:`Incumbent` (values, cost, the best lower
+bound and, after column generation, its dual prices), and its share of the
+time as a :class:`solver.budget.Budget`. It returns its best values (never
+worse than the incumbent it got), a lower bound valid for the whole reduced
+problem, and a frozen :class:`StageReport`. The pipeline
+(``solver.pipeline``) runs them in order, each behind a named entry
+predicate, and stops as soon as the incumbent is proven optimal
+(``solver.tolerance.is_proven``).
+
+==============  ===========================================================
+stage           what it adds
+==============  ===========================================================
+heuristic       greedy start within the memory limit (``solver.localsearch``)
+treedp          the optimum by bucket elimination when no memory binds
+colgen          Dantzig-Wolfe bound and prices, priced candidates
+restricted      the integer program over column generation's values
+exact           the whole integer program, lazy memory rows (``solver.exact``)
+wcsp            toulbar2 with memory knapsacks (``solver.wcsp``)
+lagrangian      memory priced, TRW-S rounds and repairs (``solver.lagrangian``)
+lns             exact windows until the deadline (``solver.anytime``)
+==============  ===========================================================
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from solver.anytime import improve
+from solver.budget import MIN_LNS_SECONDS, MIN_STAGE_SECONDS, Budget
+from solver.colgen import column_generation, fix_by_reduced_cost, solve_restricted
+from solver.compiled import CompiledGraph
+from solver.exact import solve_exact
+from solver.kernels import Arrays, to_arrays
+from solver.lagrangian import price_and_repair
+from solver.localsearch import SearchState, greedy
+from solver.tolerance import is_proven
+from solver.treedp import EliminationPlan, plan_elimination, solve_plan
+from solver.wcsp import solve_wcsp, solve_wcsp_lazy, wcsp_eligible, wcsp_lazy_eligible
+from solver.window import from_restricted, restrict_values, to_restricted
+
+__all__ = ["Options", "View", "Dual", "Incumbent", "StageReport", "StageResult", "Stage",
+           "EXACT_MAX_COLUMNS", "WCSP_MIN_GAP"]
+
+# auto: exact for programs up to EXACT_MAX_COLUMNS columns (then, if not proven
+# optimal in half the time, the search stages), anytime beyond.
+EXACT_MAX_COLUMNS = 150_000
+# toulbar2 runs when its model is small and the exact stage left a gap above
+# this: it closes memory-bound problems whose LP bound is weak (IOPDDL V: LP
+# bound 0.65 of the optimum, solved to the optimum in 300 s). With too many
+# memory points to post (IOPDDL D: 15,373 after pruning) it runs with lazily
+# added knapsacks, only after an exact stage.
+WCSP_MIN_GAP = 0.01
+# The elimination plan is built when one pass fits DP_PASSES times into the
+# time left (about 3 ns per table entry and factor, measured on 2 cores).
+DP_PASSES = 40
+DP_SECONDS_PER_UNIT = 3e-9
+
+
+@dataclass(frozen=True)
+class Options:
+    """The caller's choices, as ``solver.solve`` received them."""
+
+    backend: str
+    threads: int
+    seed: int
+    method: str  # auto | exact | anytime | heuristic
+    inner: str | None
+    gap: float
+    exact_max_columns: int = EXACT_MAX_COLUMNS
+
+
+@dataclass(frozen=True, eq=False)
+class View:
+    """The reduced problem as the stages see it, and what was decided before they run."""
+
+    graph: CompiledGraph
+    arr: Arrays
+    options: Options
+    chosen: str  # the method after "auto": exact | anytime | heuristic
+    plan: EliminationPlan | None  # bucket elimination order, when the treewidth is small
+    wcsp_rows: list | None  # toulbar2's knapsack rows, when few enough to post at once
+    wcsp_lazy: bool  # toulbar2 with knapsacks added lazily, after the exact stage
+    emit: Callable[..., None] = field(repr=False)
+
+    @classmethod
+    def build(cls, graph: CompiledGraph, options: Options, budget: Budget, emit: Callable[..., None]) -> "View":
+        method = options.method
+        chosen = method
+        if method == "auto":
+            chosen = "exact" if program_columns(graph) <= options.exact_max_columns else "anytime"
+        plan = None
+        if method in ("auto", "anytime") and graph.num_vars:
+            # the order search gives up after a short while: graphs of large
+            # treewidth (the IOPDDL ones) are recognised only by trying
+            plan = plan_elimination(graph, max_work=int(budget.left() / DP_PASSES / DP_SECONDS_PER_UNIT),
+                                    deadline=budget.share("elimination_order").deadline)
+        searching = chosen in ("anytime", "exact") and method != "exact"
+        rows = wcsp_eligible(graph) if searching else None
+        # too many memory points to post at once: after an exact stage, knapsacks go in lazily
+        lazy = rows is None and searching and chosen == "exact" and bool(graph.num_times) \
+            and wcsp_lazy_eligible(graph)
+        return cls(graph, to_arrays(graph), options, chosen, plan, rows, lazy, emit)
+
+    @property
+    def searching(self) -> bool:
+        """Whether the search stages (toulbar2, pricing, windows) may run after the first answer."""
+        return self.chosen in ("anytime", "exact") and self.options.method != "exact"
+
+
+def program_columns(graph: CompiledGraph) -> int:
+    """Columns of the reduced problem's integer program (``solver.ilp``)."""
+    return int(graph.unary_off[-1]) + int(np.isfinite(graph.edge_cost).sum())
+
+
+@dataclass(frozen=True)
+class Dual:
+    """Column generation's memory prices (of its best bound) and the columns' values."""
+
+    prices: np.ndarray
+    support: list
+
+
+@dataclass(frozen=True, eq=False)
+class Incumbent:
+    """The best values so far (``None`` before the first feasible one), their cost, the best bound."""
+
+    values: np.ndarray | None = None
+    cost: float = math.inf
+    bound: float = -math.inf
+    dual: Dual | None = None
+
+    def proven(self, gap: float) -> bool:
+        return self.values is not None and is_proven(self.cost, self.bound, gap)
+
+    def absorb(self, result: "StageResult", graph: CompiledGraph) -> "Incumbent":
+        """The incumbent after a stage: its values when it returned some, the better bound."""
+        values, cost = self.values, self.cost
+        if result.best is not None:
+            values, cost = result.best, graph.cost(result.best)
+        return Incumbent(values, cost, max(self.bound, result.bound),
+                         result.dual if result.dual is not None else self.dual)
+
+
+@dataclass(frozen=True)
+class StageReport:
+    """What a stage did: its entry in ``methods_run``, its figures, its time and compile time."""
+
+    label: str
+    details: Mapping[str, Any] | None = None
+    seconds: float = 0.0
+    compile_seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"label": self.label, "details": None if self.details is None else dict(self.details),
+                "seconds": round(self.seconds, 4), "compile_seconds": round(self.compile_seconds, 4)}
+
+
+def _report(label: str, details: Mapping[str, Any] | None = None) -> StageReport:
+    return StageReport(label, None if details is None else MappingProxyType(dict(details)))
+
+
+@dataclass(frozen=True, eq=False)
+class StageResult:
+    """A stage's best values (``None``: nothing better than the incumbent), its bound, its report."""
+
+    best: np.ndarray | None
+    bound: float
+    report: StageReport
+    infeasible: bool = False  # proven: no choice fits the memory limit
+    dual: Dual | None = None
+
+    def timed(self, seconds: float, compile_seconds: float) -> "StageResult":
+        return replace(self, report=replace(self.report, seconds=seconds, compile_seconds=compile_seconds))
+
+
+Predicate = Callable[[View, Incumbent, Budget], bool]
+Run = Callable[[View, Incumbent, Budget], StageResult]
+
+
+@dataclass(frozen=True)
+class Stage:
+    """A named step of the pipeline: it runs when ``enters`` holds."""
+
+    name: str
+    key: str | None  # where its details go in the solution's stats
+    enters: Predicate
+    run: Run
+
+
+# -- the stages -----------------------------------------------------------------------------
+def run_greedy(view: View, inc: Incumbent, budget: Budget) -> StageResult:
+    g = view.graph
+    state = greedy(view.arr, g.num_times, rng=np.random.default_rng(view.options.seed), deadline=budget.deadline)
+    cost = g.cost(state.x)
+    # feasible = within the memory limit and free of forbidden costs
+    feasible = state.feasible() and math.isfinite(cost)
+    details = {"feasible": feasible, "cost": cost if feasible else None, "peak": float(state.peak())}
+    return StageResult(state.x.copy() if feasible else None, -math.inf, _report("greedy", details))
+
+
+def run_treedp(view: View, inc: Incumbent, budget: Budget) -> StageResult:
+    values, value = solve_plan(view.plan, view.graph)
+    if not math.isfinite(value):
+        return StageResult(None, -math.inf, _report("treedp"))
+    # no memory point can bind: one elimination pass is the optimum
+    return StageResult(values, view.graph.cost(values), _report("treedp"))
+
+
+def run_colgen(view: View, inc: Incumbent, budget: Budget) -> StageResult:
+    state = SearchState(view.arr, inc.values, view.graph.num_times)
+    cg = column_generation(view.graph, state, view.plan, seed=view.options.seed,
+                           on_improve=lambda c: view.emit("improved", cost=c),
+                           deadline=budget.share("colgen").deadline)
+    return StageResult(state.x.copy(), cg.bound, _report("colgen:treedp", cg.to_dict()),
+                       dual=Dual(cg.prices, cg.support))
+
+
+def run_restricted(view: View, inc: Incumbent, budget: Budget) -> StageResult:
+    o = view.options
+    values = solve_restricted(view.graph, inc.dual.support, inc.values, backend=o.backend, threads=o.threads,
+                              seed=o.seed, deadline=budget.share("restricted").deadline)
+    return StageResult(values, -math.inf, _report(f"restricted:{o.backend}"))
+
+
+def run_exact(view: View, inc: Incumbent, budget: Budget) -> StageResult:
+    g, o = view.graph, view.options
+    if view.chosen == "exact" and o.method == "exact":
+        deadline = budget.deadline
+    else:
+        deadline = budget.share("exact" if view.wcsp_rows is None else "exact_before_wcsp").deadline
+    allowed, extra = None, {}
+    if inc.dual is not None and inc.values is not None:
+        # only the values that can still beat the incumbent; the bound stays valid for the whole problem
+        allowed = fix_by_reduced_cost(g, view.plan, inc.dual.prices, inc.cost, inc.values)
+        extra["values_kept"] = sum(a.size for a in allowed)
+        if extra["values_kept"] == int(g.dom.sum()):
+            allowed = None
+    if allowed is None:
+        result = solve_exact(g, o.backend, deadline=deadline, threads=o.threads, start=inc.values, seed=o.seed)
+    else:
+        result = solve_exact(restrict_values(g, allowed), o.backend, deadline=deadline, threads=o.threads,
+                             seed=o.seed, start=to_restricted(allowed, inc.values))
+        if result.values is not None:
+            result.values = from_restricted(allowed, result.values)
+    bound = result.bound
+    if result.status == "optimal" and result.values is not None:
+        bound = g.cost(result.values)
+    return StageResult(result.values, bound, _report(f"exact:{o.backend}", {**result.to_dict(), **extra}),
+                       infeasible=result.status == "infeasible" and inc.values is None)
+
+
+def run_wcsp(view: View, inc: Incumbent, budget: Budget) -> StageResult:
+    g, seed = view.graph, view.options.seed
+    if view.wcsp_rows is not None:
+        tb2 = solve_wcsp(g, deadline=budget.share("wcsp").deadline, start=inc.values, seed=seed,
+                         rows=view.wcsp_rows)
+        label = "wcsp:toulbar2"
+    else:
+        tb2 = solve_wcsp_lazy(g, deadline=budget.share("wcsp_lazy").deadline, start=inc.values, seed=seed)
+        label = "wcsp-lazy:toulbar2"
+    better = tb2.values if tb2.values is not None and (inc.values is None or g.cost(tb2.values) < inc.cost) \
+        else None
+    return StageResult(better, tb2.bound, _report(label, tb2.to_dict()),
+                       infeasible=tb2.status == "infeasible" and inc.values is None and better is None)
+
+
+def run_lagrangian(view: View, inc: Incumbent, budget: Budget) -> StageResult:
+    state = SearchState(view.arr, inc.values, view.graph.num_times)
+    lag = price_and_repair(view.graph, state, deadline=budget.share("lagrangian").deadline,
+                           seed=view.options.seed, inner=view.options.inner, gap=view.options.gap,
+                           on_improve=lambda c: view.emit("improved", cost=c))
+    return StageResult(state.x.copy(), lag.bound, _report(f"lagrangian:{lag.inner}", lag.to_dict()))
+
+
+def run_lns(view: View, inc: Incumbent, budget: Budget) -> StageResult:
+    o = view.options
+    state = SearchState(view.arr, inc.values, view.graph.num_times)
+    report = improve(view.graph, view.arr, state, backend=o.backend, deadline=budget.deadline, threads=o.threads,
+                     seed=o.seed, on_improve=lambda c: view.emit("improved", cost=c))
+    return StageResult(state.x.copy(), -math.inf, _report(f"lns:{o.backend}", report.to_dict()))
+
+
+# -- entry predicates -------------------------------------------------------------------------
+def always(view: View, inc: Incumbent, budget: Budget) -> bool:
+    return True
+
+
+def memory_cannot_bind(view: View, inc: Incumbent, budget: Budget) -> bool:
+    g = view.graph
+    return view.plan is not None and (g.num_times == 0 or not math.isfinite(g.limit))
+
+
+def memory_binds_with_plan(view: View, inc: Incumbent, budget: Budget) -> bool:
+    return view.plan is not None and inc.values is not None and bool(view.graph.num_times) \
+        and budget.has(MIN_STAGE_SECONDS)
+
+
+def columns_to_combine(view: View, inc: Incumbent, budget: Budget) -> bool:
+    return inc.dual is not None and bool(inc.dual.support) and budget.has(MIN_STAGE_SECONDS)
+
+
+def exact_chosen_or_nothing_found(view: View, inc: Incumbent, budget: Budget) -> bool:
+    return view.chosen == "exact" or (inc.values is None and view.chosen != "heuristic")
+
+
+def toulbar2_can_close_gap(view: View, inc: Incumbent, budget: Budget) -> bool:
+    if view.wcsp_rows is None and not (view.wcsp_lazy and inc.values is not None):
+        return False
+    if inc.values is not None and math.isfinite(inc.bound) \
+            and inc.cost - inc.bound <= WCSP_MIN_GAP * max(abs(inc.cost), 1e-300):
+        return False  # the LP bound is already tight: the rest goes to local improvement
+    return budget.has(MIN_STAGE_SECONDS)
+
+
+def memory_unpriced(view: View, inc: Incumbent, budget: Budget) -> bool:
+    # with a plan, column generation already priced memory exactly
+    return view.searching and inc.values is not None and bool(view.graph.num_times) and view.plan is None
+
+
+def time_for_windows(view: View, inc: Incumbent, budget: Budget) -> bool:
+    return view.searching and inc.values is not None and budget.has(MIN_LNS_SECONDS)
+
+
+STAGES: tuple[Stage, ...] = (
+    Stage("heuristic", "greedy", always, run_greedy),
+    Stage("treedp", None, memory_cannot_bind, run_treedp),
+    Stage("colgen", "colgen", memory_binds_with_plan, run_colgen),
+    Stage("restricted", None, columns_to_combine, run_restricted),
+    Stage("exact", "exact", exact_chosen_or_nothing_found, run_exact),
+    Stage("wcsp", "wcsp", toulbar2_can_close_gap, run_wcsp),
+    Stage("lagrangian", "lagrangian", memory_unpriced, run_lagrangian),
+    Stage("lns", "anytime", time_for_windows, run_lns),
+)
+"""The stages in the order they run; each at most once."""
+
+
+def timed(stage: Stage, view: View, inc: Incumbent, budget: Budget, clock) -> StageResult:
+    """Run ``stage``, recording its wall time and the numba compile time it paid (``clock``)."""
+    start, compiled = time.perf_counter(), clock.seconds
+    result = stage.run(view, inc, budget)
+    return result.timed(time.perf_counter() - start, clock.seconds - compiled)
