@@ -20,10 +20,11 @@ from typing import Sequence
 _COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("demo", "autoshard.demo", "run the end-to-end demo on small examples"),
     ("coverage", "autoshard.coverage", "list a model's aten ops and the rules that cover them"),
-    ("validate-rules", "autoshard.rules.validator", "check sharding rules numerically on simulated shards"),
+    ("validate-rules", "autoshard.validate_rules", "check sharding rules numerically on simulated shards"),
     ("solve", "autoshard.plan.solve_cli", "trace a model factory and solve its sharding plan for a mesh"),
     ("explain", "autoshard.plan.explain", "show a plan: placements, costliest redistributions, estimate"),
     ("calibrate-hardware", "autoshard.calibrate.cli", "measure this machine into a hardware profile, or check one"),
+    ("check-profile", "autoshard.check_profile", "validate hardware profile files without measuring"),
     ("serve", "autoshard.service.cli", "run the plan service: HTTP API, job queue, result cache"),
 )
 
@@ -93,8 +94,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("autoshard: interrupted", file=sys.stderr)
         return 130
     except (ValueError, OSError) as exc:  # user errors: one line, no traceback
-        print(f"autoshard {args.command}: error: {exc}", file=sys.stderr)
+        print(f"autoshard {args.command}: error: {_one_line(exc)}", file=sys.stderr)
         return 2
+    except ImportError as exc:  # a dependency of the command that is not installed here
+        logging.getLogger("autoshard").debug("import failed", exc_info=True)
+        print(f"autoshard {args.command}: error: a dependency is missing or the install is broken: {exc}",
+              file=sys.stderr)
+        return 2
+
+
+def _one_line(exc: BaseException) -> str:
+    """The message on one line: a library's multi-line text is folded, so the
+    error stays the one line scripts and people read."""
+    text = " ".join(part.strip() for part in str(exc).splitlines() if part.strip())
+    return text or type(exc).__name__
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@ and prints the share of ops and of op nodes covered.
 ``MODULE:FACTORY`` names a function ``FACTORY(**overrides) -> (model,
 example_inputs)`` whose model returns the scalar loss or an output with a
 ``loss`` (see ``examples/models/factory.py``, ``examples/models/hf.py``); ``--kwargs`` passes overrides as a JSON
-object. The current directory is importable, as with ``python -m``.
+object. The current directory and ``--path DIR`` folders are importable
+(:mod:`autoshard.model_spec`).
 
     $ autoshard coverage examples.models.llama3:tiny --kwargs '{"n_layers": 1}'
 
@@ -25,13 +26,11 @@ object. The current directory is importable, as with ``python -m``.
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import logging
-import os
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -123,8 +122,10 @@ class CoverageReport:
         }
 
 
-def load_example(spec: str, overrides: Mapping[str, Any] | None = None) -> tuple[nn.Module, tuple | dict]:
-    """Import ``MODULE:FACTORY`` and call ``FACTORY(**overrides)``.
+def load_example(spec: str, overrides: Mapping[str, Any] | None = None, *,
+                 paths: Sequence[str] = ()) -> tuple[nn.Module, tuple | dict]:
+    """Import ``MODULE:FACTORY`` (also from ``paths``, see
+    :mod:`autoshard.model_spec`) and call ``FACTORY(**overrides)``.
 
     The example inputs are a tuple of positional tensors or a dict of keyword
     tensors (``examples.models.hf``).
@@ -136,27 +137,9 @@ def load_example(spec: str, overrides: Mapping[str, Any] | None = None) -> tuple
     >>> len(inputs)
     2
     """
-    module_name, sep, factory_name = spec.partition(":")
-    if not sep or not module_name or not factory_name or ":" in factory_name:
-        raise ValueError(f"expected MODULE:FACTORY (e.g. examples.models.llama3:tiny), got {spec!r}")
-    if os.getcwd() not in sys.path:  # as `python -m` does: examples/ in the cwd is importable
-        sys.path.insert(0, os.getcwd())
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ValueError(f"cannot import module {module_name!r}: {exc}") from None
-    factory = getattr(module, factory_name, None)
-    if not callable(factory):
-        raise ValueError(f"module {module_name!r} has no factory {factory_name!r}")
-    try:
-        result = factory(**dict(overrides or {}))
-    except Exception as exc:  # any failure of user code is reported, not raised
-        first_line = str(exc).splitlines()[0] if str(exc) else ""
-        raise ValueError(f"{spec}(**{dict(overrides or {})}) failed: {type(exc).__name__}: {first_line}") from None
-    if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], (tuple, list, Mapping))):
-        raise ValueError(f"{spec} must return (model, example_inputs), got {type(result).__name__}")
-    inputs = result[1]
-    return result[0], dict(inputs) if isinstance(inputs, Mapping) else tuple(inputs)
+    from autoshard.model_spec import load_model
+
+    return load_model(spec, overrides, paths=paths)
 
 
 def compute_coverage(traced: TracedGraph, registry: RuleLookup, *, model: str = "", trace_s: float = 0.0) -> CoverageReport:
@@ -221,11 +204,14 @@ def print_report(report: CoverageReport, *, file: Any = None) -> None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``autoshard coverage``."""
+    from autoshard.model_spec import add_path_argument
+
     parser.add_argument("model", metavar="MODULE:FACTORY", help="e.g. examples.models.llama3:tiny")
     parser.add_argument("--kwargs", default="{}", metavar="JSON", help="factory overrides as a JSON object")
     parser.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
     parser.add_argument("--dtensor-fallback", action="store_true",
                         help="count ops served by rules derived from DTensor as covered")
+    add_path_argument(parser)
 
 
 def parse_kwargs(text: str) -> dict[str, Any]:
@@ -256,10 +242,16 @@ def run(args: argparse.Namespace) -> int:
     Bad input (spec, kwargs, factory, untraceable model) raises ``ValueError``,
     which the CLI prints as one line with exit code 2.
     """
+    from autoshard.model_spec import import_factory, split_spec
+
+    # the spec, the overrides and the module are checked before torch is imported
+    paths = getattr(args, "path", [])
+    split_spec(args.model)
+    overrides = parse_kwargs(args.kwargs)
+    import_factory(args.model, paths)
     from autoshard.trace import trace_joint
 
-    overrides = parse_kwargs(args.kwargs)
-    model, inputs = load_example(args.model, overrides)
+    model, inputs = load_example(args.model, overrides, paths=paths)
     start = time.perf_counter()
     try:
         traced = trace_joint(model, inputs)

@@ -19,16 +19,44 @@ import argparse
 import time
 from pathlib import Path
 
-EXAMPLE_PROBLEM = Path(__file__).resolve().parent.parent / "examples" / "problems" / "transformer_2_layers.json"
+EXAMPLE_SPEC = "examples.models.llama3:tiny"
+EXAMPLE_PROBLEM = Path("problems", "transformer_2_layers.json")
+"""Relative to the ``examples`` package, which ``pip install`` does not
+install: the demo finds it in the current folder or a ``--path`` folder."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--time-limit", type=float, default=20.0, help="seconds per solve")
+    """Flags of ``autoshard demo``."""
+    from autoshard.model_spec import add_path_argument
+
+    parser.add_argument("--time-limit", type=float, default=20.0, metavar="S",
+                        help="seconds per solve (default %(default)g)")
+    add_path_argument(parser)
+
+
+def _example_problem(paths: list[str]) -> Path:
+    """The shipped problem, beside the ``examples`` package the spec resolves to."""
+    import importlib
+
+    from autoshard.model_spec import import_factory
+
+    import_factory(EXAMPLE_SPEC, paths)  # one line naming --path when examples/ is not importable
+    path = Path(importlib.import_module("examples").__file__).parent / EXAMPLE_PROBLEM
+    if not path.is_file():
+        raise ValueError(f"{path}: missing (the examples/ folder of an autoshard checkout has it)")
+    return path
 
 
 def run(args: argparse.Namespace) -> int:
+    from autoshard.cli_values import check_seconds
+
+    check_seconds(args.time_limit, "--time-limit")
+    paths = getattr(args, "path", [])
+    problem_path = _example_problem(paths)
     from rich.console import Console
     from rich.table import Table
+
+    from autoshard.cli_values import format_bytes
 
     console = Console()
     console.rule("1. trace + rules: examples.models.llama3:tiny")
@@ -37,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     from autoshard.trace import trace_joint
 
     start = time.perf_counter()
-    model, inputs = load_example("examples.models.llama3:tiny")
+    model, inputs = load_example(EXAMPLE_SPEC, paths=paths)
     traced = trace_joint(model, inputs)
     rules = load_rules()
     report = compute_coverage(traced, rules, model="llama3:tiny", trace_s=time.perf_counter() - start)
@@ -63,10 +91,10 @@ def run(args: argparse.Namespace) -> int:
         table.add_row(src, dst, steps, f"{plan.cost_s * 1e6:.1f}")
     console.print(table)
 
-    console.rule(f"3. solver: {EXAMPLE_PROBLEM.name}")
+    console.rule(f"3. solver: {problem_path.name}")
     from solver import evaluate, load_problem, solve
 
-    problem = load_problem(EXAMPLE_PROBLEM)
+    problem = load_problem(problem_path)
     table = Table("backend", "status", "cost (s)", "bound", "peak / limit", "seconds", "checked")
     for backend in ("cbc", "cpsat"):
         solution = solve(problem, backend=backend, time_limit=args.time_limit)
@@ -79,8 +107,8 @@ def run(args: argparse.Namespace) -> int:
     console.rule("4. model -> plan: examples.models.llama3:tiny (dim 256, batch 8 x 64) on 2x2 (dp, tp), H100")
     from autoshard.plan.solve import compare_baselines, prepare, solve_prepared
 
-    model, inputs = load_example("examples.models.llama3:tiny",
-                                 {"dim": 256, "n_heads": 8, "batch_size": 8, "seq_len": 64, "device": "meta"})
+    overrides = {"dim": 256, "n_heads": 8, "batch_size": 8, "seq_len": 64, "device": "meta"}
+    model, inputs = load_example(EXAMPLE_SPEC, overrides, paths=paths)
     prep = prepare(model, inputs, (2, 2), ("dp", "tp"), profile="h100-sxm-80gb")
     plan = solve_prepared(prep, time_limit=args.time_limit)
     counts: dict[str, int] = {}
@@ -90,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
                   f"({len(prep.graph.matrices)} distinct matrices); solver {plan.solver.status} in "
                   f"{plan.solver.seconds:.2f} s; parameter placements: "
                   + ", ".join(f"{p} x{c}" for p, c in sorted(counts.items())) + f"; inputs: {dict(plan.inputs)}")
-    table = Table("layout", "step (ms)", "compute (ms)", "comm (ms)", "peak (MiB)")
+    table = Table("layout", "step (ms)", "compute (ms)", "comm (ms)", "peak memory")
     rows = [("solved", plan)] + [(r.name, r.plan) for r in compare_baselines(prep, time_limit=args.time_limit)]
     for name, result in rows:
         if result is None:
@@ -98,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
             continue
         e = result.estimate
         table.add_row(name, f"{e.step_s * 1e3:.3f}", f"{e.compute_s * 1e3:.3f}",
-                      f"{(e.comm_s + e.relayout_s) * 1e3:.3f}", f"{e.peak_memory_bytes / 2**20:.1f}")
+                      f"{(e.comm_s + e.relayout_s) * 1e3:.3f}", format_bytes(e.peak_memory_bytes))
     console.print(table)
     console.rule("next")
     console.print("Run a plan on a real mesh: torchrun --standalone --nproc-per-node 4 examples/train.py "

@@ -96,6 +96,29 @@ def _raise_interrupt(signum, frame):  # pragma: no cover - signal handler
     raise KeyboardInterrupt
 
 
+def _check_names_and_paths(args: argparse.Namespace) -> str | None:
+    """What is wrong with the backend name, the input file or the output's folder,
+    found before the work starts: a typo in ``-o`` must not cost a whole solve."""
+    from pathlib import Path
+
+    from solver.backends import BACKENDS
+
+    if args.backend not in BACKENDS:
+        return f"--backend: unknown backend {args.backend!r} (expected one of {', '.join(sorted(BACKENDS))})"
+    source = Path(args.problem)
+    if not source.exists():
+        return f"{args.problem}: no such file"
+    if source.is_dir():
+        return f"{args.problem}: is a directory, not a problem file"
+    if args.output:
+        target = Path(args.output)
+        if target.is_dir():
+            return f"-o {args.output}: is a directory (give a file name)"
+        if not target.parent.is_dir():
+            return f"-o {args.output}: no such directory ({target.parent}); it is not created"
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
@@ -106,6 +129,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if args.threads is not None and args.threads < 1:
         print("error: --threads must be at least 1", file=sys.stderr)
+        return 2
+    usage_error = _check_names_and_paths(args)
+    if usage_error:
+        print(f"error: {usage_error}", file=sys.stderr)
         return 2
     from solver.backends import BackendUnavailable
     from solver.io import iopddl_choice_line, load_problem, write_json_atomic, write_text_atomic
@@ -126,6 +153,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                              inner=args.inner)
     except FileNotFoundError:
         print(f"error: {args.problem}: no such file", file=sys.stderr)
+        return 2
+    except PermissionError:
+        print(f"error: {args.problem}: permission denied", file=sys.stderr)
         return 2
     except ProblemError as exc:
         print(f"error: {args.problem}: {exc}", file=sys.stderr)

@@ -26,7 +26,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from solver.problem import FORBIDDEN_COST, Edge, Node, Problem, ProblemError
+from solver.problem import FORBIDDEN_COST, Edge, Node, Problem, ProblemError, json_text
 
 __all__ = [
     "FORMATS",
@@ -108,7 +108,8 @@ def problem_from_iopddl(data: Mapping[str, Any]) -> Problem:
         i = int(np.flatnonzero(np.diff(cost_off) != np.diff(usage_off))[0])
         raise ProblemError(f"problem.nodes.usages[{i}]", "expected one usage per cost")
     try:
-        live = np.asarray(intervals, dtype=np.int64)
+        # an empty list would give shape (0,), not (0, 2)
+        live = np.asarray(intervals, dtype=np.int64) if intervals else np.zeros((0, 2), np.int64)
     except (TypeError, ValueError):
         live = None
     if live is None or live.shape != (len(intervals), 2):
@@ -128,7 +129,7 @@ def problem_from_iopddl(data: Mapping[str, Any]) -> Problem:
         raise ProblemError("problem.edges", "nodes and costs must be lists of the same length")
     n = len(nodes)
     try:
-        ends = np.asarray(pairs, dtype=np.int64)
+        ends = np.asarray(pairs, dtype=np.int64) if pairs else np.zeros((0, 2), np.int64)
     except (TypeError, ValueError):
         ends = None
     if ends is None or ends.shape != (len(pairs), 2):
@@ -164,45 +165,68 @@ def problem_from_iopddl(data: Mapping[str, Any]) -> Problem:
 
 
 def _flatten(lists: list, field_path: str) -> tuple[np.ndarray, np.ndarray]:
-    """One float64 array of all numbers in a list of lists, and the offsets of each list."""
+    """One float64 array of all numbers in a list of lists, and the offsets of each list.
+
+    numpy reads true/false as 1/0; the set of the numbers' types (one more pass
+    at C speed: 0.02 s on IOPDDL P's 1.4 million numbers, 0.13 s on R's 6.5
+    million, against 1 s to parse R) catches them."""
     try:
         lengths = np.fromiter((len(item) for item in lists), dtype=np.int64, count=len(lists))
+        plain = set(map(type, itertools.chain.from_iterable(lists))) <= {int, float}
         flat = np.fromiter(itertools.chain.from_iterable(lists), dtype=np.float64, count=int(lengths.sum()))
     except (TypeError, ValueError):
+        plain = False
+    if not plain:
         for i, item in enumerate(lists):
-            if not isinstance(item, list) or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
-                                                     for v in item):
-                raise ProblemError(f"{field_path}[{i}]", "expected a list of numbers") from None
-        raise ProblemError(field_path, "expected lists of numbers") from None
+            if not isinstance(item, list):
+                raise ProblemError(f"{field_path}[{i}]", "expected a list of numbers")
+            for k, v in enumerate(item):
+                if not isinstance(v, (int, float)) or isinstance(v, bool):
+                    raise ProblemError(f"{field_path}[{i}][{k}]", f"expected a number, got {json_text(v)}")
+        raise ProblemError(field_path, "expected lists of numbers")
     off = np.zeros(len(lists) + 1, dtype=np.int64)
     np.cumsum(lengths, out=off[1:])
     return flat, off
 
 
 def problem_to_iopddl(problem: Problem) -> dict[str, Any]:
-    """The contest layout of a problem (ties and pins cannot be expressed there)."""
+    """The contest layout of a problem (ties and pins cannot be expressed there).
+
+    IOPDDL has no "always live": its ``[0, 0]`` means "counts nowhere", the
+    opposite of our absent ``live``. A node without ``live`` is written with
+    the interval spanning every other node's (``[0, 1]`` when none has one),
+    which gives every choice the same peak: outside that span no other node is
+    live, so the always-live ones alone count there, as they do inside it.
+    Numbers are written as integers where integral (the contest's files hold
+    only integers) and as floats otherwise, which the reader accepts: rounding
+    memory or costs would change the problem. No memory limit: no
+    ``usage_limit``, which the reader takes as none.
+    """
     if problem.ties or problem.pins:
         raise ValueError("the IOPDDL format has no ties or pins")
 
-    def cost_list(values: np.ndarray) -> list[float]:
-        return [int(v) if np.isfinite(v) and float(v).is_integer() else (FORBIDDEN_COST if not np.isfinite(v) else float(v))
+    def number_list(values: np.ndarray) -> list[float | int]:
+        return [FORBIDDEN_COST if not np.isfinite(v) else (int(v) if float(v).is_integer() else float(v))
                 for v in values.tolist()]
 
-    return {
-        "problem": {
-            "name": problem.name,
-            "nodes": {
-                "intervals": [list(node.live) if node.live is not None else [0, 0] for node in problem.nodes],
-                "costs": [cost_list(node.cost) for node in problem.nodes],
-                "usages": [[int(u) for u in node.memory_bytes.tolist()] for node in problem.nodes],
-            },
-            "edges": {
-                "nodes": [[e.src, e.dst] for e in problem.edges],
-                "costs": [cost_list(e.cost.ravel()) for e in problem.edges],
-            },
-            "usage_limit": problem.memory_limit,
-        }
+    spans = [node.live for node in problem.nodes if node.live is not None and node.live[0] < node.live[1]]
+    always = [min(s for s, _ in spans), max(e for _, e in spans)] if spans else [0, 1]
+    out: dict[str, Any] = {
+        "name": problem.name,
+        "nodes": {
+            "intervals": [list(node.live) if node.live is not None else list(always) for node in problem.nodes],
+            "costs": [number_list(node.cost) for node in problem.nodes],
+            "usages": [number_list(node.memory_bytes) for node in problem.nodes],
+        },
+        "edges": {
+            "nodes": [[e.src, e.dst] for e in problem.edges],
+            "costs": [number_list(e.cost.ravel()) for e in problem.edges],
+        },
     }
+    if problem.memory_limit is not None:
+        out["usage_limit"] = int(problem.memory_limit) if float(problem.memory_limit).is_integer() \
+            else problem.memory_limit
+    return {"problem": out}
 
 
 def write_text_atomic(path: str | os.PathLike[str], text: str, *, parents: bool = False) -> None:

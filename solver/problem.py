@@ -16,6 +16,11 @@ several edges that way.
 Forbidden strategies and pairs: ``null`` in JSON, or any cost >= 1e18 (real
 exported problems, e.g. XLA's, use 1e18). In memory they are ``inf``.
 
+The reader refuses, naming the field, any key it does not know (a misspelt
+``memory`` must not read as "no memory"; the ``autoshard`` section that
+``autoshard solve --dump-problem`` adds is the one extra key, passed over) and
+``true``/``false`` where a number belongs.
+
 >>> p = Problem.from_dict({"format": "autoshard.problem/1",
 ...     "nodes": [{"cost": [1, 2]}, {"cost": [3, 0]}],
 ...     "edges": [{"src": 0, "dst": 1, "cost": [[0, 5], [5, 0]]}]})
@@ -25,7 +30,10 @@ exported problems, e.g. XLA's, use 1e18). In memory they are ``inf``.
 
 from __future__ import annotations
 
+import itertools
+import json
 import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -54,6 +62,68 @@ class ProblemError(ValueError):
         self.field = field_path
 
 
+# Keys each object may have. A misspelt key must not pass as an absent one
+# ("memmory" would mean "no memory"); "autoshard" is the section that
+# `autoshard solve --dump-problem` adds and the solver does not read.
+TOP_KEYS = frozenset({"format", "name", "nodes", "matrices", "edges", "memory_limit", "ties", "pins", "autoshard"})
+NODE_KEYS = frozenset({"name", "strategies", "cost", "memory", "live"})
+EDGE_KEYS = frozenset({"src", "dst", "cost", "matrix"})
+
+# JSON numbers arrive as exactly these types; checking the set of types of a
+# list (C speed) keeps the common cases to one pass, and catches true/false,
+# which Python and numpy would otherwise take as 1 and 0.
+_PLAIN_NUMBERS = frozenset({int, float})
+_NUMBERS_OR_NULL = frozenset({int, float, type(None)})
+
+
+def _refuse_unknown_key(raw: Mapping[str, Any], allowed: frozenset[str], path: str) -> None:
+    """Raise for the first key of ``raw`` not in ``allowed`` (callers test
+    ``raw.keys() <= allowed`` inline first: this runs once per node and edge)."""
+    unknown = sorted(str(key) for key in raw.keys() - allowed)[0]
+    raise ProblemError(f"{path}.{unknown}" if path else unknown,
+                       f"unknown key (allowed: {', '.join(sorted(allowed))})")
+
+
+def json_text(value: Any) -> str:
+    """How a value looked in the file (``true``, ``null``, ``"1"``), for messages."""
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _number_list(values: list | tuple, field_path: str, *, null: float | None = None) -> list[Any]:
+    """``values`` as a list, ``None`` replaced by ``null`` when that is given;
+    refuses anything else that is not a number, booleans included, naming its index."""
+    kinds = set(map(type, values))
+    if kinds <= _PLAIN_NUMBERS:
+        return values if isinstance(values, list) else list(values)
+    if null is not None and kinds <= _NUMBERS_OR_NULL:
+        return [null if v is None else v for v in values]
+    out: list[Any] = []
+    for i, v in enumerate(values):
+        if v is None and null is not None:
+            out.append(null)
+        elif isinstance(v, numbers.Real) and not isinstance(v, (bool, np.bool_)):
+            out.append(v)  # e.g. numpy scalars from a dict built in Python
+        else:
+            raise ProblemError(f"{field_path}[{i}]", f"expected a number, got {json_text(v)}")
+    return out
+
+
+def _matrix_array(rows: list, field_path: str) -> np.ndarray:
+    """A list of equally long rows of costs (``null``: forbidden) as a float64 matrix."""
+    shape = (len(rows), len(rows[0]) if rows else 0)
+    kinds = set(map(type, itertools.chain.from_iterable(rows)))
+    if kinds <= _PLAIN_NUMBERS:
+        return np.array(rows, dtype=np.float64).reshape(shape)
+    if kinds <= _NUMBERS_OR_NULL:
+        return np.array([[math.inf if v is None else v for v in row] for row in rows], dtype=np.float64).reshape(shape)
+    return np.array([_number_list(row, f"{field_path}[{a}]", null=math.inf) for a, row in enumerate(rows)],
+                    dtype=np.float64).reshape(shape)
+
+
 def _cost_array(values: Any, field_path: str) -> np.ndarray:
     """Costs as float64 with ``inf`` for forbidden; rejects negative and NaN."""
     if isinstance(values, np.ndarray):
@@ -61,10 +131,7 @@ def _cost_array(values: Any, field_path: str) -> np.ndarray:
     else:
         if not isinstance(values, (list, tuple)):
             raise ProblemError(field_path, f"expected a list of costs, got {type(values).__name__}")
-        try:
-            arr = np.array([math.inf if v is None else v for v in values], dtype=np.float64)
-        except (TypeError, ValueError):
-            raise ProblemError(field_path, "costs must be numbers or null") from None
+        arr = np.array(_number_list(values, field_path, null=math.inf), dtype=np.float64)
     if arr.ndim != 1:
         raise ProblemError(field_path, "expected a flat list of costs")
     _check_costs(arr, field_path)
@@ -238,6 +305,8 @@ class Problem:
         fmt = data.get("format", FORMAT)
         if fmt != FORMAT:
             raise ProblemError("format", f"expected {FORMAT!r}, got {fmt!r}")
+        if not data.keys() <= TOP_KEYS:
+            _refuse_unknown_key(data, TOP_KEYS, "")
         raw_nodes = data.get("nodes")
         if not isinstance(raw_nodes, list):
             raise ProblemError("nodes", "missing or not a list")
@@ -314,6 +383,8 @@ def _node_from_dict(raw: Any, i: int) -> Node:
     path = f"nodes[{i}]"
     if not isinstance(raw, Mapping):
         raise ProblemError(path, "expected an object")
+    if not raw.keys() <= NODE_KEYS:
+        _refuse_unknown_key(raw, NODE_KEYS, path)
     if "cost" not in raw:
         raise ProblemError(f"{path}.cost", "missing")
     cost = _cost_array(raw["cost"], f"{path}.cost")
@@ -324,12 +395,7 @@ def _node_from_dict(raw: Any, i: int) -> Node:
     else:
         if not isinstance(memory_raw, (list, tuple)):
             raise ProblemError(f"{path}.memory", "expected a list of numbers")
-        try:
-            memory = np.array(memory_raw, dtype=np.float64)
-        except (TypeError, ValueError):
-            raise ProblemError(f"{path}.memory", "memory must be numbers") from None
-        if memory.ndim != 1:
-            raise ProblemError(f"{path}.memory", "expected a flat list of numbers")
+        memory = np.array(_number_list(memory_raw, f"{path}.memory"), dtype=np.float64)
     live_raw = raw.get("live")
     live = None
     if live_raw is not None:
@@ -359,11 +425,7 @@ def _matrices_from_json(raw: Any) -> list[np.ndarray]:
             raise ProblemError(f"matrices[{k}]", "expected a non-empty matrix (list of rows)")
         if any(len(row) != len(matrix[0]) for row in matrix):
             raise ProblemError(f"matrices[{k}]", "rows of different lengths")
-        try:
-            arr = np.array([[math.inf if v is None else v for v in row] for row in matrix], dtype=np.float64)
-        except (TypeError, ValueError):
-            raise ProblemError(f"matrices[{k}]", "costs must be numbers or null") from None
-        arr = arr.reshape(len(matrix), len(matrix[0]))
+        arr = _matrix_array(matrix, f"matrices[{k}]")
         _check_costs(arr, f"matrices[{k}]")
         arr[arr >= FORBIDDEN_COST] = math.inf
         out.append(arr)
@@ -374,6 +436,8 @@ def _edge_from_dict(raw: Any, j: int, nodes: Sequence[Node], matrices: Sequence[
     path = f"edges[{j}]"
     if not isinstance(raw, Mapping):
         raise ProblemError(path, "expected an object")
+    if not raw.keys() <= EDGE_KEYS:
+        _refuse_unknown_key(raw, EDGE_KEYS, path)
     ends = []
     for key in ("src", "dst"):
         value = raw.get(key)
@@ -384,6 +448,8 @@ def _edge_from_dict(raw: Any, j: int, nodes: Sequence[Node], matrices: Sequence[
         ends.append(value)
     shape = (nodes[ends[0]].num_strategies, nodes[ends[1]].num_strategies)
     if "matrix" in raw:
+        if "cost" in raw:
+            raise ProblemError(path, "give one of cost and matrix, not both")
         k = raw["matrix"]
         if not isinstance(k, int) or isinstance(k, bool) or not 0 <= k < len(matrices):
             raise ProblemError(f"{path}.matrix", f"expected an index into matrices (0..{len(matrices) - 1}), got {k!r}")
@@ -401,11 +467,7 @@ def _edge_from_dict(raw: Any, j: int, nodes: Sequence[Node], matrices: Sequence[
             f"{path}.cost",
             f"expected a {shape[0]}x{shape[1]} matrix (src x dst strategies), got {got_rows}x{got_cols}",
         )
-    try:
-        arr = np.array([[math.inf if v is None else v for v in row] for row in matrix], dtype=np.float64)
-    except (TypeError, ValueError):
-        raise ProblemError(f"{path}.cost", "costs must be numbers or null") from None
-    arr = arr.reshape(shape)
+    arr = _matrix_array(matrix, f"{path}.cost")
     _check_costs(arr, f"{path}.cost")
     arr[arr >= FORBIDDEN_COST] = math.inf
     return Edge(src=ends[0], dst=ends[1], cost=arr)

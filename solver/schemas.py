@@ -12,10 +12,12 @@ schemas are written out as ``docs/schemas/*.schema.json`` by
 ``docs/schemas/generate.py``; ``tests/test_docs.py`` checks that the files
 equal what this module says and that files the solver writes are valid.
 
-Where a schema is stricter than the loader, it is on purpose: unknown keys
-are refused here (the loader ignores them, so a typo such as ``"memroy"``
-would silently mean "no memory"), and an edge gives exactly one of
-``cost`` and ``matrix``.
+Both refuse unknown keys in a problem (a typo such as ``"memroy"`` would
+otherwise silently mean "no memory"; ``autoshard`` is the one extra section,
+written by ``autoshard solve --dump-problem``), booleans where a number is
+expected, and an edge that gives both ``cost`` and ``matrix``. A solution's
+``peak_memory`` is the old name of ``peak_memory_bytes``: still read, and
+allowed here so that older files stay valid.
 
 >>> import jsonschema
 >>> jsonschema.Draft202012Validator(PROBLEM_SCHEMA).is_valid({"nodes": [{"cost": [1, 2]}]})
@@ -143,7 +145,7 @@ SOLUTION_SCHEMA: dict[str, Any] = {
     "type": "object",
     "required": ["choice", "status"],
     "properties": {
-        "format": {"const": SOLUTION_FORMAT},
+        "format": {"const": SOLUTION_FORMAT, "description": "Optional; when present, exactly this."},
         "status": {
             "enum": [s.value for s in Status],
             "description": "optimal: proven; feasible: not proven, the method stopped; timeout: the time limit "
@@ -154,7 +156,9 @@ SOLUTION_SCHEMA: dict[str, Any] = {
         "gap": {**_OPTIONAL_NUMBER, "minimum": 0, "description": "(cost - lower_bound) / cost; null without both."},
         "seconds": {"type": "number", "minimum": 0, "description": "Wall time of the solve."},
         "backend": {"type": "string", "description": "Exact backend used: cbc, cpsat, ..."},
-        "peak_memory": {**_OPTIONAL_NUMBER, "minimum": 0, "description": "Peak memory of choice, bytes."},
+        "peak_memory_bytes": {**_OPTIONAL_NUMBER, "minimum": 0, "description": "Peak memory of choice, bytes."},
+        "peak_memory": {**_OPTIONAL_NUMBER, "minimum": 0, "deprecated": True,
+                        "description": "Old name of peak_memory_bytes; read, no longer written."},
         "message": {"type": "string"},
         "choice": {
             "type": "array",

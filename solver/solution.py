@@ -75,7 +75,7 @@ class Solution:
             "gap": self.gap,
             "seconds": round(self.seconds, 4),
             "backend": self.backend,
-            "peak_memory": _json_number(self.peak_memory_bytes),
+            "peak_memory_bytes": _json_number(self.peak_memory_bytes),
             "message": self.message,
             "choice": list(self.choice),
             "stats": dict(self.stats),
@@ -83,6 +83,18 @@ class Solution:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "Solution":
+        """Read the JSON object; ``ValueError`` naming the field when it is not a
+        solution (another format, such as a problem or plan given by mistake)."""
+        if not isinstance(data, Mapping):
+            raise ValueError(f"(root): expected an {FORMAT} object, got {type(data).__name__}")
+        fmt = data.get("format", FORMAT)
+        if fmt != FORMAT:
+            raise ValueError(f"format: expected {FORMAT!r}, got {fmt!r}")
+        for key in ("choice", "status"):
+            if key not in data:
+                raise ValueError(f"{key}: missing (not an {FORMAT} object)")
+        # "peak_memory" is the name files written before the unit was in it used
+        peak = data["peak_memory_bytes"] if "peak_memory_bytes" in data else data.get("peak_memory")
         try:
             return cls(
                 choice=tuple(int(c) for c in data["choice"]),
@@ -92,7 +104,7 @@ class Solution:
                 seconds=float(data.get("seconds", 0.0)),
                 backend=str(data.get("backend", "")),
                 message=str(data.get("message", "")),
-                peak_memory_bytes=data.get("peak_memory"),
+                peak_memory_bytes=peak,
                 stats=dict(data.get("stats", {})),
             )
         except (KeyError, ValueError, TypeError) as exc:

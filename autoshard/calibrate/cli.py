@@ -55,6 +55,8 @@ _EPILOG = """examples:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``autoshard calibrate-hardware`` (module docstring)."""
+    from autoshard.model_spec import add_path_argument
+
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = _EPILOG
     parser.add_argument("-o", "--output", metavar="PROFILE.json", help="measured profile to write")
@@ -76,10 +78,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="example model whose ops the check times (default examples.models.llama3:tiny, widened)")
     parser.add_argument("--model-kwargs", default=None, metavar="JSON", help="factory overrides for --model")
     parser.add_argument("--timeout", type=float, default=600.0, metavar="S",
-                        help="seconds a rank waits for the others before failing (default 600)")
+                        help="seconds a rank waits for the others before failing (default %(default)g)")
+    add_path_argument(parser)
 
 
 def _validate(args: argparse.Namespace) -> None:
+    """Every flag, checked before any rank starts or anything is measured."""
+    from autoshard.cli_values import check_count, check_output_path, check_seconds, parse_mesh
+
     if not args.output and not args.check:
         raise ValueError("give -o PROFILE.json (calibrate) or --check PROFILE.json (accuracy report)")
     if args.output and args.check:
@@ -88,18 +94,18 @@ def _validate(args: argparse.Namespace) -> None:
         raise ValueError("--measurements: only with -o (a calibration)")
     if args.quick and args.tiny:
         raise ValueError("--quick and --tiny: pick one")
-    if args.threads is not None and args.threads < 1:
-        raise ValueError(f"--threads: must be >= 1, got {args.threads}")
-    if args.nproc_per_node is not None and args.nproc_per_node < 1:
-        raise ValueError(f"--nproc-per-node: must be >= 1, got {args.nproc_per_node}")
-    if not args.timeout > 0:
-        raise ValueError(f"--timeout: must be positive, got {args.timeout}")
+    check_count(args.threads, "--threads", 1, 4096)
+    check_count(args.nproc_per_node, "--nproc-per-node", 1, 1024)
+    check_seconds(args.timeout, "--timeout")
     if args.dims and not args.mesh:
         raise ValueError("--dims: needs --mesh")
+    if args.name is not None and not args.name.strip():
+        raise ValueError("--name: must not be empty")
     for flag, path in (("-o", args.output), ("--report", args.report), ("--plot", args.plot),
                        ("--measurements", args.measurements)):
-        if path and not Path(path).resolve().parent.is_dir():
-            raise ValueError(f"{flag}: folder {Path(path).parent} does not exist")
+        check_output_path(path, flag)
+    if args.mesh:
+        parse_mesh(args.mesh, args.dims)
     if args.check:
         from hw_profiles import load
 
@@ -108,10 +114,23 @@ def _validate(args: argparse.Namespace) -> None:
         from hw_profiles import load
 
         load(args.base)
-    if args.mesh:
-        from costmodel.mesh import MeshSpec
+    if args.model_kwargs is not None:
+        from autoshard.coverage import parse_kwargs
 
-        MeshSpec.from_text(args.mesh, args.dims)
+        try:
+            parse_kwargs(args.model_kwargs)
+        except ValueError as exc:
+            raise ValueError(str(exc).replace("--kwargs", "--model-kwargs", 1)) from None
+    from autoshard.model_spec import check_importable, use_paths
+
+    use_paths(getattr(args, "path", []))
+    if args.model or args.report or args.plot or args.check:  # the held-out check imports the model, in every rank
+        if args.model:
+            check_importable(args.model, getattr(args, "path", []))
+        else:
+            from autoshard.calibrate.heldout import DEFAULT_MODEL
+
+            check_importable(DEFAULT_MODEL[0], getattr(args, "path", []))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -177,6 +196,9 @@ def _default_base(job: Any) -> Any:
 def run_rank(args: argparse.Namespace, *, command: str = "") -> int:
     """One rank of the job (all of it on a single process): calibrate or check."""
     from autoshard.calibrate.launch import CHILD_ENV, unchanged_text
+    from autoshard.model_spec import use_paths
+
+    use_paths(getattr(args, "path", []))  # ranks started by --nproc-per-node import the model here too
 
     status = os.environ.get(CHILD_ENV)
     target = args.output or args.report

@@ -14,7 +14,8 @@ never replace a good profile. So:
 * :func:`write_profile` writes it atomically (temporary file + rename in the
   same folder: ``solver.io.write_text_atomic``), only once the whole run has
   completed, so an interrupted or failed run leaves the previous file
-  byte-identical.
+  byte-identical; :func:`write_measurements` writes the raw samples
+  (``--measurements``) the same way, as ``autoshard.calibration-measurements/1``.
 
 >>> from hw_profiles import load
 >>> check_profile(load("cpu-gloo").to_dict(), base=None)
@@ -28,7 +29,7 @@ import json
 import math
 import os
 import platform
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import torch
 
@@ -39,8 +40,11 @@ from hw_profiles.profile import COLLECTIVE_KINDS
 from autoshard.calibrate.fit import FitError
 from autoshard.calibrate.timing import Job
 
-__all__ = ["host_description", "device_name", "memory_bytes", "initial_interconnect", "assemble_profile",
-           "check_profile", "write_profile", "to_json"]
+__all__ = ["MEASUREMENTS_FORMAT", "host_description", "device_name", "memory_bytes", "initial_interconnect",
+           "assemble_profile", "check_profile", "write_profile", "measurements_dict", "write_measurements", "to_json"]
+
+MEASUREMENTS_FORMAT = "autoshard.calibration-measurements/1"
+"""The ``format`` of the ``--measurements`` file (docs/formats.md)."""
 
 
 def cpu_model() -> str:
@@ -218,6 +222,22 @@ def write_profile(path: str | os.PathLike[str], data: Mapping[str, Any]) -> None
 
     validate(data)
     write_text_atomic(path, to_json(data) + "\n")
+
+
+def measurements_dict(mesh: Any, compute: Sequence[Any], collectives: Sequence[Any]) -> dict[str, Any]:
+    """The ``--measurements`` file: the mesh (``MeshSpec``) and every compute
+    and collective sample (each with ``to_dict``), under its format string so
+    that a reader can tell it from a profile."""
+    return {"format": MEASUREMENTS_FORMAT, "mesh": mesh.to_dict(), "compute": [s.to_dict() for s in compute],
+            "collectives": [s.to_dict() for s in collectives]}
+
+
+def write_measurements(path: str | os.PathLike[str], mesh: Any, compute: Sequence[Any],
+                       collectives: Sequence[Any]) -> None:
+    """Write :func:`measurements_dict` atomically."""
+    from solver.io import write_text_atomic
+
+    write_text_atomic(path, json.dumps(measurements_dict(mesh, compute, collectives), indent=1) + "\n")
 
 
 def to_json(value: Any, indent: int = 0) -> str:

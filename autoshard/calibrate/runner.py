@@ -226,11 +226,9 @@ def calibrate(job: Job, options: Options) -> dict:
         raise RuntimeError("another rank did not complete the calibration")
     if job.rank == 0:
         if options.measurements:
-            from solver.io import write_text_atomic
+            from autoshard.calibrate.output import write_measurements
 
-            write_text_atomic(options.measurements, json.dumps(
-                {"mesh": mesh.to_dict(), "compute": [s.to_dict() for s in compute],
-                 "collectives": [s.to_dict() for s in collectives]}, indent=1) + "\n")
+            write_measurements(options.measurements, mesh, compute, collectives)
         if options.output:
             write_profile(options.output, data)
         for line in warnings:

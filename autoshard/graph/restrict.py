@@ -77,6 +77,8 @@ from costmodel.mesh import MeshSpec
 from costmodel.placements import Partial, Placement, Replicate, Shard, StridedShard
 from hw_profiles import HardwareProfile
 
+from autoshard.cli_values import format_bytes
+
 from autoshard.graph.memory import OptimizerMemory
 from autoshard.rules import OpStrategy
 
@@ -255,7 +257,7 @@ def seeded_restriction(
     if solution.status is Status.INFEASIBLE or not solution.choice:
         # no coarse plan fits: seed from the unconstrained optimum; the fine mesh may still fit
         # (all-replicate and every leaf layout stay available there)
-        log.warning("seeded search: no coarse plan fits %.1f GiB; seeding without the limit", limit / 2**30)
+        log.warning("seeded search: no coarse plan fits %s; seeding without the limit", format_bytes(limit))
         solution = solve_problem(to_problem(graph, memory_limit=None), backend=backend, time_limit=time_limit)
         relaxed = True
     seeds = [solution.choice]

@@ -9,18 +9,13 @@ estimate) and, with ``--plot``, a PNG of live memory over the step.
 from __future__ import annotations
 
 import argparse
-import os
-import tempfile
+import io
 from collections import Counter
-from pathlib import Path
 
+from autoshard.cli_values import byte_unit, format_bytes, write_bytes_atomic
 from autoshard.plan.format import Plan
 
 __all__ = ["explain_text", "plot_memory", "add_arguments", "run"]
-
-
-def _gib(n: float) -> str:
-    return f"{n / 2**30:.2f} GiB"
 
 
 def _ms(s: float) -> str:
@@ -47,10 +42,10 @@ def explain_text(plan: Plan, *, top: int = 10, params_limit: int = 40) -> str:
         f"| compute | {_ms(e.compute_s)} |",
         f"| communication | {_ms(e.comm_s)} |",
         f"| local re-layouts | {_ms(e.relayout_s)} |",
-        f"| peak memory | {_gib(e.peak_memory_bytes)} |",
+        f"| peak memory | {format_bytes(e.peak_memory_bytes)} |",
     ]
     if e.memory_limit_bytes is not None:
-        lines.append(f"| memory limit | {_gib(e.memory_limit_bytes)} ({'fits' if e.fits else 'DOES NOT FIT'}) |")
+        lines.append(f"| memory limit | {format_bytes(e.memory_limit_bytes)} ({'fits' if e.fits else 'DOES NOT FIT'}) |")
     lines += ["", "| parameter | placement |", "|---|---|"]
     names = sorted(plan.params)
     for name in names[:params_limit]:
@@ -69,63 +64,69 @@ def explain_text(plan: Plan, *, top: int = 10, params_limit: int = 40) -> str:
         steps = " ; ".join(f"{s.collective}[{','.join(map(str, s.mesh_dims))}]" for s in r.steps) or "-"
         lines.append(f"| {r.tensor} -> {r.to} | {r.src} -> {r.dst} | {steps} | {_ms(r.cost_s)} |")
     if plan.buckets:
-        lines += ["", f"| gradient bucket ({len(plan.buckets)}, one collective each) | gradients | MiB | time |",
+        lines += ["", f"| gradient bucket ({len(plan.buckets)}, one collective each) | gradients | size | time |",
                   "|---|---:|---:|---:|"]
         for b in plan.buckets:
             lines.append(f"| {b.collective}[{','.join(map(str, b.mesh_dims))}]({b.reduce_op}) {b.dtype.replace('torch.', '')} "
-                         f"| {len(b.members)} | {b.bytes / 2**20:.2f} | {_ms(b.cost_s)} |")
+                         f"| {len(b.members)} | {format_bytes(b.bytes)} | {_ms(b.cost_s)} |")
     return "\n".join(lines)
 
 
 def plot_memory(plan: Plan, path: str) -> None:
-    """Live memory (GiB) over the step's time axis, with the limit, as a PNG."""
+    """Live memory over the step's time axis, with the limit, as a PNG (in
+    the unit of the peak: a small model's curve is not flat at 0 GiB)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     points = list(plan.memory_timeline)
+    unit, scale = byte_unit(plan.estimate.peak_memory_bytes)
     fig, ax = plt.subplots(figsize=(8, 3.5))
     if points:
         xs = [t for t, _ in points]
-        ys = [b / 2**30 for _, b in points]
+        ys = [b / scale for _, b in points]
         ax.step(xs, ys, where="post", label="live memory")
     limit = plan.estimate.memory_limit_bytes
     # a limit far above the curve would flatten it: then it is named in the title only
     if limit is not None and limit <= 3 * plan.estimate.peak_memory_bytes:
-        ax.axhline(limit / 2**30, color="red", linestyle="--", label="limit")
+        ax.axhline(limit / scale, color="red", linestyle="--", label="limit")
     ax.set_xlabel("op index in the training step (forward, backward, optimizer)")
-    ax.set_ylabel("GiB per rank")
-    title = f"memory over one step (peak {_gib(plan.estimate.peak_memory_bytes)}"
-    ax.set_title(title + (f", limit {_gib(limit)})" if limit is not None and limit < 1e20 else ")"))
+    ax.set_ylabel(f"{unit} per rank")
+    title = f"memory over one step (peak {format_bytes(plan.estimate.peak_memory_bytes)}"
+    ax.set_title(title + (f", limit {format_bytes(limit)})" if limit is not None and limit < 1e20 else ")"))
     ax.set_ylim(bottom=0)
     ax.legend(loc="upper left")
     fig.tight_layout()
-    # atomic: a reader never sees half a PNG, an error leaves no file behind
-    target = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".png", dir=target.parent if str(target.parent) else ".")
-    os.close(fd)
+    # rendered in memory, then written atomically with the user's umask: a reader
+    # never sees half a PNG, and an error leaves no file behind
+    buffer = io.BytesIO()
     try:
-        fig.savefig(tmp, dpi=120)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        fig.savefig(buffer, format="png", dpi=120)
     finally:
         plt.close(fig)
+    write_bytes_atomic(path, buffer.getvalue())
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``autoshard explain``."""
     parser.add_argument("plan", metavar="PLAN.json", help="a plan written by `autoshard solve`")
-    parser.add_argument("--top", type=int, default=10, help="how many redistributions to list (default 10)")
+    parser.add_argument("--top", type=int, default=10, metavar="N",
+                        help="how many redistributions to list (default %(default)s)")
     parser.add_argument("--plot", metavar="PNG", help="also draw memory over the step into this PNG")
 
 
 def run(args: argparse.Namespace) -> int:
+    from autoshard.cli_values import check_count, check_output_path
+
+    check_count(args.top, "--top", 0, 10**9)
+    if args.plot:
+        check_output_path(args.plot, "--plot")
+        import importlib.util
+
+        if importlib.util.find_spec("matplotlib") is None:
+            raise ValueError("--plot: needs matplotlib (pip install matplotlib)")
     plan = Plan.load(args.plan)
-    if args.top < 0:
-        raise ValueError("--top: must be >= 0")
     print(explain_text(plan, top=args.top))
     if args.plot:
         plot_memory(plan, args.plot)

@@ -177,33 +177,71 @@ class Estimate:
                    None if data.get("memory_limit_bytes") is None else float(data["memory_limit_bytes"]))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class SolverReport:
-    """How the solve went."""
+    """How the solve went.
+
+    The sizes are counts of the solver problem's nodes and edges (one node
+    per op, parameter or input, each picking a strategy; one edge per
+    pairwise cost table). Plans written before they were named so call them
+    ``variables`` / ``constraints`` / ``reduced_variables``; those keys and
+    keyword arguments are still read."""
 
     backend: str
     status: str
     gap: float | None
     seconds: float
-    variables: int
+    problem_nodes: int
     """Problem nodes before reduction."""
-    constraints: int
+    problem_edges: int
     """Problem edges before reduction (each a pairwise cost table)."""
-    reduced_variables: int | None = None
-    timings: Mapping[str, float] = field(default_factory=dict)
+    reduced_nodes: int | None
+    """Problem nodes left after the solver's exact reductions (None: not reported)."""
+    timings: Mapping[str, float]
     """Seconds per phase: trace, build, solve, plan."""
+
+    def __init__(self, backend: str, status: str, gap: float | None, seconds: float, problem_nodes: int = 0,
+                 problem_edges: int = 0, reduced_nodes: int | None = None, timings: Mapping[str, float] | None = None,
+                 *, variables: int | None = None, constraints: int | None = None,
+                 reduced_variables: int | None = None) -> None:
+        # the old keyword names stay accepted so that callers written for them keep working
+        values = {"backend": backend, "status": status, "gap": gap, "seconds": seconds,
+                  "problem_nodes": problem_nodes if variables is None else variables,
+                  "problem_edges": problem_edges if constraints is None else constraints,
+                  "reduced_nodes": reduced_nodes if reduced_variables is None else reduced_variables,
+                  "timings": dict(timings or {})}
+        for name, value in values.items():
+            object.__setattr__(self, name, value)
+
+    @property
+    def variables(self) -> int:
+        """Old name of :attr:`problem_nodes`."""
+        return self.problem_nodes
+
+    @property
+    def constraints(self) -> int:
+        """Old name of :attr:`problem_edges`."""
+        return self.problem_edges
+
+    @property
+    def reduced_variables(self) -> int | None:
+        """Old name of :attr:`reduced_nodes`."""
+        return self.reduced_nodes
 
     def to_dict(self) -> dict[str, Any]:
         return {"backend": self.backend, "status": self.status, "gap": self.gap, "seconds": self.seconds,
-                "variables": self.variables, "constraints": self.constraints,
-                "reduced_variables": self.reduced_variables, "timings": dict(self.timings)}
+                "problem_nodes": self.problem_nodes, "problem_edges": self.problem_edges,
+                "reduced_nodes": self.reduced_nodes, "timings": dict(self.timings)}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "SolverReport":
+        def first(*keys: str) -> Any:  # the current key, else its name in older plans
+            return next((data[k] for k in keys if data.get(k) is not None), None)
+
         return cls(str(_need(data, "backend", "solver")), str(_need(data, "status", "solver")),
                    None if data.get("gap") is None else float(data["gap"]), float(data.get("seconds", 0.0)),
-                   int(data.get("variables", 0)), int(data.get("constraints", 0)), data.get("reduced_variables"),
-                   dict(data.get("timings", {})))
+                   int(first("problem_nodes", "variables") or 0), int(first("problem_edges", "constraints") or 0),
+                   first("reduced_nodes", "reduced_variables"), dict(data.get("timings", {})))
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,6 +24,7 @@ from hw_profiles import load as load_profile
 from solver import solve as solve_problem
 from solver.solution import Status
 
+from autoshard.cli_values import format_bytes
 from autoshard.graph.builder import StrategyGraph, build_graph
 from autoshard.graph.memory import OptimizerMemory
 from autoshard.graph.problem import to_problem
@@ -177,7 +178,7 @@ def solve_prepared(
                                  progress=on_event)
     if solution.status is Status.INFEASIBLE or not solution.choice:
         raise InfeasibleMemoryError(
-            f"memory limit {limit / 2**30:.2f} GiB: no plan fits ({solution.message or solution.status.value})"
+            f"memory limit {format_bytes(limit)}: no plan fits ({solution.message or solution.status.value})"
             + _smallest_peak_hint(prep, baseline, time_limit, server)
         )
     if remote is not None:
@@ -248,7 +249,7 @@ def _smallest_peak_hint(prep: Prepared, baseline: str | None, time_limit: float,
                               server=server)
     except ValueError:
         return ""
-    return f"; smallest peak found: {plan.estimate.peak_memory_bytes / 2**30:.2f} GiB (FSDP layout)"
+    return f"; smallest peak found: {format_bytes(plan.estimate.peak_memory_bytes)} (FSDP layout)"
 
 
 def solve(

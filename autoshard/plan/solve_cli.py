@@ -14,40 +14,46 @@ is exit code 1 with the smallest peak found.
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from typing import Any
 
-__all__ = ["parse_bytes", "parse_pins", "add_arguments", "run"]
+from autoshard.cli_values import parse_bytes
 
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+__all__ = ["parse_bytes", "parse_pins", "add_arguments", "run", "BACKEND_CHOICES", "OPTIMIZER_CHOICES",
+           "BASELINE_CHOICES"]
 
-
-def parse_bytes(text: str) -> int:
-    """``70GiB``, ``80GB``, ``1.5e9`` -> bytes."""
-    match = re.fullmatch(r"\s*([0-9.]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*", text)
-    if not match or match.group(2).lower() not in _UNITS:
-        raise ValueError(f"--memory-limit: expected a size such as 70GiB, 80GB or 1.5e9, got {text!r}")
-    value = float(match.group(1)) * _UNITS[match.group(2).lower()]
-    if not value > 0 or value == float("inf"):
-        raise ValueError(f"--memory-limit: must be a positive size, got {text!r}")
-    return int(value)
+# Copies of solver.backends.BACKENDS, autoshard.graph.memory.OPTIMIZERS and
+# autoshard.plan.baselines.BASELINES: those modules import numba or torch, and
+# `autoshard solve --help` (and a typo's error) must stay instant.
+# tests/autoshard/test_cli_bad_input.py checks that the copies agree.
+BACKEND_CHOICES = ("cbc", "cpsat")
+OPTIMIZER_CHOICES = ("adamw", "sgd", "sgd-momentum", "none")
+BASELINE_CHOICES = ("ddp", "fsdp", "tp", "fsdp+tp")
 
 
 def parse_pins(items: list[str]) -> dict[str, str]:
-    """``PATTERN=PLACEMENT`` items -> dict."""
+    """``PATTERN=PLACEMENT`` items -> dict; a placement that does not parse
+    fails here, before tracing (whether the tensor can take it is checked
+    once the graph is built)."""
+    from costmodel.placements import parse_placements
+
     pins = {}
     for item in items:
         pattern, sep, placement = item.partition("=")
         if not sep or not pattern or not placement:
             raise ValueError(f"--pin: expected PATTERN=PLACEMENT (e.g. '*.wq.weight=S(0)R'), got {item!r}")
+        try:
+            parse_placements(placement)
+        except ValueError as exc:
+            raise ValueError(f"--pin {item}: {exc}") from None
         pins[pattern] = placement
     return pins
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``autoshard solve``."""
+    from autoshard.model_spec import add_path_argument
+
     parser.add_argument("model", metavar="MODULE:FACTORY", help="e.g. examples.models.llama3:tiny")
     parser.add_argument("--kwargs", default="{}", metavar="JSON", help="factory overrides as a JSON object")
     parser.add_argument("--mesh", required=True, metavar="AxB", help="mesh shape, e.g. 8x8")
@@ -56,14 +62,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--memory-limit", metavar="SIZE", help="per-rank limit (default: the profile's device memory)")
     parser.add_argument("--pin", action="append", default=[], metavar="PATTERN=PLACEMENT",
                         help="fix a parameter's or input's placement by name pattern (repeatable)")
-    parser.add_argument("--time-limit", type=float, default=60.0, metavar="S", help="solver time limit (default 60)")
-    parser.add_argument("--backend", default="cbc", help="ILP backend: cbc (default) or cpsat")
-    parser.add_argument("--optimizer", default="adamw", help="adamw (default), sgd, sgd-momentum or none")
+    parser.add_argument("--time-limit", type=float, default=60.0, metavar="S",
+                        help="solver time limit in seconds (default %(default)g, at most a week)")
+    parser.add_argument("--backend", default="cbc", choices=BACKEND_CHOICES, help="ILP backend (default %(default)s)")
+    parser.add_argument("--optimizer", default="adamw", choices=OPTIMIZER_CHOICES,
+                        help="decides the optimizer state in memory (default %(default)s)")
     parser.add_argument("--mixed-precision", action="store_true", help="low-precision params with fp32 master and state")
     parser.add_argument("--no-ties", action="store_true", help="let every repeated layer choose its own strategies")
     parser.add_argument("--search", default="auto", choices=("auto", "full", "seeded"),
                         help="full enumeration, or seeded from a coarser 2-D mesh (auto: seeded on 3-D+ meshes)")
-    parser.add_argument("--baseline", help="solve an expert layout instead: ddp, fsdp, tp or fsdp+tp")
+    parser.add_argument("--baseline", choices=BASELINE_CHOICES, help="solve an expert layout instead")
     parser.add_argument("--compare-baselines", action="store_true", help="price the expert layouts beside the plan")
     parser.add_argument("--dump-problem", metavar="FILE",
                         help="also write the solver problem (autoshard.problem/1, with what turns its solution into "
@@ -71,51 +79,64 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--server", metavar="URL", help="solve on an autoshard serve (e.g. http://host:8470; token "
                         "from $AUTOSHARD_TOKEN) instead of here")
     parser.add_argument("-o", "--output", metavar="PLAN.json", help="where to write the plan")
+    add_path_argument(parser)
 
 
-def _validate(args: argparse.Namespace) -> tuple[Any, int | None, dict[str, str]]:
-    from costmodel.mesh import MeshSpec
+def _validate(args: argparse.Namespace) -> tuple[Any, int | None, dict[str, str], dict[str, Any]]:
+    """Every flag, checked before torch is imported or the model traced:
+    (mesh, memory limit, pins, factory overrides)."""
     from hw_profiles import load
 
-    try:
-        mesh = MeshSpec.from_text(args.mesh, args.dims)
-    except ValueError as exc:
-        raise ValueError(f"--mesh/--dims: {exc}") from None
-    from solver.cli import MAX_TIME_LIMIT_S
+    from autoshard.cli_values import check_output_path, check_seconds, parse_mesh
+    from autoshard.coverage import parse_kwargs
+    from autoshard.model_spec import split_spec
 
-    if not 0 < args.time_limit <= MAX_TIME_LIMIT_S:  # also refuses nan
-        raise ValueError(f"--time-limit: must be a number of seconds in (0, {MAX_TIME_LIMIT_S:.0f}], "
-                         f"got {args.time_limit}")
+    split_spec(args.model)
+    overrides = parse_kwargs(args.kwargs)
+    mesh = parse_mesh(args.mesh, args.dims)
+    check_seconds(args.time_limit, "--time-limit")
     load(args.profile)  # an unknown profile fails before tracing
     limit = parse_bytes(args.memory_limit) if args.memory_limit else None
-    return mesh, limit, parse_pins(args.pin)
+    pins = parse_pins(args.pin)
+    check_output_path(args.output, "-o/--output")
+    check_output_path(args.dump_problem, "--dump-problem")
+    return mesh, limit, pins, overrides
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    mesh, limit, pins, overrides = _validate(args)
+    paths = getattr(args, "path", [])
+    from autoshard.model_spec import import_factory
 
-    from autoshard.coverage import load_example, parse_kwargs
-    from autoshard.plan.explain import explain_text
-    from autoshard.plan.solve import InfeasibleMemoryError, compare_baselines, prepare, solve_prepared
-
-    mesh, limit, pins = _validate(args)
+    import_factory(args.model, paths)  # a spec that does not import fails before the server is asked
     if args.server:  # an unreachable server fails before the model is traced
         from autoshard.service.client import ServiceClient
 
         ServiceClient(args.server).health()
-    model, inputs = load_example(args.model, parse_kwargs(args.kwargs))
+
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from autoshard.coverage import load_example
+    from autoshard.plan.explain import explain_text
+    from autoshard.plan.solve import InfeasibleMemoryError, compare_baselines, prepare, solve_prepared
+
+    model, inputs = load_example(args.model, overrides, paths=paths)
     console = Console(stderr=True)
-    with Progress(TextColumn("{task.description:<7}"), BarColumn(), TextColumn("{task.fields[detail]}"),
-                  TimeElapsedColumn(), console=console, transient=not console.is_terminal) as bar:
-        tasks: dict[str, Any] = {}
+    # on a terminal only: piped into a log, rich's final render is a stray empty line on stderr
+    bar = Progress(TextColumn("{task.description:<7}"), BarColumn(), TextColumn("{task.fields[detail]}"),
+                   TimeElapsedColumn(), console=console, disable=not console.is_terminal)
+    tasks: dict[str, Any] = {}
 
-        def progress(phase: str, done: float, total: float) -> None:
-            if phase not in tasks:
-                tasks[phase] = bar.add_task(phase, total=total or 1, detail="")
-            detail = f"{done:.0f}/{total:.0f} ops" if phase == "build" else (f"{done:.1f} s" if phase == "solve" else "")
-            bar.update(tasks[phase], completed=done, total=total or 1, detail=detail)
+    def progress(phase: str, done: float, total: float) -> None:
+        if phase not in tasks:
+            if not tasks:  # started on the first report: an error before it prints no empty progress line
+                bar.start()
+            tasks[phase] = bar.add_task(phase, total=total or 1, detail="")
+        detail = f"{done:.0f}/{total:.0f} ops" if phase == "build" else (f"{done:.1f} s" if phase == "solve" else "")
+        bar.update(tasks[phase], completed=done, total=total or 1, detail=detail)
 
+    try:
         prep = prepare(model, inputs, mesh.shape, mesh.dim_names, profile=args.profile, optimizer=args.optimizer,
                        mixed_precision=args.mixed_precision, progress=progress, search=args.search)
         try:
@@ -123,16 +144,19 @@ def run(args: argparse.Namespace) -> int:
                                   backend=args.backend, ties=not args.no_ties, baseline=args.baseline,
                                   progress=progress, server=args.server)
         except InfeasibleMemoryError as exc:
+            bar.stop()
             print(f"autoshard solve: {exc}", file=sys.stderr)
             return 1
         if args.dump_problem:
             _dump_problem(prep, plan, pins, limit, args)
+    finally:
+        bar.stop()
     if args.output:
         plan.save(args.output)
     print(explain_text(plan))
     if args.compare_baselines:
         rows = compare_baselines(prep, memory_limit=limit, time_limit=min(args.time_limit, 30.0), backend=args.backend)
-        print("\n| layout | step ms | compute ms | comm ms | peak GiB | fits |\n|---|---:|---:|---:|---:|---|")
+        print("\n| layout | step ms | compute ms | comm ms | peak memory | fits |\n|---|---:|---:|---:|---:|---|")
         print(_row("solved", plan))
         for r in rows:
             print(_row(r.name, r.plan) if r.plan else f"| {r.name} | - | - | - | - | {r.error} |")
@@ -142,9 +166,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _row(name: str, plan: Any) -> str:
+    from autoshard.cli_values import format_bytes
+
     e = plan.estimate
     return (f"| {name} | {e.step_s * 1e3:.3f} | {e.compute_s * 1e3:.3f} | {(e.comm_s + e.relayout_s) * 1e3:.3f} "
-            f"| {e.peak_memory_bytes / 2**30:.2f} | {'yes' if e.fits else 'no'} |")
+            f"| {format_bytes(e.peak_memory_bytes)} | {'yes' if e.fits else 'no'} |")
 
 
 def _dump_problem(prep: Any, plan: Any, pins: dict[str, str], limit: int | None, args: argparse.Namespace) -> None:

@@ -61,6 +61,7 @@ from autoshard.rules.core import OpCall, OpStrategy, TensorMeta, to_meta
 from autoshard.rules.expand import expand_rule
 from autoshard.rules.registry import Rule, RuleRegistry, SampleInput, op_name
 from autoshard.rules.samples import VARIANTS, Sampler, variant
+from autoshard.validate_rules import add_arguments, run
 
 __all__ = [
     "TOLERANCE",
@@ -73,8 +74,7 @@ __all__ = [
     "validate_rule",
     "validate_registry",
     "format_reports",
-    "add_arguments",
-    "run",
+    "run_checked",
 ]
 
 
@@ -453,23 +453,10 @@ def format_reports(reports: Sequence[RuleReport], *, show_failures: int = 3) -> 
 # --------------------------------------------------------------------------- command line
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Options of ``autoshard validate-rules`` / ``python -m autoshard.rules.validator``."""
-    parser.add_argument("--op", action="append", default=[], metavar="NAME",
-                        help="op to check (aten.mm.default, mm, or a glob); repeatable; default all")
-    parser.add_argument("--family", action="append", default=[], metavar="NAME", help="only rules of this family; repeatable")
-    parser.add_argument("--cases", type=int, default=5, help="mesh cases per rule (default 5)")
-    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    parser.add_argument("--max-strategies", type=int, default=40, help="strategies checked per sample (default 40)")
-    parser.add_argument("--failures", type=int, default=3, help="failures shown per failing rule (default 3)")
-
-
-def run(args: argparse.Namespace) -> int:
-    """Validate the selected rules, print the table; 1 if any failed."""
+def run_checked(args: argparse.Namespace) -> int:
+    """Validate the selected rules (flags already checked by ``autoshard.validate_rules``), print the table; 1 if any failed."""
     from autoshard.rules import load_rules
 
-    if args.cases < 1:
-        raise ValueError(f"--cases: must be >= 1, got {args.cases}")
     registry = load_rules()
     ops = select_ops(registry, args.op, args.family)
     reports = validate_registry(registry, ops, cases=args.cases, seed=args.seed, max_strategies=args.max_strategies)

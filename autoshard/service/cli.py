@@ -29,20 +29,28 @@ DEFAULT_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "autoshard", "se
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``autoshard serve`` (numbers are checked by :func:`run`, one line each)."""
-    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    parser.add_argument("--port", default="8470", help="TCP port; 0 picks a free one (default 8470)")
-    parser.add_argument("--cache", default=DEFAULT_CACHE, metavar="DIR", help=f"result cache (default {DEFAULT_CACHE})")
-    parser.add_argument("--cache-size", default="1GiB", metavar="SIZE", help="cache bound, LRU beyond (default 1GiB)")
-    parser.add_argument("--workers", default="2", metavar="N", help="worker processes, solves at once (default 2)")
-    parser.add_argument("--max-queue", default="64", metavar="N", help="jobs waiting; more get 429 (default 64)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default %(default)s)")
+    parser.add_argument("--port", default="8470", help="TCP port; 0 picks a free one (default %(default)s)")
+    parser.add_argument("--cache", default=DEFAULT_CACHE, metavar="DIR", help="result cache (default %(default)s)")
+    parser.add_argument("--cache-size", default="1GiB", metavar="SIZE",
+                        help="cache bound, least recently used results go first (default %(default)s)")
+    parser.add_argument("--workers", default="2", metavar="N",
+                        help="worker processes, solves at once (default %(default)s)")
+    parser.add_argument("--max-queue", default="64", metavar="N",
+                        help="jobs waiting for a worker; one more is answered 429 (default %(default)s)")
     parser.add_argument("--token-file", metavar="F", help="require 'Authorization: Bearer <the file's text>'")
-    parser.add_argument("--max-body", default="512MiB", metavar="SIZE", help="request body limit, inflated (413)")
-    parser.add_argument("--max-nodes", default="1000000", metavar="N", help="problem nodes limit (413)")
-    parser.add_argument("--max-edges", default="4000000", metavar="N", help="problem edges limit (413)")
-    parser.add_argument("--max-time-limit", default="600", metavar="S", help="largest time limit a job may ask")
-    parser.add_argument("--time-limit", default="60", metavar="S", help="time limit of problems that give none")
+    parser.add_argument("--max-body", default="512MiB", metavar="SIZE",
+                        help="request body limit, after gzip inflation; 413 beyond (default %(default)s)")
+    parser.add_argument("--max-nodes", default="1000000", metavar="N",
+                        help="problem nodes limit; 413 beyond (default %(default)s)")
+    parser.add_argument("--max-edges", default="4000000", metavar="N",
+                        help="problem edges limit; 413 beyond (default %(default)s)")
+    parser.add_argument("--max-time-limit", default="600", metavar="S",
+                        help="largest time limit a request may ask, seconds (default %(default)s)")
+    parser.add_argument("--time-limit", default="60", metavar="S",
+                        help="time limit of problem requests that give none, seconds (default %(default)s)")
     parser.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"),
-                        help="server log level (default warning)")
+                        help="server log level (default %(default)s)")
 
 
 def _int(text: str, flag: str, low: int, high: int) -> int:
@@ -56,22 +64,24 @@ def _int(text: str, flag: str, low: int, high: int) -> int:
 
 
 def _seconds(text: str, flag: str) -> float:
+    from autoshard.cli_values import check_seconds
+
     try:
         value = float(text)
     except ValueError:
         raise ValueError(f"{flag}: expected seconds, got {text!r}") from None
-    if not 0 < value < float("inf"):
-        raise ValueError(f"{flag}: must be a positive number of seconds, got {text!r}")
-    return value
+    return check_seconds(value, flag)
 
 
 def _size(text: str, flag: str) -> int:
-    from autoshard.plan.solve_cli import parse_bytes
+    from autoshard.cli_values import parse_bytes
 
     try:
-        return parse_bytes(text)
-    except ValueError:
-        raise ValueError(f"{flag}: expected a size such as 1GiB, 500MB or 1e9, got {text!r}") from None
+        return parse_bytes(text, flag)
+    except ValueError as exc:
+        if "expected a size" in str(exc):
+            raise ValueError(f"{flag}: expected a size such as 1GiB, 500MB or 1e9, got {text!r}") from None
+        raise
 
 
 def _token(path: str) -> str:
@@ -86,6 +96,11 @@ def _token(path: str) -> str:
 
 
 def _writable(path: str) -> str:
+    """The cache folder, created if missing; a folder other than the default
+    is created only inside an existing one (a typo must not create a tree)."""
+    parent = os.path.dirname(os.path.abspath(path))
+    if path != DEFAULT_CACHE and not os.path.isdir(parent):
+        raise ValueError(f"--cache {path}: not a writable folder (folder {parent} does not exist)")
     try:
         os.makedirs(path, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=path, prefix=".write-test."):
@@ -97,13 +112,7 @@ def _writable(path: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Check the flags, bind the socket, serve until interrupted."""
-    try:
-        import uvicorn
-
-        from autoshard.service.app import ServiceConfig, create_app
-    except ImportError as exc:
-        raise ValueError(f"needs FastAPI, uvicorn and prometheus-client ({exc.name} is missing): "
-                         "pip install 'autoshard[serve]'") from None
+    from autoshard.cli_values import plural
     from autoshard.service.payload import Limits
 
     port = _int(args.port, "--port", 0, 65535)
@@ -120,8 +129,16 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("--time-limit: must not exceed --max-time-limit") from None
         raise
     token = _token(args.token_file) if args.token_file else None
+    cache_bytes = _size(args.cache_size, "--cache-size")
+    try:  # after the flags: a typo is reported even where the service cannot run
+        import uvicorn
+
+        from autoshard.service.app import ServiceConfig, create_app
+    except ImportError as exc:
+        raise ValueError(f"needs FastAPI, uvicorn and prometheus-client ({exc.name} is missing): "
+                         "pip install 'autoshard[serve]'") from None
     cache_dir = _writable(args.cache)
-    config = ServiceConfig(cache_dir=cache_dir, cache_bytes=_size(args.cache_size, "--cache-size"), workers=workers,
+    config = ServiceConfig(cache_dir=cache_dir, cache_bytes=cache_bytes, workers=workers,
                            max_queue=max_queue, limits=limits, token=token)
     try:
         info = socket.getaddrinfo(args.host, port, type=socket.SOCK_STREAM)[0]
@@ -135,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
     url = f"http://{'[' + host + ']' if ':' in host else host}:{bound}"
 
     def ready() -> None:  # the workers run: requests are answered from now on
-        print(f"autoshard serve: listening on {url} ({workers} workers, cache {cache_dir}"
+        print(f"autoshard serve: listening on {url} ({plural(workers, 'worker')}, cache {cache_dir}"
               f"{', token required' if token else ''})", file=sys.stderr, flush=True)
 
     app = create_app(config, on_ready=ready)

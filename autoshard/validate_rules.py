@@ -1,0 +1,49 @@
+"""``autoshard validate-rules``: its flags, checked before torch is imported.
+
+The validator itself (``autoshard.rules.validator``) imports torch and every
+rule; this module only declares and checks the flags, so ``--help`` and a
+mistyped flag answer at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+__all__ = ["add_arguments", "run"]
+
+# far beyond any real use (a rule has at most a few hundred strategies on the
+# meshes checked), low enough that a typo cannot start an hours-long run
+MAX_CASES = 1000
+MAX_STRATEGIES = 100_000
+MAX_FAILURES = 10_000
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of ``autoshard validate-rules`` / ``python -m autoshard.rules.validator``."""
+    parser.add_argument("--op", action="append", default=[], metavar="NAME",
+                        help="op to check (aten.mm.default, mm, or a glob); repeatable; default all")
+    parser.add_argument("--family", action="append", default=[], metavar="NAME",
+                        help="only rules of this family; repeatable")
+    parser.add_argument("--cases", type=int, default=5, help="mesh cases per rule (default %(default)s)")
+    parser.add_argument("--seed", type=int, default=0, help="random seed (default %(default)s)")
+    parser.add_argument("--max-strategies", type=int, default=40,
+                        help="strategies checked per sample (default %(default)s)")
+    parser.add_argument("--failures", type=int, default=3,
+                        help="failures shown per failing rule (default %(default)s)")
+
+
+def check_arguments(args: argparse.Namespace) -> None:
+    """One ``ValueError`` naming the first bad flag."""
+    for flag, value, low, high in (("--cases", args.cases, 1, MAX_CASES),
+                                   ("--max-strategies", args.max_strategies, 1, MAX_STRATEGIES),
+                                   ("--failures", args.failures, 0, MAX_FAILURES)):
+        if not low <= value <= high:
+            raise ValueError(f"{flag}: expected {low}..{high}, got {value}")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Validate the selected rules, print the table; 1 if any failed."""
+    check_arguments(args)
+    from autoshard.rules.validator import run_checked
+
+    return run_checked(args)
