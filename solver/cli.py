@@ -186,6 +186,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.write(text)
     summary = (f"{solution.status.value}: cost={solution.cost} bound={solution.lower_bound} "
                f"gap={solution.gap} in {solution.seconds:.2f}s ({os.path.basename(args.problem)})")
+    compiled = float(solution.stats.get("compile_seconds") or 0.0)
+    if compiled >= 0.05:  # a first run on this machine: numba compiled the kernels into its disk cache
+        summary += f"; {compiled:.2f}s of it compiling solver kernels (first run only)"
     if solution.message:
         summary += f" - {solution.message}"
     print(summary, file=sys.stderr)

@@ -185,6 +185,9 @@ def solve_prepared(
         plan = remote
     else:
         timings = {**prep.timings, "solve_s": round(solution.seconds, 4)}
+        compiled = float(solution.stats.get("compile_seconds") or 0.0)
+        if compiled > 0:  # a first run's numba compilation, part of solve_s but not solving
+            timings["solve_compile_s"] = round(compiled, 4)
         t = time.perf_counter()
         plan = plan_from_solution(graph, problem, solution, fingerprint=prep.fingerprint, options=options,
                                   timings=timings)
