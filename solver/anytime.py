@@ -21,16 +21,16 @@ feasible; the cost only decreases.
 from __future__ import annotations
 
 import logging
-import math
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from solver.compiled import CompiledGraph
+from solver.compiled import CompiledGraph, KernelArrays
 from solver.exact import solve_exact
-from solver.kernels import Arrays
+from solver.kernels import apply_value
 from solver.localsearch import SearchState, descend, repair
+from solver.tolerance import REL_TOL, improves, kernel_costs
 from solver.window import extract_window, grow_window
 from solver.budget import share_deadline
 
@@ -58,20 +58,9 @@ class AnytimeReport:
         }
 
 
-def _local_costs(graph: CompiledGraph, x: np.ndarray) -> np.ndarray:
-    """Per variable: its unary cost plus half of its edges' costs at x."""
-    cost = graph.unary[graph.unary_off[:-1] + x].copy()
-    if graph.num_edges:
-        idx = graph.edge_off[:-1] + x[graph.edge_u] * graph.dom[graph.edge_v] + x[graph.edge_v]
-        e = graph.edge_cost[idx]
-        np.add.at(cost, graph.edge_u, 0.5 * e)
-        np.add.at(cost, graph.edge_v, 0.5 * e)
-    return np.where(np.isfinite(cost), cost, 1e30)
-
-
 def improve(
     graph: CompiledGraph,
-    arr: Arrays,
+    arr: KernelArrays,
     state: SearchState,
     *,
     backend: str,
@@ -95,8 +84,8 @@ def improve(
     # started in the last half second (measured overruns of 0.1-0.3 s on K)
     while time.perf_counter() < deadline - 0.5:
         # -- LNS window ---------------------------------------------------
-        weights = _local_costs(graph, state.x)
-        weights = weights - weights.min() + 1e-9 * (abs(weights).max() + 1.0)
+        weights = kernel_costs(graph.cost_shares(state.x))  # a variable's share of the cost
+        weights = weights - weights.min() + REL_TOL * (abs(weights).max() + 1.0)
         seed_var = int(rng.choice(n, p=weights / weights.sum()))
         members = grow_window(graph, seed_var, max_choices, max_pairs, rng)
         profile = graph.memory_profile(state.x)
@@ -111,7 +100,7 @@ def improve(
             for i, v in enumerate(members):
                 _set(arr, state, int(v), int(result.values[i]))
             new_cost = graph.cost(state.x)
-            if new_cost < best_cost - 1e-9 * abs(best_cost) and state.feasible():
+            if improves(new_cost, best_cost) and state.feasible():
                 best_cost = new_cost
                 improved = True
                 report.windows_improved += 1
@@ -140,8 +129,8 @@ def improve(
                 descend(candidate, enforce=True, rng=rng, deadline=deadline)
                 report.perturbations += 1
                 cost = graph.cost(candidate.x)
-                if candidate.feasible() and cost < best_cost - 1e-9 * abs(best_cost):
-                    state.x, state.tree, state.pend = candidate.x, candidate.tree, candidate.pend
+                if candidate.feasible() and improves(cost, best_cost):
+                    state.take(candidate)
                     best_cost = cost
                     improved = True
                     report.perturbations_improved += 1
@@ -153,13 +142,5 @@ def improve(
     return report
 
 
-def _set(arr: Arrays, state: SearchState, var: int, value: int) -> None:
-    from solver.kernels import apply_value
-
+def _set(arr: KernelArrays, state: SearchState, var: int, value: int) -> None:
     apply_value(arr, state.tree, state.pend, state.x, var, value)
-
-
-def gap(cost: float, bound: float) -> float:
-    if not math.isfinite(cost) or not math.isfinite(bound):
-        return math.inf
-    return max(0.0, (cost - bound) / max(abs(cost), 1e-12))

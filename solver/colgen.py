@@ -11,7 +11,8 @@ is inside the local polytope). Column generation computes it:
 
 * the master LP holds the columns found so far (the incumbent first, so it is
   feasible) and the rows of the points in A; from it come alpha and duals
-  lambda_p >= 0 (rows) and mu (convexity);
+  lambda_p >= 0 (rows) and mu (convexity). It is solved as the LP relaxation
+  of a backend (``solver.backends``; :data:`MASTER_LP_BACKEND`, GLOP);
 * pricing solves min_x F(x) + sum_p lambda_p mem_p(x) exactly; by weak
   duality, for any lambda >= 0,
 
@@ -48,12 +49,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from solver.backends import ProgramBackend, get_backend
 from solver.compiled import CompiledGraph
-from solver.ilp import initial_points
-from solver.lagrangian import priced_unary, segment_prices
+from solver.exact import solve_exact
+from solver.ilp import LinearProgram
 from solver.localsearch import SearchState, repaired_candidate
-from solver.treedp import EliminationPlan, solve_plan
-from solver.window import from_restricted, restrict_values, to_restricted
+from solver.memory_points import initial_points
+from solver.pricing import dual_bound, priced_unary
+from solver.restrict import from_restricted, restrict_values, to_restricted
+from solver.tolerance import LP_ZERO, ROUND_OFF, TINY, improves, not_ruled_out, over_limit
+from solver.treedp import EliminationPlan, min_marginals, solve_plan
 from solver.budget import share_deadline
 
 __all__ = ["ColumnGenerationReport", "column_generation", "solve_restricted", "fix_by_reduced_cost"]
@@ -64,6 +69,10 @@ SMOOTHING = 0.5
 CANDIDATE_EXCESS = 0.1  # priced labels at most this far over the limit (relative) become candidates,
 CANDIDATE_ANY_VARS = 5000  # or any priced labels on graphs up to this many variables
 CONVERGED = 1e-6  # relative distance between master value and bound (of the incumbent's cost)
+# The master LP is solved every round: GLOP (the cpsat backend's LP) solves it in
+# the process in about 2 ms; CBC would start its binary each time (about 20 ms),
+# and the duals the CBC binary prints are not those of its optimal basis.
+MASTER_LP_BACKEND = "cpsat"
 
 
 @dataclass(slots=True)
@@ -87,33 +96,36 @@ class ColumnGenerationReport:
                 "converged": self.converged, "seconds": round(self.seconds, 3)}
 
 
-def _solve_master(costs: list[float], usage: np.ndarray, capacity: np.ndarray):
-    """LP over the columns; returns (value, alpha, lambda on the rows) or None if not optimal."""
-    from ortools.linear_solver import pywraplp
-
-    lp = pywraplp.Solver.CreateSolver("GLOP")
-    # scale to O(1) so GLOP's tolerances are relative
-    cscale = max(max(abs(c) for c in costs), 1e-300)
+def _master_program(costs: list[float], usage: np.ndarray,
+                    capacity: np.ndarray) -> tuple[LinearProgram, float, np.ndarray]:
+    """The master LP over the columns, scaled to O(1) so that the LP solver's tolerances are
+    relative: ``(program, cost scale, row scales)``. Rows: one per point of ``capacity``
+    (``sum_j alpha_j usage[j] <= capacity``), then the convexity row ``sum_j alpha_j = 1``."""
+    cscale = max(max(abs(c) for c in costs), TINY)
     mscale = np.maximum(np.abs(capacity), 1.0)
-    alpha = [lp.NumVar(0.0, lp.infinity(), "") for _ in costs]
-    rows = []
-    for r in range(capacity.shape[0]):
-        row = lp.Constraint(-lp.infinity(), float(capacity[r] / mscale[r]))
-        for j, a in enumerate(alpha):
-            if usage[j, r] != 0.0:
-                row.SetCoefficient(a, float(usage[j, r] / mscale[r]))
-        rows.append(row)
-    convex = lp.Constraint(1.0, 1.0)
-    for a in alpha:
-        convex.SetCoefficient(a, 1.0)
-    objective = lp.Objective()
-    for a, c in zip(alpha, costs):
-        objective.SetCoefficient(a, c / cscale)
-    objective.SetMinimization()
-    if lp.Solve() != pywraplp.Solver.OPTIMAL:
+    rows, cols = np.nonzero(usage.T)  # row-major: each point's columns in order
+    counts = np.bincount(rows, minlength=capacity.shape[0])
+    row_off = np.zeros(capacity.shape[0] + 2, dtype=np.int64)
+    np.cumsum(np.append(counts, len(costs)), out=row_off[1:])
+    program = LinearProgram(
+        cost=np.array(costs) / cscale, num_binary=0, row_off=row_off,
+        row_col=np.concatenate([cols, np.arange(len(costs))]).astype(np.int64),
+        row_val=np.concatenate([usage.T[rows, cols] / mscale[rows], np.ones(len(costs))]),
+        sense=np.array([ord("L")] * capacity.shape[0] + [ord("E")], dtype=np.uint8),
+        rhs=np.append(capacity / mscale, 1.0), constant=0.0,
+        memory_points=np.zeros(0, dtype=np.int64), y_entry=np.zeros(0, dtype=np.int64))
+    return program, cscale, mscale
+
+
+def _solve_master(engine: ProgramBackend, costs: list[float], usage: np.ndarray, capacity: np.ndarray,
+                  deadline: float):
+    """The master LP; returns (value, alpha, lambda on the rows) or None if not solved."""
+    program, cscale, mscale = _master_program(costs, usage, capacity)
+    result = engine.solve_relaxation(program, time_limit=max(deadline - time.perf_counter(), 0.01))
+    if result.status != "optimal" or result.duals is None:
         return None
-    lam = np.array([max(-row.dual_value(), 0.0) for row in rows]) * cscale / mscale
-    return objective.Value() * cscale, np.array([a.solution_value() for a in alpha]), lam
+    lam = np.maximum(-result.duals[: capacity.shape[0]], 0.0) * cscale / mscale
+    return result.objective * cscale, result.z, lam
 
 
 def column_generation(
@@ -125,13 +137,17 @@ def column_generation(
     seed: int = 0,
     max_rounds: int = 100_000,
     on_improve=None,
+    lp_backend: str = MASTER_LP_BACKEND,
 ) -> ColumnGenerationReport:
-    """Bound the constrained optimum by DW and improve the feasible ``state`` in place (see module docstring)."""
+    """Bound the constrained optimum by DW and improve the feasible ``state`` in place (see module docstring).
+
+    The master LP is solved by ``lp_backend`` (``solver.backends``), which must report duals."""
     report = ColumnGenerationReport()
     start = time.perf_counter()
     if graph.num_times == 0 or graph.num_vars == 0 or not math.isfinite(graph.limit):
         return report
     arr = state.arr
+    engine = get_backend(lp_backend)
     rng = np.random.default_rng(seed)
     capacity = graph.limit - graph.base  # what the choices may use at each point
 
@@ -144,18 +160,18 @@ def column_generation(
     pool: list[np.ndarray] = [state.x.copy()]
     active = np.unique(initial_points(graph, state.x, count=16))
     center = np.zeros(graph.num_times)
-    tol = CONVERGED * max(abs(best_cost), 1e-300)
+    tol = CONVERGED * max(abs(best_cost), TINY)
     while report.rounds < max_rounds and time.perf_counter() < deadline - 0.05:
         usage = np.stack(usages)
-        master = _solve_master(costs, usage[:, active], capacity[active])
+        master = _solve_master(engine, costs, usage[:, active], capacity[active], deadline)
         if master is None:
             log.debug("column generation: master LP not solved")
             break
         value, alpha, lam_rows = master
         report.master = value
-        report.support = [pool[j] for j in np.flatnonzero(alpha > 1e-9)]
+        report.support = [pool[j] for j in np.flatnonzero(alpha > LP_ZERO)]
         mixture = alpha @ usage
-        over = mixture - capacity > 1e-9 * np.maximum(np.abs(graph.limit), 1.0)
+        over = over_limit(mixture - capacity, graph.limit)
         over[active] = False
         if over.any():  # separation: the mixture breaks a point not in the master yet
             excess = np.where(over, mixture - capacity, -np.inf)
@@ -166,11 +182,11 @@ def column_generation(
         lam_master[active] = lam_rows
         prices = SMOOTHING * center + (1 - SMOOTHING) * lam_master if report.rounds else lam_master
         report.rounds += 1
-        unary = priced_unary(graph, segment_prices(graph, prices))
+        unary = priced_unary(graph, prices)
         labels, inner = solve_plan(plan, graph, unary)
         if not math.isfinite(inner):
             break  # no labelling avoids forbidden costs; the caller's incumbent says otherwise
-        dual = inner + graph.constant - float(prices @ capacity)
+        dual = dual_bound(graph, prices, inner)
         if dual > report.bound:
             report.bound = dual
             center = prices
@@ -188,9 +204,9 @@ def column_generation(
             candidate = repaired_candidate(
                 arr, labels, graph.num_times, rng=rng,
                 deadline=share_deadline("colgen_candidate", deadline))
-        if candidate is not None and graph.cost(candidate.x) < best_cost - 1e-12 * abs(best_cost):
+        if candidate is not None and improves(graph.cost(candidate.x), best_cost, rel=ROUND_OFF):
             best_cost = graph.cost(candidate.x)
-            state.x, state.tree, state.pend = candidate.x, candidate.tree, candidate.pend
+            state.take(candidate)
             costs.append(best_cost)
             usages.append(usage_of(candidate.x))
             pool.append(candidate.x.copy())
@@ -221,8 +237,6 @@ def solve_restricted(
 ) -> np.ndarray | None:
     """Best labelling found by the exact solver over the values of ``support`` and ``incumbent``
     (see the module docstring); None when it found nothing better than ``incumbent``."""
-    from solver.exact import solve_exact
-
     columns = np.stack([incumbent] + list(support))
     allowed = [np.unique(columns[:, v]) for v in range(graph.num_vars)]
     sub = restrict_values(graph, allowed)
@@ -233,7 +247,7 @@ def solve_restricted(
     if result.values is None:
         return None
     values = from_restricted(allowed, result.values)
-    if graph.cost(values) < graph.cost(incumbent) - 1e-12 * abs(graph.cost(incumbent)):
+    if improves(graph.cost(values), graph.cost(incumbent), rel=ROUND_OFF):
         return values
     return None
 
@@ -252,12 +266,7 @@ def fix_by_reduced_cost(graph: CompiledGraph, plan: EliminationPlan, prices: np.
     dropped; the values of ``keep`` (that solution) always stay. Returns the
     sorted values left per variable.
     """
-    from solver.treedp import min_marginals
-
-    capacity = graph.limit - graph.base
-    unary = priced_unary(graph, segment_prices(graph, prices))
-    marg, _, _ = min_marginals(plan, graph, unary)
-    lower = marg + graph.constant - float(prices @ capacity)
-    alive = lower <= upper + 1e-9 * max(abs(upper), 1e-300)
+    marg, _, _ = min_marginals(plan, graph, priced_unary(graph, prices))
+    alive = not_ruled_out(dual_bound(graph, prices, marg), upper)
     alive[graph.unary_off[:-1] + keep] = True
     return [np.flatnonzero(alive[graph.unary_off[v]:graph.unary_off[v + 1]]) for v in range(graph.num_vars)]

@@ -36,13 +36,61 @@ one term: checking a move term by term is then exact.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
 from solver.graph import MemoryTerm, WorkingGraph
+from solver.tolerance import BIG, kernel_costs
 
-__all__ = ["CompiledGraph", "compile_graph"]
+__all__ = ["CompiledGraph", "KernelArrays", "compile_graph", "assemble_graph", "memory_profile", "segment_profile"]
+
+
+class KernelArrays(NamedTuple):
+    """The arrays of a :class:`CompiledGraph` as numba kernels take them (one argument).
+
+    The same arrays as the graph's (shared, not copied), except that forbidden
+    costs are :data:`~solver.tolerance.BIG` in ``unary`` and ``edge_cost`` and
+    that no memory limit is ``limit = BIG``. Built once per graph, by
+    :attr:`CompiledGraph.arrays`; numba cannot take the dataclass itself.
+    """
+
+    dom: np.ndarray
+    unary_off: np.ndarray
+    unary: np.ndarray
+    edge_u: np.ndarray
+    edge_v: np.ndarray
+    edge_off: np.ndarray
+    edge_cost: np.ndarray
+    adj_off: np.ndarray
+    adj_edge: np.ndarray
+    adj_other: np.ndarray
+    adj_is_u: np.ndarray
+    term_var: np.ndarray
+    term_t0: np.ndarray
+    term_t1: np.ndarray
+    term_off: np.ndarray
+    term_usage: np.ndarray
+    var_term_off: np.ndarray
+    var_term: np.ndarray
+    base: np.ndarray
+    limit: float
+
+
+def segment_profile(num_times: int, t0: np.ndarray, t1: np.ndarray, usage: np.ndarray) -> np.ndarray:
+    """Memory at each of ``num_times`` points of segments ``[t0, t1)`` using ``usage`` each."""
+    diff = np.zeros(num_times + 1)
+    if usage.shape[0]:
+        np.add.at(diff, t0, usage)
+        np.add.at(diff, t1, -usage)
+    return np.cumsum(diff)[:-1]
+
+
+def memory_profile(graph: "CompiledGraph | KernelArrays", values: np.ndarray) -> np.ndarray:
+    """Memory at every kept point for one value per variable (of a graph or its kernel arrays)."""
+    use = graph.term_usage[graph.term_off[:-1] + values[graph.term_var]]
+    return graph.base + segment_profile(graph.base.shape[0], graph.term_t0, graph.term_t1, use)
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -73,6 +121,22 @@ class CompiledGraph:
     time_points: np.ndarray  # int64 (T,) original time of each point
     limit: float  # inf without a memory limit
     constant: float  # cost that does not depend on any choice
+    _arrays: KernelArrays | None = field(default=None, init=False, repr=False)
+
+    @property
+    def arrays(self) -> KernelArrays:
+        """The kernels' view of this graph (:class:`KernelArrays`), built on first use."""
+        if self._arrays is None:
+            arrays = KernelArrays(
+                dom=self.dom, unary_off=self.unary_off, unary=kernel_costs(self.unary),
+                edge_u=self.edge_u, edge_v=self.edge_v, edge_off=self.edge_off,
+                edge_cost=kernel_costs(self.edge_cost), adj_off=self.adj_off, adj_edge=self.adj_edge,
+                adj_other=self.adj_other, adj_is_u=self.adj_is_u, term_var=self.term_var,
+                term_t0=self.term_t0, term_t1=self.term_t1, term_off=self.term_off,
+                term_usage=self.term_usage, var_term_off=self.var_term_off, var_term=self.var_term,
+                base=self.base, limit=self.limit if math.isfinite(self.limit) else BIG)
+            object.__setattr__(self, "_arrays", arrays)
+        return self._arrays
 
     @property
     def num_vars(self) -> int:
@@ -92,22 +156,30 @@ class CompiledGraph:
     def term_usage_of(self, term: int) -> np.ndarray:
         return self.term_usage[self.term_off[term] : self.term_off[term + 1]]
 
+    def edge_entries(self, values: np.ndarray) -> np.ndarray:
+        """Per edge, the index in ``edge_cost`` of the pair that ``values`` choose."""
+        return self.edge_off[:-1] + values[self.edge_u] * self.dom[self.edge_v] + values[self.edge_v]
+
     def cost(self, values: np.ndarray) -> float:
         """Objective (constant included) of one value per variable."""
         total = self.constant + float(self.unary[self.unary_off[:-1] + values].sum())
         if self.num_edges:
-            idx = self.edge_off[:-1] + values[self.edge_u] * self.dom[self.edge_v] + values[self.edge_v]
-            total += float(self.edge_cost[idx].sum())
+            total += float(self.edge_cost[self.edge_entries(values)].sum())
         return total
 
+    def cost_shares(self, values: np.ndarray) -> np.ndarray:
+        """Per variable, its unary cost plus half of each of its edges' costs at ``values``
+        (the shares add up to the cost without the constant)."""
+        shares = self.unary[self.unary_off[:-1] + values].copy()
+        if self.num_edges:
+            half = 0.5 * self.edge_cost[self.edge_entries(values)]
+            np.add.at(shares, self.edge_u, half)
+            np.add.at(shares, self.edge_v, half)
+        return shares
+
     def memory_profile(self, values: np.ndarray) -> np.ndarray:
-        """Memory at every kept point for one value per variable."""
-        diff = np.zeros(self.num_times + 1)
-        if self.term_var.shape[0]:
-            use = self.term_usage[self.term_off[:-1] + values[self.term_var]]
-            np.add.at(diff, self.term_t0, use)
-            np.add.at(diff, self.term_t1, -use)
-        return self.base + np.cumsum(diff)[:-1]
+        """Memory at every kept point for one value per variable (:func:`memory_profile`)."""
+        return memory_profile(self, values)
 
     def values_to_dict(self, values: np.ndarray) -> dict[int, int]:
         return {int(v): int(x) for v, x in zip(self.var_ids, values)}
@@ -231,12 +303,8 @@ def compile_graph(graph: WorkingGraph, *, drop_redundant_times: bool = True) -> 
         return int(np.searchsorted(pts, term.start, "left")), int(np.searchsorted(pts, term.end, "left"))
 
     def profile(terms: list[tuple[MemoryTerm, float]], pts: np.ndarray) -> np.ndarray:
-        diff = np.zeros(pts.shape[0] + 1)
-        for term, amount in terms:
-            t0, t1 = point_range(term, pts)
-            diff[t0] += amount
-            diff[t1] -= amount
-        return np.cumsum(diff)[:-1]
+        ranges = np.array([point_range(term, pts) for term, _ in terms], dtype=np.int64).reshape(-1, 2)
+        return segment_profile(pts.shape[0], ranges[:, 0], ranges[:, 1], np.array([a for _, a in terms]))
 
     fixed = [(t, float(t.usage[0])) for t in graph.fixed_memory]
     if drop_redundant_times and math.isfinite(limit) and points.size:
@@ -254,14 +322,13 @@ def compile_graph(graph: WorkingGraph, *, drop_redundant_times: bool = True) -> 
         t0, t1 = point_range(term, points)
         if t1 > t0:
             by_var.setdefault(var, []).append((t0, t1, term.usage))
-    base_diff = np.zeros(points.shape[0] + 1)
+    lows: list[tuple[int, int, float]] = []
     term_var, term_t0, term_t1, usages = [], [], [], []
     for var in sorted(by_var):
         for t0, t1, usage in _disjoint_segments(by_var[var]):
             low = float(usage.min())
             if low > 0:  # (R5) again: the part every value uses is fixed memory
-                base_diff[t0] += low
-                base_diff[t1] -= low
+                lows.append((t0, t1, low))
                 usage = usage - low
             if usage.any():
                 term_var.append(var)
@@ -269,7 +336,9 @@ def compile_graph(graph: WorkingGraph, *, drop_redundant_times: bool = True) -> 
                 term_t1.append(t1)
                 usages.append(usage)
     if points.size:
-        base = base + np.cumsum(base_diff)[:-1]
+        low = np.array(lows, dtype=np.float64).reshape(-1, 3)  # (t0, t1, usage) rows
+        base = base + segment_profile(points.shape[0], low[:, 0].astype(np.int64), low[:, 1].astype(np.int64),
+                                      low[:, 2])
     return assemble_graph(
         var_ids=var_ids,
         unary=[graph.unary[v] for v in var_ids.tolist()],

@@ -7,7 +7,20 @@ full problem, and optimal when the round was solved to optimality; otherwise
 the violated points join P_{r+1}. Rounds stop at the deadline with the best
 feasible solution seen (the warm start included) and the best bound.
 
->>> # see tests/solver/test_exact.py for worked examples
+Before the first round's branch and bound, the LP relaxation (the backend's
+LP solver) is rounded into an incumbent by ``solver.lpguide``, whose window
+of fractional variables is solved here, exactly, as a smaller program.
+
+>>> from solver.compiled import assemble_graph
+>>> g = assemble_graph(var_ids=np.arange(2), unary=[np.array([0.0, 1.0]), np.array([2.0, 0.0])],
+...     edge_u=[0], edge_v=[1], edge_costs=[np.array([[0.0, 3.0], [3.0, 0.0]])], term_var=[], term_t0=[],
+...     term_t1=[], term_usage=[], base=np.zeros(0), time_points=np.zeros(0, np.int64), limit=np.inf,
+...     constant=0.0)
+>>> r = solve_exact(g, "cbc", deadline=time.perf_counter() + 30)
+>>> r.status, r.values.tolist(), r.cost
+('optimal', [1, 1], 1.0)
+
+(tests/solver/test_exact.py checks it against brute force.)
 """
 
 from __future__ import annotations
@@ -21,7 +34,9 @@ import numpy as np
 
 from solver.backends import get_backend
 from solver.compiled import CompiledGraph
-from solver.ilp import build_program, initial_points, violated_points
+from solver.ilp import build_program
+from solver.lpguide import round_and_fix
+from solver.memory_points import initial_points, violated_points
 from solver.tolerance import is_proven
 from solver.budget import share_deadline
 
@@ -67,8 +82,8 @@ def solve_exact(
 ) -> ExactResult:
     """Solve to optimality or until ``deadline`` (a ``time.perf_counter()`` value).
 
-    With ``lp_heuristic``, the first round solves the LP relaxation first (when
-    CBC's LP solver is available) and builds an incumbent from it
+    With ``lp_heuristic``, the first round solves the LP relaxation first (with
+    the backend's LP solver) and builds an incumbent from it
     (``solver.lpguide``) before branch and bound.
     """
     if graph.num_vars == 0:  # the reductions decided everything
@@ -138,16 +153,18 @@ def solve_exact(
 
 
 def _lp_incumbent(graph, program, backend, deadline, threads, seed, result):
-    """Solve the LP relaxation (CBC's Clp) and round it into an incumbent (solver.lpguide)."""
-    from solver.backends.cbc import CbcBackend
-    from solver.lpguide import round_and_fix
-
-    if not CbcBackend.available():
-        return None
-    lp = CbcBackend().solve_relaxation(program, time_limit=share_deadline("lp_relaxation", deadline) - time.perf_counter())
+    """Solve the LP relaxation (the backend's LP solver) and round it into an incumbent
+    (solver.lpguide), whose window of fractional variables is solved by this module."""
+    lp = get_backend(backend).solve_relaxation(
+        program, time_limit=share_deadline("lp_relaxation", deadline) - time.perf_counter())
     result.log.append(f"LP relaxation: {lp.status} obj={lp.objective} in {lp.seconds:.2f}s")
     if lp.status != "optimal":
         return None
     result.bound = max(result.bound, lp.bound)
     window_deadline = share_deadline("lp_rounding", deadline)
-    return round_and_fix(graph, program, lp.z, backend=backend, deadline=window_deadline, threads=threads, seed=seed)
+
+    def solve_window(sub: CompiledGraph, start: np.ndarray, window_deadline: float) -> np.ndarray | None:
+        return solve_exact(sub, backend, deadline=window_deadline, threads=threads, start=start, seed=seed,
+                           lp_heuristic=False).values
+
+    return round_and_fix(graph, program, lp.z, solve_window=solve_window, deadline=window_deadline, seed=seed)

@@ -22,20 +22,19 @@ Lazy memory rows (D). A kept time point's row is added only when a solution
 violates it: the program with a subset of rows is a relaxation, so its bound is
 a valid lower bound of the full problem, and a solution that satisfies every
 row of the full profile is optimal for the full problem when it is optimal for
-the relaxation. Each round adds, per maximal run of violated points, the point
-of largest excess.
+the relaxation. Which points to start with and which to add are chosen by
+``solver.memory_points``.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from solver.compiled import CompiledGraph
 
-__all__ = ["LinearProgram", "build_program", "violated_points", "initial_points"]
+__all__ = ["LinearProgram", "build_program"]
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -82,7 +81,7 @@ class LinearProgram:
         z = np.zeros(self.num_vars)
         z[graph.unary_off[:-1] + values] = 1.0
         if self.y_entry.size:
-            chosen = graph.edge_off[:-1] + values[graph.edge_u] * graph.dom[graph.edge_v] + values[graph.edge_v]
+            chosen = graph.edge_entries(values)
             pos = np.searchsorted(self.y_entry, chosen)
             ok = (pos < self.y_entry.size) & (self.y_entry[np.minimum(pos, self.y_entry.size - 1)] == chosen)
             z[self.num_binary + pos[ok]] = 1.0
@@ -177,35 +176,3 @@ def build_program(graph: CompiledGraph, points: np.ndarray) -> LinearProgram:
         memory_points=points,
         y_entry=y_entry,
     )
-
-
-def violated_points(graph: CompiledGraph, values: np.ndarray, *, per_round: int = 50) -> np.ndarray:
-    """Per maximal run of points over the limit, the point of largest excess."""
-    if not graph.num_times or not math.isfinite(graph.limit):
-        return np.zeros(0, dtype=np.int64)
-    excess = graph.memory_profile(values) - graph.limit
-    over = excess > 1e-9 * max(1.0, abs(graph.limit))
-    if not over.any():
-        return np.zeros(0, dtype=np.int64)
-    edges = np.diff(np.concatenate([[0], over.astype(np.int8), [0]]))
-    starts, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
-    picks = np.array([s + int(np.argmax(excess[s:e])) for s, e in zip(starts, ends)], dtype=np.int64)
-    if picks.size > per_round:
-        picks = picks[np.argsort(-excess[picks])[:per_round]]
-    return np.sort(picks)
-
-
-def initial_points(graph: CompiledGraph, values: np.ndarray | None, *, count: int = 8) -> np.ndarray:
-    """Points to start with: the highest points of a known solution's profile, spread out."""
-    if not graph.num_times or not math.isfinite(graph.limit) or values is None:
-        return np.zeros(0, dtype=np.int64)
-    profile = graph.memory_profile(values)
-    order = np.argsort(-profile)
-    picks: list[int] = []
-    spacing = max(1, graph.num_times // (4 * count))
-    for p in order:
-        if all(abs(int(p) - q) >= spacing for q in picks):
-            picks.append(int(p))
-        if len(picks) >= count:
-            break
-    return np.array(sorted(picks), dtype=np.int64)

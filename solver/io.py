@@ -26,7 +26,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from solver.problem import FORBIDDEN_COST, Edge, Node, Problem, ProblemError, json_text
+from solver.problem import FORBIDDEN_COST, Edge, Node, Problem, ProblemError
+from solver.problem_values import json_text
 
 __all__ = [
     "FORMATS",

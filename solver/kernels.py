@@ -1,9 +1,10 @@
-"""Numba kernels shared by the search methods: the memory profile and move evaluation.
+"""Numba kernels shared by the search methods: the memory tree and move evaluation.
 
-The compiled graph is passed to kernels as one :class:`Arrays` named tuple.
-Forbidden costs are stored as :data:`BIG` (a large finite number) instead of
-``inf`` so that differences of two forbidden costs are 0, not NaN; any total
-of at least ``BIG`` means "uses a forbidden cost".
+Kernels take a compiled graph as one :class:`~solver.compiled.KernelArrays`
+named tuple (``graph.arrays``), where a forbidden cost is
+:data:`~solver.tolerance.BIG` (a large finite number) instead of ``inf`` so
+that differences of two forbidden costs are 0, not NaN; any total of at
+least ``BIG`` means "uses a forbidden cost" (``solver.tolerance``).
 
 Memory profile: a segment tree over the T kept time points supporting
 ``add(l, r, delta)`` on a range and ``max(l, r)`` over a range, each
@@ -11,71 +12,17 @@ O(log T), written without recursion (numba's cache does not handle recursive
 kernels). ``tree[node]`` is the maximum over the node's range *excluding* the
 pending adds of its ancestors; ``pend[node]`` is an add still owed to the
 node's children. A query first pushes the pending adds down the two boundary
-paths, which hold every ancestor of the nodes it reads.
+paths, which hold every ancestor of the nodes it reads. :class:`MemoryTree`
+is the Python handle on one tree.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import numba
 import numpy as np
 
-from solver.compiled import CompiledGraph
-
-__all__ = ["BIG", "Arrays", "to_arrays", "MemoryTree"]
-
-BIG = 1e30
-
-
-class Arrays(NamedTuple):
-    dom: np.ndarray
-    unary_off: np.ndarray
-    unary: np.ndarray
-    edge_u: np.ndarray
-    edge_v: np.ndarray
-    edge_off: np.ndarray
-    edge_cost: np.ndarray
-    adj_off: np.ndarray
-    adj_edge: np.ndarray
-    adj_other: np.ndarray
-    adj_is_u: np.ndarray
-    term_var: np.ndarray
-    term_t0: np.ndarray
-    term_t1: np.ndarray
-    term_off: np.ndarray
-    term_usage: np.ndarray
-    var_term_off: np.ndarray
-    var_term: np.ndarray
-    base: np.ndarray
-    limit: float
-
-
-def to_arrays(graph: CompiledGraph, unary: np.ndarray | None = None) -> Arrays:
-    """Kernel view of a compiled graph (optionally with other unary costs, e.g. penalised)."""
-    u = graph.unary if unary is None else unary
-    return Arrays(
-        dom=graph.dom,
-        unary_off=graph.unary_off,
-        unary=np.where(np.isfinite(u), u, BIG),
-        edge_u=graph.edge_u,
-        edge_v=graph.edge_v,
-        edge_off=graph.edge_off,
-        edge_cost=np.where(np.isfinite(graph.edge_cost), graph.edge_cost, BIG),
-        adj_off=graph.adj_off,
-        adj_edge=graph.adj_edge,
-        adj_other=graph.adj_other,
-        adj_is_u=graph.adj_is_u,
-        term_var=graph.term_var,
-        term_t0=graph.term_t0,
-        term_t1=graph.term_t1,
-        term_off=graph.term_off,
-        term_usage=graph.term_usage,
-        var_term_off=graph.var_term_off,
-        var_term=graph.var_term,
-        base=graph.base,
-        limit=graph.limit if np.isfinite(graph.limit) else BIG,
-    )
+__all__ = ["MemoryTree", "local_costs", "local_costs_except", "apply_value", "tree_build", "tree_add", "tree_max",
+           "tree_argmax"]
 
 
 # -- segment tree -------------------------------------------------------------
@@ -187,35 +134,6 @@ def tree_argmax(tree, pend):
 
 # -- state helpers ------------------------------------------------------------
 @numba.njit(cache=True)
-def memory_profile(arr, x, num_times):
-    diff = np.zeros(num_times + 1)
-    for v in range(x.shape[0]):
-        for i in range(arr.var_term_off[v], arr.var_term_off[v + 1]):
-            k = arr.var_term[i]
-            use = arr.term_usage[arr.term_off[k] + x[v]]
-            diff[arr.term_t0[k]] += use
-            diff[arr.term_t1[k]] -= use
-    prof = np.empty(num_times)
-    run = 0.0
-    for t in range(num_times):
-        run += diff[t]
-        prof[t] = arr.base[t] + run
-    return prof
-
-
-@numba.njit(cache=True)
-def total_cost(arr, x):
-    total = 0.0
-    for v in range(x.shape[0]):
-        total += arr.unary[arr.unary_off[v] + x[v]]
-    for e in range(arr.edge_u.shape[0]):
-        u = arr.edge_u[e]
-        w = arr.edge_v[e]
-        total += arr.edge_cost[arr.edge_off[e] + x[u] * arr.dom[w] + x[w]]
-    return total
-
-
-@numba.njit(cache=True)
 def local_costs(arr, x, v, out):
     """out[b] = unary_v(b) + sum over edges of v of M(b, x_other)."""
     local_costs_except(arr, x, v, -1, out)
@@ -224,7 +142,7 @@ def local_costs(arr, x, v, out):
 @numba.njit(cache=True)
 def local_costs_except(arr, x, v, skip_edge, out):
     """As local_costs without edge ``skip_edge``; summing it out instead would
-    lose every other term next to a forbidden (1e30) entry."""
+    lose every other term next to a forbidden (BIG) entry."""
     d = arr.dom[v]
     base = arr.unary_off[v]
     for b in range(d):
@@ -259,21 +177,8 @@ def apply_value(arr, tree, pend, x, v, new):
     x[v] = new
 
 
-@numba.njit(cache=True)
-def fits(arr, tree, pend, x, v, new, limit):
-    """Would x[v] = new keep every point of v's terms within ``limit``?"""
-    old = x[v]
-    for i in range(arr.var_term_off[v], arr.var_term_off[v + 1]):
-        k = arr.var_term[i]
-        delta = arr.term_usage[arr.term_off[k] + new] - arr.term_usage[arr.term_off[k] + old]
-        if delta > 0.0:
-            if tree_max(tree, pend, arr.term_t0[k], arr.term_t1[k]) + delta > limit:
-                return False
-    return True
-
-
 class MemoryTree:
-    """Python-side handle on a segment tree (for tests and glue code)."""
+    """Python handle on one segment tree over a memory profile (module docstring)."""
 
     def __init__(self, values: np.ndarray) -> None:
         self.tree, self.pend = tree_build(np.asarray(values, dtype=np.float64))
@@ -288,3 +193,7 @@ class MemoryTree:
     def argmax(self) -> tuple[float, int]:
         value, point = tree_argmax(self.tree, self.pend)
         return float(value), int(point)
+
+    def peak(self) -> float:
+        """The maximum over all points (0 without points)."""
+        return float(tree_argmax(self.tree, self.pend)[0]) if self.num_times else 0.0

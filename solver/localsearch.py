@@ -17,47 +17,51 @@ costs O(terms of the variable x log T).
   created by resharding costs (two ops that must change layout together).
 * ``descend``: 1-opt and pair-opt until neither improves.
 
-A tolerance of 1e-12 relative makes every accepted move a strict decrease, so
-descent terminates.
+Every accepted move lowers the cost by more than rounding noise
+(``solver.tolerance.descent_target``), so descent terminates.
 """
 
 from __future__ import annotations
 
+import time
+
 import numba
 import numpy as np
 
+from solver.compiled import KernelArrays, memory_profile
 from solver.kernels import (
-    Arrays,
+    MemoryTree,
     apply_value,
     local_costs,
     local_costs_except,
     tree_argmax,
-    tree_build,
     tree_max,
 )
+from solver.tolerance import descent_target
 
-__all__ = ["SearchState", "greedy_values", "repair", "one_opt", "pair_opt", "descend", "least_memory_values",
+__all__ = ["SearchState", "greedy", "repair", "one_opt", "pair_opt", "descend", "least_memory_values",
            "repaired_candidate"]
 
-REL_TOL = 1e-12
+_descent_target = numba.njit(cache=True)(descent_target)
 
 
-class SearchState:
-    """Values and the memory tree that matches them."""
+class SearchState(MemoryTree):
+    """Values and the memory tree of their profile."""
 
-    def __init__(self, arr: Arrays, x: np.ndarray, num_times: int) -> None:
-        from solver.kernels import memory_profile
-
+    def __init__(self, arr: KernelArrays, x: np.ndarray, num_times: int | None = None) -> None:
+        """``num_times`` (optional) must be the graph's number of points, ``arr.base.shape[0]``."""
+        if num_times is not None and num_times != arr.base.shape[0]:
+            raise ValueError(f"num_times: expected {arr.base.shape[0]} (the graph's points), got {num_times}")
         self.arr = arr
         self.x = np.ascontiguousarray(x, dtype=np.int64).copy()
-        self.num_times = num_times
-        self.tree, self.pend = tree_build(memory_profile(arr, self.x, num_times))
-
-    def peak(self) -> float:
-        return float(tree_argmax(self.tree, self.pend)[0]) if self.num_times else 0.0
+        super().__init__(memory_profile(arr, self.x))
 
     def feasible(self) -> bool:
         return self.peak() <= self.arr.limit
+
+    def take(self, other: "SearchState") -> None:
+        """Adopt ``other``'s values and tree (no copy: ``other`` is not to be used after)."""
+        self.x, self.tree, self.pend = other.x, other.tree, other.pend
 
     def copy(self) -> "SearchState":
         other = SearchState.__new__(SearchState)
@@ -127,10 +131,9 @@ def one_opt(arr, x, tree, pend, order, enforce):  # pragma: no cover - compiled
             continue
         local_costs(arr, x, v, buf)
         cur = buf[x[v]]
-        tol = REL_TOL * (abs(cur) + 1.0)
         has_terms = arr.var_term_off[v + 1] > arr.var_term_off[v]
         checked = False
-        best = cur - tol
+        best = _descent_target(cur)
         best_b = -1
         # try values from the cheapest; the first that fits is the best move
         for _ in range(d):
@@ -185,7 +188,7 @@ def pair_opt(arr, x, tree, pend, edges, enforce, tries):  # pragma: no cover - c
         xv = x[v]
         off = arr.edge_off[e]
         cur = gu[xu] + gv[xv] + arr.edge_cost[off + xu * dv + xv]
-        bound = cur - REL_TOL * (abs(cur) + 1.0)
+        bound = _descent_target(cur)
         skipped = 0
         while skipped < tries:
             best = bound
@@ -304,8 +307,6 @@ def descend(
     tries: int = 3,
 ) -> int:
     """1-opt and pair-opt sweeps until no move improves; returns the number of moves."""
-    import time
-
     arr = state.arr
     n = arr.dom.shape[0]
     all_edges = np.arange(arr.edge_u.shape[0], dtype=np.int64)
@@ -322,7 +323,7 @@ def descend(
     return total
 
 
-def repaired_candidate(arr: Arrays, labels: np.ndarray, num_times: int, *,
+def repaired_candidate(arr: KernelArrays, labels: np.ndarray, num_times: int, *,
                        rng: np.random.Generator | None = None, deadline: float | None = None) -> SearchState | None:
     """``labels`` (e.g. a priced problem's optimum) repaired to the memory limit and descended
     under the real costs; None when the repair cannot make them fit."""
@@ -334,7 +335,7 @@ def repaired_candidate(arr: Arrays, labels: np.ndarray, num_times: int, *,
     return candidate if candidate.feasible() else None
 
 
-def greedy(arr: Arrays, num_times: int, *, rng: np.random.Generator | None = None,
+def greedy(arr: KernelArrays, num_times: int, *, rng: np.random.Generator | None = None,
            deadline: float | None = None) -> SearchState:
     """Least-memory start, repaired and descended (see module docstring)."""
     state = SearchState(arr, least_memory_values(arr, True), num_times)

@@ -9,8 +9,10 @@ its time (CBC's feasibility pump does on C), so we build one:
 2. repair the memory limit and descend (``solver.localsearch``), giving a
    feasible assignment x0;
 3. the variables the LP left fractional, with their neighbours, form a window
-   (``solver.window``) around x0, solved exactly: the LP's integral part is
-   kept, its undecided part is decided optimally given the rest.
+   (``solver.window``) around x0, solved exactly (by the caller's
+   ``solve_window``: ``solver.exact`` passes its own solve): the LP's
+   integral part is kept, its undecided part is decided optimally given the
+   rest.
 
 The result warm-starts the full program, whose branch and bound then starts
 from a near-optimal incumbent.
@@ -21,12 +23,12 @@ from __future__ import annotations
 import logging
 import math
 import time
+from typing import Callable
 
 import numpy as np
 
 from solver.compiled import CompiledGraph
 from solver.ilp import LinearProgram
-from solver.kernels import to_arrays
 from solver.localsearch import SearchState, descend, repair
 from solver.window import extract_window
 
@@ -42,16 +44,16 @@ def round_and_fix(
     program: LinearProgram,
     z: np.ndarray,
     *,
-    backend: str,
+    solve_window: Callable[[CompiledGraph, np.ndarray, float], np.ndarray | None],
     deadline: float,
-    threads: int = 1,
     seed: int = 0,
     max_window_choices: int = 3000,
 ) -> np.ndarray | None:
-    """A feasible assignment built from the LP solution ``z`` (or None)."""
-    from solver.exact import solve_exact  # the window solve; exact imports this module
+    """A feasible assignment built from the LP solution ``z`` (or None).
 
-    arr = to_arrays(graph)
+    ``solve_window(window, start, deadline)`` returns the best values of a
+    window problem it finds from ``start`` by ``deadline`` (or None)."""
+    arr = graph.arrays
     x = program.x_part(z)
     values = program.values_from_solution(z, graph)
     weight = np.maximum.reduceat(x, graph.unary_off[:-1]) if graph.num_vars else np.zeros(0)
@@ -71,15 +73,14 @@ def round_and_fix(
         return best
     members = _window(graph, fractional, max_window_choices)
     sub = extract_window(graph, best, members, graph.memory_profile(best))
-    result = solve_exact(sub, backend, deadline=deadline, threads=threads, start=best[members], seed=seed,
-                         lp_heuristic=False)
-    if result.values is not None:
+    values = solve_window(sub, best[members], deadline)
+    if values is not None:
         trial = best.copy()
-        trial[members] = result.values
+        trial[members] = values
         if graph.cost(trial) < graph.cost(best) and (graph.num_times == 0 or
                                                      graph.memory_profile(trial).max() <= graph.limit):
             best = trial
-            log.info("LP window of %d variables: cost %.6g (%s)", members.size, graph.cost(best), result.status)
+            log.info("LP window of %d variables: cost %.6g", members.size, graph.cost(best))
     return best
 
 

@@ -30,14 +30,15 @@ The reader refuses, naming the field, any key it does not know (a misspelt
 
 from __future__ import annotations
 
-import itertools
-import json
 import math
-import numbers
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 import numpy as np
+
+from solver.problem_values import (EDGE_KEYS, FORBIDDEN_COST, NODE_KEYS, TOP_KEYS, ProblemError, all_valid_costs,
+                                   all_valid_memory, check_costs, cost_array, matrix_array,
+                                   number_list, refuse_unknown_key)
 
 __all__ = [
     "FORMAT",
@@ -49,118 +50,6 @@ __all__ = [
 ]
 
 FORMAT = "autoshard.problem/1"
-
-# Costs at or above this are "forbidden", as in XLA's exports (1e18).
-FORBIDDEN_COST = 1e18
-
-
-class ProblemError(ValueError):
-    """A problem that does not follow the format; the message names the field."""
-
-    def __init__(self, field_path: str, message: str) -> None:
-        super().__init__(f"{field_path}: {message}")
-        self.field = field_path
-
-
-# Keys each object may have. A misspelt key must not pass as an absent one
-# ("memmory" would mean "no memory"); "autoshard" is the section that
-# `autoshard solve --dump-problem` adds and the solver does not read.
-TOP_KEYS = frozenset({"format", "name", "nodes", "matrices", "edges", "memory_limit", "ties", "pins", "autoshard"})
-NODE_KEYS = frozenset({"name", "strategies", "cost", "memory", "live"})
-EDGE_KEYS = frozenset({"src", "dst", "cost", "matrix"})
-
-# JSON numbers arrive as exactly these types; checking the set of types of a
-# list (C speed) keeps the common cases to one pass, and catches true/false,
-# which Python and numpy would otherwise take as 1 and 0.
-_PLAIN_NUMBERS = frozenset({int, float})
-_NUMBERS_OR_NULL = frozenset({int, float, type(None)})
-
-
-def _refuse_unknown_key(raw: Mapping[str, Any], allowed: frozenset[str], path: str) -> None:
-    """Raise for the first key of ``raw`` not in ``allowed`` (callers test
-    ``raw.keys() <= allowed`` inline first: this runs once per node and edge)."""
-    unknown = sorted(str(key) for key in raw.keys() - allowed)[0]
-    raise ProblemError(f"{path}.{unknown}" if path else unknown,
-                       f"unknown key (allowed: {', '.join(sorted(allowed))})")
-
-
-def json_text(value: Any) -> str:
-    """How a value looked in the file (``true``, ``null``, ``"1"``), for messages."""
-    try:
-        text = json.dumps(value)
-    except (TypeError, ValueError):
-        text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-def _number_list(values: list | tuple, field_path: str, *, null: float | None = None) -> list[Any]:
-    """``values`` as a list, ``None`` replaced by ``null`` when that is given;
-    refuses anything else that is not a number, booleans included, naming its index."""
-    kinds = set(map(type, values))
-    if kinds <= _PLAIN_NUMBERS:
-        return values if isinstance(values, list) else list(values)
-    if null is not None and kinds <= _NUMBERS_OR_NULL:
-        return [null if v is None else v for v in values]
-    out: list[Any] = []
-    for i, v in enumerate(values):
-        if v is None and null is not None:
-            out.append(null)
-        elif isinstance(v, numbers.Real) and not isinstance(v, (bool, np.bool_)):
-            out.append(v)  # e.g. numpy scalars from a dict built in Python
-        else:
-            raise ProblemError(f"{field_path}[{i}]", f"expected a number, got {json_text(v)}")
-    return out
-
-
-def _matrix_array(rows: list, field_path: str) -> np.ndarray:
-    """A list of equally long rows of costs (``null``: forbidden) as a float64 matrix."""
-    shape = (len(rows), len(rows[0]) if rows else 0)
-    kinds = set(map(type, itertools.chain.from_iterable(rows)))
-    if kinds <= _PLAIN_NUMBERS:
-        return np.array(rows, dtype=np.float64).reshape(shape)
-    if kinds <= _NUMBERS_OR_NULL:
-        return np.array([[math.inf if v is None else v for v in row] for row in rows], dtype=np.float64).reshape(shape)
-    return np.array([_number_list(row, f"{field_path}[{a}]", null=math.inf) for a, row in enumerate(rows)],
-                    dtype=np.float64).reshape(shape)
-
-
-def _cost_array(values: Any, field_path: str) -> np.ndarray:
-    """Costs as float64 with ``inf`` for forbidden; rejects negative and NaN."""
-    if isinstance(values, np.ndarray):
-        arr = values.astype(np.float64, copy=True)
-    else:
-        if not isinstance(values, (list, tuple)):
-            raise ProblemError(field_path, f"expected a list of costs, got {type(values).__name__}")
-        arr = np.array(_number_list(values, field_path, null=math.inf), dtype=np.float64)
-    if arr.ndim != 1:
-        raise ProblemError(field_path, "expected a flat list of costs")
-    _check_costs(arr, field_path)
-    arr[arr >= FORBIDDEN_COST] = math.inf
-    return arr
-
-
-def _check_costs(arr: np.ndarray, field_path: str) -> None:
-    bad = np.isnan(arr)
-    if bad.any():
-        index = np.unravel_index(int(np.argmax(bad)), arr.shape)
-        raise ProblemError(field_path + "".join(f"[{i}]" for i in index), "cost is NaN")
-    bad = arr < 0
-    if bad.any():
-        index = np.unravel_index(int(np.argmax(bad)), arr.shape)
-        raise ProblemError(
-            field_path + "".join(f"[{i}]" for i in index), f"negative cost {arr[index]!r}"
-        )
-
-
-def _all_valid_costs(arrays: list[np.ndarray]) -> bool:
-    flat = np.concatenate(arrays)
-    return not (np.isnan(flat).any() or (flat < 0).any())
-
-
-def _all_valid_memory(arrays: list[np.ndarray]) -> bool:
-    flat = np.concatenate(arrays)
-    return bool(np.isfinite(flat).all() and (flat >= 0).all())
-
 
 @dataclass(frozen=True, slots=True, eq=False)
 class Node:
@@ -227,14 +116,14 @@ class Problem:
         n = len(self.nodes)
         # Fast path: check all costs and memory at once; walk node by node only
         # to name the field when something is wrong.
-        costs_ok = n == 0 or _all_valid_costs([node.cost for node in self.nodes])
-        memory_ok = n == 0 or _all_valid_memory([node.memory_bytes for node in self.nodes])
+        costs_ok = n == 0 or all_valid_costs([node.cost for node in self.nodes])
+        memory_ok = n == 0 or all_valid_memory([node.memory_bytes for node in self.nodes])
         for i, node in enumerate(self.nodes):
             k = node.cost.shape[0] if node.cost.ndim == 1 else -1
             if k < 1:
                 raise ProblemError(f"nodes[{i}].cost", "a node needs at least one strategy")
             if not costs_ok:
-                _check_costs(node.cost, f"nodes[{i}].cost")
+                check_costs(node.cost, f"nodes[{i}].cost")
             if node.memory_bytes.shape != (k,):
                 raise ProblemError(
                     f"nodes[{i}].memory",
@@ -252,7 +141,7 @@ class Problem:
                 )
         # shared matrices (one array for many edges) are checked once
         distinct = {id(edge.cost): edge.cost for edge in self.edges}
-        edges_ok = not self.edges or _all_valid_costs([m.ravel() for m in distinct.values()])
+        edges_ok = not self.edges or all_valid_costs([m.ravel() for m in distinct.values()])
         for j, edge in enumerate(self.edges):
             for end_name, index in (("src", edge.src), ("dst", edge.dst)):
                 if not 0 <= index < n:
@@ -266,7 +155,7 @@ class Problem:
                     f"edges[{j}].cost", f"expected a {shape[0]}x{shape[1]} matrix (src x dst strategies), got {got}"
                 )
             if not edges_ok:
-                _check_costs(edge.cost, f"edges[{j}].cost")
+                check_costs(edge.cost, f"edges[{j}].cost")
         if self.memory_limit is not None:
             if not (isinstance(self.memory_limit, (int, float)) and math.isfinite(self.memory_limit)) or self.memory_limit < 0:
                 raise ProblemError("memory_limit", f"must be a non-negative number, got {self.memory_limit!r}")
@@ -306,7 +195,7 @@ class Problem:
         if fmt != FORMAT:
             raise ProblemError("format", f"expected {FORMAT!r}, got {fmt!r}")
         if not data.keys() <= TOP_KEYS:
-            _refuse_unknown_key(data, TOP_KEYS, "")
+            refuse_unknown_key(data, TOP_KEYS, "")
         raw_nodes = data.get("nodes")
         if not isinstance(raw_nodes, list):
             raise ProblemError("nodes", "missing or not a list")
@@ -384,10 +273,10 @@ def _node_from_dict(raw: Any, i: int) -> Node:
     if not isinstance(raw, Mapping):
         raise ProblemError(path, "expected an object")
     if not raw.keys() <= NODE_KEYS:
-        _refuse_unknown_key(raw, NODE_KEYS, path)
+        refuse_unknown_key(raw, NODE_KEYS, path)
     if "cost" not in raw:
         raise ProblemError(f"{path}.cost", "missing")
-    cost = _cost_array(raw["cost"], f"{path}.cost")
+    cost = cost_array(raw["cost"], f"{path}.cost")
     k = cost.shape[0]
     memory_raw = raw.get("memory")
     if memory_raw is None:
@@ -395,7 +284,7 @@ def _node_from_dict(raw: Any, i: int) -> Node:
     else:
         if not isinstance(memory_raw, (list, tuple)):
             raise ProblemError(f"{path}.memory", "expected a list of numbers")
-        memory = np.array(_number_list(memory_raw, f"{path}.memory"), dtype=np.float64)
+        memory = np.array(number_list(memory_raw, f"{path}.memory"), dtype=np.float64)
     live_raw = raw.get("live")
     live = None
     if live_raw is not None:
@@ -425,8 +314,8 @@ def _matrices_from_json(raw: Any) -> list[np.ndarray]:
             raise ProblemError(f"matrices[{k}]", "expected a non-empty matrix (list of rows)")
         if any(len(row) != len(matrix[0]) for row in matrix):
             raise ProblemError(f"matrices[{k}]", "rows of different lengths")
-        arr = _matrix_array(matrix, f"matrices[{k}]")
-        _check_costs(arr, f"matrices[{k}]")
+        arr = matrix_array(matrix, f"matrices[{k}]")
+        check_costs(arr, f"matrices[{k}]")
         arr[arr >= FORBIDDEN_COST] = math.inf
         out.append(arr)
     return out
@@ -437,7 +326,7 @@ def _edge_from_dict(raw: Any, j: int, nodes: Sequence[Node], matrices: Sequence[
     if not isinstance(raw, Mapping):
         raise ProblemError(path, "expected an object")
     if not raw.keys() <= EDGE_KEYS:
-        _refuse_unknown_key(raw, EDGE_KEYS, path)
+        refuse_unknown_key(raw, EDGE_KEYS, path)
     ends = []
     for key in ("src", "dst"):
         value = raw.get(key)
@@ -467,8 +356,8 @@ def _edge_from_dict(raw: Any, j: int, nodes: Sequence[Node], matrices: Sequence[
             f"{path}.cost",
             f"expected a {shape[0]}x{shape[1]} matrix (src x dst strategies), got {got_rows}x{got_cols}",
         )
-    arr = _matrix_array(matrix, f"{path}.cost")
-    _check_costs(arr, f"{path}.cost")
+    arr = matrix_array(matrix, f"{path}.cost")
+    check_costs(arr, f"{path}.cost")
     arr[arr >= FORBIDDEN_COST] = math.inf
     return Edge(src=ends[0], dst=ends[1], cost=arr)
 

@@ -72,6 +72,28 @@ def _has_finite(view, e, row_side, mine, other, alive):
 
 # -- (R2) forbidden values -------------------------------------------------------
 @numba.njit(cache=True)
+def _drop(alive, start, d, ok):
+    # Kill the live values i of [start, start + d) without ok[i]: (removed, left alive).
+    removed, left = 0, 0
+    for i in range(d):
+        if alive[start + i]:
+            if ok[i]:
+                left += 1
+            else:
+                alive[start + i] = False
+                removed += 1
+    return removed, left
+
+
+@numba.njit(cache=True)
+def _shrunk(var, removed, event_var, event_removed, events, stack, top):
+    # Record that `var` lost `removed` values and queue it to re-check its neighbours.
+    event_var[events], event_removed[events] = var, removed
+    stack[top] = var
+    return events + 1, top + 1
+
+
+@numba.njit(cache=True)
 def forbidden_closure(view, order, alive):  # pragma: no cover - compiled
     """(R2) arc consistency on infinite costs, as the per-variable AC-3 loop does it.
 
@@ -97,21 +119,11 @@ def forbidden_closure(view, order, alive):  # pragma: no cover - compiled
             for i in range(d):
                 if ok[i]:
                     ok[i] = _has_finite(view, view.adj_edge[k], view.adj_row[k], i, view.adj_other[k], alive)
-        removed, left = 0, 0
-        for i in range(d):
-            if alive[start + i]:
-                if ok[i]:
-                    left += 1
-                else:
-                    alive[start + i] = False
-                    removed += 1
+        removed, left = _drop(alive, start, d, ok)
         if removed:
-            event_var[events], event_removed[events] = c, removed
-            events += 1
+            events, top = _shrunk(c, removed, event_var, event_removed, events, stack, top)
             if left == 0:
                 return EMPTY, c, event_var[:events], event_removed[:events]
-            stack[top] = c
-            top += 1
     while top:
         top -= 1
         v = stack[top]
@@ -120,23 +132,14 @@ def forbidden_closure(view, order, alive):  # pragma: no cover - compiled
         for k in range(view.adj_off[v], view.adj_off[v + 1]):
             o = view.adj_other[k]
             start, d = view.val_off[o], view.val_off[o + 1] - view.val_off[o]
-            removed, left = 0, 0
             for i in range(d):
-                if not alive[start + i]:
-                    continue
                 # the edge seen from o: o is the row side iff v is not
-                if _has_finite(view, view.adj_edge[k], not view.adj_row[k], i, v, alive):
-                    left += 1
-                else:
-                    alive[start + i] = False
-                    removed += 1
+                ok[i] = alive[start + i] and _has_finite(view, view.adj_edge[k], not view.adj_row[k], i, v, alive)
+            removed, left = _drop(alive, start, d, ok)
             if removed:
-                event_var[events], event_removed[events] = o, removed
-                events += 1
+                events, top = _shrunk(o, removed, event_var, event_removed, events, stack, top)
                 if left == 0:
                     return EMPTY, o, event_var[:events], event_removed[:events]
-                stack[top] = o
-                top += 1
     return CLOSED, -1, event_var[:events], event_removed[:events]
 
 

@@ -41,13 +41,12 @@ from solver.budget import MIN_LNS_SECONDS, MIN_STAGE_SECONDS, Budget
 from solver.colgen import column_generation, fix_by_reduced_cost, solve_restricted
 from solver.compiled import CompiledGraph
 from solver.exact import solve_exact
-from solver.kernels import Arrays, to_arrays
 from solver.lagrangian import price_and_repair
 from solver.localsearch import SearchState, greedy
-from solver.tolerance import is_proven
+from solver.restrict import from_restricted, restrict_values, to_restricted
+from solver.tolerance import TINY, is_proven
 from solver.treedp import EliminationPlan, plan_elimination, solve_plan
 from solver.wcsp import solve_wcsp, solve_wcsp_lazy, wcsp_eligible, wcsp_lazy_eligible
-from solver.window import from_restricted, restrict_values, to_restricted
 
 __all__ = ["Options", "View", "Dual", "Incumbent", "StageReport", "StageResult", "Stage",
            "EXACT_MAX_COLUMNS", "WCSP_MIN_GAP"]
@@ -85,7 +84,6 @@ class View:
     """The reduced problem as the stages see it, and what was decided before they run."""
 
     graph: CompiledGraph
-    arr: Arrays
     options: Options
     chosen: str  # the method after "auto": exact | anytime | heuristic
     plan: EliminationPlan | None  # bucket elimination order, when the treewidth is small
@@ -110,7 +108,7 @@ class View:
         # too many memory points to post at once: after an exact stage, knapsacks go in lazily
         lazy = rows is None and searching and chosen == "exact" and bool(graph.num_times) \
             and wcsp_lazy_eligible(graph)
-        return cls(graph, to_arrays(graph), options, chosen, plan, rows, lazy, emit)
+        return cls(graph, options, chosen, plan, rows, lazy, emit)
 
     @property
     def searching(self) -> bool:
@@ -201,7 +199,7 @@ class Stage:
 # -- the stages -----------------------------------------------------------------------------
 def run_greedy(view: View, inc: Incumbent, budget: Budget) -> StageResult:
     g = view.graph
-    state = greedy(view.arr, g.num_times, rng=np.random.default_rng(view.options.seed), deadline=budget.deadline)
+    state = greedy(view.graph.arrays, g.num_times, rng=np.random.default_rng(view.options.seed), deadline=budget.deadline)
     cost = g.cost(state.x)
     # feasible = within the memory limit and free of forbidden costs
     feasible = state.feasible() and math.isfinite(cost)
@@ -218,7 +216,7 @@ def run_treedp(view: View, inc: Incumbent, budget: Budget) -> StageResult:
 
 
 def run_colgen(view: View, inc: Incumbent, budget: Budget) -> StageResult:
-    state = SearchState(view.arr, inc.values, view.graph.num_times)
+    state = SearchState(view.graph.arrays, inc.values, view.graph.num_times)
     cg = column_generation(view.graph, state, view.plan, seed=view.options.seed,
                            on_improve=lambda c: view.emit("improved", cost=c),
                            deadline=budget.share("colgen").deadline)
@@ -276,7 +274,7 @@ def run_wcsp(view: View, inc: Incumbent, budget: Budget) -> StageResult:
 
 
 def run_lagrangian(view: View, inc: Incumbent, budget: Budget) -> StageResult:
-    state = SearchState(view.arr, inc.values, view.graph.num_times)
+    state = SearchState(view.graph.arrays, inc.values, view.graph.num_times)
     lag = price_and_repair(view.graph, state, deadline=budget.share("lagrangian").deadline,
                            seed=view.options.seed, inner=view.options.inner, gap=view.options.gap,
                            on_improve=lambda c: view.emit("improved", cost=c))
@@ -285,8 +283,8 @@ def run_lagrangian(view: View, inc: Incumbent, budget: Budget) -> StageResult:
 
 def run_lns(view: View, inc: Incumbent, budget: Budget) -> StageResult:
     o = view.options
-    state = SearchState(view.arr, inc.values, view.graph.num_times)
-    report = improve(view.graph, view.arr, state, backend=o.backend, deadline=budget.deadline, threads=o.threads,
+    state = SearchState(view.graph.arrays, inc.values, view.graph.num_times)
+    report = improve(view.graph, view.graph.arrays, state, backend=o.backend, deadline=budget.deadline, threads=o.threads,
                      seed=o.seed, on_improve=lambda c: view.emit("improved", cost=c))
     return StageResult(state.x.copy(), -math.inf, _report(f"lns:{o.backend}", report.to_dict()))
 
@@ -318,7 +316,7 @@ def toulbar2_can_close_gap(view: View, inc: Incumbent, budget: Budget) -> bool:
     if view.wcsp_rows is None and not (view.wcsp_lazy and inc.values is not None):
         return False
     if inc.values is not None and math.isfinite(inc.bound) \
-            and inc.cost - inc.bound <= WCSP_MIN_GAP * max(abs(inc.cost), 1e-300):
+            and inc.cost - inc.bound <= WCSP_MIN_GAP * max(abs(inc.cost), TINY):
         return False  # the LP bound is already tight: the rest goes to local improvement
     return budget.has(MIN_STAGE_SECONDS)
 

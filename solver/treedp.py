@@ -54,6 +54,7 @@ import numba
 import numpy as np
 
 from solver.compiled import CompiledGraph
+from solver.tolerance import REL_TOL
 
 __all__ = ["EliminationPlan", "plan_elimination", "solve_plan", "min_marginals", "MAX_WORK", "MAX_TABLE"]
 
@@ -123,7 +124,7 @@ def _elimination_order(graph: CompiledGraph, max_table: int, max_work: int,
     done = [False] * n
     order: list[int] = []
     scopes: list[list[int]] = []
-    limit = math.log(max_table) + 1e-9
+    limit = math.log(max_table) + REL_TOL  # a table of max_table entries fits
     work = 0.0
     while heap:
         k, v = heapq.heappop(heap)

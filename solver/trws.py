@@ -5,16 +5,12 @@ with matrices theta_ij(a, b); minimise
 
     E(x) = sum_i theta_i(x_i) + sum_(i,j) theta_ij(x_i, x_j)
 
-(the energy of :class:`solver.kernels.Arrays`, without ``CompiledGraph.constant``
+(the energy of a graph's :class:`~solver.compiled.KernelArrays`, without ``CompiledGraph.constant``
 and without the memory limit, which the caller prices into the unaries).
 
-Order and weights. A permutation pi of the variables orders them. For a pass
-along pi, a neighbour j of i is *later* when pi(j) > pi(i) and *earlier*
-otherwise; the backward pass walks pi in reverse, which swaps the two. With
-n_i^< earlier and n_i^> later neighbours, i lies on max(n_i^<, n_i^>)
-monotonic chains, and its weight is
-
-    gamma_i = 1 / max(n_i^<, n_i^>, 1).                                    (W)
+Order and weights. A permutation pi of the variables orders them; gamma_i is
+the weight (W) of ``solver.trws_plan``, and a neighbour of i is *later* when
+it comes after i in the pass.
 
 Messages. Every edge carries two normalised messages, m_{i->j} (a vector over
 D_j) and m_{j->i} (over D_i). One pass visits the variables in order; at i:
@@ -51,21 +47,19 @@ reparametrisation over the monotonic chains, which TRW-S never decreases from
 one iteration to the next (the tests check it, up to rounding). Each pass
 yields one bound; the result keeps the best.
 
-Forbidden costs. Any cost >= FORBIDDEN (= BIG / 2) stands for +inf, and so does
+Forbidden costs (``solver.tolerance``). Any cost >= FORBIDDEN (= BIG / 2) stands for +inf, and so does
 an entry of A_i or of a message marked BIG: such a value appears in no finite
 labelling (invariant: a message entry is BIG only when every term of its
 minimum (M) is forbidden). Minima range over finite terms only, so (B) holds
 for every finite labelling, and an infinite quantity is never subtracted from
-another (no NaN, no cancellation of 1e30 against 1e30). When a whole A_i or
+another (no NaN, no cancellation of BIG against BIG). When a whole A_i or
 m' is forbidden no finite labelling exists, and the bound is BIG (with
 non-negative costs every labelling then costs at least BIG). Finite values
 stay small: messages and A are normalised by their minimum, so costs of 1e12
 per entry keep their precision.
 
-Layout. Messages are one flat array grouped by receiver (:func:`message_offsets`);
-the edge matrices are copied once per orientation, [d_receiver, d_sender], in
-the order the passes send (:class:`TrwsPlan`), so that a pass streams through
-memory and every entry of (M) is a minimum along a contiguous row.
+Layout. Messages and the sender-oriented edge matrices are laid out once per
+graph and order by :func:`~solver.trws_plan.plan_trws`.
 
 Primal labels. During each pass, i takes
 
@@ -79,16 +73,12 @@ Stopping. After ``iterations`` iterations, at ``deadline`` (checked between
 iterations), when the best labelling is within ``tol`` (relative) of the
 bound, or when one iteration raises the bound by less than ``tol`` (relative).
 
->>> from solver.kernels import Arrays
->>> z = np.zeros(0, dtype=np.int64)
->>> arr = Arrays(dom=np.array([2, 2]), unary_off=np.array([0, 2, 4]),
-...     unary=np.array([0.0, 1.0, 3.0, 0.0]), edge_u=np.array([0]), edge_v=np.array([1]),
-...     edge_off=np.array([0, 4]), edge_cost=np.array([0.0, 5.0, 5.0, 0.0]),
-...     adj_off=np.array([0, 1, 2]), adj_edge=np.array([0, 0]), adj_other=np.array([1, 0]),
-...     adj_is_u=np.array([True, False]), term_var=z, term_t0=z, term_t1=z, term_off=z,
-...     term_usage=np.zeros(0), var_term_off=np.zeros(3, dtype=np.int64), var_term=z,
-...     base=np.zeros(0), limit=1e30)
->>> res = trws(arr, iterations=5)
+>>> from solver.compiled import assemble_graph
+>>> graph = assemble_graph(var_ids=np.arange(2), unary=[np.array([0.0, 1.0]), np.array([3.0, 0.0])],
+...     edge_u=[0], edge_v=[1], edge_costs=[np.array([[0.0, 5.0], [5.0, 0.0]])], term_var=[], term_t0=[],
+...     term_t1=[], term_usage=[], base=np.zeros(0), time_points=np.zeros(0, np.int64), limit=np.inf,
+...     constant=0.0)
+>>> res = trws(graph.arrays, iterations=5)
 >>> res.lower_bound, res.labels_energy, res.labels.tolist()
 (1.0, 1.0, [1, 1])
 """
@@ -101,12 +91,11 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
-from solver.kernels import BIG, Arrays
+from solver.compiled import KernelArrays
+from solver.tolerance import BIG, FORBIDDEN, REL_TOL
+from solver.trws_plan import TrwsPlan, plan_trws
 
-__all__ = ["FORBIDDEN", "TrwsResult", "TrwsPlan", "trws", "plan_trws", "message_offsets", "default_order"]
-
-FORBIDDEN = BIG / 2
-"""Costs at or above this are forbidden (+inf); BIG plus any finite sum stays above it."""
+__all__ = ["TrwsResult", "trws"]
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -120,81 +109,13 @@ class TrwsResult:
     labels_energy: float
     """Energy of ``labels`` under the unary costs used (>= BIG if it uses a forbidden cost)."""
     messages: np.ndarray
-    """Flat float64 messages (layout of :func:`message_offsets`), for a warm start."""
+    """Flat float64 messages (layout of :func:`solver.trws_plan.message_offsets`), for a warm start."""
     iterations: int
     """Iterations run (forward + backward pass each)."""
     seconds: float
     """Wall time of the call."""
     bound_history: np.ndarray
     """Bound after each iteration (the better of its two passes)."""
-
-
-def message_offsets(arr: Arrays) -> np.ndarray:
-    """Where each message starts in the flat array, plus its length at the end.
-
-    Messages are grouped by receiver, in the CSR order of ``Arrays.adj_*``:
-    incidence k (variable i, edge e, other end j) holds m_{j->i}, d_i values
-    from ``off[k]``, so a variable's incoming messages are contiguous.
-
-    >>> from types import SimpleNamespace as NS
-    >>> message_offsets(NS(dom=np.array([2, 3]), adj_off=np.array([0, 1, 2]))).tolist()
-    [0, 2, 5]
-    """
-    sizes = np.repeat(arr.dom, np.diff(arr.adj_off))
-    off = np.zeros(sizes.shape[0] + 1, dtype=np.int64)
-    np.cumsum(sizes, out=off[1:])
-    return off
-
-
-def default_order(arr: Arrays) -> np.ndarray:
-    """The variables in index order (the compiled order follows the traced program).
-
-    >>> from types import SimpleNamespace as NS
-    >>> default_order(NS(dom=np.array([4, 1, 2]))).tolist()
-    [0, 1, 2]
-    """
-    return np.arange(arr.dom.shape[0], dtype=np.int64)
-
-
-# -- kernels ------------------------------------------------------------------
-@numba.njit(cache=True)
-def _sender_matrices(dom, edge_off, edge_cost, adj_off, adj_edge, adj_other, adj_is_u,
-                     seq, pos):  # pragma: no cover - compiled
-    """Per incidence (i, j): theta_ij as a [d_j, d_i] matrix, stored in the order the passes send.
-
-    Each incidence sends in exactly one pass (forward when j is later in
-    ``seq``), so the copies hold every edge twice, once per orientation. A pass
-    then streams through its matrices in order, and each message entry (M) is
-    a minimum along a contiguous row; reading the shared matrices in node order
-    instead costs a cache miss per edge.
-    """
-    n = seq.shape[0]
-    total = 0
-    for e in range(edge_off.shape[0] - 1):
-        total += 2 * (edge_off[e + 1] - edge_off[e])
-    cost = np.empty(total)
-    start = np.zeros(adj_edge.shape[0], dtype=np.int64)
-    at = 0
-    for forward in (True, False):
-        for t in range(n):
-            i = seq[t] if forward else seq[n - 1 - t]
-            d = dom[i]
-            for k in range(adj_off[i], adj_off[i + 1]):
-                j = adj_other[k]
-                if (pos[j] > pos[i]) != forward:
-                    continue
-                dj = dom[j]
-                off = edge_off[adj_edge[k]]
-                start[k] = at
-                if adj_is_u[k]:  # stored [d_i, d_j]: transpose
-                    for b in range(dj):
-                        for a in range(d):
-                            cost[at + b * d + a] = edge_cost[off + a * dj + b]
-                else:  # stored [d_j, d_i] already
-                    for x in range(d * dj):
-                        cost[at + x] = edge_cost[off + x]
-                at += d * dj
-    return start, cost
 
 
 # fastmath: every value here is finite (forbidden = BIG, inputs sanitised by
@@ -207,7 +128,7 @@ def _pass(dom, unary, unary_off, adj_off, adj_other, seq, pos, gamma, in_off, ou
     Returns (bound (B), energy of the labels). ``pos`` is the position of each
     variable in ``seq``: a neighbour is visited later when its position is
     larger (forward) or smaller (backward). ``send_off``/``send_cost`` are the
-    sender-oriented matrices of :func:`_sender_matrices`. ``pending`` (unary
+    sender-oriented matrices of :class:`~solver.trws_plan.TrwsPlan`. ``pending`` (unary
     layout, zero on entry and on exit) collects sum_{j labelled} theta_ij(x_j, .)
     for the variables not visited yet; the sender adds its row while the
     matrix is in cache for its message.
@@ -298,84 +219,15 @@ def _pass(dom, unary, unary_off, adj_off, adj_other, seq, pos, gamma, in_off, ou
     return bound, energy
 
 
-# -- driver -------------------------------------------------------------------
-@dataclass(frozen=True, slots=True, eq=False)
-class TrwsPlan:
-    """What depends only on the graph and the order, built once for many :func:`trws` calls.
-
-    Building copies every edge matrix twice (see ``_sender_matrices``), which
-    costs a few iterations' time on large graphs; a Lagrangian loop that only
-    changes the unaries builds it once.
-    """
-
-    order: np.ndarray
-    """The variables in visiting order (a permutation)."""
-    position: np.ndarray
-    """position[order[t]] = t."""
-    gamma: np.ndarray
-    """Weight (W) per variable."""
-    in_off: np.ndarray
-    """Per incidence (CSR of ``Arrays.adj_*``), start of the message into the variable."""
-    out_off: np.ndarray
-    """Per incidence, start of the message out of the variable."""
-    send_off: np.ndarray
-    """Per incidence, start of its sender-oriented matrix in ``send_cost``."""
-    send_cost: np.ndarray
-    """Edge matrices as [d_receiver, d_sender], in sending order; forbidden = BIG."""
-    num_messages: int
-    """Length of the flat message array."""
-
-
-def plan_trws(arr: Arrays, *, order: np.ndarray | None = None) -> TrwsPlan:
-    """Weights, message offsets and sender-oriented matrices of ``arr`` for ``order``.
-
-    >>> from types import SimpleNamespace as NS
-    >>> arr = NS(dom=np.array([2, 3]), edge_u=np.array([0]), edge_v=np.array([1]),
-    ...     edge_off=np.array([0, 6]), edge_cost=np.arange(6.0), adj_off=np.array([0, 1, 2]),
-    ...     adj_edge=np.array([0, 0]), adj_other=np.array([1, 0]), adj_is_u=np.array([True, False]))
-    >>> plan = plan_trws(arr)
-    >>> plan.send_cost.reshape(-1, 2)[:3].tolist()  # theta transposed: x_1 rows, x_0 columns
-    [[0.0, 3.0], [1.0, 4.0], [2.0, 5.0]]
-    """
-    n = arr.dom.shape[0]
-    if order is None:
-        seq = default_order(arr)
-    else:
-        seq = np.ascontiguousarray(order, dtype=np.int64)
-        if seq.shape != (n,) or not np.array_equal(np.sort(seq), np.arange(n)):
-            raise ValueError(f"order: expected a permutation of the {n} variables")
-    pos = np.empty(n, dtype=np.int64)
-    pos[seq] = np.arange(n, dtype=np.int64)
-    degree = np.diff(arr.adj_off)
-    owner = np.repeat(np.arange(n), degree)
-    n_later = np.bincount(owner[pos[arr.adj_other] > pos[owner]], minlength=n)
-    gamma = 1.0 / np.maximum(np.maximum(n_later, degree - n_later), 1)  # (W)
-    offsets = message_offsets(arr)
-    in_off = offsets[:-1]
-    # the message out along incidence k is the one into the other end of its edge
-    incidence = np.arange(in_off.shape[0])
-    at_u = np.empty(arr.edge_u.shape[0], dtype=np.int64)
-    at_v = np.empty(arr.edge_u.shape[0], dtype=np.int64)
-    at_u[arr.adj_edge[arr.adj_is_u]] = incidence[arr.adj_is_u]
-    at_v[arr.adj_edge[~arr.adj_is_u]] = incidence[~arr.adj_is_u]
-    out_off = in_off[np.where(arr.adj_is_u, at_v[arr.adj_edge], at_u[arr.adj_edge])]
-    edge_cost = np.ascontiguousarray(np.minimum(arr.edge_cost, BIG), dtype=np.float64)
-    send_off, send_cost = _sender_matrices(arr.dom, arr.edge_off, edge_cost, arr.adj_off,
-                                           arr.adj_edge, arr.adj_other, arr.adj_is_u, seq, pos)
-    return TrwsPlan(order=seq, position=pos, gamma=gamma.astype(np.float64), in_off=in_off,
-                    out_off=out_off, send_off=send_off, send_cost=send_cost,
-                    num_messages=int(offsets[-1]))
-
-
 def trws(
-    arr: Arrays,
+    arr: KernelArrays,
     *,
     unary: np.ndarray | None = None,
     iterations: int = 100,
     deadline: float | None = None,
     messages: np.ndarray | None = None,
     order: np.ndarray | None = None,
-    tol: float = 1e-9,
+    tol: float = REL_TOL,
     plan: TrwsPlan | None = None,
 ) -> TrwsResult:
     """Run TRW-S on ``arr`` (see the module docstring) and return the bound and best labels.
@@ -388,7 +240,7 @@ def trws(
     value) and recomputed by the first iteration. ``deadline`` is a
     ``time.perf_counter()`` value checked between iterations (one iteration
     always runs). ``order`` is a permutation of the variables (default
-    :func:`default_order`), or ``plan`` what :func:`plan_trws` built from this
+    :func:`~solver.trws_plan.default_order`), or ``plan`` what :func:`~solver.trws_plan.plan_trws` built from this
     same ``arr`` (it holds copies of the edge costs; then ``order`` must be
     None). ``tol`` stops early (module docstring): with
     ``tol = 0`` only a closed gap stops before ``iterations``, with ``tol < 0``

@@ -44,7 +44,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from solver.compiled import CompiledGraph
-from solver.ilp import initial_points, violated_points
+from solver.memory_points import initial_points, violated_points
+from solver.tolerance import TINY, fits_limit, floor_tolerant
 from solver.budget import share_deadline
 
 __all__ = ["WcspResult", "add_cost_functions", "knapsack_groups", "knapsack_rows", "solve_wcsp", "solve_wcsp_lazy", "wcsp_available",
@@ -204,7 +205,7 @@ def _scale(graph: CompiledGraph) -> tuple[float, bool, float]:
     integral = bool(np.all(finite_u == np.round(finite_u)) and np.all(finite_e == np.round(finite_e)))
     if integral and total <= COST_RANGE:
         return 1.0, True, total
-    return COST_RANGE / max(total, 1e-300), False, total
+    return COST_RANGE / max(total, TINY), False, total
 
 
 def add_cost_functions(cfn, graph: CompiledGraph, unary: np.ndarray, scale: float, forbidden: float) -> None:
@@ -290,7 +291,7 @@ def solve_wcsp(
         child.join()
     values = None
     if best is not None and best.shape[0] == graph.num_vars and np.all(best < graph.dom) and np.all(best >= 0):
-        fits = not graph.num_times or bool(np.all(graph.memory_profile(best) <= graph.limit * (1 + 1e-12)))
+        fits = not graph.num_times or fits_limit(graph.memory_profile(best), graph.limit)
         if fits and math.isfinite(graph.cost(best)):
             values = best
         else:
@@ -315,8 +316,7 @@ def solve_wcsp(
 def _rounded_cost(graph: CompiledGraph, values: np.ndarray, scale: float) -> int:
     total = int(np.round(graph.unary[graph.unary_off[:-1] + values] * scale).sum())
     if graph.num_edges:
-        idx = graph.edge_off[:-1] + values[graph.edge_u] * graph.dom[graph.edge_v] + values[graph.edge_v]
-        total += int(np.round(graph.edge_cost[idx] * scale).sum())
+        total += int(np.round(graph.edge_cost[graph.edge_entries(values)] * scale).sum())
     return total
 
 
@@ -354,7 +354,7 @@ def _child(graph, rows, scale, top, start, seed, deadline, write_fd) -> None:  #
                     if use >= 1:
                         tuples.append((v, value, int(math.floor(use))))
             # integer usages: sum <= c  iff  sum <= floor(c), exact; otherwise relax
-            cap = math.floor(capacity + 1e-9 * max(1.0, abs(capacity))) if integral else math.ceil(capacity)
+            cap = floor_tolerant(capacity) if integral else math.ceil(capacity)
             if tuples:
                 cfn.AddGeneralizedLinearConstraint(tuples, "<=", int(cap))
         if start is not None:

@@ -20,9 +20,9 @@ import math
 
 import numpy as np
 
-from solver.compiled import CompiledGraph, assemble_graph
+from solver.compiled import CompiledGraph, assemble_graph, segment_profile
 
-__all__ = ["extract_window", "grow_window", "restrict_values", "to_restricted", "from_restricted"]
+__all__ = ["extract_window", "grow_window"]
 
 
 def extract_window(graph: CompiledGraph, x: np.ndarray, members: np.ndarray, profile: np.ndarray) -> CompiledGraph:
@@ -55,11 +55,8 @@ def extract_window(graph: CompiledGraph, x: np.ndarray, members: np.ndarray, pro
         np.add.at(cover, graph.term_t0[seg], 1)
         np.add.at(cover, graph.term_t1[seg], -1)
         points = np.flatnonzero(np.cumsum(cover)[:-1] > 0)
-        window_use = np.zeros(graph.num_times + 1)
         use = graph.term_usage[graph.term_off[seg] + x[graph.term_var[seg]]]
-        np.add.at(window_use, graph.term_t0[seg], use)
-        np.add.at(window_use, graph.term_t1[seg], -use)
-        base = (profile - np.cumsum(window_use)[:-1])[points]
+        base = (profile - segment_profile(graph.num_times, graph.term_t0[seg], graph.term_t1[seg], use))[points]
         t0 = np.searchsorted(points, graph.term_t0[seg], "left")
         t1 = np.searchsorted(points, graph.term_t1[seg], "left")
     else:
@@ -106,30 +103,3 @@ def grow_window(graph: CompiledGraph, seed: int, max_choices: int, max_pairs: in
             pairs += extra_pairs
             frontier.append(w)
     return np.array(sorted(chosen), dtype=np.int64)
-
-
-def restrict_values(graph: CompiledGraph, allowed: list[np.ndarray]) -> CompiledGraph:
-    """The same problem with variable v limited to the values ``allowed[v]`` (sorted, non-empty).
-
-    Value i of v in the result is ``allowed[v][i]`` in ``graph``; costs, edges
-    and memory are unchanged otherwise, so a solution of the result maps back
-    to a solution of ``graph`` with the same cost and memory.
-    """
-    unary = [graph.unary_of(v)[allowed[v]] for v in range(graph.num_vars)]
-    edge_costs = [graph.edge_matrix(e)[np.ix_(allowed[int(graph.edge_u[e])], allowed[int(graph.edge_v[e])])]
-                  for e in range(graph.num_edges)]
-    usage = [graph.term_usage_of(s)[allowed[int(graph.term_var[s])]] for s in range(graph.term_var.size)]
-    return assemble_graph(
-        var_ids=graph.var_ids, unary=unary, edge_u=graph.edge_u, edge_v=graph.edge_v, edge_costs=edge_costs,
-        term_var=graph.term_var, term_t0=graph.term_t0, term_t1=graph.term_t1, term_usage=usage,
-        base=graph.base, time_points=graph.time_points, limit=graph.limit, constant=graph.constant)
-
-
-def to_restricted(allowed: list[np.ndarray], values: np.ndarray) -> np.ndarray:
-    """Values of the full problem (each in ``allowed[v]``) as indices of :func:`restrict_values`' result."""
-    return np.array([int(np.searchsorted(a, x)) for a, x in zip(allowed, values)], dtype=np.int64)
-
-
-def from_restricted(allowed: list[np.ndarray], values: np.ndarray) -> np.ndarray:
-    """Values of :func:`restrict_values`' result as values of the full problem."""
-    return np.array([a[x] for a, x in zip(allowed, values)], dtype=np.int64)

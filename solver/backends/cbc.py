@@ -21,7 +21,7 @@ import warnings
 
 import numpy as np
 
-from solver.backends.base import BackendUnavailable, ProgramBackend, ProgramResult
+from solver.backends.base import LP_BOUND_SHADE, BackendUnavailable, ProgramBackend, ProgramResult, objective_scale
 from solver.ilp import LinearProgram
 
 __all__ = ["CbcBackend", "write_mps"]
@@ -72,19 +72,6 @@ def _names(prefix: str, indices: np.ndarray) -> np.ndarray:
         out = np.where(more, np.char.add(_DIGITS[rest % 36], out), out)
         rest //= 36
     return np.char.add(prefix, out)
-
-
-def objective_scale(cost: np.ndarray) -> float:
-    """A power of two bringing the median nonzero cost near 1e3.
-
-    CBC's tolerances are absolute (cut-off increments, reduced costs around
-    1e-7): with costs in seconds (1e-6..1e-2) it declared non-optimal
-    solutions optimal. A power of two rescales without rounding error.
-    """
-    nonzero = np.abs(cost[cost != 0])
-    if nonzero.size == 0:
-        return 1.0
-    return float(2.0 ** round(np.log2(1e3 / float(np.median(nonzero)))))
 
 
 def write_mps(program: LinearProgram, path: str, scale: float = 1.0) -> None:
@@ -167,8 +154,10 @@ class CbcBackend(ProgramBackend):
                         lambda sol, log_text, scale, seconds: _read_solution(sol, log_text, program, seconds, scale))
 
     def solve_relaxation(self, program: LinearProgram, *, time_limit: float) -> ProgramResult:
-        """The LP relaxation (Clp): status ``optimal`` with the fractional
-        solution and its objective (a valid lower bound), else ``unknown``."""
+        """The LP relaxation (Clp, inside the CBC binary), without duals: the ones
+        the binary prints are not those of the optimal basis. Before its LP, CBC
+        tightens the bounds of binary columns by their integrality, so its value
+        may lie above the pure LP optimum (still a valid bound of the program)."""
         def read(sol: str, log_text: str, scale: float, seconds: float) -> ProgramResult:
             with open(sol) as handle:
                 header = handle.readline().lower()
@@ -177,8 +166,7 @@ class CbcBackend(ProgramBackend):
                     return ProgramResult(status, None, None, None, seconds)
                 z = _read_columns(handle, program.num_vars)
             objective = float(program.cost @ z) + program.constant
-            # Clp's optimum is exact up to its tolerances; shade it like the MIP bound
-            return ProgramResult("optimal", z, objective, objective - 1e-7 * abs(objective), seconds)
+            return ProgramResult("optimal", z, objective, objective - LP_BOUND_SHADE * abs(objective), seconds)
 
         options = lambda tmp, budget: ["-sec", f"{max(budget, 0.2):.3f}", "-timeMode", "elapsed",  # noqa: E731
                                        "-initialSolve"]

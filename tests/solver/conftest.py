@@ -112,6 +112,12 @@ def available_backends() -> list[str]:
     return names
 
 
+@pytest.fixture
+def all_backends() -> list[str]:
+    """The names of the backends available here."""
+    return available_backends()
+
+
 def pytest_generate_tests(metafunc):
     """Every test taking ``backend`` runs once per available backend (as PuLP's tests do)."""
     if "backend" in metafunc.fixturenames:
@@ -127,3 +133,56 @@ def oracle():
 @pytest.fixture
 def make_random_problem():
     return random_problem
+
+
+def unreduced_graph(problem: Problem):
+    """``(working graph, compiled graph)`` with only the exact reductions a compiled graph needs
+    (forbidden values, pins, ties) and every time point kept; None when they prove it infeasible."""
+    from solver.compiled import compile_graph
+    from solver.reductions import InfeasibleError, reduce_problem
+
+    try:
+        working, _ = reduce_problem(problem, dominance=False, followers=False, elimination=False)
+    except InfeasibleError:
+        return None
+    return working, compile_graph(working, drop_redundant_times=False)
+
+
+def brute_force_graph(graph) -> tuple[float, np.ndarray | None]:
+    """Best cost (constant included) and values of a compiled graph within its memory limit,
+    by enumeration (inf, None if none)."""
+    best, best_values = math.inf, None
+    for values in itertools.product(*(range(int(d)) for d in graph.dom)):
+        x = np.array(values, dtype=np.int64)
+        if graph.num_times and graph.memory_profile(x).max() > graph.limit:
+            continue
+        cost = graph.cost(x)
+        if cost < best:
+            best, best_values = cost, x
+    return best, best_values
+
+
+@pytest.fixture
+def random_graphs():
+    """``graphs(seed, count, **random_problem options)``: up to ``count`` random unreduced
+    graphs with at least one variable, each as ``(rng, graph)`` (the generator that made it,
+    for the test's own random choices)."""
+    def graphs(seed: int, count: int, **options):
+        rng = np.random.default_rng(seed)
+        for _ in range(count):
+            made = unreduced_graph(random_problem(rng, **options))
+            if made is not None and made[1].num_vars:
+                yield rng, made[1]
+    return graphs
+
+
+@pytest.fixture
+def unreduced():
+    """:func:`unreduced_graph`, as a fixture."""
+    return unreduced_graph
+
+
+@pytest.fixture
+def graph_oracle():
+    """Brute force over a compiled graph (:func:`brute_force_graph`)."""
+    return brute_force_graph

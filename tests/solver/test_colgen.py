@@ -14,12 +14,11 @@ import pytest
 from solver import solve
 from solver.colgen import column_generation, fix_by_reduced_cost, solve_restricted
 from solver.compiled import CompiledGraph, compile_graph
-from solver.kernels import to_arrays
 from solver.localsearch import SearchState
 from solver.problem import Problem
 from solver.reductions import reduce_problem
 from solver.treedp import plan_elimination
-from solver.window import restrict_values
+from solver.restrict import restrict_values
 
 
 def memory_problem(seed: int) -> Problem:
@@ -60,7 +59,7 @@ def test_column_generation_bound_is_valid_and_incumbent_stays_feasible(seed):
         pytest.skip("no feasible labelling, or the limit never binds, for this seed")
     optimum = min(graph.cost(x) for x in labellings)
     worst = max(labellings, key=graph.cost)
-    state = SearchState(to_arrays(graph), worst, graph.num_times)
+    state = SearchState(graph.arrays, worst, graph.num_times)
     plan = plan_elimination(graph)
     report = column_generation(graph, state, plan, deadline=time.perf_counter() + 5)
     assert report.bound <= optimum + 1e-15
@@ -79,7 +78,7 @@ def test_reduced_cost_fixing_never_drops_a_value_of_a_better_solution(seed):
         pytest.skip("no feasible labelling for this seed")
     costs = np.array([graph.cost(x) for x in labellings])
     incumbent = labellings[int(np.argsort(costs)[len(costs) // 4])]  # a good, not optimal, solution
-    state = SearchState(to_arrays(graph), incumbent.copy(), graph.num_times)
+    state = SearchState(graph.arrays, incumbent.copy(), graph.num_times)
     plan = plan_elimination(graph)
     report = column_generation(graph, state, plan, deadline=time.perf_counter() + 5)
     upper = graph.cost(incumbent)
@@ -99,7 +98,7 @@ def test_fixing_at_the_optimum_with_exact_prices_removes_values():
         if not labellings:
             continue
         best = min(labellings, key=graph.cost)
-        state = SearchState(to_arrays(graph), best.copy(), graph.num_times)
+        state = SearchState(graph.arrays, best.copy(), graph.num_times)
         plan = plan_elimination(graph)
         report = column_generation(graph, state, plan, deadline=time.perf_counter() + 5)
         allowed = fix_by_reduced_cost(graph, plan, report.prices, graph.cost(best), best)

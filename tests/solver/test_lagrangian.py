@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 from solver.compiled import compile_graph
-from solver.kernels import to_arrays
 from solver.lagrangian import inner_solver_names, price_and_repair
 from solver.localsearch import SearchState
 from solver.problem import Problem
@@ -31,7 +30,7 @@ def test_bound_is_valid_and_close_with_fractional_costs(inner, seed, oracle):
     best, _ = oracle(problem)
     working, _ = reduce_problem(problem, dominance=False, followers=False, elimination=False)
     graph = compile_graph(working)
-    arr = to_arrays(graph)
+    arr = graph.arrays
     start = None
     for x in np.ndindex(*graph.dom):
         state = SearchState(arr, np.array(x), graph.num_times)

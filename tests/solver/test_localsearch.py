@@ -6,7 +6,6 @@ from __future__ import annotations
 import numpy as np
 
 from solver.compiled import compile_graph
-from solver.kernels import MemoryTree, memory_profile, to_arrays
 from solver.localsearch import SearchState, descend, greedy, repair
 from solver.reductions import InfeasibleError, reduce_problem
 from solver.window import extract_window
@@ -25,7 +24,7 @@ def test_descent_never_raises_cost_and_keeps_feasibility(make_random_problem):
             working, graph = _compiled(problem)
         except InfeasibleError:
             continue
-        arr = to_arrays(graph)
+        arr = graph.arrays
         state = SearchState(arr, rng.integers(0, graph.dom), graph.num_times)
         if not state.feasible():
             continue
@@ -35,7 +34,8 @@ def test_descent_never_raises_cost_and_keeps_feasibility(make_random_problem):
         assert state.feasible()
         # the tree still matches a recomputed profile
         if graph.num_times:
-            assert np.allclose(memory_profile(arr, state.x, graph.num_times), graph.memory_profile(state.x))
+            leaves = [state.max(t, t + 1) for t in range(graph.num_times)]
+            assert np.allclose(leaves, graph.memory_profile(state.x))
 
 
 def test_repair_reaches_the_limit_from_the_most_hungry_start(make_random_problem):
@@ -49,7 +49,7 @@ def test_repair_reaches_the_limit_from_the_most_hungry_start(make_random_problem
             continue
         if graph.num_times == 0:
             continue
-        arr = to_arrays(graph)
+        arr = graph.arrays
         hungry = np.array([int(np.argmax(graph.unary_of(v))) for v in range(graph.num_vars)], dtype=np.int64)
         state = SearchState(arr, hungry, graph.num_times)
         if repair(arr, state.x, state.tree, state.pend, 10_000):
@@ -66,7 +66,7 @@ def test_greedy_start_is_feasible_when_least_memory_fits(make_random_problem):
             working, graph = _compiled(problem)
         except InfeasibleError:
             continue
-        arr = to_arrays(graph)
+        arr = graph.arrays
         state = greedy(arr, graph.num_times, rng=rng)
         least = SearchState(arr, np.zeros(graph.num_vars, dtype=np.int64), graph.num_times)
         if graph.num_times and graph.base.max() <= graph.limit and least.feasible():

@@ -7,7 +7,9 @@ import importlib
 
 import pytest
 
-MODULES = ["solver.pipeline", "solver.compiled", "solver.treedp"]
+MODULES = ["solver.pipeline", "solver.compiled", "solver.treedp", "solver.tolerance", "solver.memory_points",
+           "solver.pricing", "solver.restrict", "solver.exact", "solver.trws", "solver.trws_plan",
+           "solver.budget", "solver.jit", "solver.problem_values"]
 
 
 @pytest.mark.parametrize("name", MODULES)

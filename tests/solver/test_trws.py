@@ -2,7 +2,7 @@
 
 Every graph here has at most 8 variables with 2-4 values, so the minimum
 energy is found by enumerating all labellings. Graphs are built directly as
-:class:`solver.kernels.Arrays` (forbidden = BIG), except one test that goes
+:class:`solver.compiled.KernelArrays` (forbidden = BIG), except one test that goes
 through the problem -> reductions -> compile pipeline.
 """
 
@@ -15,55 +15,25 @@ import numpy as np
 import pytest
 
 from solver.compiled import compile_graph
-from solver.kernels import BIG, Arrays, to_arrays, total_cost
+from solver.compiled import KernelArrays as Arrays
+from solver.compiled import assemble_graph
 from solver.problem import Problem
 from solver.reductions import reduce_problem
-from solver.trws import FORBIDDEN, plan_trws, trws
+from solver.tolerance import BIG, FORBIDDEN
+from solver.trws import trws
+from solver.trws_plan import plan_trws
 
 Edge = tuple[int, int, np.ndarray]
 
 
 # -- helpers --------------------------------------------------------------------
 def make_arrays(unaries: list[np.ndarray], edges: list[Edge]) -> Arrays:
-    """Arrays of a graph given per-variable unary costs and (u, v, [d_u, d_v] matrix) edges."""
-    n = len(unaries)
-    dom = np.array([len(c) for c in unaries], dtype=np.int64)
-    unary_off = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(dom, out=unary_off[1:])
-    edge_u = np.array([u for u, _, _ in edges], dtype=np.int64)
-    edge_v = np.array([v for _, v, _ in edges], dtype=np.int64)
-    edge_off = np.zeros(len(edges) + 1, dtype=np.int64)
-    np.cumsum([m.size for _, _, m in edges], out=edge_off[1:])
-    inc_var = np.concatenate([edge_u, edge_v])
-    inc_edge = np.concatenate([np.arange(len(edges))] * 2)
-    inc_other = np.concatenate([edge_v, edge_u])
-    inc_is_u = np.concatenate([np.ones(len(edges), bool), np.zeros(len(edges), bool)])
-    by_var = np.argsort(inc_var, kind="stable")
-    adj_off = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(np.bincount(inc_var, minlength=n), out=adj_off[1:])
-    empty = np.zeros(0, dtype=np.int64)
-    return Arrays(
-        dom=dom,
-        unary_off=unary_off,
-        unary=np.concatenate(unaries).astype(np.float64),
-        edge_u=edge_u,
-        edge_v=edge_v,
-        edge_off=edge_off,
-        edge_cost=np.concatenate([m.ravel() for _, _, m in edges]) if edges else np.zeros(0),
-        adj_off=adj_off,
-        adj_edge=inc_edge[by_var].astype(np.int64),
-        adj_other=inc_other[by_var].astype(np.int64),
-        adj_is_u=inc_is_u[by_var],
-        term_var=empty,
-        term_t0=empty,
-        term_t1=empty,
-        term_off=np.zeros(1, dtype=np.int64),
-        term_usage=np.zeros(0),
-        var_term_off=np.zeros(n + 1, dtype=np.int64),
-        var_term=empty,
-        base=np.zeros(0),
-        limit=BIG,
-    )
+    """Kernel arrays of a graph given per-variable unary costs and (u, v, [d_u, d_v] matrix) edges."""
+    return assemble_graph(
+        var_ids=np.arange(len(unaries)), unary=[np.asarray(c, dtype=np.float64) for c in unaries],
+        edge_u=[u for u, _, _ in edges], edge_v=[v for _, v, _ in edges], edge_costs=[m for _, _, m in edges],
+        term_var=[], term_t0=[], term_t1=[], term_usage=[], base=np.zeros(0),
+        time_points=np.zeros(0, dtype=np.int64), limit=np.inf, constant=0.0).arrays
 
 
 def energies(arr: Arrays, unary: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -82,7 +52,14 @@ def optimum(arr: Arrays, unary: np.ndarray | None = None) -> float:
 
 
 def energy_of(arr: Arrays, labels: np.ndarray, unary: np.ndarray | None = None) -> float:
-    return float(total_cost(arr if unary is None else arr._replace(unary=unary), labels))
+    """Unary terms, then edge terms, summed one at a time (forbidden entries count BIG)."""
+    costs = arr.unary if unary is None else unary
+    total = 0.0
+    for v, x in enumerate(labels.tolist()):
+        total += float(costs[arr.unary_off[v] + x])
+    for e, (u, v) in enumerate(zip(arr.edge_u.tolist(), arr.edge_v.tolist())):
+        total += float(arr.edge_cost[arr.edge_off[e] + labels[u] * arr.dom[v] + labels[v]])
+    return total
 
 
 def random_costs(rng: np.random.Generator, shape: tuple[int, ...], scale: float, forbidden: float) -> np.ndarray:
@@ -307,7 +284,7 @@ def test_a_problem_through_reductions_and_compile() -> None:
     })
     graph, _ = reduce_problem(problem, dominance=False, followers=False, elimination=False)
     compiled = compile_graph(graph)
-    arr = to_arrays(compiled)
+    arr = compiled.arrays
     res = trws(arr, iterations=50)
     assert_consistent(arr, res)
     assert res.labels_energy + compiled.constant == pytest.approx(compiled.cost(res.labels))
