@@ -43,3 +43,26 @@ def test_bound_is_valid_and_close_with_fractional_costs(inner, seed, oracle):
     # a bound that rounding destroyed would be far below (it was -1341 s once)
     assert report.bound >= 0.5 * best
     assert graph.cost(start.x) >= best - 1e-12
+
+
+def test_rounds_continue_until_the_bound_proves_the_cost():
+    # costs of IOPDDL size (1e9): a step length once rebound the proof gap, so every
+    # run stopped after two rounds whatever its bound (IOPDDL K: 0.98 -> 1.10 of best known)
+    from solver.tolerance import is_proven
+
+    rounds = []
+    for seed in range(6):
+        problem = _fractional_problem(seed)
+        scaled = problem.to_dict()
+        for node in scaled["nodes"]:
+            node["cost"] = [round(c * 1e13) for c in node["cost"]]
+        for edge in scaled["edges"]:
+            edge["cost"] = [[round(c * 1e13) for c in row] for row in edge["cost"]]
+        working, _ = reduce_problem(Problem.from_dict(scaled), dominance=False, followers=False, elimination=False)
+        graph = compile_graph(working)
+        start = next((s for s in (SearchState(graph.arrays, np.array(x), graph.num_times) for x in np.ndindex(*graph.dom))
+                      if s.feasible() and np.isfinite(graph.cost(s.x))), None)
+        report = price_and_repair(graph, start, deadline=time.perf_counter() + 3, seed=0, max_rounds=30)
+        if not is_proven(graph.cost(start.x), report.bound):
+            rounds.append(report.rounds)
+    assert rounds and max(rounds) > 2, rounds
