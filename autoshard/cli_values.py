@@ -22,7 +22,6 @@ from __future__ import annotations
 import math
 import os
 import re
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -30,7 +29,8 @@ if TYPE_CHECKING:
     from costmodel.mesh import MeshSpec
 
 __all__ = ["MAX_BYTES", "MAX_DEVICES", "MAX_SECONDS", "parse_bytes", "byte_unit", "format_bytes", "parse_mesh",
-           "check_seconds", "check_count", "check_output_path", "write_bytes_atomic", "plural"]
+           "check_seconds", "check_count", "check_output_path", "write_bytes_atomic", "save_figure",
+           "plural"]
 
 MAX_SECONDS = 7 * 24 * 3600.0
 """A week: the largest time limit (as ``python -m solver``); beyond it a
@@ -134,22 +134,24 @@ def check_output_path(path: str | os.PathLike[str] | None, flag: str) -> None:
 
 
 def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> None:
-    """Write ``data`` as ``solver.io.write_text_atomic`` writes text: temp file
-    in the same folder, fsync, rename; the user's umask, not mkstemp's 0600;
-    the folder must exist; a failure leaves no file behind."""
-    target = Path(path)
-    if not target.parent.is_dir():
-        raise FileNotFoundError(f"{target.parent}: no such directory (for {target.name})")
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    """``solver.io.write_bytes_atomic``, imported only when a command writes
+    (``solver.io`` loads numpy; flag checks must stay instant)."""
+    from solver.io import write_bytes_atomic as write
+
+    write(path, data)
+
+
+def save_figure(fig, path: str | os.PathLike[str]) -> None:
+    """Render a matplotlib figure to PNG in memory, close it, and write it
+    atomically with the user's umask: a reader never sees half a PNG, and an
+    error leaves no file behind."""
+    import io
+
+    buffer = io.BytesIO()
     try:
-        mask = os.umask(0o022)  # the only portable way to read the umask is to set it
-        os.umask(mask)
-        os.fchmod(fd, 0o666 & ~mask)
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        fig.savefig(buffer, format="png", dpi=120)
+    finally:
+        import matplotlib.pyplot as plt
+
+        plt.close(fig)
+    write_bytes_atomic(path, buffer.getvalue())

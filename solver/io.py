@@ -231,9 +231,15 @@ def problem_to_iopddl(problem: Problem) -> dict[str, Any]:
 
 
 def write_text_atomic(path: str | os.PathLike[str], text: str, *, parents: bool = False) -> None:
-    """Write ``text`` to ``path`` atomically (temp file + fsync + rename), with the
+    """Write ``text`` (UTF-8) to ``path`` atomically: see :func:`write_bytes_atomic`."""
+    write_bytes_atomic(path, text.encode("utf-8"), parents=parents)
+
+
+def write_bytes_atomic(path: str | os.PathLike[str], data: bytes, *, parents: bool = False) -> None:
+    """Write ``data`` to ``path`` atomically (temp file + fsync + rename), with the
     permissions a plain ``open`` would give (the user's umask). The folder must
-    exist unless ``parents=True`` (a user's typo must not create directories)."""
+    exist unless ``parents=True`` (a user's typo must not create directories);
+    a failure leaves no file behind."""
     target = Path(path)
     if parents:
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -242,8 +248,8 @@ def write_text_atomic(path: str | os.PathLike[str], text: str, *, parents: bool 
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
         os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600 files
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, target)

@@ -18,13 +18,12 @@ glance which op kinds sit off the diagonal, and in which direction.
 
 from __future__ import annotations
 
-import io
 import math
 from dataclasses import dataclass
 from typing import Sequence
 
 from autoshard.calibrate.fit import _quantile
-from autoshard.cli_values import write_bytes_atomic
+from autoshard.cli_values import save_figure
 from autoshard.calibrate.heldout import CheckItem
 
 __all__ = ["TARGETS", "Summary", "summarize", "markdown_report", "plot_report"]
@@ -156,10 +155,4 @@ def plot_report(items: Sequence[CheckItem], path: str, *, title: str = "") -> No
     ax.legend(fontsize=8, loc="upper left")
     ax.grid(True, which="both", alpha=0.2)
     fig.tight_layout()
-    # rendered in memory and written atomically (the user's umask): no half PNG on failure
-    buffer = io.BytesIO()
-    try:
-        fig.savefig(buffer, format="png", dpi=120)
-    finally:
-        plt.close(fig)
-    write_bytes_atomic(path, buffer.getvalue())
+    save_figure(fig, path)

@@ -9,10 +9,9 @@ estimate) and, with ``--plot``, a PNG of live memory over the step.
 from __future__ import annotations
 
 import argparse
-import io
 from collections import Counter
 
-from autoshard.cli_values import byte_unit, format_bytes, write_bytes_atomic
+from autoshard.cli_values import byte_unit, format_bytes, save_figure
 from autoshard.plan.format import Plan
 
 __all__ = ["explain_text", "plot_memory", "add_arguments", "run"]
@@ -98,14 +97,7 @@ def plot_memory(plan: Plan, path: str) -> None:
     ax.set_ylim(bottom=0)
     ax.legend(loc="upper left")
     fig.tight_layout()
-    # rendered in memory, then written atomically with the user's umask: a reader
-    # never sees half a PNG, and an error leaves no file behind
-    buffer = io.BytesIO()
-    try:
-        fig.savefig(buffer, format="png", dpi=120)
-    finally:
-        plt.close(fig)
-    write_bytes_atomic(path, buffer.getvalue())
+    save_figure(fig, path)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
