@@ -18,6 +18,10 @@ elimination of ``solver.treedp``, which the pipeline uses through
   lambda_p <- max(0, lambda_p + theta (UB - D) / ||g||^2 g_p) with
   g_p = mem_p(x) - L, and theta halves after rounds without progress.
 
+The rounds stop early when they stall: no better candidate and no rise of
+the bound by 1 % of the gap UB - D for the ``lagrangian_patience`` share of
+the stage (``solver.budget``); the windows that follow use the rest.
+
 The prices steer the inner solver towards layouts that fit (the contest
 winner's approach, with per-point rather than per-node prices, so that the
 same rounds also give a lower bound).
@@ -51,6 +55,7 @@ log = logging.getLogger(__name__)
 @dataclass(slots=True)
 class LagrangianReport:
     rounds: int = 0
+    stalled: bool = False  # stopped early: nothing moved for the patience share
     candidates: int = 0
     improved: int = 0
     bound: float = -math.inf
@@ -58,7 +63,7 @@ class LagrangianReport:
     history: list[tuple[float, float, float]] = field(default_factory=list)  # (s, best, bound)
 
     def to_dict(self) -> dict[str, object]:
-        return {"rounds": self.rounds, "candidates": self.candidates, "improved": self.improved,
+        return {"rounds": self.rounds, "stalled": self.stalled, "candidates": self.candidates, "improved": self.improved,
                 "inner": self.inner, "bound": None if not math.isfinite(self.bound) else self.bound}
 
 
@@ -176,13 +181,20 @@ def price_and_repair(
     lam = np.zeros(graph.num_times)
     theta = 1.0
     stale = 0
+    patience = share_deadline("lagrangian_patience", deadline, now=start, stage_start=start) - start
+    moved = start  # when the incumbent or the bound last moved
     while report.rounds < max_rounds and time.perf_counter() < deadline - 0.05:
+        if time.perf_counter() - moved > patience:
+            report.stalled = True
+            break
         report.rounds += 1
         unary = priced_unary(graph, lam)
         round_deadline = share_deadline("lagrangian_round", deadline)
         labels, inner_bound = solver.solve(unary, round_deadline)
         dual = dual_bound(graph, lam, inner_bound)
         if math.isfinite(dual) and dual > report.bound:
+            if not math.isfinite(report.bound) or dual - report.bound > 0.01 * (best_cost - report.bound):
+                moved = time.perf_counter()
             report.bound = dual
         if labels is None:
             break
@@ -195,6 +207,7 @@ def price_and_repair(
             best_cost = graph.cost(candidate.x)
             state.take(candidate)
             report.improved += 1
+            moved = time.perf_counter()
             stale = 0
             if on_improve is not None:
                 on_improve(best_cost)

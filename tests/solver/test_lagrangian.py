@@ -66,3 +66,23 @@ def test_rounds_continue_until_the_bound_proves_the_cost():
         if not is_proven(graph.cost(start.x), report.bound):
             rounds.append(report.rounds)
     assert rounds and max(rounds) > 2, rounds
+
+
+def test_rounds_stop_when_nothing_moves_for_the_patience_share(monkeypatch):
+    # IOPDDL S: the last improving candidate came at 28 s of a 166 s stage; the
+    # windows after it need that time. Rounds that move neither the incumbent
+    # nor the bound stop after the patience share, long before the deadline.
+    from solver import budget
+
+    monkeypatch.setitem(budget.SHARES, "lagrangian_patience",
+                        budget.Share(0.02, "test", at_least=0.2, of="stage"))
+    problem = _fractional_problem(7)  # a duality gap: no bound ever proves its optimum (2 % below)
+    working, _ = reduce_problem(problem, dominance=False, followers=False, elimination=False)
+    graph = compile_graph(working)
+    start = next(s for s in (SearchState(graph.arrays, np.array(x), graph.num_times) for x in np.ndindex(*graph.dom))
+                 if s.feasible() and np.isfinite(graph.cost(s.x)))
+    begin = time.perf_counter()
+    report = price_and_repair(graph, start, deadline=begin + 30, seed=0, gap=0.0)
+    assert report.stalled
+    assert time.perf_counter() - begin < 10
+    assert report.to_dict()["stalled"] is True
