@@ -22,7 +22,7 @@ import numpy as np
 
 from solver.compiled import CompiledGraph, assemble_graph, segment_profile
 
-__all__ = ["extract_window", "grow_window"]
+__all__ = ["extract_window", "grow_window", "memory_partner"]
 
 
 def extract_window(graph: CompiledGraph, x: np.ndarray, members: np.ndarray, profile: np.ndarray) -> CompiledGraph:
@@ -103,3 +103,40 @@ def grow_window(graph: CompiledGraph, seed: int, max_choices: int, max_pairs: in
             pairs += extra_pairs
             frontier.append(w)
     return np.array(sorted(chosen), dtype=np.int64)
+
+
+def memory_partner(graph: CompiledGraph, x: np.ndarray, members: np.ndarray, profile: np.ndarray,
+                   rng: np.random.Generator) -> int | None:
+    """A variable outside ``members`` that could free memory where the window is tightest.
+
+    A window grown along edges holds the memory of the rest fixed, so at a point
+    where the limit binds it can only swap layouts of equal or smaller memory.
+    The tightest point p covered by the window's segments is found, and a
+    variable with a segment live at p whose current value uses more there than
+    its smallest value is drawn (weighted by what it could free); a window grown
+    around it too can move memory from one part of the graph to the other.
+    ``None`` when the window covers no point or no variable could free memory there.
+    """
+    if not graph.term_var.size or not math.isfinite(graph.limit):
+        return None
+    inside = np.zeros(graph.num_vars, dtype=bool)
+    inside[members] = True
+    seg = np.flatnonzero(inside[graph.term_var])
+    if not seg.size:
+        return None
+    cover = np.zeros(graph.num_times + 1, dtype=np.int64)
+    np.add.at(cover, graph.term_t0[seg], 1)
+    np.add.at(cover, graph.term_t1[seg], -1)
+    covered = np.flatnonzero(np.cumsum(cover)[:-1] > 0)
+    if not covered.size:
+        return None
+    point = int(covered[np.argmax(profile[covered])])
+    live = np.flatnonzero((graph.term_t0 <= point) & (graph.term_t1 > point) & ~inside[graph.term_var])
+    if not live.size:
+        return None
+    use = graph.term_usage[graph.term_off[live] + x[graph.term_var[live]]]
+    smallest = np.minimum.reduceat(graph.term_usage, graph.term_off[:-1])[live] if graph.term_usage.size else use
+    free = use - smallest
+    if not (free > 0).any():
+        return None
+    return int(graph.term_var[live[rng.choice(live.size, p=free / free.sum())]])
