@@ -69,3 +69,23 @@ def test_the_state_stays_feasible_on_random_graphs(random_graphs, graph_oracle):
         assert [state.max(t, t + 1) for t in range(graph.num_times)] == list(graph.memory_profile(state.x))
         runs += 1
     assert runs == 2
+
+
+def test_coupled_window_takes_half_around_a_memory_partner_only_when_the_limit_binds():
+    from solver.anytime import _window
+
+    # two chains 0-1-2 and 3-4-5 with no edge between them, sharing one memory point
+    usage = [np.array([1.0, 4.0])] * 6
+    def graph(limit):
+        return assemble_graph(
+            var_ids=np.arange(6), unary=[np.array([1.0, 0.0])] * 6, edge_u=[0, 1, 3, 4], edge_v=[1, 2, 4, 5],
+            edge_costs=[np.zeros((2, 2))] * 4, term_var=list(range(6)), term_t0=[0] * 6, term_t1=[1] * 6,
+            term_usage=usage, base=np.zeros(1), time_points=np.zeros(1, np.int64), limit=limit, constant=0.0)
+    x = np.array([0, 0, 0, 1, 1, 1])  # memory 3 + 12 = 15
+    rng = np.random.default_rng(0)
+    tight = graph(15.0)
+    assert set(_window(tight, x, tight.memory_profile(x), 0, 4, 100, rng, coupled=False)) <= {0, 1, 2}
+    coupled = _window(tight, x, tight.memory_profile(x), 0, 4, 100, rng, coupled=True)
+    assert set(coupled) & {0, 1, 2} and set(coupled) & {3, 4, 5}
+    loose = graph(100.0)  # far from the limit: no partner, one connected window
+    assert set(_window(loose, x, loose.memory_profile(x), 0, 4, 100, rng, coupled=True)) <= {0, 1, 2}
