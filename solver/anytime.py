@@ -11,9 +11,9 @@ search keeps the best feasible assignment x* and repeats until the deadline:
    halves, the second grown around a variable that could free memory at the
    first half's tightest point (``solver.window.memory_partner``), so that it
    trades memory between distant parts of the graph; windows of one kind run
-   until two in a row fail to improve, then the other kind. The window budget grows when windows are solved to
-   optimality without improvement (the neighbourhood is exhausted at that
-   size) and shrinks when they time out.
+   until two in a row fail to improve, then the other kind. The window budget
+   grows when windows are solved to optimality without improvement (the
+   neighbourhood is exhausted at that size) and shrinks when they time out.
 2. Every few windows, a perturbation: a random connected region of 1-5 % of
    the variables moves to random values, then repair and descent (1- and
    2-variable moves under the memory limit); kept if it beats x*.

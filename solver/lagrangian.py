@@ -63,8 +63,8 @@ class LagrangianReport:
     history: list[tuple[float, float, float]] = field(default_factory=list)  # (s, best, bound)
 
     def to_dict(self) -> dict[str, object]:
-        return {"rounds": self.rounds, "stalled": self.stalled, "candidates": self.candidates, "improved": self.improved,
-                "inner": self.inner, "bound": None if not math.isfinite(self.bound) else self.bound}
+        return {"rounds": self.rounds, "stalled": self.stalled, "candidates": self.candidates,
+                "improved": self.improved, "inner": self.inner, "bound": None if not math.isfinite(self.bound) else self.bound}
 
 
 def inner_solver_names() -> list[str]:

@@ -51,10 +51,7 @@ def extract_window(graph: CompiledGraph, x: np.ndarray, members: np.ndarray, pro
     base = np.zeros(0)
     t0 = t1 = np.zeros(0, dtype=np.int64)
     if seg.size and math.isfinite(graph.limit):
-        cover = np.zeros(graph.num_times + 1, dtype=np.int64)
-        np.add.at(cover, graph.term_t0[seg], 1)
-        np.add.at(cover, graph.term_t1[seg], -1)
-        points = np.flatnonzero(np.cumsum(cover)[:-1] > 0)
+        points = _covered_points(graph, seg)
         use = graph.term_usage[graph.term_off[seg] + x[graph.term_var[seg]]]
         base = (profile - segment_profile(graph.num_times, graph.term_t0[seg], graph.term_t1[seg], use))[points]
         t0 = np.searchsorted(points, graph.term_t0[seg], "left")
@@ -124,10 +121,7 @@ def memory_partner(graph: CompiledGraph, x: np.ndarray, members: np.ndarray, pro
     seg = np.flatnonzero(inside[graph.term_var])
     if not seg.size:
         return None
-    cover = np.zeros(graph.num_times + 1, dtype=np.int64)
-    np.add.at(cover, graph.term_t0[seg], 1)
-    np.add.at(cover, graph.term_t1[seg], -1)
-    covered = np.flatnonzero(np.cumsum(cover)[:-1] > 0)
+    covered = _covered_points(graph, seg)
     if not covered.size:
         return None
     point = int(covered[np.argmax(profile[covered])])
@@ -135,8 +129,16 @@ def memory_partner(graph: CompiledGraph, x: np.ndarray, members: np.ndarray, pro
     if not live.size:
         return None
     use = graph.term_usage[graph.term_off[live] + x[graph.term_var[live]]]
-    smallest = np.minimum.reduceat(graph.term_usage, graph.term_off[:-1])[live] if graph.term_usage.size else use
+    smallest = np.minimum.reduceat(graph.term_usage, graph.term_off[:-1])[live]
     free = use - smallest
     if not (free > 0).any():
         return None
     return int(graph.term_var[live[rng.choice(live.size, p=free / free.sum())]])
+
+
+def _covered_points(graph: CompiledGraph, seg: np.ndarray) -> np.ndarray:
+    """The memory points at which at least one of the segments ``seg`` is live."""
+    cover = np.zeros(graph.num_times + 1, dtype=np.int64)
+    np.add.at(cover, graph.term_t0[seg], 1)
+    np.add.at(cover, graph.term_t1[seg], -1)
+    return np.flatnonzero(np.cumsum(cover)[:-1] > 0)
