@@ -95,7 +95,7 @@ _DTYPE_SHORT = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf1
 
 
 def describe_call(op: Any, args: tuple, kwargs: Mapping[str, Any]) -> str:
-    """``index_select(f32[8, 4], 0, i64[])``: an op's call with tensors as dtype and shape.
+    """``aten.index_select.default(f32[8, 4], 0, i64[])``: an op's call with tensors as dtype and shape.
 
     >>> describe_call(torch.ops.aten.index_select.default,
     ...               (TensorMeta((8, 4), torch.float32), 0, TensorMeta((), torch.int64)), {})

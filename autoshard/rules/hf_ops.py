@@ -1,6 +1,8 @@
 """Ops that Hugging Face models put in the graph beyond the core families.
 
-**transformers' grouped matmul** (family ``transformers``). An fp32 MoE model
+Every rule here is in family ``hf_ops`` (the module's name, as for every family).
+
+**transformers' grouped matmul**. An fp32 MoE model
 (Qwen3-MoE, DeepSeek-V3, Mixtral) traced on CPU runs its experts through
 ``transformers``' own custom ops, because ``aten._grouped_mm`` does not
 compile for fp32 (``transformers/integrations/moe.py``)::
@@ -31,7 +33,7 @@ The ops exist only once ``transformers.integrations.moe`` is imported, so the
 rules are registered by name (:class:`autoshard.rules.registry.NamedRule`):
 loading the rules imports no ``transformers``.
 
-**aten.new_empty_strided** (family ``factory``, as ``new_empty``): the
+**aten.new_empty_strided** (as ``new_empty`` in the factory family): the
 functionalized form of an in-place copy into a strided view (DeepSeek-V3's
 attention). Its values are unset, so it can be made in any placement, like
 ``empty``: the factory family's :func:`~autoshard.rules.factory.sized_rule`,
@@ -141,11 +143,11 @@ def _any_values(args: tuple, kwargs: dict, outputs: tuple) -> str | None:
 
 def register(registry: RuleRegistry) -> None:
     """Add transformers' grouped-matmul rules (by name) and ``aten.new_empty_strided`` to ``registry``."""
-    rule = registry.family("transformers")
+    rule = registry.family("hf_ops")
     rule(GROUPED_MM_FALLBACK, compute=grouped_mm_compute, samples=_forward_samples,
          defined_by=TRANSFORMERS_MOE_MODULE)(grouped_mm_rule)
     rule(GROUPED_MM_FALLBACK_BACKWARD, compute=grouped_mm_backward_compute, samples=_backward_samples,
          defined_by=TRANSFORMERS_MOE_MODULE)(grouped_mm_backward_rule)
     if registry.rule_for(aten.new_empty_strided.default) is None:
-        registry.family("factory")(aten.new_empty_strided.default, compute=copy(), samples=_new_empty_strided_samples,
-                                   localize=_localize_strided, contract=_any_values)(sized_rule)
+        rule(aten.new_empty_strided.default, compute=copy(), samples=_new_empty_strided_samples,
+             localize=_localize_strided, contract=_any_values)(sized_rule)
