@@ -17,6 +17,15 @@ Placeholders and outputs carry descriptors, from which the parameter, buffer
 and input nodes, the gradient of each parameter, buffer mutations (BatchNorm
 statistics) and the loss are read, all by name. The model is left untouched.
 
+Tensor constants: a tensor the forward makes from Python data
+(``x[..., [-2], :]`` indexes with a list, ``torch.tensor(start_token)``), or
+a real tensor it reads that is neither a parameter, a buffer nor an input (a
+plain attribute), is no input of the graph; the trace stores its value on the graph module as an
+attribute (``_tensor_constant0``) read by a ``get_attr`` node.
+:attr:`TracedGraph.constants` lists them by that name; they are leaves of the
+graph like buffers (never a gradient), and :func:`constant_value` gives the
+stored tensor.
+
 Parameters are identified by object, not by module path: a parameter that
 two modules share (tied embeddings, ``lm_head.weight = wte.weight``) is one
 graph input with one gradient (the sum over its uses), named by its first
@@ -57,14 +66,20 @@ from torch import nn
 from torch._functorch._aot_autograd import descriptors as aot_desc
 from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
 from torch._ops import OpOverload
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from autoshard.rules.core import TensorMeta, to_meta
-from autoshard.trace_compat import DataDependentError, TraceError, data_dependent_error, library_tracing
+from autoshard.trace_compat import (
+    DataDependentError,
+    TraceError,
+    data_dependent_error,
+    library_tracing,
+    meta_attribute_error,
+)
 
 __all__ = [
     "TensorMeta", "NodeInfo", "TracedGraph", "JointResult", "TraceError", "DataDependentError",
-    "trace_joint", "traced_ops", "run_joint", "placeholder_values", "tensor_arg_nodes",
+    "trace_joint", "traced_ops", "run_joint", "placeholder_values", "tensor_arg_nodes", "constant_value",
 ]
 
 aten = torch.ops.aten
@@ -139,6 +154,9 @@ class TracedGraph:
     buffer_aliases: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
     """Buffer FQN -> the other module paths of the same tensor; only shared ones."""
 
+    constants: Mapping[str, fx.Node] = dataclasses.field(default_factory=dict)
+    """Tensor constant (the graph module's attribute, ``_tensor_constant0``) -> its ``get_attr`` node, in graph order."""
+
     @property
     def loss_meta(self) -> TensorMeta:
         """Metadata of the loss (a scalar)."""
@@ -190,7 +208,9 @@ def trace_joint(
     for name, value in zip(input_names, values):
         if not isinstance(value, torch.Tensor):
             raise TraceError(f"example input {name!r} must be a tensor, got {type(value).__name__}")
-    fake_mode = FakeTensorMode()
+    # a real tensor the forward reads that is no parameter, buffer or input (a plain
+    # attribute) is converted on the fly and becomes a constant of the graph
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     target = torch.device(device)
     params, param_aliases = _unique_tensors(model.named_parameters(remove_duplicate=False))
     buffers, buffer_aliases = _unique_tensors(model.named_buffers(remove_duplicate=False))
@@ -214,7 +234,7 @@ def trace_joint(
     except TraceError:
         raise
     except Exception as exc:  # a model reading tensor values: one line instead of a torch-internal trace
-        error = data_dependent_error(exc)
+        error = data_dependent_error(exc) or meta_attribute_error(exc)
         if error is None:
             raise
         raise error from exc
@@ -300,6 +320,32 @@ def placeholder_values(
     by_node.update(zip(traced.inputs.values(), inputs))
     by_node[traced.tangent] = torch.ones((), dtype=traced.loss.meta["val"].dtype)
     return [by_node[node] for node in traced.graph_module.graph.nodes if node.op == "placeholder"]
+
+
+def constant_value(traced: TracedGraph, name: str) -> torch.Tensor:
+    """The tensor stored for constant ``name`` of :attr:`TracedGraph.constants`
+    (the value the forward made from Python data, on the device it was made on).
+    Raises :class:`TraceError` when the constant has no values (made from a
+    meta tensor: shapes are known, values are not).
+
+    >>> import torch
+    >>> class Pick(torch.nn.Module):
+    ...     def __init__(self):
+    ...         super().__init__()
+    ...         self.w = torch.nn.Parameter(torch.ones(4, 3))
+    ...     def forward(self, x):
+    ...         return (x @ self.w)[:, [0, 2]].sum()
+    >>> traced = trace_joint(Pick(), (torch.ones(2, 4),))
+    >>> [(name, constant_value(traced, name).tolist()) for name in traced.constants]
+    [('_tensor_constant0', [0, 2])]
+    """
+    if name not in traced.constants:
+        raise KeyError(f"no tensor constant {name!r} in the graph (constants: {', '.join(traced.constants) or 'none'})")
+    value = getattr(traced.graph_module, traced.constants[name].target)
+    if isinstance(value, FakeTensor) or value.is_meta:
+        raise TraceError(f"tensor constant {name} has no values (it was made from a meta or fake tensor): "
+                         "trace the model with real tensors to run it")
+    return value
 
 
 def tensor_arg_nodes(node: fx.Node) -> list[fx.Node]:
@@ -454,6 +500,7 @@ def _describe(
     buffers: dict[str, fx.Node] = {}
     inputs: dict[int, fx.Node] = {}
     tangents: list[fx.Node] = []
+    constants: dict[str, fx.Node] = {}
     nodes: dict[str, NodeInfo] = {}
     output_node = None
     for node in graph_module.graph.nodes:
@@ -471,6 +518,11 @@ def _describe(
                 raise TraceError(f"unsupported graph input {node.name}: {desc} (tensor subclass or aliased input?)")
         elif node.op == "call_function":
             nodes[node.name] = _node_info(node)
+        elif node.op == "get_attr":
+            if not isinstance(getattr(graph_module, node.target, None), torch.Tensor):
+                raise TraceError(f"unsupported graph node {node.name}: reads attribute {node.target!r}, which is "
+                                 "not a tensor (a control-flow subgraph?)")
+            constants[str(node.target)] = node
         elif node.op == "output":
             output_node = node
     if output_node is None:
@@ -496,7 +548,7 @@ def _describe(
         buffer_updates=buffer_updates,
         inputs={input_names[idx]: inputs[idx] for idx in sorted(inputs)},
         tangent=tangents[0], loss=losses[0], fake_mode=fake_mode,
-        param_aliases=dict(param_aliases), buffer_aliases=dict(buffer_aliases),
+        param_aliases=dict(param_aliases), buffer_aliases=dict(buffer_aliases), constants=constants,
     )
 
 

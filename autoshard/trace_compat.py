@@ -9,6 +9,11 @@ does the same, and only that (not ``is_exporting()``: the joint graph has
 static shapes, so shape-derived shortcuts such as SDPA's ``is_causal`` stay
 valid). The flag is restored on exit, also on error.
 
+A tensor the forward reads that is neither a parameter, a buffer nor an
+input (a plain attribute, a global) becomes a constant of the graph when it
+has values; one on the meta device cannot, and :func:`meta_attribute_error`
+names the model's line that reads it.
+
 A model that still reads tensor values fails on fake tensors with an
 exception naming only the ATen op; :func:`data_dependent_error` turns it into
 one line naming the op, the model's source line that called it, and the way
@@ -34,10 +39,14 @@ from collections.abc import Iterator
 
 import torch
 import torch.compiler
-from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    FakeTensorDeviceMismatchError,
+)
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
-__all__ = ["TraceError", "DataDependentError", "library_tracing", "data_dependent_error"]
+__all__ = ["TraceError", "DataDependentError", "library_tracing", "data_dependent_error", "meta_attribute_error"]
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _AUTOSHARD_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
@@ -91,6 +100,25 @@ def data_dependent_error(exc: BaseException) -> DataDependentError | None:
         return DataDependentError(
             f"{what}, at {where}; a traced graph has fixed shapes and no branch on tensor values: {way_out}"
         )
+    return None
+
+
+def meta_attribute_error(exc: BaseException) -> TraceError | None:
+    """A one-line :class:`TraceError` when ``exc`` comes from a ``meta`` tensor that the
+    forward reads but that is neither a parameter nor a buffer (a plain attribute,
+    ``self.scale = torch.ones(8)`` on a model built on meta: its values are unknown,
+    so it cannot become a constant of the graph), else ``None``.
+
+    >>> meta_attribute_error(RuntimeError("unrelated")) is None
+    True
+    """
+    for cause in _chain(exc):
+        if isinstance(cause, FakeTensorDeviceMismatchError) and "meta" in str(cause):
+            return TraceError(
+                f"a tensor on the meta device that is neither a parameter nor a buffer is read at "
+                f"{_user_line(cause)}: register it as a buffer (module.register_buffer) or build the model on "
+                "a real device, so that its values can become a constant of the graph"
+            )
     return None
 
 

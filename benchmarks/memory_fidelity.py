@@ -205,6 +205,8 @@ def plan_choice(graph: StrategyGraph, plan: Plan) -> list[int]:
         leaves[f"input:{name}"] = text
     for fqn, text in plan.buffers.items():
         leaves[f"buffer:{fqn}"] = leaves[f"buffer_update:{fqn}"] = text
+    for name, text in plan.constants.items():
+        leaves[f"constant:{name}"] = text
 
     def texts(s: OpStrategy) -> tuple[tuple[str | None, ...], tuple[str | None, ...]]:
         return (tuple(placement_text(p) for p in s.output_placements),
@@ -224,7 +226,7 @@ def plan_choice(graph: StrategyGraph, plan: Plan) -> list[int]:
 
 def estimate_breakdown(graph: StrategyGraph, plan: Plan) -> dict[str, float]:
     """The estimate's bytes live at its peak, by category: params, grads,
-    optimizer, inputs (batch and buffers), activations (every op output and the
+    optimizer, inputs (batch, buffers and tensor constants), activations (every op output and the
     tangent), and ``Total`` (equal to ``plan.estimate.peak_memory_bytes``)."""
     choice = plan_choice(graph, plan)
     peak_time = max(plan.memory_timeline, key=lambda point: point[1])[0]
@@ -239,7 +241,7 @@ def estimate_breakdown(graph: StrategyGraph, plan: Plan) -> dict[str, float]:
             out["optimizer"] += m - shard
         elif node.kind == "grad":
             out["grads"] += m
-        elif node.kind in ("input", "buffer"):
+        elif node.kind in ("input", "buffer", "constant"):
             out["inputs"] += m
         else:
             out["activations"] += m

@@ -7,9 +7,12 @@ Nodes (one per tensor-producing op of the joint graph, plus leaves and sinks):
   from the rules; cost = compute time of the busiest rank's local shard
   (``costmodel.compute.op_time_s`` of the rule's ``OpCompute``); memory = its
   outputs' local bytes over their live interval (views own none).
-- **param / buffer / input / tangent**: the graph's inputs. Strategies = every
-  even placement of the whole tensor (``autoshard.graph.placements``); the
-  tangent (d loss / d loss, a scalar) is replicated. A parameter holds its
+- **param / buffer / input / constant / tangent**: the graph's leaves.
+  Strategies = every even placement of the whole tensor
+  (``autoshard.graph.placements``); the tangent (d loss / d loss, a scalar)
+  is replicated. A constant is a tensor the forward made from Python data
+  (``TracedGraph.constants``): like a buffer, it is held all step and has no
+  gradient. A parameter holds its
   shard and optimizer state all step, and its cost is the optimizer update on
   its shard. An input's shard is held all step too (the training loop keeps
   its batch until the step ends).
@@ -30,6 +33,11 @@ Edges: one per (reader, tensor input), matrix from ``autoshard.graph.edges``.
 Ties: the parameter/sink pairs always; repeated layers
 (``autoshard.graph.ties``) when ``ties=True``.
 
+A rule that raises while it enumerates a call's strategies or describes its
+compute stops the build with one :class:`GraphBuildError` line naming the fx
+node, the op and the call's arguments (tensors as ``f32[8, 4]``): the model
+is fine, the rule is not, and the user needs to know which call to report.
+
 >>> from examples.models import mlp
 >>> from autoshard.trace import trace_joint
 >>> from costmodel.mesh import MeshSpec
@@ -45,7 +53,7 @@ import hashlib
 import logging
 import operator
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 import numpy as np
@@ -66,14 +74,44 @@ from autoshard.graph.ties import UnionFind, repeated_groups
 from autoshard.rules import OpStrategy, RuleRegistry, TensorMeta, load_rules, op_name
 from autoshard.trace import TracedGraph, tensor_arg_nodes
 
-__all__ = ["NODE_KINDS", "GraphNode", "GraphEdge", "BuildStats", "StrategyGraph", "build_graph"]
+__all__ = ["NODE_KINDS", "GraphBuildError", "GraphNode", "GraphEdge", "BuildStats", "StrategyGraph", "build_graph",
+           "describe_call"]
 
 log = logging.getLogger(__name__)
 
 Restrict = Callable[[fx.Node, tuple[OpStrategy, ...]], "tuple[OpStrategy, ...] | list[OpStrategy]"]
 """Keeps a subset of an op node's strategies (``build_graph(restrict=...)``)."""
 
-NODE_KINDS = ("op", "param", "buffer", "input", "tangent", "grad", "opt_temp", "buffer_update", "loss")
+NODE_KINDS = ("op", "param", "buffer", "input", "constant", "tangent", "grad", "opt_temp", "buffer_update", "loss")
+
+
+class GraphBuildError(ValueError):
+    """A rule failed on one call of the graph; the message is one line naming the node, the op and the call."""
+
+
+_DTYPE_SHORT = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16", torch.float64: "f64",
+                torch.int64: "i64", torch.int32: "i32", torch.int16: "i16", torch.int8: "i8", torch.uint8: "u8",
+                torch.bool: "b8"}
+
+
+def describe_call(op: Any, args: tuple, kwargs: Mapping[str, Any]) -> str:
+    """``aten.index_select.default(f32[8, 4], 0, i64[])``: an op's call with tensors as dtype and shape.
+
+    >>> describe_call(torch.ops.aten.index_select.default,
+    ...               (TensorMeta((8, 4), torch.float32), 0, TensorMeta((), torch.int64)), {})
+    'aten.index_select.default(f32[8, 4], 0, i64[])'
+    """
+
+    def one(value: Any) -> str:
+        if isinstance(value, TensorMeta):
+            return f"{_DTYPE_SHORT.get(value.dtype, str(value.dtype).replace('torch.', ''))}{list(value.shape)}"
+        if isinstance(value, (list, tuple)):
+            inner = ", ".join(one(v) for v in value)
+            return f"[{inner}]" if isinstance(value, list) else f"({inner}{',' if len(value) == 1 else ''})"
+        return repr(value)
+
+    parts = [one(a) for a in args] + [f"{k}={one(v)}" for k, v in kwargs.items()]
+    return f"{op_name(op)}({', '.join(parts)})"
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -162,6 +200,8 @@ class StrategyGraph:
     stats: BuildStats
     bucket_bytes: int = DEFAULT_BUCKET_BYTES
     """Gradient bucket cap the gradient edges were priced with (0: no buckets)."""
+    constants: Mapping[str, int] = field(default_factory=dict)
+    """Tensor constant name (``_tensor_constant0``) -> its node."""
 
 
 def _dtype_key(metas: tuple[TensorMeta | None, ...]) -> str:
@@ -218,12 +258,25 @@ class _Builder:
         return self.add(GraphNode(name, kind, target, strategies, compute, shard * memory_per_byte, live,
                                   (meta,), signature))
 
+    def rule_failed(self, node: fx.Node, what: str, exc: Exception) -> GraphBuildError:
+        """The one-line error of a rule that raised on ``node``'s call."""
+        info = self.traced.nodes[node.name]
+        detail = " ".join(str(exc).split()) or "(no message)"
+        return GraphBuildError(
+            f"graph: node {node.name} ({op_name(info.op)}): the sharding rule failed to {what} for the call "
+            f"{describe_call(info.op, info.args, info.kwargs)} on mesh {'x'.join(map(str, self.mesh_shape))}: "
+            f"{type(exc).__name__}: {detail}"
+        )
+
     def op_node(self, node: fx.Node, live: tuple[int, int], owns_memory: bool) -> int:
         info = self.traced.nodes[node.name]
         start = time.perf_counter()
-        strategies = tuple(self.rules.strategies(
-            info.op, info.args, info.kwargs, self.mesh_shape, allow_uneven=self.allow_uneven, out_meta=info.outputs
-        ))
+        try:
+            strategies = tuple(self.rules.strategies(
+                info.op, info.args, info.kwargs, self.mesh_shape, allow_uneven=self.allow_uneven, out_meta=info.outputs
+            ))
+        except Exception as exc:  # any failure inside a rule: one line naming the call, not a traceback
+            raise self.rule_failed(node, "enumerate its strategies", exc) from exc
         if self.rules.rule_for(info.op) is None:
             self.uncovered.add(op_name(info.op))
         signature = f"{op_name(info.op)}|{info.args!r}|{info.kwargs!r}|{info.outputs!r}|{self.allow_uneven}"
@@ -240,7 +293,10 @@ class _Builder:
         compute = self._compute_cache.get(signature)
         if compute is None:
             dtype = _dtype_key(info.inputs + info.outputs)
-            compute = np.array([self._op_time(info, s, dtype) for s in strategies], dtype=np.float64)
+            try:
+                compute = np.array([self._op_time(info, s, dtype) for s in strategies], dtype=np.float64)
+            except Exception as exc:  # a rule's compute description that fails on a local call
+                raise self.rule_failed(node, "describe its compute", exc) from exc
             self._compute_cache[signature] = compute
         memory = self._memory_cache.get((signature, owns_memory))
         if memory is None:
@@ -325,11 +381,24 @@ def build_graph(
     params: dict[str, int] = {}
     buffers: dict[str, int] = {}
     inputs: dict[str, int] = {}
-    fx_nodes = [n for n in gm.graph.nodes if n.op in ("placeholder", "call_function")]
+    constants: dict[str, int] = {}
+    constant_names = {node: name for name, node in getattr(traced, "constants", {}).items()}
+    fx_nodes = [n for n in gm.graph.nodes if n.op in ("placeholder", "get_attr", "call_function")]
     total_ops = sum(1 for n in fx_nodes if n.op == "call_function")
     done = 0
     for node in fx_nodes:
         val = node.meta.get("val")
+        if node.op == "get_attr":
+            if node not in constant_names:
+                raise GraphBuildError(f"graph: {node.name} reads attribute {node.target!r}, which the trace does not "
+                                      "list as a tensor constant")
+            # made from Python data: held all step like a buffer, no gradient
+            name = constant_names[node]
+            i = b.leaf(f"constant:{name}", "constant", name, TensorMeta.of(val), live=None)
+            constants[name] = i
+            b.fx_index[node.name] = i
+            b.producer[node.name] = (i, 0)
+            continue
         if node.op == "placeholder":
             meta = TensorMeta.of(val)
             interval = liveness.intervals[node.name]
@@ -437,7 +506,7 @@ def build_graph(
         mesh=mesh, profile=profile, nodes=tuple(b.nodes), edges=tuple(b.edges), matrices=tuple(b.pricer.matrices),
         ties=groups, required_ties=required, index=dict(b.index), params=params, grads=grads, inputs=inputs, buffers=buffers,
         param_aliases=dict(getattr(traced, "param_aliases", {}) or {}), end_time=end, optimizer=optimizer,
-        stats=stats, bucket_bytes=int(bucket_bytes),
+        stats=stats, bucket_bytes=int(bucket_bytes), constants=constants,
     )
 
 

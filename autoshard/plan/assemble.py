@@ -112,6 +112,8 @@ class AssemblyGraph:
     param_aliases: Mapping[str, tuple[str, ...]]
     bucket_bytes: int = 0
     """Gradient bucket cap of the runtime (``costmodel.bucketing``; 0: no buckets)."""
+    constants: Mapping[str, int] = field(default_factory=dict)
+    """Tensor constant name -> node index (written only when there are some)."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form; strategy lists shared by several nodes are written once."""
@@ -126,7 +128,7 @@ class AssemblyGraph:
                                [placement_text(p) for p in s.input_placements]] for s in node.strategies])
             nodes.append({"name": node.name, "kind": node.kind, "target": node.target,
                           "strategies": list_index[key]})
-        return {
+        data = {
             "format": ASSEMBLY_FORMAT,
             "mesh": {"shape": list(self.mesh.shape), "dim_names": list(self.mesh.dim_names),
                      "strides": list(self.mesh.strides)},
@@ -139,6 +141,9 @@ class AssemblyGraph:
             "param_aliases": {k: list(v) for k, v in self.param_aliases.items()},
             "bucket_bytes": self.bucket_bytes,
         }
+        if self.constants:
+            data["constants"] = dict(self.constants)
+        return data
 
     @classmethod
     def from_dict(cls, data: Any, where: str = "autoshard.assembly") -> "AssemblyGraph":
@@ -178,8 +183,8 @@ class AssemblyGraph:
                 raise AssemblyError(f"{where}.edges[{j}]: expected [src, dst, output, input, shape, itemsize, "
                                     "dtype]") from None
         names = {}
-        for key in ("params", "inputs", "buffers"):
-            table = _get(data, key, where, Mapping)
+        for key in ("params", "inputs", "buffers", "constants"):
+            table = _get(data, key, where, Mapping) if key != "constants" or key in data else {}
             for name, index in table.items():
                 if not isinstance(index, int) or not 0 <= index < len(nodes):
                     raise AssemblyError(f"{where}.{key}[{name!r}]: not a node index")
@@ -189,7 +194,7 @@ class AssemblyGraph:
         if not isinstance(bucket_bytes, int) or isinstance(bucket_bytes, bool):
             raise AssemblyError(f"{where}.bucket_bytes: expected an integer, got {bucket_bytes!r}")
         return cls(mesh, profile, tuple(nodes), tuple(edges), names["params"], names["inputs"], names["buffers"],
-                   aliases, bucket_bytes)
+                   aliases, bucket_bytes, names["constants"])
 
     def check(self, problem: Problem, where: str = "autoshard.assembly") -> None:
         """Raise :class:`AssemblyError` unless this graph describes ``problem`` node for node, edge for edge."""
@@ -375,6 +380,7 @@ def assemble_plan(
         options=dict(options or {}),
         memory_timeline=memory_timeline(problem, choice),
         buckets=buckets,
+        constants={name: chosen(i) for name, i in graph.constants.items()},
     )
 
 

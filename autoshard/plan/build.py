@@ -34,13 +34,18 @@ __all__ = ["graph_hash", "make_fingerprint", "plan_from_solution", "assembly_gra
 
 def graph_hash(traced: TracedGraph) -> str:
     """``sha256:<hex>`` of the joint graph's code and its inputs' names, shapes and
-    dtypes: equal for the same model, inputs and torch, different otherwise."""
+    dtypes: equal for the same model, inputs and torch, different otherwise.
+    Tensor constants add their name, shape and dtype (not their values: a plan
+    does not depend on them); a graph without constants hashes as before."""
     h = hashlib.sha256(traced.graph_module.code.encode())
     for node in traced.graph_module.graph.nodes:
         if node.op == "placeholder":
             val = node.meta.get("val")
             desc = node.meta.get("desc")
             h.update(f"{node.name}|{getattr(desc, 'target', '')}|{tuple(val.shape)}|{val.dtype}\n".encode())
+        elif node.op == "get_attr" and isinstance(node.meta.get("val"), torch.Tensor):
+            val = node.meta["val"]
+            h.update(f"constant {node.target}|{tuple(val.shape)}|{val.dtype}\n".encode())
     for fqn in sorted(traced.params):
         h.update(f"param {fqn}\n".encode())
     return "sha256:" + h.hexdigest()
@@ -81,7 +86,7 @@ def assembly_graph(graph: StrategyGraph) -> AssemblyGraph:
                   for e in graph.edges)
     return AssemblyGraph(graph.mesh, graph.profile, nodes, edges, dict(graph.params), dict(graph.inputs),
                          dict(graph.buffers), {k: tuple(v) for k, v in graph.param_aliases.items()},
-                         getattr(graph, "bucket_bytes", 0))
+                         getattr(graph, "bucket_bytes", 0), dict(getattr(graph, "constants", {})))
 
 
 def plan_request(

@@ -3,8 +3,11 @@
 Human-readable, diffable, versioned JSON (never pickled), as in DESIGN.md:
 ``fingerprint``, per-parameter and per-input placements, per-node strategies,
 every redistribution with its collective steps, the estimate and the solver's
-report. Extra keys (``buffers``, ``param_aliases``, ``options``, ``baseline``,
-``buckets``) carry what the runtime and ``autoshard explain`` need. A bucket
+report. Extra keys (``buffers``, ``constants``, ``param_aliases``, ``options``,
+``baseline``, ``buckets``) carry what the runtime and ``autoshard explain``
+need; ``constants`` (the placements of the tensors the forward makes from
+Python data, ``autoshard.trace.TracedGraph.constants``) is written only when
+the graph has some, so plans of other models are unchanged. A bucket
 (``costmodel.bucketing.Bucket``) lists gradient sinks whose one-step
 reductions the runtime issues as one collective instead of their own steps.
 
@@ -265,9 +268,11 @@ class Plan:
     buckets: tuple[Bucket, ...] = ()
     """Gradient reductions issued as one collective each (their members'
     redistributions keep their steps for reading; the runtime runs the bucket)."""
+    constants: Mapping[str, str] = field(default_factory=dict)
+    """Tensor constant of the graph (``_tensor_constant0``) -> placement; each rank holds its slice."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        data = {
             "format": FORMAT,
             "fingerprint": self.fingerprint.to_dict(),
             "params": dict(self.params),
@@ -282,6 +287,9 @@ class Plan:
             "memory_timeline": [list(p) for p in self.memory_timeline],
             "buckets": [b.to_dict() for b in self.buckets],
         }
+        if self.constants:  # absent for graphs without constants: their plans stay as they were
+            data["constants"] = dict(self.constants)
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "Plan":
@@ -304,6 +312,7 @@ class Plan:
                 options=dict(data.get("options", {})),
                 memory_timeline=tuple((int(t), float(b)) for t, b in data.get("memory_timeline", [])),
                 buckets=tuple(_bucket(b, f"buckets[{i}]") for i, b in enumerate(data.get("buckets", []))),
+                constants={str(k): _placement_text(v, f"constants.{k}") for k, v in data.get("constants", {}).items()},
             )
         except (TypeError, ValueError, AttributeError) as exc:
             if isinstance(exc, PlanError):

@@ -1,8 +1,9 @@
 """Pins by name pattern: ``{"*.tok_embeddings.weight": "S(0)R"}`` -> problem pins.
 
 A pattern (``fnmatch``: ``*``, ``?``, ``[...]``) is matched against every
-parameter name (aliases of tied parameters included) and every forward input
-name (``tokens``; also written ``input:tokens``). Every pattern must match
+parameter name (aliases of tied parameters included), every forward input
+name (``tokens``; also written ``input:tokens``) and every tensor constant of
+the graph as ``constant:<name>`` (``constant:_tensor_constant0``). Every pattern must match
 something, and the placement must be one the tensor can take on the mesh
 (even splits, no Partial); otherwise one error names the pattern and says
 what would have been accepted.
@@ -28,7 +29,7 @@ class PinError(ValueError):
 
 
 def _targets(graph: StrategyGraph) -> list[tuple[str, int]]:
-    """(name, node) for every pinnable tensor: parameters with their aliases, inputs."""
+    """(name, node) for every pinnable tensor: parameters with their aliases, inputs, constants."""
     out = []
     for fqn, i in graph.params.items():
         out.append((fqn, i))
@@ -36,6 +37,7 @@ def _targets(graph: StrategyGraph) -> list[tuple[str, int]]:
     for name, i in graph.inputs.items():
         out.append((name, i))
         out.append((f"input:{name}", i))
+    out.extend((f"constant:{name}", i) for name, i in getattr(graph, "constants", {}).items())
     return out
 
 

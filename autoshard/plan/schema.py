@@ -205,6 +205,8 @@ PLAN_SCHEMA: dict[str, Any] = {
         "param_aliases": {"type": "object", "additionalProperties": {"type": "array", "items": {"type": "string"}}},
         "inputs": {**_NAMES, "description": "Forward argument (or keyword) name -> placement."},
         "buffers": _NAMES,
+        "constants": {**_NAMES, "description": "Tensor constant of the graph (_tensor_constant0: a tensor the forward "
+                                               "makes from Python data) -> placement; absent when there is none."},
         "nodes": {"type": "array", "items": _NODE},
         "redistributions": {"type": "array", "items": _REDISTRIBUTION},
         "estimate": _ESTIMATE,
@@ -287,6 +289,8 @@ _ASSEMBLY = {
         "params": {"type": "object", "additionalProperties": _INDEX},
         "inputs": {"type": "object", "additionalProperties": _INDEX},
         "buffers": {"type": "object", "additionalProperties": _INDEX},
+        "constants": {"type": "object", "additionalProperties": _INDEX,
+                      "description": "Tensor constant name -> node index; absent when there is none."},
         "param_aliases": {"type": "object", "additionalProperties": {"type": "array", "items": {"type": "string"}}},
         "bucket_bytes": {**_INDEX, "description": "Gradient bucket cap; 0: no buckets."},
     },

@@ -29,13 +29,14 @@ from autoshard.rules.core import (
     TensorMeta,
     to_meta,
 )
-from autoshard.rules.registry import Rule, RuleError, RuleRegistry, SampleInput, op_name
+from autoshard.rules.registry import NamedRule, Rule, RuleError, RuleRegistry, SampleInput, op_name
 
 __all__ = [
     "FAMILIES",
     "load_rules",
     "RuleRegistry",
     "Rule",
+    "NamedRule",
     "RuleError",
     "SampleInput",
     "TensorMeta",
@@ -67,6 +68,7 @@ FAMILIES: tuple[str, ...] = (
     "losses",
     "convolution",
     "factory",
+    "hf_ops",
 )
 """Family modules under ``autoshard.rules``, each with ``register(registry)``."""
 

@@ -11,6 +11,14 @@ Rules are registered with a decorator on an explicit registry, one family
 module at a time; :func:`autoshard.rules.load_rules` builds a fresh registry by
 calling every family's ``register(registry)``. Nothing is registered at import.
 
+Ops that a library defines when it is imported (``transformers``' custom op
+``transformers.grouped_mm_fallback.default``) are registered by *name*
+(:class:`NamedRule`): the registry binds the rule to the op the first time it
+is asked about an op of that name, so registering imports no library, and a
+graph that holds the op (its library was imported to build the model) finds
+the rule. :meth:`RuleRegistry.define_named` imports the defining modules of
+the libraries that are installed (for the validator, which needs the ops).
+
 >>> import torch
 >>> from autoshard.rules import load_rules, TensorMeta
 >>> rules = load_rules()
@@ -27,6 +35,8 @@ registry naming the op; it never fails.
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import logging
 import time
 from dataclasses import dataclass
@@ -45,6 +55,7 @@ from autoshard.rules.core import (
 
 __all__ = [
     "Rule",
+    "NamedRule",
     "RuleError",
     "RuleRegistry",
     "SampleInput",
@@ -124,6 +135,43 @@ class Rule:
     """Why the rule is restricted or not validated (shown by the validator)."""
 
 
+@dataclass(frozen=True, slots=True)
+class NamedRule:
+    """The rule of an op that exists only once a library defines it, registered by the op's name.
+
+    >>> named = NamedRule("mylib.op.default", "demo", lambda op: None, "mylib.ops")
+    >>> named.package
+    'mylib'
+    """
+
+    name: str
+    """The op's name as :func:`op_name` prints it (``transformers.grouped_mm_fallback.default``)."""
+    family: str
+    """The family module that registered it."""
+    make: Callable[[OpOverload], Rule]
+    """Builds the :class:`Rule` for the op once it exists."""
+    module: str
+    """The Python module whose import defines the op (``transformers.integrations.moe``)."""
+
+    @property
+    def package(self) -> str:
+        """The top-level package of :attr:`module` (is it installed?)."""
+        return self.module.split(".")[0]
+
+
+def _defined_op(name: str) -> OpOverload | None:
+    """The op ``namespace.op.overload`` if some import has defined it already (nothing is imported here)."""
+    parts = name.split(".")
+    if len(parts) != 3:
+        return None
+    namespace, op, overload = parts
+    try:
+        found = getattr(getattr(getattr(torch.ops, namespace), op), overload)
+    except (AttributeError, RuntimeError):
+        return None
+    return found if isinstance(found, OpOverload) else None
+
+
 def _freeze(obj: Any) -> Any:
     """A hashable form of an args structure, for cache keys."""
     if isinstance(obj, (list, tuple)):
@@ -162,6 +210,7 @@ class RuleRegistry:
 
     def __init__(self) -> None:
         self._rules: dict[OpOverload, Rule] = {}
+        self._named: dict[str, NamedRule] = {}
         self._warned: set[OpOverload] = set()
         self._strategy_cache: dict[tuple, tuple[OpStrategy, ...]] = {}
         self._call_cache: dict[tuple, OpCall] = {}
@@ -188,13 +237,24 @@ class RuleRegistry:
         """
 
         def rule(
-            ops: OpOverload | Sequence[OpOverload], *, compute: ComputeFn, **options: Any
+            ops: OpOverload | str | Sequence[OpOverload | str], *, compute: ComputeFn, defined_by: str | None = None,
+            **options: Any
         ) -> Callable[[SingleDimFn], SingleDimFn]:
-            op_list = [ops] if isinstance(ops, OpOverload) else list(ops)
+            # an op given by name (a library's custom op) is bound when it exists; defined_by names its module
+            op_list = [ops] if isinstance(ops, (OpOverload, str)) else list(ops)
 
             def decorate(fn: SingleDimFn) -> SingleDimFn:
                 for op in op_list:
-                    self.add(Rule(op=op, family=name, single_dim=fn, compute=compute, **options))
+                    if isinstance(op, OpOverload):
+                        self.add(Rule(op=op, family=name, single_dim=fn, compute=compute, **options))
+                        continue
+                    if defined_by is None:
+                        raise RuleError(f"{op}: a rule registered by name needs defined_by (the module that defines the op)")
+                    self.add_named(NamedRule(
+                        str(op), name,
+                        lambda found, fn=fn: Rule(op=found, family=name, single_dim=fn, compute=compute, **options),
+                        defined_by,
+                    ))
                 return fn
 
             return decorate
@@ -210,8 +270,46 @@ class RuleRegistry:
                 f"{op_name(rule.op)}: already has a rule from family "
                 f"{self._rules[rule.op].family!r} (new one from {rule.family!r})"
             )
+        if op_name(rule.op) in self._named:
+            raise RuleError(f"{op_name(rule.op)}: already has a rule by name from family "
+                            f"{self._named[op_name(rule.op)].family!r} (new one from {rule.family!r})")
         self._rules[rule.op] = rule
         self._strategy_cache.clear()
+
+    def add_named(self, named: NamedRule) -> None:
+        """Register the rule of an op by its name (:class:`NamedRule`); nothing is imported."""
+        if named.name in self._named or any(op_name(op) == named.name for op in self._rules):
+            raise RuleError(f"{named.name}: already has a rule (new one by name from {named.family!r})")
+        self._named[named.name] = named
+
+    def named_rules(self) -> list[NamedRule]:
+        """Rules registered by name whose op no lookup has met yet, sorted by name."""
+        return [self._named[name] for name in sorted(self._named)]
+
+    def define_named(self) -> list[str]:
+        """Import the module that defines each op registered by name, where its
+        library is installed, and bind the rules; the names left unbound (library
+        missing, or its import failed: logged) are returned."""
+        missing = []
+        for named in self.named_rules():
+            op = _defined_op(named.name)
+            if op is None and importlib.util.find_spec(named.package) is not None:
+                try:
+                    importlib.import_module(named.module)
+                except Exception as exc:  # a broken optional library must not stop the other rules
+                    log.warning("%s: importing %s failed (%s)", named.name, named.module, exc)
+                op = _defined_op(named.name)
+            if op is None:
+                missing.append(named.name)
+            else:
+                self._bind(named, op)
+        return missing
+
+    def _bind(self, named: NamedRule, op: OpOverload) -> Rule:
+        rule = named.make(op)
+        del self._named[named.name]
+        self._rules[op] = rule
+        return rule
 
     def set_fallback(self, fallback: Any) -> None:
         """Use ``fallback.rule_for(op, call) -> Rule | None`` for ops without a rule."""
@@ -220,11 +318,22 @@ class RuleRegistry:
     # ------------------------------------------------------------------ lookup
 
     def rule_for(self, op: OpOverload) -> Rule | None:
-        """The registered rule of ``op`` (not the DTensor fallback), or None."""
-        return self._rules.get(op)
+        """The registered rule of ``op`` (not the DTensor fallback), or None;
+        a rule registered by the op's name is bound to it here."""
+        rule = self._rules.get(op)
+        if rule is None and self._named and isinstance(op, OpOverload):
+            named = self._named.get(op_name(op))
+            if named is not None:
+                rule = self._bind(named, op)
+        return rule
 
     def ops(self) -> list[OpOverload]:
-        """Every op with a registered rule, sorted by name."""
+        """Every op with a registered rule, sorted by name (those registered by
+        name once their library has defined them)."""
+        for named in self.named_rules():
+            op = _defined_op(named.name)
+            if op is not None:
+                self._bind(named, op)
         return sorted(self._rules, key=op_name)
 
     def families(self) -> dict[str, list[OpOverload]]:
@@ -232,6 +341,8 @@ class RuleRegistry:
         out: dict[str, list[OpOverload]] = {}
         for op in self.ops():
             out.setdefault(self._rules[op].family, []).append(op)
+        for named in self.named_rules():
+            out.setdefault(named.family, [])
         return out
 
     # ------------------------------------------------------------------ calls
@@ -258,7 +369,7 @@ class RuleRegistry:
         return call
 
     def _resolve(self, op: OpOverload, call: OpCall) -> Rule | None:
-        rule = self._rules.get(op)
+        rule = self.rule_for(op)
         if rule is None and self._fallback is not None:
             rule = self._fallback.rule_for(op, call)
             if rule is not None:
@@ -316,7 +427,7 @@ class RuleRegistry:
         try:
             call = self.op_call(op, args_meta, kw, out_meta=out_meta)
         except OutputsUnknown:
-            if op in self._rules:
+            if self.rule_for(op) is not None:
                 raise
             # No rule and no output shapes (data-dependent): still never fail.
             self._warn_no_rule(op)
@@ -349,11 +460,11 @@ class RuleRegistry:
         try:
             call = self.op_call(op, args_meta, kwargs, out_meta=out_meta)
         except OutputsUnknown:
-            if op in self._rules:
+            if self.rule_for(op) is not None:
                 raise
             call = OpCall(op, tuple(args_meta), dict(kwargs or {}), tuple(_tensor_metas(args_meta, kwargs)), ())
             return elementwise()(call)
-        rule = self._rules.get(op)
+        rule = self.rule_for(op)
         if rule is None and self._fallback is not None:
             rule = self._fallback.rule_for(op, call)
         return (rule.compute if rule is not None else elementwise())(call)
@@ -374,7 +485,7 @@ class RuleRegistry:
 
         call = self.op_call(op, args_meta, kwargs, out_meta=out_meta)
         local = local_call(call, strategy, tuple(mesh_shape))
-        rule = self._rules.get(op)
+        rule = self.rule_for(op)
         if rule is None and self._fallback is not None:
             rule = self._fallback.rule_for(op, call)
         from autoshard.rules.compute import elementwise

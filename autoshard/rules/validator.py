@@ -390,10 +390,27 @@ def _check_sample(
             report.failures.append(Failure(mc.mesh_shape, str(strategy), desc, msg))
 
 
+def _matches(name: str, pattern: str) -> bool:
+    """An op name against an ``--op`` pattern (exact, glob, prefix, bare op name)."""
+    return (fnmatch.fnmatch(name, pattern) or name.startswith(pattern.rstrip(".") + ".")
+            or name.split(".")[1] == pattern)
+
+
+def _selected_named(registry: RuleRegistry, patterns: Sequence[str], families: Sequence[str]) -> list[str]:
+    """Names of the rules registered by name (library ops) that the selection asks for."""
+    return [named.name for named in registry.named_rules()
+            if (not families or named.family in families)
+            and (not patterns or any(_matches(named.name, p) or p in named.name for p in patterns))]
+
+
 def select_ops(registry: RuleRegistry, patterns: Sequence[str] = (), families: Sequence[str] = ()) -> list[Any]:
     """Registered ops matching any name pattern (``aten.mm.default``, ``mm``,
     ``aten.mm``, globs, else any op whose name contains it) and family; all
-    when none given."""
+    when none given. Library ops registered by name are defined first when
+    the selection asks for them and their library is installed
+    (``RuleRegistry.define_named``: imports it)."""
+    if _selected_named(registry, patterns, families):
+        registry.define_named()
     ops = registry.ops()
     if families:
         unknown = set(families) - set(registry.families())
@@ -404,13 +421,7 @@ def select_ops(registry: RuleRegistry, patterns: Sequence[str] = (), families: S
         return ops
     chosen = []
     for pattern in patterns:
-        hits = [
-            op
-            for op in ops
-            if fnmatch.fnmatch(op_name(op), pattern)
-            or op_name(op).startswith(pattern.rstrip(".") + ".")
-            or op_name(op).split(".")[1] == pattern
-        ]
+        hits = [op for op in ops if _matches(op_name(op), pattern)]
         if not hits:  # a bare name: every op whose name contains it
             hits = [op for op in ops if pattern in op_name(op)]
         if not hits:
@@ -461,6 +472,10 @@ def run_checked(args: argparse.Namespace) -> int:
     ops = select_ops(registry, args.op, args.family)
     reports = validate_registry(registry, ops, cases=args.cases, seed=args.seed, max_strategies=args.max_strategies)
     print(format_reports(reports, show_failures=args.failures))
+    unavailable = _selected_named(registry, args.op, args.family)
+    if unavailable:
+        packages = sorted({n.package for n in registry.named_rules() if n.name in unavailable})
+        print(f"not checked ({', '.join(packages)} not installed, or its import failed): {', '.join(unavailable)}")
     return 0 if all(r.ok for r in reports) else 1
 
 

@@ -10,6 +10,9 @@ refuses, naming the node, what it cannot run:
   and reader placements differ needs a redistribution from exactly that
   placement to exactly that placement, and every step must be runnable
   (``autoshard.runtime.steps.check_step_runnable``);
+* every tensor constant of the graph (``TracedGraph.constants``) needs a
+  placement (``plan.constants``); each rank holds its slice of the traced
+  value, made once at load;
 * random ops (``nondeterministic_seeded``): dropout and rand/randn run sharded,
   each rank computing its slice of the single-device draw
   (``autoshard.runtime.random_ops``); any other random op must be replicated;
@@ -59,7 +62,7 @@ from autoshard.rules.calls import bind_args, replace_tensors
 from autoshard.rules.core import OpCall, TensorMeta, to_meta
 from autoshard.runtime.random_ops import SLICEABLE, random_kind, run_random
 from autoshard.runtime.steps import Comm, StepRuntimeError, check_step_runnable, run_bucket, run_step
-from autoshard.trace import JointResult, TracedGraph, tensor_arg_nodes
+from autoshard.trace import JointResult, TraceError, TracedGraph, constant_value, tensor_arg_nodes
 
 __all__ = ["RuntimeLoadError", "JointRunner", "local_slice", "placements_of"]
 
@@ -279,6 +282,22 @@ class JointRunner:
                 raise RuntimeLoadError(f"plan: {name} is {leaf_text[name]}: a leaf cannot be partial")
             self.leaf_placements[name] = pl
             produced[node] = (name, (pl,))
+        # tensor constants: leaves like buffers, their values on the traced graph (sliced once: they never change)
+        self._constants: dict[fx.Node, torch.Tensor] = {}
+        for cname, node in getattr(traced, "constants", {}).items():
+            name = f"constant:{cname}"
+            if cname not in plan.constants:
+                raise RuntimeLoadError(f"plan: no placement for {name} (a tensor constant of the graph)")
+            pl = self._placement(plan.constants[cname])
+            if any(isinstance(p, Partial) for p in pl):
+                raise RuntimeLoadError(f"plan: {name} is {plan.constants[cname]}: a leaf cannot be partial")
+            try:
+                value = constant_value(traced, cname)
+            except TraceError as exc:
+                raise RuntimeLoadError(f"{name}: {exc}") from None
+            self.leaf_placements[name] = pl
+            produced[node] = (name, (pl,))
+            self._constants[node] = local_slice(value, pl, self.mesh_shape, self.coord)
 
         def source(arg: fx.Node) -> tuple[str, int, tuple[Placement, ...]]:
             """(producer name in the plan, its output index, placements) of the value ``arg``."""
@@ -320,7 +339,7 @@ class JointRunner:
         self.has_random = False
         """Whether a step draws random numbers (then every rank must hold one generator state)."""
         for node in gm.graph.nodes:
-            if node.op in ("placeholder", "output"):
+            if node.op in ("placeholder", "output") or node in self._constants:
                 continue
             if node.op != "call_function":
                 raise RuntimeLoadError(f"{node.name}: graph node kind {node.op!r} is not supported")
@@ -481,6 +500,7 @@ class JointRunner:
         for (name, node), value in zip(traced.inputs.items(), inputs):
             env[node] = self._check_local(value, f"input:{name}", node)
         env[traced.tangent] = torch.ones((), dtype=traced.loss.meta["val"].dtype)
+        env.update(self._local_constants(env))
         if forward_only and self._forward is None:
             self._forward = self._forward_program()
         with torch.no_grad():
@@ -510,6 +530,20 @@ class JointRunner:
         if self.comm is not None and hasattr(self.comm, "edge"):
             self.comm.edge = None
         return JointResult(loss=loss, grads=grads, buffer_updates=updates)
+
+    @property
+    def local_constants(self) -> dict[str, torch.Tensor]:
+        """This rank's slice of every tensor constant of the graph, by name (``plan.constants``)."""
+        return {str(node.target): value for node, value in self._constants.items()}
+
+    def _local_constants(self, env: Mapping[fx.Node, Any]) -> dict[fx.Node, torch.Tensor]:
+        """This rank's slices of the tensor constants, on the device of the step's tensors."""
+        if not self._constants:
+            return {}
+        device = next((v.device for v in env.values() if isinstance(v, torch.Tensor)), None)
+        if device is not None and any(c.device != device for c in self._constants.values()):
+            self._constants = {node: c.to(device) for node, c in self._constants.items()}
+        return self._constants
 
     def _local_leaf(self, values: Mapping[str, torch.Tensor], fqn: str, aliases: Mapping[str, tuple[str, ...]],
                     name: str, node: fx.Node) -> torch.Tensor:

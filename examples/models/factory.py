@@ -132,7 +132,10 @@ def build_example(
     device = torch.device(options.device)
     with torch.random.fork_rng(devices=[]), device:
         torch.manual_seed(options.seed)
-        model = make_model().to(options.torch_dtype)
+        # floating tensors only: Module.to(dtype) would also turn complex buffers (torchtitan's
+        # rotary table) into real ones, dropping their imaginary part
+        dtype = options.torch_dtype
+        model = make_model()._apply(lambda t: t.to(dtype) if t.is_floating_point() else t)
         generator = None
         if device.type == "cpu":
             generator = torch.Generator().manual_seed(options.seed + 1)

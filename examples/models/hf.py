@@ -19,7 +19,9 @@ eager one, and ``use_cache`` off as in training.
 module does not need it, calling a factory does.
 
 Factories: ``hf_llama``, ``hf_mistral``, ``hf_gpt2``, ``hf_bert`` (masked LM),
-``hf_t5`` (encoder-decoder), ``hf_mixtral`` (MoE), and ``hf_llama3_8b``
+``hf_t5`` (encoder-decoder), ``hf_whisper`` (speech encoder-decoder),
+``hf_falcon`` (Falcon's new decoder architecture), the MoE models
+``hf_mixtral``, ``hf_qwen3_moe`` and ``hf_deepseek_v3``, and ``hf_llama3_8b``
 (LLaMA-3-8B shapes on meta, to compare with ``llama3.llama3_8b``).
 
 >>> model, inputs = hf_llama(device="meta")
@@ -37,9 +39,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from examples.models.factory import BuildOptions, build_example, random_tokens
+from examples.models.factory import BuildOptions, build_example, random_floats, random_tokens
 
-__all__ = ["hf_llama", "hf_mistral", "hf_gpt2", "hf_bert", "hf_t5", "hf_mixtral", "hf_llama3_8b"]
+__all__ = ["hf_llama", "hf_mistral", "hf_gpt2", "hf_bert", "hf_t5", "hf_whisper", "hf_falcon", "hf_mixtral",
+           "hf_qwen3_moe", "hf_deepseek_v3", "hf_llama3_8b"]
 
 HFExample = tuple[nn.Module, dict[str, torch.Tensor]]
 _IMPLEMENTATIONS = ("attn_implementation", "experts_implementation")
@@ -85,10 +88,53 @@ def hf_t5(**overrides: Any) -> HFExample:
     return _make("T5Config", "T5ForConditionalGeneration", preset, _SEQUENCES, overrides, _causal_lm_inputs)
 
 
+def hf_whisper(**overrides: Any) -> HFExample:
+    """``WhisperForConditionalGeneration``: 2+2 layers, d_model 64, 16 mel bins, 32 audio frames, 16 labels.
+
+    Inputs as a user trains it: ``input_features`` (batch, mel bins, frames)
+    and ``labels``; the model shifts the labels into its decoder inputs (as
+    :func:`hf_t5` does), which puts a tensor constant (the start token) in
+    the traced graph.
+    """
+    preset = {"vocab_size": 256, "num_mel_bins": 16, "d_model": 64, "encoder_layers": 2, "decoder_layers": 2,
+              "encoder_attention_heads": 4, "decoder_attention_heads": 4, "encoder_ffn_dim": 128,
+              "decoder_ffn_dim": 128, "max_source_positions": 16, "max_target_positions": 64, "dropout": 0.0,
+              "attention_dropout": 0.0, "activation_dropout": 0.0, "use_cache": False, "pad_token_id": 0,
+              "bos_token_id": 1, "eos_token_id": 2, "decoder_start_token_id": 1}
+    return _make("WhisperConfig", "WhisperForConditionalGeneration", preset, _SEQUENCES, overrides, _speech_inputs)
+
+
+def hf_falcon(**overrides: Any) -> HFExample:
+    """``FalconForCausalLM``, new decoder architecture (grouped K/V, parallel attention and MLP):
+    2 layers, hidden 64, 4 query / 2 K/V heads, rotary positions, vocab 256, batch 2 x 16."""
+    preset = {"vocab_size": 256, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "num_kv_heads": 2, "new_decoder_architecture": True, "max_position_embeddings": 64,
+              "hidden_dropout": 0.0, "attention_dropout": 0.0, "use_cache": False, "bos_token_id": 1,
+              "eos_token_id": 2, "pad_token_id": 0}
+    return _make("FalconConfig", "FalconForCausalLM", preset, _SEQUENCES, overrides, _causal_lm_inputs)
+
+
 def hf_mixtral(**overrides: Any) -> HFExample:
     """``MixtralForCausalLM``: :func:`hf_llama` shapes with 4 experts, top-2, in the library's default experts code."""
     preset = {**_DECODER, "num_local_experts": 4, "num_experts_per_tok": 2}
     return _make("MixtralConfig", "MixtralForCausalLM", preset, _SEQUENCES, overrides, _causal_lm_inputs)
+
+
+def hf_qwen3_moe(**overrides: Any) -> HFExample:
+    """``Qwen3MoeForCausalLM``: :func:`hf_llama` shapes, every layer 4 experts of width 32, top-2."""
+    preset = {**_DECODER, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+              "decoder_sparse_step": 1}
+    return _make("Qwen3MoeConfig", "Qwen3MoeForCausalLM", preset, _SEQUENCES, overrides, _causal_lm_inputs)
+
+
+def hf_deepseek_v3(**overrides: Any) -> HFExample:
+    """``DeepseekV3ForCausalLM``: 2 layers (a dense one, then a MoE one with 4 routed experts in 2 groups,
+    top-2, and a shared expert), multi-head latent attention with 4 heads (q rank 32, kv rank 16)."""
+    preset = {**_DECODER, "num_key_value_heads": 4, "n_routed_experts": 4, "num_experts_per_tok": 2,
+              "moe_intermediate_size": 32, "n_group": 2, "topk_group": 1, "first_k_dense_replace": 1,
+              "q_lora_rank": 32, "kv_lora_rank": 16, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8,
+              "v_head_dim": 16}
+    return _make("DeepseekV3Config", "DeepseekV3ForCausalLM", preset, _SEQUENCES, overrides, _causal_lm_inputs)
 
 
 def hf_llama3_8b(**overrides: Any) -> HFExample:
@@ -106,6 +152,15 @@ def _causal_lm_inputs(config: Any, options: BuildOptions, generator: torch.Gener
     shape = (options.batch_size, options.seq_len or 16)
     return {"input_ids": random_tokens(shape, config.vocab_size, generator),
             "labels": random_tokens(shape, config.vocab_size, generator)}
+
+
+def _speech_inputs(config: Any, options: BuildOptions, generator: torch.Generator | None) -> dict[str, torch.Tensor]:
+    """``input_features`` of shape ``(batch_size, num_mel_bins, 2 * max_source_positions)`` (the encoder's
+    two convolutions halve the frames to its positions) and ``labels`` of shape ``(batch_size, seq_len)``."""
+    frames = 2 * config.max_source_positions
+    return {"input_features": random_floats((options.batch_size, config.num_mel_bins, frames), options.torch_dtype,
+                                            generator),
+            "labels": random_tokens((options.batch_size, options.seq_len or 16), config.vocab_size, generator)}
 
 
 def _make(

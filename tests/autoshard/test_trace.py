@@ -8,7 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-from autoshard.trace import DataDependentError, TensorMeta, TraceError, run_joint, trace_joint, traced_ops
+from autoshard.trace import (DataDependentError, TensorMeta, TraceError, constant_value, run_joint, trace_joint,
+                             traced_ops)
 from examples.models import convnet, gpt2, llama3, mlp
 
 aten = torch.ops.aten
@@ -209,3 +210,53 @@ def test_value_read_is_one_line_naming_the_op_and_the_model_line():
 def test_libraries_see_a_tracer_while_tracing_and_skip_value_reads():
     trace_joint(_ValueBranch(check_tracing=True), (torch.randn(2, 4),))
     assert not torch.compiler.is_compiling()
+
+
+class _WithConstants(nn.Module):
+    """``x @ w``, scaled by a tensor made from Python data, then two columns picked by a list
+    index (two tensor constants), and a plain tensor attribute (a third)."""
+
+    def __init__(self, scale_len: int = 8) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(8, 8, generator=torch.Generator().manual_seed(0)))
+        self.shift = torch.full((8,), 0.5)  # neither parameter nor buffer
+        self.scale_len = scale_len
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scale = torch.tensor([float(i + 1) for i in range(self.scale_len)])
+        return ((x @ self.w + self.shift) * scale)[:, [0, 3]].sum()
+
+
+def test_tensor_constants_are_listed_with_their_values_and_run():
+    model, x = _WithConstants(), torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
+    traced = trace_joint(model, (x,))
+    values = {name: constant_value(traced, name) for name in traced.constants}
+    assert sorted(v.tolist() for v in values.values()) == sorted(
+        [[0.5] * 8, [float(i) for i in range(1, 9)], [0, 3]])
+    assert all(node.op == "get_attr" for node in traced.constants.values())
+    result = run_joint(traced, dict(model.named_parameters()), (x,))
+    loss = model(x)
+    loss.backward()
+    torch.testing.assert_close(result.loss, loss.detach())
+    torch.testing.assert_close(result.grads["w"], model.w.grad)
+
+
+def test_a_constant_of_a_model_on_meta_has_no_values_and_says_so():
+    with torch.device("meta"):
+        model = nn.Linear(8, 8)
+    traced = trace_joint(_Picked(model), (torch.empty(4, 8, device="meta"),))
+    assert list(traced.constants) == ["_tensor_constant0"]  # made from Python data: it has values
+    assert constant_value(traced, "_tensor_constant0").tolist() == [1, 2]
+    with torch.device("meta"):
+        attribute = _WithConstants()
+    with pytest.raises(TraceError, match=r"neither a parameter nor a buffer is read at .*test_trace.py:\d+ \(forward\)"):
+        trace_joint(attribute, (torch.empty(4, 8, device="meta"),))
+
+
+class _Picked(nn.Module):
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x)[:, [1, 2]].sum()

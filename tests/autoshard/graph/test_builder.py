@@ -3,6 +3,8 @@ the redistribution planner, memory with liveness, required and repeated ties."""
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import pytest
 import torch
@@ -14,9 +16,10 @@ from costmodel.placements import parse_placements as pp
 from costmodel.redistribute import plan_redistribute
 from hw_profiles import load
 
-from autoshard.graph.builder import build_graph
+from autoshard.graph.builder import GraphBuildError, build_graph
 from autoshard.graph.memory import OptimizerMemory
 from autoshard.graph.problem import to_problem
+from autoshard.rules import OpCompute, R, RuleRegistry, S, SingleDimStrategy
 from autoshard.trace import trace_joint
 from examples.models import mlp
 
@@ -126,3 +129,75 @@ def test_restriction_hook_keeps_what_it_returns(graph) -> None:
     traced = trace_joint(*mlp.tiny(device="meta"))
     small = build_graph(traced, MeshSpec((2, 2)), load("h100-sxm-80gb"), restrict=lambda node, s: s[:2])
     assert all(len(n.strategies) <= 2 for n in small.nodes if n.kind == "op")
+
+
+# ------------------------------------------------------------------ tensor constants
+
+
+class _Scaled(torch.nn.Module):
+    """``(x @ w) * torch.tensor([1, ..., n])``: one tensor constant of shape (n,)."""
+
+    def __init__(self, n: int = 8) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.ones(8, 8))
+        self.n = n
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return ((x @ self.w) * torch.tensor([float(i + 1) for i in range(self.n)])).sum()
+
+
+def test_a_tensor_constant_is_a_leaf_with_every_even_placement_and_no_gradient() -> None:
+    traced = trace_joint(_Scaled(), (torch.ones(4, 8),))
+    graph = build_graph(traced, MeshSpec((2,)), load("cpu-gloo"))
+    assert list(graph.constants) == ["_tensor_constant0"]
+    node = graph.nodes[graph.constants["_tensor_constant0"]]
+    assert (node.name, node.kind, node.target, node.live) == ("constant:_tensor_constant0", "constant",
+                                                              "_tensor_constant0", None)
+    assert [str(s.output_placements[0][0]) for s in node.strategies] == ["R", "S(0)"]
+    assert list(node.memory_bytes) == [32.0, 16.0]  # held all step, like a buffer
+    assert not any(n.kind == "grad" and n.target == "_tensor_constant0" for n in graph.nodes)
+    readers = [graph.nodes[e.dst].name for e in graph.edges if e.src == graph.constants["_tensor_constant0"]]
+    assert readers == ["lift_fresh_copy"]
+
+
+def test_the_graph_hash_names_constants_and_stays_the_same_across_traces() -> None:
+    from autoshard.plan.build import graph_hash
+
+    def hashed(n: int) -> str:
+        return graph_hash(trace_joint(_Scaled(n), (torch.ones(4, 8),)))
+
+    assert hashed(8) == hashed(8)
+    assert hashed(8) != hashed(1)  # a (1,) constant broadcasts: same code, other constant
+
+
+# ------------------------------------------------------------------ rules that fail
+
+
+def _registry_with(failing: str) -> RuleRegistry:
+    """A registry whose one rule, for ``aten.addmm``, raises in ``failing`` (``strategies`` or
+    ``compute``); every other op of the MLP has no rule (replicate-only)."""
+    registry = RuleRegistry()
+
+    def broken(call):
+        raise ZeroDivisionError("deliberately broken\nover two lines")
+
+    def rows(call):
+        return [SingleDimStrategy(S(0), (R, S(0), R))]
+
+    compute = broken if failing == "compute" else (lambda call: OpCompute("matmul", 1.0, 1.0))
+    registry.family("demo")(torch.ops.aten.addmm.default, compute=compute)(broken if failing == "strategies" else rows)
+    return registry
+
+
+@pytest.mark.parametrize("failing, what", [("strategies", "enumerate its strategies"),
+                                           ("compute", "describe its compute")])
+def test_a_failing_rule_is_one_line_naming_the_node_the_op_and_the_call(failing, what, caplog) -> None:
+    caplog.set_level(logging.ERROR, logger="autoshard.rules")  # the ops without a rule
+    traced = trace_joint(*mlp.tiny(device="meta"))
+    with pytest.raises(GraphBuildError) as info:
+        build_graph(traced, MeshSpec((2, 2)), load("cpu-gloo"), rules=_registry_with(failing))
+    message = str(info.value)
+    assert "\n" not in message and isinstance(info.value, ValueError)
+    assert message.startswith("graph: node addmm (aten.addmm.default): the sharding rule failed to " + what)
+    assert "aten.addmm.default(f32[32], f32[8, 16], f32[16, 32])" in message
+    assert "on mesh 2x2: ZeroDivisionError: deliberately broken over two lines" in message

@@ -64,3 +64,27 @@ def test_explain_of_a_bad_file_is_one_line(capsys, tmp_path) -> None:
     bad.write_text('{"format": "other"}')
     code, _, err = _run(capsys, "explain", str(bad))
     assert code == 2 and "format" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_rule_that_fails_while_building_is_one_line_and_nothing_is_written(capsys, tmp_path, monkeypatch) -> None:
+    import torch
+
+    from autoshard.rules.registry import RuleRegistry
+
+    strategies = RuleRegistry.strategies
+
+    def failing_on_addmm(self, op, *args, **kwargs):  # a rule that raises on one call of the model
+        if op is torch.ops.aten.addmm.default:
+            raise IndexError("deliberately broken rule")
+        return strategies(self, op, *args, **kwargs)
+
+    monkeypatch.setattr(RuleRegistry, "strategies", failing_on_addmm)
+    out_path, problem_path = tmp_path / "plan.json", tmp_path / "problem.json"
+    code, out, err = _run(capsys, "solve", "examples.models.mlp:tiny", "--mesh", "2x2", "--dims", "dp,tp",
+                          "--profile", "cpu-gloo", "--dump-problem", str(problem_path), "-o", str(out_path))
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert "node addmm (aten.addmm.default)" in lines[0] and "f32[8, 16]" in lines[0]
+    assert "IndexError: deliberately broken rule" in lines[0]
+    assert list(tmp_path.iterdir()) == []  # no plan, no problem, no temporary

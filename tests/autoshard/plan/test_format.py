@@ -87,3 +87,16 @@ def test_a_placement_that_does_not_parse_is_refused_naming_its_field(tmp_path):
         target[path[-1]] = value
         with pytest.raises(PlanError, match=field):
             Plan.from_dict(data)
+
+
+def test_constants_round_trip_and_are_absent_when_the_graph_has_none(plan, tmp_path) -> None:
+    assert "constants" not in plan.to_dict()  # plans of graphs without constants are unchanged
+    with_constants = replace(plan, constants={"_tensor_constant0": "S(0)R", "_tensor_constant1": "RR"})
+    path = tmp_path / "plan.json"
+    with_constants.save(path)
+    assert json.loads(path.read_text())["constants"] == {"_tensor_constant0": "S(0)R", "_tensor_constant1": "RR"}
+    assert Plan.load(path) == with_constants
+    data = with_constants.to_dict()
+    data["constants"]["_tensor_constant0"] = "S(x)"
+    with pytest.raises(PlanError, match=r"constants\._tensor_constant0"):
+        Plan.from_dict(data)

@@ -9,11 +9,16 @@ collectives issued are exactly the plan's steps (kind, mesh dims, bytes), and
 a step the plan fuses over mesh dims [0, 1] runs as ONE collective on the
 flattened group of all 4 ranks. Plans: the solver's (with a memory limit
 that forces sharding), DDP, FSDP, TP and FSDP+TP on the MLP, FSDP on LLaMA,
-and TP on the MLP with dropout (each rank drops exactly the elements of
-its shard that the single-device run drops, from the same seed).
+TP on the MLP with dropout (each rank drops exactly the elements of its
+shard that the single-device run drops, from the same seed), and the
+solver's plans for two Hugging Face models as their users have them (tiny
+configs, keyword inputs, tensor constants in the graph): Whisper (speech
+encoder-decoder) and Falcon (new decoder architecture) on 2x2.
 """
 
 from __future__ import annotations
+
+import importlib.util
 
 import pytest
 import torch
@@ -28,6 +33,10 @@ MESH_2X2 = ((2, 2), ("dp", "tp"))
 MESH_4 = ((4,), ("dp",))
 LLAMA_KW = {"batch_size": 4}
 DROPOUT_KW = {"dropout": 0.25}
+HF_KW = {"batch_size": 4}
+HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
+HF_JOBS = ("hf_whisper", "hf_falcon")
+"""Hugging Face factories run on 2x2 with the solver's plan under a memory limit (test-only dependency)."""
 
 
 def _solved_under_memory(prep, fraction: float):
@@ -65,15 +74,26 @@ def run(tmp_path_factory):
     model, inputs = llama3.tiny(device="meta", **LLAMA_KW)
     prep = prepare(model, inputs, *MESH_4, profile="h100-sxm-80gb")
     add("4", "llama-4-fsdp", "llama3.tiny", solve_prepared(prep, baseline="fsdp", time_limit=20), kwargs=LLAMA_KW)
+    if HAS_TRANSFORMERS:
+        from examples.models import hf
+
+        for name in HF_JOBS:
+            model, inputs = getattr(hf, name)(device="meta", **HF_KW)
+            prep = prepare(model, inputs, *MESH_2X2, profile="cpu-gloo")
+            plan = _solved_under_memory(prep, 0.5)
+            assert plan.constants, f"{name}: the test is for graphs with tensor constants"
+            add("2x2", f"{name}-2x2-solved", f"hf.{name}", plan, kwargs=HF_KW)
     errors = {(2, 2): [("error-other-model", "mlp.tiny", {"n_layers": 1}, str(tmp / "mlp-2x2-fsdp.json")),
                        ("error-other-mesh", "mlp.tiny", {}, str(tmp / "mlp-4-fsdp.json"))]}
     results = spawn(4, equivalence, ([(MESH_2X2, jobs["2x2"]), (MESH_4, jobs["4"])], errors), tmp / "ranks",
-                    timeout=240)
+                    timeout=420)
     return plans, results
 
 
+_NEEDS_TRANSFORMERS = pytest.mark.skipif(not HAS_TRANSFORMERS, reason="transformers is a test-only dependency")
 LABELS = ["mlp-2x2-solved", "mlp-2x2-fsdp", "mlp-2x2-ddp", "mlp-2x2-tp", "mlp-2x2-fsdp+tp", "mlp-dropout-2x2-tp",
-          "mlp-4-solved", "mlp-4-fsdp", "llama-4-fsdp"]
+          "mlp-4-solved", "mlp-4-fsdp", "llama-4-fsdp"] + [
+    pytest.param(f"{name}-2x2-solved", marks=_NEEDS_TRANSFORMERS) for name in HF_JOBS]
 
 
 @pytest.mark.parametrize("label", LABELS)

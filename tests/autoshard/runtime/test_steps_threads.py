@@ -258,3 +258,39 @@ def test_forward_only_gives_the_loss_with_fewer_collectives(mlp_2x2):
         torch.testing.assert_close(res.loss, ref.loss, rtol=1e-5, atol=1e-6)
         assert all(g is None for g in res.grads.values())
         assert 0 < n_forward < n_step
+
+
+class _Scaled(torch.nn.Module):
+    """``((x @ w) * torch.tensor([1, ..., 8]))[:, [0, 3]]``: two tensor constants in the graph."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(8, 8, generator=torch.Generator().manual_seed(0)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return ((x @ self.w) * torch.tensor([float(i + 1) for i in range(8)]))[:, [0, 3]].sum()
+
+
+def test_a_sharded_tensor_constant_is_sliced_per_rank_and_the_step_matches_one_device():
+    model, x = _Scaled(), torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
+    mesh = (2,)
+    prep = prepare(model, (x,), mesh, ("tp",), profile="cpu-gloo")
+    plan = solve_prepared(prep, pins={"constant:_tensor_constant0": "S(0)"}, time_limit=10)
+    assert plan.constants == {"_tensor_constant0": "S(0)", "_tensor_constant1": "R"}
+    ref = run_joint(prep.traced, dict(model.named_parameters()), (x,))
+
+    def rank(coord, comm):
+        runner = JointRunner(prep.traced, plan, mesh, coord, comm=comm)
+        params = {"w": local_slice(model.w.detach(), placements_of(plan.params["w"], 1), mesh, coord)}
+        local_x = local_slice(x, placements_of(plan.inputs["x"], 1), mesh, coord)
+        held = {name: value.clone() for name, value in runner.local_constants.items()}
+        return runner.run(params, {}, [local_x]), held
+
+    for coord, (res, held) in run_threads(mesh, rank).items():
+        assert held["_tensor_constant0"].tolist() == [[1.0, 2.0, 3.0, 4.0], [5.0, 6.0, 7.0, 8.0]][coord[0]]
+        assert held["_tensor_constant1"].tolist() == [0, 3]
+        torch.testing.assert_close(res.loss, ref.loss)
+        want = local_slice(ref.grads["w"], placements_of(plan.params["w"], 1), mesh, coord)
+        torch.testing.assert_close(res.grads["w"], want)
+    with pytest.raises(RuntimeLoadError, match="no placement for constant:_tensor_constant0"):
+        JointRunner(prep.traced, replace(plan, constants={}), mesh, (0,), comm=object())
