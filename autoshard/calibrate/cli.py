@@ -115,12 +115,7 @@ def _validate(args: argparse.Namespace) -> None:
 
         load(args.base)
     if args.model_kwargs is not None:
-        from autoshard.coverage import parse_kwargs
-
-        try:
-            parse_kwargs(args.model_kwargs)
-        except ValueError as exc:
-            raise ValueError(str(exc).replace("--kwargs", "--model-kwargs", 1)) from None
+        _model_kwargs(args.model_kwargs)
     from autoshard.model_spec import check_importable, use_paths
 
     use_paths(getattr(args, "path", []))
@@ -131,6 +126,16 @@ def _validate(args: argparse.Namespace) -> None:
             from autoshard.calibrate.heldout import DEFAULT_MODEL
 
             check_importable(DEFAULT_MODEL[0], getattr(args, "path", []))
+
+
+def _model_kwargs(text: str) -> dict[str, Any]:
+    """The ``--model-kwargs`` JSON object; ``ValueError`` naming the flag."""
+    from autoshard.coverage import parse_kwargs
+
+    try:
+        return parse_kwargs(text)
+    except ValueError as exc:
+        raise ValueError(str(exc).replace("--kwargs", "--model-kwargs", 1)) from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -146,8 +151,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _options(args: argparse.Namespace, job: Any, command: str) -> Any:
-    import json
-
     import torch
 
     from costmodel.mesh import MeshSpec
@@ -161,12 +164,7 @@ def _options(args: argparse.Namespace, job: Any, command: str) -> Any:
     torch.set_num_threads(threads)
     model = None  # the default held-out model (test-sized in --tiny)
     if args.model or args.model_kwargs:
-        try:
-            overrides = json.loads(args.model_kwargs) if args.model_kwargs else {}
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"--model-kwargs: not valid JSON ({exc})") from None
-        if not isinstance(overrides, dict):
-            raise ValueError("--model-kwargs: expected a JSON object")
+        overrides = _model_kwargs(args.model_kwargs) if args.model_kwargs else {}
         model = (args.model or DEFAULT_MODEL[0], overrides)
     name = args.name or (Path(args.output).stem if args.output else None)
     base = load(args.base) if args.base else _default_base(job)
