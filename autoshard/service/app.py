@@ -164,7 +164,7 @@ def create_app(config: ServiceConfig, *, start_workers: bool = True,
         text = await run_in_threadpool(cache.get, key)
         if text is not None:
             metrics.cache_hits.inc()
-            job = manager.cached(kind, key, text)
+            job = await run_in_threadpool(manager.cached, kind, key, text)
             return JSONResponse({"id": job.id, "state": job.state, "cached": True, "shared": False})
         try:
             job, created = manager.open(kind, key)
