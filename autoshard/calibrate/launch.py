@@ -206,7 +206,6 @@ def spawn(args: Any, nproc: int, command: str) -> int:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-
 def child_main() -> int:
     """Entry of one child rank: run the rank with the parent's arguments;
     report a failure in the status folder instead of printing it."""
