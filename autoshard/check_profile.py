@@ -31,6 +31,7 @@ import sys
 from pathlib import Path
 
 from hw_profiles import HardwareProfile, ProfileError, available, load, load_dict
+from hw_profiles.json_input import parse_json
 
 from autoshard.cli_values import format_bytes
 
@@ -60,7 +61,7 @@ def _load(arg: str) -> HardwareProfile:
     except (OSError, UnicodeDecodeError) as exc:
         raise ProfileError(f"{arg}: cannot read ({getattr(exc, 'strerror', None) or type(exc).__name__})") from None
     try:
-        data = json.loads(text)
+        data = parse_json(text)
     except json.JSONDecodeError as exc:
         raise ProfileError(f"{arg}: not valid JSON (line {exc.lineno}: {exc.msg})") from None
     return load_dict(data, where=arg)

@@ -220,8 +220,10 @@ def parse_kwargs(text: str) -> dict[str, Any]:
     >>> parse_kwargs('{"n_layers": 1}')
     {'n_layers': 1}
     """
+    from hw_profiles.json_input import parse_json
+
     try:
-        value = json.loads(text)
+        value = parse_json(text)
     except json.JSONDecodeError as exc:
         raise ValueError(f"--kwargs is not valid JSON: {exc}") from None
     if not isinstance(value, dict):

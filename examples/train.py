@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `examples` and `
 
 from autoshard import autoshard  # noqa: E402
 from autoshard.plan.explain import explain_text  # noqa: E402
+from autoshard.runtime.process_group import destroy_process_groups  # noqa: E402
 from examples.models import llama3  # noqa: E402
 
 MODEL = {"n_layers": 2, "n_kv_heads": 4, "batch_size": 8, "seq_len": 16}
@@ -88,8 +89,8 @@ def main() -> None:
                   f"|diff| {abs(loss.item() - ref_loss.item()):.1e}  sharded step {ms:.0f} ms", flush=True)
     if rank == 0:
         print(f"done in {time.perf_counter() - start:.1f} s")
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
     main()
+    destroy_process_groups()  # after main: its mesh and model are gone, so every group and its threads go

@@ -19,6 +19,7 @@ from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 
+from hw_profiles.json_input import parse_json
 from hw_profiles.profile import (
     COLLECTIVE_KINDS,
     FORMAT,
@@ -84,7 +85,7 @@ def _load_cached(key: str, is_path: bool, mtime_ns: int) -> HardwareProfile:
         text = (_data_dir() / f"{key}.json").read_text()
         where = f"{key}.json"
     try:
-        data = json.loads(text)
+        data = parse_json(text)
     except json.JSONDecodeError as exc:
         raise ProfileError(f"{where}: not valid JSON (line {exc.lineno}: {exc.msg})") from None
     return load_dict(data, where=where)

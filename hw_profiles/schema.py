@@ -39,6 +39,7 @@ from typing import Any, Mapping
 
 import jsonschema
 
+from hw_profiles.json_input import MAX_DEPTH
 from hw_profiles.profile import COLLECTIVE_KINDS, FORMAT
 
 __all__ = ["ProfileError", "SCHEMA", "validate"]
@@ -47,6 +48,9 @@ __all__ = ["ProfileError", "SCHEMA", "validate"]
 class ProfileError(ValueError):
     """A hardware profile that cannot be used; the message names the field."""
 
+
+_MESSAGE_CHARS = 300
+"""Longest schema message quoted in a :class:`ProfileError` (it may quote a whole value)."""
 
 _POS = {"type": "number", "exclusiveMinimum": 0}
 _NONNEG = {"type": "number", "minimum": 0}
@@ -176,21 +180,31 @@ def validate(data: Mapping[str, Any], *, where: str = "") -> None:
     _check_finite(data, (), prefix)
     error = jsonschema.exceptions.best_match(_VALIDATOR.iter_errors(data))
     if error is not None:
-        raise ProfileError(f"{prefix}{_path(error.absolute_path)}: {error.message}")
+        message = error.message  # may quote the whole offending value: one line of readable length
+        if len(message) > _MESSAGE_CHARS:
+            message = message[:_MESSAGE_CHARS] + "..."
+        raise ProfileError(f"{prefix}{_path(error.absolute_path)}: {message}")
     _check_semantics(data, prefix)
 
 
 def _check_finite(value: Any, path: tuple, prefix: str) -> None:
     """NaN and infinity pass JSON Schema's range keywords (every comparison
-    with NaN is false), so they are refused here first."""
-    if isinstance(value, float) and not math.isfinite(value):
-        raise ProfileError(f"{prefix}{_path(path)}: {value} is not a finite number")
-    if isinstance(value, Mapping):
-        for key, item in value.items():
-            _check_finite(item, (*path, key), prefix)
-    elif isinstance(value, (list, tuple)):
-        for i, item in enumerate(value):
-            _check_finite(item, (*path, i), prefix)
+    with NaN is false), so they are refused here first (the first in document
+    order is named). So is nesting deeper than a file may have
+    (``hw_profiles.json_input.MAX_DEPTH``), before the schema's validator
+    walks the value or quotes it in a message, both recursively; this walk is
+    a loop."""
+    stack = [(value, path)]
+    while stack:
+        value, path = stack.pop()
+        if len(path) > MAX_DEPTH:
+            raise ProfileError(f"{prefix}{_path(path[:2])}: nested deeper than {MAX_DEPTH} levels")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ProfileError(f"{prefix}{_path(path)}: {value} is not a finite number")
+        if isinstance(value, Mapping):
+            stack.extend(((item, (*path, key)) for key, item in reversed(value.items())))
+        elif isinstance(value, (list, tuple)):
+            stack.extend(((item, (*path, i)) for i, item in reversed(list(enumerate(value)))))
 
 
 def _check_semantics(data: Mapping[str, Any], prefix: str) -> None:

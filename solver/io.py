@@ -26,6 +26,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from hw_profiles.json_input import parse_json
 from solver.problem import FORBIDDEN_COST, Edge, Node, Problem, ProblemError
 from solver.problem_values import json_text
 
@@ -46,7 +47,8 @@ FORMATS = ("autoshard", "iopddl")
 
 
 def load_json(path: str | os.PathLike[str]) -> Any:
-    """Parse a JSON file, gunzipping it when it starts with the gzip magic bytes."""
+    """Parse a JSON file, gunzipping it when it starts with the gzip magic bytes
+    (nesting bounded: :func:`hw_profiles.json_input.parse_json`)."""
     raw = Path(path).read_bytes()
     if raw[:2] == b"\x1f\x8b":
         try:
@@ -54,7 +56,7 @@ def load_json(path: str | os.PathLike[str]) -> Any:
         except (OSError, EOFError) as exc:
             raise ProblemError("(file)", f"corrupt gzip data: {exc}") from None
     try:
-        return json.loads(raw)
+        return parse_json(raw)
     except json.JSONDecodeError as exc:
         raise ProblemError("(file)", f"malformed JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
     except UnicodeDecodeError:

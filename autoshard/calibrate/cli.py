@@ -13,8 +13,10 @@ with; source of figures this run cannot measure), ``--nproc-per-node N``
 (start N ranks here instead of torchrun), ``--threads`` (per rank; default
 the host's cores / ranks on it), ``--measurements M.json`` (raw samples).
 
-Errors are one line and a non-zero exit; an interrupted (SIGINT, SIGTERM) or
-failed run prints one line saying the old profile was left unchanged.
+Errors are one line and a non-zero exit; an interrupted (SIGINT, exit 130),
+stopped (SIGTERM, exit 143: torchrun sends it to every rank when one rank
+fails) or failed run prints one line saying the old profile was left
+unchanged.
 
 >>> import argparse
 >>> p = argparse.ArgumentParser(); add_arguments(p)
@@ -115,12 +117,7 @@ def _validate(args: argparse.Namespace) -> None:
 
         load(args.base)
     if args.model_kwargs is not None:
-        from autoshard.coverage import parse_kwargs
-
-        try:
-            parse_kwargs(args.model_kwargs)
-        except ValueError as exc:
-            raise ValueError(str(exc).replace("--kwargs", "--model-kwargs", 1)) from None
+        _model_kwargs(args.model_kwargs)
     from autoshard.model_spec import check_importable, use_paths
 
     use_paths(getattr(args, "path", []))
@@ -131,6 +128,16 @@ def _validate(args: argparse.Namespace) -> None:
             from autoshard.calibrate.heldout import DEFAULT_MODEL
 
             check_importable(DEFAULT_MODEL[0], getattr(args, "path", []))
+
+
+def _model_kwargs(text: str) -> dict[str, Any]:
+    """The ``--model-kwargs`` JSON object; ``ValueError`` naming the flag."""
+    from autoshard.coverage import parse_kwargs
+
+    try:
+        return parse_kwargs(text)
+    except ValueError as exc:
+        raise ValueError(str(exc).replace("--kwargs", "--model-kwargs", 1)) from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -146,8 +153,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _options(args: argparse.Namespace, job: Any, command: str) -> Any:
-    import json
-
     import torch
 
     from costmodel.mesh import MeshSpec
@@ -161,12 +166,7 @@ def _options(args: argparse.Namespace, job: Any, command: str) -> Any:
     torch.set_num_threads(threads)
     model = None  # the default held-out model (test-sized in --tiny)
     if args.model or args.model_kwargs:
-        try:
-            overrides = json.loads(args.model_kwargs) if args.model_kwargs else {}
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"--model-kwargs: not valid JSON ({exc})") from None
-        if not isinstance(overrides, dict):
-            raise ValueError("--model-kwargs: expected a JSON object")
+        overrides = _model_kwargs(args.model_kwargs) if args.model_kwargs else {}
         model = (args.model or DEFAULT_MODEL[0], overrides)
     name = args.name or (Path(args.output).stem if args.output else None)
     base = load(args.base) if args.base else _default_base(job)
@@ -195,7 +195,7 @@ def _default_base(job: Any) -> Any:
 
 def run_rank(args: argparse.Namespace, *, command: str = "") -> int:
     """One rank of the job (all of it on a single process): calibrate or check."""
-    from autoshard.calibrate.launch import CHILD_ENV, unchanged_text
+    from autoshard.calibrate.launch import CHILD_ENV, stopped_code, stopped_text, unchanged_text
     from autoshard.model_spec import use_paths
 
     use_paths(getattr(args, "path", []))  # ranks started by --nproc-per-node import the model here too
@@ -229,11 +229,13 @@ def run_rank(args: argparse.Namespace, *, command: str = "") -> int:
         return 0
     except KeyboardInterrupt:
         if rank == 0 and not status:
-            print(f"autoshard calibrate-hardware: interrupted; {unchanged_text(target)}", file=sys.stderr)
-        return 130
+            peers = int(os.environ.get("WORLD_SIZE", "1")) > 1
+            print(f"autoshard calibrate-hardware: {stopped_text(interrupted, peers=peers)}; {unchanged_text(target)}",
+                  file=sys.stderr)
+        return stopped_code(interrupted)
     except Exception as exc:  # noqa: BLE001 - every failure of a rank becomes one line
         if interrupted:
-            return 130
+            return stopped_code(interrupted)
         log.debug("calibrate-hardware failed", exc_info=True)
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         line = f"rank {rank}: {message}" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else message

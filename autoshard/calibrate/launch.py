@@ -11,6 +11,9 @@ torchrun rank runs, and the parent alone reports the outcome in one line:
 * a child that fails writes its one-line error to a status folder and exits
   non-zero; the parent stops the others (SIGTERM, then SIGKILL), prints the
   first error and exits 1;
+* a child that dies without a word (a crash: SIGABRT, SIGSEGV; SIGKILL from
+  the out-of-memory killer) is reported as that rank's failure, with the
+  signal, and the parent exits 1: the others it then stops are not the story;
 * Ctrl-C reaches every process of the foreground group; children exit
   quietly (code 130), the parent waits for them, prints one line and exits
   130;
@@ -36,7 +39,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CHILD_ENV", "ARGS_ENV", "spawn", "child_main", "unchanged_text"]
+__all__ = ["CHILD_ENV", "ARGS_ENV", "spawn", "child_main", "unchanged_text", "stopped_text", "stopped_code"]
 
 CHILD_ENV = "AUTOSHARD_CALIBRATE_STATUS_DIR"
 """Set in children: the folder where a failing child writes its error line."""
@@ -59,6 +62,48 @@ def unchanged_text(path: str | None) -> str:
     if not path:
         return "nothing written"
     return f"{path} left unchanged" if os.path.exists(path) else f"nothing written to {path}"
+
+
+def stopped_text(signals: list[int], *, peers: bool = False) -> str:
+    """What a run stopped by ``signals`` (the first counts; none: a
+    KeyboardInterrupt without a signal) says, before what it left unchanged;
+    ``peers``: a rank of a job of several, where SIGTERM is rarely the user's.
+
+    >>> stopped_text([signal.SIGINT]), stopped_text([]), stopped_text([signal.SIGTERM])
+    ('interrupted', 'interrupted', 'stopped by SIGTERM')
+    >>> stopped_text([signal.SIGTERM], peers=True)
+    'stopped by SIGTERM (torchrun sends it to every rank when one rank fails: look for that rank above)'
+    """
+    if not signals or signals[0] != signal.SIGTERM:
+        return "interrupted"
+    if peers:
+        return "stopped by SIGTERM (torchrun sends it to every rank when one rank fails: look for that rank above)"
+    return "stopped by SIGTERM"
+
+
+def stopped_code(signals: list[int]) -> int:
+    """Exit code of a run stopped by ``signals``: 128 + the first signal, 130 (SIGINT) by default.
+
+    >>> stopped_code([signal.SIGTERM]), stopped_code([])
+    (143, 130)
+    """
+    return 128 + int(signals[0]) if signals else 128 + int(signal.SIGINT)
+
+
+def _exit_text(code: int) -> str:
+    """How a child ended, for the parent's line.
+
+    >>> _exit_text(-6), _exit_text(1)
+    ('died of SIGABRT without an error line (a crash)', 'exited with code 1 without an error line')
+    """
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"died of {name} without an error line (a crash)" if -code != signal.SIGKILL \
+            else "was killed by SIGKILL (out of memory? the system log says)"
+    return f"exited with code {code} without an error line"
 
 
 def _stop(procs: list[subprocess.Popen], first: int | None = None, grace_s: float = 10.0) -> None:
@@ -92,17 +137,15 @@ def _remove_strays(targets: list[str], since: float) -> None:
                 pass
 
 
-def _first_error(folder: str, codes: list[int | None]) -> str:
+def _error_lines(folder: str) -> list[str]:
+    """The error lines the children wrote, oldest first."""
     errors = []
     for entry in Path(folder).glob("rank*.err"):
         try:
             errors.append((entry.stat().st_mtime, entry.read_text().strip()))
         except OSError:
             continue
-    if errors:
-        return min(errors)[1]
-    bad = [(r, c) for r, c in enumerate(codes) if c not in (0, None)]
-    return f"rank {bad[0][0]} exited with code {bad[0][1]}" if bad else "a rank stopped"
+    return [line for _, line in sorted(errors)]
 
 
 def spawn(args: Any, nproc: int, command: str) -> int:
@@ -117,29 +160,44 @@ def spawn(args: Any, nproc: int, command: str) -> int:
                                                                               ARGS_ENV: json.dumps(payload)})
     started = time.time()
     procs: list[subprocess.Popen] = []
+    first_failure: tuple[int, int] | None = None  # (rank, exit code) of the first child to fail, before any stop
+    signals: list[int] = []
+
+    def on_signal(signum: int, frame: Any) -> None:
+        signals.append(signum)
+        raise KeyboardInterrupt(f"signal {signum}")
+
     # explicit handlers: a parent started with SIGINT ignored (a background job of a script) still stops its ranks
-    previous = {sig: signal.signal(sig, _raise_interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         for rank in range(nproc):
             procs.append(subprocess.Popen([sys.executable, "-m", "autoshard.calibrate.launch"],
                                           env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)}))
         while any(p.poll() is None for p in procs):
-            if any(p.poll() not in (None, 0) for p in procs):
+            failed = [(rank, p.returncode) for rank, p in enumerate(procs) if p.poll() not in (None, 0)]
+            if failed:  # a crash before an error line: the error lines come from the peers it left
+                first_failure = min(failed, key=lambda f: (f[1] >= 0, f[0]))
                 _stop(procs, None, grace_s=3.0)  # the others fail on their own once a peer is gone
                 break
             time.sleep(0.05)
         codes = [p.wait() for p in procs]
         if all(c == 0 for c in codes):
             return 0
-        if 130 in codes and not list(Path(folder).glob("rank*.err")):
+        errors = _error_lines(folder)
+        if first_failure is None:  # every child ended before the loop looked: the first non-zero one
+            first_failure = next((rank, c) for rank, c in enumerate(codes) if c != 0)
+        rank, code = first_failure
+        if not errors and code == 128 + signal.SIGINT:  # a Ctrl-C that reached the children, not us
             raise KeyboardInterrupt("a rank was interrupted")
-        print(f"autoshard calibrate-hardware: {_first_error(folder, codes)}; {unchanged_text(args.output)}",
-              file=sys.stderr)
+        # a crash first: the error lines of the others say only that their peer is gone
+        line = errors[0] if errors and code >= 0 else f"rank {rank} {_exit_text(code)}"
+        print(f"autoshard calibrate-hardware: {line}; {unchanged_text(args.output)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         _stop(procs, signal.SIGINT)
-        print(f"autoshard calibrate-hardware: interrupted; {unchanged_text(args.output)}", file=sys.stderr)
-        return 130
+        print(f"autoshard calibrate-hardware: {stopped_text(signals)}; {unchanged_text(args.output)}",
+              file=sys.stderr)
+        return stopped_code(signals)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -148,14 +206,16 @@ def spawn(args: Any, nproc: int, command: str) -> int:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _raise_interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 def child_main() -> int:
     """Entry of one child rank: run the rank with the parent's arguments;
     report a failure in the status folder instead of printing it."""
-    signal.signal(signal.SIGTERM, _raise_interrupt)
+    signals: list[int] = []
+
+    def on_signal(signum: int, frame: Any) -> None:  # until run_rank installs its own
+        signals.append(signum)
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, on_signal)
     try:
         import argparse
 
@@ -165,7 +225,7 @@ def child_main() -> int:
         command = data.pop("command_line", "")
         return run_rank(argparse.Namespace(**data), command=command)
     except KeyboardInterrupt:
-        return 130
+        return stopped_code(signals)
 
 
 if __name__ == "__main__":

@@ -152,8 +152,10 @@ class Job:
         else:
             device = torch.device("cpu")
         if not dist.is_initialized():
-            dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s),
-                                    device_id=device if backend == "nccl" else None)
+            from autoshard.runtime.process_group import init_process_group
+
+            init_process_group(backend, timeout=timedelta(seconds=timeout_s),
+                               device_id=device if backend == "nccl" else None)
         return cls(
             rank=dist.get_rank(),
             world=dist.get_world_size(),
@@ -199,8 +201,12 @@ class Job:
         return self.min_over_ranks([1.0 if ok else 0.0])[0] > 0.5
 
     def close(self) -> None:
-        if self.distributed and dist.is_initialized():
-            dist.destroy_process_group()
+        """Destroy the job's process groups and join their threads before the
+        interpreter exits (:mod:`autoshard.runtime.process_group` says why)."""
+        if self.distributed:
+            from autoshard.runtime.process_group import destroy_process_groups
+
+            destroy_process_groups()
 
 
 def _window(job: Job, fn: Callable[[], Any], reps: int) -> tuple[float, float]:

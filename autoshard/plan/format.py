@@ -31,6 +31,7 @@ from typing import Any, Mapping
 
 from costmodel.bucketing import Bucket
 from costmodel.steps import RedistributeStep, StepError
+from hw_profiles.json_input import parse_json
 
 __all__ = ["FORMAT", "PlanError", "Fingerprint", "PlanNode", "Redistribution", "Estimate", "SolverReport", "Plan"]
 
@@ -335,7 +336,7 @@ class Plan:
         except OSError as exc:
             raise PlanError(f"{path}: cannot read ({exc.strerror})") from None
         try:
-            data = json.loads(text)
+            data = parse_json(text)
         except json.JSONDecodeError as exc:
             raise PlanError(f"{path}: malformed JSON: {exc.msg} at line {exc.lineno}") from None
         plan = cls.from_dict(data)

@@ -7,12 +7,15 @@
 * :mod:`autoshard.runtime.steps`: one redistribution step on a local tensor;
 * :mod:`autoshard.runtime.collectives`: functional collectives on mesh-dim and
   flattened process groups, and the collective trace
-  (``AUTOSHARD_TRACE_COLLECTIVES=1``).
+  (``AUTOSHARD_TRACE_COLLECTIVES=1``);
+* :mod:`autoshard.runtime.process_group`: starting and ending a job's process
+  groups so that none outlives it (``destroy_process_groups``).
 """
 
 from autoshard.runtime.collectives import TRACE_ENV, CollectiveRecord, MeshComm
 from autoshard.runtime.execute import JointRunner, RuntimeLoadError, local_slice
 from autoshard.runtime.module import ShardedModule, shard, to_dtensor_placements
+from autoshard.runtime.process_group import destroy_process_groups, init_process_group
 
 __all__ = ["TRACE_ENV", "CollectiveRecord", "MeshComm", "JointRunner", "RuntimeLoadError", "local_slice",
-           "ShardedModule", "shard", "to_dtensor_placements"]
+           "ShardedModule", "shard", "to_dtensor_placements", "destroy_process_groups", "init_process_group"]

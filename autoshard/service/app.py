@@ -161,11 +161,14 @@ def create_app(config: ServiceConfig, *, start_workers: bool = True,
                      validate: Callable[[], tuple[dict[str, Any], int, int]]) -> JSONResponse:
         """The cache, then a solve in flight for the same key, then a new job
         (``validate()`` -> options, nodes, edges runs before it is queued)."""
-        text = await run_in_threadpool(cache.get, key)
-        if text is not None:
+        def from_cache() -> Job | None:  # reads and parses the stored result: off the event loop, in one hop
+            text = cache.get(key)
+            return None if text is None else manager.cached(kind, key, text)
+
+        cached = await run_in_threadpool(from_cache)
+        if cached is not None:
             metrics.cache_hits.inc()
-            job = manager.cached(kind, key, text)
-            return JSONResponse({"id": job.id, "state": job.state, "cached": True, "shared": False})
+            return JSONResponse({"id": cached.id, "state": cached.state, "cached": True, "shared": False})
         try:
             job, created = manager.open(kind, key)
         except QueueFull as exc:

@@ -1,4 +1,5 @@
-"""The plan service's client: standard library only (``urllib``), so it adds no dependency.
+"""The plan service's client: standard library only (``urllib``), so it adds no dependency
+(answers are parsed by ``hw_profiles.json_input``, of this distribution, imported on the first call).
 
 Why a client of its own: ``autoshard.solve(..., server=URL)``, ``autoshard
 solve --server URL`` and ``python -m solver FILE --server URL`` hand the
@@ -81,7 +82,7 @@ class ServiceClient:
         except urllib.error.HTTPError as exc:
             raw = exc.read()
             try:
-                data = json.loads(raw)
+                data = _parse(raw)
                 detail, field = data.get("detail", raw.decode(errors="replace")), data.get("field")
             except (ValueError, AttributeError):
                 detail, field = raw.decode(errors="replace").strip()[:300], None
@@ -96,7 +97,7 @@ class ServiceClient:
     def _json(self, method: str, path: str, body: bytes | None = None, **kwargs: Any) -> dict[str, Any]:
         _, raw = self.request(method, path, body, **kwargs)
         try:
-            return json.loads(raw)
+            return _parse(raw)
         except ValueError:
             raise ServiceError(f"server {self.url}: answered {path} with something that is not JSON") from None
 
@@ -168,6 +169,13 @@ class ServiceClient:
         data = self.wait(job["id"], on_progress=on_progress)
         plan = Plan.from_dict(data["plan"]) if data.get("plan") else None
         return plan, Solution.from_dict(data["solution"])
+
+
+def _parse(raw: bytes) -> Any:
+    """An answer of the server as JSON, nesting bounded (a ``ValueError`` otherwise)."""
+    from hw_profiles.json_input import parse_json
+
+    return parse_json(raw)
 
 
 def _body(obj: Any) -> tuple[bytes, bool]:

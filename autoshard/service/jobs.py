@@ -35,9 +35,11 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from typing import Any, Callable
 
+from hw_profiles.json_input import parse_json
+
 from autoshard.service.cache import ResultCache
 
-__all__ = ["STATES", "FINAL_STATES", "Job", "QueueFull", "JobManager"]
+__all__ = ["STATES", "FINAL_STATES", "Job", "QueueFull", "JobManager", "result_summary"]
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +107,33 @@ class Job:
             "incumbent": self.incumbent, "bound": self.bound, "gap": gap, "status": self.status,
             "error": self.error,
         }
+
+
+def result_summary(kind: str, result: str) -> dict[str, Any]:
+    """``status``, ``incumbent`` and ``bound`` of a result text (a solution, or
+    ``{"plan", "solution"}`` for ``kind == "plan"``), as a worker reports them
+    when it finishes; empty when the text is not such a result.
+
+    >>> result_summary("problem", '{"status": "optimal", "cost": 12.0, "lower_bound": 12.0, "choice": [0]}')
+    {'status': 'optimal', 'incumbent': 12.0, 'bound': 12.0}
+    """
+    try:
+        data = parse_json(result)
+    except ValueError:
+        data = None
+    solution = data.get("solution") if kind == "plan" and isinstance(data, dict) else data
+    if not isinstance(solution, dict) or not isinstance(solution.get("status"), str):
+        log.warning("cache: a stored %s result without a solver status", kind)
+        return {}
+    return {"status": solution["status"], "incumbent": _number(solution.get("cost")),
+            "bound": _number(solution.get("lower_bound"))}
+
+
+def _number(value: Any) -> float | None:
+    """A finite number of a result, else None (the worker reports no cost as None too)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
 
 
 @dataclass(slots=True, eq=False)
@@ -218,10 +247,13 @@ class JobManager:
             return job, True
 
     def cached(self, kind: str, key: str, result: str) -> Job:
-        """A job answered from the cache: ``done`` at once."""
+        """A job answered from the cache: ``done`` at once, with the solver's
+        status, cost and bound read from the stored result, as the job that
+        solved it reported them. Parses ``result``: call it off the event loop."""
+        summary = result_summary(kind, result)  # before the lock: a result may be megabytes
         with self._lock:
             job = Job(secrets.token_hex(12), kind, key, {}, state="done", cached=True, result=result,
-                      finished_at=time.time())
+                      finished_at=time.time(), **summary)
             self._add(job)
         return job
 

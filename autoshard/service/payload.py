@@ -22,6 +22,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from hw_profiles.json_input import parse_json
 from solver.io import FORMATS, detect_format, problem_from_json
 from solver.pipeline import METHODS
 from solver.problem import Problem, ProblemError
@@ -143,7 +144,7 @@ def plan_options(query: Mapping[str, str], solve: Mapping[str, Any], limits: Lim
 
 def _load(body: bytes) -> Any:
     try:
-        return json.loads(body)
+        return parse_json(body)
     except json.JSONDecodeError as exc:
         raise BadRequest(400, f"(body): malformed JSON: {exc.msg} at line {exc.lineno} column {exc.colno}",
                          "(body)") from None

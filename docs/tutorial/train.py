@@ -23,6 +23,7 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from autoshard import autoshard
 from autoshard.plan.explain import explain_text
+from autoshard.runtime.process_group import destroy_process_groups
 from my_model import batch, build
 
 
@@ -61,8 +62,8 @@ def main() -> None:
             ref_opt.step()
             ref_opt.zero_grad()
             print(f"step {step}  loss {loss.item():.5f}  single device {ref_loss.item():.5f}", flush=True)
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
     main()
+    destroy_process_groups()  # after main: its mesh and model are gone, so every group and its threads go

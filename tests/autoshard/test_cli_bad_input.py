@@ -43,6 +43,10 @@ class Row:
     code: int = 2
 
 
+DEEP = "too deeply nested (arrays and objects deeper than the limit of 256)"
+DEEP_ARG = "[" * 5000 + "]" * 5000  # deeper than Python's recursion limit, short enough for a command line
+
+
 def _rows() -> list[Row]:
     o = ("-o", "{tmp}/out.json")
     spec = "examples.models.mlp:tiny"
@@ -71,6 +75,7 @@ def _rows() -> list[Row]:
         Row(("coverage", "light_model:build", "--path", "{tmp}/missing"), "--path"),
         Row(("coverage", spec, "--kwargs", "{bad"), "--kwargs is not valid JSON"),
         Row(("coverage", spec, "--kwargs", "[1]"), "--kwargs must be a JSON object"),
+        Row(("coverage", spec, "--kwargs", DEEP_ARG), f"--kwargs is not valid JSON: {DEEP}"),
         # validate-rules (flags checked before torch is imported)
         Row(("validate-rules", "--bogus"), "unrecognized arguments", USAGE),
         Row(("validate-rules", "--cases", "abc"), "--cases", USAGE),
@@ -102,6 +107,7 @@ def _rows() -> list[Row]:
         Row(("solve", spec, "--mesh", "2", "--pin", "no-equals-sign", *o), "--pin"),
         Row(("solve", spec, "--mesh", "2", "--pin", "*.weight=S(0", *o), "--pin *.weight=S(0: "),
         Row(("solve", spec, "--mesh", "2", "--kwargs", "{bad", *o), "--kwargs"),
+        Row(("solve", spec, "--mesh", "2", "--kwargs", DEEP_ARG, *o), f"--kwargs is not valid JSON: {DEEP}"),
         # solve: files
         Row(("solve", spec, "--mesh", "2", "-o", "{tmp}/missing/dir/out.json"),
             "-o/--output {tmp}/missing/dir/out.json: folder {tmp}/missing/dir does not exist"),
@@ -111,6 +117,7 @@ def _rows() -> list[Row]:
         Row(("solve", spec, "--mesh", "2", "--profile", "{tmp}/missing.json", *o), "No such file"),
         Row(("solve", spec, "--mesh", "2", "--profile", "{tmp}/a-folder", *o), "Is a directory"),
         Row(("solve", spec, "--mesh", "2", "--profile", "{tmp}/malformed.json", *o), "not valid JSON"),
+        Row(("solve", spec, "--mesh", "2", "--profile", "{tmp}/deep.json", *o), f"{{tmp}}/deep.json: not valid JSON (line 1: {DEEP})"),
         Row(("solve", spec, "--mesh", "2", "--profile", "{tmp}/nan.json", *o), "device.launch_s: nan"),
         Row(("solve", spec, "--mesh", "2", "--profile", "{tmp}/plan.json", *o), "(root)"),
         Row(("solve", "foo", "--mesh", "2", *o), "expected MODULE:FACTORY"),
@@ -122,6 +129,8 @@ def _rows() -> list[Row]:
         Row(("explain", "{tmp}/missing.json"), "cannot read (No such file or directory)"),
         Row(("explain", "{tmp}/a-folder"), "cannot read (Is a directory)"),
         Row(("explain", "{tmp}/malformed.json"), "malformed JSON"),
+        Row(("explain", "{tmp}/deep.json"), f"{{tmp}}/deep.json: malformed JSON: {DEEP} at line 1"),
+        Row(("explain", "{tmp}/deep-object.json"), f"{{tmp}}/deep-object.json: malformed JSON: {DEEP} at line 257"),
         Row(("explain", "{tmp}/list.json"), "(root): expected a JSON object"),
         Row(("explain", "{tmp}/solution.json"), "format: expected 'autoshard.plan/1', got 'autoshard.solution/1'"),
         Row(("explain", "{tmp}/nan.json"), "format: expected 'autoshard.plan/1'"),  # a profile passed as plan
@@ -151,10 +160,13 @@ def _rows() -> list[Row]:
         Row((*cal, "--model", "foo"), "expected MODULE:FACTORY"),
         Row((*cal, "--model", "examples.models.nope:tiny"), "pass --path DIR"),
         Row((*cal, "--model-kwargs", "{bad"), "--model-kwargs"),
+        Row((*cal, "--model-kwargs", DEEP_ARG), f"--model-kwargs is not valid JSON: {DEEP}"),
+        Row((*cal, "--base", "{tmp}/deep.json"), f"{{tmp}}/deep.json: not valid JSON (line 1: {DEEP})"),
         Row((*cal, "--path", "{tmp}/missing"), "--path {tmp}/missing: no such folder"),
         Row(("calibrate-hardware", "--check", "{tmp}/nan.json"), "device.launch_s: nan is not a finite number"),
         Row(("calibrate-hardware", "--check", "{tmp}/zero.json"), "device.peak_flops"),
         Row(("calibrate-hardware", "--check", "{tmp}/missing.json"), "cannot read"),
+        Row(("calibrate-hardware", "--check", "{tmp}/deep.json"), f"{{tmp}}/deep.json: not valid JSON (line 1: {DEEP})"),
         # serve: flags only, nothing listens
         Row((*serve, "--bogus"), "unrecognized arguments", USAGE),
         Row((*serve, "--log-level", "nope"), "--log-level: invalid choice", USAGE),
@@ -178,6 +190,8 @@ def _rows() -> list[Row]:
         Row(("check-profile", "nope"), "nope: no such file, nor a shipped profile", code=1),
         Row(("check-profile", "{tmp}/a-folder"), "is a folder", code=1),
         Row(("check-profile", "{tmp}/malformed.json"), "not valid JSON", code=1),
+        Row(("check-profile", "{tmp}/deep.json"), f"{{tmp}}/deep.json: not valid JSON (line 1: {DEEP})", code=1),
+        Row(("check-profile", "{tmp}/deep-in-profile.json"), "deep-in-profile.json: not valid JSON (line 1: too deeply", code=1),
         Row(("check-profile", "{tmp}/list.json"), "(root): expected a JSON object", code=1),
         Row(("check-profile", "{tmp}/nan.json"), "device.launch_s: nan is not a finite number", code=1),
         Row(("check-profile", "{tmp}/inf.json"), "device.memory_bandwidth_Bps: inf is not a finite number", code=1),
@@ -218,6 +232,10 @@ def _inputs(folder: Path) -> None:
         "bad-placement.json": json.dumps(bad_placement),
         "solution.json": json.dumps({"format": "autoshard.solution/1", "status": "optimal", "choice": [0]}),
         "malformed.json": "{bad",
+        "deep.json": "[" * 100_000 + "]" * 100_000,
+        "deep-object.json": '{"a":\n' * 100_000 + "1" + "}" * 100_000,
+        "deep-in-profile.json": json.dumps({**profile, "device": {**profile["device"], "sources": {"x": "DEEP"}}})
+        .replace('"DEEP"', "[" * 300 + "]" * 300),
         "list.json": "[1, 2]",
         # json.dumps writes NaN and Infinity, as a broken tool would
         "nan.json": json.dumps(profile_with(("device", "launch_s"), float("nan"))),

@@ -40,6 +40,8 @@ def _missing_output_folder(tmp: Path) -> list[str]:
 
 
 _SOLUTION = {"format": "autoshard.solution/1", "status": "optimal", "cost": 1, "choice": [0]}
+_DEEP = b"[" * 100_000 + b"]" * 100_000
+_TOO_DEEP = "malformed JSON: too deeply nested (arrays and objects deeper than the limit of 256) at line 1 column 257"
 _BAD_FIELD = {"format": "autoshard.problem/1", "nodes": [{"cost": [1.0, True]}]}
 
 # (id, files to make -> leading arguments, further arguments, what the last stderr line must contain)
@@ -66,6 +68,13 @@ CASES = [
     ("not UTF-8", _file("b.json", b'{"nodes": "\xff"}'), [], "not a text (UTF-8) JSON file"),
     ("gzip garbage", _file("g.json.gz", b"\x1f\x8b\x08\x00garbage"), [], "corrupt gzip data"),
     ("gzip of garbage", _file("h.json.gz", gzip.compress(b"\x00\x01not json")), [], "malformed JSON"),
+    ("deeply nested arrays", _file("deep.json", _DEEP), [], _TOO_DEEP),
+    ("deeply nested arrays, gzip", _file("deep.json.gz", gzip.compress(_DEEP)), [], _TOO_DEEP),
+    ("deeply nested arrays as IOPDDL", _file("deep.json", _DEEP), ["--format", "iopddl"], _TOO_DEEP),
+    ("deeply nested objects", _file("deep.json", '{"a":' * 100_000 + "1" + "}" * 100_000), [],
+     "malformed JSON: too deeply nested (arrays and objects deeper than the limit of 256) at line 1 column 1281"),
+    ("nested too deep inside a problem", _file("p.json", '{"nodes": [{"cost": ' + "[" * 300 + "]" * 300 + "}]}"), [],
+     "malformed JSON: too deeply nested (arrays and objects deeper than the limit of 256) at line 1 column"),
     ("a solution given as the problem", _file("s.json", json.dumps(_SOLUTION)), [],
      "format: expected 'autoshard.problem/1', got 'autoshard.solution/1'"),
     ("a boolean cost", _file("f.json", json.dumps(_BAD_FIELD)), [], "nodes[0].cost[1]: expected a number, got true"),

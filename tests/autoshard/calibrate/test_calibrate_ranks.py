@@ -99,6 +99,65 @@ def test_sigint_mid_run_leaves_the_old_profile_byte_identical(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["cpu.json"]
 
 
+def _rank_pid(parent: int, rank: int) -> int:
+    """The pid of the child of ``parent`` (``--nproc-per-node``) that runs ``rank``."""
+    for pid in Path(f"/proc/{parent}/task/{parent}/children").read_text().split():
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        if f"RANK={rank}".encode() in environ:
+            return int(pid)
+    raise AssertionError(f"no child of {parent} runs rank {rank}")
+
+
+def _started(proc: subprocess.Popen, lines: list[str]) -> None:
+    deadline = time.monotonic() + 90
+    while not any("measuring" in line for line in lines) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert any("measuring" in line for line in lines), lines
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="finds the ranks' processes in /proc")
+def test_a_rank_that_dies_is_reported_as_that_ranks_failure_not_as_an_interrupt(tmp_path):
+    out = tmp_path / "cpu.json"
+    out.write_text(OLD)
+    proc = subprocess.Popen(_cli("--nproc-per-node", "4", "-o", str(out), "--quick"), cwd=ROOT, env=_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    lines = _collect(proc.stderr)
+    try:
+        _started(proc, lines)
+        os.kill(_rank_pid(proc.pid, 2), signal.SIGKILL)  # as the out-of-memory killer would; a crash is alike
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    time.sleep(0.2)
+    lines = [line.strip() for line in lines if line.strip() and "measuring" not in line]
+    assert proc.returncode == 1, lines
+    assert lines == [f"autoshard calibrate-hardware: rank 2 was killed by SIGKILL (out of memory? the system log "
+                     f"says); {out} left unchanged"], lines
+    assert out.read_text() == OLD
+    assert [p.name for p in tmp_path.iterdir()] == ["cpu.json"]
+
+
+def test_sigterm_is_reported_as_a_stop_not_as_an_interrupt(tmp_path):
+    out = tmp_path / "cpu.json"
+    proc = subprocess.Popen(_cli("-o", str(out), "--quick"), cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    lines = _collect(proc.stderr)
+    try:
+        _started(proc, lines)
+        time.sleep(1.5)  # mid-run, as the SIGINT test: not while the start-up still imports
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    time.sleep(0.2)
+    lines = [line.strip() for line in lines if line.strip() and "measuring" not in line]
+    assert proc.returncode == 143, lines
+    assert lines == [f"autoshard calibrate-hardware: stopped by SIGTERM; nothing written to {out}"], lines
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_failed_rank_leaves_the_old_profile_and_says_so_in_one_line(tmp_path):
     out = tmp_path / "cpu.json"
     out.write_text(OLD)

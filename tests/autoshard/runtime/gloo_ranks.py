@@ -25,19 +25,20 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
-import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from autoshard.runtime.process_group import destroy_process_groups, init_process_group
 
 
 def _entry(rank: int, world: int, fn: Callable[..., Any], init_file: str, out_dir: str, args: tuple) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=60))
+    init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
+                       timeout=timedelta(seconds=60))
     try:
         result = fn(rank, world, *args)
         torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
-        dist.destroy_process_group()
+        destroy_process_groups()  # joins the gloo threads before the interpreter exits
 
 
 def spawn(world: int, fn: Callable[..., Any], args: tuple, tmp: Path, timeout: float = 150.0) -> list[Any]:
@@ -248,3 +249,32 @@ def planned_collectives_issued(plan: Any, results: list[dict[str, Any]], label: 
                          for kind, dims, nbytes, _, e in res[label]["trace"])
         assert issued == planned
     return planned
+
+
+def teardown(rank: int, world: int) -> dict[str, Any]:
+    """What is left of the job's process groups: gloo worker threads after
+    ``dist.destroy_process_group`` alone (a flattened mesh and its comm, out of
+    reach but in a reference cycle, used for one all-reduce on each group),
+    then after :func:`destroy_process_groups`; and the process groups
+    ``torch.distributed.nn.functional`` holds as default arguments (it is
+    imported here after the group exists, as autoshard's runtime does)."""
+    import torch.distributed as dist
+    import torch.distributed.nn.functional as dist_nn
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from autoshard.runtime.collectives import MeshComm
+    from autoshard.runtime.process_group import gloo_worker_threads
+
+    def use_groups() -> None:
+        comm = MeshComm(init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("a", "b")))
+        for dims in ((0,), (1,), (0, 1)):
+            comm.all_reduce(torch.ones(4), "sum", dims, 16)
+
+    use_groups()
+    held = [name for name, fn in vars(dist_nn).items() if callable(fn)
+            for value in (getattr(fn, "__defaults__", None) or ()) if isinstance(value, dist.ProcessGroup)]
+    dist.destroy_process_group()
+    after_destroy = len(gloo_worker_threads())
+    destroy_process_groups()
+    return {"after_destroy": after_destroy, "after_destroy_process_groups": len(gloo_worker_threads()),
+            "nn_defaults_holding_a_group": held}

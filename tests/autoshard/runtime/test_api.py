@@ -30,10 +30,10 @@ from typing import Any, Callable
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from autoshard.plan.solve import prepare, solve_prepared
+from autoshard.runtime.process_group import destroy_process_groups, init_process_group
 from examples.models import mlp
 
 pytestmark = pytest.mark.slow
@@ -46,13 +46,13 @@ others wait for it in the plan broadcast), short enough to wait for in a test.""
 def _entry(rank: int, world: int, fn: Callable[..., Any], init_file: str, out_dir: str, pg_timeout: float,
            args: tuple) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=pg_timeout))
+    init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
+                       timeout=timedelta(seconds=pg_timeout))
     try:
         result = fn(rank, world, *args)
         torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
-        dist.destroy_process_group()
+        destroy_process_groups()  # joins the gloo threads before the interpreter exits
 
 
 def spawn_ranks(world: int, fn: Callable[..., Any], args: tuple, tmp: Path, *, pg_timeout: float,

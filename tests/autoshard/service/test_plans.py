@@ -100,6 +100,7 @@ def test_the_service_plan_is_the_local_plan(plan_server, tmp_path, capsys) -> No
     job = client.submit_plan((tmp_path / "dump.json").read_bytes())
     assert job["cached"] and Plan.from_dict(client.result(job["id"])["plan"]) == plan
     assert time.perf_counter() - start < 0.1
+    assert client.status(job["id"])["status"] == solution.status.value  # the cache hit has the solve's status
 
 
 def test_solve_prepared_on_a_server_matches_local(plan_server) -> None:

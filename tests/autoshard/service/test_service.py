@@ -78,6 +78,35 @@ def test_submit_poll_fetch_and_the_cache(client) -> None:
     assert status == 200 and json.loads(body)["cached"] is True
 
 
+def test_a_cache_hit_reports_the_status_of_the_solve_it_repeats(client) -> None:
+    problem = small_problem(offset=40)
+    first = client.submit_problem(problem, time_limit=5)
+    client.wait(first["id"])
+    solved = client.status(first["id"])
+    again = client.submit_problem(problem, time_limit=5)
+    assert again["cached"] and not first["cached"]
+    hit = client.status(again["id"])
+    assert solved["status"] == "optimal" and hit["status"] == solved["status"]
+    assert (hit["incumbent"], hit["bound"], hit["gap"]) == (solved["incumbent"], solved["bound"], solved["gap"]) \
+        == (42, 42, 0.0)
+    assert hit["state"] == "done" and hit["cached"] and hit["progress"]["fraction"] == 1.0
+
+
+def test_deeply_nested_json_is_a_400_naming_the_body(client) -> None:
+    deep = b"[" * 100_000 + b"]" * 100_000
+    wrapped = b'{"nodes": ' + b"[" * 300 + b"]" * 300 + b"}"
+    headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
+    for path, body, extra in (("/v1/problems", deep, {}), ("/v1/problems?format=iopddl", deep, {}),
+                              ("/v1/problems", wrapped, {}), ("/v1/plans", deep, {}),
+                              ("/v1/problems", gzip.compress(deep), {"Content-Encoding": "gzip"})):
+        status, _, answer = _raw("POST", client.url + path, body, {**headers, **extra})
+        assert status == 400, (path, status, answer[:300])
+        data = json.loads(answer)
+        assert data["field"] == "(body)" and "too deeply nested" in data["detail"], data
+        assert "\n" not in data["detail"] and len(data["detail"]) < 200, data
+    assert client.health()["status"] == "ok" and client.solve_problem(small_problem(offset=50), time_limit=5).cost == 52
+
+
 def test_identical_requests_in_flight_share_one_solve(client) -> None:
     problem = hard_problem(seed=1)
     first = client.submit_problem(problem, time_limit=20)
