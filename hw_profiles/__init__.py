@@ -22,11 +22,15 @@ from pathlib import Path
 from hw_profiles.profile import (
     COLLECTIVE_KINDS,
     FORMAT,
+    SOURCE_KINDS,
+    BusBandwidthCurve,
     Calibration,
+    Citation,
     CollectiveFit,
     DeviceSpec,
     Efficiency,
     HardwareProfile,
+    LoadRecord,
     Tier,
 )
 from hw_profiles.schema import SCHEMA, ProfileError, validate
@@ -41,6 +45,10 @@ __all__ = [
     "Efficiency",
     "Tier",
     "CollectiveFit",
+    "BusBandwidthCurve",
+    "Citation",
+    "SOURCE_KINDS",
+    "LoadRecord",
     "Calibration",
     "available",
     "load",
