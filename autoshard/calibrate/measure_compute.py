@@ -1,15 +1,18 @@
 """What the device computes, as the cost model needs it: the points that
 ``autoshard.calibrate.fit`` turns into a profile's device figures.
 
-Why these five families: ``costmodel.compute`` prices an op as
-``max(F / (P * e(F)), B / (W * e_mem(B))) + launch``, so a profile needs
+Why these six families: ``costmodel.compute`` prices an op as
+``max(F / (P * e(F)), B / (W * e_mem(B))) / e_run(r) + launch``, so a profile needs
 
 * ``launch``: the floor of any op: the median of 1-element calls of add,
-  mul by a Python scalar, neg and sum;
+  neg and sum (``launch_s``), and of ops with a Python-scalar operand: mul
+  by a Python float, ``mul.Scalar``, ``add.Scalar`` (``launch_scalar_s``: the
+  scalar is wrapped into a tensor on every call, about twice the floor);
 * ``matmul``: GEMMs over sizes (square and the skinny shapes of activations
   times weights and of weight gradients) in the primary dtype (fp32 on CPU,
-  bf16 on GPU) for the efficiency curve ``e(F)``, and a few large ones in the
-  other dtypes for their peaks;
+  bf16 on GPU) for the efficiency curve ``e(F)``, and squares in the other
+  dtypes for their own peaks and curves (bf16 GEMMs on a CPU with AMX, or
+  fp8 on a GPU, saturate at other sizes than the primary dtype);
 * ``memory``: out-of-place adds and copies (what a training step's
   elementwise ops and re-layouts do, allocation included) over working sets
   from a few KiB to hundreds of MiB, for the bandwidth curve ``e_mem(B)``:
@@ -19,7 +22,12 @@ Why these five families: ``costmodel.compute`` prices an op as
   the vector efficiency: the rate at which elementwise FLOPs (as the rules
   count them) run, far below a CPU's GEMM peak;
 * ``attention``: the backend's fused scaled-dot-product attention, forward
-  and backward, causal as in decoder LLMs, for the attention curve.
+  and backward, causal as in decoder LLMs, for the attention curves (the
+  backward has its own: ``attention_backward``);
+* ``access``: copies, broadcast adds and middle-dim sums whose innermost
+  contiguous run is ``r`` elements (``r`` = 1: a transposed copy and an op on
+  an expanded input), for the run curve ``e_run(r)``
+  (``autoshard.graph.access`` finds ``r`` for a traced op).
 
 Every sample records the FLOPs and bytes that ``autoshard.rules.compute``
 counts for the same op, so the fit and the cost model agree on units. Ops
@@ -30,12 +38,13 @@ on CPU than ``torch.add``.
 >>> from autoshard.calibrate.timing import Job
 >>> items = compute_items(Job.single(), "tiny")
 >>> sorted({i.label.split()[0] for i in items})
-['attention', 'launch', 'matmul', 'memory', 'vector']
+['access', 'attention', 'launch', 'matmul', 'memory', 'vector']
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from dataclasses import dataclass
 from typing import Callable
@@ -45,7 +54,8 @@ import torch.nn.functional as F
 
 from autoshard.calibrate.timing import Job, Settings, measure
 
-__all__ = ["MODES", "ComputeSample", "Item", "compute_items", "reference_items", "primary_dtype", "available_bytes"]
+__all__ = ["MODES", "ComputeSample", "Item", "compute_items", "reference_items", "primary_dtype", "available_bytes",
+           "LAUNCH_SCALAR_OPS"]
 
 MODES = ("full", "quick", "tiny")
 
@@ -59,9 +69,10 @@ class ComputeSample:
     """One measured op."""
 
     kind: str
-    """``launch``, ``matmul``, ``memory``, ``vector`` or ``attention``."""
+    """``launch``, ``matmul``, ``memory``, ``vector``, ``attention`` or ``access``."""
     op: str
-    """What ran (``mm``, ``add``, ``clone``, ``sdpa_fwd``, ``sdpa_bwd``)."""
+    """What ran (``mm``, ``add``, ``clone``, ``sdpa_fwd``, ``sdpa_bwd``,
+    ``mul_scalar``; for access: ``copy``, ``add``, ``sum``)."""
     shape: str
     """Its sizes, e.g. ``512x512x512`` (m x k x n) or ``1048576``."""
     dtype: str
@@ -71,13 +82,18 @@ class ComputeSample:
     seconds: float
     spread: float
     """(max - min) / median of the kept trials."""
+    run: float = math.inf
+    """Innermost contiguous run in elements (access samples; inf: contiguous)."""
 
     def with_seconds(self, seconds: float) -> "ComputeSample":
         return dataclasses.replace(self, seconds=seconds)
 
     def to_dict(self) -> dict:
-        return {"kind": self.kind, "op": self.op, "shape": self.shape, "dtype": self.dtype, "flops": self.flops,
-                "bytes_accessed": self.bytes_accessed, "seconds": self.seconds, "spread": self.spread}
+        out = {"kind": self.kind, "op": self.op, "shape": self.shape, "dtype": self.dtype, "flops": self.flops,
+               "bytes_accessed": self.bytes_accessed, "seconds": self.seconds, "spread": self.spread}
+        if math.isfinite(self.run):
+            out["run"] = self.run
+        return out
 
     @classmethod
     def from_dict(cls, data: dict) -> "ComputeSample":
@@ -132,17 +148,19 @@ def _sizes(mode: str, job: Job) -> dict:
     scale = 4 if job.is_cuda else 1
     if mode == "full":
         sizes = dict(square=[16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048],
-                     rect=[32, 64, 128, 256, 512], dtype=[128, 256, 512, 1024],
+                     rect=[32, 64, 128, 256, 512], dtype=[32, 64, 128, 256, 512, 1024],
                      memory=[2**k for k in range(8, 27)], vector=[2**12, 2**15, 2**18, 2**21, 2**24],
                      attention=[(bh, s, d) for s in (64, 256, 1024) for d in (32, 64, 128) for bh in (16,)]
-                     + [(32, 128, 64), (32, 512, 64)])
+                     + [(32, 128, 64), (32, 512, 64)],
+                     access=[2**15, 2**19], runs=[1, 4, 16, 64, 256])
     elif mode == "quick":
-        sizes = dict(square=[16, 32, 64, 128, 256, 512, 1024], rect=[64, 256], dtype=[256, 512],
+        sizes = dict(square=[16, 32, 64, 128, 256, 512, 1024], rect=[64, 256], dtype=[64, 256, 512],
                      memory=[2**k for k in range(8, 25)], vector=[2**14, 2**18, 2**22],
-                     attention=[(16, 128, 32), (16, 512, 64), (32, 256, 128)])
+                     attention=[(16, 128, 32), (16, 512, 64), (32, 256, 128)],
+                     access=[2**17], runs=[1, 4, 16, 64, 256])
     elif mode == "tiny":
         sizes = dict(square=[16, 64, 128], rect=[], dtype=[64], memory=[2**8, 2**12, 2**16], vector=[2**12],
-                     attention=[(4, 64, 32)])
+                     attention=[(4, 64, 32)], access=[2**12], runs=[1, 16])
     else:
         raise ValueError(f"mode: expected one of {', '.join(MODES)}, got {mode!r}")
     if scale > 1:
@@ -154,6 +172,7 @@ def _sizes(mode: str, job: Job) -> dict:
     budget = available_bytes(job)
     sizes["memory"] = [n for n in sizes["memory"] if 3 * 4 * n <= budget]
     sizes["vector"] = [n for n in sizes["vector"] if 2 * 4 * n <= budget]
+    sizes["access"] = [n for n in sizes["access"] if 4 * 4 * n <= budget]
     return sizes
 
 
@@ -162,8 +181,14 @@ _LAUNCH_OPS = {
     "mul_scalar": lambda x: aten.mul.Tensor(x, 0.5),  # a Python scalar costs a wrapped tensor per call
     "neg": lambda x: aten.neg.default(x),
     "sum": lambda x: aten.sum.default(x),
+    "mul_Scalar": lambda x: aten.mul.Scalar(x, 0.5),
+    "add_Scalar": lambda x: aten.add.Scalar(x, 1.0),
 }
-"""1-element calls of common ops; the launch floor is their median."""
+"""1-element calls of common ops; the launch floor is the median of the
+tensor-only ones, ``launch_scalar_s`` that of :data:`LAUNCH_SCALAR_OPS`."""
+
+LAUNCH_SCALAR_OPS = ("mul_scalar", "mul_Scalar", "add_Scalar")
+"""Launch items with a Python-scalar operand (``autoshard.graph.access.has_scalar_operand``)."""
 
 
 def _launch_item(op: str) -> Item:
@@ -238,7 +263,8 @@ def _vector_item(op: str, numel: int) -> Item:
 def _attention_item(batch_heads: int, seq: int, head_dim: int, dtype: str, backward: bool) -> Item:
     batch, heads = max(1, batch_heads // 8), min(batch_heads, 8)
     torch_dtype = _DTYPES[dtype]
-    fwd_flops = 4.0 * batch * heads * seq * seq * head_dim  # autoshard.rules.compute.attention_compute
+    pairs = seq * (seq + 1) / 2  # causal: autoshard.rules.compute.attention_compute counts the pairs it computes
+    fwd_flops = 4.0 * batch * heads * pairs * head_dim
     flops = fwd_flops * (2.5 if backward else 1.0)
     shape = f"{batch}x{heads}x{seq}x{head_dim}"
 
@@ -267,6 +293,38 @@ def _attention_item(batch_heads: int, seq: int, head_dim: int, dtype: str, backw
         return [ComputeSample("attention", op, shape, dtype, flops, nbytes, t.seconds, t.spread)]
 
     return Item(f"attention {'bwd' if backward else 'fwd'} {shape}", 0.1 + flops / 1e10, run)
+
+
+def _access_item(pattern: str, numel: int, run: int) -> Item:
+    """An op whose innermost contiguous run is ``run`` elements (module
+    docstring): ``copy`` of a strided view (``run`` = 1: of a transpose),
+    ``add`` with an operand broadcast inside the row, ``sum`` over a middle
+    dim, ``expanded`` (``run`` = 1: an op whose only tensor input is expanded)."""
+    rows = max(1, numel // (4 * run))
+
+    def run_fn(job: Job, settings: Settings) -> list[ComputeSample]:
+        device = job.device
+        if pattern == "copy":
+            if run == 1:
+                side = max(2, int(math.isqrt(numel)))
+                src = torch.randn(side, side, device=device).t()
+            else:
+                src = torch.randn(numel // run, 2 * run, device=device)[:, :run]
+            fn, flops, nbytes = (lambda: aten.clone.default(src, memory_format=torch.contiguous_format)), 0.0, 8.0 * src.numel()
+        elif pattern == "add":
+            a, b = torch.randn(rows, 4, run, device=device), torch.randn(rows, 1, run, device=device)
+            fn, flops, nbytes = (lambda: aten.add.Tensor(a, b)), float(a.numel()), 4.0 * (2 * a.numel() + b.numel())
+        elif pattern == "sum":
+            x = torch.randn(rows, 4, run, device=device)
+            fn, flops, nbytes = (lambda: aten.sum.dim_IntList(x, [1])), float(x.numel()), 4.0 * (x.numel() + x.numel() // 4)
+        else:  # expanded: div by a scalar of a row-broadcast tensor (mean's backward)
+            src = torch.randn(numel // 256, 1, device=device).expand(numel // 256, 256)
+            fn, flops, nbytes = (lambda: aten.div.Scalar(src, 3.0)), float(src.numel()), 4.0 * (src.numel() + numel // 256)
+        t = measure(job, fn, settings)
+        return [ComputeSample("access", pattern, f"{numel} run {run}", "fp32", flops, nbytes, t.seconds, t.spread,
+                              float(run))]
+
+    return Item(f"access {pattern} {numel} run {run}", 0.1 + 8 * numel / 1e9, run_fn)
 
 
 def reference_items(job: Job) -> list[Item]:
@@ -301,4 +359,8 @@ def compute_items(job: Job, mode: str) -> list[Item]:
         items += [_vector_item(op, numel) for op in _VECTOR_OPS]
     for bh, seq, head_dim in sizes["attention"]:
         items += [_attention_item(bh, seq, head_dim, dtype, False), _attention_item(bh, seq, head_dim, dtype, True)]
+    for numel in sizes["access"]:
+        for run in sizes["runs"]:
+            patterns = ("copy", "expanded") if run == 1 else ("copy", "add", "sum")
+            items += [_access_item(p, numel, run) for p in patterns]
     return items
