@@ -134,3 +134,39 @@ def test_vector_efficiency_prices_elementwise_flops_when_the_profile_has_one():
     assert t == pytest.approx(flops / (6.7e13 * 0.01) + 5e-6)  # the fp32 (vector) peak, 1 % of it
     assert op_time_s("elementwise", flops=flops, bytes_accessed=nbytes, dtype="bf16", profile=H100) == pytest.approx(
         nbytes / (3.35e12 * H100_MEM) + 5e-6)  # without it: memory-bound, as before
+
+
+# -- per-dtype curves, attention backward, scalar operands ---------------------------
+
+
+def test_a_dtype_with_its_own_curve_uses_it_others_use_matmul():
+    eff = H100.device.efficiency
+    fp8 = op_time_s("matmul", flops=1e12, bytes_accessed=0, dtype="fp8", profile=H100) - 5e-6
+    assert fp8 == pytest.approx(1e12 / (1.979e15 * efficiency(eff.matmul_curve("fp8"), 1e12)))
+    assert eff.matmul_curve("fp8") != eff.matmul
+    fp64 = op_time_s("matmul", flops=1e12, bytes_accessed=0, dtype="fp64", profile=H100) - 5e-6
+    assert fp64 == pytest.approx(1e12 / (6.7e13 * efficiency(eff.matmul, 1e12)))  # no fp64 curve: the default
+
+
+def test_attention_backward_has_its_own_curve_and_falls_back_to_attention():
+    import dataclasses
+
+    eff = H100.device.efficiency
+    bwd = op_time_s("attention_backward", flops=1e12, bytes_accessed=0, dtype="bf16", profile=H100) - 5e-6
+    assert bwd == pytest.approx(1e12 / (9.89e14 * efficiency(eff.attention_backward, 1e12)))
+    plain = dataclasses.replace(H100, device=dataclasses.replace(
+        H100.device, efficiency=dataclasses.replace(eff, attention_backward=())))
+    assert op_time_s("attention_backward", flops=1e12, bytes_accessed=0, dtype="bf16", profile=plain) == \
+        op_time_s("attention", flops=1e12, bytes_accessed=0, dtype="bf16", profile=plain)
+
+
+def test_scalar_operand_pays_the_scalar_floor_where_the_profile_has_one():
+    import dataclasses
+
+    tiny = dict(flops=4, bytes_accessed=16, dtype="fp32")
+    assert op_time_s("elementwise", **tiny, profile=H100, scalar_operand=True) == \
+        op_time_s("elementwise", **tiny, profile=H100)  # no launch_scalar_s: the launch floor
+    with_floor = dataclasses.replace(H100, device=dataclasses.replace(H100.device, launch_scalar_s=9e-6))
+    assert op_time_s("elementwise", **tiny, profile=with_floor, scalar_operand=True) == pytest.approx(9e-6, rel=1e-3)
+    with pytest.raises(ComputeError, match="run_elems"):
+        op_time_s("copy", flops=0, bytes_accessed=1, dtype="fp32", profile=H100, run_elems=0)
