@@ -327,8 +327,7 @@ def check(job: Job, options: Options, profile: HardwareProfile) -> list[CheckIte
         if monitor.record().foreign:
             header.append("- WARNING: this check ran under foreign load: measured times are slower than the host "
                           "when quiet, errors and drift are skewed by it")
-        if calib.load is not None and calib.load.foreign:
-            header.append("- WARNING: the profile was calibrated under foreign load (calibration.warnings)")
+        header += [f"- WARNING (profile): {w}" for w in calib.warnings]
         if options.command:
             header.append(f"- command: `{options.command}`")
         if calib.ranks and calib.ranks != job.world:
