@@ -30,10 +30,11 @@ error is computed with the figures as stored.
 * attention: like matmul, against the peak of its dtype; the forward and
   the backward kernels each their own curve (``attention``,
   ``attention_backward``).
-* run: ``e_run(r)`` = median, per bin of run lengths, of the contiguous
-  prediction (the fitted figures, ``run = inf``) over the measured time,
-  both beyond the launch floor, over the access samples (clamped to
-  ``(0, 1]``).
+* run: ``e_run(r)`` = median, per bin of run lengths, of the bandwidth of
+  each access sample over that of its contiguous twin (same op and size,
+  measured right after it), both beyond their launch floor, clamped to
+  ``(0, 1]``: a ratio of two neighbouring measurements, so neither the memory
+  curve's error nor the host's load at that moment enters it.
 
 Collectives, per tier and kind, figures ``theta = (alpha_s, alpha_per_step_s,
 beta_s_per_byte) >= 0`` minimising the squared relative error
@@ -285,17 +286,20 @@ def _draft_profile(device: dict) -> HardwareProfile:
 
 
 def _fit_run(samples: Sequence[ComputeSample], device: dict) -> list[list[float]]:
-    """The run curve (module docstring) from the access samples; [] without any."""
-    access = [s for s in samples if s.kind == "access"]
-    if not access:
+    """The run curve (module docstring) from the access samples and their
+    twins; [] without any."""
+    twins = {(s.op, s.shape): s for s in samples if s.kind == "access_twin"}
+    pairs = [(s, twins[(s.op, s.shape)]) for s in samples if s.kind == "access" and (s.op, s.shape) in twins]
+    if not pairs:
         return []
     profile = _draft_profile(device)
     ratios = []
-    for s in access:
-        contiguous = predict_compute(dataclasses.replace(s, run=math.inf), profile)
-        launch = _launch_of(s, profile)
-        ratios.append(max(contiguous - launch, 1e-12) / max(s.seconds - launch, 0.05 * s.seconds))
-    return [list(p) for p in curve_from_points([s.run for s in access], ratios, decades=0.25)]
+    for strided, twin in pairs:
+        launch = _launch_of(strided, profile)
+        bw = strided.bytes_accessed / max(strided.seconds - launch, 0.05 * strided.seconds)
+        bw_twin = twin.bytes_accessed / max(twin.seconds - launch, 0.05 * twin.seconds)
+        ratios.append(bw / bw_twin)
+    return [list(p) for p in curve_from_points([s.run for s, _ in pairs], ratios, decades=0.25)]
 
 
 def _launch_of(sample: ComputeSample, profile: HardwareProfile) -> float:
@@ -306,7 +310,8 @@ def _launch_of(sample: ComputeSample, profile: HardwareProfile) -> float:
 def _scalar_operand(sample: ComputeSample) -> bool:
     from autoshard.calibrate.measure_compute import LAUNCH_SCALAR_OPS
 
-    return (sample.kind == "launch" and sample.op in LAUNCH_SCALAR_OPS) or (sample.kind == "access" and sample.op == "expanded")
+    return ((sample.kind == "launch" and sample.op in LAUNCH_SCALAR_OPS)
+            or (sample.kind in ("access", "access_twin") and sample.op == "expanded"))
 
 
 def _fit_vector(samples: Sequence[ComputeSample], launch_s: float, fp32_peak: float, bandwidth: float,
@@ -342,7 +347,7 @@ def predict_compute(sample: ComputeSample, profile: HardwareProfile) -> float:
     >>> predict_compute(s, load("cpu-gloo")) > 0
     True
     """
-    if sample.kind == "access":
+    if sample.kind in ("access", "access_twin"):
         kind = {"copy": "copy", "sum": "reduction"}.get(sample.op, "elementwise")
     elif sample.kind == "attention":
         kind = "attention_backward" if sample.op == "sdpa_bwd" else "attention"

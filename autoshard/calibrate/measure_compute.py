@@ -69,7 +69,8 @@ class ComputeSample:
     """One measured op."""
 
     kind: str
-    """``launch``, ``matmul``, ``memory``, ``vector``, ``attention`` or ``access``."""
+    """``launch``, ``matmul``, ``memory``, ``vector``, ``attention``, ``access``
+    or ``access_twin`` (the contiguous twin of an access sample)."""
     op: str
     """What ran (``mm``, ``add``, ``clone``, ``sdpa_fwd``, ``sdpa_bwd``,
     ``mul_scalar``; for access: ``copy``, ``add``, ``sum``)."""
@@ -297,9 +298,13 @@ def _attention_item(batch_heads: int, seq: int, head_dim: int, dtype: str, backw
 
 def _access_item(pattern: str, numel: int, run: int) -> Item:
     """An op whose innermost contiguous run is ``run`` elements (module
-    docstring): ``copy`` of a strided view (``run`` = 1: of a transpose),
+    docstring), and its contiguous twin of the same size measured right after
+    it (kind ``access_twin``): the run curve is the ratio of their
+    bandwidths, so the memory curve's error and the host's load at that
+    moment cancel. ``copy`` of a strided view (``run`` = 1: of a transpose),
     ``add`` with an operand broadcast inside the row, ``sum`` over a middle
-    dim, ``expanded`` (``run`` = 1: an op whose only tensor input is expanded)."""
+    dim, ``expanded`` (``run`` = 1: an op whose only tensor input is
+    expanded). Bytes as the rules count them (shapes, not strides)."""
     rows = max(1, numel // (4 * run))
 
     def run_fn(job: Job, settings: Settings) -> list[ComputeSample]:
@@ -310,21 +315,32 @@ def _access_item(pattern: str, numel: int, run: int) -> Item:
                 src = torch.randn(side, side, device=device).t()
             else:
                 src = torch.randn(numel // run, 2 * run, device=device)[:, :run]
-            fn, flops, nbytes = (lambda: aten.clone.default(src, memory_format=torch.contiguous_format)), 0.0, 8.0 * src.numel()
+            twin = torch.randn(src.shape, device=device)
+            fn = lambda: aten.clone.default(src, memory_format=torch.contiguous_format)  # noqa: E731
+            twin_fn = lambda: aten.clone.default(twin)  # noqa: E731
+            flops, nbytes, twin_bytes = 0.0, 8.0 * src.numel(), 8.0 * src.numel()
         elif pattern == "add":
-            a, b = torch.randn(rows, 4, run, device=device), torch.randn(rows, 1, run, device=device)
-            fn, flops, nbytes = (lambda: aten.add.Tensor(a, b)), float(a.numel()), 4.0 * (2 * a.numel() + b.numel())
+            a, b, a2 = (torch.randn(rows, 4, run, device=device), torch.randn(rows, 1, run, device=device),
+                        torch.randn(rows, 4, run, device=device))
+            fn, twin_fn = (lambda: aten.add.Tensor(a, b)), (lambda: aten.add.Tensor(a, a2))
+            flops, nbytes, twin_bytes = float(a.numel()), 4.0 * (2 * a.numel() + b.numel()), 12.0 * a.numel()
         elif pattern == "sum":
             x = torch.randn(rows, 4, run, device=device)
-            fn, flops, nbytes = (lambda: aten.sum.dim_IntList(x, [1])), float(x.numel()), 4.0 * (x.numel() + x.numel() // 4)
+            flat = torch.randn(rows * run, 4, device=device)
+            fn, twin_fn = (lambda: aten.sum.dim_IntList(x, [1])), (lambda: aten.sum.dim_IntList(flat, [1]))
+            flops, nbytes, twin_bytes = float(x.numel()), 5.0 * x.numel(), 5.0 * x.numel()
         else:  # expanded: div by a scalar of a row-broadcast tensor (mean's backward)
             src = torch.randn(numel // 256, 1, device=device).expand(numel // 256, 256)
-            fn, flops, nbytes = (lambda: aten.div.Scalar(src, 3.0)), float(src.numel()), 4.0 * (src.numel() + numel // 256)
+            twin = torch.randn(numel // 256, 256, device=device)
+            fn, twin_fn = (lambda: aten.div.Scalar(src, 3.0)), (lambda: aten.div.Scalar(twin, 3.0))
+            flops, nbytes, twin_bytes = float(src.numel()), 8.0 * src.numel(), 8.0 * src.numel()
         t = measure(job, fn, settings)
-        return [ComputeSample("access", pattern, f"{numel} run {run}", "fp32", flops, nbytes, t.seconds, t.spread,
-                              float(run))]
+        c = measure(job, twin_fn, settings)
+        shape = f"{numel} run {run}"
+        return [ComputeSample("access", pattern, shape, "fp32", flops, nbytes, t.seconds, t.spread, float(run)),
+                ComputeSample("access_twin", pattern, shape, "fp32", flops, twin_bytes, c.seconds, c.spread)]
 
-    return Item(f"access {pattern} {numel} run {run}", 0.1 + 8 * numel / 1e9, run_fn)
+    return Item(f"access {pattern} {numel} run {run}", 0.2 + 16 * numel / 1e9, run_fn)
 
 
 def reference_items(job: Job) -> list[Item]:

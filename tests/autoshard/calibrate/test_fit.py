@@ -141,7 +141,11 @@ def _samples_of(truth: HardwareProfile) -> list[ComputeSample]:
     for flops in (1e6, 1e7, 1e8, 1e9):
         out += [sample("attention", "sdpa_fwd", "fp32", flops, 1e3), sample("attention", "sdpa_bwd", "fp32", 2.5 * flops, 1e3)]
     for run in (1, 16, 256):
-        out += [sample("access", "copy", "fp32", 0.0, 2**20, run), sample("access", "add", "fp32", 2**17, 3 * 2**19, run)]
+        for op, flops, nbytes in (("copy", 0.0, 2**20), ("add", 2**17, 3 * 2**19)):
+            strided = sample("access", op, "fp32", flops, nbytes, run)
+            twin = sample("access_twin", op, "fp32", flops, nbytes)
+            # a loaded host: the pair runs 1.7x slower than the profile says, the ratio holds
+            out += [dataclasses.replace(s, shape=f"{op} {run}", seconds=1.7 * s.seconds) for s in (strided, twin)]
     return out
 
 
@@ -154,11 +158,11 @@ def test_device_fit_recovers_scalar_floor_dtype_curves_attention_backward_and_ru
     assert set(eff["matmul_by_dtype"]) == {"bf16"} and eff["attention_backward"] and eff["run"]
     # the run curve: the truth's fractions at the measured run lengths
     assert [round(x) for x, _ in eff["run"]] == [1, 16, 256]
-    assert [e for _, e in eff["run"]] == pytest.approx([0.05, 0.3, 0.9], rel=0.02)
+    assert [e for _, e in eff["run"]] == pytest.approx([0.05, 0.3, 0.9], rel=0.05)  # the launch part did not scale
     data = {**truth.to_dict(), "device": {**truth.to_dict()["device"], **device}}
     fitted = HardwareProfile.from_dict(data)
     for s in samples:  # every family is reproduced through the cost model's own formulas
-        if s.kind != "memory":
+        if s.kind not in ("memory", "access", "access_twin"):
             assert predict_compute(s, fitted) == pytest.approx(s.seconds, rel=0.03), s
     # one curve for both dtypes would misprice the small bf16 GEMMs by far
     one_curve = dataclasses.replace(fitted, device=dataclasses.replace(
