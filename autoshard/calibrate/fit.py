@@ -311,7 +311,7 @@ def _scalar_operand(sample: ComputeSample) -> bool:
     from autoshard.calibrate.measure_compute import LAUNCH_SCALAR_OPS
 
     return ((sample.kind == "launch" and sample.op in LAUNCH_SCALAR_OPS)
-            or (sample.kind in ("access", "access_twin") and sample.op == "expanded"))
+            or (sample.kind in ("access", "access_twin") and sample.op == "div_expanded"))
 
 
 def _fit_vector(samples: Sequence[ComputeSample], launch_s: float, fp32_peak: float, bandwidth: float,
@@ -348,7 +348,9 @@ def predict_compute(sample: ComputeSample, profile: HardwareProfile) -> float:
     True
     """
     if sample.kind in ("access", "access_twin"):
-        kind = {"copy": "copy", "sum": "reduction"}.get(sample.op, "elementwise")
+        from autoshard.calibrate.measure_compute import ACCESS_PATTERNS
+
+        kind = ACCESS_PATTERNS[sample.op][0] if sample.op in ACCESS_PATTERNS else "elementwise"
     elif sample.kind == "attention":
         kind = "attention_backward" if sample.op == "sdpa_bwd" else "attention"
     else:

@@ -24,9 +24,11 @@ Why these six families: ``costmodel.compute`` prices an op as
 * ``attention``: the backend's fused scaled-dot-product attention, forward
   and backward, causal as in decoder LLMs, for the attention curves (the
   backward has its own: ``attention_backward``);
-* ``access``: copies, broadcast adds and middle-dim sums whose innermost
-  contiguous run is ``r`` elements (``r`` = 1: a transposed copy and an op on
-  an expanded input), for the run curve ``e_run(r)``
+* ``access``: the layouts of a decoder's joint graph whose innermost
+  contiguous run is ``r`` elements (:data:`ACCESS_PATTERNS`: transposed and
+  strided copies, cat of a strided half, broadcasts inside the row, clones of
+  expanded tensors and their middle-dim sums, an op on an expanded input),
+  each with a contiguous twin, for the run curve ``e_run(r)``
   (``autoshard.graph.access`` finds ``r`` for a traced op).
 
 Every sample records the FLOPs and bytes that ``autoshard.rules.compute``
@@ -153,15 +155,15 @@ def _sizes(mode: str, job: Job) -> dict:
                      memory=[2**k for k in range(8, 27)], vector=[2**12, 2**15, 2**18, 2**21, 2**24],
                      attention=[(bh, s, d) for s in (64, 256, 1024) for d in (32, 64, 128) for bh in (16,)]
                      + [(32, 128, 64), (32, 512, 64)],
-                     access=[2**15, 2**19], runs=[1, 4, 16, 64, 256])
+                     access=[2**17, 2**20])
     elif mode == "quick":
         sizes = dict(square=[16, 32, 64, 128, 256, 512, 1024], rect=[64, 256], dtype=[64, 256, 512],
                      memory=[2**k for k in range(8, 25)], vector=[2**14, 2**18, 2**22],
                      attention=[(16, 128, 32), (16, 512, 64), (32, 256, 128)],
-                     access=[2**17], runs=[1, 4, 16, 64, 256])
+                     access=[2**18])
     elif mode == "tiny":
         sizes = dict(square=[16, 64, 128], rect=[], dtype=[64], memory=[2**8, 2**12, 2**16], vector=[2**12],
-                     attention=[(4, 64, 32)], access=[2**12], runs=[1, 16])
+                     attention=[(4, 64, 32)], access=[2**12])
     else:
         raise ValueError(f"mode: expected one of {', '.join(MODES)}, got {mode!r}")
     if scale > 1:
@@ -296,44 +298,70 @@ def _attention_item(batch_heads: int, seq: int, head_dim: int, dtype: str, backw
     return Item(f"attention {'bwd' if backward else 'fwd'} {shape}", 0.1 + flops / 1e10, run)
 
 
+ACCESS_PATTERNS = {
+    # name: (kind as the rules price it, runs measured), the layouts of a decoder's joint graph
+    "copy_t": ("copy", (1,)),                        # a transposed copy (.t().contiguous())
+    "div_expanded": ("elementwise", (1,)),           # div.Scalar of an expanded row (mean's backward)
+    "copy_slice": ("copy", (16, 64, 256, 4096)),     # clone of a strided half (rotary embedding)
+    "cat_slice": ("copy", (16, 64)),                 # cat of a strided half with a contiguous one
+    "mul_bcast": ("elementwise", (16, 32, 64, 256, 4096)),  # [B, T, H, r] * [1, T, 1, r] (rotary frequencies)
+    "clone_expand": ("copy", (32, 64)),              # clone of [B, T, H, 1, r] expanded to 2 (repeat_kv)
+    "sum_middle": ("reduction", (32, 64)),           # its backward: sum over the repeated dim
+}
+"""The access patterns: each an op whose innermost contiguous run is ``r``
+elements in the layout it has in a traced decoder (``autoshard.graph.access``
+finds the same ``r``), with its kind as the rules price it. Runs of 4096
+anchor the curve where runs are long enough to stream."""
+
+
+def _access_tensors(pattern: str, numel: int, run: int, device: torch.device):
+    """(op, its contiguous twin, FLOPs, bytes, twin bytes) of ``pattern``;
+    bytes as the rules count them (shapes, not strides)."""
+    t = max(1, numel // (16 * run))  # [4, t, 4, run]: numel elements
+    shape = (4, t, 4, run)
+    n = math.prod(shape)
+    if pattern == "copy_t":
+        side = max(2, int(math.isqrt(numel)))
+        src, twin = torch.randn(side, side, device=device).t(), torch.randn(side, side, device=device)
+        return (lambda: aten.clone.default(src, memory_format=torch.contiguous_format),
+                lambda: aten.clone.default(twin), 0.0, 8.0 * side * side, 8.0 * side * side)
+    if pattern == "div_expanded":
+        rows = max(1, numel // 256)
+        src, twin = torch.randn(rows, 1, device=device).expand(rows, 256), torch.randn(rows, 256, device=device)
+        return (lambda: aten.div.Scalar(src, 3.0), lambda: aten.div.Scalar(twin, 3.0), float(rows * 256),
+                8.0 * rows * 256, 8.0 * rows * 256)
+    if pattern in ("copy_slice", "cat_slice"):
+        half = torch.randn(*shape[:-1], 2 * run, device=device)[..., :run]
+        other, twin = torch.randn(shape, device=device), torch.randn(shape, device=device)
+        if pattern == "copy_slice":
+            return (lambda: aten.clone.default(half, memory_format=torch.contiguous_format),
+                    lambda: aten.clone.default(twin), 0.0, 8.0 * n, 8.0 * n)
+        return (lambda: aten.cat.default([other, half], -1), lambda: aten.cat.default([other, twin], -1), 0.0,
+                16.0 * n, 16.0 * n)
+    if pattern == "mul_bcast":
+        a, b, b2 = (torch.randn(shape, device=device), torch.randn(1, t, 1, run, device=device),
+                    torch.randn(shape, device=device))
+        return (lambda: aten.mul.Tensor(a, b), lambda: aten.mul.Tensor(a, b2), float(n),
+                4.0 * (2 * n + t * run), 12.0 * n)
+    five = (4, t, 4, 2, run)
+    if pattern == "clone_expand":
+        src = torch.randn(4, t, 4, 1, run, device=device).expand(five)
+        twin = torch.randn(five, device=device)
+        return (lambda: aten.clone.default(src, memory_format=torch.contiguous_format),
+                lambda: aten.clone.default(twin), 0.0, 16.0 * n, 16.0 * n)
+    x, flat = torch.randn(five, device=device), torch.randn(2, 2 * n, device=device)  # sum_middle
+    return (lambda: aten.sum.dim_IntList(x, [3]), lambda: aten.sum.dim_IntList(flat, [0]), float(2 * n),
+            12.0 * n, 12.0 * n)
+
+
 def _access_item(pattern: str, numel: int, run: int) -> Item:
-    """An op whose innermost contiguous run is ``run`` elements (module
-    docstring), and its contiguous twin of the same size measured right after
-    it (kind ``access_twin``): the run curve is the ratio of their
-    bandwidths, so the memory curve's error and the host's load at that
-    moment cancel. ``copy`` of a strided view (``run`` = 1: of a transpose),
-    ``add`` with an operand broadcast inside the row, ``sum`` over a middle
-    dim, ``expanded`` (``run`` = 1: an op whose only tensor input is
-    expanded). Bytes as the rules count them (shapes, not strides)."""
-    rows = max(1, numel // (4 * run))
+    """One access pattern (:data:`ACCESS_PATTERNS`) with innermost run ``run``
+    and its contiguous twin of the same size measured right after it (kind
+    ``access_twin``): the run curve is the ratio of their bandwidths, so the
+    memory curve's error and the host's load at that moment cancel."""
 
     def run_fn(job: Job, settings: Settings) -> list[ComputeSample]:
-        device = job.device
-        if pattern == "copy":
-            if run == 1:
-                side = max(2, int(math.isqrt(numel)))
-                src = torch.randn(side, side, device=device).t()
-            else:
-                src = torch.randn(numel // run, 2 * run, device=device)[:, :run]
-            twin = torch.randn(src.shape, device=device)
-            fn = lambda: aten.clone.default(src, memory_format=torch.contiguous_format)  # noqa: E731
-            twin_fn = lambda: aten.clone.default(twin)  # noqa: E731
-            flops, nbytes, twin_bytes = 0.0, 8.0 * src.numel(), 8.0 * src.numel()
-        elif pattern == "add":
-            a, b, a2 = (torch.randn(rows, 4, run, device=device), torch.randn(rows, 1, run, device=device),
-                        torch.randn(rows, 4, run, device=device))
-            fn, twin_fn = (lambda: aten.add.Tensor(a, b)), (lambda: aten.add.Tensor(a, a2))
-            flops, nbytes, twin_bytes = float(a.numel()), 4.0 * (2 * a.numel() + b.numel()), 12.0 * a.numel()
-        elif pattern == "sum":
-            x = torch.randn(rows, 4, run, device=device)
-            flat = torch.randn(rows * run, 4, device=device)
-            fn, twin_fn = (lambda: aten.sum.dim_IntList(x, [1])), (lambda: aten.sum.dim_IntList(flat, [1]))
-            flops, nbytes, twin_bytes = float(x.numel()), 5.0 * x.numel(), 5.0 * x.numel()
-        else:  # expanded: div by a scalar of a row-broadcast tensor (mean's backward)
-            src = torch.randn(numel // 256, 1, device=device).expand(numel // 256, 256)
-            twin = torch.randn(numel // 256, 256, device=device)
-            fn, twin_fn = (lambda: aten.div.Scalar(src, 3.0)), (lambda: aten.div.Scalar(twin, 3.0))
-            flops, nbytes, twin_bytes = float(src.numel()), 8.0 * src.numel(), 8.0 * src.numel()
+        fn, twin_fn, flops, nbytes, twin_bytes = _access_tensors(pattern, numel, run, job.device)
         t = measure(job, fn, settings)
         c = measure(job, twin_fn, settings)
         shape = f"{numel} run {run}"
@@ -376,7 +404,8 @@ def compute_items(job: Job, mode: str) -> list[Item]:
     for bh, seq, head_dim in sizes["attention"]:
         items += [_attention_item(bh, seq, head_dim, dtype, False), _attention_item(bh, seq, head_dim, dtype, True)]
     for numel in sizes["access"]:
-        for run in sizes["runs"]:
-            patterns = ("copy", "expanded") if run == 1 else ("copy", "add", "sum")
-            items += [_access_item(p, numel, run) for p in patterns]
+        for pattern, (_, runs) in ACCESS_PATTERNS.items():
+            if mode == "tiny":
+                runs = runs[:1]
+            items += [_access_item(pattern, numel, run) for run in runs]
     return items

@@ -141,7 +141,7 @@ def _samples_of(truth: HardwareProfile) -> list[ComputeSample]:
     for flops in (1e6, 1e7, 1e8, 1e9):
         out += [sample("attention", "sdpa_fwd", "fp32", flops, 1e3), sample("attention", "sdpa_bwd", "fp32", 2.5 * flops, 1e3)]
     for run in (1, 16, 256):
-        for op, flops, nbytes in (("copy", 0.0, 2**20), ("add", 2**17, 3 * 2**19)):
+        for op, flops, nbytes in (("copy_slice", 0.0, 2**20), ("mul_bcast", 2**17, 3 * 2**19)):
             strided = sample("access", op, "fp32", flops, nbytes, run)
             twin = sample("access_twin", op, "fp32", flops, nbytes)
             # a loaded host: the pair runs 1.7x slower than the profile says, the ratio holds

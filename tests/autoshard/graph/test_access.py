@@ -110,3 +110,21 @@ def test_run_curve_scales_elementwise_reduction_and_copy_not_matmul():
         assert strided == pytest.approx(contiguous / 0.5)
     mm = op_time_s("matmul", flops=1e12, bytes_accessed=1e8, dtype="bf16", profile=profile)
     assert op_time_s("matmul", flops=1e12, bytes_accessed=1e8, dtype="bf16", profile=profile, run_elems=1) == mm
+
+
+def test_calibration_access_patterns_have_the_run_they_are_measured_as():
+    """The calibration fits the run curve on these ops: autoshard.graph.access must
+    find the same run in them as it finds in a traced graph's layouts."""
+    from autoshard.calibrate.measure_compute import ACCESS_PATTERNS, _access_tensors
+
+    for pattern, (kind, runs) in ACCESS_PATTERNS.items():
+        for run in runs:
+            fn, twin, *_ = _access_tensors(pattern, 2**12, run, torch.device("cpu"))
+            tensors = []
+            for cell in fn.__closure__:
+                value = cell.cell_contents
+                tensors += value if isinstance(value, list) else [value] if isinstance(value, torch.Tensor) else []
+            reduced = [3] if kind == "reduction" else None
+            assert inner_run(kind, tensors, [fn()], reduced=reduced) == run, (pattern, run)
+            twin_tensors = [c.cell_contents for c in twin.__closure__ if isinstance(c.cell_contents, torch.Tensor)]
+            assert inner_run(kind, twin_tensors, [twin()], reduced=[0] if reduced else None) >= 256, pattern  # long runs
