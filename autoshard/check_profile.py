@@ -8,7 +8,7 @@ the schema, finite and plausible figures, tiers in order; every message
 names the field) on each file, or on a shipped profile given by name, and
 prints one line per profile:
 
-    ok: h100-sxm-80gb (h100-sxm-80gb, datasheet: NVIDIA H100 80GB HBM3, 80.00 GiB, tiers nvlink(8) > network)
+    ok: h100-sxm-80gb (h100-sxm-80gb, published: NVIDIA H100 80GB HBM3, 80.00 GiB, tiers nvlink(8) > network)
     autoshard check-profile: error: broken.json: device.launch_s: nan is not a finite number
 
 ``ok`` lines go to stdout, errors to stderr. Exit code 0 when every profile

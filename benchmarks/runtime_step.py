@@ -23,6 +23,13 @@ autoshard's DDP plan vs ``DistributedDataParallel``.
 
     python benchmarks/runtime_step.py                      # both models, both meshes (~3-4 min on 2 cores)
     python benchmarks/runtime_step.py --models mlp --meshes 4 --steps 5
+    python benchmarks/runtime_step.py --calibrate-first    # price with a profile measured now, on this host
+
+Predictions are only as good as the profile: ``--profile`` names the one to
+price with (default ``cpu-gloo``), ``--calibrate-first`` measures one in the
+same run (``autoshard calibrate-hardware --quick`` on 4 ranks, ~2-4 min) and
+prices with it; the output names the profile, its calibration load and the
+load now.
 """
 
 from __future__ import annotations
@@ -278,18 +285,47 @@ def spearman(xs: list[float], ys: list[float]) -> float:
     return num / den if den else float("nan")
 
 
+def select_profile(args: argparse.Namespace, tmp: Path) -> tuple[str, str]:
+    """(profile name or path to price with, a line saying which and under what load)."""
+    import subprocess
+
+    from hw_profiles import load
+
+    profile = args.profile
+    if args.calibrate_first:
+        profile = str(tmp / "calibrated.json")
+        cmd = [sys.executable, "-m", "autoshard.cli", "calibrate-hardware", "--nproc-per-node", "4", "--quick",
+               "-o", profile]
+        print(f"# calibrating first: {' '.join(cmd[1:])}", file=sys.stderr, flush=True)
+        done = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        if done.returncode:
+            raise SystemExit(f"runtime_step: --calibrate-first: the calibration failed (exit {done.returncode})")
+    calib = load(profile).calibration
+    during = calib.load.text() if calib.load else "load not recorded"
+    now = " ".join(f"{v:.2f}" for v in os.getloadavg())
+    name = "calibrated in this run" if args.calibrate_first else profile
+    return profile, (f"Profile: {name} (calibrated {calib.date or '-'}; {during}). Load average now (1/5/15 min): "
+                     f"{now}.")
+
+
 def main(argv: list[str] | None = None) -> int:
+    global PROFILE
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default="mlp,llama3")
     parser.add_argument("--meshes", default="2x2,4")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--time-limit", type=float, default=8.0, help="solver seconds per plan")
+    parser.add_argument("--profile", default=PROFILE, help="hardware profile (name or path) to price with")
+    parser.add_argument("--calibrate-first", action="store_true",
+                        help="calibrate this host (--quick, 4 ranks) first and price with that profile")
     args = parser.parse_args(argv)
     models, meshes = args.models.split(","), args.meshes.split(",")
     world = 4
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
+        PROFILE, profile_line = select_profile(args, Path(tmp))
+        print(f"# {profile_line}", file=sys.stderr, flush=True)
         plans = make_plans(models, meshes, Path(tmp), args.time_limit)
         planned = time.perf_counter() - start
         ctx = mp.start_processes(_worker, args=(world, str(Path(tmp) / "store"), tmp, plans, models, meshes,
@@ -302,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
           f"({platform.processor() or platform.machine()}), torch {torch.__version__}")
     print(f"\nMedian of {args.steps} steps after {args.warmup} warm-up, max over ranks; step = forward + backward + "
           f"AdamW; predicted = plan.estimate.step_s with profile {PROFILE}. Planning took {planned:.0f} s, "
-          f"total {time.perf_counter() - start:.0f} s.\n")
+          f"total {time.perf_counter() - start:.0f} s. {profile_line}\n")
     summary = []
     for mk in models:
         for mesh_key in meshes:

@@ -3,11 +3,20 @@
 For an op of kind ``k`` doing ``F`` FLOPs and moving ``B`` bytes of HBM traffic
 in dtype ``t`` on a device with peak ``P[t]`` FLOP/s and bandwidth ``W`` B/s:
 
-    time = max(F / (P[t] * e_k(F)),  B / (W * e_mem(B))) + launch
+    time = max(F / (P[t] * e_k(F)),  B / (W * e_mem(B))) / e_run(r) + launch
 
-* ``e_k(F)`` (matmul, attention): the profile's curve of points
-  ``(flops, fraction)``, interpolated linearly in ``log10(F)`` and held constant
-  beyond its ends: small GEMMs reach a small fraction of peak.
+* ``e_k(F)`` (matmul, attention, attention_backward): the profile's curve of
+  points ``(flops, fraction)``, interpolated linearly in ``log10(F)`` and held
+  constant beyond its ends: small GEMMs reach a small fraction of peak. A
+  matmul in dtype ``t`` uses the profile's curve for ``t`` where it has one
+  (``efficiency.matmul_by_dtype``: bf16 and fp8 GEMMs saturate at other sizes
+  than fp32 ones), else ``efficiency.matmul``; the backward of fused attention
+  uses ``efficiency.attention_backward`` where given, else ``attention``.
+* ``e_run(r)`` (elementwise, reduction, copy): the profile's ``run`` curve at
+  the op's innermost contiguous run of ``r`` elements (``r`` = infinity, the
+  default, is a contiguous op: factor 1). Transposed or strided operands, a
+  broadcast inside the row, a reduction over a middle dim: the kernel walks
+  short runs, and pays per run, not per byte.
 * ``e_mem(B)``: the profile's memory efficiency. Datasheet profiles give one
   fraction; measured profiles give a curve over the working set ``B``
   (interpolated the same way, in ``log10(B)``), because a working set that
@@ -21,7 +30,9 @@ in dtype ``t`` on a device with peak ``P[t]`` FLOP/s and bandwidth ``W`` B/s:
   nearly always memory-bound).
 * ``copy`` is ``B / (W * e_mem(B)) + launch``; ``view`` (no data moves) is 0, the
   only free kind.
-* ``launch`` is the profile's floor on any kernel.
+* ``launch`` is the profile's floor on any kernel; an op with a Python-scalar
+  operand (``mul(x, 0.5)``, ``add.Scalar``) pays ``launch_scalar_s`` instead
+  where the profile has it (the scalar is wrapped into a tensor per call).
 
 Local re-layouts of a redistribution (slices, zero fills, transposes, padding)
 are copies: :func:`local_copy_time_s` counts a read and a write of every byte,
@@ -30,8 +41,8 @@ are copies: :func:`local_copy_time_s` counts a read and a write of every byte,
 >>> from hw_profiles import load
 >>> h100 = load("h100-sxm-80gb")
 >>> t = op_time_s("matmul", flops=2 * 4096**3, bytes_accessed=3 * 4096**2 * 2, dtype="bf16", profile=h100)
->>> round(t * 1e3, 3)  # ms for a 4096^3 bf16 GEMM
-0.206
+>>> round(t * 1e3, 3)  # ms for a 4096^3 bf16 GEMM (published: 789 TFLOP/s)
+0.179
 """
 
 from __future__ import annotations
@@ -39,12 +50,14 @@ from __future__ import annotations
 import math
 
 from hw_profiles import HardwareProfile
+from hw_profiles.profile import DTYPE_ALIASES
 
 __all__ = [
     "OP_KINDS",
     "ComputeError",
     "efficiency",
     "memory_efficiency",
+    "run_efficiency",
     "op_time_s",
     "matmul_time_s",
     "local_copy_time_s",
@@ -53,7 +66,7 @@ __all__ = [
     "transpose_time_s",
 ]
 
-OP_KINDS = ("matmul", "elementwise", "reduction", "attention", "copy", "view")
+OP_KINDS = ("matmul", "elementwise", "reduction", "attention", "attention_backward", "copy", "view")
 
 
 class ComputeError(ValueError):
@@ -86,10 +99,25 @@ def memory_efficiency(profile: HardwareProfile, nbytes: float) -> float:
     ``nbytes`` (the profile's scalar, or its curve at ``nbytes``).
 
     >>> from hw_profiles import load
-    >>> memory_efficiency(load("h100-sxm-80gb"), 2**30)
-    0.85
+    >>> memory_efficiency(load("h100-sxm-80gb"), 2**30)  # published STREAM copy: 2.90 of 3.35 TB/s
+    0.866
     """
     return efficiency(profile.device.efficiency.memory_curve, max(float(nbytes), 1.0))
+
+
+def run_efficiency(profile: HardwareProfile, run_elems: float) -> float:
+    """Fraction of the contiguous speed reached with innermost runs of
+    ``run_elems`` elements (1.0 for contiguous ops or profiles without a
+    ``run`` curve).
+
+    >>> from hw_profiles import load
+    >>> run_efficiency(load("h100-sxm-80gb"), 1.0)
+    1.0
+    """
+    curve = profile.device.efficiency.run
+    if not curve or math.isinf(run_elems):
+        return 1.0
+    return efficiency(curve, max(float(run_elems), 1.0))
 
 
 def _memory_s(nbytes: float, profile: HardwareProfile) -> float:
@@ -106,13 +134,23 @@ def _vector_peak(profile: HardwareProfile) -> float:
 
 
 def op_time_s(
-    kind: str, *, flops: float, bytes_accessed: float, dtype: str, profile: HardwareProfile
+    kind: str,
+    *,
+    flops: float,
+    bytes_accessed: float,
+    dtype: str,
+    profile: HardwareProfile,
+    run_elems: float = math.inf,
+    scalar_operand: bool = False,
 ) -> float:
     """Seconds for one op of ``kind`` (one of ``OP_KINDS``) on one device.
 
     ``flops``: floating-point operations (a GEMM ``m x k @ k x n`` is
     ``2*m*n*k``); ``bytes_accessed``: HBM bytes read plus written; ``dtype``: the
-    compute dtype (``bf16``, ``torch.float32``, ...).
+    compute dtype (``bf16``, ``torch.float32``, ...); ``run_elems``: the
+    innermost contiguous run of an elementwise, reduction or copy kernel
+    (default: contiguous); ``scalar_operand``: the op has a Python-scalar
+    operand (its launch floor is ``launch_scalar_s``).
 
     >>> from hw_profiles import load
     >>> op_time_s("view", flops=0, bytes_accessed=1e9, dtype="bf16", profile=load("h100-sxm-80gb"))
@@ -122,23 +160,35 @@ def op_time_s(
         raise ComputeError(f"kind: unknown op kind {kind!r} (expected one of {', '.join(OP_KINDS)})")
     if flops < 0 or bytes_accessed < 0:
         raise ComputeError(f"flops/bytes_accessed: must be >= 0, got {flops}, {bytes_accessed}")
+    if not run_elems > 0:
+        raise ComputeError(f"run_elems: must be > 0, got {run_elems}")
     if kind == "view":
         return 0.0
     device = profile.device
     memory_s = _memory_s(bytes_accessed, profile)
-    if kind in ("matmul", "attention"):
+    launch = device.launch_scalar_s if scalar_operand and device.launch_scalar_s is not None else device.launch_s
+    if kind in ("matmul", "attention", "attention_backward"):
         try:
             peak = device.peak_flops_for(dtype)
         except KeyError as exc:
             raise ComputeError(f"dtype: {exc.args[0]}") from None
-        curve = device.efficiency.attention if kind == "attention" and device.efficiency.attention else device.efficiency.matmul
-        compute_s = flops / (peak * efficiency(curve, flops)) if flops else 0.0
-    elif kind == "copy":
+        compute_s = flops / (peak * efficiency(_curve(profile, kind, dtype), flops)) if flops else 0.0
+        return max(compute_s, memory_s) + launch
+    if kind == "copy":
         compute_s = 0.0
     else:  # elementwise, reduction: vector units
         vector = device.efficiency.vector or memory_efficiency(profile, bytes_accessed)
         compute_s = flops / (_vector_peak(profile) * vector) if flops else 0.0
-    return max(compute_s, memory_s) + device.launch_s
+    return max(compute_s, memory_s) / run_efficiency(profile, run_elems) + launch
+
+
+def _curve(profile: HardwareProfile, kind: str, dtype: str) -> tuple[tuple[float, float], ...]:
+    eff = profile.device.efficiency
+    if kind == "attention_backward" and eff.attention_backward:
+        return eff.attention_backward
+    if kind in ("attention", "attention_backward") and eff.attention:
+        return eff.attention
+    return eff.matmul_curve(DTYPE_ALIASES.get(str(dtype), str(dtype)))
 
 
 def matmul_time_s(m: int, n: int, k: int, *, dtype: str, profile: HardwareProfile, itemsize: int = 2) -> float:

@@ -23,11 +23,15 @@ from hw_profiles.json_input import parse_json
 from hw_profiles.profile import (
     COLLECTIVE_KINDS,
     FORMAT,
+    SOURCE_KINDS,
+    BusBandwidthCurve,
     Calibration,
+    Citation,
     CollectiveFit,
     DeviceSpec,
     Efficiency,
     HardwareProfile,
+    LoadRecord,
     Tier,
 )
 from hw_profiles.schema import SCHEMA, ProfileError, validate
@@ -42,6 +46,10 @@ __all__ = [
     "Efficiency",
     "Tier",
     "CollectiveFit",
+    "BusBandwidthCurve",
+    "Citation",
+    "SOURCE_KINDS",
+    "LoadRecord",
     "Calibration",
     "available",
     "load",

@@ -16,8 +16,32 @@ A profile describes ONE device kind and the interconnect tiers between devices:
   call), ``alpha_per_step_s`` (latency per algorithm step, optional, default 0)
   and ``beta_s_per_byte`` (inverse bus bandwidth per rank).
 
-Figures come with their source: ``device.sources`` maps a device field to its
-source, every tier and every collective entry carries a ``source`` string.
+Figures come with their source: ``device.sources`` maps a device field (or a
+dotted sub-field, ``efficiency.matmul_by_dtype.bf16``) to its source, every
+tier and every collective entry carries a ``source``. A source is free text
+or a citation: ``source`` one of ``published`` (a measurement someone
+published), ``datasheet``, ``measured`` (``autoshard calibrate-hardware``) or
+``estimate``, with ``reference`` (URL and which table or figure; required for
+``published``) and ``note`` (assumptions, conversions).
+
+Additive fields beyond DESIGN.md's example (all optional, older profiles
+load unchanged and price as before):
+
+* ``efficiency.matmul_by_dtype``: a curve per dtype key (``bf16``, ``fp8``...),
+  relative to that dtype's peak; dtypes without one use ``matmul``;
+* ``efficiency.attention_backward``: the backward kernel's curve (default:
+  ``attention``);
+* ``efficiency.run``: points ``[inner run in elements, fraction]``: elementwise,
+  reduction and copy kernels whose innermost contiguous run is short
+  (transposed or strided operands, broadcasts inside the row, reductions over
+  a middle dim) reach this fraction of their contiguous speed;
+* ``device.launch_scalar_s``: the floor of an op with a Python-scalar operand
+  (wrapped into a tensor on every call; default ``launch_s``);
+* per collective ``bus_bandwidth``: published bus bandwidth over message size
+  for a group of ``ranks`` ranks on this tier (nccl-tests' ``busbw``), which
+  ``costmodel.collectives`` prefers over alpha-beta where it applies;
+* ``calibration.load``: the machine's load around a calibration, and whether
+  it ran under foreign load (:class:`LoadRecord`).
 
 >>> p = HardwareProfile.from_dict(_EXAMPLE)
 >>> p.device.peak_flops_for("bf16"), p.interconnect[0].collective("all_gather").alpha_s
@@ -26,22 +50,29 @@ source, every tier and every collective entry carries a ``source`` string.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 __all__ = [
     "FORMAT",
     "COLLECTIVE_KINDS",
     "DTYPE_ALIASES",
+    "Citation",
+    "BusBandwidthCurve",
     "CollectiveFit",
     "Tier",
     "Efficiency",
     "DeviceSpec",
+    "LoadRecord",
     "Calibration",
     "HardwareProfile",
 ]
+
+SOURCE_KINDS = ("published", "datasheet", "measured", "estimate")
+"""What a citation's ``source`` may say (free-text sources are older profiles')."""
 
 FORMAT = "autoshard.hw_profile/1"
 COLLECTIVE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "permute")
@@ -57,8 +88,81 @@ DTYPE_ALIASES = {
 }
 
 
-def _pairs(mapping: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
-    return tuple((str(k), v) for k, v in mapping.items())
+def _curve(points: Any) -> tuple[tuple[float, float], ...]:
+    return tuple((float(x), float(y)) for x, y in points)
+
+
+@dataclass(frozen=True, slots=True)
+class Citation:
+    """Where a figure comes from.
+
+    >>> Citation.from_dict({"source": "published", "reference": "https://x, Table 2"}).reference
+    'https://x, Table 2'
+    """
+
+    source: str
+    """``published``, ``datasheet``, ``measured`` or ``estimate``."""
+    reference: str | None = None
+    """URL and which table or figure (required for ``published``)."""
+    note: str | None = None
+    """Assumptions and conversions between the reference and the figure."""
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Citation":
+        return cls(source=str(data["source"]), reference=data.get("reference"), note=data.get("note"))
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"source": self.source}
+        if self.reference is not None:
+            out["reference"] = self.reference
+        if self.note is not None:
+            out["note"] = self.note
+        return out
+
+    def text(self) -> str:
+        """One line for reports: ``source: reference (note)``."""
+        return self.source + (f": {self.reference}" if self.reference else "") + (f" ({self.note})" if self.note else "")
+
+
+def _source_of(data: Mapping[str, Any]) -> str | Citation | None:
+    """A ``source`` field with its siblings ``reference`` / ``note`` as a
+    :class:`Citation`, or the plain text of older profiles."""
+    source = data.get("source")
+    if source is None:
+        return None
+    if "reference" in data or "note" in data:
+        return Citation(str(source), data.get("reference"), data.get("note"))
+    return str(source)
+
+
+def _put_source(out: dict[str, Any], source: "str | Citation | None") -> None:
+    if isinstance(source, Citation):
+        out.update(source.to_dict())
+    elif source is not None:
+        out["source"] = source
+
+
+@dataclass(frozen=True, slots=True)
+class BusBandwidthCurve:
+    """Bus bandwidth of one collective kind over message size, for a group
+    of ``ranks`` ranks on one tier, as nccl-tests reports it (``busbw`` =
+    ``S / t`` times 2(n-1)/n for all_reduce, (n-1)/n for all_gather,
+    reduce_scatter and all_to_all, 1 for permute; ``S`` the per-rank buffer
+    of ``costmodel.collectives``)."""
+
+    ranks: int
+    points: tuple[tuple[float, float], ...]
+    """``(bytes, bus bandwidth in B/s)``, ascending bytes."""
+    source: "str | Citation | None" = None
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "BusBandwidthCurve":
+        return cls(ranks=int(data["ranks"]), points=_curve(data["points"]), source=_source_of(data))
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"ranks": self.ranks, "points": [list(p) for p in self.points]}
+        _put_source(out, self.source)
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,8 +175,18 @@ class CollectiveFit:
     """Seconds per byte of per-rank wire traffic (1 / bus bandwidth)."""
     alpha_per_step_s: float = 0.0
     """Latency of one algorithm step (ring hop, tree level), seconds."""
-    source: str | None = None
+    source: "str | Citation | None" = None
     """Where the figures come from."""
+    bus_bandwidth: tuple[BusBandwidthCurve, ...] = ()
+    """Published bus bandwidth over size per group size (ascending ranks);
+    where one applies it replaces the alpha-beta formula."""
+
+    def curve_for(self, ranks: int) -> BusBandwidthCurve | None:
+        """The bus-bandwidth curve measured with exactly ``ranks`` ranks."""
+        for curve in self.bus_bandwidth:
+            if curve.ranks == ranks:
+                return curve
+        return None
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "CollectiveFit":
@@ -80,15 +194,17 @@ class CollectiveFit:
             alpha_s=float(data["alpha_s"]),
             beta_s_per_byte=float(data["beta_s_per_byte"]),
             alpha_per_step_s=float(data.get("alpha_per_step_s", 0.0)),
-            source=data.get("source"),
+            source=_source_of(data),
+            bus_bandwidth=tuple(BusBandwidthCurve.from_dict(c) for c in data.get("bus_bandwidth", ())),
         )
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"alpha_s": self.alpha_s, "beta_s_per_byte": self.beta_s_per_byte}
         if self.alpha_per_step_s:
             out["alpha_per_step_s"] = self.alpha_per_step_s
-        if self.source is not None:
-            out["source"] = self.source
+        _put_source(out, self.source)
+        if self.bus_bandwidth:
+            out["bus_bandwidth"] = [c.to_dict() for c in self.bus_bandwidth]
         return out
 
 
@@ -104,7 +220,7 @@ class Tier:
     """Figures per collective kind (``COLLECTIVE_KINDS``)."""
     bandwidth_Bps: float | None = None
     """Per-rank, per-direction link bandwidth (datasheet), for reference."""
-    source: str | None = None
+    source: "str | Citation | None" = None
     """Source of ``ranks`` and ``bandwidth_Bps``."""
 
     def collective(self, kind: str) -> CollectiveFit:
@@ -127,7 +243,7 @@ class Tier:
                 (k, CollectiveFit.from_dict(v)) for k, v in data["collectives"].items()
             ),
             bandwidth_Bps=None if data.get("bandwidth_Bps") is None else float(data["bandwidth_Bps"]),
-            source=data.get("source"),
+            source=_source_of(data),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -135,8 +251,7 @@ class Tier:
         if self.bandwidth_Bps is not None:
             out["bandwidth_Bps"] = self.bandwidth_Bps
         out["collectives"] = {k: v.to_dict() for k, v in self.collectives}
-        if self.source is not None:
-            out["source"] = self.source
+        _put_source(out, self.source)
         return out
 
 
@@ -151,6 +266,8 @@ class Efficiency:
     (1000000000.0, 0.1)
     >>> Efficiency(matmul=((1e9, 0.5),), memory=0.85).memory_curve
     ((1.0, 0.85),)
+    >>> Efficiency(matmul=((1e9, 0.5),), memory=0.85, matmul_by_dtype=(("fp8", ((1e9, 0.3),)),)).matmul_curve("fp8")
+    ((1000000000.0, 0.3),)
     """
 
     matmul: tuple[tuple[float, float], ...]
@@ -164,6 +281,13 @@ class Efficiency:
     """Fraction of the fp32 peak reached by elementwise and reduction FLOPs
     (exp, tanh, normalisations: vector units, not matrix units); None = the
     memory efficiency, as datasheet profiles price them."""
+    matmul_by_dtype: tuple[tuple[str, tuple[tuple[float, float], ...]], ...] = ()
+    """Curves per dtype key, relative to that dtype's peak; others use ``matmul``."""
+    attention_backward: tuple[tuple[float, float], ...] = ()
+    """Like ``attention`` for the backward kernel; empty = use ``attention``."""
+    run: tuple[tuple[float, float], ...] = ()
+    """Points ``(inner run in elements, fraction of the contiguous speed)``,
+    ascending; empty = no penalty for short runs."""
 
     @property
     def memory_curve(self) -> tuple[tuple[float, float], ...]:
@@ -173,23 +297,39 @@ class Efficiency:
             return self.memory
         return ((1.0, float(self.memory)),)
 
+    def matmul_curve(self, dtype_key: str) -> tuple[tuple[float, float], ...]:
+        """The GEMM curve of a dtype key (``bf16``...): its own, else ``matmul``."""
+        for key, curve in self.matmul_by_dtype:
+            if key == dtype_key:
+                return curve
+        return self.matmul
+
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "Efficiency":
         memory = data["memory"]
         return cls(
-            matmul=tuple((float(f), float(e)) for f, e in data["matmul"]),
-            memory=tuple((float(b), float(e)) for b, e in memory) if isinstance(memory, (list, tuple)) else float(memory),
-            attention=tuple((float(f), float(e)) for f, e in data.get("attention", ())),
+            matmul=_curve(data["matmul"]),
+            memory=_curve(memory) if isinstance(memory, (list, tuple)) else float(memory),
+            attention=_curve(data.get("attention", ())),
             vector=None if data.get("vector") is None else float(data["vector"]),
+            matmul_by_dtype=tuple((str(k), _curve(v)) for k, v in data.get("matmul_by_dtype", {}).items()),
+            attention_backward=_curve(data.get("attention_backward", ())),
+            run=_curve(data.get("run", ())),
         )
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"matmul": [list(p) for p in self.matmul]}
+        if self.matmul_by_dtype:
+            out["matmul_by_dtype"] = {k: [list(p) for p in v] for k, v in self.matmul_by_dtype}
         if self.attention:
             out["attention"] = [list(p) for p in self.attention]
+        if self.attention_backward:
+            out["attention_backward"] = [list(p) for p in self.attention_backward]
         out["memory"] = [list(p) for p in self.memory] if isinstance(self.memory, tuple) else self.memory
         if self.vector is not None:
             out["vector"] = self.vector
+        if self.run:
+            out["run"] = [list(p) for p in self.run]
         return out
 
 
@@ -205,8 +345,10 @@ class DeviceSpec:
     launch_s: float
     """Floor on the time of any kernel (launch and framework overhead)."""
     efficiency: Efficiency
-    sources: tuple[tuple[str, str], ...] = ()
-    """Device field -> source of its figure."""
+    sources: tuple[tuple[str, "str | Citation"], ...] = ()
+    """Device field (or dotted sub-field) -> source of its figure."""
+    launch_scalar_s: float | None = None
+    """Floor of an op with a Python-scalar operand; None = ``launch_s``."""
 
     def peak_flops_for(self, dtype: str) -> float:
         """Peak FLOP/s for a dtype (torch or short name); unknown dtypes raise
@@ -229,8 +371,17 @@ class DeviceSpec:
             memory_bandwidth_Bps=float(data["memory_bandwidth_Bps"]),
             launch_s=float(data["launch_s"]),
             efficiency=Efficiency.from_dict(data["efficiency"]),
-            sources=_pairs(data.get("sources", {})),
+            sources=tuple((str(k), Citation.from_dict(v) if isinstance(v, Mapping) else str(v))
+                          for k, v in data.get("sources", {}).items()),
+            launch_scalar_s=None if data.get("launch_scalar_s") is None else float(data["launch_scalar_s"]),
         )
+
+    def source(self, field: str) -> "str | Citation | None":
+        """The source of ``field`` (``peak_flops``, ``efficiency.attention``...)."""
+        for key, value in self.sources:
+            if key == field:
+                return value
+        return None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -239,11 +390,76 @@ class DeviceSpec:
             "peak_flops": dict(self.peak_flops),
             "memory_bandwidth_Bps": self.memory_bandwidth_Bps,
             "launch_s": self.launch_s,
-            "efficiency": self.efficiency.to_dict(),
         }
+        if self.launch_scalar_s is not None:
+            out["launch_scalar_s"] = self.launch_scalar_s
+        out["efficiency"] = self.efficiency.to_dict()
         if self.sources:
-            out["sources"] = dict(self.sources)
+            out["sources"] = {k: v.to_dict() if isinstance(v, Citation) else v for k, v in self.sources}
         return out
+
+
+@dataclass(frozen=True, slots=True)
+class LoadRecord:
+    """The host's load around a calibration or check.
+
+    Why: a CPU profile measured while other jobs ran is slower than the host
+    (the shipped ``cpu-gloo`` was calibrated at a load average of 5-8, and a
+    quiet host re-measured its fit set at 0.87x). ``foreign`` says the figures
+    were measured under load from outside the job: more runnable threads
+    than the job's own (``own_threads`` = ranks on the host x torch threads)
+    by at least ``threshold``.
+
+    >>> LoadRecord(cores=2, own_threads=4, before=(1.0, 1.0, 1.0), after=(4.0, 3.0, 2.0)).foreign
+    False
+    """
+
+    cores: int
+    own_threads: int
+    """Threads the job itself keeps busy on this host (ranks x threads)."""
+    before: tuple[float, float, float]
+    """``os.getloadavg()`` (1, 5, 15 min) just before the first measurement."""
+    after: tuple[float, float, float]
+    """... and just after the last."""
+    during_load1: tuple[float, ...] = ()
+    """1-minute load average sampled during the run."""
+    foreign_runnable: tuple[float, ...] = ()
+    """Runnable threads of other processes, sampled during the run."""
+    foreign_load: float = 0.0
+    """Estimated average number of other processes' runnable threads."""
+    threshold: float = 0.5
+    foreign: bool = False
+    """True when ``foreign_load >= threshold``: the figures are flagged."""
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "LoadRecord":
+        return cls(
+            cores=int(data["cores"]),
+            own_threads=int(data["own_threads"]),
+            before=tuple(float(v) for v in data["before"]),
+            after=tuple(float(v) for v in data["after"]),
+            during_load1=tuple(float(v) for v in data.get("during_load1", ())),
+            foreign_runnable=tuple(float(v) for v in data.get("foreign_runnable", ())),
+            foreign_load=float(data.get("foreign_load", 0.0)),
+            threshold=float(data.get("threshold", 0.5)),
+            foreign=bool(data.get("foreign", False)),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"cores": self.cores, "own_threads": self.own_threads, "before": list(self.before),
+                "during_load1": list(self.during_load1), "foreign_runnable": list(self.foreign_runnable),
+                "after": list(self.after), "foreign_load": self.foreign_load, "threshold": self.threshold,
+                "foreign": self.foreign}
+
+    def text(self) -> str:
+        """One line for reports and the command's output."""
+        def three(v: Sequence[float]) -> str:
+            return " ".join(f"{x:.2f}" for x in v)
+
+        during = (f", during max {max(self.during_load1):.2f}" if self.during_load1 else "")
+        return (f"load average (1/5/15 min) {three(self.before)} before{during}, {three(self.after)} after; "
+                f"{self.cores} cores, job threads {self.own_threads}; other processes' runnable threads "
+                f"~{self.foreign_load:.2f}" + (" -> FOREIGN LOAD: figures flagged" if self.foreign else ""))
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,6 +476,10 @@ class Calibration:
     ranks: int | None = None
     """Ranks of the job the figures were measured in (a measured device is
     one rank of such a job: ranks sharing a host share its cores)."""
+    load: LoadRecord | None = None
+    """The host's load during the calibration (None: not recorded)."""
+    warnings: tuple[str, ...] = ()
+    """Why the figures may not hold elsewhere (foreign load, ...)."""
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "Calibration":
@@ -270,6 +490,8 @@ class Calibration:
             method=data.get("method"),
             fit_error=tuple((k, float(v)) for k, v in data.get("fit_error", {}).items()),
             ranks=None if data.get("ranks") is None else int(data["ranks"]),
+            load=None if data.get("load") is None else LoadRecord.from_dict(data["load"]),
+            warnings=tuple(str(w) for w in data.get("warnings", ())),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -279,6 +501,10 @@ class Calibration:
         if self.ranks is not None:
             out["ranks"] = self.ranks
         out["fit_error"] = dict(self.fit_error)
+        if self.load is not None:
+            out["load"] = self.load.to_dict()
+        if self.warnings:
+            out["warnings"] = list(self.warnings)
         return out
 
 
@@ -288,7 +514,8 @@ class HardwareProfile:
 
     name: str
     source: str
-    """``datasheet`` or ``measured``."""
+    """``datasheet``, ``published`` (datasheet peaks, published measured
+    efficiencies and collective curves) or ``measured``."""
     device: DeviceSpec
     interconnect: tuple[Tier, ...]
     """Innermost tier first; the last one has ``ranks`` None."""
@@ -330,6 +557,20 @@ class HardwareProfile:
             if t.tier == name:
                 return t
         raise KeyError(f"interconnect: no tier {name!r} (profile has {[t.tier for t in self.interconnect]})")
+
+    def without_bus_bandwidth(self) -> "HardwareProfile":
+        """The same profile priced by alpha-beta alone (published
+        bus-bandwidth curves dropped): to compare the two models.
+
+        >>> p = HardwareProfile.from_dict(_EXAMPLE).without_bus_bandwidth()
+        >>> p.interconnect[0].collective("all_reduce").bus_bandwidth
+        ()
+        """
+        tiers = tuple(
+            dataclasses.replace(t, collectives=tuple((k, dataclasses.replace(f, bus_bandwidth=())) for k, f in t.collectives))
+            for t in self.interconnect
+        )
+        return dataclasses.replace(self, interconnect=tiers)
 
     @property
     def ranks_per_node(self) -> int | None:

@@ -15,6 +15,11 @@ caches make small working sets faster), strictly ascending in bytes.
 ``device.efficiency.vector`` (optional) is the fraction of the fp32 peak that
 elementwise and reduction FLOPs reach.
 
+A figure that says ``"source": "published"`` must say where: a non-empty
+``reference`` beside it (URL and table or figure), anywhere in the file
+(``device.sources`` entries, collective entries, tiers, bus-bandwidth
+curves); the message names the field that lacks it.
+
 Figures must also be plausible, so that a broken measurement cannot be saved
 or loaded: every number finite (no NaN or infinity), and each figure inside a
 generous physical range (``_LIMITS`` below: a device with 1e20 B/s of memory
@@ -40,7 +45,7 @@ from typing import Any, Mapping
 import jsonschema
 
 from hw_profiles.json_input import MAX_DEPTH
-from hw_profiles.profile import COLLECTIVE_KINDS, FORMAT
+from hw_profiles.profile import COLLECTIVE_KINDS, FORMAT, SOURCE_KINDS
 
 __all__ = ["ProfileError", "SCHEMA", "validate"]
 
@@ -74,6 +79,34 @@ _CURVE = {
         "maxItems": 2,
     },
 }
+_TEXT = {"type": "string", "minLength": 1}
+_CITED = {"source": {"type": "string"}, "reference": _TEXT, "note": _TEXT}
+"""A ``source`` with its optional ``reference`` and ``note`` (module docstring)."""
+_CITATION = {
+    "type": "object",
+    "required": ["source"],
+    "properties": {**_CITED, "source": {"enum": list(SOURCE_KINDS)}},
+    "additionalProperties": False,
+}
+_BUS_CURVE = {
+    "type": "object",
+    "required": ["ranks", "points"],
+    "properties": {
+        "ranks": {"type": "integer", "minimum": 2},
+        "points": {
+            "type": "array",
+            "minItems": 1,
+            "items": {
+                "type": "array",
+                "prefixItems": [_POS, _LIMITS["bandwidth"]],
+                "minItems": 2,
+                "maxItems": 2,
+            },
+        },
+        **_CITED,
+    },
+    "additionalProperties": False,
+}
 _COLLECTIVE = {
     "type": "object",
     "required": ["alpha_s", "beta_s_per_byte"],
@@ -81,7 +114,25 @@ _COLLECTIVE = {
         "alpha_s": _LIMITS["seconds"],
         "alpha_per_step_s": _LIMITS["seconds"],
         "beta_s_per_byte": _LIMITS["s_per_byte"],
-        "source": {"type": "string"},
+        **_CITED,
+        "bus_bandwidth": {"type": "array", "items": _BUS_CURVE},
+    },
+    "additionalProperties": False,
+}
+_THREE = {"type": "array", "items": _NONNEG, "minItems": 3, "maxItems": 3}
+_LOAD = {
+    "type": "object",
+    "required": ["cores", "own_threads", "before", "after"],
+    "properties": {
+        "cores": {"type": "integer", "minimum": 1},
+        "own_threads": {"type": "integer", "minimum": 0},
+        "before": _THREE,
+        "after": _THREE,
+        "during_load1": {"type": "array", "items": _NONNEG},
+        "foreign_runnable": {"type": "array", "items": _NONNEG},
+        "foreign_load": _NONNEG,
+        "threshold": _NONNEG,
+        "foreign": {"type": "boolean"},
     },
     "additionalProperties": False,
 }
@@ -107,20 +158,24 @@ SCHEMA: dict[str, Any] = {
                 },
                 "memory_bandwidth_Bps": _LIMITS["bandwidth"],
                 "launch_s": {**_LIMITS["seconds"], "maximum": 1.0},
+                "launch_scalar_s": {**_LIMITS["seconds"], "maximum": 1.0},
                 "efficiency": {
                     "type": "object",
                     "required": ["matmul", "memory"],
                     "properties": {
                         "matmul": _CURVE,
+                        "matmul_by_dtype": {"type": "object", "minProperties": 1, "additionalProperties": _CURVE},
                         "attention": _CURVE,
+                        "attention_backward": _CURVE,
                         "memory": {
                             "anyOf": [{"type": "number", "exclusiveMinimum": 0, "maximum": 1}, _CURVE],
                         },
                         "vector": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+                        "run": _CURVE,
                     },
                     "additionalProperties": False,
                 },
-                "sources": {"type": "object", "additionalProperties": {"type": "string"}},
+                "sources": {"type": "object", "additionalProperties": {"anyOf": [{"type": "string"}, _CITATION]}},
             },
             "additionalProperties": False,
         },
@@ -140,7 +195,7 @@ SCHEMA: dict[str, Any] = {
                         "propertyNames": {"enum": list(COLLECTIVE_KINDS)},
                         "additionalProperties": _COLLECTIVE,
                     },
-                    "source": {"type": "string"},
+                    **_CITED,
                 },
                 "additionalProperties": False,
             },
@@ -154,6 +209,8 @@ SCHEMA: dict[str, Any] = {
                 "method": {"type": "string"},
                 "ranks": {"type": "integer", "minimum": 1},
                 "fit_error": {"type": "object", "additionalProperties": _NONNEG},
+                "load": _LOAD,
+                "warnings": {"type": "array", "items": {"type": "string"}},
             },
             "additionalProperties": False,
         },
@@ -178,6 +235,7 @@ def validate(data: Mapping[str, Any], *, where: str = "") -> None:
     if not isinstance(data, Mapping):
         raise ProfileError(f"{prefix}(root): expected a JSON object, got {type(data).__name__}")
     _check_finite(data, (), prefix)
+    _check_citations(data, (), prefix)
     error = jsonschema.exceptions.best_match(_VALIDATOR.iter_errors(data))
     if error is not None:
         message = error.message  # may quote the whole offending value: one line of readable length
@@ -207,6 +265,28 @@ def _check_finite(value: Any, path: tuple, prefix: str) -> None:
             stack.extend(((item, (*path, i)) for i, item in reversed(list(enumerate(value)))))
 
 
+def _check_citations(value: Any, path: tuple, prefix: str) -> None:
+    """Every object saying ``"source": "published"`` names its reference
+    (checked before the schema, whose message would not say why)."""
+    if isinstance(value, Mapping):
+        if path and value.get("source") == "published":  # the root's source is the profile's kind
+            reference = value.get("reference")
+            if not isinstance(reference, str) or not reference.strip():
+                raise ProfileError(f"{prefix}{_path((*path, 'reference'))}: a figure with source \"published\" "
+                                   "needs a reference (URL and which table or figure)")
+        for key, item in value.items():
+            _check_citations(item, (*path, key), prefix)
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            _check_citations(item, (*path, i), prefix)
+
+
+def _ascending(points: Any, where: str, unit: str) -> None:
+    xs = [p[0] for p in points]
+    if xs != sorted(set(xs)):
+        raise ProfileError(f"{where}: points must have strictly ascending {unit}")
+
+
 def _check_semantics(data: Mapping[str, Any], prefix: str) -> None:
     tiers = data["interconnect"]
     # Tiers go from inner to outer: ranks strictly grow, only the last is unbounded.
@@ -227,13 +307,28 @@ def _check_semantics(data: Mapping[str, Any], prefix: str) -> None:
     if len(set(names)) != len(names):
         raise ProfileError(f"{prefix}interconnect: tier names repeat ({names})")
     efficiency = data["device"]["efficiency"]
-    for key, unit in (("matmul", "flops"), ("attention", "flops"), ("memory", "bytes")):
+    for key, unit in (("matmul", "flops"), ("attention", "flops"), ("attention_backward", "flops"),
+                      ("memory", "bytes"), ("run", "run lengths")):
         points = efficiency.get(key, [])
         if not isinstance(points, list):
             continue  # the scalar form of memory
-        xs = [p[0] for p in points]
-        if xs != sorted(set(xs)):
-            raise ProfileError(f"{prefix}device.efficiency.{key}: points must have strictly ascending {unit}")
+        _ascending(points, f"{prefix}device.efficiency.{key}", unit)
+    for dtype, points in efficiency.get("matmul_by_dtype", {}).items():
+        _ascending(points, f"{prefix}device.efficiency.matmul_by_dtype.{dtype}", "flops")
+        if dtype not in data["device"]["peak_flops"]:
+            raise ProfileError(f"{prefix}device.efficiency.matmul_by_dtype.{dtype}: no device.peak_flops.{dtype} "
+                               "to scale it")
+    for i, tier in enumerate(tiers):
+        for kind, fit in tier["collectives"].items():
+            where = f"{prefix}interconnect[{i}].collectives.{kind}.bus_bandwidth"
+            ranks = [c["ranks"] for c in fit.get("bus_bandwidth", [])]
+            if ranks != sorted(set(ranks)):
+                raise ProfileError(f"{where}: curves must have strictly ascending ranks, got {ranks}")
+            limit = tier["ranks"]
+            for j, curve in enumerate(fit.get("bus_bandwidth", [])):
+                if limit is not None and curve["ranks"] > limit:
+                    raise ProfileError(f"{where}[{j}].ranks: {curve['ranks']} ranks do not fit the tier's {limit}")
+                _ascending(curve["points"], f"{where}[{j}].points", "bytes")
 
 
 def _example() -> dict[str, Any]:

@@ -10,7 +10,9 @@ figure's ``source`` text) are those predictions against the measurements.
 
 Device (``L`` = launch floor, ``t`` = measured seconds):
 
-* ``launch_s`` = the 1-element add.
+* ``launch_s`` = the median 1-element tensor op (add, neg, sum);
+  ``launch_scalar_s`` = the median 1-element op with a Python-scalar operand
+  (``measure_compute.LAUNCH_SCALAR_OPS``).
 Stored figures have 4 significant digits (curve fractions 3), and every fit
 error is computed with the figures as stored.
 
@@ -18,13 +20,21 @@ error is computed with the figures as stored.
   curve's points sit at the median FLOPs of their bin), made unimodal (rises,
   then falls: :func:`unimodal`); ``peak[primary]`` = the best bin whose ops
   last ``2 L`` or more (shorter ones only say "launch-bound"); ``e(F)`` = bin
-  / peak. Other dtypes: ``peak[d]`` = median of ``r / e(F)`` over their
-  samples (they share the curve's shape).
+  / peak. Other dtypes the same way on their own samples: their own peak
+  and curve (``efficiency.matmul_by_dtype``: a CPU's bf16 GEMMs, or a GPU's
+  fp8 ones, saturate at other sizes than the primary dtype's).
 * memory: bandwidth ``B / (t - L)`` per quarter decade of working set, the
   same way: ``memory_bandwidth_Bps`` = the best bin, ``e_mem(B)`` = bin / best.
 * vector: ``e_vec`` minimising the squared log error of the roofline over
   the compute-heavy elementwise samples (1-D search).
-* attention: like matmul, against the peak of its dtype.
+* attention: like matmul, against the peak of its dtype; the forward and
+  the backward kernels each their own curve (``attention``,
+  ``attention_backward``).
+* run: ``e_run(r)`` = median, per bin of run lengths, of the bandwidth of
+  each access sample over that of its contiguous twin (same op and size,
+  measured right after it), both beyond their launch floor, clamped to
+  ``(0, 1]``: a ratio of two neighbouring measurements, so neither the memory
+  curve's error nor the host's load at that moment enters it.
 
 Collectives, per tier and kind, figures ``theta = (alpha_s, alpha_per_step_s,
 beta_s_per_byte) >= 0`` minimising the squared relative error
@@ -213,23 +223,29 @@ def _busy_s(sample: ComputeSample, launch_s: float) -> float:
 
 
 def fit_device(samples: Sequence[ComputeSample], *, primary: str) -> dict:
-    """``device`` figures from compute samples: ``launch_s``, ``peak_flops``,
-    ``memory_bandwidth_Bps`` and ``efficiency`` (module docstring), as a dict
-    in the profile's JSON form (no name, memory size or sources)."""
-    launch = [s.seconds for s in samples if s.kind == "launch"]
+    """``device`` figures from compute samples: ``launch_s``,
+    ``launch_scalar_s``, ``peak_flops``, ``memory_bandwidth_Bps`` and
+    ``efficiency`` (module docstring), as a dict in the profile's JSON form
+    (no name, memory size or sources)."""
+    from autoshard.calibrate.measure_compute import LAUNCH_SCALAR_OPS
+
+    launch = [s.seconds for s in samples if s.kind == "launch" and s.op not in LAUNCH_SCALAR_OPS]
     if not launch:
         raise ValueError("calibration: no launch measurement")
     launch_s = statistics.median(launch)
+    scalar = [s.seconds for s in samples if s.kind == "launch" and s.op in LAUNCH_SCALAR_OPS]
     mm = [s for s in samples if s.kind == "matmul" and s.dtype == primary]
     if not mm:
         raise ValueError(f"calibration: no {primary} matmul measurement")
     peak, matmul = rate_curve([s.flops for s in mm], [s.flops / _busy_s(s, launch_s) for s in mm],
                               [s.seconds for s in mm], launch_s, decades=0.5)
     peaks = {primary: peak}
+    by_dtype: dict[str, list] = {}
     for dtype in sorted({s.dtype for s in samples if s.kind == "matmul"} - {primary}):
-        rel = [s.flops / _busy_s(s, launch_s) / efficiency(matmul, s.flops)
-               for s in samples if s.kind == "matmul" and s.dtype == dtype]
-        peaks[dtype] = statistics.median(rel)
+        own = [s for s in samples if s.kind == "matmul" and s.dtype == dtype]
+        peaks[dtype], curve = rate_curve([s.flops for s in own], [s.flops / _busy_s(s, launch_s) for s in own],
+                                         [s.seconds for s in own], launch_s, decades=0.5)
+        by_dtype[dtype] = [list(p) for p in curve]
     mem = [s for s in samples if s.kind == "memory"]
     if not mem:
         raise ValueError("calibration: no memory measurement")
@@ -237,20 +253,65 @@ def fit_device(samples: Sequence[ComputeSample], *, primary: str) -> dict:
                               [s.seconds for s in mem], launch_s, decades=0.25)
     vector = _fit_vector(samples, launch_s, peaks.get("fp32", peak), best, memory)
     efficiency_dict: dict = {"matmul": [list(p) for p in matmul]}
-    attn = [s for s in samples if s.kind == "attention" and s.dtype in peaks]
-    if attn:
-        effs = [s.flops / _busy_s(s, launch_s) / peaks[s.dtype] for s in attn]
-        top, curve = rate_curve([s.flops for s in attn], effs, [s.seconds for s in attn], launch_s, decades=0.5)
-        efficiency_dict["attention"] = [[x, significant(min(1.0, e * top), 3)] for x, e in curve]
+    if by_dtype:
+        efficiency_dict["matmul_by_dtype"] = by_dtype
+    for key, ops in (("attention", ("sdpa_fwd",)), ("attention_backward", ("sdpa_bwd",))):
+        attn = [s for s in samples if s.kind == "attention" and s.dtype in peaks and s.op in ops]
+        if attn:
+            effs = [s.flops / _busy_s(s, launch_s) / peaks[s.dtype] for s in attn]
+            top, curve = rate_curve([s.flops for s in attn], effs, [s.seconds for s in attn], launch_s, decades=0.5)
+            efficiency_dict[key] = [[x, significant(min(1.0, e * top), 3)] for x, e in curve]
     efficiency_dict["memory"] = [list(p) for p in memory]
     if vector is not None:
         efficiency_dict["vector"] = vector
-    return {
+    out = {
         "peak_flops": {k: significant(v) for k, v in peaks.items()},
         "memory_bandwidth_Bps": significant(best),
         "launch_s": significant(launch_s),
         "efficiency": efficiency_dict,
     }
+    if scalar:
+        out["launch_scalar_s"] = significant(statistics.median(scalar))
+    run = _fit_run(samples, out)
+    if run:
+        efficiency_dict["run"] = run
+    return out
+
+
+def _draft_profile(device: dict) -> HardwareProfile:
+    """A profile around fitted device figures, to price samples with the cost model."""
+    from hw_profiles.profile import _EXAMPLE
+
+    return HardwareProfile.from_dict({**_EXAMPLE, "device": {"name": "draft", "memory_bytes": 2**30, **device}})
+
+
+def _fit_run(samples: Sequence[ComputeSample], device: dict) -> list[list[float]]:
+    """The run curve (module docstring) from the access samples and their
+    twins; [] without any."""
+    twins = {(s.op, s.shape): s for s in samples if s.kind == "access_twin"}
+    pairs = [(s, twins[(s.op, s.shape)]) for s in samples if s.kind == "access" and (s.op, s.shape) in twins]
+    if not pairs:
+        return []
+    profile = _draft_profile(device)
+    ratios = []
+    for strided, twin in pairs:
+        launch = _launch_of(strided, profile)
+        bw = strided.bytes_accessed / max(strided.seconds - launch, 0.05 * strided.seconds)
+        bw_twin = twin.bytes_accessed / max(twin.seconds - launch, 0.05 * twin.seconds)
+        ratios.append(bw / bw_twin)
+    return [list(p) for p in curve_from_points([s.run for s, _ in pairs], ratios, decades=0.25)]
+
+
+def _launch_of(sample: ComputeSample, profile: HardwareProfile) -> float:
+    device = profile.device
+    return device.launch_scalar_s if _scalar_operand(sample) and device.launch_scalar_s is not None else device.launch_s
+
+
+def _scalar_operand(sample: ComputeSample) -> bool:
+    from autoshard.calibrate.measure_compute import LAUNCH_SCALAR_OPS
+
+    return ((sample.kind == "launch" and sample.op in LAUNCH_SCALAR_OPS)
+            or (sample.kind in ("access", "access_twin") and sample.op == "div_expanded"))
 
 
 def _fit_vector(samples: Sequence[ComputeSample], launch_s: float, fp32_peak: float, bandwidth: float,
@@ -278,17 +339,25 @@ def _fit_vector(samples: Sequence[ComputeSample], launch_s: float, fp32_peak: fl
 def predict_compute(sample: ComputeSample, profile: HardwareProfile) -> float:
     """What the cost model says a compute sample takes on ``profile``: the
     sample priced by ``costmodel.compute.op_time_s`` as the op kind the rules
-    give it (add: elementwise, clone: copy).
+    give it (add: elementwise, clone: copy, sdpa backward: attention_backward,
+    an access sample with its run), with the launch floor of its operands.
 
     >>> from hw_profiles import load
     >>> s = ComputeSample("matmul", "mm", "512x512x512", "fp32", 2 * 512.0**3, 3 * 4 * 512.0**2, 0.0, 0.0)
     >>> predict_compute(s, load("cpu-gloo")) > 0
     True
     """
-    kind = {"launch": "elementwise", "vector": "elementwise",
-            "memory": "copy" if sample.op == "clone" else "elementwise"}.get(sample.kind, sample.kind)
+    if sample.kind in ("access", "access_twin"):
+        from autoshard.calibrate.measure_compute import ACCESS_PATTERNS
+
+        kind = ACCESS_PATTERNS[sample.op][0] if sample.op in ACCESS_PATTERNS else "elementwise"
+    elif sample.kind == "attention":
+        kind = "attention_backward" if sample.op == "sdpa_bwd" else "attention"
+    else:
+        kind = {"launch": "elementwise", "vector": "elementwise",
+                "memory": "copy" if sample.op == "clone" else "elementwise"}.get(sample.kind, sample.kind)
     return op_time_s(kind, flops=sample.flops, bytes_accessed=sample.bytes_accessed, dtype=sample.dtype,
-                     profile=profile)
+                     profile=profile, run_elems=sample.run, scalar_operand=_scalar_operand(sample))
 
 
 # -- collectives ----------------------------------------------------------------

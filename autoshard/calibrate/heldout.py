@@ -212,8 +212,12 @@ def model_ops(spec: str, overrides: dict, profile: HardwareProfile) -> list[OpSp
     return list(seen.values())
 
 
-def _predict(spec: OpSpec, args: tuple, kwargs: dict, profile: HardwareProfile, rules: Any) -> tuple[str, float]:
-    """(kind, seconds) as ``autoshard.graph.builder`` prices a replicated op."""
+def _predict(spec: OpSpec, args: tuple, kwargs: dict, out: Any, profile: HardwareProfile,
+             rules: Any) -> tuple[str, float]:
+    """(kind, seconds) as ``autoshard.graph.builder`` prices a replicated op:
+    the rule's ``OpCompute``, with the run and scalar operand read off the
+    real tensors (``autoshard.graph.access``)."""
+    from autoshard.graph.access import has_scalar_operand, inner_run, reduced_dims
     from autoshard.rules.core import to_meta
 
     work = rules.compute_kind(spec.op, to_meta(args), to_meta(kwargs))
@@ -221,8 +225,11 @@ def _predict(spec: OpSpec, args: tuple, kwargs: dict, profile: HardwareProfile, 
         return work.kind, spec.predicted_s
     tensors = [a for a in [*args, *(x for a in args if isinstance(a, list) for x in a)] if isinstance(a, torch.Tensor)]
     dtype = next((str(t.dtype) for t in tensors if t.dtype.is_floating_point), "torch.float32")
+    outs = list(out) if isinstance(out, (tuple, list)) else [out]
+    reduced = reduced_dims(rules.op_call(spec.op, to_meta(args), to_meta(kwargs))) if work.kind == "reduction" else None
+    run = inner_run(work.kind, tensors, outs, reduced=reduced)
     return work.kind, op_time_s(work.kind, flops=work.flops, bytes_accessed=work.bytes_accessed, dtype=dtype,
-                                profile=profile)
+                                profile=profile, run_elems=run, scalar_operand=has_scalar_operand(spec.op, args, kwargs))
 
 
 def compute_check_items(specs: list[OpSpec], profile: HardwareProfile) -> list[Item]:
@@ -237,8 +244,8 @@ def compute_check_items(specs: list[OpSpec], profile: HardwareProfile) -> list[I
         def run(job: Job, settings: Settings) -> list[CheckItem]:
             try:
                 args, kwargs = spec.make(job.device)
-                kind, predicted = _predict(spec, args, kwargs, profile, rules)
-                spec.op(*args, **kwargs)
+                out = spec.op(*args, **kwargs)
+                kind, predicted = _predict(spec, args, kwargs, out, profile, rules)
                 ok = True
             except (RuntimeError, NotImplementedError, ValueError):
                 ok = False

@@ -1,15 +1,18 @@
 """What the device computes, as the cost model needs it: the points that
 ``autoshard.calibrate.fit`` turns into a profile's device figures.
 
-Why these five families: ``costmodel.compute`` prices an op as
-``max(F / (P * e(F)), B / (W * e_mem(B))) + launch``, so a profile needs
+Why these six families: ``costmodel.compute`` prices an op as
+``max(F / (P * e(F)), B / (W * e_mem(B))) / e_run(r) + launch``, so a profile needs
 
 * ``launch``: the floor of any op: the median of 1-element calls of add,
-  mul by a Python scalar, neg and sum;
+  neg and sum (``launch_s``), and of ops with a Python-scalar operand: mul
+  by a Python float, ``mul.Scalar``, ``add.Scalar`` (``launch_scalar_s``: the
+  scalar is wrapped into a tensor on every call, about twice the floor);
 * ``matmul``: GEMMs over sizes (square and the skinny shapes of activations
   times weights and of weight gradients) in the primary dtype (fp32 on CPU,
-  bf16 on GPU) for the efficiency curve ``e(F)``, and a few large ones in the
-  other dtypes for their peaks;
+  bf16 on GPU) for the efficiency curve ``e(F)``, and squares in the other
+  dtypes for their own peaks and curves (bf16 GEMMs on a CPU with AMX, or
+  fp8 on a GPU, saturate at other sizes than the primary dtype);
 * ``memory``: out-of-place adds and copies (what a training step's
   elementwise ops and re-layouts do, allocation included) over working sets
   from a few KiB to hundreds of MiB, for the bandwidth curve ``e_mem(B)``:
@@ -19,7 +22,14 @@ Why these five families: ``costmodel.compute`` prices an op as
   the vector efficiency: the rate at which elementwise FLOPs (as the rules
   count them) run, far below a CPU's GEMM peak;
 * ``attention``: the backend's fused scaled-dot-product attention, forward
-  and backward, causal as in decoder LLMs, for the attention curve.
+  and backward, causal as in decoder LLMs, for the attention curves (the
+  backward has its own: ``attention_backward``);
+* ``access``: the layouts of a decoder's joint graph whose innermost
+  contiguous run is ``r`` elements (:data:`ACCESS_PATTERNS`: transposed and
+  strided copies, cat of a strided half, broadcasts inside the row, clones of
+  expanded tensors and their middle-dim sums, an op on an expanded input),
+  each with a contiguous twin, for the run curve ``e_run(r)``
+  (``autoshard.graph.access`` finds ``r`` for a traced op).
 
 Every sample records the FLOPs and bytes that ``autoshard.rules.compute``
 counts for the same op, so the fit and the cost model agree on units. Ops
@@ -30,12 +40,13 @@ on CPU than ``torch.add``.
 >>> from autoshard.calibrate.timing import Job
 >>> items = compute_items(Job.single(), "tiny")
 >>> sorted({i.label.split()[0] for i in items})
-['attention', 'launch', 'matmul', 'memory', 'vector']
+['access', 'attention', 'launch', 'matmul', 'memory', 'vector']
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from dataclasses import dataclass
 from typing import Callable
@@ -45,7 +56,8 @@ import torch.nn.functional as F
 
 from autoshard.calibrate.timing import Job, Settings, measure
 
-__all__ = ["MODES", "ComputeSample", "Item", "compute_items", "reference_items", "primary_dtype", "available_bytes"]
+__all__ = ["MODES", "ComputeSample", "Item", "compute_items", "reference_items", "primary_dtype", "available_bytes",
+           "LAUNCH_SCALAR_OPS"]
 
 MODES = ("full", "quick", "tiny")
 
@@ -59,9 +71,11 @@ class ComputeSample:
     """One measured op."""
 
     kind: str
-    """``launch``, ``matmul``, ``memory``, ``vector`` or ``attention``."""
+    """``launch``, ``matmul``, ``memory``, ``vector``, ``attention``, ``access``
+    or ``access_twin`` (the contiguous twin of an access sample)."""
     op: str
-    """What ran (``mm``, ``add``, ``clone``, ``sdpa_fwd``, ``sdpa_bwd``)."""
+    """What ran (``mm``, ``add``, ``clone``, ``sdpa_fwd``, ``sdpa_bwd``,
+    ``mul_scalar``; for access: ``copy``, ``add``, ``sum``)."""
     shape: str
     """Its sizes, e.g. ``512x512x512`` (m x k x n) or ``1048576``."""
     dtype: str
@@ -71,13 +85,18 @@ class ComputeSample:
     seconds: float
     spread: float
     """(max - min) / median of the kept trials."""
+    run: float = math.inf
+    """Innermost contiguous run in elements (access samples; inf: contiguous)."""
 
     def with_seconds(self, seconds: float) -> "ComputeSample":
         return dataclasses.replace(self, seconds=seconds)
 
     def to_dict(self) -> dict:
-        return {"kind": self.kind, "op": self.op, "shape": self.shape, "dtype": self.dtype, "flops": self.flops,
-                "bytes_accessed": self.bytes_accessed, "seconds": self.seconds, "spread": self.spread}
+        out = {"kind": self.kind, "op": self.op, "shape": self.shape, "dtype": self.dtype, "flops": self.flops,
+               "bytes_accessed": self.bytes_accessed, "seconds": self.seconds, "spread": self.spread}
+        if math.isfinite(self.run):
+            out["run"] = self.run
+        return out
 
     @classmethod
     def from_dict(cls, data: dict) -> "ComputeSample":
@@ -132,17 +151,19 @@ def _sizes(mode: str, job: Job) -> dict:
     scale = 4 if job.is_cuda else 1
     if mode == "full":
         sizes = dict(square=[16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048],
-                     rect=[32, 64, 128, 256, 512], dtype=[128, 256, 512, 1024],
+                     rect=[32, 64, 128, 256, 512], dtype=[32, 64, 128, 256, 512, 1024],
                      memory=[2**k for k in range(8, 27)], vector=[2**12, 2**15, 2**18, 2**21, 2**24],
                      attention=[(bh, s, d) for s in (64, 256, 1024) for d in (32, 64, 128) for bh in (16,)]
-                     + [(32, 128, 64), (32, 512, 64)])
+                     + [(32, 128, 64), (32, 512, 64)],
+                     access=[2**17, 2**20])
     elif mode == "quick":
-        sizes = dict(square=[16, 32, 64, 128, 256, 512, 1024], rect=[64, 256], dtype=[256, 512],
+        sizes = dict(square=[16, 32, 64, 128, 256, 512, 1024], rect=[64, 256], dtype=[64, 256, 512],
                      memory=[2**k for k in range(8, 25)], vector=[2**14, 2**18, 2**22],
-                     attention=[(16, 128, 32), (16, 512, 64), (32, 256, 128)])
+                     attention=[(16, 128, 32), (16, 512, 64), (32, 256, 128)],
+                     access=[2**18])
     elif mode == "tiny":
         sizes = dict(square=[16, 64, 128], rect=[], dtype=[64], memory=[2**8, 2**12, 2**16], vector=[2**12],
-                     attention=[(4, 64, 32)])
+                     attention=[(4, 64, 32)], access=[2**12])
     else:
         raise ValueError(f"mode: expected one of {', '.join(MODES)}, got {mode!r}")
     if scale > 1:
@@ -154,6 +175,7 @@ def _sizes(mode: str, job: Job) -> dict:
     budget = available_bytes(job)
     sizes["memory"] = [n for n in sizes["memory"] if 3 * 4 * n <= budget]
     sizes["vector"] = [n for n in sizes["vector"] if 2 * 4 * n <= budget]
+    sizes["access"] = [n for n in sizes["access"] if 4 * 4 * n <= budget]
     return sizes
 
 
@@ -162,8 +184,14 @@ _LAUNCH_OPS = {
     "mul_scalar": lambda x: aten.mul.Tensor(x, 0.5),  # a Python scalar costs a wrapped tensor per call
     "neg": lambda x: aten.neg.default(x),
     "sum": lambda x: aten.sum.default(x),
+    "mul_Scalar": lambda x: aten.mul.Scalar(x, 0.5),
+    "add_Scalar": lambda x: aten.add.Scalar(x, 1.0),
 }
-"""1-element calls of common ops; the launch floor is their median."""
+"""1-element calls of common ops; the launch floor is the median of the
+tensor-only ones, ``launch_scalar_s`` that of :data:`LAUNCH_SCALAR_OPS`."""
+
+LAUNCH_SCALAR_OPS = ("mul_scalar", "mul_Scalar", "add_Scalar")
+"""Launch items with a Python-scalar operand (``autoshard.graph.access.has_scalar_operand``)."""
 
 
 def _launch_item(op: str) -> Item:
@@ -238,7 +266,8 @@ def _vector_item(op: str, numel: int) -> Item:
 def _attention_item(batch_heads: int, seq: int, head_dim: int, dtype: str, backward: bool) -> Item:
     batch, heads = max(1, batch_heads // 8), min(batch_heads, 8)
     torch_dtype = _DTYPES[dtype]
-    fwd_flops = 4.0 * batch * heads * seq * seq * head_dim  # autoshard.rules.compute.attention_compute
+    pairs = seq * (seq + 1) / 2  # causal: autoshard.rules.compute.attention_compute counts the pairs it computes
+    fwd_flops = 4.0 * batch * heads * pairs * head_dim
     flops = fwd_flops * (2.5 if backward else 1.0)
     shape = f"{batch}x{heads}x{seq}x{head_dim}"
 
@@ -267,6 +296,79 @@ def _attention_item(batch_heads: int, seq: int, head_dim: int, dtype: str, backw
         return [ComputeSample("attention", op, shape, dtype, flops, nbytes, t.seconds, t.spread)]
 
     return Item(f"attention {'bwd' if backward else 'fwd'} {shape}", 0.1 + flops / 1e10, run)
+
+
+ACCESS_PATTERNS = {
+    # name: (kind as the rules price it, runs measured), the layouts of a decoder's joint graph
+    "copy_t": ("copy", (1,)),                        # a transposed copy (.t().contiguous())
+    "div_expanded": ("elementwise", (1,)),           # div.Scalar of an expanded row (mean's backward)
+    "copy_slice": ("copy", (16, 64, 256, 4096)),     # clone of a strided half (rotary embedding)
+    "cat_slice": ("copy", (16, 64)),                 # cat of a strided half with a contiguous one
+    "mul_bcast": ("elementwise", (16, 32, 64, 256, 4096)),  # [B, T, H, r] * [1, T, 1, r] (rotary frequencies)
+    "clone_expand": ("copy", (32, 64)),              # clone of [B, T, H, 1, r] expanded to 2 (repeat_kv)
+    "sum_middle": ("reduction", (32, 64)),           # its backward: sum over the repeated dim
+}
+"""The access patterns: each an op whose innermost contiguous run is ``r``
+elements in the layout it has in a traced decoder (``autoshard.graph.access``
+finds the same ``r``), with its kind as the rules price it. Runs of 4096
+anchor the curve where runs are long enough to stream."""
+
+
+def _access_tensors(pattern: str, numel: int, run: int, device: torch.device):
+    """(op, its contiguous twin, FLOPs, bytes, twin bytes) of ``pattern``;
+    bytes as the rules count them (shapes, not strides)."""
+    t = max(1, numel // (16 * run))  # [4, t, 4, run]: numel elements
+    shape = (4, t, 4, run)
+    n = math.prod(shape)
+    if pattern == "copy_t":
+        side = max(2, int(math.isqrt(numel)))
+        src, twin = torch.randn(side, side, device=device).t(), torch.randn(side, side, device=device)
+        return (lambda: aten.clone.default(src, memory_format=torch.contiguous_format),
+                lambda: aten.clone.default(twin), 0.0, 8.0 * side * side, 8.0 * side * side)
+    if pattern == "div_expanded":
+        rows = max(1, numel // 256)
+        src, twin = torch.randn(rows, 1, device=device).expand(rows, 256), torch.randn(rows, 256, device=device)
+        return (lambda: aten.div.Scalar(src, 3.0), lambda: aten.div.Scalar(twin, 3.0), float(rows * 256),
+                8.0 * rows * 256, 8.0 * rows * 256)
+    if pattern in ("copy_slice", "cat_slice"):
+        half = torch.randn(*shape[:-1], 2 * run, device=device)[..., :run]
+        other, twin = torch.randn(shape, device=device), torch.randn(shape, device=device)
+        if pattern == "copy_slice":
+            return (lambda: aten.clone.default(half, memory_format=torch.contiguous_format),
+                    lambda: aten.clone.default(twin), 0.0, 8.0 * n, 8.0 * n)
+        return (lambda: aten.cat.default([other, half], -1), lambda: aten.cat.default([other, twin], -1), 0.0,
+                16.0 * n, 16.0 * n)
+    if pattern == "mul_bcast":
+        a, b, b2 = (torch.randn(shape, device=device), torch.randn(1, t, 1, run, device=device),
+                    torch.randn(shape, device=device))
+        return (lambda: aten.mul.Tensor(a, b), lambda: aten.mul.Tensor(a, b2), float(n),
+                4.0 * (2 * n + t * run), 12.0 * n)
+    five = (4, t, 4, 2, run)
+    if pattern == "clone_expand":
+        src = torch.randn(4, t, 4, 1, run, device=device).expand(five)
+        twin = torch.randn(five, device=device)
+        return (lambda: aten.clone.default(src, memory_format=torch.contiguous_format),
+                lambda: aten.clone.default(twin), 0.0, 16.0 * n, 16.0 * n)
+    x, flat = torch.randn(five, device=device), torch.randn(2, 2 * n, device=device)  # sum_middle
+    return (lambda: aten.sum.dim_IntList(x, [3]), lambda: aten.sum.dim_IntList(flat, [0]), float(2 * n),
+            12.0 * n, 12.0 * n)
+
+
+def _access_item(pattern: str, numel: int, run: int) -> Item:
+    """One access pattern (:data:`ACCESS_PATTERNS`) with innermost run ``run``
+    and its contiguous twin of the same size measured right after it (kind
+    ``access_twin``): the run curve is the ratio of their bandwidths, so the
+    memory curve's error and the host's load at that moment cancel."""
+
+    def run_fn(job: Job, settings: Settings) -> list[ComputeSample]:
+        fn, twin_fn, flops, nbytes, twin_bytes = _access_tensors(pattern, numel, run, job.device)
+        t = measure(job, fn, settings)
+        c = measure(job, twin_fn, settings)
+        shape = f"{numel} run {run}"
+        return [ComputeSample("access", pattern, shape, "fp32", flops, nbytes, t.seconds, t.spread, float(run)),
+                ComputeSample("access_twin", pattern, shape, "fp32", flops, twin_bytes, c.seconds, c.spread)]
+
+    return Item(f"access {pattern} {numel} run {run}", 0.2 + 16 * numel / 1e9, run_fn)
 
 
 def reference_items(job: Job) -> list[Item]:
@@ -301,4 +403,9 @@ def compute_items(job: Job, mode: str) -> list[Item]:
         items += [_vector_item(op, numel) for op in _VECTOR_OPS]
     for bh, seq, head_dim in sizes["attention"]:
         items += [_attention_item(bh, seq, head_dim, dtype, False), _attention_item(bh, seq, head_dim, dtype, True)]
+    for numel in sizes["access"]:
+        for pattern, (_, runs) in ACCESS_PATTERNS.items():
+            if mode == "tiny":
+                runs = runs[:1]
+            items += [_access_item(pattern, numel, run) for run in runs]
     return items

@@ -41,7 +41,7 @@ from autoshard.calibrate.fit import FitError
 from autoshard.calibrate.timing import Job
 
 __all__ = ["MEASUREMENTS_FORMAT", "host_description", "device_name", "memory_bytes", "initial_interconnect",
-           "assemble_profile", "check_profile", "write_profile", "measurements_dict", "write_measurements", "to_json"]
+           "assemble_profile", "foreign_load_warning", "check_profile", "write_profile", "measurements_dict", "write_measurements", "to_json"]
 
 MEASUREMENTS_FORMAT = "autoshard.calibration-measurements/1"
 """The ``format`` of the ``--measurements`` file (docs/formats.md)."""
@@ -124,9 +124,10 @@ def initial_interconnect(job: Job, base: HardwareProfile | None) -> tuple[list[d
 def assemble_profile(*, name: str, job: Job, threads: int, device: Mapping[str, Any], device_sources: Mapping[str, str],
                      interconnect: list[dict], tier_sources: Mapping[str, str],
                      collective_errors: Mapping[tuple[str, str], FitError], compute_errors: Mapping[str, FitError],
-                     measured_tiers: int, method: str) -> dict:
+                     measured_tiers: int, method: str, load: Any = None) -> dict:
     """The profile dict: ``device`` figures and sources, the interconnect with
-    a ``source`` on every fitted entry, and ``calibration`` metadata."""
+    a ``source`` on every fitted entry, and ``calibration`` metadata (with
+    ``load``, a ``hw_profiles.LoadRecord``, and a warning when it was foreign)."""
     mem, mem_source = memory_bytes(job)
     tiers = []
     for index, tier in enumerate(interconnect):
@@ -147,6 +148,19 @@ def assemble_profile(*, name: str, job: Job, threads: int, device: Mapping[str, 
         tiers.append(tier)
     fit_error = {key: _ceil4(err.max) for key, err in compute_errors.items()}
     fit_error.update({f"{t}.{k}": _ceil4(err.max) for (t, k), err in collective_errors.items()})
+    calibration: dict[str, Any] = {
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "host": host_description(),
+        "torch": torch.__version__,
+        "method": method,
+        "ranks": job.world,
+        "fit_error": fit_error,
+    }
+    if load is not None:
+        calibration["load"] = load.to_dict()
+        if load.foreign:
+            calibration["warnings"] = [foreign_load_warning(load)]
+    launch_scalar = {"launch_scalar_s": device["launch_scalar_s"]} if "launch_scalar_s" in device else {}
     return {
         "format": FORMAT,
         "name": name,
@@ -157,19 +171,26 @@ def assemble_profile(*, name: str, job: Job, threads: int, device: Mapping[str, 
             "peak_flops": dict(device["peak_flops"]),
             "memory_bandwidth_Bps": device["memory_bandwidth_Bps"],
             "launch_s": device["launch_s"],
+            **launch_scalar,
             "efficiency": dict(device["efficiency"]),
             "sources": {"name": f"measured on {host_description()}", "memory_bytes": mem_source, **device_sources},
         },
         "interconnect": tiers,
-        "calibration": {
-            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "host": host_description(),
-            "torch": torch.__version__,
-            "method": method,
-            "ranks": job.world,
-            "fit_error": fit_error,
-        },
+        "calibration": calibration,
     }
+
+
+def foreign_load_warning(load: Any) -> str:
+    """The warning a calibration under foreign load stores and prints.
+
+    >>> from hw_profiles import LoadRecord
+    >>> foreign_load_warning(LoadRecord(2, 4, (6.0, 5.0, 5.0), (7.0, 6.0, 5.0), foreign_load=2.5, foreign=True))[:40]
+    'measured under foreign load: other proce'
+    """
+    return (f"measured under foreign load: other processes kept {load.foreign_load:.2f} threads runnable on average "
+            f"(threshold {load.threshold:g}; load average {load.before[0]:.2f} before, {load.after[0]:.2f} after, "
+            f"{load.cores} cores, the job's own threads {load.own_threads}); the figures are slower than this host "
+            "when quiet: re-run the calibration on a quiet host before shipping them")
 
 
 def _ceil4(value: float) -> float:
@@ -180,9 +201,10 @@ def _ceil4(value: float) -> float:
 def check_profile(data: Mapping[str, Any], *, base: HardwareProfile | None) -> list[str]:
     """Raise ``ProfileError`` (naming the field) unless ``data`` is a valid,
     plausible profile; return warnings for figures above the base profile's
-    datasheet figures (only compared when the base is a datasheet profile)."""
+    datasheet figures (only compared when the base is a datasheet or published
+    profile: their peaks are the datasheet's)."""
     validate(data)
-    if base is None or base.source != "datasheet":
+    if base is None or base.source not in ("datasheet", "published"):
         return []
     warnings = []
     device = data["device"]

@@ -26,7 +26,8 @@ from autoshard.calibrate import fit as fitting
 from autoshard.calibrate.heldout import (DEFAULT_MODEL, CheckItem, collective_check_items, compute_check_items,
                                          model_ops, reference_check_items, synthetic_ops)
 from autoshard.calibrate.measure_collectives import CollectiveSample, Groups, collective_items, default_mesh
-from autoshard.calibrate.measure_compute import ComputeSample, Item, compute_items, primary_dtype
+from autoshard.calibrate.load import monitor_for
+from autoshard.calibrate.measure_compute import LAUNCH_SCALAR_OPS, ComputeSample, Item, compute_items, primary_dtype
 from autoshard.calibrate.output import assemble_profile, check_profile, initial_interconnect, write_profile
 from autoshard.calibrate.report import markdown_report, plot_report
 from autoshard.calibrate.timing import Job, Settings
@@ -132,6 +133,19 @@ def run_items(job: Job, items: Sequence[Item], settings: Settings, bar: Bar, pha
     return out
 
 
+ERROR_GROUPS = {
+    "launch": lambda s, primary: s.kind == "launch",
+    "matmul": lambda s, primary: s.kind == "matmul" and s.dtype == primary,
+    "matmul_other_dtypes": lambda s, primary: s.kind == "matmul" and s.dtype != primary,
+    "memory": lambda s, primary: s.kind == "memory",
+    "vector": lambda s, primary: s.kind == "vector",
+    "attention": lambda s, primary: s.kind == "attention" and s.op != "sdpa_bwd",
+    "attention_backward": lambda s, primary: s.kind == "attention" and s.op == "sdpa_bwd",
+    "access": lambda s, primary: s.kind == "access",
+}
+"""The fit-error groups of a calibration (``calibration.fit_error`` keys)."""
+
+
 def device_sources(samples: Sequence[ComputeSample], primary: str, errors: dict[str, fitting.FitError],
                    mode: str) -> dict[str, str]:
     """The ``device.sources`` text of a measured profile."""
@@ -139,24 +153,33 @@ def device_sources(samples: Sequence[ComputeSample], primary: str, errors: dict[
         chosen = [s for s in samples if s.kind == kind and (dtype is None or s.dtype == dtype)]
         return f"{len(chosen)} {kind} samples" if chosen else f"no {kind} samples"
 
+    def err(key: str, what: str) -> str:
+        return f"; {what} {errors[key].text()}" if key in errors else ""
+
     others = sorted({s.dtype for s in samples if s.kind == "matmul"} - {primary})
     mem = [s.bytes_accessed for s in samples if s.kind == "memory"]
     text = {
         "peak_flops": f"measured: best aten.mm rate in {primary} ({shapes('matmul', primary)}, square and skinny); "
-                      + (f"{', '.join(others)}: median rate / efficiency(F); " if others else "")
+                      + (f"{', '.join(others)}: best rate of their own square GEMMs; " if others else "")
                       + ("tf32 = fp32 (CPUs have no TF32)" if "tf32" not in others and primary == "fp32" else ""),
         "memory_bandwidth_Bps": "measured: best bandwidth of out-of-place aten.add / aten.clone (allocation included) "
                                 f"over working sets {min(mem):.3g}-{max(mem):.3g} B; the memory curve scales it "
                                 "down for working sets that do not fit a cache",
-        "launch_s": "measured: median of 1-element calls of aten add, mul by a Python scalar, neg and sum "
-                    "(dispatch, allocation, kernel)",
-        "efficiency": f"measured ({mode} mode): matmul {primary} {errors['matmul'].text()}; memory "
-                      f"{errors['memory'].text()}"
-                      + (f"; vector (silu, gelu, softmax, layer norm; FLOPs as the rules count them) "
-                         f"{errors['vector'].text()}" if "vector" in errors else "")
-                      + (f"; attention (causal sdpa forward and backward) {errors['attention'].text()}"
-                         if "attention" in errors else ""),
+        "launch_s": "measured: median of 1-element calls of aten add, neg and sum (dispatch, allocation, kernel)"
+                    + err("launch", "launch (both floors)"),
+        "launch_scalar_s": "measured: median of 1-element calls with a Python-scalar operand: aten mul by a "
+                           "Python float, mul.Scalar, add.Scalar (the scalar is wrapped into a tensor per call)",
+        "efficiency": f"measured ({mode} mode): matmul {primary} {errors['matmul'].text()}"
+                      + err("matmul_other_dtypes", f"matmul {', '.join(others)} (curves per dtype)")
+                      + f"; memory {errors['memory'].text()}"
+                      + err("vector", "vector (silu, gelu, softmax, layer norm; FLOPs as the rules count them)")
+                      + err("attention", "attention (causal sdpa forward, causal FLOPs)")
+                      + err("attention_backward", "attention_backward (causal sdpa backward)")
+                      + err("access", "run (copies of strided views and transposes, adds broadcast inside the "
+                                      "row, middle-dim sums, ops on expanded inputs)"),
     }
+    if not any(s.kind == "launch" and s.op in LAUNCH_SCALAR_OPS for s in samples):
+        del text["launch_scalar_s"]
     return {k: v.rstrip("; ") for k, v in text.items()}
 
 
@@ -175,8 +198,16 @@ def calibrate(job: Job, options: Options) -> dict:
     headline = (f"measuring {len(items)} items on {job.world} rank(s) ({options.mode} mode"
                 + (f", mesh {'x'.join(map(str, mesh.shape))}" if groups else "") + ")")
     rounds = MODE_ROUNDS[options.mode]
-    with Bar(job, sum(i.weight * (rounds if i.repeat else 1) for i in items), headline) as bar:
-        samples = run_items(job, items, settings, bar, "calibrate", rounds=rounds)
+    monitor = monitor_for(job, options.threads)
+    if monitor:
+        monitor.start()
+    try:
+        with Bar(job, sum(i.weight * (rounds if i.repeat else 1) for i in items), headline) as bar:
+            samples = run_items(job, items, settings, bar, "calibrate", rounds=rounds)
+    finally:
+        if monitor:
+            monitor.stop()
+    load = monitor.record() if monitor else None
     compute = [s for s in samples if isinstance(s, ComputeSample)]
     collectives = [s for s in samples if isinstance(s, CollectiveSample)]
     primary = primary_dtype(job)
@@ -194,8 +225,8 @@ def calibrate(job: Job, options: Options) -> dict:
     if collectives:
         profile, coll_errors = fitting.fit_interconnect(collectives, mesh, profile, measured_tiers)
     compute_errors = {}
-    for kind in ("matmul", "memory", "vector", "attention"):
-        chosen = [s for s in compute if s.kind == kind]
+    for kind, member in ERROR_GROUPS.items():
+        chosen = [s for s in compute if member(s, primary)]
         if chosen:
             predicted = [fitting.predict_compute(s, profile) for s in chosen]
             compute_errors[kind] = fitting.FitError.of(fitting.relative_errors(predicted, [s.seconds for s in chosen]))
@@ -220,8 +251,8 @@ def calibrate(job: Job, options: Options) -> dict:
     data = assemble_profile(name=options.name or "measured", job=job, threads=options.threads, device=device,
                             device_sources=sources, interconnect=fitted_tiers, tier_sources=tier_sources,
                             collective_errors=coll_errors, compute_errors=compute_errors,
-                            measured_tiers=measured_tiers, method=method)
-    warnings = check_profile(data, base=options.base)
+                            measured_tiers=measured_tiers, method=method, load=load)
+    warnings = check_profile(data, base=options.base) + list(data["calibration"].get("warnings", []))
     if not job.all_agree(True):  # every rank got here: the run is complete
         raise RuntimeError("another rank did not complete the calibration")
     if job.rank == 0:
@@ -233,6 +264,8 @@ def calibrate(job: Job, options: Options) -> dict:
             write_profile(options.output, data)
         for line in warnings:
             print(f"warning: {line}")
+        if load is not None:
+            print(f"calibrate-hardware: {load.text()}")
         _print_summary(data, options.output)
     return data
 
@@ -258,7 +291,6 @@ def check(job: Job, options: Options, profile: HardwareProfile) -> list[CheckIte
     """Time the held-out set on every rank and (rank 0) print the report,
     write it (``--report``) and plot it (``--plot``)."""
     settings = MODE_SETTINGS[options.mode]
-    load_before = os.getloadavg()
     specs = synthetic_ops(options.mode)
     model_spec, overrides = options.model or ((DEFAULT_MODEL[0], {}) if options.mode == "tiny" else DEFAULT_MODEL)
     specs += model_ops(model_spec, overrides, profile)
@@ -269,9 +301,16 @@ def check(job: Job, options: Options, profile: HardwareProfile) -> list[CheckIte
         items += collective_check_items(groups, options.mode, profile)
     started = time.time()
     rounds = MODE_ROUNDS[options.mode]
-    with Bar(job, sum(i.weight * (rounds if i.repeat else 1) for i in items),
-             f"checking {len(items)} held-out items on {job.world} rank(s)") as bar:
-        results: list[CheckItem] = run_items(job, items, settings, bar, "check", rounds=rounds)
+    monitor = monitor_for(job, options.threads)
+    if monitor:
+        monitor.start()
+    try:
+        with Bar(job, sum(i.weight * (rounds if i.repeat else 1) for i in items),
+                 f"checking {len(items)} held-out items on {job.world} rank(s)") as bar:
+            results: list[CheckItem] = run_items(job, items, settings, bar, "check", rounds=rounds)
+    finally:
+        if monitor:
+            monitor.stop()
     if job.rank == 0:
         calib = profile.calibration
         header = [
@@ -281,9 +320,14 @@ def check(job: Job, options: Options, profile: HardwareProfile) -> list[CheckIte
             f"{'x'.join(map(str, mesh.shape))}, {options.threads} thread(s) per rank, mode {options.mode}, "
             f"{time.time() - started:.0f} s",
             f"- held-out model: `{model_spec}` {json.dumps(overrides)} (forward + backward ops, views excluded)",
-            f"- machine load (1/5/15 min): {' '.join(f'{v:.2f}' for v in load_before)} before, "
-            f"{' '.join(f'{v:.2f}' for v in os.getloadavg())} after",
+            f"- machine load during this check: {monitor.record().text()}",
+            "- machine load during the calibration: "
+            + (calib.load.text() if calib.load else "not recorded (profile calibrated before loads were recorded)"),
         ]
+        if monitor.record().foreign:
+            header.append("- WARNING: this check ran under foreign load: measured times are slower than the host "
+                          "when quiet, errors and drift are skewed by it")
+        header += [f"- WARNING (profile): {w}" for w in calib.warnings]
         if options.command:
             header.append(f"- command: `{options.command}`")
         if calib.ranks and calib.ranks != job.world:

@@ -5,8 +5,11 @@ Nodes (one per tensor-producing op of the joint graph, plus leaves and sinks):
 - **op**: every ATen call except tuple access (``getitem`` reads output k of
   its producer, so readers are wired to that output directly). Strategies
   from the rules; cost = compute time of the busiest rank's local shard
-  (``costmodel.compute.op_time_s`` of the rule's ``OpCompute``); memory = its
-  outputs' local bytes over their live interval (views own none).
+  (``costmodel.compute.op_time_s`` of the rule's ``OpCompute``, with the
+  innermost contiguous run and the scalar-operand flag that
+  ``autoshard.graph.access`` reads off the traced tensors' strides: the same
+  for every strategy, sharding keeps the layout); memory = its outputs' local
+  bytes over their live interval (views own none).
 - **param / buffer / input / constant / tangent**: the graph's leaves.
   Strategies = every even placement of the whole tensor
   (``autoshard.graph.placements``); the tangent (d loss / d loss, a scalar)
@@ -280,6 +283,9 @@ class _Builder:
         if self.rules.rule_for(info.op) is None:
             self.uncovered.add(op_name(info.op))
         signature = f"{op_name(info.op)}|{info.args!r}|{info.kwargs!r}|{info.outputs!r}|{self.allow_uneven}"
+        run, scalar = self._access(node, info)
+        if run != float("inf") or scalar:  # contiguous tensor-only ops keep the signature they always had
+            signature += f"|run={run:g}|scalar={scalar}"
         if self.restrict is not None:
             kept = tuple(self.restrict(node, strategies))
             if not kept:
@@ -294,7 +300,7 @@ class _Builder:
         if compute is None:
             dtype = _dtype_key(info.inputs + info.outputs)
             try:
-                compute = np.array([self._op_time(info, s, dtype) for s in strategies], dtype=np.float64)
+                compute = np.array([self._op_time(info, s, dtype, run, scalar) for s in strategies], dtype=np.float64)
             except Exception as exc:  # a rule's compute description that fails on a local call
                 raise self.rule_failed(node, "describe its compute", exc) from exc
             self._compute_cache[signature] = compute
@@ -310,15 +316,31 @@ class _Builder:
         return self.add(GraphNode(node.name, "op", op_name(info.op), strategies, compute, memory, live,
                                   info.outputs, signature))
 
-    def _op_time(self, info: Any, strategy: OpStrategy, dtype: str) -> float:
+    def _access(self, node: fx.Node, info: Any) -> tuple[float, bool]:
+        """(innermost run, scalar operand) of the node's kernel (``autoshard.graph.access``)."""
+        from autoshard.graph.access import has_scalar_operand, inner_run, reduced_dims
+
+        scalar = has_scalar_operand(info.op, node.args, dict(node.kwargs))
+        try:
+            call = self.rules.op_call(info.op, info.args, info.kwargs, out_meta=info.outputs)
+            kind = self.rules.compute_kind(info.op, info.args, info.kwargs, out_meta=info.outputs).kind
+        except Exception:  # noqa: BLE001 - no call to read (data-dependent outputs): price it contiguous
+            return float("inf"), scalar
+        out = node.meta.get("val")
+        outs = list(out) if isinstance(out, (tuple, list)) else [out]
+        ins = [a.meta.get("val") for a in node.all_input_nodes]
+        return inner_run(kind, ins, outs, reduced=reduced_dims(call) if kind == "reduction" else None), scalar
+
+    def _op_time(self, info: Any, strategy: OpStrategy, dtype: str, run: float = float("inf"),
+                 scalar: bool = False) -> float:
         work = self.rules.strategy_compute(info.op, info.args, info.kwargs, self.mesh_shape, strategy,
                                            out_meta=info.outputs)
         try:
             return op_time_s(work.kind, flops=work.flops, bytes_accessed=work.bytes_accessed, dtype=dtype,
-                             profile=self.profile)
+                             profile=self.profile, run_elems=run, scalar_operand=scalar)
         except ValueError:  # a dtype the profile has no peak for (fp64, ints): price as fp32
             return op_time_s(work.kind, flops=work.flops, bytes_accessed=work.bytes_accessed,
-                             dtype="torch.float32", profile=self.profile)
+                             dtype="torch.float32", profile=self.profile, run_elems=run, scalar_operand=scalar)
 
     # -- edges ---------------------------------------------------------------
     def edge(self, src: int, src_output: int, dst: int, dst_input: int,

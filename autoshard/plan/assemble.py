@@ -325,11 +325,13 @@ def assemble_plan(
     grads = []  # (sink, dtype, steps, comm_s) of gradient redistributions, for the buckets
     for e, pe in zip(graph.edges, problem.edges):
         a, b = choice[e.src], choice[e.dst]
-        if pe.cost[a, b] == 0.0:
-            continue
         u, v = graph.nodes[e.src], graph.nodes[e.dst]
         src = u.strategies[a].output_placements[e.src_output]
         dst = _reader_placement(v, b, e.dst_input)
+        # a free edge needs nothing only when the placements agree: a bucketed gradient's
+        # amortised cost can round to 0 while its reduction must still run
+        if pe.cost[a, b] == 0.0 and (dst is None or placement_text(src) == placement_text(dst)):
+            continue
         steps = plan_redistribute(src, dst, graph.mesh, e.shape, e.itemsize, graph.profile)
         comm += steps.comm_s
         relayout += steps.local_s

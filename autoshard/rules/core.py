@@ -186,7 +186,7 @@ class OpStrategy:
         return f"{outs} <- {ins}"
 
 
-COMPUTE_KINDS = ("matmul", "elementwise", "reduction", "attention", "copy", "view")
+COMPUTE_KINDS = ("matmul", "elementwise", "reduction", "attention", "attention_backward", "copy", "view")
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,7 +29,8 @@ from typing import Any, Callable
 
 import torch
 
-from autoshard.rules.compute import copy, reduction
+from autoshard.rules.compute import (embedding_backward_compute, gather_compute, index_add_compute, index_put_compute,
+                                     reduction, scatter_compute)
 from autoshard.rules.core import P, P_AVG, P_MAX, P_MIN, R, OpCall, S, SingleDimStrategy
 from autoshard.rules.matmul import broadcast_placement
 from autoshard.rules.registry import RuleRegistry, SampleInput
@@ -314,17 +315,18 @@ def _selection_samples(kind: str) -> Callable[[Sampler], Any]:
 def register(registry: RuleRegistry) -> None:
     """Add the embedding and indexing rules to ``registry``."""
     rule = registry.family("indexing")
-    rule(aten.embedding.default, compute=copy(), samples=_embedding_samples)(embedding_rule)
-    rule(aten.embedding_dense_backward.default, compute=copy(), samples=_embedding_backward_samples)(
-        embedding_backward_rule)
-    rule(aten.index_select.default, compute=copy(), samples=_index_select_samples)(index_select_rule)
-    rule(aten.gather.default, compute=copy(), samples=_gather_samples)(gather_rule)
-    rule(aten.scatter.src, compute=copy(), samples=_scatter_samples("scatter"))(scatter_rule)
-    rule(aten.scatter.value, compute=copy(), samples=_scatter_samples("value"))(scatter_rule)
-    rule(aten.scatter_add.default, compute=copy(), samples=_scatter_samples("add"))(scatter_rule)
-    rule(aten.index_add.default, compute=copy(), samples=_index_add_samples)(index_add_rule)
-    rule(aten.index.Tensor, compute=copy(), samples=_index_samples)(index_rule)
-    rule(aten.index_put.default, compute=copy(), samples=_index_put_samples)(index_put_rule)
+    # compute: what the kernels touch (autoshard.rules.compute), not every operand's bytes
+    rule(aten.embedding.default, compute=gather_compute(), samples=_embedding_samples)(embedding_rule)
+    rule(aten.embedding_dense_backward.default, compute=embedding_backward_compute,
+         samples=_embedding_backward_samples)(embedding_backward_rule)
+    rule(aten.index_select.default, compute=gather_compute(), samples=_index_select_samples)(index_select_rule)
+    rule(aten.gather.default, compute=gather_compute(), samples=_gather_samples)(gather_rule)
+    rule(aten.scatter.src, compute=scatter_compute(touch=2), samples=_scatter_samples("scatter"))(scatter_rule)
+    rule(aten.scatter.value, compute=scatter_compute(touch=1), samples=_scatter_samples("value"))(scatter_rule)
+    rule(aten.scatter_add.default, compute=scatter_compute(touch=3), samples=_scatter_samples("add"))(scatter_rule)
+    rule(aten.index_add.default, compute=index_add_compute, samples=_index_add_samples)(index_add_rule)
+    rule(aten.index.Tensor, compute=gather_compute(), samples=_index_samples)(index_rule)
+    rule(aten.index_put.default, compute=index_put_compute, samples=_index_put_samples)(index_put_rule)
     rule(aten.topk.default, compute=reduction(4.0), samples=_selection_samples("topk"))(selection_rule)
     rule(aten.sort.default, compute=reduction(8.0), samples=_selection_samples("sort"))(selection_rule)
     rule(aten.sort.stable, compute=reduction(8.0), samples=_selection_samples("stable"))(selection_rule)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from autoshard.rules.compute import elementwise
+from autoshard.rules.compute import elementwise, nll_loss_backward_compute, nll_loss_forward_compute
 from autoshard.rules.core import P, P_AVG, R, OpCall, S, SingleDimStrategy
 from autoshard.rules.registry import RuleRegistry, SampleInput
 from autoshard.rules.samples import Sampler
@@ -131,7 +131,8 @@ def _mse_backward_samples(sampler: Sampler):
 def register(registry: RuleRegistry) -> None:
     """Add the loss rules to ``registry``."""
     rule = registry.family("losses")
-    rule(aten.nll_loss_forward.default, compute=elementwise(2), samples=_nll_forward_samples)(nll_forward_rule)
-    rule(aten.nll_loss_backward.default, compute=elementwise(2), samples=_nll_backward_samples)(nll_backward_rule)
+    rule(aten.nll_loss_forward.default, compute=nll_loss_forward_compute, samples=_nll_forward_samples)(nll_forward_rule)
+    rule(aten.nll_loss_backward.default, compute=nll_loss_backward_compute, samples=_nll_backward_samples)(
+        nll_backward_rule)
     rule(aten.mse_loss.default, compute=elementwise(3), samples=_mse_samples, uneven=False)(mse_rule)
     rule(aten.mse_loss_backward.default, compute=elementwise(4), samples=_mse_backward_samples)(mse_backward_rule)

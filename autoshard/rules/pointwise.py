@@ -22,7 +22,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from autoshard.rules.compute import elementwise
+from autoshard.rules.compute import elementwise, pow_scalar_compute
 from autoshard.rules.core import P, P_AVG, P_MAX, P_MIN, R, OpCall, S, SingleDimStrategy
 from autoshard.rules.registry import RuleRegistry, SampleInput
 from autoshard.rules.samples import Sampler, from_spec
@@ -256,7 +256,9 @@ def register(registry: RuleRegistry) -> None:
     rule = registry.family("pointwise")
     for group in GROUPS:
         for entry in group.ops:
-            rule(entry.op, compute=elementwise(entry.flops), samples=_samples(entry), note=group.why,
+            # pow by a constant: FLOPs by exponent (x*x for 2), not the table's 4
+            compute = pow_scalar_compute if entry.op == aten.pow.Tensor_Scalar else elementwise(entry.flops)
+            rule(entry.op, compute=compute, samples=_samples(entry), note=group.why,
                  extremes=entry.extremes)(
                 pointwise_rule(group.partials)
             )

@@ -23,7 +23,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from autoshard.rules.compute import copy, view
+from autoshard.rules.compute import copy, fill_copy_compute, scatter_into_compute, view
 from autoshard.rules.core import P, P_AVG, P_MAX, P_MIN, OpCall, S, SingleDimStrategy
 from autoshard.rules.registry import RuleRegistry, SampleInput
 from autoshard.rules.samples import Sampler
@@ -298,13 +298,15 @@ def register(registry: RuleRegistry) -> None:
     rule(aten.unbind.int, compute=view(), samples=_split_samples("unbind"))(_other_dims_rule(_dim_arg, out_dim=_unbind_out))
     rule(aten.slice.Tensor, compute=view(), samples=_slice_samples)(_other_dims_rule(_dim_arg))
     rule(aten.select.int, compute=view(), samples=_select_samples)(_other_dims_rule(_select_touched, out_dim=_unbind_out))
-    rule(aten.slice_backward.default, compute=copy(), samples=_slice_backward_samples, localize=_localize_input_sizes)(
+    # *_backward and constant_pad_nd fill their output, then copy the input in: out + 2 * in
+    grad_in = fill_copy_compute(source="grad_output")
+    rule(aten.slice_backward.default, compute=grad_in, samples=_slice_backward_samples, localize=_localize_input_sizes)(
         _backward_rule)
-    rule(aten.select_backward.default, compute=copy(), samples=_select_backward_samples, localize=_localize_input_sizes)(
+    rule(aten.select_backward.default, compute=grad_in, samples=_select_backward_samples, localize=_localize_input_sizes)(
         _backward_rule)
-    rule(aten.select_scatter.default, compute=copy(), samples=_select_scatter_samples)(_scatter_rule)
-    rule(aten.slice_scatter.default, compute=copy(), samples=_slice_scatter_samples)(_scatter_rule)
-    rule(aten.constant_pad_nd.default, compute=copy(), samples=_pad_samples)(
+    rule(aten.select_scatter.default, compute=scatter_into_compute, samples=_select_scatter_samples)(_scatter_rule)
+    rule(aten.slice_scatter.default, compute=scatter_into_compute, samples=_slice_scatter_samples)(_scatter_rule)
+    rule(aten.constant_pad_nd.default, compute=fill_copy_compute(source="self"), samples=_pad_samples)(
         _other_dims_rule(_pad_touched, kinds=_pad_kinds))
     rule(aten.repeat.default, compute=copy(), samples=_repeat_samples)(
         _other_dims_rule(_repeat_touched, out_dim=_repeat_out))

@@ -18,12 +18,16 @@ from hw_profiles import load
 
 H100 = load("h100-sxm-80gb")
 A100 = load("a100-sxm-80gb")
+H100_MEM = H100.device.efficiency.memory  # the published STREAM fraction (2.90 of 3.35 TB/s)
+A100_MEM = A100.device.efficiency.memory
 
 
 def test_large_matmul_is_compute_bound_at_the_curve_top():
     n = 8192
     flops, nbytes = 2.0 * n**3, 3.0 * n * n * 2
-    expected = flops / (9.89e14 * 0.75) + 5e-6  # curve top for >= 1e12 FLOPs
+    top = efficiency(H100.device.efficiency.matmul_curve("bf16"), flops)  # 8192^3 is a point of the curve
+    assert top == pytest.approx(H100.device.efficiency.matmul_curve("bf16")[3][1], rel=1e-3)
+    expected = flops / (9.89e14 * top) + 5e-6
     assert op_time_s("matmul", flops=flops, bytes_accessed=nbytes, dtype="bf16", profile=H100) == pytest.approx(expected)
 
 
@@ -48,7 +52,7 @@ def test_dtype_changes_the_peak():
 def test_elementwise_is_memory_bound_with_launch_floor():
     nbytes = 3 * 2**30
     t = op_time_s("elementwise", flops=2**30, bytes_accessed=nbytes, dtype="bf16", profile=H100)
-    assert t == pytest.approx(nbytes / (3.35e12 * 0.85) + 5e-6)
+    assert t == pytest.approx(nbytes / (3.35e12 * H100_MEM) + 5e-6)
     tiny = op_time_s("reduction", flops=10, bytes_accessed=40, dtype="bf16", profile=H100)
     assert tiny == pytest.approx(5e-6, rel=1e-3)
 
@@ -68,8 +72,8 @@ def test_only_views_are_free():
 
 def test_copy_reads_and_writes_fill_only_writes():
     nbytes = 2**30
-    assert local_copy_time_s(nbytes, A100) == pytest.approx(2 * nbytes / (2.039e12 * 0.88) + 5e-6)
-    assert local_fill_time_s(nbytes, A100) == pytest.approx(nbytes / (2.039e12 * 0.88) + 5e-6)
+    assert local_copy_time_s(nbytes, A100) == pytest.approx(2 * nbytes / (2.039e12 * A100_MEM) + 5e-6)
+    assert local_fill_time_s(nbytes, A100) == pytest.approx(nbytes / (2.039e12 * A100_MEM) + 5e-6)
 
 
 def test_matmul_helper_counts_two_mnk_flops():
@@ -117,7 +121,7 @@ def test_memory_curve_interpolates_in_log_bytes_and_prices_copies():
 def test_scalar_memory_efficiency_is_the_same_at_every_size():
     for nbytes in (1e3, 1e6, 1e9):
         t = op_time_s("copy", flops=0, bytes_accessed=nbytes, dtype="bf16", profile=H100)
-        assert t == pytest.approx(nbytes / (3.35e12 * 0.85) + 5e-6)
+        assert t == pytest.approx(nbytes / (3.35e12 * H100_MEM) + 5e-6)
 
 
 def test_vector_efficiency_prices_elementwise_flops_when_the_profile_has_one():
@@ -129,4 +133,40 @@ def test_vector_efficiency_prices_elementwise_flops_when_the_profile_has_one():
     t = op_time_s("elementwise", flops=flops, bytes_accessed=nbytes, dtype="bf16", profile=profile)
     assert t == pytest.approx(flops / (6.7e13 * 0.01) + 5e-6)  # the fp32 (vector) peak, 1 % of it
     assert op_time_s("elementwise", flops=flops, bytes_accessed=nbytes, dtype="bf16", profile=H100) == pytest.approx(
-        nbytes / (3.35e12 * 0.85) + 5e-6)  # without it: memory-bound, as before
+        nbytes / (3.35e12 * H100_MEM) + 5e-6)  # without it: memory-bound, as before
+
+
+# -- per-dtype curves, attention backward, scalar operands ---------------------------
+
+
+def test_a_dtype_with_its_own_curve_uses_it_others_use_matmul():
+    eff = H100.device.efficiency
+    fp8 = op_time_s("matmul", flops=1e12, bytes_accessed=0, dtype="fp8", profile=H100) - 5e-6
+    assert fp8 == pytest.approx(1e12 / (1.979e15 * efficiency(eff.matmul_curve("fp8"), 1e12)))
+    assert eff.matmul_curve("fp8") != eff.matmul
+    fp64 = op_time_s("matmul", flops=1e12, bytes_accessed=0, dtype="fp64", profile=H100) - 5e-6
+    assert fp64 == pytest.approx(1e12 / (6.7e13 * efficiency(eff.matmul, 1e12)))  # no fp64 curve: the default
+
+
+def test_attention_backward_has_its_own_curve_and_falls_back_to_attention():
+    import dataclasses
+
+    eff = H100.device.efficiency
+    bwd = op_time_s("attention_backward", flops=1e12, bytes_accessed=0, dtype="bf16", profile=H100) - 5e-6
+    assert bwd == pytest.approx(1e12 / (9.89e14 * efficiency(eff.attention_backward, 1e12)))
+    plain = dataclasses.replace(H100, device=dataclasses.replace(
+        H100.device, efficiency=dataclasses.replace(eff, attention_backward=())))
+    assert op_time_s("attention_backward", flops=1e12, bytes_accessed=0, dtype="bf16", profile=plain) == \
+        op_time_s("attention", flops=1e12, bytes_accessed=0, dtype="bf16", profile=plain)
+
+
+def test_scalar_operand_pays_the_scalar_floor_where_the_profile_has_one():
+    import dataclasses
+
+    tiny = dict(flops=4, bytes_accessed=16, dtype="fp32")
+    assert op_time_s("elementwise", **tiny, profile=H100, scalar_operand=True) == \
+        op_time_s("elementwise", **tiny, profile=H100)  # no launch_scalar_s: the launch floor
+    with_floor = dataclasses.replace(H100, device=dataclasses.replace(H100.device, launch_scalar_s=9e-6))
+    assert op_time_s("elementwise", **tiny, profile=with_floor, scalar_operand=True) == pytest.approx(9e-6, rel=1e-3)
+    with pytest.raises(ComputeError, match="run_elems"):
+        op_time_s("copy", flops=0, bytes_accessed=1, dtype="fp32", profile=H100, run_elems=0)

@@ -12,7 +12,9 @@ import pytest
 import hw_profiles
 from hw_profiles import ProfileError, available, load, load_dict, validate
 
-REQUIRED = ("a100-sxm-80gb", "h100-sxm-80gb", "h200-sxm-141gb", "b200", "mi300x", "cpu-gloo")
+REQUIRED = ("a100-sxm-80gb", "h100-sxm-80gb", "h200-sxm-141gb", "h100-sxm-96gb-500w", "b200", "mi300x", "cpu-gloo")
+PUBLISHED = ("a100-sxm-80gb", "h100-sxm-80gb", "h200-sxm-141gb", "h100-sxm-96gb-500w")
+"""Profiles whose efficiencies and collective figures come from published measurements."""
 
 
 def _raw(name):
@@ -32,18 +34,60 @@ def test_shipped_profile_validates_and_round_trips(name):
     assert profile.fingerprint.startswith(f"{name}@sha256:")
 
 
+def _efficiency_fields(efficiency):
+    """Dotted names of every efficiency figure (curves per dtype one by one)."""
+    for key, value in efficiency.items():
+        if key == "matmul_by_dtype":
+            yield from (f"efficiency.matmul_by_dtype.{d}" for d in value)
+        else:
+            yield f"efficiency.{key}"
+
+
 @pytest.mark.parametrize("name", REQUIRED)
 def test_every_figure_has_a_source(name):
     data = _raw(name)
     device = data["device"]
-    figures = {"memory_bytes", "peak_flops", "memory_bandwidth_Bps", "launch_s", "efficiency"}
-    assert figures <= set(device["sources"]), f"device.sources misses {figures - set(device['sources'])}"
+    sources = device["sources"]
+    figures = {"memory_bytes", "peak_flops", "memory_bandwidth_Bps", "launch_s"}
+    assert figures <= set(sources), f"device.sources misses {figures - set(sources)}"
+    if "efficiency" not in sources:  # else one source for every curve: each is cited on its own
+        missing = set(_efficiency_fields(device["efficiency"])) - set(sources)
+        assert not missing, f"device.sources misses {missing}"
     for i, tier in enumerate(data["interconnect"]):
         assert tier.get("source"), f"interconnect[{i}].source"
         for kind, fit in tier["collectives"].items():
             assert fit.get("source"), f"interconnect[{i}].collectives.{kind}.source"
-    expected = "measured" if name == "cpu-gloo" else "datasheet"
+            for j, curve in enumerate(fit.get("bus_bandwidth", [])):
+                assert curve.get("source"), f"interconnect[{i}].collectives.{kind}.bus_bandwidth[{j}].source"
+    expected = "measured" if name == "cpu-gloo" else ("published" if name in PUBLISHED else "datasheet")
     assert data["source"] == expected
+
+
+@pytest.mark.parametrize("name", PUBLISHED)
+def test_published_profiles_cite_a_reference_or_say_why_not(name):
+    """Every efficiency and collective figure is a citation: published ones with a URL,
+    estimates with the assumption written beside them."""
+    data = _raw(name)
+    device = data["device"]
+    cited = [(f"device.sources.{k}", v) for k, v in device["sources"].items() if k.startswith("efficiency")]
+    for i, tier in enumerate(data["interconnect"]):
+        for kind, fit in tier["collectives"].items():
+            cited.append((f"interconnect[{i}].collectives.{kind}", fit))
+            cited += [(f"interconnect[{i}].collectives.{kind}.bus_bandwidth[{j}]", c)
+                      for j, c in enumerate(fit.get("bus_bandwidth", []))]
+    assert cited
+    for where, citation in cited:
+        assert isinstance(citation, dict) and citation["source"] in hw_profiles.SOURCE_KINDS, where
+        if citation["source"] == "published":
+            assert "http" in citation["reference"], where
+        else:
+            assert citation.get("note"), f"{where}: an {citation['source']} figure says what it assumes"
+    # the efficiencies are published measurements, not the old guesses (the 500 W part: published
+    # H100 measurements scaled by a stated assumption, so estimates that cite what they scale)
+    expected = "estimate" if name == "h100-sxm-96gb-500w" else "published"
+    for field in _efficiency_fields(device["efficiency"]):
+        citation = device["sources"][field]
+        assert citation["source"] == expected and "http" in citation.get("reference", ""), field
 
 
 @pytest.mark.parametrize("name", [n for n in REQUIRED if n != "cpu-gloo"])
@@ -142,7 +186,7 @@ def test_memory_efficiency_may_be_a_curve_over_the_working_set():
     profile = load_dict(data)
     assert profile.device.efficiency.memory_curve == ((4096.0, 0.3), (5e7, 1.0), (1e9, 0.8))
     assert profile.to_dict() == data  # round-trips in the curve form
-    assert load("h100-sxm-80gb").device.efficiency.memory_curve == ((1.0, 0.85),)  # the scalar form stays valid
+    assert load("h100-sxm-80gb").device.efficiency.memory_curve == ((1.0, 0.866),)  # the scalar form stays valid
 
 
 def test_calibration_ranks_and_vector_efficiency_round_trip():
@@ -184,3 +228,79 @@ def test_absurd_figures_are_refused_naming_the_field(tmp_path, path, value, fiel
     assert str(info.value).startswith(f"{bad}: {field}"), str(info.value)
     with pytest.raises(ProfileError, match=field.replace("[", r"\[").replace("]", r"\]").replace(".", r"\.")):
         validate(data)
+
+
+# -- citations: a published figure names its reference ---------------------------
+
+
+@pytest.mark.parametrize(
+    "path,field",
+    [
+        (("device", "sources", "efficiency.matmul"), "device.sources.efficiency.matmul.reference"),
+        (("interconnect", 0, "collectives", "all_gather"), "interconnect[0].collectives.all_gather.reference"),
+        (("interconnect", 0, "collectives", "all_reduce", "bus_bandwidth", 2),
+         "interconnect[0].collectives.all_reduce.bus_bandwidth[2].reference"),
+    ],
+)
+def test_published_figure_without_a_reference_is_refused_naming_the_field(tmp_path, path, field):
+    data = _raw("h100-sxm-80gb")
+    target = data
+    for key in path:
+        target = target[key]
+    assert target["source"] == "published"
+    del target["reference"]
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(data))
+    with pytest.raises(ProfileError) as info:
+        load(bad)
+    assert str(info.value).startswith(f"{bad}: {field}: a figure with source \"published\" needs a reference")
+    target["reference"] = "  "  # blank is no reference either
+    with pytest.raises(ProfileError, match="needs a reference"):
+        validate(data)
+
+
+def test_free_text_sources_of_older_profiles_still_load():
+    data = _raw("b200")
+    assert isinstance(data["device"]["sources"]["peak_flops"], str)
+    assert load_dict(data).to_dict() == data
+
+
+def test_new_fields_round_trip_and_default_to_the_old_prices():
+    data = copy.deepcopy(_raw("h100-sxm-96gb-500w"))
+    data["device"]["launch_scalar_s"] = 9e-6
+    data["device"]["efficiency"]["run"] = [[1, 0.1], [32, 0.5], [1024, 1.0]]
+    data["calibration"]["load"] = {"cores": 2, "own_threads": 4, "before": [5.1, 5.0, 4.9], "after": [6, 5, 5],
+                                   "during_load1": [6.5], "foreign_runnable": [2.0], "foreign_load": 2.0,
+                                   "threshold": 0.5, "foreign": True}
+    data["calibration"]["warnings"] = ["calibrated under foreign load"]
+    profile = load_dict(data)
+    assert profile.to_dict() == data
+    assert profile.device.launch_scalar_s == 9e-6 and profile.calibration.load.foreign
+    assert profile.device.efficiency.matmul_curve("fp8") != profile.device.efficiency.matmul
+    assert profile.device.efficiency.matmul_curve("int8") == profile.device.efficiency.matmul
+    old = load("b200").device
+    assert old.launch_scalar_s is None and old.efficiency.run == () and old.efficiency.matmul_by_dtype == ()
+
+
+@pytest.mark.parametrize(
+    "path,value,field",
+    [
+        (("device", "efficiency", "matmul_by_dtype", "int4"), [[1e9, 0.5]], "device.efficiency.matmul_by_dtype.int4"),
+        (("device", "efficiency", "run"), [[32, 0.5], [1, 0.1]], "device.efficiency.run"),
+        (("device", "efficiency", "attention_backward"), [[1e12, 0.3], [1e9, 0.2]], "device.efficiency.attention_backward"),
+        (("interconnect", 0, "collectives", "all_reduce", "bus_bandwidth", 0, "ranks"), 16,
+         "interconnect[0].collectives.all_reduce.bus_bandwidth"),
+        (("interconnect", 0, "collectives", "all_gather", "bus_bandwidth", 1, "points"), [[1e6, 1e11], [1e3, 1e9]],
+         "interconnect[0].collectives.all_gather.bus_bandwidth[1].points"),
+        (("interconnect", 0, "collectives", "all_gather", "bus_bandwidth", 1, "points"), [[1e6, 1e20]],
+         "interconnect[0].collectives.all_gather.bus_bandwidth[1].points[0][1]"),
+        (("device", "sources", "launch_s", "source"), "guess", "device.sources.launch_s"),
+        (("calibration", "load"), {"cores": 2}, "calibration.load"),
+    ],
+)
+def test_bad_new_fields_are_refused_naming_the_field(tmp_path, path, value, field):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(_mutate(path, value)))
+    with pytest.raises(ProfileError) as info:
+        load(bad)
+    assert str(info.value).startswith(f"{bad}: {field}"), str(info.value)

@@ -62,9 +62,18 @@ def test_torchrun_tiny_calibration_writes_a_profile_whose_fits_hold(tmp_path):
         kinds.add(s["kind"])
     assert kinds == {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "permute"}
     assert {tuple(s["mesh_dims"]) for s in data["collectives"]} == {(0,), (1,), (0, 1)}
+    from autoshard.calibrate.runner import ERROR_GROUPS
+
+    groups = set()
     for s in map(ComputeSample.from_dict, data["compute"]):
-        if s.kind in fit_error:
-            assert abs(predict_compute(s, profile) - s.seconds) / s.seconds <= fit_error[s.kind] + 1e-9, s
+        for group, member in ERROR_GROUPS.items():
+            if member(s, "fp32") and group in fit_error:
+                assert abs(predict_compute(s, profile) - s.seconds) / s.seconds <= fit_error[group] + 1e-9, (group, s)
+                groups.add(group)
+    assert {"launch", "matmul", "attention", "attention_backward", "access"} <= groups
+    # the new figures: a floor for scalar operands, a run curve, curves per dtype, the load
+    assert profile.device.launch_scalar_s and profile.device.efficiency.run
+    assert profile.device.efficiency.matmul_by_dtype and profile.calibration.load is not None
 
 
 def _collect(stream) -> list[str]:
@@ -179,6 +188,9 @@ def test_check_writes_report_and_plot(tmp_path):
     text = report.read_text()
     assert "| compute |" in text and "## Per kind" in text and "examples.models.llama3:tiny" in text
     assert "## Drift of the machine since the calibration" in text  # fit-set items measured again
+    # the load: this check's (sampled) and the calibration's (cpu-gloo predates load records)
+    assert "- machine load during this check: load average (1/5/15 min)" in text
+    assert "other processes' runnable threads" in text and "not recorded" in text
     kinds = {line.split("|")[2].strip() for line in text.splitlines() if line.startswith("| compute | ")}
     assert {"matmul", "elementwise", "attention"} <= kinds
     assert plot.stat().st_size > 10_000 and plot.read_bytes()[:4] == b"\x89PNG"
