@@ -113,7 +113,8 @@ def _real_documents() -> dict[str, str | bytes]:
 def test_every_real_format_is_far_below_the_limit() -> None:
     depths = {name: nesting_depth(text) for name, text in _real_documents().items()}
     assert {"formats.md problem", "formats.md plan", "formats.md hw_profile", "profile cpu-gloo"} <= set(depths)
-    assert max(depths.values()) <= 8, depths
+    # profiles with bus-bandwidth curves reach 9; the limit (256) leaves a 28x margin
+    assert max(depths.values()) <= 9 and MAX_DEPTH >= 16 * max(depths.values()), depths
 
 
 def test_a_profile_dict_nested_deeper_than_a_file_may_be_is_refused_without_recursion() -> None:
