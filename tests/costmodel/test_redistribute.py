@@ -264,15 +264,18 @@ def test_bad_arguments_raise_errors_naming_the_field():
         plan_redistribute("RR", "RR", (2, 2), (4, -1), 4, H100)
 
 
-def test_all_pairs_on_a_3d_mesh_plan_in_under_one_second():
+def test_all_pairs_on_a_3d_mesh_share_one_search_graph():
+    """What keeps the planner fast on 3-D meshes (timed in benchmarks/redistribute_table.py,
+    not here): the 4,096 pairs of one tensor signature plan on one search graph per set of
+    partial reduce ops, built once."""
+    from costmodel import redistribute
+
     pls = _placements(2, 3)  # R, P(sum), S(0), S(1) per mesh dim: 64 placements
     clear_cache()
-    start = time.perf_counter()
-    for src in pls:
-        for dst in pls:
-            plan_redistribute(src, dst, (2, 4, 8), (8192, 8192), 2, H100)
-    elapsed = time.perf_counter() - start
-    assert elapsed < 1.0, f"{len(pls) ** 2} pairs took {elapsed:.2f} s"
+    costs = [plan_redistribute(src, dst, (2, 4, 8), (8192, 8192), 2, H100).cost_s for src in pls for dst in pls]
+    assert len(costs) == 4096 and all(np.isfinite(c) and c >= 0 for c in costs)
+    # one search graph per set of partial reduce ops met (none; sum), not per pair
+    assert redistribute._graph.cache_info().misses <= 2
 
 
 def test_batch_costs_equal_single_plans_for_every_pair() -> None:

@@ -182,15 +182,16 @@ def test_op_with_rule_and_data_dependent_output_asks_for_out_meta(rules: RuleReg
     assert "S(1) <- S(1), R" in [str(s) for s in given]
 
 
-def test_enumerating_a_llama_sized_node_list_on_8x8_takes_under_two_seconds(traced_tiny) -> None:
+def test_enumerating_a_llama_sized_node_list_on_8x8_enumerates_each_signature_once(traced_tiny) -> None:
     # ~7,000 op nodes, as a 32-layer LLaMA-8B joint graph has; repeated layers
-    # share call signatures, which the registry caches.
-    import time
-
+    # share call signatures, which the registry caches (what keeps this fast:
+    # timed in benchmarks/strategy_counts.py, not here).
     infos = [i for i in traced_tiny("llama3").nodes.values() if isinstance(i.op, OpOverload)] * 15
     registry = load_rules()
-    start = time.perf_counter()
-    for info in infos:
-        registry.strategies(info.op, info.args, info.kwargs, (8, 8), out_meta=info.outputs)
+    first = [registry.strategies(info.op, info.args, info.kwargs, (8, 8), out_meta=info.outputs) for info in infos]
     assert len(infos) > 6000
-    assert time.perf_counter() - start < 2.0
+    distinct = len(registry._strategy_cache)
+    assert distinct <= len(infos) // 15  # one enumeration per distinct call, not per node
+    again = [registry.strategies(info.op, info.args, info.kwargs, (8, 8), out_meta=info.outputs) for info in infos]
+    assert all(len(a) == len(b) and all(x is y for x, y in zip(a, b)) for a, b in zip(first, again))
+    assert len(registry._strategy_cache) == distinct

@@ -69,3 +69,18 @@ def hard_problem(n: int = 300, k: int = 8, seed: int = 0) -> dict[str, Any]:
     edges = [{"src": j, "dst": i, "cost": [[rnd.randint(0, 100) for _ in range(k)] for _ in range(k)]}
              for i in range(1, n) for j in rnd.sample(range(i), min(i, 3))]
     return {"format": "autoshard.problem/1", "nodes": nodes, "edges": edges, "memory_limit": 600}
+
+
+def metric(client: Any, name: str) -> float:
+    """A counter of the service's ``/metrics`` (Prometheus text), 0 when absent.
+
+    Cache tests assert on these counters (a hit starts no solve) rather than on
+    wall time, which a loaded machine stretches and an idle one cannot prove."""
+    _, text = client.request("GET", "/metrics")
+    total = 0.0
+    for line in text.decode().splitlines():
+        if line.startswith(name) and not line.startswith("#"):
+            head, _, value = line.rpartition(" ")
+            if head.split("{")[0] in (name, name + "_total"):
+                total += float(value)
+    return total

@@ -24,7 +24,7 @@ pytest.importorskip("prometheus_client")
 from autoshard.service.client import ServiceClient, ServiceError  # noqa: E402
 from solver import Problem, solve  # noqa: E402
 
-from service_helpers import TOKEN, Server, hard_problem, small_problem  # noqa: E402
+from service_helpers import TOKEN, Server, hard_problem, metric, small_problem  # noqa: E402
 
 
 @pytest.fixture()
@@ -63,11 +63,11 @@ def test_submit_poll_fetch_and_the_cache(client) -> None:
     assert seen[-1] == "done" and set(seen) <= {"queued", "running", "done"}
     status = client.status(job["id"])
     assert status["incumbent"] == 12 and status["gap"] == 0.0 and status["progress"]["fraction"] == 1.0
-    # the same request again: from the cache, at once
-    start = time.perf_counter()
+    # the same request again: from the cache, with no solve started
+    misses, hits = metric(client, "autoshard_cache_misses"), metric(client, "autoshard_cache_hits")
     again = client.submit_problem(problem, time_limit=5)
     cached = client.result(again["id"])
-    assert time.perf_counter() - start < 0.1
+    assert (metric(client, "autoshard_cache_misses"), metric(client, "autoshard_cache_hits")) == (misses, hits + 1)
     assert again["cached"] and again["id"] != job["id"] and cached["choice"] == result["choice"]
     # other options are another key; the same bytes gzip-compressed are the same content
     assert not client.submit_problem(problem, time_limit=6)["cached"]
@@ -119,10 +119,11 @@ def test_identical_requests_in_flight_share_one_solve(client) -> None:
 
 
 def test_cancel_stops_a_running_solve(client) -> None:
-    job = client.submit_problem(hard_problem(seed=2), time_limit=12)
+    # a long limit: on a loaded machine the first bound comes late, and the cancel ends the solve anyway
+    job = client.submit_problem(hard_problem(seed=2), time_limit=120)
     running = _wait_state(client, job["id"], ("running",))
     pid = running["worker_pid"]
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 100
     while running["incumbent"] is None or running["bound"] is None:  # progress: incumbent, then a bound
         assert time.monotonic() < deadline, running
         time.sleep(0.1)
@@ -252,10 +253,10 @@ def test_the_cache_survives_a_restart(tmp_path, token_file) -> None:
     second = Server(tmp_path / "cache", tmp_path / "log", "--workers", "1").start()
     try:
         client = ServiceClient(second.url)
-        start = time.perf_counter()
         job = client.submit_problem(small_problem(offset=50), time_limit=5)
         result = client.result(job["id"])
-        assert time.perf_counter() - start < 0.1 and job["cached"]
+        assert job["cached"] and job["state"] == "done"
+        assert metric(client, "autoshard_cache_misses") == 0 and metric(client, "autoshard_cache_hits") == 1
         assert tuple(result["choice"]) == solution.choice
     finally:
         second.stop()
