@@ -66,7 +66,7 @@ def _random_pieces(value: torch.Tensor, reduce_op: str, m: int, gen: torch.Gener
     if reduce_op in ("sum", "avg"):
         target = finite_v * m if reduce_op == "avg" else finite_v
         if integral:
-            parts = [torch.randint(-3, 4, shape, generator=gen) for _ in range(m - 1)]
+            return _integer_addends(v, value.dtype, m, gen)
         else:
             scale = target.abs() + 1
             noise = torch.complex128 if v.dtype.is_complex else torch.float64
@@ -85,11 +85,51 @@ def _random_pieces(value: torch.Tensor, reduce_op: str, m: int, gen: torch.Gener
         pieces = []
         for r in range(m):
             if integral:
+                # below the dtype's minimum (above its maximum) nothing is smaller
+                # (larger): a non-owner holds the limit itself, never a wrapped value
                 delta = torch.randint(1, 4, shape, generator=gen)
+                lo, hi = torch.iinfo(value.dtype).min, torch.iinfo(value.dtype).max
+                if sign < 0:
+                    filler = torch.where(v < lo + delta, torch.full_like(v, lo), v - delta)
+                else:
+                    filler = torch.where(v > hi - delta, torch.full_like(v, hi), v + delta)
             else:
                 delta = (finite_v.abs() + 1) * (0.5 + torch.rand(shape, generator=gen, dtype=torch.float64))
-            pieces.append(torch.where(owner == r, v, v + sign * delta))
+                filler = v + sign * delta
+            pieces.append(torch.where(owner == r, v, filler))
     return [p.to(value.dtype) for p in pieces]
+
+
+def _integer_addends(v: torch.Tensor, dtype: torch.dtype, m: int, gen: torch.Generator) -> list[torch.Tensor]:
+    """``m`` integer pieces of ``v`` (int64 holding ``dtype`` values), each
+    representable in ``dtype``, whose plain sum is ``v`` without wrapping.
+
+    A partial sum of integers that some producer hands over has pieces whose
+    true sum is the value (a sum of counts, of ids times one-hot weights):
+    that is the layout on which every integer rule must be exact, int ->
+    float casts included (``float(a) + float(b) != float(a + b mod 2**64)``).
+    Pieces of mixed signs in ``[-3, 3]`` are drawn where the value is far
+    from the dtype's limits; elsewhere (and for unsigned dtypes) each piece
+    takes a part of the value toward zero, so no piece nor the remainder
+    leaves the range.
+    """
+    info = torch.iinfo(dtype)
+    shape = tuple(v.shape)
+    # |v| < 2**(bits-2) leaves room for m - 1 parts of magnitude 3 (m is tiny)
+    room = 2 ** (info.bits - 2)
+    mixed = (v > -room) & (v < room) if info.min < 0 else torch.zeros(shape, dtype=torch.bool)
+    rest = v.clone()
+    parts = []
+    for _ in range(m - 1):
+        free = torch.randint(-3, 4, shape, generator=gen)
+        size = torch.randint(0, 4, shape, generator=gen)
+        toward_zero = torch.where(rest >= 0, torch.minimum(size, rest), torch.maximum(-size, rest))
+        part = torch.where(mixed, free, toward_zero)
+        parts.append(part)
+        rest = rest - part
+    pieces = parts + [rest]
+    shift = int(torch.randint(0, m, (1,), generator=gen))
+    return [p.to(dtype) for p in pieces[shift:] + pieces[:shift]]
 
 
 def big_magnitude(dtype: torch.dtype) -> float:

@@ -66,10 +66,11 @@ def _dim(call: OpCall) -> int:
 
 def index_select_rule(call: OpCall) -> list[SingleDimStrategy]:
     """index_select(x, dim, index[k]): other dims of x, or the index."""
-    x = call.inputs[0]
+    x, idx = call.inputs
     dim = _dim(call)
     strategies = [SingleDimStrategy(S(d), (S(d), R)) for d in range(x.ndim) if d != dim]
-    strategies.append(SingleDimStrategy(S(dim), (R, S(0))))
+    if x.ndim and idx.ndim:  # a 0-D x gives a 0-D result: nothing to split
+        strategies.append(SingleDimStrategy(S(dim), (R, S(0))))
     return strategies + [SingleDimStrategy(k, (k, R)) for k in ALL]
 
 
@@ -79,8 +80,9 @@ def gather_rule(call: OpCall) -> list[SingleDimStrategy]:
     index split alike (their positions are used as they are)."""
     x, idx = call.inputs
     dim = _dim(call)
-    strategies = [SingleDimStrategy(S(dim), (R, S(dim)))]
-    strategies += [SingleDimStrategy(S(d), (S(d), S(d))) for d in range(x.ndim) if d != dim and x.shape[d] == idx.shape[d]]
+    strategies = [SingleDimStrategy(S(dim), (R, S(dim)))] if idx.ndim else []  # the result is shaped like idx
+    strategies += [SingleDimStrategy(S(d), (S(d), S(d))) for d in range(min(x.ndim, idx.ndim))
+                   if d != dim and x.shape[d] == idx.shape[d]]
     return strategies + [SingleDimStrategy(k, (k, R)) for k in ALL]
 
 
@@ -90,7 +92,9 @@ def scatter_rule(call: OpCall) -> list[SingleDimStrategy]:
     metas = call.inputs
     x = metas[0]
     dim = _dim(call)
-    same = [d for d in range(x.ndim) if d != dim and len({m.shape[d] for m in metas}) == 1]
+    # 0-D operands (scatter_add(f32[], 0, i64[], f32[])) have no dim to split
+    same = [d for d in range(x.ndim) if d != dim and all(m.ndim > d for m in metas)
+            and len({m.shape[d] for m in metas}) == 1]
     strategies = [SingleDimStrategy(S(d), (S(d),) * len(metas)) for d in same]
     adds = call.op in (aten.scatter_add.default, aten.scatter_reduce.two) and call.arg("reduce", "sum") == "sum"
     if call.op is aten.scatter.value:
@@ -101,7 +105,7 @@ def scatter_rule(call: OpCall) -> list[SingleDimStrategy]:
         kinds = ALL
     for k in kinds:
         strategies.append(SingleDimStrategy(k, (k, R) + (k,) * (len(metas) - 2)))
-    if adds and len(metas) == 3 and metas[1].shape[dim] == metas[2].shape[dim]:
+    if adds and len(metas) == 3 and min(m.ndim for m in metas) > dim and metas[1].shape[dim] == metas[2].shape[dim]:
         strategies.append(SingleDimStrategy(P, (P, S(dim), S(dim))))
     return strategies
 
@@ -113,7 +117,8 @@ def index_add_rule(call: OpCall) -> list[SingleDimStrategy]:
     dim = _dim(call)
     strategies = [SingleDimStrategy(S(d), (S(d), R, S(d))) for d in range(x.ndim) if d != dim]
     strategies += [SingleDimStrategy(k, (k, R, k)) for k in (P, P_AVG)]
-    strategies.append(SingleDimStrategy(P, (P, S(0), S(dim))))
+    if src.ndim and call.inputs[1].ndim:  # index_add(f32[], 0, i64[1], f32[]): nothing to split
+        strategies.append(SingleDimStrategy(P, (P, S(0), S(dim))))
     return strategies
 
 

@@ -24,6 +24,7 @@ import torch
 
 from autoshard.rules.compute import elementwise
 from autoshard.rules.core import P, P_AVG, P_MAX, P_MIN, R, OpCall, S, SingleDimStrategy
+from autoshard.rules.expand import monotone_cast
 from autoshard.rules.registry import RuleRegistry, SampleInput
 from autoshard.rules.samples import Sampler, from_spec
 
@@ -232,15 +233,15 @@ def _samples(entry: Pointwise) -> Callable[[Sampler], Any]:
 
 
 def _to_copy_rule(call: OpCall) -> list[SingleDimStrategy]:
-    """A cast keeps shards; float-to-float casts are linear up to rounding and
-    monotone, so every partial stays; a cast to an integer type is monotone
-    (max/min stay) but not linear; a cast to bool is neither."""
-    dst = call.outputs[0].dtype
+    """A cast keeps shards. Max and min stay only where the cast is
+    non-decreasing on the whole source range (:func:`monotone_cast`: not
+    float -> int, not a narrowing int -> int, never -> bool); sums and
+    averages where the cast is additive up to rounding (to a float type;
+    the registry's dtype check drops the others)."""
+    src, dst = call.inputs[0].dtype, call.outputs[0].dtype
     strategies = pointwise_rule(NONE)(call)
-    if dst == torch.bool:
-        return strategies
-    kinds = [P_MAX, P_MIN]
-    if dst.is_floating_point:
+    kinds = [P_MAX, P_MIN] if monotone_cast(src, dst) else []
+    if dst.is_floating_point or dst.is_complex:
         kinds += [P, P_AVG]
     return strategies + [SingleDimStrategy(k, k) for k in kinds]
 
@@ -249,6 +250,13 @@ def _to_copy_samples(sampler: Sampler):
     for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.int64):
         src = sampler.float_dtype()
         yield SampleInput((sampler.randn(sampler.shape(), src) * 4,), {"dtype": dtype})
+    # integer sources with values outside the narrow targets' ranges: a
+    # narrowing or sign-changing cast wraps, so it must not keep P(max)
+    for src, dst in ((torch.int64, torch.int8), (torch.int64, torch.uint8), (torch.int32, torch.int64),
+                     (torch.int64, torch.float32), (torch.bool, torch.int64)):
+        values = sampler.randn(sampler.shape(), torch.float64) * 200
+        x = values > 0 if src == torch.bool else values.round().to(src)
+        yield SampleInput((x,), {"dtype": dst})
 
 
 def register(registry: RuleRegistry) -> None:
