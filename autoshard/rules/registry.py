@@ -121,6 +121,11 @@ class Rule:
     """Whether the validator feeds ``-inf`` and ``finfo.min``: False where
     the kernel's own result at those values depends on the tensor's shape
     (vectorised and scalar loops disagree), which no rule can reproduce."""
+    error_bound: Callable[[Any, tuple, dict], Any] | None = None
+    """Where the kernel's rounding depends on shapes (BLAS): (op, args,
+    kwargs) -> per output a bound on |computed - exact| for any evaluation
+    order (:mod:`autoshard.rules.error_bounds`); the validator then compares
+    with the op run in float64 within it instead of a fixed tolerance."""
     note: str = ""
     """Why the rule is restricted or not validated (shown by the validator)."""
 
