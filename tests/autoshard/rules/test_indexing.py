@@ -25,3 +25,23 @@ def test_scatter_add_of_split_updates_into_a_partial_target_is_partial() -> None
     x, i = TensorMeta((8, 4), torch.float32), TensorMeta((6, 4), torch.long)
     strategies = load_rules().strategies(aten.scatter_add.default, (x, 0, i, TensorMeta((6, 4), torch.float32)), {}, (2,))
     assert any(s.input_placements[1] == (Shard(0),) and s.output_placements[0] == (Partial("sum"),) for s in strategies)
+
+
+def _zero_d(t: torch.dtype = torch.float32) -> TensorMeta:
+    return TensorMeta((), t)
+
+
+def test_0d_index_select_index_add_scatter_add_and_gather_enumerate_partials_only() -> None:
+    # valid calls of the OpInfo samples: a 0-D self gives a 0-D result, nothing to split
+    f, i1, i0 = _zero_d(), TensorMeta((1,), torch.long), _zero_d(torch.long)
+    calls = [
+        (aten.index_select.default, (f, 0, i1)),
+        (aten.index_add.default, (f, 0, i1, f)),
+        (aten.scatter_add.default, (f, 0, i0, f)),
+        (aten.gather.default, (f, 0, i0)),
+    ]
+    for op, args in calls:
+        for mesh in ((2,), (2, 2)):
+            strategies = load_rules().strategies(op, args, {}, mesh, allow_uneven=True, strided_factors=(2,))
+            assert len(strategies) > 1
+            assert not any(isinstance(p, Shard) for s in strategies for ps in s.output_placements for p in ps)

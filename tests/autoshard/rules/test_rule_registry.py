@@ -194,3 +194,16 @@ def test_enumerating_a_llama_sized_node_list_on_8x8_takes_under_two_seconds(trac
         registry.strategies(info.op, info.args, info.kwargs, (8, 8), out_meta=info.outputs)
     assert len(infos) > 6000
     assert time.perf_counter() - start < 2.0
+
+
+def test_a_rule_that_raises_is_one_rule_error_naming_the_op_and_the_call() -> None:
+    from autoshard.rules.compute import elementwise
+    from autoshard.rules.registry import Rule, RuleError
+
+    def broken(call):
+        return [call.inputs[0].shape[5]]  # IndexError, as the 0-D scatter rule once did
+
+    registry = RuleRegistry()
+    registry.add(Rule(torch.ops.aten.neg.default, "demo", broken, elementwise()))
+    with pytest.raises(RuleError, match=r"aten\.neg\.default failed on aten\.neg\.default\(float32\[4\]\) for mesh \(2,\): IndexError"):
+        registry.strategies(torch.ops.aten.neg.default, (TensorMeta((4,), torch.float32),), {}, (2,))
