@@ -67,6 +67,8 @@ FAMILIES: tuple[str, ...] = (
     "losses",
     "convolution",
     "factory",
+    "diagonal",
+    "fft",
 )
 """Family modules under ``autoshard.rules``, each with ``register(registry)``."""
 

@@ -1,5 +1,5 @@
 """Embedding and indexing: embedding (+backward), index_select, gather,
-scatter, scatter_add, index_add, index, index_put, and the selection ops
+scatter, scatter_add, scatter_reduce, index_add, index_reduce, index, index_put, and the selection ops
 topk/sort that MoE routing uses.
 
 Two kinds of split are exact with a plain local kernel:
@@ -119,6 +119,61 @@ def index_add_rule(call: OpCall) -> list[SingleDimStrategy]:
     strategies += [SingleDimStrategy(k, (k, R, k)) for k in (P, P_AVG)]
     if src.ndim and call.inputs[1].ndim:  # index_add(f32[], 0, i64[1], f32[]): nothing to split
         strategies.append(SingleDimStrategy(P, (P, S(0), S(dim))))
+    return strategies
+
+
+_ORDER_PARTIAL = {"amax": P_MAX, "amin": P_MIN}
+
+
+def _reduce_partials(k: object, n_in: int, include_self: bool, updates_split: tuple | None) -> list[SingleDimStrategy]:
+    """Partials of scatter_reduce / index_reduce with ``reduce`` amax (amin):
+    a max of maxes, so ``P(max)`` on self, on the updates or on both passes
+    (every rank reduces its pieces; ranks without an update at a position
+    keep self's piece, which the max over ranks absorbs). Updates split along
+    ``dim`` (``updates_split``: their placements) need ``include_self``:
+    without it a rank with no update at a position would output its self
+    piece there, which is not part of the result."""
+    rows = [SingleDimStrategy(k, (k, R, k)), SingleDimStrategy(k, (k, R, R)), SingleDimStrategy(k, (R, R, k))]
+    if include_self and updates_split is not None:
+        rows += [SingleDimStrategy(k, (k,) + updates_split), SingleDimStrategy(k, (R,) + updates_split)]
+    return rows if n_in == 3 else []
+
+
+def scatter_reduce_rule(call: OpCall) -> list[SingleDimStrategy]:
+    """scatter_reduce.two(self, dim, index, src, reduce, include_self): dims
+    other than ``dim`` split alike where the three tensors agree; ``sum``
+    keeps sum and average partials (linear), and with ``include_self`` takes
+    updates split along ``dim`` into a partial target; ``amax``/``amin`` as
+    in :func:`_reduce_partials`; ``prod`` and ``mean`` no partial."""
+    metas = call.inputs
+    x, idx, src = metas
+    dim = _dim(call)
+    reduce, include_self = call.arg("reduce"), bool(call.arg("include_self", True))
+    same = [d for d in range(x.ndim) if d != dim and all(m.ndim > d for m in metas)
+            and len({m.shape[d] for m in metas}) == 1]
+    strategies = [SingleDimStrategy(S(d), (S(d),) * 3) for d in same]
+    split = (S(dim), S(dim)) if min(m.ndim for m in metas) > dim and idx.shape[dim] == src.shape[dim] else None
+    if reduce == "sum":
+        strategies += [SingleDimStrategy(k, (k, R, k)) for k in (P, P_AVG)]
+        if include_self and split is not None:
+            strategies.append(SingleDimStrategy(P, (P,) + split))
+    elif reduce in _ORDER_PARTIAL:
+        strategies += _reduce_partials(_ORDER_PARTIAL[reduce], 3, include_self, split)
+    return strategies
+
+
+def index_reduce_rule(call: OpCall) -> list[SingleDimStrategy]:
+    """index_reduce(self, dim, index[k], source, reduce, include_self): dims
+    other than ``dim`` split on self and source alike (index replicated);
+    ``amax``/``amin`` keep their order partials (:func:`_reduce_partials`);
+    ``prod`` and ``mean`` none."""
+    x, idx, src = call.inputs
+    dim = _dim(call)
+    strategies = [SingleDimStrategy(S(d), (S(d), R, S(d))) for d in range(x.ndim) if d != dim]
+    reduce = call.arg("reduce")
+    if reduce in _ORDER_PARTIAL:
+        split = (S(0), S(dim)) if src.ndim and idx.ndim else None
+        strategies += _reduce_partials(_ORDER_PARTIAL[reduce], 3, bool(call.arg("include_self", True)), split)
     return strategies
 
 
@@ -272,6 +327,30 @@ def _index_add_samples(sampler: Sampler):
         yield SampleInput((sampler.randn(shape, dtype), dim, sampler.index((n,), shape[dim]), sampler.randn(src_shape, dtype)), {"alpha": alpha})
 
 
+def _scatter_reduce_samples(sampler: Sampler):
+    for reduce in ("sum", "amax", "amin", "prod", "mean"):
+        shape = sampler.shape(min_ndim=2)
+        dim = sampler.rng.randrange(len(shape))
+        ishape = list(shape)
+        ishape[dim] = sampler.size()
+        dtype = _fdtype(sampler)
+        index = sampler.index(ishape, shape[dim])
+        yield SampleInput((sampler.randn(shape, dtype), dim, index, sampler.randn(ishape, dtype), reduce),
+                          {"include_self": sampler.choice((True, False))})
+
+
+def _index_reduce_samples(sampler: Sampler):
+    for reduce in ("amax", "amin", "prod", "mean"):
+        shape = sampler.shape(min_ndim=2)
+        dim = sampler.rng.randrange(len(shape))
+        n = sampler.size()
+        src_shape = list(shape)
+        src_shape[dim] = n
+        dtype = _fdtype(sampler)
+        yield SampleInput((sampler.randn(shape, dtype), dim, sampler.index((n,), shape[dim]),
+                           sampler.randn(src_shape, dtype), reduce), {"include_self": sampler.choice((True, False))})
+
+
 def _index_samples(sampler: Sampler):
     for lead in (0, 1):
         shape = sampler.shape(3)
@@ -328,6 +407,8 @@ def register(registry: RuleRegistry) -> None:
     rule(aten.scatter.value, compute=copy(), samples=_scatter_samples("value"))(scatter_rule)
     rule(aten.scatter_add.default, compute=copy(), samples=_scatter_samples("add"))(scatter_rule)
     rule(aten.index_add.default, compute=copy(), samples=_index_add_samples)(index_add_rule)
+    rule(aten.scatter_reduce.two, compute=copy(), samples=_scatter_reduce_samples)(scatter_reduce_rule)
+    rule(aten.index_reduce.default, compute=copy(), samples=_index_reduce_samples)(index_reduce_rule)
     rule(aten.index.Tensor, compute=copy(), samples=_index_samples)(index_rule)
     rule(aten.index_put.default, compute=copy(), samples=_index_put_samples)(index_put_rule)
     rule(aten.topk.default, compute=reduction(4.0), samples=_selection_samples("topk"))(selection_rule)

@@ -1,4 +1,4 @@
-"""Reductions: sum, mean, amax/amin, max/min, arg-reductions, norms, scans.
+"""Reductions: sum, mean, amax/amin, max/min, arg-reductions, norms, scans (cumsum, cumprod).
 
 A tensor dim that is kept can stay split (it moves to its new position when
 ``keepdim`` is false). A reduced dim that is split leaves each rank with the
@@ -92,6 +92,14 @@ def _scan_rule(call: OpCall) -> list[SingleDimStrategy]:
     ]
 
 
+def _cumprod_rule(call: OpCall) -> list[SingleDimStrategy]:
+    """cumprod: independent along every other dim; a product of pieces is
+    not the piece of a product, so no partial passes."""
+    n = call.inputs[0].ndim
+    dim = call.arg("dim") % max(n, 1)
+    return [SingleDimStrategy(S(d), S(d)) for d in range(n) if d != dim]
+
+
 def _histc_rule(call: OpCall) -> list[SingleDimStrategy]:
     """histc: counts of the elements of each slice add up to the counts of
     the whole, but only over a fixed range: with ``min == max`` each rank
@@ -142,6 +150,14 @@ def _norm_samples(sampler: Sampler):
     for ord_ in (2, 1):
         shape = sampler.shape(min_ndim=2)
         yield SampleInput((sampler.randn(shape, sampler.float_dtype()), ord_, [len(shape) - 1], False), {})
+
+
+def _norm_dim_samples(sampler: Sampler):
+    """norm.ScalarOpt_dim(x, p, dim, keepdim): a p-norm over some dims."""
+    for p, keep in ((2, False), (1, True), (float("inf"), False), (3.0, True)):
+        shape = sampler.shape(min_ndim=2)
+        dims = sorted(sampler.rng.sample(range(len(shape)), sampler.randint(1, len(shape) - 1)))
+        yield SampleInput((sampler.randn(shape, sampler.float_dtype()), p, dims, keep), {})
 
 
 def _var_samples(sampler: Sampler):
@@ -202,5 +218,8 @@ def register(registry: RuleRegistry) -> None:
     rule(aten.var.correction, compute=reduction(3.0), samples=_var_samples)(reduction_rule())
     rule(aten.std.correction, compute=reduction(3.0), samples=_var_samples)(reduction_rule())
     rule(aten.cumsum.default, compute=red, samples=_cumsum_samples)(_scan_rule)
+    rule(aten.cumprod.default, compute=red, samples=_cumsum_samples)(_cumprod_rule)
+    # a norm of slices is not a piece of the norm (not additive): kept dims only
+    rule(aten.norm.ScalarOpt_dim, compute=reduction(2.0), samples=_norm_dim_samples)(reduction_rule())
     rule(aten.histc.default, compute=red, samples=_histc_samples)(_histc_rule)
     rule(aten._assert_async.msg, compute=red, samples=_assert_samples)(_assert_rule)
