@@ -98,6 +98,7 @@ X, XY, XS = ("x",), ("x", "y"), ("x", "s")
 GROUPS: tuple[Group, ...] = (
     Group("f(a+b) = f(a)+f(b) and f commutes with averaging: scaling by a replicated constant", LINEAR, (
         pw(aten.mul.Scalar, XS), pw(aten.div.Scalar, ("x", 1.5)),
+        pw(aten.deg2rad.default, X), pw(aten.rad2deg.default, X),
     )),
     Group("values pass through unchanged, so every partial stays the same partial", IDENTITY, (
         pw(aten.clone.default, X), pw(aten.alias.default, X), pw(aten.positive.default, X),
@@ -130,6 +131,8 @@ GROUPS: tuple[Group, ...] = (
         pw(aten.mish_backward.default, ("x", "x"), flops=10),
         pw(aten.hardswish_backward.default, ("x", "x")),
         pw(aten.elu_backward.default, ("x", 1.0, 1.0, 1.0, False, "x")),
+        pw(aten.hardsigmoid_backward.default, ("x", "x")),
+        pw(aten.softshrink_backward.default, ("x", "x", 0.5)), pw(aten.hardshrink_backward.default, ("x", "x", 0.5)),
     )),
     Group("f(max(a,b)) = max(f(a),f(b)) for f non-decreasing on the whole real line", NON_DECREASING, (
         pw(aten.relu.default, X), pw(aten.exp.default, X, flops=4), pw(aten.expm1.default, X, flops=4),
@@ -187,6 +190,27 @@ GROUPS: tuple[Group, ...] = (
         pw(aten.sgn.default, X), pw(aten.frac.default, X), pw(aten.exp2.default, X, flops=4),
         pw(aten.log10.default, ("p",), flops=4), pw(aten.tan.default, X, flops=4),
         pw(aten.xlogy.Tensor, ("p", "q"), flops=4), pw(aten.rsub.Tensor, XY),
+    )),
+    Group("special functions, domain-limited inverses and other non-linear or non-monotone maps: shards only", NONE, (
+        pw(aten.cosh.default, X, flops=4), pw(aten.acos.default, X, flops=4), pw(aten.asin.default, X, flops=4),
+        pw(aten.acosh.default, ("p",), flops=4), pw(aten.atanh.default, X, flops=4), pw(aten.sinc.default, X, flops=4),
+        pw(aten.erfc.default, X, flops=4), pw(aten.lgamma.default, ("p",), flops=8), pw(aten.digamma.default, ("p",), flops=8),
+        pw(aten.polygamma.default, (1, "p"), (2, "p"), flops=16), pw(aten.logit.default, ("p",), flops=4),
+        pw(aten.i0.default, X, flops=8), pw(aten.special_i1.default, X, flops=8), pw(aten.special_i0e.default, X, flops=8),
+        pw(aten.special_i1e.default, X, flops=8), pw(aten.special_entr.default, ("p",), flops=4),
+        pw(aten.special_ndtri.default, ("p",), dtypes=F64_F32, flops=8), pw(aten.special_log_ndtr.default, X, dtypes=F64_F32, flops=8),
+        pw(aten.special_erfcx.default, X, dtypes=F64_F32, flops=8), pw(aten.special_xlog1py.default, ("x", "q"), flops=4),
+        pw(aten.celu.default, X, flops=4), pw(aten.threshold.default, ("x", 0.1, -2.0)),
+        pw(aten.signbit.default, X), pw(aten.isposinf.default, X), pw(aten.isneginf.default, X),
+        pw(aten.angle.default, X), pw(aten.round.decimals, X, kwargs=({"decimals": 2},)),
+        pw(aten.pow.Scalar, (2.0, "x"), flops=4), pw(aten.rsub.Scalar, ("x", 1.5)),
+        pw(aten.copysign.Tensor, XY), pw(aten.fmax.default, XY), pw(aten.fmin.default, XY),
+        pw(aten.heaviside.default, XY), pw(aten.fmod.Tensor, ("x", "q")), pw(aten.hypot.default, XY, flops=4),
+        pw(aten.nextafter.default, XY), pw(aten.igamma.default, ("p", "q"), flops=16),
+        pw(aten.igammac.default, ("p", "q"), flops=16), pw(aten.ldexp.Tensor, ("x", "i")),
+        pw(aten.clamp_min.Tensor, XY), pw(aten.clamp_max.Tensor, XY), pw(aten.clamp.Tensor, ("x", "y", "y")),
+        pw(aten.gcd.default, ("i", "i")), pw(aten.lcm.default, ("i", "i")),
+        pw(aten.bitwise_left_shift.Tensor, ("i", "i")), pw(aten.bitwise_right_shift.Tensor, ("i", "i")),
     )),
 )
 

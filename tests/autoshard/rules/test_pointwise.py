@@ -77,3 +77,24 @@ def test_validator_catches_max_kept_through_a_wrapping_cast() -> None:
     pmax = OpStrategy(((Partial("max"),),), ((Partial("max"),),))
     msg = check_strategy(rule, sample, pmax, (2,), [x.to(torch.uint8)], torch.Generator().manual_seed(0))
     assert msg and "differ" in msg
+
+
+def test_special_functions_split_only_and_deg2rad_keeps_sums() -> None:
+    x = TensorMeta((4, 6), F32)
+    rules = load_rules()
+    for op, args in ((aten.digamma.default, (x,)), (aten.polygamma.default, (1, x)), (aten.cosh.default, (x,)),
+                     (aten.special_i0e.default, (x,)), (aten.fmax.default, (x, x))):
+        assert [str(s) for s in rules.strategies(op, args, {}, (2,))][-1].startswith("S(1)"), op
+        assert len(rules.strategies(op, args, {}, (2,))) == 3
+    assert len(rules.strategies(aten.deg2rad.default, (x,), {}, (2,))) == 5  # R, S(0), S(1), P(sum), P(avg)
+
+
+def test_view_copies_and_unsafe_splits_share_their_views_strategies() -> None:
+    rules = load_rules()
+    x = TensorMeta((4, 6, 8), F32)
+    pairs = [(aten.permute.default, aten.permute_copy.default, (x, [2, 0, 1])),
+             (aten.transpose.int, aten.transpose_copy.int, (x, 0, 2)),
+             (aten.split.Tensor, aten.unsafe_split.Tensor, (x, 2, 1))]
+    for op, copied, args in pairs:
+        assert [str(s) for s in rules.strategies(op, args, {}, (2, 2))] == [str(s) for s in rules.strategies(copied, args, {}, (2, 2))]
+    assert rules.compute_kind(aten.permute_copy.default, (x, [2, 0, 1])).kind == "copy"
