@@ -25,10 +25,11 @@ add), so with ``M = |alpha| sum|a||b| + |beta| |c|``
 Complex products round twice per term (real and imaginary parts): ``n`` is
 doubled. bfloat16 and float16 operands are accumulated in float32 by
 PyTorch's CPU kernels (and by cuBLAS): a product of two half values is exact
-in float32, the sum rounds with float32's ``u``, and the result is rounded
-once to the dtype, so for them
+in float32, the sum rounds with float32's ``u``; the scalings by alpha and
+beta and the final add may round in the dtype itself (``addr`` is an
+elementwise kernel), four roundings in all, so for them
 
-    |fl(out) - out| <= (gamma_{k+3}(u_float32) + u_dtype) * M.
+    |fl(out) - out| <= (gamma_{k+3}(u_float32) + gamma_4(u_dtype)) * M.
 
 (With the dtype's own ``u`` the bound would exceed ``M`` itself from
 ``k = 256`` on: it would check nothing.)
@@ -103,7 +104,10 @@ def einsum_error_bound(equation: str, *, bias: bool = False) -> ErrorBoundFn:
         if nu >= 1:  # no bound: anything may come out
             return [torch.full(torch.einsum(pair, torch.zeros(a.shape), torch.zeros(b.shape)).shape, math.inf,
                                dtype=torch.float64)]
-        gamma = nu / (1 - nu) + (unit_roundoff(dtype) if half else 0.0)
+        gamma = nu / (1 - nu)
+        if half:
+            scalar = 4 * unit_roundoff(dtype)
+            gamma += scalar / (1 - scalar)
         ma, mb = _magnitude(a), _magnitude(b)
         sums = torch.einsum(pair, ma, mb)
         total = alpha * sums

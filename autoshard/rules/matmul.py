@@ -56,6 +56,8 @@ BIAS_EINSUM_OPS: dict[torch._ops.OpOverload, str] = {
     aten.addmm.default: "mk,kn->mn",
     aten.baddbmm.default: "bmk,bkn->bmn",
     aten.addmv.default: "mk,k->m",
+    aten.addr.default: "m,n->mn",
+    aten.addbmm.default: "bmk,bkn->mn",
 }
 """``beta * bias + alpha * einsum(...)`` with ``bias`` broadcast to the output."""
 
