@@ -18,7 +18,15 @@ strategy that the registry enumerates on small meshes is checked:
    reference.
 
 Tolerances are per dtype (:data:`TOLERANCE`, relative to the largest value),
-because split reductions add in another order. Random ops are checked by their
+because split reductions add in another order. Where the kernel's rounding
+depends on the shapes it is given (BLAS: summation order, blocking, scaling
+by ``alpha`` before or after), a fixed tolerance is unsound near the dtype's
+range, and the rule carries an ``error_bound``: every output is then
+compared with the op run in float64 within a forward error bound that holds
+for any evaluation order (:mod:`autoshard.rules.error_bounds`). A
+low-precision sample that misses the tolerance only is checked again in
+float64, where rounding that the op itself amplifies (``1/sqrt(eps)`` in a
+layer-norm backward over one element) vanishes and a wrong rule does not. Random ops are checked by their
 contract (shapes, value range, mask consistency) with a per-rank seed, since
 their values cannot match an unsharded run.
 
