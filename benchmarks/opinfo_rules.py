@@ -52,13 +52,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="only these OpInfos (name or glob); repeatable; default all")
     parser.add_argument("--max-samples", type=int, default=3, help="samples per OpInfo and dtype (default %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default %(default)s)")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="worker processes for the checks (same result as one; default %(default)s)")
     parser.add_argument("-o", "--out", default=str(DEFAULT_OUT), help="markdown results page (default %(default)s)")
     args = parser.parse_args(argv)
     if args.max_samples < 1:
         print("opinfo_rules: error: --max-samples: expected >= 1", file=sys.stderr)
         return 2
     try:
-        report = sweep_with_progress(args.ops, max_samples=args.max_samples, seed=args.seed)
+        report = sweep_with_progress(args.ops, max_samples=args.max_samples, seed=args.seed, jobs=max(args.jobs, 1))
     except (OpInfoUnavailable, ValueError) as exc:
         print(f"opinfo_rules: error: {exc}", file=sys.stderr)
         return 2

@@ -27,6 +27,8 @@ def sweep_with_progress(opinfo_names: list[str], *, console: Any = None, **optio
 
     console = console or Console(stderr=True)
     infos = len(select_infos(load_op_db(), opinfo_names))
+    if not console.is_terminal:
+        return _sweep_with_lines(opinfo_names, console, sweep, **options)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TextColumn("{task.fields[now]}"))
     with Progress(*columns, console=console, transient=True) as progress:
@@ -46,6 +48,28 @@ def sweep_with_progress(opinfo_names: list[str], *, console: Any = None, **optio
         # an op without a rule warns once per registry: the summary counts them
         logging.getLogger("autoshard.rules.registry").setLevel(logging.ERROR)
         return sweep(opinfo_names, on_opinfo=on_opinfo, on_traced=on_traced, on_call=on_call, **options)
+
+
+def _sweep_with_lines(opinfo_names: list[str], console: Any, sweep: Any, **options: Any) -> Any:
+    """The sweep with a progress line every 30 s, for logs (no live bar
+    where stderr is not a terminal)."""
+    import time
+
+    state = {"total": 0, "done": 0, "last": time.monotonic()}
+
+    def on_traced(n: int) -> None:
+        state["total"] = n
+        console.print(f"traced: {n} distinct calls to check")
+
+    def on_call(call: Any) -> None:
+        state["done"] += 1
+        now = time.monotonic()
+        if now - state["last"] >= 30 or state["done"] == state["total"]:
+            state["last"] = now
+            console.print(f"checked {state['done']}/{state['total']} calls (now {call.op})")
+
+    logging.getLogger("autoshard.rules.registry").setLevel(logging.ERROR)
+    return sweep(opinfo_names, on_traced=on_traced, on_call=on_call, **options)
 
 
 def run_opinfo(args: argparse.Namespace) -> int:

@@ -190,6 +190,44 @@ def _check_call(rule: Rule, registry: RuleRegistry, call: TracedCall, meshes: Se
                 finding("wrong", mesh, str(strategy), msg)
 
 
+def _check_range(calls: Sequence[TracedCall], start: int, stop: int, registry: RuleRegistry,
+                 meshes: Sequence[tuple[int, ...]], selected: set | None, seed: int, report: SweepReport,
+                 progress: Callable[[TracedCall], None] | None) -> None:
+    """Calls ``start..stop``; call ``i`` draws from seed ``seed * 100003 + i``
+    however the calls are cut into parts, so parts give the serial result."""
+    for index in range(start, stop):
+        call = calls[index]
+        rule = registry.rule_for(call.op)
+        if rule is None:
+            report.no_rule[op_name(call.op)] += 1
+        elif selected is None or call.op in selected:
+            _check_call(rule, registry, call, meshes, report, torch.Generator().manual_seed(seed * 100_003 + index))
+        if progress is not None:
+            progress(call)
+
+
+_FORKED: tuple = ()
+"""What a forked worker reads: (calls, registry, meshes, selected, seed)."""
+
+
+def _check_part(bounds: tuple[int, int]) -> tuple[int, int, SweepReport]:
+    calls, registry, meshes, selected, seed = _FORKED
+    part = SweepReport(meshes=tuple(meshes))
+    torch.set_num_threads(1)
+    _check_range(calls, bounds[0], bounds[1], registry, meshes, selected, seed, part, None)
+    return bounds[0], bounds[1], part
+
+
+def _merge(into: SweepReport, part: SweepReport) -> None:
+    for name, tally in part.per_op.items():
+        mine = into.per_op.setdefault(name, OpTally())
+        for attr in ("calls", "strategies", "checked", "wrong", "crashes", "unchecked"):
+            setattr(mine, attr, getattr(mine, attr) + getattr(tally, attr))
+    into.no_rule.update(part.no_rule)
+    into.findings.extend(part.findings)
+    into.skipped.extend(part.skipped)
+
+
 def check_calls(
     calls: Sequence[TracedCall],
     registry: RuleRegistry,
@@ -199,22 +237,38 @@ def check_calls(
     seed: int = 0,
     report: SweepReport | None = None,
     progress: Callable[[TracedCall], None] | None = None,
+    jobs: int = 1,
 ) -> SweepReport:
     """Check every strategy of every call whose op has a rule (only the rules
-    of ``ops`` when given); calls of ops without a rule are counted."""
+    of ``ops`` when given); calls of ops without a rule are counted.
+    ``jobs > 1``: forked worker processes check parts of the calls (same
+    result as one process; POSIX only)."""
+    global _FORKED
     report = report if report is not None else SweepReport(meshes=tuple(meshes))
     selected = None if ops is None else set(ops)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny tensors: intra-op threads only add overhead
     try:
-        for index, call in enumerate(calls):
-            rule = registry.rule_for(call.op)
-            if rule is None:
-                report.no_rule[op_name(call.op)] += 1
-            elif selected is None or call.op in selected:
-                _check_call(rule, registry, call, meshes, report, torch.Generator().manual_seed(seed * 100_003 + index))
-            if progress is not None:
-                progress(call)
+        if jobs <= 1:
+            _check_range(calls, 0, len(calls), registry, meshes, selected, seed, report, progress)
+        else:
+            import multiprocessing
+
+            step = 25
+            parts = [(i, min(i + step, len(calls))) for i in range(0, len(calls), step)]
+            _FORKED = (calls, registry, meshes, selected, seed)
+            results = []
+            try:
+                with multiprocessing.get_context("fork").Pool(jobs) as pool:
+                    for start, stop, part in pool.imap_unordered(_check_part, parts):
+                        results.append((start, part))
+                        if progress is not None:
+                            for index in range(start, stop):
+                                progress(calls[index])
+            finally:
+                _FORKED = ()
+            for _, part in sorted(results, key=lambda r: r[0]):
+                _merge(report, part)
     finally:
         torch.set_num_threads(threads)
     report.calls += len(calls)
@@ -230,13 +284,15 @@ def sweep(
     max_samples: int = 3,
     meshes: Sequence[tuple[int, ...]] = OPINFO_MESHES,
     seed: int = 0,
+    jobs: int = 1,
     on_traced: Callable[[int], None] | None = None,
     on_opinfo: Callable[[str], None] | None = None,
     on_call: Callable[[TracedCall], None] | None = None,
 ) -> SweepReport:
     """Trace the OpInfos named (all when none) and check their calls
     (:func:`check_calls`). ``on_opinfo`` is called per OpInfo traced,
-    ``on_traced`` once with the number of calls, ``on_call`` per call checked."""
+    ``on_traced`` once with the number of calls, ``on_call`` per call checked;
+    ``jobs``: worker processes for the checks (:func:`check_calls`)."""
     from autoshard.rules import load_rules
 
     start = time.perf_counter()
@@ -246,7 +302,7 @@ def sweep(
     calls = traced_calls(infos, dtypes=dtypes, max_samples=max_samples, seed=seed, notes=report.notes, progress=on_opinfo)
     if on_traced is not None:
         on_traced(len(calls))
-    check_calls(calls, registry, meshes=meshes, ops=ops, seed=seed, report=report, progress=on_call)
+    check_calls(calls, registry, meshes=meshes, ops=ops, seed=seed, report=report, progress=on_call, jobs=jobs)
     report.seconds = time.perf_counter() - start
     return report
 
