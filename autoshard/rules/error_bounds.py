@@ -34,6 +34,10 @@ elementwise kernel), four roundings in all, so for them
 (With the dtype's own ``u`` the bound would exceed ``M`` itself from
 ``k = 256`` on: it would check nothing.)
 
+Underflow: products and sums below ``finfo.smallest_normal`` round to a
+multiple of the smallest subnormal ``eta`` (absolute, not relative), so
+``n * eta`` is added to every bound.
+
 Overflow: the bound holds only while no intermediate exceeds ``finfo.max``.
 An output element is left unconstrained (bound ``inf``) where one may:
 ``|alpha| * |a_i|`` or ``|alpha| * |b_i|`` (a kernel that scales an operand
@@ -71,6 +75,11 @@ def unit_roundoff(dtype: torch.dtype) -> float:
     """``u = eps / 2`` of a floating or complex dtype."""
     real = dtype.to_real() if dtype.is_complex else dtype
     return torch.finfo(real).eps / 2
+
+
+def _subnormal(dtype: torch.dtype) -> float:
+    info = torch.finfo(dtype)
+    return info.smallest_normal * info.eps
 
 
 def _magnitude(t: torch.Tensor) -> torch.Tensor:
@@ -124,7 +133,8 @@ def einsum_error_bound(equation: str, *, bias: bool = False) -> ErrorBoundFn:
             scaled_c = torch.broadcast_to(beta * _magnitude(c), total.shape)
             total = total + scaled_c
             over |= torch.broadcast_to(scaled_c >= fmax, total.shape) | (total * (1 + gamma) >= fmax)
-        result = gamma * total
+        eta = max(_subnormal(real), _subnormal(torch.float32) if half else 0.0)
+        result = gamma * total + n * eta
         return [torch.where(over, math.inf, result)]
 
     return bound

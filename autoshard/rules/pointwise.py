@@ -25,6 +25,7 @@ import torch
 from autoshard.rules.compute import elementwise
 from autoshard.rules.core import P, P_AVG, P_MAX, P_MIN, R, OpCall, S, SingleDimStrategy
 from autoshard.rules.expand import monotone_cast
+from autoshard.rules.factory import constant_kinds
 from autoshard.rules.registry import RuleRegistry, SampleInput
 from autoshard.rules.samples import Sampler, from_spec
 
@@ -224,9 +225,20 @@ def broadcast_dim(out_shape: tuple[int, ...], arg_shape: tuple[int, ...], d: int
     return ad
 
 
+WRAPPING_ORDER = (NEGATION, ADDITIVE)
+"""Tables whose max/min rows hold because ``-x`` and ``x + c`` are monotone,
+which is false on integers: they wrap (uint8 ``-1 = 255``, int8 ``127 + 1 = -128``)."""
+
+
+def _order_row(row: Row) -> bool:
+    return any(p in (P_MAX, P_MIN) for p in row)
+
+
 def pointwise_rule(partials: PartialTable) -> Callable[[OpCall], list[SingleDimStrategy]]:
     """Single-dim rule of a pointwise op: a shard per output dim (inputs split
-    alike, replicated where broadcast), then the group's partial rows."""
+    alike, replicated where broadcast), then the group's partial rows (the
+    max/min rows of :data:`WRAPPING_ORDER` tables only on floating tensors)."""
+    wraps = any(partials is table for table in WRAPPING_ORDER)
 
     def rule(call: OpCall) -> list[SingleDimStrategy]:
         n_out = len(call.outputs)
@@ -238,7 +250,14 @@ def pointwise_rule(partials: PartialTable) -> Callable[[OpCall], list[SingleDimS
                 ad = broadcast_dim(out, meta.shape, d)
                 ins.append(R if ad is None else S(ad))
             strategies.append(SingleDimStrategy((S(d),) * n_out, tuple(ins)))
+        integral = wraps and any(not (m.dtype.is_floating_point or m.dtype.is_complex)
+                                 for m in list(call.inputs) + [o for o in call.outputs if o is not None])
+        # every rank writes the fill value: an average all-reduce sums m copies,
+        # which overflow near the dtype's range (masks of finfo.min)
+        huge_fill = partials is FILL and P_AVG not in constant_kinds(call.arg("value"), call.outputs[0].dtype)
         for row in partials.get(len(call.inputs), ()):
+            if (integral and _order_row(row)) or (huge_fill and P_AVG in row):
+                continue
             strategies.append(SingleDimStrategy((row[0],) * n_out, tuple(row[1:])))
         return strategies
 

@@ -98,3 +98,15 @@ def test_view_copies_and_unsafe_splits_share_their_views_strategies() -> None:
     for op, copied, args in pairs:
         assert [str(s) for s in rules.strategies(op, args, {}, (2, 2))] == [str(s) for s in rules.strategies(copied, args, {}, (2, 2))]
     assert rules.compute_kind(aten.permute_copy.default, (x, [2, 0, 1])).kind == "copy"
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int8, torch.int64])
+def test_neg_and_add_of_integers_keep_no_order_partials(dtype: torch.dtype) -> None:
+    # integers wrap: uint8 -1 is 255, int8 127 + 1 is -128; neither is monotone
+    rules = load_rules()
+    x = TensorMeta((4, 6), dtype)
+    for op, args in ((aten.neg.default, (x,)), (aten.add.Tensor, (x, x)), (aten.sub.Tensor, (x, x))):
+        outs = {str(p) for s in rules.strategies(op, args, {}, (2,)) for p in s.output_placements[0]}
+        assert not outs & {"P(max)", "P(min)"}, op
+        assert "P(sum)" in outs  # sums wrap alike on every rank: still exact modulo 2**bits
+    assert "P(min)" in {str(s.output_placements[0][0]) for s in rules.strategies(aten.neg.default, (TensorMeta((4,), F32),), {}, (2,))}
