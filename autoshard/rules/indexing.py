@@ -177,6 +177,21 @@ def index_reduce_rule(call: OpCall) -> list[SingleDimStrategy]:
     return strategies
 
 
+def index_reduce_reference(self: torch.Tensor, dim: int, index: torch.Tensor, source: torch.Tensor, reduce: str,
+                           *, include_self: bool = True) -> torch.Tensor:
+    """``aten.index_reduce`` with half-precision operands reduced in float32
+    and rounded once: torch 2.13's CPU kernel raises an internal assert for
+    float16 ``prod`` when ``self`` has one row, which a shard often has.
+
+    >>> index_reduce_reference(torch.ones(1, 4, dtype=torch.float16), 1, torch.tensor([0, 0]), torch.full((1, 2), 2.0, dtype=torch.float16), "prod")
+    tensor([[4., 1., 1., 1.]], dtype=torch.float16)
+    """
+    if self.dtype in (torch.float16, torch.bfloat16) and source.dtype == self.dtype:
+        out = torch.ops.aten.index_reduce.default(self.float(), dim, index, source.float(), reduce, include_self=include_self)
+        return out.to(self.dtype)
+    return torch.ops.aten.index_reduce.default(self, dim, index, source, reduce, include_self=include_self)
+
+
 def _index_layout(call: OpCall) -> tuple[int, int, tuple[int, ...], bool] | None:
     """(first indexed dim ``a``, number of x dims consumed, index result shape,
     whether the indices are boolean masks) when the index tensors are
@@ -408,7 +423,8 @@ def register(registry: RuleRegistry) -> None:
     rule(aten.scatter_add.default, compute=copy(), samples=_scatter_samples("add"))(scatter_rule)
     rule(aten.index_add.default, compute=copy(), samples=_index_add_samples)(index_add_rule)
     rule(aten.scatter_reduce.two, compute=copy(), samples=_scatter_reduce_samples)(scatter_reduce_rule)
-    rule(aten.index_reduce.default, compute=copy(), samples=_index_reduce_samples)(index_reduce_rule)
+    rule(aten.index_reduce.default, compute=copy(), samples=_index_reduce_samples, reference=index_reduce_reference,
+         note="validated on a reference: the CPU kernel asserts on float16 prod with a one-row self")(index_reduce_rule)
     rule(aten.index.Tensor, compute=copy(), samples=_index_samples)(index_rule)
     rule(aten.index_put.default, compute=copy(), samples=_index_put_samples)(index_put_rule)
     rule(aten.topk.default, compute=reduction(4.0), samples=_selection_samples("topk"))(selection_rule)

@@ -206,7 +206,7 @@ GROUPS: tuple[Group, ...] = (
         pw(aten.angle.default, X), pw(aten.round.decimals, X, kwargs=({"decimals": 2},)),
         pw(aten.pow.Scalar, (2.0, "x"), flops=4), pw(aten.rsub.Scalar, ("x", 1.5)),
         pw(aten.copysign.Tensor, XY), pw(aten.fmax.default, XY), pw(aten.fmin.default, XY),
-        pw(aten.heaviside.default, XY), pw(aten.fmod.Tensor, ("x", "q")), pw(aten.hypot.default, XY, flops=4),
+        pw(aten.heaviside.default, XY), pw(aten.fmod.Tensor, ("x", "q"), extremes=False), pw(aten.hypot.default, XY, flops=4),
         pw(aten.nextafter.default, XY), pw(aten.igamma.default, ("p", "q"), flops=16),
         pw(aten.igammac.default, ("p", "q"), flops=16), pw(aten.ldexp.Tensor, ("x", "i")),
         pw(aten.clamp_min.Tensor, XY), pw(aten.clamp_max.Tensor, XY), pw(aten.clamp.Tensor, ("x", "y", "y")),
