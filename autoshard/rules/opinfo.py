@@ -13,7 +13,8 @@ backward of its tensor outputs with seeded random gradients:
    runs (in-place calls mutate them) and its output metadata;
 2. an in-place call (``masked_fill_``, ``copy_``) is recorded as its
    functional form (``masked_fill``, ``copy``) with the same arguments, which
-   is what a functionalized graph holds; ``out=`` calls are dropped;
+   is what a functionalized graph holds; ``out=`` calls and calls with a
+   sparse operand are dropped (the rules are for dense strided tensors);
 3. calls are kept once per distinct (op, argument metadata, output metadata),
    the first sample's values standing for the others, with the OpInfo names
    that made them.
@@ -97,6 +98,8 @@ class TraceNotes:
     """Samples whose run raised (``name dtype: error``); their calls up to the error are kept."""
     dropped_out_calls: int = 0
     """``out=`` and other mutating calls with no functional form."""
+    dropped_sparse_calls: int = 0
+    """Calls with a sparse (non-strided) operand."""
 
 
 def load_op_db() -> list[Any]:
@@ -186,6 +189,12 @@ class _Recorder(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001 - torch's protocol
         kwargs = kwargs or {}
         record = isinstance(func, OpOverload) and func.namespace == "aten"
+        if record and any(t.layout != torch.strided for t in _tensors((args, kwargs))):
+            # sparse / nested operands (sparse.sampled_addmm's backward calls mm on a
+            # CSR tensor): the rules are for dense strided tensors, whose metadata
+            # the same call would have
+            self.notes.dropped_sparse_calls += 1
+            record = False
         functional = func
         if record and func._schema.is_mutable:
             functional = _functional(func)

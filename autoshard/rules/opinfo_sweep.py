@@ -339,6 +339,8 @@ def sweep_markdown(report: SweepReport, *, command: str, machine: str, date: str
         ("OpInfos traced", report.opinfos),
         ("samples run (forward + backward)", report.notes.samples),
         ("samples that raised on CPU", len(report.notes.failed)),
+        ("calls dropped: in place with no functional form / sparse operand",
+         f"{report.notes.dropped_out_calls} / {report.notes.dropped_sparse_calls}"),
         ("distinct ATen calls", report.calls),
         ("ruled ops met", len(report.per_op)),
         ("calls of ruled ops checked", report.ruled_calls),
