@@ -8,7 +8,9 @@ its summary on stdout.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 from autoshard.rules.opinfo import OpInfoUnavailable
@@ -45,9 +47,21 @@ def sweep_with_progress(opinfo_names: list[str], *, console: Any = None, **optio
         def on_call(call: Any) -> None:
             progress.update(checking, advance=1, now=str(call.op))
 
-        # an op without a rule warns once per registry: the summary counts them
-        logging.getLogger("autoshard.rules.registry").setLevel(logging.ERROR)
-        return sweep(opinfo_names, on_opinfo=on_opinfo, on_traced=on_traced, on_call=on_call, **options)
+        with _no_rule_warnings_quiet():
+            return sweep(opinfo_names, on_opinfo=on_opinfo, on_traced=on_traced, on_call=on_call, **options)
+
+
+@contextlib.contextmanager
+def _no_rule_warnings_quiet() -> Iterator[None]:
+    """An op without a rule warns once per registry; the summary counts them
+    instead. The logger's level is restored afterwards (callers' state)."""
+    logger = logging.getLogger("autoshard.rules.registry")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def _sweep_with_lines(opinfo_names: list[str], console: Any, sweep: Any, **options: Any) -> Any:
@@ -68,8 +82,8 @@ def _sweep_with_lines(opinfo_names: list[str], console: Any, sweep: Any, **optio
             state["last"] = now
             console.print(f"checked {state['done']}/{state['total']} calls (now {call.op})")
 
-    logging.getLogger("autoshard.rules.registry").setLevel(logging.ERROR)
-    return sweep(opinfo_names, on_traced=on_traced, on_call=on_call, **options)
+    with _no_rule_warnings_quiet():
+        return sweep(opinfo_names, on_traced=on_traced, on_call=on_call, **options)
 
 
 def run_opinfo(args: argparse.Namespace) -> int:

@@ -81,14 +81,20 @@ def test_matmul_family_validates_under_any_thread_count_and_after_global_state_c
         torch.set_num_threads(saved[1])
 
 
+@pytest.mark.slow
 def test_matmul_samples_are_the_same_in_every_process() -> None:
     # the sizes were drawn per letter in a set's order, i.e. per PYTHONHASHSEED
+    import os
     import subprocess
     import sys
 
+    from autoshard.rules.samples import Sampler
+
+    here = [tuple(t.shape) for s in REGISTRY.rule_for(aten.addmm.default).samples(Sampler(3)) for t in s.args]
     code = ("from autoshard.rules import load_rules; import torch; from autoshard.rules.samples import Sampler; "
             "r = load_rules().rule_for(torch.ops.aten.addmm.default); "
             "print([tuple(t.shape) for s in r.samples(Sampler(3)) for t in s.args])")
-    outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                           env={**__import__("os").environ, "PYTHONHASHSEED": str(h)}).stdout for h in (1, 2, 3)}
-    assert len(outs) == 1 and "(" in outs.pop()
+    seed = "7" if os.environ.get("PYTHONHASHSEED") != "7" else "8"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONHASHSEED": seed})
+    assert done.stdout.strip() == str(here), done.stderr[-500:]
