@@ -16,6 +16,7 @@ __all__ = ["add_arguments", "run"]
 MAX_CASES = 1000
 MAX_STRATEGIES = 100_000
 MAX_FAILURES = 10_000
+MAX_SAMPLES = 1000
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -30,13 +31,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="strategies checked per sample (default %(default)s)")
     parser.add_argument("--failures", type=int, default=3,
                         help="failures shown per failing rule (default %(default)s)")
+    parser.add_argument("--opinfo", action="store_true",
+                        help="check the rules on the ATen calls of PyTorch's OpInfo samples instead "
+                             "(every CPU dtype; meshes 2, 3, 4, 2x2; even, uneven and strided shards)")
+    parser.add_argument("--opinfo-ops", action="append", default=[], metavar="NAME",
+                        help="with --opinfo: only these OpInfos (name or glob); repeatable; default all")
+    parser.add_argument("--max-samples", type=int, default=3,
+                        help="with --opinfo: samples per OpInfo and dtype (default %(default)s)")
 
 
 def check_arguments(args: argparse.Namespace) -> None:
     """One ``ValueError`` naming the first bad flag."""
     for flag, value, low, high in (("--cases", args.cases, 1, MAX_CASES),
                                    ("--max-strategies", args.max_strategies, 1, MAX_STRATEGIES),
-                                   ("--failures", args.failures, 0, MAX_FAILURES)):
+                                   ("--failures", args.failures, 0, MAX_FAILURES),
+                                   ("--max-samples", args.max_samples, 1, MAX_SAMPLES)):
         if not low <= value <= high:
             raise ValueError(f"{flag}: expected {low}..{high}, got {value}")
 
@@ -44,6 +53,12 @@ def check_arguments(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     """Validate the selected rules, print the table; 1 if any failed."""
     check_arguments(args)
+    if args.opinfo_ops and not args.opinfo:
+        raise ValueError("--opinfo-ops: only with --opinfo")
+    if args.opinfo:
+        from autoshard.rules.opinfo_cli import run_opinfo
+
+        return run_opinfo(args)
     from autoshard.rules.validator import run_checked
 
     return run_checked(args)

@@ -69,6 +69,8 @@ FAMILIES: tuple[str, ...] = (
     "convolution",
     "factory",
     "hf_ops",
+    "diagonal",
+    "fft",
 )
 """Family modules under ``autoshard.rules``, each with ``register(registry)``."""
 

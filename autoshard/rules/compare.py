@@ -17,6 +17,7 @@ True
 
 from __future__ import annotations
 
+import math
 from typing import Mapping, Sequence
 
 import torch
@@ -25,7 +26,7 @@ from costmodel import simulate
 from costmodel.layout import local_shape
 from costmodel.placements import Partial, Placement, Replicate
 
-__all__ = ["TOLERANCE", "distribute", "compare_output", "close", "big_magnitude"]
+__all__ = ["TOLERANCE", "distribute", "compare_output", "compare_bounded", "close", "big_magnitude", "widen"]
 
 TOLERANCE: dict[torch.dtype, float] = {
     torch.float64: 1e-9,
@@ -66,7 +67,7 @@ def _random_pieces(value: torch.Tensor, reduce_op: str, m: int, gen: torch.Gener
     if reduce_op in ("sum", "avg"):
         target = finite_v * m if reduce_op == "avg" else finite_v
         if integral:
-            parts = [torch.randint(-3, 4, shape, generator=gen) for _ in range(m - 1)]
+            return _integer_addends(v, value.dtype, m, gen)
         else:
             scale = target.abs() + 1
             noise = torch.complex128 if v.dtype.is_complex else torch.float64
@@ -85,11 +86,51 @@ def _random_pieces(value: torch.Tensor, reduce_op: str, m: int, gen: torch.Gener
         pieces = []
         for r in range(m):
             if integral:
+                # below the dtype's minimum (above its maximum) nothing is smaller
+                # (larger): a non-owner holds the limit itself, never a wrapped value
                 delta = torch.randint(1, 4, shape, generator=gen)
+                lo, hi = torch.iinfo(value.dtype).min, torch.iinfo(value.dtype).max
+                if sign < 0:
+                    filler = torch.where(v < lo + delta, torch.full_like(v, lo), v - delta)
+                else:
+                    filler = torch.where(v > hi - delta, torch.full_like(v, hi), v + delta)
             else:
                 delta = (finite_v.abs() + 1) * (0.5 + torch.rand(shape, generator=gen, dtype=torch.float64))
-            pieces.append(torch.where(owner == r, v, v + sign * delta))
+                filler = v + sign * delta
+            pieces.append(torch.where(owner == r, v, filler))
     return [p.to(value.dtype) for p in pieces]
+
+
+def _integer_addends(v: torch.Tensor, dtype: torch.dtype, m: int, gen: torch.Generator) -> list[torch.Tensor]:
+    """``m`` integer pieces of ``v`` (int64 holding ``dtype`` values), each
+    representable in ``dtype``, whose plain sum is ``v`` without wrapping.
+
+    A partial sum of integers that some producer hands over has pieces whose
+    true sum is the value (a sum of counts, of ids times one-hot weights):
+    that is the layout on which every integer rule must be exact, int ->
+    float casts included (``float(a) + float(b) != float(a + b mod 2**64)``).
+    Pieces of mixed signs in ``[-3, 3]`` are drawn where the value is far
+    from the dtype's limits; elsewhere (and for unsigned dtypes) each piece
+    takes a part of the value toward zero, so no piece nor the remainder
+    leaves the range.
+    """
+    info = torch.iinfo(dtype)
+    shape = tuple(v.shape)
+    # |v| < 2**(bits-2) leaves room for m - 1 parts of magnitude 3 (m is tiny)
+    room = 2 ** (info.bits - 2)
+    mixed = (v > -room) & (v < room) if info.min < 0 else torch.zeros(shape, dtype=torch.bool)
+    rest = v.clone()
+    parts = []
+    for _ in range(m - 1):
+        free = torch.randint(-3, 4, shape, generator=gen)
+        size = torch.randint(0, 4, shape, generator=gen)
+        toward_zero = torch.where(rest >= 0, torch.minimum(size, rest), torch.maximum(-size, rest))
+        part = torch.where(mixed, free, toward_zero)
+        parts.append(part)
+        rest = rest - part
+    pieces = parts + [rest]
+    shift = int(torch.randint(0, m, (1,), generator=gen))
+    return [p.to(dtype) for p in pieces[shift:] + pieces[:shift]]
 
 
 def big_magnitude(dtype: torch.dtype) -> float:
@@ -242,3 +283,92 @@ def compare_output(
             maxes.append(torch.where(magnitude <= big, magnitude, 0).max())
     pieces = float(torch.stack(maxes).sum()) if maxes else 0.0
     return close(total, _as_float64(reference), f"output {k} (reduced)", tol_dtype=tol_dtype, scale=pieces)
+
+
+# --------------------------------------------------------------------------- comparing within an error bound
+
+
+def widen(obj):
+    """``obj`` with every float tensor in float64 and complex one in complex128
+    (lists, tuples and dicts walked): the exact reference's arguments."""
+    if isinstance(obj, torch.Tensor):
+        return _as_float64(obj)
+    if isinstance(obj, tuple):
+        return tuple(widen(o) for o in obj)
+    if isinstance(obj, list):
+        return [widen(o) for o in obj]
+    if isinstance(obj, dict):
+        return {k: widen(v) for k, v in obj.items()}
+    return obj
+
+
+def _within(actual: torch.Tensor, exact: torch.Tensor, bound: torch.Tensor, where: str) -> str | None:
+    """None if ``|actual - exact| <= bound`` everywhere; ``bound = inf``
+    leaves an element free; a non-finite ``exact`` with a finite bound must
+    come out the same (the same infinity, or NaN)."""
+    a = _as_float64(actual)
+    free = torch.isinf(bound)
+    nonfinite = ~torch.isfinite(exact)
+    same = (a == exact) | (torch.isnan(a) & torch.isnan(exact))
+    bad_special = nonfinite & ~free & ~same
+    if bool(bad_special.any()):
+        return f"{where}: {int(bad_special.sum())} inf/NaN values differ from the exact result's"
+    diff = (a - exact).abs()
+    bad = ~free & ~nonfinite & ~(diff <= bound)  # NaN differences fail
+    if bool(bad.any()):
+        worst = float(torch.where(bad, diff - bound, 0).max()) if bool(torch.isfinite(diff[bad]).all()) else math.inf
+        return (f"{where}: {int(bad.sum())} of {exact.numel()} values exceed the kernel's error bound "
+                f"(worst by {worst:.3g})")
+    return None
+
+
+def compare_bounded(
+    k: int,
+    locals_: Mapping[tuple[int, ...], torch.Tensor],
+    exact: torch.Tensor,
+    placements: tuple[Placement, ...],
+    mesh_shape: tuple[int, ...],
+    bounds: Mapping[tuple[int, ...], torch.Tensor],
+    exact_bound: torch.Tensor,
+    dtype: torch.dtype,
+) -> str | None:
+    """Output ``k`` against ``exact`` (the op in float64) within the rule's
+    error bounds: ``bounds[coord]`` for each rank's own computation,
+    ``exact_bound`` for the float64 run. A reduced partial output adds
+    the rounding of the all-reduce in ``dtype`` (``m - 1`` additions and the
+    cast): ``gamma_m * sum |piece| + u * |total|``."""
+    for coord, t in locals_.items():
+        want = local_shape(tuple(exact.shape), placements, mesh_shape, coord)
+        if not isinstance(t, torch.Tensor) or tuple(t.shape) != want:
+            return f"output {k} at rank {coord}: local shape {tuple(getattr(t, 'shape', ()))}, expected {want}"
+        if t.dtype != dtype:
+            return f"output {k} at rank {coord}: dtype {t.dtype}, expected {dtype}"
+    if not any(isinstance(p, Partial) for p in placements):
+        expected = simulate.shard(exact, placements, mesh_shape)
+        slack = simulate.shard(exact_bound, placements, mesh_shape)
+        for coord, t in locals_.items():
+            msg = _within(t, expected[coord], bounds[coord] + slack[coord], f"output {k} at rank {coord}")
+            if msg:
+                return msg
+        return None
+    for coord, t in locals_.items():
+        for mesh_dim, p in enumerate(placements):
+            if isinstance(p, Replicate) and coord[mesh_dim]:
+                base = coord[:mesh_dim] + (0,) + coord[mesh_dim + 1 :]
+                msg = _within(t, _as_float64(locals_[base]), bounds[coord] + bounds[base],
+                              f"output {k} replica {coord} vs {base}")
+                if msg:
+                    return msg
+    as_sums = tuple(Partial("sum") if isinstance(p, Partial) else p for p in placements)
+    try:
+        total = simulate.unshard({c: _as_float64(t) for c, t in locals_.items()}, placements, mesh_shape, check_replicas=False)
+        bound = simulate.unshard(dict(bounds), as_sums, mesh_shape, check_replicas=False)
+        sizes = simulate.unshard({c: _as_float64(t).abs() for c, t in locals_.items()}, as_sums, mesh_shape, check_replicas=False)
+    except simulate.SimulationError as exc:
+        return f"output {k}: {exc}"
+    ranks = math.prod(m for m, p in zip(mesh_shape, placements) if isinstance(p, Partial))
+    u = torch.finfo(dtype.to_real() if dtype.is_complex else dtype).eps / 2
+    nu = ranks * u
+    reduction = (nu / (1 - nu)) * torch.where(torch.isfinite(sizes), sizes, 0) + u * torch.where(torch.isfinite(total), total.abs(), 0)
+    total = _as_float64(total.to(dtype))  # a real all-reduce runs in the tensor's dtype
+    return _within(total, exact, bound + reduction + exact_bound, f"output {k} (reduced)")

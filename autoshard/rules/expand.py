@@ -63,6 +63,7 @@ __all__ = [
     "fill_placeholders",
     "partial_fits",
     "cast_keeps_partial",
+    "monotone_cast",
 ]
 
 _REPLICATE = Replicate()
@@ -147,28 +148,69 @@ def partial_fits(reduce_op: str, dtype: torch.dtype) -> bool:
     return True
 
 
+def monotone_cast(src: torch.dtype, dst: torch.dtype) -> bool:
+    """Whether converting ``src`` values to ``dst`` is non-decreasing on the
+    WHOLE range of ``src``, so that it commutes with max and min
+    (``cast(max(a, b)) = max(cast(a), cast(b))``).
+
+    Rounding to nearest is non-decreasing and saturates to +-inf, so every
+    cast to a float type is (int64 to float16 included). A cast between
+    integer types is when the target's range holds the source's; otherwise
+    it wraps (``int64 300 -> int8 44``, ``int8 -1 -> uint8 255``). A cast from
+    a float type to an integer type is not: values out of the target's range
+    wrap or become the "indefinite" integer (``+inf -> int64`` gives
+    ``INT64_MIN``). bool -> anything maps False < True to 0 < 1; anything ->
+    bool is ``x != 0``, which is not monotone where negatives exist; complex
+    values have no order.
+
+    >>> monotone_cast(torch.int32, torch.int64), monotone_cast(torch.int64, torch.int8), monotone_cast(torch.float32, torch.int64)
+    (True, False, False)
+    >>> monotone_cast(torch.int64, torch.float16), monotone_cast(torch.uint8, torch.int16), monotone_cast(torch.int8, torch.uint8)
+    (True, True, False)
+    """
+    if src == dst:
+        return True
+    s, d = _kind(src), _kind(dst)
+    if s == "complex" or d == "complex":
+        return False
+    if s == "bool":
+        return True
+    if d == "bool":
+        return False
+    if d == "float":
+        return True
+    if s == "float":
+        return False
+    a, b = torch.iinfo(src), torch.iinfo(dst)
+    return b.min <= a.min and a.max <= b.max
+
+
 def cast_keeps_partial(src: torch.dtype, dst: torch.dtype, reduce_op: str) -> bool:
     """Whether a ``P(reduce_op)`` input of dtype ``src`` may give a partial
     output of dtype ``dst``: each rank converts its own piece, which must
     commute with the reduction.
 
-    Widening or float-to-float rounding keeps every partial (up to rounding);
-    float to integer truncates each piece (``trunc(0.6) + trunc(0.6) != trunc(1.2)``)
-    but keeps the order, so only max/min pass; anything to bool
-    (``x != 0``) keeps nothing.
+    max/min: the cast must be non-decreasing on the whole source range
+    (:func:`monotone_cast`). sum/avg: float-to-float and integer-to-float
+    rounding keep them (up to rounding); integer-to-integer casts are
+    reductions modulo ``2**bits``, which commute with sums; float to integer
+    truncates each piece (``trunc(0.6) + trunc(0.6) != trunc(1.2)``) and
+    anything to bool (``x != 0``) is not additive.
 
     >>> cast_keeps_partial(torch.float32, torch.int32, "sum"), cast_keeps_partial(torch.float32, torch.int32, "max")
-    (False, True)
+    (False, False)
     >>> cast_keeps_partial(torch.int64, torch.float32, "sum"), cast_keeps_partial(torch.float32, torch.bool, "max")
     (True, False)
+    >>> cast_keeps_partial(torch.int32, torch.int64, "max"), cast_keeps_partial(torch.int64, torch.int8, "sum")
+    (True, True)
     """
     if src == dst:
         return True
+    if reduce_op in ("max", "min"):
+        return monotone_cast(src, dst)
     s, d = _kind(src), _kind(dst)
-    if d == "bool":
+    if d == "bool" or (d == "int" and s in ("float", "complex")):
         return False
-    if d == "int" and s in ("float", "complex"):
-        return reduce_op in ("max", "min")
     return True
 
 

@@ -37,10 +37,29 @@ __all__ = ["constant_kinds", "register"]
 aten = torch.ops.aten
 
 
-def constant_kinds(value: Any) -> tuple[Any, ...]:
-    """Partials a constant tensor of ``value`` can be created as (None: empty)."""
+AVG_HEADROOM = 2.0**20
+"""An average all-reduce sums first: ``m`` copies of a constant near
+``finfo.max`` overflow (``m * finfo(float32).min = -inf``). A constant is
+created as ``P(avg)`` only below ``finfo.max / AVG_HEADROOM`` (mesh dims up
+to 2**20 ranks)."""
+
+
+def constant_kinds(value: Any, dtype: torch.dtype | None = None) -> tuple[Any, ...]:
+    """Partials a constant tensor of ``value`` (of ``dtype``) can be created as (None: empty).
+
+    >>> [str(k) for k in constant_kinds(torch.finfo(torch.float32).min, torch.float32)]
+    ['P(max)', 'P(min)']
+    """
     if value is None or value == 0:
         return (P, P_AVG, P_MAX, P_MIN)
+    if dtype is not None and (dtype.is_floating_point or dtype.is_complex):
+        real = dtype.to_real() if dtype.is_complex else dtype
+        try:
+            size = abs(complex(value))
+        except (TypeError, ValueError):
+            size = 0.0
+        if torch.finfo(real).max / AVG_HEADROOM < size < float("inf"):
+            return (P_MAX, P_MIN)
     return (P_AVG, P_MAX, P_MIN)
 
 
@@ -60,14 +79,14 @@ def sized_rule(call: OpCall) -> list[SingleDimStrategy]:
     ins = (None,) * n_in
     out = call.outputs[0]
     strategies = [SingleDimStrategy(S(d), ins) for d in range(out.ndim)]
-    return strategies + [SingleDimStrategy(k, ins) for k in constant_kinds(_fill_value(call))]
+    return strategies + [SingleDimStrategy(k, ins) for k in constant_kinds(_fill_value(call), call.outputs[0].dtype)]
 
 
 def like_rule(call: OpCall) -> list[SingleDimStrategy]:
     """zeros_like(x) and friends: x only gives the (local) shape."""
     n = call.inputs[0].ndim
     strategies = [SingleDimStrategy(S(d), S(d)) for d in range(n)]
-    for k in constant_kinds(_fill_value(call)):
+    for k in constant_kinds(_fill_value(call), call.outputs[0].dtype):
         strategies += [SingleDimStrategy(k, R), SingleDimStrategy(k, k), SingleDimStrategy(R, k)]
     return strategies
 
@@ -88,7 +107,7 @@ def fill_tensor_rule(call: OpCall) -> list[SingleDimStrategy]:
 
 def scalar_rule(call: OpCall) -> list[SingleDimStrategy]:
     """scalar_tensor(s): a 0-d constant."""
-    return [SingleDimStrategy(k, ()) for k in constant_kinds(call.arg("s"))]
+    return [SingleDimStrategy(k, ()) for k in constant_kinds(call.arg("s"), call.outputs[0].dtype)]
 
 
 def replicate_rule(call: OpCall) -> list[SingleDimStrategy]:

@@ -1,5 +1,5 @@
 """Embedding and indexing: embedding (+backward), index_select, gather,
-scatter, scatter_add, index_add, index, index_put, and the selection ops
+scatter, scatter_add, scatter_reduce, index_add, index_reduce, index, index_put, and the selection ops
 topk/sort that MoE routing uses.
 
 Two kinds of split are exact with a plain local kernel:
@@ -67,10 +67,11 @@ def _dim(call: OpCall) -> int:
 
 def index_select_rule(call: OpCall) -> list[SingleDimStrategy]:
     """index_select(x, dim, index[k]): other dims of x, or the index."""
-    x = call.inputs[0]
+    x, idx = call.inputs
     dim = _dim(call)
     strategies = [SingleDimStrategy(S(d), (S(d), R)) for d in range(x.ndim) if d != dim]
-    strategies.append(SingleDimStrategy(S(dim), (R, S(0))))
+    if x.ndim and idx.ndim:  # a 0-D x gives a 0-D result: nothing to split
+        strategies.append(SingleDimStrategy(S(dim), (R, S(0))))
     return strategies + [SingleDimStrategy(k, (k, R)) for k in ALL]
 
 
@@ -80,8 +81,9 @@ def gather_rule(call: OpCall) -> list[SingleDimStrategy]:
     index split alike (their positions are used as they are)."""
     x, idx = call.inputs
     dim = _dim(call)
-    strategies = [SingleDimStrategy(S(dim), (R, S(dim)))]
-    strategies += [SingleDimStrategy(S(d), (S(d), S(d))) for d in range(x.ndim) if d != dim and x.shape[d] == idx.shape[d]]
+    strategies = [SingleDimStrategy(S(dim), (R, S(dim)))] if idx.ndim else []  # the result is shaped like idx
+    strategies += [SingleDimStrategy(S(d), (S(d), S(d))) for d in range(min(x.ndim, idx.ndim))
+                   if d != dim and x.shape[d] == idx.shape[d]]
     return strategies + [SingleDimStrategy(k, (k, R)) for k in ALL]
 
 
@@ -91,7 +93,9 @@ def scatter_rule(call: OpCall) -> list[SingleDimStrategy]:
     metas = call.inputs
     x = metas[0]
     dim = _dim(call)
-    same = [d for d in range(x.ndim) if d != dim and len({m.shape[d] for m in metas}) == 1]
+    # 0-D operands (scatter_add(f32[], 0, i64[], f32[])) have no dim to split
+    same = [d for d in range(x.ndim) if d != dim and all(m.ndim > d for m in metas)
+            and len({m.shape[d] for m in metas}) == 1]
     strategies = [SingleDimStrategy(S(d), (S(d),) * len(metas)) for d in same]
     adds = call.op in (aten.scatter_add.default, aten.scatter_reduce.two) and call.arg("reduce", "sum") == "sum"
     if call.op is aten.scatter.value:
@@ -102,7 +106,7 @@ def scatter_rule(call: OpCall) -> list[SingleDimStrategy]:
         kinds = ALL
     for k in kinds:
         strategies.append(SingleDimStrategy(k, (k, R) + (k,) * (len(metas) - 2)))
-    if adds and len(metas) == 3 and metas[1].shape[dim] == metas[2].shape[dim]:
+    if adds and len(metas) == 3 and min(m.ndim for m in metas) > dim and metas[1].shape[dim] == metas[2].shape[dim]:
         strategies.append(SingleDimStrategy(P, (P, S(dim), S(dim))))
     return strategies
 
@@ -114,8 +118,79 @@ def index_add_rule(call: OpCall) -> list[SingleDimStrategy]:
     dim = _dim(call)
     strategies = [SingleDimStrategy(S(d), (S(d), R, S(d))) for d in range(x.ndim) if d != dim]
     strategies += [SingleDimStrategy(k, (k, R, k)) for k in (P, P_AVG)]
-    strategies.append(SingleDimStrategy(P, (P, S(0), S(dim))))
+    if src.ndim and call.inputs[1].ndim:  # index_add(f32[], 0, i64[1], f32[]): nothing to split
+        strategies.append(SingleDimStrategy(P, (P, S(0), S(dim))))
     return strategies
+
+
+_ORDER_PARTIAL = {"amax": P_MAX, "amin": P_MIN}
+
+
+def _reduce_partials(k: object, n_in: int, include_self: bool, updates_split: tuple | None) -> list[SingleDimStrategy]:
+    """Partials of scatter_reduce / index_reduce with ``reduce`` amax (amin):
+    a max of maxes, so ``P(max)`` on self, on the updates or on both passes
+    (every rank reduces its pieces; ranks without an update at a position
+    keep self's piece, which the max over ranks absorbs). Updates split along
+    ``dim`` (``updates_split``: their placements) need ``include_self``:
+    without it a rank with no update at a position would output its self
+    piece there, which is not part of the result."""
+    rows = [SingleDimStrategy(k, (k, R, k)), SingleDimStrategy(k, (k, R, R)), SingleDimStrategy(k, (R, R, k))]
+    if include_self and updates_split is not None:
+        rows += [SingleDimStrategy(k, (k,) + updates_split), SingleDimStrategy(k, (R,) + updates_split)]
+    return rows if n_in == 3 else []
+
+
+def scatter_reduce_rule(call: OpCall) -> list[SingleDimStrategy]:
+    """scatter_reduce.two(self, dim, index, src, reduce, include_self): dims
+    other than ``dim`` split alike where the three tensors agree; ``sum``
+    keeps sum and average partials (linear), and with ``include_self`` takes
+    updates split along ``dim`` into a partial target; ``amax``/``amin`` as
+    in :func:`_reduce_partials`; ``prod`` and ``mean`` no partial."""
+    metas = call.inputs
+    x, idx, src = metas
+    dim = _dim(call)
+    reduce, include_self = call.arg("reduce"), bool(call.arg("include_self", True))
+    same = [d for d in range(x.ndim) if d != dim and all(m.ndim > d for m in metas)
+            and len({m.shape[d] for m in metas}) == 1]
+    strategies = [SingleDimStrategy(S(d), (S(d),) * 3) for d in same]
+    split = (S(dim), S(dim)) if min(m.ndim for m in metas) > dim and idx.shape[dim] == src.shape[dim] else None
+    if reduce == "sum":
+        strategies += [SingleDimStrategy(k, (k, R, k)) for k in (P, P_AVG)]
+        if include_self and split is not None:
+            strategies.append(SingleDimStrategy(P, (P,) + split))
+    elif reduce in _ORDER_PARTIAL:
+        strategies += _reduce_partials(_ORDER_PARTIAL[reduce], 3, include_self, split)
+    return strategies
+
+
+def index_reduce_rule(call: OpCall) -> list[SingleDimStrategy]:
+    """index_reduce(self, dim, index[k], source, reduce, include_self): dims
+    other than ``dim`` split on self and source alike (index replicated);
+    ``amax``/``amin`` keep their order partials (:func:`_reduce_partials`);
+    ``prod`` and ``mean`` none."""
+    x, idx, src = call.inputs
+    dim = _dim(call)
+    strategies = [SingleDimStrategy(S(d), (S(d), R, S(d))) for d in range(x.ndim) if d != dim]
+    reduce = call.arg("reduce")
+    if reduce in _ORDER_PARTIAL:
+        split = (S(0), S(dim)) if src.ndim and idx.ndim else None
+        strategies += _reduce_partials(_ORDER_PARTIAL[reduce], 3, bool(call.arg("include_self", True)), split)
+    return strategies
+
+
+def index_reduce_reference(self: torch.Tensor, dim: int, index: torch.Tensor, source: torch.Tensor, reduce: str,
+                           *, include_self: bool = True) -> torch.Tensor:
+    """``aten.index_reduce`` with half-precision operands reduced in float32
+    and rounded once: torch 2.13's CPU kernel raises an internal assert for
+    float16 ``prod`` when ``self`` has one row, which a shard often has.
+
+    >>> index_reduce_reference(torch.ones(1, 4, dtype=torch.float16), 1, torch.tensor([0, 0]), torch.full((1, 2), 2.0, dtype=torch.float16), "prod")
+    tensor([[4., 1., 1., 1.]], dtype=torch.float16)
+    """
+    if self.dtype in (torch.float16, torch.bfloat16) and source.dtype == self.dtype:
+        out = torch.ops.aten.index_reduce.default(self.float(), dim, index, source.float(), reduce, include_self=include_self)
+        return out.to(self.dtype)
+    return torch.ops.aten.index_reduce.default(self, dim, index, source, reduce, include_self=include_self)
 
 
 def _index_layout(call: OpCall) -> tuple[int, int, tuple[int, ...], bool] | None:
@@ -268,6 +343,30 @@ def _index_add_samples(sampler: Sampler):
         yield SampleInput((sampler.randn(shape, dtype), dim, sampler.index((n,), shape[dim]), sampler.randn(src_shape, dtype)), {"alpha": alpha})
 
 
+def _scatter_reduce_samples(sampler: Sampler):
+    for reduce in ("sum", "amax", "amin", "prod", "mean"):
+        shape = sampler.shape(min_ndim=2)
+        dim = sampler.rng.randrange(len(shape))
+        ishape = list(shape)
+        ishape[dim] = sampler.size()
+        dtype = _fdtype(sampler)
+        index = sampler.index(ishape, shape[dim])
+        yield SampleInput((sampler.randn(shape, dtype), dim, index, sampler.randn(ishape, dtype), reduce),
+                          {"include_self": sampler.choice((True, False))})
+
+
+def _index_reduce_samples(sampler: Sampler):
+    for reduce in ("amax", "amin", "prod", "mean"):
+        shape = sampler.shape(min_ndim=2)
+        dim = sampler.rng.randrange(len(shape))
+        n = sampler.size()
+        src_shape = list(shape)
+        src_shape[dim] = n
+        dtype = _fdtype(sampler)
+        yield SampleInput((sampler.randn(shape, dtype), dim, sampler.index((n,), shape[dim]),
+                           sampler.randn(src_shape, dtype), reduce), {"include_self": sampler.choice((True, False))})
+
+
 def _index_samples(sampler: Sampler):
     for lead in (0, 1):
         shape = sampler.shape(3)
@@ -325,6 +424,11 @@ def register(registry: RuleRegistry) -> None:
     rule(aten.scatter.value, compute=scatter_compute(touch=1), samples=_scatter_samples("value"))(scatter_rule)
     rule(aten.scatter_add.default, compute=scatter_compute(touch=3), samples=_scatter_samples("add"))(scatter_rule)
     rule(aten.index_add.default, compute=index_add_compute, samples=_index_add_samples)(index_add_rule)
+    # scatter_reduce / index_reduce read and write what scatter_add / index_add do
+    rule(aten.scatter_reduce.two, compute=scatter_compute(touch=3), samples=_scatter_reduce_samples)(scatter_reduce_rule)
+    rule(aten.index_reduce.default, compute=index_add_compute, samples=_index_reduce_samples,
+         reference=index_reduce_reference,
+         note="validated on a reference: the CPU kernel asserts on float16 prod with a one-row self")(index_reduce_rule)
     rule(aten.index.Tensor, compute=gather_compute(), samples=_index_samples)(index_rule)
     rule(aten.index_put.default, compute=index_put_compute, samples=_index_put_samples)(index_put_rule)
     rule(aten.topk.default, compute=reduction(4.0), samples=_selection_samples("topk"))(selection_rule)

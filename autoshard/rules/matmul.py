@@ -26,6 +26,7 @@ from __future__ import annotations
 import torch
 
 from autoshard.rules.compute import einsum_compute, einsum_letters, io_bytes
+from autoshard.rules.error_bounds import einsum_error_bound
 from autoshard.rules.core import OpCall, OpCompute, P, R, S, ShardPlaceholder, SingleDimStrategy
 from autoshard.rules.registry import RuleRegistry, SampleInput
 from autoshard.rules.samples import Sampler
@@ -55,6 +56,8 @@ BIAS_EINSUM_OPS: dict[torch._ops.OpOverload, str] = {
     aten.addmm.default: "mk,kn->mn",
     aten.baddbmm.default: "bmk,bkn->bmn",
     aten.addmv.default: "mk,k->m",
+    aten.addr.default: "m,n->mn",
+    aten.addbmm.default: "bmk,bkn->mn",
 }
 """``beta * bias + alpha * einsum(...)`` with ``bias`` broadcast to the output."""
 
@@ -110,7 +113,9 @@ def _einsum_samples(equation: str, *, bias: bool):
     def samples(sampler: Sampler):
         for _ in range(2):
             dtype = sampler.float_dtype()
-            size = {c: sampler.size() for c in set("".join(ins))}
+            # sorted: a set of letters iterates in PYTHONHASHSEED's order, which
+            # made the sizes (and every later draw) differ between processes
+            size = {c: sampler.size() for c in sorted(set("".join(ins)))}
             args = [sampler.randn(tuple(size[c] for c in letters), dtype) for letters in ins]
             if not bias:
                 yield SampleInput(tuple(args), {})
@@ -239,11 +244,13 @@ def register(registry: RuleRegistry) -> None:
     """Add the matmul-like rules to ``registry``."""
     rule = registry.family("matmul")
     for op, equation in EINSUM_OPS.items():
-        rule(op, compute=einsum_compute(equation), samples=_einsum_samples(equation, bias=False))(
+        rule(op, compute=einsum_compute(equation), samples=_einsum_samples(equation, bias=False),
+             error_bound=einsum_error_bound(equation))(
             lambda call, eq=equation: einsum_rule(eq)
         )
     for op, equation in BIAS_EINSUM_OPS.items():
-        rule(op, compute=einsum_compute(equation, first_input=1), samples=_einsum_samples(equation, bias=True))(
+        rule(op, compute=einsum_compute(equation, first_input=1), samples=_einsum_samples(equation, bias=True),
+             error_bound=einsum_error_bound(equation, bias=True))(
             _bias_rule(equation)
         )
     rule(aten._grouped_mm.default, compute=grouped_mm_compute, samples=_grouped_mm_samples,

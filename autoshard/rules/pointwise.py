@@ -24,6 +24,8 @@ import torch
 
 from autoshard.rules.compute import elementwise, pow_scalar_compute
 from autoshard.rules.core import P, P_AVG, P_MAX, P_MIN, R, OpCall, S, SingleDimStrategy
+from autoshard.rules.expand import monotone_cast
+from autoshard.rules.factory import constant_kinds
 from autoshard.rules.registry import RuleRegistry, SampleInput
 from autoshard.rules.samples import Sampler, from_spec
 
@@ -97,6 +99,7 @@ X, XY, XS = ("x",), ("x", "y"), ("x", "s")
 GROUPS: tuple[Group, ...] = (
     Group("f(a+b) = f(a)+f(b) and f commutes with averaging: scaling by a replicated constant", LINEAR, (
         pw(aten.mul.Scalar, XS), pw(aten.div.Scalar, ("x", 1.5)),
+        pw(aten.deg2rad.default, X), pw(aten.rad2deg.default, X),
     )),
     Group("values pass through unchanged, so every partial stays the same partial", IDENTITY, (
         pw(aten.clone.default, X), pw(aten.alias.default, X), pw(aten.positive.default, X),
@@ -129,6 +132,8 @@ GROUPS: tuple[Group, ...] = (
         pw(aten.mish_backward.default, ("x", "x"), flops=10),
         pw(aten.hardswish_backward.default, ("x", "x")),
         pw(aten.elu_backward.default, ("x", 1.0, 1.0, 1.0, False, "x")),
+        pw(aten.hardsigmoid_backward.default, ("x", "x")),
+        pw(aten.softshrink_backward.default, ("x", "x", 0.5)), pw(aten.hardshrink_backward.default, ("x", "x", 0.5)),
     )),
     Group("f(max(a,b)) = max(f(a),f(b)) for f non-decreasing on the whole real line", NON_DECREASING, (
         pw(aten.relu.default, X), pw(aten.exp.default, X, flops=4), pw(aten.expm1.default, X, flops=4),
@@ -187,6 +192,27 @@ GROUPS: tuple[Group, ...] = (
         pw(aten.log10.default, ("p",), flops=4), pw(aten.tan.default, X, flops=4),
         pw(aten.xlogy.Tensor, ("p", "q"), flops=4), pw(aten.rsub.Tensor, XY),
     )),
+    Group("special functions, domain-limited inverses and other non-linear or non-monotone maps: shards only", NONE, (
+        pw(aten.cosh.default, X, flops=4), pw(aten.acos.default, X, flops=4), pw(aten.asin.default, X, flops=4),
+        pw(aten.acosh.default, ("p",), flops=4), pw(aten.atanh.default, X, flops=4), pw(aten.sinc.default, X, flops=4),
+        pw(aten.erfc.default, X, flops=4), pw(aten.lgamma.default, ("p",), flops=8), pw(aten.digamma.default, ("p",), flops=8),
+        pw(aten.polygamma.default, (1, "p"), (2, "p"), flops=16), pw(aten.logit.default, ("p",), flops=4),
+        pw(aten.i0.default, X, flops=8), pw(aten.special_i1.default, X, flops=8), pw(aten.special_i0e.default, X, flops=8),
+        pw(aten.special_i1e.default, X, flops=8), pw(aten.special_entr.default, ("p",), flops=4),
+        pw(aten.special_ndtri.default, ("p",), dtypes=F64_F32, flops=8), pw(aten.special_log_ndtr.default, X, dtypes=F64_F32, flops=8),
+        pw(aten.special_erfcx.default, X, dtypes=F64_F32, flops=8), pw(aten.special_xlog1py.default, ("x", "q"), flops=4),
+        pw(aten.celu.default, X, flops=4), pw(aten.threshold.default, ("x", 0.1, -2.0)),
+        pw(aten.signbit.default, X), pw(aten.isposinf.default, X), pw(aten.isneginf.default, X),
+        pw(aten.angle.default, X), pw(aten.round.decimals, X, kwargs=({"decimals": 2},)),
+        pw(aten.pow.Scalar, (2.0, "x"), flops=4), pw(aten.rsub.Scalar, ("x", 1.5)),
+        pw(aten.copysign.Tensor, XY), pw(aten.fmax.default, XY), pw(aten.fmin.default, XY),
+        pw(aten.heaviside.default, XY), pw(aten.fmod.Tensor, ("x", "q"), extremes=False), pw(aten.hypot.default, XY, flops=4),
+        pw(aten.nextafter.default, XY), pw(aten.igamma.default, ("p", "q"), flops=16),
+        pw(aten.igammac.default, ("p", "q"), flops=16), pw(aten.ldexp.Tensor, ("x", "i")),
+        pw(aten.clamp_min.Tensor, XY), pw(aten.clamp_max.Tensor, XY), pw(aten.clamp.Tensor, ("x", "y", "y")),
+        pw(aten.gcd.default, ("i", "i")), pw(aten.lcm.default, ("i", "i")),
+        pw(aten.bitwise_left_shift.Tensor, ("i", "i")), pw(aten.bitwise_right_shift.Tensor, ("i", "i")),
+    )),
 )
 
 
@@ -199,9 +225,20 @@ def broadcast_dim(out_shape: tuple[int, ...], arg_shape: tuple[int, ...], d: int
     return ad
 
 
+WRAPPING_ORDER = (NEGATION, ADDITIVE)
+"""Tables whose max/min rows hold because ``-x`` and ``x + c`` are monotone,
+which is false on integers: they wrap (uint8 ``-1 = 255``, int8 ``127 + 1 = -128``)."""
+
+
+def _order_row(row: Row) -> bool:
+    return any(p in (P_MAX, P_MIN) for p in row)
+
+
 def pointwise_rule(partials: PartialTable) -> Callable[[OpCall], list[SingleDimStrategy]]:
     """Single-dim rule of a pointwise op: a shard per output dim (inputs split
-    alike, replicated where broadcast), then the group's partial rows."""
+    alike, replicated where broadcast), then the group's partial rows (the
+    max/min rows of :data:`WRAPPING_ORDER` tables only on floating tensors)."""
+    wraps = any(partials is table for table in WRAPPING_ORDER)
 
     def rule(call: OpCall) -> list[SingleDimStrategy]:
         n_out = len(call.outputs)
@@ -213,7 +250,14 @@ def pointwise_rule(partials: PartialTable) -> Callable[[OpCall], list[SingleDimS
                 ad = broadcast_dim(out, meta.shape, d)
                 ins.append(R if ad is None else S(ad))
             strategies.append(SingleDimStrategy((S(d),) * n_out, tuple(ins)))
+        integral = wraps and any(not (m.dtype.is_floating_point or m.dtype.is_complex)
+                                 for m in list(call.inputs) + [o for o in call.outputs if o is not None])
+        # every rank writes the fill value: an average all-reduce sums m copies,
+        # which overflow near the dtype's range (masks of finfo.min)
+        huge_fill = partials is FILL and P_AVG not in constant_kinds(call.arg("value"), call.outputs[0].dtype)
         for row in partials.get(len(call.inputs), ()):
+            if (integral and _order_row(row)) or (huge_fill and P_AVG in row):
+                continue
             strategies.append(SingleDimStrategy((row[0],) * n_out, tuple(row[1:])))
         return strategies
 
@@ -232,15 +276,15 @@ def _samples(entry: Pointwise) -> Callable[[Sampler], Any]:
 
 
 def _to_copy_rule(call: OpCall) -> list[SingleDimStrategy]:
-    """A cast keeps shards; float-to-float casts are linear up to rounding and
-    monotone, so every partial stays; a cast to an integer type is monotone
-    (max/min stay) but not linear; a cast to bool is neither."""
-    dst = call.outputs[0].dtype
+    """A cast keeps shards. Max and min stay only where the cast is
+    non-decreasing on the whole source range (:func:`monotone_cast`: not
+    float -> int, not a narrowing int -> int, never -> bool); sums and
+    averages where the cast is additive up to rounding (to a float type;
+    the registry's dtype check drops the others)."""
+    src, dst = call.inputs[0].dtype, call.outputs[0].dtype
     strategies = pointwise_rule(NONE)(call)
-    if dst == torch.bool:
-        return strategies
-    kinds = [P_MAX, P_MIN]
-    if dst.is_floating_point:
+    kinds = [P_MAX, P_MIN] if monotone_cast(src, dst) else []
+    if dst.is_floating_point or dst.is_complex:
         kinds += [P, P_AVG]
     return strategies + [SingleDimStrategy(k, k) for k in kinds]
 
@@ -249,6 +293,13 @@ def _to_copy_samples(sampler: Sampler):
     for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.int64):
         src = sampler.float_dtype()
         yield SampleInput((sampler.randn(sampler.shape(), src) * 4,), {"dtype": dtype})
+    # integer sources with values outside the narrow targets' ranges: a
+    # narrowing or sign-changing cast wraps, so it must not keep P(max)
+    for src, dst in ((torch.int64, torch.int8), (torch.int64, torch.uint8), (torch.int32, torch.int64),
+                     (torch.int64, torch.float32), (torch.bool, torch.int64)):
+        values = sampler.randn(sampler.shape(), torch.float64) * 200
+        x = values > 0 if src == torch.bool else values.round().to(src)
+        yield SampleInput((x,), {"dtype": dst})
 
 
 def register(registry: RuleRegistry) -> None:

@@ -1,4 +1,4 @@
-"""Reductions: sum, mean, amax/amin, max/min, arg-reductions, norms, scans.
+"""Reductions: sum, mean, amax/amin, max/min, arg-reductions, norms, scans (cumsum, cumprod).
 
 A tensor dim that is kept can stay split (it moves to its new position when
 ``keepdim`` is false). A reduced dim that is split leaves each rank with the
@@ -92,6 +92,15 @@ def _scan_rule(call: OpCall) -> list[SingleDimStrategy]:
     ]
 
 
+def _scan_only_rule(call: OpCall) -> list[SingleDimStrategy]:
+    """cumprod, logcumsumexp, cummax/cummin (values and indices):
+    independent along every other dim; not linear, so no partial passes."""
+    n = call.inputs[0].ndim
+    dim = call.arg("dim") % max(n, 1)
+    k = len(call.outputs)
+    return [SingleDimStrategy((S(d),) * k, S(d)) for d in range(n) if d != dim]
+
+
 def _histc_rule(call: OpCall) -> list[SingleDimStrategy]:
     """histc: counts of the elements of each slice add up to the counts of
     the whole, but only over a fixed range: with ``min == max`` each rank
@@ -142,6 +151,38 @@ def _norm_samples(sampler: Sampler):
     for ord_ in (2, 1):
         shape = sampler.shape(min_ndim=2)
         yield SampleInput((sampler.randn(shape, sampler.float_dtype()), ord_, [len(shape) - 1], False), {})
+
+
+def _norm_dim_samples(sampler: Sampler):
+    """norm.ScalarOpt_dim(x, p, dim, keepdim): a p-norm over some dims."""
+    for p, keep in ((2, False), (1, True), (float("inf"), False), (3.0, True)):
+        shape = sampler.shape(min_ndim=2)
+        dims = sorted(sampler.rng.sample(range(len(shape)), sampler.randint(1, len(shape) - 1)))
+        yield SampleInput((sampler.randn(shape, sampler.float_dtype()), p, dims, keep), {})
+
+
+def _count_samples(kind: str) -> Callable[[Sampler], Any]:
+    """count_nonzero(x, dims) / count_nonzero(x, dim=None): no keepdim; zeros among the values."""
+
+    def samples(sampler: Sampler):
+        for variant in range(3):
+            shape = sampler.shape(min_ndim=2)
+            x = sampler.randn(shape, sampler.float_dtype()).round()  # about a third are zero
+            n = len(shape)
+            if kind == "list":
+                yield SampleInput((x, sorted(sampler.rng.sample(range(n), sampler.randint(1, n)))), {})
+            else:
+                yield SampleInput((x,) if variant == 2 else (x, sampler.randint(-n, n - 1)), {})
+
+    return samples
+
+
+def _kth_samples(sampler: Sampler):
+    for keep in (False, True):
+        shape = sampler.shape(min_ndim=2)
+        dim = sampler.randint(-len(shape), len(shape) - 1)
+        x = sampler.permutation(int(torch.tensor(shape).prod())).reshape(shape).to(torch.float64)  # no ties
+        yield SampleInput((x, sampler.randint(1, shape[dim]), dim, keep), {})
 
 
 def _var_samples(sampler: Sampler):
@@ -202,5 +243,21 @@ def register(registry: RuleRegistry) -> None:
     rule(aten.var.correction, compute=reduction(3.0), samples=_var_samples)(reduction_rule())
     rule(aten.std.correction, compute=reduction(3.0), samples=_var_samples)(reduction_rule())
     rule(aten.cumsum.default, compute=red, samples=_cumsum_samples)(_scan_rule)
+    for op in (aten.cumprod.default, aten.logcumsumexp.default, aten.cummax.default, aten.cummin.default):
+        rule(op, compute=red, samples=_cumsum_samples)(_scan_only_rule)
+    # counts and nan-skipping sums of slices add up (no pass-through: pieces of
+    # a partial input are not the values whose zeros or NaNs are counted)
+    rule(aten.count_nonzero.dim_IntList, compute=red, samples=_count_samples("list"))(reduction_rule(reduced_kind=P))
+    rule(aten.count_nonzero.default, compute=red, samples=_count_samples("int"))(reduction_rule(reduced_kind=P))
+    rule(aten.nansum.default, compute=red, samples=_dims_samples("list"))(reduction_rule(reduced_kind=P))
+    # two outputs, or a product or an order statistic of slices: kept dims only
+    rule(aten.prod.dim_int, compute=red, samples=_dims_samples("int"))(reduction_rule())
+    for op in (aten.var_mean.correction, aten.std_mean.correction):
+        rule(op, compute=reduction(3.0), samples=_var_samples)(reduction_rule())
+    for op in (aten.mode.default, aten.median.dim, aten.nanmedian.dim, aten.kthvalue.default):
+        rule(op, compute=reduction(8.0), samples=_kth_samples if op is aten.kthvalue.default else _dims_samples(
+            "int", dtypes=(torch.float64,)))(reduction_rule())
+    # a norm of slices is not a piece of the norm (not additive): kept dims only
+    rule(aten.norm.ScalarOpt_dim, compute=reduction(2.0), samples=_norm_dim_samples)(reduction_rule())
     rule(aten.histc.default, compute=red, samples=_histc_samples)(_histc_rule)
     rule(aten._assert_async.msg, compute=red, samples=_assert_samples)(_assert_rule)

@@ -60,6 +60,7 @@ __all__ = [
     "RuleRegistry",
     "SampleInput",
     "op_name",
+    "describe_call",
 ]
 
 log = logging.getLogger(__name__)
@@ -131,6 +132,11 @@ class Rule:
     """Whether the validator feeds ``-inf`` and ``finfo.min``: False where
     the kernel's own result at those values depends on the tensor's shape
     (vectorised and scalar loops disagree), which no rule can reproduce."""
+    error_bound: Callable[[Any, tuple, dict], Any] | None = None
+    """Where the kernel's rounding depends on shapes (BLAS): (op, args,
+    kwargs) -> per output a bound on |computed - exact| for any evaluation
+    order (:mod:`autoshard.rules.error_bounds`); the validator then compares
+    with the op run in float64 within it instead of a fixed tolerance."""
     note: str = ""
     """Why the rule is restricted or not validated (shown by the validator)."""
 
@@ -198,6 +204,35 @@ def _replicate_from_schema(op: OpOverload, args_meta: Sequence[Any], kwargs: Map
     n_out = sum(1 for r in op._schema.returns if "Tensor" in str(r.type))
     n_in = len(_tensor_metas(args_meta, kwargs))
     return OpStrategy((rep,) * n_out, (rep,) * n_in)
+
+
+def describe_call(call: OpCall) -> str:
+    """``aten.index_select.default(float32[], 0, int64[1])``: an op and its argument metadata."""
+
+    def one(o: Any) -> str:
+        if isinstance(o, (list, tuple)):
+            return "[" + ", ".join(one(x) for x in o) + "]"
+        return str(o) if isinstance(o, TensorMeta) else repr(o)
+
+    parts = [one(a) for a in call.args] + [f"{k}={one(v)}" for k, v in call.kwargs.items()]
+    return f"{op_name(call.op)}({', '.join(parts)})"
+
+
+def _expand_or_explain(rule: Rule, call: OpCall, mesh: tuple[int, ...], allow_uneven: bool,
+                       factors: tuple[int, ...]) -> tuple[OpStrategy, ...]:
+    """:func:`~autoshard.rules.expand.expand_rule`, with any failure of the
+    rule turned into one :class:`RuleError` that names the op and the call
+    (a rule bug must read as one, not as an ``IndexError`` deep in a rule)."""
+    from autoshard.rules.expand import expand_rule
+
+    try:
+        return expand_rule(rule, call, mesh, allow_uneven=allow_uneven, strided_factors=factors)
+    except Exception as exc:  # noqa: BLE001 - re-raised with the call named
+        text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise RuleError(
+            f"the {rule.family} rule of {op_name(call.op)} failed on {describe_call(call)} "
+            f"for mesh {mesh}: {type(exc).__name__}: {text}"
+        ) from exc
 
 
 class RuleRegistry:
@@ -422,7 +457,7 @@ class RuleRegistry:
             return list(cached)
         start = time.perf_counter()
         from autoshard.rules.calls import OutputsUnknown
-        from autoshard.rules.expand import expand_rule, replicate_only
+        from autoshard.rules.expand import replicate_only
 
         try:
             call = self.op_call(op, args_meta, kw, out_meta=out_meta)
@@ -437,7 +472,7 @@ class RuleRegistry:
             if rule is None:
                 result = (replicate_only(call, mesh),)
             else:
-                result = expand_rule(rule, call, mesh, allow_uneven=allow_uneven, strided_factors=factors)
+                result = _expand_or_explain(rule, call, mesh, allow_uneven, factors)
         self._strategy_cache[key] = result
         self.enumerate_s += time.perf_counter() - start
         return list(result)

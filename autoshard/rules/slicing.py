@@ -209,6 +209,14 @@ def _slice_samples(sampler: Sampler):
         yield SampleInput((_x(sampler, shape), d, start, sampler.choice((shape[d], start + 1, 2**62)), sampler.choice((1, 2))), {})
 
 
+def _narrow_samples(sampler: Sampler):
+    for _ in range(2):
+        shape = sampler.shape(min_ndim=2)
+        dim = sampler.randint(-len(shape), len(shape) - 1)
+        start = sampler.randint(0, shape[dim] - 1)
+        yield SampleInput((_x(sampler, shape), dim, start, sampler.randint(0, shape[dim] - start)), {})
+
+
 def _select_samples(sampler: Sampler):
     for _ in range(2):
         shape = sampler.shape(min_ndim=2)
@@ -293,9 +301,15 @@ def register(registry: RuleRegistry) -> None:
     rule = registry.family("slicing")
     rule(aten.cat.default, compute=copy(), samples=_cat_samples)(cat_rule)
     rule(aten.stack.default, compute=copy(), samples=_stack_samples)(_other_dims_rule(lambda call: set(), out_dim=_stack_out))
-    rule(aten.split.Tensor, compute=view(), samples=_split_samples("size"))(_other_dims_rule(_dim_arg))
-    rule(aten.split_with_sizes.default, compute=view(), samples=_split_samples("sizes"))(_other_dims_rule(_dim_arg))
+    # unsafe_split* are split* without the autograd view tracking; *_copy materialize the views
+    for op in (aten.split.Tensor, aten.unsafe_split.Tensor):
+        rule(op, compute=view(), samples=_split_samples("size"))(_other_dims_rule(_dim_arg))
+    for op in (aten.split_with_sizes.default, aten.unsafe_split_with_sizes.default, aten.split_with_sizes_copy.default):
+        rule(op, compute=view() if op is not aten.split_with_sizes_copy.default else copy(),
+             samples=_split_samples("sizes"))(_other_dims_rule(_dim_arg))
     rule(aten.unbind.int, compute=view(), samples=_split_samples("unbind"))(_other_dims_rule(_dim_arg, out_dim=_unbind_out))
+    rule(aten.unbind_copy.int, compute=copy(), samples=_split_samples("unbind"))(_other_dims_rule(_dim_arg, out_dim=_unbind_out))
+    rule(aten.narrow_copy.default, compute=copy(), samples=_narrow_samples)(_other_dims_rule(_dim_arg))
     rule(aten.slice.Tensor, compute=view(), samples=_slice_samples)(_other_dims_rule(_dim_arg))
     rule(aten.select.int, compute=view(), samples=_select_samples)(_other_dims_rule(_select_touched, out_dim=_unbind_out))
     # *_backward and constant_pad_nd fill their output, then copy the input in: out + 2 * in

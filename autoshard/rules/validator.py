@@ -18,7 +18,15 @@ strategy that the registry enumerates on small meshes is checked:
    reference.
 
 Tolerances are per dtype (:data:`TOLERANCE`, relative to the largest value),
-because split reductions add in another order. Random ops are checked by their
+because split reductions add in another order. Where the kernel's rounding
+depends on the shapes it is given (BLAS: summation order, blocking, scaling
+by ``alpha`` before or after), a fixed tolerance is unsound near the dtype's
+range, and the rule carries an ``error_bound``: every output is then
+compared with the op run in float64 within a forward error bound that holds
+for any evaluation order (:mod:`autoshard.rules.error_bounds`). A
+low-precision sample that misses the tolerance only is checked again in
+float64, where rounding that the op itself amplifies (``1/sqrt(eps)`` in a
+layer-norm backward over one element) vanishes and a wrong rule does not. Random ops are checked by their
 contract (shapes, value range, mask consistency) with a per-rank seed, since
 their values cannot match an unsharded run.
 
@@ -56,7 +64,7 @@ from costmodel.layout import local_shape
 from costmodel.placements import Partial, Placement, Replicate
 
 from autoshard.rules.calls import flatten_results, ordered_tensor_args, replace_tensors
-from autoshard.rules.compare import TOLERANCE, big_magnitude as _big, compare_output as _compare_output, distribute
+from autoshard.rules.compare import TOLERANCE, big_magnitude as _big, compare_bounded, compare_output as _compare_output, distribute, widen
 from autoshard.rules.core import OpCall, OpStrategy, TensorMeta, to_meta
 from autoshard.rules.expand import expand_rule
 from autoshard.rules.registry import Rule, RuleRegistry, SampleInput, op_name
@@ -146,6 +154,9 @@ def _coord_seed(base: int, coord: tuple[int, ...], placements: tuple[Placement, 
     return seed
 
 
+_LOW_PRECISION = (torch.float32, torch.float16, torch.bfloat16, torch.complex64, torch.complex32)
+
+
 def check_strategy(
     rule: Rule,
     sample: SampleInput,
@@ -160,7 +171,41 @@ def check_strategy(
 
     ``shards``: a dict kept by the caller across the strategies of one
     sample on one mesh, to reuse the local inputs of placements without
-    partials (they are not random); ignored for ops that mutate an input."""
+    partials (they are not random); ignored for ops that mutate an input.
+
+    A sample in a low-precision float type that misses only the tolerance
+    is checked again in float64 (every float tensor widened, dtype arguments
+    kept): an op that amplifies rounding (a layer norm backward over one
+    element multiplies by ``1/sqrt(eps)``) misses a fixed tolerance on the
+    random pieces of a partial, which no rule causes. It fails only if it
+    fails in float64 too, where a wrong rule still misses by its error."""
+    msg = _check_once(rule, sample, strategy, mesh_shape, reference, gen, shards)
+    if msg is None or "max |difference|" not in msg:
+        return msg
+    tensors = _flat_tensors(rule.op, sample) + [r for r in reference if isinstance(r, torch.Tensor)]
+    if not any(t.dtype in _LOW_PRECISION for t in tensors):
+        return msg
+    wide = SampleInput(widen(tuple(sample.args)), widen(dict(sample.kwargs)))
+    try:
+        with torch.no_grad():
+            wide_reference = flatten_results((rule.reference or rule.op)(*wide.args, **wide.kwargs))
+    except Exception:  # noqa: BLE001 - the op takes no float64: the first answer stands
+        return msg
+    if _check_once(rule, wide, strategy, mesh_shape, wide_reference, gen) is None:
+        return None
+    return msg
+
+
+def _check_once(
+    rule: Rule,
+    sample: SampleInput,
+    strategy: OpStrategy,
+    mesh_shape: tuple[int, ...],
+    reference: list[Any],
+    gen: torch.Generator,
+    shards: dict[Any, dict[tuple[int, ...], torch.Tensor]] | None = None,
+) -> str | None:
+    """:func:`check_strategy` without the float64 retry."""
     op = rule.op
     flat_inputs = _flat_tensors(op, sample)
     if shards is not None and op._schema.is_mutable:
@@ -180,6 +225,7 @@ def check_strategy(
             shards[key] = local_inputs[-1]
     coords = simulate.mesh_coords(mesh_shape)
     outputs: dict[tuple[int, ...], list[Any]] = {}
+    bounds: dict[tuple[int, ...], Any] = {}
     first_out = next((p for p in strategy.output_placements if p is not None), None)
     for coord in coords:
         tensors = [local[coord] for local in local_inputs]
@@ -202,6 +248,8 @@ def check_strategy(
         except Exception as exc:  # noqa: BLE001 - the local op rejected its shards
             return f"rank {coord}: local op failed: {type(exc).__name__}: {_first_line(exc)}"
         outputs[coord] = flatten_results(result)
+        if rule.error_bound is not None:
+            bounds[coord] = rule.error_bound(op, args, kwargs)
     for coord, outs in outputs.items():
         if len(outs) != len(reference):
             return f"rank {coord}: {len(outs)} outputs, expected {len(reference)}"
@@ -218,14 +266,32 @@ def check_strategy(
             except simulate.SimulationError as exc:
                 return f"output {k}: {exc}"
         return rule.contract(sample.args, sample.kwargs, tuple(gathered))
+    exact = _exact_reference(rule, sample) if bounds and all(b is not None for b in bounds.values()) else None
     for k, ref in enumerate(reference):
         pl = strategy.output_placements[k]
         if ref is None or pl is None:
             continue
-        msg = _compare_output(k, {c: outputs[c][k] for c in coords}, ref, pl, mesh_shape, _loosest(flat_inputs, ref))
+        locals_k = {c: outputs[c][k] for c in coords}
+        if exact is not None and exact[0][k] is not None:
+            msg = compare_bounded(k, locals_k, exact[0][k], pl, mesh_shape, {c: bounds[c][k] for c in coords},
+                                  exact[1][k], ref.dtype)
+        else:
+            msg = _compare_output(k, locals_k, ref, pl, mesh_shape, _loosest(flat_inputs, ref))
         if msg:
             return msg
     return None
+
+
+def _exact_reference(rule: Rule, sample: SampleInput) -> tuple[list[Any], list[Any]] | None:
+    """The op in float64 (complex128) on the sample, and the error bound of
+    that run; None where the rule gives no bound for it (integers)."""
+    args, kwargs = widen(tuple(sample.args)), widen(dict(sample.kwargs))
+    bound = rule.error_bound(rule.op, args, kwargs)
+    if bound is None:
+        return None
+    with torch.no_grad():
+        exact = flatten_results((rule.reference or rule.op)(*args, **kwargs))
+    return exact, bound
 
 
 def _first_line(exc: BaseException) -> str:
@@ -267,10 +333,12 @@ def validate_rule(
     seed: int = 0,
     max_strategies: int = 40,
     mesh_cases: Sequence[MeshCase] = MESH_CASES,
+    threads: int | None = 1,
 ) -> RuleReport:
     """Check ``rule`` on ``cases`` mesh cases (each with the samples the rule
     draws for it); every enumerated strategy, or a random ``max_strategies`` of
-    them, is run (:func:`check_strategy`)."""
+    them, is run (:func:`check_strategy`). ``threads``: intra-op threads
+    while checking (None: the caller's setting)."""
     registry = registry or RuleRegistry()
     report = RuleReport(op_name(rule.op), rule.family)
     start = time.perf_counter()
@@ -279,12 +347,13 @@ def validate_rule(
         return report
     # The tensors are tiny: intra-op threads only add overhead (100x for a
     # small CPU convolution backward).
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+    previous = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
     try:
         _validate_cases(rule, registry, report, cases, seed, max_strategies, mesh_cases)
     finally:
-        torch.set_num_threads(threads)
+        torch.set_num_threads(previous)
     report.seconds = time.perf_counter() - start
     return report
 

@@ -32,7 +32,7 @@ import torch
 
 from costmodel.placements import Shard, StridedShard
 
-from autoshard.rules.compute import view
+from autoshard.rules.compute import copy, view
 from autoshard.rules.core import P, P_AVG, P_MAX, P_MIN, R, OpCall, S, SingleDimStrategy
 from autoshard.rules.registry import RuleRegistry, SampleInput
 from autoshard.rules.samples import Sampler
@@ -138,7 +138,7 @@ def _norm(d: int, n: int) -> int:
 
 def _transpose_pairs(call: OpCall) -> list[tuple[int, int]]:
     n = call.inputs[0].ndim
-    if call.op is aten.t.default:
+    if call.op in (aten.t.default, aten.t_copy.default):
         d0, d1 = 0, min(1, max(n - 1, 0))
     else:
         d0, d1 = _norm(call.arg("dim0"), n), _norm(call.arg("dim1"), n)
@@ -299,20 +299,30 @@ def register(registry: RuleRegistry) -> None:
     for op in (aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.view_copy.default):
         rule(op, compute=view(), samples=_reshape_samples, localize=_localize_size, uneven=False,
              shape_dependent=True, note="reshape: shards follow the dim groups; merges give strided shards")(reshape_rule)
-    rule(aten.transpose.int, compute=view(),
-         samples=_one_tensor(lambda s, shape: (s.randint(-len(shape), len(shape) - 1), s.randint(0, len(shape) - 1))))(
-        _map_rule(_transpose_pairs))
-    rule(aten.t.default, compute=view(), samples=_t_samples)(_map_rule(_transpose_pairs))
-    rule(aten.permute.default, compute=view(),
-         samples=_one_tensor(lambda s, shape: ([int(i) for i in s.permutation(len(shape))],)))(_map_rule(_permute_pairs))
-    rule(aten.unsqueeze.default, compute=view(), samples=_one_tensor(_unsqueeze_extra))(_map_rule(_unsqueeze_pairs))
-    rule(aten.squeeze.dim, compute=view(), samples=_squeeze_samples("dim"))(_map_rule(_squeeze_pairs))
-    rule(aten.squeeze.dims, compute=view(), samples=_squeeze_samples("dims"))(_map_rule(_squeeze_pairs))
+    # each view and its *_copy form (the same values, materialized: a copy's cost)
+    for op, copied in ((aten.transpose.int, aten.transpose_copy.int), (aten.t.default, aten.t_copy.default)):
+        samples = _t_samples if op is aten.t.default else _one_tensor(
+            lambda s, shape: (s.randint(-len(shape), len(shape) - 1), s.randint(0, len(shape) - 1)))
+        rule(op, compute=view(), samples=samples)(_map_rule(_transpose_pairs))
+        rule(copied, compute=copy(), samples=samples)(_map_rule(_transpose_pairs))
+    for op in (aten.permute.default, aten.permute_copy.default):
+        rule(op, compute=view() if op is aten.permute.default else copy(),
+             samples=_one_tensor(lambda s, shape: ([int(i) for i in s.permutation(len(shape))],)))(_map_rule(_permute_pairs))
+    for op in (aten.unsqueeze.default, aten.unsqueeze_copy.default):
+        rule(op, compute=view() if op is aten.unsqueeze.default else copy(),
+             samples=_one_tensor(_unsqueeze_extra))(_map_rule(_unsqueeze_pairs))
+    for op, kind in ((aten.squeeze.dim, "dim"), (aten.squeeze.dims, "dims"), (aten.squeeze_copy.dim, "dim"),
+                     (aten.squeeze_copy.dims, "dims")):
+        rule(op, compute=view() if op._opname == "squeeze" else copy(), samples=_squeeze_samples(kind))(
+            _map_rule(_squeeze_pairs))
     # squeeze() removes every dim of local size 1, which a split can create:
     # it stays whole (the graph's squeeze.dim/.dims forms are split freely).
     rule(aten.squeeze.default, compute=view(), samples=_squeeze_samples("all"))(_map_rule(lambda call: []))
+    rule(aten.squeeze_copy.default, compute=copy(), samples=_squeeze_samples("all"))(_map_rule(lambda call: []))
     rule(aten.detach.default, compute=view(), samples=_one_tensor(lambda s, shape: ()))(_map_rule(_identity_pairs))
+    rule(aten.alias_copy.default, compute=copy(), samples=_one_tensor(lambda s, shape: ()))(_map_rule(_identity_pairs))
     rule(aten.expand.default, compute=view(), samples=_expand_samples, localize=_localize_size)(expand_rule)
+    rule(aten.expand_copy.default, compute=copy(), samples=_expand_samples, localize=_localize_size)(expand_rule)
     # Complex values have no order: only sums and averages pass through.
     rule(aten.view_as_real.default, compute=view(), samples=_complex_samples(False))(
         _map_rule(_view_as_real_pairs, kinds=(P, P_AVG)))

@@ -57,7 +57,21 @@ def test_fill_tensor_follows_a_partial_value_and_never_sums_a_replicated_one() -
 
 
 def test_fill_tensor_of_an_int_tensor_takes_no_float_partial_sum() -> None:
-    # each rank would truncate its piece of the value: int(0.6) + int(0.6) != int(1.2)
+    # each rank would truncate its piece of the value: int(0.6) + int(0.6) != int(1.2);
+    # and a float -> int cast is not monotone where a piece leaves int32's range
     x, value = TensorMeta((4, 8), torch.int32), TensorMeta((), torch.float32)
     labels = [str(s) for s in load_rules().strategies(aten.fill.Tensor, (x, value), {}, (2,))]
-    assert "P(sum) <- R, P(sum)" not in labels and "P(max) <- R, P(max)" in labels
+    assert "P(sum) <- R, P(sum)" not in labels and "P(max) <- R, P(max)" not in labels
+    wide = TensorMeta((4, 8), torch.int64), TensorMeta((), torch.int32)
+    assert "P(max) <- R, P(max)" in [str(s) for s in load_rules().strategies(aten.fill.Tensor, wide, {}, (2,))]
+
+
+def test_a_constant_near_the_dtype_range_is_never_an_average_partial() -> None:
+    # an average all-reduce sums first: two copies of finfo.min overflow to -inf
+    rules = load_rules()
+    fmin = torch.finfo(torch.float32).min
+    kinds = {str(s.output_placements[0][0]) for s in rules.strategies(aten.scalar_tensor.default, (fmin,), {"dtype": torch.float32}, (2,))}
+    assert "P(avg)" not in kinds and "P(max)" in kinds
+    x, mask = TensorMeta((4, 8), torch.float32), TensorMeta((4, 8), torch.bool)
+    masked = {str(s.output_placements[0][0]) for s in rules.strategies(aten.masked_fill.Scalar, (x, mask, fmin), {}, (2,))}
+    assert "P(avg)" not in masked and "P(avg)" in {str(s.output_placements[0][0]) for s in rules.strategies(aten.masked_fill.Scalar, (x, mask, -1.5), {}, (2,))}

@@ -101,3 +101,14 @@ def test_validator_catches_experts_split_in_the_moe_layout() -> None:
 
     bad = Rule(GROUPED, "bad", experts_split, good.compute, samples=good.samples, reference=good.reference)
     assert not validate_rule(bad, RULES, cases=3).ok
+
+
+def test_addr_and_addbmm_are_einsums_with_a_bias() -> None:
+    rules = load_rules()
+    v, w, bias = TensorMeta((4,), torch.float32), TensorMeta((6,), torch.float32), TensorMeta((4, 6), torch.float32)
+    outer = [str(s) for s in rules.strategies(aten.addr.default, (bias, v, w), {}, (2,))]
+    assert "S(0) <- S(0), S(0), R" in outer and "S(1) <- S(1), R, S(0)" in outer and len(outer) == 5
+    b1, b2, out = TensorMeta((2, 4, 8), torch.float32), TensorMeta((2, 8, 6), torch.float32), TensorMeta((4, 6), torch.float32)
+    batched = [str(s) for s in rules.strategies(aten.addbmm.default, (out, b1, b2), {}, (2,))]
+    assert "P(sum) <- P(sum), S(0), S(0)" in batched and "P(sum) <- P(sum), S(2), S(1)" in batched
+    assert rules.compute_kind(aten.addbmm.default, (out, b1, b2)).flops == 2.0 * 2 * 4 * 8 * 6

@@ -67,3 +67,28 @@ def test_cumsum_cast_to_int32_passes_no_partial_through() -> None:
     rules = load_rules()
     assert _partials(rules.strategies(aten.cumsum.default, (x, 1), {"dtype": torch.int32}, (2,))) == set()
     assert _partials(rules.strategies(aten.cumsum.default, (x, 1), {}, (2,))) == {"sum", "avg"}
+
+
+def test_cumprod_splits_other_dims_and_takes_no_partial() -> None:
+    labels = [str(s) for s in load_rules().strategies(aten.cumprod.default, (TensorMeta((4, 8, 6), F32), 1), {}, (2,))]
+    assert labels == ["R <- R", "S(0) <- S(0)", "S(2) <- S(2)"]
+
+
+def test_norm_keeps_only_unreduced_dims_split() -> None:
+    # |a|_2 + |b|_2 != |a + b|_2: a norm is never partial
+    labels = [str(s) for s in load_rules().strategies(aten.norm.ScalarOpt_dim, (TensorMeta((4, 8, 6), F32), 2, [1], False), {}, (2,))]
+    assert labels == ["R <- R", "S(0) <- S(0)", "S(1) <- S(2)"]
+
+
+def test_scans_with_indices_and_order_statistics_split_only_kept_dims() -> None:
+    x = TensorMeta((4, 8, 6), F32)
+    rules = load_rules()
+    cummax = [str(s) for s in rules.strategies(aten.cummax.default, (x, 1), {}, (2,))]
+    assert cummax == ["R, R <- R", "S(0), S(0) <- S(0)", "S(2), S(2) <- S(2)"]
+    kth = [str(s) for s in rules.strategies(aten.kthvalue.default, (x, 2, 1, False), {}, (2,))]
+    assert kth == ["R, R <- R", "S(0), S(0) <- S(0)", "S(1), S(1) <- S(2)"]
+
+
+def test_count_nonzero_of_a_split_dim_is_a_partial_count() -> None:
+    labels = [str(s) for s in load_rules().strategies(aten.count_nonzero.dim_IntList, (TensorMeta((4, 8), F32), [1]), {}, (2,))]
+    assert labels == ["R <- R", "S(0) <- S(0)", "P(sum) <- S(1)"]

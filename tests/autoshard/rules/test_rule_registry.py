@@ -51,7 +51,7 @@ def test_second_rule_for_the_same_op_is_refused_naming_the_op() -> None:
 
 
 def test_rule_for_returns_none_for_an_op_without_rule(rules: RuleRegistry) -> None:
-    assert rules.rule_for(aten.hypot.default) is None
+    assert rules.rule_for(aten.logaddexp2.default) is None
     assert rules.rule_for(aten.mm.default).family == "matmul"
 
 
@@ -59,16 +59,16 @@ def test_op_without_rule_gets_replicate_only_and_one_warning_per_registry(caplog
     registry = load_rules()
     x = TensorMeta((4, 8), F32)
     with caplog.at_level(logging.WARNING, logger="autoshard.rules"):
-        first = registry.strategies(aten.hypot.default, (x, x), {}, (2, 2))
-        registry.strategies(aten.hypot.default, (x, x), {}, (4,))
-        registry.strategies(aten.hypot.default, (TensorMeta((8,), F32),) * 2, {}, (2,))
-    warnings = [r for r in caplog.records if "aten.hypot.default" in r.getMessage()]
+        first = registry.strategies(aten.logaddexp2.default, (x, x), {}, (2, 2))
+        registry.strategies(aten.logaddexp2.default, (x, x), {}, (4,))
+        registry.strategies(aten.logaddexp2.default, (TensorMeta((8,), F32),) * 2, {}, (2,))
+    warnings = [r for r in caplog.records if "aten.logaddexp2.default" in r.getMessage()]
     assert len(warnings) == 1
     assert [str(s) for s in first] == ["RR <- RR, RR"]
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="autoshard.rules"):
-        load_rules().strategies(aten.hypot.default, (x, x), {}, (2,))
-    assert len([r for r in caplog.records if "aten.hypot.default" in r.getMessage()]) == 1
+        load_rules().strategies(aten.logaddexp2.default, (x, x), {}, (2,))
+    assert len([r for r in caplog.records if "aten.logaddexp2.default" in r.getMessage()]) == 1
 
 
 def test_strategies_start_with_all_replicate_and_are_frozen(rules: RuleRegistry) -> None:
@@ -195,3 +195,16 @@ def test_enumerating_a_llama_sized_node_list_on_8x8_enumerates_each_signature_on
     again = [registry.strategies(info.op, info.args, info.kwargs, (8, 8), out_meta=info.outputs) for info in infos]
     assert all(len(a) == len(b) and all(x is y for x, y in zip(a, b)) for a, b in zip(first, again))
     assert len(registry._strategy_cache) == distinct
+
+
+def test_a_rule_that_raises_is_one_rule_error_naming_the_op_and_the_call() -> None:
+    from autoshard.rules.compute import elementwise
+    from autoshard.rules.registry import Rule, RuleError
+
+    def broken(call):
+        return [call.inputs[0].shape[5]]  # IndexError, as the 0-D scatter rule once did
+
+    registry = RuleRegistry()
+    registry.add(Rule(torch.ops.aten.neg.default, "demo", broken, elementwise()))
+    with pytest.raises(RuleError, match=r"aten\.neg\.default failed on aten\.neg\.default\(float32\[4\]\) for mesh \(2,\): IndexError"):
+        registry.strategies(torch.ops.aten.neg.default, (TensorMeta((4,), torch.float32),), {}, (2,))
