@@ -74,7 +74,7 @@ from autoshard.graph.liveness import compute_liveness
 from autoshard.graph.memory import OptimizerMemory, local_bytes
 from autoshard.graph.placements import leaf_placements, replicated
 from autoshard.graph.ties import UnionFind, repeated_groups
-from autoshard.rules import OpStrategy, RuleRegistry, TensorMeta, load_rules, op_name
+from autoshard.rules import OpStrategy, RuleError, RuleRegistry, TensorMeta, load_rules, op_name
 from autoshard.trace import TracedGraph, tensor_arg_nodes
 
 __all__ = ["NODE_KINDS", "GraphBuildError", "GraphNode", "GraphEdge", "BuildStats", "StrategyGraph", "build_graph",
@@ -264,6 +264,8 @@ class _Builder:
     def rule_failed(self, node: fx.Node, what: str, exc: Exception) -> GraphBuildError:
         """The one-line error of a rule that raised on ``node``'s call."""
         info = self.traced.nodes[node.name]
+        if isinstance(exc, RuleError) and exc.__cause__ is not None:
+            exc = exc.__cause__  # the registry's wrapper names the call too: report the rule's own error once
         detail = " ".join(str(exc).split()) or "(no message)"
         return GraphBuildError(
             f"graph: node {node.name} ({op_name(info.op)}): the sharding rule failed to {what} for the call "
