@@ -84,6 +84,7 @@ def prepare(
     search: str = "auto",
     seed_time_limit: float = 30.0,
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    traced: TracedGraph | None = None,
 ) -> Prepared:
     """Trace ``model(*example_inputs)`` and build its strategy graph on the mesh.
 
@@ -93,14 +94,17 @@ def prepare(
     gets ``seed_time_limit`` seconds); ``auto`` (default) seeds meshes with
     3 or more dims of size > 1, whose full enumeration takes minutes to hours.
     ``bucket_bytes``: the runtime's gradient bucket cap (``costmodel.bucketing``;
-    0 = one collective per gradient).
+    0 = one collective per gradient). ``traced``: the model already traced
+    (``trace_joint(model, example_inputs)``), reused instead of tracing again:
+    the trace does not depend on the mesh, so a mesh search traces once.
     """
     prof = _profile(profile)
     mesh = MeshSpec(tuple(int(m) for m in mesh_shape), tuple(dim_names or ()))
     t0 = time.perf_counter()
     if progress:
         progress("trace", 0, 1)
-    traced = trace_joint(model, example_inputs)
+    if traced is None:
+        traced = trace_joint(model, example_inputs)
     t1 = time.perf_counter()
     if progress:
         progress("trace", 1, 1)
