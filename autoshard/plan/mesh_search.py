@@ -50,7 +50,8 @@ its node size), every prepare and solve option except ``time_limit``,
 ``progress`` and ``server``, and a hash of the code that builds, prices and
 solves. A second run re-solves only the layouts whose key changed; a run
 killed half-way keeps the layouts it finished. A cached plan that was not
-proven optimal is reused only when it had at least the time it would get now.
+proven optimal is reused only from a search that gave each layout at least
+the share this one would (``time_limit * jobs / layouts``).
 The bound has its own key (graph fingerprint, prepare options, pins,
 baseline), so a run that changes only the memory limit still cuts with it.
 
@@ -149,6 +150,25 @@ def split_options(options: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str,
         if name in solve_params:
             solve_opts[name] = value
     return prep_opts, solve_opts
+
+
+def _canonical_options(prep_opts: Mapping[str, Any], solve_opts: Mapping[str, Any]) -> dict[str, Any]:
+    """Every option of prepare and solve_prepared with its value (the default
+    when not given; an empty mapping as None), so that equal solves get equal
+    keys however they were asked for (``pins={}`` and no pins)."""
+    from autoshard.plan.solve import prepare, solve_prepared
+
+    out: dict[str, Any] = {}
+    for fn, given in ((prepare, prep_opts), (solve_prepared, solve_opts)):
+        for name, param in inspect.signature(fn).parameters.items():
+            if name in _NOT_OPTIONS or name in _NOT_IN_KEY or param.kind in (param.VAR_POSITIONAL,
+                                                                               param.VAR_KEYWORD):
+                continue
+            value = given.get(name, param.default)
+            if value is inspect.Parameter.empty:
+                continue
+            out[name] = None if isinstance(value, Mapping) and not value else value
+    return out
 
 
 def layout_bound(prep: Any, solve_options: Mapping[str, Any]) -> float:
@@ -403,8 +423,11 @@ def search_mesh(
         folder = Path(cache_dir)
     cache = _Cache(folder)
     code = _code_version() if folder is not None else ""
-    key_opts = {k: v for k, v in {**prep_opts, **solve_opts}.items() if k not in _NOT_IN_KEY}
-    bound_opts = {**prep_opts, **{k: solve_opts.get(k) for k in _BOUND_SOLVE_OPTIONS}}
+    from autoshard.plan.solve import prepare
+
+    key_opts = _canonical_options(prep_opts, solve_opts)
+    prepare_params = inspect.signature(prepare).parameters
+    bound_opts = {k: v for k, v in key_opts.items() if k in prepare_params or k in _BOUND_SOLVE_OPTIONS}
     fingerprints = [make_fingerprint(traced, lay.shape, lay.dim_names, prof) for lay in layouts]
     result_keys = [layout_cache_key("result", fp, key_opts, code) for fp in fingerprints]
     bound_keys = [layout_cache_key("bound", fp, bound_opts, code) for fp in fingerprints]
@@ -412,6 +435,8 @@ def search_mesh(
     results: list[LayoutResult | None] = [None] * len(layouts)
     best_plan: dict[str, Any] | None = None
     best_index: int | None = None
+    # what each layout gets from a search of this size: an unproven cached plan is taken only
+    # from a search that gave it at least as much (a proven one always)
     share_all = min(time_limit, time_limit * jobs / len(layouts))
     cached_bounds: list[float | None] = [None] * len(layouts)
 
@@ -425,7 +450,7 @@ def search_mesh(
     for i in range(len(layouts)):  # the cache first: its plans are the incumbent that cuts the others
         record = cache.get(result_keys[i])
         if record is not None and (record.get("solver_status") == "optimal"
-                                   or float(record.get("time_limit_s", 0.0)) >= share_all):
+                                   or float(record.get("budget_s", 0.0)) >= share_all * (1 - 1e-9)):
             row = LayoutResult.from_dict(record["result"])
             accept(i, replace(row, cached=True, seconds=0.0), record.get("plan"))
             continue
@@ -454,8 +479,8 @@ def search_mesh(
         if row.bound_s is not None:
             cache.put(bound_keys[i], {"bound_s": row.bound_s})
         if row.outcome in ("solved", "no_fit"):
-            cache.put(result_keys[i], {"result": row.to_dict(), "plan": data["plan"], "time_limit_s": data["time_limit_s"],
-                                       "solver_status": row.solver_status})
+            cache.put(result_keys[i], {"result": row.to_dict(), "plan": data["plan"], "budget_s": share_all,
+                                       "time_limit_s": data["time_limit_s"], "solver_status": row.solver_status})
         work.incumbent.value = best_step()
         report("layouts", sum(r is not None for r in results), total,
                None if best_index is None else results[best_index], row)
