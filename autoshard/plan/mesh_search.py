@@ -2,14 +2,14 @@ r"""Mesh search: solve a model on every mesh layout of ``N`` devices and keep th
 
 ``search_mesh(model, inputs, devices=64, devices_per_node=8)`` traces the
 model once (the trace does not depend on the mesh), then for every layout of
-``autoshard.plan.layouts`` builds the strategy graph on that mesh, bounds it,
-and solves it with the same options as ``autoshard solve --mesh`` would
+:mod:`autoshard.plan.layouts` builds the strategy graph on that mesh, bounds
+it, and solves it with the same options as ``autoshard solve --mesh`` would
 (memory limit, pins, the expert-layout portfolio, and any other option of
 :func:`~autoshard.plan.solve.prepare` or
 :func:`~autoshard.plan.solve.solve_prepared`, passed through by name). The
 plan with the smallest estimated step wins (ties: the first layout in
 enumeration order); every layout's outcome is in
-``plan.options["mesh_search"]["layouts"]`` (``autoshard.plan.layout_report``).
+``plan.options["mesh_search"]["layouts"]`` (:mod:`autoshard.plan.layout_report`).
 
 Cutting layouts that cannot win. Let ``c_v(k)`` be the cost of strategy ``k``
 of node ``v`` (the busiest rank's compute time of an op, a parameter's
@@ -19,7 +19,7 @@ estimate is
 
     step = sum_v c_v(k_v) + comm + relayout,   comm >= 0, relayout >= 0
 
-(``autoshard.plan.assemble``: compute is the node costs at the choice,
+(:mod:`autoshard.plan.assemble`: compute is the node costs at the choice,
 collectives and local re-layouts are times, never negative; gradient buckets
 change only ``comm``). Dropping the edges, the memory limit and the ties
 relaxes the problem, so
@@ -27,39 +27,41 @@ relaxes the problem, so
     bound = sum_v min_{k in A_v} c_v(k)  <=  step   of every plan on the layout,
 
 the expert layouts of the portfolio included (they only add pins). Once a
-plan with step ``s*`` is known, a layout whose ``bound >= s*`` cannot beat it
-and is not solved (outcome ``cut``). The bound is taken on the graph that
-``prepare`` builds for the layout, which is the graph its own solve would
-use (on 3-D meshes, after the seeded restriction: a restriction only removes
-strategies, so it is a bound on what ``autoshard solve --mesh`` returns for
+plan with step ``s*`` is known, a layout whose ``bound >= s* (1 + 1e-9)`` cannot
+beat it and is not solved (outcome ``cut``; the margin keeps a layout that can
+at best tie from being cut on a rounding). The bound is taken on the graph
+that ``prepare`` builds for the layout, which is the graph its own solve
+uses (on 3-D meshes, after the seeded restriction: a restriction only
+removes strategies, so it bounds what ``autoshard solve --mesh`` returns for
 that layout, which is what the search compares). It bounds compute only:
 the communication a layout forces depends on the strategies, and no
 strategy-free bound on it is valid (all-replicate communicates nothing).
 So it cuts layouts whose *compute* cannot be spread well (sizes the mesh
 dims do not divide), not layouts that are merely slow to communicate. It
-costs a build (the solve is what it saves); a cached bound
-cuts a layout before it is built.
+costs a build (the solve is what it saves); a cached bound cuts a layout
+before it is built.
 
 Parallel, resumable. Layouts are built and solved in ``jobs`` forked worker
 processes that inherit the one trace (Linux; elsewhere, or with ``jobs=1``,
-in this process, one after another). Each finished layout is written at once
-to a cache (``<cache_dir>/layouts``, :class:`autoshard.service.cache.ResultCache`:
-atomic files, bounded, least recently used out first) under a key of
-everything that decides it: the plan fingerprint (graph, mesh, profile with
-its node size), every prepare and solve option except ``time_limit``,
-``progress`` and ``server``, and a hash of the code that builds, prices and
-solves. A second run re-solves only the layouts whose key changed; a run
-killed half-way keeps the layouts it finished. A cached plan that was not
-proven optimal is reused only from a search that gave each layout at least
-the share this one would (``time_limit * jobs / layouts``).
-The bound has its own key (graph fingerprint, prepare options, pins,
-baseline), so a run that changes only the memory limit still cuts with it.
+in this process, one after another). 3-D layouts seeded from the same
+coarse 2-D mesh (``2x4x8``, ``4x2x8``, ``8x2x4``, ``8x4x2`` all from ``8x8``) go
+to one worker, which builds and solves that seed once (``prepare(seed_memo=)``).
+Each finished layout is written at once to :class:`~autoshard.plan.layout_cache.LayoutCache`
+under a key of everything that decides it: the plan fingerprint (graph,
+mesh, profile with its node size), every prepare and solve option except
+``time_limit``, ``progress`` and ``server``, and a hash of the code. A second
+run re-solves only the layouts whose key changed; a run killed half-way
+keeps the layouts it finished. A cached plan that was not proven optimal is
+reused only from a search that gave each layout at least the share this one
+would (``time_limit * jobs / layouts``). The bound has its own key (graph
+fingerprint, prepare options, pins, baseline), so a run that changes only
+the memory limit still cuts with it.
 
-Time. ``time_limit`` is the whole search's: every layout's solve gets
-``time_limit * jobs / (layouts to solve)`` at most and never runs past the
-deadline (but at least :data:`MIN_SOLVE_S`); a layout not started by then is
-``skipped``. Builds are not interruptible, so a search can end later than the
-limit by one build per worker.
+Time. ``time_limit`` is the whole search's, trace included. A layout's solve
+gets its share of what is left, ``(deadline - now) * jobs / (layouts not yet
+solving)``, at least :data:`MIN_SOLVE_S`; a layout not started by the
+deadline is ``skipped``. Builds are not interruptible, so a search can end
+later than the limit by about one build per worker.
 
 >>> # plan = search_mesh(model, inputs, devices=64, devices_per_node=8, profile="h100-sxm-80gb",
 >>> #                    memory_limit=80 * 2**30, mixed_precision=True, time_limit=600)
@@ -69,16 +71,16 @@ limit by one build per worker.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import inspect
 import json
 import logging
 import math
 import multiprocessing
 import os
+import queue as queue_errors
 import time
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from dataclasses import dataclass, replace
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -86,12 +88,13 @@ from hw_profiles import HardwareProfile
 from hw_profiles import load as load_profile
 
 from autoshard.plan.format import Plan
+from autoshard.plan.layout_cache import LayoutCache, code_version, layout_cache_key
 from autoshard.plan.layout_report import LayoutResult
 from autoshard.plan.layouts import (MeshLayout, check_devices, devices_per_node_of, enumerate_layouts,
                                     profile_for_nodes)
 
-__all__ = ["MIN_SOLVE_S", "SearchStatus", "NoLayoutError", "search_mesh", "layout_bound", "split_options",
-           "layout_cache_key"]
+__all__ = ["MIN_SOLVE_S", "CUT_TOLERANCE", "SearchStatus", "NoLayoutError", "search_mesh", "layout_bound",
+           "split_options"]
 
 log = logging.getLogger(__name__)
 
@@ -99,14 +102,11 @@ MIN_SOLVE_S = 1.0
 """A layout built past the deadline still gets this long to solve (its build is paid)."""
 
 CUT_TOLERANCE = 1e-9
-"""A layout is cut when its bound exceeds the best step by this much (relative):
-the bound and the step are sums in different orders, so a layout that can at
-best tie is solved rather than cut on a rounding."""
+"""Relative margin by which a bound must exceed the best step to cut (module docstring)."""
 
-CACHE_FORMAT = "autoshard.layout_result/1"
-_NOT_OPTIONS = ("model", "example_inputs", "mesh_shape", "dim_names", "traced", "prep", "profile", "progress",
-                "time_limit")
-"""Parameters of prepare / solve_prepared the search sets itself."""
+_NOT_OPTIONS = ("model", "example_inputs", "mesh_shape", "dim_names", "traced", "seed_memo", "prep", "profile",
+                "progress", "time_limit")
+"""Parameters of prepare / solve_prepared that the search sets itself."""
 _NOT_IN_KEY = ("server",)
 """Options that do not change a result (the service returns the plan a local solve would)."""
 _BOUND_SOLVE_OPTIONS = ("pins", "baseline", "tp_table")
@@ -114,7 +114,7 @@ _BOUND_SOLVE_OPTIONS = ("pins", "baseline", "tp_table")
 
 
 class NoLayoutError(ValueError):
-    """No layout could be solved (every one failed, was skipped or did not fit)."""
+    """No layout could be solved (every one failed or was skipped)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,7 +134,11 @@ def split_options(options: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str,
     """``(prepare options, solve options)``: each option goes to the function
     that has a parameter of its name (both when both do), so a new option of
     either passes through the search unchanged. ``TypeError`` naming an option
-    neither takes, or one the search sets itself."""
+    neither takes, or one the search sets itself.
+
+    >>> split_options({"optimizer": "sgd", "memory_limit": 1e9})
+    ({'optimizer': 'sgd'}, {'memory_limit': 1000000000.0})
+    """
     from autoshard.plan.solve import prepare, solve_prepared
 
     prep_params = set(inspect.signature(prepare).parameters)
@@ -194,62 +198,6 @@ def layout_bound(prep: Any, solve_options: Mapping[str, Any]) -> float:
     return total
 
 
-# ---------------------------------------------------------------------------------------------- cache
-
-
-def _code_version() -> str:
-    """sha256 of the sources that build, price and solve a layout."""
-    root = Path(__file__).resolve().parents[2]
-    h = hashlib.sha256()
-    for folder in ("solver", "costmodel", "hw_profiles", "autoshard/graph", "autoshard/rules", "autoshard/plan"):
-        for path in sorted((root / folder).rglob("*")):
-            if path.suffix in (".py", ".json") and path.is_file():
-                h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
-    return h.hexdigest()[:20]
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, HardwareProfile):
-        return value.fingerprint
-    return repr(value)
-
-
-def layout_cache_key(kind: str, fingerprint: Any, options: Mapping[str, Any], code: str) -> str:
-    """sha256 hex of a layout's ``kind`` of record (``result`` or ``bound``),
-    its plan fingerprint, the options that decide it and the code version."""
-    what = {"kind": kind, "fingerprint": fingerprint.to_dict(), "options": dict(options), "code": code}
-    return hashlib.sha256(json.dumps(what, sort_keys=True, default=_jsonable).encode()).hexdigest()
-
-
-class _Cache:
-    """Records of finished layouts on disk (or nowhere, without a folder)."""
-
-    def __init__(self, folder: Path | None) -> None:
-        self.store = None
-        if folder is not None:
-            from autoshard.service.cache import ResultCache
-
-            self.store = ResultCache(folder / "layouts", max_bytes=4 << 30)
-
-    def get(self, key: str) -> dict[str, Any] | None:
-        text = self.store.get(key) if self.store is not None else None
-        if text is None:
-            return None
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError:
-            return None
-        return data if isinstance(data, dict) and data.get("format") == CACHE_FORMAT else None
-
-    def put(self, key: str, record: Mapping[str, Any]) -> None:
-        if self.store is None:
-            return
-        try:
-            self.store.put(key, json.dumps({"format": CACHE_FORMAT, **record}, allow_nan=False))
-        except (OSError, ValueError) as exc:  # a full or read-only cache must not lose the search
-            log.warning("mesh search: cannot write the layout cache (%s)", exc)
-
-
 # ---------------------------------------------------------------------------------------------- workers
 
 
@@ -270,9 +218,19 @@ class _Work:
     """``.value``: the best step found so far (shared memory across workers)."""
     unsolved: Any
     """``.value``: layouts whose solve has not started (shared, with ``get_lock()``)."""
+    emit: Callable[[int, str], None]
+    """Hands one finished layout to the search's process."""
+    seed_memo: dict[Any, Any] = field(default_factory=dict)
+    """Seeds of 3-D layouts by coarse mesh, per process (``prepare(seed_memo=)``)."""
 
 
 _WORK: _Work | None = None
+
+
+def _solve_group(indices: Sequence[int], cached_bounds: Sequence[float | None]) -> None:
+    """Solve layouts ``indices`` of :data:`_WORK` one after another, emitting each."""
+    for i, bound in zip(indices, cached_bounds):
+        _WORK.emit(i, _solve_layout(i, bound))
 
 
 def _solve_layout(index: int, cached_bound: float | None) -> str:
@@ -283,7 +241,6 @@ def _solve_layout(index: int, cached_bound: float | None) -> str:
     work = _WORK
     layout = work.layouts[index]
     t0 = time.monotonic()
-
     limit = 0.0
 
     def done(outcome: str, plan: Plan | None = None, **fields: Any) -> str:
@@ -295,20 +252,25 @@ def _solve_layout(index: int, cached_bound: float | None) -> str:
         return json.dumps({"result": result.to_dict(), "plan": None if plan is None else plan.to_dict(),
                            "time_limit_s": limit}, allow_nan=False)
 
-    if cached_bound is not None and cached_bound >= work.incumbent.value * (1 + CUT_TOLERANCE):
+    def failed(exc: Exception, **fields: Any) -> str:
+        # one layout's failure (a pin or baseline it cannot take, a rule's refusal) is its row,
+        # not the end of the others' work
+        log.debug("mesh search: layout %s failed", layout.text, exc_info=True)
+        text = _one_line(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {_one_line(exc)}"
+        return done("error", reason=text, **fields)
+
+    best = work.incumbent.value
+    if cached_bound is not None and cached_bound >= best * (1 + CUT_TOLERANCE):
         return done("cut", bound_s=cached_bound, cached=True,
-                    reason=f"bound {cached_bound * 1e3:.3f} ms (cached) >= best {work.incumbent.value * 1e3:.3f} ms")
+                    reason=f"bound {cached_bound * 1e3:.3f} ms (cached) >= best {best * 1e3:.3f} ms")
     if t0 >= work.deadline:
         return done("skipped", reason="time limit reached before it started", bound_s=cached_bound)
     try:
         prep = prepare(None, None, layout.shape, layout.dim_names, profile=work.profile, traced=work.traced,
-                       **work.prep_opts)
+                       seed_memo=work.seed_memo, **work.prep_opts)
         bound = layout_bound(prep, work.solve_opts)
-    except Exception as exc:  # noqa: BLE001 - a pin or baseline this layout cannot take, a rule's refusal:
-        # one layout's failure is its row, not the end of the others' work
-        log.debug("mesh search: layout %s failed", layout.text, exc_info=True)
-        return done("error", reason=_one_line(exc) if isinstance(exc, ValueError) else
-                    f"{type(exc).__name__}: {_one_line(exc)}")
+    except Exception as exc:  # noqa: BLE001 - see failed()
+        return failed(exc)
     best = work.incumbent.value
     if bound >= best * (1 + CUT_TOLERANCE):
         return done("cut", bound_s=bound, reason=f"bound {bound * 1e3:.3f} ms >= best {best * 1e3:.3f} ms")
@@ -320,10 +282,8 @@ def _solve_layout(index: int, cached_bound: float | None) -> str:
         plan = solve_prepared(prep, time_limit=limit, **work.solve_opts)
     except InfeasibleMemoryError as exc:
         return done("no_fit", bound_s=bound, reason=_one_line(exc))
-    except Exception as exc:  # noqa: BLE001 - as above
-        log.debug("mesh search: layout %s failed", layout.text, exc_info=True)
-        return done("error", bound_s=bound, reason=_one_line(exc) if isinstance(exc, ValueError) else
-                    f"{type(exc).__name__}: {_one_line(exc)}")
+    except Exception as exc:  # noqa: BLE001 - see failed()
+        return failed(exc, bound_s=bound)
     return done("solved", plan, step_s=plan.estimate.step_s, peak_memory_bytes=plan.estimate.peak_memory_bytes,
                 bound_s=bound, solver_status=plan.solver.status, portfolio=plan.options.get("portfolio"))
 
@@ -342,6 +302,27 @@ class _Value:
         return contextlib.nullcontext()
 
 
+def _groups(todo: Sequence[int], layouts: Sequence[MeshLayout], search: str) -> list[list[int]]:
+    """The tasks: layouts seeded from the same coarse mesh together, the rest
+    alone; larger tasks and more mesh dims first (the longest jobs first keep
+    every worker busy to the end, and finer meshes split compute at least as
+    well, so a good plan is known early to cut with)."""
+    from costmodel.mesh import MeshSpec
+
+    from autoshard.graph.restrict import choose_search, coarse_groups, coarse_mesh
+
+    by_seed: dict[Any, list[int]] = {}
+    for i in todo:
+        shape = layouts[i].shape
+        if choose_search(shape, search) == "seeded":
+            coarse = coarse_mesh(MeshSpec(shape), coarse_groups(shape))
+            key: Any = (coarse.shape, coarse.strides)
+        else:
+            key = i
+        by_seed.setdefault(key, []).append(i)
+    return sorted(by_seed.values(), key=lambda g: (-len(g), -len(layouts[g[0]].shape), g[0]))
+
+
 # ---------------------------------------------------------------------------------------------- search
 
 
@@ -350,6 +331,16 @@ def _default_jobs() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not Linux
         return max(1, os.cpu_count() or 1)
+
+
+def _cache_folder(cache_dir: str | os.PathLike[str] | bool | None) -> Path | None:
+    if cache_dir is False:
+        return None
+    if cache_dir in (None, True):
+        from autoshard.runtime.api import default_cache_dir
+
+        return default_cache_dir()
+    return Path(cache_dir)
 
 
 def search_mesh(
@@ -386,7 +377,7 @@ def search_mesh(
     ['solved', 'solved']
     """
     from autoshard.plan.build import make_fingerprint
-    from autoshard.plan.solve import InfeasibleMemoryError
+    from autoshard.plan.solve import InfeasibleMemoryError, prepare
     from autoshard.trace import trace_joint
 
     start = time.monotonic()
@@ -401,30 +392,20 @@ def search_mesh(
     prof = profile_for_nodes(prof, node_size)
     node_size = devices_per_node_of(prof, devices, node_size)
     layouts = tuple(enumerate_layouts(devices, node_size, max_dims=max_dims))
+    total = len(layouts)
 
-    def report(phase: str, done: int, total: int, best: LayoutResult | None = None,
-               last: LayoutResult | None = None) -> None:
+    def report(phase: str, done: int, best: LayoutResult | None = None, last: LayoutResult | None = None) -> None:
         if progress is not None:
-            progress(SearchStatus(phase, done, total, best, last))
+            progress(SearchStatus(phase, done, 1 if phase == "trace" else total, best, last))
 
-    report("trace", 0, 1)
-    t_trace = time.monotonic()
+    report("trace", 0)
     traced = trace_joint(model, example_inputs)
-    trace_s = time.monotonic() - t_trace
-    report("trace", 1, 1)
+    trace_s = time.monotonic() - start
+    report("trace", 1)
 
-    if cache_dir is False:
-        folder = None
-    elif cache_dir in (None, True):
-        from autoshard.runtime.api import default_cache_dir
-
-        folder = default_cache_dir()
-    else:
-        folder = Path(cache_dir)
-    cache = _Cache(folder)
-    code = _code_version() if folder is not None else ""
-    from autoshard.plan.solve import prepare
-
+    folder = _cache_folder(cache_dir)
+    cache = LayoutCache(folder)
+    code = code_version() if folder is not None else ""
     key_opts = _canonical_options(prep_opts, solve_opts)
     prepare_params = inspect.signature(prepare).parameters
     bound_opts = {k: v for k, v in key_opts.items() if k in prepare_params or k in _BOUND_SOLVE_OPTIONS}
@@ -432,13 +413,13 @@ def search_mesh(
     result_keys = [layout_cache_key("result", fp, key_opts, code) for fp in fingerprints]
     bound_keys = [layout_cache_key("bound", fp, bound_opts, code) for fp in fingerprints]
 
-    results: list[LayoutResult | None] = [None] * len(layouts)
+    results: list[LayoutResult | None] = [None] * total
     best_plan: dict[str, Any] | None = None
     best_index: int | None = None
     # what each layout gets from a search of this size: an unproven cached plan is taken only
     # from a search that gave it at least as much (a proven one always)
-    share_all = min(time_limit, time_limit * jobs / len(layouts))
-    cached_bounds: list[float | None] = [None] * len(layouts)
+    share_all = min(time_limit, time_limit * jobs / total)
+    cached_bounds: list[float | None] = [None] * total
 
     def accept(i: int, result: LayoutResult, plan: dict[str, Any] | None) -> None:
         nonlocal best_plan, best_index
@@ -447,94 +428,101 @@ def search_mesh(
                                            or (result.step_s == results[best_index].step_s and i < best_index)):
             best_plan, best_index = plan, i
 
-    for i in range(len(layouts)):  # the cache first: its plans are the incumbent that cuts the others
-        record = cache.get(result_keys[i])
-        if record is not None and (record.get("solver_status") == "optimal"
-                                   or float(record.get("budget_s", 0.0)) >= share_all * (1 - 1e-9)):
-            row = LayoutResult.from_dict(record["result"])
-            accept(i, replace(row, cached=True, seconds=0.0), record.get("plan"))
-            continue
-        bound = cache.get(bound_keys[i])
-        if bound is not None:
-            cached_bounds[i] = float(bound["bound_s"])
+    def best_row() -> LayoutResult | None:
+        return None if best_index is None else results[best_index]
 
     def best_step() -> float:
         return math.inf if best_index is None else results[best_index].step_s
 
-    for i in range(len(layouts)):  # a cached bound cuts before anything is built
-        if results[i] is None and cached_bounds[i] is not None and cached_bounds[i] >= best_step() * (1 + CUT_TOLERANCE):
+    for i in range(total):  # the cache first: its plans are the incumbent that cuts the others
+        record = cache.get(result_keys[i])
+        if record is not None and (record.get("solver_status") == "optimal"
+                                   or float(record.get("budget_s", 0.0)) >= share_all * (1 - 1e-9)):
+            accept(i, replace(LayoutResult.from_dict(record["result"]), cached=True, seconds=0.0), record.get("plan"))
+            continue
+        bound = cache.get(bound_keys[i])
+        if bound is not None:
+            cached_bounds[i] = float(bound["bound_s"])
+    for i in range(total):  # a cached bound cuts before anything is built
+        if results[i] is None and cached_bounds[i] is not None and cached_bounds[i] >= best_step() * (
+                1 + CUT_TOLERANCE):
             results[i] = LayoutResult(layouts[i].shape, layouts[i].dim_names, "cut", bound_s=cached_bounds[i],
-                                      cached=True, reason=f"bound {cached_bounds[i] * 1e3:.3f} ms (cached) >= best "
-                                      f"{best_step() * 1e3:.3f} ms")
-    # more mesh dims first: their builds take longest (the longest jobs first keep the workers
-    # busy to the end), and their compute splits at least as finely, so a good plan is known early
-    todo = sorted((i for i in range(len(layouts)) if results[i] is None), key=lambda i: (-len(layouts[i].shape), i))
-    total = len(layouts)
-    report("layouts", total - len(todo), total, None if best_index is None else results[best_index])
+                                      cached=True, reason=f"bound {cached_bounds[i] * 1e3:.3f} ms (cached) >= "
+                                      f"best {best_step() * 1e3:.3f} ms")
+    todo = [i for i in range(total) if results[i] is None]
+    report("layouts", total - len(todo), best_row())
 
     def finished(i: int, text: str) -> None:
         data = json.loads(text)
         row = LayoutResult.from_dict(data["result"])
         accept(i, row, data["plan"])
-        if row.bound_s is not None:
+        if row.bound_s is not None and not row.cached:
             cache.put(bound_keys[i], {"bound_s": row.bound_s})
         if row.outcome in ("solved", "no_fit"):
             cache.put(result_keys[i], {"result": row.to_dict(), "plan": data["plan"], "budget_s": share_all,
                                        "time_limit_s": data["time_limit_s"], "solver_status": row.solver_status})
-        work.incumbent.value = best_step()
-        report("layouts", sum(r is not None for r in results), total,
-               None if best_index is None else results[best_index], row)
+        _WORK.incumbent.value = best_step()
+        report("layouts", sum(r is not None for r in results), best_row(), row)
 
-    global _WORK
     if todo:
-        parallel = jobs > 1 and len(todo) > 1 and "fork" in multiprocessing.get_all_start_methods()
-        workers = min(jobs, len(todo)) if parallel else 1
-        context = multiprocessing.get_context("fork") if parallel else None
-        incumbent = context.Value("d", best_step(), lock=False) if parallel else _Value(best_step())
-        unsolved = context.Value("i", len(todo)) if parallel else _Value(len(todo))
-        work = _Work(traced, prof, layouts, prep_opts, solve_opts, start + time_limit, time_limit, workers,
-                     incumbent, unsolved)
-        _WORK = work
-        try:
-            if not parallel:
-                for i in todo:
-                    finished(i, _solve_layout(i, cached_bounds[i]))
-            else:
-                _run_parallel(context, workers, todo, cached_bounds, finished)
-        finally:
-            _WORK = None
+        _run(todo, _groups(todo, layouts, prep_opts.get("search", "auto")), cached_bounds, finished, jobs,
+             _Work(traced, prof, layouts, prep_opts, solve_opts, start + time_limit, time_limit, 1,
+                   _Value(best_step()), _Value(len(todo)), finished))
 
     rows = [replace(r, chosen=(i == best_index)) for i, r in enumerate(results)]
     summary = {"devices": devices, "devices_per_node": node_size, "profile": prof.name, "jobs": jobs,
                "time_limit_s": time_limit, "trace_s": round(trace_s, 3),
                "seconds": round(time.monotonic() - start, 3), "layouts": [r.to_dict() for r in rows]}
     if best_index is None:
-        no_fit = [r for r in rows if r.outcome == "no_fit"]
         detail = "; ".join(f"{r.text}: {r.outcome} ({r.reason})" for r in rows)
-        if no_fit:
+        if any(r.outcome == "no_fit" for r in rows):
             raise InfeasibleMemoryError(f"no layout of {devices} devices fits: {detail}")
         raise NoLayoutError(f"no layout of {devices} devices was solved: {detail}")
     plan = Plan.from_dict(best_plan)
     return replace(plan, options={**plan.options, "mesh_search": summary})
 
 
-def _run_parallel(context: Any, workers: int, todo: list[int], cached_bounds: list[float | None],
-                  finished: Callable[[int, str], None]) -> None:
-    """Run the layouts on forked workers, handing each result to ``finished`` as it
-    comes; on an interrupt, the workers are stopped (what finished is cached)."""
+def _run(todo: list[int], groups: list[list[int]], cached_bounds: list[float | None],
+         finished: Callable[[int, str], None], jobs: int, work: _Work) -> None:
+    """Solve the groups here (one worker or no fork) or on forked workers, handing
+    every layout to ``finished`` as it ends; on an error or an interrupt the
+    workers are stopped (what finished is cached)."""
+    global _WORK
+    parallel = jobs > 1 and len(todo) > 1 and "fork" in multiprocessing.get_all_start_methods()
+    if not parallel:
+        _WORK = work
+        try:
+            for group in groups:
+                _solve_group(group, [cached_bounds[i] for i in group])
+        finally:
+            _WORK = None
+        return
+    context = multiprocessing.get_context("fork")
+    workers = min(jobs, len(groups))
+    results = context.Queue()
+    work = replace(work, jobs=workers, incumbent=context.Value("d", work.incumbent.value, lock=False),
+                   unsolved=context.Value("i", work.unsolved.value), emit=lambda i, text: results.put((i, text)))
+    _WORK = work  # what the forked workers inherit (here it only keeps the shared incumbent)
     executor = ProcessPoolExecutor(max_workers=workers, mp_context=context)
-    pending: dict[Future, int] = {}
     try:
-        for i in todo:
-            pending[executor.submit(_solve_layout, i, cached_bounds[i])] = i
-        while pending:
-            done, _ = wait(pending, return_when=FIRST_COMPLETED)
-            for future in done:
-                finished(pending.pop(future), future.result())
+        futures = [executor.submit(_solve_group, g, [cached_bounds[i] for i in g]) for g in groups]
+        for _ in range(len(todo)):
+            while True:
+                try:
+                    i, text = results.get(timeout=0.2)
+                    break
+                except queue_errors.Empty:
+                    for future in futures:  # a worker that died (killed, out of memory) ends the search
+                        if future.done() and future.exception() is not None:
+                            raise future.exception()
+            finished(i, text)
     except BaseException:
-        for process in list(getattr(executor, "_processes", {}).values()):  # the workers this search forked
+        for process in list((getattr(executor, "_processes", None) or {}).values()):
             if process.is_alive():
-                process.kill()
+                process.kill()  # the workers this search forked
         executor.shutdown(wait=False, cancel_futures=True)
         raise
+    finally:
+        _WORK = None
     executor.shutdown(wait=True)
+    results.close()

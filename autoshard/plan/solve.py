@@ -86,6 +86,7 @@ def prepare(
     seed_time_limit: float = 30.0,
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
     traced: TracedGraph | None = None,
+    seed_memo: dict[Any, Any] | None = None,
 ) -> Prepared:
     """Trace ``model(*example_inputs)`` and build its strategy graph on the mesh.
 
@@ -97,7 +98,9 @@ def prepare(
     ``bucket_bytes``: the runtime's gradient bucket cap (``costmodel.bucketing``;
     0 = one collective per gradient). ``traced``: the model already traced
     (``trace_joint(model, example_inputs)``), reused instead of tracing again:
-    the trace does not depend on the mesh, so a mesh search traces once.
+    the trace does not depend on the mesh, so a mesh search traces once;
+    ``seed_memo``: a dict shared by calls on that trace, so that 3-D meshes with
+    the same coarse mesh share its seed (``seeded_restriction(memo=...)``).
     """
     prof = _profile(profile)
     mesh = MeshSpec(tuple(int(m) for m in mesh_shape), tuple(dim_names or ()))
@@ -115,7 +118,7 @@ def prepare(
     restrict, seed_timings = None, {}
     if mode == "seeded":
         restrict, seed = seeded_restriction(traced, mesh, prof, optimizer=opt_memory, allow_uneven=allow_uneven,
-                                            time_limit=seed_time_limit)
+                                            time_limit=seed_time_limit, memo=seed_memo)
         seed_timings = {"seed_build_s": seed.seconds["build"], "seed_solve_s": seed.seconds["solve"]}
     t_seed = time.perf_counter()
     graph = build_graph(
