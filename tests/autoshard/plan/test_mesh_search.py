@@ -216,3 +216,31 @@ def test_cli_searches_in_worker_processes_writes_the_plan_and_explains_every_lay
     assert shown.returncode == 0, shown.stderr
     assert "| layout | dims | outcome |" in shown.stdout
     assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_layouts_with_one_coarse_mesh_share_its_seed_and_get_the_same_plan(monkeypatch) -> None:
+    import autoshard.graph.builder as builder
+
+    from autoshard.trace import trace_joint
+
+    model, inputs = mlp.tiny(device="meta", batch_size=16)
+    traced = trace_joint(model, inputs)
+    names = layout_dim_names(3)
+    fresh = solve_prepared(prepare(None, None, (4, 2, 2), names, profile="cpu-gloo", traced=traced), time_limit=60)
+    built = []
+    real = builder.build_graph
+
+    def counting(t, mesh, *args, **kwargs):
+        built.append(mesh.shape)
+        return real(t, mesh, *args, **kwargs)
+
+    monkeypatch.setattr(builder, "build_graph", counting)  # the seed's build
+    monkeypatch.setattr(solve_module, "build_graph", counting)  # the layout's own
+    memo: dict = {}
+    prepare(None, None, (2, 2, 4), names, profile="cpu-gloo", traced=traced, seed_memo=memo)
+    shared = prepare(None, None, (4, 2, 2), names, profile="cpu-gloo", traced=traced, seed_memo=memo)
+    assert built == [(4, 4), (2, 2, 4), (4, 2, 2)], "2x2x4 and 4x2x2 both seed from 4x4: built once"
+    assert shared.timings["seed_build_s"] == 0.0
+    plan = solve_prepared(shared, time_limit=60)
+    assert plan.solver.status == fresh.solver.status == "optimal"
+    assert plan.estimate.step_s == fresh.estimate.step_s and plan.params == fresh.params
