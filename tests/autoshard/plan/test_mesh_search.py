@@ -244,3 +244,21 @@ def test_layouts_with_one_coarse_mesh_share_its_seed_and_get_the_same_plan(monke
     plan = solve_prepared(shared, time_limit=60)
     assert plan.solver.status == fresh.solver.status == "optimal"
     assert plan.estimate.step_s == fresh.estimate.step_s and plan.params == fresh.params
+
+
+def test_a_new_solve_option_passes_through_and_is_part_of_the_cache_key(monkeypatch, tmp_path) -> None:
+    seen = []
+    real = solve_module.solve_prepared
+
+    def with_new_option(prep, *, recompute: bool = False, **kwargs):  # as another option would be added
+        seen.append(recompute)
+        return real(prep, **kwargs)
+
+    monkeypatch.setattr(solve_module, "solve_prepared", with_new_option)
+    kwargs = dict(devices=4, profile="cpu-gloo", time_limit=60, jobs=1, cache_dir=tmp_path)
+    search_mesh(*mlp.tiny(device="meta"), recompute=True, **kwargs)
+    assert seen == [True, True]
+    search_mesh(*mlp.tiny(device="meta"), recompute=True, **kwargs)
+    assert seen == [True, True], "the same option again: every layout from the cache"
+    search_mesh(*mlp.tiny(device="meta"), **kwargs)  # its default: another key
+    assert seen == [True, True, False, False]
