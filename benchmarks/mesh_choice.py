@@ -51,15 +51,18 @@ def run_one(config: str, time_limit: float, jobs: int | None) -> dict:
     factory, overrides = CONFIGS[config]
     model, inputs = getattr(llama3, factory)(**overrides, dtype="bfloat16", device="meta")
     load_before = os.getloadavg()
+    cpu0 = _cpu_s()
     t0 = time.perf_counter()
     plan = search_mesh(model, inputs, DEVICES, PER_NODE, profile="h100-sxm-80gb", time_limit=time_limit, jobs=jobs,
                        cache_dir=False, mixed_precision=True, memory_limit=LIMIT)
     wall = time.perf_counter() - t0
+    cpu = _cpu_s() - cpu0
     load_after = os.getloadavg()
     search = plan.options["mesh_search"]
     rows = search["layouts"]
     chosen = next(r for r in rows if r["chosen"])
-    row = {"config": config, "model": factory, **overrides, "wall_s": round(wall, 1), "trace_s": search["trace_s"],
+    row = {"config": config, "model": factory, **overrides, "wall_s": round(wall, 1), "cpu_s": round(cpu, 1),
+           "trace_s": search["trace_s"],
            "jobs": search["jobs"], "time_limit_s": time_limit, "load": [round(x, 1) for x in (*load_before,
                                                                                                *load_after)],
            "considered": len(rows), **{o: sum(r["outcome"] == o for r in rows) for o in
@@ -82,6 +85,12 @@ def run_one(config: str, time_limit: float, jobs: int | None) -> dict:
     return row
 
 
+def _cpu_s() -> float:
+    """CPU seconds of this process and of its finished children (the search's workers)."""
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
 def _child(config: str, time_limit: float, jobs: int | None) -> dict:
     argv = [sys.executable, "-m", "benchmarks.mesh_choice", "--child", config, "--time-limit", str(time_limit)]
     if jobs is not None:
@@ -102,9 +111,9 @@ def report(rows: list[dict], command: str) -> str:
              "2048 tokens; H100 profile (datasheet), 8 GPUs per node, memory limit 80 GiB per GPU; no layout "
              "cache. Hand-chosen layouts are priced by the same cost model: the expert pins, activations free.",
              "", "| model | batch | layouts | cut | solved | no fit | skipped | error | chosen | step s | peak GiB "
-             "| FSDP (64) step s | FSDP+TP (8x8) step s | chosen vs best hand | search wall s | jobs | load avg "
-             "before / after | RSS GiB |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
+             "| FSDP (64) step s | FSDP+TP (8x8) step s | chosen vs best hand | search wall s | search CPU s | jobs "
+             "| load avg before / after | RSS GiB |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
     for r in rows:
         if "error" in r and "chosen" not in r:
             lines.append(f"| {r['config']} | error: {r['error']} |")
@@ -122,7 +131,8 @@ def report(rows: list[dict], command: str) -> str:
             f"| {r['model']} | {r['batch_size']} | {r['considered']} | {r['cut']} | {r['solved']} | {r['no_fit']} "
             f"| {r['skipped']} | {r['error']} | {'x'.join(map(str, c['shape']))} ({','.join(c['dim_names'])}) "
             f"| {c['step_s']:.4f} | {c['peak_gib']:.1f} | {step(HAND[0][0])} | {step(HAND[1][0])} | {versus} "
-            f"| {r['wall_s']:.0f} | {r['jobs']} | {r['load'][0]} / {r['load'][3]} | {r['rss_gib']:.2f} |")
+            f"| {r['wall_s']:.0f} | {r['cpu_s']:.0f} | {r['jobs']} | {r['load'][0]} / {r['load'][3]} "
+            f"| {r['rss_gib']:.2f} |")
     for r in rows:
         if "table" in r:
             lines += ["", f"## {r['model']}, batch {r['batch_size']}: every layout", r["table"]]

@@ -490,7 +490,7 @@ def _run(todo: list[int], groups: list[list[int]], cached_bounds: list[float | N
     every layout to ``finished`` as it ends; on an error or an interrupt the
     workers are stopped (what finished is cached)."""
     global _WORK
-    parallel = jobs > 1 and len(todo) > 1 and "fork" in multiprocessing.get_all_start_methods()
+    parallel = jobs > 1 and len(groups) > 1 and "fork" in multiprocessing.get_all_start_methods()
     if not parallel:
         _WORK = work
         try:
