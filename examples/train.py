@@ -1,16 +1,19 @@
-"""Train a small LLaMA-style model with autoshard: 4 CPU ranks (gloo), a 2x2 mesh.
+"""Train a small LLaMA-style model with autoshard: 4 CPU ranks (gloo), the mesh chosen by autoshard.
 
     torchrun --standalone --nproc-per-node 4 examples/train.py
 
 Every rank builds the same model (fixed seed); ``autoshard`` traces it, rank 0
-solves the plan under a per-device memory limit small enough that the model
-must be sharded (or takes it from the plan cache), broadcasts it, and every
-rank shards the parameters. Then a few AdamW steps of an ordinary training
-loop; rank 0 also trains an unsharded copy of the model in the same process
-and prints its loss next to the sharded one: they agree to float precision.
+solves the plan on every mesh layout of the 4 ranks (``4`` and ``2x2``)
+under a per-device memory limit small enough that the model must be sharded
+(or takes them from the cache), keeps the fastest, broadcasts it, and every
+rank builds that mesh and shards the parameters. Then a few AdamW steps of an
+ordinary training loop; rank 0 also trains an unsharded copy of the model in
+the same process and prints its loss next to the sharded one: they agree to
+float precision.
 
 Options: ``--steps``, ``--memory-limit-mib``, ``--time-limit`` (the solve),
-``--no-cache`` (solve even when a cached plan exists).
+``--mesh 2x2`` (give the mesh instead of searching it), ``--no-cache`` (solve
+even when a cached plan exists).
 """
 
 from __future__ import annotations
@@ -50,7 +53,8 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-2)
     parser.add_argument("--memory-limit-mib", type=float, default=2.0,
                         help="per-device memory limit of the solve (the replicated model needs ~4 MiB)")
-    parser.add_argument("--time-limit", type=float, default=10.0, help="seconds for the solve")
+    parser.add_argument("--time-limit", type=float, default=20.0, help="seconds for the solve (all layouts)")
+    parser.add_argument("--mesh", metavar="AxB", help="the mesh (e.g. 2x2, dims dp,tp); default: chosen by autoshard")
     parser.add_argument("--no-cache", action="store_true", help="solve even if a cached plan exists")
     args = parser.parse_args()
 
@@ -58,16 +62,21 @@ def main() -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     torch.set_num_threads(1)  # 4 ranks share a few cores
-    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    mesh = None  # autoshard chooses it (and builds it) for the job's ranks
+    if args.mesh:
+        shape = tuple(int(m) for m in args.mesh.split("x"))
+        mesh = init_device_mesh("cpu", shape, mesh_dim_names=("dp", "tp", "cp")[:len(shape)])
     model, example = llama3.tiny(**MODEL)
     reference = copy.deepcopy(model) if rank == 0 else None  # autoshard shards `model` in place
 
     sharded = autoshard(model, mesh, example, memory_limit=args.memory_limit_mib * 2**20,
                         time_limit=args.time_limit, cache_dir=False if args.no_cache else None)
     if rank == 0:
+        fp = sharded.plan.fingerprint
         print(explain_text(sharded.plan, top=5, params_limit=8))
         print(f"\nplan {sharded.plan_source}; set-up {time.perf_counter() - start:.1f} s; "
-              f"{dist.get_world_size()} ranks on mesh 2x2 (dp, tp)\n", flush=True)
+              f"{dist.get_world_size()} ranks on mesh {'x'.join(map(str, fp.mesh_shape))} ({', '.join(fp.dim_names)})"
+              f"{'' if args.mesh else ', chosen by autoshard'}\n", flush=True)
 
     opt = torch.optim.AdamW(sharded.parameters(), lr=args.lr)
     ref_opt = torch.optim.AdamW(reference.parameters(), lr=args.lr) if reference is not None else None

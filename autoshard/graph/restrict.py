@@ -230,6 +230,7 @@ def seeded_restriction(
     groups: Sequence[Sequence[int]] | None = None,
     backend: str = "cbc",
     baselines: bool = False,
+    memo: dict[Any, Any] | None = None,
 ) -> tuple[SeededRestriction, SeedInfo]:
     """Solve ``traced`` on the coarse mesh and return the restriction for ``mesh``
     (module docstring). ``memory_limit`` defaults to the profile's device memory.
@@ -238,7 +239,12 @@ def seeded_restriction(
     prices them), so that each baseline keeps on the fine mesh the activation
     layouts it picks on the coarse one (measured on LLaMA-3-8B, 2x4x8: the
     baselines' estimates drop by up to 0.2 %, the plan's by 0.001 %, for four
-    more coarse solves that can take the whole ``time_limit`` each)."""
+    more coarse solves that can take the whole ``time_limit`` each).
+    ``memo``: a dict kept by the caller across calls on the same ``traced``;
+    fine meshes with the same coarse mesh (``2x4x8`` and ``4x2x8`` both seed
+    from ``8x8``) then share one coarse build and solve (the seed is a function
+    of the arguments: reused, it is the seed a fresh call would compute,
+    unless the coarse solve stopped on its time limit)."""
     # imported here: builder imports nothing from this module, but keep the graph package's import order flat
     from solver import solve as solve_problem
     from solver.solution import Status
@@ -248,6 +254,13 @@ def seeded_restriction(
 
     groups_t = tuple(tuple(g) for g in (groups or coarse_groups(mesh.shape)))
     coarse = coarse_mesh(mesh, groups_t)
+    key = (id(traced), coarse.shape, coarse.strides, profile, optimizer, allow_uneven, memory_limit, time_limit,
+           backend, baselines)
+    if memo is not None and key in memo:
+        allowed, signature_of, info = memo[key]
+        info = SeedInfo(info.coarse_shape, groups_t, {"build": 0.0, "solve": 0.0}, info.coarse_step_s,
+                        info.coarse_status, info.coarse_strategies_mean, info.seeds, info.memory_relaxed)
+        return SeededRestriction(allowed, signature_of), info  # a fresh one: its cache is per fine mesh
     t0 = time.perf_counter()
     graph = build_graph(traced, coarse, profile, optimizer=optimizer, ties=True, allow_uneven=allow_uneven)
     t1 = time.perf_counter()
@@ -296,5 +309,7 @@ def seeded_restriction(
         coarse_step_s=float(solution.cost), coarse_status=solution.status.value,
         coarse_strategies_mean=sum(counts) / max(len(counts), 1), seeds=len(seeds), memory_relaxed=relaxed,
     )
-    restrict = SeededRestriction({k: frozenset(v) for k, v in allowed.items()}, signature_of)
-    return restrict, info
+    frozen = {k: frozenset(v) for k, v in allowed.items()}
+    if memo is not None:
+        memo[key] = (frozen, signature_of, info)
+    return SeededRestriction(frozen, signature_of), info

@@ -1,7 +1,10 @@
 """``autoshard explain PLAN.json``: what a plan does, for a person.
 
 Three tables (parameter placements, the ten costliest redistributions, the
-estimate) and, with ``--plot``, a PNG of live memory over the step.
+estimate) and, with ``--plot``, a PNG of live memory over the step. A plan
+chosen by a mesh search (``autoshard solve --devices``) also gets the table of
+every layout tried, and ``--plot-layouts`` draws their step time against peak
+memory (``autoshard.plan.layout_report``).
 
 >>> # autoshard explain plan.json --plot memory.png
 """
@@ -13,6 +16,7 @@ from collections import Counter
 
 from autoshard.cli_values import byte_unit, format_bytes, save_figure
 from autoshard.plan.format import Plan
+from autoshard.plan.layout_report import layouts_table, plot_layouts, search_rows
 
 __all__ = ["explain_text", "plot_memory", "add_arguments", "run"]
 
@@ -68,6 +72,7 @@ def explain_text(plan: Plan, *, top: int = 10, params_limit: int = 40) -> str:
         for b in plan.buckets:
             lines.append(f"| {b.collective}[{','.join(map(str, b.mesh_dims))}]({b.reduce_op}) {b.dtype.replace('torch.', '')} "
                          f"| {len(b.members)} | {format_bytes(b.bytes)} | {_ms(b.cost_s)} |")
+    lines += layouts_table(plan.options)
     return "\n".join(lines)
 
 
@@ -106,21 +111,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top", type=int, default=10, metavar="N",
                         help="how many redistributions to list (default %(default)s)")
     parser.add_argument("--plot", metavar="PNG", help="also draw memory over the step into this PNG")
+    parser.add_argument("--plot-layouts", metavar="PNG",
+                        help="for a plan of a mesh search (solve --devices): step time vs peak memory of every layout")
 
 
 def run(args: argparse.Namespace) -> int:
     from autoshard.cli_values import check_count, check_output_path
 
     check_count(args.top, "--top", 0, 10**9)
-    if args.plot:
-        check_output_path(args.plot, "--plot")
-        import importlib.util
+    for flag, path in (("--plot", args.plot), ("--plot-layouts", args.plot_layouts)):
+        if path:
+            check_output_path(path, flag)
+            import importlib.util
 
-        if importlib.util.find_spec("matplotlib") is None:
-            raise ValueError("--plot: needs matplotlib (pip install matplotlib)")
+            if importlib.util.find_spec("matplotlib") is None:
+                raise ValueError(f"{flag}: needs matplotlib (pip install matplotlib)")
     plan = Plan.load(args.plan)
+    if args.plot_layouts and not any(r.outcome == "solved" for r in search_rows(plan.options)):
+        raise ValueError(f"--plot-layouts: {args.plan} is not the plan of a mesh search (autoshard solve --devices)")
     print(explain_text(plan, top=args.top))
     if args.plot:
         plot_memory(plan, args.plot)
         print(f"\nmemory plot written to {args.plot}")
+    if args.plot_layouts:
+        plot_layouts(plan.options, args.plot_layouts)
+        print(f"\nlayout plot written to {args.plot_layouts}")
     return 0

@@ -48,7 +48,8 @@ PLAN_GAP = 1e-6
 time is below the cost model's own accuracy by orders of magnitude."""
 
 Progress = Callable[[str, float, float], None]
-"""``progress(phase, done, total)``: phases ``trace``, ``build``, ``solve``."""
+"""``progress(phase, done, total)``: phases ``trace``, ``build``, ``solve``
+(a mesh search: ``trace``, ``layouts``)."""
 
 
 class InfeasibleMemoryError(ValueError):
@@ -84,6 +85,8 @@ def prepare(
     search: str = "auto",
     seed_time_limit: float = 30.0,
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    traced: TracedGraph | None = None,
+    seed_memo: dict[Any, Any] | None = None,
 ) -> Prepared:
     """Trace ``model(*example_inputs)`` and build its strategy graph on the mesh.
 
@@ -93,14 +96,19 @@ def prepare(
     gets ``seed_time_limit`` seconds); ``auto`` (default) seeds meshes with
     3 or more dims of size > 1, whose full enumeration takes minutes to hours.
     ``bucket_bytes``: the runtime's gradient bucket cap (``costmodel.bucketing``;
-    0 = one collective per gradient).
+    0 = one collective per gradient). ``traced``: the model already traced
+    (``trace_joint(model, example_inputs)``), reused instead of tracing again:
+    the trace does not depend on the mesh, so a mesh search traces once;
+    ``seed_memo``: a dict shared by calls on that trace, so that 3-D meshes with
+    the same coarse mesh share its seed (``seeded_restriction(memo=...)``).
     """
     prof = _profile(profile)
     mesh = MeshSpec(tuple(int(m) for m in mesh_shape), tuple(dim_names or ()))
     t0 = time.perf_counter()
     if progress:
         progress("trace", 0, 1)
-    traced = trace_joint(model, example_inputs)
+    if traced is None:
+        traced = trace_joint(model, example_inputs)
     t1 = time.perf_counter()
     if progress:
         progress("trace", 1, 1)
@@ -110,7 +118,7 @@ def prepare(
     restrict, seed_timings = None, {}
     if mode == "seeded":
         restrict, seed = seeded_restriction(traced, mesh, prof, optimizer=opt_memory, allow_uneven=allow_uneven,
-                                            time_limit=seed_time_limit)
+                                            time_limit=seed_time_limit, memo=seed_memo)
         seed_timings = {"seed_build_s": seed.seconds["build"], "seed_solve_s": seed.seconds["solve"]}
     t_seed = time.perf_counter()
     graph = build_graph(
@@ -258,9 +266,13 @@ def _smallest_peak_hint(prep: Prepared, baseline: str | None, time_limit: float,
 def solve(
     model: Any,
     example_inputs: Sequence[Any] | Mapping[str, Any],
-    mesh_shape: Sequence[int],
+    mesh_shape: Sequence[int] | None = None,
     dim_names: Sequence[str] | None = None,
     *,
+    devices: int | None = None,
+    devices_per_node: int | None = None,
+    jobs: int | None = None,
+    cache_dir: Any = None,
     profile: str | HardwareProfile = "h100-sxm-80gb",
     memory_limit: float | None = None,
     pins: Mapping[str, str] | None = None,
@@ -284,7 +296,26 @@ def solve(
     as in :func:`prepare`. ``server``: the URL of an ``autoshard serve``
     (``"http://host:8470"``) that solves instead of this process; tracing and
     building stay here, the plan is the same.
+
+    ``devices`` instead of ``mesh_shape``: search the mesh. Every layout of
+    ``devices`` devices in nodes of ``devices_per_node`` is solved with these
+    options (``jobs`` worker processes, layouts cached under ``cache_dir``,
+    ``time_limit`` for the whole search) and the fastest plan is returned;
+    its mesh is in ``plan.fingerprint``, every layout's outcome in
+    ``plan.options["mesh_search"]`` (:mod:`autoshard.plan.mesh_search`).
     """
+    if devices is not None or mesh_shape is None:
+        if mesh_shape is not None or dim_names is not None:
+            raise ValueError("mesh_shape/dim_names and devices: give one (devices searches the mesh)")
+        if devices is None:
+            raise TypeError("solve: give mesh_shape (a mesh) or devices (search the mesh)")
+        from autoshard.plan.mesh_search import search_mesh
+
+        return search_mesh(model, example_inputs, devices, devices_per_node, profile=profile, time_limit=time_limit,
+                           jobs=jobs, cache_dir=cache_dir,
+                           progress=(lambda st: progress(st.phase, st.done, st.total)) if progress else None,
+                           memory_limit=memory_limit, pins=pins, backend=backend, ties=ties, optimizer=optimizer,
+                           mixed_precision=mixed_precision, baseline=baseline, search=search, server=server)
     prep = prepare(model, example_inputs, mesh_shape, dim_names, profile=profile, optimizer=optimizer,
                    mixed_precision=mixed_precision, progress=progress, search=search)
     return solve_prepared(prep, memory_limit=memory_limit, pins=pins, time_limit=time_limit, backend=backend,

@@ -1,9 +1,11 @@
-"""``autoshard solve MODULE:FACTORY --mesh 8x8 --dims dp,tp -o plan.json``.
+"""``autoshard solve MODULE:FACTORY --mesh 8x8 --dims dp,tp -o plan.json`` (or ``--devices 64``).
 
 Loads a model factory (``FACTORY(**kwargs) -> (model, example_inputs)``),
 traces it on fake tensors, builds and solves the strategy graph with rich
 progress, writes the plan atomically, and with ``--compare-baselines``
 prints DDP / FSDP / TP / FSDP+TP priced by the same cost model beside it.
+With ``--devices N`` instead of ``--mesh`` it searches the mesh layout
+(``autoshard.plan.search_cli``).
 Every user error is one line and exit code 2; a memory limit no plan meets
 is exit code 1 with the smallest peak found.
 
@@ -19,7 +21,7 @@ from typing import Any
 
 from autoshard.cli_values import parse_bytes
 
-__all__ = ["parse_bytes", "parse_pins", "add_arguments", "run", "BACKEND_CHOICES", "OPTIMIZER_CHOICES",
+__all__ = ["parse_bytes", "parse_pins", "add_arguments", "run", "print_baselines", "BACKEND_CHOICES", "OPTIMIZER_CHOICES",
            "BASELINE_CHOICES"]
 
 # Copies of solver.backends.BACKENDS, autoshard.graph.memory.OPTIMIZERS and
@@ -56,14 +58,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument("model", metavar="MODULE:FACTORY", help="e.g. examples.models.llama3:tiny")
     parser.add_argument("--kwargs", default="{}", metavar="JSON", help="factory overrides as a JSON object")
-    parser.add_argument("--mesh", required=True, metavar="AxB", help="mesh shape, e.g. 8x8")
+    parser.add_argument("--mesh", metavar="AxB", help="mesh shape, e.g. 8x8 (or --devices: search the mesh)")
     parser.add_argument("--dims", metavar="NAMES", help="mesh dim names, e.g. dp,tp")
+    parser.add_argument("--devices", type=int, metavar="N",
+                        help="instead of --mesh: solve every mesh layout of N devices and keep the fastest")
+    parser.add_argument("--devices-per-node", type=int, metavar="K",
+                        help="with --devices: devices per node (default: the profile's innermost tier)")
+    parser.add_argument("--jobs", type=int, metavar="J",
+                        help="with --devices: layouts solved at once, in worker processes (default: the cores)")
+    parser.add_argument("--cache-dir", metavar="DIR", help="with --devices: layout cache folder (default "
+                        "$AUTOSHARD_CACHE_DIR or ~/.cache/autoshard/plans)")
+    parser.add_argument("--no-cache", action="store_true", help="with --devices: solve every layout again")
     parser.add_argument("--profile", default="h100-sxm-80gb", help="hardware profile name or file")
     parser.add_argument("--memory-limit", metavar="SIZE", help="per-rank limit (default: the profile's device memory)")
     parser.add_argument("--pin", action="append", default=[], metavar="PATTERN=PLACEMENT",
                         help="fix a parameter's or input's placement by name pattern (repeatable)")
-    parser.add_argument("--time-limit", type=float, default=60.0, metavar="S",
-                        help="solver time limit in seconds (default %(default)g, at most a week)")
+    parser.add_argument("--time-limit", type=float, metavar="S",
+                        help="solver time limit in seconds (default 60; with --devices the whole search's, "
+                             "default 600; at most a week)")
     parser.add_argument("--backend", default="cbc", choices=BACKEND_CHOICES, help="ILP backend (default %(default)s)")
     parser.add_argument("--optimizer", default="adamw", choices=OPTIMIZER_CHOICES,
                         help="decides the optimizer state in memory (default %(default)s)")
@@ -93,7 +105,22 @@ def _validate(args: argparse.Namespace) -> tuple[Any, int | None, dict[str, str]
 
     split_spec(args.model)
     overrides = parse_kwargs(args.kwargs)
-    mesh = parse_mesh(args.mesh, args.dims)
+    if args.devices is not None:
+        from autoshard.plan.search_cli import validate_search
+
+        mesh = None
+        validate_search(args)
+    elif args.mesh is None:
+        raise ValueError("--mesh: give a mesh shape (e.g. --mesh 8x8) or --devices N to search for one")
+    else:
+        for flag in ("devices_per_node", "jobs", "cache_dir"):
+            if getattr(args, flag) is not None:
+                raise ValueError(f"--{flag.replace('_', '-')}: only with --devices")
+        if args.no_cache:
+            raise ValueError("--no-cache: only with --devices")
+        mesh = parse_mesh(args.mesh, args.dims)
+    if args.time_limit is None:
+        args.time_limit = 60.0 if args.devices is None else 600.0
     check_seconds(args.time_limit, "--time-limit")
     load(args.profile)  # an unknown profile fails before tracing
     limit = parse_bytes(args.memory_limit) if args.memory_limit else None
@@ -113,13 +140,17 @@ def run(args: argparse.Namespace) -> int:
         from autoshard.service.client import ServiceClient
 
         ServiceClient(args.server).health()
+    if args.devices is not None:
+        from autoshard.plan.search_cli import run_search
+
+        return run_search(args, limit, pins, overrides, paths)
 
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from autoshard.coverage import load_example
     from autoshard.plan.explain import explain_text
-    from autoshard.plan.solve import InfeasibleMemoryError, compare_baselines, prepare, solve_prepared
+    from autoshard.plan.solve import InfeasibleMemoryError, prepare, solve_prepared
 
     model, inputs = load_example(args.model, overrides, paths=paths)
     console = Console(stderr=True)
@@ -155,14 +186,21 @@ def run(args: argparse.Namespace) -> int:
         plan.save(args.output)
     print(explain_text(plan))
     if args.compare_baselines:
-        rows = compare_baselines(prep, memory_limit=limit, time_limit=min(args.time_limit, 30.0), backend=args.backend)
-        print("\n| layout | step ms | compute ms | comm ms | peak memory | fits |\n|---|---:|---:|---:|---:|---|")
-        print(_row("solved", plan))
-        for r in rows:
-            print(_row(r.name, r.plan) if r.plan else f"| {r.name} | - | - | - | - | {r.error} |")
+        print_baselines(prep, plan, limit, args)
     if args.output:
         print(f"\nplan written to {args.output}")
     return 0
+
+
+def print_baselines(prep: Any, plan: Any, limit: int | None, args: argparse.Namespace) -> None:
+    """The expert layouts on ``prep``'s mesh, priced beside ``plan`` (``--compare-baselines``)."""
+    from autoshard.plan.solve import compare_baselines
+
+    rows = compare_baselines(prep, memory_limit=limit, time_limit=min(args.time_limit, 30.0), backend=args.backend)
+    print("\n| layout | step ms | compute ms | comm ms | peak memory | fits |\n|---|---:|---:|---:|---:|---|")
+    print(_row("solved", plan))
+    for r in rows:
+        print(_row(r.name, r.plan) if r.plan else f"| {r.name} | - | - | - | - | {r.error} |")
 
 
 def _row(name: str, plan: Any) -> str:

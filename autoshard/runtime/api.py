@@ -185,9 +185,11 @@ def _rank0_plan(model: nn.Module, example_inputs: Any, mesh_spec: MeshSpec, prof
 
 def autoshard(
     model: nn.Module,
-    mesh: Any,
-    example_inputs: Sequence[torch.Tensor] | Mapping[str, torch.Tensor],
+    mesh: Any = None,
+    example_inputs: Sequence[torch.Tensor] | Mapping[str, torch.Tensor] | None = None,
     *,
+    devices: int | None = None,
+    devices_per_node: int | None = None,
     profile: str | HardwareProfile | None = None,
     memory_limit: float | None = None,
     pins: Mapping[str, str] | None = None,
@@ -210,6 +212,11 @@ def autoshard(
     :class:`ShardedModule` (None: ``AUTOSHARD_TRACE_COLLECTIVES``).
     ``allow_profile_change``: run a ``plan=`` solved for another hardware
     profile (its layout is valid; only its estimate is for other hardware).
+    ``mesh=None``: the mesh is chosen for the job's ``devices`` (default: the
+    world size) in nodes of ``devices_per_node`` (default: torchrun's
+    ``LOCAL_WORLD_SIZE``) by a mesh search on rank 0, then built on every rank
+    with the plan's shape and dim names (:mod:`autoshard.runtime.mesh_choice`;
+    ``time_limit`` is the whole search's).
 
     Raises :class:`MeshSizeError` when the mesh is not the whole job,
     :class:`~autoshard.plan.format.PlanError` for a plan of another model,
@@ -223,6 +230,17 @@ def autoshard(
     if not dist.is_initialized():
         raise RuntimeError("autoshard: no process group: call torch.distributed.init_process_group on every rank "
                            "first (or use autoshard.solve offline)")
+    if example_inputs is None:
+        raise TypeError("autoshard: example_inputs is required (the whole batch of one step)")
+    if mesh is None:  # the plan chooses the mesh
+        from autoshard.runtime.mesh_choice import autoshard_on_chosen_mesh
+
+        return autoshard_on_chosen_mesh(
+            model, example_inputs, devices=devices, devices_per_node=devices_per_node, profile=profile,
+            memory_limit=memory_limit, pins=pins, time_limit=time_limit, plan=plan, cache_dir=cache_dir,
+            local_inputs=local_inputs, trace_collectives=trace_collectives, allow_profile_change=allow_profile_change)
+    if devices is not None or devices_per_node is not None:
+        raise TypeError("autoshard: devices / devices_per_node choose a mesh: pass them with mesh=None, not with a mesh")
     world = dist.get_world_size()
     if mesh.size() != world:
         raise MeshSizeError(f"mesh {'x'.join(map(str, mesh.shape))} has {mesh.size()} ranks, the job {world}: "

@@ -110,3 +110,15 @@ def test_solve_prepared_on_a_server_matches_local(plan_server) -> None:
     assert _comparable(remote) == _comparable(local)
     assert remote.params["layers.0.w1.weight"] == "R"
     assert list(remote.solver.timings) == list(local.solver.timings)
+
+
+def test_mesh_search_solving_on_a_server_chooses_what_a_local_search_does(plan_server) -> None:
+    from autoshard.plan.mesh_search import search_mesh
+
+    kwargs = dict(devices=4, profile="cpu-gloo", time_limit=120, cache_dir=False)
+    local = search_mesh(*mlp.tiny(device="meta"), jobs=1, **kwargs)
+    remote = search_mesh(*mlp.tiny(device="meta"), jobs=2, server=plan_server.url, **kwargs)  # forked workers ask
+    assert remote.fingerprint == local.fingerprint
+    assert _comparable(remote.to_dict() | {"options": {}}) == _comparable(local.to_dict() | {"options": {}})
+    for a, b in zip(remote.options["mesh_search"]["layouts"], local.options["mesh_search"]["layouts"]):
+        assert (a["shape"], a["outcome"], a["step_s"]) == (b["shape"], b["outcome"], b["step_s"])

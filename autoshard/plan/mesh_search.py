@@ -1,0 +1,530 @@
+r"""Mesh search: solve a model on every mesh layout of ``N`` devices and keep the fastest plan.
+
+``search_mesh(model, inputs, devices=64, devices_per_node=8)`` traces the
+model once (the trace does not depend on the mesh), then for every layout of
+:mod:`autoshard.plan.layouts` builds the strategy graph on that mesh, bounds
+it, and solves it with the same options as ``autoshard solve --mesh`` would
+(memory limit, pins, the expert-layout portfolio, and any other option of
+:func:`~autoshard.plan.solve.prepare` or
+:func:`~autoshard.plan.solve.solve_prepared`, passed through by name). The
+plan with the smallest estimated step wins (ties: the first layout in
+enumeration order); every layout's outcome is in
+``plan.options["mesh_search"]["layouts"]`` (:mod:`autoshard.plan.layout_report`).
+
+Cutting layouts that cannot win. Let ``c_v(k)`` be the cost of strategy ``k``
+of node ``v`` (the busiest rank's compute time of an op, a parameter's
+optimizer update) and ``A_v`` the strategies a pin leaves it (all if
+unpinned). Any plan on the layout picks ``k_v in A_v`` for every node, and its
+estimate is
+
+    step = sum_v c_v(k_v) + comm + relayout,   comm >= 0, relayout >= 0
+
+(:mod:`autoshard.plan.assemble`: compute is the node costs at the choice,
+collectives and local re-layouts are times, never negative; gradient buckets
+change only ``comm``). Dropping the edges, the memory limit and the ties
+relaxes the problem, so
+
+    bound = sum_v min_{k in A_v} c_v(k)  <=  step   of every plan on the layout,
+
+the expert layouts of the portfolio included (they only add pins). Once a
+plan with step ``s*`` is known, a layout whose ``bound >= s* (1 + 1e-9)`` cannot
+beat it and is not solved (outcome ``cut``; the margin keeps a layout that can
+at best tie from being cut on a rounding). The bound is taken on the graph
+that ``prepare`` builds for the layout, which is the graph its own solve
+uses (on 3-D meshes, after the seeded restriction: a restriction only
+removes strategies, so it bounds what ``autoshard solve --mesh`` returns for
+that layout, which is what the search compares). It bounds compute only:
+the communication a layout forces depends on the strategies, and no
+strategy-free bound on it is valid (all-replicate communicates nothing).
+So it cuts layouts whose *compute* cannot be spread well (sizes the mesh
+dims do not divide), not layouts that are merely slow to communicate. It
+costs a build (the solve is what it saves); a cached bound cuts a layout
+before it is built.
+
+Parallel, resumable. Layouts are built and solved in ``jobs`` forked worker
+processes that inherit the one trace (Linux; elsewhere, or with ``jobs=1``,
+in this process, one after another). 3-D layouts seeded from the same
+coarse 2-D mesh (``2x4x8``, ``4x2x8``, ``8x2x4``, ``8x4x2`` all from ``8x8``) go
+to one worker, which builds and solves that seed once (``prepare(seed_memo=)``).
+Each finished layout is written at once to :class:`~autoshard.plan.layout_cache.LayoutCache`
+under a key of everything that decides it: the plan fingerprint (graph,
+mesh, profile with its node size), every prepare and solve option except
+``time_limit``, ``progress`` and ``server``, and a hash of the code. A second
+run re-solves only the layouts whose key changed; a run killed half-way
+keeps the layouts it finished. A cached plan that was not proven optimal is
+reused only from a search that gave each layout at least the share this one
+would (``time_limit * jobs / layouts``). The bound has its own key (graph
+fingerprint, prepare options, pins, baseline), so a run that changes only
+the memory limit still cuts with it.
+
+Time. ``time_limit`` is the whole search's, trace included. A layout's solve
+gets its share of what is left, ``(deadline - now) * jobs / (layouts not yet
+solving)``, at least :data:`MIN_SOLVE_S`; a layout not started by the
+deadline is ``skipped``. Builds are not interruptible, so a search can end
+later than the limit by about one build per worker.
+
+>>> # plan = search_mesh(model, inputs, devices=64, devices_per_node=8, profile="h100-sxm-80gb",
+>>> #                    memory_limit=80 * 2**30, mixed_precision=True, time_limit=600)
+>>> # plan.fingerprint.mesh_shape, [r["outcome"] for r in plan.options["mesh_search"]["layouts"]]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import json
+import logging
+import math
+import multiprocessing
+import os
+import queue as queue_errors
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from hw_profiles import HardwareProfile
+from hw_profiles import load as load_profile
+
+from autoshard.plan.format import Plan
+from autoshard.plan.layout_cache import LayoutCache, code_version, layout_cache_key
+from autoshard.plan.layout_report import LayoutResult
+from autoshard.plan.layouts import (MeshLayout, check_devices, devices_per_node_of, enumerate_layouts,
+                                    profile_for_nodes)
+
+__all__ = ["MIN_SOLVE_S", "CUT_TOLERANCE", "SearchStatus", "NoLayoutError", "search_mesh", "layout_bound",
+           "split_options"]
+
+log = logging.getLogger(__name__)
+
+MIN_SOLVE_S = 5.0
+"""A layout built past the deadline still gets this long to solve: its build is
+paid, and a LLaMA-3-8B layout needs seconds for a plan worth comparing (with
+1 s the unproven search falls back to an expert layout 3x slower)."""
+
+CUT_TOLERANCE = 1e-9
+"""Relative margin by which a bound must exceed the best step to cut (module docstring)."""
+
+_NOT_OPTIONS = ("model", "example_inputs", "mesh_shape", "dim_names", "traced", "seed_memo", "prep", "profile",
+                "progress", "time_limit")
+"""Parameters of prepare / solve_prepared that the search sets itself."""
+_NOT_IN_KEY = ("server",)
+"""Options that do not change a result (the service returns the plan a local solve would)."""
+_BOUND_SOLVE_OPTIONS = ("pins", "baseline", "tp_table")
+"""Solve options that change the bound (they pin strategies)."""
+
+
+class NoLayoutError(ValueError):
+    """No layout could be solved (every one failed or was skipped)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SearchStatus:
+    """Progress of a search: ``phase`` is ``trace`` then ``layouts``."""
+
+    phase: str
+    done: int
+    total: int
+    best: LayoutResult | None = None
+    """The fastest solved layout so far."""
+    last: LayoutResult | None = None
+    """The layout that just finished."""
+
+
+def split_options(options: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(prepare options, solve options)``: each option goes to the function
+    that has a parameter of its name (both when both do), so a new option of
+    either passes through the search unchanged. ``TypeError`` naming an option
+    neither takes, or one the search sets itself.
+
+    >>> split_options({"optimizer": "sgd", "memory_limit": 1e9})
+    ({'optimizer': 'sgd'}, {'memory_limit': 1000000000.0})
+    """
+    from autoshard.plan.solve import prepare, solve_prepared
+
+    prep_params = set(inspect.signature(prepare).parameters)
+    solve_params = set(inspect.signature(solve_prepared).parameters)
+    prep_opts, solve_opts = {}, {}
+    for name, value in options.items():
+        if name in _NOT_OPTIONS:
+            raise TypeError(f"search_mesh: {name!r} is set by the search, not an option")
+        if name not in prep_params and name not in solve_params:
+            raise TypeError(f"search_mesh: unknown option {name!r} (not a parameter of prepare or solve_prepared)")
+        if name in prep_params:
+            prep_opts[name] = value
+        if name in solve_params:
+            solve_opts[name] = value
+    return prep_opts, solve_opts
+
+
+def _canonical_options(prep_opts: Mapping[str, Any], solve_opts: Mapping[str, Any]) -> dict[str, Any]:
+    """Every option of prepare and solve_prepared with its value (the default
+    when not given; an empty mapping as None), so that equal solves get equal
+    keys however they were asked for (``pins={}`` and no pins)."""
+    from autoshard.plan.solve import prepare, solve_prepared
+
+    out: dict[str, Any] = {}
+    for fn, given in ((prepare, prep_opts), (solve_prepared, solve_opts)):
+        for name, param in inspect.signature(fn).parameters.items():
+            if name in _NOT_OPTIONS or name in _NOT_IN_KEY or param.kind in (param.VAR_POSITIONAL,
+                                                                               param.VAR_KEYWORD):
+                continue
+            value = given.get(name, param.default)
+            if value is inspect.Parameter.empty:
+                continue
+            out[name] = None if isinstance(value, Mapping) and not value else value
+    return out
+
+
+def layout_bound(prep: Any, solve_options: Mapping[str, Any]) -> float:
+    """The lower bound on the step of any plan on ``prep``'s graph under the
+    pins of ``solve_options`` (``pins``, ``baseline``; module docstring)."""
+    from autoshard.plan.baselines import baseline_pins
+    from autoshard.plan.pins import resolve_pins
+
+    graph = prep.graph
+    names: dict[str, str] = {}
+    if solve_options.get("baseline") is not None:
+        names.update(baseline_pins(graph, solve_options["baseline"], solve_options.get("tp_table")))
+    names.update(solve_options.get("pins") or {})
+    pinned = resolve_pins(graph, names) if names else {}
+    total = 0.0
+    for i, node in enumerate(graph.nodes):
+        costs = node.compute_s
+        if i in pinned:
+            total += float(costs[pinned[i]])
+        elif len(costs):
+            finite = [float(c) for c in costs if math.isfinite(float(c))]
+            total += min(finite) if finite else 0.0
+    return total
+
+
+# ---------------------------------------------------------------------------------------------- workers
+
+
+@dataclass
+class _Work:
+    """What every worker needs (inherited by fork, never pickled)."""
+
+    traced: Any
+    profile: HardwareProfile
+    layouts: tuple[MeshLayout, ...]
+    prep_opts: Mapping[str, Any]
+    solve_opts: Mapping[str, Any]
+    deadline: float
+    """``time.monotonic()`` past which no layout starts (one clock for forked processes)."""
+    time_limit: float
+    jobs: int
+    incumbent: Any
+    """``.value``: the best step found so far (shared memory across workers)."""
+    unsolved: Any
+    """``.value``: layouts whose solve has not started (shared, with ``get_lock()``)."""
+    emit: Callable[[int, str], None]
+    """Hands one finished layout to the search's process."""
+    seed_memo: dict[Any, Any] = field(default_factory=dict)
+    """Seeds of 3-D layouts by coarse mesh, per process (``prepare(seed_memo=)``)."""
+
+
+_WORK: _Work | None = None
+
+
+def _solve_group(indices: Sequence[int], cached_bounds: Sequence[float | None]) -> None:
+    """Solve layouts ``indices`` of :data:`_WORK` one after another, emitting each."""
+    for i, bound in zip(indices, cached_bounds):
+        _WORK.emit(i, _solve_layout(i, bound))
+
+
+def _solve_layout(index: int, cached_bound: float | None) -> str:
+    """Build, bound and solve layout ``index`` of :data:`_WORK`; the outcome as JSON
+    (``{"result": LayoutResult, "plan": plan dict or None, "time_limit_s": its solve's}``)."""
+    from autoshard.plan.solve import InfeasibleMemoryError, prepare, solve_prepared
+
+    work = _WORK
+    layout = work.layouts[index]
+    t0 = time.monotonic()
+    limit = 0.0
+
+    def done(outcome: str, plan: Plan | None = None, **fields: Any) -> str:
+        if not limit:  # it never reached its solve: its share goes to the others
+            with work.unsolved.get_lock():
+                work.unsolved.value -= 1
+        result = LayoutResult(layout.shape, layout.dim_names, outcome, seconds=round(time.monotonic() - t0, 3),
+                              **fields)
+        return json.dumps({"result": result.to_dict(), "plan": None if plan is None else plan.to_dict(),
+                           "time_limit_s": limit}, allow_nan=False)
+
+    def failed(exc: Exception, **fields: Any) -> str:
+        # one layout's failure (a pin or baseline it cannot take, a rule's refusal) is its row,
+        # not the end of the others' work
+        log.debug("mesh search: layout %s failed", layout.text, exc_info=True)
+        text = _one_line(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {_one_line(exc)}"
+        return done("error", reason=text, **fields)
+
+    best = work.incumbent.value
+    if cached_bound is not None and cached_bound >= best * (1 + CUT_TOLERANCE):
+        return done("cut", bound_s=cached_bound, cached=True,
+                    reason=f"bound {cached_bound * 1e3:.3f} ms (cached) >= best {best * 1e3:.3f} ms")
+    if t0 >= work.deadline:
+        return done("skipped", reason="time limit reached before it started", bound_s=cached_bound)
+    try:
+        prep = prepare(None, None, layout.shape, layout.dim_names, profile=work.profile, traced=work.traced,
+                       seed_memo=work.seed_memo, **work.prep_opts)
+        bound = layout_bound(prep, work.solve_opts)
+    except Exception as exc:  # noqa: BLE001 - see failed()
+        return failed(exc)
+    best = work.incumbent.value
+    if bound >= best * (1 + CUT_TOLERANCE):
+        return done("cut", bound_s=bound, reason=f"bound {bound * 1e3:.3f} ms >= best {best * 1e3:.3f} ms")
+    with work.unsolved.get_lock():  # this layout's share of what is left: the rest split evenly
+        left = max(work.unsolved.value, 1)
+        work.unsolved.value -= 1
+    limit = min(work.time_limit, max((work.deadline - time.monotonic()) * work.jobs / left, MIN_SOLVE_S))
+    try:
+        plan = solve_prepared(prep, time_limit=limit, **work.solve_opts)
+    except InfeasibleMemoryError as exc:
+        return done("no_fit", bound_s=bound, reason=_one_line(exc))
+    except Exception as exc:  # noqa: BLE001 - see failed()
+        return failed(exc, bound_s=bound)
+    return done("solved", plan, step_s=plan.estimate.step_s, peak_memory_bytes=plan.estimate.peak_memory_bytes,
+                bound_s=bound, solver_status=plan.solver.status, portfolio=plan.options.get("portfolio"))
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+class _Value:
+    """``multiprocessing.Value``'s interface for the in-process search."""
+
+    def __init__(self, value: float) -> None:
+        self.value = value
+
+    def get_lock(self) -> contextlib.nullcontext:
+        return contextlib.nullcontext()
+
+
+def _groups(todo: Sequence[int], layouts: Sequence[MeshLayout], search: str) -> list[list[int]]:
+    """The tasks: layouts seeded from the same coarse mesh together, the rest
+    alone; larger tasks and more mesh dims first (the longest jobs first keep
+    every worker busy to the end, and finer meshes split compute at least as
+    well, so a good plan is known early to cut with)."""
+    from costmodel.mesh import MeshSpec
+
+    from autoshard.graph.restrict import choose_search, coarse_groups, coarse_mesh
+
+    by_seed: dict[Any, list[int]] = {}
+    for i in todo:
+        shape = layouts[i].shape
+        if choose_search(shape, search) == "seeded":
+            coarse = coarse_mesh(MeshSpec(shape), coarse_groups(shape))
+            key: Any = (coarse.shape, coarse.strides)
+        else:
+            key = i
+        by_seed.setdefault(key, []).append(i)
+    return sorted(by_seed.values(), key=lambda g: (-len(g), -len(layouts[g[0]].shape), g[0]))
+
+
+# ---------------------------------------------------------------------------------------------- search
+
+
+def _default_jobs() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def _cache_folder(cache_dir: str | os.PathLike[str] | bool | None) -> Path | None:
+    if cache_dir is False:
+        return None
+    if cache_dir in (None, True):
+        from autoshard.runtime.api import default_cache_dir
+
+        return default_cache_dir()
+    return Path(cache_dir)
+
+
+def search_mesh(
+    model: Any,
+    example_inputs: Sequence[Any] | Mapping[str, Any],
+    devices: int,
+    devices_per_node: int | None = None,
+    *,
+    profile: str | HardwareProfile = "h100-sxm-80gb",
+    time_limit: float = 600.0,
+    jobs: int | None = None,
+    cache_dir: str | os.PathLike[str] | bool | None = None,
+    max_dims: int = 3,
+    progress: Callable[[SearchStatus], None] | None = None,
+    **options: Any,
+) -> Plan:
+    """The fastest plan over the mesh layouts of ``devices`` devices in nodes of
+    ``devices_per_node`` (default: the profile's), its shape and dim names in
+    ``plan.fingerprint`` and every layout's outcome in
+    ``plan.options["mesh_search"]`` (module docstring).
+
+    ``options``: any option of :func:`~autoshard.plan.solve.prepare` or
+    :func:`~autoshard.plan.solve.solve_prepared` (``memory_limit``, ``pins``,
+    ``optimizer``, ``mixed_precision``, ``server``, ...), given to every layout.
+    ``jobs``: worker processes (default: the cores this process may use).
+    ``cache_dir``: layout cache folder (default
+    :func:`autoshard.runtime.api.default_cache_dir`; ``False``: no cache).
+    Raises :class:`~autoshard.plan.solve.InfeasibleMemoryError` when no layout
+    fits the memory limit, :class:`NoLayoutError` when none could be solved.
+
+    >>> from examples.models import mlp
+    >>> plan = search_mesh(*mlp.tiny(), devices=4, profile="cpu-gloo", time_limit=60, jobs=1, cache_dir=False)
+    >>> [r["outcome"] for r in plan.options["mesh_search"]["layouts"]]
+    ['solved', 'solved']
+    """
+    from autoshard.plan.build import make_fingerprint
+    from autoshard.plan.solve import InfeasibleMemoryError, prepare
+    from autoshard.trace import trace_joint
+
+    start = time.monotonic()
+    devices, node_size = check_devices(devices, devices_per_node)
+    jobs = _default_jobs() if jobs is None else int(jobs)
+    if jobs < 1:
+        raise ValueError(f"jobs: must be at least 1, got {jobs}")
+    if not 0 < time_limit < math.inf:
+        raise ValueError(f"time_limit: must be a positive number of seconds, got {time_limit}")
+    prep_opts, solve_opts = split_options(options)
+    prof = profile if isinstance(profile, HardwareProfile) else load_profile(profile)
+    prof = profile_for_nodes(prof, node_size)
+    node_size = devices_per_node_of(prof, devices, node_size)
+    layouts = tuple(enumerate_layouts(devices, node_size, max_dims=max_dims))
+    total = len(layouts)
+
+    def report(phase: str, done: int, best: LayoutResult | None = None, last: LayoutResult | None = None) -> None:
+        if progress is not None:
+            progress(SearchStatus(phase, done, 1 if phase == "trace" else total, best, last))
+
+    report("trace", 0)
+    traced = trace_joint(model, example_inputs)
+    trace_s = time.monotonic() - start
+    report("trace", 1)
+
+    folder = _cache_folder(cache_dir)
+    cache = LayoutCache(folder)
+    code = code_version() if folder is not None else ""
+    key_opts = _canonical_options(prep_opts, solve_opts)
+    prepare_params = inspect.signature(prepare).parameters
+    bound_opts = {k: v for k, v in key_opts.items() if k in prepare_params or k in _BOUND_SOLVE_OPTIONS}
+    fingerprints = [make_fingerprint(traced, lay.shape, lay.dim_names, prof) for lay in layouts]
+    result_keys = [layout_cache_key("result", fp, key_opts, code) for fp in fingerprints]
+    bound_keys = [layout_cache_key("bound", fp, bound_opts, code) for fp in fingerprints]
+
+    results: list[LayoutResult | None] = [None] * total
+    best_plan: dict[str, Any] | None = None
+    best_index: int | None = None
+    # what each layout gets from a search of this size: an unproven cached plan is taken only
+    # from a search that gave it at least as much (a proven one always)
+    share_all = min(time_limit, time_limit * jobs / total)
+    cached_bounds: list[float | None] = [None] * total
+
+    def accept(i: int, result: LayoutResult, plan: dict[str, Any] | None) -> None:
+        nonlocal best_plan, best_index
+        results[i] = result
+        if result.outcome == "solved" and (best_index is None or result.step_s < results[best_index].step_s
+                                           or (result.step_s == results[best_index].step_s and i < best_index)):
+            best_plan, best_index = plan, i
+
+    def best_row() -> LayoutResult | None:
+        return None if best_index is None else results[best_index]
+
+    def best_step() -> float:
+        return math.inf if best_index is None else results[best_index].step_s
+
+    for i in range(total):  # the cache first: its plans are the incumbent that cuts the others
+        record = cache.get(result_keys[i])
+        if record is not None and (record.get("solver_status") == "optimal"
+                                   or float(record.get("budget_s", 0.0)) >= share_all * (1 - 1e-9)):
+            accept(i, replace(LayoutResult.from_dict(record["result"]), cached=True, seconds=0.0), record.get("plan"))
+            continue
+        bound = cache.get(bound_keys[i])
+        if bound is not None:
+            cached_bounds[i] = float(bound["bound_s"])
+    for i in range(total):  # a cached bound cuts before anything is built
+        if results[i] is None and cached_bounds[i] is not None and cached_bounds[i] >= best_step() * (
+                1 + CUT_TOLERANCE):
+            results[i] = LayoutResult(layouts[i].shape, layouts[i].dim_names, "cut", bound_s=cached_bounds[i],
+                                      cached=True, reason=f"bound {cached_bounds[i] * 1e3:.3f} ms (cached) >= "
+                                      f"best {best_step() * 1e3:.3f} ms")
+    todo = [i for i in range(total) if results[i] is None]
+    report("layouts", total - len(todo), best_row())
+
+    def finished(i: int, text: str) -> None:
+        data = json.loads(text)
+        row = LayoutResult.from_dict(data["result"])
+        accept(i, row, data["plan"])
+        if row.bound_s is not None and not row.cached:
+            cache.put(bound_keys[i], {"bound_s": row.bound_s})
+        if row.outcome in ("solved", "no_fit"):
+            cache.put(result_keys[i], {"result": row.to_dict(), "plan": data["plan"], "budget_s": share_all,
+                                       "time_limit_s": data["time_limit_s"], "solver_status": row.solver_status})
+        _WORK.incumbent.value = best_step()
+        report("layouts", sum(r is not None for r in results), best_row(), row)
+
+    if todo:
+        _run(todo, _groups(todo, layouts, prep_opts.get("search", "auto")), cached_bounds, finished, jobs,
+             _Work(traced, prof, layouts, prep_opts, solve_opts, start + time_limit, time_limit, 1,
+                   _Value(best_step()), _Value(len(todo)), finished))
+
+    rows = [replace(r, chosen=(i == best_index)) for i, r in enumerate(results)]
+    summary = {"devices": devices, "devices_per_node": node_size, "profile": prof.name, "jobs": jobs,
+               "time_limit_s": time_limit, "trace_s": round(trace_s, 3),
+               "seconds": round(time.monotonic() - start, 3), "layouts": [r.to_dict() for r in rows]}
+    if best_index is None:
+        detail = "; ".join(f"{r.text}: {r.outcome} ({r.reason})" for r in rows)
+        if any(r.outcome == "no_fit" for r in rows):
+            raise InfeasibleMemoryError(f"no layout of {devices} devices fits: {detail}")
+        raise NoLayoutError(f"no layout of {devices} devices was solved: {detail}")
+    plan = Plan.from_dict(best_plan)
+    return replace(plan, options={**plan.options, "mesh_search": summary})
+
+
+def _run(todo: list[int], groups: list[list[int]], cached_bounds: list[float | None],
+         finished: Callable[[int, str], None], jobs: int, work: _Work) -> None:
+    """Solve the groups here (one worker or no fork) or on forked workers, handing
+    every layout to ``finished`` as it ends; on an error or an interrupt the
+    workers are stopped (what finished is cached)."""
+    global _WORK
+    parallel = jobs > 1 and len(groups) > 1 and "fork" in multiprocessing.get_all_start_methods()
+    if not parallel:
+        _WORK = work
+        try:
+            for group in groups:
+                _solve_group(group, [cached_bounds[i] for i in group])
+        finally:
+            _WORK = None
+        return
+    context = multiprocessing.get_context("fork")
+    workers = min(jobs, len(groups))
+    results = context.Queue()
+    work = replace(work, jobs=workers, incumbent=context.Value("d", work.incumbent.value, lock=False),
+                   unsolved=context.Value("i", work.unsolved.value), emit=lambda i, text: results.put((i, text)))
+    _WORK = work  # what the forked workers inherit (here it only keeps the shared incumbent)
+    executor = ProcessPoolExecutor(max_workers=workers, mp_context=context)
+    try:
+        futures = [executor.submit(_solve_group, g, [cached_bounds[i] for i in g]) for g in groups]
+        for _ in range(len(todo)):
+            while True:
+                try:
+                    i, text = results.get(timeout=0.2)
+                    break
+                except queue_errors.Empty:
+                    for future in futures:  # a worker that died (killed, out of memory) ends the search
+                        if future.done() and future.exception() is not None:
+                            raise future.exception()
+            finished(i, text)
+    except BaseException:
+        for process in list((getattr(executor, "_processes", None) or {}).values()):
+            if process.is_alive():
+                process.kill()  # the workers this search forked
+        executor.shutdown(wait=False, cancel_futures=True)
+        raise
+    finally:
+        _WORK = None
+    executor.shutdown(wait=True)
+    results.close()

@@ -1,0 +1,118 @@
+"""``autoshard solve MODULE:FACTORY --devices 64 [--devices-per-node 8] [--jobs J]``: search the mesh.
+
+The ``--devices`` half of ``autoshard solve`` (``autoshard.plan.solve_cli``
+parses the flags and hands over): every flag is checked before torch is
+imported, then :func:`autoshard.plan.mesh_search.search_mesh` runs with rich
+progress (layouts done / total, the best step so far and its layout), the
+chosen plan is written atomically and explained with the table of every
+layout. ``--compare-baselines`` and ``--dump-problem`` act on the chosen
+layout (built once more, in this process).
+
+>>> # autoshard solve examples.models.llama3:llama3_8b --devices 64 --mixed-precision -o plan.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+__all__ = ["validate_search", "run_search"]
+
+MAX_JOBS = 1024
+
+
+def validate_search(args: argparse.Namespace) -> None:
+    """The ``--devices`` flags, torch-free: one ``ValueError`` naming the flag."""
+    from hw_profiles import load
+
+    from autoshard.cli_values import check_count
+    from autoshard.plan.layouts import check_devices, devices_per_node_of, profile_for_nodes
+
+    if args.mesh is not None:
+        raise ValueError("--mesh and --devices: give one (--devices searches the mesh for you)")
+    if args.dims is not None:
+        raise ValueError("--dims: only with --mesh (a search names the mesh dims itself)")
+    devices, node = check_devices(args.devices, args.devices_per_node, flag="--devices",
+                                  node_flag="--devices-per-node")
+    check_count(args.jobs, "--jobs", 1, MAX_JOBS)
+    if args.no_cache and args.cache_dir is not None:
+        raise ValueError("--cache-dir and --no-cache: give one")
+    profile = profile_for_nodes(load(args.profile), node, flag="--devices-per-node")
+    devices_per_node_of(profile, devices, node, flag="--devices", node_flag="--devices-per-node")
+
+
+def run_search(args: argparse.Namespace, limit: int | None, pins: dict[str, str], overrides: dict[str, Any],
+               paths: list[str]) -> int:
+    """Search, write, explain; 1 when no layout fits the memory limit."""
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from autoshard.coverage import load_example
+    from autoshard.plan.explain import explain_text
+    from autoshard.plan.mesh_search import SearchStatus, search_mesh
+    from autoshard.plan.solve import InfeasibleMemoryError
+
+    model, inputs = load_example(args.model, overrides, paths=paths)
+    options = {"memory_limit": limit, "pins": pins, "backend": args.backend, "ties": not args.no_ties,
+               "optimizer": args.optimizer, "mixed_precision": args.mixed_precision, "baseline": args.baseline,
+               "search": args.search, "server": args.server}
+    console = Console(stderr=True)
+    # no refresh thread: the search forks its workers, and a fork must not copy a thread holding a lock
+    bar = Progress(TextColumn("{task.description:<7}"), BarColumn(), TextColumn("{task.fields[detail]}"),
+                   TimeElapsedColumn(), console=console, disable=not console.is_terminal, auto_refresh=False)
+    tasks: dict[str, Any] = {}
+
+    def progress(status: SearchStatus) -> None:
+        if status.phase not in tasks:
+            if not tasks:
+                bar.start()
+            tasks[status.phase] = bar.add_task(status.phase, total=status.total or 1, detail="")
+        detail = ""
+        if status.phase == "layouts":
+            detail = f"{status.done}/{status.total}"
+            if status.best is not None:
+                detail += (f", best {status.best.step_s * 1e3:.3f} ms on {status.best.text} "
+                           f"({','.join(status.best.dim_names)})")
+        bar.update(tasks[status.phase], completed=status.done, total=status.total or 1, detail=detail)
+        bar.refresh()
+
+    try:
+        plan = search_mesh(model, inputs, args.devices, args.devices_per_node, profile=args.profile,
+                           time_limit=args.time_limit, jobs=args.jobs,
+                           cache_dir=False if args.no_cache else args.cache_dir, progress=progress, **options)
+    except InfeasibleMemoryError as exc:
+        bar.stop()
+        print(f"autoshard solve: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 1
+    finally:
+        bar.stop()
+    if args.output:
+        plan.save(args.output)
+    print(explain_text(plan))
+    if args.compare_baselines or args.dump_problem:
+        prep = _prepare_chosen(model, inputs, plan, args)
+        if args.dump_problem:
+            from autoshard.plan.solve_cli import _dump_problem
+
+            _dump_problem(prep, plan, pins, limit, args)
+        if args.compare_baselines:
+            from autoshard.plan.solve_cli import print_baselines
+
+            print_baselines(prep, plan, limit, args)
+    if args.output:
+        print(f"\nplan written to {args.output}")
+    return 0
+
+
+def _prepare_chosen(model: Any, inputs: Any, plan: Any, args: argparse.Namespace) -> Any:
+    """The chosen layout's strategy graph, built as the search built it."""
+    from hw_profiles import load
+
+    from autoshard.plan.layouts import profile_for_nodes
+    from autoshard.plan.solve import prepare
+
+    profile = profile_for_nodes(load(args.profile), args.devices_per_node)
+    fp = plan.fingerprint
+    return prepare(model, inputs, fp.mesh_shape, fp.dim_names, profile=profile, optimizer=args.optimizer,
+                   mixed_precision=args.mixed_precision, search=args.search)

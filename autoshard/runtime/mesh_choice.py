@@ -1,0 +1,154 @@
+"""``autoshard(model, example_inputs=..., devices=N)``: no mesh given, the plan chooses it.
+
+Under ``torchrun`` without a mesh, every rank traces the model; rank 0 runs
+the mesh search (:func:`autoshard.plan.mesh_search.search_mesh`, in its own
+process, one layout after another: the job's other ranks wait in the plan
+broadcast, and nothing forks inside a process group) or takes ``plan=``;
+every rank receives the plan, checks its fingerprint against its own trace
+on the plan's mesh, and builds that mesh with ``init_device_mesh`` (the
+plan's shape and dim names) before sharding. Node size: ``devices_per_node``,
+else torchrun's ``LOCAL_WORLD_SIZE`` on profiles with nodes (two or more
+interconnect tiers). Errors reach every rank as in
+:func:`autoshard.runtime.api.autoshard` (one ``all_reduce`` to agree first).
+
+Layouts are cached as in the offline search (``cache_dir``), so a second
+start of the same job does not search again.
+
+>>> # torchrun --standalone --nproc-per-node 4 train.py, in train.py:
+>>> # dist.init_process_group("gloo")
+>>> # sharded = autoshard(model, example_inputs=batch, devices=4)
+>>> # sharded.plan.fingerprint.mesh_shape        # the layout the search chose
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from typing import Any, Mapping, Sequence
+
+import torch.distributed as dist
+from torch import nn
+
+from hw_profiles import HardwareProfile
+from hw_profiles import load as load_profile
+
+from autoshard.plan.build import make_fingerprint
+from autoshard.plan.format import Plan
+from autoshard.runtime.module import ShardedModule
+
+__all__ = ["autoshard_on_chosen_mesh", "node_size_from_env"]
+
+
+def node_size_from_env(profile: HardwareProfile, devices: int) -> int | None:
+    """torchrun's ranks per node (``LOCAL_WORLD_SIZE``) when the profile has
+    nodes to size and it divides the device count; else None (the profile's own)."""
+    text = os.environ.get("LOCAL_WORLD_SIZE")
+    if len(profile.interconnect) < 2 or not text or not text.isdigit():
+        return None
+    k = int(text)
+    return k if k >= 1 and devices % k == 0 else None
+
+
+def autoshard_on_chosen_mesh(
+    model: nn.Module,
+    example_inputs: Sequence[Any] | Mapping[str, Any],
+    *,
+    devices: int | None,
+    devices_per_node: int | None,
+    profile: str | HardwareProfile | None,
+    memory_limit: float | None,
+    pins: Mapping[str, str] | None,
+    time_limit: float,
+    plan: Plan | str | os.PathLike[str] | None,
+    cache_dir: str | os.PathLike[str] | bool | None,
+    local_inputs: bool,
+    trace_collectives: bool | None,
+    allow_profile_change: bool,
+) -> ShardedModule:
+    """:func:`autoshard.runtime.api.autoshard` with ``mesh=None`` (module docstring)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from autoshard.plan.layouts import profile_for_nodes
+    from autoshard.runtime.api import (_ERROR, _SOURCES, MeshSizeError, RankSetupError, _agree, _broadcast_bytes,
+                                       _comm_device, _one_line)
+    from autoshard.trace import trace_joint
+
+    world = dist.get_world_size()
+    devices = world if devices is None else devices
+    if devices != world:
+        raise MeshSizeError(f"devices={devices}, the job has {world} ranks: the mesh must cover every rank")
+    device = _comm_device()
+    prof = profile if isinstance(profile, HardwareProfile) else load_profile(
+        profile or ("cpu-gloo" if device.type == "cpu" else "h100-sxm-80gb"))
+    node = devices_per_node if devices_per_node is not None else node_size_from_env(prof, devices)
+    rank = dist.get_rank()
+
+    error: BaseException | None = None
+    traced = None
+    try:
+        prof = profile_for_nodes(prof, node)
+        traced = trace_joint(model, example_inputs)
+    except Exception as exc:  # noqa: BLE001 - reported to every rank by _agree
+        error = exc
+
+    payload, code = None, _ERROR
+    if rank == 0:
+        if error is not None:
+            payload = _one_line(error).encode()
+        else:
+            try:
+                source, chosen = _rank0_plan(model, example_inputs, devices, node, prof, memory_limit, pins,
+                                             time_limit, plan, cache_dir)
+                code, payload = _SOURCES.index(source), json.dumps(chosen.to_dict()).encode("utf-8")
+            except Exception as exc:  # noqa: BLE001 - broadcast, then raised on rank 0 too
+                error, payload = exc, _one_line(exc).encode()
+    code, payload = _broadcast_bytes(code, payload, 0, device)
+    if code == _ERROR:
+        if error is not None:
+            raise error
+        raise RankSetupError(f"rank 0 failed: {payload.decode(errors='replace')}")
+
+    received: Plan | None = None
+    if error is None:
+        try:
+            received = Plan.from_dict(json.loads(payload.decode("utf-8")))
+            fp = received.fingerprint
+            if math.prod(fp.mesh_shape) != world:
+                raise MeshSizeError(f"plan mesh {'x'.join(map(str, fp.mesh_shape))} does not cover the job's "
+                                    f"{world} ranks")
+            here = make_fingerprint(traced, fp.mesh_shape, fp.dim_names, prof)
+            received.check(here, allow_profile_change=allow_profile_change and plan is not None)
+        except Exception as exc:  # noqa: BLE001 - reported to every rank by _agree
+            error = exc
+    _agree(error, device)
+
+    fp = received.fingerprint
+    mesh = init_device_mesh(device.type, fp.mesh_shape, mesh_dim_names=fp.dim_names)
+    sharded = ShardedModule(model, mesh, received, example_inputs, local_inputs=local_inputs,
+                            trace_collectives=trace_collectives, traced=traced)
+    sharded.plan_source = _SOURCES[code]
+    return sharded
+
+
+def _rank0_plan(model: nn.Module, example_inputs: Any, devices: int, node: int | None, prof: HardwareProfile,
+                memory_limit: float | None, pins: Mapping[str, str] | None, time_limit: float,
+                plan: Plan | str | os.PathLike[str] | None,
+                cache_dir: str | os.PathLike[str] | bool | None) -> tuple[str, Plan]:
+    """Rank 0's plan and where it came from: given, or searched (``cache`` when
+    the chosen layout came from the layout cache)."""
+    import logging
+
+    from autoshard.plan.mesh_search import search_mesh
+
+    if plan is not None:
+        return "given", plan if isinstance(plan, Plan) else Plan.load(plan)
+    t0 = time.perf_counter()
+    found = search_mesh(model, example_inputs, devices, node, profile=prof, time_limit=time_limit, jobs=1,
+                        cache_dir=cache_dir, memory_limit=memory_limit, pins=pins)
+    rows = found.options["mesh_search"]["layouts"]
+    chosen = next(r for r in rows if r["chosen"])
+    logging.getLogger(__name__).info("autoshard: mesh %s chosen of %d layouts in %.1f s",
+                                     "x".join(map(str, chosen["shape"])), len(rows), time.perf_counter() - t0)
+    return ("cache" if chosen["cached"] else "solved"), found
