@@ -60,11 +60,12 @@ from torch._ops import OpOverload
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from autoshard.rules.core import TensorMeta, to_meta
-from autoshard.trace_compat import DataDependentError, TraceError, data_dependent_error, library_tracing
+from autoshard.trace_compat import (DataDependentError, TraceError, data_dependent_error, library_tracing,
+                                    module_annotations, node_module)
 
 __all__ = [
     "TensorMeta", "NodeInfo", "TracedGraph", "JointResult", "TraceError", "DataDependentError",
-    "trace_joint", "traced_ops", "run_joint", "placeholder_values", "tensor_arg_nodes",
+    "trace_joint", "traced_ops", "run_joint", "placeholder_values", "tensor_arg_nodes", "repeated_blocks",
 ]
 
 aten = torch.ops.aten
@@ -139,6 +140,15 @@ class TracedGraph:
     buffer_aliases: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
     """Buffer FQN -> the other module paths of the same tensor; only shared ones."""
 
+    module_paths: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    """fx node name -> path of the innermost module whose ``forward`` made it
+    (``layers.3.attention.wq``); backward ops carry their forward op's module.
+    Nodes made outside every submodule (the loss in the root) are absent."""
+
+    blocks: tuple[str, ...] = ()
+    """Module paths of the model's repeated blocks, in model order
+    (:func:`repeated_blocks`): the recomputation regions."""
+
     @property
     def loss_meta(self) -> TensorMeta:
         """Metadata of the loss (a scalar)."""
@@ -206,7 +216,7 @@ def trace_joint(
         input_names if by_keyword else None,
     )
     try:
-        with contextlib.ExitStack() as stack, library_tracing():
+        with contextlib.ExitStack() as stack, library_tracing(), module_annotations(model):
             joint = aot_export_joint_with_descriptors(
                 stack, wrapper, fake_inputs, decompositions=dict(decompositions or {})
             )
@@ -219,10 +229,37 @@ def trace_joint(
             raise
         raise error from exc
     _remove_detach(graph_module)
-    return _describe(
+    traced = _describe(
         graph_module, input_names, fake_mode, names=wrapper.slot_names,
         param_aliases=param_aliases, buffer_aliases=buffer_aliases,
     )
+    paths = {n.name: path for n in graph_module.graph.nodes if n.op == "call_function"
+             and (path := node_module(n)) is not None}
+    return dataclasses.replace(traced, module_paths=paths, blocks=repeated_blocks(model))
+
+
+def repeated_blocks(model: nn.Module) -> tuple[str, ...]:
+    """Paths of the model's repeated blocks: the children of every
+    ``nn.ModuleList`` / ``nn.Sequential`` (the root included) with at least two
+    children that hold parameters, outermost containers only (a block's own
+    lists are inside the block), in model order. Transformer layers
+    (``layers.0``, ``model.layers.0``) are blocks; a model without such a list
+    has none.
+
+    >>> from examples.models import llama3
+    >>> repeated_blocks(llama3.tiny(device="meta")[0])
+    ('layers.0', 'layers.1')
+    """
+    blocks: list[str] = []
+    for name, module in model.named_modules():
+        if not isinstance(module, (nn.ModuleList, nn.Sequential)):
+            continue
+        if any(name == b or name.startswith(b + ".") for b in blocks):
+            continue
+        children = [(child, m) for child, m in module.named_children() if any(True for _ in m.parameters())]
+        if len(children) >= 2:
+            blocks.extend(f"{name}.{child}" if name else child for child, _ in children)
+    return tuple(blocks)
 
 
 @dataclass(frozen=True, slots=True)

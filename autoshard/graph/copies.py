@@ -1,0 +1,134 @@
+r"""Redistributed copies: how long they hold memory, and what the integer program charges for them.
+
+The runtime redistributes a tensor per reader (``autoshard.runtime``): the
+collective's output - an all-gathered parameter, an all-gathered activation,
+a re-laid-out shard - is a new tensor at the reader's required placement. It
+lives from the redistribution to the end of its reader:
+
+- a reader that owns its output (``mm``) consumes the copy and drops it:
+  ``[t_v, t_v + 1)``;
+- a view reader (``t``, ``view``) returns an alias of the copy, which then
+  lives as long as the view's aliases are read: ``[t_v, A_v)``, with ``A_v``
+  one past the last reader of the view or of any view of it;
+- a reader recomputed at ``t_rc`` (``autoshard.graph.recompute``) makes the
+  copy again: ``[t_rc, t_rc + 1)`` for an owner, ``[t_rc, A_v)`` for a
+  saved view, and its forward copy ends after its last forward reader.
+
+:func:`copy_intervals` is the one place that says so: the builder calls it
+for every edge and hands the intervals to the plan assembler, which counts a
+copy exactly where a redistribution really happens (the chosen placements
+differ). When collectives are issued earlier than their reader (parameter
+prefetch), this function is what moves the start.
+
+**The integer program.** A copy exists only for some (producer, reader)
+placement pairs, and the problem format has node memory only: a pair's
+memory is not expressible. So the program charges an *upper bound* on the
+reader side, in a memory node tied to the reader (same strategy list,
+``ties``) and live over the copy's interval: for reader strategy ``k``,
+
+    bound(k) = sum over inputs i of  bytes(input i at k's placement)  if  exists a: 0 < M_i[a, k] < inf
+
+(``M_i`` the input's edge matrix: some producer strategy would need a
+redistribution). A plan the program deems within the memory limit is then
+within it. The bound exceeds the truth only at the reader's own time, by at
+most the reader's inputs (one op's inputs, for an owner reader).
+
+**Views.** For a view the bound would be loose over a long interval (a
+parameter's ``t`` lives from the forward to the backward, and its bound
+would charge the whole parameter even in DDP, where no copy is made). So a
+view takes its input as it comes wherever it can: on an edge into a view,
+a producer strategy ``a`` for which some view strategy reads exactly
+``a``'s placement may pair only with such strategies
+(:func:`view_copy_rule`; the others get ``inf``); the redistribution then
+happens at the view's readers, where the copy is short-lived (FSDP's
+"reshard after forward": a parameter is gathered for the forward and again
+for the backward). Only producer strategies with no exact match keep their
+redistribution into the view, and only those count in its bound.
+
+**Gradient buckets.** A bucketed gradient reduction (``costmodel.bucketing``)
+waits for its bucket: the members' partial gradients live until the bucket's
+last member is made, then their concatenated payload is one more copy. At
+any time that is at most ``B`` of waiting members plus a payload of at most
+``B`` plus the last member: the program charges ``2 B`` over the backward
+(:data:`BUCKET_BOUND_FACTOR`) and, tied to each gradient's producer at its
+own time, its output where that output is partial. The assembler counts the
+real buckets.
+
+>>> copy_intervals(ReaderSpan(time=5, keep_end=6, forward_end=6, recompute_time=20, recompute_end=21), False)
+((5, 6),)
+>>> copy_intervals(ReaderSpan(time=5, keep_end=6, forward_end=6, recompute_time=20, recompute_end=21), True)
+((5, 6), (20, 21))
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+__all__ = ["ReaderSpan", "copy_intervals", "BUCKET_BOUND_FACTOR", "view_copy_rule", "copy_possible"]
+
+BUCKET_BOUND_FACTOR = 2
+"""Waiting members (at most one cap) plus a payload (at most one cap, beyond its last member)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReaderSpan:
+    """When a reader's input copies are alive (module docstring)."""
+
+    time: int
+    """``t_v``: the reader's position on the time axis."""
+    keep_end: int
+    """End of the copy when the reader runs once: ``t_v + 1`` for an owner, ``A_v`` for a view."""
+    forward_end: int
+    """End of the forward copy of a recomputed reader (one past its last forward alias reader)."""
+    recompute_time: int | None = None
+    """``t_rc`` of the reader's region (None: never recomputed)."""
+    recompute_end: int | None = None
+    """End of the copy made again at ``t_rc``."""
+
+
+def copy_intervals(reader: ReaderSpan, recomputed: bool) -> tuple[tuple[int, int], ...]:
+    """``[start, end)`` intervals of a redistributed copy read by ``reader``
+    (recomputed or not): the one definition of a copy's lifetime."""
+    if not recomputed or reader.recompute_time is None:
+        return ((reader.time, reader.keep_end),)
+    end = reader.recompute_end if reader.recompute_end is not None else reader.recompute_time + 1
+    return ((reader.time, reader.forward_end), (reader.recompute_time, end))
+
+
+def view_copy_rule(matrix: np.ndarray, src: Sequence[object], dst: Sequence[object]) -> tuple[np.ndarray, np.ndarray]:
+    """The edge matrix into a view with redistributions forbidden where the
+    view can read the producer's placement as it is, and which view
+    strategies may still receive a copy (module docstring).
+
+    >>> m, copies = view_copy_rule(np.array([[0.0, 2.0], [3.0, 0.0], [1.0, 4.0]]), ["R", "S", "P"], ["R", "S"])
+    >>> m.tolist(), copies.tolist()
+    ([[0.0, inf], [inf, 0.0], [1.0, 4.0]], [True, True])
+    """
+    exact = _equal(src, dst)
+    matched = exact.any(axis=1)
+    out = matrix.copy()
+    out[matched[:, None] & ~exact] = np.inf
+    copies = ((~matched[:, None]) & np.isfinite(matrix) & (matrix > 0)).any(axis=0)
+    return out, copies
+
+
+def copy_possible(matrix: np.ndarray) -> np.ndarray:
+    """Per reader strategy: whether some producer strategy needs a redistribution (``0 < M < inf``)."""
+    return (np.isfinite(matrix) & (matrix > 0)).any(axis=0)
+
+
+def _index(items: Sequence[object]) -> tuple[list[object], np.ndarray]:
+    seen: dict[object, int] = {}
+    index = np.fromiter((seen.setdefault(x, len(seen)) for x in items), dtype=np.int64, count=len(items))
+    return list(seen), index
+
+
+def _equal(src: Sequence[object], dst: Sequence[object]) -> np.ndarray:
+    """``E[a, k] = src[a] == dst[k]``, compared once per distinct pair."""
+    us, ua = _index(src)
+    vs, vb = _index(dst)
+    distinct = np.array([[u == v for v in vs] for u in us], dtype=bool).reshape(len(us), len(vs))
+    return distinct[np.ix_(ua, vb)]
