@@ -53,6 +53,7 @@ Ties: the parameter/sink pairs always; repeated layers
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import operator
@@ -70,13 +71,13 @@ from costmodel.mesh import MeshSpec
 from costmodel.placements import Placement
 from hw_profiles import HardwareProfile
 
-from autoshard.graph.copies import copy_intervals, view_copy_rule
+from autoshard.graph.copies import GATHER_SCHEDULES, UnitSpans, copy_intervals, fsdp2_interval, unit_spans, view_copy_rule
 from autoshard.graph.edges import EdgePricer
 from autoshard.graph.liveness import alias_ends, compute_liveness, is_view_op
 from autoshard.graph.memory import OptimizerMemory, local_bytes
 from autoshard.graph.placements import leaf_placements, replicated
 from autoshard.graph.recompute import edge_rule, expand_compute, expand_memory, reader_span, state_signature
-from autoshard.graph.regions import RECOMPUTE, Region, RegionAnalysis, analyse_regions
+from autoshard.graph.regions import RECOMPUTE, Region, RegionAnalysis, analyse_regions, backward_nodes
 from autoshard.graph.tied_memory import InputCopy, TiedMemory
 from autoshard.graph.ties import UnionFind, repeated_groups
 from autoshard.rules import OpStrategy, RuleRegistry, TensorMeta, load_rules, op_name
@@ -189,6 +190,11 @@ class StrategyGraph:
     """Per edge: the intervals of a redistributed copy when its reader runs once."""
     copy_live_recomputed: tuple[tuple[tuple[int, int], ...], ...] = ()
     """Per edge: the intervals of the copy when its reader is recomputed (empty: never)."""
+    follows: Mapping[int, int] = dataclasses.field(default_factory=dict)
+    """View node -> the node whose recomputation state it takes (``autoshard.graph.recompute``, C4)."""
+    times: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    """fx node name -> its time on the graph's time axis (``live`` intervals use it; with regions,
+    it has a recomputation phase before each region's ``t_rc``)."""
 
 
 def _dtype_key(metas: tuple[TensorMeta | None, ...]) -> str:
@@ -369,6 +375,7 @@ def build_graph(
     restrict: Restrict | None = None,
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
     recompute: bool = True,
+    gather: str = "reader",
 ) -> StrategyGraph:
     """The strategy graph of ``traced`` on ``mesh`` priced with ``profile`` (module docstring).
 
@@ -382,7 +389,9 @@ def build_graph(
     (``costmodel.bucketing``; 0 = one collective per gradient);
     ``recompute``: give the forward ops of repeated blocks recomputation
     states (``autoshard.graph.recompute``; a model without repeated blocks
-    gets none either way).
+    gets none either way); ``gather``: when parameter copies are held
+    (``autoshard.graph.copies``: ``reader``, as autoshard's runtime gathers,
+    or ``fsdp2``, as FSDP2 does).
     """
     rules = rules or load_rules()
     optimizer = optimizer or OptimizerMemory()
@@ -393,8 +402,11 @@ def build_graph(
     end = liveness.end
     if recompute:
         b.analysis = analyse_regions(traced, liveness)
+        liveness = b.analysis.liveness  # the time axis with the recomputation phases
+        end = liveness.end
     alias_end = alias_ends(gm, liveness)
-    b.tied = TiedMemory(b, b.analysis, alias_end)
+    b.tied = TiedMemory(b, b.analysis)
+    param_copy_live = _param_gather_schedule(traced, liveness, gather)
     rep = replicated(len(mesh.shape))
     names_of = {node: name for name, node in traced.params.items()}
     buffer_names = {node: name for name, node in traced.buffers.items()}
@@ -453,14 +465,19 @@ def build_graph(
         span = reader_span(b.analysis, node.name, liveness.time[node.name], alias_end[node.name] if view else None,
                            _forward_end(b.analysis, node.name))
         recomputed = RECOMPUTE in b.nodes[i].states
-        copies = []
+        copies, lives = [], []
         for position, arg in enumerate(tensor_arg_nodes(node)):
             src, out = b.read(arg.name)
             copies.append(b.edge(src, out, i, position, lambda s, position=position: s.input_placements[position],
                                  view=view, src_fx=b.nodes[src].name if b.nodes[src].kind == "op" else None))
-            b.copy_live.append(copy_intervals(span, False))
-            b.copy_live_recomputed.append(copy_intervals(span, True) if recomputed else ())
-        b.tied.input_copies(i, node.name, liveness.time[node.name], view, copies)
+            live = (copy_intervals(span, False), copy_intervals(span, True) if recomputed else ())
+            if param_copy_live is not None and liveness.owner[arg.name] in param_copy_live.params:
+                gathered = (param_copy_live(node.name),)  # a parameter's gather, on the schedule asked for
+                live = (gathered, gathered if recomputed else ())
+            lives.append(live)
+            b.copy_live.append(live[0])
+            b.copy_live_recomputed.append(live[1])
+        b.tied.input_copies(i, copies, lives)
         done += 1
         if on_progress is not None and done % 64 == 0:
             on_progress(done, total_ops)
@@ -534,7 +551,38 @@ def build_graph(
         param_aliases=dict(getattr(traced, "param_aliases", {}) or {}), end_time=end, optimizer=optimizer,
         stats=stats, bucket_bytes=int(bucket_bytes), regions=b.analysis.regions,
         copy_live=tuple(b.copy_live), copy_live_recomputed=tuple(b.copy_live_recomputed),
+        follows={b.index[name]: b.index[m.follows] for name, m in b.analysis.members.items()
+                 if m.follows is not None and name in b.index and m.follows in b.index},
+        times=dict(liveness.time),
     )
+
+
+class _ParamGathers:
+    """The ``fsdp2`` gather schedule (``autoshard.graph.copies``): reader -> its parameter copies' interval."""
+
+    def __init__(self, params: frozenset[str], unit: Mapping[str, str], backward: frozenset[str],
+                 spans: UnitSpans) -> None:
+        self.params, self.unit, self.backward, self.spans = params, unit, backward, spans
+
+    def __call__(self, reader: str) -> tuple[int, int]:
+        return fsdp2_interval(self.spans, self.unit.get(reader, ""), reader in self.backward)
+
+
+def _param_gather_schedule(traced: TracedGraph, liveness: Any, gather: str) -> _ParamGathers | None:
+    if gather not in GATHER_SCHEDULES:
+        raise ValueError(f"gather: expected one of {', '.join(GATHER_SCHEDULES)}, got {gather!r}")
+    if gather == "reader":
+        return None
+    blocks = tuple(traced.blocks)
+    paths = traced.module_paths
+    backward = frozenset(n.name for n in backward_nodes(traced.graph_module.graph, traced.tangent))
+    unit = {}
+    for name, path in paths.items():
+        unit[name] = next((b for b in blocks if path == b or path.startswith(b + ".")), "")
+    ops = [(liveness.time[n.name], unit.get(n.name, ""), n.name in backward)
+           for n in traced.graph_module.graph.nodes if n.op == "call_function"]
+    params = frozenset(n.name for n in traced.params.values())
+    return _ParamGathers(params, unit, backward, unit_spans(ops, blocks, liveness.end))
 
 
 def _forward_end(analysis: RegionAnalysis, name: str) -> int | None:

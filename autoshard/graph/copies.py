@@ -45,6 +45,19 @@ happens at the view's readers, where the copy is short-lived (FSDP's
 for the backward). Only producer strategies with no exact match keep their
 redistribution into the view, and only those count in its bound.
 
+**Gather schedules.** :data:`GATHER_SCHEDULES` names when a copy of a
+*parameter* (a redistribution whose source storage is a parameter) exists:
+
+- ``reader`` (the default; what autoshard's runtime does today): as above,
+  per reader;
+- ``fsdp2`` (what FSDP2 ``fully_shard`` does, one unit per repeated block
+  and the root): a unit's parameters are gathered for the unit's forward
+  and again for its backward, and the next unit's gather is prefetched
+  while the current one runs; the root unit's stay gathered all step
+  (:func:`fsdp2_interval`). It serves to compare the memory model with
+  FSDP2's measured memory; when autoshard's runtime prefetches, its
+  schedule will be priced here.
+
 **Gradient buckets.** A bucketed gradient reduction (``costmodel.bucketing``)
 waits for its bucket: the members' partial gradients live until the bucket's
 last member is made, then their concatenated payload is one more copy. At
@@ -63,11 +76,14 @@ real buckets.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
-__all__ = ["ReaderSpan", "copy_intervals", "BUCKET_BOUND_FACTOR", "view_copy_rule", "copy_possible"]
+__all__ = ["ReaderSpan", "copy_intervals", "BUCKET_BOUND_FACTOR", "view_copy_rule", "copy_possible",
+           "GATHER_SCHEDULES", "UnitSpans", "unit_spans", "fsdp2_interval"]
+
+GATHER_SCHEDULES = ("reader", "fsdp2")
 
 BUCKET_BOUND_FACTOR = 2
 """Waiting members (at most one cap) plus a payload (at most one cap, beyond its last member)."""
@@ -96,6 +112,44 @@ def copy_intervals(reader: ReaderSpan, recomputed: bool) -> tuple[tuple[int, int
         return ((reader.time, reader.keep_end),)
     end = reader.recompute_end if reader.recompute_end is not None else reader.recompute_time + 1
     return ((reader.time, reader.forward_end), (reader.recompute_time, end))
+
+
+@dataclass(frozen=True, slots=True)
+class UnitSpans:
+    """Where each FSDP unit's ops run: ``[first, last + 1)`` per unit and phase."""
+
+    order: tuple[str, ...]
+    """The block units in model order (the root unit is ``""``)."""
+    forward: Mapping[str, tuple[int, int]]
+    backward: Mapping[str, tuple[int, int]]
+    end: int
+    """The optimizer step."""
+
+
+def unit_spans(nodes: Iterable[tuple[int, str, bool]], order: Sequence[str], end: int) -> UnitSpans:
+    """Spans of the units from (time, unit, in backward) of every op."""
+    spans: dict[bool, dict[str, list[int]]] = {False: {}, True: {}}
+    for t, unit, backward in nodes:
+        span = spans[backward].setdefault(unit, [t, t + 1])
+        span[0], span[1] = min(span[0], t), max(span[1], t + 1)
+    return UnitSpans(tuple(order), {u: (a, b) for u, (a, b) in spans[False].items()},
+                     {u: (a, b) for u, (a, b) in spans[True].items()}, end)
+
+
+def fsdp2_interval(spans: UnitSpans, unit: str, backward: bool) -> tuple[int, int]:
+    """When FSDP2 holds a gathered parameter of ``unit`` read in the forward or
+    the backward: the unit's span in that phase, from the start of the unit
+    that runs before it (the prefetch); the root's: all step."""
+    if unit not in spans.order:
+        return (0, spans.end)
+    table = spans.backward if backward else spans.forward
+    start, stop = table.get(unit, (0, spans.end))
+    k = spans.order.index(unit)
+    neighbour = k + 1 if backward else k - 1  # the backward runs the units in reverse
+    previous = spans.order[neighbour] if 0 <= neighbour < len(spans.order) else None
+    if previous is not None and previous in table:
+        start = min(start, table[previous][0])
+    return (start, stop)
 
 
 def view_copy_rule(matrix: np.ndarray, src: Sequence[object], dst: Sequence[object]) -> tuple[np.ndarray, np.ndarray]:

@@ -27,13 +27,14 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Mapping
 
 import torch
 import torch.fx as fx
 from torch._ops import OpOverload
 
-__all__ = ["Liveness", "compute_liveness", "is_view_op", "alias_ends"]
+__all__ = ["Liveness", "compute_liveness", "is_view_op", "is_view_name", "alias_ends"]
 
 _ALWAYS_VIEWS = frozenset({torch.ops.aten._unsafe_view.default})
 
@@ -48,6 +49,20 @@ def is_view_op(target: object) -> bool:
         return True
     returns = target._schema.returns
     return bool(returns) and returns[0].alias_info is not None and not returns[0].alias_info.is_write
+
+
+@lru_cache(maxsize=4096)
+def is_view_name(target: str) -> bool:
+    """:func:`is_view_op` for an op written ``aten.t.default`` (a graph node's ``target``).
+
+    >>> is_view_name("aten.t.default"), is_view_name("aten.mm.default"), is_view_name("param")
+    (True, False, False)
+    """
+    parts = target.split(".")
+    if len(parts) != 3 or parts[0] != "aten":
+        return False
+    op = getattr(getattr(torch.ops.aten, parts[1], None), parts[2], None)
+    return op is not None and is_view_op(op)
 
 
 @dataclass(frozen=True, slots=True)

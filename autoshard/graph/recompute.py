@@ -22,7 +22,7 @@ when ``s = RECOMPUTE`` (the reader's input redistribution runs again, e.g.
 FSDP's parameter all-gather re-issued in the backward), else ``M(a, j)``.
 
 **(C3) Inputs must exist at t_rc.** ``M'(a, (j, RECOMPUTE)) = inf`` when x in
-its state (a's state) does not exist at ``t_rc(R)``
+its state (a's state) does not exist during R's recomputation
 (``RegionAnalysis.available``): a forward-only input kept only as long as
 the forward needs it. The pair (reader recompute, input normal) is thus
 forbidden, and the input must be ``HOLD`` (kept until ``t_rc``) or
@@ -36,28 +36,29 @@ recomputed storage is made again; a view of a kept one is kept).
 memory over time is a union of intervals that depends on its state:
 
     KEEP, saved          [t_v, B_v + 1)
-    RECOMPUTE, saved     [t_v, F_v + 1)  u  [t_rc, B_v + 1)
+    RECOMPUTE, saved     [t_v, F_v + 1)  u  [s_v, B_v + 1)
     KEEP, forward-only   [t_v, F_v + 1)
-    HOLD, forward-only   [t_v, t_rc + 1)
-    RECOMPUTE, fwd-only  [t_v, F_v + 1)  u  [t_rc, t_rc + 1)   (a temporary of the recomputation)
+    HOLD, forward-only   [t_v, L_v + 1)
+    RECOMPUTE, fwd-only  [t_v, F_v + 1)  u  [s_v, L_v + 1)   (a temporary of the recomputation)
 
-so it is split into three pieces, each one problem node with one interval,
-the last two memory-only nodes tied to v (same strategy list, zero cost, no
-edges): the op node over ``[t_v, F_v + 1)`` with ``m_v(j)`` in every state;
-``gap`` over ``[F_v + 1, t_rc)`` with ``m_v(j)`` in the states that keep the
-storage (KEEP when saved, HOLD) and 0 otherwise; ``tail`` over
-``[t_rc, B_v + 1)`` with ``m_v(j)`` in every state when saved, or over
-``[t_rc, t_rc + 1)`` with ``m_v(j)`` for HOLD and RECOMPUTE when forward-only.
+with ``s_v`` the slot where v runs again in R's recomputation phase (just
+before ``t_rc``; ``autoshard.graph.regions``) and ``L_v`` the slot of its
+last reader there. It is split into three pieces, each one problem node with
+one interval, the last two memory-only nodes tied to v (same strategy list,
+zero cost, no edges): the op node over ``[t_v, F_v + 1)`` with ``m_v(j)`` in
+every state; ``gap`` over ``[F_v + 1, s_v)`` with ``m_v(j)`` in the states
+that keep the storage (KEEP when saved, HOLD) and 0 otherwise; ``tail`` over
+``[s_v, B_v + 1)`` with ``m_v(j)`` in every state when saved, or over
+``[s_v, L_v + 1)`` with ``m_v(j)`` for HOLD and RECOMPUTE when forward-only.
 Their sum is the table above at every time. Views own no storage; a
-recomputed reader's input copies are charged again at ``t_rc``
-(``autoshard.graph.copies``). Charging every recomputed value and temporary
-of R at ``t_rc`` at once is an upper bound on the recomputation's own peak
-(it frees its temporaries as it goes).
+recomputed reader's input copies are charged again at its slot
+(``autoshard.graph.copies``).
 
 Exactness: (C1)-(C5) are what a non-reentrant checkpoint of the region does
 when the listed values are recomputed and the rest kept, with redistributions
-run per reader as the runtime runs them; the one over-estimate is the
-temporaries of (C5), all counted at ``t_rc``.
+run per reader as the runtime runs them; the one over-estimate is ``L_v``,
+taken over every reader that may be recomputed (a temporary may be held a
+few slots longer when a reader is kept instead).
 
 >>> expand_compute(np.array([1.0, 3.0]), (KEEP, RECOMPUTE)).tolist()
 [1.0, 3.0, 2.0, 6.0]
@@ -127,14 +128,13 @@ def member_pieces(analysis: RegionAnalysis, name: str, time: int, base_memory: n
     """(C5) for the storage-owning member ``name`` at ``time``: the op node's
     own interval and the tied pieces (empty ones left out)."""
     m = analysis.members[name]
-    t_rc = analysis.regions[m.region].recompute_time
     own = (time, m.forward_end + 1)
     pieces = []
-    if m.forward_end + 1 < t_rc:
-        pieces.append(MemoryPiece("gap", (m.forward_end + 1, t_rc),
+    if m.forward_end + 1 < m.slot:
+        pieces.append(MemoryPiece("gap", (m.forward_end + 1, m.slot),
                                   piece_memory(base_memory, m.states, "gap", saved=m.saved)))
-    end = (m.backward_end + 1) if m.saved and m.backward_end is not None else t_rc + 1
-    pieces.append(MemoryPiece("tail", (t_rc, end), piece_memory(base_memory, m.states, "tail", saved=m.saved)))
+    end = (m.backward_end + 1) if m.saved and m.backward_end is not None else m.last_slot + 1
+    pieces.append(MemoryPiece("tail", (m.slot, end), piece_memory(base_memory, m.states, "tail", saved=m.saved)))
     return own, [p for p in pieces if p.memory.any()]
 
 
@@ -147,10 +147,10 @@ def reader_span(analysis: RegionAnalysis, name: str, time: int, alias_end: int |
     keep_end = time + 1 if alias_end is None else alias_end
     if m is None or RECOMPUTE not in m.states:
         return ReaderSpan(time, keep_end, keep_end)
-    t_rc = analysis.regions[m.region].recompute_time
     if alias_end is None:
-        return ReaderSpan(time, keep_end, time + 1, t_rc, t_rc + 1)
-    return ReaderSpan(time, keep_end, forward_alias_end or time + 1, t_rc, alias_end if m.saved else t_rc + 1)
+        return ReaderSpan(time, keep_end, time + 1, m.slot, m.slot + 1)
+    return ReaderSpan(time, keep_end, forward_alias_end or time + 1, m.slot,
+                      alias_end if m.saved else m.last_slot + 1)
 
 
 @dataclass(frozen=True, slots=True)

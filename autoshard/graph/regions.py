@@ -34,8 +34,17 @@ States of a closure member (``KEEP``, ``HOLD``, ``RECOMPUTE``):
     view of a closure member                  its base's set (and the same state)
     view of a value outside R                 {KEEP, RECOMPUTE} if that value exists at t_rc(R), else {KEEP}
 
-``HOLD`` keeps a forward-only storage until ``t_rc(R)`` so that a recomputed
-reader finds it; a saved storage kept as ``KEEP`` exists then anyway.
+**The recomputation phase.** The time axis gets, just before ``t_rc(R)``,
+one slot per forward op of R, in forward order (every later time moves by
+the number of slots inserted before it; :attr:`RegionAnalysis.liveness` is
+the joint graph's liveness on that axis). A recomputed op v runs at its slot
+``s_v``; a recomputed forward-only value lives until the slot of its last
+reader in R's closure ``L_v`` (a reader that may be recomputed: exact when
+it is, an over-estimate within the phase when it is kept). This is how the
+recomputation frees its temporaries as it goes.
+
+``HOLD`` keeps a forward-only storage until the recomputation has read it
+(``L_v``) so that a recomputed reader finds it; a saved storage kept as ``KEEP`` exists then anyway.
 ``HOLD`` is dropped from members that no recomputable member of R reads, and
 a member left with ``{KEEP}`` is not doubled. Availability at ``t_rc(R)`` of
 an input x of a recomputed op (:meth:`RegionAnalysis.available`): a leaf
@@ -53,8 +62,8 @@ other value when its storage's live interval covers ``t_rc(R)``.
 
 from __future__ import annotations
 
+import bisect
 import operator
-from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -65,7 +74,7 @@ from torch._ops import OpOverload
 from autoshard.graph.liveness import Liveness, is_view_op
 
 __all__ = ["KEEP", "HOLD", "RECOMPUTE", "STATE_NAMES", "Region", "Member", "RegionAnalysis", "analyse_regions",
-           "replay_problem"]
+           "replay_problem", "backward_nodes"]
 
 KEEP, HOLD, RECOMPUTE = 0, 1, 2
 STATE_NAMES = ("keep", "hold", "recompute")
@@ -85,6 +94,8 @@ class Region:
     """fx names of its forward ops (tuple access excluded), in graph order."""
     recompute_time: int
     """``t_rc``: the time of the first backward op reading one of its values."""
+    phase_start: int = 0
+    """The first slot of its recomputation phase (``t_rc`` minus one slot per member)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +113,10 @@ class Member:
     """``F``: last forward reader of its storage (its own time when none)."""
     backward_end: int | None
     """``B``: last backward reader of its storage (None: forward-only)."""
+    slot: int = 0
+    """``s_v``: when it runs again in its region's recomputation phase."""
+    last_slot: int = 0
+    """``L_v``: the slot of the last closure member of its region reading its storage (``s_v`` when none)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,25 +130,27 @@ class RegionAnalysis:
     """fx name -> region, for every forward op of a region."""
     not_replayable: Mapping[str, str] = field(default_factory=dict)
     """fx name -> why a region op cannot be recomputed (random, side effects, region output)."""
-    _liveness: Liveness | None = None
+    liveness: Liveness | None = None
+    """The joint graph's liveness on the time axis with the recomputation phases."""
     _is_leaf: frozenset[str] = frozenset()
     _saved: frozenset[str] = frozenset()
 
     def available(self, name: str, state: int, region: int) -> bool:
-        """Whether the value of fx node ``name`` in ``state`` exists at ``t_rc`` of ``region``."""
-        live = self._liveness
+        """Whether the value of fx node ``name`` in ``state`` exists during the
+        recomputation phase of ``region`` (a recomputed value made earlier in it counts)."""
+        live = self.liveness
         owner = live.owner[name]
         if owner in self._is_leaf:
             return True
-        t_rc = self.regions[region].recompute_time
+        r = self.regions[region]
         member = self.members.get(name)
         if member is not None:
             if state == RECOMPUTE:
                 return member.region == region
             if state == HOLD:
-                return live.time[owner] <= t_rc <= self.regions[member.region].recompute_time
+                return member.region == region or live.time[owner] <= r.phase_start
         start, end = live.intervals[owner]
-        return start <= t_rc < end
+        return start <= r.phase_start and r.recompute_time <= end
 
 
 def replay_problem(node: fx.Node) -> str | None:
@@ -153,7 +170,7 @@ def replay_problem(node: fx.Node) -> str | None:
     return None
 
 
-def _backward_nodes(graph: fx.Graph, tangent: fx.Node) -> set[fx.Node]:
+def backward_nodes(graph: fx.Graph, tangent: fx.Node) -> set[fx.Node]:
     """The backward: every node that depends on the loss tangent, or that the
     joint export tagged as backward (ops of a backward formula that read only
     forward values, such as a weight's transpose for the input gradient)."""
@@ -182,7 +199,7 @@ def analyse_regions(traced: object, liveness: Liveness) -> RegionAnalysis:
     graph = traced.graph_module.graph  # type: ignore[attr-defined]
     if not blocks:
         return RegionAnalysis((), {}, {}, {}, liveness)
-    backward = _backward_nodes(graph, traced.tangent)  # type: ignore[attr-defined]
+    backward = backward_nodes(graph, traced.tangent)  # type: ignore[attr-defined]
     nodes = [n for n in graph.nodes if n.op in ("placeholder", "call_function")]
     time = liveness.time
     owner = liveness.owner
@@ -313,7 +330,43 @@ def analyse_regions(traced: object, liveness: Liveness) -> RegionAnalysis:
                 region=k, states=s, follows=follows[name], saved=root in saved,
                 forward_end=forward_end.get(root, time[root]), backward_end=backward_end.get(root),
             )
-    return RegionAnalysis(tuple(regions), members, region_of, not_replayable, liveness, leaves, saved)
+    return _with_phases(tuple(regions), members, region_of, not_replayable, liveness, leaves, saved, by_name)
+
+
+def _with_phases(regions: tuple[Region, ...], members: dict[str, Member], region_of: dict[str, int],
+                 not_replayable: dict[str, str], liveness: Liveness, leaves: frozenset[str], saved: frozenset[str],
+                 by_name: Mapping[str, fx.Node]) -> RegionAnalysis:
+    """The analysis on the time axis with one slot per region member before each ``t_rc`` (module docstring)."""
+    inserts = sorted((r.recompute_time, len(r.members)) for r in regions)
+    starts = [t for t, _ in inserts]
+    cumulative = [0]
+    for _, n in inserts:
+        cumulative.append(cumulative[-1] + n)
+
+    def new(t: int) -> int:  # every slot inserted at or before t moves t
+        return t + cumulative[bisect.bisect_right(starts, t)]
+
+    live = Liveness(
+        time={name: new(t) for name, t in liveness.time.items()}, end=new(liveness.end), owner=liveness.owner,
+        intervals={name: (new(a), new(b - 1) + 1) for name, (a, b) in liveness.intervals.items()},
+    )
+    phased = [Region(r.name, r.index, r.members, new(r.recompute_time), new(r.recompute_time) - len(r.members))
+              for r in regions]
+    slot = {name: phased[region_of[name]].phase_start + j for r in phased for j, name in enumerate(r.members)}
+    last_slot: dict[str, int] = {}
+    owner = liveness.owner
+    for name in members:  # closure members read by closure members of their region
+        for u in by_name[name].all_input_nodes:
+            root = owner[u.name]
+            if root in members and members[root].region == members[name].region:
+                last_slot[root] = max(last_slot.get(root, slot[root]), slot[name])
+    out = {
+        name: Member(m.region, m.states, m.follows, m.saved, new(m.forward_end),
+                     None if m.backward_end is None else new(m.backward_end), slot[name],
+                     last_slot.get(liveness.owner[name], slot[name]))
+        for name, m in members.items()
+    }
+    return RegionAnalysis(tuple(phased), out, region_of, not_replayable, live, leaves, saved)
 
 
 def _resolve(node: fx.Node) -> str:

@@ -29,9 +29,9 @@ import numpy as np
 
 from costmodel.placements import Partial
 
-from autoshard.graph.copies import BUCKET_BOUND_FACTOR, copy_intervals, copy_possible
+from autoshard.graph.copies import BUCKET_BOUND_FACTOR, copy_possible
 from autoshard.graph.memory import local_bytes
-from autoshard.graph.recompute import member_pieces, reader_span, strategy_states
+from autoshard.graph.recompute import member_pieces, strategy_states
 from autoshard.graph.regions import RECOMPUTE, RegionAnalysis
 from autoshard.rules import OpStrategy, TensorMeta
 
@@ -47,10 +47,9 @@ InputCopy = tuple[np.ndarray, TensorMeta, int, "np.ndarray | None"]
 class TiedMemory:
     """Adds tied memory-only nodes to a graph under construction (``builder._Builder``)."""
 
-    def __init__(self, builder: Any, analysis: RegionAnalysis, alias_end: dict[str, int]) -> None:
+    def __init__(self, builder: Any, analysis: RegionAnalysis) -> None:
         self.b = builder
         self.analysis = analysis
-        self.alias_end = alias_end
         self._bounds: dict[tuple, np.ndarray] = {}
 
     def _add(self, owner: int, role: str, kind_target: str, live: tuple[int, int], memory: np.ndarray,
@@ -71,11 +70,15 @@ class TiedMemory:
             self._add(i, piece.role, PIECE, piece.live, piece.memory)
         return own
 
-    def input_copies(self, i: int, fx_name: str, time: int, view: bool, inputs: Sequence[InputCopy]) -> None:
-        """The ``in`` bound nodes of reader ``i`` over its copies' intervals."""
+    def input_copies(self, i: int, inputs: Sequence[InputCopy],
+                     lives: Sequence[tuple[tuple[tuple[int, int], ...], tuple[tuple[int, int], ...]]]) -> None:
+        """The ``in`` bound nodes of reader ``i``: per input, its bound over the
+        copy's intervals (``lives``: when the reader runs once, when recomputed)."""
         v = self.b.nodes[i]
-        bound = np.zeros(len(v.strategies))
-        for matrix, tensor, position, view_copies in inputs:
+        states = strategy_states(v.states, len(v.strategies))
+        recomputed = states == RECOMPUTE
+        by_interval: dict[tuple[int, int], np.ndarray] = {}
+        for (matrix, tensor, position, view_copies), (keep, again) in zip(inputs, lives):
             key = (id(matrix), v.signature, position, view_copies is None)
             part = self._bounds.get(key)
             if part is None:
@@ -83,22 +86,15 @@ class TiedMemory:
                 part = np.array([local_bytes(tensor, s.input_placements[position], self.b.mesh_shape) if ok else 0
                                  for s, ok in zip(v.strategies, possible)], dtype=np.float64)
                 self._bounds[key] = part
-            bound = bound + part
-        if not bound.any():
-            return
-        span = reader_span(self.analysis, fx_name, time, self.alias_end[fx_name] if view else None,
-                           self.analysis.members[fx_name].forward_end + 1 if fx_name in self.analysis.members else None)
-        states = strategy_states(v.states, len(v.strategies))
-        recomputed = states == RECOMPUTE
-        by_interval: dict[tuple[int, int], np.ndarray] = {}
-        for interval in copy_intervals(span, False):
-            by_interval[interval] = np.where(recomputed, 0.0, bound)
-        if recomputed.any():
-            for interval in copy_intervals(span, True):
-                by_interval[interval] = by_interval.get(interval, np.zeros_like(bound)) + np.where(recomputed, bound, 0.0)
+            if not part.any():
+                continue
+            for interval in keep:
+                by_interval[interval] = by_interval.get(interval, 0.0) + np.where(recomputed, 0.0, part)
+            for interval in (again if recomputed.any() else ()):
+                by_interval[interval] = by_interval.get(interval, 0.0) + np.where(recomputed, part, 0.0)
         for n, (live, memory) in enumerate(sorted(by_interval.items())):
-            if live[0] < live[1] and memory.any():
-                self._add(i, "in", BOUND, live, memory, f":{n}" if n else "")
+            if live[0] < live[1] and np.any(memory):
+                self._add(i, "in", BOUND, live, np.asarray(memory, dtype=np.float64), f":{n}" if n else "")
 
     def gradient_payloads(self, producers: Sequence[tuple[int, int]], cap: int, first: int, end: int) -> None:
         """``payload`` bounds on each gradient producer (node, time) and one ``buckets`` node."""

@@ -54,13 +54,18 @@ def test_regions_are_the_blocks_and_recompute_before_their_first_backward_reader
     kind, traced, graph, _ = case
     assert [r.name for r in graph.regions] == ["layers.0", "layers.1"]
     gm_nodes = {n.name: n for n in traced.graph_module.graph.nodes}
-    time = compute_liveness(traced.graph_module).time
+    time = graph.times
+    order = compute_liveness(traced.graph_module).time
     for region in graph.regions:
-        readers = [time[n.name] for n in traced.graph_module.graph.nodes
+        readers = [n.name for n in traced.graph_module.graph.nodes
                    if n.meta.get("partitioner_tag") == "is_backward"
                    and any(u.name in region.members for u in n.all_input_nodes)]
-        assert region.recompute_time == min(readers)
+        first = min(readers, key=lambda n: order[n])
+        assert region.recompute_time == time[first]
         assert all(gm_nodes[m].meta.get("partitioner_tag") == "is_forward" for m in region.members)
+        # the recomputation phase: one free slot per member just before t_rc
+        assert region.phase_start == region.recompute_time - len(region.members)
+        assert not any(region.phase_start <= t < region.recompute_time for t in time.values())
     # the backward of the later block comes first
     assert graph.regions[1].recompute_time < graph.regions[0].recompute_time
 
@@ -104,21 +109,27 @@ def _memory_at(problem, choice, names, graph, t):
     return total
 
 
+def _slot(graph, name):
+    """When ``name`` runs again in its region's recomputation phase."""
+    region = next(r for r in graph.regions if name in r.members)
+    return region.phase_start + region.members.index(name)
+
+
 def test_a_recomputed_value_is_priced_twice_and_held_over_two_intervals(case) -> None:
     kind, traced, graph, plain = case
     problem = to_problem(graph, ties=False)
-    time = compute_liveness(traced.graph_module).time
+    time = graph.times
     tanh = _node(graph, "tanh_1")
     k_keep, k_rc = _state_index(tanh, KEEP), _state_index(tanh, RECOMPUTE)
     base = _node(plain, "tanh_1").compute_s[0]
     assert tanh.compute_s[k_keep] == base and tanh.compute_s[k_rc] == 2 * base
-    # tanh_1 is made at t, read by the forward's next mm, by the backward last at B; t_rc of layers.1
-    t, t_rc = time["tanh_1"], graph.regions[1].recompute_time
+    # tanh_1 is made at t, read by the forward's next mm, by the backward last at B; made again at its slot
+    t, t_rc = time["tanh_1"], _slot(graph, "tanh_1")
     f = max(time[n.name] for n in traced.graph_module.graph.nodes
             if n.meta.get("partitioner_tag") == "is_forward" and any(u.name == "tanh_1" for u in n.all_input_nodes))
     b = max(time[n.name] for n in traced.graph_module.graph.nodes
             if any(u.name == "tanh_1" for u in n.all_input_nodes))
-    assert t < f < t_rc < b
+    assert t < f < t_rc < graph.regions[1].recompute_time < b
     choice = [0] * problem.num_nodes
     i = graph.index["tanh_1"]
     for j, node in enumerate(graph.nodes):  # the op and its tied pieces pick the same strategy
@@ -145,17 +156,18 @@ def test_a_forward_only_input_must_be_held_or_recomputed_for_a_recomputed_reader
     for a, b in itertools.product(range(len(rows)), range(len(cols))):
         forbidden = cols[b] == RECOMPUTE and rows[a] == KEEP
         assert math.isinf(matrix[a, b]) == forbidden, (rows[a], cols[b])
-    # mm_2 held until t_rc: [t, t_rc + 1); recomputed: a temporary at t_rc
-    time = compute_liveness(traced.graph_module).time
+    # mm_2 held until tanh_1 has read it in the recomputation; recomputed: a temporary from its slot to tanh_1's
+    time = graph.times
     problem = to_problem(graph, ties=False)
-    t, t_rc = time["mm_2"], graph.regions[1].recompute_time
-    for state, alive in ((HOLD, lambda s: t <= s <= t_rc), (RECOMPUTE, lambda s: t <= s <= t + 1 or s == t_rc),
+    t, s_mm, s_tanh = time["mm_2"], _slot(graph, "mm_2"), _slot(graph, "tanh_1")
+    assert s_mm < s_tanh < graph.regions[1].recompute_time
+    for state, alive in ((HOLD, lambda s: t <= s <= s_tanh), (RECOMPUTE, lambda s: t <= s <= t + 1 or s_mm <= s <= s_tanh),
                          (KEEP, lambda s: t <= s <= t + 1)):
         choice = [0] * problem.num_nodes
         for j, node in enumerate(graph.nodes):
             if node.name in ("mm_2", "memory:gap:mm_2", "memory:tail:mm_2"):
                 choice[j] = _state_index(u, state)
-        got = {s: _memory_at(problem, choice, {"mm_2"}, graph, s) for s in range(t - 1, t_rc + 3)}
+        got = {s: _memory_at(problem, choice, {"mm_2"}, graph, s) for s in range(t - 1, s_tanh + 3)}
         assert got == {s: ACT if alive(s) else 0 for s in got}, state
 
 
@@ -202,13 +214,19 @@ def test_every_strategy_kept_prices_as_the_graph_without_recomputation() -> None
 
 # -- brute force ---------------------------------------------------------------
 
-def _semantic_evaluation(traced, plain, regions, states: dict[str, int]):
+def _semantic_evaluation(traced, plain, graph, states: dict[str, int]):
     """Cost and peak memory of running the step with ``states`` (fx name -> KEEP,
     HOLD or RECOMPUTE), from what a checkpoint does, on mesh (1,); None when a
-    recomputed op would read a value that no longer exists."""
+    recomputed op would read a value that no longer exists. A region's
+    recomputation runs its ops in forward order, one per slot of the phase
+    before its first backward reader, and frees a temporary after its last
+    reader there (any op of the region that has states may read it)."""
     gm = traced.graph_module
     nodes = [n for n in gm.graph.nodes if n.op != "output"]
-    time = {n.name: i for i, n in enumerate(nodes)}
+    time = graph.times
+    regions = graph.regions
+    slot = {m: r.phase_start + j for r in regions for j, m in enumerate(r.members)}
+    closure = {n.name for n in graph.nodes if n.kind == "op" and n.states}
     backward = set()
     for n in nodes:
         if n.meta.get("partitioner_tag") == "is_backward" or n is traced.tangent \
@@ -223,7 +241,13 @@ def _semantic_evaluation(traced, plain, regions, states: dict[str, int]):
             table = bwd_end if n in backward else fwd_end
             table[base[u.name]] = max(table.get(base[u.name], 0), time[n.name])
     region = {m: r.index for r in regions for m in r.members}
-    t_rc = {r.index: r.recompute_time for r in regions}
+    last_slot = {}
+    for n in nodes:
+        if n.name in closure:
+            for u in n.all_input_nodes:
+                root = base[u.name]
+                if root in closure and region.get(root) == region[n.name]:
+                    last_slot[root] = max(last_slot.get(root, slot[root]), slot[n.name])
     # validity: a recomputed op's inputs exist at t_rc; a value read after the forward exists
     for name, s in states.items():
         if s != RECOMPUTE:
@@ -259,16 +283,17 @@ def _semantic_evaluation(traced, plain, regions, states: dict[str, int]):
         if node.live is None:
             intervals = [(-1, 10**9)]
         elif node.kind == "op" and node.name in states and base[node.name] == node.name:
-            t, f, r = time[node.name], fwd_end.get(node.name, time[node.name]), t_rc[region[node.name]]
+            t, f = time[node.name], fwd_end.get(node.name, time[node.name])
             b = bwd_end.get(node.name)
+            again, used = slot[node.name], last_slot.get(node.name, slot[node.name])
             if s == KEEP:
-                intervals = [node.live]
+                intervals = [(t, (b if b is not None else f) + 1)]
             elif s == HOLD:
-                intervals = [(t, r + 1)]
+                intervals = [(t, used + 1)]
             else:
-                intervals = [(t, f + 1), (r, (b if b is not None else r) + 1)]
+                intervals = [(t, f + 1), (again, (b if b is not None else used) + 1)]
         else:
-            intervals = [node.live]
+            intervals = [_shifted(node, graph)]
         for a, z in intervals:
             timeline[a] = timeline.get(a, 0.0) + m
             timeline[z] = timeline.get(z, 0.0) - m
@@ -277,6 +302,11 @@ def _semantic_evaluation(traced, plain, regions, states: dict[str, int]):
         level += timeline[t]
         peak = max(peak, level)
     return cost, peak
+
+
+def _shifted(node, graph):
+    """The node's interval in ``graph`` (the time axis with recomputation phases)."""
+    return graph.nodes[graph.index[node.name]].live if node.name in graph.index else node.live
 
 
 def _free_variables(problem, graph):
@@ -309,7 +339,7 @@ def test_every_choice_evaluates_as_a_checkpoint_would_run_it(case) -> None:
             node = graph.nodes[g[0]]
             states[node.name] = node.states[k // (len(node.strategies) // len(node.states))]
         ev = evaluate(problem, choice)
-        sem = _semantic_evaluation(traced, plain, graph.regions, states)
+        sem = _semantic_evaluation(traced, plain, graph, states)
         checked += 1
         if sem is None:
             assert ev.forbidden, states
