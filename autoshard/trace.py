@@ -66,6 +66,7 @@ from autoshard.trace_compat import (DataDependentError, TraceError, data_depende
 __all__ = [
     "TensorMeta", "NodeInfo", "TracedGraph", "JointResult", "TraceError", "DataDependentError",
     "trace_joint", "traced_ops", "run_joint", "placeholder_values", "tensor_arg_nodes", "repeated_blocks",
+    "DEFAULT_DECOMPOSITIONS",
 ]
 
 aten = torch.ops.aten
@@ -165,6 +166,25 @@ def traced_ops(traced: TracedGraph) -> Counter[OpOverload]:
     return Counter(info.op for info in traced.nodes.values() if isinstance(info.op, OpOverload))
 
 
+def _nll_mean_as_sums(self: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | None, reduction: int,
+                      ignore_index: int) -> Any:
+    """``nll_loss_forward`` with ``mean`` as its two sums: the summed loss over the
+    summed weight of the non-ignored targets (exactly what the mean is). A
+    batch split of the sums is exact (each rank's sums add up), where the mean
+    of each rank's mean is not (ranks hold different numbers of ignored
+    targets): plans may then split a cross-entropy over the batch instead of
+    gathering the whole log-probabilities on every rank. The backward keeps
+    ``nll_loss_backward`` with the global total weight, which splits exactly."""
+    if reduction != 1:
+        return NotImplemented
+    total, count = aten.nll_loss_forward.default(self, target, weight, 2, ignore_index)
+    return total / count, count
+
+
+DEFAULT_DECOMPOSITIONS: Mapping[OpOverload, Callable[..., Any]] = {aten.nll_loss_forward.default: _nll_mean_as_sums}
+"""Decompositions every trace applies (:func:`trace_joint`): exact rewrites that let rules split more."""
+
+
 def trace_joint(
     model: nn.Module,
     example_inputs: Sequence[torch.Tensor] | Mapping[str, torch.Tensor],
@@ -179,9 +199,10 @@ def trace_joint(
     ``meta`` or fake; the trace runs on fake tensors placed on ``device``
     (which picks device-specific kernels, e.g. the CPU flash-attention op), so
     it allocates no tensor memory. ``decompositions`` maps ops to Python
-    functions that replace them during the trace (none by default: the graph
-    keeps the ops autograd emits). ``aten.detach`` nodes are removed: in a
-    joint graph they are identities.
+    functions that replace them during the trace, added to
+    :data:`DEFAULT_DECOMPOSITIONS` (otherwise the graph keeps the ops autograd
+    emits). ``aten.detach`` nodes are removed: in a joint graph they are
+    identities.
 
     Raises :class:`TraceError` (a ``ValueError``) with one line when the model
     cannot be traced as given, :class:`DataDependentError` when it reads
@@ -218,7 +239,7 @@ def trace_joint(
     try:
         with contextlib.ExitStack() as stack, library_tracing(), module_annotations(model):
             joint = aot_export_joint_with_descriptors(
-                stack, wrapper, fake_inputs, decompositions=dict(decompositions or {})
+                stack, wrapper, fake_inputs, decompositions={**DEFAULT_DECOMPOSITIONS, **(decompositions or {})}
             )
             graph_module = joint.graph_module
     except TraceError:

@@ -61,8 +61,7 @@ from autoshard.plan.build import make_fingerprint, placement_text
 from autoshard.plan.format import Plan
 from autoshard.trace import tensor_arg_nodes
 from autoshard.plan.solve import Prepared, prepare, solve_prepared
-from autoshard.graph.recompute import strategy_states
-from autoshard.graph.regions import KEEP, RECOMPUTE
+from autoshard.graph.states import KEEP, RECOMPUTE, strategy_states
 from autoshard.graph.tied_memory import BOUND
 from autoshard.rules import OpStrategy
 from autoshard.trace import trace_joint

@@ -77,7 +77,8 @@ from autoshard.graph.liveness import alias_ends, compute_liveness, is_view_op
 from autoshard.graph.memory import OptimizerMemory, local_bytes
 from autoshard.graph.placements import leaf_placements, replicated
 from autoshard.graph.recompute import edge_rule, expand_compute, expand_memory, reader_span, state_signature
-from autoshard.graph.regions import RECOMPUTE, Region, RegionAnalysis, analyse_regions, backward_nodes
+from autoshard.graph.regions import Region, RegionAnalysis, analyse_regions, backward_nodes
+from autoshard.graph.states import RECOMPUTE
 from autoshard.graph.tied_memory import InputCopy, TiedMemory
 from autoshard.graph.ties import UnionFind, repeated_groups
 from autoshard.rules import OpStrategy, RuleRegistry, TensorMeta, load_rules, op_name
@@ -354,7 +355,7 @@ class _Builder:
             if view_cols is None:
                 view_cols = copies[0] if copies else view_copy_rule(self.pricer.matrices[matrix], *placements())[1]
                 self._view_cols[matrix] = view_cols
-        return self.pricer.matrices[matrix], tensor, dst_input, view_cols
+        return self.pricer.matrices[matrix], tensor, dst_input, view_cols, src, src_output
 
     def read(self, fx_name: str) -> tuple[int, int]:
         if fx_name not in self.producer:
@@ -512,7 +513,7 @@ def build_graph(
         b.copy_live_recomputed.append(())
         b.union.union(params[fqn], sink)
         grads[fqn] = sink
-        producers.append((src, liveness.time[gnode.name]))
+        producers.append((src, liveness.time[gnode.name], float(grad_bytes[fqn])))
     for fqn, unode in traced.buffer_updates.items():
         buffer = b.nodes[buffers[fqn]]
         sink = b.add(GraphNode(
@@ -531,12 +532,13 @@ def build_graph(
     b.edge(src, out, sink, 0, same_placement)
     b.copy_live.append(())
     b.copy_live_recomputed.append(())
-    b.tied.gradient_payloads(producers, bucket_bytes, min((t for _, t in producers), default=end), end)
+    b.tied.gradient_payloads(producers, bucket_bytes)
 
     start = time.perf_counter()
     required = tuple(tuple(g) for g in b.union.groups())
     if ties:
         _tie_repeated(b, gm)
+        b.tied.tie_copies()
     groups = tuple(tuple(g) for g in b.union.groups())
     b.seconds["ties"] = time.perf_counter() - start
     counts = [len(n.strategies) for n in b.nodes if n.kind == "op"]

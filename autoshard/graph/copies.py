@@ -60,12 +60,16 @@ redistribution into the view, and only those count in its bound.
 
 **Gradient buckets.** A bucketed gradient reduction (``costmodel.bucketing``)
 waits for its bucket: the members' partial gradients live until the bucket's
-last member is made, then their concatenated payload is one more copy. At
-any time that is at most ``B`` of waiting members plus a payload of at most
-``B`` plus the last member: the program charges ``2 B`` over the backward
-(:data:`BUCKET_BOUND_FACTOR`) and, tied to each gradient's producer at its
-own time, its output where that output is partial. The assembler counts the
-real buckets.
+last member is made, then their concatenated payload is one more copy. The
+program charges, tied to each gradient's producer, its output where that
+output is partial (the payload, at its own time) and twice that (waiting,
+and its share of the payload) until the last gradient that can share its
+bucket is made: buckets are runs of consecutive gradients of at most the
+cap (``B``) bytes, so that is the latest producer within ``B`` bytes on
+either side. (A bucket of one reduction kind skips gradients of another
+kind, so a plan that mixes kinds can hold a bucket longer than this; the
+plan's timeline counts the real buckets, and ``fits`` says so.) The
+assembler counts the real buckets.
 
 >>> copy_intervals(ReaderSpan(time=5, keep_end=6, forward_end=6, recompute_time=20, recompute_end=21), False)
 ((5, 6),)
@@ -86,7 +90,7 @@ __all__ = ["ReaderSpan", "copy_intervals", "BUCKET_BOUND_FACTOR", "view_copy_rul
 GATHER_SCHEDULES = ("reader", "fsdp2")
 
 BUCKET_BOUND_FACTOR = 2
-"""Waiting members (at most one cap) plus a payload (at most one cap, beyond its last member)."""
+"""A waiting gradient, and its part of the bucket's payload."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -74,17 +74,11 @@ from typing import Sequence
 import numpy as np
 
 from autoshard.graph.copies import ReaderSpan
-from autoshard.graph.regions import HOLD, KEEP, RECOMPUTE, STATE_NAMES, RegionAnalysis
+from autoshard.graph.regions import RegionAnalysis
+from autoshard.graph.states import HOLD, KEEP, RECOMPUTE, STATE_NAMES, strategy_states
 
 __all__ = ["EdgeRule", "expand_compute", "expand_memory", "piece_memory", "state_signature", "strategy_states",
            "MemoryPiece", "member_pieces", "reader_span", "edge_rule"]
-
-
-def strategy_states(states: tuple[int, ...], count: int) -> np.ndarray:
-    """State of each of the ``count`` strategies of a node with state set ``states`` (state-major)."""
-    if not states:
-        return np.full(count, KEEP, dtype=np.int8)
-    return np.repeat(np.array(states, dtype=np.int8), count // len(states))
 
 
 def state_signature(signature: str, states: tuple[int, ...]) -> str:

@@ -1,4 +1,4 @@
-"""Recomputation policies: who decides which forward values are recomputed.
+"""Recomputation policies: who decides which forward values are recomputed (torch-free).
 
 ``auto`` (the default) leaves every state to the solver, with the
 placements. The others are the policies users run today, expressed as a
@@ -32,8 +32,7 @@ from typing import Mapping
 
 import numpy as np
 
-from autoshard.graph.recompute import strategy_states
-from autoshard.graph.regions import HOLD, KEEP, RECOMPUTE
+from autoshard.graph.states import HOLD, KEEP, RECOMPUTE, strategy_states
 
 __all__ = ["POLICIES", "PolicyError", "parse_policy", "policy_masks", "policy_ties", "region_policy"]
 

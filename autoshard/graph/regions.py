@@ -72,12 +72,11 @@ import torch.fx as fx
 from torch._ops import OpOverload
 
 from autoshard.graph.liveness import Liveness, is_view_op
+from autoshard.graph.states import HOLD, KEEP, RECOMPUTE, STATE_NAMES
 
 __all__ = ["KEEP", "HOLD", "RECOMPUTE", "STATE_NAMES", "Region", "Member", "RegionAnalysis", "analyse_regions",
            "replay_problem", "backward_nodes"]
 
-KEEP, HOLD, RECOMPUTE = 0, 1, 2
-STATE_NAMES = ("keep", "hold", "recompute")
 
 _DROPOUT = frozenset({torch.ops.aten.native_dropout.default})
 

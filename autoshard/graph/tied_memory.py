@@ -31,8 +31,9 @@ from costmodel.placements import Partial
 
 from autoshard.graph.copies import BUCKET_BOUND_FACTOR, copy_possible
 from autoshard.graph.memory import local_bytes
-from autoshard.graph.recompute import member_pieces, strategy_states
-from autoshard.graph.regions import RECOMPUTE, RegionAnalysis
+from autoshard.graph.recompute import member_pieces
+from autoshard.graph.regions import RegionAnalysis
+from autoshard.graph.states import RECOMPUTE, strategy_states
 from autoshard.rules import OpStrategy, TensorMeta
 
 __all__ = ["BOUND", "PIECE", "InputCopy", "TiedMemory"]
@@ -40,8 +41,15 @@ __all__ = ["BOUND", "PIECE", "InputCopy", "TiedMemory"]
 BOUND = "bound"
 PIECE = "piece"
 
-InputCopy = tuple[np.ndarray, TensorMeta, int, "np.ndarray | None"]
-"""(edge matrix, tensor, reader input position, view copy columns or None) of one input edge."""
+InputCopy = tuple[np.ndarray, TensorMeta, int, "np.ndarray | None", int, int]
+"""(edge matrix, tensor, reader input position, view copy columns or None, producer node, producer output)
+of one input edge."""
+
+EXACT_COPY_FRACTION = 1 / 256
+"""A reader input whose bound is at least this share of the device's memory *in every strategy of
+the reader* gets an exact copy node instead: there the bound is memory no choice avoids, although
+the producer may deliver the input as the reader wants it (a loss reading the whole logits). Smaller
+bounds, or bounds that some reader strategy avoids, stay bounds: one op's inputs at one time."""
 
 
 class TiedMemory:
@@ -50,6 +58,9 @@ class TiedMemory:
     def __init__(self, builder: Any, analysis: RegionAnalysis) -> None:
         self.b = builder
         self.analysis = analysis
+        self.exact_bytes = EXACT_COPY_FRACTION * float(builder.profile.device.memory_bytes)
+        self.copy_nodes: list[tuple[int, int, int]] = []  # (copy node, reader, input position)
+        self._matrices: dict[tuple, int] = {}
         self._bounds: dict[tuple, np.ndarray] = {}
 
     def _add(self, owner: int, role: str, kind_target: str, live: tuple[int, int], memory: np.ndarray,
@@ -78,7 +89,7 @@ class TiedMemory:
         states = strategy_states(v.states, len(v.strategies))
         recomputed = states == RECOMPUTE
         by_interval: dict[tuple[int, int], np.ndarray] = {}
-        for (matrix, tensor, position, view_copies), (keep, again) in zip(inputs, lives):
+        for (matrix, tensor, position, view_copies, src, src_output), (keep, again) in zip(inputs, lives):
             key = (id(matrix), v.signature, position, view_copies is None)
             part = self._bounds.get(key)
             if part is None:
@@ -88,6 +99,9 @@ class TiedMemory:
                 self._bounds[key] = part
             if not part.any():
                 continue
+            if view_copies is None and part.min() >= self.exact_bytes and len(keep) == 1:
+                self._exact_copy(i, src, src_output, tensor, position, keep[0])
+                keep = ()
             for interval in keep:
                 by_interval[interval] = by_interval.get(interval, 0.0) + np.where(recomputed, 0.0, part)
             for interval in (again if recomputed.any() else ()):
@@ -96,25 +110,94 @@ class TiedMemory:
             if live[0] < live[1] and np.any(memory):
                 self._add(i, "in", BOUND, live, np.asarray(memory, dtype=np.float64), f":{n}" if n else "")
 
-    def gradient_payloads(self, producers: Sequence[tuple[int, int]], cap: int, first: int, end: int) -> None:
-        """``payload`` bounds on each gradient producer (node, time) and one ``buckets`` node."""
-        partial = False
-        for i, t in producers:
+    def _exact_copy(self, i: int, src: int, src_output: int, tensor: TensorMeta, position: int,
+                    live: tuple[int, int]) -> None:
+        """A ``copy`` node for input ``position`` of reader ``i``: its strategies are
+        (placement p, no copy) and (p, copy) for every placement p the reader takes
+        the input in; the edge from the reader makes p the reader's, the edge from
+        the producer allows "no copy" only where the producer's placement is p.
+        Exact: the copy's bytes count when and only when a redistribution happens."""
+        from autoshard.graph.builder import GraphEdge, GraphNode
+
+        v, u = self.b.nodes[i], self.b.nodes[src]
+        wanted = [s.input_placements[position] for s in v.strategies]
+        places = list(dict.fromkeys(wanted))
+        n = len(places)
+        where = {p: j for j, p in enumerate(places)}
+        memory = np.concatenate([np.zeros(n), [float(local_bytes(tensor, p, self.b.mesh_shape)) for p in places]])
+        strategies = tuple(OpStrategy((p,), ()) for p in places) * 2
+        signature = f"copy|{v.signature}|{position}"
+        c = self.b.add(GraphNode(f"memory:copy:{v.name}:{position}", "memory", BOUND, strategies, np.zeros(2 * n),
+                                 memory, live, (tensor,), signature, (), v.region))
+
+        def reader() -> np.ndarray:
+            m = np.full((len(v.strategies), 2 * n), np.inf)
+            for k, p in enumerate(wanted):
+                m[k, where[p]] = m[k, n + where[p]] = 0.0
+            return m
+
+        def producer() -> np.ndarray:
+            m = np.zeros((len(u.strategies), 2 * n))
+            for a, s in enumerate(u.strategies):
+                m[a, :n] = [0.0 if s.output_placements[src_output] == p else np.inf for p in places]
+            return m
+
+        for (a, out, build, key) in ((i, 0, reader, ("reader", signature)),
+                                     (src, src_output, producer, ("producer", u.signature, src_output, signature))):
+            index = self._matrices.get(key)
+            if index is None:
+                index = len(self.b.pricer.matrices)
+                self.b.pricer.matrices.append(build())
+                self._matrices[key] = index
+            self.b.edges.append(GraphEdge(a, c, out, 0, tensor, index))
+            self.b.copy_live.append(())
+            self.b.copy_live_recomputed.append(())
+        self.copy_nodes.append((c, i, position))
+
+    def tie_copies(self) -> None:
+        """Tie the copy nodes of tied readers (repeated layers choose alike)."""
+        first: dict[tuple[int, int, str], int] = {}
+        for c, reader, position in self.copy_nodes:
+            key = (self.b.union.find(reader), position, self.b.nodes[c].signature)
+            if key in first:
+                self.b.union.union(first[key], c)
+            else:
+                first[key] = c
+
+    def gradient_payloads(self, producers: Sequence[tuple[int, int, float]], cap: int) -> None:
+        """Bucket bounds on each gradient producer, given as (node, time, full bytes)
+        in the order buckets form (``autoshard.graph.copies``): ``payload`` at its
+        time, and ``waiting`` (twice its partial output: waiting, and its part of
+        the payload) until the last gradient that can share its bucket is made."""
+        times = [t for _, t, _ in producers]
+        sizes = [b for _, _, b in producers]
+        for j, (i, t, _) in enumerate(producers):
             v = self.b.nodes[i]
-            if v.kind != "op":
+            if v.kind != "op" or f"memory:payload:{v.name}" in self.b.index:
                 continue
             memory = np.array([
                 local_bytes(v.outputs[0], s.output_placements[0], self.b.mesh_shape)
                 if s.output_placements[0] is not None and any(isinstance(p, Partial) for p in s.output_placements[0])
                 else 0
                 for s in v.strategies], dtype=np.float64)
-            partial = partial or bool(memory.any())
-            if memory.any() and f"memory:payload:{v.name}" not in self.b.index:
-                self._add(i, "payload", BOUND, (t, t + 1), memory)
-        if cap > 0 and partial:  # some gradient may need a reduction, so buckets may form
-            from autoshard.graph.builder import GraphNode
-            from autoshard.graph.placements import replicated
+            if not memory.any():
+                continue
+            self._add(i, "payload", BOUND, (t, t + 1), memory)
+            last = _bucket_window_end(times, sizes, j, cap)
+            if last > t:
+                self._add(i, "waiting", BOUND, (t + 1, last + 1), BUCKET_BOUND_FACTOR * memory)
 
-            rep = replicated(len(self.b.mesh_shape))
-            self.b.add(GraphNode("memory:buckets", "memory", BOUND, (OpStrategy((rep,), ()),), np.zeros(1),
-                                 np.array([float(BUCKET_BOUND_FACTOR * cap)]), (first, end), (), "memory|buckets"))
+
+def _bucket_window_end(times: Sequence[int], sizes: Sequence[float], j: int, cap: int) -> int:
+    """The latest time a gradient that can share gradient ``j``'s bucket is made: the
+    buckets are runs of consecutive gradients of at most ``cap`` bytes (``costmodel.bucketing``)."""
+    if cap <= 0:
+        return times[j]
+    last = times[j]
+    for step in (-1, 1):
+        total, k = sizes[j], j + step
+        while 0 <= k < len(times) and total + sizes[k] <= cap:
+            total += sizes[k]
+            last = max(last, times[k])
+            k += step
+    return last

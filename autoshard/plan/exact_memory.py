@@ -31,10 +31,9 @@ from costmodel.bucketing import Bucket
 from costmodel.layout import max_local_numel
 from costmodel.placements import Placement
 
-__all__ = ["CopyEvent", "exact_timeline", "timeline_peak", "keep_choice", "RECOMPUTE", "state_of"]
+from autoshard.graph.states import RECOMPUTE
 
-RECOMPUTE = 2
-"""``autoshard.graph.regions.RECOMPUTE`` (the graph's state code; this module imports no torch)."""
+__all__ = ["CopyEvent", "exact_timeline", "timeline_peak", "keep_choice", "RECOMPUTE", "state_of"]
 
 CopyEvent = tuple[int, "tuple[Placement, ...]", bool]
 """(edge index, reader placement, reader recomputed) of a redistribution that happens."""

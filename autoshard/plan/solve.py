@@ -197,6 +197,13 @@ def solve_prepared(
     else:
         solution = solve_problem(problem, backend=backend, time_limit=time_limit * (1 - share), gap=PLAN_GAP,
                                  progress=on_event)
+    if solution.status is not Status.INFEASIBLE and not solution.choice and portfolio:
+        # the search ran out of time before any choice fit: the expert layouts (with the
+        # recomputation policies) may still give one
+        found = _best_of_baselines(prep, None, limit, time_limit * share, backend, tp_table, server, recompute,
+                                   status=solution.status.value, seconds_used=solution.seconds)
+        if found is not None:
+            return found
     if solution.status is Status.INFEASIBLE or not solution.choice:
         raise InfeasibleMemoryError(
             f"memory limit {format_bytes(limit)}: no plan fits ({solution.message or solution.status.value})"
@@ -257,32 +264,43 @@ BASELINE_POLICIES = ("none", "selective", "every:2", "full")
 """The policies users run today, priced with every expert layout."""
 
 
-def _best_of_baselines(prep: Prepared, plan: Plan, limit: float, seconds: float, backend: str,
+def _best_of_baselines(prep: Prepared, plan: Plan | None, limit: float, seconds: float, backend: str,
                        tp_table: Mapping[str, str | int] | None, server: str | None = None,
-                       recompute: str = "auto") -> Plan:
-    """``plan``, or the cheapest expert layout that fits if it beats the unproven search;
-    a layout that does not fit without recomputation is tried with the policies users run."""
+                       recompute: str = "auto", *, status: str | None = None,
+                       seconds_used: float | None = None) -> Plan | None:
+    """``plan``, or the cheapest expert layout that fits if it beats the unproven search
+    (``plan`` None: the search found nothing; then the cheapest layout that fits, or None);
+    a layout that does not fit without recomputation is tried with the policies users run.
+    The layouts share ``seconds``; once they are spent, the ones left are not tried."""
     names = applicable_baselines(prep.graph, tp_table)
     policies = recompute_policies(prep, recompute)
+    deadline = time.perf_counter() + max(seconds, 1.0)
     best = plan
-    for name in names:
+    for n, name in enumerate(names):
         for policy in policies:
+            left = deadline - time.perf_counter()
+            if left <= 0:
+                break
             try:
-                candidate = solve_prepared(prep, memory_limit=limit, time_limit=max(seconds / len(names), 1.0),
+                candidate = solve_prepared(prep, memory_limit=limit, time_limit=max(left / (len(names) - n), 1.0),
                                            backend=backend, baseline=name, tp_table=tp_table, server=server,
                                            recompute=policy)
             except ValueError:  # does not apply or does not fit: try the next policy
                 continue
-            if candidate.estimate.step_s < best.estimate.step_s:
+            if best is None or candidate.estimate.step_s < best.estimate.step_s:
                 best = candidate
             break  # the first policy that fits is the cheapest of this layout's (less recomputation)
-    if best is plan:
+    if best is plan or best is None:
         return plan
-    log.info("the search ended unproven at %.6g s; the %s layout (recompute %s) is better (%.6g s) and is the plan",
-             plan.estimate.step_s, best.options["baseline"], best.options.get("recompute"), best.estimate.step_s)
-    options = {**plan.options, "portfolio": best.options["baseline"], "recompute": best.options.get("recompute")}
-    return replace(best, options=options, solver=replace(best.solver, status=plan.solver.status,
-                                                         gap=plan.solver.gap, seconds=plan.solver.seconds))
+    base = plan.options if plan is not None else {**prep.options, "recompute": recompute}
+    log.info("the search ended unproven%s; the %s layout (recompute %s) is %s (%.6g s) and is the plan",
+             "" if plan is None else f" at {plan.estimate.step_s:.6g} s", best.options["baseline"],
+             best.options.get("recompute"), "the best found" if plan is None else "better", best.estimate.step_s)
+    options = {**base, "portfolio": best.options["baseline"], "recompute": best.options.get("recompute")}
+    solver = (replace(best.solver, status=plan.solver.status, gap=plan.solver.gap, seconds=plan.solver.seconds)
+              if plan is not None else replace(best.solver, status=status or "timeout", gap=None,
+                                                seconds=seconds_used if seconds_used is not None else 0.0))
+    return replace(best, options=options, solver=solver)
 
 
 def _smallest_peak_hint(prep: Prepared, baseline: str | None, time_limit: float, server: str | None = None,

@@ -25,9 +25,9 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
-__all__ = ["tidy_states"]
+from autoshard.graph.states import HOLD, KEEP, RECOMPUTE
 
-KEEP, HOLD, RECOMPUTE = 0, 1, 2
+__all__ = ["tidy_states"]
 
 
 def _state(node: Any, k: int) -> int:

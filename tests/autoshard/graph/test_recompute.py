@@ -20,8 +20,7 @@ from solver import solve as solve_problem
 from autoshard.graph.builder import build_graph
 from autoshard.graph.liveness import compute_liveness, is_view_op
 from autoshard.graph.problem import to_problem
-from autoshard.graph.recompute import strategy_states
-from autoshard.graph.regions import HOLD, KEEP, RECOMPUTE, analyse_regions
+from autoshard.graph.states import HOLD, KEEP, RECOMPUTE, strategy_states
 from autoshard.trace import trace_joint
 
 from recompute_models import stack
