@@ -234,10 +234,26 @@ def plan_choice(graph: StrategyGraph, plan: Plan) -> list[int]:
                                if placement_text(s.output_placements[0]) == leaves[node.name]))
         else:  # tangent, loss, memory-only nodes: set below
             choice.append(0)
+    copies = {}
+    for e in graph.edges:  # a copy node's two edges: from its reader (input 0), from the producer
+        if graph.nodes[e.dst].kind == "memory" and graph.nodes[e.dst].name.startswith("memory:copy:"):
+            copies.setdefault(e.dst, []).append(e)
     for i, node in enumerate(graph.nodes):
         owner = node.name.split(":")[2] if node.kind == "memory" and node.name.count(":") >= 2 else None
-        if owner is not None:
+        if owner is None:
+            continue
+        if i not in copies:
             choice[i] = choice[graph.index[owner]]
+            continue
+        # (placement, no copy) then (placement, copy): the reader's placement, a copy where the producer's differs
+        reader = graph.index[owner]
+        position = int(node.name.rsplit(":", 1)[1])
+        wanted = graph.nodes[reader].strategies[choice[reader]].input_placements[position]
+        producer = next(e for e in copies[i] if e.src != reader)
+        given = graph.nodes[producer.src].strategies[choice[producer.src]].output_placements[producer.src_output]
+        half = len(node.strategies) // 2
+        j = next(k for k in range(half) if node.strategies[k].output_placements[0] == wanted)
+        choice[i] = j if given == wanted else half + j
     return choice
 
 

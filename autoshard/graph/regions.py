@@ -65,7 +65,7 @@ from __future__ import annotations
 import bisect
 import operator
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Iterable, Mapping
 
 import torch
 import torch.fx as fx
@@ -75,7 +75,7 @@ from autoshard.graph.liveness import Liveness, is_view_op
 from autoshard.graph.states import HOLD, KEEP, RECOMPUTE, STATE_NAMES
 
 __all__ = ["KEEP", "HOLD", "RECOMPUTE", "STATE_NAMES", "Region", "Member", "RegionAnalysis", "analyse_regions",
-           "replay_problem", "backward_nodes"]
+           "replay_problem", "backward_nodes", "check_recompute"]
 
 
 _DROPOUT = frozenset({torch.ops.aten.native_dropout.default})
@@ -380,3 +380,32 @@ def _base(node: fx.Node) -> str:
 def _covers(liveness: Liveness, owner: str, t: int) -> bool:
     start, end = liveness.intervals[owner]
     return start <= t < end
+
+
+def check_recompute(traced: object, names: Iterable[str]) -> None:
+    """Raise ``ValueError`` naming the first of ``names`` (a plan's ``recompute``)
+    that the step cannot recompute: not an op of ``traced`` (a
+    :class:`autoshard.trace.TracedGraph`), not an op of a region's forward, a
+    region output, or an op that cannot be replayed (from its schema). The
+    torch-free check at plan load (``autoshard.plan.format``) knows op names
+    only; this one knows the graph, for the runtime to call at load.
+
+    >>> from examples.models import llama3
+    >>> from autoshard.trace import trace_joint
+    >>> check_recompute(trace_joint(*llama3.tiny(device="meta")), ["rsqrt_1"])
+    """
+    from autoshard.graph.liveness import compute_liveness
+
+    analysis = analyse_regions(traced, compute_liveness(traced.graph_module))  # type: ignore[attr-defined]
+    nodes = {n.name: n for n in traced.graph_module.graph.nodes}  # type: ignore[attr-defined]
+    for i, name in enumerate(names):
+        if name not in nodes or nodes[name].op != "call_function":
+            raise ValueError(f"recompute[{i}]: no op named {name!r} in the traced graph")
+        if name not in analysis.region_of:
+            raise ValueError(f"recompute[{i}]: {name} is not an op of a repeated block's forward")
+        why = analysis.not_replayable.get(name) or replay_problem(nodes[name])
+        if why is not None:
+            raise ValueError(f"recompute[{i}]: {name} cannot be recomputed: {why}")
+        member = analysis.members.get(name)
+        if member is None or RECOMPUTE not in member.states:
+            raise ValueError(f"recompute[{i}]: {name} is not needed by the backward through its region")

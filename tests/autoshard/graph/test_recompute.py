@@ -423,3 +423,15 @@ def test_placements_and_recomputation_are_chosen_together_optimally() -> None:
     # tighter limits cost more, and are met by recomputing
     assert bests[0][1] == 0 and any(n > 0 for _, n in bests[1:])
     assert all(a[0] <= b[0] for a, b in zip(bests, bests[1:])) and bests[-1][0] > bests[0][0]
+
+
+def test_a_recompute_list_is_checked_against_the_traced_graph(case) -> None:
+    from autoshard.graph.regions import check_recompute
+
+    kind, traced, graph, _ = case
+    check_recompute(traced, ["tanh_1", "mm_2"])
+    out = "add_1" if kind == "residual" else "mm_3"
+    for names, message in ((["nope"], "no op named 'nope'"), (["mean"], "not an op of a repeated block"),
+                           ([out], "cannot be recomputed: a region output")):
+        with pytest.raises(ValueError, match=message):
+            check_recompute(traced, names)
