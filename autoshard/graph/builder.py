@@ -71,13 +71,13 @@ from costmodel.mesh import MeshSpec
 from costmodel.placements import Placement
 from hw_profiles import HardwareProfile
 
-from autoshard.graph.copies import GATHER_SCHEDULES, UnitSpans, copy_intervals, fsdp2_interval, unit_spans, view_copy_rule
+from autoshard.graph.copies import copy_intervals, param_gather_schedule, view_copy_rule
 from autoshard.graph.edges import EdgePricer
 from autoshard.graph.liveness import alias_ends, compute_liveness, is_view_op
 from autoshard.graph.memory import OptimizerMemory, local_bytes
 from autoshard.graph.placements import leaf_placements, replicated
 from autoshard.graph.recompute import edge_rule, expand_compute, expand_memory, reader_span, state_signature
-from autoshard.graph.regions import Region, RegionAnalysis, analyse_regions, backward_nodes
+from autoshard.graph.regions import Region, RegionAnalysis, analyse_regions
 from autoshard.graph.states import RECOMPUTE
 from autoshard.graph.tied_memory import InputCopy, TiedMemory
 from autoshard.graph.ties import UnionFind, repeated_groups
@@ -407,7 +407,7 @@ def build_graph(
         end = liveness.end
     alias_end = alias_ends(gm, liveness)
     b.tied = TiedMemory(b, b.analysis)
-    param_copy_live = _param_gather_schedule(traced, liveness, gather)
+    param_copy_live = param_gather_schedule(traced, liveness, gather)
     rep = replicated(len(mesh.shape))
     names_of = {node: name for name, node in traced.params.items()}
     buffer_names = {node: name for name, node in traced.buffers.items()}
@@ -557,34 +557,6 @@ def build_graph(
                  if m.follows is not None and name in b.index and m.follows in b.index},
         times=dict(liveness.time),
     )
-
-
-class _ParamGathers:
-    """The ``fsdp2`` gather schedule (``autoshard.graph.copies``): reader -> its parameter copies' interval."""
-
-    def __init__(self, params: frozenset[str], unit: Mapping[str, str], backward: frozenset[str],
-                 spans: UnitSpans) -> None:
-        self.params, self.unit, self.backward, self.spans = params, unit, backward, spans
-
-    def __call__(self, reader: str) -> tuple[int, int]:
-        return fsdp2_interval(self.spans, self.unit.get(reader, ""), reader in self.backward)
-
-
-def _param_gather_schedule(traced: TracedGraph, liveness: Any, gather: str) -> _ParamGathers | None:
-    if gather not in GATHER_SCHEDULES:
-        raise ValueError(f"gather: expected one of {', '.join(GATHER_SCHEDULES)}, got {gather!r}")
-    if gather == "reader":
-        return None
-    blocks = tuple(traced.blocks)
-    paths = traced.module_paths
-    backward = frozenset(n.name for n in backward_nodes(traced.graph_module.graph, traced.tangent))
-    unit = {}
-    for name, path in paths.items():
-        unit[name] = next((b for b in blocks if path == b or path.startswith(b + ".")), "")
-    ops = [(liveness.time[n.name], unit.get(n.name, ""), n.name in backward)
-           for n in traced.graph_module.graph.nodes if n.op == "call_function"]
-    params = frozenset(n.name for n in traced.params.values())
-    return _ParamGathers(params, unit, backward, unit_spans(ops, blocks, liveness.end))
 
 
 def _forward_end(analysis: RegionAnalysis, name: str) -> int | None:

@@ -80,12 +80,12 @@ assembler counts the real buckets.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
 __all__ = ["ReaderSpan", "copy_intervals", "BUCKET_BOUND_FACTOR", "view_copy_rule", "copy_possible",
-           "GATHER_SCHEDULES", "UnitSpans", "unit_spans", "fsdp2_interval"]
+           "GATHER_SCHEDULES", "UnitSpans", "unit_spans", "fsdp2_interval", "ParamGathers", "param_gather_schedule"]
 
 GATHER_SCHEDULES = ("reader", "fsdp2")
 
@@ -154,6 +154,39 @@ def fsdp2_interval(spans: UnitSpans, unit: str, backward: bool) -> tuple[int, in
     if previous is not None and previous in table:
         start = min(start, table[previous][0])
     return (start, stop)
+
+
+class ParamGathers:
+    """The ``fsdp2`` gather schedule (``autoshard.graph.copies``): reader -> its parameter copies' interval."""
+
+    def __init__(self, params: frozenset[str], unit: Mapping[str, str], backward: frozenset[str],
+                 spans: UnitSpans) -> None:
+        self.params, self.unit, self.backward, self.spans = params, unit, backward, spans
+
+    def __call__(self, reader: str) -> tuple[int, int]:
+        return fsdp2_interval(self.spans, self.unit.get(reader, ""), reader in self.backward)
+
+
+def param_gather_schedule(traced: Any, liveness: Any, gather: str) -> "ParamGathers | None":
+    """The reader -> parameter-copy interval function of schedule ``gather`` for
+    the traced graph (a :class:`autoshard.trace.TracedGraph`; None for ``reader``,
+    which :func:`copy_intervals` covers)."""
+    from autoshard.graph.regions import backward_nodes  # torch: imported when a traced graph is in hand
+
+    if gather not in GATHER_SCHEDULES:
+        raise ValueError(f"gather: expected one of {', '.join(GATHER_SCHEDULES)}, got {gather!r}")
+    if gather == "reader":
+        return None
+    blocks = tuple(traced.blocks)
+    paths = traced.module_paths
+    backward = frozenset(n.name for n in backward_nodes(traced.graph_module.graph, traced.tangent))
+    unit = {}
+    for name, path in paths.items():
+        unit[name] = next((b for b in blocks if path == b or path.startswith(b + ".")), "")
+    ops = [(liveness.time[n.name], unit.get(n.name, ""), n.name in backward)
+           for n in traced.graph_module.graph.nodes if n.op == "call_function"]
+    params = frozenset(n.name for n in traced.params.values())
+    return ParamGathers(params, unit, backward, unit_spans(ops, blocks, liveness.end))
 
 
 def view_copy_rule(matrix: np.ndarray, src: Sequence[object], dst: Sequence[object]) -> tuple[np.ndarray, np.ndarray]:
