@@ -96,7 +96,9 @@ def policy_masks(graph: object, policy: str) -> dict[int, np.ndarray]:
         if node.kind != "op" or not node.states:
             continue
         rule = region_policy(policy, node.region)
-        if rule == "none":
+        if RECOMPUTE not in node.states:  # held for another block's recomputation: the solver decides
+            allowed = {KEEP} if policy == "none" else {KEEP, HOLD}
+        elif rule == "none":
             allowed = {KEEP}
         elif rule == "full" or i not in saved:
             allowed = {RECOMPUTE} if RECOMPUTE in node.states else {KEEP, HOLD}

@@ -147,7 +147,7 @@ class RegionAnalysis:
             if state == RECOMPUTE:
                 return member.region == region
             if state == HOLD:
-                return member.region == region or live.time[owner] <= r.phase_start
+                return member.region == region or live.time[owner] <= r.phase_start <= member.last_slot
         start, end = live.intervals[owner]
         return start <= r.phase_start and r.recompute_time <= end
 
@@ -249,6 +249,7 @@ def analyse_regions(traced: object, liveness: Liveness) -> RegionAnalysis:
     saved = frozenset(backward_end)
     not_replayable: dict[str, str] = {}
     members: dict[str, Member] = {}
+    outside: dict[str, set[int]] = {}  # value made outside a region -> regions whose recomputation reads it
     for region in regions:
         k = region.index
         inside = set(region.members)
@@ -295,8 +296,7 @@ def analyse_regions(traced: object, liveness: Liveness) -> RegionAnalysis:
                 continue
             follows[name] = None
             if base is not None:  # a view of a leaf or of a value made outside the region
-                ok = owner[base] in leaves or _covers(liveness, owner[base], region.recompute_time)
-                states[name] = (KEEP, RECOMPUTE) if ok else (KEEP,)
+                states[name] = (KEEP, RECOMPUTE)
                 continue
             why = replay_problem(node)
             if why is None and (name in read_outside or name in outputs):
@@ -329,7 +329,44 @@ def analyse_regions(traced: object, liveness: Liveness) -> RegionAnalysis:
                 region=k, states=s, follows=follows[name], saved=root in saved,
                 forward_end=forward_end.get(root, time[root]), backward_end=backward_end.get(root),
             )
+        # inputs made outside the region that a recomputation reads and that are gone by then
+        for name, s in states.items():
+            if RECOMPUTE not in s:
+                continue
+            for u in by_name[name].all_input_nodes:
+                root = owner[u.name]
+                if root in leaves or root in inside or _covers(liveness, root, region.recompute_time):
+                    continue
+                outside.setdefault(u.name, set()).add(k)
+    _hold_outside(outside, members, region_of, by_name, owner, saved, forward_end, backward_end, time)
     return _with_phases(tuple(regions), members, region_of, not_replayable, liveness, leaves, saved, by_name)
+
+
+def _hold_outside(outside: Mapping[str, set[int]], members: dict[str, Member], region_of: Mapping[str, int],
+                  by_name: Mapping[str, fx.Node], owner: Mapping[str, str], saved: frozenset[str],
+                  forward_end: Mapping[str, int], backward_end: Mapping[str, int], time: Mapping[str, int]) -> None:
+    """Give ``HOLD`` to values made outside the regions that read them and gone before
+    their recomputation (a block's input that the backward does not read: torch's
+    checkpoint keeps its inputs), with the views between them and the reader, which
+    take their base's state."""
+    for name in outside:
+        chain = [name]
+        while chain[-1] != owner[chain[-1]]:  # a view: up to the storage it aliases
+            chain.append(_base(by_name[chain[-1]]))
+        for link in reversed(chain):
+            old = members.get(link)
+            root = owner[link]
+            states = old.states if old is not None else (KEEP,)
+            if HOLD not in states:
+                states = tuple(sorted((*states, HOLD)))
+            base = None if link == root else _base(by_name[link])
+            if base is not None:
+                states = members[base].states
+            members[link] = Member(
+                region=old.region if old is not None else region_of.get(link, -1), states=states,
+                follows=base if old is None else old.follows, saved=root in saved,
+                forward_end=forward_end.get(root, time[root]), backward_end=backward_end.get(root),
+            )
 
 
 def _with_phases(regions: tuple[Region, ...], members: dict[str, Member], region_of: dict[str, int],
@@ -354,17 +391,24 @@ def _with_phases(regions: tuple[Region, ...], members: dict[str, Member], region
     slot = {name: phased[region_of[name]].phase_start + j for r in phased for j, name in enumerate(r.members)}
     last_slot: dict[str, int] = {}
     owner = liveness.owner
-    for name in members:  # closure members read by closure members of their region
+    for name, m in members.items():  # storages read by a recomputation: the slot of its last reader there
+        if RECOMPUTE not in m.states or m.region < 0:
+            continue
         for u in by_name[name].all_input_nodes:
             root = owner[u.name]
-            if root in members and members[root].region == members[name].region:
-                last_slot[root] = max(last_slot.get(root, slot[root]), slot[name])
-    out = {
-        name: Member(m.region, m.states, m.follows, m.saved, new(m.forward_end),
-                     None if m.backward_end is None else new(m.backward_end), slot[name],
-                     last_slot.get(liveness.owner[name], slot[name]))
-        for name, m in members.items()
-    }
+            held = members.get(root)
+            if held is not None and (held.region == m.region or RECOMPUTE not in held.states):
+                last_slot[root] = max(last_slot.get(root, -1), slot[name])
+    out = {}
+    for name, m in members.items():
+        root = owner[name]
+        if RECOMPUTE in m.states:
+            again = slot[name]
+            until = max(last_slot.get(root, again), again)
+        else:  # held only: until its last reader in a recomputation (no slot of its own)
+            again = until = last_slot.get(root, new(m.forward_end))
+        out[name] = Member(m.region, m.states, m.follows, m.saved, new(m.forward_end),
+                           None if m.backward_end is None else new(m.backward_end), again, until)
     return RegionAnalysis(tuple(phased), out, region_of, not_replayable, live, leaves, saved)
 
 

@@ -30,7 +30,7 @@ BATCH = 32
 ACT = BATCH * 8 * 4  # one [32, 8] fp32 activation: activations outweigh the 8x8 weights
 
 
-@pytest.fixture(scope="module", params=["chain", "residual"])
+@pytest.fixture(scope="module", params=["chain", "residual", "scaled"])
 def case(request):
     traced = trace_joint(*stack(request.param, 2, batch=BATCH, device="meta"))
     graph = build_graph(traced, MeshSpec((1,)), PROFILE, ties=False)
@@ -240,13 +240,14 @@ def _semantic_evaluation(traced, plain, graph, states: dict[str, int]):
             table = bwd_end if n in backward else fwd_end
             table[base[u.name]] = max(table.get(base[u.name], 0), time[n.name])
     region = {m: r.index for r in regions for m in r.members}
-    last_slot = {}
+    recomputable = {n.name for n in graph.nodes if n.kind == "op" and RECOMPUTE in n.states}
+    last_slot = {}  # a recomputed or held storage: the slot of its last reader in a recomputation
     for n in nodes:
-        if n.name in closure:
+        if n.name in recomputable and n.name in region:
             for u in n.all_input_nodes:
                 root = base[u.name]
-                if root in closure and region.get(root) == region[n.name]:
-                    last_slot[root] = max(last_slot.get(root, slot[root]), slot[n.name])
+                if root in closure and (region.get(root) == region[n.name] or root not in recomputable):
+                    last_slot[root] = max(last_slot.get(root, -1), slot[n.name])
     # validity: a recomputed op's inputs exist at t_rc; a value read after the forward exists
     for name, s in states.items():
         if s != RECOMPUTE:
@@ -257,7 +258,9 @@ def _semantic_evaluation(traced, plain, graph, states: dict[str, int]):
             if next(n for n in nodes if n.name == root).op == "placeholder":
                 continue
             rs = states.get(root, KEEP)
-            if rs in (RECOMPUTE, HOLD) and region.get(root) == region[name]:
+            if rs == RECOMPUTE and region.get(root) == region[name]:
+                continue
+            if rs == HOLD and last_slot.get(root, -1) >= slot[name]:
                 continue
             if rs == KEEP and root in bwd_end:
                 continue
@@ -284,7 +287,11 @@ def _semantic_evaluation(traced, plain, graph, states: dict[str, int]):
         elif node.kind == "op" and node.name in states and base[node.name] == node.name:
             t, f = time[node.name], fwd_end.get(node.name, time[node.name])
             b = bwd_end.get(node.name)
-            again, used = slot[node.name], last_slot.get(node.name, slot[node.name])
+            if node.name in slot and node.name in recomputable:
+                again = slot[node.name]
+                used = max(last_slot.get(node.name, again), again)
+            else:  # held only
+                again = used = last_slot.get(node.name, f)
             if s == KEEP:
                 intervals = [(t, (b if b is not None else f) + 1)]
             elif s == HOLD:
@@ -435,3 +442,17 @@ def test_a_recompute_list_is_checked_against_the_traced_graph(case) -> None:
                            ([out], "cannot be recomputed: a region output")):
         with pytest.raises(ValueError, match=message):
             check_recompute(traced, names)
+
+
+def test_a_block_input_the_backward_does_not_read_can_be_held_for_the_recomputation() -> None:
+    """``2 * x`` does not need x in the backward: the first block's output is gone
+    when the second block is recomputed, unless it is held (torch's checkpoint keeps
+    its inputs); without the hold, the second block could not recompute ``mul``."""
+    traced = trace_joint(*stack("scaled", 2, batch=BATCH, device="meta"))
+    graph = build_graph(traced, MeshSpec((1,)), PROFILE, ties=False)
+    first_output = next(u.name for u in traced.graph_module.graph.nodes
+                        if u.name.startswith("mul") and traced.module_paths.get(u.name, "").startswith("layers.1"))
+    mul = next(n for n in traced.graph_module.graph.nodes if n.name == first_output)
+    block_input = next(a.name for a in mul.args if hasattr(a, "name"))
+    assert _node(graph, block_input).states == (KEEP, HOLD)
+    assert RECOMPUTE in _node(graph, first_output).states
