@@ -195,8 +195,9 @@ def solve_prepared(
         remote, solution = _solve_on_server(server, prep, problem, options, time_limit * (1 - share), backend,
                                             progress)
     else:
-        solution = solve_problem(problem, backend=backend, time_limit=time_limit * (1 - share), gap=PLAN_GAP,
-                                 progress=on_event)
+        solution = _solve_local(graph, problem, recompute, time_limit * (1 - share), backend, on_event,
+                                lambda: to_problem(graph, memory_limit=limit, pins=problem.pins, ties=ties,
+                                                   recompute="none", allowed=allowed))
     if solution.status is not Status.INFEASIBLE and not solution.choice and portfolio:
         # the search ran out of time before any choice fit: the expert layouts (with the
         # recomputation policies) may still give one
@@ -226,6 +227,29 @@ def solve_prepared(
     if progress:
         progress("solve", time_limit, time_limit)
     return plan
+
+
+WARM_SHARE = 0.2
+"""Share of the solve spent finding the plan without recomputation first (``_solve_local``)."""
+
+
+def _solve_local(graph: StrategyGraph, problem: Any, recompute: str, time_limit: float, backend: str,
+                 on_event: Callable[[dict[str, Any]], None], without: Callable[[], Any]) -> Any:
+    """The solver's answer to ``problem``. When the solver chooses recomputation
+    (``auto`` on a graph with states), the plan that keeps everything is solved
+    first (``without()``: a smaller problem, as quick as before recomputation
+    existed) and, when it fits, starts the full search: recomputation then only
+    has to beat it, and the exact stage starts from it."""
+    if recompute != "auto" or not any(n.states for n in graph.nodes):
+        return solve_problem(problem, backend=backend, time_limit=time_limit, gap=PLAN_GAP, progress=on_event)
+    start = time.perf_counter()
+    warm = solve_problem(without(), backend=backend, time_limit=WARM_SHARE * time_limit, gap=PLAN_GAP)
+    left = max(time_limit - (time.perf_counter() - start), 1.0)
+    solution = solve_problem(problem, backend=backend, time_limit=left, gap=PLAN_GAP, progress=on_event,
+                             initial=warm.choice or None)
+    stats = {**solution.stats, "without_recompute": {"status": warm.status.value, "cost": warm.cost,
+                                                     "seconds": round(warm.seconds, 4)}}
+    return replace(solution, seconds=time.perf_counter() - start, stats=stats)
 
 
 def _solve_on_server(server: str, prep: Prepared, problem: Any, options: Mapping[str, Any], time_limit: float,
