@@ -75,11 +75,14 @@ from autoshard.trace_compat import (
     data_dependent_error,
     library_tracing,
     meta_attribute_error,
+    module_annotations,
+    node_module,
 )
 
 __all__ = [
     "TensorMeta", "NodeInfo", "TracedGraph", "JointResult", "TraceError", "DataDependentError",
     "trace_joint", "traced_ops", "run_joint", "placeholder_values", "tensor_arg_nodes", "constant_value",
+    "repeated_blocks", "DEFAULT_DECOMPOSITIONS",
 ]
 
 aten = torch.ops.aten
@@ -156,6 +159,14 @@ class TracedGraph:
 
     constants: Mapping[str, fx.Node] = dataclasses.field(default_factory=dict)
     """Tensor constant (the graph module's attribute, ``_tensor_constant0``) -> its ``get_attr`` node, in graph order."""
+    module_paths: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    """fx node name -> path of the innermost module whose ``forward`` made it
+    (``layers.3.attention.wq``); backward ops carry their forward op's module.
+    Nodes made outside every submodule (the loss in the root) are absent."""
+
+    blocks: tuple[str, ...] = ()
+    """Module paths of the model's repeated blocks, in model order
+    (:func:`repeated_blocks`): the recomputation regions."""
 
     @property
     def loss_meta(self) -> TensorMeta:
@@ -173,6 +184,25 @@ def traced_ops(traced: TracedGraph) -> Counter[OpOverload]:
     return Counter(info.op for info in traced.nodes.values() if isinstance(info.op, OpOverload))
 
 
+def _nll_mean_as_sums(self: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | None, reduction: int,
+                      ignore_index: int) -> Any:
+    """``nll_loss_forward`` with ``mean`` as its two sums: the summed loss over the
+    summed weight of the non-ignored targets (exactly what the mean is). A
+    batch split of the sums is exact (each rank's sums add up), where the mean
+    of each rank's mean is not (ranks hold different numbers of ignored
+    targets): plans may then split a cross-entropy over the batch instead of
+    gathering the whole log-probabilities on every rank. The backward keeps
+    ``nll_loss_backward`` with the global total weight, which splits exactly."""
+    if reduction != 1:
+        return NotImplemented
+    total, count = aten.nll_loss_forward.default(self, target, weight, 2, ignore_index)
+    return total / count, count
+
+
+DEFAULT_DECOMPOSITIONS: Mapping[OpOverload, Callable[..., Any]] = {aten.nll_loss_forward.default: _nll_mean_as_sums}
+"""Decompositions every trace applies (:func:`trace_joint`): exact rewrites that let rules split more."""
+
+
 def trace_joint(
     model: nn.Module,
     example_inputs: Sequence[torch.Tensor] | Mapping[str, torch.Tensor],
@@ -187,9 +217,10 @@ def trace_joint(
     ``meta`` or fake; the trace runs on fake tensors placed on ``device``
     (which picks device-specific kernels, e.g. the CPU flash-attention op), so
     it allocates no tensor memory. ``decompositions`` maps ops to Python
-    functions that replace them during the trace (none by default: the graph
-    keeps the ops autograd emits). ``aten.detach`` nodes are removed: in a
-    joint graph they are identities.
+    functions that replace them during the trace, added to
+    :data:`DEFAULT_DECOMPOSITIONS` (otherwise the graph keeps the ops autograd
+    emits). ``aten.detach`` nodes are removed: in a joint graph they are
+    identities.
 
     Raises :class:`TraceError` (a ``ValueError``) with one line when the model
     cannot be traced as given, :class:`DataDependentError` when it reads
@@ -226,9 +257,9 @@ def trace_joint(
         input_names if by_keyword else None,
     )
     try:
-        with contextlib.ExitStack() as stack, library_tracing():
+        with contextlib.ExitStack() as stack, library_tracing(), module_annotations(model):
             joint = aot_export_joint_with_descriptors(
-                stack, wrapper, fake_inputs, decompositions=dict(decompositions or {})
+                stack, wrapper, fake_inputs, decompositions={**DEFAULT_DECOMPOSITIONS, **(decompositions or {})}
             )
             graph_module = joint.graph_module
     except TraceError:
@@ -239,10 +270,37 @@ def trace_joint(
             raise
         raise error from exc
     _remove_detach(graph_module)
-    return _describe(
+    traced = _describe(
         graph_module, input_names, fake_mode, names=wrapper.slot_names,
         param_aliases=param_aliases, buffer_aliases=buffer_aliases,
     )
+    paths = {n.name: path for n in graph_module.graph.nodes if n.op == "call_function"
+             and (path := node_module(n)) is not None}
+    return dataclasses.replace(traced, module_paths=paths, blocks=repeated_blocks(model))
+
+
+def repeated_blocks(model: nn.Module) -> tuple[str, ...]:
+    """Paths of the model's repeated blocks: the children of every
+    ``nn.ModuleList`` / ``nn.Sequential`` (the root included) with at least two
+    children that hold parameters, outermost containers only (a block's own
+    lists are inside the block), in model order. Transformer layers
+    (``layers.0``, ``model.layers.0``) are blocks; a model without such a list
+    has none.
+
+    >>> from examples.models import llama3
+    >>> repeated_blocks(llama3.tiny(device="meta")[0])
+    ('layers.0', 'layers.1')
+    """
+    blocks: list[str] = []
+    for name, module in model.named_modules():
+        if not isinstance(module, (nn.ModuleList, nn.Sequential)):
+            continue
+        if any(name == b or name.startswith(b + ".") for b in blocks):
+            continue
+        children = [(child, m) for child, m in module.named_children() if any(True for _ in m.parameters())]
+        if len(children) >= 2:
+            blocks.extend(f"{name}.{child}" if name else child for child, _ in children)
+    return tuple(blocks)
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,7 +20,12 @@ one line naming the op, the model's source line that called it, and the way
 out.
 
 Every private torch API used here (``torch.compiler._is_compiling_flag``, the
-fake-tensor exceptions) is read in this module only.
+fake-tensor exceptions, ``torch.fx.traceback.annotate``) is read in this module only.
+
+:func:`module_annotations` labels every node of the trace with the module
+that made it (``layers.3.attention.wq``): the joint export keeps no module
+path on forward nodes, and the recomputation regions
+(``autoshard.graph.regions``) are the model's repeated blocks.
 
 >>> import torch
 >>> with library_tracing():
@@ -36,6 +41,7 @@ import contextlib
 import os
 import traceback
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 import torch.compiler
@@ -46,7 +52,11 @@ from torch._subclasses.fake_tensor import (
 )
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
-__all__ = ["TraceError", "DataDependentError", "library_tracing", "data_dependent_error", "meta_attribute_error"]
+__all__ = ["TraceError", "DataDependentError", "library_tracing", "data_dependent_error", "meta_attribute_error",
+           "module_annotations", "MODULE_KEY", "node_module"]
+
+MODULE_KEY = "autoshard_module"
+"""Key of the module path in a node's ``meta["custom"]`` (:func:`module_annotations`)."""
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _AUTOSHARD_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
@@ -73,6 +83,54 @@ def library_tracing() -> Iterator[None]:
         yield
     finally:
         torch.compiler._is_compiling_flag = previous
+
+
+@contextlib.contextmanager
+def module_annotations(model: torch.nn.Module) -> Iterator[None]:
+    """While the block runs, every traced node made inside a submodule's
+    ``forward`` carries that module's path (the innermost one) in
+    ``meta["custom"]`` (:func:`node_module`); autograd copies it onto the
+    node's backward ops. The hooks are removed on exit, also on error. Without
+    ``torch.fx.traceback.annotate`` (older or newer torch) nothing is labelled.
+
+    >>> with module_annotations(torch.nn.Linear(2, 2)):
+    ...     pass
+    """
+    annotate = getattr(getattr(torch.fx, "traceback", None), "annotate", None)
+    if annotate is None:
+        yield
+        return
+    opened: list[tuple[int, Any]] = []  # (module id, context), innermost last: forwards nest
+    handles = []
+
+    def enter(name: str) -> Any:
+        def hook(module: torch.nn.Module, args: Any) -> None:
+            context = annotate({MODULE_KEY: name})
+            context.__enter__()
+            opened.append((id(module), context))
+        return hook
+
+    def leave(module: torch.nn.Module, args: Any, output: Any) -> None:
+        if opened and opened[-1][0] == id(module):
+            opened.pop()[1].__exit__(None, None, None)
+
+    try:
+        for name, module in model.named_modules():
+            if name:
+                handles.append(module.register_forward_pre_hook(enter(name)))
+                handles.append(module.register_forward_hook(leave, always_call=True))
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+        while opened:  # a forward that raised: close what it opened, innermost first
+            opened.pop()[1].__exit__(None, None, None)
+
+
+def node_module(node: Any) -> str | None:
+    """The module path :func:`module_annotations` put on an fx node (None: none)."""
+    custom = node.meta.get("custom")
+    return custom.get(MODULE_KEY) if isinstance(custom, dict) else None
 
 
 def data_dependent_error(exc: BaseException) -> DataDependentError | None:

@@ -10,24 +10,25 @@ Two comparisons, each a markdown table (sizes in MiB, ratio = estimate / measure
    there is no state yet, while our model (like every later step) holds it all
    step. The first step's peak is in the ``cold`` column for reference.
 2. **FSDP on N ranks.** The ``fsdp`` baseline of ``autoshard.plan.solve`` on
-   mesh ``(N,)`` against ``fsdp2_mem_tracker.FSDPMemTracker`` tracking rank 0
-   of the same model wrapped with FSDP2 ``fully_shard`` (each block of every
+   mesh ``(N,)`` (parameters and batch ``S(0)``, ops data parallel as FSDP
+   runs them) against ``fsdp2_mem_tracker.FSDPMemTracker`` tracking rank 0 of
+   the same model wrapped with FSDP2 ``fully_shard`` (each block of every
    ``nn.ModuleList``, then the root) on a fake process group, running its
    share of the batch (global batch / N). Two estimates:
 
-   - ``fsdp``: the baseline as solved (parameters ``S(0)``, batch ``S(0)``,
-     activations free: the solver may pick any activation layout).
-   - ``fsdp-dp``: the same pins with op strategies restricted to what FSDP2
-     runs (data parallel: every batch-carrying op input sharded, every
-     parameter-only input replicated, i.e. all-gathered before use), built
-     with ``build_graph(restrict=...)``.
+   - ``reader``: parameters gathered as autoshard's runtime gathers them,
+     per reader (``autoshard.graph.copies``);
+   - ``fsdp2``: gathered as FSDP2 does, a block at a time with the next block
+     prefetched and the root's all step.
 
    The measured breakdown separates what FSDP2 holds beyond sharded state:
    ``gathered`` (unsharded parameters plus the all-gather output buffer of
-   the prefetched unit) and ``rs`` (the reduce-scatter input FSDP2 keeps until
-   the next reduce-scatter, plus unsharded gradients). ``dp+buf`` is the
-   ``fsdp-dp`` estimate plus those measured buffers: a diagnostic of whether
-   they explain the whole gap (they are not in our model; see the report).
+   the prefetched unit) and ``rs`` (reduce-scatter input and unsharded
+   gradients); the estimated one has ``copies`` (redistributed copies live at
+   the peak) and ``buckets`` (gradients waiting for their bucket).
+3. **Recomputation, one rank.** The plan with ``--recompute full`` on mesh
+   ``(1,)`` against MemTracker on the model with ``torch.utils.checkpoint``
+   around every block (non-reentrant, the second step).
 
     python -m benchmarks.memory_fidelity                 # both tables, N = 4 and 8 (about 2 minutes on 2 cores)
     python -m benchmarks.memory_fidelity --fsdp-sizes 4  # FSDP on 4 ranks only
@@ -54,11 +55,14 @@ import torch.fx as fx
 from torch import nn
 
 from autoshard.graph.builder import StrategyGraph, build_graph
+from autoshard.graph.liveness import is_view_op
 from autoshard.graph.memory import OptimizerMemory, local_bytes
 from autoshard.plan.build import make_fingerprint, placement_text
 from autoshard.plan.format import Plan
 from autoshard.trace import tensor_arg_nodes
 from autoshard.plan.solve import Prepared, prepare, solve_prepared
+from autoshard.graph.states import KEEP, RECOMPUTE, strategy_states
+from autoshard.graph.tied_memory import BOUND
 from autoshard.rules import OpStrategy
 from autoshard.trace import trace_joint
 from costmodel.mesh import MeshSpec
@@ -66,8 +70,8 @@ from hw_profiles import load as load_profile
 
 __all__ = [
     "Config", "REPLICATED_CONFIGS", "FSDP_CONFIGS", "train_step", "measure_replicated", "measure_fsdp",
-    "fake_process_group", "plan_choice", "estimate_breakdown", "prepare_data_parallel", "estimate",
-    "replicated_row", "fsdp_row", "main",
+    "fake_process_group", "plan_choice", "estimate_breakdown", "estimate", "measure_checkpointed",
+    "replicated_row", "fsdp_row", "checkpoint_row", "main",
 ]
 
 log = logging.getLogger(__name__)
@@ -114,6 +118,12 @@ FSDP_CONFIGS = (
     Config("llama3", overrides={"batch_size": 8}), Config("llama3", overrides={"batch_size": 32, "seq_len": 64}),
 )
 """Global batches divisible by 8 (FSDP2 runs batch / N per rank)."""
+
+CHECKPOINT_CONFIGS = (
+    Config("gpt2", overrides={"batch_size": 16, "seq_len": 64}),
+    Config("llama3", overrides={"batch_size": 32, "seq_len": 64}),
+)
+"""Activation-heavy configs: what recomputation changes shows."""
 
 
 # -- measuring ---------------------------------------------------------------
@@ -195,9 +205,11 @@ def measure_fsdp(config: Config, world_size: int, *, warm: bool = True) -> dict[
 
 def plan_choice(graph: StrategyGraph, plan: Plan) -> list[int]:
     """The strategy index of every graph node in ``plan``, recovered from the
-    plan's placement texts (the plan does not carry the solver's choice; strategies
-    with equal texts have equal memory, so any match serves)."""
+    plan's placement texts and its ``recompute`` list (the plan does not carry
+    the solver's choice; strategies with equal texts and state have equal
+    memory, so any match serves). Memory-only nodes take their owner's index."""
     ops = {n.name: (tuple(n.out), tuple(n.inputs)) for n in plan.nodes}
+    recomputed = set(plan.recompute)
     leaves: dict[str, str] = {}
     for fqn, text in plan.params.items():
         leaves[f"param:{fqn}"] = leaves[f"grad:{fqn}"] = text
@@ -212,28 +224,57 @@ def plan_choice(graph: StrategyGraph, plan: Plan) -> list[int]:
         return (tuple(placement_text(p) for p in s.output_placements),
                 tuple(placement_text(p) for p in s.input_placements))
 
-    choice = []
+    choice: list[int] = []
     for node in graph.nodes:
         if node.kind == "op":
-            choice.append(next(k for k, s in enumerate(node.strategies) if texts(s) == ops[node.name]))
+            want = RECOMPUTE if node.name in recomputed else KEEP
+            states = strategy_states(node.states, len(node.strategies))
+            choice.append(next(k for k, s in enumerate(node.strategies)
+                               if states[k] == want and texts(s) == ops[node.name]))
         elif node.name in leaves:
             choice.append(next(k for k, s in enumerate(node.strategies)
                                if placement_text(s.output_placements[0]) == leaves[node.name]))
-        else:  # tangent, loss: one strategy
+        else:  # tangent, loss, memory-only nodes: set below
             choice.append(0)
+    copies = {}
+    for e in graph.edges:  # a copy node's two edges: from its reader (input 0), from the producer
+        if graph.nodes[e.dst].kind == "memory" and graph.nodes[e.dst].name.startswith("memory:copy:"):
+            copies.setdefault(e.dst, []).append(e)
+    for i, node in enumerate(graph.nodes):
+        owner = node.name.split(":")[2] if node.kind == "memory" and node.name.count(":") >= 2 else None
+        if owner is None:
+            continue
+        if i not in copies:
+            choice[i] = choice[graph.index[owner]]
+            continue
+        # (placement, no copy) then (placement, copy): the reader's placement, a copy where the producer's differs
+        reader = graph.index[owner]
+        position = int(node.name.rsplit(":", 1)[1])
+        wanted = graph.nodes[reader].strategies[choice[reader]].input_placements[position]
+        producer = next(e for e in copies[i] if e.src != reader)
+        given = graph.nodes[producer.src].strategies[choice[producer.src]].output_placements[producer.src_output]
+        half = len(node.strategies) // 2
+        j = next(k for k in range(half) if node.strategies[k].output_placements[0] == wanted)
+        choice[i] = j if given == wanted else half + j
     return choice
 
 
 def estimate_breakdown(graph: StrategyGraph, plan: Plan) -> dict[str, float]:
     """The estimate's bytes live at its peak, by category: params, grads,
     optimizer, inputs (batch, buffers and tensor constants), activations (every op output and the
-    tangent), and ``Total`` (equal to ``plan.estimate.peak_memory_bytes``)."""
+    tangent), copies (redistributed copies: gathered parameters and
+    activations, re-laid-out shards), buckets (gradients waiting for their
+    bucket and its payload), and ``Total`` (equal to ``plan.estimate.peak_memory_bytes``)."""
     choice = plan_choice(graph, plan)
     peak_time = max(plan.memory_timeline, key=lambda point: point[1])[0]
-    out = dict.fromkeys(("params", "grads", "optimizer", "inputs", "activations"), 0.0)
+    out = dict.fromkeys(("params", "grads", "optimizer", "inputs", "activations", "copies", "buckets"), 0.0)
+
+    def live(interval: tuple[int, int] | None) -> bool:
+        return interval is None or interval[0] <= peak_time < interval[1]
+
     for node, k in zip(graph.nodes, choice):
         m = float(node.memory_bytes[k])
-        if not m or not (node.live is None or node.live[0] <= peak_time < node.live[1]):
+        if not m or not live(node.live) or (node.kind == "memory" and node.target == BOUND):
             continue
         if node.kind == "param":
             shard = local_bytes(node.outputs[0], node.strategies[k].output_placements[0], graph.mesh.shape)
@@ -245,63 +286,62 @@ def estimate_breakdown(graph: StrategyGraph, plan: Plan) -> dict[str, float]:
             out["inputs"] += m
         else:
             out["activations"] += m
+    edge_of = {(graph.nodes[e.src].name, graph.nodes[e.dst].name, e.src_output, e.dst_input): j
+               for j, e in enumerate(graph.edges)}
+    recomputed = set(plan.recompute)
+    for r in plan.redistributions:
+        j = edge_of[(r.tensor, r.to, r.output_index, r.input_index)]
+        lives = graph.copy_live_recomputed[j] if r.to in recomputed and graph.copy_live_recomputed[j] \
+            else graph.copy_live[j]
+        if r.src != r.dst and r.steps and any(a <= peak_time < b for a, b in lives):
+            out["copies"] += local_bytes(graph.edges[j].tensor, r.dst, graph.mesh.shape)
+    total_without_buckets = sum(out.values())
+    out["buckets"] = plan.estimate.peak_memory_bytes - total_without_buckets  # the rest: bucket buffers
     out["Total"] = sum(out.values())
     return out
 
 
-def prepare_data_parallel(model: Any, inputs: Sequence[Any], world_size: int, *,
-                          profile: str = PROFILE) -> tuple[Prepared, list[str]]:
-    """``prepare`` on mesh ``(world_size,)`` with op strategies restricted to data
-    parallelism as FSDP2 runs it: every op input that carries the batch (depends
-    on a forward input) is not replicated (unless it is a scalar or smaller than
-    the mesh), every input made from parameters alone is replicated (the
-    all-gathered weight). Returns the prepared graph and the ops where the
-    restriction left nothing (kept unrestricted: loss reductions whose rule
-    wants a replicated scalar-like input)."""
-    traced = trace_joint(model, inputs)
-    batch: set[fx.Node] = set(traced.inputs.values())
-    for node in traced.graph_module.graph.nodes:
-        if node.op == "call_function" and any(a in batch for a in node.all_input_nodes):
-            batch.add(node)
-    unrestricted: list[str] = []
-
-    def data_parallel(s: OpStrategy, args: list[fx.Node]) -> bool:
-        for arg, placement in zip(args, s.input_placements):
-            text = placement_text(placement)
-            if text is None:
-                continue
-            replicated = text == "R" * len(placement)
-            if arg in batch:
-                if replicated and arg.meta["val"].numel() >= world_size:
-                    return False
-            elif not replicated:
-                return False
-        return True
-
-    def restrict(node: fx.Node, strategies: tuple[OpStrategy, ...]) -> tuple[OpStrategy, ...]:
-        args = tensor_arg_nodes(node)  # in the rules' input order, as the builder wires edges
-        kept = tuple(s for s in strategies if data_parallel(s, args))
-        if not kept:
-            unrestricted.append(node.name)
-        return kept or strategies
-
-    mesh = MeshSpec((world_size,))
-    prof = load_profile(profile)
-    graph = build_graph(traced, mesh, prof, optimizer=OptimizerMemory("adamw"), restrict=restrict)
-    return Prepared(traced=traced, graph=graph, fingerprint=make_fingerprint(traced, mesh.shape, (), prof)), unrestricted
-
-
-def estimate(config: Config, mesh_size: int, baseline: str, *, data_parallel: bool = False,
-             time_limit: float = 30.0) -> tuple[Plan, dict[str, float]]:
+def estimate(config: Config, mesh_size: int, baseline: str, *, time_limit: float = 30.0, gather: str = "reader",
+             recompute: str = "none") -> tuple[Plan, dict[str, float]]:
     """The plan of ``baseline`` for ``config`` on mesh ``(mesh_size,)`` (profile
-    ``cpu-gloo``, no memory limit) and its breakdown at the peak."""
+    ``cpu-gloo``, no memory limit) and its breakdown at the peak. ``gather``:
+    when parameter copies are held (``reader``: autoshard's runtime; ``fsdp2``:
+    FSDP2's per-block gathers with prefetch, ``autoshard.graph.copies``);
+    ``recompute``: the recomputation policy."""
     model, inputs = config.build(device="meta")
-    if data_parallel:
-        prep, _ = prepare_data_parallel(model, inputs, mesh_size)
-    else:
-        prep = prepare(model, inputs, (mesh_size,), profile=PROFILE)
-    plan = solve_prepared(prep, baseline=baseline, memory_limit=1e30, time_limit=time_limit)
+    prep = prepare(model, inputs, (mesh_size,), profile=PROFILE, gather=gather, recompute=recompute)
+    plan = solve_prepared(prep, baseline=baseline, memory_limit=1e30, time_limit=time_limit, recompute=recompute)
     return plan, estimate_breakdown(prep.graph, plan)
+
+
+def measure_checkpointed(config: Config) -> dict[str, int]:
+    """MemTracker's peak (second step) of ``config`` with every repeated block
+    wrapped in a non-reentrant ``torch.utils.checkpoint``."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+    from torch.utils.checkpoint import checkpoint
+
+    from autoshard.trace import repeated_blocks
+
+    class Checkpointed(nn.Module):
+        def __init__(self, block: nn.Module) -> None:
+            super().__init__()
+            self.block = block
+
+        def forward(self, *args: Any) -> Any:
+            return checkpoint(self.block, *args, use_reentrant=False)
+
+    model, inputs = config.build()
+    for path in repeated_blocks(model):
+        parent, _, child = path.rpartition(".")
+        owner = model.get_submodule(parent) if parent else model
+        owner.register_module(child, Checkpointed(owner.get_submodule(child)))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    train_step(model, opt, inputs)
+    tracker = MemTracker()
+    tracker.track_external(model, opt, *inputs)
+    with tracker:
+        train_step(model, opt, inputs)
+    return _by_name(tracker.get_tracker_snapshot("peak")[torch.device("cpu")])
 
 
 # -- tables ------------------------------------------------------------------
@@ -321,16 +361,21 @@ def replicated_row(config: Config) -> dict[str, Any]:
 
 
 def fsdp_row(config: Config, world_size: int) -> dict[str, Any]:
-    """Measured FSDP2 peak on rank 0 and the ``fsdp`` estimates (as solved, and data parallel)."""
+    """Measured FSDP2 peak on rank 0 and the ``fsdp`` estimates (per-reader and FSDP2 gathers)."""
     plan, est = estimate(config, world_size, "fsdp")
-    plan_dp, est_dp = estimate(config, world_size, "fsdp", data_parallel=True)
+    plan2, est2 = estimate(config, world_size, "fsdp", gather="fsdp2")
     m = measure_fsdp(config, world_size)
-    buffers = (m.get("Unsharded Param", 0) + m.get("All Gather", 0) + m.get("Reduce Scatter", 0)
-               + m.get("Unsharded Grad", 0))
     total = m["Total"]
-    return {"config": config.name, "n": world_size, "measured": m, "estimate": est, "estimate_dp": est_dp,
-            "ratio": plan.estimate.peak_memory_bytes / total, "ratio_dp": plan_dp.estimate.peak_memory_bytes / total,
-            "buffers": buffers, "ratio_dp_buffers": (plan_dp.estimate.peak_memory_bytes + buffers) / total}
+    return {"config": config.name, "n": world_size, "measured": m, "estimate": est, "estimate_fsdp2": est2,
+            "ratio": plan.estimate.peak_memory_bytes / total, "ratio_fsdp2": plan2.estimate.peak_memory_bytes / total}
+
+
+def checkpoint_row(config: Config) -> dict[str, Any]:
+    """Measured peak with every block checkpointed and the ``full`` recomputation estimate, one rank."""
+    plan, est = estimate(config, 1, "ddp", recompute="full")
+    m = measure_checkpointed(config)
+    return {"config": config.name, "measured": m, "estimate": est, "recomputed": len(plan.recompute),
+            "ratio": plan.estimate.peak_memory_bytes / m["Total"]}
 
 
 def replicated_table(rows: list[dict[str, Any]]) -> str:
@@ -354,20 +399,31 @@ def replicated_table(rows: list[dict[str, Any]]) -> str:
 def fsdp_table(rows: list[dict[str, Any]]) -> str:
     """Markdown: one row per (config, N)."""
     lines = [
-        "| config | N | measured | fsdp est | ratio | fsdp-dp est | ratio | dp+buf ratio "
-        "| measured p/g/opt/gathered/rs/act+tmp/in | fsdp-dp est p/g/opt/act/in | fsdp est act |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---|---|---:|",
+        "| config | N | measured | reader est | ratio | fsdp2 est | ratio "
+        "| measured p/g/opt/gathered/rs/act+tmp/in | fsdp2 est p/g/opt/copies/buckets/act/in |",
+        "|---|---:|---:|---:|---:|---:|---:|---|---|",
     ]
     for r in rows:
-        m, e, d = r["measured"], r["estimate"], r["estimate_dp"]
+        m, e, d = r["measured"], r["estimate"], r["estimate_fsdp2"]
         mb = [m.get("Sharded Param", 0) + m.get("Buffer", 0), m.get("Sharded Grad", 0), m.get("OptState", 0),
               m.get("Unsharded Param", 0) + m.get("All Gather", 0),
               m.get("Reduce Scatter", 0) + m.get("Unsharded Grad", 0),
               m.get("Activation", 0) + m.get("Temp", 0), m.get("Inputs", 0)]
-        db = [d["params"], d["grads"], d["optimizer"], d["activations"], d["inputs"]]
+        db = [d["params"], d["grads"], d["optimizer"], d["copies"], d["buckets"], d["activations"], d["inputs"]]
         lines.append(f"| {r['config']} | {r['n']} | {_mib(m['Total'])} | {_mib(e['Total'])} | {r['ratio']:.3f} "
-                     f"| {_mib(d['Total'])} | {r['ratio_dp']:.3f} | {r['ratio_dp_buffers']:.3f} "
-                     f"| {' / '.join(_mib(b) for b in mb)} | {' / '.join(_mib(b) for b in db)} "
+                     f"| {_mib(d['Total'])} | {r['ratio_fsdp2']:.3f} "
+                     f"| {' / '.join(_mib(b) for b in mb)} | {' / '.join(_mib(b) for b in db)} |")
+    return "\n".join(lines)
+
+
+def checkpoint_table(rows: list[dict[str, Any]]) -> str:
+    """Markdown: one row per config."""
+    lines = ["| config | measured | estimate | ratio | recomputed nodes | measured act+tmp | estimated act |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        m, e = r["measured"], r["estimate"]
+        lines.append(f"| {r['config']} | {_mib(m['Total'])} | {_mib(e['Total'])} | {r['ratio']:.3f} "
+                     f"| {r['recomputed']} | {_mib(m.get('Activation', 0) + m.get('Temp', 0))} "
                      f"| {_mib(e['activations'])} |")
     return "\n".join(lines)
 
@@ -386,6 +442,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         frows = [fsdp_row(c, n) for n in args.fsdp_sizes for c in FSDP_CONFIGS]
         print(f"\n## FSDP baseline vs FSDP2 fully_shard, rank 0 of N (FSDPMemTracker, second step; MiB)\n")
         print(fsdp_table(frows))
+    crows = [checkpoint_row(c) for c in CHECKPOINT_CONFIGS]
+    print("\n## Full recomputation vs torch.utils.checkpoint on every block, one rank (MemTracker; MiB)\n")
+    print(checkpoint_table(crows))
     print(f"\n{torch.get_num_threads()} threads, torch {torch.__version__}, CPU; "
           f"{time.perf_counter() - start:.0f} s")
     return 0

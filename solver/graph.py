@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Sequence
 
 import numpy as np
 
@@ -320,6 +321,21 @@ class WorkingGraph:
         # value is resolved (reverse order) before theirs.
 
     # -- the way back ------------------------------------------------------
+    def project(self, choice: Sequence[int]) -> dict[int, int | None]:
+        """Per remaining variable, the value that gives its original nodes ``choice``
+        (a warm start), or None where the reductions removed a strategy it uses
+        (forbidden or dominated) or merged nodes it chooses differently.
+        Eliminated and fixed variables take their recorded values on the way
+        back (:meth:`reconstruct`)."""
+        values: dict[int, int | None] = {}
+        for var, members in self.members.items():
+            ok = np.ones(self.domain_size(var), dtype=bool)
+            for member in members:
+                ok &= member.table[: ok.size] == choice[member.node]
+            hits = np.flatnonzero(ok)
+            values[var] = int(hits[0]) if hits.size else None
+        return values
+
     def reconstruct(self, values: dict[int, int]) -> list[int]:
         """Strategy per original node, from one value per remaining variable."""
         choice = [-1] * self.num_original_nodes

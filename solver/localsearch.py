@@ -5,8 +5,15 @@ and keep a segment tree of the memory profile, so checking whether a move fits
 costs O(terms of the variable x log T).
 
 * ``greedy``: every variable takes its least-memory value (ties by cost), the
-  start the contest's usage limit is built around (1.1 x its peak), then
-  :func:`repair` and descent.
+  start the contest's usage limit is built around (1.1 x its peak), made
+  consistent (:func:`make_finite`), then :func:`repair` and descent.
+* ``make_finite``: while an edge sits on a forbidden pair, move one of its
+  ends to the value that leaves every edge of that end allowed with the
+  least memory (ties by cost). Least-memory values chosen one by one can
+  pair into forbidden combinations (a value that needs its neighbour in a
+  particular state: a recomputed op needs its input held or recomputed), and
+  repair moves one variable at a time, so it cannot leave such a start; the
+  pass propagates the requirement along the edges instead.
 * ``repair``: while the peak p exceeds the limit, move the variable/value
   with the best cost-per-byte freed at p, never raising another point above
   the current peak; a pass of least-memory moves is the fallback.
@@ -37,10 +44,10 @@ from solver.kernels import (
     tree_argmax,
     tree_max,
 )
-from solver.tolerance import descent_target
+from solver.tolerance import BIG, descent_target
 
 __all__ = ["SearchState", "greedy", "repair", "one_opt", "pair_opt", "descend", "least_memory_values",
-           "repaired_candidate"]
+           "repaired_candidate", "make_finite"]
 
 _descent_target = numba.njit(cache=True)(descent_target)
 
@@ -91,6 +98,57 @@ def least_memory_values(arr, length_weighted):  # pragma: no cover - compiled
                 best_cost = c
                 x[v] = b
     return x
+
+
+@numba.njit(cache=True)
+def _value_use(arr, v, b):  # pragma: no cover - compiled
+    use = 0.0
+    for i in range(arr.var_term_off[v], arr.var_term_off[v + 1]):
+        k = arr.var_term[i]
+        use += (arr.term_t1[k] - arr.term_t0[k]) * arr.term_usage[arr.term_off[k] + b]
+    return use
+
+
+@numba.njit(cache=True)
+def make_finite(arr, x, max_rounds):  # pragma: no cover - compiled
+    """Move ends of edges on forbidden pairs (module docstring); returns the moves made."""
+    n = arr.dom.shape[0]
+    maxd = 1
+    for v in range(n):
+        maxd = max(maxd, arr.dom[v])
+    buf = np.empty(maxd)
+    moves = 0
+    half = BIG / 2
+    for _ in range(max_rounds):
+        changed = False
+        for e in range(arr.edge_u.shape[0]):
+            u = arr.edge_u[e]
+            v = arr.edge_v[e]
+            if arr.edge_cost[arr.edge_off[e] + x[u] * arr.dom[v] + x[v]] < half:
+                continue
+            best_w = -1
+            best_b = -1
+            best_use = np.inf
+            best_cost = np.inf
+            for side in range(2):
+                w = u if side == 0 else v
+                local_costs(arr, x, w, buf)
+                for b in range(arr.dom[w]):
+                    if buf[b] >= half:
+                        continue
+                    use = _value_use(arr, w, b) - _value_use(arr, w, x[w])
+                    if use < best_use or (use == best_use and buf[b] < best_cost):
+                        best_use = use
+                        best_cost = buf[b]
+                        best_w = w
+                        best_b = b
+            if best_w >= 0:
+                x[best_w] = best_b
+                moves += 1
+                changed = True
+        if not changed:
+            break
+    return moves
 
 
 @numba.njit(cache=True)
@@ -338,7 +396,9 @@ def repaired_candidate(arr: KernelArrays, labels: np.ndarray, num_times: int, *,
 def greedy(arr: KernelArrays, num_times: int, *, rng: np.random.Generator | None = None,
            deadline: float | None = None) -> SearchState:
     """Least-memory start, repaired and descended (see module docstring)."""
-    state = SearchState(arr, least_memory_values(arr, True), num_times)
+    start = least_memory_values(arr, True)
+    make_finite(arr, start, 1000)
+    state = SearchState(arr, start, num_times)
     if num_times:
         repair(arr, state.x, state.tree, state.pend, 100_000)
     descend(state, enforce=state.feasible(), rng=rng, deadline=deadline)

@@ -35,10 +35,13 @@ import logging
 import math
 import os
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
+
+import numpy as np
 
 from solver.backends import DEFAULT_BACKEND, get_backend
 from solver.budget import Budget
+from solver.evaluate import evaluate
 from solver.compiled import compile_graph
 from solver.evaluate import evaluate
 from solver.jit import COMPILING_NOTE, CompileClock
@@ -46,7 +49,7 @@ from solver.problem import Problem
 from solver.reductions import InfeasibleError, reduce_problem
 from solver.solution import Solution, Status
 from solver.stages import EXACT_MAX_COLUMNS, STAGES, Incumbent, Options, StageReport, View, program_columns, timed
-from solver.tolerance import DEFAULT_GAP, is_proven
+from solver.tolerance import DEFAULT_GAP, FORBIDDEN, is_proven, over_limit
 
 __all__ = ["solve", "METHODS", "EXACT_MAX_COLUMNS"]
 
@@ -70,6 +73,7 @@ def solve(
     exact_max_columns: int = EXACT_MAX_COLUMNS,
     inner: str | None = None,
     gap: float = DEFAULT_GAP,
+    initial: Sequence[int] | None = None,
 ) -> Solution:
     """Pick one strategy per node minimising total cost under the memory limit.
 
@@ -79,7 +83,10 @@ def solve(
     the Lagrangian rounds (``trws``, the default, ``treedp`` or ``toulbar2``).
     ``gap``: relative gap at which a bound proves the cost optimal and the
     search stops (``solver.tolerance``).
-    ``progress(event)`` is called at every stage with a dict: ``stage``,
+    ``initial``: a choice (one strategy per node) to start from: when it is
+    feasible and the reductions kept its values, it is the first incumbent
+    (the exact stage starts from it); ``stats["initial"]`` says what became of
+    it. ``progress(event)`` is called at every stage with a dict: ``stage``,
     ``seconds`` and, once known, ``cost`` (the incumbent) and ``bound``.
     Deterministic for a given ``seed`` and ``threads`` when the time limit is
     not reached.
@@ -136,6 +143,11 @@ def solve(
             return finish(Status.INFEASIBLE, None,
                           f"memory limit {graph.limit:.6g} is below the memory that no choice avoids "
                           f"({graph.base.max():.6g}); the smallest achievable peak is at least that")
+        if initial is not None:
+            if evaluate(problem, initial).feasible:
+                inc, stats["initial"] = _warm_start(working, graph, initial, inc)
+            else:
+                stats["initial"] = "infeasible"
         view = View.build(graph, options, budget, emit)
         compiled = {"reduce+prepare": round(clock.seconds, 4)} if clock.seconds > 0 else {}
         stats["method"] = view.chosen
@@ -169,6 +181,40 @@ def solve(
     if is_proven(inc.cost, inc.bound, gap):
         return finish(Status.OPTIMAL, inc.values)
     return finish(Status.TIMEOUT if budget.expired(0.1) else Status.FEASIBLE, inc.values)
+
+
+def _warm_start(working: Any, graph: Any, initial: Sequence[int], inc: Incumbent) -> tuple[Incumbent, str]:
+    """The incumbent from a given choice, and what became of it: ``used``;
+    ``completed`` (some of its values were reduced away, as dominated, and the
+    variables took their cheapest value given the others, then a repair to the
+    memory limit); ``infeasible`` (a forbidden cost or over the limit even so)."""
+    from solver.localsearch import SearchState, descend, repair
+    from solver.kernels import local_costs
+
+    values = working.project(initial)
+    x = np.array([-1 if values[int(v)] is None else values[int(v)] for v in graph.var_ids], dtype=np.int64)
+    missing = np.flatnonzero(x < 0)
+    how = "used"
+    if missing.size:
+        how = "completed"
+        arr = graph.arrays
+        x[missing] = 0
+        buf = np.empty(int(graph.dom.max()))
+        for v in missing:  # the cheapest value given the others (a dominating value is among them)
+            local_costs(arr, x, int(v), buf)
+            x[v] = int(np.argmin(buf[: graph.dom[v]]))
+        state = SearchState(arr, x, graph.num_times)
+        if not state.feasible():
+            repair(arr, state.x, state.tree, state.pend, 10_000)
+            if state.feasible():
+                descend(state, enforce=True)
+        x = state.x
+    cost = graph.cost(x)
+    if not math.isfinite(cost) or cost >= FORBIDDEN:
+        return inc, "infeasible"
+    if graph.num_times and over_limit(graph.memory_profile(x) - graph.limit, graph.limit).any():
+        return inc, "infeasible"
+    return Incumbent(x, cost, inc.bound, inc.dual), how
 
 
 def _infeasible_message(view: View, reports: list[StageReport]) -> str:

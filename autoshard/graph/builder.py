@@ -31,7 +31,19 @@ Nodes (one per tensor-producing op of the joint graph, plus leaves and sinks):
 - **buffer update** sinks (tied to their buffer) and one **loss** sink (the
   loss is returned replicated, equal on every rank).
 
-Edges: one per (reader, tensor input), matrix from ``autoshard.graph.edges``.
+- **memory** nodes: memory-only nodes tied to the node whose choice they
+  follow (``autoshard.graph.tied_memory``): the pieces of a recomputable
+  value's memory, and upper bounds on redistributed copies and gradient
+  bucket payloads (``autoshard.graph.copies``).
+
+Recomputation (``recompute=True``, the default): the forward ops of each
+repeated block that may be recomputed get one copy of their strategy list
+per state (keep / hold / recompute), priced as they would run
+(``autoshard.graph.recompute``, regions from ``autoshard.graph.regions``).
+
+Edges: one per (reader, tensor input), matrix from ``autoshard.graph.edges``;
+on an edge into a view, a redistribution is allowed only where the view
+cannot read the producer's placement as it is (``autoshard.graph.copies``).
 
 Ties: the parameter/sink pairs always; repeated layers
 (``autoshard.graph.ties``) when ``ties=True``.
@@ -52,11 +64,12 @@ is fine, the rule is not, and the user needs to know which call to report.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import operator
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 
 import numpy as np
@@ -69,10 +82,15 @@ from costmodel.mesh import MeshSpec
 from costmodel.placements import Placement
 from hw_profiles import HardwareProfile
 
+from autoshard.graph.copies import copy_intervals, param_gather_schedule, view_copy_rule
 from autoshard.graph.edges import EdgePricer
-from autoshard.graph.liveness import compute_liveness
+from autoshard.graph.liveness import alias_ends, compute_liveness, is_view_op
 from autoshard.graph.memory import OptimizerMemory, local_bytes
 from autoshard.graph.placements import leaf_placements, replicated
+from autoshard.graph.recompute import edge_rule, expand_compute, expand_memory, reader_span, state_signature
+from autoshard.graph.regions import Region, RegionAnalysis, analyse_regions
+from autoshard.graph.states import RECOMPUTE
+from autoshard.graph.tied_memory import InputCopy, TiedMemory
 from autoshard.graph.ties import UnionFind, repeated_groups
 from autoshard.rules import OpStrategy, RuleError, RuleRegistry, TensorMeta, load_rules, op_name
 from autoshard.trace import TracedGraph, tensor_arg_nodes
@@ -85,7 +103,8 @@ log = logging.getLogger(__name__)
 Restrict = Callable[[fx.Node, tuple[OpStrategy, ...]], "tuple[OpStrategy, ...] | list[OpStrategy]"]
 """Keeps a subset of an op node's strategies (``build_graph(restrict=...)``)."""
 
-NODE_KINDS = ("op", "param", "buffer", "input", "constant", "tangent", "grad", "opt_temp", "buffer_update", "loss")
+NODE_KINDS = ("op", "param", "buffer", "input", "constant", "tangent", "grad", "opt_temp", "buffer_update", "loss",
+              "memory")
 
 
 class GraphBuildError(ValueError):
@@ -140,6 +159,11 @@ class GraphNode:
     """Global metadata of each output."""
     signature: str
     """Identity of the strategy list (equal signatures, equal lists)."""
+    states: tuple[int, ...] = ()
+    """Recomputation states of the list, state-major (``autoshard.graph.recompute``);
+    empty: the node has no states (every strategy keeps)."""
+    region: int = -1
+    """Index in :attr:`StrategyGraph.regions` of the block whose forward it is (-1: none)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,6 +229,17 @@ class StrategyGraph:
     """Gradient bucket cap the gradient edges were priced with (0: no buckets)."""
     constants: Mapping[str, int] = field(default_factory=dict)
     """Tensor constant name (``_tensor_constant0``) -> its node."""
+    regions: tuple[Region, ...] = ()
+    """Checkpoint regions (``autoshard.graph.regions``); empty: no recomputation."""
+    copy_live: tuple[tuple[tuple[int, int], ...], ...] = ()
+    """Per edge: the intervals of a redistributed copy when its reader runs once."""
+    copy_live_recomputed: tuple[tuple[tuple[int, int], ...], ...] = ()
+    """Per edge: the intervals of the copy when its reader is recomputed (empty: never)."""
+    follows: Mapping[int, int] = dataclasses.field(default_factory=dict)
+    """View node -> the node whose recomputation state it takes (``autoshard.graph.recompute``, C4)."""
+    times: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    """fx node name -> its time on the graph's time axis (``live`` intervals use it; with regions,
+    it has a recomputation phase before each region's ``t_rc``)."""
 
 
 def _dtype_key(metas: tuple[TensorMeta | None, ...]) -> str:
@@ -239,6 +274,11 @@ class _Builder:
         self._compute_cache: dict[str, np.ndarray] = {}
         self._memory_cache: dict[tuple[str, bool], np.ndarray] = {}
         self.uncovered: set[str] = set()
+        self.analysis = RegionAnalysis((), {}, {})
+        self.tied: TiedMemory | None = None
+        self.copy_live: list[tuple[tuple[int, int], ...]] = []
+        self.copy_live_recomputed: list[tuple[tuple[int, int], ...]] = []
+        self._view_cols: dict[int, np.ndarray] = {}
 
     # -- nodes ---------------------------------------------------------------
     def add(self, node: GraphNode) -> int:
@@ -274,6 +314,25 @@ class _Builder:
         )
 
     def op_node(self, node: fx.Node, live: tuple[int, int], owns_memory: bool) -> int:
+        strategies, compute, memory, signature = self._op_strategies(node, owns_memory)
+        info = self.traced.nodes[node.name]
+        member = self.analysis.members.get(node.name)
+        region = self.analysis.region_of.get(node.name, -1)
+        if member is None:
+            return self.add(GraphNode(node.name, "op", op_name(info.op), strategies, compute, memory, live,
+                                      info.outputs, signature, (), region))
+        states = member.states
+        i = self.add(GraphNode(node.name, "op", op_name(info.op), strategies * len(states),
+                               expand_compute(compute, states), expand_memory(memory, states), live, info.outputs,
+                               state_signature(signature, states), states, region))
+        if owns_memory:
+            own = self.tied.pieces(i, node.name, live[0], memory)
+            self.nodes[i] = replace(self.nodes[i], live=own)
+        return i
+
+    def _op_strategies(self, node: fx.Node, owns_memory: bool) -> tuple[tuple[OpStrategy, ...], np.ndarray,
+                                                                         np.ndarray, str]:
+        """The op's strategies (after ``restrict``), compute and memory per strategy, and signature."""
         info = self.traced.nodes[node.name]
         start = time.perf_counter()
         try:
@@ -315,8 +374,7 @@ class _Builder:
             ], dtype=np.float64)
             self._memory_cache[(signature, owns_memory)] = memory
         self.seconds["compute"] += time.perf_counter() - start
-        return self.add(GraphNode(node.name, "op", op_name(info.op), strategies, compute, memory, live,
-                                  info.outputs, signature))
+        return strategies, compute, memory, signature
 
     def _access(self, node: fx.Node, info: Any) -> tuple[float, bool]:
         """(innermost run, scalar operand) of the node's kernel (``autoshard.graph.access``)."""
@@ -346,20 +404,39 @@ class _Builder:
 
     # -- edges ---------------------------------------------------------------
     def edge(self, src: int, src_output: int, dst: int, dst_input: int,
-             dst_placement: Callable[[OpStrategy], Any], share: float = 1.0) -> None:
+             dst_placement: Callable[[OpStrategy], Any], share: float = 1.0, *, view: bool = False,
+             src_fx: str | None = None) -> InputCopy:
+        """Add the edge; returns what the reader's copy bound needs (``tied_memory``).
+        ``view``: the reader is a view op; ``src_fx``: the producer's fx name (None: a leaf)."""
         start = time.perf_counter()
         u, v = self.nodes[src], self.nodes[dst]
         tensor = u.outputs[src_output]
         if tensor is None:
             raise ValueError(f"graph: {v.name} reads output {src_output} of {u.name}, which is not a tensor")
-        key = (u.signature, src_output, v.signature, dst_input, v.kind)
-        matrix = self.pricer.matrix_index(
-            key, tensor.shape, tensor.itemsize,
-            lambda: ([s.output_placements[src_output] for s in u.strategies], [dst_placement(s) for s in v.strategies]),
-            share=share,
-        )
+        rule = edge_rule(self.analysis, src_fx, u.states, v.name, v.states) if (u.states or v.states) else None
+        key = (u.signature, src_output, v.signature, dst_input, v.kind, view, rule)
+        copies: list[np.ndarray] = []
+
+        def placements() -> tuple[list[Any], list[Any]]:
+            return ([s.output_placements[src_output] for s in u.strategies], [dst_placement(s) for s in v.strategies])
+
+        def adjust(matrix: np.ndarray) -> np.ndarray:
+            if view:
+                matrix, cols = view_copy_rule(matrix, *placements())
+                copies.append(cols)
+            return rule.apply(matrix) if rule is not None else matrix
+
+        matrix = self.pricer.matrix_index(key, tensor.shape, tensor.itemsize, placements, share=share,
+                                          adjust=adjust if (view or rule is not None) else None)
         self.edges.append(GraphEdge(src, dst, src_output, dst_input, tensor, matrix))
         self.seconds["edges"] += time.perf_counter() - start
+        view_cols = None
+        if view:
+            view_cols = self._view_cols.get(matrix)
+            if view_cols is None:
+                view_cols = copies[0] if copies else view_copy_rule(self.pricer.matrices[matrix], *placements())[1]
+                self._view_cols[matrix] = view_cols
+        return self.pricer.matrices[matrix], tensor, dst_input, view_cols, src, src_output
 
     def read(self, fx_name: str) -> tuple[int, int]:
         if fx_name not in self.producer:
@@ -379,6 +456,8 @@ def build_graph(
     on_progress: Callable[[int, int], None] | None = None,
     restrict: Restrict | None = None,
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    recompute: bool = True,
+    gather: str = "reader",
 ) -> StrategyGraph:
     """The strategy graph of ``traced`` on ``mesh`` priced with ``profile`` (module docstring).
 
@@ -389,7 +468,12 @@ def build_graph(
     the strategies to keep for an op node (a search-space restriction: the
     result is then optimal only over what it keeps); ``bucket_bytes``: the
     runtime's gradient bucket cap, which prices gradient reductions
-    (``costmodel.bucketing``; 0 = one collective per gradient).
+    (``costmodel.bucketing``; 0 = one collective per gradient);
+    ``recompute``: give the forward ops of repeated blocks recomputation
+    states (``autoshard.graph.recompute``; a model without repeated blocks
+    gets none either way); ``gather``: when parameter copies are held
+    (``autoshard.graph.copies``: ``reader``, as autoshard's runtime gathers,
+    or ``fsdp2``, as FSDP2 does).
     """
     rules = rules or load_rules()
     optimizer = optimizer or OptimizerMemory()
@@ -398,6 +482,13 @@ def build_graph(
     kept = {traced.loss.name} | {n.name for n in traced.buffer_updates.values()}
     liveness = compute_liveness(gm, outputs_live_to_end=frozenset(kept))
     end = liveness.end
+    if recompute:
+        b.analysis = analyse_regions(traced, liveness)
+        liveness = b.analysis.liveness  # the time axis with the recomputation phases
+        end = liveness.end
+    alias_end = alias_ends(gm, liveness)
+    b.tied = TiedMemory(b, b.analysis)
+    param_copy_live = param_gather_schedule(traced, liveness, gather)
     rep = replicated(len(mesh.shape))
     names_of = {node: name for name, node in traced.params.items()}
     buffer_names = {node: name for name, node in traced.buffers.items()}
@@ -465,9 +556,23 @@ def build_graph(
                       owns_memory=owner == node.name)
         b.fx_index[node.name] = i
         b.producer[node.name] = (i, 0)
+        view = is_view_op(node.target)
+        span = reader_span(b.analysis, node.name, liveness.time[node.name], alias_end[node.name] if view else None,
+                           _forward_end(b.analysis, node.name))
+        recomputed = RECOMPUTE in b.nodes[i].states
+        copies, lives = [], []
         for position, arg in enumerate(tensor_arg_nodes(node)):
             src, out = b.read(arg.name)
-            b.edge(src, out, i, position, lambda s, position=position: s.input_placements[position])
+            copies.append(b.edge(src, out, i, position, lambda s, position=position: s.input_placements[position],
+                                 view=view, src_fx=b.nodes[src].name if b.nodes[src].kind == "op" else None))
+            live = (copy_intervals(span, False), copy_intervals(span, True) if recomputed else ())
+            if param_copy_live is not None and liveness.owner[arg.name] in param_copy_live.params:
+                gathered = (param_copy_live(node.name),)  # a parameter's gather, on the schedule asked for
+                live = (gathered, gathered if recomputed else ())
+            lives.append(live)
+            b.copy_live.append(live[0])
+            b.copy_live_recomputed.append(live[1])
+        b.tied.input_copies(i, copies, lives)
         done += 1
         if on_progress is not None and done % 64 == 0:
             on_progress(done, total_ops)
@@ -478,6 +583,7 @@ def build_graph(
         return s.output_placements[0]
 
     grads: dict[str, int] = {}
+    producers: list[tuple[int, int]] = []
     grad_bytes = {fqn: TensorMeta(b.nodes[params[fqn]].outputs[0].shape, g.meta["val"].dtype).numel
                   * g.meta["val"].dtype.itemsize for fqn, g in traced.grads.items() if g is not None}
     total_grad_bytes = sum(grad_bytes.values())
@@ -497,8 +603,11 @@ def build_graph(
         src, out = b.read(gnode.name)
         b.edge(src, out, sink, 0, same_placement,
                share=bucket_share(grad_bytes[fqn], total_grad_bytes, bucket_bytes))
+        b.copy_live.append(())  # the reduction's output is the sink's own memory
+        b.copy_live_recomputed.append(())
         b.union.union(params[fqn], sink)
         grads[fqn] = sink
+        producers.append((src, liveness.time[gnode.name], float(grad_bytes[fqn])))
     for fqn, unode in traced.buffer_updates.items():
         buffer = b.nodes[buffers[fqn]]
         sink = b.add(GraphNode(
@@ -507,17 +616,23 @@ def build_graph(
         ))
         src, out = b.read(unode.name)
         b.edge(src, out, sink, 0, same_placement)
+        b.copy_live.append(())
+        b.copy_live_recomputed.append(())
         b.union.union(buffers[fqn], sink)
     loss_meta = TensorMeta.of(traced.loss.meta["val"])
     sink = b.add(GraphNode("loss", "loss", "loss", (OpStrategy((rep,), (rep,)),), np.zeros(1), np.zeros(1),
                            None, (loss_meta,), "loss"))
     src, out = b.read(traced.loss.name)
     b.edge(src, out, sink, 0, same_placement)
+    b.copy_live.append(())
+    b.copy_live_recomputed.append(())
+    b.tied.gradient_payloads(producers, bucket_bytes)
 
     start = time.perf_counter()
     required = tuple(tuple(g) for g in b.union.groups())
     if ties:
         _tie_repeated(b, gm)
+        b.tied.tie_copies()
     groups = tuple(tuple(g) for g in b.union.groups())
     b.seconds["ties"] = time.perf_counter() - start
     counts = [len(n.strategies) for n in b.nodes if n.kind == "op"]
@@ -530,8 +645,17 @@ def build_graph(
         mesh=mesh, profile=profile, nodes=tuple(b.nodes), edges=tuple(b.edges), matrices=tuple(b.pricer.matrices),
         ties=groups, required_ties=required, index=dict(b.index), params=params, grads=grads, inputs=inputs, buffers=buffers,
         param_aliases=dict(getattr(traced, "param_aliases", {}) or {}), end_time=end, optimizer=optimizer,
-        stats=stats, bucket_bytes=int(bucket_bytes), constants=constants,
+        stats=stats, bucket_bytes=int(bucket_bytes), constants=constants, regions=b.analysis.regions,
+        copy_live=tuple(b.copy_live), copy_live_recomputed=tuple(b.copy_live_recomputed),
+        follows={b.index[name]: b.index[m.follows] for name, m in b.analysis.members.items()
+                 if m.follows is not None and name in b.index and m.follows in b.index},
+        times=dict(liveness.time),
     )
+
+
+def _forward_end(analysis: RegionAnalysis, name: str) -> int | None:
+    member = analysis.members.get(name)
+    return None if member is None else member.forward_end + 1
 
 
 def _tie_repeated(b: _Builder, gm: fx.GraphModule) -> None:

@@ -126,14 +126,19 @@ class EdgePricer:
         placements: Callable[[], tuple[Sequence[Placements | None], Sequence[Placements | None]]],
         *,
         share: float = 1.0,
+        adjust: Callable[[np.ndarray], np.ndarray] | None = None,
     ) -> int:
         """Index in :attr:`matrices` of the edge matrix for ``key`` (a hashable
-        identity of the two strategy lists and positions), built once from the
-        (producer, reader) placement lists that ``placements()`` returns."""
+        identity of the two strategy lists and positions, and of ``adjust``),
+        built once from the (producer, reader) placement lists that
+        ``placements()`` returns; ``adjust`` rewrites it once built (the
+        view and recomputation rules of ``autoshard.graph.copies`` and
+        ``autoshard.graph.recompute``)."""
         full_key = (key, shape, itemsize, share)
         index = self._matrix_cache.get(full_key)
         if index is None:
             index = len(self.matrices)
-            self.matrices.append(self.matrix(shape, itemsize, *placements(), share=share))
+            matrix = self.matrix(shape, itemsize, *placements(), share=share)
+            self.matrices.append(matrix if adjust is None else adjust(matrix))
             self._matrix_cache[full_key] = index
         return index

@@ -27,13 +27,14 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Mapping
 
 import torch
 import torch.fx as fx
 from torch._ops import OpOverload
 
-__all__ = ["Liveness", "compute_liveness", "is_view_op"]
+__all__ = ["Liveness", "compute_liveness", "is_view_op", "is_view_name", "alias_ends"]
 
 _ALWAYS_VIEWS = frozenset({torch.ops.aten._unsafe_view.default})
 
@@ -48,6 +49,20 @@ def is_view_op(target: object) -> bool:
         return True
     returns = target._schema.returns
     return bool(returns) and returns[0].alias_info is not None and not returns[0].alias_info.is_write
+
+
+@lru_cache(maxsize=4096)
+def is_view_name(target: str) -> bool:
+    """:func:`is_view_op` for an op written ``aten.t.default`` (a graph node's ``target``).
+
+    >>> is_view_name("aten.t.default"), is_view_name("aten.mm.default"), is_view_name("param")
+    (True, False, False)
+    """
+    parts = target.split(".")
+    if len(parts) != 3 or parts[0] != "aten":
+        return False
+    op = getattr(getattr(torch.ops.aten, parts[1], None), parts[2], None)
+    return op is not None and is_view_op(op)
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,3 +108,20 @@ def compute_liveness(graph_module: fx.GraphModule, *, outputs_live_to_end: froze
         last[owner[name]] = end
     intervals = {root: (time[root], max(t, time[root]) + 1) for root, t in last.items()}
     return Liveness(time=time, end=end, owner=owner, intervals=intervals)
+
+
+def alias_ends(graph_module: fx.GraphModule, liveness: Liveness) -> dict[str, int]:
+    """fx node name -> one past the last reader of the node or of any view of it
+    (at least its own time + 1): how long an alias made by a view keeps what it
+    aliases alive (``autoshard.graph.copies``)."""
+    nodes = [n for n in graph_module.graph.nodes if n.op != "output"]
+    time = liveness.time
+    end = {n.name: time[n.name] + 1 for n in nodes}
+    for n in nodes:
+        for used in n.all_input_nodes:
+            end[used.name] = max(end[used.name], time[n.name] + 1)
+    for n in reversed(nodes):  # a view's readers keep its base alive too
+        if n.op == "call_function" and is_view_op(n.target) and n.args and isinstance(n.args[0], fx.Node):
+            base = n.args[0].name
+            end[base] = max(end[base], end[n.name])
+    return end

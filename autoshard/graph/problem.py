@@ -11,10 +11,13 @@ from __future__ import annotations
 
 from typing import Mapping
 
+import numpy as np
+
 from solver import Problem
 from solver.problem import Edge, Node
 
 from autoshard.graph.builder import StrategyGraph
+from autoshard.graph.recompute_policy import policy_masks, policy_ties
 
 __all__ = ["to_problem", "strategy_labels"]
 
@@ -42,20 +45,30 @@ def to_problem(
     pins: Mapping[int, int] | None = None,
     ties: bool = True,
     labels: bool = False,
+    recompute: str = "auto",
+    allowed: Mapping[int, np.ndarray] | None = None,
 ) -> Problem:
     """The solver's problem for ``graph``: cost = compute time per strategy,
     edges = redistribution time matrices, memory with liveness.
 
     ``ties=False`` drops the tie groups (the parameter/gradient pairs are kept:
     they are what makes a gradient arrive in its parameter's placement).
+    ``recompute``: the recomputation policy (``autoshard.graph.recompute_policy``;
+    ``auto`` lets the solver choose). ``allowed``: node index -> mask of the
+    strategies it may take (a restriction, as a baseline's layout rules);
+    the others get an infinite cost, as do those the policy forbids.
     """
     names = strategy_labels(graph) if labels else [None] * len(graph.nodes)
+    masks = dict(policy_masks(graph, recompute))
+    for i, mask in (allowed or {}).items():
+        masks[i] = masks[i] & mask if i in masks else np.asarray(mask, dtype=bool)
     nodes = tuple(
-        Node(cost=n.compute_s, memory_bytes=n.memory_bytes, live=n.live, name=n.name, strategies=label)
-        for n, label in zip(graph.nodes, names)
+        Node(cost=n.compute_s if i not in masks else np.where(masks[i], n.compute_s, np.inf),
+             memory_bytes=n.memory_bytes, live=n.live, name=n.name, strategies=label)
+        for i, (n, label) in enumerate(zip(graph.nodes, names))
     )
     edges = tuple(Edge(e.src, e.dst, graph.matrices[e.matrix]) for e in graph.edges)
-    groups = graph.ties if ties else graph.required_ties
+    groups = policy_ties(graph, recompute, graph.ties if ties else graph.required_ties)
     return Problem(nodes=nodes, edges=edges, memory_limit=memory_limit, ties=groups, pins=dict(pins or {}),
                    name="autoshard")
 

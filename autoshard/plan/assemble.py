@@ -16,8 +16,11 @@ cost at its chosen strategy, optimizer update included; the problem's node
 cost is the graph's ``compute_s``) plus, for every edge with a non-zero cost
 at the chosen pair, the planner's steps between the chosen placements, split
 into collectives and local re-layouts, with every gradient bucket's one
-collective in place of its members' steps (``costmodel.bucketing``). Peak
-memory is ``solver.evaluate``'s.
+collective in place of its members' steps (``costmodel.bucketing``), plus
+the recomputation (a recomputed op's compute and its input redistributions
+once more: ``recompute_s``). Peak memory is counted exactly for the chosen
+placements (:mod:`autoshard.plan.exact_memory`): the redistributed copies
+and bucket payloads that really happen, where the program charged a bound.
 
 >>> from hw_profiles import load
 >>> from costmodel.mesh import MeshSpec
@@ -36,9 +39,11 @@ from costmodel.mesh import MeshSpec
 from costmodel.placements import Placement, PlacementParseError, parse_placements
 from costmodel.redistribute import plan_redistribute
 from hw_profiles import HardwareProfile, load_dict
-from solver import Problem, evaluate
+from solver import Problem
 from solver.solution import Solution
 
+from autoshard.plan.exact_memory import RECOMPUTE, exact_timeline, keep_choice, state_of, timeline_peak
+from autoshard.plan.tidy_states import tidy_states
 from autoshard.plan.format import Estimate, Fingerprint, Plan, PlanError, PlanNode, Redistribution, SolverReport
 
 __all__ = ["ASSEMBLY_FORMAT", "REQUEST_FORMAT", "AssemblyError", "StrategyPlacements", "AssemblyNode",
@@ -79,6 +84,10 @@ class AssemblyNode:
     """``aten.mm.default`` for ops; the parameter/buffer/input name otherwise."""
     strategies: Sequence[Any]
     """The node's strategies (:class:`StrategyPlacements` or ``OpStrategy``), in the problem's order."""
+    states: tuple[int, ...] = ()
+    """Recomputation states of the list, state-major (``autoshard.graph.recompute``; empty: none)."""
+    region: str | None = None
+    """The checkpoint region whose forward the node is (None: none)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +104,10 @@ class AssemblyEdge:
     """Bytes per element."""
     dtype: str = ""
     """``torch.float32``: a gradient bucket's flat buffer has one dtype."""
+    copy_live: tuple[tuple[int, int], ...] = ()
+    """When a redistributed copy for this edge holds memory (``autoshard.graph.copies``)."""
+    copy_live_recomputed: tuple[tuple[int, int], ...] = ()
+    """The same when the reader is recomputed (empty: it never is)."""
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -126,8 +139,12 @@ class AssemblyGraph:
                 list_index[key] = len(lists)
                 lists.append([[[placement_text(p) for p in s.output_placements],
                                [placement_text(p) for p in s.input_placements]] for s in node.strategies])
-            nodes.append({"name": node.name, "kind": node.kind, "target": node.target,
-                          "strategies": list_index[key]})
+            entry = {"name": node.name, "kind": node.kind, "target": node.target, "strategies": list_index[key]}
+            if node.states:
+                entry["states"] = list(node.states)
+            if node.region is not None:
+                entry["region"] = node.region
+            nodes.append(entry)
         data = {
             "format": ASSEMBLY_FORMAT,
             "mesh": {"shape": list(self.mesh.shape), "dim_names": list(self.mesh.dim_names),
@@ -136,6 +153,8 @@ class AssemblyGraph:
             "strategy_lists": lists,
             "nodes": nodes,
             "edges": [[e.src, e.dst, e.src_output, e.dst_input, list(e.shape), e.itemsize, e.dtype]
+                      + ([[list(x) for x in e.copy_live], [list(x) for x in e.copy_live_recomputed]]
+                         if e.copy_live or e.copy_live_recomputed else [])
                       for e in self.edges],
             "params": dict(self.params), "inputs": dict(self.inputs), "buffers": dict(self.buffers),
             "param_aliases": {k: list(v) for k, v in self.param_aliases.items()},
@@ -171,17 +190,27 @@ class AssemblyGraph:
             k = _get(raw, "strategies", path, int)
             if not 0 <= k < len(lists):
                 raise AssemblyError(f"{path}.strategies: no strategy list {k} (there are {len(lists)})")
+            states = raw.get("states", [])
+            if not (isinstance(states, list) and all(isinstance(x, int) and 0 <= x <= 2 for x in states)
+                    and (not states or len(lists[k]) % len(states) == 0)):
+                raise AssemblyError(f"{path}.states: expected state codes 0-2 dividing the strategy count")
+            region = raw.get("region")
+            if region is not None and not isinstance(region, str):
+                raise AssemblyError(f"{path}.region: expected a string")
             nodes.append(AssemblyNode(str(_get(raw, "name", path, str)), str(_get(raw, "kind", path, str)),
-                                      str(_get(raw, "target", path, str)), lists[k]))
+                                      str(_get(raw, "target", path, str)), lists[k], tuple(states), region))
         edges = []
         for j, raw in enumerate(_get(data, "edges", where, list)):
             try:
-                src, dst, out, inp, shape, itemsize, dtype = raw
+                src, dst, out, inp, shape, itemsize, dtype, *lives = raw
+                if len(lives) not in (0, 2):
+                    raise ValueError
+                live, live_rc = (tuple((int(a), int(b)) for a, b in x) for x in lives) if lives else ((), ())
                 edges.append(AssemblyEdge(int(src), int(dst), int(out), int(inp), tuple(int(s) for s in shape),
-                                          int(itemsize), str(dtype)))
+                                          int(itemsize), str(dtype), live, live_rc))
             except (TypeError, ValueError):
                 raise AssemblyError(f"{where}.edges[{j}]: expected [src, dst, output, input, shape, itemsize, "
-                                    "dtype]") from None
+                                    "dtype] (and optionally [copy intervals], [recomputed copy intervals])") from None
         names = {}
         for key in ("params", "inputs", "buffers", "constants"):
             table = _get(data, key, where, Mapping) if key != "constants" or key in data else {}
@@ -318,12 +347,19 @@ def assemble_plan(
 
     >>> # plan = assemble_plan(request.assembly, problem, solution, fingerprint=request.fingerprint)
     """
-    choice = solution.choice
+    # states that change nothing go back to keep, so that the plan lists only recomputation that matters
+    choice = tidy_states(graph, problem, solution.choice)
     compute = float(sum(n.cost[k] for n, k in zip(problem.nodes, choice)))
+    recomputed = {i for i, (n, k) in enumerate(zip(graph.nodes, choice))
+                  if n.kind == "op" and state_of(n, k) == RECOMPUTE}
+    # a recomputed op's cost holds its forward twice (autoshard.graph.recompute, C1)
+    recompute_s = float(sum(problem.nodes[i].cost[choice[i]] for i in recomputed)) / 2
+    compute -= recompute_s
     comm = relayout = 0.0
     redistributions = []
+    copies = []  # (edge, reader placement, reader recomputed): the copies a redistribution makes
     grads = []  # (sink, dtype, steps, comm_s) of gradient redistributions, for the buckets
-    for e, pe in zip(graph.edges, problem.edges):
+    for j, (e, pe) in enumerate(zip(graph.edges, problem.edges)):
         a, b = choice[e.src], choice[e.dst]
         u, v = graph.nodes[e.src], graph.nodes[e.dst]
         src = u.strategies[a].output_placements[e.src_output]
@@ -335,6 +371,10 @@ def assemble_plan(
         steps = plan_redistribute(src, dst, graph.mesh, e.shape, e.itemsize, graph.profile)
         comm += steps.comm_s
         relayout += steps.local_s
+        if e.dst in recomputed:  # the reader's input is redistributed again for the recomputation (C2)
+            recompute_s += steps.cost_s
+        if steps.steps and src != dst:
+            copies.append((j, dst, e.dst in recomputed))
         redistributions.append(Redistribution(
             tensor=u.name, to=v.name, input_index=e.dst_input, output_index=e.src_output,
             src=placement_text(src), dst=placement_text(dst), steps=steps.steps, cost_s=steps.cost_s,
@@ -347,7 +387,12 @@ def assemble_plan(
     if buckets:
         members = {m for b in buckets for m in b.members}
         comm += sum(b.cost_s for b in buckets) - sum(g[3] for g in grads if g[0] in members)
-    check = evaluate(problem, choice)
+    timeline = exact_timeline(graph, problem, choice, copies, buckets)
+    peak = timeline_peak(timeline)
+    without = None
+    if recomputed:
+        without = timeline_peak(exact_timeline(graph, problem, keep_choice(graph, choice), copies, buckets,
+                                               recomputed=False))
 
     def chosen(i: int) -> str | None:
         return placement_text(graph.nodes[i].strategies[choice[i]].output_placements[0])
@@ -359,7 +404,7 @@ def assemble_plan(
             params[alias] = text
     nodes = tuple(
         PlanNode(n.name, n.target, tuple(placement_text(p) for p in n.strategies[k].output_placements),
-                 tuple(placement_text(p) for p in n.strategies[k].input_placements))
+                 tuple(placement_text(p) for p in n.strategies[k].input_placements), n.region)
         for n, k in zip(graph.nodes, choice) if n.kind == "op"
     )
     gap = None
@@ -373,16 +418,18 @@ def assemble_plan(
         buffers={name: chosen(i) for name, i in graph.buffers.items()},
         nodes=nodes,
         redistributions=tuple(redistributions),
-        estimate=Estimate(step_s=compute + comm + relayout, compute_s=compute, comm_s=comm, relayout_s=relayout,
-                          peak_memory_bytes=float(check.peak_memory_bytes), memory_limit_bytes=problem.memory_limit),
+        estimate=Estimate(step_s=compute + comm + relayout + recompute_s, compute_s=compute, comm_s=comm,
+                          relayout_s=relayout, peak_memory_bytes=peak, memory_limit_bytes=problem.memory_limit,
+                          recompute_s=recompute_s, peak_without_recompute_bytes=without),
         solver=SolverReport(backend=solution.backend, status=solution.status.value, gap=gap,
                             seconds=round(solution.seconds, 4), problem_nodes=problem.num_nodes,
                             problem_edges=problem.num_edges, reduced_nodes=reduced, timings=dict(timings or {})),
         param_aliases={k: tuple(v) for k, v in graph.param_aliases.items()},
         options=dict(options or {}),
-        memory_timeline=memory_timeline(problem, choice),
+        memory_timeline=timeline,
         buckets=buckets,
         constants={name: chosen(i) for name, i in graph.constants.items()},
+        recompute=tuple(graph.nodes[i].name for i in sorted(recomputed)),
     )
 
 

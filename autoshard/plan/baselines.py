@@ -18,6 +18,21 @@ Sequence parallelism is not a separate baseline: its parameters are laid out
 as in ``tp``, and the activations it shards along the sequence are free
 here, so the ``tp`` row already takes them where they pay.
 
+On the data-parallel mesh dims (every dim for ``ddp`` and ``fsdp``, every
+dim but the tensor-parallel one for ``tp`` and ``fsdp+tp``) each layout also
+runs its ops as data parallelism does (:func:`baseline_allowed`): an op input
+that carries the batch stays split (not replicated), and an input made from
+parameters alone is replicated, i.e. gathered before use. Without this, the
+solver could all-gather the tokens and run the model replicated under FSDP's
+parameter layout, which FSDP does not do. Views are exempt: they take their
+input as it comes, so a parameter is gathered by the op that reads its view
+(``autoshard.graph.copies``), as FSDP gathers per use.
+
+Each layout is priced with each recomputation policy users run
+(``autoshard.graph.recompute_policy``: none, full, selective, every second
+block) in ``compare_baselines``; a policy restricts recomputation states
+only, never placements.
+
 The tensor-parallel mesh dim is the one named ``tp`` (else the last one).
 Name-pattern tables ship for the example families (MLP, GPT-2, LLaMA, MoE)
 and Hugging Face's LLaMA-family naming;
@@ -32,9 +47,14 @@ from __future__ import annotations
 import fnmatch
 from typing import Mapping
 
-from autoshard.graph.builder import StrategyGraph
+import numpy as np
+from costmodel.placements import Replicate
 
-__all__ = ["BASELINES", "TP_TABLES", "BaselineError", "baseline_pins", "tp_table_for", "applicable_baselines"]
+from autoshard.graph.builder import StrategyGraph
+from autoshard.graph.liveness import is_view_name
+
+__all__ = ["BASELINES", "TP_TABLES", "BaselineError", "baseline_pins", "tp_table_for", "applicable_baselines",
+           "baseline_allowed", "data_dims"]
 
 BASELINES = ("ddp", "fsdp", "tp", "fsdp+tp")
 
@@ -173,3 +193,63 @@ def baseline_pins(graph: StrategyGraph, name: str, table: Mapping[str, str | int
                                 f"data-parallel mesh dims {[mesh[k] for k in data_dims]}")
         pins[input_name] = text
     return pins
+
+
+def data_dims(graph: StrategyGraph, name: str) -> list[int]:
+    """The data-parallel mesh dims of baseline ``name`` (module docstring)."""
+    if name not in BASELINES:
+        raise BaselineError(f"baseline: unknown {name!r} (expected one of {', '.join(BASELINES)})")
+    tp = _tp_dim(graph) if name in ("tp", "fsdp+tp") else None
+    return [k for k in range(graph.mesh.ndim) if k != tp and graph.mesh.shape[k] > 1]
+
+
+def baseline_allowed(graph: StrategyGraph, name: str) -> dict[int, np.ndarray]:
+    """Op node -> the strategies that run it data parallel on the layout's data
+    mesh dims (module docstring); nodes the rule would leave without a strategy
+    (a loss reduction that wants a replicated scalar) and views are unrestricted.
+
+    >>> # to_problem(graph, pins=..., allowed=baseline_allowed(graph, "fsdp"))
+    """
+    dims = data_dims(graph, name)
+    if not dims:
+        return {}
+    import math
+
+    group = math.prod(graph.mesh.shape[k] for k in dims)
+    batch = np.zeros(len(graph.nodes), dtype=bool)
+    for i in graph.inputs.values():
+        batch[i] = True
+    inputs: dict[int, list] = {}
+    for e in graph.edges:  # edges are added reader by reader, in graph order
+        inputs.setdefault(e.dst, []).append(e)
+        if batch[e.src]:
+            batch[e.dst] = True
+    out: dict[int, np.ndarray] = {}
+    cache: dict[tuple, np.ndarray] = {}
+    for i, node in enumerate(graph.nodes):
+        if node.kind != "op" or is_view_name(node.target):
+            continue
+        edges = sorted(inputs.get(i, []), key=lambda e: e.dst_input)
+        pattern = tuple((e.dst_input, bool(batch[e.src]), e.tensor.numel >= group) for e in edges)
+        key = (node.signature, pattern)
+        mask = cache.get(key)
+        if mask is None:
+            mask = np.array([_data_parallel(s, pattern, dims) for s in node.strategies], dtype=bool)
+            cache[key] = mask
+        if mask.any() and not mask.all():
+            out[i] = mask
+    return out
+
+
+def _data_parallel(strategy: object, pattern: tuple, dims: list[int]) -> bool:
+    for position, carries_batch, big in pattern:
+        placement = strategy.input_placements[position]  # type: ignore[attr-defined]
+        if placement is None:
+            continue
+        replicated = all(isinstance(placement[k], Replicate) for k in dims)
+        if carries_batch:
+            if big and any(isinstance(placement[k], Replicate) for k in dims):
+                return False
+        elif not replicated:
+            return False
+    return True

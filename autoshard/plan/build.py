@@ -79,11 +79,15 @@ def assembly_graph(graph: StrategyGraph) -> AssemblyGraph:
     Nodes of equal signature share one strategy list (equal by the signature's
     contract), so :meth:`AssemblyGraph.to_dict` writes each list once."""
     lists: dict[str, Any] = {}
-    nodes = tuple(AssemblyNode(n.name, n.kind, n.target, lists.setdefault(n.signature, n.strategies))
+    regions = [r.name for r in getattr(graph, "regions", ())]
+    nodes = tuple(AssemblyNode(n.name, n.kind, n.target, lists.setdefault(n.signature, n.strategies), n.states,
+                               regions[n.region] if n.region >= 0 else None)
                   for n in graph.nodes)
+    live = getattr(graph, "copy_live", ()) or ((),) * len(graph.edges)
+    live_rc = getattr(graph, "copy_live_recomputed", ()) or ((),) * len(graph.edges)
     edges = tuple(AssemblyEdge(e.src, e.dst, e.src_output, e.dst_input, tuple(e.tensor.shape), e.tensor.itemsize,
-                               str(e.tensor.dtype))
-                  for e in graph.edges)
+                               str(e.tensor.dtype), live[j], live_rc[j])
+                  for j, e in enumerate(graph.edges))
     return AssemblyGraph(graph.mesh, graph.profile, nodes, edges, dict(graph.params), dict(graph.inputs),
                          dict(graph.buffers), {k: tuple(v) for k, v in graph.param_aliases.items()},
                          getattr(graph, "bucket_bytes", 0), dict(getattr(graph, "constants", {})))

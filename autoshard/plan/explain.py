@@ -1,10 +1,12 @@
 """``autoshard explain PLAN.json``: what a plan does, for a person.
 
-Three tables (parameter placements, the ten costliest redistributions, the
-estimate) and, with ``--plot``, a PNG of live memory over the step. A plan
-chosen by a mesh search (``autoshard solve --devices``) also gets the table of
-every layout tried, and ``--plot-layouts`` draws their step time against peak
-memory (``autoshard.plan.layout_report``).
+Tables of the estimate, the recomputation (what the backward recomputes,
+per block, the time it costs and the memory it saves), parameter placements
+and the ten costliest redistributions and, with ``--plot``, a PNG of live
+memory over the step. A plan chosen by a mesh search (``autoshard solve
+--devices``) also gets the table of every layout tried, and
+``--plot-layouts`` draws their step time against peak memory
+(``autoshard.plan.layout_report``).
 
 >>> # autoshard explain plan.json --plot memory.png
 """
@@ -18,7 +20,7 @@ from autoshard.cli_values import byte_unit, format_bytes, save_figure
 from autoshard.plan.format import Plan
 from autoshard.plan.layout_report import layouts_table, plot_layouts, search_rows
 
-__all__ = ["explain_text", "plot_memory", "add_arguments", "run"]
+__all__ = ["explain_text", "recompute_lines", "plot_memory", "add_arguments", "run"]
 
 
 def _ms(s: float) -> str:
@@ -47,8 +49,11 @@ def explain_text(plan: Plan, *, top: int = 10, params_limit: int = 40) -> str:
         f"| local re-layouts | {_ms(e.relayout_s)} |",
         f"| peak memory | {format_bytes(e.peak_memory_bytes)} |",
     ]
+    if e.recompute_s:
+        lines.append(f"| recomputation | {_ms(e.recompute_s)} |")
     if e.memory_limit_bytes is not None:
         lines.append(f"| memory limit | {format_bytes(e.memory_limit_bytes)} ({'fits' if e.fits else 'DOES NOT FIT'}) |")
+    lines += recompute_lines(plan)
     lines += ["", "| parameter | placement |", "|---|---|"]
     names = sorted(plan.params)
     for name in names[:params_limit]:
@@ -74,6 +79,34 @@ def explain_text(plan: Plan, *, top: int = 10, params_limit: int = 40) -> str:
                          f"| {len(b.members)} | {format_bytes(b.bytes)} | {_ms(b.cost_s)} |")
     lines += layouts_table(plan.options)
     return "\n".join(lines)
+
+
+def recompute_lines(plan: Plan) -> list[str]:
+    """What the backward recomputes, one row per group of blocks that recompute
+    the same ops (not one per op), with the time paid and the memory saved."""
+    e = plan.estimate
+    policy = plan.options.get("recompute", "auto")
+    if not plan.recompute:
+        return ["", f"recomputation: none (policy {policy})"]
+    ops = {n.name: n for n in plan.nodes}
+    by_region: dict[str, Counter] = {}
+    for name in plan.recompute:
+        node = ops.get(name)
+        region = (node.region if node is not None else None) or "(no block)"
+        by_region.setdefault(region, Counter())[node.op.replace("aten.", "").split(".")[0] if node else name] += 1
+    groups: dict[tuple, list[str]] = {}
+    for region, counts in by_region.items():
+        groups.setdefault(tuple(sorted(counts.items())), []).append(region)
+    saved = (e.peak_without_recompute_bytes or e.peak_memory_bytes) - e.peak_memory_bytes
+    lines = ["", f"recomputation (policy {policy}): {len(plan.recompute)} ops in {len(by_region)} blocks, "
+             f"{_ms(e.recompute_s)} per step, peak {format_bytes(e.peak_memory_bytes)} instead of "
+             f"{format_bytes(e.peak_without_recompute_bytes or e.peak_memory_bytes)} (saves {format_bytes(saved)})",
+             "", "| blocks | ops recomputed in each |", "|---|---|"]
+    for key, regions in sorted(groups.items(), key=lambda kv: kv[1][0]):
+        span = regions[0] if len(regions) == 1 else f"{regions[0]} ... {regions[-1]} ({len(regions)})"
+        what = ", ".join(f"{op} x{c}" if c > 1 else op for op, c in sorted(key, key=lambda oc: (-oc[1], oc[0])))
+        lines.append(f"| {span} | {what} |")
+    return lines
 
 
 def plot_memory(plan: Plan, path: str) -> None:

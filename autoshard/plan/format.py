@@ -10,6 +10,14 @@ Python data, ``autoshard.trace.TracedGraph.constants``) is written only when
 the graph has some, so plans of other models are unchanged. A bucket
 (``costmodel.bucketing.Bucket``) lists gradient sinks whose one-step
 reductions the runtime issues as one collective instead of their own steps.
+``recompute`` lists the op nodes whose forward the backward recomputes
+(``autoshard.graph.recompute``; empty when none), each node names its
+checkpoint region (``region``: the repeated block whose forward it is), and
+the estimate reports the recomputation's time (``recompute_s``) and the peak
+the same placements would reach without it. A ``recompute`` entry must name
+a node of the plan that can be replayed (:func:`recompute_problem`: no
+random op other than dropout, no op with side effects), checked torch-free
+at load.
 
 Loading checks the fingerprint against the model, mesh and profile in hand
 and names the part that differs; ``allow_profile_change`` accepts a plan
@@ -25,7 +33,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -33,7 +41,8 @@ from costmodel.bucketing import Bucket
 from costmodel.steps import RedistributeStep, StepError
 from hw_profiles.json_input import parse_json
 
-__all__ = ["FORMAT", "PlanError", "Fingerprint", "PlanNode", "Redistribution", "Estimate", "SolverReport", "Plan"]
+__all__ = ["FORMAT", "PlanError", "Fingerprint", "PlanNode", "Redistribution", "Estimate", "SolverReport", "Plan",
+           "recompute_problem"]
 
 FORMAT = "autoshard.plan/1"
 
@@ -92,6 +101,34 @@ class Fingerprint:
         return out
 
 
+_RANDOM_OPS = frozenset({
+    "bernoulli", "rand", "randn", "randint", "rand_like", "randn_like", "randint_like", "normal", "uniform",
+    "multinomial", "randperm", "exponential", "geometric", "cauchy", "log_normal", "random", "poisson",
+    "rrelu_with_noise", "_standard_gamma", "_sample_dirichlet", "binomial",
+})
+"""Ops that draw random numbers and are not dropout (replaying them draws other numbers)."""
+
+
+def recompute_problem(op: str) -> str | None:
+    """Why op ``aten.<name>.<overload>`` cannot be recomputed, from its name only
+    (None: it can). Torch-free: the graph builder decides from the op's schema;
+    this check catches a hand-edited plan. Dropout (and attention with
+    ``dropout_p``) is replayed from the same random state.
+
+    >>> recompute_problem("aten.mm.default") is None, recompute_problem("aten.add_.Tensor")
+    (True, 'writes its input in place (a side effect)')
+    """
+    parts = op.split(".")
+    if len(parts) < 2 or parts[0] != "aten":
+        return "not an ATen op"
+    base, overload = parts[1], parts[2] if len(parts) > 2 else ""
+    if base.endswith("_") and not base.startswith("__") or overload == "out" or overload.endswith("_out"):
+        return "writes its input in place (a side effect)" if base.endswith("_") else "writes an out= argument"
+    if base in _RANDOM_OPS:
+        return "draws random numbers (only dropout is replayed)"
+    return None
+
+
 @dataclass(frozen=True, slots=True)
 class PlanNode:
     """The strategy chosen for one op node: placements of its outputs and inputs."""
@@ -100,10 +137,15 @@ class PlanNode:
     op: str
     out: tuple[str | None, ...]
     inputs: tuple[str | None, ...]
+    region: str | None = None
+    """The checkpoint region (repeated block, ``layers.3``) whose forward it belongs to; None: none."""
 
     def to_dict(self) -> dict[str, Any]:
         out = self.out[0] if len(self.out) == 1 else list(self.out)
-        return {"name": self.name, "op": self.op, "out": out, "in": list(self.inputs)}
+        data = {"name": self.name, "op": self.op, "out": out, "in": list(self.inputs)}
+        if self.region is not None:
+            data["region"] = self.region
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], where: str) -> "PlanNode":
@@ -114,7 +156,10 @@ class PlanNode:
             for i, text in enumerate(texts):
                 if text is not None:
                     _placement_text(text, f"{where}.{key}[{i}]")
-        return cls(str(_need(data, "name", where)), str(_need(data, "op", where)), outs, ins)
+        region = data.get("region")
+        if region is not None and not isinstance(region, str):
+            raise PlanError(f"{where}.region: expected a module path string, got {region!r}")
+        return cls(str(_need(data, "name", where)), str(_need(data, "op", where)), outs, ins, region)
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +209,12 @@ class Estimate:
     """Local steps of redistributions (slices, zero fills)."""
     peak_memory_bytes: float
     memory_limit_bytes: float | None
+    recompute_s: float = 0.0
+    """The recomputation: the forward compute of the recomputed ops again, and
+    the redistributions of their inputs again (part of :attr:`step_s`, not of
+    :attr:`compute_s` or :attr:`comm_s`)."""
+    peak_without_recompute_bytes: float | None = None
+    """The peak of the same placements with nothing recomputed (None: nothing is)."""
 
     @property
     def fits(self) -> bool:
@@ -171,14 +222,18 @@ class Estimate:
 
     def to_dict(self) -> dict[str, Any]:
         return {"step_s": self.step_s, "compute_s": self.compute_s, "comm_s": self.comm_s,
-                "relayout_s": self.relayout_s, "peak_memory_bytes": self.peak_memory_bytes,
+                "relayout_s": self.relayout_s, "recompute_s": self.recompute_s,
+                "peak_memory_bytes": self.peak_memory_bytes,
+                "peak_without_recompute_bytes": self.peak_without_recompute_bytes,
                 "memory_limit_bytes": self.memory_limit_bytes}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "Estimate":
+        without = data.get("peak_without_recompute_bytes")
         return cls(*(float(_need(data, k, "estimate")) for k in ("step_s", "compute_s", "comm_s")),
                    float(data.get("relayout_s", 0.0)), float(_need(data, "peak_memory_bytes", "estimate")),
-                   None if data.get("memory_limit_bytes") is None else float(data["memory_limit_bytes"]))
+                   None if data.get("memory_limit_bytes") is None else float(data["memory_limit_bytes"]),
+                   float(data.get("recompute_s", 0.0)), None if without is None else float(without))
 
 
 @dataclass(frozen=True, slots=True, init=False)
@@ -271,6 +326,8 @@ class Plan:
     redistributions keep their steps for reading; the runtime runs the bucket)."""
     constants: Mapping[str, str] = field(default_factory=dict)
     """Tensor constant of the graph (``_tensor_constant0``) -> placement; each rank holds its slice."""
+    recompute: tuple[str, ...] = ()
+    """Op nodes whose forward the backward recomputes, in graph order (empty: none)."""
 
     def to_dict(self) -> dict[str, Any]:
         data = {
@@ -287,6 +344,7 @@ class Plan:
             "options": dict(self.options),
             "memory_timeline": [list(p) for p in self.memory_timeline],
             "buckets": [b.to_dict() for b in self.buckets],
+            "recompute": list(self.recompute),
         }
         if self.constants:  # absent for graphs without constants: their plans stay as they were
             data["constants"] = dict(self.constants)
@@ -299,7 +357,7 @@ class Plan:
         if data.get("format") != FORMAT:
             raise PlanError(f"format: expected {FORMAT!r}, got {data.get('format')!r}")
         try:
-            return cls(
+            plan = cls(
                 fingerprint=Fingerprint.from_dict(_need(data, "fingerprint", "(root)")),
                 params={str(k): _placement_text(v, f"params.{k}") for k, v in _need(data, "params", "(root)").items()},
                 inputs={str(k): _placement_text(v, f"inputs.{k}") for k, v in data.get("inputs", {}).items()},
@@ -315,6 +373,7 @@ class Plan:
                 buckets=tuple(_bucket(b, f"buckets[{i}]") for i, b in enumerate(data.get("buckets", []))),
                 constants={str(k): _placement_text(v, f"constants.{k}") for k, v in data.get("constants", {}).items()},
             )
+            return replace(plan, recompute=_recompute_list(data.get("recompute", []), plan.nodes))
         except (TypeError, ValueError, AttributeError) as exc:
             if isinstance(exc, PlanError):
                 raise
@@ -349,6 +408,26 @@ class Plan:
         diffs = self.fingerprint.differences(here, allow_profile_change=allow_profile_change)
         if diffs:
             raise PlanError("plan does not match: " + "; ".join(diffs))
+
+
+def _recompute_list(data: Any, nodes: tuple[PlanNode, ...]) -> tuple[str, ...]:
+    """The ``recompute`` names, each a node of the plan that can be replayed (one error naming the first that is not)."""
+    if not isinstance(data, list):
+        raise PlanError(f"recompute: expected a list of node names, got {type(data).__name__}")
+    ops = {n.name: n.op for n in nodes}
+    seen: set[str] = set()
+    for i, name in enumerate(data):
+        if not isinstance(name, str):
+            raise PlanError(f"recompute[{i}]: expected a node name, got {name!r}")
+        if name in seen:
+            raise PlanError(f"recompute[{i}]: {name} is listed twice")
+        seen.add(name)
+        if name not in ops:
+            raise PlanError(f"recompute[{i}]: no op node named {name!r} in the plan")
+        why = recompute_problem(ops[name])
+        if why is not None:
+            raise PlanError(f"recompute[{i}]: {name} ({ops[name]}) cannot be recomputed: {why}")
+    return tuple(data)
 
 
 def _bucket(data: Any, where: str) -> Bucket:

@@ -115,6 +115,8 @@ _NODE = {
             "items": _PLACEMENT_OR_NULL,
             "description": "Required placement of each tensor input (null: data not read).",
         },
+        "region": {"type": "string",
+                   "description": "The repeated block (checkpoint region) whose forward the op belongs to."},
     },
     "additionalProperties": False,
 }
@@ -163,7 +165,10 @@ _ESTIMATE = {
         "compute_s": _SECONDS,
         "comm_s": _SECONDS,
         "relayout_s": _SECONDS,
+        "recompute_s": {**_SECONDS, "description": "Recomputed ops' compute and input redistributions, again."},
         "peak_memory_bytes": _BYTES,
+        "peak_without_recompute_bytes": {"type": ["number", "null"], "minimum": 0,
+                                         "description": "The peak of the same placements without recomputation."},
         "memory_limit_bytes": {"type": ["number", "null"], "minimum": 0},
     },
     "additionalProperties": False,
@@ -223,6 +228,8 @@ PLAN_SCHEMA: dict[str, Any] = {
             "description": "[time, bytes live] wherever the live memory changes.",
         },
         "buckets": {"type": "array", "items": _BUCKET},
+        "recompute": {"type": "array", "items": {"type": "string"}, "uniqueItems": True,
+                      "description": "Op nodes whose forward the backward recomputes (empty: none)."},
     },
     "additionalProperties": False,
     "$defs": {"placement": PLACEMENT},
@@ -237,6 +244,9 @@ _STRATEGY = {
     "minItems": 2,
     "maxItems": 2,
 }
+
+_INTERVALS = {"type": "array", "items": {"type": "array", "prefixItems": [{"type": "integer"}, {"type": "integer"}],
+                                          "minItems": 2, "maxItems": 2}}
 
 _PROFILE = {key: value for key, value in PROFILE_SCHEMA.items() if key != "$schema"}
 
@@ -270,6 +280,10 @@ _ASSEMBLY = {
                     "kind": {"type": "string", "description": "op, param, buffer, input, tangent, grad, ..."},
                     "target": {"type": "string", "description": "aten.mm.default for ops, else the tensor's name."},
                     "strategies": {**_INDEX, "description": "Index into strategy_lists."},
+                    "states": {"type": "array", "items": {"enum": [0, 1, 2]},
+                               "description": "Recomputation states of the list (0 keep, 1 hold, 2 recompute), "
+                                              "state-major: the list is the strategy list once per state."},
+                    "region": {"type": "string", "description": "Checkpoint region (repeated block)."},
                 },
                 "additionalProperties": False,
             },
@@ -280,11 +294,13 @@ _ASSEMBLY = {
             "items": {
                 "type": "array",
                 "prefixItems": [_INDEX, _INDEX, _INDEX, _INDEX, {"type": "array", "items": _INDEX}, _INDEX,
-                                {"type": "string"}],
+                                {"type": "string"}, _INTERVALS, _INTERVALS],
                 "minItems": 7,
-                "maxItems": 7,
+                "maxItems": 9,
             },
-            "description": "[src, dst, src output, dst input, global shape, itemsize, dtype], one per problem edge.",
+            "description": "[src, dst, src output, dst input, global shape, itemsize, dtype] and, where a "
+                           "redistributed copy can hold memory, [its intervals] and [its intervals when the "
+                           "reader is recomputed]; one per problem edge.",
         },
         "params": {"type": "object", "additionalProperties": _INDEX},
         "inputs": {"type": "object", "additionalProperties": _INDEX},

@@ -56,7 +56,7 @@ def run_search(args: argparse.Namespace, limit: int | None, pins: dict[str, str]
     model, inputs = load_example(args.model, overrides, paths=paths)
     options = {"memory_limit": limit, "pins": pins, "backend": args.backend, "ties": not args.no_ties,
                "optimizer": args.optimizer, "mixed_precision": args.mixed_precision, "baseline": args.baseline,
-               "search": args.search, "server": args.server}
+               "search": args.search, "server": args.server, "recompute": args.recompute}
     console = Console(stderr=True)
     # no refresh thread: the search forks its workers, and a fork must not copy a thread holding a lock
     bar = Progress(TextColumn("{task.description:<7}"), BarColumn(), TextColumn("{task.fields[detail]}"),

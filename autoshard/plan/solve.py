@@ -29,14 +29,15 @@ from autoshard.graph.builder import StrategyGraph, build_graph
 from autoshard.graph.memory import OptimizerMemory
 from autoshard.graph.problem import to_problem
 from autoshard.graph.restrict import choose_search, seeded_restriction
-from autoshard.plan.baselines import applicable_baselines, baseline_pins
+from autoshard.graph.recompute_policy import parse_policy
+from autoshard.plan.baselines import applicable_baselines, baseline_allowed, baseline_pins
 from autoshard.plan.build import make_fingerprint, plan_from_solution
 from autoshard.plan.format import Fingerprint, Plan
 from autoshard.plan.pins import resolve_pins
 from autoshard.trace import TracedGraph, trace_joint
 
 __all__ = ["PLAN_GAP", "Prepared", "InfeasibleMemoryError", "prepare", "solve", "solve_prepared",
-           "BaselineResult", "compare_baselines"]
+           "BaselineResult", "compare_baselines", "recompute_policies", "BASELINE_POLICIES"]
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +88,8 @@ def prepare(
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
     traced: TracedGraph | None = None,
     seed_memo: dict[Any, Any] | None = None,
+    recompute: str = "auto",
+    gather: str = "reader",
 ) -> Prepared:
     """Trace ``model(*example_inputs)`` and build its strategy graph on the mesh.
 
@@ -101,7 +104,14 @@ def prepare(
     the trace does not depend on the mesh, so a mesh search traces once;
     ``seed_memo``: a dict shared by calls on that trace, so that 3-D meshes with
     the same coarse mesh share its seed (``seeded_restriction(memo=...)``).
+    ``recompute``: ``none`` builds the graph without recomputation states
+    (smaller, and every solve of it keeps every activation); any other policy
+    (``autoshard.graph.recompute_policy``) builds them, and the solves choose
+    under their own policy. ``gather``: when gathered parameter copies are held
+    (``autoshard.graph.copies``; ``reader``, as autoshard's runtime runs;
+    ``fsdp2`` to price FSDP2's block-wise gathers with prefetch).
     """
+    parse_policy(recompute)
     prof = _profile(profile)
     mesh = MeshSpec(tuple(int(m) for m in mesh_shape), tuple(dim_names or ()))
     t0 = time.perf_counter()
@@ -124,14 +134,15 @@ def prepare(
     graph = build_graph(
         traced, mesh, prof, optimizer=opt_memory, ties=True, allow_uneven=allow_uneven,
         on_progress=(lambda d, t: progress("build", d, t)) if progress else None, restrict=restrict,
-        bucket_bytes=bucket_bytes,
+        bucket_bytes=bucket_bytes, recompute=recompute != "none", gather=gather,
     )
     t2 = time.perf_counter()
     return Prepared(
         traced=traced, graph=graph, fingerprint=make_fingerprint(traced, mesh.shape, mesh.dim_names, prof),
         timings={"trace_s": round(t1 - t0, 4), **seed_timings, "build_s": round(t2 - t_seed, 4)},
         options={"optimizer": optimizer, "mixed_precision": mixed_precision, "allow_uneven": allow_uneven,
-                 "search": mode, "bucket_bytes": int(bucket_bytes)},
+                 "search": mode, "bucket_bytes": int(bucket_bytes), "recompute_states": recompute != "none",
+                 "gather": gather},
     )
 
 
@@ -147,24 +158,34 @@ def solve_prepared(
     tp_table: Mapping[str, str | int] | None = None,
     progress: Progress | None = None,
     server: str | None = None,
+    recompute: str = "auto",
 ) -> Plan:
     """Solve a prepared graph. ``memory_limit`` defaults to the profile's device
     memory; ``baseline`` (``ddp``, ``fsdp``, ``tp``, ``fsdp+tp``) adds its pins
-    (``autoshard.plan.baselines``) under the user's. Without pins, when the
+    and its data-parallel op layout (``autoshard.plan.baselines``) under the
+    user's pins. ``recompute``: ``auto`` lets the solver choose what the
+    backward recomputes, with the placements; ``none``, ``full``,
+    ``selective`` or ``every:K`` impose a policy
+    (``autoshard.graph.recompute_policy``). Without pins, when the
     search ends before proving its answer optimal, the expert layouts are
-    priced too (in the last fifth of the time) and the plan is the cheapest
+    priced too (in the last fifth of the time; with the recomputation
+    policies where a layout does not fit without) and the plan is the cheapest
     of all (``options["portfolio"]`` names the layout when it is one of them).
     ``server``: an ``autoshard serve`` URL that solves the problem and assembles
     the plan (the same plan as here; :class:`autoshard.service.client.ServiceError`
     when it cannot).
     """
     graph = prep.graph
+    recompute = parse_policy(recompute)
     limit = float(graph.profile.device.memory_bytes if memory_limit is None else memory_limit)
     all_pins: dict[str, str] = {}
+    allowed = None
     if baseline is not None:
         all_pins.update(baseline_pins(graph, baseline, tp_table))
+        allowed = baseline_allowed(graph, baseline)
     all_pins.update(pins or {})
-    problem = to_problem(graph, memory_limit=limit, pins=resolve_pins(graph, all_pins), ties=ties)
+    problem = to_problem(graph, memory_limit=limit, pins=resolve_pins(graph, all_pins), ties=ties,
+                         recompute=recompute, allowed=allowed)
     start = time.perf_counter()
 
     def on_event(event: dict[str, Any]) -> None:
@@ -176,18 +197,26 @@ def solve_prepared(
     portfolio = baseline is None and not pins
     share = PORTFOLIO_SHARE if portfolio else 0.0
     options = {**prep.options, "ties": ties, "pins": dict(pins or {}), "memory_limit_bytes": limit,
-               "baseline": baseline, "time_limit_s": time_limit, "backend": backend}
+               "baseline": baseline, "time_limit_s": time_limit, "backend": backend, "recompute": recompute}
     remote = None
     if server is not None:
         remote, solution = _solve_on_server(server, prep, problem, options, time_limit * (1 - share), backend,
                                             progress)
     else:
-        solution = solve_problem(problem, backend=backend, time_limit=time_limit * (1 - share), gap=PLAN_GAP,
-                                 progress=on_event)
+        solution = _solve_local(graph, problem, recompute, time_limit * (1 - share), backend, on_event,
+                                lambda: to_problem(graph, memory_limit=limit, pins=problem.pins, ties=ties,
+                                                   recompute="none", allowed=allowed))
+    if solution.status is not Status.INFEASIBLE and not solution.choice and portfolio:
+        # the search ran out of time before any choice fit: the expert layouts (with the
+        # recomputation policies) may still give one
+        found = _best_of_baselines(prep, None, limit, time_limit * share, backend, tp_table, server, recompute,
+                                   status=solution.status.value, seconds_used=solution.seconds)
+        if found is not None:
+            return found
     if solution.status is Status.INFEASIBLE or not solution.choice:
         raise InfeasibleMemoryError(
             f"memory limit {format_bytes(limit)}: no plan fits ({solution.message or solution.status.value})"
-            + _smallest_peak_hint(prep, baseline, time_limit, server)
+            + _smallest_peak_hint(prep, baseline, time_limit, server, recompute)
         )
     if remote is not None:
         plan = remote
@@ -202,10 +231,33 @@ def solve_prepared(
         plan = replace(plan, solver=replace(plan.solver, timings={**timings,
                                                                   "plan_s": round(time.perf_counter() - t, 4)}))
     if portfolio and solution.status is not Status.OPTIMAL:
-        plan = _best_of_baselines(prep, plan, limit, time_limit * share, backend, tp_table, server)
+        plan = _best_of_baselines(prep, plan, limit, time_limit * share, backend, tp_table, server, recompute)
     if progress:
         progress("solve", time_limit, time_limit)
     return plan
+
+
+WARM_SHARE = 0.2
+"""Share of the solve spent finding the plan without recomputation first (``_solve_local``)."""
+
+
+def _solve_local(graph: StrategyGraph, problem: Any, recompute: str, time_limit: float, backend: str,
+                 on_event: Callable[[dict[str, Any]], None], without: Callable[[], Any]) -> Any:
+    """The solver's answer to ``problem``. When the solver chooses recomputation
+    (``auto`` on a graph with states), the plan that keeps everything is solved
+    first (``without()``: a smaller problem, as quick as before recomputation
+    existed) and, when it fits, starts the full search: recomputation then only
+    has to beat it, and the exact stage starts from it."""
+    if recompute != "auto" or not any(n.states for n in graph.nodes):
+        return solve_problem(problem, backend=backend, time_limit=time_limit, gap=PLAN_GAP, progress=on_event)
+    start = time.perf_counter()
+    warm = solve_problem(without(), backend=backend, time_limit=WARM_SHARE * time_limit, gap=PLAN_GAP)
+    left = max(time_limit - (time.perf_counter() - start), 1.0)
+    solution = solve_problem(problem, backend=backend, time_limit=left, gap=PLAN_GAP, progress=on_event,
+                             initial=warm.choice or None)
+    stats = {**solution.stats, "without_recompute": {"status": warm.status.value, "cost": warm.cost,
+                                                     "seconds": round(warm.seconds, 4)}}
+    return replace(solution, seconds=time.perf_counter() - start, stats=stats)
 
 
 def _solve_on_server(server: str, prep: Prepared, problem: Any, options: Mapping[str, Any], time_limit: float,
@@ -229,38 +281,74 @@ def _solve_on_server(server: str, prep: Prepared, problem: Any, options: Mapping
     return plan, solution
 
 
-def _best_of_baselines(prep: Prepared, plan: Plan, limit: float, seconds: float, backend: str,
-                       tp_table: Mapping[str, str | int] | None, server: str | None = None) -> Plan:
-    """``plan``, or the cheapest expert layout that fits if it beats the unproven search."""
+def recompute_policies(prep: Prepared, recompute: str = "auto") -> list[str]:
+    """The recomputation policies to price a layout with, in order of preference:
+    ``none``, then the policies users run (``selective``, ``every:2``, ``full``)
+    where the graph has regions and ``recompute`` is ``auto``; the one policy asked for otherwise."""
+    if recompute != "auto":
+        return [recompute]
+    if not prep.graph.regions:
+        return ["none"]
+    return list(BASELINE_POLICIES)
+
+
+BASELINE_POLICIES = ("none", "selective", "every:2", "full")
+"""The policies users run today, priced with every expert layout."""
+
+
+def _best_of_baselines(prep: Prepared, plan: Plan | None, limit: float, seconds: float, backend: str,
+                       tp_table: Mapping[str, str | int] | None, server: str | None = None,
+                       recompute: str = "auto", *, status: str | None = None,
+                       seconds_used: float | None = None) -> Plan | None:
+    """``plan``, or the cheapest expert layout that fits if it beats the unproven search
+    (``plan`` None: the search found nothing; then the cheapest layout that fits, or None);
+    a layout that does not fit without recomputation is tried with the policies users run.
+    The layouts share ``seconds``; once they are spent, the ones left are not tried."""
     names = applicable_baselines(prep.graph, tp_table)
+    policies = recompute_policies(prep, recompute)
+    deadline = time.perf_counter() + max(seconds, 1.0)
     best = plan
-    for name in names:
-        try:
-            candidate = solve_prepared(prep, memory_limit=limit, time_limit=max(seconds / len(names), 1.0),
-                                       backend=backend, baseline=name, tp_table=tp_table, server=server)
-        except ValueError:  # does not apply or does not fit
-            continue
-        if candidate.estimate.step_s < best.estimate.step_s:
-            best = candidate
-    if best is plan:
+    for n, name in enumerate(names):
+        for policy in policies:
+            left = deadline - time.perf_counter()
+            if left <= 0:
+                break
+            try:
+                candidate = solve_prepared(prep, memory_limit=limit, time_limit=max(left / (len(names) - n), 1.0),
+                                           backend=backend, baseline=name, tp_table=tp_table, server=server,
+                                           recompute=policy)
+            except ValueError:  # does not apply or does not fit: try the next policy
+                continue
+            if best is None or candidate.estimate.step_s < best.estimate.step_s:
+                best = candidate
+            break  # the first policy that fits is the cheapest of this layout's (less recomputation)
+    if best is plan or best is None:
         return plan
-    log.info("the search ended unproven at %.6g s; the %s layout is better (%.6g s) and is the plan",
-             plan.estimate.step_s, best.options["baseline"], best.estimate.step_s)
-    options = {**plan.options, "portfolio": best.options["baseline"]}
-    return replace(best, options=options, solver=replace(best.solver, status=plan.solver.status,
-                                                         gap=plan.solver.gap, seconds=plan.solver.seconds))
+    base = plan.options if plan is not None else {**prep.options, "recompute": recompute}
+    log.info("the search ended unproven%s; the %s layout (recompute %s) is %s (%.6g s) and is the plan",
+             "" if plan is None else f" at {plan.estimate.step_s:.6g} s", best.options["baseline"],
+             best.options.get("recompute"), "the best found" if plan is None else "better", best.estimate.step_s)
+    options = {**base, "portfolio": best.options["baseline"], "recompute": best.options.get("recompute")}
+    solver = (replace(best.solver, status=plan.solver.status, gap=plan.solver.gap, seconds=plan.solver.seconds)
+              if plan is not None else replace(best.solver, status=status or "timeout", gap=None,
+                                                seconds=seconds_used if seconds_used is not None else 0.0))
+    return replace(best, options=options, solver=solver)
 
 
-def _smallest_peak_hint(prep: Prepared, baseline: str | None, time_limit: float, server: str | None = None) -> str:
-    """The peak of the FSDP layout without a limit: the smallest peak found by a quick try."""
+def _smallest_peak_hint(prep: Prepared, baseline: str | None, time_limit: float, server: str | None = None,
+                       recompute: str = "auto") -> str:
+    """The peak of the FSDP layout without a limit (with full recomputation
+    when the policy allows it): the smallest peak found by a quick try."""
     if baseline == "fsdp":
         return ""
+    policy = "full" if recompute == "auto" and prep.graph.regions else recompute
     try:
         plan = solve_prepared(prep, memory_limit=1e30, baseline="fsdp", time_limit=min(time_limit, 20.0),
-                              server=server)
+                              server=server, recompute=policy)
     except ValueError:
         return ""
-    return f"; smallest peak found: {format_bytes(plan.estimate.peak_memory_bytes)} (FSDP layout)"
+    how = "FSDP layout" + (f", {policy} recomputation" if policy not in ("none", "auto") else "")
+    return f"; smallest peak found: {format_bytes(plan.estimate.peak_memory_bytes)} ({how})"
 
 
 def solve(
@@ -285,6 +373,7 @@ def solve(
     search: str = "auto",
     progress: Progress | None = None,
     server: str | None = None,
+    recompute: str = "auto",
 ) -> Plan:
     """The sharding plan of one training step of ``model`` on a mesh (DESIGN.md, Python API).
 
@@ -295,7 +384,11 @@ def solve(
     ``adamw`` (default), ``sgd``, ``sgd-momentum`` or ``none``; ``search``
     as in :func:`prepare`. ``server``: the URL of an ``autoshard serve``
     (``"http://host:8470"``) that solves instead of this process; tracing and
-    building stay here, the plan is the same.
+    building stay here, the plan is the same. ``recompute``: ``auto`` (the
+    solver decides what the backward recomputes, with the placements),
+    ``none``, ``full``, ``selective`` or ``every:K``
+    (``autoshard.graph.recompute_policy``); the plan lists what is recomputed
+    (``plan.recompute``).
 
     ``devices`` instead of ``mesh_shape``: search the mesh. Every layout of
     ``devices`` devices in nodes of ``devices_per_node`` is solved with these
@@ -315,20 +408,23 @@ def solve(
                            jobs=jobs, cache_dir=cache_dir,
                            progress=(lambda st: progress(st.phase, st.done, st.total)) if progress else None,
                            memory_limit=memory_limit, pins=pins, backend=backend, ties=ties, optimizer=optimizer,
-                           mixed_precision=mixed_precision, baseline=baseline, search=search, server=server)
+                           mixed_precision=mixed_precision, baseline=baseline, search=search, server=server,
+                           recompute=recompute)
     prep = prepare(model, example_inputs, mesh_shape, dim_names, profile=profile, optimizer=optimizer,
-                   mixed_precision=mixed_precision, progress=progress, search=search)
+                   mixed_precision=mixed_precision, progress=progress, search=search, recompute=recompute)
     return solve_prepared(prep, memory_limit=memory_limit, pins=pins, time_limit=time_limit, backend=backend,
-                          ties=ties, baseline=baseline, progress=progress, server=server)
+                          ties=ties, baseline=baseline, progress=progress, server=server, recompute=recompute)
 
 
 @dataclass(frozen=True, slots=True)
 class BaselineResult:
-    """One row of the comparison: a baseline's best plan, or why there is none."""
+    """One row of the comparison: a baseline's best plan under one recomputation policy, or why there is none."""
 
     name: str
     plan: Plan | None
     error: str | None = None
+    recompute: str = "none"
+    """The recomputation policy it runs with (``none``, ``full``, ``selective``, ``every:K``)."""
 
 
 def compare_baselines(
@@ -338,17 +434,23 @@ def compare_baselines(
     time_limit: float = 30.0,
     backend: str = "cbc",
     tp_table: Mapping[str, str | int] | None = None,
+    policies: Sequence[str] | None = None,
 ) -> list[BaselineResult]:
-    """Every applicable baseline solved with its pins and no memory limit (so a
-    layout that does not fit still gets its numbers; ``fits`` tells)."""
+    """Every applicable baseline with every recomputation policy users run
+    (``policies``; default :func:`recompute_policies`), each solved with its
+    pins and no memory limit (so a layout that does not fit still gets its
+    numbers; ``fits`` tells)."""
     limit = float(prep.graph.profile.device.memory_bytes if memory_limit is None else memory_limit)
+    if policies is None:
+        policies = recompute_policies(prep) if prep.options.get("recompute_states", True) else ["none"]
     out = []
     for name in applicable_baselines(prep.graph, tp_table):
-        try:
-            plan = solve_prepared(prep, memory_limit=1e30, time_limit=time_limit, backend=backend, baseline=name,
-                                  tp_table=tp_table)
-            plan = replace(plan, estimate=replace(plan.estimate, memory_limit_bytes=limit))
-            out.append(BaselineResult(name, plan))
-        except ValueError as exc:
-            out.append(BaselineResult(name, None, str(exc)))
+        for policy in policies:
+            try:
+                plan = solve_prepared(prep, memory_limit=1e30, time_limit=time_limit, backend=backend, baseline=name,
+                                      tp_table=tp_table, recompute=policy)
+                plan = replace(plan, estimate=replace(plan.estimate, memory_limit_bytes=limit))
+                out.append(BaselineResult(name, plan, recompute=policy))
+            except ValueError as exc:
+                out.append(BaselineResult(name, None, str(exc), recompute=policy))
     return out

@@ -84,6 +84,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--search", default="auto", choices=("auto", "full", "seeded"),
                         help="full enumeration, or seeded from a coarser 2-D mesh (auto: seeded on 3-D+ meshes)")
     parser.add_argument("--baseline", choices=BASELINE_CHOICES, help="solve an expert layout instead")
+    parser.add_argument("--recompute", default="auto", metavar="POLICY",
+                        help="what the backward recomputes: auto (the solver decides, with the placements; default), "
+                             "none, full (every block), selective (torchtitan's op-level policy), every:K (every "
+                             "K-th block)")
     parser.add_argument("--compare-baselines", action="store_true", help="price the expert layouts beside the plan")
     parser.add_argument("--dump-problem", metavar="FILE",
                         help="also write the solver problem (autoshard.problem/1, with what turns its solution into "
@@ -103,7 +107,13 @@ def _validate(args: argparse.Namespace) -> tuple[Any, int | None, dict[str, str]
     from autoshard.coverage import parse_kwargs
     from autoshard.model_spec import split_spec
 
+    from autoshard.graph.recompute_policy import PolicyError, parse_policy
+
     split_spec(args.model)
+    try:
+        parse_policy(args.recompute)
+    except PolicyError as exc:
+        raise ValueError(f"--recompute: {str(exc).split(': ', 1)[1]}") from None
     overrides = parse_kwargs(args.kwargs)
     if args.devices is not None:
         from autoshard.plan.search_cli import validate_search
@@ -169,11 +179,12 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         prep = prepare(model, inputs, mesh.shape, mesh.dim_names, profile=args.profile, optimizer=args.optimizer,
-                       mixed_precision=args.mixed_precision, progress=progress, search=args.search)
+                       mixed_precision=args.mixed_precision, progress=progress, search=args.search,
+                       recompute=args.recompute)
         try:
             plan = solve_prepared(prep, memory_limit=limit, pins=pins, time_limit=args.time_limit,
                                   backend=args.backend, ties=not args.no_ties, baseline=args.baseline,
-                                  progress=progress, server=args.server)
+                                  progress=progress, server=args.server, recompute=args.recompute)
         except InfeasibleMemoryError as exc:
             bar.stop()
             print(f"autoshard solve: {exc}", file=sys.stderr)
@@ -193,21 +204,25 @@ def run(args: argparse.Namespace) -> int:
 
 
 def print_baselines(prep: Any, plan: Any, limit: int | None, args: argparse.Namespace) -> None:
-    """The expert layouts on ``prep``'s mesh, priced beside ``plan`` (``--compare-baselines``)."""
+    """The expert layouts on ``prep``'s mesh, each with its recomputation policies, priced
+    beside ``plan`` (``--compare-baselines``)."""
     from autoshard.plan.solve import compare_baselines
 
     rows = compare_baselines(prep, memory_limit=limit, time_limit=min(args.time_limit, 30.0), backend=args.backend)
-    print("\n| layout | step ms | compute ms | comm ms | peak memory | fits |\n|---|---:|---:|---:|---:|---|")
-    print(_row("solved", plan))
+    print("\n| layout | recompute | step ms | compute ms | comm ms | recompute ms | peak memory | fits |\n"
+          "|---|---|---:|---:|---:|---:|---:|---|")
+    print(_row("solved", plan, args.recompute))
     for r in rows:
-        print(_row(r.name, r.plan) if r.plan else f"| {r.name} | - | - | - | - | {r.error} |")
+        print(_row(r.name, r.plan, r.recompute) if r.plan
+              else f"| {r.name} | {r.recompute} | - | - | - | - | - | {r.error} |")
 
 
-def _row(name: str, plan: Any) -> str:
+def _row(name: str, plan: Any, recompute: str) -> str:
     from autoshard.cli_values import format_bytes
 
     e = plan.estimate
-    return (f"| {name} | {e.step_s * 1e3:.3f} | {e.compute_s * 1e3:.3f} | {(e.comm_s + e.relayout_s) * 1e3:.3f} "
+    return (f"| {name} | {recompute} | {e.step_s * 1e3:.3f} | {e.compute_s * 1e3:.3f} "
+            f"| {(e.comm_s + e.relayout_s) * 1e3:.3f} | {e.recompute_s * 1e3:.3f} "
             f"| {format_bytes(e.peak_memory_bytes)} | {'yes' if e.fits else 'no'} |")
 
 
@@ -218,7 +233,7 @@ def _dump_problem(prep: Any, plan: Any, pins: dict[str, str], limit: int | None,
     import json
 
     from autoshard.graph.problem import to_problem
-    from autoshard.plan.baselines import baseline_pins
+    from autoshard.plan.baselines import baseline_allowed, baseline_pins
     from autoshard.plan.build import plan_request
     from autoshard.plan.pins import resolve_pins
     from autoshard.plan.solve import PLAN_GAP, PORTFOLIO_SHARE
@@ -226,8 +241,10 @@ def _dump_problem(prep: Any, plan: Any, pins: dict[str, str], limit: int | None,
 
     all_pins = dict(baseline_pins(prep.graph, args.baseline)) if args.baseline else {}
     all_pins.update(pins)
+    allowed = baseline_allowed(prep.graph, args.baseline) if args.baseline else None
     problem = to_problem(prep.graph, memory_limit=plan.estimate.memory_limit_bytes,
-                         pins=resolve_pins(prep.graph, all_pins), ties=not args.no_ties, labels=True)
+                         pins=resolve_pins(prep.graph, all_pins), ties=not args.no_ties, labels=True,
+                         recompute=args.recompute, allowed=allowed)
     share = PORTFOLIO_SHARE if args.baseline is None and not pins else 0.0
     data = plan_request(prep.graph, problem, fingerprint=plan.fingerprint, options=plan.options,
                         timings=prep.timings,

@@ -9,7 +9,8 @@ The reduction decides what a batch split gives:
   differs between slices (padding tokens, class weights), so no batch split is
   exact for the forward. Its backward receives the global ``total_weight`` as
   an input, so a batch split is exact there. (A batch-split mean cross-entropy
-  is obtained by decomposing nll_loss into sum-reductions before tracing.)
+  is obtained by decomposing nll_loss into sum-reductions before tracing:
+  ``autoshard.trace.DEFAULT_DECOMPOSITIONS`` does.)
 
 The class dim is never split: the target picks one class per sample, and a
 plain local kernel cannot mask classes it does not hold. Every loss is linear

@@ -94,7 +94,8 @@ def default_cache_dir() -> Path:
     return Path(base) / "autoshard" / "plans"
 
 
-def cache_key(fingerprint: Fingerprint, memory_limit: float | None, pins: Mapping[str, str] | None) -> str:
+def cache_key(fingerprint: Fingerprint, memory_limit: float | None, pins: Mapping[str, str] | None,
+              recompute: str = "auto") -> str:
     """Hex sha256 of what decides the plan: the fingerprint (graph, mesh, profile,
     versions) and the solve options that change the answer (not ``time_limit``).
 
@@ -103,6 +104,8 @@ def cache_key(fingerprint: Fingerprint, memory_limit: float | None, pins: Mappin
     (True, False)
     """
     what = {"fingerprint": fingerprint.to_dict(), "memory_limit": memory_limit, "pins": dict(sorted((pins or {}).items()))}
+    if recompute != "auto":  # the default keeps the keys of plans cached before the option existed
+        what["recompute"] = recompute
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
 
 
@@ -156,11 +159,12 @@ def _agree(error: BaseException | None, device: torch.device) -> None:
 
 def _rank0_plan(model: nn.Module, example_inputs: Any, mesh_spec: MeshSpec, prof: HardwareProfile,
                 here: Fingerprint, plan: Plan | str | os.PathLike[str] | None, cache: Path | None,
-                memory_limit: float | None, pins: Mapping[str, str] | None, time_limit: float) -> tuple[str, Plan]:
+                memory_limit: float | None, pins: Mapping[str, str] | None, time_limit: float,
+                recompute: str = "auto") -> tuple[str, Plan]:
     """Rank 0's plan and where it came from: given, cached, or solved (then cached)."""
     if plan is not None:
         return "given", plan if isinstance(plan, Plan) else Plan.load(plan)
-    path = None if cache is None else cache / f"{cache_key(here, memory_limit, pins)}.json"
+    path = None if cache is None else cache / f"{cache_key(here, memory_limit, pins, recompute)}.json"
     if path is not None and path.exists():
         try:
             cached = Plan.load(path, expect=here)
@@ -171,8 +175,8 @@ def _rank0_plan(model: nn.Module, example_inputs: Any, mesh_spec: MeshSpec, prof
     from autoshard.plan.solve import prepare, solve_prepared
 
     t0 = time.perf_counter()
-    prep = prepare(model, example_inputs, mesh_spec.shape, mesh_spec.dim_names, profile=prof)
-    solved = solve_prepared(prep, memory_limit=memory_limit, pins=pins, time_limit=time_limit)
+    prep = prepare(model, example_inputs, mesh_spec.shape, mesh_spec.dim_names, profile=prof, recompute=recompute)
+    solved = solve_prepared(prep, memory_limit=memory_limit, pins=pins, time_limit=time_limit, recompute=recompute)
     log.info("autoshard: solved in %.1f s (%s)", time.perf_counter() - t0, solved.solver.status)
     if path is not None:
         try:
@@ -199,6 +203,7 @@ def autoshard(
     local_inputs: bool = False,
     trace_collectives: bool | None = None,
     allow_profile_change: bool = False,
+    recompute: str = "auto",
 ) -> ShardedModule:
     """``model`` sharded on ``mesh`` by a plan solved on rank 0 (module docstring).
 
@@ -216,7 +221,9 @@ def autoshard(
     world size) in nodes of ``devices_per_node`` (default: torchrun's
     ``LOCAL_WORLD_SIZE``) by a mesh search on rank 0, then built on every rank
     with the plan's shape and dim names (:mod:`autoshard.runtime.mesh_choice`;
-    ``time_limit`` is the whole search's).
+    ``time_limit`` is the whole search's). ``recompute``: the recomputation
+    policy passed to :func:`autoshard.solve` (``auto``, ``none``, ``full``,
+    ``selective``, ``every:K``).
 
     Raises :class:`MeshSizeError` when the mesh is not the whole job,
     :class:`~autoshard.plan.format.PlanError` for a plan of another model,
@@ -238,7 +245,8 @@ def autoshard(
         return autoshard_on_chosen_mesh(
             model, example_inputs, devices=devices, devices_per_node=devices_per_node, profile=profile,
             memory_limit=memory_limit, pins=pins, time_limit=time_limit, plan=plan, cache_dir=cache_dir,
-            local_inputs=local_inputs, trace_collectives=trace_collectives, allow_profile_change=allow_profile_change)
+            local_inputs=local_inputs, trace_collectives=trace_collectives, allow_profile_change=allow_profile_change,
+            recompute=recompute)
     if devices is not None or devices_per_node is not None:
         raise TypeError("autoshard: devices / devices_per_node choose a mesh: pass them with mesh=None, not with a mesh")
     world = dist.get_world_size()
@@ -271,7 +279,7 @@ def autoshard(
         else:
             try:
                 source, chosen = _rank0_plan(model, example_inputs, mesh_spec, prof, here, plan, cache,
-                                             memory_limit, pins, time_limit)
+                                             memory_limit, pins, time_limit, recompute)
                 code, payload = _SOURCES.index(source), json.dumps(chosen.to_dict()).encode("utf-8")
             except Exception as exc:  # noqa: BLE001 - broadcast, then raised on rank 0 too
                 error, payload = exc, _one_line(exc).encode()

@@ -66,6 +66,7 @@ def autoshard_on_chosen_mesh(
     local_inputs: bool,
     trace_collectives: bool | None,
     allow_profile_change: bool,
+    recompute: str = "auto",
 ) -> ShardedModule:
     """:func:`autoshard.runtime.api.autoshard` with ``mesh=None`` (module docstring)."""
     from torch.distributed.device_mesh import init_device_mesh
@@ -100,7 +101,7 @@ def autoshard_on_chosen_mesh(
         else:
             try:
                 source, chosen = _rank0_plan(model, example_inputs, devices, node, prof, memory_limit, pins,
-                                             time_limit, plan, cache_dir)
+                                             time_limit, plan, cache_dir, recompute)
                 code, payload = _SOURCES.index(source), json.dumps(chosen.to_dict()).encode("utf-8")
             except Exception as exc:  # noqa: BLE001 - broadcast, then raised on rank 0 too
                 error, payload = exc, _one_line(exc).encode()
@@ -135,7 +136,7 @@ def autoshard_on_chosen_mesh(
 def _rank0_plan(model: nn.Module, example_inputs: Any, devices: int, node: int | None, prof: HardwareProfile,
                 memory_limit: float | None, pins: Mapping[str, str] | None, time_limit: float,
                 plan: Plan | str | os.PathLike[str] | None,
-                cache_dir: str | os.PathLike[str] | bool | None) -> tuple[str, Plan]:
+                cache_dir: str | os.PathLike[str] | bool | None, recompute: str = "auto") -> tuple[str, Plan]:
     """Rank 0's plan and where it came from: given, or searched (``cache`` when
     the chosen layout came from the layout cache)."""
     import logging
@@ -146,7 +147,7 @@ def _rank0_plan(model: nn.Module, example_inputs: Any, devices: int, node: int |
         return "given", plan if isinstance(plan, Plan) else Plan.load(plan)
     t0 = time.perf_counter()
     found = search_mesh(model, example_inputs, devices, node, profile=prof, time_limit=time_limit, jobs=1,
-                        cache_dir=cache_dir, memory_limit=memory_limit, pins=pins)
+                        cache_dir=cache_dir, memory_limit=memory_limit, pins=pins, recompute=recompute)
     rows = found.options["mesh_search"]["layouts"]
     chosen = next(r for r in rows if r["chosen"])
     logging.getLogger(__name__).info("autoshard: mesh %s chosen of %d layouts in %.1f s",

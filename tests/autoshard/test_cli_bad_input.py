@@ -125,6 +125,8 @@ def _rows() -> list[Row]:
         Row(("solve", spec, "--mesh", "2", "--baseline", "nope", *o), "--baseline: invalid choice", USAGE),
         Row(("solve", spec, "--mesh", "2", "--search", "nope", *o), "--search: invalid choice", USAGE),
         Row(("solve", spec, "--mesh", "2", "--pin", "no-equals-sign", *o), "--pin"),
+        Row(("solve", spec, "--mesh", "2", "--recompute", "sometimes", *o), "--recompute: unknown policy 'sometimes'"),
+        Row(("solve", spec, "--mesh", "2", "--recompute", "every:1", *o), "--recompute: unknown policy 'every:1'"),
         Row(("solve", spec, "--mesh", "2", "--pin", "*.weight=S(0", *o), "--pin *.weight=S(0: "),
         Row(("solve", spec, "--mesh", "2", "--kwargs", "{bad", *o), "--kwargs"),
         Row(("solve", spec, "--mesh", "2", "--kwargs", DEEP_ARG, *o), f"--kwargs is not valid JSON: {DEEP}"),
@@ -155,6 +157,13 @@ def _rows() -> list[Row]:
         Row(("explain", "{tmp}/solution.json"), "format: expected 'autoshard.plan/1', got 'autoshard.solution/1'"),
         Row(("explain", "{tmp}/nan.json"), "format: expected 'autoshard.plan/1'"),  # a profile passed as plan
         Row(("explain", "{tmp}/bad-placement.json"), "params.fc.weight"),
+        Row(("explain", "{tmp}/recompute-missing.json", "--plot", "{tmp}/memory.png"),
+            "recompute[0]: no op node named 'nope' in the plan"),
+        Row(("explain", "{tmp}/recompute-random.json"),
+            "recompute[0]: noise (aten.bernoulli.p) cannot be recomputed: draws random numbers"),
+        Row(("explain", "{tmp}/recompute-inplace.json"),
+            "recompute[0]: bump (aten.add_.Tensor) cannot be recomputed: writes its input in place"),
+        Row(("explain", "{tmp}/recompute-twice.json"), "recompute[1]: relu is listed twice"),
         Row(("explain", "{tmp}/plan.json", "--top", "-1"), "--top"),
         Row(("explain", "{tmp}/plan.json", "--plot", "{tmp}/missing/memory.png"), "--plot"),
         Row(("explain", "{tmp}/plan.json", "--plot-layouts", "{tmp}/missing/layouts.png"), "--plot-layouts"),
@@ -250,9 +259,21 @@ def _inputs(folder: Path) -> None:
     plan = _plan_example()
     bad_placement = copy.deepcopy(plan)
     bad_placement["params"] = {"fc.weight": "S(0"}
+
+    def recomputing(names: list[str], op: str | None = None) -> dict:
+        bad = copy.deepcopy(plan)
+        if op is not None:  # a node of that op, named as the row's message says
+            bad["nodes"].append({"name": names[0], "op": op, "out": "S(0)", "in": ["S(0)"]})
+        bad["recompute"] = names
+        return bad
+
     files = {
         "plan.json": json.dumps(plan),
         "bad-placement.json": json.dumps(bad_placement),
+        "recompute-missing.json": json.dumps(recomputing(["nope"])),
+        "recompute-random.json": json.dumps(recomputing(["noise"], "aten.bernoulli.p")),
+        "recompute-inplace.json": json.dumps(recomputing(["bump"], "aten.add_.Tensor")),
+        "recompute-twice.json": json.dumps(recomputing(["relu", "relu"])),
         "solution.json": json.dumps({"format": "autoshard.solution/1", "status": "optimal", "choice": [0]}),
         "malformed.json": "{bad",
         "deep.json": "[" * 100_000 + "]" * 100_000,

@@ -97,3 +97,38 @@ def test_window_cost_difference_equals_full_cost_difference(make_random_problem)
             untouched = graph.memory_profile(x)
             if untouched.max() <= graph.limit:
                 assert full_ok == sub_ok
+
+
+def test_greedy_leaves_a_least_memory_start_that_pairs_into_a_forbidden_combination():
+    """A chain a -> b -> c where the cheapest memory for each alone is a pair the
+    edges forbid (a value of b needs a "held" or "recomputed" value of a, as a
+    recomputed op needs its input): one-variable repair cannot leave such a
+    start, ``make_finite`` moves the end that costs least memory, and greedy
+    then finds the feasible choice."""
+    from solver.localsearch import make_finite
+    from solver.problem import Problem
+
+    inf = float("inf")
+    # values: 0 keep (short), 1 hold (long), 2 recompute (short, twice again)
+    fwd = {"cost": [1.0, 1.0, 2.0], "memory": [1, 4, 2], "live": [0, 4]}
+    saved = {"cost": [1.0, 2.0], "memory": [9, 1], "live": [0, 4]}  # keep (long) / recompute
+    # a recomputed reader needs its input held or recomputed (rows: the input's value, columns: the reader's)
+    ab = [[0.0, 0.0, inf], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]]
+    bc = [[0.0, inf], [0.0, 0.0], [0.0, 0.0]]
+    problem = Problem.from_dict({"nodes": [fwd, fwd, saved],
+                                 "edges": [{"src": 0, "dst": 1, "cost": ab}, {"src": 1, "dst": 2, "cost": bc}],
+                                 "memory_limit": 8})
+    working, graph = _compiled(problem)
+    arr = graph.arrays
+    from solver.localsearch import least_memory_values
+
+    start = least_memory_values(arr, True)
+    assert not np.isfinite(graph.cost(start))  # keep, keep, recompute: forbidden
+    stuck = SearchState(arr, start, graph.num_times)
+    repair(arr, stuck.x, stuck.tree, stuck.pend, 1000)
+    assert not np.isfinite(graph.cost(stuck.x))
+    x = start.copy()
+    assert make_finite(arr, x, 100) >= 1  # b held (recomputing it would need a held too)
+    assert np.isfinite(graph.cost(x))
+    state = greedy(arr, graph.num_times)
+    assert state.feasible() and np.isfinite(graph.cost(state.x))

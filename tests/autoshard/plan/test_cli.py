@@ -25,7 +25,7 @@ def test_solve_writes_a_plan_and_explain_reads_it(capsys, tmp_path) -> None:
     assert code == 0, err
     plan = Plan.load(plan_path)
     assert plan.params["layers.1.w1.weight"] == "RR"
-    assert "| layout | step ms" in out and "| ddp |" in out and "| solved |" in out
+    assert "| layout | recompute | step ms" in out and "| ddp | none |" in out and "| solved |" in out
     problem = json.loads(problem_path.read_text())
     assert problem["format"] == "autoshard.problem/1" and len(problem["nodes"]) == plan.solver.problem_nodes
     code, out, err = _run(capsys, "explain", str(plan_path), "--plot", str(png))

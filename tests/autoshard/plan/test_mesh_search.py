@@ -52,20 +52,26 @@ def searched():
 def test_chosen_layout_is_the_best_of_the_layouts_solved_one_by_one(searched) -> None:
     one_by_one = {}
     for layout in enumerate_layouts(8, 8):
-        plan = solve(*_wide(), layout.shape, layout.dim_names, profile="cpu-gloo", memory_limit=LIMIT, time_limit=60)
+        try:
+            plan = solve(*_wide(), layout.shape, layout.dim_names, profile="cpu-gloo", memory_limit=LIMIT,
+                         time_limit=60)
+        except solve_module.InfeasibleMemoryError:  # 1-D: the memory no choice avoids is above the limit
+            one_by_one[layout.shape] = None
+            continue
         assert plan.solver.status == "optimal"
         one_by_one[layout.shape] = plan.estimate.step_s
     rows = _rows(searched)
     assert [tuple(r["shape"]) for r in rows] == list(one_by_one)
     for r in rows:
+        assert (r["outcome"] == "no_fit") == (one_by_one[tuple(r["shape"])] is None), r
         if r["outcome"] == "solved":  # the same plan as `autoshard solve --mesh` with the same options
             assert r["step_s"] == pytest.approx(one_by_one[tuple(r["shape"])], rel=1e-12)
-    best = min(one_by_one.values())
+    best = min(v for v in one_by_one.values() if v is not None)
     assert searched.estimate.step_s == pytest.approx(best, rel=1e-12)
     chosen = [r for r in rows if r["chosen"]]
     assert len(chosen) == 1 and tuple(chosen[0]["shape"]) == searched.fingerprint.mesh_shape
     assert searched.fingerprint.dim_names == tuple(chosen[0]["dim_names"])
-    assert len(set(one_by_one.values())) > 2, "the layouts should differ for this test to mean something"
+    assert len(set(one_by_one.values()) - {None}) > 2, "the layouts should differ for this test to mean something"
 
 
 @pytest.mark.slow
@@ -250,15 +256,15 @@ def test_a_new_solve_option_passes_through_and_is_part_of_the_cache_key(monkeypa
     seen = []
     real = solve_module.solve_prepared
 
-    def with_new_option(prep, *, recompute: bool = False, **kwargs):  # as another option would be added
-        seen.append(recompute)
+    def with_new_option(prep, *, new_option: bool = False, **kwargs):  # as another option would be added
+        seen.append(new_option)
         return real(prep, **kwargs)
 
     monkeypatch.setattr(solve_module, "solve_prepared", with_new_option)
     kwargs = dict(devices=4, profile="cpu-gloo", time_limit=60, jobs=1, cache_dir=tmp_path)
-    search_mesh(*mlp.tiny(device="meta"), recompute=True, **kwargs)
+    search_mesh(*mlp.tiny(device="meta"), new_option=True, **kwargs)
     assert seen == [True, True]
-    search_mesh(*mlp.tiny(device="meta"), recompute=True, **kwargs)
+    search_mesh(*mlp.tiny(device="meta"), new_option=True, **kwargs)
     assert seen == [True, True], "the same option again: every layout from the cache"
     search_mesh(*mlp.tiny(device="meta"), **kwargs)  # its default: another key
     assert seen == [True, True, False, False]

@@ -155,7 +155,7 @@ def run(tmp_path_factory):
     prep_other = prepare(*other, (2, 2), ("dp", "tp"), profile="cpu-gloo")
     solve_prepared(prep_other, baseline="ddp").save(tmp / "other.json")
     solve_prepared(prep, baseline="fsdp").save(tmp / "fsdp2x2.json")
-    results = spawn_ranks(4, api_jobs, (str(tmp), full * 0.35, str(tmp / "other.json"), str(tmp / "fsdp2x2.json")),
+    results = spawn_ranks(4, api_jobs, (str(tmp), full * 0.6, str(tmp / "other.json"), str(tmp / "fsdp2x2.json")),
                           tmp / "ranks", pg_timeout=PG_TIMEOUT_S, timeout=180)
     return results
 

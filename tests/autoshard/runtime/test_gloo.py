@@ -63,7 +63,7 @@ def run(tmp_path_factory):
 
     model, inputs = mlp.tiny(device="meta")
     prep = prepare(model, inputs, *MESH_2X2, profile=PROFILE)
-    add("2x2", "mlp-2x2-solved", "mlp.tiny", _solved_under_memory(prep, 0.35))
+    add("2x2", "mlp-2x2-solved", "mlp.tiny", _solved_under_memory(prep, 0.75))
     add("2x2", "mlp-2x2-fsdp", "mlp.tiny", solve_prepared(prep, baseline="fsdp"), adamw_steps=3)
     add("2x2", "mlp-2x2-ddp", "mlp.tiny", solve_prepared(prep, baseline="ddp"))
     add("2x2", "mlp-2x2-tp", "mlp.tiny", solve_prepared(prep, baseline="tp"), trace="env")
@@ -73,7 +73,7 @@ def run(tmp_path_factory):
     add("2x2", "mlp-dropout-2x2-tp", "mlp.tiny", solve_prepared(prep, baseline="tp"), kwargs=DROPOUT_KW, seed=11)
     model, inputs = mlp.tiny(device="meta")
     prep = prepare(model, inputs, *MESH_4, profile=PROFILE)
-    add("4", "mlp-4-solved", "mlp.tiny", _solved_under_memory(prep, 0.35))
+    add("4", "mlp-4-solved", "mlp.tiny", _solved_under_memory(prep, 0.75))
     add("4", "mlp-4-fsdp", "mlp.tiny", solve_prepared(prep, baseline="fsdp"), local_inputs=True)
     model, inputs = llama3.tiny(device="meta", **LLAMA_KW)
     prep = prepare(model, inputs, *MESH_4, profile=PROFILE)

@@ -1,0 +1,113 @@
+"""The plan's memory over the step, counted exactly for the chosen placements (torch-free).
+
+The integer program charges redistributed copies and gradient bucket
+payloads an upper bound (``autoshard.graph.copies``), because it cannot see
+which (producer, reader) pair it will choose. Once the choice is made, the
+assembler knows every pair, so the plan's timeline counts:
+
+- every problem node at its chosen strategy over its interval, except the
+  ``bound`` memory nodes (``autoshard.graph.tied_memory``);
+- a copy at the reader's placement for every edge whose chosen placements
+  really differ, over the intervals the builder computed with
+  ``autoshard.graph.copies.copy_intervals`` (those of a recomputed reader
+  when the reader is recomputed);
+- per gradient bucket, each member's partial gradient from its making until
+  the bucket's last member is made (the bucket issues then), and the
+  concatenated payload at that time.
+
+So ``peak(plan) <= peak(program)``: a plan the program accepts fits. The
+same function with every state set to keep gives the peak without
+recomputation (what the plan's recomputation saves).
+
+>>> timeline_peak(((0, 5.0), (3, 9.0), (4, 2.0)))
+9.0
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from costmodel.bucketing import Bucket
+from costmodel.layout import max_local_numel
+from costmodel.placements import Placement
+
+from autoshard.graph.states import RECOMPUTE
+
+__all__ = ["CopyEvent", "exact_timeline", "timeline_peak", "keep_choice", "RECOMPUTE", "state_of"]
+
+CopyEvent = tuple[int, "tuple[Placement, ...]", bool]
+"""(edge index, reader placement, reader recomputed) of a redistribution that happens."""
+
+
+def state_of(node: Any, k: int) -> int:
+    """The recomputation state of strategy ``k`` of a node with ``states`` (0: keep)."""
+    states = getattr(node, "states", ()) or ()
+    if not states:
+        return 0
+    return states[k // (len(node.strategies) // len(states))]
+
+
+def keep_choice(graph: Any, choice: Sequence[int]) -> list[int]:
+    """``choice`` with every state set to keep (same placements): states are
+    state-major and keep comes first, so the index modulo the base count."""
+    out = list(choice)
+    for i, node in enumerate(graph.nodes):
+        states = getattr(node, "states", ()) or ()
+        if states:
+            out[i] = choice[i] % (len(node.strategies) // len(states))
+    return out
+
+
+def exact_timeline(graph: Any, problem: Any, choice: Sequence[int], copies: Sequence[CopyEvent],
+                   buckets: Sequence[Bucket], *, recomputed: bool = True) -> tuple[tuple[int, float], ...]:
+    """(time, bytes live) at every change (module docstring); ``graph`` is an
+    ``AssemblyGraph``; ``recomputed=False`` counts copies as if no reader were recomputed."""
+    always = 0.0
+    events: dict[int, float] = {}
+
+    def add(start: int, end: int, amount: float) -> None:
+        if amount and start < end:
+            events[start] = events.get(start, 0.0) + amount
+            events[end] = events.get(end, 0.0) - amount
+
+    for node, pnode, k in zip(graph.nodes, problem.nodes, choice):
+        if node.kind == "memory" and node.target == "bound":
+            continue
+        m = float(pnode.memory_bytes[k])
+        if pnode.live is None:
+            always += m
+        else:
+            add(pnode.live[0], pnode.live[1], m)
+    mesh = graph.mesh.shape
+    for j, placement, reader_recomputed in copies:
+        e = graph.edges[j]
+        live = e.copy_live_recomputed if (reader_recomputed and recomputed and e.copy_live_recomputed) else e.copy_live
+        if not live:
+            continue
+        nbytes = float(max_local_numel(e.shape, placement, mesh) * e.itemsize)
+        for start, end in live:
+            add(start, end, nbytes)
+    sink_edge = {graph.nodes[e.dst].name: j for j, e in enumerate(graph.edges) if graph.nodes[e.dst].kind == "grad"}
+    index = {n.name: i for i, n in enumerate(graph.nodes)}
+    for bucket in buckets:
+        made = []
+        for member in bucket.members:
+            j = sink_edge[member]
+            e = graph.edges[j]
+            src = graph.nodes[e.src].strategies[choice[e.src]].output_placements[e.src_output]
+            t = problem.nodes[index[member]].live[0] - 1  # the sink holds the gradient from the next time
+            made.append((t, float(max_local_numel(e.shape, src, mesh) * e.itemsize)))
+        issue = max(t for t, _ in made)
+        for t, nbytes in made:
+            add(t + 1, issue + 1, nbytes)  # waits, partial, until the bucket's last member
+        add(issue, issue + 1, float(bucket.bytes))  # the concatenated payload
+    out, level = [], always
+    for t in sorted(events):
+        level += events[t]
+        out.append((t, level))
+    return tuple(out) or ((0, always),)
+
+
+def timeline_peak(timeline: Sequence[tuple[int, float]]) -> float:
+    """The highest level of a timeline."""
+    return max(level for _, level in timeline)

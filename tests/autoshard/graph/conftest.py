@@ -1,0 +1,10 @@
+"""Put this folder's helper models (``recompute_models``) on ``sys.path``."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
