@@ -27,6 +27,7 @@ from hw_profiles.profile import (
     DeviceSpec,
     Efficiency,
     HardwareProfile,
+    Overlap,
     Tier,
 )
 from hw_profiles.schema import SCHEMA, ProfileError, validate
@@ -42,6 +43,7 @@ __all__ = [
     "Tier",
     "CollectiveFit",
     "Calibration",
+    "Overlap",
     "available",
     "load",
     "load_dict",
