@@ -4,9 +4,12 @@ Human-readable, diffable, versioned JSON (never pickled), as in DESIGN.md:
 ``fingerprint``, per-parameter and per-input placements, per-node strategies,
 every redistribution with its collective steps, the estimate and the solver's
 report. Extra keys (``buffers``, ``param_aliases``, ``options``, ``baseline``,
-``buckets``) carry what the runtime and ``autoshard explain`` need. A bucket
-(``costmodel.bucketing.Bucket``) lists gradient sinks whose one-step
-reductions the runtime issues as one collective instead of their own steps.
+``buckets``, ``schedule``) carry what the runtime and ``autoshard explain``
+need. A bucket (``costmodel.bucketing.Bucket``) lists gradient sinks whose
+one-step reductions the runtime issues as one collective instead of their own
+steps. The schedule (``autoshard.plan.schedule``) says where each collective
+is issued and waited; it is checked against the plan's nodes,
+redistributions and buckets when the plan is read.
 
 Loading checks the fingerprint against the model, mesh and profile in hand
 and names the part that differs; ``allow_profile_change`` accepts a plan
@@ -28,6 +31,8 @@ from typing import Any, Mapping
 
 from costmodel.bucketing import Bucket
 from costmodel.steps import RedistributeStep, StepError
+
+from autoshard.plan.schedule import Schedule, ScheduleError, check_schedule
 
 __all__ = ["FORMAT", "PlanError", "Fingerprint", "PlanNode", "Redistribution", "Estimate", "SolverReport", "Plan"]
 
@@ -160,21 +165,29 @@ class Estimate:
     """Local steps of redistributions (slices, zero fills)."""
     peak_memory_bytes: float
     memory_limit_bytes: float | None
+    exposed_comm_s: float | None = None
+    """The part of ``comm_s`` the step pays: ``step_s - compute_s - relayout_s``
+    of the two-stream simulation of the plan's schedule (``costmodel.overlap``);
+    None in plans priced before schedules (``step_s`` is then the plain sum)."""
 
     @property
     def fits(self) -> bool:
         return self.memory_limit_bytes is None or self.peak_memory_bytes <= self.memory_limit_bytes
 
     def to_dict(self) -> dict[str, Any]:
-        return {"step_s": self.step_s, "compute_s": self.compute_s, "comm_s": self.comm_s,
-                "relayout_s": self.relayout_s, "peak_memory_bytes": self.peak_memory_bytes,
-                "memory_limit_bytes": self.memory_limit_bytes}
+        out = {"step_s": self.step_s, "compute_s": self.compute_s, "comm_s": self.comm_s,
+               "relayout_s": self.relayout_s, "peak_memory_bytes": self.peak_memory_bytes,
+               "memory_limit_bytes": self.memory_limit_bytes}
+        if self.exposed_comm_s is not None:
+            out["exposed_comm_s"] = self.exposed_comm_s
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "Estimate":
         return cls(*(float(_need(data, k, "estimate")) for k in ("step_s", "compute_s", "comm_s")),
                    float(data.get("relayout_s", 0.0)), float(_need(data, "peak_memory_bytes", "estimate")),
-                   None if data.get("memory_limit_bytes") is None else float(data["memory_limit_bytes"]))
+                   None if data.get("memory_limit_bytes") is None else float(data["memory_limit_bytes"]),
+                   None if data.get("exposed_comm_s") is None else float(data["exposed_comm_s"]))
 
 
 @dataclass(frozen=True, slots=True, init=False)
@@ -265,6 +278,9 @@ class Plan:
     buckets: tuple[Bucket, ...] = ()
     """Gradient reductions issued as one collective each (their members'
     redistributions keep their steps for reading; the runtime runs the bucket)."""
+    schedule: Schedule | None = None
+    """Issue and wait position of every collective (``autoshard.plan.schedule``);
+    None in plans written before schedules (the runtime then builds the default one)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -281,6 +297,7 @@ class Plan:
             "options": dict(self.options),
             "memory_timeline": [list(p) for p in self.memory_timeline],
             "buckets": [b.to_dict() for b in self.buckets],
+            **({"schedule": self.schedule.to_dict()} if self.schedule is not None else {}),
         }
 
     @classmethod
@@ -290,7 +307,7 @@ class Plan:
         if data.get("format") != FORMAT:
             raise PlanError(f"format: expected {FORMAT!r}, got {data.get('format')!r}")
         try:
-            return cls(
+            plan = cls(
                 fingerprint=Fingerprint.from_dict(_need(data, "fingerprint", "(root)")),
                 params={str(k): _placement_text(v, f"params.{k}") for k, v in _need(data, "params", "(root)").items()},
                 inputs={str(k): _placement_text(v, f"inputs.{k}") for k, v in data.get("inputs", {}).items()},
@@ -304,7 +321,13 @@ class Plan:
                 options=dict(data.get("options", {})),
                 memory_timeline=tuple((int(t), float(b)) for t, b in data.get("memory_timeline", [])),
                 buckets=tuple(_bucket(b, f"buckets[{i}]") for i, b in enumerate(data.get("buckets", []))),
+                schedule=None if data.get("schedule") is None else Schedule.from_dict(data["schedule"]),
             )
+            if plan.schedule is not None:
+                check_schedule(plan.schedule, [n.name for n in plan.nodes], plan.redistributions, plan.buckets)
+            return plan
+        except ScheduleError as exc:
+            raise PlanError(str(exc)) from None
         except (TypeError, ValueError, AttributeError) as exc:
             if isinstance(exc, PlanError):
                 raise

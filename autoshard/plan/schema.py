@@ -163,8 +163,40 @@ _ESTIMATE = {
         "compute_s": _SECONDS,
         "comm_s": _SECONDS,
         "relayout_s": _SECONDS,
+        "exposed_comm_s": {**_SECONDS, "description": "The part of comm_s the step pays (not hidden behind compute "
+                                                      "in the simulated schedule)."},
         "peak_memory_bytes": _BYTES,
         "memory_limit_bytes": {"type": ["number", "null"], "minimum": 0},
+    },
+    "additionalProperties": False,
+}
+
+_SCHEDULE_ITEM = {
+    "type": "object",
+    "required": ["issue", "wait"],
+    "properties": {
+        "edge": {
+            "type": "array",
+            "prefixItems": [{"type": "string"}, {"type": "string"}, _INDEX],
+            "minItems": 3,
+            "maxItems": 3,
+            "description": "[producer, reader, reader input] of a redistribution.",
+        },
+        "bucket": {**_INDEX, "description": "Index of a gradient bucket in buckets."},
+        "issue": {**_INDEX, "description": "Position where it is issued (before op nodes[issue])."},
+        "wait": {**_INDEX, "description": "Position where it is waited (>= issue; len(nodes): before the optimizer)."},
+    },
+    "oneOf": [{"required": ["edge"]}, {"required": ["bucket"]}],
+    "additionalProperties": False,
+}
+
+_SCHEDULE = {
+    "type": "object",
+    "required": ["positions", "prefetch", "collectives"],
+    "properties": {
+        "positions": {**_INDEX, "description": "Number of op nodes; positions run over 0..positions."},
+        "prefetch": {**_INDEX, "description": "Prefetch depth of parameter (leaf) gathers."},
+        "collectives": {"type": "array", "items": _SCHEDULE_ITEM, "description": "In issue order."},
     },
     "additionalProperties": False,
 }
@@ -221,6 +253,8 @@ PLAN_SCHEMA: dict[str, Any] = {
             "description": "[time, bytes live] wherever the live memory changes.",
         },
         "buckets": {"type": "array", "items": _BUCKET},
+        "schedule": {**_SCHEDULE, "description": "Where each collective is issued and waited (per rank, the same "
+                                                 "on every rank)."},
     },
     "additionalProperties": False,
     "$defs": {"placement": PLACEMENT},

@@ -19,7 +19,9 @@ from autoshard.plan.solve import InfeasibleMemoryError, compare_baselines, solve
 def test_estimate_is_the_sum_of_its_parts_and_equals_evaluate(dp_mlp) -> None:
     plan = solve_prepared(dp_mlp, time_limit=30)
     e = plan.estimate
-    assert e.step_s == pytest.approx(e.compute_s + e.comm_s + e.relayout_s, rel=1e-12)
+    # the step pays compute, re-layouts and the communication the schedule does not hide
+    assert e.exposed_comm_s is not None and 0.0 <= e.exposed_comm_s <= e.comm_s * (1 + 1e-12)
+    assert e.step_s == pytest.approx(e.compute_s + e.relayout_s + e.exposed_comm_s, rel=1e-12)
     problem = to_problem(dp_mlp.graph, memory_limit=e.memory_limit_bytes)
     choice = _choice_of(plan, dp_mlp.graph)
     check = evaluate(problem, choice)
@@ -28,8 +30,9 @@ def test_estimate_is_the_sum_of_its_parts_and_equals_evaluate(dp_mlp) -> None:
     members = {m for b in plan.buckets for m in b.members}
     priced = {g.to: _edge_cost(dp_mlp.graph, g, choice) for g in plan.redistributions if g.to in members}
     exact = check.cost - sum(priced.values()) + sum(b.cost_s for b in plan.buckets)
-    assert exact == pytest.approx(e.step_s, rel=1e-9)
-    assert check.peak_memory_bytes == pytest.approx(e.peak_memory_bytes)
+    assert exact == pytest.approx(e.compute_s + e.comm_s + e.relayout_s, rel=1e-9)
+    # prefetched parameter gathers may hold their output earlier: never less than evaluate's peak
+    assert check.peak_memory_bytes <= e.peak_memory_bytes * (1 + 1e-12)
     unbucketed = sum(r.cost_s for r in plan.redistributions if r.to not in members)
     assert unbucketed + sum(b.cost_s for b in plan.buckets) == pytest.approx(e.comm_s + e.relayout_s, rel=1e-9)
 
