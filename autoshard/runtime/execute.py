@@ -32,9 +32,18 @@ placement. The sinks get their redistributions too: the loss ends replicated,
 each gradient in its parameter's placement (already reduced), each buffer
 update in its buffer's placement. Gradients in one of the plan's buckets
 (``costmodel.bucketing``) are reduced together: one collective on their
-concatenated payload (``autoshard.runtime.steps.run_bucket``) instead of one
-each, as DDP and FSDP do; a bucket is checked at load against its members'
-redistributions (same kind, mesh dims, reduce op and dtype).
+concatenated payload (``autoshard.runtime.steps.bucket_phases``) instead of
+one each, as DDP and FSDP do; a bucket is checked at load against its
+members' redistributions (same kind, mesh dims, reduce op and dtype).
+
+Collectives run asynchronously, where the plan's schedule says
+(``autoshard.plan.schedule``; plans without one get the default schedule):
+at each position the runner issues the items issued there (a
+redistribution's collectives but the last run and are waited at once, the
+last is left in flight), waits for the items waited there (finishing their
+steps), then runs the op; the op reads its redistributed inputs from what
+was waited. The compute goes on while a collective is in flight. Evaluation
+(``forward_only``) runs every redistribution at its reader, waited at once.
 
 >>> # runner = JointRunner(traced, plan, mesh_shape, coord, comm=MeshComm(mesh))
 >>> # result = runner.run(local_params, local_buffers, local_inputs)
@@ -54,11 +63,13 @@ from costmodel.placements import Partial, Placement, Replicate, parse_placements
 from costmodel.steps import COLLECTIVE_STEPS, RedistributeStep
 
 from autoshard.plan.format import Plan, PlanError, Redistribution
+from autoshard.plan.schedule import ScheduleItem, build_schedule
 from autoshard.rules import RuleRegistry, load_rules, op_name
 from autoshard.rules.calls import bind_args, replace_tensors
 from autoshard.rules.core import OpCall, TensorMeta, to_meta
 from autoshard.runtime.random_ops import SLICEABLE, random_kind, run_random
-from autoshard.runtime.steps import Comm, StepRuntimeError, check_step_runnable, run_bucket, run_step
+from autoshard.runtime.steps import (Comm, PendingStep, StepRuntimeError, bucket_phases, check_step_runnable,
+                                     run_step, step_phases)
 from autoshard.trace import JointResult, TracedGraph, tensor_arg_nodes
 
 __all__ = ["RuntimeLoadError", "JointRunner", "local_slice", "placements_of"]
@@ -105,6 +116,22 @@ class _Edge:
     global_shape: tuple[int, ...]
     key: tuple[str, str, int]
     """(producer, reader, input) as in the plan."""
+
+
+@dataclass(slots=True)
+class _Scheduled:
+    """One schedule item, resolved to what the runner issues."""
+
+    item: ScheduleItem
+    edge: "_Edge | None"
+    """The redistribution (None for a bucket)."""
+    head: tuple[RedistributeStep, ...] = ()
+    """Steps run (and waited) at issue, before the last collective."""
+    last: RedistributeStep | None = None
+    """The collective left in flight until the wait."""
+    tail: tuple[RedistributeStep, ...] = ()
+    """Local steps after it, run at the wait."""
+    bucket: int | None = None
 
 
 @dataclass(slots=True)
@@ -313,8 +340,11 @@ class JointRunner:
                     raise RuntimeLoadError(f"{where}: {exc}") from None
             if self.comm is None and any(s.collective in COLLECTIVE_STEPS for s in r.steps):
                 raise RuntimeLoadError(f"{where}: the plan issues collectives but no process group was given")
-            return _Edge(arg, tuple(r.steps), shape, (producer, reader, position))
+            made = _Edge(arg, tuple(r.steps), shape, (producer, reader, position))
+            self._edges[made.key] = made
+            return made
 
+        self._edges: dict[tuple[str, str, int], _Edge] = {}
         self.program: list[_OpProgram] = []
         self._forward: list[_OpProgram] | None = None
         self.has_random = False
@@ -402,6 +432,53 @@ class JointRunner:
             if s.collective in COLLECTIVE_STEPS and r.to not in bucketed
         )
         """Every collective step of the plan outside gradient buckets, with its edge, in plan order."""
+        self._actions = self._schedule_actions()
+
+    def _schedule_actions(self) -> list[tuple[str, Any]]:
+        """The per-rank program: ``("op", _OpProgram)``, ``("issue", _Scheduled)`` and
+        ``("wait", _Scheduled)`` in run order (module docstring)."""
+        plan = self.plan
+        names = [n.name for n in plan.nodes]
+        self.schedule = plan.schedule or build_schedule(names, plan.redistributions, plan.buckets)
+        pos = {name: i for i, name in enumerate(names)}
+        ops = [p.node.name for p in self.program if p.op is not operator.getitem]
+        if ops != names:
+            raise RuntimeLoadError("plan: its nodes are not the graph's ops in the graph's order (the schedule's "
+                                   "positions would not match)")
+        issues: dict[int, list[_Scheduled]] = {}
+        waits: dict[int, list[_Scheduled]] = {}
+        for item in self.schedule.items:
+            if item.bucket is not None:
+                if not 0 <= item.bucket < len(self.buckets):
+                    raise RuntimeLoadError(f"plan: the schedule names bucket {item.bucket}, the plan has "
+                                           f"{len(self.buckets)}")
+                entry = _Scheduled(item, None, bucket=item.bucket)
+            else:
+                e = self._edges.get(item.edge)
+                last = max((k for k, st in enumerate(e.steps) if st.collective in COLLECTIVE_STEPS), default=None) \
+                    if e is not None else None
+                if last is None:
+                    raise RuntimeLoadError(f"plan: the schedule names {item.edge[0]} -> {item.edge[1]} "
+                                           f"(input {item.edge[2]}), which has no collective step")
+                entry = _Scheduled(item, e, e.steps[:last], e.steps[last], e.steps[last + 1:])
+            issues.setdefault(item.issue, []).append(entry)
+            waits.setdefault(item.wait, []).append(entry)
+        actions: list[tuple[str, Any]] = []
+        for step in self.program:
+            if step.op is not operator.getitem:
+                p = pos[step.node.name]
+                actions += [("issue", x) for x in issues.get(p, ())] + [("wait", x) for x in waits.get(p, ())]
+            actions.append(("op", step))
+        n = len(names)
+        actions += [("issue", x) for x in issues.get(n, ())] + [("wait", x) for x in waits.get(n, ())]
+        scheduled = {x.edge.key for group in issues.values() for x in group if x.edge is not None}
+        bucketed = {m for b in plan.buckets for m in b.members}
+        for key, e in self._edges.items():
+            if key not in scheduled and key[1] not in bucketed and any(
+                    st.collective in COLLECTIVE_STEPS for st in e.steps):
+                raise RuntimeLoadError(f"plan: the schedule does not schedule {key[0]} -> {key[1]} (input {key[2]}), "
+                                       "which issues collectives")
+        return actions
 
     def _bucket_programs(self) -> list[tuple[Any, list[str]]]:
         """(bucket, parameter FQNs) of the plan's gradient buckets, checked: every
@@ -437,13 +514,11 @@ class JointRunner:
 
     # ------------------------------------------------------------------ run time
     def _redistribute(self, value: torch.Tensor, edge: _Edge) -> torch.Tensor:
+        """All of an edge's steps at once (local steps, and evaluation's collectives)."""
         if not edge.steps:
             return value
-        if self.comm is not None and hasattr(self.comm, "edge"):
-            self.comm.edge = edge.key
-        for step in edge.steps:
-            value = run_step(value, step, edge.global_shape, self.mesh_shape, self.coord, self.comm)
-        return value
+        self._set_comm(edge.key, None)
+        return self._run_steps(value, edge, edge.steps)
 
     def _forward_program(self) -> list[_OpProgram]:
         """The steps the loss and the buffer updates depend on (no backward)."""
@@ -481,35 +556,103 @@ class JointRunner:
         for (name, node), value in zip(traced.inputs.items(), inputs):
             env[node] = self._check_local(value, f"input:{name}", node)
         env[traced.tangent] = torch.ones((), dtype=traced.loss.meta["val"].dtype)
-        if forward_only and self._forward is None:
-            self._forward = self._forward_program()
+        if forward_only:
+            if self._forward is None:
+                self._forward = self._forward_program()
+            return self._run_sync(env)
+        pending: dict[int, PendingStep] = {}
+        ready: dict[Any, Any] = {}
         with torch.no_grad():
-            for step in (self._forward if forward_only else self.program):
+            for kind, what in self._actions:
+                if kind == "op":
+                    node = what.node
+                    if what.op is operator.getitem:
+                        env[node] = env[node.args[0]][int(node.args[1])]
+                    else:
+                        env[node] = self._run_op(what, env, ready)
+                    for dead in what.free_after:
+                        env.pop(dead, None)
+                elif kind == "issue":
+                    pending[id(what)] = self._issue(what, env)
+                else:
+                    done = pending.pop(id(what)).finish()
+                    if what.edge is None:
+                        ready[("bucket", what.bucket)] = done
+                    else:
+                        ready[what.edge.key] = self._run_steps(done, what.edge, what.tail)
+            loss = self._sink(env, self.loss_edge, ready)
+            grads = {fqn: None for fqn in traced.grads}
+            for b, (bucket, fqns) in enumerate(self.buckets):
+                for fqn, value in zip(fqns, ready.pop(("bucket", b))):
+                    grads[fqn] = value
+            in_bucket = {fqn for _, fqns in self.buckets for fqn in fqns}
+            for fqn, e in self.grad_edges.items():
+                if fqn not in in_bucket:
+                    grads[fqn] = self._sink(env, e, ready)
+            updates = {fqn: self._sink(env, e, ready) for fqn, e in self.buffer_edges.items()}
+        self._set_comm(None, None)
+        return JointResult(loss=loss, grads=grads, buffer_updates=updates)
+
+    def _set_comm(self, edge: tuple[str, str, int] | None, positions: tuple[int, int] | None) -> None:
+        comm = self.comm
+        if comm is not None and hasattr(comm, "edge"):
+            comm.edge = edge
+            if hasattr(comm, "positions"):
+                comm.positions = positions
+
+    @staticmethod
+    def _value(env: Mapping[fx.Node, Any], node: fx.Node) -> Any:
+        """``env[node]``; a tuple element not yet taken (its getitem comes later in the graph) is taken here."""
+        if node in env:
+            return env[node]
+        if node.op == "call_function" and node.target is operator.getitem and node.args[0] in env:
+            return env[node.args[0]][int(node.args[1])]
+        raise RuntimeError(f"runtime: {node.name} is read before it is made (schedule out of order)")
+
+    def _issue(self, what: _Scheduled, env: Mapping[fx.Node, Any]) -> PendingStep:
+        """Run the item's steps up to its last collective and leave that one in flight."""
+        item = what.item
+        if what.edge is None:
+            bucket, fqns = self.buckets[what.bucket]
+            edges = [self.grad_edges[f] for f in fqns]
+            self._set_comm(("bucket", ",".join(bucket.members), 0), (item.issue, item.wait))
+            return PendingStep(bucket_phases([self._value(env, e.source) for e in edges], [e.steps[0] for e in edges],
+                                             self.mesh_shape, self.coord, self.comm), self.comm)
+        e = what.edge
+        value = self._value(env, e.source)
+        if what.head:
+            self._set_comm(e.key, (item.issue, item.issue))
+            value = self._run_steps(value, e, what.head)
+        self._set_comm(e.key, (item.issue, item.wait))
+        return PendingStep(step_phases(value, what.last, e.global_shape, self.mesh_shape, self.coord, self.comm),
+                           self.comm)
+
+    def _run_steps(self, value: torch.Tensor, edge: _Edge, steps: Sequence[RedistributeStep]) -> torch.Tensor:
+        for step in steps:
+            value = run_step(value, step, edge.global_shape, self.mesh_shape, self.coord, self.comm)
+        return value
+
+    def _sink(self, env: Mapping[fx.Node, Any], edge: _Edge, ready: dict[Any, Any]) -> torch.Tensor:
+        if edge.key in ready:
+            return ready.pop(edge.key)
+        return self._redistribute(self._value(env, edge.source), edge)
+
+    def _run_sync(self, env: dict[fx.Node, Any]) -> JointResult:
+        """Evaluation: the forward part, every redistribution at its reader (waited at once)."""
+        traced = self.traced
+        with torch.no_grad():
+            for step in self._forward:
                 node = step.node
                 if step.op is operator.getitem:
                     env[node] = env[node.args[0]][int(node.args[1])]
                 else:
-                    env[node] = self._run_op(step, env)
+                    env[node] = self._run_op(step, env, {})
                 for dead in step.free_after:
                     env.pop(dead, None)
             loss = self._redistribute(env[self.loss_edge.source], self.loss_edge)
-            grads = {fqn: None for fqn in traced.grads}
-            in_bucket = set()
-            for bucket, fqns in ([] if forward_only else self.buckets):
-                edges = [self.grad_edges[f] for f in fqns]
-                if self.comm is not None and hasattr(self.comm, "edge"):
-                    self.comm.edge = ("bucket", ",".join(bucket.members), 0)
-                for fqn, value in zip(fqns, run_bucket([env[e.source] for e in edges], [e.steps[0] for e in edges],
-                                                       self.mesh_shape, self.coord, self.comm)):
-                    grads[fqn] = value
-                in_bucket.update(fqns)
-            for fqn, e in ({} if forward_only else self.grad_edges).items():
-                if fqn not in in_bucket:
-                    grads[fqn] = self._redistribute(env[e.source], e)
             updates = {fqn: self._redistribute(env[e.source], e) for fqn, e in self.buffer_edges.items()}
-        if self.comm is not None and hasattr(self.comm, "edge"):
-            self.comm.edge = None
-        return JointResult(loss=loss, grads=grads, buffer_updates=updates)
+        self._set_comm(None, None)
+        return JointResult(loss=loss, grads={fqn: None for fqn in traced.grads}, buffer_updates=updates)
 
     def _local_leaf(self, values: Mapping[str, torch.Tensor], fqn: str, aliases: Mapping[str, tuple[str, ...]],
                     name: str, node: fx.Node) -> torch.Tensor:
@@ -525,9 +668,10 @@ class JointRunner:
                              f"{_fmt(self.leaf_placements[name])} gives {want} at coordinate {self.coord}")
         return value
 
-    def _run_op(self, step: _OpProgram, env: Mapping[fx.Node, Any]) -> Any:
+    def _run_op(self, step: _OpProgram, env: Mapping[fx.Node, Any], ready: dict[Any, Any]) -> Any:
         node, op = step.node, step.op
-        locals_ = [self._redistribute(env[e.source], e) if e.steps else env[e.source] for e in step.edges]
+        locals_ = [ready.pop(e.key) if e.key in ready else (self._redistribute(env[e.source], e) if e.steps
+                                                               else env[e.source]) for e in step.edges]
         if step.random is not None:
             return run_random(step.random, node, locals_, step.out_global, step.out_placements, self.mesh_shape,
                               self.coord)

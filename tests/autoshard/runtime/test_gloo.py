@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from gloo_ranks import assert_matches_one_device, planned_collectives_issued, equivalence, spawn
+from gloo_ranks import (assert_matches_one_device, assert_trace_follows_schedule, equivalence,
+                        planned_collectives_issued, spawn)
 
 from autoshard.plan.solve import prepare, solve_prepared
 from examples.models import llama3, mlp
@@ -91,12 +92,19 @@ def test_collectives_issued_are_the_plans_steps(run, label):
         assert planned, f"{label}: the plan has no collective (the test would be empty)"
 
 
+@pytest.mark.parametrize("label", LABELS)
+def test_collectives_are_issued_and_waited_where_the_schedule_says(run, label):
+    plans, results = run
+    assert plans[label].schedule is not None
+    assert_trace_follows_schedule(plans[label], results, label)
+
+
 def test_fused_steps_run_on_one_flattened_group_of_all_ranks(run):
     plans, results = run
     fused_kinds = set()
     for label in ("mlp-2x2-fsdp", "mlp-2x2-solved"):
         for res in results:
-            for kind, dims, _, ranks, _ in res[label]["trace"]:
+            for kind, dims, _, ranks, *_ in res[label]["trace"]:
                 if len(dims) == 2:
                     assert sorted(ranks) == [0, 1, 2, 3]
                     fused_kinds.add(kind)
