@@ -94,6 +94,8 @@ class StepSimulation:
     """``step_s - compute_s``: what communication adds to the step."""
     timings: tuple[TransferTiming, ...]
     """One per transfer, in the order given."""
+    reached_s: tuple[float, ...] = ()
+    """When the compute stream reached each position ``0 .. N`` (before its waits)."""
 
 
 def simulate(compute_s: Sequence[float], transfers: Sequence[Transfer], *, tail_s: float = 0.0,
@@ -124,6 +126,7 @@ def simulate(compute_s: Sequence[float], transfers: Sequence[Transfer], *, tail_
     # is done; ("work", seconds) computes.
     program: list[tuple] = []
     for p in range(n + 1):
+        program.append(("at", p))
         for k in issues.get(p, ()):
             last = len(transfers[k].durations_s) - 1
             for j in range(last):
@@ -141,13 +144,17 @@ def simulate(compute_s: Sequence[float], transfers: Sequence[Transfer], *, tail_
     done: dict[tuple[int, int], float] = {}
     started: dict[tuple[int, int], float] = {}
     needed: dict[int, float] = {}
+    reached = [0.0] * (n + 1)
     i = 0
     work_left = 0.0
     while True:
         # instantaneous actions until the compute stream computes or blocks
         while i < len(program):
             action = program[i]
-            if action[0] == "issue":
+            if action[0] == "at":
+                reached[action[1]] = now
+                i += 1
+            elif action[0] == "issue":
                 queue.append([action[1], action[2], transfers[action[1]].durations_s[action[2]]])
                 if len(queue) == 1:
                     started[(action[1], action[2])] = now
@@ -188,7 +195,7 @@ def simulate(compute_s: Sequence[float], transfers: Sequence[Transfer], *, tail_
     total_comm = float(sum(sum(t.durations_s) for t in transfers))
     timings = tuple(TransferTiming(started[(k, len(t.durations_s) - 1)], done[(k, len(t.durations_s) - 1)],
                                    needed[k]) for k, t in enumerate(transfers))
-    return StepSimulation(now, total_compute, total_comm, max(0.0, now - total_compute), timings)
+    return StepSimulation(now, total_compute, total_comm, max(0.0, now - total_compute), timings, tuple(reached))
 
 
 def transfer_slack(timing: TransferTiming) -> float:

@@ -21,6 +21,7 @@ def test_a_collective_shorter_than_the_compute_it_spans_is_hidden():
     r = simulate([1.0, 2.0, 3.0], [Transfer(1, 2, (2.0,))])
     assert r.step_s == pytest.approx(6.0) and r.exposed_comm_s == pytest.approx(0.0)
     assert r.timings[0].start_s == pytest.approx(1.0) and r.timings[0].needed_s == pytest.approx(3.0)
+    assert r.reached_s == pytest.approx((0.0, 1.0, 3.0, 6.0))
 
 
 def test_the_part_that_does_not_fit_is_exposed():
