@@ -197,6 +197,7 @@ def autoshard(
     local_inputs: bool = False,
     trace_collectives: bool | None = None,
     allow_profile_change: bool = False,
+    compile: bool = False,
 ) -> ShardedModule:
     """``model`` sharded on ``mesh`` by a plan solved on rank 0 (module docstring).
 
@@ -210,6 +211,7 @@ def autoshard(
     :class:`ShardedModule` (None: ``AUTOSHARD_TRACE_COLLECTIVES``).
     ``allow_profile_change``: run a ``plan=`` solved for another hardware
     profile (its layout is valid; only its estimate is for other hardware).
+    ``compile``: compile the per-rank step with inductor (``ShardedModule``).
 
     Raises :class:`MeshSizeError` when the mesh is not the whole job,
     :class:`~autoshard.plan.format.PlanError` for a plan of another model,
@@ -275,6 +277,6 @@ def autoshard(
 
     # 5. shard (load-time checks are deterministic: every rank passes or fails alike)
     sharded = ShardedModule(model, mesh, received, example_inputs, local_inputs=local_inputs,
-                            trace_collectives=trace_collectives, traced=traced)
+                            trace_collectives=trace_collectives, traced=traced, compile=compile)
     sharded.plan_source = _SOURCES[code]
     return sharded

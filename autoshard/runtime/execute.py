@@ -45,12 +45,19 @@ steps), then runs the op; the op reads its redistributed inputs from what
 was waited. The compute goes on while a collective is in flight. Evaluation
 (``forward_only``) runs every redistribution at its reader, waited at once.
 
+From the second training step on, the runner does not interpret: the first
+step checked every shape and fixed every op's localized arguments, and the
+second traces this very loop on fake tensors into one fx graph of ATen ops
+and collectives (``autoshard.runtime.program``), which then runs as
+straight-line code (or compiled by inductor with ``compile=True``).
+
 >>> # runner = JointRunner(traced, plan, mesh_shape, coord, comm=MeshComm(mesh))
 >>> # result = runner.run(local_params, local_buffers, local_inputs)
 """
 
 from __future__ import annotations
 
+import logging
 import operator
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
@@ -67,6 +74,7 @@ from autoshard.plan.schedule import ScheduleItem, build_schedule
 from autoshard.rules import RuleRegistry, load_rules, op_name
 from autoshard.rules.calls import bind_args, replace_tensors
 from autoshard.rules.core import OpCall, TensorMeta, to_meta
+from autoshard.runtime.program import StepGraph, compile_step, trace_step
 from autoshard.runtime.random_ops import SLICEABLE, random_kind, run_random
 from autoshard.runtime.steps import (Comm, PendingStep, StepRuntimeError, bucket_phases, check_step_runnable,
                                      run_step, step_phases)
@@ -75,6 +83,7 @@ from autoshard.trace import JointResult, TracedGraph, tensor_arg_nodes
 __all__ = ["RuntimeLoadError", "JointRunner", "local_slice", "placements_of"]
 
 aten = torch.ops.aten
+log = logging.getLogger(__name__)
 
 
 class RuntimeLoadError(ValueError):
@@ -239,13 +248,20 @@ class JointRunner:
     ``mesh_shape`` is the plan's mesh; ``coord`` this rank's coordinate on it;
     ``comm`` issues the collectives (``autoshard.runtime.collectives.MeshComm``;
     None is allowed for a plan without collectives). ``check_fingerprint``
-    compares the plan's graph hash with ``traced``.
+    compares the plan's graph hash with ``traced``. ``graph``: run the traced
+    step graph from the second step on (module docstring; False interprets
+    every step); ``compile``: compile that graph with inductor.
     """
 
     def __init__(self, traced: TracedGraph, plan: Plan, mesh_shape: Sequence[int], coord: Sequence[int],
                  *, comm: Comm | None = None, rules: RuleRegistry | None = None,
-                 check_fingerprint: bool = True) -> None:
+                 check_fingerprint: bool = True, graph: bool = True, compile: bool = False) -> None:
         self.traced = traced
+        self.use_graph = graph or compile
+        self.compile = compile
+        self.step_graph: StepGraph | None = None
+        """The traced step (from the second step on), or None."""
+        self._steps_run = 0
         self.plan = plan
         self.mesh_shape = tuple(int(m) for m in mesh_shape)
         self.coord = tuple(int(c) for c in coord)
@@ -560,6 +576,58 @@ class JointRunner:
             if self._forward is None:
                 self._forward = self._forward_program()
             return self._run_sync(env)
+        if self.step_graph is None and self.use_graph and self._steps_run >= 1:
+            self.step_graph = self._trace(env)
+        if self.step_graph is not None:
+            return self._run_graph(env)
+        result = self._run_actions(env)
+        self._steps_run += 1
+        return result
+
+    def _flat_inputs(self) -> list[fx.Node]:
+        t = self.traced
+        return [*t.params.values(), *t.buffers.values(), *t.inputs.values()]
+
+    def _outputs(self, result: JointResult) -> list[torch.Tensor]:
+        return [result.loss, *(result.grads[f] for f in self.grad_edges), *result.buffer_updates.values()]
+
+    def _trace(self, env: Mapping[fx.Node, Any]) -> StepGraph | None:
+        """The step as a graph (``autoshard.runtime.program``), compiled if asked;
+        None (with a warning) when it cannot be traced: the runner then interprets."""
+        nodes = self._flat_inputs()
+        tangent = self.traced.tangent
+
+        def step(*flat: torch.Tensor) -> list[torch.Tensor]:
+            local = dict(zip(nodes, flat))
+            local[tangent] = torch.ones((), dtype=self.traced.loss.meta["val"].dtype)
+            return self._outputs(self._run_actions(local))
+
+        example = [env[n] for n in nodes]
+        try:
+            graph, reason = trace_step(step, example, self.comm), ""
+        except Exception as exc:  # noqa: BLE001 - any failure: keep interpreting (same collectives, same order)
+            graph, reason = None, " ".join(str(exc).split())[:300] or type(exc).__name__
+        if self.compile:
+            graph = compile_step(graph, example)  # every rank takes part: it agrees with the others
+        if graph is None:
+            log.warning("autoshard: the per-rank step could not be traced into a graph (%s); interpreting it",
+                        reason or "another rank failed")
+            self.use_graph = False
+        return graph
+
+    def _run_graph(self, env: Mapping[fx.Node, Any]) -> JointResult:
+        out = self.step_graph(*(env[n] for n in self._flat_inputs()))
+        grads = {fqn: None for fqn in self.traced.grads}
+        k = 1
+        for fqn in self.grad_edges:
+            grads[fqn] = out[k]
+            k += 1
+        updates = dict(zip(self.buffer_edges, out[k:]))
+        return JointResult(loss=out[0], grads=grads, buffer_updates=updates)
+
+    def _run_actions(self, env: dict[fx.Node, Any]) -> JointResult:
+        """One step by the per-rank program (module docstring): ops, issues and waits in order."""
+        traced = self.traced
         pending: dict[int, PendingStep] = {}
         ready: dict[Any, Any] = {}
         with torch.no_grad():

