@@ -22,9 +22,11 @@ is not their sum: the plan's schedule (``autoshard.plan.schedule``: where each
 collective is issued and waited) is simulated on a compute and a
 communication stream (``costmodel.overlap``, with the profile's contention),
 and only what the compute stream waits for adds to it. The prefetch depth of
-parameter gathers is the one whose simulated step is best among those whose
-peak memory fits the limit. Peak memory is ``solver.evaluate``'s plus what
-prefetched gathers hold early.
+parameter gathers and the cap of gather buckets (consecutive parameter
+all-gathers issued as one, ``costmodel.bucketing``) are the ones whose
+simulated step is best among those whose peak memory fits the limit. Peak
+memory is ``solver.evaluate``'s plus what prefetched and bucketed gathers
+hold early.
 
 >>> from hw_profiles import load
 >>> from costmodel.mesh import MeshSpec
@@ -38,7 +40,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from costmodel.bucketing import group_buckets
+from costmodel.bucketing import GATHER_CAPS, group_buckets, group_gathers
 from costmodel.mesh import MeshSpec
 from costmodel.placements import Placement, PlacementParseError, parse_placements
 from costmodel.redistribute import plan_redistribute
@@ -47,7 +49,7 @@ from solver import Problem, evaluate
 from solver.solution import Solution
 
 from autoshard.plan.format import Estimate, Fingerprint, Plan, PlanError, PlanNode, Redistribution, SolverReport
-from autoshard.plan.schedule import Schedule, build_schedule, prefetch_intervals, simulate_schedule
+from autoshard.plan.schedule import Schedule, build_schedule, leaf_gathers, prefetch_intervals, simulate_schedule
 
 __all__ = ["ASSEMBLY_FORMAT", "REQUEST_FORMAT", "AssemblyError", "StrategyPlacements", "AssemblyNode",
            "AssemblyEdge", "AssemblyGraph", "PlanRequest", "assemble_plan", "placement_text", "memory_timeline",
@@ -358,26 +360,37 @@ def _peak_with_prefetch(timeline: Sequence[tuple[int, float]], extra: Sequence[t
 
 
 def price_schedule(pricing: StepPricing, redistributions: Sequence[Redistribution], buckets: Sequence[Any],
-                   timeline: Sequence[tuple[int, float]], prefetch: int | None = None
-                   ) -> tuple[Schedule, Any, float]:
-    """(schedule, simulation, peak memory) of the plan's collectives: with the
-    given ``prefetch`` depth, or the best of :data:`PREFETCH_DEPTHS` that fits
-    the memory limit (the smallest depth when none fits)."""
+                   timeline: Sequence[tuple[int, float]], *, mesh: MeshSpec, profile: HardwareProfile,
+                   dtypes: Mapping[tuple[str, str, int], str], prefetch: int | None = None,
+                   gather_cap: int | None = None) -> tuple[Schedule, Any, float, tuple[Any, ...]]:
+    """(schedule, simulation, peak memory, gather buckets) of the plan's
+    collectives: with the given ``prefetch`` depth and ``gather_cap``, or the
+    best of :data:`PREFETCH_DEPTHS` x ``costmodel.bucketing.GATHER_CAPS` that
+    fits the memory limit (the first, no prefetch and no gather buckets, when
+    none fits). A candidate replaces the best so far only when it shortens the
+    simulated step by :data:`PREFETCH_GAIN`."""
     depths = PREFETCH_DEPTHS if prefetch is None else (prefetch,)
+    caps = GATHER_CAPS if gather_cap is None else (gather_cap,)
+    leaf = [((r.tensor, r.to, r.input_index), r) for r in leaf_gathers(pricing.node_names, redistributions, buckets)]
+    items = [(edge, dtypes.get(edge, ""), r.steps) for edge, r in leaf]
     best = None
     base_peak = max((b for _, b in timeline), default=0.0)
-    for depth in depths:
-        schedule = build_schedule(pricing.node_names, redistributions, buckets, prefetch=depth)
-        sim = simulate_schedule(schedule, pricing.op_compute_s, redistributions, buckets, tail_s=pricing.tail_s,
-                                contention=pricing.contention)
-        extra = [(pricing.times[i], pricing.times[w], float(b)) for i, w, b in prefetch_intervals(schedule,
-                                                                                                  redistributions)]
-        peak = _peak_with_prefetch(timeline, extra) if extra else base_peak
-        fits = pricing.memory_limit is None or peak <= pricing.memory_limit
-        if best is None:
-            best = (schedule, sim, peak)
-        elif fits and sim.step_s < best[1].step_s * (1 - PREFETCH_GAIN):
-            best = (schedule, sim, peak)
+    for cap in caps:
+        gathers = group_gathers(items, mesh, profile, cap)
+        if cap and not gathers:
+            continue
+        for depth in depths:
+            schedule = build_schedule(pricing.node_names, redistributions, buckets, prefetch=depth, gathers=gathers)
+            sim = simulate_schedule(schedule, pricing.op_compute_s, redistributions, buckets, tail_s=pricing.tail_s,
+                                    contention=pricing.contention, gathers=gathers)
+            extra = [(pricing.times[i], pricing.times[w], float(b))
+                     for i, w, b in prefetch_intervals(schedule, redistributions, gathers, pricing.node_names)]
+            peak = _peak_with_prefetch(timeline, extra) if extra else base_peak
+            fits = pricing.memory_limit is None or peak <= pricing.memory_limit
+            if best is None:
+                best = (schedule, sim, peak, gathers)
+            elif fits and sim.step_s < best[1].step_s * (1 - PREFETCH_GAIN):
+                best = (schedule, sim, peak, gathers)
     return best
 
 
@@ -398,6 +411,7 @@ def assemble_plan(
     compute = float(sum(n.cost[k] for n, k in zip(problem.nodes, choice)))
     comm = relayout = 0.0
     redistributions = []
+    dtypes: dict[tuple[str, str, int], str] = {}
     grads = []  # (sink, dtype, steps, comm_s) of gradient redistributions, for the buckets
     for e, pe in zip(graph.edges, problem.edges):
         a, b = choice[e.src], choice[e.dst]
@@ -413,6 +427,7 @@ def assemble_plan(
             tensor=u.name, to=v.name, input_index=e.dst_input, output_index=e.src_output,
             src=placement_text(src), dst=placement_text(dst), steps=steps.steps, cost_s=steps.cost_s,
         ))
+        dtypes[(u.name, v.name, e.dst_input)] = e.dtype
         if v.kind == "grad":
             grads.append((e.src, v.name, e.dtype, steps.steps, steps.comm_s))
     # a bucket issues one collective in place of its members' steps: the
@@ -427,7 +442,12 @@ def assemble_plan(
     check = evaluate(problem, choice)
     timeline = memory_timeline(problem, choice)
     pricing = step_pricing(graph, problem, choice)
-    schedule, sim, peak = price_schedule(pricing, redistributions, buckets, timeline)
+    schedule, sim, peak, gathers = price_schedule(pricing, redistributions, buckets, timeline, mesh=graph.mesh,
+                                                  profile=graph.profile, dtypes=dtypes)
+    if gathers:  # a gather bucket issues one collective in place of its members' steps
+        gathered = {m for g in gathers for m in g.members}
+        comm += sum(g.cost_s for g in gathers) - sum(
+            s.cost_s for r in redistributions if (r.tensor, r.to, r.input_index) in gathered for s in r.steps)
     exposed = max(0.0, sim.step_s - compute - relayout)
 
     def chosen(i: int) -> str | None:
@@ -464,6 +484,7 @@ def assemble_plan(
         options=dict(options or {}),
         memory_timeline=timeline,
         buckets=buckets,
+        gather_buckets=gathers,
         schedule=schedule,
     )
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from costmodel.bucketing import Bucket
+from costmodel.bucketing import Bucket, GatherBucket
 from costmodel.steps import RedistributeStep, StepError
 
 from autoshard.plan.schedule import Schedule, ScheduleError, check_schedule
@@ -278,6 +278,9 @@ class Plan:
     buckets: tuple[Bucket, ...] = ()
     """Gradient reductions issued as one collective each (their members'
     redistributions keep their steps for reading; the runtime runs the bucket)."""
+    gather_buckets: tuple[GatherBucket, ...] = ()
+    """Parameter all-gathers issued as one collective each (``costmodel.bucketing``;
+    their members' redistributions keep their steps for reading)."""
     schedule: Schedule | None = None
     """Issue and wait position of every collective (``autoshard.plan.schedule``);
     None in plans written before schedules (the runtime then builds the default one)."""
@@ -297,6 +300,7 @@ class Plan:
             "options": dict(self.options),
             "memory_timeline": [list(p) for p in self.memory_timeline],
             "buckets": [b.to_dict() for b in self.buckets],
+            **({"gather_buckets": [g.to_dict() for g in self.gather_buckets]} if self.gather_buckets else {}),
             **({"schedule": self.schedule.to_dict()} if self.schedule is not None else {}),
         }
 
@@ -321,10 +325,14 @@ class Plan:
                 options=dict(data.get("options", {})),
                 memory_timeline=tuple((int(t), float(b)) for t, b in data.get("memory_timeline", [])),
                 buckets=tuple(_bucket(b, f"buckets[{i}]") for i, b in enumerate(data.get("buckets", []))),
+                gather_buckets=tuple(_gather(g, f"gather_buckets[{i}]")
+                                     for i, g in enumerate(data.get("gather_buckets", []))),
                 schedule=None if data.get("schedule") is None else Schedule.from_dict(data["schedule"]),
             )
+            _check_gathers(plan)
             if plan.schedule is not None:
-                check_schedule(plan.schedule, [n.name for n in plan.nodes], plan.redistributions, plan.buckets)
+                check_schedule(plan.schedule, [n.name for n in plan.nodes], plan.redistributions, plan.buckets,
+                               gathers=plan.gather_buckets)
             return plan
         except ScheduleError as exc:
             raise PlanError(str(exc)) from None
@@ -371,6 +379,33 @@ def _bucket(data: Any, where: str) -> Bucket:
         return Bucket.from_dict(data)
     except ValueError as exc:
         raise PlanError(f"{where}: {exc}") from None
+
+
+def _gather(data: Any, where: str) -> GatherBucket:
+    if not isinstance(data, Mapping):
+        raise PlanError(f"{where}: expected an object")
+    try:
+        return GatherBucket.from_dict(data)
+    except ValueError as exc:
+        raise PlanError(f"{where}: {exc}") from None
+
+
+def _check_gathers(plan: Plan) -> None:
+    """Every gather bucket member is a redistribution of exactly one all_gather
+    on the bucket's mesh dims, and in one bucket only."""
+    from costmodel.bucketing import gatherable_step
+
+    by_edge = {(r.tensor, r.to, r.input_index): r for r in plan.redistributions}
+    seen: set[tuple[str, str, int]] = set()
+    for i, bucket in enumerate(plan.gather_buckets):
+        for member in bucket.members:
+            r = by_edge.get(member)
+            step = gatherable_step(r.steps) if r is not None else None
+            if step is None or tuple(step.mesh_dims) != bucket.mesh_dims or member in seen:
+                raise PlanError(f"gather_buckets[{i}]: {member[0]} -> {member[1]} (input {member[2]}) is not a "
+                                f"redistribution of one all_gather over mesh dims {list(bucket.mesh_dims)} (or is in "
+                                "two buckets)")
+            seen.add(member)
 
 
 def _placement_text(value: Any, where: str) -> str:

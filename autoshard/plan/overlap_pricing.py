@@ -22,7 +22,8 @@ slowdown of the part that does (``kappa``: the profile's
 solve's** simulated schedule (it depends on every other choice, which the
 program cannot express):
 
-* ``e`` had a scheduled collective there (its own, or its bucket's): from the
+* ``e`` had a scheduled collective there (its own, or its gradient or gather
+  bucket's): from the
   start of that collective on the communication stream to the time the
   compute stream reached its wait (``transfer_slack``: queueing behind other
   collectives included);
@@ -82,12 +83,13 @@ def edge_slack(graph: AssemblyGraph, problem: Problem, choice: Sequence[int], pl
     pricing = step_pricing(graph, problem, choice)
     schedule = plan.schedule
     sim = simulate_schedule(schedule, pricing.op_compute_s, plan.redistributions, plan.buckets,
-                            tail_s=pricing.tail_s, contention=pricing.contention)
+                            tail_s=pricing.tail_s, contention=pricing.contention, gathers=plan.gather_buckets)
     reached = sim.reached_s
     n = len(pricing.node_names)
     pos = {name: i for i, name in enumerate(pricing.node_names)}
     timing = {item.key: sim.timings[k] for k, item in enumerate(schedule.items)}
     bucket_of = {m: b for b, bucket in enumerate(plan.buckets) for m in bucket.members}
+    gather_of = {tuple(m): g for g, bucket in enumerate(plan.gather_buckets) for m in bucket.members}
 
     leaves = sorted((pos[graph.nodes[e.dst].name], j) for j, e in enumerate(graph.edges)
                     if graph.nodes[e.src].kind in LEAF_KINDS and graph.nodes[e.dst].kind == "op")
@@ -105,7 +107,8 @@ def edge_slack(graph: AssemblyGraph, problem: Problem, choice: Sequence[int], pl
                 ready = pos[u.name] + 1 if u.name in pos else 0
                 out[j] = max(0.0, reached[n] - reached[min(ready, n)])
         elif j in chain:
-            key = ("edge", u.name, v.name, e.dst_input)
+            edge = (u.name, v.name, e.dst_input)
+            key = ("gather", gather_of[edge]) if edge in gather_of else ("edge", *edge)
             out[j] = transfer_slack(timing[key]) if key in timing else max(0.0, chain[j])
     return out
 

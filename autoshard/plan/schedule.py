@@ -17,8 +17,9 @@ steps). Every rank runs the same schedule (SPMD), so collectives meet in the
 same order on every process group.
 
 **Items.** One per redistribution with at least one collective step (named by
-its edge: producer, reader, reader input) that is not in a gradient bucket,
-and one per bucket (by its index in ``plan.buckets``). Each has ``issue`` and
+its edge: producer, reader, reader input) that is not in a gradient or gather
+bucket, one per gradient bucket (by its index in ``plan.buckets``) and one per
+gather bucket (``plan.gather_buckets``: leaf all-gathers issued as one). Each has ``issue`` and
 ``wait`` positions, ``issue <= wait``. At a position the runtime issues that
 position's items in list order, then waits for that position's items, then
 runs the op. A redistribution of several collective steps runs its steps in
@@ -38,14 +39,18 @@ run at ``wait``.
   parameter at once. Such items are ordered by reader and chained: item ``k``
   is issued where item ``k - d`` is waited (position 0 for ``k < d``), with
   ``d`` the **prefetch depth** (FSDP2 prefetches one layer: ``d`` counts
-  collectives here); ``d = 0`` issues each at its reader (no prefetch).
+  collectives here); ``d = 0`` issues each at its reader (no prefetch). A
+  gather bucket is one item of that chain, waited at its first member's reader;
+
 * the list is ordered by (issue, wait, plan order).
 
 **Memory.** A prefetched gather holds its output from ``issue`` to its reader
-earlier than an unprefetched one: :func:`prefetch_intervals` gives those
-extra intervals (bytes of the gathered tensor), which the plan's peak memory
-counts, and the assembler picks the depth whose simulated step is best among
-those that fit the memory limit (``autoshard.plan.assemble``).
+earlier than an unprefetched one (a gather bucket holds each member's output
+until that member's reader): :func:`prefetch_intervals` gives those extra
+intervals (bytes of the gathered tensor), which the plan's peak memory
+counts, and the assembler picks the prefetch depth and gather bucket cap whose
+simulated step is best among those that fit the memory limit
+(``autoshard.plan.assemble``).
 
 **Extension: recompute regions.** The item kinds are open: a later
 ``{"recompute": [op names], "at": p, ...}`` item can re-run forward ops at
@@ -73,7 +78,7 @@ from costmodel.overlap import StepSimulation, Transfer, simulate
 from costmodel.steps import COLLECTIVE_STEPS
 
 __all__ = ["DEFAULT_PREFETCH", "ScheduleError", "ScheduleItem", "Schedule", "build_schedule", "check_schedule",
-           "schedule_transfers", "simulate_schedule", "prefetch_intervals", "collective_redistributions"]
+           "schedule_transfers", "simulate_schedule", "prefetch_intervals", "collective_redistributions", "leaf_gathers"]
 
 DEFAULT_PREFETCH = 1
 """Prefetch depth of plans that carry no schedule (written before schedules existed)."""
@@ -95,38 +100,45 @@ class ScheduleItem:
     """(producer, reader, reader input) of a redistribution."""
     bucket: int | None = None
     """Index of a gradient bucket in ``plan.buckets``."""
+    gather: int | None = None
+    """Index of a gather bucket in ``plan.gather_buckets``."""
 
     @property
     def key(self) -> tuple[Any, ...]:
-        """``("edge", producer, reader, input)`` or ``("bucket", index)``."""
-        return ("edge", *self.edge) if self.edge is not None else ("bucket", self.bucket)
+        """``("edge", producer, reader, input)``, ``("bucket", index)`` or ``("gather", index)``."""
+        if self.edge is not None:
+            return ("edge", *self.edge)
+        return ("bucket", self.bucket) if self.bucket is not None else ("gather", self.gather)
 
     def to_dict(self) -> dict[str, Any]:
-        what: dict[str, Any] = {"edge": list(self.edge)} if self.edge is not None else {"bucket": self.bucket}
+        what: dict[str, Any] = ({"edge": list(self.edge)} if self.edge is not None else
+                                {"bucket": self.bucket} if self.bucket is not None else {"gather": self.gather})
         return {**what, "issue": self.issue, "wait": self.wait}
 
     @classmethod
     def from_dict(cls, data: Any, where: str) -> "ScheduleItem":
         if not isinstance(data, Mapping):
             raise ScheduleError(f"{where}: expected an object")
-        unknown = set(data) - {"edge", "bucket", "issue", "wait"}
+        unknown = set(data) - {"edge", "bucket", "gather", "issue", "wait"}
         if unknown:
-            raise ScheduleError(f"{where}.{sorted(unknown)[0]}: unknown key (allowed: bucket, edge, issue, wait)")
+            raise ScheduleError(f"{where}.{sorted(unknown)[0]}: unknown key (allowed: bucket, edge, gather, issue, "
+                                "wait)")
         for key in ("issue", "wait"):
             if not isinstance(data.get(key), int) or isinstance(data.get(key), bool):
                 raise ScheduleError(f"{where}.{key}: expected an integer position, got {data.get(key)!r}")
-        if ("edge" in data) == ("bucket" in data):
-            raise ScheduleError(f"{where}: give exactly one of edge or bucket")
+        if sum(k in data for k in ("edge", "bucket", "gather")) != 1:
+            raise ScheduleError(f"{where}: give exactly one of edge, bucket or gather")
         if "edge" in data:
             edge = data["edge"]
             if not (isinstance(edge, list) and len(edge) == 3 and isinstance(edge[0], str) and isinstance(edge[1], str)
                     and isinstance(edge[2], int) and not isinstance(edge[2], bool)):
                 raise ScheduleError(f"{where}.edge: expected [producer, reader, reader input], got {edge!r}")
             return cls(data["issue"], data["wait"], edge=(edge[0], edge[1], edge[2]))
-        bucket = data["bucket"]
-        if not isinstance(bucket, int) or isinstance(bucket, bool):
-            raise ScheduleError(f"{where}.bucket: expected a bucket index, got {bucket!r}")
-        return cls(data["issue"], data["wait"], bucket=bucket)
+        kind = "bucket" if "bucket" in data else "gather"
+        index = data[kind]
+        if not isinstance(index, int) or isinstance(index, bool):
+            raise ScheduleError(f"{where}.{kind}: expected a bucket index, got {index!r}")
+        return cls(data["issue"], data["wait"], **{kind: index})
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,10 +176,14 @@ def _has_collective(steps: Iterable[Any]) -> bool:
     return any(s.collective in COLLECTIVE_STEPS for s in steps)
 
 
-def collective_redistributions(redistributions: Sequence[Any], buckets: Sequence[Any]) -> list[Any]:
-    """The redistributions that issue collectives themselves (outside gradient buckets), in plan order."""
+def collective_redistributions(redistributions: Sequence[Any], buckets: Sequence[Any],
+                               gathers: Sequence[Any] = ()) -> list[Any]:
+    """The redistributions that issue collectives themselves (outside gradient and
+    gather buckets), in plan order."""
     bucketed = {m for b in buckets for m in b.members}
-    return [r for r in redistributions if _has_collective(r.steps) and r.to not in bucketed]
+    gathered = {tuple(m) for g in gathers for m in g.members}
+    return [r for r in redistributions if _has_collective(r.steps) and r.to not in bucketed
+            and (r.tensor, r.to, r.input_index) not in gathered]
 
 
 def _positions(node_names: Sequence[str]) -> dict[str, int]:
@@ -183,33 +199,45 @@ def _is_leaf(tensor: str, pos: Mapping[str, int]) -> bool:
     return tensor not in pos
 
 
+def leaf_gathers(node_names: Sequence[str], redistributions: Sequence[Any], buckets: Sequence[Any]) -> list[Any]:
+    """The redistributions of leaves read by ops that issue collectives, in
+    reader order (the prefetch chain's order; what gather buckets group)."""
+    pos = _positions(node_names)
+    rs = [r for r in collective_redistributions(redistributions, buckets) if _is_leaf(r.tensor, pos) and r.to in pos]
+    return sorted(rs, key=lambda r: pos[r.to])
+
+
 def build_schedule(node_names: Sequence[str], redistributions: Sequence[Any], buckets: Sequence[Any], *,
-                   prefetch: int = DEFAULT_PREFETCH) -> Schedule:
+                   prefetch: int = DEFAULT_PREFETCH, gathers: Sequence[Any] = ()) -> Schedule:
     """The schedule of a plan's collectives by the rules of the module docstring.
 
     ``node_names``: the plan's op nodes in order; ``redistributions``: objects
     with ``tensor``, ``to``, ``input_index``, ``steps`` (``plan.redistributions``);
-    ``buckets``: ``plan.buckets``.
+    ``buckets``: ``plan.buckets``; ``gathers``: ``plan.gather_buckets``.
     """
     if prefetch < 0:
         raise ScheduleError(f"prefetch: {prefetch} is negative")
     pos = _positions(node_names)
     n = len(node_names)
     ordered: list[tuple[int, int, int, ScheduleItem]] = []  # (issue, wait, plan order, item)
-    chain: list[tuple[int, int, Any]] = []  # leaf items: (wait, plan order, redistribution)
-    for order, r in enumerate(collective_redistributions(redistributions, buckets)):
+    chain: list[tuple[int, int, dict[str, Any]]] = []  # leaf items: (wait, plan order, item fields)
+    for order, r in enumerate(collective_redistributions(redistributions, buckets, gathers)):
         wait = pos.get(r.to, n)
+        edge = (r.tensor, r.to, r.input_index)
         if _is_leaf(r.tensor, pos) and r.to in pos:
-            chain.append((wait, order, r))
+            chain.append((wait, order, {"edge": edge}))
             continue
-        item = ScheduleItem(_producer_ready(r.tensor, pos), wait, edge=(r.tensor, r.to, r.input_index))
+        item = ScheduleItem(_producer_ready(r.tensor, pos), wait, edge=edge)
         ordered.append((item.issue, item.wait, order, item))
-    chain.sort(key=lambda t: (t[0], t[1]))
-    for k, (wait, order, r) in enumerate(chain):
-        issue = wait if prefetch == 0 else (chain[k - prefetch][0] if k >= prefetch else 0)
-        ordered.append((issue, wait, order, ScheduleItem(issue, wait, edge=(r.tensor, r.to, r.input_index))))
-    producer = {r.to: r.tensor for r in redistributions}
     base = len(redistributions)
+    for g, bucket in enumerate(gathers):
+        chain.append((min(pos.get(m[1], n) for m in bucket.members), base + g, {"gather": g}))
+    chain.sort(key=lambda t: (t[0], t[1]))
+    for k, (wait, order, what) in enumerate(chain):
+        issue = wait if prefetch == 0 else (chain[k - prefetch][0] if k >= prefetch else 0)
+        ordered.append((issue, wait, order, ScheduleItem(issue, wait, **what)))
+    producer = {r.to: r.tensor for r in redistributions}
+    base += len(gathers)
     for b, bucket in enumerate(buckets):
         issue = max((_producer_ready(producer.get(m, ""), pos) for m in bucket.members), default=n)
         ordered.append((min(issue, n), n, base + b, ScheduleItem(min(issue, n), n, bucket=b)))
@@ -218,7 +246,7 @@ def build_schedule(node_names: Sequence[str], redistributions: Sequence[Any], bu
 
 
 def check_schedule(schedule: Schedule, node_names: Sequence[str], redistributions: Sequence[Any],
-                   buckets: Sequence[Any], where: str = "schedule") -> None:
+                   buckets: Sequence[Any], where: str = "schedule", gathers: Sequence[Any] = ()) -> None:
     """Raise :class:`ScheduleError` unless ``schedule`` schedules every collective
     of the plan exactly once, at positions where its input exists and before
     its reader, in issue order."""
@@ -226,7 +254,8 @@ def check_schedule(schedule: Schedule, node_names: Sequence[str], redistribution
     n = len(node_names)
     if schedule.positions != n:
         raise ScheduleError(f"{where}.positions: {schedule.positions}, the plan has {n} op nodes")
-    wanted = {("edge", r.tensor, r.to, r.input_index): r for r in collective_redistributions(redistributions, buckets)}
+    wanted = {("edge", r.tensor, r.to, r.input_index): r
+              for r in collective_redistributions(redistributions, buckets, gathers)}
     producer = {r.to: r.tensor for r in redistributions}
     seen: set[tuple[Any, ...]] = set()
     last_issue = 0
@@ -249,6 +278,10 @@ def check_schedule(schedule: Schedule, node_names: Sequence[str], redistribution
                 raise ScheduleError(f"{path}: {_describe(item)} is not a redistribution of the plan that issues "
                                     "collectives outside a bucket")
             ready, reader = _producer_ready(r.tensor, pos), pos.get(r.to, n)
+        elif item.gather is not None:
+            if not 0 <= item.gather < len(gathers):
+                raise ScheduleError(f"{path}: no gather bucket {item.gather} (the plan has {len(gathers)})")
+            ready, reader = 0, min(pos.get(m[1], n) for m in gathers[item.gather].members)
         else:
             if not 0 <= item.bucket < len(buckets):
                 raise ScheduleError(f"{path}: no bucket {item.bucket} (the plan has {len(buckets)})")
@@ -260,22 +293,24 @@ def check_schedule(schedule: Schedule, node_names: Sequence[str], redistribution
         if item.wait > reader:
             raise ScheduleError(f"{path}: {_describe(item)} is waited at {item.wait}, after its reader "
                                 f"(position {reader})")
-    missing = [k for k in wanted if k not in seen] + [("bucket", b) for b in range(len(buckets))
-                                                       if ("bucket", b) not in seen]
+    missing = ([k for k in wanted if k not in seen] + [("bucket", b) for b in range(len(buckets))
+                                                        if ("bucket", b) not in seen]
+               + [("gather", g) for g in range(len(gathers)) if ("gather", g) not in seen])
     if missing:
         k = missing[0]
-        what = f"the redistribution {k[1]} -> {k[2]} (input {k[3]})" if k[0] == "edge" else f"bucket {k[1]}"
+        what = (f"the redistribution {k[1]} -> {k[2]} (input {k[3]})" if k[0] == "edge" else
+                f"bucket {k[1]}" if k[0] == "bucket" else f"gather bucket {k[1]}")
         raise ScheduleError(f"{where}: {what} issues collectives but is not scheduled")
 
 
 def _describe(item: ScheduleItem) -> str:
     if item.edge is not None:
         return f"edge {item.edge[0]} -> {item.edge[1]} (input {item.edge[2]})"
-    return f"bucket {item.bucket}"
+    return f"bucket {item.bucket}" if item.bucket is not None else f"gather bucket {item.gather}"
 
 
-def schedule_transfers(schedule: Schedule, redistributions: Sequence[Any], buckets: Sequence[Any]
-                       ) -> tuple[list[Transfer], list[tuple[int, float]]]:
+def schedule_transfers(schedule: Schedule, redistributions: Sequence[Any], buckets: Sequence[Any],
+                       gathers: Sequence[Any] = ()) -> tuple[list[Transfer], list[tuple[int, float]]]:
     """The schedule as ``costmodel.overlap`` transfers (collective steps' ``cost_s``
     in order; a bucket's one collective), and the local steps as compute:
     ``(position, seconds)`` at each redistribution's reader."""
@@ -286,6 +321,8 @@ def schedule_transfers(schedule: Schedule, redistributions: Sequence[Any], bucke
             steps = by_edge[item.key].steps
             transfers.append(Transfer(item.issue, item.wait,
                                       tuple(float(s.cost_s) for s in steps if s.collective in COLLECTIVE_STEPS)))
+        elif item.gather is not None:
+            transfers.append(Transfer(item.issue, item.wait, (float(gathers[item.gather].cost_s),)))
         else:
             transfers.append(Transfer(item.issue, item.wait, (float(buckets[item.bucket].cost_s),)))
     pos_of = {}
@@ -302,11 +339,12 @@ def schedule_transfers(schedule: Schedule, redistributions: Sequence[Any], bucke
 
 
 def simulate_schedule(schedule: Schedule, op_compute_s: Sequence[float], redistributions: Sequence[Any],
-                      buckets: Sequence[Any], *, tail_s: float = 0.0, contention: float = 0.0) -> StepSimulation:
+                      buckets: Sequence[Any], *, tail_s: float = 0.0, contention: float = 0.0,
+                      gathers: Sequence[Any] = ()) -> StepSimulation:
     """The simulated step of a plan (``costmodel.overlap.simulate``): op compute
     per position, local re-layouts at their readers, the collectives as scheduled,
     and ``tail_s`` (the optimizer step) after the last position."""
-    transfers, local = schedule_transfers(schedule, redistributions, buckets)
+    transfers, local = schedule_transfers(schedule, redistributions, buckets, gathers)
     compute = [float(c) for c in op_compute_s]
     tail = float(tail_s)
     for p, seconds in local:
@@ -317,12 +355,23 @@ def simulate_schedule(schedule: Schedule, op_compute_s: Sequence[float], redistr
     return simulate(compute, transfers, tail_s=tail, contention=contention)
 
 
-def prefetch_intervals(schedule: Schedule, redistributions: Sequence[Any]) -> list[tuple[int, int, int]]:
-    """``(issue, wait, bytes)`` of every leaf gather issued before its reader's
-    position: the extra time its output is held (module docstring, Memory)."""
+def prefetch_intervals(schedule: Schedule, redistributions: Sequence[Any], gathers: Sequence[Any] = (),
+                       node_names: Sequence[str] = ()) -> list[tuple[int, int, int]]:
+    """``(issue, until, bytes)`` of every leaf gather whose output is held before
+    its reader's position: a prefetched gather from ``issue`` to its reader, a
+    gather bucket's member from the bucket's ``issue`` to that member's reader
+    (module docstring, Memory)."""
     by_edge = {("edge", r.tensor, r.to, r.input_index): r for r in redistributions}
+    pos = _positions(node_names)
     out = []
     for item in schedule.items:
+        if item.gather is not None:
+            for member in gathers[item.gather].members:
+                steps = [s for s in by_edge[("edge", *member)].steps if s.collective in COLLECTIVE_STEPS]
+                until = pos.get(member[1], schedule.positions)
+                if item.issue < until:
+                    out.append((item.issue, until, int(steps[-1].bytes)))
+            continue
         if item.edge is None or item.issue >= item.wait or not item.edge[0].startswith(_LEAF_PREFIXES):
             continue
         steps = [s for s in by_edge[item.key].steps if s.collective in COLLECTIVE_STEPS]

@@ -155,6 +155,26 @@ _BUCKET = {
     "additionalProperties": False,
 }
 
+_GATHER_BUCKET = {
+    "type": "object",
+    "required": ["mesh_dims", "dtype", "members", "bytes"],
+    "properties": {
+        "collective": {"const": "all_gather"},
+        "mesh_dims": {"type": "array", "minItems": 1, "items": _INDEX},
+        "dtype": {"type": "string"},
+        "members": {
+            "type": "array",
+            "minItems": 1,
+            "items": {"type": "array", "prefixItems": [{"type": "string"}, {"type": "string"}, _INDEX],
+                      "minItems": 3, "maxItems": 3},
+            "description": "[producer, reader, reader input] of each leaf all_gather, in buffer order.",
+        },
+        "bytes": _INDEX,
+        "cost_s": _SECONDS,
+    },
+    "additionalProperties": False,
+}
+
 _ESTIMATE = {
     "type": "object",
     "required": ["step_s", "compute_s", "comm_s", "peak_memory_bytes"],
@@ -183,10 +203,11 @@ _SCHEDULE_ITEM = {
             "description": "[producer, reader, reader input] of a redistribution.",
         },
         "bucket": {**_INDEX, "description": "Index of a gradient bucket in buckets."},
+        "gather": {**_INDEX, "description": "Index of a gather bucket in gather_buckets."},
         "issue": {**_INDEX, "description": "Position where it is issued (before op nodes[issue])."},
         "wait": {**_INDEX, "description": "Position where it is waited (>= issue; len(nodes): before the optimizer)."},
     },
-    "oneOf": [{"required": ["edge"]}, {"required": ["bucket"]}],
+    "oneOf": [{"required": ["edge"]}, {"required": ["bucket"]}, {"required": ["gather"]}],
     "additionalProperties": False,
 }
 
@@ -253,6 +274,8 @@ PLAN_SCHEMA: dict[str, Any] = {
             "description": "[time, bytes live] wherever the live memory changes.",
         },
         "buckets": {"type": "array", "items": _BUCKET},
+        "gather_buckets": {"type": "array", "items": _GATHER_BUCKET,
+                           "description": "Parameter (leaf) all-gathers issued as one collective each."},
         "schedule": {**_SCHEDULE, "description": "Where each collective is issued and waited (per rank, the same "
                                                  "on every rank)."},
     },

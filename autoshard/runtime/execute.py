@@ -77,7 +77,7 @@ from autoshard.rules.core import OpCall, TensorMeta, to_meta
 from autoshard.runtime.program import StepGraph, compile_step, trace_step
 from autoshard.runtime.random_ops import SLICEABLE, random_kind, run_random
 from autoshard.runtime.steps import (Comm, PendingStep, StepRuntimeError, bucket_phases, check_step_runnable,
-                                     run_step, step_phases)
+                                     gather_phases, run_step, step_phases)
 from autoshard.trace import JointResult, TracedGraph, tensor_arg_nodes
 
 __all__ = ["RuntimeLoadError", "JointRunner", "local_slice", "placements_of"]
@@ -141,6 +141,9 @@ class _Scheduled:
     tail: tuple[RedistributeStep, ...] = ()
     """Local steps after it, run at the wait."""
     bucket: int | None = None
+    gather: int | None = None
+    """A gather bucket: its members' edges, in buffer order."""
+    members: tuple["_Edge", ...] = ()
 
 
 @dataclass(slots=True)
@@ -455,7 +458,8 @@ class JointRunner:
         ``("wait", _Scheduled)`` in run order (module docstring)."""
         plan = self.plan
         names = [n.name for n in plan.nodes]
-        self.schedule = plan.schedule or build_schedule(names, plan.redistributions, plan.buckets)
+        self.schedule = plan.schedule or build_schedule(names, plan.redistributions, plan.buckets,
+                                                        gathers=plan.gather_buckets)
         pos = {name: i for i, name in enumerate(names)}
         ops = [p.node.name for p in self.program if p.op is not operator.getitem]
         if ops != names:
@@ -469,6 +473,8 @@ class JointRunner:
                     raise RuntimeLoadError(f"plan: the schedule names bucket {item.bucket}, the plan has "
                                            f"{len(self.buckets)}")
                 entry = _Scheduled(item, None, bucket=item.bucket)
+            elif item.gather is not None:
+                entry = _Scheduled(item, None, gather=item.gather, members=self._gather_members(item.gather))
             else:
                 e = self._edges.get(item.edge)
                 last = max((k for k, st in enumerate(e.steps) if st.collective in COLLECTIVE_STEPS), default=None) \
@@ -488,6 +494,7 @@ class JointRunner:
         n = len(names)
         actions += [("issue", x) for x in issues.get(n, ())] + [("wait", x) for x in waits.get(n, ())]
         scheduled = {x.edge.key for group in issues.values() for x in group if x.edge is not None}
+        scheduled |= {m.key for group in issues.values() for x in group for m in x.members}
         bucketed = {m for b in plan.buckets for m in b.members}
         for key, e in self._edges.items():
             if key not in scheduled and key[1] not in bucketed and any(
@@ -495,6 +502,25 @@ class JointRunner:
                 raise RuntimeLoadError(f"plan: the schedule does not schedule {key[0]} -> {key[1]} (input {key[2]}), "
                                        "which issues collectives")
         return actions
+
+    def _gather_members(self, index: int) -> tuple[_Edge, ...]:
+        """The edges of gather bucket ``index``, checked: each a single all_gather on the bucket's mesh dims."""
+        if not 0 <= index < len(self.plan.gather_buckets):
+            raise RuntimeLoadError(f"plan: the schedule names gather bucket {index}, the plan has "
+                                   f"{len(self.plan.gather_buckets)}")
+        bucket = self.plan.gather_buckets[index]
+        out = []
+        for member in bucket.members:
+            e = self._edges.get(member)
+            if e is None or len(e.steps) != 1 or e.steps[0].collective != "all_gather" or tuple(
+                    e.steps[0].mesh_dims) != bucket.mesh_dims:
+                raise RuntimeLoadError(f"plan: gather bucket {index} lists {member[0]} -> {member[1]} (input "
+                                       f"{member[2]}), which is not one all_gather over {list(bucket.mesh_dims)}")
+            if str(e.source.meta["val"].dtype) != bucket.dtype:
+                raise RuntimeLoadError(f"plan: gather bucket {index} is {bucket.dtype}, {member[0]} is "
+                                       f"{e.source.meta['val'].dtype}")
+            out.append(e)
+        return tuple(out)
 
     def _bucket_programs(self) -> list[tuple[Any, list[str]]]:
         """(bucket, parameter FQNs) of the plan's gradient buckets, checked: every
@@ -616,7 +642,17 @@ class JointRunner:
         return graph
 
     def _run_graph(self, env: Mapping[fx.Node, Any]) -> JointResult:
-        out = self.step_graph(*(env[n] for n in self._flat_inputs()))
+        try:
+            out = self.step_graph(*(env[n] for n in self._flat_inputs()))
+        except RuntimeError as exc:
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            if any(word in first.lower() for word in ("gloo", "connection", "timed out", "nccl", "c10d")):
+                from autoshard.runtime.collectives import CollectiveFailure
+
+                raise CollectiveFailure(f"a collective of the traced step failed at coordinate {self.coord}: another "
+                                        f"rank probably stopped or is stuck (look for its error); it said: {first}"
+                                        ) from exc
+            raise
         grads = {fqn: None for fqn in self.traced.grads}
         k = 1
         for fqn in self.grad_edges:
@@ -644,7 +680,10 @@ class JointRunner:
                     pending[id(what)] = self._issue(what, env)
                 else:
                     done = pending.pop(id(what)).finish()
-                    if what.edge is None:
+                    if what.members:
+                        for member, value in zip(what.members, done):
+                            ready[member.key] = value
+                    elif what.edge is None:
                         ready[("bucket", what.bucket)] = done
                     else:
                         ready[what.edge.key] = self._run_steps(done, what.edge, what.tail)
@@ -680,6 +719,13 @@ class JointRunner:
     def _issue(self, what: _Scheduled, env: Mapping[fx.Node, Any]) -> PendingStep:
         """Run the item's steps up to its last collective and leave that one in flight."""
         item = what.item
+        if what.members:
+            bucket = self.plan.gather_buckets[what.gather]
+            self._set_comm(("gather", ",".join(f"{m[0]}>{m[1]}>{m[2]}" for m in bucket.members), 0),
+                           (item.issue, item.wait))
+            return PendingStep(gather_phases([self._value(env, e.source) for e in what.members],
+                                             [e.steps[0] for e in what.members], [e.global_shape for e in what.members],
+                                             self.mesh_shape, self.coord, self.comm), self.comm)
         if what.edge is None:
             bucket, fqns = self.buckets[what.bucket]
             edges = [self.grad_edges[f] for f in fqns]

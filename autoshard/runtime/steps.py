@@ -42,7 +42,7 @@ from costmodel.placements import Placement, StridedShard
 from costmodel.steps import COLLECTIVE_STEPS, LOCAL_STEPS, RedistributeStep
 
 __all__ = ["Comm", "StepRuntimeError", "PendingStep", "member_index", "member_coords", "step_phases", "run_step",
-           "bucket_phases", "run_bucket", "check_step_runnable"]
+           "bucket_phases", "run_bucket", "gather_phases", "check_step_runnable"]
 
 
 class StepRuntimeError(ValueError):
@@ -123,6 +123,35 @@ def _trim(x: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
 
 def _nbytes(x: torch.Tensor) -> int:
     return x.numel() * x.element_size()
+
+
+def _gather_buffer(x: torch.Tensor, step: RedistributeStep, member_shapes: Sequence[tuple[int, ...]]
+                   ) -> tuple[torch.Tensor, list[int], int]:
+    """An all_gather's send buffer: the gathered tensor dim moved to the front,
+    padded to the largest member's extent ``c``; and every member's extent."""
+    d = step.tensor_dim
+    extents = [sh[d] for sh in member_shapes]
+    c = max(extents)
+    return _pad_dim(x, d, c).movedim(d, 0).contiguous(), extents, c
+
+
+def _gather_finish(gathered: torch.Tensor, step: RedistributeStep, extents: Sequence[int], c: int,
+                   group: int) -> torch.Tensor:
+    """The gathered tensor from an all_gather's result (``[G * c, ...]``): padding
+    trimmed, the tensor dim moved back, a strided shard put in natural order."""
+    d, dims, src = step.tensor_dim, tuple(step.mesh_dims), tuple(step.src)
+    if c * group != sum(extents):
+        gathered = torch.cat([gathered[p * c: p * c + e] for p, e in enumerate(extents)], dim=0)
+    out = gathered.movedim(0, d)
+    placement = src[dims[0]] if src else None
+    if isinstance(placement, StridedShard) and len(dims) == 1:
+        extent = out.shape[d]
+        order = [i for r in range(group) for i in strided_positions(extent, group, placement.split_factor, r)]
+        inverse = [0] * extent
+        for i, position in enumerate(order):
+            inverse[position] = i
+        out = out.index_select(d, torch.as_tensor(inverse, dtype=torch.long, device=out.device))
+    return out.contiguous()
 
 
 def check_step_runnable(step: RedistributeStep, mesh_shape: Sequence[int]) -> None:
@@ -227,23 +256,9 @@ def step_phases(
         raise StepRuntimeError(f"{step.describe()}: no process group to run a collective on")
 
     if kind == "all_gather":
-        d = step.tensor_dim
-        extents = [s[d] for s in shapes()]
-        c = max(extents)
-        buf = _pad_dim(x, d, c).movedim(d, 0).contiguous()
+        buf, extents, c = _gather_buffer(x, step, shapes())
         gathered = yield comm.all_gather(buf, dims, _nbytes(buf) * group)
-        if c * group != sum(extents):
-            gathered = torch.cat([gathered[p * c: p * c + e] for p, e in enumerate(extents)], dim=0)
-        out = gathered.movedim(0, d)
-        placement = src[dims[0]] if src else None
-        if isinstance(placement, StridedShard) and len(dims) == 1:
-            extent = out.shape[d]
-            order = [i for r in range(group) for i in strided_positions(extent, group, placement.split_factor, r)]
-            inverse = [0] * extent
-            for i, position in enumerate(order):
-                inverse[position] = i
-            out = out.index_select(d, torch.as_tensor(inverse, dtype=torch.long, device=out.device))
-        return out.contiguous()
+        return _gather_finish(gathered, step, extents, c, group)
 
     if kind == "all_reduce":
         buf = x.contiguous()
@@ -377,4 +392,43 @@ def bucket_phases(
         offset += numel
         size = chunk_sizes(n, group)[q] if n else 0
         out.append(chunk[:size].movedim(0, d).contiguous())
+    return out
+
+
+def gather_phases(
+    xs: Sequence[torch.Tensor],
+    steps: Sequence[RedistributeStep],
+    global_shapes: Sequence[Sequence[int]],
+    mesh_shape: Sequence[int],
+    coord: Sequence[int],
+    comm: Comm,
+) -> Phases:
+    """Several leaves' one-step all_gathers (``costmodel.bucketing`` gather
+    buckets) as ONE all_gather on a flat buffer; returns what :func:`run_step`
+    returns for each (a generator that yields after issuing).
+
+    Each member's buffer is what its own step would send (``[c_m, ...]``),
+    flattened; the buffers are concatenated. The result holds every member's
+    concatenation in member order, ``[G, sum]``: member m's columns, viewed as
+    ``[G * c_m, ...]``, are what its own all_gather returns.
+    """
+    first = steps[0]
+    dims = tuple(first.mesh_dims)
+    for st in steps:
+        if st.collective != "all_gather" or tuple(st.mesh_dims) != dims:
+            raise StepRuntimeError(f"gather bucket: {st.describe()} is not an all_gather over {list(dims)}")
+    group = math.prod(mesh_shape[d] for d in dims)
+    prepared = []
+    for x, st, shape in zip(xs, steps, global_shapes):
+        shapes = [local_shape(tuple(shape), tuple(st.src), tuple(mesh_shape), c)
+                  for c in member_coords(coord, mesh_shape, dims)]
+        prepared.append(_gather_buffer(x, st, shapes))
+    flat = torch.cat([buf.reshape(-1) for buf, _, _ in prepared])
+    gathered = (yield comm.all_gather(flat, dims, _nbytes(flat) * group)).view(group, -1)
+    out, offset = [], 0
+    for (buf, extents, c), st in zip(prepared, steps):
+        n = buf.numel()
+        piece = gathered[:, offset: offset + n].reshape(group * c, *buf.shape[1:])
+        offset += n
+        out.append(_gather_finish(piece, st, extents, c, group))
     return out

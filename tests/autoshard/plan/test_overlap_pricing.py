@@ -73,7 +73,7 @@ def test_slack_of_gradients_and_gathers_comes_from_the_simulated_schedule(fsdp_t
     slack = edge_slack(graph, problem, choice, plan)
     pricing = step_pricing(graph, problem, choice)
     sim = simulate_schedule(plan.schedule, pricing.op_compute_s, plan.redistributions, plan.buckets,
-                            tail_s=pricing.tail_s)
+                            tail_s=pricing.tail_s, gathers=plan.gather_buckets)
     end = sim.reached_s[-1]
     grads = [j for j, e in enumerate(graph.edges) if graph.nodes[e.dst].kind == "grad"]
     leaves = [j for j, e in enumerate(graph.edges)
@@ -85,9 +85,11 @@ def test_slack_of_gradients_and_gathers_comes_from_the_simulated_schedule(fsdp_t
     assert min(slack[j] for j in grads) == 0.0
     # a scheduled gather's slack is its simulated window
     timing = {item.key: t for item, t in zip(plan.schedule.items, sim.timings)}
+    gather_of = {m: g for g, b in enumerate(plan.gather_buckets) for m in b.members}
     for j in leaves:
         e = graph.edges[j]
-        key = ("edge", graph.nodes[e.src].name, graph.nodes[e.dst].name, e.dst_input)
+        edge = (graph.nodes[e.src].name, graph.nodes[e.dst].name, e.dst_input)
+        key = ("gather", gather_of[edge]) if edge in gather_of else ("edge", *edge)
         if key in timing:
             assert slack[j] == pytest.approx(max(0.0, timing[key].needed_s - timing[key].start_s))
 

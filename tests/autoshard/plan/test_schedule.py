@@ -122,7 +122,7 @@ def test_a_schedule_that_does_not_fit_the_plan_is_refused_naming_the_item(schedu
 
 
 @pytest.mark.parametrize("data, message", [
-    ({"positions": 8, "prefetch": 1, "collectives": [{"issue": 0, "wait": 1}]}, "exactly one of edge or bucket"),
+    ({"positions": 8, "prefetch": 1, "collectives": [{"issue": 0, "wait": 1}]}, "exactly one of edge, bucket or gather"),
     ({"positions": 8, "prefetch": 1, "collectives": [{"edge": ["a", "b"], "issue": 0, "wait": 1}]},
      r"collectives\[0\].edge: expected \[producer, reader, reader input\]"),
     ({"positions": 8, "prefetch": 1, "collectives": [{"bucket": 0, "issue": "0", "wait": 1}]},
@@ -157,3 +157,37 @@ def test_a_solved_plan_carries_a_checked_schedule_and_a_broken_one_is_refused(dp
         Plan.from_dict(data)
     del data["schedule"]
     assert Plan.from_dict(data).schedule is None  # a plan from before schedules still loads
+
+
+GATHERS = (__import__("costmodel.bucketing", fromlist=["GatherBucket"]).GatherBucket(
+    (0,), "torch.float32", (("param:w1", "t", 0), ("param:w2", "t_1", 0)), 8192, 3.0),)
+
+
+def test_a_gather_bucket_is_one_chain_item_waited_at_its_first_reader():
+    s = build_schedule(NODES, REDISTRIBUTIONS, BUCKETS, prefetch=1, gathers=GATHERS)
+    # both leaf gathers leave the list; the bucket is issued at 0 and waited before t (0)
+    assert [(i.key, i.issue, i.wait) for i in s.items] == [
+        (("gather", 0), 0, 0), (("edge", "mm_1", "loss_op", 1), 5, 5), (("bucket", 0), 8, 8)]
+    check_schedule(s, NODES, REDISTRIBUTIONS, BUCKETS, gathers=GATHERS)
+    # w2's gathered copy is held from the bucket's issue (0) to its reader t_1 (3)
+    assert prefetch_intervals(s, REDISTRIBUTIONS, GATHERS, NODES) == [(0, 3, 4096)]
+    sim = simulate_schedule(s, [1.0] * 8, REDISTRIBUTIONS, BUCKETS, tail_s=1.0, gathers=GATHERS)
+    assert sim.comm_s == pytest.approx(3.0 + 1.0 + 1.5)
+    with pytest.raises(ScheduleError, match="gather bucket 0 issues collectives but is not scheduled"):
+        check_schedule(replace(s, items=s.items[1:]), NODES, REDISTRIBUTIONS, BUCKETS, gathers=GATHERS)
+    with pytest.raises(ScheduleError, match=r"edge param:w1 -> t \(input 0\) is not a redistribution"):
+        check_schedule(replace(s, items=(ScheduleItem(0, 0, edge=("param:w1", "t", 0)),) + s.items), NODES,
+                       REDISTRIBUTIONS, BUCKETS, gathers=GATHERS)
+
+
+def test_a_plan_whose_gather_bucket_lists_a_wrong_member_is_refused(dp_mlp):
+    from autoshard.plan.format import Plan, PlanError
+    from autoshard.plan.solve import solve_prepared
+
+    data = solve_prepared(dp_mlp, baseline="fsdp", time_limit=10).to_dict()
+    r = next(r for r in data["redistributions"] if r["steps"] and r["steps"][0]["collective"] != "all_gather")
+    data["gather_buckets"] = [{"collective": "all_gather", "mesh_dims": [0], "dtype": "torch.float32",
+                               "members": [[r["tensor"], r["to"], r.get("input", 0)]], "bytes": 4, "cost_s": 0.0}]
+    data.pop("schedule")
+    with pytest.raises(PlanError, match=r"gather_buckets\[0\]: .* is not a redistribution of one all_gather"):
+        Plan.from_dict(data)

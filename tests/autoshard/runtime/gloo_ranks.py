@@ -226,15 +226,19 @@ def assert_matches_one_device(results: list[dict[str, Any]], label: str) -> None
 
 def planned_collectives_issued(plan: Any, results: list[dict[str, Any]], label: str) -> Counter:
     """Assert that every rank issued exactly the plan's collective steps for job
-    ``label`` (edge, kind, mesh dims, bytes), a gradient bucket's one collective
-    in place of its members' steps; returns the planned multiset."""
+    ``label`` (edge, kind, mesh dims, bytes), a gradient or gather bucket's one
+    collective in place of its members' steps; returns the planned multiset."""
     from costmodel.steps import COLLECTIVE_STEPS
 
     bucketed = {m for b in plan.buckets for m in b.members}
+    gathered = {tuple(m) for g in plan.gather_buckets for m in g.members}
     planned = Counter((r.tensor, r.to, r.input_index, s.collective, tuple(s.mesh_dims), s.bytes)
                       for r in plan.redistributions for s in r.steps
-                      if s.collective in COLLECTIVE_STEPS and r.to not in bucketed)
+                      if s.collective in COLLECTIVE_STEPS and r.to not in bucketed
+                      and (r.tensor, r.to, r.input_index) not in gathered)
     planned.update(("bucket", ",".join(b.members), 0, b.collective, tuple(b.mesh_dims), b.bytes) for b in plan.buckets)
+    planned.update(("gather", ",".join(f"{m[0]}>{m[1]}>{m[2]}" for m in g.members), 0, "all_gather",
+                    tuple(g.mesh_dims), g.bytes) for g in plan.gather_buckets)
     for res in results:
         issued = Counter((e[0], e[1], e[2], kind, tuple(dims), nbytes)
                          for kind, dims, nbytes, _, e, *_ in res[label]["trace"])
@@ -250,10 +254,16 @@ def scheduled_trace(plan: Any) -> list[tuple]:
 
     from autoshard.plan.schedule import build_schedule
 
-    schedule = plan.schedule or build_schedule([n.name for n in plan.nodes], plan.redistributions, plan.buckets)
+    schedule = plan.schedule or build_schedule([n.name for n in plan.nodes], plan.redistributions, plan.buckets,
+                                               gathers=plan.gather_buckets)
     by_edge = {(r.tensor, r.to, r.input_index): r for r in plan.redistributions}
     out = []
     for item in schedule.items:
+        if item.gather is not None:
+            g = plan.gather_buckets[item.gather]
+            out.append((("gather", ",".join(f"{m[0]}>{m[1]}>{m[2]}" for m in g.members), 0), "all_gather",
+                        tuple(g.mesh_dims), g.bytes, item.issue, item.wait))
+            continue
         if item.bucket is not None:
             b = plan.buckets[item.bucket]
             out.append((("bucket", ",".join(b.members), 0), b.collective, tuple(b.mesh_dims), b.bytes, item.issue,

@@ -66,6 +66,10 @@ def run(tmp_path_factory):
     model, inputs = llama3.tiny(device="meta", **LLAMA_KW)
     prep = prepare(model, inputs, *MESH_4, profile="h100-sxm-80gb")
     add("4", "llama-4-fsdp", "llama3.tiny", solve_prepared(prep, baseline="fsdp", time_limit=20), kwargs=LLAMA_KW)
+    # priced for CPU/gloo: parameter gathers in gather buckets, three steps (the traced graph runs the last two)
+    prep = prepare(model, inputs, *MESH_4, profile="cpu-gloo")
+    add("4", "llama-4-fsdp-gloo", "llama3.tiny", solve_prepared(prep, baseline="fsdp", time_limit=20),
+        kwargs=LLAMA_KW, adamw_steps=3)
     errors = {(2, 2): [("error-other-model", "mlp.tiny", {"n_layers": 1}, str(tmp / "mlp-2x2-fsdp.json")),
                        ("error-other-mesh", "mlp.tiny", {}, str(tmp / "mlp-4-fsdp.json"))]}
     results = spawn(4, equivalence, ([(MESH_2X2, jobs["2x2"]), (MESH_4, jobs["4"])], errors), tmp / "ranks",
@@ -74,7 +78,7 @@ def run(tmp_path_factory):
 
 
 LABELS = ["mlp-2x2-solved", "mlp-2x2-fsdp", "mlp-2x2-ddp", "mlp-2x2-tp", "mlp-2x2-fsdp+tp", "mlp-dropout-2x2-tp",
-          "mlp-4-solved", "mlp-4-fsdp", "llama-4-fsdp"]
+          "mlp-4-solved", "mlp-4-fsdp", "llama-4-fsdp", "llama-4-fsdp-gloo"]
 
 
 @pytest.mark.parametrize("label", LABELS)
@@ -97,6 +101,15 @@ def test_collectives_are_issued_and_waited_where_the_schedule_says(run, label):
     plans, results = run
     assert plans[label].schedule is not None
     assert_trace_follows_schedule(plans[label], results, label)
+
+
+def test_gather_buckets_run_as_one_all_gather_each(run):
+    plans, results = run
+    plan = plans["llama-4-fsdp-gloo"]
+    assert plan.gather_buckets and any(len(g.members) > 1 for g in plan.gather_buckets)
+    for res in results:
+        gathers = [r for r in res["llama-4-fsdp-gloo"]["trace_last"] if r[4][0] == "gather"]
+        assert [r[2] for r in gathers] == [g.bytes for g in plan.gather_buckets]
 
 
 def test_fused_steps_run_on_one_flattened_group_of_all_ranks(run):
