@@ -128,7 +128,14 @@ OPTIMIZERS = {"fused": {"fused": True}, "default": {}}
 
 
 def _optimizer(params, kind: str):
-    return torch.optim.AdamW(params, lr=1e-4, **OPTIMIZERS[kind])
+    """AdamW; DTensor and plain parameters in separate groups (torch's fused and
+    foreach kernels take one kind per call: TP leaves norms plain)."""
+    from torch.distributed.tensor import DTensor
+
+    params = list(params)
+    groups = [{"params": g} for g in ([p for p in params if isinstance(p, DTensor)],
+                                      [p for p in params if not isinstance(p, DTensor)]) if g]
+    return torch.optim.AdamW(groups, lr=1e-4, **OPTIMIZERS[kind])
 
 
 def _train_step(model, opt, batch):

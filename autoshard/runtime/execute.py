@@ -795,7 +795,7 @@ class JointRunner:
             args, kwargs = self._first_args(step, env, locals_)
         try:
             result = op(*args, **kwargs)
-        except RuntimeError as exc:
+        except (RuntimeError, ValueError) as exc:  # fake tensors (tracing the step) raise ValueError
             if op in (aten.view.default, aten._unsafe_view.default) and "view" in str(exc):
                 # a collective or a slice left the local tensor non-contiguous
                 result = aten.reshape.default(*args, **kwargs)

@@ -184,6 +184,7 @@ def _jobs(mesh: Any, mesh_shape: tuple[int, ...], jobs: list[dict[str, Any]],
             "trace_last": [(r.kind, r.mesh_dims, r.nbytes, r.group_ranks, r.edge, r.issue, r.wait)
                            for r in sharded.collective_trace],
             "adamw": steps,
+            "graph": sharded._runner.step_graph is not None,
             "grad_norms": norms,
             "seconds": time.perf_counter() - start,
         }

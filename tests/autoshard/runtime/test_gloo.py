@@ -103,6 +103,12 @@ def test_collectives_are_issued_and_waited_where_the_schedule_says(run, label):
     assert_trace_follows_schedule(plans[label], results, label)
 
 
+@pytest.mark.parametrize("label", ["mlp-2x2-fsdp", "llama-4-fsdp-gloo"])
+def test_later_steps_run_the_traced_graph(run, label):
+    _, results = run
+    assert all(res[label]["graph"] for res in results), f"{label}: the step was not traced into a graph"
+
+
 def test_gather_buckets_run_as_one_all_gather_each(run):
     plans, results = run
     plan = plans["llama-4-fsdp-gloo"]

@@ -164,6 +164,12 @@ def test_collectives_issued_are_the_plans_steps(run, label):
 
 
 @pytest.mark.parametrize("label", LABELS)
+def test_later_steps_run_the_traced_graph(run, label):
+    _, results = run
+    assert all(res[label]["graph"] for res in results), f"{label}: the step was not traced into a graph"
+
+
+@pytest.mark.parametrize("label", LABELS)
 def test_collectives_are_issued_and_waited_where_the_schedule_says(run, label):
     plans, results = run
     assert plans[label].schedule is not None
