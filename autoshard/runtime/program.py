@@ -11,6 +11,9 @@ tracing): the result is an fx graph of ATen ops on local shards with the
 ``_c10d_functional`` collectives and their ``wait_tensor`` at the schedule's
 positions, whose generated Python calls each kernel directly, as eager
 PyTorch does. That graph is the **eager runtime** from the second step on.
+Its views become reshapes: fake kernels do not always give real strides
+(CPU flash attention's output), and a reshape is a view wherever a view is
+possible.
 
 ``compile=True`` hands the same graph to inductor (``compile_fx``; CPU needs
 a C++ compiler). If inductor cannot compile it (no compiler, an unsupported
@@ -50,6 +53,9 @@ COLLECTIVE_OPS = frozenset({
     torch.ops._c10d_functional.all_to_all_single.default,
 })
 """The ops ``MeshComm`` issues (``autoshard.runtime.collectives``)."""
+
+
+_VIEWS = (torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default)
 
 
 def _note(records: list, record: Any) -> Callable[[], None]:
@@ -96,6 +102,13 @@ def trace_step(step: Callable[..., list[torch.Tensor]], example: Sequence[torch.
         made = list(records[before:]) if records is not None else []
         if records is not None:
             del records[before:]
+    # Fake kernels do not always give the strides the real ones give (CPU flash
+    # attention's output, for one): a view that was fine on fake tensors may not
+    # be on real ones. A reshape is a view wherever a view works, a copy elsewhere.
+    for node in module.graph.nodes:
+        if node.op == "call_function" and node.target in _VIEWS:
+            node.target = torch.ops.aten.reshape.default
+    module.recompile()
     if made:
         issued = [n for n in module.graph.nodes if n.op == "call_function" and n.target in COLLECTIVE_OPS]
         if len(issued) != len(made):
