@@ -112,8 +112,11 @@ def make_plans(models: list[str], meshes: list[str], out: Path, time_limit: floa
                 path = out / f"{mk}-{mesh_key}-{kind}.json"
                 plan.save(path)
                 bucketed = {m for b in plan.buckets for m in b.members}  # a bucket issues one collective
+                gathered = {tuple(m) for g in plan.gather_buckets for m in g.members}
                 colls = [st for r in plan.redistributions for st in r.steps
-                         if st.collective in COLLECTIVE_STEPS and r.to not in bucketed] + list(plan.buckets)
+                         if st.collective in COLLECTIVE_STEPS and r.to not in bucketed
+                         and (r.tensor, r.to, r.input_index) not in gathered]
+                colls += list(plan.buckets) + list(plan.gather_buckets)
                 sharded_mm = sum(1 for n in plan.nodes if n.op == "aten.mm.default" and n.out and "S" in (n.out[0] or ""))
                 plans[(mk, mesh_key, kind)] = {"path": str(path), "predicted_s": plan.estimate.step_s,
                                                "portfolio": plan.options.get("portfolio"), "collectives": len(colls),

@@ -32,6 +32,7 @@ from autoshard.graph.restrict import choose_search, seeded_restriction
 from autoshard.plan.baselines import applicable_baselines, baseline_pins
 from autoshard.plan.build import make_fingerprint, plan_from_solution
 from autoshard.plan.format import Fingerprint, Plan
+from autoshard.plan.gather_pricing import gather_amortized_problem
 from autoshard.plan.overlap_pricing import edge_slack, overlap_problem, overlap_worthwhile
 from autoshard.plan.pins import resolve_pins
 from autoshard.trace import TracedGraph, trace_joint
@@ -166,6 +167,8 @@ def solve_prepared(
         all_pins.update(baseline_pins(graph, baseline, tp_table))
     all_pins.update(pins or {})
     problem = to_problem(graph, memory_limit=limit, pins=resolve_pins(graph, all_pins), ties=ties)
+    if getattr(graph, "bucket_bytes", 0) > 0:  # the runtime gathers parameters in buckets too
+        problem = gather_amortized_problem(graph, problem)
     start = time.perf_counter()
 
     def on_event(event: dict[str, Any]) -> None:
