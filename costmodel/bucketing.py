@@ -8,8 +8,10 @@ FSDP put many gradients in one flat buffer and pay one. autoshard's runtime
 does the same, and this module is where the two agree on it.
 
 **Which redistributions join a bucket.** A gradient edge (op -> ``grad:<fqn>``
-sink) whose redistribution is exactly one step, that step an ``all_reduce``,
-or a ``reduce_scatter`` whose destination is a plain shard (no strided shard).
+sink) whose redistribution is one ``all_reduce`` (possibly followed by local
+slices: ``P -> S`` as all-reduce-then-slice, which the planner picks where a
+reduce_scatter is dearer, as on gloo), or one ``reduce_scatter`` whose
+destination is a plain shard (no strided shard).
 Members of one bucket share the step's kind, mesh dims, reduce op and the
 gradient's dtype (the flat buffer has one dtype).
 
@@ -74,14 +76,19 @@ GATHER_CAPS = (0, 2**20, 4 * 2**20, 16 * 2**20)
 
 
 def bucketable_step(steps: Sequence[RedistributeStep]) -> RedistributeStep | None:
-    """The one step of a gradient redistribution that may join a bucket, or None."""
-    if len(steps) != 1:
+    """The collective of a gradient redistribution that may join a bucket, or None:
+    a single ``all_reduce``, an ``all_reduce`` followed only by local slices
+    (``P -> S`` where the planner found all-reduce-then-slice cheaper than a
+    reduce_scatter, as on gloo; each member slices after the bucket), or a single
+    ``reduce_scatter`` to a plain shard."""
+    if not steps:
         return None
     step = steps[0]
-    if step.collective == "all_reduce" and step.reduce_op is not None:
+    if step.collective == "all_reduce" and step.reduce_op is not None and all(
+            s.collective == "local_slice" for s in steps[1:]):
         return step
-    if (step.collective == "reduce_scatter" and step.reduce_op is not None and step.tensor_dim is not None
-            and not any(isinstance(p, StridedShard) for p in step.dst)):
+    if (len(steps) == 1 and step.collective == "reduce_scatter" and step.reduce_op is not None
+            and step.tensor_dim is not None and not any(isinstance(p, StridedShard) for p in step.dst)):
         return step
     return None
 

@@ -65,6 +65,7 @@ from typing import Any, Mapping, Sequence
 import torch
 import torch.fx as fx
 
+from costmodel.bucketing import bucketable_step
 from costmodel.layout import local_indices, local_shape
 from costmodel.placements import Partial, Placement, Replicate, parse_placements
 from costmodel.steps import COLLECTIVE_STEPS, RedistributeStep
@@ -75,6 +76,7 @@ from autoshard.rules import RuleRegistry, load_rules, op_name
 from autoshard.rules.calls import bind_args, replace_tensors
 from autoshard.rules.core import OpCall, TensorMeta, to_meta
 from autoshard.runtime.program import StepGraph, compile_step, trace_step
+from autoshard.runtime.templates import CallTemplate
 from autoshard.runtime.random_ops import SLICEABLE, random_kind, run_random
 from autoshard.runtime.steps import (Comm, PendingStep, StepRuntimeError, bucket_phases, check_step_runnable,
                                      gather_phases, run_step, step_phases)
@@ -157,92 +159,12 @@ class _OpProgram:
     free_after: list[fx.Node] = field(default_factory=list)
     out_local: tuple[TensorMeta | None, ...] | None = None
     """This rank's output shapes (computed at the first run: they never change)."""
-    call: "_CallTemplate | None" = None
+    call: CallTemplate | None = None
     """The op's localized arguments with slots for its tensors, from the first run."""
     slow: bool = False
     """The arguments cannot be templated (localize made tensors): rebuild every run."""
     random: str | None = None
     """A sharded random draw (``autoshard.runtime.random_ops``): this rank's slice of the global draw."""
-
-
-class _Slot:
-    """Where tensor input ``i`` of an op goes in its argument template."""
-
-    __slots__ = ("i",)
-
-    def __init__(self, i: int) -> None:
-        self.i = i
-
-
-def _fill(obj: Any, values: Sequence[Any]) -> Any:
-    kind = type(obj)
-    if kind is _Slot:
-        return values[obj.i]
-    if kind is tuple:
-        return tuple(_fill(x, values) for x in obj)
-    if kind is list:
-        return [_fill(x, values) for x in obj]
-    return obj
-
-
-@dataclass(slots=True)
-class _CallTemplate:
-    """An op's final (localized) args and kwargs with its tensor inputs as slots.
-
-    Everything but the tensors is the same at every step (shapes are static per
-    rank), so the first run's arguments are kept with the input tensors swapped
-    for slots, and later runs only put the new tensors in: the per-op Python
-    work of binding, localizing and rebuilding arguments is paid once.
-    """
-
-    args: list[Any]
-    kwargs: dict[str, Any]
-    arg_slots: tuple[int, ...]
-    """Positions of ``args`` that hold a slot somewhere inside."""
-    kwarg_slots: tuple[str, ...]
-
-    @classmethod
-    def make(cls, args: tuple, kwargs: Mapping[str, Any], inputs: Sequence[torch.Tensor]) -> "_CallTemplate | None":
-        ids = {id(t): i for i, t in enumerate(inputs)}
-        found = False
-
-        def templ(obj: Any) -> Any:
-            nonlocal found
-            if isinstance(obj, torch.Tensor):
-                i = ids.get(id(obj))
-                if i is None:
-                    raise LookupError
-                found = True
-                return _Slot(i)
-            if isinstance(obj, (tuple, list)):
-                return type(obj)(templ(x) for x in obj)
-            return obj
-
-        try:
-            targs, arg_slots = [], []
-            for k, a in enumerate(args):
-                found = False
-                targs.append(templ(a))
-                if found:
-                    arg_slots.append(k)
-            tkwargs, kw_slots = {}, []
-            for name, v in kwargs.items():
-                found = False
-                tkwargs[name] = templ(v)
-                if found:
-                    kw_slots.append(name)
-        except LookupError:  # a tensor that is not an input (made by localize): no template
-            return None
-        return cls(targs, tkwargs, tuple(arg_slots), tuple(kw_slots))
-
-    def fill(self, values: Sequence[Any]) -> tuple[tuple, dict]:
-        args = list(self.args)
-        for k in self.arg_slots:
-            args[k] = _fill(args[k], values)
-        kwargs = dict(self.kwargs)
-        for name in self.kwarg_slots:
-            kwargs[name] = _fill(kwargs[name], values)
-        return tuple(args), kwargs
 
 
 class JointRunner:
@@ -524,7 +446,7 @@ class JointRunner:
 
     def _bucket_programs(self) -> list[tuple[Any, list[str]]]:
         """(bucket, parameter FQNs) of the plan's gradient buckets, checked: every
-        member is a gradient whose edge is exactly the one step the bucket issues."""
+        member is a gradient whose edge starts with the collective the bucket issues (then local slices only)."""
         out = []
         seen: set[str] = set()
         by_sink = {f"grad:{fqn}": fqn for fqn in self.grad_edges}
@@ -537,7 +459,8 @@ class JointRunner:
                                            "(or is in two buckets)")
                 seen.add(member)
                 steps = self.grad_edges[fqn].steps
-                if len(steps) != 1 or (steps[0].collective, tuple(steps[0].mesh_dims), steps[0].reduce_op) != (
+                if bucketable_step(steps) is None or (steps[0].collective, tuple(steps[0].mesh_dims),
+                                                      steps[0].reduce_op) != (
                         bucket.collective, tuple(bucket.mesh_dims), bucket.reduce_op):
                     raise RuntimeLoadError(f"plan: bucket {i} issues {bucket.collective}{list(bucket.mesh_dims)} for "
                                            f"{member}, whose redistribution is "
@@ -691,7 +614,8 @@ class JointRunner:
             grads = {fqn: None for fqn in traced.grads}
             for b, (bucket, fqns) in enumerate(self.buckets):
                 for fqn, value in zip(fqns, ready.pop(("bucket", b))):
-                    grads[fqn] = value
+                    e = self.grad_edges[fqn]  # its local slices after the bucket's all_reduce, if any
+                    grads[fqn] = self._run_steps(value, e, e.steps[1:]) if len(e.steps) > 1 else value
             in_bucket = {fqn for _, fqns in self.buckets for fqn in fqns}
             for fqn, e in self.grad_edges.items():
                 if fqn not in in_bucket:
@@ -826,7 +750,7 @@ class JointRunner:
                           bind_args(op, args, kwargs))
             args, kwargs = step.localize(args, kwargs, call)
         if not step.slow:
-            step.call = _CallTemplate.make(args, kwargs, locals_)
+            step.call = CallTemplate.make(args, kwargs, locals_)
             step.slow = step.call is None
         return args, kwargs
 

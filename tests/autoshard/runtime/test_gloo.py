@@ -28,6 +28,8 @@ pytestmark = pytest.mark.slow
 MESH_2X2 = ((2, 2), ("dp", "tp"))
 MESH_4 = ((4,), ("dp",))
 LLAMA_KW = {"batch_size": 4}
+LLAMA_GLOO_KW = {"dim": 128, "n_layers": 1, "n_heads": 4, "n_kv_heads": 2, "vocab_size": 2048, "multiple_of": 64,
+                 "max_seq_len": 128, "batch_size": 8, "seq_len": 64}
 DROPOUT_KW = {"dropout": 0.25}
 
 
@@ -66,10 +68,13 @@ def run(tmp_path_factory):
     model, inputs = llama3.tiny(device="meta", **LLAMA_KW)
     prep = prepare(model, inputs, *MESH_4, profile="h100-sxm-80gb")
     add("4", "llama-4-fsdp", "llama3.tiny", solve_prepared(prep, baseline="fsdp", time_limit=20), kwargs=LLAMA_KW)
-    # priced for CPU/gloo: parameter gathers in gather buckets, three steps (the traced graph runs the last two)
+    # priced for CPU/gloo (a wider one-layer LLaMA, whose gradients leave the backward partial):
+    # parameter gathers in gather buckets, gradients all-reduced in a bucket then sliced, three
+    # steps (the traced graph runs the last two)
+    model, inputs = llama3.tiny(device="meta", **LLAMA_GLOO_KW)
     prep = prepare(model, inputs, *MESH_4, profile="cpu-gloo")
     add("4", "llama-4-fsdp-gloo", "llama3.tiny", solve_prepared(prep, baseline="fsdp", time_limit=20),
-        kwargs=LLAMA_KW, adamw_steps=3)
+        kwargs=LLAMA_GLOO_KW, adamw_steps=3)
     errors = {(2, 2): [("error-other-model", "mlp.tiny", {"n_layers": 1}, str(tmp / "mlp-2x2-fsdp.json")),
                        ("error-other-mesh", "mlp.tiny", {}, str(tmp / "mlp-4-fsdp.json"))]}
     results = spawn(4, equivalence, ([(MESH_2X2, jobs["2x2"]), (MESH_4, jobs["4"])], errors), tmp / "ranks",
@@ -116,6 +121,17 @@ def test_gather_buckets_run_as_one_all_gather_each(run):
     for res in results:
         gathers = [r for r in res["llama-4-fsdp-gloo"]["trace_last"] if r[4][0] == "gather"]
         assert [r[2] for r in gathers] == [g.bytes for g in plan.gather_buckets]
+
+
+def test_all_reduce_then_slice_gradients_share_a_bucket(run):
+    """On gloo the planner reduces P -> S as all_reduce + local slice (cheaper than its
+    reduce_scatter); such gradients are bucketed, each slicing after the bucket (the
+    gradients are checked against one device by test_loss_and_every_gradient_match_one_device)."""
+    plans, _ = run
+    plan = plans["llama-4-fsdp-gloo"]
+    members = {m for b in plan.buckets for m in b.members}
+    assert any(len(r.steps) > 1 and r.steps[-1].collective == "local_slice"
+               for r in plan.redistributions if r.to in members)
 
 
 def test_fused_steps_run_on_one_flattened_group_of_all_ranks(run):
