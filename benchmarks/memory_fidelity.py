@@ -302,14 +302,21 @@ def estimate_breakdown(graph: StrategyGraph, plan: Plan) -> dict[str, float]:
 
 
 def estimate(config: Config, mesh_size: int, baseline: str, *, time_limit: float = 30.0, gather: str = "reader",
-             recompute: str = "none") -> tuple[Plan, dict[str, float]]:
+             recompute: str = "none", bucket_bytes: int | None = None) -> tuple[Plan, dict[str, float]]:
     """The plan of ``baseline`` for ``config`` on mesh ``(mesh_size,)`` (profile
     ``cpu-gloo``, no memory limit) and its breakdown at the peak. ``gather``:
     when parameter copies are held (``reader``: autoshard's runtime; ``fsdp2``:
-    FSDP2's per-block gathers with prefetch, ``autoshard.graph.copies``);
+    FSDP2's per-block gathers with prefetch, ``autoshard.graph.copies``, and
+    each gradient reduced as soon as it is made, without autoshard's gradient
+    buckets: FSDP2 reduce-scatters block by block, while a 25 MiB bucket holds
+    every gradient of these small models until the end of the backward;
+    ``bucket_bytes`` sets the cap otherwise);
     ``recompute``: the recomputation policy."""
     model, inputs = config.build(device="meta")
-    prep = prepare(model, inputs, (mesh_size,), profile=PROFILE, gather=gather, recompute=recompute)
+    if bucket_bytes is None and gather == "fsdp2":
+        bucket_bytes = 0
+    buckets = {} if bucket_bytes is None else {"bucket_bytes": bucket_bytes}
+    prep = prepare(model, inputs, (mesh_size,), profile=PROFILE, gather=gather, recompute=recompute, **buckets)
     plan = solve_prepared(prep, baseline=baseline, memory_limit=1e30, time_limit=time_limit, recompute=recompute)
     return plan, estimate_breakdown(prep.graph, plan)
 

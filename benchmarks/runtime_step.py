@@ -7,22 +7,35 @@ not negligible):
 * the solver's plan (``solve_prepared(prep)``, default memory limit of the
   ``cpu-gloo`` profile) and the expert baselines through autoshard's runtime
   (``solve_prepared(prep, baseline=...)``: ``as-ddp``, ``as-fsdp``, ``as-tp``,
-  ``as-fsdp+tp``), each with its cost-model prediction ``plan.estimate.step_s``;
+  ``as-fsdp+tp``), each with its cost-model prediction ``plan.estimate.step_s``
+  (the simulated schedule, ``costmodel.overlap``); the solver's plan also with
+  ``compile=True`` (``as-solved+compile``: the per-rank step compiled by
+  inductor);
 * hand-written PyTorch on the same model, batch and ranks:
   ``torch-ddp`` (``DistributedDataParallel`` over the 4 ranks), ``torch-fsdp2``
   (``fully_shard`` per block and root over the 4 ranks), ``torch-tp``
   (``parallelize_module`` with Colwise/Rowwise plans on the ``tp`` mesh dim,
   gradients of the data-parallel dim all-reduced in one bucket by hand).
 
-A step is forward + backward + ``AdamW.step()`` + ``zero_grad``; the table
-gives the median over ``--steps`` steps after ``--warmup``, the max over ranks
-(each step starts after a barrier), and also the forward+backward part alone.
-Then: the Spearman rank correlation of predicted vs measured step times of
-autoshard's plans, the solved plan vs the fastest hand-written baseline, and
-autoshard's DDP plan vs ``DistributedDataParallel``.
+A step is forward + backward + ``AdamW.step()`` + ``zero_grad``, the same
+optimizer for every variant (``AdamW(fused=True)`` by default: torch's CPU
+kernel, which also steps DTensor parameters; ``--optimizer default`` for
+torch's per-tensor loop). All variants of one (model, mesh) are built first and
+then stepped in turn, one step each round, so that they share the machine's
+conditions; each step starts after a barrier and is timed as the max over
+ranks. The tables give medians over ``--steps`` rounds after ``--warmup``
+(the first steps of autoshard's runtime interpret, trace and compile), and the
+forward+backward part alone. Then per table: the median |error| and Spearman
+rank correlation of predicted vs measured steps of autoshard's plans (the
+compiled row excluded: the cost model prices eager kernels); and the targets:
+the solved plan vs the fastest hand-written variant, autoshard's DDP and FSDP
+layouts vs ``DistributedDataParallel`` and FSDP2.
 
-    python benchmarks/runtime_step.py                      # both models, both meshes (~3-4 min on 2 cores)
-    python benchmarks/runtime_step.py --models mlp --meshes 4 --steps 5
+One rank: the DDP plan on a mesh of 1 (no communication) vs eager PyTorch in
+one process, stepped in turn (the runtime's own overhead).
+
+    python benchmarks/runtime_step.py -o benchmarks/results/runtime_step.md   # ~10 min on 2 cores
+    python benchmarks/runtime_step.py --models mlp --meshes 4 --steps 5 --no-compile
     python benchmarks/runtime_step.py --calibrate-first    # price with a profile measured now, on this host
 
 Predictions are only as good as the profile: ``--profile`` names the one to
@@ -54,7 +67,7 @@ import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
 PROFILE = "cpu-gloo"
-MESHES = {"2x2": ((2, 2), ("dp", "tp")), "4": ((4,), ("tp",))}
+MESHES = {"2x2": ((2, 2), ("dp", "tp")), "4": ((4,), ("tp",)), "1": ((1,), ("dp",))}
 # mlp: 4 blocks of 512 -> 2048 -> 512, batch 64; llama: 2 layers, dim 256, vocab 2048, batch 8 x 64
 MODELS = {
     "mlp": ("mlp.small", {"dim": 512, "hidden_dim": 2048, "n_layers": 4, "batch_size": 64}),
@@ -83,7 +96,8 @@ def _example(model_key: str, device: str | None = None):
 
 
 # ----------------------------------------------------------------------------- planning (parent)
-def make_plans(models: list[str], meshes: list[str], out: Path, time_limit: float) -> dict[tuple[str, str, str], dict]:
+def make_plans(models: list[str], meshes: list[str], out: Path, time_limit: float,
+               kinds: tuple[str, ...] = AUTOSHARD) -> dict[tuple[str, str, str], dict]:
     from costmodel.steps import COLLECTIVE_STEPS
 
     from autoshard.plan.solve import prepare, solve_prepared
@@ -96,7 +110,7 @@ def make_plans(models: list[str], meshes: list[str], out: Path, time_limit: floa
             t = time.perf_counter()
             prep = prepare(model, inputs, shape, names, profile=PROFILE)
             print(f"# planned {mk} on {mesh_key}: prepare {time.perf_counter() - t:.1f} s", file=sys.stderr, flush=True)
-            for kind in AUTOSHARD:
+            for kind in kinds:
                 try:
                     plan = solve_prepared(prep, baseline=None if kind == "solved" else kind, time_limit=time_limit)
                 except Exception as exc:  # noqa: BLE001 - a baseline that does not apply
@@ -105,29 +119,33 @@ def make_plans(models: list[str], meshes: list[str], out: Path, time_limit: floa
                 path = out / f"{mk}-{mesh_key}-{kind}.json"
                 plan.save(path)
                 bucketed = {m for b in plan.buckets for m in b.members}  # a bucket issues one collective
+                gathered = {tuple(m) for g in plan.gather_buckets for m in g.members}
                 colls = [st for r in plan.redistributions for st in r.steps
-                         if st.collective in COLLECTIVE_STEPS and r.to not in bucketed] + list(plan.buckets)
+                         if st.collective in COLLECTIVE_STEPS and r.to not in bucketed
+                         and (r.tensor, r.to, r.input_index) not in gathered]
+                colls += list(plan.buckets) + list(plan.gather_buckets)
                 sharded_mm = sum(1 for n in plan.nodes if n.op == "aten.mm.default" and n.out and "S" in (n.out[0] or ""))
                 plans[(mk, mesh_key, kind)] = {"path": str(path), "predicted_s": plan.estimate.step_s,
                                                "portfolio": plan.options.get("portfolio"), "collectives": len(colls),
+                                               "peak": plan.estimate.peak_memory_bytes,
                                                "sharded_mm": sharded_mm,
                                                "mm": sum(1 for n in plan.nodes if n.op == "aten.mm.default")}
     return plans
 
 
 # ----------------------------------------------------------------------------- ranks
-def _timed(step, steps: int, warmup: int) -> tuple[float, float]:
-    """Median step and forward+backward times of ``step()`` (returns fwd+bwd seconds)."""
-    full, fb = [], []
-    for i in range(warmup + steps):
-        dist.barrier()
-        t = time.perf_counter()
-        fwd_bwd = step()
-        elapsed = time.perf_counter() - t
-        if i >= warmup:
-            full.append(elapsed)
-            fb.append(fwd_bwd)
-    return statistics.median(full), statistics.median(fb)
+OPTIMIZERS = {"fused": {"fused": True}, "default": {}}
+
+
+def _optimizer(params, kind: str):
+    """AdamW; DTensor and plain parameters in separate groups (torch's fused and
+    foreach kernels take one kind per call: TP leaves norms plain)."""
+    from torch.distributed.tensor import DTensor
+
+    params = list(params)
+    groups = [{"params": g} for g in ([p for p in params if isinstance(p, DTensor)],
+                                      [p for p in params if not isinstance(p, DTensor)]) if g]
+    return torch.optim.AdamW(groups, lr=1e-4, **OPTIMIZERS[kind])
 
 
 def _train_step(model, opt, batch):
@@ -146,7 +164,7 @@ def _batch_slice(inputs, rank: int, parts: int):
     return tuple(x.chunk(parts, 0)[rank] for x in inputs)
 
 
-def _autoshard(mk, mesh_key, plan_path, traced, steps, warmup):
+def _autoshard(mk, mesh_key, plan_path, traced, opt_kind, compile_=False):
     from torch.distributed.device_mesh import init_device_mesh
 
     from autoshard.runtime import shard
@@ -154,22 +172,20 @@ def _autoshard(mk, mesh_key, plan_path, traced, steps, warmup):
     shape, names = MESHES[mesh_key]
     mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
     model, inputs = _example(mk)
-    sharded = shard(model, mesh, plan_path, inputs, traced=traced)
-    opt = torch.optim.AdamW(sharded.parameters(), lr=1e-4)
-    return _timed(_train_step(sharded, opt, inputs), steps, warmup)
+    sharded = shard(model, mesh, plan_path, inputs, traced=traced, compile=compile_)
+    return _train_step(sharded, _optimizer(sharded.parameters(), opt_kind), inputs)
 
 
-def _torch_ddp(mk, mesh_key, steps, warmup):
+def _torch_ddp(mk, mesh_key, opt_kind):
     from torch.nn.parallel import DistributedDataParallel
 
     model, inputs = _example(mk)
     ddp = DistributedDataParallel(model)
-    opt = torch.optim.AdamW(ddp.parameters(), lr=1e-4)
     batch = _batch_slice(inputs, dist.get_rank(), dist.get_world_size())
-    return _timed(_train_step(ddp, opt, batch), steps, warmup)
+    return _train_step(ddp, _optimizer(ddp.parameters(), opt_kind), batch)
 
 
-def _torch_fsdp2(mk, mesh_key, steps, warmup):
+def _torch_fsdp2(mk, mesh_key, opt_kind):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -178,12 +194,11 @@ def _torch_fsdp2(mk, mesh_key, steps, warmup):
     for layer in model.layers:
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     batch = _batch_slice(inputs, dist.get_rank(), dist.get_world_size())
-    return _timed(_train_step(model, opt, batch), steps, warmup)
+    return _train_step(model, _optimizer(model.parameters(), opt_kind), batch)
 
 
-def _torch_tp(mk, mesh_key, steps, warmup):
+def _torch_tp(mk, mesh_key, opt_kind):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
@@ -205,7 +220,7 @@ def _torch_tp(mk, mesh_key, steps, warmup):
     dp_group = mesh.get_group("dp") if dp > 1 else None
     coord = mesh.get_coordinate()
     batch = _batch_slice(inputs, coord[0], dp) if dp > 1 else inputs
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    opt = _optimizer(model.parameters(), opt_kind)
     params = [p for p in model.parameters()]
 
     def step():
@@ -226,17 +241,34 @@ def _torch_tp(mk, mesh_key, steps, warmup):
         opt.zero_grad(set_to_none=True)
         return fb
 
-    return _timed(step, steps, warmup)
+    return step
 
 
 HANDWRITTEN = {"torch-ddp": _torch_ddp, "torch-fsdp2": _torch_fsdp2, "torch-tp": _torch_tp}
 
 
+def _round_robin(variants: dict[str, Any], steps: int, warmup: int) -> dict[str, tuple[float, float]]:
+    """Median (step, fwd+bwd) seconds of every variant, max over ranks, stepping them in turn."""
+    full: dict[str, list[float]] = {k: [] for k in variants}
+    fb: dict[str, list[float]] = {k: [] for k in variants}
+    for i in range(warmup + steps):
+        for name, step in variants.items():
+            dist.barrier()
+            t = time.perf_counter()
+            part = step()
+            times = torch.tensor([time.perf_counter() - t, part], dtype=torch.float64)
+            dist.all_reduce(times, op=dist.ReduceOp.MAX)
+            if i >= warmup:
+                full[name].append(float(times[0]))
+                fb[name].append(float(times[1]))
+    return {k: (statistics.median(full[k]), statistics.median(fb[k])) for k in variants}
+
+
 def _worker(rank: int, world: int, init_file: str, out_dir: str, plans: dict, models: list[str], meshes: list[str],
-            steps: int, warmup: int) -> None:
+            steps: int, warmup: int, opt_kind: str, compile_: bool) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=120))
+                            timeout=timedelta(seconds=900))
     from autoshard.trace import trace_joint
 
     results = {}
@@ -245,18 +277,45 @@ def _worker(rank: int, world: int, init_file: str, out_dir: str, plans: dict, mo
             model, inputs = _example(mk)
             traced = trace_joint(model, inputs)
             for mesh_key in meshes:
+                variants = {}
                 for kind in AUTOSHARD:
                     info = plans.get((mk, mesh_key, kind))
-                    if info is None:
-                        continue
-                    results[(mk, mesh_key, f"as-{kind}")] = _autoshard(mk, mesh_key, info["path"], traced, steps, warmup)
+                    if info is not None:
+                        variants[f"as-{kind}"] = _autoshard(mk, mesh_key, info["path"], traced, opt_kind)
+                if compile_ and (mk, mesh_key, "solved") in plans:
+                    variants["as-solved+compile"] = _autoshard(mk, mesh_key, plans[(mk, mesh_key, "solved")]["path"],
+                                                               traced, opt_kind, compile_=True)
                 for name, fn in HANDWRITTEN.items():
-                    if name != "torch-tp" and mesh_key != meshes[0]:
-                        # DDP and FSDP2 run over all 4 ranks: the same job on either mesh
-                        results[(mk, mesh_key, name)] = results[(mk, meshes[0], name)]
-                        continue
-                    results[(mk, mesh_key, name)] = fn(mk, mesh_key, steps, warmup)
-        torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+                    variants[name] = fn(mk, mesh_key, opt_kind)
+                for name, value in _round_robin(variants, steps, warmup).items():
+                    results[(mk, mesh_key, name)] = value
+                print(f"# measured {mk} on {mesh_key}", file=sys.stderr, flush=True)
+        if rank == 0:
+            torch.save(results, os.path.join(out_dir, "ranks.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def _one_rank(rank: int, world: int, init_file: str, out_dir: str, plans: dict, models: list[str], steps: int,
+              warmup: int, opt_kind: str) -> None:
+    """The DDP plan on a mesh of 1 vs eager PyTorch, stepped in turn (module docstring)."""
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=0, world_size=1)
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from autoshard.runtime import shard
+
+    out = {}
+    try:
+        mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("dp",))
+        for mk in models:
+            model, inputs = _example(mk)
+            eager = _train_step(model, _optimizer(model.parameters(), opt_kind), inputs)
+            model, inputs = _example(mk)
+            sharded = shard(model, mesh, plans[(mk, "1", "ddp")]["path"], inputs)
+            ours = _train_step(sharded, _optimizer(sharded.parameters(), opt_kind), inputs)
+            out[mk] = _round_robin({"eager": eager, "autoshard": ours}, 3 * steps, warmup)
+        torch.save(out, os.path.join(out_dir, "one.pt"))
     finally:
         dist.destroy_process_group()
 
@@ -308,73 +367,117 @@ def select_profile(args: argparse.Namespace, tmp: Path) -> tuple[str, str]:
                      f"{now}.")
 
 
+def _load() -> str:
+    try:
+        return " ".join(open("/proc/loadavg").read().split()[:3])
+    except OSError:
+        return "?"
+
+
 def main(argv: list[str] | None = None) -> int:
     global PROFILE
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default="mlp,llama3")
     parser.add_argument("--meshes", default="2x2,4")
     parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--warmup", type=int, default=4)
     parser.add_argument("--time-limit", type=float, default=8.0, help="solver seconds per plan")
     parser.add_argument("--profile", default=PROFILE, help="hardware profile (name or path) to price with")
     parser.add_argument("--calibrate-first", action="store_true",
                         help="calibrate this host (--quick, 4 ranks) first and price with that profile")
+    parser.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default="fused")
+    parser.add_argument("--no-compile", action="store_true", help="leave out the compile=True rows")
+    parser.add_argument("-o", "--output", help="also write the report (markdown) to this file")
     args = parser.parse_args(argv)
     models, meshes = args.models.split(","), args.meshes.split(",")
     world = 4
     start = time.perf_counter()
+    load_before = _load()
     with tempfile.TemporaryDirectory() as tmp:
         PROFILE, profile_line = select_profile(args, Path(tmp))
         print(f"# {profile_line}", file=sys.stderr, flush=True)
         plans = make_plans(models, meshes, Path(tmp), args.time_limit)
+        plans.update(make_plans(models, ["1"], Path(tmp), args.time_limit, kinds=("ddp",)))
         planned = time.perf_counter() - start
-        ctx = mp.start_processes(_worker, args=(world, str(Path(tmp) / "store"), tmp, plans, models, meshes,
-                                                args.steps, args.warmup), nprocs=world, start_method="spawn")
-        del ctx
-        per_rank = [torch.load(Path(tmp) / f"rank{r}.pt", weights_only=False) for r in range(world)]
-    measured = {k: (max(r[k][0] for r in per_rank), max(r[k][1] for r in per_rank)) for k in per_rank[0]}
+        mp.start_processes(_worker, args=(world, str(Path(tmp) / "store"), tmp, plans, models, meshes, args.steps,
+                                          args.warmup, args.optimizer, not args.no_compile),
+                           nprocs=world, start_method="spawn")
+        measured = torch.load(Path(tmp) / "ranks.pt", weights_only=False)
+        mp.start_processes(_one_rank, args=(1, str(Path(tmp) / "store1"), tmp, plans, models, args.steps,
+                                            args.warmup, args.optimizer), nprocs=1, start_method="spawn")
+        one = torch.load(Path(tmp) / "one.pt", weights_only=False)
+    lines = _report(args, argv, models, meshes, plans, measured, one, planned, time.perf_counter() - start,
+                    load_before, _load(), profile_line)
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.output:
+        from solver.io import write_text_atomic
 
-    print(f"## Runtime step time, CPU/gloo, {world} ranks x 1 thread on {os.cpu_count()} cores "
-          f"({platform.processor() or platform.machine()}), torch {torch.__version__}")
-    print(f"\nMedian of {args.steps} steps after {args.warmup} warm-up, max over ranks; step = forward + backward + "
-          f"AdamW; predicted = plan.estimate.step_s with profile {PROFILE}. Planning took {planned:.0f} s, "
-          f"total {time.perf_counter() - start:.0f} s. {profile_line}\n")
+        write_text_atomic(args.output, text)
+    return 0
+
+
+def _report(args, argv, models, meshes, plans, measured, one, planned, total, load_before, load_after,
+            profile_line) -> list[str]:
+    import datetime
+
+    command = "python benchmarks/runtime_step.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    out = [f"## Runtime step time, CPU/gloo, 4 ranks x 1 thread on {os.cpu_count()} cores "
+           f"({platform.processor() or platform.machine()}), torch {torch.__version__}", "",
+           f"Command: `{command.strip()}`; run {datetime.datetime.now().isoformat(timespec='minutes')} on "
+           f"{platform.node()}; load average (1, 5, 15 min) before {load_before}, after {load_after}.", "",
+           f"Median of {args.steps} rounds after {args.warmup} warm-up, variants stepped in turn, max over ranks; "
+           f"step = forward + backward + AdamW ({args.optimizer}) + zero_grad; predicted = plan.estimate.step_s "
+           f"(simulated schedule) with profile {PROFILE}. Planning took {planned:.0f} s, total {total:.0f} s. "
+           f"{profile_line}", ""]
     summary = []
     for mk in models:
         for mesh_key in meshes:
-            rows = [(name, measured[(mk, mesh_key, name)]) for name in
-                    [f"as-{k}" for k in AUTOSHARD] + list(HANDWRITTEN) if (mk, mesh_key, name) in measured]
-            print(f"### {mk} ({MODELS[mk][1]}), mesh {mesh_key}\n")
-            print("| variant | predicted ms | measured step ms | measured fwd+bwd ms | collectives / step | "
-                  "matmuls on shards |")
-            print("|---|---:|---:|---:|---:|---:|")
+            names = [f"as-{k}" for k in AUTOSHARD] + ["as-solved+compile"] + list(HANDWRITTEN)
+            rows = [(name, measured[(mk, mesh_key, name)]) for name in names if (mk, mesh_key, name) in measured]
+            out += [f"### {mk} ({MODELS[mk][1]}), mesh {mesh_key}", "",
+                    "| variant | predicted ms | measured step ms | pred / meas | measured fwd+bwd ms | "
+                    "collectives / step | matmuls on shards | predicted peak MiB |",
+                    "|---|---:|---:|---:|---:|---:|---:|---:|"]
             pred, meas = [], []
             for name, (step_s, fb_s) in rows:
-                info = plans.get((mk, mesh_key, name[3:])) if name.startswith("as-") else None
+                kind = name[3:] if name.startswith("as-") and not name.endswith("+compile") else None
+                info = plans.get((mk, mesh_key, kind)) if kind else None
                 p = f"{info['predicted_s'] * 1e3:.2f}" if info else "-"
+                ratio = f"{info['predicted_s'] / step_s:.2f}" if info else "-"
                 note = f" (= {info['portfolio']})" if info and info.get("portfolio") else ""
-                extra = f"{info['collectives']} | {info['sharded_mm']}/{info['mm']}" if info else "- | -"
-                print(f"| {name}{note} | {p} | {step_s * 1e3:.2f} | {fb_s * 1e3:.2f} | {extra} |")
+                extra = (f"{info['collectives']} | {info['sharded_mm']}/{info['mm']} | {info['peak'] / 2**20:.1f}"
+                         if info else "- | - | -")
+                out.append(f"| {name}{note} | {p} | {step_s * 1e3:.2f} | {ratio} | {fb_s * 1e3:.2f} | {extra} |")
                 if info:
                     pred.append(info["predicted_s"])
                     meas.append(step_s)
+            errors = [abs(p / m - 1) for p, m in zip(pred, meas)]
             rho = spearman(pred, meas)
-            solved = measured.get((mk, mesh_key, "as-solved"), (math.nan,))[0]
-            fastest_name, fastest = min(((n, measured[(mk, mesh_key, n)][0]) for n in HANDWRITTEN
-                                         if (mk, mesh_key, n) in measured), key=lambda t: t[1])
-            ddp, as_ddp = measured[(mk, mesh_key, "torch-ddp")], measured.get((mk, mesh_key, "as-ddp"))
-            summary.append((mk, mesh_key, rho, solved, fastest_name, fastest, as_ddp, ddp))
-            print()
-    print("### Targets\n")
-    print("| model | mesh | Spearman (autoshard plans) | solved ms | fastest hand-written ms | solved <= fastest | "
-          "as-ddp / torch-ddp (step) | (fwd+bwd) |")
-    print("|---|---|---:|---:|---:|---|---:|---:|")
-    for mk, mesh_key, rho, solved, fname, fastest, as_ddp, ddp in summary:
-        ratio = f"{as_ddp[0] / ddp[0]:.2f}" if as_ddp else "-"
-        ratio_fb = f"{as_ddp[1] / ddp[1]:.2f}" if as_ddp else "-"
-        print(f"| {mk} | {mesh_key} | {rho:.2f} | {solved * 1e3:.2f} | {fname} {fastest * 1e3:.2f} | "
-              f"{'yes' if solved <= fastest else 'no'} | {ratio} | {ratio_fb} |")
-    return 0
+            get = lambda n: measured.get((mk, mesh_key, n), (math.nan, math.nan))  # noqa: E731
+            fastest_name, fastest = min(((n, get(n)[0]) for n in HANDWRITTEN), key=lambda t: t[1])
+            summary.append((mk, mesh_key, rho, statistics.median(errors) if errors else math.nan, get("as-solved")[0],
+                            fastest_name, fastest, get("as-ddp"), get("torch-ddp"), get("as-fsdp"),
+                            get("torch-fsdp2"), get("as-solved+compile")[0]))
+            out.append("")
+    out += ["### Targets", "",
+            "| model | mesh | median abs(pred/meas - 1) | Spearman | solved ms | fastest hand-written ms | "
+            "solved / fastest | as-ddp / torch-ddp (step, fwd+bwd) | as-fsdp / torch-fsdp2 (step, fwd+bwd) | "
+            "solved / solved+compile |",
+            "|---|---|---:|---:|---:|---|---:|---|---|---:|"]
+    for mk, mesh_key, rho, err, solved, fname, fastest, as_ddp, ddp, as_fsdp, fsdp, comp in summary:
+        out.append(f"| {mk} | {mesh_key} | {err:.2f} | {rho:.2f} | {solved * 1e3:.2f} | {fname} {fastest * 1e3:.2f} | "
+                   f"{solved / fastest:.2f} | {as_ddp[0] / ddp[0]:.2f}, {as_ddp[1] / ddp[1]:.2f} | "
+                   f"{as_fsdp[0] / fsdp[0]:.2f}, {as_fsdp[1] / fsdp[1]:.2f} | "
+                   f"{solved / comp if comp == comp else math.nan:.2f} |")
+    out += ["", "### One rank (no communication): the DDP plan on a mesh of 1 vs eager PyTorch", "",
+            "| model | eager step ms | autoshard step ms | ratio | eager fwd+bwd ms | autoshard fwd+bwd ms | ratio |",
+            "|---|---:|---:|---:|---:|---:|---:|"]
+    for mk in models:
+        e, a = one[mk]["eager"], one[mk]["autoshard"]
+        out.append(f"| {mk} | {e[0] * 1e3:.2f} | {a[0] * 1e3:.2f} | {a[0] / e[0]:.3f} | {e[1] * 1e3:.2f} | "
+                   f"{a[1] * 1e3:.2f} | {a[1] / e[1]:.3f} |")
+    return out
 
 
 if __name__ == "__main__":

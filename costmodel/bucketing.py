@@ -8,8 +8,10 @@ FSDP put many gradients in one flat buffer and pay one. autoshard's runtime
 does the same, and this module is where the two agree on it.
 
 **Which redistributions join a bucket.** A gradient edge (op -> ``grad:<fqn>``
-sink) whose redistribution is exactly one step, that step an ``all_reduce``,
-or a ``reduce_scatter`` whose destination is a plain shard (no strided shard).
+sink) whose redistribution is one ``all_reduce`` (possibly followed by local
+slices: ``P -> S`` as all-reduce-then-slice, which the planner picks where a
+reduce_scatter is dearer, as on gloo), or one ``reduce_scatter`` whose
+destination is a plain shard (no strided shard).
 Members of one bucket share the step's kind, mesh dims, reduce op and the
 gradient's dtype (the flat buffer has one dtype).
 
@@ -36,6 +38,18 @@ estimate is then recomputed from the real buckets (:func:`group_buckets`),
 so the plan reports what will run even where the solver's objective was an
 approximation.
 
+**Gather buckets** (FSDP2's per-layer all-gather): a parameter (leaf) whose
+redistribution to a reader is exactly one ``all_gather`` of plain shards is
+gathered again at every step; such gathers on the same mesh dims and dtype,
+taken in the order their readers run (the schedule's prefetch order), are
+issued as ONE all_gather of their shards concatenated (each member's shard
+moved and padded as its own step would, then flattened), a new bucket
+whenever ``cap`` bytes of gathered output would be passed. Unlike a gradient bucket, a gather bucket holds
+every member's gathered tensor from its issue until that member's reader:
+the plan's memory counts it (``autoshard.plan.schedule.prefetch_intervals``)
+and the assembler picks the cap (:data:`GATHER_CAPS`) whose simulated step is
+best within the memory limit.
+
 >>> bucket_share(4 * 2**20, 16 * 2**20)   # one of four equal gradients: a quarter of the latency
 0.25
 """
@@ -51,21 +65,30 @@ from costmodel.placements import StridedShard
 from costmodel.steps import RedistributePlan, RedistributeStep
 from hw_profiles import HardwareProfile
 
-__all__ = ["DEFAULT_BUCKET_BYTES", "Bucket", "bucket_share", "bucketable_step", "amortized_cost_s", "group_buckets"]
+__all__ = ["DEFAULT_BUCKET_BYTES", "GATHER_CAPS", "Bucket", "GatherBucket", "bucket_share", "bucketable_step",
+           "gatherable_step", "amortized_cost_s", "group_buckets", "group_gathers"]
 
 DEFAULT_BUCKET_BYTES = 25 * 2**20
 """DDP's default bucket cap."""
 
+GATHER_CAPS = (0, 2**20, 4 * 2**20, 16 * 2**20)
+"""Gather bucket caps (bytes of gathered output) the assembler tries; 0: none."""
+
 
 def bucketable_step(steps: Sequence[RedistributeStep]) -> RedistributeStep | None:
-    """The one step of a gradient redistribution that may join a bucket, or None."""
-    if len(steps) != 1:
+    """The collective of a gradient redistribution that may join a bucket, or None:
+    a single ``all_reduce``, an ``all_reduce`` followed only by local slices
+    (``P -> S`` where the planner found all-reduce-then-slice cheaper than a
+    reduce_scatter, as on gloo; each member slices after the bucket), or a single
+    ``reduce_scatter`` to a plain shard."""
+    if not steps:
         return None
     step = steps[0]
-    if step.collective == "all_reduce" and step.reduce_op is not None:
+    if step.collective == "all_reduce" and step.reduce_op is not None and all(
+            s.collective == "local_slice" for s in steps[1:]):
         return step
-    if (step.collective == "reduce_scatter" and step.reduce_op is not None and step.tensor_dim is not None
-            and not any(isinstance(p, StridedShard) for p in step.dst)):
+    if (len(steps) == 1 and step.collective == "reduce_scatter" and step.reduce_op is not None
+            and step.tensor_dim is not None and not any(isinstance(p, StridedShard) for p in step.dst)):
         return step
     return None
 
@@ -163,3 +186,93 @@ def group_buckets(
     # issue order: by the position of the first member, the same on every rank
     order = {name: i for i, (name, _, _) in enumerate(items)}
     return tuple(sorted(buckets, key=lambda b: order[b.members[0]]))
+
+
+def gatherable_step(steps: Sequence[RedistributeStep]) -> RedistributeStep | None:
+    """The one step of a leaf redistribution that may join a gather bucket: a
+    single ``all_gather`` whose source is a plain shard on its mesh dims."""
+    if len(steps) != 1 or steps[0].collective != "all_gather" or steps[0].tensor_dim is None:
+        return None
+    step = steps[0]
+    if not step.src or any(isinstance(step.src[d], StridedShard) for d in step.mesh_dims):
+        return None
+    return step
+
+
+@dataclass(frozen=True, slots=True)
+class GatherBucket:
+    """Leaf all-gathers issued as one collective (module docstring)."""
+
+    mesh_dims: tuple[int, ...]
+    dtype: str
+    members: tuple[tuple[str, str, int], ...]
+    """The gathers' edges (producer, reader, reader input), in buffer order."""
+    bytes: int
+    """Gathered output bytes, the members' step bytes summed."""
+    cost_s: float
+    """The one all_gather at ``bytes`` plus the members' re-layout copies."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"collective": "all_gather", "mesh_dims": list(self.mesh_dims), "dtype": self.dtype,
+                "members": [list(m) for m in self.members], "bytes": self.bytes, "cost_s": self.cost_s}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "GatherBucket":
+        try:
+            if data.get("collective", "all_gather") != "all_gather":
+                raise ValueError(f"collective {data['collective']!r} (a gather bucket is an all_gather)")
+            members = []
+            for m in data["members"]:
+                if not (isinstance(m, (list, tuple)) and len(m) == 3 and isinstance(m[2], int)):
+                    raise ValueError(f"member {m!r} is not [producer, reader, reader input]")
+                members.append((str(m[0]), str(m[1]), int(m[2])))
+            return cls(tuple(int(d) for d in data["mesh_dims"]), str(data["dtype"]), tuple(members),
+                       int(data["bytes"]), float(data.get("cost_s", 0.0)))
+        except KeyError as exc:
+            raise ValueError(f"gather bucket: missing field {exc.args[0]!r}") from None
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"gather bucket: bad field ({exc})") from None
+
+
+def group_gathers(
+    items: Sequence[tuple[tuple[str, str, int], str, Sequence[RedistributeStep]]],
+    mesh: MeshSpec,
+    profile: HardwareProfile,
+    cap: int,
+) -> tuple[GatherBucket, ...]:
+    """Gather buckets of leaf redistributions ``(edge, dtype, steps)`` given in
+    reader order: the gatherable items of one mesh-dim set and dtype, in that
+    order, a new bucket whenever adding one would pass ``cap`` gathered bytes;
+    buckets of one member are left out.
+
+    >>> from costmodel.placements import parse_placements as pp
+    >>> from hw_profiles import load
+    >>> st = RedistributeStep("all_gather", (0,), 4096, 1e-3, pp("S(0)"), pp("R"), tensor_dim=0)
+    >>> items = [(("param:a", "t", 0), "f32", [st]), (("param:b", "t_1", 0), "f32", [st])]
+    >>> [b.members for b in group_gathers(items, MeshSpec((2,)), load("cpu-gloo"), 2**20)]
+    [(('param:a', 't', 0), ('param:b', 't_1', 0))]
+    """
+    if cap <= 0:
+        return ()
+    runs: list[list[tuple[tuple[str, str, int], RedistributeStep]]] = []
+    open_: dict[tuple, list[tuple[tuple[str, str, int], RedistributeStep]]] = {}
+    for edge, dtype, steps in items:
+        step = gatherable_step(steps)
+        if step is None:
+            continue
+        key = (tuple(step.mesh_dims), dtype)
+        run = open_.get(key)
+        if run is None or sum(int(s.bytes) for _, s in run) + step.bytes > cap:
+            run = open_[key] = []
+            runs.append(run)
+        run.append((edge, step))
+    dtypes = {edge: dtype for edge, dtype, _ in items}
+    out = []
+    for run in runs:
+        if len(run) < 2:
+            continue
+        dims = tuple(run[0][1].mesh_dims)
+        nbytes = sum(int(s.bytes) for _, s in run)
+        cost = collective_time_s("all_gather", nbytes, dims, mesh, profile) + sum(s.relayout_s for _, s in run)
+        out.append(GatherBucket(dims, dtypes[run[0][0]], tuple(e for e, _ in run), nbytes, cost))
+    return tuple(out)

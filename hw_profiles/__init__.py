@@ -32,6 +32,7 @@ from hw_profiles.profile import (
     Efficiency,
     HardwareProfile,
     LoadRecord,
+    Overlap,
     Tier,
 )
 from hw_profiles.schema import SCHEMA, ProfileError, validate
@@ -51,6 +52,7 @@ __all__ = [
     "SOURCE_KINDS",
     "LoadRecord",
     "Calibration",
+    "Overlap",
     "available",
     "load",
     "load_dict",

@@ -43,6 +43,13 @@ load unchanged and price as before):
 * ``calibration.load``: the machine's load around a calibration, and whether
   it ran under foreign load (:class:`LoadRecord`).
 
+Optional ``overlap``: how well a collective in flight hides behind compute on
+this hardware (``costmodel.overlap``): ``contention`` in ``[0, 1]``, 0 when
+the collective runs on its own engines (GPUs: copy engines and NICs; the
+default when the key is absent), 1 when it needs the same resource as compute
+and overlap gains nothing (a CPU process group whose ranks share cores), with
+its ``source``.
+
 >>> p = HardwareProfile.from_dict(_EXAMPLE)
 >>> p.device.peak_flops_for("bf16"), p.interconnect[0].collective("all_gather").alpha_s
 (989000000000000.0, 1e-05)
@@ -68,6 +75,7 @@ __all__ = [
     "DeviceSpec",
     "LoadRecord",
     "Calibration",
+    "Overlap",
     "HardwareProfile",
 ]
 
@@ -509,6 +517,25 @@ class Calibration:
 
 
 @dataclass(frozen=True, slots=True)
+class Overlap:
+    """How a collective in flight slows the compute beside it (module docstring)."""
+
+    contention: float = 0.0
+    """0: full overlap; 1: overlap gains nothing (``costmodel.overlap``)."""
+    source: str = ""
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Overlap":
+        return cls(float(data["contention"]), str(data.get("source", "")))
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"contention": self.contention}
+        if self.source:
+            out["source"] = self.source
+        return out
+
+
+@dataclass(frozen=True, slots=True)
 class HardwareProfile:
     """A whole ``autoshard.hw_profile/1`` file."""
 
@@ -521,6 +548,13 @@ class HardwareProfile:
     """Innermost tier first; the last one has ``ranks`` None."""
     calibration: Calibration = Calibration()
     format: str = FORMAT
+    overlap: Overlap | None = None
+    """None: the file has no ``overlap`` key (full overlap, :attr:`contention` 0)."""
+
+    @property
+    def contention(self) -> float:
+        """The overlap contention factor (0 when the profile gives none)."""
+        return 0.0 if self.overlap is None else self.overlap.contention
 
     def __hash__(self) -> int:
         # Profiles key the planner's caches; hashing the whole tree on every
@@ -538,6 +572,7 @@ class HardwareProfile:
             interconnect=tuple(Tier.from_dict(t) for t in data["interconnect"]),
             calibration=Calibration.from_dict(data.get("calibration", {})),
             format=str(data["format"]),
+            overlap=None if data.get("overlap") is None else Overlap.from_dict(data["overlap"]),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -549,6 +584,8 @@ class HardwareProfile:
             "device": self.device.to_dict(),
             "interconnect": [t.to_dict() for t in self.interconnect],
             "calibration": self.calibration.to_dict(),
+            # written only when given, so that profiles without it keep their fingerprints
+            **({"overlap": self.overlap.to_dict()} if self.overlap is not None else {}),
         }
 
     def tier(self, name: str) -> Tier:

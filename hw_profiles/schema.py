@@ -200,6 +200,17 @@ SCHEMA: dict[str, Any] = {
                 "additionalProperties": False,
             },
         },
+        "overlap": {
+            "type": "object",
+            "required": ["contention"],
+            "properties": {
+                "contention": {"type": "number", "minimum": 0, "maximum": 1,
+                               "description": "0: a collective in flight hides fully behind compute; 1: overlap "
+                                              "gains nothing (costmodel.overlap)."},
+                "source": {"type": "string"},
+            },
+            "additionalProperties": False,
+        },
         "calibration": {
             "type": "object",
             "properties": {

@@ -11,16 +11,27 @@ profile) - and nothing else. ``build.plan_from_solution`` extracts it from a
 :class:`PlanRequest` (the ``"autoshard"`` section of ``autoshard solve
 --dump-problem``, and the body of ``POST /v1/plans``) carries it as JSON.
 
-The estimate is the solver's objective taken apart: compute (every node's
-cost at its chosen strategy, optimizer update included; the problem's node
-cost is the graph's ``compute_s``) plus, for every edge with a non-zero cost
-at the chosen pair, the planner's steps between the chosen placements, split
-into collectives and local re-layouts, with every gradient bucket's one
-collective in place of its members' steps (``costmodel.bucketing``), plus
-the recomputation (a recomputed op's compute and its input redistributions
-once more: ``recompute_s``). Peak memory is counted exactly for the chosen
-placements (:mod:`autoshard.plan.exact_memory`): the redistributed copies
-and bucket payloads that really happen, where the program charged a bound.
+The estimate: compute (every node's cost at its chosen strategy, optimizer
+update included; the problem's node cost is the graph's ``compute_s``), for
+every edge with a non-zero cost at the chosen pair the planner's steps
+between the chosen placements, split into collectives and local re-layouts,
+with every gradient bucket's one collective in place of its members' steps
+(``costmodel.bucketing``; buckets filled in the order gradients are made, so
+that the first one can be reduced while the backward goes on), and the
+recomputation (a recomputed op's compute and its input redistributions once
+more: ``recompute_s``). The step time is not their sum: the plan's schedule
+(``autoshard.plan.schedule``: where each collective is issued and waited) is
+simulated on a compute and a communication stream (``costmodel.overlap``,
+with the profile's contention), and only what the compute stream waits for
+adds to it; the recomputation's input redistributions are counted as
+exposed (they run just before the block's backward needs them). The prefetch
+depth of parameter gathers and the cap of gather buckets (consecutive
+parameter all-gathers issued as one, ``costmodel.bucketing``) are the ones
+whose simulated step is best among those whose peak memory fits the limit.
+Peak memory is counted exactly for the chosen placements
+(:mod:`autoshard.plan.exact_memory`: the redistributed copies and bucket
+payloads that really happen, where the program charged a bound), plus what
+prefetched and bucketed gathers hold early.
 
 >>> from hw_profiles import load
 >>> from costmodel.mesh import MeshSpec
@@ -34,7 +45,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from costmodel.bucketing import group_buckets
+from costmodel.bucketing import GATHER_CAPS, group_buckets, group_gathers
 from costmodel.mesh import MeshSpec
 from costmodel.placements import Placement, PlacementParseError, parse_placements
 from costmodel.redistribute import plan_redistribute
@@ -45,9 +56,18 @@ from solver.solution import Solution
 from autoshard.plan.exact_memory import RECOMPUTE, exact_timeline, keep_choice, state_of, timeline_peak
 from autoshard.plan.tidy_states import tidy_states
 from autoshard.plan.format import Estimate, Fingerprint, Plan, PlanError, PlanNode, Redistribution, SolverReport
+from autoshard.plan.schedule import Schedule, build_schedule, leaf_gathers, prefetch_intervals, simulate_schedule
 
 __all__ = ["ASSEMBLY_FORMAT", "REQUEST_FORMAT", "AssemblyError", "StrategyPlacements", "AssemblyNode",
-           "AssemblyEdge", "AssemblyGraph", "PlanRequest", "assemble_plan", "placement_text", "memory_timeline"]
+           "AssemblyEdge", "AssemblyGraph", "PlanRequest", "assemble_plan", "placement_text", "memory_timeline",
+           "PREFETCH_DEPTHS", "StepPricing", "price_schedule"]
+
+PREFETCH_DEPTHS = (0, 1, 2, 4, 8)
+"""Prefetch depths the assembler tries (``autoshard.plan.schedule``)."""
+
+PREFETCH_GAIN = 1e-3
+"""A deeper prefetch is taken only if it shortens the simulated step by this
+fraction: holding gathered parameters longer for nothing is a cost too."""
 
 ASSEMBLY_FORMAT = "autoshard.assembly/1"
 REQUEST_FORMAT = "autoshard.plan_request/1"
@@ -334,6 +354,82 @@ def memory_timeline(problem: Problem, choice: tuple[int, ...]) -> tuple[tuple[in
     return tuple(out) or ((0, always),)
 
 
+@dataclass(frozen=True, slots=True)
+class StepPricing:
+    """What the assembler needs to simulate a plan's step, besides the plan's collectives."""
+
+    node_names: tuple[str, ...]
+    """The op nodes in order (schedule positions)."""
+    op_compute_s: tuple[float, ...]
+    """Compute of each op at its chosen strategy."""
+    tail_s: float
+    """The optimizer step (every non-op node's cost)."""
+    times: tuple[int, ...]
+    """Each position on the problem's time axis (``memory_timeline``), ``N + 1`` entries."""
+    contention: float
+    memory_limit: float | None
+
+
+def step_pricing(graph: AssemblyGraph, problem: Problem, choice: Sequence[int]) -> StepPricing:
+    """:class:`StepPricing` of ``choice``."""
+    ops = [i for i, n in enumerate(graph.nodes) if n.kind == "op"]
+    compute = tuple(float(problem.nodes[i].cost[choice[i]]) for i in ops)
+    tail = float(sum(problem.nodes[i].cost[k] for i, k in enumerate(choice))) - sum(compute)
+    times = [problem.nodes[i].live[0] if problem.nodes[i].live is not None else 0 for i in ops]
+    ends = [n.live[1] - 1 for n in problem.nodes if n.live is not None and n.live[1] > n.live[0]]
+    times.append(max([t + 1 for t in times] + ends, default=0))
+    return StepPricing(tuple(graph.nodes[i].name for i in ops), compute, max(0.0, tail), tuple(times),
+                       graph.profile.contention, problem.memory_limit)
+
+
+def _peak_with_prefetch(timeline: Sequence[tuple[int, float]], extra: Sequence[tuple[int, int, float]]) -> float:
+    """Peak of ``timeline`` (a step function: ``(t, level)`` from t on) plus
+    ``extra`` bytes over ``[start, end)`` time intervals."""
+    points = sorted({t for t, _ in timeline} | {t for s, e, _ in extra for t in (s, e)})
+    peak, k, level = 0.0, -1, timeline[0][1] if timeline else 0.0
+    for t in points:
+        while k + 1 < len(timeline) and timeline[k + 1][0] <= t:
+            k += 1
+            level = timeline[k][1]
+        peak = max(peak, level + sum(b for s, e, b in extra if s <= t < e))
+    return peak
+
+
+def price_schedule(pricing: StepPricing, redistributions: Sequence[Redistribution], buckets: Sequence[Any],
+                   timeline: Sequence[tuple[int, float]], *, mesh: MeshSpec, profile: HardwareProfile,
+                   dtypes: Mapping[tuple[str, str, int], str], prefetch: int | None = None,
+                   gather_cap: int | None = None) -> tuple[Schedule, Any, float, tuple[Any, ...]]:
+    """(schedule, simulation, peak memory, gather buckets) of the plan's
+    collectives: with the given ``prefetch`` depth and ``gather_cap``, or the
+    best of :data:`PREFETCH_DEPTHS` x ``costmodel.bucketing.GATHER_CAPS` that
+    fits the memory limit (the first, no prefetch and no gather buckets, when
+    none fits). A candidate replaces the best so far only when it shortens the
+    simulated step by :data:`PREFETCH_GAIN`."""
+    depths = PREFETCH_DEPTHS if prefetch is None else (prefetch,)
+    caps = GATHER_CAPS if gather_cap is None else (gather_cap,)
+    leaf = [((r.tensor, r.to, r.input_index), r) for r in leaf_gathers(pricing.node_names, redistributions, buckets)]
+    items = [(edge, dtypes.get(edge, ""), r.steps) for edge, r in leaf]
+    best = None
+    base_peak = max((b for _, b in timeline), default=0.0)
+    for cap in caps:
+        gathers = group_gathers(items, mesh, profile, cap)
+        if cap and not gathers:
+            continue
+        for depth in depths:
+            schedule = build_schedule(pricing.node_names, redistributions, buckets, prefetch=depth, gathers=gathers)
+            sim = simulate_schedule(schedule, pricing.op_compute_s, redistributions, buckets, tail_s=pricing.tail_s,
+                                    contention=pricing.contention, gathers=gathers)
+            extra = [(pricing.times[i], pricing.times[w], float(b))
+                     for i, w, b in prefetch_intervals(schedule, redistributions, gathers, pricing.node_names)]
+            peak = _peak_with_prefetch(timeline, extra) if extra else base_peak
+            fits = pricing.memory_limit is None or peak <= pricing.memory_limit
+            if best is None:
+                best = (schedule, sim, peak, gathers)
+            elif fits and sim.step_s < best[1].step_s * (1 - PREFETCH_GAIN):
+                best = (schedule, sim, peak, gathers)
+    return best
+
+
 def assemble_plan(
     graph: AssemblyGraph,
     problem: Problem,
@@ -358,6 +454,8 @@ def assemble_plan(
     comm = relayout = 0.0
     redistributions = []
     copies = []  # (edge, reader placement, reader recomputed): the copies a redistribution makes
+    dtypes: dict[tuple[str, str, int], str] = {}
+    recompute_comm = 0.0  # the recomputation's input redistributions (not in the simulated schedule)
     grads = []  # (sink, dtype, steps, comm_s) of gradient redistributions, for the buckets
     for j, (e, pe) in enumerate(zip(graph.edges, problem.edges)):
         a, b = choice[e.src], choice[e.dst]
@@ -373,26 +471,40 @@ def assemble_plan(
         relayout += steps.local_s
         if e.dst in recomputed:  # the reader's input is redistributed again for the recomputation (C2)
             recompute_s += steps.cost_s
+            recompute_comm += steps.cost_s
         if steps.steps and src != dst:
             copies.append((j, dst, e.dst in recomputed))
         redistributions.append(Redistribution(
             tensor=u.name, to=v.name, input_index=e.dst_input, output_index=e.src_output,
             src=placement_text(src), dst=placement_text(dst), steps=steps.steps, cost_s=steps.cost_s,
         ))
+        dtypes[(u.name, v.name, e.dst_input)] = e.dtype
         if v.kind == "grad":
-            grads.append((v.name, e.dtype, steps.steps, steps.comm_s))
+            grads.append((e.src, v.name, e.dtype, steps.steps, steps.comm_s))
     # a bucket issues one collective in place of its members' steps: the
-    # estimate counts what runs (costmodel.bucketing)
-    buckets = group_buckets([g[:3] for g in grads], graph.mesh, graph.profile, graph.bucket_bytes)
+    # estimate counts what runs (costmodel.bucketing). Gradients join buckets
+    # in the order the backward makes them (producer order), so a bucket is
+    # complete, and issued, as early as possible.
+    grads.sort(key=lambda g: g[0])
+    buckets = group_buckets([g[1:4] for g in grads], graph.mesh, graph.profile, graph.bucket_bytes)
     if buckets:
         members = {m for b in buckets for m in b.members}
-        comm += sum(b.cost_s for b in buckets) - sum(g[3] for g in grads if g[0] in members)
+        comm += sum(b.cost_s for b in buckets) - sum(g[4] for g in grads if g[1] in members)
     timeline = exact_timeline(graph, problem, choice, copies, buckets)
-    peak = timeline_peak(timeline)
     without = None
     if recomputed:
         without = timeline_peak(exact_timeline(graph, problem, keep_choice(graph, choice), copies, buckets,
                                                recomputed=False))
+    # the simulation runs every op at its problem cost: a recomputed op's holds its forward twice
+    pricing = step_pricing(graph, problem, choice)
+    schedule, sim, peak, gathers = price_schedule(pricing, redistributions, buckets, timeline, mesh=graph.mesh,
+                                                  profile=graph.profile, dtypes=dtypes)
+    if gathers:  # a gather bucket issues one collective in place of its members' steps
+        gathered = {m for g in gathers for m in g.members}
+        comm += sum(g.cost_s for g in gathers) - sum(
+            s.cost_s for r in redistributions if (r.tensor, r.to, r.input_index) in gathered for s in r.steps)
+    step = sim.step_s + recompute_comm
+    exposed = max(0.0, step - compute - relayout - recompute_s)
 
     def chosen(i: int) -> str | None:
         return placement_text(graph.nodes[i].strategies[choice[i]].output_placements[0])
@@ -418,9 +530,9 @@ def assemble_plan(
         buffers={name: chosen(i) for name, i in graph.buffers.items()},
         nodes=nodes,
         redistributions=tuple(redistributions),
-        estimate=Estimate(step_s=compute + comm + relayout + recompute_s, compute_s=compute, comm_s=comm,
-                          relayout_s=relayout, peak_memory_bytes=peak, memory_limit_bytes=problem.memory_limit,
-                          recompute_s=recompute_s, peak_without_recompute_bytes=without),
+        estimate=Estimate(step_s=step, compute_s=compute, comm_s=comm, relayout_s=relayout,
+                          peak_memory_bytes=peak, memory_limit_bytes=problem.memory_limit,
+                          recompute_s=recompute_s, peak_without_recompute_bytes=without, exposed_comm_s=exposed),
         solver=SolverReport(backend=solution.backend, status=solution.status.value, gap=gap,
                             seconds=round(solution.seconds, 4), problem_nodes=problem.num_nodes,
                             problem_edges=problem.num_edges, reduced_nodes=reduced, timings=dict(timings or {})),
@@ -430,6 +542,8 @@ def assemble_plan(
         buckets=buckets,
         constants={name: chosen(i) for name, i in graph.constants.items()},
         recompute=tuple(graph.nodes[i].name for i in sorted(recomputed)),
+        gather_buckets=gathers,
+        schedule=schedule,
     )
 
 

@@ -4,20 +4,22 @@ Human-readable, diffable, versioned JSON (never pickled), as in DESIGN.md:
 ``fingerprint``, per-parameter and per-input placements, per-node strategies,
 every redistribution with its collective steps, the estimate and the solver's
 report. Extra keys (``buffers``, ``constants``, ``param_aliases``, ``options``,
-``baseline``, ``buckets``) carry what the runtime and ``autoshard explain``
-need; ``constants`` (the placements of the tensors the forward makes from
-Python data, ``autoshard.trace.TracedGraph.constants``) is written only when
-the graph has some, so plans of other models are unchanged. A bucket
-(``costmodel.bucketing.Bucket``) lists gradient sinks whose one-step
+``baseline``, ``buckets``, ``schedule``) carry what the runtime and
+``autoshard explain`` need; ``constants`` (the placements of the tensors the
+forward makes from Python data, ``autoshard.trace.TracedGraph.constants``) is
+written only when the graph has some, so plans of other models are unchanged.
+A bucket (``costmodel.bucketing.Bucket``) lists gradient sinks whose one-step
 reductions the runtime issues as one collective instead of their own steps.
-``recompute`` lists the op nodes whose forward the backward recomputes
-(``autoshard.graph.recompute``; empty when none), each node names its
-checkpoint region (``region``: the repeated block whose forward it is), and
-the estimate reports the recomputation's time (``recompute_s``) and the peak
-the same placements would reach without it. A ``recompute`` entry must name
-a node of the plan that can be replayed (:func:`recompute_problem`: no
-random op other than dropout, no op with side effects), checked torch-free
-at load.
+The schedule (``autoshard.plan.schedule``) says where each collective is
+issued and waited; it is checked against the plan's nodes, redistributions
+and buckets when the plan is read. ``recompute`` lists the op nodes whose
+forward the backward recomputes (``autoshard.graph.recompute``; empty when
+none), each node names its checkpoint region (``region``: the repeated block
+whose forward it is), and the estimate reports the recomputation's time
+(``recompute_s``) and the peak the same placements would reach without it. A
+``recompute`` entry must name a node of the plan that can be replayed
+(:func:`recompute_problem`: no random op other than dropout, no op with side
+effects), checked torch-free at load.
 
 Loading checks the fingerprint against the model, mesh and profile in hand
 and names the part that differs; ``allow_profile_change`` accepts a plan
@@ -37,9 +39,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
-from costmodel.bucketing import Bucket
+from costmodel.bucketing import Bucket, GatherBucket
 from costmodel.steps import RedistributeStep, StepError
 from hw_profiles.json_input import parse_json
+
+from autoshard.plan.schedule import Schedule, ScheduleError, check_schedule
 
 __all__ = ["FORMAT", "PlanError", "Fingerprint", "PlanNode", "Redistribution", "Estimate", "SolverReport", "Plan",
            "recompute_problem"]
@@ -215,17 +219,24 @@ class Estimate:
     :attr:`compute_s` or :attr:`comm_s`)."""
     peak_without_recompute_bytes: float | None = None
     """The peak of the same placements with nothing recomputed (None: nothing is)."""
+    exposed_comm_s: float | None = None
+    """The part of ``comm_s`` the step pays: ``step_s - compute_s - relayout_s``
+    of the two-stream simulation of the plan's schedule (``costmodel.overlap``);
+    None in plans priced before schedules (``step_s`` is then the plain sum)."""
 
     @property
     def fits(self) -> bool:
         return self.memory_limit_bytes is None or self.peak_memory_bytes <= self.memory_limit_bytes
 
     def to_dict(self) -> dict[str, Any]:
-        return {"step_s": self.step_s, "compute_s": self.compute_s, "comm_s": self.comm_s,
-                "relayout_s": self.relayout_s, "recompute_s": self.recompute_s,
-                "peak_memory_bytes": self.peak_memory_bytes,
-                "peak_without_recompute_bytes": self.peak_without_recompute_bytes,
-                "memory_limit_bytes": self.memory_limit_bytes}
+        out = {"step_s": self.step_s, "compute_s": self.compute_s, "comm_s": self.comm_s,
+               "relayout_s": self.relayout_s, "recompute_s": self.recompute_s,
+               "peak_memory_bytes": self.peak_memory_bytes,
+               "peak_without_recompute_bytes": self.peak_without_recompute_bytes,
+               "memory_limit_bytes": self.memory_limit_bytes}
+        if self.exposed_comm_s is not None:
+            out["exposed_comm_s"] = self.exposed_comm_s
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "Estimate":
@@ -233,7 +244,8 @@ class Estimate:
         return cls(*(float(_need(data, k, "estimate")) for k in ("step_s", "compute_s", "comm_s")),
                    float(data.get("relayout_s", 0.0)), float(_need(data, "peak_memory_bytes", "estimate")),
                    None if data.get("memory_limit_bytes") is None else float(data["memory_limit_bytes"]),
-                   float(data.get("recompute_s", 0.0)), None if without is None else float(without))
+                   float(data.get("recompute_s", 0.0)), None if without is None else float(without),
+                   None if data.get("exposed_comm_s") is None else float(data["exposed_comm_s"]))
 
 
 @dataclass(frozen=True, slots=True, init=False)
@@ -328,6 +340,12 @@ class Plan:
     """Tensor constant of the graph (``_tensor_constant0``) -> placement; each rank holds its slice."""
     recompute: tuple[str, ...] = ()
     """Op nodes whose forward the backward recomputes, in graph order (empty: none)."""
+    gather_buckets: tuple[GatherBucket, ...] = ()
+    """Parameter all-gathers issued as one collective each (``costmodel.bucketing``;
+    their members' redistributions keep their steps for reading)."""
+    schedule: Schedule | None = None
+    """Issue and wait position of every collective (``autoshard.plan.schedule``);
+    None in plans written before schedules (the runtime then builds the default one)."""
 
     def to_dict(self) -> dict[str, Any]:
         data = {
@@ -345,6 +363,8 @@ class Plan:
             "memory_timeline": [list(p) for p in self.memory_timeline],
             "buckets": [b.to_dict() for b in self.buckets],
             "recompute": list(self.recompute),
+            **({"gather_buckets": [g.to_dict() for g in self.gather_buckets]} if self.gather_buckets else {}),
+            **({"schedule": self.schedule.to_dict()} if self.schedule is not None else {}),
         }
         if self.constants:  # absent for graphs without constants: their plans stay as they were
             data["constants"] = dict(self.constants)
@@ -372,8 +392,18 @@ class Plan:
                 memory_timeline=tuple((int(t), float(b)) for t, b in data.get("memory_timeline", [])),
                 buckets=tuple(_bucket(b, f"buckets[{i}]") for i, b in enumerate(data.get("buckets", []))),
                 constants={str(k): _placement_text(v, f"constants.{k}") for k, v in data.get("constants", {}).items()},
+                gather_buckets=tuple(_gather(g, f"gather_buckets[{i}]")
+                                     for i, g in enumerate(data.get("gather_buckets", []))),
+                schedule=None if data.get("schedule") is None else Schedule.from_dict(data["schedule"]),
             )
-            return replace(plan, recompute=_recompute_list(data.get("recompute", []), plan.nodes))
+            plan = replace(plan, recompute=_recompute_list(data.get("recompute", []), plan.nodes))
+            _check_gathers(plan)
+            if plan.schedule is not None:
+                check_schedule(plan.schedule, [n.name for n in plan.nodes], plan.redistributions, plan.buckets,
+                               gathers=plan.gather_buckets)
+            return plan
+        except ScheduleError as exc:
+            raise PlanError(str(exc)) from None
         except (TypeError, ValueError, AttributeError) as exc:
             if isinstance(exc, PlanError):
                 raise
@@ -437,6 +467,33 @@ def _bucket(data: Any, where: str) -> Bucket:
         return Bucket.from_dict(data)
     except ValueError as exc:
         raise PlanError(f"{where}: {exc}") from None
+
+
+def _gather(data: Any, where: str) -> GatherBucket:
+    if not isinstance(data, Mapping):
+        raise PlanError(f"{where}: expected an object")
+    try:
+        return GatherBucket.from_dict(data)
+    except ValueError as exc:
+        raise PlanError(f"{where}: {exc}") from None
+
+
+def _check_gathers(plan: Plan) -> None:
+    """Every gather bucket member is a redistribution of exactly one all_gather
+    on the bucket's mesh dims, and in one bucket only."""
+    from costmodel.bucketing import gatherable_step
+
+    by_edge = {(r.tensor, r.to, r.input_index): r for r in plan.redistributions}
+    seen: set[tuple[str, str, int]] = set()
+    for i, bucket in enumerate(plan.gather_buckets):
+        for member in bucket.members:
+            r = by_edge.get(member)
+            step = gatherable_step(r.steps) if r is not None else None
+            if step is None or tuple(step.mesh_dims) != bucket.mesh_dims or member in seen:
+                raise PlanError(f"gather_buckets[{i}]: {member[0]} -> {member[1]} (input {member[2]}) is not a "
+                                f"redistribution of one all_gather over mesh dims {list(bucket.mesh_dims)} (or is in "
+                                "two buckets)")
+            seen.add(member)
 
 
 def _placement_text(value: Any, where: str) -> str:

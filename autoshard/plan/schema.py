@@ -157,6 +157,26 @@ _BUCKET = {
     "additionalProperties": False,
 }
 
+_GATHER_BUCKET = {
+    "type": "object",
+    "required": ["mesh_dims", "dtype", "members", "bytes"],
+    "properties": {
+        "collective": {"const": "all_gather"},
+        "mesh_dims": {"type": "array", "minItems": 1, "items": _INDEX},
+        "dtype": {"type": "string"},
+        "members": {
+            "type": "array",
+            "minItems": 1,
+            "items": {"type": "array", "prefixItems": [{"type": "string"}, {"type": "string"}, _INDEX],
+                      "minItems": 3, "maxItems": 3},
+            "description": "[producer, reader, reader input] of each leaf all_gather, in buffer order.",
+        },
+        "bytes": _INDEX,
+        "cost_s": _SECONDS,
+    },
+    "additionalProperties": False,
+}
+
 _ESTIMATE = {
     "type": "object",
     "required": ["step_s", "compute_s", "comm_s", "peak_memory_bytes"],
@@ -166,10 +186,43 @@ _ESTIMATE = {
         "comm_s": _SECONDS,
         "relayout_s": _SECONDS,
         "recompute_s": {**_SECONDS, "description": "Recomputed ops' compute and input redistributions, again."},
+        "exposed_comm_s": {**_SECONDS, "description": "The part of comm_s the step pays (not hidden behind compute "
+                                                      "in the simulated schedule)."},
         "peak_memory_bytes": _BYTES,
         "peak_without_recompute_bytes": {"type": ["number", "null"], "minimum": 0,
                                          "description": "The peak of the same placements without recomputation."},
         "memory_limit_bytes": {"type": ["number", "null"], "minimum": 0},
+    },
+    "additionalProperties": False,
+}
+
+_SCHEDULE_ITEM = {
+    "type": "object",
+    "required": ["issue", "wait"],
+    "properties": {
+        "edge": {
+            "type": "array",
+            "prefixItems": [{"type": "string"}, {"type": "string"}, _INDEX],
+            "minItems": 3,
+            "maxItems": 3,
+            "description": "[producer, reader, reader input] of a redistribution.",
+        },
+        "bucket": {**_INDEX, "description": "Index of a gradient bucket in buckets."},
+        "gather": {**_INDEX, "description": "Index of a gather bucket in gather_buckets."},
+        "issue": {**_INDEX, "description": "Position where it is issued (before op nodes[issue])."},
+        "wait": {**_INDEX, "description": "Position where it is waited (>= issue; len(nodes): before the optimizer)."},
+    },
+    "oneOf": [{"required": ["edge"]}, {"required": ["bucket"]}, {"required": ["gather"]}],
+    "additionalProperties": False,
+}
+
+_SCHEDULE = {
+    "type": "object",
+    "required": ["positions", "prefetch", "collectives"],
+    "properties": {
+        "positions": {**_INDEX, "description": "Number of op nodes; positions run over 0..positions."},
+        "prefetch": {**_INDEX, "description": "Prefetch depth of parameter (leaf) gathers."},
+        "collectives": {"type": "array", "items": _SCHEDULE_ITEM, "description": "In issue order."},
     },
     "additionalProperties": False,
 }
@@ -230,6 +283,10 @@ PLAN_SCHEMA: dict[str, Any] = {
         "buckets": {"type": "array", "items": _BUCKET},
         "recompute": {"type": "array", "items": {"type": "string"}, "uniqueItems": True,
                       "description": "Op nodes whose forward the backward recomputes (empty: none)."},
+        "gather_buckets": {"type": "array", "items": _GATHER_BUCKET,
+                           "description": "Parameter (leaf) all-gathers issued as one collective each."},
+        "schedule": {**_SCHEDULE, "description": "Where each collective is issued and waited (per rank, the same "
+                                                 "on every rank)."},
     },
     "additionalProperties": False,
     "$defs": {"placement": PLACEMENT},

@@ -33,6 +33,8 @@ from autoshard.graph.recompute_policy import parse_policy
 from autoshard.plan.baselines import applicable_baselines, baseline_allowed, baseline_pins
 from autoshard.plan.build import make_fingerprint, plan_from_solution
 from autoshard.plan.format import Fingerprint, Plan
+from autoshard.plan.gather_pricing import gather_amortized_problem
+from autoshard.plan.overlap_pricing import edge_slack, overlap_problem, overlap_worthwhile
 from autoshard.plan.pins import resolve_pins
 from autoshard.trace import TracedGraph, trace_joint
 
@@ -43,6 +45,13 @@ log = logging.getLogger(__name__)
 
 PORTFOLIO_SHARE = 0.2
 """Share of the time limit kept for the expert layouts (``_best_of_baselines``)."""
+
+OVERLAP_ROUNDS = 2
+"""Solves after the first one with gradient and parameter-gather edges priced at
+their exposed time (``autoshard.plan.overlap_pricing``)."""
+
+OVERLAP_FIRST_SHARE = 0.6
+"""Share of the solve time the first solve gets when overlap rounds follow."""
 
 PLAN_GAP = 1e-6
 """Relative gap at which a plan counts as optimal: a millionth of the step
@@ -159,6 +168,7 @@ def solve_prepared(
     progress: Progress | None = None,
     server: str | None = None,
     recompute: str = "auto",
+    overlap_rounds: int = OVERLAP_ROUNDS,
 ) -> Plan:
     """Solve a prepared graph. ``memory_limit`` defaults to the profile's device
     memory; ``baseline`` (``ddp``, ``fsdp``, ``tp``, ``fsdp+tp``) adds its pins
@@ -186,6 +196,9 @@ def solve_prepared(
     all_pins.update(pins or {})
     problem = to_problem(graph, memory_limit=limit, pins=resolve_pins(graph, all_pins), ties=ties,
                          recompute=recompute, allowed=allowed)
+    amortize = getattr(graph, "bucket_bytes", 0) > 0  # the runtime gathers parameters in buckets too
+    if amortize:
+        problem = gather_amortized_problem(graph, problem)
     start = time.perf_counter()
 
     def on_event(event: dict[str, Any]) -> None:
@@ -199,13 +212,20 @@ def solve_prepared(
     options = {**prep.options, "ties": ties, "pins": dict(pins or {}), "memory_limit_bytes": limit,
                "baseline": baseline, "time_limit_s": time_limit, "backend": backend, "recompute": recompute}
     remote = None
+    rounds = overlap_rounds if server is None and overlap_worthwhile(graph.profile.contention) else 0
+    first = OVERLAP_FIRST_SHARE if rounds else 1.0
+    deadline = start + time_limit * (1 - share)
     if server is not None:
         remote, solution = _solve_on_server(server, prep, problem, options, time_limit * (1 - share), backend,
                                             progress)
     else:
-        solution = _solve_local(graph, problem, recompute, time_limit * (1 - share), backend, on_event,
-                                lambda: to_problem(graph, memory_limit=limit, pins=problem.pins, ties=ties,
-                                                   recompute="none", allowed=allowed))
+        def without() -> Any:  # the same problem, every activation kept
+            kept = to_problem(graph, memory_limit=limit, pins=problem.pins, ties=ties, recompute="none",
+                              allowed=allowed)
+            return gather_amortized_problem(graph, kept) if amortize else kept
+
+        solution = _solve_local(graph, problem, recompute, time_limit * (1 - share) * first, backend, on_event,
+                                without)
     if solution.status is not Status.INFEASIBLE and not solution.choice and portfolio:
         # the search ran out of time before any choice fit: the expert layouts (with the
         # recomputation policies) may still give one
@@ -230,6 +250,8 @@ def solve_prepared(
                                   timings=timings)
         plan = replace(plan, solver=replace(plan.solver, timings={**timings,
                                                                   "plan_s": round(time.perf_counter() - t, 4)}))
+        if rounds:
+            plan = _overlap_rounds(prep, problem, solution, plan, rounds, deadline, backend)
     if portfolio and solution.status is not Status.OPTIMAL:
         plan = _best_of_baselines(prep, plan, limit, time_limit * share, backend, tp_table, server, recompute)
     if progress:
@@ -258,6 +280,39 @@ def _solve_local(graph: StrategyGraph, problem: Any, recompute: str, time_limit:
     stats = {**solution.stats, "without_recompute": {"status": warm.status.value, "cost": warm.cost,
                                                      "seconds": round(warm.seconds, 4)}}
     return replace(solution, seconds=time.perf_counter() - start, stats=stats)
+
+
+def _overlap_rounds(prep: Prepared, problem: Any, solution: Any, plan: Plan, rounds: int, deadline: float,
+                    backend: str) -> Plan:
+    """Solve again with overlap-priced edges until the choice repeats (module
+    ``autoshard.plan.overlap_pricing``); the plan with the best simulated step."""
+    from autoshard.plan.build import assembly_graph
+
+    graph = prep.graph
+    assembly = assembly_graph(graph)
+    best, best_round = plan, 0
+    previous, previous_plan = tuple(solution.choice), plan
+    ran = 0
+    for r in range(rounds):
+        remaining = deadline - time.perf_counter()
+        if remaining <= 0.5:
+            break
+        slack = edge_slack(assembly, problem, previous, previous_plan)
+        priced = overlap_problem(problem, slack, graph.profile.contention)
+        again = solve_problem(priced, backend=backend, time_limit=remaining / (rounds - r), gap=PLAN_GAP,
+                              initial=list(previous))
+        ran += 1
+        if again.status is Status.INFEASIBLE or not again.choice or tuple(again.choice) == previous:
+            break
+        candidate = plan_from_solution(graph, problem, again, fingerprint=prep.fingerprint, options=plan.options,
+                                       timings=plan.solver.timings)
+        if candidate.estimate.step_s < best.estimate.step_s:
+            best, best_round = candidate, r + 1
+        previous, previous_plan = tuple(again.choice), candidate
+    if best is not plan:
+        log.info("overlap round %d: simulated step %.6g s (first solve %.6g s)", best_round, best.estimate.step_s,
+                 plan.estimate.step_s)
+    return replace(best, options={**best.options, "overlap_rounds": ran, "overlap_round": best_round})
 
 
 def _solve_on_server(server: str, prep: Prepared, problem: Any, options: Mapping[str, Any], time_limit: float,

@@ -204,6 +204,7 @@ def autoshard(
     trace_collectives: bool | None = None,
     allow_profile_change: bool = False,
     recompute: str = "auto",
+    compile: bool = False,
 ) -> ShardedModule:
     """``model`` sharded on ``mesh`` by a plan solved on rank 0 (module docstring).
 
@@ -223,7 +224,8 @@ def autoshard(
     with the plan's shape and dim names (:mod:`autoshard.runtime.mesh_choice`;
     ``time_limit`` is the whole search's). ``recompute``: the recomputation
     policy passed to :func:`autoshard.solve` (``auto``, ``none``, ``full``,
-    ``selective``, ``every:K``).
+    ``selective``, ``every:K``). ``compile``: compile the per-rank step with
+    inductor (``ShardedModule``).
 
     Raises :class:`MeshSizeError` when the mesh is not the whole job,
     :class:`~autoshard.plan.format.PlanError` for a plan of another model,
@@ -246,7 +248,7 @@ def autoshard(
             model, example_inputs, devices=devices, devices_per_node=devices_per_node, profile=profile,
             memory_limit=memory_limit, pins=pins, time_limit=time_limit, plan=plan, cache_dir=cache_dir,
             local_inputs=local_inputs, trace_collectives=trace_collectives, allow_profile_change=allow_profile_change,
-            recompute=recompute)
+            recompute=recompute, compile=compile)
     if devices is not None or devices_per_node is not None:
         raise TypeError("autoshard: devices / devices_per_node choose a mesh: pass them with mesh=None, not with a mesh")
     world = dist.get_world_size()
@@ -301,6 +303,6 @@ def autoshard(
 
     # 5. shard (load-time checks are deterministic: every rank passes or fails alike)
     sharded = ShardedModule(model, mesh, received, example_inputs, local_inputs=local_inputs,
-                            trace_collectives=trace_collectives, traced=traced)
+                            trace_collectives=trace_collectives, traced=traced, compile=compile)
     sharded.plan_source = _SOURCES[code]
     return sharded

@@ -16,10 +16,21 @@ group the runtime uses gets the default process group's timeout (mesh-dim and
 flattened groups are otherwise created with torch's 30-minute default), so a
 rank that fails mid-step fails the others within the timeout the user chose.
 
+Asynchronous: every collective is issued as a ``_c10d_functional`` op (the
+ops under ``torch.distributed._functional_collectives``), which returns at
+once while gloo runs it on its own thread (NCCL on its own stream); the
+result may be read only after :meth:`MeshComm.wait` (``wait_tensor``). The
+runtime issues and waits where the plan's schedule says
+(``autoshard.plan.schedule``). The raw ops are called rather than the
+``funcol`` wrappers because those wait at once under tracing (``make_fx``,
+``torch.compile``), which would put every wait next to its collective in a
+traced per-rank program.
+
 The trace: with ``trace=True`` (or ``AUTOSHARD_TRACE_COLLECTIVES=1``) every
 collective issued is appended to :attr:`MeshComm.records` as a
 :class:`CollectiveRecord` (kind, mesh dims, bytes of the buffer issued,
-global ranks of the group, and the plan edge it belongs to).
+global ranks of the group, the plan edge it belongs to, and the schedule
+positions where it was issued and waited).
 """
 
 from __future__ import annotations
@@ -31,7 +42,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import torch
 import torch.distributed as dist
-import torch.distributed._functional_collectives as funcol
+import torch.distributed._functional_collectives  # noqa: F401 - registers the _c10d_functional ops
 
 __all__ = ["TRACE_ENV", "CollectiveFailure", "CollectiveRecord", "MeshComm", "trace_enabled"]
 
@@ -58,6 +69,11 @@ class CollectiveRecord:
     """Global ranks of the process group it ran on, in group order."""
     edge: tuple[str, str, int] | None
     """(producer, reader, reader input) of the plan's redistribution, when known."""
+    issue: int | None = None
+    """Schedule position where it was issued (``autoshard.plan.schedule``), when known."""
+    wait: int | None = None
+    """Schedule position where it was waited (equal to ``issue`` for a collective
+    waited at once: all but the last of a redistribution's collectives)."""
 
 
 class CollectiveFailure(RuntimeError):
@@ -73,11 +89,8 @@ def default_timeout() -> timedelta | None:
         return None
 
 
-def _wait(t: torch.Tensor) -> torch.Tensor:
-    return funcol.wait_tensor(t) if isinstance(t, funcol.AsyncCollectiveTensor) else t
-
-
 _REDUCE = {"sum": "sum", "avg": "avg", "max": "max", "min": "min"}
+_OPS = torch.ops._c10d_functional
 
 
 class MeshComm:
@@ -89,7 +102,10 @@ class MeshComm:
         self.timeout = timeout if timeout is not None else (default_timeout() if dist.is_initialized() else None)
         self.records: list[CollectiveRecord] = []
         self.edge: tuple[str, str, int] | None = None
+        self.positions: tuple[int, int] | None = None
+        """(issue, wait) schedule positions of what is issued next (set by the runner)."""
         self._groups: dict[tuple[int, ...], Any] = {}
+        self._in_flight: dict[int, str] = {}  # id of a pending result -> what it is (for errors at the wait)
 
     # -- groups ---------------------------------------------------------------
     def prepare(self, all_mesh_dims: Iterable[Sequence[int]]) -> None:
@@ -126,38 +142,74 @@ class MeshComm:
     def _record(self, kind: str, dims: tuple[int, ...], nbytes: int) -> None:
         if self.trace:
             ranks = tuple(dist.get_process_group_ranks(self.group(dims)))
-            self.records.append(CollectiveRecord(kind, dims, int(nbytes), ranks, self.edge))
+            issue, wait = self.positions if self.positions is not None else (None, None)
+            self.records.append(CollectiveRecord(kind, dims, int(nbytes), ranks, self.edge, issue, wait))
 
-    def _issue(self, kind: str, dims: tuple[int, ...], nbytes: int, call: Callable[[Any], torch.Tensor]) -> torch.Tensor:
+    def _describe(self, kind: str, dims: tuple[int, ...], pg: Any) -> str:
+        ranks = ",".join(str(r) for r in dist.get_process_group_ranks(pg))
+        where = "" if self.edge is None else f" for {self.edge[0]} -> {self.edge[1]}"
+        return f"{kind} over mesh dims {list(dims)} (ranks {ranks}){where}"
+
+    def _failure(self, what: str, exc: BaseException) -> CollectiveFailure:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        return CollectiveFailure(f"{what} failed on rank {dist.get_rank()}: another rank of the group probably "
+                                 f"stopped or is stuck (look for its error); gloo said: {first}")
+
+    def _issue(self, kind: str, dims: tuple[int, ...], nbytes: int, call: Callable[[str, int], torch.Tensor]
+               ) -> torch.Tensor:
+        """Issue a collective (``call(group_name, group_size)``); the result is
+        pending until :meth:`wait`."""
         pg = self.group(dims)
         self._record(kind, dims, nbytes)
         try:
-            return _wait(call(pg))
+            out = call(pg.group_name, pg.size())
         except RuntimeError as exc:
-            ranks = ",".join(str(r) for r in dist.get_process_group_ranks(pg))
-            where = "" if self.edge is None else f" for {self.edge[0]} -> {self.edge[1]}"
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            raise CollectiveFailure(
-                f"{kind} over mesh dims {list(dims)} (ranks {ranks}){where} failed on rank {dist.get_rank()}: "
-                f"another rank of the group probably stopped or is stuck (look for its error); gloo said: {first}"
-            ) from exc
+            raise self._failure(self._describe(kind, dims, pg), exc) from exc
+        if len(self._in_flight) > 4096:  # results never waited (an aborted step): forget them
+            self._in_flight.clear()
+        self._in_flight[id(out)] = self._describe(kind, dims, pg)
+        return out
 
-    # -- collectives (dim 0, equal sizes; see autoshard.runtime.steps.Comm) ----
+    def wait(self, x: torch.Tensor) -> torch.Tensor:
+        """The result of an issued collective, once it has arrived."""
+        what = self._in_flight.pop(id(x), "a collective")
+        try:
+            return _OPS.wait_tensor(x)
+        except RuntimeError as exc:
+            raise self._failure(what, exc) from exc
+
+    # -- collectives (dim 0, equal sizes; see autoshard.runtime.steps.Comm); results pending until wait()
     def all_gather(self, x: torch.Tensor, mesh_dims: tuple[int, ...], nbytes: int) -> torch.Tensor:
-        return self._issue("all_gather", mesh_dims, nbytes, lambda pg: funcol.all_gather_single(x, 0, pg))
+        return self._issue("all_gather", mesh_dims, nbytes,
+                           lambda name, size: _OPS.all_gather_into_tensor(x, size, name))
 
     def all_reduce(self, x: torch.Tensor, op: str, mesh_dims: tuple[int, ...], nbytes: int) -> torch.Tensor:
-        return self._issue("all_reduce", mesh_dims, nbytes, lambda pg: funcol.all_reduce(x, _REDUCE[op], pg))
+        return self._issue("all_reduce", mesh_dims, nbytes, lambda name, size: _OPS.all_reduce(x, _REDUCE[op], name))
 
     def reduce_scatter(self, x: torch.Tensor, op: str, mesh_dims: tuple[int, ...], nbytes: int) -> torch.Tensor:
         return self._issue("reduce_scatter", mesh_dims, nbytes,
-                           lambda pg: funcol.reduce_scatter_single(x, _REDUCE[op], 0, pg))
+                           lambda name, size: _OPS.reduce_scatter_tensor(x, _REDUCE[op], size, name))
 
     def all_to_all(self, x: torch.Tensor, mesh_dims: tuple[int, ...], nbytes: int) -> torch.Tensor:
-        out = self._issue("all_to_all", mesh_dims, nbytes,
-                          lambda pg: funcol.all_to_all_single(x.reshape(-1), None, None, pg))
-        return out.view(x.shape)
+        """``x`` is ``[G, ...]``; the result (pending) is flat: view it as ``x.shape`` after the wait."""
+        def call(name: str, size: int) -> torch.Tensor:
+            flat = x.reshape(-1)
+            splits = [flat.numel() // size] * size
+            return _OPS.all_to_all_single(flat, splits, splits, name)
+
+        return self._issue("all_to_all", mesh_dims, nbytes, call)
 
     def permute(self, x: torch.Tensor, src_dst: list[int], mesh_dims: tuple[int, ...], nbytes: int) -> torch.Tensor:
-        return self._issue("permute", mesh_dims, nbytes,
-                           lambda pg: funcol.permute_tensor(x.reshape(-1), src_dst, pg))
+        """Member p's ``x`` goes to member ``src_dst[p]``; the result (pending) is flat."""
+        def call(name: str, size: int) -> torch.Tensor:
+            flat = x.reshape(-1)
+            me = dist.get_rank(self.group(mesh_dims))
+            send, receive = [0] * size, [0] * size
+            for src, dst in enumerate(src_dst):
+                if src == me:
+                    send[dst] = flat.numel()
+                if dst == me:
+                    receive[src] = flat.numel()
+            return _OPS.all_to_all_single(flat, receive, send, name)
+
+        return self._issue("permute", mesh_dims, nbytes, call)

@@ -35,9 +35,24 @@ placement. The sinks get their redistributions too: the loss ends replicated,
 each gradient in its parameter's placement (already reduced), each buffer
 update in its buffer's placement. Gradients in one of the plan's buckets
 (``costmodel.bucketing``) are reduced together: one collective on their
-concatenated payload (``autoshard.runtime.steps.run_bucket``) instead of one
-each, as DDP and FSDP do; a bucket is checked at load against its members'
-redistributions (same kind, mesh dims, reduce op and dtype).
+concatenated payload (``autoshard.runtime.steps.bucket_phases``) instead of
+one each, as DDP and FSDP do; a bucket is checked at load against its
+members' redistributions (same kind, mesh dims, reduce op and dtype).
+
+Collectives run asynchronously, where the plan's schedule says
+(``autoshard.plan.schedule``; plans without one get the default schedule):
+at each position the runner issues the items issued there (a
+redistribution's collectives but the last run and are waited at once, the
+last is left in flight), waits for the items waited there (finishing their
+steps), then runs the op; the op reads its redistributed inputs from what
+was waited. The compute goes on while a collective is in flight. Evaluation
+(``forward_only``) runs every redistribution at its reader, waited at once.
+
+From the second training step on, the runner does not interpret: the first
+step checked every shape and fixed every op's localized arguments, and the
+second traces this very loop on fake tensors into one fx graph of ATen ops
+and collectives (``autoshard.runtime.program``), which then runs as
+straight-line code (or compiled by inductor with ``compile=True``).
 
 >>> # runner = JointRunner(traced, plan, mesh_shape, coord, comm=MeshComm(mesh))
 >>> # result = runner.run(local_params, local_buffers, local_inputs)
@@ -45,6 +60,7 @@ redistributions (same kind, mesh dims, reduce op and dtype).
 
 from __future__ import annotations
 
+import logging
 import operator
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
@@ -52,21 +68,27 @@ from typing import Any, Mapping, Sequence
 import torch
 import torch.fx as fx
 
+from costmodel.bucketing import bucketable_step
 from costmodel.layout import local_indices, local_shape
 from costmodel.placements import Partial, Placement, Replicate, parse_placements
 from costmodel.steps import COLLECTIVE_STEPS, RedistributeStep
 
 from autoshard.plan.format import Plan, PlanError, Redistribution
+from autoshard.plan.schedule import ScheduleItem, build_schedule
 from autoshard.rules import RuleRegistry, load_rules, op_name
 from autoshard.rules.calls import bind_args, replace_tensors
 from autoshard.rules.core import OpCall, TensorMeta, to_meta
+from autoshard.runtime.program import StepGraph, compile_step, trace_step
+from autoshard.runtime.templates import CallTemplate
 from autoshard.runtime.random_ops import SLICEABLE, random_kind, run_random
-from autoshard.runtime.steps import Comm, StepRuntimeError, check_step_runnable, run_bucket, run_step
+from autoshard.runtime.steps import (Comm, PendingStep, StepRuntimeError, bucket_phases, check_step_runnable,
+                                     gather_phases, run_step, step_phases)
 from autoshard.trace import JointResult, TraceError, TracedGraph, constant_value, tensor_arg_nodes
 
 __all__ = ["RuntimeLoadError", "JointRunner", "local_slice", "placements_of"]
 
 aten = torch.ops.aten
+log = logging.getLogger(__name__)
 
 
 class RuntimeLoadError(ValueError):
@@ -111,6 +133,25 @@ class _Edge:
 
 
 @dataclass(slots=True)
+class _Scheduled:
+    """One schedule item, resolved to what the runner issues."""
+
+    item: ScheduleItem
+    edge: "_Edge | None"
+    """The redistribution (None for a bucket)."""
+    head: tuple[RedistributeStep, ...] = ()
+    """Steps run (and waited) at issue, before the last collective."""
+    last: RedistributeStep | None = None
+    """The collective left in flight until the wait."""
+    tail: tuple[RedistributeStep, ...] = ()
+    """Local steps after it, run at the wait."""
+    bucket: int | None = None
+    gather: int | None = None
+    """A gather bucket: its members' edges, in buffer order."""
+    members: tuple["_Edge", ...] = ()
+
+
+@dataclass(slots=True)
 class _OpProgram:
     node: fx.Node
     op: Any
@@ -121,92 +162,12 @@ class _OpProgram:
     free_after: list[fx.Node] = field(default_factory=list)
     out_local: tuple[TensorMeta | None, ...] | None = None
     """This rank's output shapes (computed at the first run: they never change)."""
-    call: "_CallTemplate | None" = None
+    call: CallTemplate | None = None
     """The op's localized arguments with slots for its tensors, from the first run."""
     slow: bool = False
     """The arguments cannot be templated (localize made tensors): rebuild every run."""
     random: str | None = None
     """A sharded random draw (``autoshard.runtime.random_ops``): this rank's slice of the global draw."""
-
-
-class _Slot:
-    """Where tensor input ``i`` of an op goes in its argument template."""
-
-    __slots__ = ("i",)
-
-    def __init__(self, i: int) -> None:
-        self.i = i
-
-
-def _fill(obj: Any, values: Sequence[Any]) -> Any:
-    kind = type(obj)
-    if kind is _Slot:
-        return values[obj.i]
-    if kind is tuple:
-        return tuple(_fill(x, values) for x in obj)
-    if kind is list:
-        return [_fill(x, values) for x in obj]
-    return obj
-
-
-@dataclass(slots=True)
-class _CallTemplate:
-    """An op's final (localized) args and kwargs with its tensor inputs as slots.
-
-    Everything but the tensors is the same at every step (shapes are static per
-    rank), so the first run's arguments are kept with the input tensors swapped
-    for slots, and later runs only put the new tensors in: the per-op Python
-    work of binding, localizing and rebuilding arguments is paid once.
-    """
-
-    args: list[Any]
-    kwargs: dict[str, Any]
-    arg_slots: tuple[int, ...]
-    """Positions of ``args`` that hold a slot somewhere inside."""
-    kwarg_slots: tuple[str, ...]
-
-    @classmethod
-    def make(cls, args: tuple, kwargs: Mapping[str, Any], inputs: Sequence[torch.Tensor]) -> "_CallTemplate | None":
-        ids = {id(t): i for i, t in enumerate(inputs)}
-        found = False
-
-        def templ(obj: Any) -> Any:
-            nonlocal found
-            if isinstance(obj, torch.Tensor):
-                i = ids.get(id(obj))
-                if i is None:
-                    raise LookupError
-                found = True
-                return _Slot(i)
-            if isinstance(obj, (tuple, list)):
-                return type(obj)(templ(x) for x in obj)
-            return obj
-
-        try:
-            targs, arg_slots = [], []
-            for k, a in enumerate(args):
-                found = False
-                targs.append(templ(a))
-                if found:
-                    arg_slots.append(k)
-            tkwargs, kw_slots = {}, []
-            for name, v in kwargs.items():
-                found = False
-                tkwargs[name] = templ(v)
-                if found:
-                    kw_slots.append(name)
-        except LookupError:  # a tensor that is not an input (made by localize): no template
-            return None
-        return cls(targs, tkwargs, tuple(arg_slots), tuple(kw_slots))
-
-    def fill(self, values: Sequence[Any]) -> tuple[tuple, dict]:
-        args = list(self.args)
-        for k in self.arg_slots:
-            args[k] = _fill(args[k], values)
-        kwargs = dict(self.kwargs)
-        for name in self.kwarg_slots:
-            kwargs[name] = _fill(kwargs[name], values)
-        return tuple(args), kwargs
 
 
 class JointRunner:
@@ -215,13 +176,20 @@ class JointRunner:
     ``mesh_shape`` is the plan's mesh; ``coord`` this rank's coordinate on it;
     ``comm`` issues the collectives (``autoshard.runtime.collectives.MeshComm``;
     None is allowed for a plan without collectives). ``check_fingerprint``
-    compares the plan's graph hash with ``traced``.
+    compares the plan's graph hash with ``traced``. ``graph``: run the traced
+    step graph from the second step on (module docstring; False interprets
+    every step); ``compile``: compile that graph with inductor.
     """
 
     def __init__(self, traced: TracedGraph, plan: Plan, mesh_shape: Sequence[int], coord: Sequence[int],
                  *, comm: Comm | None = None, rules: RuleRegistry | None = None,
-                 check_fingerprint: bool = True) -> None:
+                 check_fingerprint: bool = True, graph: bool = True, compile: bool = False) -> None:
         self.traced = traced
+        self.use_graph = graph or compile
+        self.compile = compile
+        self.step_graph: StepGraph | None = None
+        """The traced step (from the second step on), or None."""
+        self._steps_run = 0
         self.plan = plan
         self.mesh_shape = tuple(int(m) for m in mesh_shape)
         self.coord = tuple(int(c) for c in coord)
@@ -332,8 +300,11 @@ class JointRunner:
                     raise RuntimeLoadError(f"{where}: {exc}") from None
             if self.comm is None and any(s.collective in COLLECTIVE_STEPS for s in r.steps):
                 raise RuntimeLoadError(f"{where}: the plan issues collectives but no process group was given")
-            return _Edge(arg, tuple(r.steps), shape, (producer, reader, position))
+            made = _Edge(arg, tuple(r.steps), shape, (producer, reader, position))
+            self._edges[made.key] = made
+            return made
 
+        self._edges: dict[tuple[str, str, int], _Edge] = {}
         self.program: list[_OpProgram] = []
         self._forward: list[_OpProgram] | None = None
         self.has_random = False
@@ -421,10 +392,80 @@ class JointRunner:
             if s.collective in COLLECTIVE_STEPS and r.to not in bucketed
         )
         """Every collective step of the plan outside gradient buckets, with its edge, in plan order."""
+        self._actions = self._schedule_actions()
+
+    def _schedule_actions(self) -> list[tuple[str, Any]]:
+        """The per-rank program: ``("op", _OpProgram)``, ``("issue", _Scheduled)`` and
+        ``("wait", _Scheduled)`` in run order (module docstring)."""
+        plan = self.plan
+        names = [n.name for n in plan.nodes]
+        self.schedule = plan.schedule or build_schedule(names, plan.redistributions, plan.buckets,
+                                                        gathers=plan.gather_buckets)
+        pos = {name: i for i, name in enumerate(names)}
+        ops = [p.node.name for p in self.program if p.op is not operator.getitem]
+        if ops != names:
+            raise RuntimeLoadError("plan: its nodes are not the graph's ops in the graph's order (the schedule's "
+                                   "positions would not match)")
+        issues: dict[int, list[_Scheduled]] = {}
+        waits: dict[int, list[_Scheduled]] = {}
+        for item in self.schedule.items:
+            if item.bucket is not None:
+                if not 0 <= item.bucket < len(self.buckets):
+                    raise RuntimeLoadError(f"plan: the schedule names bucket {item.bucket}, the plan has "
+                                           f"{len(self.buckets)}")
+                entry = _Scheduled(item, None, bucket=item.bucket)
+            elif item.gather is not None:
+                entry = _Scheduled(item, None, gather=item.gather, members=self._gather_members(item.gather))
+            else:
+                e = self._edges.get(item.edge)
+                last = max((k for k, st in enumerate(e.steps) if st.collective in COLLECTIVE_STEPS), default=None) \
+                    if e is not None else None
+                if last is None:
+                    raise RuntimeLoadError(f"plan: the schedule names {item.edge[0]} -> {item.edge[1]} "
+                                           f"(input {item.edge[2]}), which has no collective step")
+                entry = _Scheduled(item, e, e.steps[:last], e.steps[last], e.steps[last + 1:])
+            issues.setdefault(item.issue, []).append(entry)
+            waits.setdefault(item.wait, []).append(entry)
+        actions: list[tuple[str, Any]] = []
+        for step in self.program:
+            if step.op is not operator.getitem:
+                p = pos[step.node.name]
+                actions += [("issue", x) for x in issues.get(p, ())] + [("wait", x) for x in waits.get(p, ())]
+            actions.append(("op", step))
+        n = len(names)
+        actions += [("issue", x) for x in issues.get(n, ())] + [("wait", x) for x in waits.get(n, ())]
+        scheduled = {x.edge.key for group in issues.values() for x in group if x.edge is not None}
+        scheduled |= {m.key for group in issues.values() for x in group for m in x.members}
+        bucketed = {m for b in plan.buckets for m in b.members}
+        for key, e in self._edges.items():
+            if key not in scheduled and key[1] not in bucketed and any(
+                    st.collective in COLLECTIVE_STEPS for st in e.steps):
+                raise RuntimeLoadError(f"plan: the schedule does not schedule {key[0]} -> {key[1]} (input {key[2]}), "
+                                       "which issues collectives")
+        return actions
+
+    def _gather_members(self, index: int) -> tuple[_Edge, ...]:
+        """The edges of gather bucket ``index``, checked: each a single all_gather on the bucket's mesh dims."""
+        if not 0 <= index < len(self.plan.gather_buckets):
+            raise RuntimeLoadError(f"plan: the schedule names gather bucket {index}, the plan has "
+                                   f"{len(self.plan.gather_buckets)}")
+        bucket = self.plan.gather_buckets[index]
+        out = []
+        for member in bucket.members:
+            e = self._edges.get(member)
+            if e is None or len(e.steps) != 1 or e.steps[0].collective != "all_gather" or tuple(
+                    e.steps[0].mesh_dims) != bucket.mesh_dims:
+                raise RuntimeLoadError(f"plan: gather bucket {index} lists {member[0]} -> {member[1]} (input "
+                                       f"{member[2]}), which is not one all_gather over {list(bucket.mesh_dims)}")
+            if str(e.source.meta["val"].dtype) != bucket.dtype:
+                raise RuntimeLoadError(f"plan: gather bucket {index} is {bucket.dtype}, {member[0]} is "
+                                       f"{e.source.meta['val'].dtype}")
+            out.append(e)
+        return tuple(out)
 
     def _bucket_programs(self) -> list[tuple[Any, list[str]]]:
         """(bucket, parameter FQNs) of the plan's gradient buckets, checked: every
-        member is a gradient whose edge is exactly the one step the bucket issues."""
+        member is a gradient whose edge starts with the collective the bucket issues (then local slices only)."""
         out = []
         seen: set[str] = set()
         by_sink = {f"grad:{fqn}": fqn for fqn in self.grad_edges}
@@ -437,7 +478,8 @@ class JointRunner:
                                            "(or is in two buckets)")
                 seen.add(member)
                 steps = self.grad_edges[fqn].steps
-                if len(steps) != 1 or (steps[0].collective, tuple(steps[0].mesh_dims), steps[0].reduce_op) != (
+                if bucketable_step(steps) is None or (steps[0].collective, tuple(steps[0].mesh_dims),
+                                                      steps[0].reduce_op) != (
                         bucket.collective, tuple(bucket.mesh_dims), bucket.reduce_op):
                     raise RuntimeLoadError(f"plan: bucket {i} issues {bucket.collective}{list(bucket.mesh_dims)} for "
                                            f"{member}, whose redistribution is "
@@ -456,13 +498,11 @@ class JointRunner:
 
     # ------------------------------------------------------------------ run time
     def _redistribute(self, value: torch.Tensor, edge: _Edge) -> torch.Tensor:
+        """All of an edge's steps at once (local steps, and evaluation's collectives)."""
         if not edge.steps:
             return value
-        if self.comm is not None and hasattr(self.comm, "edge"):
-            self.comm.edge = edge.key
-        for step in edge.steps:
-            value = run_step(value, step, edge.global_shape, self.mesh_shape, self.coord, self.comm)
-        return value
+        self._set_comm(edge.key, None)
+        return self._run_steps(value, edge, edge.steps)
 
     def _forward_program(self) -> list[_OpProgram]:
         """The steps the loss and the buffer updates depend on (no backward)."""
@@ -501,35 +541,176 @@ class JointRunner:
             env[node] = self._check_local(value, f"input:{name}", node)
         env[traced.tangent] = torch.ones((), dtype=traced.loss.meta["val"].dtype)
         env.update(self._local_constants(env))
-        if forward_only and self._forward is None:
-            self._forward = self._forward_program()
+        if forward_only:
+            if self._forward is None:
+                self._forward = self._forward_program()
+            return self._run_sync(env)
+        if self.step_graph is None and self.use_graph and self._steps_run >= 1:
+            self.step_graph = self._trace(env)
+        if self.step_graph is not None:
+            return self._run_graph(env)
+        result = self._run_actions(env)
+        self._steps_run += 1
+        return result
+
+    def _flat_inputs(self) -> list[fx.Node]:
+        t = self.traced
+        return [*t.params.values(), *t.buffers.values(), *t.inputs.values(), *t.constants.values()]
+
+    def _outputs(self, result: JointResult) -> list[torch.Tensor]:
+        return [result.loss, *(result.grads[f] for f in self.grad_edges), *result.buffer_updates.values()]
+
+    def _trace(self, env: Mapping[fx.Node, Any]) -> StepGraph | None:
+        """The step as a graph (``autoshard.runtime.program``), compiled if asked;
+        None (with a warning) when it cannot be traced: the runner then interprets."""
+        nodes = self._flat_inputs()
+        tangent = self.traced.tangent
+
+        def step(*flat: torch.Tensor) -> list[torch.Tensor]:
+            local = dict(zip(nodes, flat))
+            local[tangent] = torch.ones((), dtype=self.traced.loss.meta["val"].dtype)
+            return self._outputs(self._run_actions(local))
+
+        example = [env[n] for n in nodes]
+        try:
+            graph, reason = trace_step(step, example, self.comm), ""
+        except Exception as exc:  # noqa: BLE001 - any failure: keep interpreting (same collectives, same order)
+            graph, reason = None, " ".join(str(exc).split())[:300] or type(exc).__name__
+        if self.compile:
+            graph = compile_step(graph, example)  # every rank takes part: it agrees with the others
+        if graph is None:
+            log.warning("autoshard: the per-rank step could not be traced into a graph (%s); interpreting it",
+                        reason or "another rank failed")
+            self.use_graph = False
+        return graph
+
+    def _run_graph(self, env: Mapping[fx.Node, Any]) -> JointResult:
+        try:
+            out = self.step_graph(*(env[n] for n in self._flat_inputs()))
+        except RuntimeError as exc:
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            if any(word in first.lower() for word in ("gloo", "connection", "timed out", "nccl", "c10d")):
+                from autoshard.runtime.collectives import CollectiveFailure
+
+                raise CollectiveFailure(f"a collective of the traced step failed at coordinate {self.coord}: another "
+                                        f"rank probably stopped or is stuck (look for its error); it said: {first}"
+                                        ) from exc
+            raise
+        grads = {fqn: None for fqn in self.traced.grads}
+        k = 1
+        for fqn in self.grad_edges:
+            grads[fqn] = out[k]
+            k += 1
+        updates = dict(zip(self.buffer_edges, out[k:]))
+        return JointResult(loss=out[0], grads=grads, buffer_updates=updates)
+
+    def _run_actions(self, env: dict[fx.Node, Any]) -> JointResult:
+        """One step by the per-rank program (module docstring): ops, issues and waits in order."""
+        traced = self.traced
+        pending: dict[int, PendingStep] = {}
+        ready: dict[Any, Any] = {}
         with torch.no_grad():
-            for step in (self._forward if forward_only else self.program):
+            for kind, what in self._actions:
+                if kind == "op":
+                    node = what.node
+                    if what.op is operator.getitem:
+                        env[node] = env[node.args[0]][int(node.args[1])]
+                    else:
+                        env[node] = self._run_op(what, env, ready)
+                    for dead in what.free_after:
+                        env.pop(dead, None)
+                elif kind == "issue":
+                    pending[id(what)] = self._issue(what, env)
+                else:
+                    done = pending.pop(id(what)).finish()
+                    if what.members:
+                        for member, value in zip(what.members, done):
+                            ready[member.key] = value
+                    elif what.edge is None:
+                        ready[("bucket", what.bucket)] = done
+                    else:
+                        ready[what.edge.key] = self._run_steps(done, what.edge, what.tail)
+            loss = self._sink(env, self.loss_edge, ready)
+            grads = {fqn: None for fqn in traced.grads}
+            for b, (bucket, fqns) in enumerate(self.buckets):
+                for fqn, value in zip(fqns, ready.pop(("bucket", b))):
+                    e = self.grad_edges[fqn]  # its local slices after the bucket's all_reduce, if any
+                    grads[fqn] = self._run_steps(value, e, e.steps[1:]) if len(e.steps) > 1 else value
+            in_bucket = {fqn for _, fqns in self.buckets for fqn in fqns}
+            for fqn, e in self.grad_edges.items():
+                if fqn not in in_bucket:
+                    grads[fqn] = self._sink(env, e, ready)
+            updates = {fqn: self._sink(env, e, ready) for fqn, e in self.buffer_edges.items()}
+        self._set_comm(None, None)
+        return JointResult(loss=loss, grads=grads, buffer_updates=updates)
+
+    def _set_comm(self, edge: tuple[str, str, int] | None, positions: tuple[int, int] | None) -> None:
+        comm = self.comm
+        if comm is not None and hasattr(comm, "edge"):
+            comm.edge = edge
+            if hasattr(comm, "positions"):
+                comm.positions = positions
+
+    @staticmethod
+    def _value(env: Mapping[fx.Node, Any], node: fx.Node) -> Any:
+        """``env[node]``; a tuple element not yet taken (its getitem comes later in the graph) is taken here."""
+        if node in env:
+            return env[node]
+        if node.op == "call_function" and node.target is operator.getitem and node.args[0] in env:
+            return env[node.args[0]][int(node.args[1])]
+        raise RuntimeError(f"runtime: {node.name} is read before it is made (schedule out of order)")
+
+    def _issue(self, what: _Scheduled, env: Mapping[fx.Node, Any]) -> PendingStep:
+        """Run the item's steps up to its last collective and leave that one in flight."""
+        item = what.item
+        if what.members:
+            bucket = self.plan.gather_buckets[what.gather]
+            self._set_comm(("gather", ",".join(f"{m[0]}>{m[1]}>{m[2]}" for m in bucket.members), 0),
+                           (item.issue, item.wait))
+            return PendingStep(gather_phases([self._value(env, e.source) for e in what.members],
+                                             [e.steps[0] for e in what.members], [e.global_shape for e in what.members],
+                                             self.mesh_shape, self.coord, self.comm), self.comm)
+        if what.edge is None:
+            bucket, fqns = self.buckets[what.bucket]
+            edges = [self.grad_edges[f] for f in fqns]
+            self._set_comm(("bucket", ",".join(bucket.members), 0), (item.issue, item.wait))
+            return PendingStep(bucket_phases([self._value(env, e.source) for e in edges], [e.steps[0] for e in edges],
+                                             self.mesh_shape, self.coord, self.comm), self.comm)
+        e = what.edge
+        value = self._value(env, e.source)
+        if what.head:
+            self._set_comm(e.key, (item.issue, item.issue))
+            value = self._run_steps(value, e, what.head)
+        self._set_comm(e.key, (item.issue, item.wait))
+        return PendingStep(step_phases(value, what.last, e.global_shape, self.mesh_shape, self.coord, self.comm),
+                           self.comm)
+
+    def _run_steps(self, value: torch.Tensor, edge: _Edge, steps: Sequence[RedistributeStep]) -> torch.Tensor:
+        for step in steps:
+            value = run_step(value, step, edge.global_shape, self.mesh_shape, self.coord, self.comm)
+        return value
+
+    def _sink(self, env: Mapping[fx.Node, Any], edge: _Edge, ready: dict[Any, Any]) -> torch.Tensor:
+        if edge.key in ready:
+            return ready.pop(edge.key)
+        return self._redistribute(self._value(env, edge.source), edge)
+
+    def _run_sync(self, env: dict[fx.Node, Any]) -> JointResult:
+        """Evaluation: the forward part, every redistribution at its reader (waited at once)."""
+        traced = self.traced
+        with torch.no_grad():
+            for step in self._forward:
                 node = step.node
                 if step.op is operator.getitem:
                     env[node] = env[node.args[0]][int(node.args[1])]
                 else:
-                    env[node] = self._run_op(step, env)
+                    env[node] = self._run_op(step, env, {})
                 for dead in step.free_after:
                     env.pop(dead, None)
             loss = self._redistribute(env[self.loss_edge.source], self.loss_edge)
-            grads = {fqn: None for fqn in traced.grads}
-            in_bucket = set()
-            for bucket, fqns in ([] if forward_only else self.buckets):
-                edges = [self.grad_edges[f] for f in fqns]
-                if self.comm is not None and hasattr(self.comm, "edge"):
-                    self.comm.edge = ("bucket", ",".join(bucket.members), 0)
-                for fqn, value in zip(fqns, run_bucket([env[e.source] for e in edges], [e.steps[0] for e in edges],
-                                                       self.mesh_shape, self.coord, self.comm)):
-                    grads[fqn] = value
-                in_bucket.update(fqns)
-            for fqn, e in ({} if forward_only else self.grad_edges).items():
-                if fqn not in in_bucket:
-                    grads[fqn] = self._redistribute(env[e.source], e)
             updates = {fqn: self._redistribute(env[e.source], e) for fqn, e in self.buffer_edges.items()}
-        if self.comm is not None and hasattr(self.comm, "edge"):
-            self.comm.edge = None
-        return JointResult(loss=loss, grads=grads, buffer_updates=updates)
+        self._set_comm(None, None)
+        return JointResult(loss=loss, grads={fqn: None for fqn in traced.grads}, buffer_updates=updates)
 
     @property
     def local_constants(self) -> dict[str, torch.Tensor]:
@@ -559,9 +740,10 @@ class JointRunner:
                              f"{_fmt(self.leaf_placements[name])} gives {want} at coordinate {self.coord}")
         return value
 
-    def _run_op(self, step: _OpProgram, env: Mapping[fx.Node, Any]) -> Any:
+    def _run_op(self, step: _OpProgram, env: Mapping[fx.Node, Any], ready: dict[Any, Any]) -> Any:
         node, op = step.node, step.op
-        locals_ = [self._redistribute(env[e.source], e) if e.steps else env[e.source] for e in step.edges]
+        locals_ = [ready.pop(e.key) if e.key in ready else (self._redistribute(env[e.source], e) if e.steps
+                                                               else env[e.source]) for e in step.edges]
         if step.random is not None:
             return run_random(step.random, node, locals_, step.out_global, step.out_placements, self.mesh_shape,
                               self.coord)
@@ -571,7 +753,7 @@ class JointRunner:
             args, kwargs = self._first_args(step, env, locals_)
         try:
             result = op(*args, **kwargs)
-        except RuntimeError as exc:
+        except (RuntimeError, ValueError) as exc:  # fake tensors (tracing the step) raise ValueError
             if op in (aten.view.default, aten._unsafe_view.default) and "view" in str(exc):
                 # a collective or a slice left the local tensor non-contiguous
                 result = aten.reshape.default(*args, **kwargs)
@@ -602,7 +784,7 @@ class JointRunner:
                           bind_args(op, args, kwargs))
             args, kwargs = step.localize(args, kwargs, call)
         if not step.slow:
-            step.call = _CallTemplate.make(args, kwargs, locals_)
+            step.call = CallTemplate.make(args, kwargs, locals_)
             step.slow = step.call is None
         return args, kwargs
 

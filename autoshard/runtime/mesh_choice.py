@@ -67,6 +67,7 @@ def autoshard_on_chosen_mesh(
     trace_collectives: bool | None,
     allow_profile_change: bool,
     recompute: str = "auto",
+    compile: bool = False,
 ) -> ShardedModule:
     """:func:`autoshard.runtime.api.autoshard` with ``mesh=None`` (module docstring)."""
     from torch.distributed.device_mesh import init_device_mesh
@@ -128,7 +129,7 @@ def autoshard_on_chosen_mesh(
     fp = received.fingerprint
     mesh = init_device_mesh(device.type, fp.mesh_shape, mesh_dim_names=fp.dim_names)
     sharded = ShardedModule(model, mesh, received, example_inputs, local_inputs=local_inputs,
-                            trace_collectives=trace_collectives, traced=traced)
+                            trace_collectives=trace_collectives, traced=traced, compile=compile)
     sharded.plan_source = _SOURCES[code]
     return sharded
 

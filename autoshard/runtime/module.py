@@ -29,7 +29,13 @@ What :class:`ShardedModule` does:
   back when the buffer is replicated.
 * The collective trace: ``trace_collectives=True`` or
   ``AUTOSHARD_TRACE_COLLECTIVES=1`` records every collective of a step in
-  :attr:`ShardedModule.collective_trace` (kind, mesh dims, bytes, group ranks, plan edge).
+  :attr:`ShardedModule.collective_trace` (kind, mesh dims, bytes, group ranks,
+  plan edge, schedule positions where it was issued and waited).
+* The per-rank step runs interpreted the first time (every shape checked),
+  then as one traced fx graph (``autoshard.runtime.program``);
+  ``compile=True`` compiles that graph with inductor (with a warning and the
+  uncompiled graph where inductor cannot), ``graph=False`` interprets every
+  step.
 
 Limitations (first version):
 
@@ -107,6 +113,26 @@ class _JointStep(torch.autograd.Function):
         return (None, None, *grads)
 
 
+def _local_shard(p: DTensor) -> torch.Tensor:
+    """``p.to_local()`` without its autograd function (the step runs under no_grad;
+    ``to_local`` costs a Python autograd call per parameter and step)."""
+    local = getattr(p, "_local_tensor", None)
+    return local.detach() if local is not None else p.to_local().detach()
+
+
+def _like(p: DTensor, local: torch.Tensor) -> DTensor:
+    """A DTensor of ``local`` with ``p``'s spec (mesh, placements, global shape and
+    stride): a gradient in its parameter's layout. The spec is shared, not rebuilt
+    (``DTensor.from_local`` rebuilds it per call); ``from_local`` if that fails."""
+    spec = getattr(p, "_spec", None)
+    if spec is not None and local.dtype == p.dtype:
+        try:
+            return DTensor(local, spec, requires_grad=False)
+        except TypeError:  # another torch's private constructor: the public way
+            pass
+    return DTensor.from_local(local, p.device_mesh, p.placements, run_check=False, shape=p.shape, stride=p.stride())
+
+
 def _set_path(root: nn.Module, path: str, value: nn.Parameter) -> None:
     *parents, leaf = path.split(".")
     module = root
@@ -127,7 +153,7 @@ class ShardedModule(nn.Module):
     def __init__(self, model: nn.Module, mesh: Any, plan: Plan | str | os.PathLike[str],
                  example_inputs: Sequence[torch.Tensor] | Mapping[str, torch.Tensor], *,
                  local_inputs: bool = False, trace_collectives: bool | None = None,
-                 traced: TracedGraph | None = None) -> None:
+                 traced: TracedGraph | None = None, compile: bool = False, graph: bool = True) -> None:
         super().__init__()
         if not isinstance(plan, Plan):
             plan = Plan.load(plan)
@@ -141,7 +167,8 @@ class ShardedModule(nn.Module):
         self._by_keyword = isinstance(example_inputs, Mapping)
         traced = traced or trace_joint(model, example_inputs)
         comm = MeshComm(mesh, trace=trace_collectives)
-        runner = JointRunner(traced, plan, tuple(mesh.shape), tuple(coord), comm=comm)
+        runner = JointRunner(traced, plan, tuple(mesh.shape), tuple(coord), comm=comm, graph=graph,
+                             compile=compile)
         for fqn in traced.buffer_updates:
             if any(not isinstance(p, Replicate) for p in runner.leaf_placements[f"buffer:{fqn}"]):
                 raise RuntimeLoadError(f"buffer {fqn}: the step updates it, and the plan shards it "
@@ -219,7 +246,7 @@ class ShardedModule(nn.Module):
         runner, traced = self._runner, self._traced
         params = self._params()
         with torch.no_grad():
-            local_params = {fqn: p.to_local() for fqn, p in params.items()}
+            local_params = {fqn: _local_shard(p) for fqn, p in params.items()}
         buffers = dict(self._model.named_buffers(remove_duplicate=False))
         local_buffers = {}
         for fqn in traced.buffers:
@@ -235,7 +262,7 @@ class ShardedModule(nn.Module):
         return result.loss, dict(result.grads), params
 
     def _as_dtensor(self, p: nn.Parameter, local: torch.Tensor) -> DTensor:
-        return DTensor.from_local(local, self.mesh, p.placements, run_check=False, shape=p.shape, stride=p.stride())
+        return _like(p, local)
 
     # ------------------------------------------------------------------ API
     def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:

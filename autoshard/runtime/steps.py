@@ -17,14 +17,23 @@ the bytes the cost model priced.
 Members of a group over ``mesh_dims`` are numbered lexicographically by their
 coordinates on those dims (ascending), as DeviceMesh flattens them.
 
->>> # y = run_step(x, step, global_shape, src, mesh_shape, coord, comm)
+Issue now, finish later: :func:`step_phases` is a step as a generator that
+yields once, right after issuing its collective (the buffer prepared, the
+result pending), and is resumed with the waited result to finish the step
+(trim, reorder); a local step yields nothing. :func:`run_step` drives it at
+once; the runtime resumes it where the plan's schedule waits
+(:class:`PendingStep`). :func:`bucket_phases` does the same for a gradient
+bucket. A :class:`Comm` may return results already complete (then it has no
+``wait``) or pending until ``comm.wait(result)``.
+
+>>> # y = run_step(x, step, global_shape, mesh_shape, coord, comm)
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from typing import Protocol, Sequence
+from typing import Any, Generator, Protocol, Sequence
 
 import torch
 
@@ -32,8 +41,8 @@ from costmodel.layout import chunk_offsets, chunk_sizes, local_shape, strided_po
 from costmodel.placements import Placement, StridedShard
 from costmodel.steps import COLLECTIVE_STEPS, LOCAL_STEPS, RedistributeStep
 
-__all__ = ["Comm", "StepRuntimeError", "member_index", "member_coords", "run_step", "run_bucket",
-           "check_step_runnable"]
+__all__ = ["Comm", "StepRuntimeError", "PendingStep", "member_index", "member_coords", "step_phases", "run_step",
+           "bucket_phases", "run_bucket", "gather_phases", "check_step_runnable"]
 
 
 class StepRuntimeError(ValueError):
@@ -48,6 +57,9 @@ class Comm(Protocol):
     ``reduce_scatter``: member q gets chunk q (of G equal ones, dim 0) of the reduction.
     ``all_to_all``: ``x`` is ``[G, ...]``; member q gets ``out[p] = x_p[q]``.
     ``permute``: ``src_dst[p] = r``: member p's ``x`` goes to member r.
+
+    A comm whose results are pending also has ``wait(result) -> tensor``
+    (``MeshComm``); the all_to_all and permute results may come back flat.
     """
 
     def all_gather(self, x: torch.Tensor, mesh_dims: tuple[int, ...], nbytes: int) -> torch.Tensor: ...
@@ -113,6 +125,35 @@ def _nbytes(x: torch.Tensor) -> int:
     return x.numel() * x.element_size()
 
 
+def _gather_buffer(x: torch.Tensor, step: RedistributeStep, member_shapes: Sequence[tuple[int, ...]]
+                   ) -> tuple[torch.Tensor, list[int], int]:
+    """An all_gather's send buffer: the gathered tensor dim moved to the front,
+    padded to the largest member's extent ``c``; and every member's extent."""
+    d = step.tensor_dim
+    extents = [sh[d] for sh in member_shapes]
+    c = max(extents)
+    return _pad_dim(x, d, c).movedim(d, 0).contiguous(), extents, c
+
+
+def _gather_finish(gathered: torch.Tensor, step: RedistributeStep, extents: Sequence[int], c: int,
+                   group: int) -> torch.Tensor:
+    """The gathered tensor from an all_gather's result (``[G * c, ...]``): padding
+    trimmed, the tensor dim moved back, a strided shard put in natural order."""
+    d, dims, src = step.tensor_dim, tuple(step.mesh_dims), tuple(step.src)
+    if c * group != sum(extents):
+        gathered = torch.cat([gathered[p * c: p * c + e] for p, e in enumerate(extents)], dim=0)
+    out = gathered.movedim(0, d)
+    placement = src[dims[0]] if src else None
+    if isinstance(placement, StridedShard) and len(dims) == 1:
+        extent = out.shape[d]
+        order = [i for r in range(group) for i in strided_positions(extent, group, placement.split_factor, r)]
+        inverse = [0] * extent
+        for i, position in enumerate(order):
+            inverse[position] = i
+        out = out.index_select(d, torch.as_tensor(inverse, dtype=torch.long, device=out.device))
+    return out.contiguous()
+
+
 def check_step_runnable(step: RedistributeStep, mesh_shape: Sequence[int]) -> None:
     """Raise :class:`StepRuntimeError` for a step this module cannot run."""
     dims = tuple(step.mesh_dims)
@@ -135,6 +176,48 @@ def check_step_runnable(step: RedistributeStep, mesh_shape: Sequence[int]) -> No
         raise StepRuntimeError(f"{step.describe()}: the step has no source placements")
 
 
+Phases = Generator[torch.Tensor, torch.Tensor, Any]
+"""Yields the pending result of the collective it issued; resumed with the
+waited result; returns the finished value (module docstring)."""
+
+
+def _finish(gen: Phases, comm: Any, pending: torch.Tensor) -> Any:
+    wait = getattr(comm, "wait", None)
+    try:
+        gen.send(wait(pending) if wait is not None else pending)
+    except StopIteration as done:
+        return done.value
+    raise StepRuntimeError("a step issued two collectives")  # pragma: no cover - every step yields once
+
+
+def _drive(gen: Phases, comm: Any) -> Any:
+    try:
+        pending = next(gen)
+    except StopIteration as done:  # a local step: nothing issued
+        return done.value
+    return _finish(gen, comm, pending)
+
+
+class PendingStep:
+    """A step (or bucket) whose collective is issued and not yet waited: :meth:`finish` waits and finishes it."""
+
+    __slots__ = ("_gen", "_comm", "_pending", "_value", "_done")
+
+    def __init__(self, gen: Phases, comm: Any) -> None:
+        self._gen, self._comm = gen, comm
+        try:
+            self._pending, self._done = next(gen), False
+        except StopIteration as done:
+            self._value, self._done = done.value, True
+
+    def finish(self) -> Any:
+        """The finished value (waits for the collective)."""
+        if not self._done:
+            self._value, self._done = _finish(self._gen, self._comm, self._pending), True
+            self._gen = self._pending = None
+        return self._value
+
+
 def run_step(
     x: torch.Tensor,
     step: RedistributeStep,
@@ -143,11 +226,23 @@ def run_step(
     coord: Sequence[int],
     comm: Comm | None,
 ) -> torch.Tensor:
-    """This rank's local tensor after ``step`` (module docstring).
+    """This rank's local tensor after ``step`` (module docstring), its collective waited at once.
 
     ``global_shape`` is the shape of the whole tensor; the step's ``src``
     placements give every member's local shape.
     """
+    return _drive(step_phases(x, step, global_shape, mesh_shape, coord, comm), comm)
+
+
+def step_phases(
+    x: torch.Tensor,
+    step: RedistributeStep,
+    global_shape: Sequence[int],
+    mesh_shape: Sequence[int],
+    coord: Sequence[int],
+    comm: Comm | None,
+) -> Phases:
+    """:func:`run_step` as a generator that yields after issuing its collective (module docstring)."""
     dims = tuple(step.mesh_dims)
     kind = step.collective
     group = math.prod(mesh_shape[d] for d in dims)
@@ -161,27 +256,13 @@ def run_step(
         raise StepRuntimeError(f"{step.describe()}: no process group to run a collective on")
 
     if kind == "all_gather":
-        d = step.tensor_dim
-        extents = [s[d] for s in shapes()]
-        c = max(extents)
-        buf = _pad_dim(x, d, c).movedim(d, 0).contiguous()
-        gathered = comm.all_gather(buf, dims, _nbytes(buf) * group)
-        if c * group != sum(extents):
-            gathered = torch.cat([gathered[p * c: p * c + e] for p, e in enumerate(extents)], dim=0)
-        out = gathered.movedim(0, d)
-        placement = src[dims[0]] if src else None
-        if isinstance(placement, StridedShard) and len(dims) == 1:
-            extent = out.shape[d]
-            order = [i for r in range(group) for i in strided_positions(extent, group, placement.split_factor, r)]
-            inverse = [0] * extent
-            for i, position in enumerate(order):
-                inverse[position] = i
-            out = out.index_select(d, torch.as_tensor(inverse, dtype=torch.long, device=out.device))
-        return out.contiguous()
+        buf, extents, c = _gather_buffer(x, step, shapes())
+        gathered = yield comm.all_gather(buf, dims, _nbytes(buf) * group)
+        return _gather_finish(gathered, step, extents, c, group)
 
     if kind == "all_reduce":
         buf = x.contiguous()
-        return comm.all_reduce(buf, step.reduce_op, dims, _nbytes(buf))
+        return (yield comm.all_reduce(buf, step.reduce_op, dims, _nbytes(buf)))
 
     if kind == "reduce_scatter":
         d = step.tensor_dim
@@ -190,7 +271,7 @@ def run_step(
         buf = _pad_dim(x, d, c * group).movedim(d, 0).contiguous()
         if c == 0:  # nothing to scatter: every member keeps an empty chunk
             return x.narrow(d, 0, 0).contiguous()
-        piece = comm.reduce_scatter(buf, step.reduce_op, dims, _nbytes(buf))
+        piece = yield comm.reduce_scatter(buf, step.reduce_op, dims, _nbytes(buf))
         size = chunk_sizes(n, group)[q]
         return piece[:size].movedim(0, d).contiguous()
 
@@ -207,7 +288,7 @@ def run_step(
         n = x.shape[s]
         sizes, offsets = chunk_sizes(n, group), chunk_offsets(n, group)
         send = torch.stack([_pad_to(x.narrow(s, offsets[p], sizes[p]), block) for p in range(group)]).contiguous()
-        received = comm.all_to_all(send, dims, _nbytes(send))
+        received = (yield comm.all_to_all(send, dims, _nbytes(send))).view(send.shape)
         parts = [_trim(received[p], piece_shape(member_shapes[p], q)) for p in range(group)]
         return torch.cat(parts, dim=d).contiguous()
 
@@ -220,7 +301,7 @@ def run_step(
         src_dst = [(p % m) * m + p // m for p in range(group)]
         sender = src_dst[q]  # the swap is its own inverse
         buf = _pad_to(x, biggest).contiguous()
-        received = comm.permute(buf, src_dst, dims, _nbytes(buf))
+        received = yield comm.permute(buf, src_dst, dims, _nbytes(buf))
         return _trim(received.view(biggest), member_shapes[sender]).contiguous()
 
     if kind == "local_slice":
@@ -256,8 +337,20 @@ def run_bucket(
     coord: Sequence[int],
     comm: Comm,
 ) -> list[torch.Tensor]:
+    """:func:`bucket_phases` with its collective waited at once."""
+    return _drive(bucket_phases(xs, steps, mesh_shape, coord, comm), comm)
+
+
+def bucket_phases(
+    xs: Sequence[torch.Tensor],
+    steps: Sequence[RedistributeStep],
+    mesh_shape: Sequence[int],
+    coord: Sequence[int],
+    comm: Comm,
+) -> Phases:
     """Several gradients' one-step reductions (``costmodel.bucketing``) as ONE
-    collective on a flat buffer; returns what :func:`run_step` returns for each.
+    collective on a flat buffer; returns what :func:`run_step` returns for each
+    (a generator: it yields after issuing, as :func:`step_phases`).
 
     all_reduce: the members flattened and concatenated. reduce_scatter: each
     member padded on its scattered dim as :func:`run_step` pads it, that dim
@@ -272,7 +365,7 @@ def run_bucket(
             raise StepRuntimeError(f"bucket: {st.describe()} differs from {first.describe()}")
     if kind == "all_reduce":
         flat = torch.cat([x.reshape(-1) for x in xs])
-        reduced = comm.all_reduce(flat, op, dims, _nbytes(flat))
+        reduced = yield comm.all_reduce(flat, op, dims, _nbytes(flat))
         out, offset = [], 0
         for x in xs:
             out.append(reduced[offset: offset + x.numel()].view(x.shape))
@@ -291,7 +384,7 @@ def run_bucket(
         layouts.append((d, n, c, tuple(moved.shape[1:])))
         rows.append(moved.reshape(group, -1) if c else moved.new_zeros(group, 0))
     buf = torch.cat(rows, dim=1).contiguous()
-    piece = comm.reduce_scatter(buf, op, dims, _nbytes(buf)).reshape(-1)
+    piece = (yield comm.reduce_scatter(buf, op, dims, _nbytes(buf))).reshape(-1)
     out, offset = [], 0
     for d, n, c, rest in layouts:
         numel = c * math.prod(rest)
@@ -299,4 +392,43 @@ def run_bucket(
         offset += numel
         size = chunk_sizes(n, group)[q] if n else 0
         out.append(chunk[:size].movedim(0, d).contiguous())
+    return out
+
+
+def gather_phases(
+    xs: Sequence[torch.Tensor],
+    steps: Sequence[RedistributeStep],
+    global_shapes: Sequence[Sequence[int]],
+    mesh_shape: Sequence[int],
+    coord: Sequence[int],
+    comm: Comm,
+) -> Phases:
+    """Several leaves' one-step all_gathers (``costmodel.bucketing`` gather
+    buckets) as ONE all_gather on a flat buffer; returns what :func:`run_step`
+    returns for each (a generator that yields after issuing).
+
+    Each member's buffer is what its own step would send (``[c_m, ...]``),
+    flattened; the buffers are concatenated. The result holds every member's
+    concatenation in member order, ``[G, sum]``: member m's columns, viewed as
+    ``[G * c_m, ...]``, are what its own all_gather returns.
+    """
+    first = steps[0]
+    dims = tuple(first.mesh_dims)
+    for st in steps:
+        if st.collective != "all_gather" or tuple(st.mesh_dims) != dims:
+            raise StepRuntimeError(f"gather bucket: {st.describe()} is not an all_gather over {list(dims)}")
+    group = math.prod(mesh_shape[d] for d in dims)
+    prepared = []
+    for x, st, shape in zip(xs, steps, global_shapes):
+        shapes = [local_shape(tuple(shape), tuple(st.src), tuple(mesh_shape), c)
+                  for c in member_coords(coord, mesh_shape, dims)]
+        prepared.append(_gather_buffer(x, st, shapes))
+    flat = torch.cat([buf.reshape(-1) for buf, _, _ in prepared])
+    gathered = (yield comm.all_gather(flat, dims, _nbytes(flat) * group)).view(group, -1)
+    out, offset = [], 0
+    for (buf, extents, c), st in zip(prepared, steps):
+        n = buf.numel()
+        piece = gathered[:, offset: offset + n].reshape(group * c, *buf.shape[1:])
+        offset += n
+        out.append(_gather_finish(piece, st, extents, c, group))
     return out

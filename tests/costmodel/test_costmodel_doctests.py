@@ -9,7 +9,7 @@ import pytest
 
 MODULES = [
     "costmodel.placements", "costmodel.layout", "costmodel.steps", "costmodel.simulate", "costmodel.mesh",
-    "costmodel.compute", "costmodel.collectives", "costmodel.redistribute",
+    "costmodel.compute", "costmodel.collectives", "costmodel.redistribute", "costmodel.overlap",
     "hw_profiles", "hw_profiles.profile", "hw_profiles.schema",
 ]
 

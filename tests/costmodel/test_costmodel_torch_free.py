@@ -11,7 +11,7 @@ def test_importing_costmodel_and_hw_profiles_does_not_import_torch():
     code = (
         "import sys\n"
         "import hw_profiles, costmodel\n"
-        "from costmodel import compute, collectives, layout, mesh, placements, redistribute, simulate, steps\n"
+        "from costmodel import compute, collectives, layout, mesh, overlap, placements, redistribute, simulate, steps\n"
         "import numpy as np\n"
         "p = hw_profiles.load('h100-sxm-80gb')\n"
         "redistribute.plan_redistribute('S(0)S(0)', 'RR', (2, 2), (8, 8), 4, p)\n"

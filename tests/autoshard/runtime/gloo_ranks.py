@@ -10,7 +10,8 @@ fails the call with its traceback, and the whole job is killed after
 (model factory, plan file) it shards the model on the mesh, runs one step
 (``loss.backward()``) and reports, per parameter, this rank's gradient shard
 next to the same shard of the single-device eager gradient, plus the
-collective trace.
+collective trace (kind, mesh dims, bytes, group ranks, plan edge, and the
+schedule positions where each collective was issued and waited).
 """
 
 from __future__ import annotations
@@ -143,6 +144,8 @@ def _jobs(mesh: Any, mesh_shape: tuple[int, ...], jobs: list[dict[str, Any]],
         else:
             loss = _call(sharded, inputs)
         loss.backward()
+        trace = [(r.kind, r.mesh_dims, r.nbytes, r.group_ranks, r.edge, r.issue, r.wait)
+                 for r in sharded.collective_trace]
         params = {}
         for name, p in sharded.named_parameters():
             pl = placements_of(sharded.plan.params[name], len(mesh_shape))
@@ -188,8 +191,11 @@ def _jobs(mesh: Any, mesh_shape: tuple[int, ...], jobs: list[dict[str, Any]],
             "state_dict_keys": sorted(sharded.state_dict()),
             "ref_state_dict_keys": sorted(reference.state_dict()),
             "params": params,
-            "trace": [(r.kind, r.mesh_dims, r.nbytes, r.group_ranks, r.edge) for r in sharded.collective_trace],
+            "trace": trace,
+            "trace_last": [(r.kind, r.mesh_dims, r.nbytes, r.group_ranks, r.edge, r.issue, r.wait)
+                           for r in sharded.collective_trace],
             "adamw": steps,
+            "graph": sharded._runner.step_graph is not None,
             "grad_norms": norms,
             "seconds": time.perf_counter() - start,
         }
@@ -235,18 +241,22 @@ def assert_matches_one_device(results: list[dict[str, Any]], label: str) -> None
 
 def planned_collectives_issued(plan: Any, results: list[dict[str, Any]], label: str) -> Counter:
     """Assert that every rank issued exactly the plan's collective steps for job
-    ``label`` (edge, kind, mesh dims, bytes), a gradient bucket's one collective
-    in place of its members' steps; returns the planned multiset."""
+    ``label`` (edge, kind, mesh dims, bytes), a gradient or gather bucket's one
+    collective in place of its members' steps; returns the planned multiset."""
     from costmodel.steps import COLLECTIVE_STEPS
 
     bucketed = {m for b in plan.buckets for m in b.members}
+    gathered = {tuple(m) for g in plan.gather_buckets for m in g.members}
     planned = Counter((r.tensor, r.to, r.input_index, s.collective, tuple(s.mesh_dims), s.bytes)
                       for r in plan.redistributions for s in r.steps
-                      if s.collective in COLLECTIVE_STEPS and r.to not in bucketed)
+                      if s.collective in COLLECTIVE_STEPS and r.to not in bucketed
+                      and (r.tensor, r.to, r.input_index) not in gathered)
     planned.update(("bucket", ",".join(b.members), 0, b.collective, tuple(b.mesh_dims), b.bytes) for b in plan.buckets)
+    planned.update(("gather", ",".join(f"{m[0]}>{m[1]}>{m[2]}" for m in g.members), 0, "all_gather",
+                    tuple(g.mesh_dims), g.bytes) for g in plan.gather_buckets)
     for res in results:
         issued = Counter((e[0], e[1], e[2], kind, tuple(dims), nbytes)
-                         for kind, dims, nbytes, _, e in res[label]["trace"])
+                         for kind, dims, nbytes, _, e, *_ in res[label]["trace"])
         assert issued == planned
     return planned
 
@@ -278,3 +288,44 @@ def teardown(rank: int, world: int) -> dict[str, Any]:
     destroy_process_groups()
     return {"after_destroy": after_destroy, "after_destroy_process_groups": len(gloo_worker_threads()),
             "nn_defaults_holding_a_group": held}
+
+
+def scheduled_trace(plan: Any) -> list[tuple]:
+    """What the collective trace of one step must be, in order, by the plan's
+    schedule: per item, its collectives as (edge, kind, mesh dims, bytes, issue,
+    wait); all but a redistribution's last collective are waited where issued."""
+    from costmodel.steps import COLLECTIVE_STEPS
+
+    from autoshard.plan.schedule import build_schedule
+
+    schedule = plan.schedule or build_schedule([n.name for n in plan.nodes], plan.redistributions, plan.buckets,
+                                               gathers=plan.gather_buckets)
+    by_edge = {(r.tensor, r.to, r.input_index): r for r in plan.redistributions}
+    out = []
+    for item in schedule.items:
+        if item.gather is not None:
+            g = plan.gather_buckets[item.gather]
+            out.append((("gather", ",".join(f"{m[0]}>{m[1]}>{m[2]}" for m in g.members), 0), "all_gather",
+                        tuple(g.mesh_dims), g.bytes, item.issue, item.wait))
+            continue
+        if item.bucket is not None:
+            b = plan.buckets[item.bucket]
+            out.append((("bucket", ",".join(b.members), 0), b.collective, tuple(b.mesh_dims), b.bytes, item.issue,
+                        item.wait))
+            continue
+        steps = [s for s in by_edge[item.edge].steps if s.collective in COLLECTIVE_STEPS]
+        for k, s in enumerate(steps):
+            out.append((item.edge, s.collective, tuple(s.mesh_dims), s.bytes, item.issue,
+                        item.wait if k == len(steps) - 1 else item.issue))
+    return out
+
+
+def assert_trace_follows_schedule(plan: Any, results: list[dict[str, Any]], label: str) -> None:
+    """Every rank issued its collectives in the schedule's order, each issued and
+    waited at the schedule's positions, on the first step and on the last one."""
+    want = scheduled_trace(plan)
+    for rank, res in enumerate(results):
+        for key in ("trace", "trace_last"):
+            got = [(tuple(e), kind, tuple(dims), nbytes, issue, wait)
+                   for kind, dims, nbytes, _, e, issue, wait in res[label][key]]
+            assert got == want, f"{label} rank {rank} ({key}): the trace is not the schedule"

@@ -128,15 +128,19 @@ def api_jobs(rank: int, world: int, tmp: str, limit: float, other_plan: str, fai
     # with a 30-minute timeout: the runtime gives them the default group's (PG_TIMEOUT_S).
     victim = autoshard(mlp.tiny()[0], mesh, inputs, plan=fail_plan, cache_dir=False)
     if rank == 1:
-        real, calls = execute.run_step, []
+        calls: list[int] = []
 
-        def failing(*args: Any, **kwargs: Any) -> Any:
-            calls.append(1)
-            if len(calls) == 2:  # after one collective of the step
-                raise RuntimeError("injected failure on rank 1")
-            return real(*args, **kwargs)
+        def failing(real: Any) -> Any:
+            def call(*args: Any, **kwargs: Any) -> Any:
+                calls.append(1)
+                if len(calls) == 2:  # after one collective of the step
+                    raise RuntimeError("injected failure on rank 1")
+                return real(*args, **kwargs)
+            return call
 
-        execute.run_step = failing
+        # every way the runner issues a step (at once, left in flight, in a bucket)
+        for name in ("run_step", "step_phases", "gather_phases", "bucket_phases"):
+            setattr(execute, name, failing(getattr(execute, name)))
     t0 = time.monotonic()
     err = _error(lambda: victim(*inputs).backward())
     out["mid-step"] = (err, time.monotonic() - t0)
@@ -150,7 +154,7 @@ def run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("api")
     model, inputs = mlp.tiny(device="meta")
     prep = prepare(model, inputs, (2, 2), ("dp", "tp"), profile="cpu-gloo")
-    full = solve_prepared(prep, time_limit=4).estimate.peak_memory_bytes
+    full = solve_prepared(prep, baseline="ddp", time_limit=4).estimate.peak_memory_bytes  # replicated parameters
     other = mlp.tiny(device="meta", n_layers=1)
     prep_other = prepare(*other, (2, 2), ("dp", "tp"), profile="cpu-gloo")
     solve_prepared(prep_other, baseline="ddp").save(tmp / "other.json")

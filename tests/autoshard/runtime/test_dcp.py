@@ -6,6 +6,11 @@ The MLP sharded on a 2x2 mesh (FSDP+TP plan: parameters are DTensors with
 (FSDP plan), loads it with ``dcp.load`` + ``set_state_dict``: its parameters
 and its optimizer state (``step``, ``exp_avg``, ``exp_avg_sq``) equal the
 saved ones, and one more step on each mesh gives the same parameters.
+
+Resume: a run of AdamW steps (each step its own batch) stopped after step
+``K`` and resumed from its checkpoint, by a fresh process state with other
+weights, continues with the losses of the uninterrupted run: on the same 2x2
+mesh and plan, and on a 1-D mesh of 4 with the FSDP plan.
 """
 
 from __future__ import annotations
@@ -111,3 +116,78 @@ def test_training_continues_alike_on_both_meshes(run):
     for rank, res in enumerate(run):
         _assert_same(res["loaded+1"]["params"], res["saved+1"]["params"], f"rank {rank} after one more step")
         _assert_same(res["loaded+1"]["optim"], res["saved+1"]["optim"], f"rank {rank} optimizer after one more step")
+
+
+RESUME_AT, RESUME_STEPS = 2, 3
+
+
+def _batch(inputs: tuple, step: int) -> tuple:
+    """Step ``step``'s batch: the example inputs shifted (same shapes, other values)."""
+    return tuple(x + 0.05 * step for x in inputs)
+
+
+def _train(module: Any, opt: Any, inputs: tuple, steps: range) -> list[torch.Tensor]:
+    losses = []
+    for k in steps:
+        loss = module(*_batch(inputs, k))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.detach().clone())
+    return losses
+
+
+def resume_jobs(rank: int, world: int, ckpt: str, plan_2x2: str, plan_4: str) -> dict[str, Any]:
+    """Uninterrupted losses, and the losses after resuming on 2x2 and on 4 (module docstring)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from autoshard.runtime import shard
+
+    mesh_2x2 = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    model, inputs = mlp.tiny()
+    whole = shard(model, mesh_2x2, plan_2x2, inputs)
+    opt = torch.optim.AdamW(whole.parameters(), lr=1e-2)
+    out = {"uninterrupted": _train(whole, opt, inputs, range(RESUME_AT + RESUME_STEPS))}
+
+    model, _ = mlp.tiny()
+    first = shard(model, mesh_2x2, plan_2x2, inputs)
+    opt = torch.optim.AdamW(first.parameters(), lr=1e-2)
+    out["before"] = _train(first, opt, inputs, range(RESUME_AT))
+    msd, osd = get_state_dict(first, opt)
+    dcp.save({"model": msd, "optim": osd}, checkpoint_id=ckpt)
+
+    for label, mesh, plan in (("same mesh", mesh_2x2, plan_2x2),
+                              ("other mesh", init_device_mesh("cpu", (4,), mesh_dim_names=("dp",)), plan_4)):
+        other, _ = mlp.tiny(seed=1)  # other weights: only the checkpoint can make the losses match
+        resumed = shard(other, mesh, plan, inputs)
+        opt = torch.optim.AdamW(resumed.parameters(), lr=1e-2)
+        msd, osd = get_state_dict(resumed, opt)
+        state = {"model": msd, "optim": osd}
+        dcp.load(state, checkpoint_id=ckpt)
+        set_state_dict(resumed, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        out[label] = _train(resumed, opt, inputs, range(RESUME_AT, RESUME_AT + RESUME_STEPS))
+    return out
+
+
+@pytest.fixture(scope="module")
+def resumed(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("resume")
+    model, inputs = mlp.tiny(device="meta")
+    solve_prepared(prepare(model, inputs, (2, 2), ("dp", "tp"), profile="cpu-gloo"),
+                   baseline="fsdp+tp").save(tmp / "2x2.json")
+    solve_prepared(prepare(model, inputs, (4,), ("dp",), profile="cpu-gloo"), baseline="fsdp").save(tmp / "4.json")
+    return spawn(4, resume_jobs, (str(tmp / "ckpt"), str(tmp / "2x2.json"), str(tmp / "4.json")), tmp / "ranks",
+                 timeout=180)
+
+
+@pytest.mark.parametrize("where", ["same mesh", "other mesh"])
+def test_a_resumed_run_continues_with_the_uninterrupted_losses(resumed, where):
+    for rank, res in enumerate(resumed):
+        whole = res["uninterrupted"]
+        torch.testing.assert_close(torch.stack(res["before"]), torch.stack(whole[:RESUME_AT]), rtol=0, atol=0)
+        got = torch.stack(res[where])
+        torch.testing.assert_close(got, torch.stack(whole[RESUME_AT:]), rtol=1e-5, atol=1e-6,
+                                   msg=lambda m: f"rank {rank}, {where}: {m}")
+        assert len(set(float(x) for x in whole)) == len(whole), "the losses should change from step to step"

@@ -39,7 +39,8 @@ from collections import Counter
 
 import pytest
 import torch
-from gloo_ranks import assert_matches_one_device, planned_collectives_issued, equivalence, spawn
+from gloo_ranks import (assert_matches_one_device, assert_trace_follows_schedule, equivalence,
+                        planned_collectives_issued, spawn)
 
 from costmodel.steps import COLLECTIVE_STEPS
 
@@ -162,6 +163,19 @@ def test_collectives_issued_are_the_plans_steps(run, label):
     assert planned, f"{label}: the plan has no collective (the test would be empty)"
 
 
+@pytest.mark.parametrize("label", LABELS)
+def test_later_steps_run_the_traced_graph(run, label):
+    _, results = run
+    assert all(res[label]["graph"] for res in results), f"{label}: the step was not traced into a graph"
+
+
+@pytest.mark.parametrize("label", LABELS)
+def test_collectives_are_issued_and_waited_where_the_schedule_says(run, label):
+    plans, results = run
+    assert plans[label].schedule is not None
+    assert_trace_follows_schedule(plans[label], results, label)
+
+
 def _group(rank: int, mesh_shape: tuple[int, ...], dims: tuple[int, ...]) -> list[int]:
     """Global ranks of ``rank``'s group over ``dims`` (row-major rank numbering)."""
     grid = torch.arange(math.prod(mesh_shape)).reshape(mesh_shape)
@@ -178,7 +192,7 @@ def test_fused_collective_over_non_adjacent_mesh_dims_is_one_collective(run):
     assert {s.collective for s in planned} >= {"all_gather"}
     for rank, res in enumerate(results):
         trace = res["mlp-222-pinned"]["trace"]
-        on_02 = [(kind, ranks) for kind, dims, _, ranks, _ in trace if tuple(dims) == (0, 2)]
+        on_02 = [(kind, ranks) for kind, dims, _, ranks, *_ in trace if tuple(dims) == (0, 2)]
         # one collective per fused step, on the flattened group of dims 0 and 2, not one per mesh dim
         assert Counter(k for k, _ in on_02) == Counter(s.collective for s in planned)
         assert all(sorted(ranks) == _group(rank, MESH_222[0], (0, 2)) for _, ranks in on_02)
@@ -192,7 +206,7 @@ def test_fused_collectives_over_every_dim_of_each_mesh(run):
     for label in LABELS:
         mesh = MESH_222[0] if "-222-" in label else MESH_24[0]
         for rank, res in enumerate(results):
-            for kind, dims, _, ranks, _ in res[label]["trace"]:
+            for kind, dims, _, ranks, *_ in res[label]["trace"]:
                 assert sorted(ranks) == _group(rank, mesh, tuple(dims)), (label, kind, dims)
                 if len(dims) > 1:
                     seen.add((len(mesh), tuple(dims)))

@@ -8,7 +8,7 @@ import importlib
 import pytest
 
 MODULES = ["autoshard.runtime.steps", "autoshard.runtime.execute", "autoshard.runtime.collectives",
-           "autoshard.runtime.module"]
+           "autoshard.runtime.module", "autoshard.runtime.templates", "autoshard.runtime.program"]
 
 
 @pytest.mark.parametrize("name", MODULES)

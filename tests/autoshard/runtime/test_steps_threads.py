@@ -170,9 +170,12 @@ def test_joint_graph_on_simulated_ranks_matches_one_device(mlp_2x2, baseline):
     mesh = (2, 2)
     ref, results = _run_plan(model, inputs, prep.traced, plan, mesh)
     bucketed = {m for b in plan.buckets for m in b.members}
+    gathered = {m for g in plan.gather_buckets for m in g.members}
     planned = [(s.collective, s.mesh_dims) for r in plan.redistributions for s in r.steps
-               if s.collective in COLLECTIVE_STEPS and r.to not in bucketed]
+               if s.collective in COLLECTIVE_STEPS and r.to not in bucketed
+               and (r.tensor, r.to, r.input_index) not in gathered]
     planned += [(b.collective, b.mesh_dims) for b in plan.buckets]
+    planned += [("all_gather", g.mesh_dims) for g in plan.gather_buckets]
     assert planned, "the baseline should need collectives"
     for coord, (res, records) in results.items():
         torch.testing.assert_close(res.loss, ref.loss, rtol=1e-5, atol=1e-6)
@@ -252,7 +255,9 @@ def test_forward_only_gives_the_loss_with_fewer_collectives(mlp_2x2):
         forward = runner.run(params, {}, ins, forward_only=True)
         n_forward = len(comm.records)
         runner.run(params, {}, ins)
-        return forward, n_forward, len(comm.records) - n_forward
+        # bytes moved: a step may issue fewer collectives (gather buckets), never fewer bytes
+        return (forward, sum(b for *_, b in comm.records[:n_forward]),
+                sum(b for *_, b in comm.records[n_forward:]))
 
     for coord, (res, n_forward, n_step) in run_threads(mesh, rank).items():
         torch.testing.assert_close(res.loss, ref.loss, rtol=1e-5, atol=1e-6)
@@ -294,3 +299,24 @@ def test_a_sharded_tensor_constant_is_sliced_per_rank_and_the_step_matches_one_d
         torch.testing.assert_close(res.grads["w"], want)
     with pytest.raises(RuntimeLoadError, match="no placement for constant:_tensor_constant0"):
         JointRunner(prep.traced, replace(plan, constants={}), mesh, (0,), comm=object())
+def test_a_gather_bucket_gives_each_member_what_its_own_all_gather_gives_in_one_collective():
+    """Uneven shards on several tensor dims, one flattened group: the flat layout of
+    ``gather_phases`` hands every member exactly its own all_gather's result."""
+    from autoshard.runtime.steps import _drive, gather_phases
+
+    mesh = (2, 2)
+    S = parse_placements
+    cases = [((6, 5), "S(0)S(0)", 0), ((3, 7, 2), "S(1)S(1)", 1), ((7,), "S(0)S(0)", 0), ((2, 9), "S(1)S(1)", 1)]
+    steps = [RedistributeStep("all_gather", (0, 1), 0, 0.0, S(src), S("RR"), tensor_dim=d) for _, src, d in cases]
+    gen = torch.Generator().manual_seed(5)
+    inputs = [simulate.shard(torch.randn(shape, generator=gen), src, mesh) for shape, src, _ in cases]
+    expected = [simulate.apply_step(x, step, mesh) for x, step in zip(inputs, steps)]
+
+    def rank(coord, comm):
+        gen_ = gather_phases([x[coord] for x in inputs], steps, [c[0] for c in cases], mesh, coord, comm)
+        return _drive(gen_, comm), list(comm.records)
+
+    for coord, (outs, records) in run_threads(mesh, rank).items():
+        assert [(k, d) for k, d, _ in records] == [("all_gather", (0, 1))]  # one collective for all four
+        for i, want in enumerate(expected):
+            torch.testing.assert_close(outs[i], want[coord], rtol=0, atol=0, msg=lambda m: f"member {i} {coord}: {m}")

@@ -1,0 +1,94 @@
+r"""Gather buckets in the solver's objective: a parameter gather pays a share of one latency.
+
+The runtime issues parameter (leaf) all-gathers in gather buckets
+(``costmodel.bucketing``: FSDP2 gathers a layer at once), so a gather does not
+pay a whole call latency of its own. The strategy graph prices every leaf edge
+as if it did, which on a high-latency interconnect (gloo: ~1 ms per call)
+makes the solver avoid gathering parameters even where a bucketed gather is
+cheaper than the alternatives (all-reducing activations). As for gradient
+buckets (``costmodel.bucketing.bucket_share``), the edge is repriced with its
+latency amortised over the bucket it would share:
+
+    C'_e[a, b] = C_e[a, b] - (1 - share_e) * L_e[a, b],
+    share_e = min(1, bytes_e / min(B, total))
+
+for every pair ``(a, b)`` whose redistribution is exactly one all_gather of
+plain shards (``gatherable_step``), with ``L`` that all_gather's latency (its
+time at 0 bytes), ``bytes_e`` the gathered tensor, ``total`` the sum over all
+leaf edges of the model and ``B`` the largest gather cap the assembler tries
+(``GATHER_CAPS``). Other pairs and edges keep their cost. The plan's estimate
+then prices the real buckets (the assembler groups them and picks the cap by
+simulation), so the plan reports what runs.
+
+>>> amortized_gather_s(5.0, 2.0, 0.25)
+3.5
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from costmodel.bucketing import GATHER_CAPS, bucket_share, gatherable_step
+from costmodel.collectives import collective_time_s
+from costmodel.redistribute import plan_redistribute
+from solver import Problem
+from solver.problem import Edge
+
+__all__ = ["LEAF_KINDS", "amortized_gather_s", "gather_amortized_problem"]
+
+LEAF_KINDS = ("param", "input", "buffer")
+
+
+def amortized_gather_s(cost_s: float, latency_s: float, share: float) -> float:
+    """``cost_s`` with ``1 - share`` of its call latency taken off (never below 0)."""
+    return max(0.0, cost_s - (1.0 - share) * latency_s)
+
+
+def gather_amortized_problem(graph: Any, problem: Problem, cap: int = GATHER_CAPS[-1]) -> Problem:
+    """``problem`` (built from the strategy graph ``graph``) with its leaf gather
+    edges repriced (module docstring); matrices of equal inputs stay shared."""
+    leaf = [j for j, e in enumerate(graph.edges)
+            if graph.nodes[e.src].kind in LEAF_KINDS and graph.nodes[e.dst].kind == "op"]
+    if not leaf or cap <= 0:
+        return problem
+    total = float(sum(graph.edges[j].tensor.numel * graph.edges[j].tensor.itemsize for j in leaf))
+    plans: dict[tuple, float | None] = {}  # (shape, itemsize, src, dst) -> latency of a gatherable pair
+
+    def latency(shape: tuple[int, ...], itemsize: int, src: Any, dst: Any) -> float | None:
+        key = (shape, itemsize, src, dst)
+        if key not in plans:
+            try:
+                steps = plan_redistribute(src, dst, graph.mesh, shape, itemsize, graph.profile).steps
+            except Exception:  # noqa: BLE001 - no plan for this pair: its cost stays (forbidden or not)
+                steps = ()
+            step = gatherable_step(steps)
+            plans[key] = None if step is None else collective_time_s("all_gather", 0, step.mesh_dims, graph.mesh,
+                                                                     graph.profile)
+        return plans[key]
+
+    cache: dict[tuple, np.ndarray] = {}
+    edges = list(problem.edges)
+    for j in leaf:
+        e = graph.edges[j]
+        share = bucket_share(e.tensor.numel * e.tensor.itemsize, total, cap)
+        if share >= 1.0:
+            continue
+        matrix = problem.edges[j].cost
+        key = (id(matrix), share, graph.nodes[e.src].signature, graph.nodes[e.dst].signature, e.dst_input)
+        new = cache.get(key)
+        if new is None:
+            new = np.array(matrix, dtype=np.float64, copy=True)
+            u, v = graph.nodes[e.src], graph.nodes[e.dst]
+            shape = tuple(e.tensor.shape)
+            for a, b in zip(*np.nonzero(np.isfinite(new) & (new > 0))):
+                src = u.strategies[a].output_placements[e.src_output]
+                dst = v.strategies[b].input_placements[e.dst_input]
+                lat = latency(shape, e.tensor.itemsize, src, dst)
+                if lat is not None:
+                    new[a, b] = amortized_gather_s(float(new[a, b]), lat, share)
+            cache[key] = new
+        edges[j] = Edge(problem.edges[j].src, problem.edges[j].dst, new)
+    return Problem(nodes=problem.nodes, edges=tuple(edges), memory_limit=problem.memory_limit, ties=problem.ties,
+                   pins=dict(problem.pins), name=problem.name)

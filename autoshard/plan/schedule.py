@@ -1,0 +1,379 @@
+r"""The per-rank schedule of a plan: where each collective is issued and where it is waited.
+
+The runtime does not wait for a collective where it issues it. It issues a
+redistribution as soon as its input exists and waits for it just before its
+reader, and a gradient bucket as soon as its last member gradient is made,
+waiting for it before the optimizer step; parameter all-gathers are issued
+ahead of their reader (FSDP2's prefetch). Where each one is issued and waited
+is part of the plan (this schedule), so that the order the runtime executes
+is the order the estimate prices (``costmodel.overlap``), and the collective
+trace can be checked against it. Torch-free, like the plan format.
+
+**Positions.** The plan's op nodes (``plan.nodes``, the joint graph's order:
+forward, loss, backward) are numbered ``0 .. N-1``; position ``p`` is the
+point just before op ``p`` runs, and ``N`` the point after the last op (the
+loss, gradients and buffer updates are handed over there, then the optimizer
+steps). Every rank runs the same schedule (SPMD), so collectives meet in the
+same order on every process group.
+
+**Items.** One per redistribution with at least one collective step (named by
+its edge: producer, reader, reader input) that is not in a gradient or gather
+bucket, one per gradient bucket (by its index in ``plan.buckets``) and one per
+gather bucket (``plan.gather_buckets``: leaf all-gathers issued as one). Each has ``issue`` and
+``wait`` positions, ``issue <= wait``. At a position the runtime issues that
+position's items in list order, then waits for that position's items, then
+runs the op. A redistribution of several collective steps runs its steps in
+order at ``issue``, waiting each but the last at once (a step needs the
+previous one's result), and the last one at ``wait``; local steps after it
+run at ``wait``.
+
+**Rules** (:func:`build_schedule`):
+
+* a redistribution of an op's output: issued at ``producer + 1``, waited at its
+  reader (``N`` for the sinks: loss, gradients, buffer updates);
+* a gradient bucket: issued at ``max(member producer) + 1`` (its last member
+  gradient exists), waited at ``N`` (DDP's overlap of the reduction with the
+  rest of the backward);
+* a redistribution of a leaf (parameter, input, buffer): the leaf exists from
+  the start, and issuing every gather at position 0 would hold every gathered
+  parameter at once. Such items are ordered by reader and chained: item ``k``
+  is issued where item ``k - d`` is waited (position 0 for ``k < d``), with
+  ``d`` the **prefetch depth** (FSDP2 prefetches one layer: ``d`` counts
+  collectives here); ``d = 0`` issues each at its reader (no prefetch). A
+  gather bucket is one item of that chain, waited at its first member's reader;
+
+* the list is ordered by (issue, wait, plan order).
+
+**Memory.** A prefetched gather holds its output from ``issue`` to its reader
+earlier than an unprefetched one (a gather bucket holds each member's output
+until that member's reader): :func:`prefetch_intervals` gives those extra
+intervals (bytes of the gathered tensor), which the plan's peak memory
+counts, and the assembler picks the prefetch depth and gather bucket cap whose
+simulated step is best among those that fit the memory limit
+(``autoshard.plan.assemble``).
+
+**Extension: recompute regions.** The item kinds are open: a later
+``{"recompute": [op names], "at": p, ...}`` item can re-run forward ops at
+position ``p`` of the backward, with its own input redistributions as edge
+items whose reader is the recomputed op (their ``issue``/``wait`` positions
+then lie in the backward, before ``p``). The rules above apply unchanged to
+those edges; validation needs the recomputed ops' positions.
+
+>>> from costmodel.steps import RedistributeStep
+>>> from costmodel.placements import parse_placements as pp
+>>> ag = RedistributeStep("all_gather", (0,), 64, 1e-3, pp("S(0)"), pp("R"), tensor_dim=0)
+>>> class R:  # a redistribution: producer, reader, input, steps
+...     def __init__(self, tensor, to): self.tensor, self.to, self.input_index, self.steps = tensor, to, 0, (ag,)
+>>> s = build_schedule(["mm", "relu", "mm_1"], [R("param:w1", "mm"), R("param:w2", "mm_1")], (), prefetch=1)
+>>> [(i.edge[1], i.issue, i.wait) for i in s.items]
+[('mm', 0, 0), ('mm_1', 0, 2)]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Sequence
+
+from costmodel.overlap import StepSimulation, Transfer, simulate
+from costmodel.steps import COLLECTIVE_STEPS
+
+__all__ = ["DEFAULT_PREFETCH", "ScheduleError", "ScheduleItem", "Schedule", "build_schedule", "check_schedule",
+           "schedule_transfers", "simulate_schedule", "prefetch_intervals", "collective_redistributions", "leaf_gathers"]
+
+DEFAULT_PREFETCH = 1
+"""Prefetch depth of plans that carry no schedule (written before schedules existed)."""
+
+_LEAF_PREFIXES = ("param:", "input:", "buffer:")
+
+
+class ScheduleError(ValueError):
+    """A schedule that does not fit its plan (names the item and why)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleItem:
+    """One collective (or chain of collectives) of the plan, with its positions."""
+
+    issue: int
+    wait: int
+    edge: tuple[str, str, int] | None = None
+    """(producer, reader, reader input) of a redistribution."""
+    bucket: int | None = None
+    """Index of a gradient bucket in ``plan.buckets``."""
+    gather: int | None = None
+    """Index of a gather bucket in ``plan.gather_buckets``."""
+
+    @property
+    def key(self) -> tuple[Any, ...]:
+        """``("edge", producer, reader, input)``, ``("bucket", index)`` or ``("gather", index)``."""
+        if self.edge is not None:
+            return ("edge", *self.edge)
+        return ("bucket", self.bucket) if self.bucket is not None else ("gather", self.gather)
+
+    def to_dict(self) -> dict[str, Any]:
+        what: dict[str, Any] = ({"edge": list(self.edge)} if self.edge is not None else
+                                {"bucket": self.bucket} if self.bucket is not None else {"gather": self.gather})
+        return {**what, "issue": self.issue, "wait": self.wait}
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str) -> "ScheduleItem":
+        if not isinstance(data, Mapping):
+            raise ScheduleError(f"{where}: expected an object")
+        unknown = set(data) - {"edge", "bucket", "gather", "issue", "wait"}
+        if unknown:
+            raise ScheduleError(f"{where}.{sorted(unknown)[0]}: unknown key (allowed: bucket, edge, gather, issue, "
+                                "wait)")
+        for key in ("issue", "wait"):
+            if not isinstance(data.get(key), int) or isinstance(data.get(key), bool):
+                raise ScheduleError(f"{where}.{key}: expected an integer position, got {data.get(key)!r}")
+        if sum(k in data for k in ("edge", "bucket", "gather")) != 1:
+            raise ScheduleError(f"{where}: give exactly one of edge, bucket or gather")
+        if "edge" in data:
+            edge = data["edge"]
+            if not (isinstance(edge, list) and len(edge) == 3 and isinstance(edge[0], str) and isinstance(edge[1], str)
+                    and isinstance(edge[2], int) and not isinstance(edge[2], bool)):
+                raise ScheduleError(f"{where}.edge: expected [producer, reader, reader input], got {edge!r}")
+            return cls(data["issue"], data["wait"], edge=(edge[0], edge[1], edge[2]))
+        kind = "bucket" if "bucket" in data else "gather"
+        index = data[kind]
+        if not isinstance(index, int) or isinstance(index, bool):
+            raise ScheduleError(f"{where}.{kind}: expected a bucket index, got {index!r}")
+        return cls(data["issue"], data["wait"], **{kind: index})
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    """Issue and wait positions of every collective of a plan, in issue order (module docstring)."""
+
+    positions: int
+    """``N``: the plan's op nodes; positions run over ``0 .. N``."""
+    prefetch: int
+    """Prefetch depth of leaf gathers (module docstring)."""
+    items: tuple[ScheduleItem, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"positions": self.positions, "prefetch": self.prefetch, "collectives": [i.to_dict() for i in self.items]}
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "schedule") -> "Schedule":
+        if not isinstance(data, Mapping):
+            raise ScheduleError(f"{where}: expected an object")
+        unknown = set(data) - {"positions", "prefetch", "collectives"}
+        if unknown:
+            raise ScheduleError(f"{where}.{sorted(unknown)[0]}: unknown key (allowed: collectives, positions, prefetch)")
+        for key in ("positions", "prefetch"):
+            value = data.get(key)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ScheduleError(f"{where}.{key}: expected a non-negative integer, got {value!r}")
+        items = data.get("collectives")
+        if not isinstance(items, list):
+            raise ScheduleError(f"{where}.collectives: expected a list")
+        return cls(data["positions"], data["prefetch"],
+                   tuple(ScheduleItem.from_dict(x, f"{where}.collectives[{i}]") for i, x in enumerate(items)))
+
+
+def _has_collective(steps: Iterable[Any]) -> bool:
+    return any(s.collective in COLLECTIVE_STEPS for s in steps)
+
+
+def collective_redistributions(redistributions: Sequence[Any], buckets: Sequence[Any],
+                               gathers: Sequence[Any] = ()) -> list[Any]:
+    """The redistributions that issue collectives themselves (outside gradient and
+    gather buckets), in plan order."""
+    bucketed = {m for b in buckets for m in b.members}
+    gathered = {tuple(m) for g in gathers for m in g.members}
+    return [r for r in redistributions if _has_collective(r.steps) and r.to not in bucketed
+            and (r.tensor, r.to, r.input_index) not in gathered]
+
+
+def _positions(node_names: Sequence[str]) -> dict[str, int]:
+    return {name: i for i, name in enumerate(node_names)}
+
+
+def _producer_ready(tensor: str, pos: Mapping[str, int]) -> int:
+    """The first position where a value exists: after its op, or 0 for a leaf."""
+    return pos[tensor] + 1 if tensor in pos else 0
+
+
+def _is_leaf(tensor: str, pos: Mapping[str, int]) -> bool:
+    return tensor not in pos
+
+
+def leaf_gathers(node_names: Sequence[str], redistributions: Sequence[Any], buckets: Sequence[Any]) -> list[Any]:
+    """The redistributions of leaves read by ops that issue collectives, in
+    reader order (the prefetch chain's order; what gather buckets group)."""
+    pos = _positions(node_names)
+    rs = [r for r in collective_redistributions(redistributions, buckets) if _is_leaf(r.tensor, pos) and r.to in pos]
+    return sorted(rs, key=lambda r: pos[r.to])
+
+
+def build_schedule(node_names: Sequence[str], redistributions: Sequence[Any], buckets: Sequence[Any], *,
+                   prefetch: int = DEFAULT_PREFETCH, gathers: Sequence[Any] = ()) -> Schedule:
+    """The schedule of a plan's collectives by the rules of the module docstring.
+
+    ``node_names``: the plan's op nodes in order; ``redistributions``: objects
+    with ``tensor``, ``to``, ``input_index``, ``steps`` (``plan.redistributions``);
+    ``buckets``: ``plan.buckets``; ``gathers``: ``plan.gather_buckets``.
+    """
+    if prefetch < 0:
+        raise ScheduleError(f"prefetch: {prefetch} is negative")
+    pos = _positions(node_names)
+    n = len(node_names)
+    ordered: list[tuple[int, int, int, ScheduleItem]] = []  # (issue, wait, plan order, item)
+    chain: list[tuple[int, int, dict[str, Any]]] = []  # leaf items: (wait, plan order, item fields)
+    for order, r in enumerate(collective_redistributions(redistributions, buckets, gathers)):
+        wait = pos.get(r.to, n)
+        edge = (r.tensor, r.to, r.input_index)
+        if _is_leaf(r.tensor, pos) and r.to in pos:
+            chain.append((wait, order, {"edge": edge}))
+            continue
+        item = ScheduleItem(_producer_ready(r.tensor, pos), wait, edge=edge)
+        ordered.append((item.issue, item.wait, order, item))
+    base = len(redistributions)
+    for g, bucket in enumerate(gathers):
+        chain.append((min(pos.get(m[1], n) for m in bucket.members), base + g, {"gather": g}))
+    chain.sort(key=lambda t: (t[0], t[1]))
+    for k, (wait, order, what) in enumerate(chain):
+        issue = wait if prefetch == 0 else (chain[k - prefetch][0] if k >= prefetch else 0)
+        ordered.append((issue, wait, order, ScheduleItem(issue, wait, **what)))
+    producer = {r.to: r.tensor for r in redistributions}
+    base += len(gathers)
+    for b, bucket in enumerate(buckets):
+        issue = max((_producer_ready(producer.get(m, ""), pos) for m in bucket.members), default=n)
+        ordered.append((min(issue, n), n, base + b, ScheduleItem(min(issue, n), n, bucket=b)))
+    ordered.sort(key=lambda t: t[:3])
+    return Schedule(n, prefetch, tuple(t[3] for t in ordered))
+
+
+def check_schedule(schedule: Schedule, node_names: Sequence[str], redistributions: Sequence[Any],
+                   buckets: Sequence[Any], where: str = "schedule", gathers: Sequence[Any] = ()) -> None:
+    """Raise :class:`ScheduleError` unless ``schedule`` schedules every collective
+    of the plan exactly once, at positions where its input exists and before
+    its reader, in issue order."""
+    pos = _positions(node_names)
+    n = len(node_names)
+    if schedule.positions != n:
+        raise ScheduleError(f"{where}.positions: {schedule.positions}, the plan has {n} op nodes")
+    wanted = {("edge", r.tensor, r.to, r.input_index): r
+              for r in collective_redistributions(redistributions, buckets, gathers)}
+    producer = {r.to: r.tensor for r in redistributions}
+    seen: set[tuple[Any, ...]] = set()
+    last_issue = 0
+    for i, item in enumerate(schedule.items):
+        path = f"{where}.collectives[{i}]"
+        if not 0 <= item.issue <= item.wait <= n:
+            raise ScheduleError(f"{path}: positions issue {item.issue}, wait {item.wait} are not "
+                                f"0 <= issue <= wait <= {n}")
+        if item.issue < last_issue:
+            raise ScheduleError(f"{path}: issued at {item.issue}, before the item above it ({last_issue}): "
+                                "items are listed in issue order")
+        last_issue = item.issue
+        key = item.key
+        if key in seen:
+            raise ScheduleError(f"{path}: {_describe(item)} is scheduled twice")
+        seen.add(key)
+        if item.edge is not None:
+            r = wanted.get(key)
+            if r is None:
+                raise ScheduleError(f"{path}: {_describe(item)} is not a redistribution of the plan that issues "
+                                    "collectives outside a bucket")
+            ready, reader = _producer_ready(r.tensor, pos), pos.get(r.to, n)
+        elif item.gather is not None:
+            if not 0 <= item.gather < len(gathers):
+                raise ScheduleError(f"{path}: no gather bucket {item.gather} (the plan has {len(gathers)})")
+            ready, reader = 0, min(pos.get(m[1], n) for m in gathers[item.gather].members)
+        else:
+            if not 0 <= item.bucket < len(buckets):
+                raise ScheduleError(f"{path}: no bucket {item.bucket} (the plan has {len(buckets)})")
+            ready = max((_producer_ready(producer.get(m, ""), pos) for m in buckets[item.bucket].members), default=0)
+            reader = n
+        if item.issue < ready:
+            raise ScheduleError(f"{path}: {_describe(item)} is issued at {item.issue}, before its input exists "
+                                f"(position {ready})")
+        if item.wait > reader:
+            raise ScheduleError(f"{path}: {_describe(item)} is waited at {item.wait}, after its reader "
+                                f"(position {reader})")
+    missing = ([k for k in wanted if k not in seen] + [("bucket", b) for b in range(len(buckets))
+                                                        if ("bucket", b) not in seen]
+               + [("gather", g) for g in range(len(gathers)) if ("gather", g) not in seen])
+    if missing:
+        k = missing[0]
+        what = (f"the redistribution {k[1]} -> {k[2]} (input {k[3]})" if k[0] == "edge" else
+                f"bucket {k[1]}" if k[0] == "bucket" else f"gather bucket {k[1]}")
+        raise ScheduleError(f"{where}: {what} issues collectives but is not scheduled")
+
+
+def _describe(item: ScheduleItem) -> str:
+    if item.edge is not None:
+        return f"edge {item.edge[0]} -> {item.edge[1]} (input {item.edge[2]})"
+    return f"bucket {item.bucket}" if item.bucket is not None else f"gather bucket {item.gather}"
+
+
+def schedule_transfers(schedule: Schedule, redistributions: Sequence[Any], buckets: Sequence[Any],
+                       gathers: Sequence[Any] = ()) -> tuple[list[Transfer], list[tuple[int, float]]]:
+    """The schedule as ``costmodel.overlap`` transfers (collective steps' ``cost_s``
+    in order; a bucket's one collective), and the local steps as compute:
+    ``(position, seconds)`` at each redistribution's reader."""
+    by_edge = {("edge", r.tensor, r.to, r.input_index): r for r in redistributions}
+    transfers = []
+    for item in schedule.items:
+        if item.edge is not None:
+            steps = by_edge[item.key].steps
+            transfers.append(Transfer(item.issue, item.wait,
+                                      tuple(float(s.cost_s) for s in steps if s.collective in COLLECTIVE_STEPS)))
+        elif item.gather is not None:
+            transfers.append(Transfer(item.issue, item.wait, (float(gathers[item.gather].cost_s),)))
+        else:
+            transfers.append(Transfer(item.issue, item.wait, (float(buckets[item.bucket].cost_s),)))
+    pos_of = {}
+    for item in schedule.items:
+        if item.edge is not None:
+            pos_of[item.key] = item.wait
+    local = []
+    n = schedule.positions
+    for r in redistributions:
+        seconds = float(sum(s.cost_s for s in r.steps if s.collective not in COLLECTIVE_STEPS))
+        if seconds > 0:
+            local.append((pos_of.get(("edge", r.tensor, r.to, r.input_index), n), seconds))
+    return transfers, local
+
+
+def simulate_schedule(schedule: Schedule, op_compute_s: Sequence[float], redistributions: Sequence[Any],
+                      buckets: Sequence[Any], *, tail_s: float = 0.0, contention: float = 0.0,
+                      gathers: Sequence[Any] = ()) -> StepSimulation:
+    """The simulated step of a plan (``costmodel.overlap.simulate``): op compute
+    per position, local re-layouts at their readers, the collectives as scheduled,
+    and ``tail_s`` (the optimizer step) after the last position."""
+    transfers, local = schedule_transfers(schedule, redistributions, buckets, gathers)
+    compute = [float(c) for c in op_compute_s]
+    tail = float(tail_s)
+    for p, seconds in local:
+        if p < len(compute):
+            compute[p] += seconds
+        else:
+            tail += seconds
+    return simulate(compute, transfers, tail_s=tail, contention=contention)
+
+
+def prefetch_intervals(schedule: Schedule, redistributions: Sequence[Any], gathers: Sequence[Any] = (),
+                       node_names: Sequence[str] = ()) -> list[tuple[int, int, int]]:
+    """``(issue, until, bytes)`` of every leaf gather whose output is held before
+    its reader's position: a prefetched gather from ``issue`` to its reader, a
+    gather bucket's member from the bucket's ``issue`` to that member's reader
+    (module docstring, Memory)."""
+    by_edge = {("edge", r.tensor, r.to, r.input_index): r for r in redistributions}
+    pos = _positions(node_names)
+    out = []
+    for item in schedule.items:
+        if item.gather is not None:
+            for member in gathers[item.gather].members:
+                steps = [s for s in by_edge[("edge", *member)].steps if s.collective in COLLECTIVE_STEPS]
+                until = pos.get(member[1], schedule.positions)
+                if item.issue < until:
+                    out.append((item.issue, until, int(steps[-1].bytes)))
+            continue
+        if item.edge is None or item.issue >= item.wait or not item.edge[0].startswith(_LEAF_PREFIXES):
+            continue
+        steps = [s for s in by_edge[item.key].steps if s.collective in COLLECTIVE_STEPS]
+        out.append((item.issue, item.wait, int(steps[-1].bytes)))
+    return out

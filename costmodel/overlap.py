@@ -1,0 +1,218 @@
+r"""Two-stream simulation of one rank's step: compute on one stream, collectives on another.
+
+The runtime issues a collective as soon as its input exists and waits for it
+at its first reader (``autoshard.plan.schedule``); while it is in flight the
+rank keeps computing. What a step pays for communication is therefore not the
+sum of its collectives but what the compute stream waits for. This module
+prices exactly that, for a schedule written as positions in the op order.
+
+**Input.** ``N`` ops with compute times ``c_0 .. c_{N-1}`` (seconds at full
+speed), an optional tail ``c_end`` after the last op (the optimizer step), and
+transfers. Position ``p`` in ``[0, N]`` is the point just before op ``p``
+(``N``: after the last op, before the tail). A transfer has an ``issue`` and a
+``wait`` position (``issue <= wait``) and one or more collective durations
+``d_1 .. d_k``: the first ``k - 1`` run synchronously when the transfer is
+issued (the compute stream waits for each; a redistribution with several
+collective steps needs each result before the next step), the last runs in
+the background until the wait.
+
+**Order at a position.** At position ``p`` the compute stream issues the
+transfers whose ``issue == p`` in list order, then waits for those whose
+``wait == p``, then runs op ``p`` (or the tail at ``N``). The communication
+stream runs collectives one at a time, first issued first (gloo and NCCL both
+serialise the collectives of a process group; one stream is the usual model).
+
+**Contention.** On a GPU the collective runs on its own engines and hides
+fully. On a CPU both streams need the same cores: the profile's contention
+factor ``kappa`` in ``[0, 1]`` (``hw_profiles``: ``overlap.contention``) says
+how much. While both streams are busy each advances at rate ``1 / (1 + kappa)``;
+alone, at rate 1. ``kappa = 0``: full overlap (a step of compute ``C`` and a
+fully hidden collective ``D <= C`` takes ``C``); ``kappa = 1``: overlap gains
+nothing (``C + D``, as if run one after the other).
+
+**Output.** ``step_s`` (the time the compute stream finishes the tail),
+``compute_s = sum c``, ``comm_s = sum d``, and ``exposed_comm_s = step_s -
+compute_s``: what communication adds to the step (waits, and the slowdown of
+compute by collectives beside it); ``0 <= exposed_comm_s <= comm_s``.
+Per transfer the simulation also gives its start on the communication stream
+and the time the compute stream reached its wait (``slack``: see
+:func:`transfer_slack`), which the solver's overlap pricing reads.
+
+Worked example (hand-checked in ``tests/costmodel/test_overlap.py``): ops of
+1, 2, 3 ms; a 2.5 ms collective issued at position 1 (after op 0) and waited
+at position 2 (before op 2). It runs from 1 ms to 3.5 ms; op 1 ends at 3 ms,
+so op 2 starts at 3.5 ms: ``step_s = 6.5`` ms, ``exposed_comm_s = 0.5`` ms.
+
+>>> r = simulate([1e-3, 2e-3, 3e-3], [Transfer(1, 2, (2.5e-3,))])
+>>> round(r.step_s * 1e3, 3), round(r.exposed_comm_s * 1e3, 3)
+(6.5, 0.5)
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Sequence
+
+__all__ = ["Transfer", "TransferTiming", "StepSimulation", "simulate", "transfer_slack", "exposed_cost_s"]
+
+_EPS = 1e-15
+
+
+@dataclass(frozen=True, slots=True)
+class Transfer:
+    """One scheduled redistribution or bucket (module docstring)."""
+
+    issue: int
+    """Position where the compute stream issues it."""
+    wait: int
+    """Position where the compute stream waits for it (``>= issue``)."""
+    durations_s: tuple[float, ...]
+    """Its collectives in order; all but the last are waited at once."""
+
+
+@dataclass(frozen=True, slots=True)
+class TransferTiming:
+    """When one transfer's last collective ran, and when its reader wanted it."""
+
+    start_s: float
+    """Start of its last collective on the communication stream."""
+    end_s: float
+    """End of its last collective."""
+    needed_s: float
+    """When the compute stream reached its wait position."""
+
+
+@dataclass(frozen=True, slots=True)
+class StepSimulation:
+    """The simulated step (module docstring)."""
+
+    step_s: float
+    compute_s: float
+    comm_s: float
+    exposed_comm_s: float
+    """``step_s - compute_s``: what communication adds to the step."""
+    timings: tuple[TransferTiming, ...]
+    """One per transfer, in the order given."""
+    reached_s: tuple[float, ...] = ()
+    """When the compute stream reached each position ``0 .. N`` (before its waits)."""
+
+
+def simulate(compute_s: Sequence[float], transfers: Sequence[Transfer], *, tail_s: float = 0.0,
+             contention: float = 0.0) -> StepSimulation:
+    """Simulate one step (module docstring). ``compute_s[p]`` is op ``p``'s time;
+    ``tail_s`` runs after position ``N = len(compute_s)``; ``contention`` is kappa.
+
+    >>> simulate([1.0, 1.0], [Transfer(0, 2, (1.5,))]).step_s
+    2.0
+    >>> simulate([1.0, 1.0], [Transfer(0, 2, (1.5,))], contention=1.0).step_s
+    3.5
+    """
+    n = len(compute_s)
+    if not 0.0 <= contention <= 1.0:
+        raise ValueError(f"contention: {contention} is not in [0, 1]")
+    issues: dict[int, list[int]] = {}
+    waits: dict[int, list[int]] = {}
+    for k, t in enumerate(transfers):
+        if not 0 <= t.issue <= t.wait <= n:
+            raise ValueError(f"transfer {k}: positions issue {t.issue}, wait {t.wait} not within 0 <= issue <= wait <= {n}")
+        if not t.durations_s or any(d < 0 for d in t.durations_s):
+            raise ValueError(f"transfer {k}: durations must be a non-empty list of non-negative seconds")
+        issues.setdefault(t.issue, []).append(k)
+        waits.setdefault(t.wait, []).append(k)
+
+    # The compute stream's program: ("issue", k, j) puts collective j of
+    # transfer k on the communication stream; ("wait", k, j) blocks until it
+    # is done; ("work", seconds) computes.
+    program: list[tuple] = []
+    for p in range(n + 1):
+        program.append(("at", p))
+        for k in issues.get(p, ()):
+            last = len(transfers[k].durations_s) - 1
+            for j in range(last):
+                program += [("issue", k, j), ("wait", k, j)]
+            program.append(("issue", k, last))
+        for k in waits.get(p, ()):
+            program.append(("wait", k, len(transfers[k].durations_s) - 1))
+        work = compute_s[p] if p < n else tail_s
+        if work > 0:
+            program.append(("work", float(work)))
+
+    slow = 1.0 / (1.0 + contention)
+    now = 0.0
+    queue: deque[list] = deque()  # [transfer, collective, seconds left at full speed]
+    done: dict[tuple[int, int], float] = {}
+    started: dict[tuple[int, int], float] = {}
+    needed: dict[int, float] = {}
+    reached = [0.0] * (n + 1)
+    i = 0
+    work_left = 0.0
+    while True:
+        # instantaneous actions until the compute stream computes or blocks
+        while i < len(program):
+            action = program[i]
+            if action[0] == "at":
+                reached[action[1]] = now
+                i += 1
+            elif action[0] == "issue":
+                queue.append([action[1], action[2], transfers[action[1]].durations_s[action[2]]])
+                if len(queue) == 1:
+                    started[(action[1], action[2])] = now
+                i += 1
+            elif action[0] == "wait":
+                key = (action[1], action[2])
+                if action[2] == len(transfers[action[1]].durations_s) - 1:
+                    needed.setdefault(action[1], now)
+                if key in done:
+                    i += 1
+                    continue
+                break
+            else:
+                if work_left <= 0.0:
+                    work_left = action[1]
+                break
+        computing = i < len(program) and program[i][0] == "work"
+        if not computing and not queue:
+            if i < len(program):  # a wait on something never issued: the schedule is broken
+                raise ValueError(f"schedule: the compute stream waits for transfer {program[i][1]} before issuing it")
+            break
+        rate = slow if (computing and queue) else 1.0
+        step = min(work_left if computing else float("inf"), queue[0][2] if queue else float("inf")) / rate
+        now += step
+        if computing:
+            work_left -= step * rate
+            if work_left <= _EPS:
+                work_left = 0.0
+                i += 1
+        if queue:
+            queue[0][2] -= step * rate
+            if queue[0][2] <= _EPS:
+                k, j, _ = queue.popleft()
+                done[(k, j)] = now
+                if queue:
+                    started[(queue[0][0], queue[0][1])] = now
+    total_compute = float(sum(compute_s)) + float(tail_s)
+    total_comm = float(sum(sum(t.durations_s) for t in transfers))
+    timings = tuple(TransferTiming(started[(k, len(t.durations_s) - 1)], done[(k, len(t.durations_s) - 1)],
+                                   needed[k]) for k, t in enumerate(transfers))
+    return StepSimulation(now, total_compute, total_comm, max(0.0, now - total_compute), timings, tuple(reached))
+
+
+def transfer_slack(timing: TransferTiming) -> float:
+    """Seconds a transfer's last collective can take before its reader waits:
+    from its start on the communication stream to when the compute stream
+    reached its wait (0 when it started late)."""
+    return max(0.0, timing.needed_s - timing.start_s)
+
+
+def exposed_cost_s(comm_s: float, slack_s: float, contention: float) -> float:
+    r"""What a collective of ``comm_s`` adds to the step when ``slack_s`` of
+    compute can run beside it: the part that does not fit, plus the
+    contention slowdown of the part that does,
+    ``max(0, d - s) + kappa * min(d, s)``.
+
+    >>> exposed_cost_s(3.0, 2.0, 0.0), exposed_cost_s(3.0, 2.0, 0.5), exposed_cost_s(1.0, 2.0, 1.0)
+    (1.0, 2.0, 1.0)
+    """
+    hidden = min(comm_s, max(0.0, slack_s))
+    return comm_s - hidden + contention * hidden
