@@ -42,8 +42,12 @@ import numpy as np
 from solver.backends import DEFAULT_BACKEND, get_backend
 from solver.budget import Budget
 from solver.evaluate import evaluate
+from solver.kernels import local_costs
+from solver.localsearch import SearchState, descend, repair
 from solver.compiled import compile_graph
 from solver.evaluate import evaluate
+from solver.kernels import local_costs
+from solver.localsearch import SearchState, descend, repair
 from solver.jit import COMPILING_NOTE, CompileClock
 from solver.problem import Problem
 from solver.reductions import InfeasibleError, reduce_problem
@@ -188,9 +192,6 @@ def _warm_start(working: Any, graph: Any, initial: Sequence[int], inc: Incumbent
     ``completed`` (some of its values were reduced away, as dominated, and the
     variables took their cheapest value given the others, then a repair to the
     memory limit); ``infeasible`` (a forbidden cost or over the limit even so)."""
-    from solver.localsearch import SearchState, descend, repair
-    from solver.kernels import local_costs
-
     values = working.project(initial)
     x = np.array([-1 if values[int(v)] is None else values[int(v)] for v in graph.var_ids], dtype=np.int64)
     missing = np.flatnonzero(x < 0)
