@@ -47,6 +47,19 @@ def batch(step: int, vocab: int, shape: tuple[int, int]) -> tuple[torch.Tensor, 
     return tokens, (tokens + 1) % vocab
 
 
+def _unproven_note(plan, time_limit: float) -> str:
+    """One line saying why the plan is not proven optimal (measured on this
+    example: the exact stage's LP bound is 24 % below the plan under a 2 MiB
+    limit; CP-SAT needs more than a minute to close it)."""
+    e = plan.estimate
+    gap = plan.solver.gap
+    why = (f"the {e.memory_limit_bytes / 2**20:.2f} MiB limit binds (peak {e.peak_memory_bytes / 2**20:.2f} MiB), "
+           "which makes the choice a knapsack with a loose LP bound"
+           if e.peak_memory_bytes > 0.8 * e.memory_limit_bytes else "the search ran out of time")
+    return (f"\nnot proven optimal in {time_limit:g} s{'' if gap is None else f' (gap {gap:.0%})'}: {why}; "
+            "best plan found, never worse than the expert layouts")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=8)
@@ -74,6 +87,8 @@ def main() -> None:
     if rank == 0:
         fp = sharded.plan.fingerprint
         print(explain_text(sharded.plan, top=5, params_limit=8))
+        if sharded.plan.solver.status != "optimal":
+            print(_unproven_note(sharded.plan, args.time_limit))
         print(f"\nplan {sharded.plan_source}; set-up {time.perf_counter() - start:.1f} s; "
               f"{dist.get_world_size()} ranks on mesh {'x'.join(map(str, fp.mesh_shape))} ({', '.join(fp.dim_names)})"
               f"{'' if args.mesh else ', chosen by autoshard'}\n", flush=True)
