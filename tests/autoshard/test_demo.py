@@ -97,3 +97,16 @@ def test_a_proven_solve_is_not_run_again(monkeypatch):
     monkeypatch.setattr(solver, "solve", fake_solve)
     _, check, compiled, rerun = demo._solve_checked(problem, "cpsat", 20.0)
     assert calls == ["cpsat"] and not rerun and compiled == 3.0 and check == "ok"
+
+
+def test_an_unproven_plan_gets_one_line_and_a_proven_one_none():
+    assert demo.unproven_note("optimal", 0.0, 40.0) is None
+    note = demo.unproven_note("timeout", 0.0123, 40.0)
+    assert "\n" not in note and "gap 1.2%" in note and "--time-limit 40" in note
+    assert "gap" not in demo.unproven_note("feasible", None, 20.0)
+
+
+def test_demo_doctests():
+    import doctest
+
+    assert doctest.testmod(demo).failed == 0
