@@ -100,7 +100,7 @@ def trace_section(console, paths: list[str]) -> None:
 
 def reshard_section(console) -> None:
     """2. Price a few reshardings of a 64 MiB bf16 tensor on an 8x8 H100 mesh."""
-    from rich.table import Table
+    from rich.table import Column, Table
 
     console.rule("2. cost model: reshardings of a 64 MiB bf16 tensor on an 8x8 H100 mesh")
     from costmodel.mesh import MeshSpec
@@ -108,7 +108,7 @@ def reshard_section(console) -> None:
     from hw_profiles import load
 
     profile, mesh = load("h100-sxm-80gb"), MeshSpec((8, 8), ("dp", "tp"))
-    table = Table("from", "to", "steps", "time (us)")
+    table = Table("from", "to", "steps", Column("time us", justify="right", no_wrap=True))
     for src, dst in (("S(0)S(0)", "RR"), ("P(sum)P(sum)", "RR"), ("P(sum)R", "S(0)R"), ("S(0)R", "S(1)R"),
                      ("RR", "P(sum)R")):
         plan = plan_redistribute(src, dst, mesh, (8192, 4096), 2, profile)
