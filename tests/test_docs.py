@@ -442,8 +442,10 @@ def _command_problems(text: str) -> list[str]:
     return problems
 
 
-@pytest.mark.parametrize("page", [README, RESULTS, DOCS / "solver.md", DOCS / "contributing.md"],
-                         ids=lambda p: p.name)
+COMMAND_PAGES = [README, RESULTS, *(DOCS / f"{name}.md" for name in ("solver", "contributing", "internals"))]
+
+
+@pytest.mark.parametrize("page", COMMAND_PAGES, ids=lambda p: p.name)
 def test_commands_in_code_name_real_subcommands_flags_files_and_modules(page):
     problems = _command_problems(page.read_text())
     assert not problems, f"{page.name}: " + "; ".join(problems)
