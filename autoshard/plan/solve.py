@@ -277,7 +277,7 @@ def _solve_local(graph: StrategyGraph, problem: Any, recompute: str, time_limit:
     in :data:`WARM_POLICIES` order: when keeping everything does not fit (a long
     sequence), the search would otherwise start with no incumbent and, when its
     time runs out, return whatever its heuristics found (LLaMA-3-8B at 2 x 8192
-    per GPU on 8 H100s: 5.2 s against FSDP with selective recomputation's 3.3 s).
+    per GPU on 8 H100s, under load: 5.2 s against FSDP with selective recomputation's 3.3 s).
     The first policy gets ``WARM_SHARE`` of the time, the others share as much again."""
     if recompute != "auto" or not any(n.states for n in graph.nodes):
         return solve_problem(problem, backend=backend, time_limit=time_limit, gap=PLAN_GAP, progress=on_event)
