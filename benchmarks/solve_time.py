@@ -48,24 +48,42 @@ rows 30 s so that trace, build and solve take a minute; 70B 100 s, with the seed
 DIM_NAMES = {1: "dp", 2: "dp,tp", 3: "pp,dp,tp"}
 
 
+def _cpu_s() -> float:
+    """CPU seconds of this process and its finished children (the CBC solver runs as one)."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def build_llama(config: str, batch: int, *, n_layers: int | None = None) -> tuple:
+    """The model of ``CONFIGS[config]`` on meta in bf16 with a global batch of ``batch`` sequences.
+
+    >>> model, inputs = build_llama("8b-8192", 16, n_layers=1)
+    >>> tuple(inputs[0].shape)
+    (16, 8192)
+    """
+    from examples.models import llama3
+
+    factory, overrides = CONFIGS[config]
+    overrides = {k: v for k, v in overrides.items() if k != "batch_per_gpu"}
+    overrides.update(dtype="bfloat16", device="meta", batch_size=batch)
+    if n_layers is not None:
+        overrides["n_layers"] = n_layers
+    return getattr(llama3, factory)(**overrides)
+
+
 def run_one(config: str, mesh_text: str, *, n_layers: int | None = None, baselines: bool = True,
             time_limit: float | None = None, recompute: str = "auto") -> dict:
     """One configuration in this process; returns the row."""
-    from examples.models import llama3
-
     from autoshard.plan.solve import compare_baselines, prepare, solve_prepared
 
-    factory, overrides = CONFIGS[config]
-    overrides = dict(overrides)
     mesh = tuple(int(m) for m in mesh_text.split("x"))
     # one sequence per GPU by default (torchtitan's 8B/70B recipes use a local batch of 1-2)
-    batch = max(1, int(math.prod(mesh) * overrides.pop("batch_per_gpu", 1)))
-    overrides = {**overrides, "dtype": "bfloat16", "device": "meta", "batch_size": batch}
-    if n_layers is not None:
-        overrides["n_layers"] = n_layers
+    batch = max(1, int(math.prod(mesh) * CONFIGS[config][1].get("batch_per_gpu", 1)))
     names = tuple(DIM_NAMES.get(len(mesh), ",".join(f"d{i}" for i in range(len(mesh)))).split(","))
     t0 = time.perf_counter()
-    model, inputs = getattr(llama3, factory)(**overrides)
+    cpu0 = _cpu_s()
+    model, inputs = build_llama(config, batch, n_layers=n_layers)
     prep = prepare(model, inputs, mesh, names, profile="h100-sxm-80gb", mixed_precision=True, recompute=recompute)
     limit = time_limit if time_limit is not None else TIME_LIMITS.get(config, 60.0)
     try:
@@ -73,13 +91,14 @@ def run_one(config: str, mesh_text: str, *, n_layers: int | None = None, baselin
     except ValueError as exc:  # no plan fits
         return {"config": config, "mesh": mesh_text, "error": str(exc).splitlines()[0][:200]}
     total = time.perf_counter() - t0
+    cpu = _cpu_s() - cpu0
     graph = prep.graph
     row = {
         "config": config, "mesh": mesh_text, "layers": n_layers or len(model.layers), "batch": batch,
         # seeded search: the coarse build and solve count as build and solve
         "trace_s": prep.timings["trace_s"], "build_s": prep.timings["build_s"] + prep.timings.get("seed_build_s", 0.0),
         "solve_s": plan.solver.seconds + prep.timings.get("seed_solve_s", 0.0),
-        "total_s": round(total, 2), "nodes": len(graph.nodes), "edges": len(graph.edges),
+        "total_s": round(total, 2), "cpu_s": round(cpu, 1), "nodes": len(graph.nodes), "edges": len(graph.edges),
         "matrices": len(graph.matrices), "strategies_mean": round(graph.stats.strategies_mean, 1),
         "reduced_vars": plan.solver.reduced_variables, "status": plan.solver.status,
         "step_s": plan.estimate.step_s, "peak_gib": plan.estimate.peak_memory_bytes / 2**30,
@@ -111,8 +130,8 @@ def _child(args: list[str]) -> dict:
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| model | mesh | batch | search | trace s | build s | solve s | total s | nodes / edges / matrices | strategies | reduced vars | RSS GiB | status | step s | recompute s (ops) | peak GiB | DDP | FSDP | TP | FSDP+TP |",
-             "|---|---|---:|---|---:|---:|---:|---:|---|---:|---:|---:|---|---:|---:|---:|---|---|---|---|"]
+    lines = ["| model | mesh | batch | search | trace s | build s | solve s | total s | CPU s | nodes / edges / matrices | strategies | reduced vars | RSS GiB | status | step s | recompute s (ops) | peak GiB | DDP | FSDP | TP | FSDP+TP |",
+             "|---|---|---:|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---|---:|---:|---:|---|---|---|---|"]
     for r in rows:
         if "error" in r:
             lines.append(f"| {r.get('config')} | {r.get('mesh')} | error: {r['error']} |")
@@ -128,7 +147,7 @@ def table(rows: list[dict]) -> str:
         status = r["status"] + (f" ({r['portfolio']})" if r.get("portfolio") else "")
         lines.append(
             f"| {r['config']} | {r['mesh']} | {r['batch']} | {r['search']} | {r['trace_s']:.1f} | {r['build_s']:.1f} | {r['solve_s']:.1f} "
-            f"| {r['total_s']:.1f} | {r['nodes']} / {r['edges']} / {r['matrices']} | {r['strategies_mean']} "
+            f"| {r['total_s']:.1f} | {r.get('cpu_s', float('nan')):.1f} | {r['nodes']} / {r['edges']} / {r['matrices']} | {r['strategies_mean']} "
             f"| {r['reduced_vars']} | {r['rss_gib']:.2f} | {status} | {r['step_s']:.3f} "
             f"| {r.get('recompute_s', 0.0):.3f} ({r.get('recomputed', 0)}) | {r['peak_gib']:.1f} "
             f"| {base('ddp')} | {base('fsdp')} | {base('tp')} | {base('fsdp+tp')} |")

@@ -460,6 +460,10 @@ def assemble_plan(
     for j, (e, pe) in enumerate(zip(graph.edges, problem.edges)):
         a, b = choice[e.src], choice[e.dst]
         u, v = graph.nodes[e.src], graph.nodes[e.dst]
+        if v.kind == "memory":
+            # an edge into a memory-only node (an exact copy node, autoshard.graph.tied_memory) only ties
+            # its choice: no tensor moves; the copy it stands for is the producer -> reader edge's
+            continue
         src = u.strategies[a].output_placements[e.src_output]
         dst = _reader_placement(v, b, e.dst_input)
         # a free edge needs nothing only when the placements agree: a bucketed gradient's

@@ -104,3 +104,21 @@ def test_baselines_are_priced_with_every_policy(prep) -> None:
     by = {(r.name, r.recompute): r.plan for r in rows if r.plan is not None}
     assert by["ddp", "full"].estimate.peak_memory_bytes < by["ddp", "none"].estimate.peak_memory_bytes
     assert by["ddp", "full"].options["recompute"] == "full"
+
+
+def test_warm_start_falls_back_to_a_policy_when_keeping_everything_does_not_fit(prep, plans) -> None:
+    from autoshard.graph.problem import to_problem
+    from autoshard.plan.solve import _solve_local
+
+    low, high = plans["full"].estimate.peak_memory_bytes, plans["none"].estimate.peak_memory_bytes
+    limit = low + 0.5 * (high - low)
+
+    def under(policy: str):
+        return to_problem(prep.graph, memory_limit=limit, recompute=policy)
+
+    solution = _solve_local(prep.graph, under("auto"), "auto", 20.0, "cbc", lambda event: None, under)
+    tried = solution.stats["warm_start"]
+    assert tried["none"]["cost"] is None  # keeping everything does not fit
+    fallback = [p for p in ("selective", "full") if p in tried]
+    assert fallback and tried[fallback[-1]]["cost"] is not None  # a fixed policy fits and starts the search
+    assert solution.choice and solution.cost <= tried[fallback[-1]]["cost"] * (1 + 1e-9)

@@ -1,0 +1,249 @@
+"""Published GPU training runs, predicted: autoshard's cost model against what was measured.
+
+Each run is configured as published (model, global batch, sequence, mesh,
+layout, activation checkpointing, bf16 with an fp32 master copy and fp32
+AdamW state) and priced twice on the published hardware's profile:
+
+- the **baseline**: the published layout (``fsdp`` or ``fsdp+tp``, pinned by
+  ``autoshard.plan.baselines``) with the published recomputation policy, no
+  memory limit (so its peak is the prediction, not a constraint);
+- the **solved plan**: what autoshard chooses on the same mesh (placements and
+  recomputation, ``recompute="auto"``) within the device's memory.
+
+The model is ``examples.models.llama3`` with torchtitan's loss (logits cast
+to fp32 before the cross entropy, :func:`_titan_forward`).
+
+Predicted tokens/s/GPU = global batch x sequence / (step_s x GPUs), the way
+torchtitan logs ``tps`` (tokens of the local batch / (time x non-data-parallel
+degree)). Published step times are derived the same way where only tokens/s
+are published. The error is (predicted - published) / published.
+
+The published memory is torchtitan's ``max_reserved`` (the caching allocator's
+reservation, which includes fragmentation); the prediction is the peak of live
+tensors (what ``max_allocated`` measures), so a prediction a few GiB below a
+reserved figure is expected. Where a source gives both, both are shown.
+
+Each run is solved in its own process (peak RSS its own). Not a test.
+
+    python -m benchmarks.published_runs                      # every run, table on stdout
+    python -m benchmarks.published_runs --only tt-8b-fsdp8
+    python -m benchmarks.published_runs -o benchmarks/results/published_runs.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import resource
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from types import MethodType
+
+TT_2412 = ("https://github.com/pytorch/torchtitan/blob/main/benchmarks/llama3_h100_202412_torchtitan.md"
+           " (torchtitan 9dec370, torch 1963fc8, 2024-12)")
+TT_ASYNC = ("https://github.com/pytorch/torchtitan/blob/main/benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md"
+            " (torchtitan 820504e, torch 38410cf9, 2025-06)")
+AP_481 = ("https://github.com/meta-pytorch/autoparallel/pull/481 (commit 7ad1142, 'Real benchmark results',"
+          " TorchTitan reference row)")
+
+
+@dataclass(frozen=True, slots=True)
+class PublishedRun:
+    """One published measurement and the configuration it ran."""
+
+    key: str
+    title: str
+    config: str
+    """A ``benchmarks.solve_time.CONFIGS`` key (model shape and sequence length)."""
+    seq_len: int
+    global_batch: int
+    mesh: tuple[int, ...]
+    dim_names: tuple[str, ...]
+    baseline: str
+    recompute: str
+    profile: str
+    tokens_per_gpu_s: float
+    step_s: float
+    memory_gib: float | None
+    memory_note: str
+    source: str
+    not_modeled: str
+    """What the run did that the prediction does not price (it explains part of the error)."""
+
+    @property
+    def gpus(self) -> int:
+        return math.prod(self.mesh)
+
+
+def _tt_step(tps: float, global_batch: int, seq: int, gpus: int) -> float:
+    """Step time from torchtitan's tokens/s/GPU."""
+    return global_batch * seq / (tps * gpus)
+
+
+RUNS = (
+    PublishedRun(
+        "tt-8b-fsdp8", "Llama 3.1 8B, FSDP 8 (1 host)", "8b-8192", 8192, 16, (8,), ("dp",), "fsdp", "selective",
+        "h100-sxm-96gb-500w", 5762.0, _tt_step(5762.0, 16, 8192, 8), 82.4, "max reserved",
+        TT_2412 + " Table 1 row FSDP; local batch 2, seq 8192 and per-op selective AC from train_configs/llama3_8b.toml",
+        "eager (no torch.compile); FSDP2 reduces gradients in fp32 (mixed_precision_reduce default float32)"),
+    PublishedRun(
+        "tt-8b-fsdp128", "Llama 3.1 8B, FSDP 128 (16 hosts)", "8b-8192", 8192, 256, (128,), ("dp",), "fsdp",
+        "selective", "h100-sxm-96gb-500w", 5605.0, _tt_step(5605.0, 256, 8192, 128), 67.0, "max reserved",
+        TT_2412 + " Table 3 row FSDP; local batch 2, seq 8192, per-op selective AC",
+        "eager; fp32 gradient reduction; the 128-rank collectives cross 16 hosts on 400 Gb/s RoCE"),
+    PublishedRun(
+        "tt-8b-fsdp8-tp8", "Llama 3 8B, FSDP 8 x TP 8 (8 hosts), vanilla TP, bf16", "8b-8192", 8192, 96, (8, 8),
+        ("dp", "tp"), "fsdp+tp", "selective", "h100-sxm-96gb-500w", 4378.0, _tt_step(4378.0, 96, 8192, 64), None,
+        "not published",
+        TT_ASYNC + " table 'Llama3 8b on 64 H100s', row None (bfloat16), Vanilla TP; local batch 12 per data-parallel"
+        " rank (global 96), per-op SAC, seq 8192 from the llama3_8b.toml of that commit",
+        "torch.compile was on (the 2024-12 table shows +16 % from compile on FSDP 8); sequence-parallel norms and"
+        " loss parallel as torchtitan lays them out are priced only as the solver's free activations choose"),
+    PublishedRun(
+        "ap481-8b-dp16-tp8", "LLaMA-3 8B, dp 16 x tp 8 (16 hosts), torchtitan reference", "8b-8192", 8192, 32,
+        (16, 8), ("dp", "tp"), "fsdp+tp", "selective", "h100-sxm-96gb-500w", 32 * 8192 / (128 * 0.3662), 0.3662,
+        8.62, "max allocated (8.62 GiB; reserved 9.43 GiB)",
+        AP_481 + ": min 366.2 ms (avg 414.1 ms); 32 layers, seq 8192, global batch 32",
+        "the PR does not say the AC policy, compile or the GPU part (Meta H100 hosts on RoCE 400G, as its NCCL"
+        " tables; the 96 GB 500 W profile is an ASSUMPTION); the step is the minimum of the run"),
+)
+
+
+def _titan_forward(self, tokens, labels):
+    """``examples.models.llama3.Llama.forward`` with torchtitan's loss: the logits are cast
+    to fp32 before the cross entropy (torchtitan ``cross_entropy_loss``: ``pred.flatten(0, 1).float()``),
+    so the loss and its gradient hold fp32 logits, as in the published runs."""
+    import torch.nn.functional as F
+
+    seq = tokens.shape[1]
+    cos, sin = self.rope_cos[:seq], self.rope_sin[:seq]
+    x = self.tok_embeddings(tokens)
+    for layer in self.layers:
+        x = layer(x, cos, sin)
+    logits = F.linear(self.norm(x), self.output.weight)
+    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
+
+
+def run_one(run: PublishedRun, time_limit: float) -> dict:
+    """Price one published run (baseline and solved plan) in this process."""
+    from autoshard.plan.solve import prepare, solve_prepared
+    from benchmarks.solve_time import build_llama
+
+    t0 = time.perf_counter()
+    cpu0 = time.process_time()
+    model, inputs = build_llama(run.config, run.global_batch)
+    model.forward = MethodType(_titan_forward, model)
+    row: dict = {"key": run.key}
+    # the published layout runs FSDP2, which gathers a block's parameters with prefetch
+    prep = prepare(model, inputs, run.mesh, run.dim_names, profile=run.profile, mixed_precision=True,
+                   recompute="auto", gather="fsdp2")
+    base = solve_prepared(prep, baseline=run.baseline, recompute=run.recompute, memory_limit=1e30,
+                          time_limit=time_limit)
+    row["baseline"] = _estimate(base)
+    # the solved plan, priced as autoshard's runtime runs it (parameter copies per reader)
+    prep = prepare(model, inputs, run.mesh, run.dim_names, profile=run.profile, mixed_precision=True,
+                   recompute="auto", traced=prep.traced)
+    try:
+        plan = solve_prepared(prep, recompute="auto", time_limit=time_limit)
+        row["plan"] = {**_estimate(plan), "portfolio": plan.options.get("portfolio"), "status": plan.solver.status,
+                       "recompute_policy": plan.options.get("recompute")}
+    except ValueError as exc:
+        row["plan"] = {"error": str(exc).splitlines()[0][:200]}
+    row["wall_s"] = round(time.perf_counter() - t0, 1)
+    row["cpu_s"] = round(time.process_time() - cpu0, 1)
+    row["rss_gib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)
+    return row
+
+
+def _estimate(plan) -> dict:
+    e = plan.estimate
+    return {"step_s": e.step_s, "compute_s": e.compute_s, "comm_s": e.comm_s, "exposed_comm_s": e.exposed_comm_s,
+            "recompute_s": e.recompute_s, "peak_gib": e.peak_memory_bytes / 2**30, "fits": e.fits,
+            "recomputed": len(plan.recompute)}
+
+
+def _pct(predicted: float, published: float) -> str:
+    return f"{100 * (predicted - published) / published:+.1f} %"
+
+
+def table(rows: list[tuple[PublishedRun, dict]]) -> str:
+    head = ("| run | GPUs | global batch x seq | priced as | step s (published) | step s (predicted) "
+            "| tokens/s/GPU (published) | tokens/s/GPU (predicted) | error | memory GiB (published) "
+            "| peak GiB (predicted) | error | compute / exposed comm / recompute s |")
+    lines = [head, "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for run, r in rows:
+        for label, key in ((f"baseline {run.baseline}, {run.recompute} AC", "baseline"), ("solved plan", "plan")):
+            e = r.get(key)
+            if e is None or "error" in e or "error" in r:
+                why = (e or {}).get("error") or r.get("error", "?")
+                lines.append(f"| {run.key} | {run.gpus} | {run.global_batch} x {run.seq_len} | {label} | error: {why} |")
+                continue
+            tps = run.global_batch * run.seq_len / (e["step_s"] * run.gpus)
+            if key == "plan":
+                label += f" ({e['portfolio']} layout)" if e.get("portfolio") else ""
+                label += f", {e['recomputed']} ops recomputed, {e['status']}"
+            mem_pub = f"{run.memory_gib:.1f} ({run.memory_note})" if run.memory_gib is not None else "n/a"
+            mem_err = _pct(e["peak_gib"], run.memory_gib) if run.memory_gib is not None else "n/a"
+            exposed = e["exposed_comm_s"] if e["exposed_comm_s"] is not None else e["comm_s"]
+            lines.append(
+                f"| {run.key} | {run.gpus} | {run.global_batch} x {run.seq_len} | {label} | {run.step_s:.3f} "
+                f"| {e['step_s']:.3f} | {run.tokens_per_gpu_s:,.0f} | {tps:,.0f} | {_pct(tps, run.tokens_per_gpu_s)} "
+                f"| {mem_pub} | {e['peak_gib']:.1f} | {mem_err} "
+                f"| {e['compute_s']:.3f} / {exposed:.3f} / {e['recompute_s']:.3f} |")
+    return "\n".join(lines)
+
+
+def sources(runs: list[PublishedRun]) -> str:
+    lines = ["| run | configuration | profile | source | what the prediction does not price |", "|---|---|---|---|---|"]
+    for run in runs:
+        mesh = " x ".join(f"{n} {m}" for n, m in zip(run.dim_names, run.mesh))
+        lines.append(f"| {run.key} | {run.title}; mesh {mesh}; {run.baseline}, {run.recompute} AC | {run.profile} "
+                     f"| {run.source} | {run.not_modeled} |")
+    return "\n".join(lines)
+
+
+def _child(key: str, time_limit: float) -> dict:
+    out = subprocess.run([sys.executable, "-m", "benchmarks.published_runs", "--child", key,
+                          "--time-limit", str(time_limit)], capture_output=True, text=True, timeout=3600)
+    if out.returncode != 0:
+        return {"key": key, "error": (out.stderr.strip().splitlines() or ["?"])[-1]}
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--only", nargs="+", metavar="RUN", help="run keys: " + ", ".join(r.key for r in RUNS))
+    parser.add_argument("--time-limit", type=float, default=30.0, help="solver seconds per plan (default 30)")
+    parser.add_argument("-o", "--output", help="also write the tables (markdown) here")
+    args = parser.parse_args(argv)
+    import logging
+
+    logging.basicConfig(level=logging.ERROR)
+    by_key = {r.key: r for r in RUNS}
+    if args.child:
+        print(json.dumps(run_one(by_key[args.child], args.time_limit)))
+        return 0
+    unknown = [k for k in args.only or () if k not in by_key]
+    if unknown:
+        print(f"error: --only: unknown run {unknown[0]!r} (known: {', '.join(by_key)})", file=sys.stderr)
+        return 2
+    runs = [by_key[k] for k in args.only] if args.only else list(RUNS)
+    rows = []
+    for run in runs:
+        rows.append((run, _child(run.key, args.time_limit)))
+        print(f"done {run.key}: {json.dumps(rows[-1][1])}", file=sys.stderr)
+    text = table(rows) + "\n\n" + sources(runs)
+    print(text)
+    if args.output:
+        from solver.io import write_text_atomic
+
+        write_text_atomic(args.output, text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
