@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from autoshard.cli_values import format_bytes
+    from autoshard.sizes import format_bytes
 
     console = Console()
     console.rule("1. trace + rules: examples.models.llama3:tiny")

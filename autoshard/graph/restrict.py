@@ -77,7 +77,7 @@ from costmodel.mesh import MeshSpec
 from costmodel.placements import Partial, Placement, Replicate, Shard, StridedShard
 from hw_profiles import HardwareProfile
 
-from autoshard.cli_values import format_bytes
+from autoshard.sizes import format_bytes
 
 from autoshard.graph.memory import OptimizerMemory
 from autoshard.rules import OpStrategy

@@ -87,9 +87,11 @@ from typing import Any, Callable, Mapping, Sequence
 from hw_profiles import HardwareProfile
 from hw_profiles import load as load_profile
 
+from autoshard.plan.cache_folder import default_cache_dir
 from autoshard.plan.format import Plan
 from autoshard.plan.layout_cache import LayoutCache, code_version, layout_cache_key
 from autoshard.plan.layout_report import LayoutResult
+from autoshard.plan.solve import InfeasibleMemoryError, prepare, solve_prepared
 from autoshard.plan.layouts import (MeshLayout, check_devices, devices_per_node_of, enumerate_layouts,
                                     profile_for_nodes)
 
@@ -141,8 +143,6 @@ def split_options(options: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str,
     >>> split_options({"optimizer": "sgd", "memory_limit": 1e9})
     ({'optimizer': 'sgd'}, {'memory_limit': 1000000000.0})
     """
-    from autoshard.plan.solve import prepare, solve_prepared
-
     prep_params = set(inspect.signature(prepare).parameters)
     solve_params = set(inspect.signature(solve_prepared).parameters)
     prep_opts, solve_opts = {}, {}
@@ -162,8 +162,6 @@ def _canonical_options(prep_opts: Mapping[str, Any], solve_opts: Mapping[str, An
     """Every option of prepare and solve_prepared with its value (the default
     when not given; an empty mapping as None), so that equal solves get equal
     keys however they were asked for (``pins={}`` and no pins)."""
-    from autoshard.plan.solve import prepare, solve_prepared
-
     out: dict[str, Any] = {}
     for fn, given in ((prepare, prep_opts), (solve_prepared, solve_opts)):
         for name, param in inspect.signature(fn).parameters.items():
@@ -238,8 +236,6 @@ def _solve_group(indices: Sequence[int], cached_bounds: Sequence[float | None]) 
 def _solve_layout(index: int, cached_bound: float | None) -> str:
     """Build, bound and solve layout ``index`` of :data:`_WORK`; the outcome as JSON
     (``{"result": LayoutResult, "plan": plan dict or None, "time_limit_s": its solve's}``)."""
-    from autoshard.plan.solve import InfeasibleMemoryError, prepare, solve_prepared
-
     work = _WORK
     layout = work.layouts[index]
     t0 = time.monotonic()
@@ -339,8 +335,6 @@ def _cache_folder(cache_dir: str | os.PathLike[str] | bool | None) -> Path | Non
     if cache_dir is False:
         return None
     if cache_dir in (None, True):
-        from autoshard.runtime.api import default_cache_dir
-
         return default_cache_dir()
     return Path(cache_dir)
 
@@ -369,7 +363,7 @@ def search_mesh(
     ``optimizer``, ``mixed_precision``, ``server``, ...), given to every layout.
     ``jobs``: worker processes (default: the cores this process may use).
     ``cache_dir``: layout cache folder (default
-    :func:`autoshard.runtime.api.default_cache_dir`; ``False``: no cache).
+    :func:`autoshard.plan.cache_folder.default_cache_dir`; ``False``: no cache).
     Raises :class:`~autoshard.plan.solve.InfeasibleMemoryError` when no layout
     fits the memory limit, :class:`NoLayoutError` when none could be solved.
 
@@ -379,7 +373,6 @@ def search_mesh(
     ['solved', 'solved']
     """
     from autoshard.plan.build import make_fingerprint
-    from autoshard.plan.solve import InfeasibleMemoryError, prepare
     from autoshard.trace import trace_joint
 
     start = time.monotonic()

@@ -52,6 +52,7 @@ def run_search(args: argparse.Namespace, limit: int | None, pins: dict[str, str]
     from autoshard.plan.explain import explain_text
     from autoshard.plan.mesh_search import SearchStatus, search_mesh
     from autoshard.plan.solve import InfeasibleMemoryError
+    from autoshard.plan.solve_report_cli import dump_problem, print_baselines
 
     model, inputs = load_example(args.model, overrides, paths=paths)
     options = {"memory_limit": limit, "pins": pins, "backend": args.backend, "ties": not args.no_ties,
@@ -93,12 +94,8 @@ def run_search(args: argparse.Namespace, limit: int | None, pins: dict[str, str]
     if args.compare_baselines or args.dump_problem:
         prep = _prepare_chosen(model, inputs, plan, args)
         if args.dump_problem:
-            from autoshard.plan.solve_cli import _dump_problem
-
-            _dump_problem(prep, plan, pins, limit, args)
+            dump_problem(prep, plan, pins, limit, args)
         if args.compare_baselines:
-            from autoshard.plan.solve_cli import print_baselines
-
             print_baselines(prep, plan, limit, args)
     if args.output:
         print(f"\nplan written to {args.output}")

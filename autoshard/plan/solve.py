@@ -1,11 +1,12 @@
-"""Model -> plan: trace, build the strategy graph, solve, write the plan.
+"""Model -> plan on one mesh: trace, build the strategy graph, solve, write the plan.
 
-``solve`` is the offline entry point (no GPU, no process group: the model is
-traced on fake tensors). ``prepare`` does the model-dependent part once so
-that several solves (the solved plan and every baseline) share it.
+``prepare`` does the model-dependent part once (no GPU, no process group: the
+model is traced on fake tensors) so that several solves (the solved plan and
+every baseline) share it; ``solve_prepared`` solves it. ``autoshard.solve``
+(:mod:`autoshard.plan.api`) calls both, or the mesh search.
 
 >>> from examples.models import mlp
->>> plan = solve(*mlp.tiny(), mesh_shape=(2,), profile="h100-sxm-80gb", time_limit=20)
+>>> plan = solve_prepared(prepare(*mlp.tiny(), (2,), profile="h100-sxm-80gb"), time_limit=20)
 >>> sorted(plan.params)[0], plan.estimate.step_s > 0
 ('layers.0.w1.bias', True)
 """
@@ -24,21 +25,21 @@ from hw_profiles import load as load_profile
 from solver import solve as solve_problem
 from solver.solution import Status
 
-from autoshard.cli_values import format_bytes
 from autoshard.graph.builder import StrategyGraph, build_graph
 from autoshard.graph.memory import OptimizerMemory
 from autoshard.graph.problem import to_problem
-from autoshard.graph.restrict import choose_search, seeded_restriction
 from autoshard.graph.recompute_policy import parse_policy
+from autoshard.graph.restrict import choose_search, seeded_restriction
 from autoshard.plan.baselines import applicable_baselines, baseline_allowed, baseline_pins
 from autoshard.plan.build import make_fingerprint, plan_from_solution
 from autoshard.plan.format import Fingerprint, Plan
 from autoshard.plan.gather_pricing import gather_amortized_problem
 from autoshard.plan.overlap_pricing import edge_slack, overlap_problem, overlap_worthwhile
 from autoshard.plan.pins import resolve_pins
+from autoshard.sizes import format_bytes
 from autoshard.trace import TracedGraph, trace_joint
 
-__all__ = ["PLAN_GAP", "Prepared", "InfeasibleMemoryError", "prepare", "solve", "solve_prepared",
+__all__ = ["PLAN_GAP", "Prepared", "InfeasibleMemoryError", "prepare", "solve_prepared",
            "BaselineResult", "compare_baselines", "recompute_policies", "BASELINE_POLICIES"]
 
 log = logging.getLogger(__name__)
@@ -404,71 +405,6 @@ def _smallest_peak_hint(prep: Prepared, baseline: str | None, time_limit: float,
         return ""
     how = "FSDP layout" + (f", {policy} recomputation" if policy not in ("none", "auto") else "")
     return f"; smallest peak found: {format_bytes(plan.estimate.peak_memory_bytes)} ({how})"
-
-
-def solve(
-    model: Any,
-    example_inputs: Sequence[Any] | Mapping[str, Any],
-    mesh_shape: Sequence[int] | None = None,
-    dim_names: Sequence[str] | None = None,
-    *,
-    devices: int | None = None,
-    devices_per_node: int | None = None,
-    jobs: int | None = None,
-    cache_dir: Any = None,
-    profile: str | HardwareProfile = "h100-sxm-80gb",
-    memory_limit: float | None = None,
-    pins: Mapping[str, str] | None = None,
-    time_limit: float = 60.0,
-    backend: str = "cbc",
-    ties: bool = True,
-    optimizer: str = "adamw",
-    mixed_precision: bool = False,
-    baseline: str | None = None,
-    search: str = "auto",
-    progress: Progress | None = None,
-    server: str | None = None,
-    recompute: str = "auto",
-) -> Plan:
-    """The sharding plan of one training step of ``model`` on a mesh (DESIGN.md, Python API).
-
-    ``model(*example_inputs)`` (or ``model(**example_inputs)``) returns the
-    loss, or an object/dict with a ``loss``. ``pins`` fix placements by name
-    pattern (``{"*.tok_embeddings.weight": "S(0)R"}``); ``ties=False`` lets
-    every repeated layer choose its own strategies; ``optimizer`` is
-    ``adamw`` (default), ``sgd``, ``sgd-momentum`` or ``none``; ``search``
-    as in :func:`prepare`. ``server``: the URL of an ``autoshard serve``
-    (``"http://host:8470"``) that solves instead of this process; tracing and
-    building stay here, the plan is the same. ``recompute``: ``auto`` (the
-    solver decides what the backward recomputes, with the placements),
-    ``none``, ``full``, ``selective`` or ``every:K``
-    (``autoshard.graph.recompute_policy``); the plan lists what is recomputed
-    (``plan.recompute``).
-
-    ``devices`` instead of ``mesh_shape``: search the mesh. Every layout of
-    ``devices`` devices in nodes of ``devices_per_node`` is solved with these
-    options (``jobs`` worker processes, layouts cached under ``cache_dir``,
-    ``time_limit`` for the whole search) and the fastest plan is returned;
-    its mesh is in ``plan.fingerprint``, every layout's outcome in
-    ``plan.options["mesh_search"]`` (:mod:`autoshard.plan.mesh_search`).
-    """
-    if devices is not None or mesh_shape is None:
-        if mesh_shape is not None or dim_names is not None:
-            raise ValueError("mesh_shape/dim_names and devices: give one (devices searches the mesh)")
-        if devices is None:
-            raise TypeError("solve: give mesh_shape (a mesh) or devices (search the mesh)")
-        from autoshard.plan.mesh_search import search_mesh
-
-        return search_mesh(model, example_inputs, devices, devices_per_node, profile=profile, time_limit=time_limit,
-                           jobs=jobs, cache_dir=cache_dir,
-                           progress=(lambda st: progress(st.phase, st.done, st.total)) if progress else None,
-                           memory_limit=memory_limit, pins=pins, backend=backend, ties=ties, optimizer=optimizer,
-                           mixed_precision=mixed_precision, baseline=baseline, search=search, server=server,
-                           recompute=recompute)
-    prep = prepare(model, example_inputs, mesh_shape, dim_names, profile=profile, optimizer=optimizer,
-                   mixed_precision=mixed_precision, progress=progress, search=search, recompute=recompute)
-    return solve_prepared(prep, memory_limit=memory_limit, pins=pins, time_limit=time_limit, backend=backend,
-                          ties=ties, baseline=baseline, progress=progress, server=server, recompute=recompute)
 
 
 @dataclass(frozen=True, slots=True)

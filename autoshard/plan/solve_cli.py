@@ -21,7 +21,7 @@ from typing import Any
 
 from autoshard.cli_values import parse_bytes
 
-__all__ = ["parse_bytes", "parse_pins", "add_arguments", "run", "print_baselines", "BACKEND_CHOICES", "OPTIMIZER_CHOICES",
+__all__ = ["parse_bytes", "parse_pins", "add_arguments", "run", "BACKEND_CHOICES", "OPTIMIZER_CHOICES",
            "BASELINE_CHOICES"]
 
 # Copies of solver.backends.BACKENDS, autoshard.graph.memory.OPTIMIZERS and
@@ -151,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
 
         ServiceClient(args.server).health()
     if args.devices is not None:
-        from autoshard.plan.search_cli import run_search
+        from autoshard.plan.search_cli import run_search  # the search's own progress and output
 
         return run_search(args, limit, pins, overrides, paths)
 
@@ -161,6 +161,7 @@ def run(args: argparse.Namespace) -> int:
     from autoshard.coverage import load_example
     from autoshard.plan.explain import explain_text
     from autoshard.plan.solve import InfeasibleMemoryError, prepare, solve_prepared
+    from autoshard.plan.solve_report_cli import dump_problem, print_baselines
 
     model, inputs = load_example(args.model, overrides, paths=paths)
     console = Console(stderr=True)
@@ -190,7 +191,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"autoshard solve: {exc}", file=sys.stderr)
             return 1
         if args.dump_problem:
-            _dump_problem(prep, plan, pins, limit, args)
+            dump_problem(prep, plan, pins, limit, args)
     finally:
         bar.stop()
     if args.output:
@@ -201,52 +202,3 @@ def run(args: argparse.Namespace) -> int:
     if args.output:
         print(f"\nplan written to {args.output}")
     return 0
-
-
-def print_baselines(prep: Any, plan: Any, limit: int | None, args: argparse.Namespace) -> None:
-    """The expert layouts on ``prep``'s mesh, each with its recomputation policies, priced
-    beside ``plan`` (``--compare-baselines``)."""
-    from autoshard.plan.solve import compare_baselines
-
-    rows = compare_baselines(prep, memory_limit=limit, time_limit=min(args.time_limit, 30.0), backend=args.backend)
-    print("\n| layout | recompute | step ms | compute ms | comm ms | recompute ms | peak memory | fits |\n"
-          "|---|---|---:|---:|---:|---:|---:|---|")
-    print(_row("solved", plan, args.recompute))
-    for r in rows:
-        print(_row(r.name, r.plan, r.recompute) if r.plan
-              else f"| {r.name} | {r.recompute} | - | - | - | - | - | {r.error} |")
-
-
-def _row(name: str, plan: Any, recompute: str) -> str:
-    from autoshard.cli_values import format_bytes
-
-    e = plan.estimate
-    return (f"| {name} | {recompute} | {e.step_s * 1e3:.3f} | {e.compute_s * 1e3:.3f} "
-            f"| {(e.comm_s + e.relayout_s) * 1e3:.3f} | {e.recompute_s * 1e3:.3f} "
-            f"| {format_bytes(e.peak_memory_bytes)} | {'yes' if e.fits else 'no'} |")
-
-
-def _dump_problem(prep: Any, plan: Any, pins: dict[str, str], limit: int | None, args: argparse.Namespace) -> None:
-    """The problem with its ``"autoshard"`` section (``autoshard.plan.assemble.PlanRequest``):
-    solved by ``autoshard serve`` (``POST /v1/plans``) it gives back this plan
-    (unless an expert layout won the portfolio: ``plan.options["portfolio"]``)."""
-    import json
-
-    from autoshard.graph.problem import to_problem
-    from autoshard.plan.baselines import baseline_allowed, baseline_pins
-    from autoshard.plan.build import plan_request
-    from autoshard.plan.pins import resolve_pins
-    from autoshard.plan.solve import PLAN_GAP, PORTFOLIO_SHARE
-    from solver.io import write_text_atomic
-
-    all_pins = dict(baseline_pins(prep.graph, args.baseline)) if args.baseline else {}
-    all_pins.update(pins)
-    allowed = baseline_allowed(prep.graph, args.baseline) if args.baseline else None
-    problem = to_problem(prep.graph, memory_limit=plan.estimate.memory_limit_bytes,
-                         pins=resolve_pins(prep.graph, all_pins), ties=not args.no_ties, labels=True,
-                         recompute=args.recompute, allowed=allowed)
-    share = PORTFOLIO_SHARE if args.baseline is None and not pins else 0.0
-    data = plan_request(prep.graph, problem, fingerprint=plan.fingerprint, options=plan.options,
-                        timings=prep.timings,
-                        solve={"time_limit": args.time_limit * (1 - share), "backend": args.backend, "gap": PLAN_GAP})
-    write_text_atomic(args.dump_problem, json.dumps(data, allow_nan=False) + "\n")

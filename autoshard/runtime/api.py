@@ -52,28 +52,15 @@ from hw_profiles import load as load_profile
 
 from autoshard.plan.build import make_fingerprint
 from autoshard.plan.format import Fingerprint, Plan, PlanError
+from autoshard.plan.cache_folder import default_cache_dir
 from autoshard.runtime.module import ShardedModule
+from autoshard.runtime.rank_agreement import (ERROR_CODE, PLAN_SOURCES, MeshSizeError, RankSetupError, agree,
+                                              broadcast_bytes, comm_device, one_line)
 from autoshard.trace import TracedGraph, trace_joint
 
 __all__ = ["autoshard", "MeshSizeError", "RankSetupError", "default_profile", "default_cache_dir", "cache_key"]
 
 log = logging.getLogger(__name__)
-
-CACHE_ENV = "AUTOSHARD_CACHE_DIR"
-"""Overrides the default plan cache folder (``~/.cache/autoshard/plans``)."""
-
-# Header codes of the plan broadcast: where rank 0's plan came from, or an error.
-_SOURCES = ("given", "cache", "solved")
-_ERROR = len(_SOURCES)
-
-
-class MeshSizeError(ValueError):
-    """The mesh does not cover exactly the ranks of the job."""
-
-
-class RankSetupError(RuntimeError):
-    """Another rank failed while setting up; names that rank and its error."""
-
 
 def default_profile(mesh: Any) -> str:
     """The hardware profile priced when none is given: ``cpu-gloo`` on a CPU mesh,
@@ -86,12 +73,6 @@ def default_profile(mesh: Any) -> str:
     return "cpu-gloo" if getattr(mesh, "device_type", "cpu") == "cpu" else "h100-sxm-80gb"
 
 
-def default_cache_dir() -> Path:
-    """``$AUTOSHARD_CACHE_DIR``, else ``$XDG_CACHE_HOME/autoshard/plans`` (``~/.cache`` by default)."""
-    if os.environ.get(CACHE_ENV):
-        return Path(os.environ[CACHE_ENV])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "autoshard" / "plans"
 
 
 def cache_key(fingerprint: Fingerprint, memory_limit: float | None, pins: Mapping[str, str] | None,
@@ -107,54 +88,6 @@ def cache_key(fingerprint: Fingerprint, memory_limit: float | None, pins: Mappin
     if recompute != "auto":  # the default keeps the keys of plans cached before the option existed
         what["recompute"] = recompute
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
-
-
-def _comm_device() -> torch.device:
-    # NCCL only moves CUDA tensors; gloo (and a cpu:gloo,cuda:nccl mix) takes CPU tensors
-    if dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
-def _broadcast_bytes(code: int, payload: bytes | None, src: int, device: torch.device) -> tuple[int, bytes]:
-    """``(code, payload)`` of rank ``src`` on every rank: a length header, then the bytes."""
-    is_src = dist.get_rank() == src
-    header = torch.tensor([code, len(payload or b"")] if is_src else [0, 0], dtype=torch.int64, device=device)
-    dist.broadcast(header, src=src)
-    code, n = (int(v) for v in header.tolist())
-    if is_src:
-        if n:
-            dist.broadcast(torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(device), src=src)
-        return code, payload or b""
-    buf = torch.empty(n, dtype=torch.uint8, device=device)
-    if n:
-        dist.broadcast(buf, src=src)
-    # a fresh tensor's storage holds exactly its n bytes
-    return code, bytes(buf.cpu().untyped_storage())
-
-
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split()) or "(no message)"
-    return f"{type(exc).__name__}: {text}"
-
-
-def _agree(error: BaseException | None, device: torch.device) -> None:
-    """Raise on every rank if any rank has an ``error``: that rank raises its own, the
-    others :class:`RankSetupError` with the first failing rank's message. One
-    ``all_reduce`` when all is well (so no rank goes on into collectives alone)."""
-    world, rank = dist.get_world_size(), dist.get_rank()
-    message = _one_line(error).encode() if error is not None else b""
-    lengths = torch.zeros(world, dtype=torch.int64, device=device)
-    lengths[rank] = len(message)
-    dist.all_reduce(lengths)
-    failed = [r for r, n in enumerate(lengths.tolist()) if n]
-    if not failed:
-        return
-    _, text = _broadcast_bytes(0, message, failed[0], device)
-    if error is not None:
-        raise error
-    others = f" (and rank(s) {', '.join(map(str, failed[1:]))})" if len(failed) > 1 else ""
-    raise RankSetupError(f"rank {failed[0]} failed{others}: {text.decode(errors='replace')}")
 
 
 def _rank0_plan(model: nn.Module, example_inputs: Any, mesh_spec: MeshSpec, prof: HardwareProfile,
@@ -260,7 +193,7 @@ def autoshard(
     cache: Path | None = None
     if cache_dir is not False:
         cache = default_cache_dir() if cache_dir in (None, True) else Path(cache_dir)
-    device = _comm_device()
+    device = comm_device()
     rank = dist.get_rank()
 
     # 1. every rank: its own graph and fingerprint (fake tensors, no communication)
@@ -270,23 +203,23 @@ def autoshard(
     try:
         traced = trace_joint(model, example_inputs)
         here = make_fingerprint(traced, mesh_spec.shape, mesh_spec.dim_names, prof)
-    except Exception as exc:  # noqa: BLE001 - reported to every rank by _agree
+    except Exception as exc:  # noqa: BLE001 - reported to every rank by agree
         error = exc
 
     # 2-3. rank 0: the plan, broadcast as JSON (or its error)
-    payload, code = None, _ERROR
+    payload, code = None, ERROR_CODE
     if rank == 0:
         if error is not None:
-            payload = _one_line(error).encode()
+            payload = one_line(error).encode()
         else:
             try:
                 source, chosen = _rank0_plan(model, example_inputs, mesh_spec, prof, here, plan, cache,
                                              memory_limit, pins, time_limit, recompute)
-                code, payload = _SOURCES.index(source), json.dumps(chosen.to_dict()).encode("utf-8")
+                code, payload = PLAN_SOURCES.index(source), json.dumps(chosen.to_dict()).encode("utf-8")
             except Exception as exc:  # noqa: BLE001 - broadcast, then raised on rank 0 too
-                error, payload = exc, _one_line(exc).encode()
-    code, payload = _broadcast_bytes(code, payload, 0, device)
-    if code == _ERROR:
+                error, payload = exc, one_line(exc).encode()
+    code, payload = broadcast_bytes(code, payload, 0, device)
+    if code == ERROR_CODE:
         if error is not None:
             raise error
         raise RankSetupError(f"rank 0 failed: {payload.decode(errors='replace')}")
@@ -297,12 +230,12 @@ def autoshard(
         try:
             received = Plan.from_dict(json.loads(payload.decode("utf-8")))
             received.check(here, allow_profile_change=allow_profile_change and plan is not None)
-        except Exception as exc:  # noqa: BLE001 - reported to every rank by _agree
+        except Exception as exc:  # noqa: BLE001 - reported to every rank by agree
             error = exc
-    _agree(error, device)
+    agree(error, device)
 
     # 5. shard (load-time checks are deterministic: every rank passes or fails alike)
     sharded = ShardedModule(model, mesh, received, example_inputs, local_inputs=local_inputs,
                             trace_collectives=trace_collectives, traced=traced, compile=compile)
-    sharded.plan_source = _SOURCES[code]
+    sharded.plan_source = PLAN_SOURCES[code]
     return sharded

@@ -37,6 +37,8 @@ from hw_profiles import load as load_profile
 from autoshard.plan.build import make_fingerprint
 from autoshard.plan.format import Plan
 from autoshard.runtime.module import ShardedModule
+from autoshard.runtime.rank_agreement import (ERROR_CODE, PLAN_SOURCES, MeshSizeError, RankSetupError, agree,
+                                              broadcast_bytes, comm_device, one_line)
 
 __all__ = ["autoshard_on_chosen_mesh", "node_size_from_env"]
 
@@ -73,15 +75,13 @@ def autoshard_on_chosen_mesh(
     from torch.distributed.device_mesh import init_device_mesh
 
     from autoshard.plan.layouts import profile_for_nodes
-    from autoshard.runtime.api import (_ERROR, _SOURCES, MeshSizeError, RankSetupError, _agree, _broadcast_bytes,
-                                       _comm_device, _one_line)
     from autoshard.trace import trace_joint
 
     world = dist.get_world_size()
     devices = world if devices is None else devices
     if devices != world:
         raise MeshSizeError(f"devices={devices}, the job has {world} ranks: the mesh must cover every rank")
-    device = _comm_device()
+    device = comm_device()
     prof = profile if isinstance(profile, HardwareProfile) else load_profile(
         profile or ("cpu-gloo" if device.type == "cpu" else "h100-sxm-80gb"))
     node = devices_per_node if devices_per_node is not None else node_size_from_env(prof, devices)
@@ -92,22 +92,22 @@ def autoshard_on_chosen_mesh(
     try:
         prof = profile_for_nodes(prof, node)
         traced = trace_joint(model, example_inputs)
-    except Exception as exc:  # noqa: BLE001 - reported to every rank by _agree
+    except Exception as exc:  # noqa: BLE001 - reported to every rank by agree
         error = exc
 
-    payload, code = None, _ERROR
+    payload, code = None, ERROR_CODE
     if rank == 0:
         if error is not None:
-            payload = _one_line(error).encode()
+            payload = one_line(error).encode()
         else:
             try:
                 source, chosen = _rank0_plan(model, example_inputs, devices, node, prof, memory_limit, pins,
                                              time_limit, plan, cache_dir, recompute)
-                code, payload = _SOURCES.index(source), json.dumps(chosen.to_dict()).encode("utf-8")
+                code, payload = PLAN_SOURCES.index(source), json.dumps(chosen.to_dict()).encode("utf-8")
             except Exception as exc:  # noqa: BLE001 - broadcast, then raised on rank 0 too
-                error, payload = exc, _one_line(exc).encode()
-    code, payload = _broadcast_bytes(code, payload, 0, device)
-    if code == _ERROR:
+                error, payload = exc, one_line(exc).encode()
+    code, payload = broadcast_bytes(code, payload, 0, device)
+    if code == ERROR_CODE:
         if error is not None:
             raise error
         raise RankSetupError(f"rank 0 failed: {payload.decode(errors='replace')}")
@@ -122,15 +122,15 @@ def autoshard_on_chosen_mesh(
                                     f"{world} ranks")
             here = make_fingerprint(traced, fp.mesh_shape, fp.dim_names, prof)
             received.check(here, allow_profile_change=allow_profile_change and plan is not None)
-        except Exception as exc:  # noqa: BLE001 - reported to every rank by _agree
+        except Exception as exc:  # noqa: BLE001 - reported to every rank by agree
             error = exc
-    _agree(error, device)
+    agree(error, device)
 
     fp = received.fingerprint
     mesh = init_device_mesh(device.type, fp.mesh_shape, mesh_dim_names=fp.dim_names)
     sharded = ShardedModule(model, mesh, received, example_inputs, local_inputs=local_inputs,
                             trace_collectives=trace_collectives, traced=traced, compile=compile)
-    sharded.plan_source = _SOURCES[code]
+    sharded.plan_source = PLAN_SOURCES[code]
     return sharded
 
 

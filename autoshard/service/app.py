@@ -32,11 +32,11 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from starlette.concurrency import run_in_threadpool
 
-import autoshard
 from autoshard.service.cache import ResultCache, code_version, content_key
 from autoshard.service.jobs import STATES, Job, JobManager, QueueFull
 from autoshard.service.payload import (BadRequest, Limits, decode_body, parse_plan, parse_problem, plan_options,
                                        problem_options, release_memory)
+from autoshard.version import __version__
 
 __all__ = ["ServiceConfig", "create_app"]
 
@@ -123,7 +123,7 @@ def create_app(config: ServiceConfig, *, start_workers: bool = True,
             if start_workers:
                 manager.close()
 
-    app = FastAPI(title="autoshard plan service", version=autoshard.__version__, lifespan=lifespan,
+    app = FastAPI(title="autoshard plan service", version=__version__, lifespan=lifespan,
                   description=__doc__.split("\n\n")[1])
     app.state.manager, app.state.cache, app.state.metrics = manager, cache, metrics
 

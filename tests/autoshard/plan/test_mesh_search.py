@@ -21,11 +21,13 @@ from pathlib import Path
 
 import pytest
 
+import autoshard.plan.mesh_search as search_module
 import autoshard.plan.solve as solve_module
 from autoshard.graph.problem import to_problem
 from autoshard.plan.layouts import enumerate_layouts, layout_dim_names
 from autoshard.plan.mesh_search import NoLayoutError, layout_bound, search_mesh, split_options
-from autoshard.plan.solve import compare_baselines, prepare, solve, solve_prepared
+from autoshard.plan.api import solve
+from autoshard.plan.solve import compare_baselines, prepare, solve_prepared
 from examples.models import mlp
 from solver import solve as solve_problem
 
@@ -142,13 +144,13 @@ def test_solve_api_takes_devices_instead_of_a_mesh() -> None:
 @pytest.mark.slow
 def test_a_second_run_resolves_only_what_an_option_changed(tmp_path, monkeypatch) -> None:
     builds = []
-    real = solve_module.prepare
+    real = search_module.prepare
 
     def counting(*args, **kwargs):
         builds.append(args[2])
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(solve_module, "prepare", counting)
+    monkeypatch.setattr(search_module, "prepare", counting)
     kwargs = dict(devices=8, profile="cpu-gloo", jobs=1, cache_dir=tmp_path)
     first = search_mesh(*_wide(1500), time_limit=120, **kwargs)
     assert len(builds) == 4 and not any(r["cached"] for r in _rows(first))
@@ -254,13 +256,13 @@ def test_layouts_with_one_coarse_mesh_share_its_seed_and_get_the_same_plan(monke
 
 def test_a_new_solve_option_passes_through_and_is_part_of_the_cache_key(monkeypatch, tmp_path) -> None:
     seen = []
-    real = solve_module.solve_prepared
+    real = search_module.solve_prepared
 
     def with_new_option(prep, *, new_option: bool = False, **kwargs):  # as another option would be added
         seen.append(new_option)
         return real(prep, **kwargs)
 
-    monkeypatch.setattr(solve_module, "solve_prepared", with_new_option)
+    monkeypatch.setattr(search_module, "solve_prepared", with_new_option)
     kwargs = dict(devices=4, profile="cpu-gloo", time_limit=60, jobs=1, cache_dir=tmp_path)
     search_mesh(*mlp.tiny(device="meta"), new_option=True, **kwargs)
     assert seen == [True, True]

@@ -1,0 +1,61 @@
+"""What ``autoshard solve`` prints or writes besides the plan, on one mesh or
+on the mesh a search chose: the expert layouts priced beside the plan
+(``--compare-baselines``) and the problem file an ``autoshard serve`` solves
+to the same plan (``--dump-problem``).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from autoshard.sizes import format_bytes
+
+__all__ = ["print_baselines", "dump_problem"]
+
+
+def print_baselines(prep: Any, plan: Any, limit: int | None, args: argparse.Namespace) -> None:
+    """The expert layouts on ``prep``'s mesh, each with its recomputation policies, priced
+    beside ``plan`` (``--compare-baselines``)."""
+    from autoshard.plan.solve import compare_baselines
+
+    rows = compare_baselines(prep, memory_limit=limit, time_limit=min(args.time_limit, 30.0), backend=args.backend)
+    print("\n| layout | recompute | step ms | compute ms | comm ms | recompute ms | peak memory | fits |\n"
+          "|---|---|---:|---:|---:|---:|---:|---|")
+    print(_row("solved", plan, args.recompute))
+    for r in rows:
+        print(_row(r.name, r.plan, r.recompute) if r.plan
+              else f"| {r.name} | {r.recompute} | - | - | - | - | - | {r.error} |")
+
+
+def _row(name: str, plan: Any, recompute: str) -> str:
+    e = plan.estimate
+    return (f"| {name} | {recompute} | {e.step_s * 1e3:.3f} | {e.compute_s * 1e3:.3f} "
+            f"| {(e.comm_s + e.relayout_s) * 1e3:.3f} | {e.recompute_s * 1e3:.3f} "
+            f"| {format_bytes(e.peak_memory_bytes)} | {'yes' if e.fits else 'no'} |")
+
+
+def dump_problem(prep: Any, plan: Any, pins: dict[str, str], limit: int | None, args: argparse.Namespace) -> None:
+    """The problem with its ``"autoshard"`` section (``autoshard.plan.assemble.PlanRequest``):
+    solved by ``autoshard serve`` (``POST /v1/plans``) it gives back this plan
+    (unless an expert layout won the portfolio: ``plan.options["portfolio"]``)."""
+    import json
+
+    from autoshard.graph.problem import to_problem
+    from autoshard.plan.baselines import baseline_allowed, baseline_pins
+    from autoshard.plan.build import plan_request
+    from autoshard.plan.pins import resolve_pins
+    from autoshard.plan.solve import PLAN_GAP, PORTFOLIO_SHARE
+    from solver.io import write_text_atomic
+
+    all_pins = dict(baseline_pins(prep.graph, args.baseline)) if args.baseline else {}
+    all_pins.update(pins)
+    allowed = baseline_allowed(prep.graph, args.baseline) if args.baseline else None
+    problem = to_problem(prep.graph, memory_limit=plan.estimate.memory_limit_bytes,
+                         pins=resolve_pins(prep.graph, all_pins), ties=not args.no_ties, labels=True,
+                         recompute=args.recompute, allowed=allowed)
+    share = PORTFOLIO_SHARE if args.baseline is None and not pins else 0.0
+    data = plan_request(prep.graph, problem, fingerprint=plan.fingerprint, options=plan.options,
+                        timings=prep.timings,
+                        solve={"time_limit": args.time_limit * (1 - share), "backend": args.backend, "gap": PLAN_GAP})
+    write_text_atomic(args.dump_problem, json.dumps(data, allow_nan=False) + "\n")
