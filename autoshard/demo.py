@@ -109,12 +109,14 @@ def run(args: argparse.Namespace) -> int:
     console.print(f"{problem.num_nodes} nodes, {problem.num_edges} edges")
     console.print(table)
     console.rule("4. model -> plan: examples.models.llama3:tiny (dim 256, batch 8 x 64) on 2x2 (dp, tp), H100")
+    from autoshard.plan.options import SolveOptions
     from autoshard.plan.solve import compare_baselines, prepare, solve_prepared
 
     overrides = {"dim": 256, "n_heads": 8, "batch_size": 8, "seq_len": 64, "device": "meta"}
     model, inputs = load_example(EXAMPLE_SPEC, overrides, paths=paths)
-    prep = prepare(model, inputs, (2, 2), ("dp", "tp"), profile="h100-sxm-80gb")
-    plan = solve_prepared(prep, time_limit=args.time_limit)
+    options = SolveOptions(profile="h100-sxm-80gb", time_limit=args.time_limit)
+    prep = prepare(model, inputs, (2, 2), ("dp", "tp"), options)
+    plan = solve_prepared(prep, options)
     counts: dict[str, int] = {}
     for placement in plan.params.values():
         counts[placement] = counts.get(placement, 0) + 1
@@ -123,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
                   f"{plan.solver.seconds:.2f} s; parameter placements: "
                   + ", ".join(f"{p} x{c}" for p, c in sorted(counts.items())) + f"; inputs: {dict(plan.inputs)}")
     table = Table("layout", "step (ms)", "compute (ms)", "comm (ms)", "peak memory")
-    rows = [("solved", plan)] + [(r.name, r.plan) for r in compare_baselines(prep, time_limit=args.time_limit)]
+    rows = [("solved", plan)] + [(r.name, r.plan) for r in compare_baselines(prep, options)]
     for name, result in rows:
         if result is None:
             table.add_row(name, "n/a", "", "", "")

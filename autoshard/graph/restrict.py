@@ -76,6 +76,7 @@ import torch.fx as fx
 from costmodel.mesh import MeshSpec
 from costmodel.placements import Partial, Placement, Replicate, Shard, StridedShard
 from hw_profiles import HardwareProfile
+from solver.backends import DEFAULT_BACKEND
 
 from autoshard.sizes import format_bytes
 
@@ -228,7 +229,7 @@ def seeded_restriction(
     memory_limit: float | None = None,
     time_limit: float = 30.0,
     groups: Sequence[Sequence[int]] | None = None,
-    backend: str = "cbc",
+    backend: str = DEFAULT_BACKEND,
     baselines: bool = False,
     memo: dict[Any, Any] | None = None,
 ) -> tuple[SeededRestriction, SeedInfo]:

@@ -18,7 +18,6 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
 
-from costmodel.bucketing import DEFAULT_BUCKET_BYTES
 from costmodel.mesh import MeshSpec
 from hw_profiles import HardwareProfile
 from hw_profiles import load as load_profile
@@ -35,6 +34,7 @@ from autoshard.plan.build import make_fingerprint, plan_from_solution
 from autoshard.plan.format import Fingerprint, Plan
 from autoshard.plan.gather_pricing import gather_amortized_problem
 from autoshard.plan.overlap_pricing import edge_slack, overlap_problem, overlap_worthwhile
+from autoshard.plan.options import NO_MEMORY_LIMIT, PLAN_GAP, SolveOptions, solve_options
 from autoshard.plan.pins import resolve_pins
 from autoshard.sizes import format_bytes
 from autoshard.trace import TracedGraph, trace_joint
@@ -47,16 +47,8 @@ log = logging.getLogger(__name__)
 PORTFOLIO_SHARE = 0.2
 """Share of the time limit kept for the expert layouts (``_best_of_baselines``)."""
 
-OVERLAP_ROUNDS = 2
-"""Solves after the first one with gradient and parameter-gather edges priced at
-their exposed time (``autoshard.plan.overlap_pricing``)."""
-
 OVERLAP_FIRST_SHARE = 0.6
 """Share of the solve time the first solve gets when overlap rounds follow."""
-
-PLAN_GAP = 1e-6
-"""Relative gap at which a plan counts as optimal: a millionth of the step
-time is below the cost model's own accuracy by orders of magnitude."""
 
 Progress = Callable[[str, float, float], None]
 """``progress(phase, done, total)``: phases ``trace``, ``build``, ``solve``
@@ -87,22 +79,20 @@ def prepare(
     example_inputs: Sequence[Any] | Mapping[str, Any],
     mesh_shape: Sequence[int],
     dim_names: Sequence[str] | None = None,
+    options: SolveOptions | None = None,
     *,
-    profile: str | HardwareProfile = "h100-sxm-80gb",
-    optimizer: str = "adamw",
-    mixed_precision: bool = False,
-    allow_uneven: bool = False,
     progress: Progress | None = None,
-    search: str = "auto",
-    seed_time_limit: float = 30.0,
-    bucket_bytes: int = DEFAULT_BUCKET_BYTES,
     traced: TracedGraph | None = None,
     seed_memo: dict[Any, Any] | None = None,
-    recompute: str = "auto",
-    gather: str = "reader",
+    seed_time_limit: float = 30.0,
+    **changes: Any,
 ) -> Prepared:
     """Trace ``model(*example_inputs)`` and build its strategy graph on the mesh.
 
+    ``options`` (:class:`~autoshard.plan.options.SolveOptions`; keyword
+    ``changes`` of its fields build or change it): this reads ``profile``,
+    ``optimizer``, ``mixed_precision``, ``allow_uneven``, ``search``,
+    ``bucket_bytes``, ``recompute`` and ``gather``.
     ``search``: ``full`` enumerates every strategy; ``seeded`` keeps only those
     near a solve on a coarser 2-D mesh (``autoshard.graph.restrict``: a
     restriction, so the plan is optimal over what it keeps; the seed's solve
@@ -121,8 +111,11 @@ def prepare(
     (``autoshard.graph.copies``; ``reader``, as autoshard's runtime runs;
     ``fsdp2`` to price FSDP2's block-wise gathers with prefetch).
     """
+    opts = solve_options(options, changes)
+    optimizer, mixed_precision, allow_uneven = opts.optimizer, opts.mixed_precision, opts.allow_uneven
+    bucket_bytes, recompute, gather = opts.bucket_bytes, opts.recompute, opts.gather
     parse_policy(recompute)
-    prof = _profile(profile)
+    prof = _profile(opts.profile)
     mesh = MeshSpec(tuple(int(m) for m in mesh_shape), tuple(dim_names or ()))
     t0 = time.perf_counter()
     if progress:
@@ -134,7 +127,7 @@ def prepare(
         progress("trace", 1, 1)
     # torch's optimizers take the multi-tensor path by default on accelerators only
     opt_memory = OptimizerMemory(optimizer, mixed_precision, foreach="cpu" not in prof.device.name.lower())
-    mode = choose_search(mesh.shape, search)
+    mode = choose_search(mesh.shape, opts.search)
     restrict, seed_timings = None, {}
     if mode == "seeded":
         restrict, seed = seeded_restriction(traced, mesh, prof, optimizer=opt_memory, allow_uneven=allow_uneven,
@@ -158,21 +151,15 @@ def prepare(
 
 def solve_prepared(
     prep: Prepared,
+    options: SolveOptions | None = None,
     *,
-    memory_limit: float | None = None,
-    pins: Mapping[str, str] | None = None,
-    time_limit: float = 60.0,
-    backend: str = "cbc",
-    ties: bool = True,
-    baseline: str | None = None,
-    tp_table: Mapping[str, str | int] | None = None,
     progress: Progress | None = None,
-    server: str | None = None,
-    recompute: str = "auto",
-    overlap_rounds: int = OVERLAP_ROUNDS,
+    **changes: Any,
 ) -> Plan:
-    """Solve a prepared graph. ``memory_limit`` defaults to the profile's device
-    memory; ``baseline`` (``ddp``, ``fsdp``, ``tp``, ``fsdp+tp``) adds its pins
+    """Solve a prepared graph with ``options`` (:class:`~autoshard.plan.options.SolveOptions`;
+    keyword ``changes`` of its fields build or change it). ``memory_limit``
+    defaults to the profile's device memory (:data:`~autoshard.plan.options.NO_MEMORY_LIMIT`:
+    none); ``baseline`` (``ddp``, ``fsdp``, ``tp``, ``fsdp+tp``) adds its pins
     and its data-parallel op layout (``autoshard.plan.baselines``) under the
     user's pins. ``recompute``: ``auto`` lets the solver choose what the
     backward recomputes, with the placements; ``none``, ``full``,
@@ -186,16 +173,20 @@ def solve_prepared(
     the plan (the same plan as here; :class:`autoshard.service.client.ServiceError`
     when it cannot).
     """
+    opts = solve_options(options, changes)
+    pins, time_limit, backend, ties, baseline = opts.pins, opts.time_limit, opts.backend, opts.ties, opts.baseline
+    tp_table, server = opts.tp_table, opts.server
     graph = prep.graph
-    recompute = parse_policy(recompute)
-    limit = float(graph.profile.device.memory_bytes if memory_limit is None else memory_limit)
+    recompute = parse_policy(opts.recompute)
+    limit = float(graph.profile.device.memory_bytes if opts.memory_limit is None else opts.memory_limit)
+    problem_limit = None if limit == NO_MEMORY_LIMIT else limit
     all_pins: dict[str, str] = {}
     allowed = None
     if baseline is not None:
         all_pins.update(baseline_pins(graph, baseline, tp_table))
         allowed = baseline_allowed(graph, baseline)
     all_pins.update(pins or {})
-    problem = to_problem(graph, memory_limit=limit, pins=resolve_pins(graph, all_pins), ties=ties,
+    problem = to_problem(graph, memory_limit=problem_limit, pins=resolve_pins(graph, all_pins), ties=ties,
                          recompute=recompute, allowed=allowed)
     amortize = getattr(graph, "bucket_bytes", 0) > 0  # the runtime gathers parameters in buckets too
     if amortize:
@@ -210,10 +201,10 @@ def solve_prepared(
     # layouts: when the search ends unproven, the plan is never worse than them.
     portfolio = baseline is None and not pins
     share = PORTFOLIO_SHARE if portfolio else 0.0
-    options = {**prep.options, "ties": ties, "pins": dict(pins or {}), "memory_limit_bytes": limit,
+    options = {**prep.options, "ties": ties, "pins": dict(pins), "memory_limit_bytes": problem_limit,
                "baseline": baseline, "time_limit_s": time_limit, "backend": backend, "recompute": recompute}
     remote = None
-    rounds = overlap_rounds if server is None and overlap_worthwhile(graph.profile.contention) else 0
+    rounds = opts.overlap_rounds if server is None and overlap_worthwhile(graph.profile.contention) else 0
     first = OVERLAP_FIRST_SHARE if rounds else 1.0
     deadline = start + time_limit * (1 - share)
     if server is not None:
@@ -221,7 +212,7 @@ def solve_prepared(
                                             progress)
     else:
         def without() -> Any:  # the same problem, every activation kept
-            kept = to_problem(graph, memory_limit=limit, pins=problem.pins, ties=ties, recompute="none",
+            kept = to_problem(graph, memory_limit=problem_limit, pins=problem.pins, ties=ties, recompute="none",
                               allowed=allowed)
             return gather_amortized_problem(graph, kept) if amortize else kept
 
@@ -230,14 +221,14 @@ def solve_prepared(
     if solution.status is not Status.INFEASIBLE and not solution.choice and portfolio:
         # the search ran out of time before any choice fit: the expert layouts (with the
         # recomputation policies) may still give one
-        found = _best_of_baselines(prep, None, limit, time_limit * share, backend, tp_table, server, recompute,
+        found = _best_of_baselines(prep, None, opts, limit, time_limit * share, recompute,
                                    status=solution.status.value, seconds_used=solution.seconds)
         if found is not None:
             return found
     if solution.status is Status.INFEASIBLE or not solution.choice:
         raise InfeasibleMemoryError(
             f"memory limit {format_bytes(limit)}: no plan fits ({solution.message or solution.status.value})"
-            + _smallest_peak_hint(prep, baseline, time_limit, server, recompute)
+            + _smallest_peak_hint(prep, opts, recompute)
         )
     if remote is not None:
         plan = remote
@@ -254,7 +245,7 @@ def solve_prepared(
         if rounds:
             plan = _overlap_rounds(prep, problem, solution, plan, rounds, deadline, backend)
     if portfolio and solution.status is not Status.OPTIMAL:
-        plan = _best_of_baselines(prep, plan, limit, time_limit * share, backend, tp_table, server, recompute)
+        plan = _best_of_baselines(prep, plan, opts, limit, time_limit * share, recompute)
     if progress:
         progress("solve", time_limit, time_limit)
     return plan
@@ -352,15 +343,14 @@ BASELINE_POLICIES = ("none", "selective", "every:2", "full")
 """The policies users run today, priced with every expert layout."""
 
 
-def _best_of_baselines(prep: Prepared, plan: Plan | None, limit: float, seconds: float, backend: str,
-                       tp_table: Mapping[str, str | int] | None, server: str | None = None,
-                       recompute: str = "auto", *, status: str | None = None,
+def _best_of_baselines(prep: Prepared, plan: Plan | None, opts: SolveOptions, limit: float, seconds: float,
+                       recompute: str, *, status: str | None = None,
                        seconds_used: float | None = None) -> Plan | None:
     """``plan``, or the cheapest expert layout that fits if it beats the unproven search
     (``plan`` None: the search found nothing; then the cheapest layout that fits, or None);
     a layout that does not fit without recomputation is tried with the policies users run.
     The layouts share ``seconds``; once they are spent, the ones left are not tried."""
-    names = applicable_baselines(prep.graph, tp_table)
+    names = applicable_baselines(prep.graph, opts.tp_table)
     policies = recompute_policies(prep, recompute)
     deadline = time.perf_counter() + max(seconds, 1.0)
     best = plan
@@ -370,9 +360,8 @@ def _best_of_baselines(prep: Prepared, plan: Plan | None, limit: float, seconds:
             if left <= 0:
                 break
             try:
-                candidate = solve_prepared(prep, memory_limit=limit, time_limit=max(left / (len(names) - n), 1.0),
-                                           backend=backend, baseline=name, tp_table=tp_table, server=server,
-                                           recompute=policy)
+                candidate = solve_prepared(prep, _baseline_options(opts, name, policy, limit,
+                                                                   max(left / (len(names) - n), 1.0)))
             except ValueError:  # does not apply or does not fit: try the next policy
                 continue
             if best is None or candidate.estimate.step_s < best.estimate.step_s:
@@ -391,16 +380,23 @@ def _best_of_baselines(prep: Prepared, plan: Plan | None, limit: float, seconds:
     return replace(best, options=options, solver=solver)
 
 
-def _smallest_peak_hint(prep: Prepared, baseline: str | None, time_limit: float, server: str | None = None,
-                       recompute: str = "auto") -> str:
+def _baseline_options(opts: SolveOptions, baseline: str, recompute: str, memory_limit: float,
+                      time_limit: float) -> SolveOptions:
+    """The options of one expert layout's solve within ``opts``' solve: its backend,
+    TP table and server, the layout's pins only, its own limits."""
+    return SolveOptions(memory_limit=memory_limit, time_limit=time_limit, backend=opts.backend, baseline=baseline,
+                        tp_table=opts.tp_table, server=opts.server, recompute=recompute)
+
+
+def _smallest_peak_hint(prep: Prepared, opts: SolveOptions, recompute: str) -> str:
     """The peak of the FSDP layout without a limit (with full recomputation
     when the policy allows it): the smallest peak found by a quick try."""
-    if baseline == "fsdp":
+    if opts.baseline == "fsdp":
         return ""
     policy = "full" if recompute == "auto" and prep.graph.regions else recompute
     try:
-        plan = solve_prepared(prep, memory_limit=1e30, baseline="fsdp", time_limit=min(time_limit, 20.0),
-                              server=server, recompute=policy)
+        plan = solve_prepared(prep, _baseline_options(opts, "fsdp", policy, NO_MEMORY_LIMIT,
+                                                      min(opts.time_limit, 20.0)))
     except ValueError:
         return ""
     how = "FSDP layout" + (f", {policy} recomputation" if policy not in ("none", "auto") else "")
@@ -420,26 +416,28 @@ class BaselineResult:
 
 def compare_baselines(
     prep: Prepared,
+    options: SolveOptions | None = None,
     *,
-    memory_limit: float | None = None,
-    time_limit: float = 30.0,
-    backend: str = "cbc",
-    tp_table: Mapping[str, str | int] | None = None,
     policies: Sequence[str] | None = None,
+    **changes: Any,
 ) -> list[BaselineResult]:
     """Every applicable baseline with every recomputation policy users run
     (``policies``; default :func:`recompute_policies`), each solved with its
     pins and no memory limit (so a layout that does not fit still gets its
-    numbers; ``fits`` tells)."""
-    limit = float(prep.graph.profile.device.memory_bytes if memory_limit is None else memory_limit)
+    numbers; ``fits`` tells against ``options.memory_limit``). Each row gets
+    ``options.time_limit`` seconds (default 30 here)."""
+    if options is None:
+        changes.setdefault("time_limit", 30.0)
+    opts = solve_options(options, changes)
+    limit = float(prep.graph.profile.device.memory_bytes if opts.memory_limit is None else opts.memory_limit)
     if policies is None:
         policies = recompute_policies(prep) if prep.options.get("recompute_states", True) else ["none"]
     out = []
-    for name in applicable_baselines(prep.graph, tp_table):
+    for name in applicable_baselines(prep.graph, opts.tp_table):
         for policy in policies:
             try:
-                plan = solve_prepared(prep, memory_limit=1e30, time_limit=time_limit, backend=backend, baseline=name,
-                                      tp_table=tp_table, recompute=policy)
+                row = _baseline_options(opts, name, policy, NO_MEMORY_LIMIT, opts.time_limit)
+                plan = solve_prepared(prep, row.with_changes(server=None))  # the rows are priced here
                 plan = replace(plan, estimate=replace(plan.estimate, memory_limit_bytes=limit))
                 out.append(BaselineResult(name, plan, recompute=policy))
             except ValueError as exc:

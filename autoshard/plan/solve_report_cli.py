@@ -6,7 +6,6 @@ to the same plan (``--dump-problem``).
 
 from __future__ import annotations
 
-import argparse
 from typing import Any
 
 from autoshard.sizes import format_bytes
@@ -14,15 +13,16 @@ from autoshard.sizes import format_bytes
 __all__ = ["print_baselines", "dump_problem"]
 
 
-def print_baselines(prep: Any, plan: Any, limit: int | None, args: argparse.Namespace) -> None:
+def print_baselines(prep: Any, plan: Any, options: Any) -> None:
     """The expert layouts on ``prep``'s mesh, each with its recomputation policies, priced
-    beside ``plan`` (``--compare-baselines``)."""
+    beside ``plan`` (``--compare-baselines``): each row solved within
+    ``min(options.time_limit, 30 s)``."""
     from autoshard.plan.solve import compare_baselines
 
-    rows = compare_baselines(prep, memory_limit=limit, time_limit=min(args.time_limit, 30.0), backend=args.backend)
+    rows = compare_baselines(prep, options.with_changes(time_limit=min(options.time_limit, 30.0)))
     print("\n| layout | recompute | step ms | compute ms | comm ms | recompute ms | peak memory | fits |\n"
           "|---|---|---:|---:|---:|---:|---:|---|")
-    print(_row("solved", plan, args.recompute))
+    print(_row("solved", plan, options.recompute))
     for r in rows:
         print(_row(r.name, r.plan, r.recompute) if r.plan
               else f"| {r.name} | {r.recompute} | - | - | - | - | - | {r.error} |")
@@ -35,9 +35,9 @@ def _row(name: str, plan: Any, recompute: str) -> str:
             f"| {format_bytes(e.peak_memory_bytes)} | {'yes' if e.fits else 'no'} |")
 
 
-def dump_problem(prep: Any, plan: Any, pins: dict[str, str], limit: int | None, args: argparse.Namespace) -> None:
-    """The problem with its ``"autoshard"`` section (``autoshard.plan.assemble.PlanRequest``):
-    solved by ``autoshard serve`` (``POST /v1/plans``) it gives back this plan
+def dump_problem(prep: Any, plan: Any, options: Any, path: str) -> None:
+    """The problem with its ``"autoshard"`` section (``autoshard.plan.assemble.PlanRequest``)
+    at ``path``: solved by ``autoshard serve`` (``POST /v1/plans``) it gives back this plan
     (unless an expert layout won the portfolio: ``plan.options["portfolio"]``)."""
     import json
 
@@ -48,14 +48,15 @@ def dump_problem(prep: Any, plan: Any, pins: dict[str, str], limit: int | None, 
     from autoshard.plan.solve import PLAN_GAP, PORTFOLIO_SHARE
     from solver.io import write_text_atomic
 
-    all_pins = dict(baseline_pins(prep.graph, args.baseline)) if args.baseline else {}
-    all_pins.update(pins)
-    allowed = baseline_allowed(prep.graph, args.baseline) if args.baseline else None
+    all_pins = dict(baseline_pins(prep.graph, options.baseline)) if options.baseline else {}
+    all_pins.update(options.pins)
+    allowed = baseline_allowed(prep.graph, options.baseline) if options.baseline else None
     problem = to_problem(prep.graph, memory_limit=plan.estimate.memory_limit_bytes,
-                         pins=resolve_pins(prep.graph, all_pins), ties=not args.no_ties, labels=True,
-                         recompute=args.recompute, allowed=allowed)
-    share = PORTFOLIO_SHARE if args.baseline is None and not pins else 0.0
+                         pins=resolve_pins(prep.graph, all_pins), ties=options.ties, labels=True,
+                         recompute=options.recompute, allowed=allowed)
+    share = PORTFOLIO_SHARE if options.baseline is None and not options.pins else 0.0
     data = plan_request(prep.graph, problem, fingerprint=plan.fingerprint, options=plan.options,
                         timings=prep.timings,
-                        solve={"time_limit": args.time_limit * (1 - share), "backend": args.backend, "gap": PLAN_GAP})
-    write_text_atomic(args.dump_problem, json.dumps(data, allow_nan=False) + "\n")
+                        solve={"time_limit": options.time_limit * (1 - share), "backend": options.backend,
+                               "gap": PLAN_GAP})
+    write_text_atomic(path, json.dumps(data, allow_nan=False) + "\n")

@@ -52,6 +52,8 @@ from hw_profiles import load as load_profile
 
 from autoshard.plan.build import make_fingerprint
 from autoshard.plan.format import Fingerprint, Plan, PlanError
+from autoshard.plan.options import SolveOptions, profile_for_device, solve_options
+from autoshard.plan.solve import prepare, solve_prepared
 from autoshard.plan.cache_folder import default_cache_dir
 from autoshard.runtime.module import ShardedModule
 from autoshard.runtime.rank_agreement import (ERROR_CODE, PLAN_SOURCES, MeshSizeError, RankSetupError, agree,
@@ -64,40 +66,50 @@ log = logging.getLogger(__name__)
 
 def default_profile(mesh: Any) -> str:
     """The hardware profile priced when none is given: ``cpu-gloo`` on a CPU mesh,
-    ``h100-sxm-80gb`` otherwise.
+    ``h100-sxm-80gb`` otherwise (:func:`autoshard.plan.options.profile_for_device`).
 
     >>> class M: device_type = "cpu"
     >>> default_profile(M())
     'cpu-gloo'
     """
-    return "cpu-gloo" if getattr(mesh, "device_type", "cpu") == "cpu" else "h100-sxm-80gb"
+    return profile_for_device(getattr(mesh, "device_type", "cpu"))
 
 
 
 
-def cache_key(fingerprint: Fingerprint, memory_limit: float | None, pins: Mapping[str, str] | None,
-              recompute: str = "auto") -> str:
+_NOT_IN_CACHE_KEY = ("profile", "time_limit", "server", "memory_limit", "pins")
+"""Options outside the key's extra fields: the profile is in the fingerprint, the time
+limit and server do not change what is asked, the memory limit and pins are always in it."""
+
+
+def cache_key(fingerprint: Fingerprint, options: SolveOptions) -> str:
     """Hex sha256 of what decides the plan: the fingerprint (graph, mesh, profile,
     versions) and the solve options that change the answer (not ``time_limit``).
+    Options at their default are left out, so keys of plans cached before an
+    option existed stay valid.
 
     >>> fp = Fingerprint("sha256:ab", (2, 2), ("dp", "tp"), "cpu-gloo@sha256:cd", "2.13.0", "0.1.0")
-    >>> cache_key(fp, None, None) == cache_key(fp, None, {}), cache_key(fp, 1e9, None) == cache_key(fp, None, None)
-    (True, False)
+    >>> cache_key(fp, SolveOptions()) == cache_key(fp, SolveOptions(pins={}))
+    True
+    >>> cache_key(fp, SolveOptions(memory_limit=1e9)) == cache_key(fp, SolveOptions())
+    False
     """
-    what = {"fingerprint": fingerprint.to_dict(), "memory_limit": memory_limit, "pins": dict(sorted((pins or {}).items()))}
-    if recompute != "auto":  # the default keeps the keys of plans cached before the option existed
-        what["recompute"] = recompute
+    what: dict[str, Any] = {"fingerprint": fingerprint.to_dict(), "memory_limit": options.memory_limit,
+                            "pins": dict(sorted(options.pins.items()))}
+    defaults = SolveOptions().fields()
+    for name, value in options.fields().items():
+        if name not in _NOT_IN_CACHE_KEY and value != defaults[name]:
+            what[name] = value
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
 
 
-def _rank0_plan(model: nn.Module, example_inputs: Any, mesh_spec: MeshSpec, prof: HardwareProfile,
-                here: Fingerprint, plan: Plan | str | os.PathLike[str] | None, cache: Path | None,
-                memory_limit: float | None, pins: Mapping[str, str] | None, time_limit: float,
-                recompute: str = "auto") -> tuple[str, Plan]:
-    """Rank 0's plan and where it came from: given, cached, or solved (then cached)."""
+def _rank0_plan(traced: TracedGraph, mesh_spec: MeshSpec, options: SolveOptions, here: Fingerprint,
+                plan: Plan | str | os.PathLike[str] | None, cache: Path | None) -> tuple[str, Plan]:
+    """Rank 0's plan and where it came from: given, cached, or solved (then cached) on
+    ``traced``, the trace this rank made for its fingerprint (the model is traced once)."""
     if plan is not None:
         return "given", plan if isinstance(plan, Plan) else Plan.load(plan)
-    path = None if cache is None else cache / f"{cache_key(here, memory_limit, pins, recompute)}.json"
+    path = None if cache is None else cache / f"{cache_key(here, options)}.json"
     if path is not None and path.exists():
         try:
             cached = Plan.load(path, expect=here)
@@ -105,11 +117,9 @@ def _rank0_plan(model: nn.Module, example_inputs: Any, mesh_spec: MeshSpec, prof
             return "cache", cached
         except PlanError as exc:  # a damaged or stale file: solve again and overwrite it
             log.warning("autoshard: ignoring cached plan %s (%s)", path, exc)
-    from autoshard.plan.solve import prepare, solve_prepared
-
     t0 = time.perf_counter()
-    prep = prepare(model, example_inputs, mesh_spec.shape, mesh_spec.dim_names, profile=prof, recompute=recompute)
-    solved = solve_prepared(prep, memory_limit=memory_limit, pins=pins, time_limit=time_limit, recompute=recompute)
+    prep = prepare(None, None, mesh_spec.shape, mesh_spec.dim_names, options, traced=traced)
+    solved = solve_prepared(prep, options)
     log.info("autoshard: solved in %.1f s (%s)", time.perf_counter() - t0, solved.solver.status)
     if path is not None:
         try:
@@ -124,27 +134,26 @@ def autoshard(
     model: nn.Module,
     mesh: Any = None,
     example_inputs: Sequence[torch.Tensor] | Mapping[str, torch.Tensor] | None = None,
+    options: SolveOptions | None = None,
     *,
     devices: int | None = None,
     devices_per_node: int | None = None,
-    profile: str | HardwareProfile | None = None,
-    memory_limit: float | None = None,
-    pins: Mapping[str, str] | None = None,
-    time_limit: float = 60.0,
     plan: Plan | str | os.PathLike[str] | None = None,
     cache_dir: str | os.PathLike[str] | bool | None = None,
     local_inputs: bool = False,
     trace_collectives: bool | None = None,
     allow_profile_change: bool = False,
-    recompute: str = "auto",
     compile: bool = False,
+    **changes: Any,
 ) -> ShardedModule:
     """``model`` sharded on ``mesh`` by a plan solved on rank 0 (module docstring).
 
     ``example_inputs``: the whole batch (shapes and dtypes of every step).
-    ``profile``: hardware profile name; default :func:`default_profile`.
-    ``memory_limit`` (bytes per device), ``pins`` and ``time_limit`` go to the
-    solver. ``plan``: a :class:`Plan` or plan file to use instead of solving
+    ``options``: the :class:`~autoshard.plan.options.SolveOptions` of rank 0's
+    solve, or its fields as keywords (``profile``, ``memory_limit`` in bytes
+    per device, ``pins``, ``time_limit``, ``recompute``, ...), which change
+    ``options`` when both are given. Without ``options`` and ``profile``, the
+    profile is :func:`default_profile` of the mesh. ``plan``: a :class:`Plan` or plan file to use instead of solving
     (its fingerprint is checked on every rank). ``cache_dir``: folder of
     cached plans (default :func:`default_cache_dir`; ``False`` disables the
     cache). ``local_inputs`` and ``trace_collectives``: as
@@ -156,8 +165,7 @@ def autoshard(
     ``LOCAL_WORLD_SIZE``) by a mesh search on rank 0, then built on every rank
     with the plan's shape and dim names (:mod:`autoshard.runtime.mesh_choice`;
     ``time_limit`` is the whole search's). ``recompute``: the recomputation
-    policy passed to :func:`autoshard.solve` (``auto``, ``none``, ``full``,
-    ``selective``, ``every:K``). ``compile``: compile the per-rank step with
+    policy (``auto``, ``none``, ``full``, ``selective``, ``every:K``). ``compile``: compile the per-rank step with
     inductor (``ShardedModule``).
 
     Raises :class:`MeshSizeError` when the mesh is not the whole job,
@@ -174,14 +182,15 @@ def autoshard(
                            "first (or use autoshard.solve offline)")
     if example_inputs is None:
         raise TypeError("autoshard: example_inputs is required (the whole batch of one step)")
+    device_default = options is None and "profile" not in changes
+    opts = solve_options(options, changes)
     if mesh is None:  # the plan chooses the mesh
         from autoshard.runtime.mesh_choice import autoshard_on_chosen_mesh
 
         return autoshard_on_chosen_mesh(
-            model, example_inputs, devices=devices, devices_per_node=devices_per_node, profile=profile,
-            memory_limit=memory_limit, pins=pins, time_limit=time_limit, plan=plan, cache_dir=cache_dir,
-            local_inputs=local_inputs, trace_collectives=trace_collectives, allow_profile_change=allow_profile_change,
-            recompute=recompute, compile=compile)
+            model, example_inputs, opts, device_default=device_default, devices=devices,
+            devices_per_node=devices_per_node, plan=plan, cache_dir=cache_dir, local_inputs=local_inputs,
+            trace_collectives=trace_collectives, allow_profile_change=allow_profile_change, compile=compile)
     if devices is not None or devices_per_node is not None:
         raise TypeError("autoshard: devices / devices_per_node choose a mesh: pass them with mesh=None, not with a mesh")
     world = dist.get_world_size()
@@ -189,7 +198,9 @@ def autoshard(
         raise MeshSizeError(f"mesh {'x'.join(map(str, mesh.shape))} has {mesh.size()} ranks, the job {world}: "
                             "the mesh must cover every rank")
     mesh_spec = MeshSpec(tuple(int(m) for m in mesh.shape), tuple(mesh.mesh_dim_names or ()))
-    prof = profile if isinstance(profile, HardwareProfile) else load_profile(profile or default_profile(mesh))
+    profile = default_profile(mesh) if device_default else opts.profile
+    prof = profile if isinstance(profile, HardwareProfile) else load_profile(profile)
+    opts = opts.with_changes(profile=prof)
     cache: Path | None = None
     if cache_dir is not False:
         cache = default_cache_dir() if cache_dir in (None, True) else Path(cache_dir)
@@ -213,8 +224,7 @@ def autoshard(
             payload = one_line(error).encode()
         else:
             try:
-                source, chosen = _rank0_plan(model, example_inputs, mesh_spec, prof, here, plan, cache,
-                                             memory_limit, pins, time_limit, recompute)
+                source, chosen = _rank0_plan(traced, mesh_spec, opts, here, plan, cache)
                 code, payload = PLAN_SOURCES.index(source), json.dumps(chosen.to_dict()).encode("utf-8")
             except Exception as exc:  # noqa: BLE001 - broadcast, then raised on rank 0 too
                 error, payload = exc, one_line(exc).encode()

@@ -36,6 +36,7 @@ from hw_profiles import load as load_profile
 
 from autoshard.plan.build import make_fingerprint
 from autoshard.plan.format import Plan
+from autoshard.plan.options import SolveOptions, profile_for_device
 from autoshard.runtime.module import ShardedModule
 from autoshard.runtime.rank_agreement import (ERROR_CODE, PLAN_SOURCES, MeshSizeError, RankSetupError, agree,
                                               broadcast_bytes, comm_device, one_line)
@@ -56,22 +57,21 @@ def node_size_from_env(profile: HardwareProfile, devices: int) -> int | None:
 def autoshard_on_chosen_mesh(
     model: nn.Module,
     example_inputs: Sequence[Any] | Mapping[str, Any],
+    options: SolveOptions,
     *,
+    device_default: bool,
     devices: int | None,
     devices_per_node: int | None,
-    profile: str | HardwareProfile | None,
-    memory_limit: float | None,
-    pins: Mapping[str, str] | None,
-    time_limit: float,
     plan: Plan | str | os.PathLike[str] | None,
     cache_dir: str | os.PathLike[str] | bool | None,
     local_inputs: bool,
     trace_collectives: bool | None,
     allow_profile_change: bool,
-    recompute: str = "auto",
     compile: bool = False,
 ) -> ShardedModule:
-    """:func:`autoshard.runtime.api.autoshard` with ``mesh=None`` (module docstring)."""
+    """:func:`autoshard.runtime.api.autoshard` with ``mesh=None`` (module docstring);
+    ``device_default``: price the default profile of the job's device type instead of
+    ``options.profile`` (none was given)."""
     from torch.distributed.device_mesh import init_device_mesh
 
     from autoshard.plan.layouts import profile_for_nodes
@@ -82,8 +82,8 @@ def autoshard_on_chosen_mesh(
     if devices != world:
         raise MeshSizeError(f"devices={devices}, the job has {world} ranks: the mesh must cover every rank")
     device = comm_device()
-    prof = profile if isinstance(profile, HardwareProfile) else load_profile(
-        profile or ("cpu-gloo" if device.type == "cpu" else "h100-sxm-80gb"))
+    profile = profile_for_device(device.type) if device_default else options.profile
+    prof = profile if isinstance(profile, HardwareProfile) else load_profile(profile)
     node = devices_per_node if devices_per_node is not None else node_size_from_env(prof, devices)
     rank = dist.get_rank()
 
@@ -101,8 +101,8 @@ def autoshard_on_chosen_mesh(
             payload = one_line(error).encode()
         else:
             try:
-                source, chosen = _rank0_plan(model, example_inputs, devices, node, prof, memory_limit, pins,
-                                             time_limit, plan, cache_dir, recompute)
+                source, chosen = _rank0_plan(traced, devices, node, options.with_changes(profile=prof), plan,
+                                             cache_dir)
                 code, payload = PLAN_SOURCES.index(source), json.dumps(chosen.to_dict()).encode("utf-8")
             except Exception as exc:  # noqa: BLE001 - broadcast, then raised on rank 0 too
                 error, payload = exc, one_line(exc).encode()
@@ -134,12 +134,11 @@ def autoshard_on_chosen_mesh(
     return sharded
 
 
-def _rank0_plan(model: nn.Module, example_inputs: Any, devices: int, node: int | None, prof: HardwareProfile,
-                memory_limit: float | None, pins: Mapping[str, str] | None, time_limit: float,
+def _rank0_plan(traced: Any, devices: int, node: int | None, options: SolveOptions,
                 plan: Plan | str | os.PathLike[str] | None,
-                cache_dir: str | os.PathLike[str] | bool | None, recompute: str = "auto") -> tuple[str, Plan]:
-    """Rank 0's plan and where it came from: given, or searched (``cache`` when
-    the chosen layout came from the layout cache)."""
+                cache_dir: str | os.PathLike[str] | bool | None) -> tuple[str, Plan]:
+    """Rank 0's plan and where it came from: given, or searched on ``traced``, this
+    rank's own trace (``cache`` when the chosen layout came from the layout cache)."""
     import logging
 
     from autoshard.plan.mesh_search import search_mesh
@@ -147,8 +146,7 @@ def _rank0_plan(model: nn.Module, example_inputs: Any, devices: int, node: int |
     if plan is not None:
         return "given", plan if isinstance(plan, Plan) else Plan.load(plan)
     t0 = time.perf_counter()
-    found = search_mesh(model, example_inputs, devices, node, profile=prof, time_limit=time_limit, jobs=1,
-                        cache_dir=cache_dir, memory_limit=memory_limit, pins=pins, recompute=recompute)
+    found = search_mesh(None, None, devices, node, options, jobs=1, cache_dir=cache_dir, traced=traced)
     rows = found.options["mesh_search"]["layouts"]
     chosen = next(r for r in rows if r["chosen"])
     logging.getLogger(__name__).info("autoshard: mesh %s chosen of %d layouts in %.1f s",
