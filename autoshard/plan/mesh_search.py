@@ -220,8 +220,10 @@ def _solve_layout(index: int, cached_bound: float | None) -> str:
     if t0 >= work.deadline:
         return done("skipped", reason="time limit reached before it started", bound_s=cached_bound)
     try:
-        prep = prepare(None, None, layout.shape, layout.dim_names, work.options, traced=work.traced,
-                       seed_memo=work.seed_memo)
+        # a seed's share is of what each layout gets (the same for every layout: seeds are shared)
+        each = min(work.time_limit, work.time_limit * work.jobs / len(work.layouts))
+        prep = prepare(None, None, layout.shape, layout.dim_names, work.options.with_changes(time_limit=each),
+                       traced=work.traced, seed_memo=work.seed_memo)
         bound = layout_bound(prep, work.options)
     except Exception as exc:  # noqa: BLE001 - see failed()
         return failed(exc)

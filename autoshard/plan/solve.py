@@ -39,10 +39,14 @@ from autoshard.plan.pins import resolve_pins
 from autoshard.sizes import format_bytes
 from autoshard.trace import TracedGraph, trace_joint
 
-__all__ = ["PLAN_GAP", "Prepared", "InfeasibleMemoryError", "prepare", "solve_prepared",
-           "BaselineResult", "compare_baselines", "recompute_policies", "BASELINE_POLICIES"]
+__all__ = ["PLAN_GAP", "SEED_SHARE", "Prepared", "solve_stage_seconds", "InfeasibleMemoryError", "prepare",
+           "solve_prepared", "BaselineResult", "compare_baselines", "recompute_policies", "BASELINE_POLICIES"]
 
 log = logging.getLogger(__name__)
+
+SEED_SHARE = 0.25
+"""Share of the time limit for the coarse solve that seeds a seeded search
+(``autoshard.graph.restrict``): the solve itself gets what it leaves."""
 
 PORTFOLIO_SHARE = 0.2
 """Share of the time limit kept for the expert layouts (``_best_of_baselines``)."""
@@ -84,7 +88,6 @@ def prepare(
     progress: Progress | None = None,
     traced: TracedGraph | None = None,
     seed_memo: dict[Any, Any] | None = None,
-    seed_time_limit: float = 30.0,
     **changes: Any,
 ) -> Prepared:
     """Trace ``model(*example_inputs)`` and build its strategy graph on the mesh.
@@ -96,8 +99,9 @@ def prepare(
     ``search``: ``full`` enumerates every strategy; ``seeded`` keeps only those
     near a solve on a coarser 2-D mesh (``autoshard.graph.restrict``: a
     restriction, so the plan is optimal over what it keeps; the seed's solve
-    gets ``seed_time_limit`` seconds); ``auto`` (default) seeds meshes with
-    3 or more dims of size > 1, whose full enumeration takes minutes to hours.
+    gets :data:`SEED_SHARE` of ``time_limit``, and the solve what is left);
+    ``auto`` (default) seeds meshes with 3 or more dims of size > 1, whose
+    full enumeration takes minutes to hours.
     ``bucket_bytes``: the runtime's gradient bucket cap (``costmodel.bucketing``;
     0 = one collective per gradient). ``traced``: the model already traced
     (``trace_joint(model, example_inputs)``), reused instead of tracing again:
@@ -131,7 +135,8 @@ def prepare(
     restrict, seed_timings = None, {}
     if mode == "seeded":
         restrict, seed = seeded_restriction(traced, mesh, prof, optimizer=opt_memory, allow_uneven=allow_uneven,
-                                            time_limit=seed_time_limit, memo=seed_memo)
+                                            time_limit=SEED_SHARE * opts.time_limit, backend=opts.backend,
+                                            memo=seed_memo)
         seed_timings = {"seed_build_s": seed.seconds["build"], "seed_solve_s": seed.seconds["solve"]}
     t_seed = time.perf_counter()
     graph = build_graph(
@@ -175,23 +180,16 @@ def solve_prepared(
     """
     opts = solve_options(options, changes)
     pins, time_limit, backend, ties, baseline = opts.pins, opts.time_limit, opts.backend, opts.ties, opts.baseline
-    tp_table, server = opts.tp_table, opts.server
+    server = opts.server
     graph = prep.graph
     recompute = parse_policy(opts.recompute)
     limit = float(graph.profile.device.memory_bytes if opts.memory_limit is None else opts.memory_limit)
     problem_limit = None if limit == NO_MEMORY_LIMIT else limit
-    all_pins: dict[str, str] = {}
-    allowed = None
-    if baseline is not None:
-        all_pins.update(baseline_pins(graph, baseline, tp_table))
-        allowed = baseline_allowed(graph, baseline)
-    all_pins.update(pins or {})
-    problem = to_problem(graph, memory_limit=problem_limit, pins=resolve_pins(graph, all_pins), ties=ties,
-                         recompute=recompute, allowed=allowed)
-    amortize = getattr(graph, "bucket_bytes", 0) > 0  # the runtime gathers parameters in buckets too
-    if amortize:
-        problem = gather_amortized_problem(graph, problem)
+    # the seed of a seeded search took its share of the one time limit; the solve gets the rest
+    time_limit = max(time_limit - float(prep.timings.get("seed_solve_s", 0.0)), MIN_SOLVE_SHARE * time_limit)
+    problem = _pinned_problem(graph, opts, problem_limit, recompute)
     start = time.perf_counter()
+    end = start + time_limit  # every stage below ends by then: solve, overlap rounds, expert layouts, hint
 
     def on_event(event: dict[str, Any]) -> None:
         if progress:
@@ -202,7 +200,7 @@ def solve_prepared(
     portfolio = baseline is None and not pins
     share = PORTFOLIO_SHARE if portfolio else 0.0
     options = {**prep.options, "ties": ties, "pins": dict(pins), "memory_limit_bytes": problem_limit,
-               "baseline": baseline, "time_limit_s": time_limit, "backend": backend, "recompute": recompute}
+               "baseline": baseline, "time_limit_s": opts.time_limit, "backend": backend, "recompute": recompute}
     remote = None
     rounds = opts.overlap_rounds if server is None and overlap_worthwhile(graph.profile.contention) else 0
     first = OVERLAP_FIRST_SHARE if rounds else 1.0
@@ -212,43 +210,94 @@ def solve_prepared(
                                             progress)
     else:
         def without() -> Any:  # the same problem, every activation kept
-            kept = to_problem(graph, memory_limit=problem_limit, pins=problem.pins, ties=ties, recompute="none",
-                              allowed=allowed)
-            return gather_amortized_problem(graph, kept) if amortize else kept
+            return _pinned_problem(graph, opts, problem_limit, "none")
 
         solution = _solve_local(graph, problem, recompute, time_limit * (1 - share) * first, backend, on_event,
                                 without)
     if solution.status is not Status.INFEASIBLE and not solution.choice and portfolio:
         # the search ran out of time before any choice fit: the expert layouts (with the
         # recomputation policies) may still give one
-        found = _best_of_baselines(prep, None, opts, limit, time_limit * share, recompute,
-                                   status=solution.status.value, seconds_used=solution.seconds)
+        spent_first: list[float] = []
+        found = _best_of_baselines(prep, None, opts, limit, end, recompute,
+                                   status=solution.status.value, seconds_used=solution.seconds, spent=spent_first)
         if found is not None:
-            return found
+            timings = {**prep.timings, "solve_s": round(solution.seconds, 4),
+                       "portfolio_s": round(sum(spent_first), 4)}
+            return replace(found, solver=replace(found.solver, timings=timings))
     if solution.status is Status.INFEASIBLE or not solution.choice:
         raise InfeasibleMemoryError(
             f"memory limit {format_bytes(limit)}: no plan fits ({solution.message or solution.status.value})"
-            + _smallest_peak_hint(prep, opts, recompute)
+            + _smallest_peak_hint(prep, opts, recompute, end)
         )
     if remote is not None:
         plan = remote
     else:
-        timings = {**prep.timings, "solve_s": round(solution.seconds, 4)}
-        compiled = float(solution.stats.get("compile_seconds") or 0.0)
-        if compiled > 0:  # a first run's numba compilation, part of solve_s but not solving
-            timings["solve_compile_s"] = round(compiled, 4)
-        t = time.perf_counter()
-        plan = plan_from_solution(graph, problem, solution, fingerprint=prep.fingerprint, options=options,
-                                  timings=timings)
-        plan = replace(plan, solver=replace(plan.solver, timings={**timings,
-                                                                  "plan_s": round(time.perf_counter() - t, 4)}))
+        plan = _assembled(prep, problem, solution, options)
         if rounds:
             plan = _overlap_rounds(prep, problem, solution, plan, rounds, deadline, backend)
     if portfolio and solution.status is not Status.OPTIMAL:
-        plan = _best_of_baselines(prep, plan, opts, limit, time_limit * share, recompute)
+        spent: list[float] = []
+        before = plan.solver.timings  # the plan's own stages, whichever layout wins
+        plan = _best_of_baselines(prep, plan, opts, limit, end, recompute, spent=spent)
+        plan = replace(plan, solver=replace(plan.solver, timings={**before, "portfolio_s": round(sum(spent), 4)}))
     if progress:
         progress("solve", time_limit, time_limit)
     return plan
+
+
+def _pinned_problem(graph: StrategyGraph, opts: SolveOptions, memory_limit: float | None, recompute: str) -> Any:
+    """The solver's problem of ``graph`` under ``opts``' pins (the baseline's under the user's),
+    the baseline's op layout, ties and ``recompute``; parameter gathers priced as the runtime
+    buckets them."""
+    all_pins: dict[str, str] = {}
+    allowed = None
+    if opts.baseline is not None:
+        all_pins.update(baseline_pins(graph, opts.baseline, opts.tp_table))
+        allowed = baseline_allowed(graph, opts.baseline)
+    all_pins.update(opts.pins)
+    problem = to_problem(graph, memory_limit=memory_limit, pins=resolve_pins(graph, all_pins), ties=opts.ties,
+                         recompute=recompute, allowed=allowed)
+    if getattr(graph, "bucket_bytes", 0) > 0:  # the runtime gathers parameters in buckets too
+        problem = gather_amortized_problem(graph, problem)
+    return problem
+
+
+def _assembled(prep: Prepared, problem: Any, solution: Any, options: Mapping[str, Any]) -> Plan:
+    """The plan of ``solution``, with the prep's timings, the solve's and the assembly's."""
+    timings = {**prep.timings, "solve_s": round(solution.seconds, 4)}
+    compiled = float(solution.stats.get("compile_seconds") or 0.0)
+    if compiled > 0:  # a first run's numba compilation, part of solve_s but not solving
+        timings["solve_compile_s"] = round(compiled, 4)
+    t = time.perf_counter()
+    plan = plan_from_solution(prep.graph, problem, solution, fingerprint=prep.fingerprint, options=options,
+                              timings=timings)
+    return replace(plan, solver=replace(plan.solver, timings={**timings, "plan_s": round(time.perf_counter() - t, 4)}))
+
+
+MIN_SOLVE_SHARE = 0.05
+"""The least share of the time limit a solve starts with after the seed's (a seed that overran)."""
+
+
+def _with_timing(plan: Plan, name: str, seconds: float) -> Plan:
+    """``plan`` with one more stage in ``solver.timings`` (seconds of a stage of the one time limit)."""
+    return replace(plan, solver=replace(plan.solver, timings={**plan.solver.timings, name: round(seconds, 4)}))
+
+
+def solve_stage_seconds(plan: Plan) -> float:
+    """The seconds the stages of the one time limit took, as ``plan.solver.timings`` reports
+    them: the seed's solve, the solve, the overlap rounds and the expert layouts (module
+    ``autoshard.plan.options``: ``time_limit`` is the whole solve's).
+
+    >>> solve_stage_seconds(plan) <= plan.options["time_limit_s"] * 1.05  # doctest: +SKIP
+    True
+    """
+    return float(plan.solver.timings.get("seed_solve_s", 0.0)) + _own_seconds(plan)
+
+
+def _own_seconds(plan: Plan) -> float:
+    """The solve's stages of ``plan`` without the seed (a portfolio layout shares its prep's seed)."""
+    timings = plan.solver.timings
+    return sum(float(timings.get(k, 0.0)) for k in ("solve_s", "overlap_s", "portfolio_s"))
 
 
 WARM_SHARE = 0.2
@@ -266,7 +315,7 @@ def _solve_local(graph: StrategyGraph, problem: Any, recompute: str, time_limit:
         return solve_problem(problem, backend=backend, time_limit=time_limit, gap=PLAN_GAP, progress=on_event)
     start = time.perf_counter()
     warm = solve_problem(without(), backend=backend, time_limit=WARM_SHARE * time_limit, gap=PLAN_GAP)
-    left = max(time_limit - (time.perf_counter() - start), 1.0)
+    left = max(time_limit - (time.perf_counter() - start), 1e-3)  # the warm start is the incumbent meanwhile
     solution = solve_problem(problem, backend=backend, time_limit=left, gap=PLAN_GAP, progress=on_event,
                              initial=warm.choice or None)
     stats = {**solution.stats, "without_recompute": {"status": warm.status.value, "cost": warm.cost,
@@ -284,7 +333,7 @@ def _overlap_rounds(prep: Prepared, problem: Any, solution: Any, plan: Plan, rou
     assembly = assembly_graph(graph)
     best, best_round = plan, 0
     previous, previous_plan = tuple(solution.choice), plan
-    ran = 0
+    ran, spent = 0, 0.0
     for r in range(rounds):
         remaining = deadline - time.perf_counter()
         if remaining <= 0.5:
@@ -294,6 +343,7 @@ def _overlap_rounds(prep: Prepared, problem: Any, solution: Any, plan: Plan, rou
         again = solve_problem(priced, backend=backend, time_limit=remaining / (rounds - r), gap=PLAN_GAP,
                               initial=list(previous))
         ran += 1
+        spent += again.seconds
         if again.status is Status.INFEASIBLE or not again.choice or tuple(again.choice) == previous:
             break
         candidate = plan_from_solution(graph, problem, again, fingerprint=prep.fingerprint, options=plan.options,
@@ -304,6 +354,7 @@ def _overlap_rounds(prep: Prepared, problem: Any, solution: Any, plan: Plan, rou
     if best is not plan:
         log.info("overlap round %d: simulated step %.6g s (first solve %.6g s)", best_round, best.estimate.step_s,
                  plan.estimate.step_s)
+    best = _with_timing(best, "overlap_s", spent)
     return replace(best, options={**best.options, "overlap_rounds": ran, "overlap_round": best_round})
 
 
@@ -343,16 +394,17 @@ BASELINE_POLICIES = ("none", "selective", "every:2", "full")
 """The policies users run today, priced with every expert layout."""
 
 
-def _best_of_baselines(prep: Prepared, plan: Plan | None, opts: SolveOptions, limit: float, seconds: float,
-                       recompute: str, *, status: str | None = None,
-                       seconds_used: float | None = None) -> Plan | None:
+def _best_of_baselines(prep: Prepared, plan: Plan | None, opts: SolveOptions, limit: float, end: float,
+                       recompute: str, *, status: str | None = None, seconds_used: float | None = None,
+                       spent: list[float] | None = None) -> Plan | None:
     """``plan``, or the cheapest expert layout that fits if it beats the unproven search
     (``plan`` None: the search found nothing; then the cheapest layout that fits, or None);
     a layout that does not fit without recomputation is tried with the policies users run.
-    The layouts share ``seconds``; once they are spent, the ones left are not tried."""
+    The layouts share what is left until ``end`` (the solve's deadline: the portfolio's share of
+    the time limit, and what the search left of its own); once it is spent, the ones left are not tried."""
     names = applicable_baselines(prep.graph, opts.tp_table)
     policies = recompute_policies(prep, recompute)
-    deadline = time.perf_counter() + max(seconds, 1.0)
+    deadline = end
     best = plan
     for n, name in enumerate(names):
         for policy in policies:
@@ -361,9 +413,11 @@ def _best_of_baselines(prep: Prepared, plan: Plan | None, opts: SolveOptions, li
                 break
             try:
                 candidate = solve_prepared(prep, _baseline_options(opts, name, policy, limit,
-                                                                   max(left / (len(names) - n), 1.0)))
+                                                                   left / (len(names) - n)))
             except ValueError:  # does not apply or does not fit: try the next policy
                 continue
+            if spent is not None:
+                spent.append(_own_seconds(candidate))
             if best is None or candidate.estimate.step_s < best.estimate.step_s:
                 best = candidate
             break  # the first policy that fits is the cheapest of this layout's (less recomputation)
@@ -380,6 +434,10 @@ def _best_of_baselines(prep: Prepared, plan: Plan | None, opts: SolveOptions, li
     return replace(best, options=options, solver=solver)
 
 
+MIN_HINT_S = 0.5
+"""Below this much time left, an infeasible solve's error gives no smallest-peak hint."""
+
+
 def _baseline_options(opts: SolveOptions, baseline: str, recompute: str, memory_limit: float,
                       time_limit: float) -> SolveOptions:
     """The options of one expert layout's solve within ``opts``' solve: its backend,
@@ -388,15 +446,16 @@ def _baseline_options(opts: SolveOptions, baseline: str, recompute: str, memory_
                         tp_table=opts.tp_table, server=opts.server, recompute=recompute)
 
 
-def _smallest_peak_hint(prep: Prepared, opts: SolveOptions, recompute: str) -> str:
+def _smallest_peak_hint(prep: Prepared, opts: SolveOptions, recompute: str, end: float) -> str:
     """The peak of the FSDP layout without a limit (with full recomputation
-    when the policy allows it): the smallest peak found by a quick try."""
-    if opts.baseline == "fsdp":
+    when the policy allows it): the smallest peak found in what is left of the
+    time limit (``end``), if anything is."""
+    left = end - time.perf_counter()
+    if opts.baseline == "fsdp" or left < MIN_HINT_S:
         return ""
     policy = "full" if recompute == "auto" and prep.graph.regions else recompute
     try:
-        plan = solve_prepared(prep, _baseline_options(opts, "fsdp", policy, NO_MEMORY_LIMIT,
-                                                      min(opts.time_limit, 20.0)))
+        plan = solve_prepared(prep, _baseline_options(opts, "fsdp", policy, NO_MEMORY_LIMIT, left))
     except ValueError:
         return ""
     how = "FSDP layout" + (f", {policy} recomputation" if policy not in ("none", "auto") else "")
@@ -424,22 +483,26 @@ def compare_baselines(
     """Every applicable baseline with every recomputation policy users run
     (``policies``; default :func:`recompute_policies`), each solved with its
     pins and no memory limit (so a layout that does not fit still gets its
-    numbers; ``fits`` tells against ``options.memory_limit``). Each row gets
-    ``options.time_limit`` seconds (default 30 here)."""
-    if options is None:
-        changes.setdefault("time_limit", 30.0)
+    numbers; ``fits`` tells against ``options.memory_limit``). The rows share
+    ``options.time_limit``: each gets what is left over the rows left; a row
+    past it has no plan (its error says so)."""
     opts = solve_options(options, changes)
+    deadline = time.perf_counter() + opts.time_limit
     limit = float(prep.graph.profile.device.memory_bytes if opts.memory_limit is None else opts.memory_limit)
     if policies is None:
         policies = recompute_policies(prep) if prep.options.get("recompute_states", True) else ["none"]
     out = []
-    for name in applicable_baselines(prep.graph, opts.tp_table):
-        for policy in policies:
-            try:
-                row = _baseline_options(opts, name, policy, NO_MEMORY_LIMIT, opts.time_limit)
-                plan = solve_prepared(prep, row.with_changes(server=None))  # the rows are priced here
-                plan = replace(plan, estimate=replace(plan.estimate, memory_limit_bytes=limit))
-                out.append(BaselineResult(name, plan, recompute=policy))
-            except ValueError as exc:
-                out.append(BaselineResult(name, None, str(exc), recompute=policy))
+    rows = [(name, policy) for name in applicable_baselines(prep.graph, opts.tp_table) for policy in policies]
+    for n, (name, policy) in enumerate(rows):
+        left = deadline - time.perf_counter()
+        if left <= 0:
+            out.append(BaselineResult(name, None, "time limit reached before it started", recompute=policy))
+            continue
+        try:
+            row = _baseline_options(opts, name, policy, NO_MEMORY_LIMIT, left / (len(rows) - n))
+            plan = solve_prepared(prep, row.with_changes(server=None))  # the rows are priced here
+            plan = replace(plan, estimate=replace(plan.estimate, memory_limit_bytes=limit))
+            out.append(BaselineResult(name, plan, recompute=policy))
+        except ValueError as exc:
+            out.append(BaselineResult(name, None, str(exc), recompute=policy))
     return out

@@ -12,14 +12,22 @@ from autoshard.sizes import format_bytes
 
 __all__ = ["print_baselines", "dump_problem"]
 
+MIN_COMPARE_S = 1.0
+"""Below this much left of the time limit, the expert layouts are not priced."""
+
 
 def print_baselines(prep: Any, plan: Any, options: Any) -> None:
     """The expert layouts on ``prep``'s mesh, each with its recomputation policies, priced
-    beside ``plan`` (``--compare-baselines``): each row solved within
-    ``min(options.time_limit, 30 s)``."""
-    from autoshard.plan.solve import compare_baselines
+    beside ``plan`` (``--compare-baselines``) in what the solve (or the search) left of
+    ``--time-limit``."""
+    from autoshard.plan.solve import compare_baselines, solve_stage_seconds
 
-    rows = compare_baselines(prep, options.with_changes(time_limit=min(options.time_limit, 30.0)))
+    used = plan.options.get("mesh_search", {}).get("seconds") or solve_stage_seconds(plan)
+    left = options.time_limit - float(used)
+    if left < MIN_COMPARE_S:
+        print(f"\n--compare-baselines: not priced, the solve took the whole --time-limit ({options.time_limit:g} s)")
+        return
+    rows = compare_baselines(prep, options.with_changes(time_limit=left))
     print("\n| layout | recompute | step ms | compute ms | comm ms | recompute ms | peak memory | fits |\n"
           "|---|---|---:|---:|---:|---:|---:|---|")
     print(_row("solved", plan, options.recompute))
