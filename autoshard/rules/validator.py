@@ -36,7 +36,7 @@ uneven splits.
 
 Command line::
 
-    python -m autoshard.rules.validator --op aten.mm.default
+    python -m autoshard.validate_rules --op aten.mm.default
     autoshard validate-rules [--op NAME] [--family NAME] [--cases N]
 
 >>> from autoshard.rules import load_rules
