@@ -52,9 +52,9 @@ from hw_profiles import load as load_profile
 
 from autoshard.plan.build import make_fingerprint
 from autoshard.plan.format import Fingerprint, Plan, PlanError
+from autoshard.plan.cache_folder import default_cache_dir
 from autoshard.plan.options import SolveOptions, profile_for_device, solve_options
 from autoshard.plan.solve import prepare, solve_prepared
-from autoshard.plan.cache_folder import default_cache_dir
 from autoshard.runtime.module import ShardedModule
 from autoshard.runtime.rank_agreement import (ERROR_CODE, PLAN_SOURCES, MeshSizeError, RankSetupError, agree,
                                               broadcast_bytes, comm_device, one_line)
@@ -152,8 +152,9 @@ def autoshard(
     ``options``: the :class:`~autoshard.plan.options.SolveOptions` of rank 0's
     solve, or its fields as keywords (``profile``, ``memory_limit`` in bytes
     per device, ``pins``, ``time_limit``, ``recompute``, ...), which change
-    ``options`` when both are given. Without ``options`` and ``profile``, the
-    profile is :func:`default_profile` of the mesh. ``plan``: a :class:`Plan` or plan file to use instead of solving
+    ``options`` when both are given. Without ``options`` and ``profile`` (or
+    with ``profile=None``), the profile is :func:`default_profile` of the mesh.
+    ``plan``: a :class:`Plan` or plan file to use instead of solving
     (its fingerprint is checked on every rank). ``cache_dir``: folder of
     cached plans (default :func:`default_cache_dir`; ``False`` disables the
     cache). ``local_inputs`` and ``trace_collectives``: as
@@ -165,8 +166,8 @@ def autoshard(
     ``LOCAL_WORLD_SIZE``) by a mesh search on rank 0, then built on every rank
     with the plan's shape and dim names (:mod:`autoshard.runtime.mesh_choice`;
     ``time_limit`` is the whole search's). ``recompute``: the recomputation
-    policy (``auto``, ``none``, ``full``, ``selective``, ``every:K``). ``compile``: compile the per-rank step with
-    inductor (``ShardedModule``).
+    policy (``auto``, ``none``, ``full``, ``selective``, ``every:K``).
+    ``compile``: compile the per-rank step with inductor (``ShardedModule``).
 
     Raises :class:`MeshSizeError` when the mesh is not the whole job,
     :class:`~autoshard.plan.format.PlanError` for a plan of another model,
@@ -182,6 +183,8 @@ def autoshard(
                            "first (or use autoshard.solve offline)")
     if example_inputs is None:
         raise TypeError("autoshard: example_inputs is required (the whole batch of one step)")
+    if "profile" in changes and changes["profile"] is None:  # the keyword form's "no profile given"
+        del changes["profile"]
     device_default = options is None and "profile" not in changes
     opts = solve_options(options, changes)
     if mesh is None:  # the plan chooses the mesh
