@@ -79,13 +79,12 @@ import queue as queue_errors
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from hw_profiles import HardwareProfile
 from hw_profiles import load as load_profile
 
-from autoshard.plan.cache_folder import default_cache_dir
+from autoshard.plan.cache_folder import cache_folder
 from autoshard.plan.format import Plan
 from autoshard.plan.options import BUILD_FIELDS, SolveOptions, solve_options
 from autoshard.plan.layout_cache import LayoutCache, code_version, layout_cache_key
@@ -289,14 +288,6 @@ def _default_jobs() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def _cache_folder(cache_dir: str | os.PathLike[str] | bool | None) -> Path | None:
-    if cache_dir is False:
-        return None
-    if cache_dir in (None, True):
-        return default_cache_dir()
-    return Path(cache_dir)
-
-
 def search_mesh(
     model: Any,
     example_inputs: Sequence[Any] | Mapping[str, Any],
@@ -357,7 +348,7 @@ def search_mesh(
     trace_s = time.monotonic() - start
     report("trace", 1)
 
-    folder = _cache_folder(cache_dir)
+    folder = cache_folder(cache_dir)
     cache = LayoutCache(folder)
     code = code_version() if folder is not None else ""
     key_opts = {k: v for k, v in opts.fields().items() if k not in _NOT_IN_KEY}

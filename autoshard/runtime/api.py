@@ -52,12 +52,11 @@ from hw_profiles import load as load_profile
 
 from autoshard.plan.build import make_fingerprint
 from autoshard.plan.format import Fingerprint, Plan, PlanError
-from autoshard.plan.cache_folder import default_cache_dir
+from autoshard.plan.cache_folder import cache_folder, default_cache_dir
 from autoshard.plan.options import SolveOptions, profile_for_device, solve_options
 from autoshard.plan.solve import prepare, solve_prepared
 from autoshard.runtime.module import ShardedModule
-from autoshard.runtime.rank_agreement import (ERROR_CODE, PLAN_SOURCES, MeshSizeError, RankSetupError, agree,
-                                              broadcast_bytes, comm_device, one_line)
+from autoshard.runtime.rank_agreement import MeshSizeError, RankSetupError, agree, broadcast_plan, comm_device
 from autoshard.trace import TracedGraph, trace_joint
 
 __all__ = ["autoshard", "MeshSizeError", "RankSetupError", "default_profile", "default_cache_dir", "cache_key"]
@@ -204,11 +203,8 @@ def autoshard(
     profile = default_profile(mesh) if device_default else opts.profile
     prof = profile if isinstance(profile, HardwareProfile) else load_profile(profile)
     opts = opts.with_changes(profile=prof)
-    cache: Path | None = None
-    if cache_dir is not False:
-        cache = default_cache_dir() if cache_dir in (None, True) else Path(cache_dir)
+    cache = cache_folder(cache_dir)
     device = comm_device()
-    rank = dist.get_rank()
 
     # 1. every rank: its own graph and fingerprint (fake tensors, no communication)
     error: BaseException | None = None
@@ -221,21 +217,7 @@ def autoshard(
         error = exc
 
     # 2-3. rank 0: the plan, broadcast as JSON (or its error)
-    payload, code = None, ERROR_CODE
-    if rank == 0:
-        if error is not None:
-            payload = one_line(error).encode()
-        else:
-            try:
-                source, chosen = _rank0_plan(traced, mesh_spec, opts, here, plan, cache)
-                code, payload = PLAN_SOURCES.index(source), json.dumps(chosen.to_dict()).encode("utf-8")
-            except Exception as exc:  # noqa: BLE001 - broadcast, then raised on rank 0 too
-                error, payload = exc, one_line(exc).encode()
-    code, payload = broadcast_bytes(code, payload, 0, device)
-    if code == ERROR_CODE:
-        if error is not None:
-            raise error
-        raise RankSetupError(f"rank 0 failed: {payload.decode(errors='replace')}")
+    source, payload = broadcast_plan(error, lambda: _rank0_plan(traced, mesh_spec, opts, here, plan, cache), device)
 
     # 4. every rank: the plan must be for its own graph, mesh and profile; all agree
     received: Plan | None = None
@@ -250,5 +232,5 @@ def autoshard(
     # 5. shard (load-time checks are deterministic: every rank passes or fails alike)
     sharded = ShardedModule(model, mesh, received, example_inputs, local_inputs=local_inputs,
                             trace_collectives=trace_collectives, traced=traced, compile=compile)
-    sharded.plan_source = PLAN_SOURCES[code]
+    sharded.plan_source = source
     return sharded

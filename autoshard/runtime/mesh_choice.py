@@ -38,8 +38,7 @@ from autoshard.plan.build import make_fingerprint
 from autoshard.plan.format import Plan
 from autoshard.plan.options import SolveOptions, profile_for_device
 from autoshard.runtime.module import ShardedModule
-from autoshard.runtime.rank_agreement import (ERROR_CODE, PLAN_SOURCES, MeshSizeError, RankSetupError, agree,
-                                              broadcast_bytes, comm_device, one_line)
+from autoshard.runtime.rank_agreement import MeshSizeError, agree, broadcast_plan, comm_device
 
 __all__ = ["autoshard_on_chosen_mesh", "node_size_from_env"]
 
@@ -85,7 +84,6 @@ def autoshard_on_chosen_mesh(
     profile = profile_for_device(device.type) if device_default else options.profile
     prof = profile if isinstance(profile, HardwareProfile) else load_profile(profile)
     node = devices_per_node if devices_per_node is not None else node_size_from_env(prof, devices)
-    rank = dist.get_rank()
 
     error: BaseException | None = None
     traced = None
@@ -95,22 +93,8 @@ def autoshard_on_chosen_mesh(
     except Exception as exc:  # noqa: BLE001 - reported to every rank by agree
         error = exc
 
-    payload, code = None, ERROR_CODE
-    if rank == 0:
-        if error is not None:
-            payload = one_line(error).encode()
-        else:
-            try:
-                source, chosen = _rank0_plan(traced, devices, node, options.with_changes(profile=prof), plan,
-                                             cache_dir)
-                code, payload = PLAN_SOURCES.index(source), json.dumps(chosen.to_dict()).encode("utf-8")
-            except Exception as exc:  # noqa: BLE001 - broadcast, then raised on rank 0 too
-                error, payload = exc, one_line(exc).encode()
-    code, payload = broadcast_bytes(code, payload, 0, device)
-    if code == ERROR_CODE:
-        if error is not None:
-            raise error
-        raise RankSetupError(f"rank 0 failed: {payload.decode(errors='replace')}")
+    source, payload = broadcast_plan(
+        error, lambda: _rank0_plan(traced, devices, node, options.with_changes(profile=prof), plan, cache_dir), device)
 
     received: Plan | None = None
     if error is None:
@@ -130,7 +114,7 @@ def autoshard_on_chosen_mesh(
     mesh = init_device_mesh(device.type, fp.mesh_shape, mesh_dim_names=fp.dim_names)
     sharded = ShardedModule(model, mesh, received, example_inputs, local_inputs=local_inputs,
                             trace_collectives=trace_collectives, traced=traced, compile=compile)
-    sharded.plan_source = PLAN_SOURCES[code]
+    sharded.plan_source = source
     return sharded
 
 

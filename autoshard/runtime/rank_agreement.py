@@ -12,11 +12,14 @@ and on a chosen one (:mod:`autoshard.runtime.mesh_choice`).
 
 from __future__ import annotations
 
+import json
+from typing import Any, Callable
+
 import torch
 import torch.distributed as dist
 
 __all__ = ["PLAN_SOURCES", "ERROR_CODE", "MeshSizeError", "RankSetupError", "comm_device", "broadcast_bytes",
-           "one_line", "agree"]
+           "one_line", "agree", "broadcast_plan"]
 
 # Header codes of the plan broadcast: where rank 0's plan came from, or an error.
 PLAN_SOURCES = ("given", "cache", "solved")
@@ -79,3 +82,26 @@ def agree(error: BaseException | None, device: torch.device) -> None:
         raise error
     others = f" (and rank(s) {', '.join(map(str, failed[1:]))})" if len(failed) > 1 else ""
     raise RankSetupError(f"rank {failed[0]} failed{others}: {text.decode(errors='replace')}")
+
+
+def broadcast_plan(error: BaseException | None, rank0_plan: Callable[[], tuple[str, Any]],
+                   device: torch.device) -> tuple[str, bytes]:
+    """(where the plan came from, the plan as UTF-8 JSON) on every rank: rank 0 runs
+    ``rank0_plan()`` -> (source, plan) unless it has an ``error`` of its own. When rank 0
+    fails, every rank raises: rank 0 its error, the others :class:`RankSetupError`."""
+    payload, code = None, ERROR_CODE
+    if dist.get_rank() == 0:
+        if error is not None:
+            payload = one_line(error).encode()
+        else:
+            try:
+                source, chosen = rank0_plan()
+                code, payload = PLAN_SOURCES.index(source), json.dumps(chosen.to_dict()).encode("utf-8")
+            except Exception as exc:  # noqa: BLE001 - broadcast, then raised on rank 0 too
+                error, payload = exc, one_line(exc).encode()
+    code, payload = broadcast_bytes(code, payload, 0, device)
+    if code == ERROR_CODE:
+        if error is not None:
+            raise error
+        raise RankSetupError(f"rank 0 failed: {payload.decode(errors='replace')}")
+    return PLAN_SOURCES[code], payload
