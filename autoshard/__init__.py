@@ -12,7 +12,7 @@ below it are ``solver``, ``costmodel`` and ``hw_profiles``.
 
 from typing import Any
 
-__version__ = "0.1.0"
+from autoshard.version import __version__
 
 __all__ = ["__version__", "autoshard", "solve", "Plan"]
 
@@ -24,7 +24,7 @@ def __getattr__(name: str) -> Any:
 
         return autoshard
     if name == "solve":
-        from autoshard.plan.solve import solve
+        from autoshard.plan.api import solve
 
         return solve
     if name == "Plan":

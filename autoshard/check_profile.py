@@ -33,7 +33,7 @@ from pathlib import Path
 from hw_profiles import HardwareProfile, ProfileError, available, load, load_dict
 from hw_profiles.json_input import parse_json
 
-from autoshard.cli_values import format_bytes
+from autoshard.sizes import format_bytes
 
 __all__ = ["add_arguments", "run", "check", "summary"]
 

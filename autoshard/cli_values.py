@@ -1,5 +1,5 @@
 """Command-line values, read from and written for people: sizes (``70GiB`` in,
-``1.50 MiB`` out), meshes, seconds, counts and output paths.
+``1.50 MiB`` out, :mod:`autoshard.sizes`), meshes, seconds, counts and output paths.
 
 Why one module: every ``autoshard`` command checks its flags before it
 imports torch, traces a model or starts a measurement, so that a typo costs
@@ -25,23 +25,19 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from autoshard.figures import save_figure
+from autoshard.sizes import MAX_BYTES, MAX_DEVICES, byte_unit, format_bytes
+
 if TYPE_CHECKING:
     from costmodel.mesh import MeshSpec
 
 __all__ = ["MAX_BYTES", "MAX_DEVICES", "MAX_SECONDS", "parse_bytes", "byte_unit", "format_bytes", "parse_mesh",
-           "check_seconds", "check_count", "check_output_path", "write_bytes_atomic", "save_figure",
+           "check_seconds", "check_count", "check_output_path", "save_figure",
            "plural"]
 
 MAX_SECONDS = 7 * 24 * 3600.0
 """A week: the largest time limit (as ``python -m solver``); beyond it a
 value is a typo (``1e9``), not a plan."""
-
-MAX_DEVICES = 2**20
-"""Devices in a mesh: far above any cluster, and low enough that the mesh's
-rank tables fit in memory (``99999999x99999999`` would exhaust it)."""
-
-MAX_BYTES = 2**60
-"""An exbibyte: the largest size a flag accepts (memory limits, caches)."""
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -60,22 +56,6 @@ def parse_bytes(text: str, flag: str = "--memory-limit") -> int:
     if not 1 <= value <= MAX_BYTES:
         raise ValueError(f"{flag}: must be a size from 1 byte to 1 EiB, got {text!r}")
     return int(value)
-
-
-def byte_unit(n: float) -> tuple[str, int]:
-    """The binary unit that shows ``n`` bytes with 1 to 4 digits before the
-    point, and its size: ``("KiB", 1024)`` for 9604."""
-    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(n) >= scale:
-            return unit, scale
-    return "B", 1
-
-
-def format_bytes(n: float) -> str:
-    """A size for people, in the unit that keeps it readable: a small model's
-    peak reads ``9.38 KiB``, not ``0.00 GiB``."""
-    unit, scale = byte_unit(n)
-    return f"{n:.0f} B" if scale == 1 else f"{n / scale:.2f} {unit}"
 
 
 def plural(count: int, noun: str) -> str:
@@ -131,27 +111,3 @@ def check_output_path(path: str | os.PathLike[str] | None, flag: str) -> None:
         raise ValueError(f"{flag} {path}: folder {parent} does not exist")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise ValueError(f"{flag} {path}: folder {parent} is not writable")
-
-
-def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> None:
-    """``solver.io.write_bytes_atomic``, imported only when a command writes
-    (``solver.io`` loads numpy; flag checks must stay instant)."""
-    from solver.io import write_bytes_atomic as write
-
-    write(path, data)
-
-
-def save_figure(fig, path: str | os.PathLike[str]) -> None:
-    """Render a matplotlib figure to PNG in memory, close it, and write it
-    atomically with the user's umask: a reader never sees half a PNG, and an
-    error leaves no file behind."""
-    import io
-
-    buffer = io.BytesIO()
-    try:
-        fig.savefig(buffer, format="png", dpi=120)
-    finally:
-        import matplotlib.pyplot as plt
-
-        plt.close(fig)
-    write_bytes_atomic(path, buffer.getvalue())

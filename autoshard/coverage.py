@@ -34,6 +34,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from autoshard.model_spec import parse_kwargs
+
 if TYPE_CHECKING:  # torch is imported only when the command runs: `autoshard --help` stays fast
     from torch import nn
 
@@ -212,23 +214,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtensor-fallback", action="store_true",
                         help="count ops served by rules derived from DTensor as covered")
     add_path_argument(parser)
-
-
-def parse_kwargs(text: str) -> dict[str, Any]:
-    """The ``--kwargs`` JSON object.
-
-    >>> parse_kwargs('{"n_layers": 1}')
-    {'n_layers': 1}
-    """
-    from hw_profiles.json_input import parse_json
-
-    try:
-        value = parse_json(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"--kwargs is not valid JSON: {exc}") from None
-    if not isinstance(value, dict):
-        raise ValueError(f"--kwargs must be a JSON object, got {type(value).__name__}")
-    return value
 
 
 def load_registry(*, dtensor_fallback: bool = False) -> RuleLookup:

@@ -121,7 +121,7 @@ def solver_section(console, problem_path: Path, time_limit: float) -> None:
     """3. Solve the shipped problem with both backends; each answer re-checked by ``solver.evaluate``."""
     from rich.table import Column, Table
 
-    from autoshard.cli_values import format_bytes
+    from autoshard.sizes import format_bytes
     from solver import load_problem
 
     console.rule(f"3. solver: {problem_path.name}")
@@ -192,7 +192,7 @@ def layout_table(rows):
     a layout with no plan gets ``n/a`` and its reason in the table's caption."""
     from rich.table import Column, Table
 
-    from autoshard.cli_values import format_bytes
+    from autoshard.sizes import format_bytes
 
     numbers = [Column(h, justify="right", no_wrap=True) for h in ("step ms", "compute ms", "comm ms", "peak")]
     table = Table("layout", "recompute", *numbers)

@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["split_spec", "add_path_argument", "use_paths", "check_importable", "import_factory", "load_model"]
+__all__ = ["split_spec", "add_path_argument", "use_paths", "check_importable", "import_factory", "load_model",
+           "parse_kwargs"]
 
 _HINT = "run from the repository root or pass --path DIR"
 
@@ -121,6 +123,23 @@ def load_model(spec: str, overrides: Mapping[str, Any] | None = None, *,
         raise ValueError(f"{spec} must return (model, example_inputs), got {type(result).__name__}")
     inputs = result[1]
     return result[0], dict(inputs) if isinstance(inputs, Mapping) else tuple(inputs)
+
+
+def parse_kwargs(text: str) -> dict[str, Any]:
+    """The ``--kwargs`` JSON object.
+
+    >>> parse_kwargs('{"n_layers": 1}')
+    {'n_layers': 1}
+    """
+    from hw_profiles.json_input import parse_json  # torch-free, but not needed before a --kwargs
+
+    try:
+        value = parse_json(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--kwargs is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"--kwargs must be a JSON object, got {type(value).__name__}")
+    return value
 
 
 def _first_line(exc: BaseException) -> str:

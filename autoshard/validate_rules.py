@@ -8,6 +8,8 @@ mistyped flag answer at once.
 from __future__ import annotations
 
 import argparse
+import sys
+from typing import Sequence
 
 __all__ = ["add_arguments", "run"]
 
@@ -20,7 +22,7 @@ MAX_SAMPLES = 1000
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Options of ``autoshard validate-rules`` / ``python -m autoshard.rules.validator``."""
+    """Options of ``autoshard validate-rules`` / ``python -m autoshard.validate_rules``."""
     parser.add_argument("--op", action="append", default=[], metavar="NAME",
                         help="op to check (aten.mm.default, mm, or a glob); repeatable; default all")
     parser.add_argument("--family", action="append", default=[], metavar="NAME",
@@ -59,6 +61,37 @@ def run(args: argparse.Namespace) -> int:
         from autoshard.rules.opinfo_cli import run_opinfo
 
         return run_opinfo(args)
-    from autoshard.rules.validator import run_checked
+    return _run_checked(args)
 
-    return run_checked(args)
+
+def _run_checked(args: argparse.Namespace) -> int:
+    """Validate the selected rules (flags checked), print the table; 1 if any failed."""
+    from autoshard.rules import load_rules
+    from autoshard.rules.validator import format_reports, select_ops, unavailable_named, validate_registry
+
+    registry = load_rules()
+    ops = select_ops(registry, args.op, args.family)
+    reports = validate_registry(registry, ops, cases=args.cases, seed=args.seed, max_strategies=args.max_strategies)
+    print(format_reports(reports, show_failures=args.failures))
+    unavailable = unavailable_named(registry, args.op, args.family)
+    if unavailable:
+        packages = sorted({n.package for n in registry.named_rules() if n.name in unavailable})
+        print(f"not checked ({', '.join(packages)} not installed, or its import failed): {', '.join(unavailable)}")
+    return 0 if all(r.ok for r in reports) else 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m autoshard.validate_rules``: the command without the ``autoshard`` entry point."""
+    parser = argparse.ArgumentParser(prog="python -m autoshard.validate_rules",
+                                     description="check sharding rules numerically on simulated shards")
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        return run(args)
+    except ValueError as exc:
+        print(f"validate-rules: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -186,7 +186,7 @@ def check_real_calls(tiny: tuple[str, dict[str, Any]]) -> dict[str, Any]:
 
 def solve_2x2(spec: str, overrides: dict[str, Any], path: Path | None) -> str:
     """``"<step ms> ms (<status>)"`` of the model's plan on mesh 2x2, written to ``path``; or ``"error: ..."``."""
-    from autoshard.plan.solve import solve
+    from autoshard.plan.api import solve
 
     try:
         model, inputs = build(spec, overrides)

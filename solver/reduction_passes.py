@@ -11,7 +11,6 @@ keeps the optimum is in ``solver.reductions``.
 from __future__ import annotations
 
 import itertools
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -26,10 +25,8 @@ from solver.reduction_kernels import (
     follower_mapping,
     forbidden_closure,
 )
+from solver.reduction_report import ReductionReport
 from solver.reduction_views import GraphView, gather_terms, gather_view
-
-if TYPE_CHECKING:
-    from solver.reductions import ReductionReport
 
 __all__ = [
     "InfeasibleError",

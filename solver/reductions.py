@@ -84,7 +84,6 @@ from __future__ import annotations
 import gc
 import logging
 import time
-from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -102,67 +101,11 @@ from solver.reduction_passes import (
     remove_dominated,
     remove_forbidden,
 )
+from solver.reduction_report import GraphSize, ReductionReport, graph_size
 
 __all__ = ["InfeasibleError", "GraphSize", "ReductionReport", "reduce_problem", "graph_size"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class GraphSize:
-    """Size of a problem or of a reduced graph."""
-
-    variables: int
-    edges: int
-    choices: int
-    edge_pairs: int
-    memory_terms: int
-
-    def to_dict(self) -> dict[str, int]:
-        return {
-            "variables": self.variables,
-            "edges": self.edges,
-            "choices": self.choices,
-            "edge_pairs": self.edge_pairs,
-            "memory_terms": self.memory_terms,
-        }
-
-
-@dataclass(slots=True)
-class ReductionReport:
-    """What the reductions did: sizes before and after, and counts per reduction.
-
-    ``seconds`` is the reduction time; ``compile_seconds`` the time spent
-    before it compiling (or loading from numba's cache) the kernels, once per
-    process, kept apart so that it is not counted as reduction time.
-    """
-
-    before: GraphSize
-    after: GraphSize | None = None
-    counts: dict[str, int] = field(default_factory=dict)
-    seconds: float = 0.0
-    compile_seconds: float = 0.0
-
-    def count(self, key: str, amount: int = 1) -> None:
-        self.counts[key] = self.counts.get(key, 0) + amount
-
-    def to_dict(self) -> dict[str, object]:
-        return {
-            "before": self.before.to_dict(),
-            "after": None if self.after is None else self.after.to_dict(),
-            "counts": dict(sorted(self.counts.items())),
-            "seconds": round(self.seconds, 4),
-        }
-
-
-def graph_size(graph: WorkingGraph) -> GraphSize:
-    return GraphSize(
-        variables=len(graph.unary),
-        edges=len(graph.edges),
-        choices=graph.num_choices(),
-        edge_pairs=sum([m.size for m in graph.edges.values()]),
-        memory_terms=sum(map(len, graph.memory.values())),
-    )
 
 
 def reduce_problem(

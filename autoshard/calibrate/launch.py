@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CHILD_ENV", "ARGS_ENV", "spawn", "child_main", "unchanged_text", "stopped_text", "stopped_code"]
+__all__ = ["CHILD_ENV", "ARGS_ENV", "spawn", "unchanged_text", "stopped_text", "stopped_code"]
 
 CHILD_ENV = "AUTOSHARD_CALIBRATE_STATUS_DIR"
 """Set in children: the folder where a failing child writes its error line."""
@@ -171,7 +171,7 @@ def spawn(args: Any, nproc: int, command: str) -> int:
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         for rank in range(nproc):
-            procs.append(subprocess.Popen([sys.executable, "-m", "autoshard.calibrate.launch"],
+            procs.append(subprocess.Popen([sys.executable, "-m", "autoshard.calibrate.rank_cli"],
                                           env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)}))
         while any(p.poll() is None for p in procs):
             failed = [(rank, p.returncode) for rank, p in enumerate(procs) if p.poll() not in (None, 0)]
@@ -204,32 +204,3 @@ def spawn(args: Any, nproc: int, command: str) -> int:
         _stop(procs, signal.SIGTERM)
         _remove_strays(targets, started)
         shutil.rmtree(folder, ignore_errors=True)
-
-
-def child_main() -> int:
-    """Entry of one child rank: run the rank with the parent's arguments;
-    report a failure in the status folder instead of printing it."""
-    signals: list[int] = []
-
-    def on_signal(signum: int, frame: Any) -> None:  # until run_rank installs its own
-        signals.append(signum)
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    signal.signal(signal.SIGTERM, on_signal)
-    try:
-        import argparse
-
-        from autoshard.calibrate.cli import run_rank
-
-        data = json.loads(os.environ[ARGS_ENV])
-        command = data.pop("command_line", "")
-        return run_rank(argparse.Namespace(**data), command=command)
-    except KeyboardInterrupt:
-        return stopped_code(signals)
-
-
-if __name__ == "__main__":
-    code = child_main()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)  # no interpreter teardown: a rank whose peers are gone must not hang in atexit handlers

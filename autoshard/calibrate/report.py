@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from autoshard.calibrate.fit import _quantile
-from autoshard.cli_values import save_figure
 from autoshard.calibrate.heldout import CheckItem
+from autoshard.figures import save_figure
 
 __all__ = ["TARGETS", "Summary", "summarize", "markdown_report", "plot_report"]
 

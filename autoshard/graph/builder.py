@@ -64,7 +64,6 @@ is fine, the rule is not, and the user needs to know which call to report.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import logging
 import operator
@@ -88,8 +87,9 @@ from autoshard.graph.liveness import alias_ends, compute_liveness, is_view_op
 from autoshard.graph.memory import OptimizerMemory, local_bytes
 from autoshard.graph.placements import leaf_placements, replicated
 from autoshard.graph.recompute import edge_rule, expand_compute, expand_memory, reader_span, state_signature
-from autoshard.graph.regions import Region, RegionAnalysis, analyse_regions
+from autoshard.graph.regions import RegionAnalysis, analyse_regions
 from autoshard.graph.states import RECOMPUTE
+from autoshard.graph.strategy_graph import NODE_KINDS, BuildStats, GraphEdge, GraphNode, StrategyGraph
 from autoshard.graph.tied_memory import InputCopy, TiedMemory
 from autoshard.graph.ties import UnionFind, repeated_groups
 from autoshard.rules import OpStrategy, RuleError, RuleRegistry, TensorMeta, load_rules, op_name
@@ -102,10 +102,6 @@ log = logging.getLogger(__name__)
 
 Restrict = Callable[[fx.Node, tuple[OpStrategy, ...]], "tuple[OpStrategy, ...] | list[OpStrategy]"]
 """Keeps a subset of an op node's strategies (``build_graph(restrict=...)``)."""
-
-NODE_KINDS = ("op", "param", "buffer", "input", "constant", "tangent", "grad", "opt_temp", "buffer_update", "loss",
-              "memory")
-
 
 class GraphBuildError(ValueError):
     """A rule failed on one call of the graph; the message is one line naming the node, the op and the call."""
@@ -134,112 +130,6 @@ def describe_call(op: Any, args: tuple, kwargs: Mapping[str, Any]) -> str:
 
     parts = [one(a) for a in args] + [f"{k}={one(v)}" for k, v in kwargs.items()]
     return f"{op_name(op)}({', '.join(parts)})"
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class GraphNode:
-    """One node of the strategy graph."""
-
-    name: str
-    """Unique: the fx name for ops; ``param:<fqn>``, ``input:<name>``,
-    ``buffer:<fqn>``, ``grad:<fqn>``, ``opt_temp:<fqn>``, ``buffer_update:<fqn>``, ``tangent``, ``loss``."""
-    kind: str
-    """One of :data:`NODE_KINDS`."""
-    target: str
-    """``aten.mm.default`` for ops; the parameter/buffer/input name for the others."""
-    strategies: tuple[OpStrategy, ...]
-    """Candidate strategies (leaves and sinks: one output placement each)."""
-    compute_s: np.ndarray
-    """Compute time of each strategy on the busiest rank (seconds)."""
-    memory_bytes: np.ndarray
-    """Memory of each strategy on the busiest rank, counted over :attr:`live`."""
-    live: tuple[int, int] | None
-    """``[start, end)`` on the step's time axis; None: all step."""
-    outputs: tuple[TensorMeta | None, ...]
-    """Global metadata of each output."""
-    signature: str
-    """Identity of the strategy list (equal signatures, equal lists)."""
-    states: tuple[int, ...] = ()
-    """Recomputation states of the list, state-major (``autoshard.graph.recompute``);
-    empty: the node has no states (every strategy keeps)."""
-    region: int = -1
-    """Index in :attr:`StrategyGraph.regions` of the block whose forward it is (-1: none)."""
-
-
-@dataclass(frozen=True, slots=True)
-class GraphEdge:
-    """Output ``src_output`` of node ``src`` read as tensor input ``dst_input`` of ``dst``."""
-
-    src: int
-    dst: int
-    src_output: int
-    dst_input: int
-    tensor: TensorMeta
-    """Global shape and dtype of the tensor carried."""
-    matrix: int
-    """Index in :attr:`StrategyGraph.matrices`."""
-
-
-@dataclass(frozen=True, slots=True)
-class BuildStats:
-    """What building took."""
-
-    seconds: Mapping[str, float]
-    """Wall time per phase: ``strategies``, ``compute``, ``edges``, ``ties``."""
-    op_nodes: int
-    strategies_mean: float
-    strategies_max: int
-    pairs_planned: int
-    """Placement pairs priced by the redistribution planner."""
-    uncovered_ops: tuple[str, ...]
-    """Ops without a rule (run replicated)."""
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class StrategyGraph:
-    """The strategy graph of one training step on one mesh and profile."""
-
-    mesh: MeshSpec
-    profile: HardwareProfile
-    nodes: tuple[GraphNode, ...]
-    edges: tuple[GraphEdge, ...]
-    matrices: tuple[np.ndarray, ...]
-    """Shared edge cost matrices (seconds, ``inf`` = forbidden)."""
-    ties: tuple[tuple[int, ...], ...]
-    """Tie groups: :attr:`required_ties` merged with repeated layers (when built with ``ties=True``)."""
-    required_ties: tuple[tuple[int, ...], ...]
-    """Ties that training semantics need whatever the options: a parameter with its
-    gradient sink and optimizer temporary, a buffer with its update."""
-    index: Mapping[str, int]
-    """Node name -> index."""
-    params: Mapping[str, int]
-    """Parameter FQN -> its node."""
-    grads: Mapping[str, int]
-    """Parameter FQN -> its gradient sink (parameters with a gradient only)."""
-    inputs: Mapping[str, int]
-    """Forward argument name -> its node."""
-    buffers: Mapping[str, int]
-    param_aliases: Mapping[str, tuple[str, ...]]
-    """Canonical parameter FQN -> other names of the same (tied) parameter."""
-    end_time: int
-    """The optimizer step on the time axis."""
-    optimizer: OptimizerMemory
-    stats: BuildStats
-    bucket_bytes: int = DEFAULT_BUCKET_BYTES
-    """Gradient bucket cap the gradient edges were priced with (0: no buckets)."""
-    constants: Mapping[str, int] = field(default_factory=dict)
-    """Tensor constant name (``_tensor_constant0``) -> its node."""
-    regions: tuple[Region, ...] = ()
-    """Checkpoint regions (``autoshard.graph.regions``); empty: no recomputation."""
-    copy_live: tuple[tuple[tuple[int, int], ...], ...] = ()
-    """Per edge: the intervals of a redistributed copy when its reader runs once."""
-    copy_live_recomputed: tuple[tuple[tuple[int, int], ...], ...] = ()
-    """Per edge: the intervals of the copy when its reader is recomputed (empty: never)."""
-    follows: Mapping[int, int] = dataclasses.field(default_factory=dict)
-    """View node -> the node whose recomputation state it takes (``autoshard.graph.recompute``, C4)."""
-    times: Mapping[str, int] = dataclasses.field(default_factory=dict)
-    """fx node name -> its time on the graph's time axis (``live`` intervals use it; with regions,
-    it has a recomputation phase before each region's ``t_rc``)."""
 
 
 def _dtype_key(metas: tuple[TensorMeta | None, ...]) -> str:
@@ -478,119 +368,159 @@ def build_graph(
     rules = rules or load_rules()
     optimizer = optimizer or OptimizerMemory()
     b = _Builder(traced, mesh, profile, rules, optimizer, allow_uneven, restrict)
-    gm = traced.graph_module
-    kept = {traced.loss.name} | {n.name for n in traced.buffer_updates.values()}
-    liveness = compute_liveness(gm, outputs_live_to_end=frozenset(kept))
-    end = liveness.end
-    if recompute:
-        b.analysis = analyse_regions(traced, liveness)
-        liveness = b.analysis.liveness  # the time axis with the recomputation phases
-        end = liveness.end
-    alias_end = alias_ends(gm, liveness)
-    b.tied = TiedMemory(b, b.analysis)
-    param_copy_live = param_gather_schedule(traced, liveness, gather)
-    rep = replicated(len(mesh.shape))
-    names_of = {node: name for name, node in traced.params.items()}
-    buffer_names = {node: name for name, node in traced.buffers.items()}
-    input_names = {node: name for name, node in traced.inputs.items()}
-    params: dict[str, int] = {}
-    buffers: dict[str, int] = {}
-    inputs: dict[str, int] = {}
-    constants: dict[str, int] = {}
-    constant_names = {node: name for name, node in getattr(traced, "constants", {}).items()}
-    fx_nodes = [n for n in gm.graph.nodes if n.op in ("placeholder", "get_attr", "call_function")]
+    walk = _time_axis(b, traced, recompute, gather)
+    fx_nodes = [n for n in traced.graph_module.graph.nodes if n.op in ("placeholder", "get_attr", "call_function")]
     total_ops = sum(1 for n in fx_nodes if n.op == "call_function")
     done = 0
     for node in fx_nodes:
-        val = node.meta.get("val")
         if node.op == "get_attr":
-            if node not in constant_names:
-                raise GraphBuildError(f"graph: {node.name} reads attribute {node.target!r}, which the trace does not "
-                                      "list as a tensor constant")
-            # made from Python data: held all step like a buffer, no gradient
-            name = constant_names[node]
-            i = b.leaf(f"constant:{name}", "constant", name, TensorMeta.of(val), live=None)
-            constants[name] = i
-            b.fx_index[node.name] = i
-            b.producer[node.name] = (i, 0)
-            continue
-        if node.op == "placeholder":
-            meta = TensorMeta.of(val)
-            interval = liveness.intervals[node.name]
-            if node in names_of:
-                fqn = names_of[node]
-                numel_dtype = meta.dtype
-
-                def update_cost(numel: int, dtype: torch.dtype = numel_dtype) -> float:
-                    flops, nbytes = optimizer.update_flops_bytes(numel, dtype)
-                    return op_time_s("elementwise", flops=flops, bytes_accessed=nbytes, dtype="torch.float32",
-                                     profile=profile) if nbytes else 0.0
-
-                per_byte = 1.0 + optimizer.state_bytes(meta.dtype) / meta.itemsize
-                i = b.leaf(f"param:{fqn}", "param", fqn, meta, live=None, memory_per_byte=per_byte, cost=update_cost)
-                params[fqn] = i
-                temp = optimizer.step_temp_bytes(meta.dtype) / meta.itemsize
-                if temp:  # held during the optimizer step only, laid out like the parameter
-                    t = b.leaf(f"opt_temp:{fqn}", "opt_temp", fqn, meta, live=(end, end + 1), memory_per_byte=temp)
-                    b.union.union(i, t)
-            elif node in buffer_names:
-                i = b.leaf(f"buffer:{buffer_names[node]}", "buffer", buffer_names[node], meta, live=None)
-                buffers[buffer_names[node]] = i
-            elif node in input_names:
-                # the caller holds its batch for the whole step
-                i = b.leaf(f"input:{input_names[node]}", "input", input_names[node], meta, live=(0, end + 1))
-                inputs[input_names[node]] = i
-            else:  # the loss tangent
-                i = b.leaf("tangent", "tangent", "tangent", meta, live=interval, placements=(rep,))
-            b.fx_index[node.name] = i
-            b.producer[node.name] = (i, 0)
-            continue
-        if node.target is operator.getitem:
+            _add_constant(b, walk, node)
+        elif node.op == "placeholder":
+            _add_leaf(b, walk, node)
+        elif node.target is operator.getitem:
             src, _ = b.read(node.args[0].name)
             b.producer[node.name] = (src, int(node.args[1]))
-            continue
-        if not isinstance(val, (torch.Tensor, tuple, list)):
-            continue  # no tensor made (symbolic sizes)
-        owner = liveness.owner[node.name]
-        i = b.op_node(node, liveness.intervals[owner] if owner == node.name else (liveness.time[node.name],) * 2,
-                      owns_memory=owner == node.name)
-        b.fx_index[node.name] = i
-        b.producer[node.name] = (i, 0)
-        view = is_view_op(node.target)
-        span = reader_span(b.analysis, node.name, liveness.time[node.name], alias_end[node.name] if view else None,
-                           _forward_end(b.analysis, node.name))
-        recomputed = RECOMPUTE in b.nodes[i].states
-        copies, lives = [], []
-        for position, arg in enumerate(tensor_arg_nodes(node)):
-            src, out = b.read(arg.name)
-            copies.append(b.edge(src, out, i, position, lambda s, position=position: s.input_placements[position],
-                                 view=view, src_fx=b.nodes[src].name if b.nodes[src].kind == "op" else None))
-            live = (copy_intervals(span, False), copy_intervals(span, True) if recomputed else ())
-            if param_copy_live is not None and liveness.owner[arg.name] in param_copy_live.params:
-                gathered = (param_copy_live(node.name),)  # a parameter's gather, on the schedule asked for
-                live = (gathered, gathered if recomputed else ())
-            lives.append(live)
-            b.copy_live.append(live[0])
-            b.copy_live_recomputed.append(live[1])
-        b.tied.input_copies(i, copies, lives)
-        done += 1
-        if on_progress is not None and done % 64 == 0:
-            on_progress(done, total_ops)
+        elif isinstance(node.meta.get("val"), (torch.Tensor, tuple, list)):  # else no tensor made (symbolic sizes)
+            _add_op(b, walk, node)
+            done += 1
+            if on_progress is not None and done % 64 == 0:
+                on_progress(done, total_ops)
     if on_progress is not None:
         on_progress(total_ops, total_ops)
+    grads = _add_sinks(b, walk, bucket_bytes)
+    return _finish(b, walk, grads, ties=ties, bucket_bytes=bucket_bytes)
 
-    def same_placement(s: OpStrategy) -> Any:
-        return s.output_placements[0]
 
+@dataclass(slots=True)
+class _Walk:
+    """What the steps of :func:`build_graph` share: the time axis, the names of the
+    graph's leaves, and the nodes made so far for them."""
+
+    traced: TracedGraph
+    liveness: Any
+    """``autoshard.graph.liveness`` of the graph (with recomputation phases when asked)."""
+    alias_end: Mapping[str, int]
+    param_copy_live: Any
+    """When gathered parameter copies are held (``autoshard.graph.copies``), or None."""
+    leaf_names: Mapping[fx.Node, tuple[str, str]] = field(default_factory=dict)
+    """Placeholder or attribute -> (kind, name): ``param``, ``buffer``, ``input``, ``constant``."""
+    params: dict[str, int] = field(default_factory=dict)
+    buffers: dict[str, int] = field(default_factory=dict)
+    inputs: dict[str, int] = field(default_factory=dict)
+    constants: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def end(self) -> int:
+        return self.liveness.end
+
+
+def _time_axis(b: _Builder, traced: TracedGraph, recompute: bool, gather: str) -> _Walk:
+    """Step 1: liveness on the step's time axis (with the recomputation phases of
+    the checkpoint regions when ``recompute``), aliases' ends, the parameter gather schedule."""
+    gm = traced.graph_module
+    kept = {traced.loss.name} | {n.name for n in traced.buffer_updates.values()}
+    liveness = compute_liveness(gm, outputs_live_to_end=frozenset(kept))
+    if recompute:
+        b.analysis = analyse_regions(traced, liveness)
+        liveness = b.analysis.liveness  # the time axis with the recomputation phases
+    b.tied = TiedMemory(b, b.analysis)
+    leaf_names = {node: (kind, name) for kind, table in (("param", traced.params), ("buffer", traced.buffers),
+                                                         ("input", traced.inputs),
+                                                         ("constant", getattr(traced, "constants", {})))
+                  for name, node in table.items()}
+    return _Walk(traced, liveness, alias_ends(gm, liveness), param_gather_schedule(traced, liveness, gather),
+                 leaf_names)
+
+
+def _add_constant(b: _Builder, walk: _Walk, node: fx.Node) -> None:
+    """Step 2a: a tensor the forward made from Python data, held all step like a buffer, no gradient."""
+    kind, name = walk.leaf_names.get(node, ("", ""))
+    if kind != "constant":
+        raise GraphBuildError(f"graph: {node.name} reads attribute {node.target!r}, which the trace does not "
+                              "list as a tensor constant")
+    i = b.leaf(f"constant:{name}", "constant", name, TensorMeta.of(node.meta.get("val")), live=None)
+    walk.constants[name] = i
+    b.fx_index[node.name] = i
+    b.producer[node.name] = (i, 0)
+
+
+def _add_leaf(b: _Builder, walk: _Walk, node: fx.Node) -> None:
+    """Step 2b: a placeholder: a parameter (with its optimizer temporary), a buffer, an input or the loss tangent."""
+    optimizer, profile, end = b.optimizer, b.profile, walk.end
+    meta = TensorMeta.of(node.meta.get("val"))
+    kind, name = walk.leaf_names.get(node, ("tangent", "tangent"))
+    if kind == "param":
+        fqn = name
+        numel_dtype = meta.dtype
+
+        def update_cost(numel: int, dtype: torch.dtype = numel_dtype) -> float:
+            flops, nbytes = optimizer.update_flops_bytes(numel, dtype)
+            return op_time_s("elementwise", flops=flops, bytes_accessed=nbytes, dtype="torch.float32",
+                             profile=profile) if nbytes else 0.0
+
+        per_byte = 1.0 + optimizer.state_bytes(meta.dtype) / meta.itemsize
+        i = b.leaf(f"param:{fqn}", "param", fqn, meta, live=None, memory_per_byte=per_byte, cost=update_cost)
+        walk.params[fqn] = i
+        temp = optimizer.step_temp_bytes(meta.dtype) / meta.itemsize
+        if temp:  # held during the optimizer step only, laid out like the parameter
+            t = b.leaf(f"opt_temp:{fqn}", "opt_temp", fqn, meta, live=(end, end + 1), memory_per_byte=temp)
+            b.union.union(i, t)
+    elif kind == "buffer":
+        i = b.leaf(f"buffer:{name}", "buffer", name, meta, live=None)
+        walk.buffers[name] = i
+    elif kind == "input":  # the caller holds its batch for the whole step
+        i = b.leaf(f"input:{name}", "input", name, meta, live=(0, end + 1))
+        walk.inputs[name] = i
+    else:  # the loss tangent
+        i = b.leaf("tangent", "tangent", "tangent", meta, live=walk.liveness.intervals[node.name],
+                   placements=(replicated(len(b.mesh.shape)),))
+    b.fx_index[node.name] = i
+    b.producer[node.name] = (i, 0)
+
+
+def _add_op(b: _Builder, walk: _Walk, node: fx.Node) -> None:
+    """Step 2c: an op node, its input edges, and the copies a redistribution of each input holds."""
+    liveness, analysis = walk.liveness, b.analysis
+    owner = liveness.owner[node.name]
+    i = b.op_node(node, liveness.intervals[owner] if owner == node.name else (liveness.time[node.name],) * 2,
+                  owns_memory=owner == node.name)
+    b.fx_index[node.name] = i
+    b.producer[node.name] = (i, 0)
+    view = is_view_op(node.target)
+    span = reader_span(analysis, node.name, liveness.time[node.name], walk.alias_end[node.name] if view else None,
+                       _forward_end(analysis, node.name))
+    recomputed = RECOMPUTE in b.nodes[i].states
+    copies, lives = [], []
+    for position, arg in enumerate(tensor_arg_nodes(node)):
+        src, out = b.read(arg.name)
+        copies.append(b.edge(src, out, i, position, lambda s, position=position: s.input_placements[position],
+                             view=view, src_fx=b.nodes[src].name if b.nodes[src].kind == "op" else None))
+        live = (copy_intervals(span, False), copy_intervals(span, True) if recomputed else ())
+        if walk.param_copy_live is not None and liveness.owner[arg.name] in walk.param_copy_live.params:
+            gathered = (walk.param_copy_live(node.name),)  # a parameter's gather, on the schedule asked for
+            live = (gathered, gathered if recomputed else ())
+        lives.append(live)
+        b.copy_live.append(live[0])
+        b.copy_live_recomputed.append(live[1])
+    b.tied.input_copies(i, copies, lives)
+
+
+def _same_placement(s: OpStrategy) -> Any:
+    return s.output_placements[0]
+
+
+def _add_sinks(b: _Builder, walk: _Walk, bucket_bytes: int) -> dict[str, int]:
+    """Step 3: the sinks (gradients, buffer updates, the loss) and the gradients' payloads; the gradient sinks."""
+    traced, liveness, end, mesh = walk.traced, walk.liveness, walk.end, b.mesh
     grads: dict[str, int] = {}
-    producers: list[tuple[int, int]] = []
-    grad_bytes = {fqn: TensorMeta(b.nodes[params[fqn]].outputs[0].shape, g.meta["val"].dtype).numel
+    producers: list[tuple[int, int, float]] = []
+    grad_bytes = {fqn: TensorMeta(b.nodes[walk.params[fqn]].outputs[0].shape, g.meta["val"].dtype).numel
                   * g.meta["val"].dtype.itemsize for fqn, g in traced.grads.items() if g is not None}
     total_grad_bytes = sum(grad_bytes.values())
     for fqn, gnode in traced.grads.items():
         if gnode is None:
             continue
-        param = b.nodes[params[fqn]]
+        param = b.nodes[walk.params[fqn]]
         meta = TensorMeta(param.outputs[0].shape, gnode.meta["val"].dtype)
         # the op's output *is* the gradient while it is made (autograd hands it to
         # .grad without a copy): the sink holds it from the next time on
@@ -601,37 +531,43 @@ def build_graph(
             (start, end + 1), (meta,), f"grad|{param.signature}",
         ))
         src, out = b.read(gnode.name)
-        b.edge(src, out, sink, 0, same_placement,
+        b.edge(src, out, sink, 0, _same_placement,
                share=bucket_share(grad_bytes[fqn], total_grad_bytes, bucket_bytes))
         b.copy_live.append(())  # the reduction's output is the sink's own memory
         b.copy_live_recomputed.append(())
-        b.union.union(params[fqn], sink)
+        b.union.union(walk.params[fqn], sink)
         grads[fqn] = sink
         producers.append((src, liveness.time[gnode.name], float(grad_bytes[fqn])))
     for fqn, unode in traced.buffer_updates.items():
-        buffer = b.nodes[buffers[fqn]]
+        buffer = b.nodes[walk.buffers[fqn]]
         sink = b.add(GraphNode(
             f"buffer_update:{fqn}", "buffer_update", fqn, buffer.strategies, np.zeros(len(buffer.strategies)),
             np.zeros(len(buffer.strategies)), None, buffer.outputs, f"buffer_update|{buffer.signature}",
         ))
         src, out = b.read(unode.name)
-        b.edge(src, out, sink, 0, same_placement)
+        b.edge(src, out, sink, 0, _same_placement)
         b.copy_live.append(())
         b.copy_live_recomputed.append(())
-        b.union.union(buffers[fqn], sink)
+        b.union.union(walk.buffers[fqn], sink)
+    rep = replicated(len(mesh.shape))
     loss_meta = TensorMeta.of(traced.loss.meta["val"])
     sink = b.add(GraphNode("loss", "loss", "loss", (OpStrategy((rep,), (rep,)),), np.zeros(1), np.zeros(1),
                            None, (loss_meta,), "loss"))
     src, out = b.read(traced.loss.name)
-    b.edge(src, out, sink, 0, same_placement)
+    b.edge(src, out, sink, 0, _same_placement)
     b.copy_live.append(())
     b.copy_live_recomputed.append(())
     b.tied.gradient_payloads(producers, bucket_bytes)
+    return grads
 
+
+def _finish(b: _Builder, walk: _Walk, grads: dict[str, int], *, ties: bool, bucket_bytes: int) -> StrategyGraph:
+    """Step 4: tie repeated layers (and their copies), count, and freeze the graph."""
+    traced = walk.traced
     start = time.perf_counter()
     required = tuple(tuple(g) for g in b.union.groups())
     if ties:
-        _tie_repeated(b, gm)
+        _tie_repeated(b, traced.graph_module)
         b.tied.tie_copies()
     groups = tuple(tuple(g) for g in b.union.groups())
     b.seconds["ties"] = time.perf_counter() - start
@@ -642,14 +578,15 @@ def build_graph(
         pairs_planned=b.pricer.pairs_planned, uncovered_ops=tuple(sorted(b.uncovered)),
     )
     return StrategyGraph(
-        mesh=mesh, profile=profile, nodes=tuple(b.nodes), edges=tuple(b.edges), matrices=tuple(b.pricer.matrices),
-        ties=groups, required_ties=required, index=dict(b.index), params=params, grads=grads, inputs=inputs, buffers=buffers,
-        param_aliases=dict(getattr(traced, "param_aliases", {}) or {}), end_time=end, optimizer=optimizer,
-        stats=stats, bucket_bytes=int(bucket_bytes), constants=constants, regions=b.analysis.regions,
+        mesh=b.mesh, profile=b.profile, nodes=tuple(b.nodes), edges=tuple(b.edges),
+        matrices=tuple(b.pricer.matrices), ties=groups, required_ties=required, index=dict(b.index),
+        params=walk.params, grads=grads, inputs=walk.inputs, buffers=walk.buffers,
+        param_aliases=dict(getattr(traced, "param_aliases", {}) or {}), end_time=walk.end, optimizer=b.optimizer,
+        stats=stats, bucket_bytes=int(bucket_bytes), constants=walk.constants, regions=b.analysis.regions,
         copy_live=tuple(b.copy_live), copy_live_recomputed=tuple(b.copy_live_recomputed),
         follows={b.index[name]: b.index[m.follows] for name, m in b.analysis.members.items()
                  if m.follows is not None and name in b.index and m.follows in b.index},
-        times=dict(liveness.time),
+        times=dict(walk.liveness.time),
     )
 
 

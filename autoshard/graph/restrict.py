@@ -76,8 +76,9 @@ import torch.fx as fx
 from costmodel.mesh import MeshSpec
 from costmodel.placements import Partial, Placement, Replicate, Shard, StridedShard
 from hw_profiles import HardwareProfile
+from solver.backends import DEFAULT_BACKEND
 
-from autoshard.cli_values import format_bytes
+from autoshard.sizes import format_bytes
 
 from autoshard.graph.memory import OptimizerMemory
 from autoshard.rules import OpStrategy
@@ -228,7 +229,7 @@ def seeded_restriction(
     memory_limit: float | None = None,
     time_limit: float = 30.0,
     groups: Sequence[Sequence[int]] | None = None,
-    backend: str = "cbc",
+    backend: str = DEFAULT_BACKEND,
     baselines: bool = False,
     memo: dict[Any, Any] | None = None,
 ) -> tuple[SeededRestriction, SeedInfo]:
@@ -239,7 +240,8 @@ def seeded_restriction(
     prices them), so that each baseline keeps on the fine mesh the activation
     layouts it picks on the coarse one (measured on LLaMA-3-8B, 2x4x8: the
     baselines' estimates drop by up to 0.2 %, the plan's by 0.001 %, for four
-    more coarse solves that can take the whole ``time_limit`` each).
+    more coarse solves). Every coarse solve ends within ``time_limit`` of the
+    first one's start: the seed's solves share it.
     ``memo``: a dict kept by the caller across calls on the same ``traced``;
     fine meshes with the same coarse mesh (``2x4x8`` and ``4x2x8`` both seed
     from ``8x8``) then share one coarse build and solve (the seed is a function
@@ -265,13 +267,16 @@ def seeded_restriction(
     graph = build_graph(traced, coarse, profile, optimizer=optimizer, ties=True, allow_uneven=allow_uneven)
     t1 = time.perf_counter()
     limit = float(profile.device.memory_bytes if memory_limit is None else memory_limit)
-    solution = solve_problem(to_problem(graph, memory_limit=limit), backend=backend, time_limit=time_limit)
+    # every coarse solve below ends by t1 + time_limit: the seed's share of the one time limit is all it gets
+    solution = solve_problem(to_problem(graph, memory_limit=limit), backend=backend, time_limit=time_limit,
+                             start_time=t1)
     relaxed = False
     if solution.status is Status.INFEASIBLE or not solution.choice:
         # no coarse plan fits: seed from the unconstrained optimum; the fine mesh may still fit
         # (all-replicate and every leaf layout stay available there)
         log.warning("seeded search: no coarse plan fits %s; seeding without the limit", format_bytes(limit))
-        solution = solve_problem(to_problem(graph, memory_limit=None), backend=backend, time_limit=time_limit)
+        solution = solve_problem(to_problem(graph, memory_limit=None), backend=backend, time_limit=time_limit,
+                                 start_time=t1)
         relaxed = True
     seeds = [solution.choice]
     if baselines:
@@ -286,7 +291,7 @@ def seeded_restriction(
                 log.info("seeded search: no coarse %s seed (%s)", name, exc)
                 continue
             found = solve_problem(to_problem(graph, memory_limit=None, pins=pins), backend=backend,
-                                  time_limit=time_limit)
+                                  time_limit=time_limit, start_time=t1)
             if found.choice:
                 seeds.append(found.choice)
     t2 = time.perf_counter()

@@ -34,6 +34,7 @@ from autoshard.graph.memory import local_bytes
 from autoshard.graph.recompute import member_pieces
 from autoshard.graph.regions import RegionAnalysis
 from autoshard.graph.states import RECOMPUTE, strategy_states
+from autoshard.graph.strategy_graph import GraphEdge, GraphNode
 from autoshard.rules import OpStrategy, TensorMeta
 
 __all__ = ["BOUND", "PIECE", "InputCopy", "TiedMemory"]
@@ -65,8 +66,6 @@ class TiedMemory:
 
     def _add(self, owner: int, role: str, kind_target: str, live: tuple[int, int], memory: np.ndarray,
              suffix: str = "") -> None:
-        from autoshard.graph.builder import GraphNode  # the node type of the graph being built
-
         v = self.b.nodes[owner]
         name = f"memory:{role}:{v.name}{suffix}"
         i = self.b.add(GraphNode(name, "memory", kind_target, v.strategies, np.zeros(len(v.strategies)),
@@ -117,7 +116,6 @@ class TiedMemory:
         the input in; the edge from the reader makes p the reader's, the edge from
         the producer allows "no copy" only where the producer's placement is p.
         Exact: the copy's bytes count when and only when a redistribution happens."""
-        from autoshard.graph.builder import GraphEdge, GraphNode
 
         v, u = self.b.nodes[i], self.b.nodes[src]
         wanted = [s.input_placements[position] for s in v.strategies]

@@ -21,12 +21,12 @@ from hw_profiles import HardwareProfile
 from solver import Problem
 from solver.solution import Solution
 
-import autoshard
 from autoshard.graph.builder import StrategyGraph
 from autoshard.plan.assemble import (AssemblyEdge, AssemblyGraph, AssemblyNode, PlanRequest, assemble_plan,
                                      memory_timeline, placement_text)
 from autoshard.plan.format import Fingerprint, Plan
 from autoshard.trace import TracedGraph
+from autoshard.version import __version__
 
 __all__ = ["graph_hash", "make_fingerprint", "plan_from_solution", "assembly_graph", "plan_request",
            "placement_text", "memory_timeline"]
@@ -55,7 +55,7 @@ def make_fingerprint(traced: TracedGraph, mesh_shape: tuple[int, ...], dim_names
                      profile: HardwareProfile) -> Fingerprint:
     """The fingerprint a plan for ``traced`` on this mesh and profile carries."""
     return Fingerprint(graph_hash(traced), tuple(mesh_shape), tuple(dim_names), profile.fingerprint,
-                       torch.__version__.split("+")[0], autoshard.__version__)
+                       torch.__version__.split("+")[0], __version__)
 
 
 def plan_from_solution(

@@ -16,9 +16,10 @@ from __future__ import annotations
 import argparse
 from collections import Counter
 
-from autoshard.cli_values import byte_unit, format_bytes, save_figure
+from autoshard.figures import save_figure
 from autoshard.plan.format import Plan
 from autoshard.plan.layout_report import layouts_table, plot_layouts, search_rows
+from autoshard.sizes import byte_unit, format_bytes
 
 __all__ = ["explain_text", "recompute_lines", "plot_memory", "add_arguments", "run"]
 

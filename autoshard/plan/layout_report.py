@@ -28,7 +28,8 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping, Sequence
 
-from autoshard.cli_values import byte_unit, format_bytes, save_figure
+from autoshard.figures import save_figure
+from autoshard.sizes import byte_unit, format_bytes
 
 __all__ = ["OUTCOMES", "LayoutResult", "pareto_front", "search_rows", "layouts_table", "plot_layouts"]
 

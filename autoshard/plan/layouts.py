@@ -49,7 +49,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from autoshard.cli_values import MAX_DEVICES
+from autoshard.sizes import MAX_DEVICES
 
 if TYPE_CHECKING:
     from hw_profiles import HardwareProfile
@@ -96,7 +96,7 @@ def layout_dim_names(ndim: int) -> tuple[str, ...]:
 def check_devices(devices: object, devices_per_node: object = None, *, flag: str = "devices",
                   node_flag: str = "devices_per_node") -> tuple[int, int | None]:
     """``(devices, devices_per_node)`` as ints, or ``ValueError`` naming the field:
-    both positive integers, at most :data:`~autoshard.cli_values.MAX_DEVICES`,
+    both positive integers, at most :data:`~autoshard.sizes.MAX_DEVICES`,
     the node size dividing the device count."""
     def as_count(value: object, name: str) -> int:
         if isinstance(value, bool) or not isinstance(value, int):

@@ -4,9 +4,8 @@ r"""Mesh search: solve a model on every mesh layout of ``N`` devices and keep th
 model once (the trace does not depend on the mesh), then for every layout of
 :mod:`autoshard.plan.layouts` builds the strategy graph on that mesh, bounds
 it, and solves it with the same options as ``autoshard solve --mesh`` would
-(memory limit, pins, the expert-layout portfolio, and any other option of
-:func:`~autoshard.plan.solve.prepare` or
-:func:`~autoshard.plan.solve.solve_prepared`, passed through by name). The
+(memory limit, pins, the expert-layout portfolio, and every other field of
+the one :class:`~autoshard.plan.options.SolveOptions`). The
 plan with the smallest estimated step wins (ties: the first layout in
 enumeration order); every layout's outcome is in
 ``plan.options["mesh_search"]["layouts"]`` (:mod:`autoshard.plan.layout_report`).
@@ -48,8 +47,8 @@ coarse 2-D mesh (``2x4x8``, ``4x2x8``, ``8x2x4``, ``8x4x2`` all from ``8x8``) go
 to one worker, which builds and solves that seed once (``prepare(seed_memo=)``).
 Each finished layout is written at once to :class:`~autoshard.plan.layout_cache.LayoutCache`
 under a key of everything that decides it: the plan fingerprint (graph,
-mesh, profile with its node size), every prepare and solve option except
-``time_limit``, ``progress`` and ``server``, and a hash of the code. A second
+mesh, profile with its node size), every solve option except ``profile``
+(in the fingerprint), ``time_limit`` and ``server``, and a hash of the code. A second
 run re-solves only the layouts whose key changed; a run killed half-way
 keeps the layouts it finished. A cached plan that was not proven optimal is
 reused only from a search that gave each layout at least the share this one
@@ -71,7 +70,6 @@ later than the limit by about one build per worker.
 from __future__ import annotations
 
 import contextlib
-import inspect
 import json
 import logging
 import math
@@ -81,15 +79,17 @@ import queue as queue_errors
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from hw_profiles import HardwareProfile
 from hw_profiles import load as load_profile
 
+from autoshard.plan.cache_folder import cache_folder
 from autoshard.plan.format import Plan
+from autoshard.plan.options import BUILD_FIELDS, SolveOptions, solve_options
 from autoshard.plan.layout_cache import LayoutCache, code_version, layout_cache_key
 from autoshard.plan.layout_report import LayoutResult
+from autoshard.plan.solve import InfeasibleMemoryError, prepare, solve_prepared
 from autoshard.plan.layouts import (MeshLayout, check_devices, devices_per_node_of, enumerate_layouts,
                                     profile_for_nodes)
 
@@ -106,11 +106,9 @@ paid, and a LLaMA-3-8B layout needs seconds for a plan worth comparing (with
 CUT_TOLERANCE = 1e-9
 """Relative margin by which a bound must exceed the best step to cut (module docstring)."""
 
-_NOT_OPTIONS = ("model", "example_inputs", "mesh_shape", "dim_names", "traced", "seed_memo", "prep", "profile",
-                "progress", "time_limit")
-"""Parameters of prepare / solve_prepared that the search sets itself."""
-_NOT_IN_KEY = ("server",)
-"""Options that do not change a result (the service returns the plan a local solve would)."""
+_NOT_IN_KEY = ("profile", "time_limit", "server")
+"""Options that do not change a layout's result beyond its fingerprint (the profile is
+in it; the service returns the plan a local solve would) or that the search shares out."""
 _BOUND_SOLVE_OPTIONS = ("pins", "baseline", "tp_table")
 """Solve options that change the bound (they pin strategies)."""
 
@@ -132,62 +130,17 @@ class SearchStatus:
     """The layout that just finished."""
 
 
-def split_options(options: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``(prepare options, solve options)``: each option goes to the function
-    that has a parameter of its name (both when both do), so a new option of
-    either passes through the search unchanged. ``TypeError`` naming an option
-    neither takes, or one the search sets itself.
-
-    >>> split_options({"optimizer": "sgd", "memory_limit": 1e9})
-    ({'optimizer': 'sgd'}, {'memory_limit': 1000000000.0})
-    """
-    from autoshard.plan.solve import prepare, solve_prepared
-
-    prep_params = set(inspect.signature(prepare).parameters)
-    solve_params = set(inspect.signature(solve_prepared).parameters)
-    prep_opts, solve_opts = {}, {}
-    for name, value in options.items():
-        if name in _NOT_OPTIONS:
-            raise TypeError(f"search_mesh: {name!r} is set by the search, not an option")
-        if name not in prep_params and name not in solve_params:
-            raise TypeError(f"search_mesh: unknown option {name!r} (not a parameter of prepare or solve_prepared)")
-        if name in prep_params:
-            prep_opts[name] = value
-        if name in solve_params:
-            solve_opts[name] = value
-    return prep_opts, solve_opts
-
-
-def _canonical_options(prep_opts: Mapping[str, Any], solve_opts: Mapping[str, Any]) -> dict[str, Any]:
-    """Every option of prepare and solve_prepared with its value (the default
-    when not given; an empty mapping as None), so that equal solves get equal
-    keys however they were asked for (``pins={}`` and no pins)."""
-    from autoshard.plan.solve import prepare, solve_prepared
-
-    out: dict[str, Any] = {}
-    for fn, given in ((prepare, prep_opts), (solve_prepared, solve_opts)):
-        for name, param in inspect.signature(fn).parameters.items():
-            if name in _NOT_OPTIONS or name in _NOT_IN_KEY or param.kind in (param.VAR_POSITIONAL,
-                                                                               param.VAR_KEYWORD):
-                continue
-            value = given.get(name, param.default)
-            if value is inspect.Parameter.empty:
-                continue
-            out[name] = None if isinstance(value, Mapping) and not value else value
-    return out
-
-
-def layout_bound(prep: Any, solve_options: Mapping[str, Any]) -> float:
+def layout_bound(prep: Any, options: SolveOptions) -> float:
     """The lower bound on the step of any plan on ``prep``'s graph under the
-    pins of ``solve_options`` (``pins``, ``baseline``; module docstring)."""
+    pins of ``options`` (``pins``, ``baseline``; module docstring)."""
     from autoshard.plan.baselines import baseline_pins
     from autoshard.plan.pins import resolve_pins
 
     graph = prep.graph
     names: dict[str, str] = {}
-    if solve_options.get("baseline") is not None:
-        names.update(baseline_pins(graph, solve_options["baseline"], solve_options.get("tp_table")))
-    names.update(solve_options.get("pins") or {})
+    if options.baseline is not None:
+        names.update(baseline_pins(graph, options.baseline, options.tp_table))
+    names.update(options.pins)
     pinned = resolve_pins(graph, names) if names else {}
     total = 0.0
     for i, node in enumerate(graph.nodes):
@@ -210,8 +163,8 @@ class _Work:
     traced: Any
     profile: HardwareProfile
     layouts: tuple[MeshLayout, ...]
-    prep_opts: Mapping[str, Any]
-    solve_opts: Mapping[str, Any]
+    options: SolveOptions
+    """Every layout's options (``profile`` is :attr:`profile`; ``time_limit`` its share)."""
     deadline: float
     """``time.monotonic()`` past which no layout starts (one clock for forked processes)."""
     time_limit: float
@@ -238,8 +191,6 @@ def _solve_group(indices: Sequence[int], cached_bounds: Sequence[float | None]) 
 def _solve_layout(index: int, cached_bound: float | None) -> str:
     """Build, bound and solve layout ``index`` of :data:`_WORK`; the outcome as JSON
     (``{"result": LayoutResult, "plan": plan dict or None, "time_limit_s": its solve's}``)."""
-    from autoshard.plan.solve import InfeasibleMemoryError, prepare, solve_prepared
-
     work = _WORK
     layout = work.layouts[index]
     t0 = time.monotonic()
@@ -268,9 +219,11 @@ def _solve_layout(index: int, cached_bound: float | None) -> str:
     if t0 >= work.deadline:
         return done("skipped", reason="time limit reached before it started", bound_s=cached_bound)
     try:
-        prep = prepare(None, None, layout.shape, layout.dim_names, profile=work.profile, traced=work.traced,
-                       seed_memo=work.seed_memo, **work.prep_opts)
-        bound = layout_bound(prep, work.solve_opts)
+        # a seed's share is of what each layout gets (the same for every layout: seeds are shared)
+        each = min(work.time_limit, work.time_limit * work.jobs / len(work.layouts))
+        prep = prepare(None, None, layout.shape, layout.dim_names, work.options.with_changes(time_limit=each),
+                       traced=work.traced, seed_memo=work.seed_memo)
+        bound = layout_bound(prep, work.options)
     except Exception as exc:  # noqa: BLE001 - see failed()
         return failed(exc)
     best = work.incumbent.value
@@ -281,7 +234,7 @@ def _solve_layout(index: int, cached_bound: float | None) -> str:
         work.unsolved.value -= 1
     limit = min(work.time_limit, max((work.deadline - time.monotonic()) * work.jobs / left, MIN_SOLVE_S))
     try:
-        plan = solve_prepared(prep, time_limit=limit, **work.solve_opts)
+        plan = solve_prepared(prep, work.options.with_changes(time_limit=limit))
     except InfeasibleMemoryError as exc:
         return done("no_fit", bound_s=bound, reason=_one_line(exc))
     except Exception as exc:  # noqa: BLE001 - see failed()
@@ -335,41 +288,32 @@ def _default_jobs() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def _cache_folder(cache_dir: str | os.PathLike[str] | bool | None) -> Path | None:
-    if cache_dir is False:
-        return None
-    if cache_dir in (None, True):
-        from autoshard.runtime.api import default_cache_dir
-
-        return default_cache_dir()
-    return Path(cache_dir)
-
-
 def search_mesh(
     model: Any,
     example_inputs: Sequence[Any] | Mapping[str, Any],
     devices: int,
     devices_per_node: int | None = None,
+    options: SolveOptions | None = None,
     *,
-    profile: str | HardwareProfile = "h100-sxm-80gb",
-    time_limit: float = 600.0,
     jobs: int | None = None,
     cache_dir: str | os.PathLike[str] | bool | None = None,
     max_dims: int = 3,
     progress: Callable[[SearchStatus], None] | None = None,
-    **options: Any,
+    traced: Any = None,
+    **changes: Any,
 ) -> Plan:
     """The fastest plan over the mesh layouts of ``devices`` devices in nodes of
     ``devices_per_node`` (default: the profile's), its shape and dim names in
     ``plan.fingerprint`` and every layout's outcome in
     ``plan.options["mesh_search"]`` (module docstring).
 
-    ``options``: any option of :func:`~autoshard.plan.solve.prepare` or
-    :func:`~autoshard.plan.solve.solve_prepared` (``memory_limit``, ``pins``,
-    ``optimizer``, ``mixed_precision``, ``server``, ...), given to every layout.
+    ``options``: the :class:`~autoshard.plan.options.SolveOptions` of every
+    layout (keyword ``changes`` of its fields build or change it);
+    ``time_limit`` is the whole search's. ``traced``: the model already traced
+    (``trace_joint(model, example_inputs)``; ``model`` and ``example_inputs`` are then unused).
     ``jobs``: worker processes (default: the cores this process may use).
     ``cache_dir``: layout cache folder (default
-    :func:`autoshard.runtime.api.default_cache_dir`; ``False``: no cache).
+    :func:`autoshard.plan.cache_folder.default_cache_dir`; ``False``: no cache).
     Raises :class:`~autoshard.plan.solve.InfeasibleMemoryError` when no layout
     fits the memory limit, :class:`NoLayoutError` when none could be solved.
 
@@ -379,7 +323,6 @@ def search_mesh(
     ['solved', 'solved']
     """
     from autoshard.plan.build import make_fingerprint
-    from autoshard.plan.solve import InfeasibleMemoryError, prepare
     from autoshard.trace import trace_joint
 
     start = time.monotonic()
@@ -387,10 +330,9 @@ def search_mesh(
     jobs = _default_jobs() if jobs is None else int(jobs)
     if jobs < 1:
         raise ValueError(f"jobs: must be at least 1, got {jobs}")
-    if not 0 < time_limit < math.inf:
-        raise ValueError(f"time_limit: must be a positive number of seconds, got {time_limit}")
-    prep_opts, solve_opts = split_options(options)
-    prof = profile if isinstance(profile, HardwareProfile) else load_profile(profile)
+    opts = solve_options(options, changes)
+    time_limit = opts.time_limit
+    prof = opts.profile if isinstance(opts.profile, HardwareProfile) else load_profile(opts.profile)
     prof = profile_for_nodes(prof, node_size)
     node_size = devices_per_node_of(prof, devices, node_size)
     layouts = tuple(enumerate_layouts(devices, node_size, max_dims=max_dims))
@@ -401,16 +343,16 @@ def search_mesh(
             progress(SearchStatus(phase, done, 1 if phase == "trace" else total, best, last))
 
     report("trace", 0)
-    traced = trace_joint(model, example_inputs)
+    if traced is None:
+        traced = trace_joint(model, example_inputs)
     trace_s = time.monotonic() - start
     report("trace", 1)
 
-    folder = _cache_folder(cache_dir)
+    folder = cache_folder(cache_dir)
     cache = LayoutCache(folder)
     code = code_version() if folder is not None else ""
-    key_opts = _canonical_options(prep_opts, solve_opts)
-    prepare_params = inspect.signature(prepare).parameters
-    bound_opts = {k: v for k, v in key_opts.items() if k in prepare_params or k in _BOUND_SOLVE_OPTIONS}
+    key_opts = {k: v for k, v in opts.fields().items() if k not in _NOT_IN_KEY}
+    bound_opts = {k: v for k, v in key_opts.items() if k in BUILD_FIELDS or k in _BOUND_SOLVE_OPTIONS}
     fingerprints = [make_fingerprint(traced, lay.shape, lay.dim_names, prof) for lay in layouts]
     result_keys = [layout_cache_key("result", fp, key_opts, code) for fp in fingerprints]
     bound_keys = [layout_cache_key("bound", fp, bound_opts, code) for fp in fingerprints]
@@ -467,8 +409,8 @@ def search_mesh(
         report("layouts", sum(r is not None for r in results), best_row(), row)
 
     if todo:
-        _run(todo, _groups(todo, layouts, prep_opts.get("search", "auto")), cached_bounds, finished, jobs,
-             _Work(traced, prof, layouts, prep_opts, solve_opts, start + time_limit, time_limit, 1,
+        _run(todo, _groups(todo, layouts, opts.search), cached_bounds, finished, jobs,
+             _Work(traced, prof, layouts, opts.with_changes(profile=prof), start + time_limit, time_limit, 1,
                    _Value(best_step()), _Value(len(todo)), finished))
 
     rows = [replace(r, chosen=(i == best_index)) for i, r in enumerate(results)]

@@ -38,12 +38,15 @@ def validate_search(args: argparse.Namespace) -> None:
     check_count(args.jobs, "--jobs", 1, MAX_JOBS)
     if args.no_cache and args.cache_dir is not None:
         raise ValueError("--cache-dir and --no-cache: give one")
+    if args.profile is None:
+        from autoshard.plan.options import DEFAULT_PROFILE  # the solver's import: only on this path
+
+        args.profile = DEFAULT_PROFILE
     profile = profile_for_nodes(load(args.profile), node, flag="--devices-per-node")
     devices_per_node_of(profile, devices, node, flag="--devices", node_flag="--devices-per-node")
 
 
-def run_search(args: argparse.Namespace, limit: int | None, pins: dict[str, str], overrides: dict[str, Any],
-               paths: list[str]) -> int:
+def run_search(args: argparse.Namespace, options: Any, overrides: dict[str, Any], paths: list[str]) -> int:
     """Search, write, explain; 1 when no layout fits the memory limit."""
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -52,11 +55,9 @@ def run_search(args: argparse.Namespace, limit: int | None, pins: dict[str, str]
     from autoshard.plan.explain import explain_text
     from autoshard.plan.mesh_search import SearchStatus, search_mesh
     from autoshard.plan.solve import InfeasibleMemoryError
+    from autoshard.plan.solve_report_cli import dump_problem, print_baselines
 
     model, inputs = load_example(args.model, overrides, paths=paths)
-    options = {"memory_limit": limit, "pins": pins, "backend": args.backend, "ties": not args.no_ties,
-               "optimizer": args.optimizer, "mixed_precision": args.mixed_precision, "baseline": args.baseline,
-               "search": args.search, "server": args.server, "recompute": args.recompute}
     console = Console(stderr=True)
     # no refresh thread: the search forks its workers, and a fork must not copy a thread holding a lock
     bar = Progress(TextColumn("{task.description:<7}"), BarColumn(), TextColumn("{task.fields[detail]}"),
@@ -78,9 +79,8 @@ def run_search(args: argparse.Namespace, limit: int | None, pins: dict[str, str]
         bar.refresh()
 
     try:
-        plan = search_mesh(model, inputs, args.devices, args.devices_per_node, profile=args.profile,
-                           time_limit=args.time_limit, jobs=args.jobs,
-                           cache_dir=False if args.no_cache else args.cache_dir, progress=progress, **options)
+        plan = search_mesh(model, inputs, args.devices, args.devices_per_node, options, jobs=args.jobs,
+                           cache_dir=False if args.no_cache else args.cache_dir, progress=progress)
     except InfeasibleMemoryError as exc:
         bar.stop()
         print(f"autoshard solve: {' '.join(str(exc).split())}", file=sys.stderr)
@@ -91,28 +91,24 @@ def run_search(args: argparse.Namespace, limit: int | None, pins: dict[str, str]
         plan.save(args.output)
     print(explain_text(plan))
     if args.compare_baselines or args.dump_problem:
-        prep = _prepare_chosen(model, inputs, plan, args)
+        prep = _prepare_chosen(model, inputs, plan, options, args.devices_per_node)
         if args.dump_problem:
-            from autoshard.plan.solve_cli import _dump_problem
-
-            _dump_problem(prep, plan, pins, limit, args)
+            dump_problem(prep, plan, options, args.dump_problem)
         if args.compare_baselines:
-            from autoshard.plan.solve_cli import print_baselines
-
-            print_baselines(prep, plan, limit, args)
+            print_baselines(prep, plan, options)
     if args.output:
         print(f"\nplan written to {args.output}")
     return 0
 
 
-def _prepare_chosen(model: Any, inputs: Any, plan: Any, args: argparse.Namespace) -> Any:
+def _prepare_chosen(model: Any, inputs: Any, plan: Any, options: Any, devices_per_node: int | None) -> Any:
     """The chosen layout's strategy graph, built as the search built it."""
     from hw_profiles import load
 
     from autoshard.plan.layouts import profile_for_nodes
     from autoshard.plan.solve import prepare
 
-    profile = profile_for_nodes(load(args.profile), args.devices_per_node)
+    profile = options.profile if not isinstance(options.profile, str) else load(options.profile)
     fp = plan.fingerprint
-    return prepare(model, inputs, fp.mesh_shape, fp.dim_names, profile=profile, optimizer=args.optimizer,
-                   mixed_precision=args.mixed_precision, search=args.search)
+    return prepare(model, inputs, fp.mesh_shape, fp.dim_names,
+                   options.with_changes(profile=profile_for_nodes(profile, devices_per_node)))

@@ -1,11 +1,12 @@
-"""Model -> plan: trace, build the strategy graph, solve, write the plan.
+"""Model -> plan on one mesh: trace, build the strategy graph, solve, write the plan.
 
-``solve`` is the offline entry point (no GPU, no process group: the model is
-traced on fake tensors). ``prepare`` does the model-dependent part once so
-that several solves (the solved plan and every baseline) share it.
+``prepare`` does the model-dependent part once (no GPU, no process group: the
+model is traced on fake tensors) so that several solves (the solved plan and
+every baseline) share it; ``solve_prepared`` solves it. ``autoshard.solve``
+(:mod:`autoshard.plan.api`) calls both, or the mesh search.
 
 >>> from examples.models import mlp
->>> plan = solve(*mlp.tiny(), mesh_shape=(2,), profile="h100-sxm-80gb", time_limit=20)
+>>> plan = solve_prepared(prepare(*mlp.tiny(), (2,), profile="h100-sxm-80gb"), time_limit=20)
 >>> sorted(plan.params)[0], plan.estimate.step_s > 0
 ('layers.0.w1.bias', True)
 """
@@ -17,45 +18,41 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
 
-from costmodel.bucketing import DEFAULT_BUCKET_BYTES
 from costmodel.mesh import MeshSpec
 from hw_profiles import HardwareProfile
 from hw_profiles import load as load_profile
 from solver import solve as solve_problem
 from solver.solution import Status
 
-from autoshard.cli_values import format_bytes
 from autoshard.graph.builder import StrategyGraph, build_graph
 from autoshard.graph.memory import OptimizerMemory
 from autoshard.graph.problem import to_problem
-from autoshard.graph.restrict import choose_search, seeded_restriction
 from autoshard.graph.recompute_policy import parse_policy
+from autoshard.graph.restrict import choose_search, seeded_restriction
 from autoshard.plan.baselines import applicable_baselines, baseline_allowed, baseline_pins
 from autoshard.plan.build import make_fingerprint, plan_from_solution
 from autoshard.plan.format import Fingerprint, Plan
 from autoshard.plan.gather_pricing import gather_amortized_problem
 from autoshard.plan.overlap_pricing import edge_slack, overlap_problem, overlap_worthwhile
+from autoshard.plan.options import NO_MEMORY_LIMIT, PLAN_GAP, SolveOptions, solve_options
 from autoshard.plan.pins import resolve_pins
+from autoshard.sizes import format_bytes
 from autoshard.trace import TracedGraph, trace_joint
 
-__all__ = ["PLAN_GAP", "Prepared", "InfeasibleMemoryError", "prepare", "solve", "solve_prepared",
-           "BaselineResult", "compare_baselines", "recompute_policies", "BASELINE_POLICIES"]
+__all__ = ["PLAN_GAP", "SEED_SHARE", "Prepared", "solve_stage_seconds", "InfeasibleMemoryError", "prepare",
+           "solve_prepared", "BaselineResult", "compare_baselines", "recompute_policies", "BASELINE_POLICIES"]
 
 log = logging.getLogger(__name__)
+
+SEED_SHARE = 0.25
+"""Share of the time limit for the coarse solve that seeds a seeded search
+(``autoshard.graph.restrict``): the solve itself gets what it leaves."""
 
 PORTFOLIO_SHARE = 0.2
 """Share of the time limit kept for the expert layouts (``_best_of_baselines``)."""
 
-OVERLAP_ROUNDS = 2
-"""Solves after the first one with gradient and parameter-gather edges priced at
-their exposed time (``autoshard.plan.overlap_pricing``)."""
-
 OVERLAP_FIRST_SHARE = 0.6
 """Share of the solve time the first solve gets when overlap rounds follow."""
-
-PLAN_GAP = 1e-6
-"""Relative gap at which a plan counts as optimal: a millionth of the step
-time is below the cost model's own accuracy by orders of magnitude."""
 
 Progress = Callable[[str, float, float], None]
 """``progress(phase, done, total)``: phases ``trace``, ``build``, ``solve``
@@ -86,27 +83,25 @@ def prepare(
     example_inputs: Sequence[Any] | Mapping[str, Any],
     mesh_shape: Sequence[int],
     dim_names: Sequence[str] | None = None,
+    options: SolveOptions | None = None,
     *,
-    profile: str | HardwareProfile = "h100-sxm-80gb",
-    optimizer: str = "adamw",
-    mixed_precision: bool = False,
-    allow_uneven: bool = False,
     progress: Progress | None = None,
-    search: str = "auto",
-    seed_time_limit: float = 30.0,
-    bucket_bytes: int = DEFAULT_BUCKET_BYTES,
     traced: TracedGraph | None = None,
     seed_memo: dict[Any, Any] | None = None,
-    recompute: str = "auto",
-    gather: str = "reader",
+    **changes: Any,
 ) -> Prepared:
     """Trace ``model(*example_inputs)`` and build its strategy graph on the mesh.
 
+    ``options`` (:class:`~autoshard.plan.options.SolveOptions`; keyword
+    ``changes`` of its fields build or change it): this reads ``profile``,
+    ``optimizer``, ``mixed_precision``, ``allow_uneven``, ``search``,
+    ``bucket_bytes``, ``recompute`` and ``gather``.
     ``search``: ``full`` enumerates every strategy; ``seeded`` keeps only those
     near a solve on a coarser 2-D mesh (``autoshard.graph.restrict``: a
     restriction, so the plan is optimal over what it keeps; the seed's solve
-    gets ``seed_time_limit`` seconds); ``auto`` (default) seeds meshes with
-    3 or more dims of size > 1, whose full enumeration takes minutes to hours.
+    gets :data:`SEED_SHARE` of ``time_limit``, and the solve what is left);
+    ``auto`` (default) seeds meshes with 3 or more dims of size > 1, whose
+    full enumeration takes minutes to hours.
     ``bucket_bytes``: the runtime's gradient bucket cap (``costmodel.bucketing``;
     0 = one collective per gradient). ``traced``: the model already traced
     (``trace_joint(model, example_inputs)``), reused instead of tracing again:
@@ -120,8 +115,11 @@ def prepare(
     (``autoshard.graph.copies``; ``reader``, as autoshard's runtime runs;
     ``fsdp2`` to price FSDP2's block-wise gathers with prefetch).
     """
+    opts = solve_options(options, changes)
+    optimizer, mixed_precision, allow_uneven = opts.optimizer, opts.mixed_precision, opts.allow_uneven
+    bucket_bytes, recompute, gather = opts.bucket_bytes, opts.recompute, opts.gather
     parse_policy(recompute)
-    prof = _profile(profile)
+    prof = _profile(opts.profile)
     mesh = MeshSpec(tuple(int(m) for m in mesh_shape), tuple(dim_names or ()))
     t0 = time.perf_counter()
     if progress:
@@ -133,11 +131,12 @@ def prepare(
         progress("trace", 1, 1)
     # torch's optimizers take the multi-tensor path by default on accelerators only
     opt_memory = OptimizerMemory(optimizer, mixed_precision, foreach="cpu" not in prof.device.name.lower())
-    mode = choose_search(mesh.shape, search)
+    mode = choose_search(mesh.shape, opts.search)
     restrict, seed_timings = None, {}
     if mode == "seeded":
         restrict, seed = seeded_restriction(traced, mesh, prof, optimizer=opt_memory, allow_uneven=allow_uneven,
-                                            time_limit=seed_time_limit, memo=seed_memo)
+                                            time_limit=SEED_SHARE * opts.time_limit, backend=opts.backend,
+                                            memo=seed_memo)
         seed_timings = {"seed_build_s": seed.seconds["build"], "seed_solve_s": seed.seconds["solve"]}
     t_seed = time.perf_counter()
     graph = build_graph(
@@ -157,21 +156,15 @@ def prepare(
 
 def solve_prepared(
     prep: Prepared,
+    options: SolveOptions | None = None,
     *,
-    memory_limit: float | None = None,
-    pins: Mapping[str, str] | None = None,
-    time_limit: float = 60.0,
-    backend: str = "cbc",
-    ties: bool = True,
-    baseline: str | None = None,
-    tp_table: Mapping[str, str | int] | None = None,
     progress: Progress | None = None,
-    server: str | None = None,
-    recompute: str = "auto",
-    overlap_rounds: int = OVERLAP_ROUNDS,
+    **changes: Any,
 ) -> Plan:
-    """Solve a prepared graph. ``memory_limit`` defaults to the profile's device
-    memory; ``baseline`` (``ddp``, ``fsdp``, ``tp``, ``fsdp+tp``) adds its pins
+    """Solve a prepared graph with ``options`` (:class:`~autoshard.plan.options.SolveOptions`;
+    keyword ``changes`` of its fields build or change it). ``memory_limit``
+    defaults to the profile's device memory (:data:`~autoshard.plan.options.NO_MEMORY_LIMIT`:
+    none); ``baseline`` (``ddp``, ``fsdp``, ``tp``, ``fsdp+tp``) adds its pins
     and its data-parallel op layout (``autoshard.plan.baselines``) under the
     user's pins. ``recompute``: ``auto`` lets the solver choose what the
     backward recomputes, with the placements; ``none``, ``full``,
@@ -185,21 +178,18 @@ def solve_prepared(
     the plan (the same plan as here; :class:`autoshard.service.client.ServiceError`
     when it cannot).
     """
+    opts = solve_options(options, changes)
+    pins, time_limit, backend, ties, baseline = opts.pins, opts.time_limit, opts.backend, opts.ties, opts.baseline
+    server = opts.server
     graph = prep.graph
-    recompute = parse_policy(recompute)
-    limit = float(graph.profile.device.memory_bytes if memory_limit is None else memory_limit)
-    all_pins: dict[str, str] = {}
-    allowed = None
-    if baseline is not None:
-        all_pins.update(baseline_pins(graph, baseline, tp_table))
-        allowed = baseline_allowed(graph, baseline)
-    all_pins.update(pins or {})
-    problem = to_problem(graph, memory_limit=limit, pins=resolve_pins(graph, all_pins), ties=ties,
-                         recompute=recompute, allowed=allowed)
-    amortize = getattr(graph, "bucket_bytes", 0) > 0  # the runtime gathers parameters in buckets too
-    if amortize:
-        problem = gather_amortized_problem(graph, problem)
+    recompute = parse_policy(opts.recompute)
+    limit = float(graph.profile.device.memory_bytes if opts.memory_limit is None else opts.memory_limit)
+    problem_limit = None if limit == NO_MEMORY_LIMIT else limit
+    # the seed of a seeded search took its share of the one time limit; the solve gets the rest
+    time_limit = max(time_limit - float(prep.timings.get("seed_solve_s", 0.0)), MIN_SOLVE_SHARE * time_limit)
+    problem = _pinned_problem(graph, opts, problem_limit, recompute)
     start = time.perf_counter()
+    end = start + time_limit  # every stage below ends by then: solve, overlap rounds, expert layouts, hint
 
     def on_event(event: dict[str, Any]) -> None:
         if progress:
@@ -209,10 +199,10 @@ def solve_prepared(
     # layouts: when the search ends unproven, the plan is never worse than them.
     portfolio = baseline is None and not pins
     share = PORTFOLIO_SHARE if portfolio else 0.0
-    options = {**prep.options, "ties": ties, "pins": dict(pins or {}), "memory_limit_bytes": limit,
-               "baseline": baseline, "time_limit_s": time_limit, "backend": backend, "recompute": recompute}
+    options = {**prep.options, "ties": ties, "pins": dict(pins), "memory_limit_bytes": problem_limit,
+               "baseline": baseline, "time_limit_s": opts.time_limit, "backend": backend, "recompute": recompute}
     remote = None
-    rounds = overlap_rounds if server is None and overlap_worthwhile(graph.profile.contention) else 0
+    rounds = opts.overlap_rounds if server is None and overlap_worthwhile(graph.profile.contention) else 0
     first = OVERLAP_FIRST_SHARE if rounds else 1.0
     deadline = start + time_limit * (1 - share)
     if server is not None:
@@ -220,43 +210,94 @@ def solve_prepared(
                                             progress)
     else:
         def under(policy: str) -> Any:  # the same problem under a fixed recomputation policy
-            kept = to_problem(graph, memory_limit=limit, pins=problem.pins, ties=ties, recompute=policy,
-                              allowed=allowed)
-            return gather_amortized_problem(graph, kept) if amortize else kept
+            return _pinned_problem(graph, opts, problem_limit, policy)
 
         solution = _solve_local(graph, problem, recompute, time_limit * (1 - share) * first, backend, on_event,
                                 under)
     if solution.status is not Status.INFEASIBLE and not solution.choice and portfolio:
         # the search ran out of time before any choice fit: the expert layouts (with the
         # recomputation policies) may still give one
-        found = _best_of_baselines(prep, None, limit, time_limit * share, backend, tp_table, server, recompute,
-                                   status=solution.status.value, seconds_used=solution.seconds)
+        spent_first: list[float] = []
+        found = _best_of_baselines(prep, None, opts, limit, end, recompute,
+                                   status=solution.status.value, seconds_used=solution.seconds, spent=spent_first)
         if found is not None:
-            return found
+            timings = {**prep.timings, "solve_s": round(solution.seconds, 4),
+                       "portfolio_s": round(sum(spent_first), 4)}
+            return replace(found, solver=replace(found.solver, timings=timings))
     if solution.status is Status.INFEASIBLE or not solution.choice:
         raise InfeasibleMemoryError(
             f"memory limit {format_bytes(limit)}: no plan fits ({solution.message or solution.status.value})"
-            + _smallest_peak_hint(prep, baseline, time_limit, server, recompute)
+            + _smallest_peak_hint(prep, opts, recompute, end)
         )
     if remote is not None:
         plan = remote
     else:
-        timings = {**prep.timings, "solve_s": round(solution.seconds, 4)}
-        compiled = float(solution.stats.get("compile_seconds") or 0.0)
-        if compiled > 0:  # a first run's numba compilation, part of solve_s but not solving
-            timings["solve_compile_s"] = round(compiled, 4)
-        t = time.perf_counter()
-        plan = plan_from_solution(graph, problem, solution, fingerprint=prep.fingerprint, options=options,
-                                  timings=timings)
-        plan = replace(plan, solver=replace(plan.solver, timings={**timings,
-                                                                  "plan_s": round(time.perf_counter() - t, 4)}))
+        plan = _assembled(prep, problem, solution, options)
         if rounds:
             plan = _overlap_rounds(prep, problem, solution, plan, rounds, deadline, backend)
     if portfolio and solution.status is not Status.OPTIMAL:
-        plan = _best_of_baselines(prep, plan, limit, time_limit * share, backend, tp_table, server, recompute)
+        spent: list[float] = []
+        before = plan.solver.timings  # the plan's own stages, whichever layout wins
+        plan = _best_of_baselines(prep, plan, opts, limit, end, recompute, spent=spent)
+        plan = replace(plan, solver=replace(plan.solver, timings={**before, "portfolio_s": round(sum(spent), 4)}))
     if progress:
         progress("solve", time_limit, time_limit)
     return plan
+
+
+def _pinned_problem(graph: StrategyGraph, opts: SolveOptions, memory_limit: float | None, recompute: str) -> Any:
+    """The solver's problem of ``graph`` under ``opts``' pins (the baseline's under the user's),
+    the baseline's op layout, ties and ``recompute``; parameter gathers priced as the runtime
+    buckets them."""
+    all_pins: dict[str, str] = {}
+    allowed = None
+    if opts.baseline is not None:
+        all_pins.update(baseline_pins(graph, opts.baseline, opts.tp_table))
+        allowed = baseline_allowed(graph, opts.baseline)
+    all_pins.update(opts.pins)
+    problem = to_problem(graph, memory_limit=memory_limit, pins=resolve_pins(graph, all_pins), ties=opts.ties,
+                         recompute=recompute, allowed=allowed)
+    if getattr(graph, "bucket_bytes", 0) > 0:  # the runtime gathers parameters in buckets too
+        problem = gather_amortized_problem(graph, problem)
+    return problem
+
+
+def _assembled(prep: Prepared, problem: Any, solution: Any, options: Mapping[str, Any]) -> Plan:
+    """The plan of ``solution``, with the prep's timings, the solve's and the assembly's."""
+    timings = {**prep.timings, "solve_s": round(solution.seconds, 4)}
+    compiled = float(solution.stats.get("compile_seconds") or 0.0)
+    if compiled > 0:  # a first run's numba compilation, part of solve_s but not solving
+        timings["solve_compile_s"] = round(compiled, 4)
+    t = time.perf_counter()
+    plan = plan_from_solution(prep.graph, problem, solution, fingerprint=prep.fingerprint, options=options,
+                              timings=timings)
+    return replace(plan, solver=replace(plan.solver, timings={**timings, "plan_s": round(time.perf_counter() - t, 4)}))
+
+
+MIN_SOLVE_SHARE = 0.05
+"""The least share of the time limit a solve starts with after the seed's (a seed that overran)."""
+
+
+def _with_timing(plan: Plan, name: str, seconds: float) -> Plan:
+    """``plan`` with one more stage in ``solver.timings`` (seconds of a stage of the one time limit)."""
+    return replace(plan, solver=replace(plan.solver, timings={**plan.solver.timings, name: round(seconds, 4)}))
+
+
+def solve_stage_seconds(plan: Plan) -> float:
+    """The seconds the stages of the one time limit took, as ``plan.solver.timings`` reports
+    them: the seed's solve, the solve, the overlap rounds and the expert layouts (module
+    ``autoshard.plan.options``: ``time_limit`` is the whole solve's).
+
+    >>> solve_stage_seconds(plan) <= plan.options["time_limit_s"] * 1.05  # doctest: +SKIP
+    True
+    """
+    return float(plan.solver.timings.get("seed_solve_s", 0.0)) + _own_seconds(plan)
+
+
+def _own_seconds(plan: Plan) -> float:
+    """The solve's stages of ``plan`` without the seed (a portfolio layout shares its prep's seed)."""
+    timings = plan.solver.timings
+    return sum(float(timings.get(k, 0.0)) for k in ("solve_s", "overlap_s", "portfolio_s"))
 
 
 WARM_SHARE = 0.2
@@ -294,7 +335,7 @@ def _solve_local(graph: StrategyGraph, problem: Any, recompute: str, time_limit:
         tried[policy] = {"status": warm.status.value, "cost": warm.cost, "seconds": round(warm.seconds, 4)}
         if warm.choice:
             break
-    left = max(time_limit - (time.perf_counter() - start), 1.0)
+    left = max(time_limit - (time.perf_counter() - start), 1e-3)  # the warm start is the incumbent meanwhile
     initial = warm.choice if warm is not None and warm.choice else None
     solution = solve_problem(problem, backend=backend, time_limit=left, gap=PLAN_GAP, progress=on_event,
                              initial=initial)
@@ -314,7 +355,7 @@ def _overlap_rounds(prep: Prepared, problem: Any, solution: Any, plan: Plan, rou
     assembly = assembly_graph(graph)
     best, best_round = plan, 0
     previous, previous_plan = tuple(solution.choice), plan
-    ran = 0
+    ran, spent = 0, 0.0
     for r in range(rounds):
         remaining = deadline - time.perf_counter()
         if remaining <= 0.5:
@@ -324,6 +365,7 @@ def _overlap_rounds(prep: Prepared, problem: Any, solution: Any, plan: Plan, rou
         again = solve_problem(priced, backend=backend, time_limit=remaining / (rounds - r), gap=PLAN_GAP,
                               initial=list(previous))
         ran += 1
+        spent += again.seconds
         if again.status is Status.INFEASIBLE or not again.choice or tuple(again.choice) == previous:
             break
         candidate = plan_from_solution(graph, problem, again, fingerprint=prep.fingerprint, options=plan.options,
@@ -334,6 +376,7 @@ def _overlap_rounds(prep: Prepared, problem: Any, solution: Any, plan: Plan, rou
     if best is not plan:
         log.info("overlap round %d: simulated step %.6g s (first solve %.6g s)", best_round, best.estimate.step_s,
                  plan.estimate.step_s)
+    best = _with_timing(best, "overlap_s", spent)
     return replace(best, options={**best.options, "overlap_rounds": ran, "overlap_round": best_round})
 
 
@@ -373,17 +416,17 @@ BASELINE_POLICIES = ("none", "selective", "every:2", "full")
 """The policies users run today, priced with every expert layout."""
 
 
-def _best_of_baselines(prep: Prepared, plan: Plan | None, limit: float, seconds: float, backend: str,
-                       tp_table: Mapping[str, str | int] | None, server: str | None = None,
-                       recompute: str = "auto", *, status: str | None = None,
-                       seconds_used: float | None = None) -> Plan | None:
+def _best_of_baselines(prep: Prepared, plan: Plan | None, opts: SolveOptions, limit: float, end: float,
+                       recompute: str, *, status: str | None = None, seconds_used: float | None = None,
+                       spent: list[float] | None = None) -> Plan | None:
     """``plan``, or the cheapest expert layout that fits if it beats the unproven search
     (``plan`` None: the search found nothing; then the cheapest layout that fits, or None);
     a layout that does not fit without recomputation is tried with the policies users run.
-    The layouts share ``seconds``; once they are spent, the ones left are not tried."""
-    names = applicable_baselines(prep.graph, tp_table)
+    The layouts share what is left until ``end`` (the solve's deadline: the portfolio's share of
+    the time limit, and what the search left of its own); once it is spent, the ones left are not tried."""
+    names = applicable_baselines(prep.graph, opts.tp_table)
     policies = recompute_policies(prep, recompute)
-    deadline = time.perf_counter() + max(seconds, 1.0)
+    deadline = end
     best = plan
     for n, name in enumerate(names):
         for policy in policies:
@@ -391,11 +434,12 @@ def _best_of_baselines(prep: Prepared, plan: Plan | None, limit: float, seconds:
             if left <= 0:
                 break
             try:
-                candidate = solve_prepared(prep, memory_limit=limit, time_limit=max(left / (len(names) - n), 1.0),
-                                           backend=backend, baseline=name, tp_table=tp_table, server=server,
-                                           recompute=policy)
+                candidate = solve_prepared(prep, _baseline_options(opts, name, policy, limit,
+                                                                   left / (len(names) - n)))
             except ValueError:  # does not apply or does not fit: try the next policy
                 continue
+            if spent is not None:
+                spent.append(_own_seconds(candidate))
             if best is None or candidate.estimate.step_s < best.estimate.step_s:
                 best = candidate
             break  # the first policy that fits is the cheapest of this layout's (less recomputation)
@@ -412,85 +456,32 @@ def _best_of_baselines(prep: Prepared, plan: Plan | None, limit: float, seconds:
     return replace(best, options=options, solver=solver)
 
 
-def _smallest_peak_hint(prep: Prepared, baseline: str | None, time_limit: float, server: str | None = None,
-                       recompute: str = "auto") -> str:
+MIN_HINT_S = 0.5
+"""Below this much time left, an infeasible solve's error gives no smallest-peak hint."""
+
+
+def _baseline_options(opts: SolveOptions, baseline: str, recompute: str, memory_limit: float,
+                      time_limit: float) -> SolveOptions:
+    """The options of one expert layout's solve within ``opts``' solve: its backend,
+    TP table and server, the layout's pins only, its own limits."""
+    return SolveOptions(memory_limit=memory_limit, time_limit=time_limit, backend=opts.backend, baseline=baseline,
+                        tp_table=opts.tp_table, server=opts.server, recompute=recompute)
+
+
+def _smallest_peak_hint(prep: Prepared, opts: SolveOptions, recompute: str, end: float) -> str:
     """The peak of the FSDP layout without a limit (with full recomputation
-    when the policy allows it): the smallest peak found by a quick try."""
-    if baseline == "fsdp":
+    when the policy allows it): the smallest peak found in what is left of the
+    time limit (``end``), if anything is."""
+    left = end - time.perf_counter()
+    if opts.baseline == "fsdp" or left < MIN_HINT_S:
         return ""
     policy = "full" if recompute == "auto" and prep.graph.regions else recompute
     try:
-        plan = solve_prepared(prep, memory_limit=1e30, baseline="fsdp", time_limit=min(time_limit, 20.0),
-                              server=server, recompute=policy)
+        plan = solve_prepared(prep, _baseline_options(opts, "fsdp", policy, NO_MEMORY_LIMIT, left))
     except ValueError:
         return ""
     how = "FSDP layout" + (f", {policy} recomputation" if policy not in ("none", "auto") else "")
     return f"; smallest peak found: {format_bytes(plan.estimate.peak_memory_bytes)} ({how})"
-
-
-def solve(
-    model: Any,
-    example_inputs: Sequence[Any] | Mapping[str, Any],
-    mesh_shape: Sequence[int] | None = None,
-    dim_names: Sequence[str] | None = None,
-    *,
-    devices: int | None = None,
-    devices_per_node: int | None = None,
-    jobs: int | None = None,
-    cache_dir: Any = None,
-    profile: str | HardwareProfile = "h100-sxm-80gb",
-    memory_limit: float | None = None,
-    pins: Mapping[str, str] | None = None,
-    time_limit: float = 60.0,
-    backend: str = "cbc",
-    ties: bool = True,
-    optimizer: str = "adamw",
-    mixed_precision: bool = False,
-    baseline: str | None = None,
-    search: str = "auto",
-    progress: Progress | None = None,
-    server: str | None = None,
-    recompute: str = "auto",
-) -> Plan:
-    """The sharding plan of one training step of ``model`` on a mesh (DESIGN.md, Python API).
-
-    ``model(*example_inputs)`` (or ``model(**example_inputs)``) returns the
-    loss, or an object/dict with a ``loss``. ``pins`` fix placements by name
-    pattern (``{"*.tok_embeddings.weight": "S(0)R"}``); ``ties=False`` lets
-    every repeated layer choose its own strategies; ``optimizer`` is
-    ``adamw`` (default), ``sgd``, ``sgd-momentum`` or ``none``; ``search``
-    as in :func:`prepare`. ``server``: the URL of an ``autoshard serve``
-    (``"http://host:8470"``) that solves instead of this process; tracing and
-    building stay here, the plan is the same. ``recompute``: ``auto`` (the
-    solver decides what the backward recomputes, with the placements),
-    ``none``, ``full``, ``selective`` or ``every:K``
-    (``autoshard.graph.recompute_policy``); the plan lists what is recomputed
-    (``plan.recompute``).
-
-    ``devices`` instead of ``mesh_shape``: search the mesh. Every layout of
-    ``devices`` devices in nodes of ``devices_per_node`` is solved with these
-    options (``jobs`` worker processes, layouts cached under ``cache_dir``,
-    ``time_limit`` for the whole search) and the fastest plan is returned;
-    its mesh is in ``plan.fingerprint``, every layout's outcome in
-    ``plan.options["mesh_search"]`` (:mod:`autoshard.plan.mesh_search`).
-    """
-    if devices is not None or mesh_shape is None:
-        if mesh_shape is not None or dim_names is not None:
-            raise ValueError("mesh_shape/dim_names and devices: give one (devices searches the mesh)")
-        if devices is None:
-            raise TypeError("solve: give mesh_shape (a mesh) or devices (search the mesh)")
-        from autoshard.plan.mesh_search import search_mesh
-
-        return search_mesh(model, example_inputs, devices, devices_per_node, profile=profile, time_limit=time_limit,
-                           jobs=jobs, cache_dir=cache_dir,
-                           progress=(lambda st: progress(st.phase, st.done, st.total)) if progress else None,
-                           memory_limit=memory_limit, pins=pins, backend=backend, ties=ties, optimizer=optimizer,
-                           mixed_precision=mixed_precision, baseline=baseline, search=search, server=server,
-                           recompute=recompute)
-    prep = prepare(model, example_inputs, mesh_shape, dim_names, profile=profile, optimizer=optimizer,
-                   mixed_precision=mixed_precision, progress=progress, search=search, recompute=recompute)
-    return solve_prepared(prep, memory_limit=memory_limit, pins=pins, time_limit=time_limit, backend=backend,
-                          ties=ties, baseline=baseline, progress=progress, server=server, recompute=recompute)
 
 
 @dataclass(frozen=True, slots=True)
@@ -506,28 +497,34 @@ class BaselineResult:
 
 def compare_baselines(
     prep: Prepared,
+    options: SolveOptions | None = None,
     *,
-    memory_limit: float | None = None,
-    time_limit: float = 30.0,
-    backend: str = "cbc",
-    tp_table: Mapping[str, str | int] | None = None,
     policies: Sequence[str] | None = None,
+    **changes: Any,
 ) -> list[BaselineResult]:
     """Every applicable baseline with every recomputation policy users run
     (``policies``; default :func:`recompute_policies`), each solved with its
     pins and no memory limit (so a layout that does not fit still gets its
-    numbers; ``fits`` tells)."""
-    limit = float(prep.graph.profile.device.memory_bytes if memory_limit is None else memory_limit)
+    numbers; ``fits`` tells against ``options.memory_limit``). The rows share
+    ``options.time_limit``: each gets what is left over the rows left; a row
+    past it has no plan (its error says so)."""
+    opts = solve_options(options, changes)
+    deadline = time.perf_counter() + opts.time_limit
+    limit = float(prep.graph.profile.device.memory_bytes if opts.memory_limit is None else opts.memory_limit)
     if policies is None:
         policies = recompute_policies(prep) if prep.options.get("recompute_states", True) else ["none"]
     out = []
-    for name in applicable_baselines(prep.graph, tp_table):
-        for policy in policies:
-            try:
-                plan = solve_prepared(prep, memory_limit=1e30, time_limit=time_limit, backend=backend, baseline=name,
-                                      tp_table=tp_table, recompute=policy)
-                plan = replace(plan, estimate=replace(plan.estimate, memory_limit_bytes=limit))
-                out.append(BaselineResult(name, plan, recompute=policy))
-            except ValueError as exc:
-                out.append(BaselineResult(name, None, str(exc), recompute=policy))
+    rows = [(name, policy) for name in applicable_baselines(prep.graph, opts.tp_table) for policy in policies]
+    for n, (name, policy) in enumerate(rows):
+        left = deadline - time.perf_counter()
+        if left <= 0:
+            out.append(BaselineResult(name, None, "time limit reached before it started", recompute=policy))
+            continue
+        try:
+            row = _baseline_options(opts, name, policy, NO_MEMORY_LIMIT, left / (len(rows) - n))
+            plan = solve_prepared(prep, row.with_changes(server=None))  # the rows are priced here
+            plan = replace(plan, estimate=replace(plan.estimate, memory_limit_bytes=limit))
+            out.append(BaselineResult(name, plan, recompute=policy))
+        except ValueError as exc:
+            out.append(BaselineResult(name, None, str(exc), recompute=policy))
     return out

@@ -21,7 +21,7 @@ from typing import Any
 
 from autoshard.cli_values import parse_bytes
 
-__all__ = ["parse_bytes", "parse_pins", "add_arguments", "run", "print_baselines", "BACKEND_CHOICES", "OPTIMIZER_CHOICES",
+__all__ = ["parse_bytes", "parse_pins", "add_arguments", "run", "BACKEND_CHOICES", "OPTIMIZER_CHOICES",
            "BASELINE_CHOICES"]
 
 # Copies of solver.backends.BACKENDS, autoshard.graph.memory.OPTIMIZERS and
@@ -31,6 +31,11 @@ __all__ = ["parse_bytes", "parse_pins", "add_arguments", "run", "print_baselines
 BACKEND_CHOICES = ("cbc", "cpsat")
 OPTIMIZER_CHOICES = ("adamw", "sgd", "sgd-momentum", "none")
 BASELINE_CHOICES = ("ddp", "fsdp", "tp", "fsdp+tp")
+# What --help shows as the defaults of autoshard.plan.options.SolveOptions (which imports the solver,
+# numba included: a second to load). Flags left out take SolveOptions' own defaults, never these;
+# tests/autoshard/test_cli_bad_input.py checks that they agree.
+SHOWN_DEFAULTS = {"profile": "h100-sxm-80gb", "backend": "cbc", "optimizer": "adamw", "time_limit": 60.0,
+                  "search_time_limit": 600.0}
 
 
 def parse_pins(items: list[str]) -> dict[str, str]:
@@ -69,22 +74,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache-dir", metavar="DIR", help="with --devices: layout cache folder (default "
                         "$AUTOSHARD_CACHE_DIR or ~/.cache/autoshard/plans)")
     parser.add_argument("--no-cache", action="store_true", help="with --devices: solve every layout again")
-    parser.add_argument("--profile", default="h100-sxm-80gb", help="hardware profile name or file")
+    parser.add_argument("--profile", help=f"hardware profile name or file (default {SHOWN_DEFAULTS['profile']})")
     parser.add_argument("--memory-limit", metavar="SIZE", help="per-rank limit (default: the profile's device memory)")
     parser.add_argument("--pin", action="append", default=[], metavar="PATTERN=PLACEMENT",
                         help="fix a parameter's or input's placement by name pattern (repeatable)")
     parser.add_argument("--time-limit", type=float, metavar="S",
-                        help="solver time limit in seconds (default 60; with --devices the whole search's, "
-                             "default 600; at most a week)")
-    parser.add_argument("--backend", default="cbc", choices=BACKEND_CHOICES, help="ILP backend (default %(default)s)")
-    parser.add_argument("--optimizer", default="adamw", choices=OPTIMIZER_CHOICES,
-                        help="decides the optimizer state in memory (default %(default)s)")
+                        help=f"time limit of the whole solve in seconds (default {SHOWN_DEFAULTS['time_limit']:.0f}; "
+                             f"with --devices the whole search's, default {SHOWN_DEFAULTS['search_time_limit']:.0f}; "
+                             "at most a week)")
+    parser.add_argument("--backend", choices=BACKEND_CHOICES, help=f"ILP backend (default {SHOWN_DEFAULTS['backend']})")
+    parser.add_argument("--optimizer", choices=OPTIMIZER_CHOICES,
+                        help=f"decides the optimizer state in memory (default {SHOWN_DEFAULTS['optimizer']})")
     parser.add_argument("--mixed-precision", action="store_true", help="low-precision params with fp32 master and state")
     parser.add_argument("--no-ties", action="store_true", help="let every repeated layer choose its own strategies")
-    parser.add_argument("--search", default="auto", choices=("auto", "full", "seeded"),
+    parser.add_argument("--search", choices=("auto", "full", "seeded"),
                         help="full enumeration, or seeded from a coarser 2-D mesh (auto: seeded on 3-D+ meshes)")
     parser.add_argument("--baseline", choices=BASELINE_CHOICES, help="solve an expert layout instead")
-    parser.add_argument("--recompute", default="auto", metavar="POLICY",
+    parser.add_argument("--recompute", metavar="POLICY",
                         help="what the backward recomputes: auto (the solver decides, with the placements; default), "
                              "none, full (every block), selective (torchtitan's op-level policy), every:K (every "
                              "K-th block)")
@@ -99,7 +105,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _validate(args: argparse.Namespace) -> tuple[Any, int | None, dict[str, str], dict[str, Any]]:
-    """Every flag, checked before torch is imported or the model traced:
+    """Every flag, checked before torch (or the solver) is imported or the model traced:
     (mesh, memory limit, pins, factory overrides)."""
     from hw_profiles import load
 
@@ -111,7 +117,8 @@ def _validate(args: argparse.Namespace) -> tuple[Any, int | None, dict[str, str]
 
     split_spec(args.model)
     try:
-        parse_policy(args.recompute)
+        if args.recompute is not None:
+            parse_policy(args.recompute)
     except PolicyError as exc:
         raise ValueError(f"--recompute: {str(exc).split(': ', 1)[1]}") from None
     overrides = parse_kwargs(args.kwargs)
@@ -129,15 +136,30 @@ def _validate(args: argparse.Namespace) -> tuple[Any, int | None, dict[str, str]
         if args.no_cache:
             raise ValueError("--no-cache: only with --devices")
         mesh = parse_mesh(args.mesh, args.dims)
-    if args.time_limit is None:
-        args.time_limit = 60.0 if args.devices is None else 600.0
-    check_seconds(args.time_limit, "--time-limit")
-    load(args.profile)  # an unknown profile fails before tracing
+    if args.time_limit is not None:
+        check_seconds(args.time_limit, "--time-limit")
+    if args.profile is not None:
+        load(args.profile)  # an unknown profile fails before tracing
     limit = parse_bytes(args.memory_limit) if args.memory_limit else None
     pins = parse_pins(args.pin)
     check_output_path(args.output, "-o/--output")
     check_output_path(args.dump_problem, "--dump-problem")
     return mesh, limit, pins, overrides
+
+
+def solve_options(args: argparse.Namespace, limit: int | None, pins: dict[str, str]) -> Any:
+    """The one :class:`~autoshard.plan.options.SolveOptions` of this command: the flags
+    given, every other option its default (``--devices``: the search's time limit)."""
+    from autoshard.plan.options import DEFAULT_SEARCH_TIME_LIMIT_S, SolveOptions
+
+    given = {"profile": args.profile, "memory_limit": limit, "time_limit": args.time_limit, "backend": args.backend,
+             "optimizer": args.optimizer, "baseline": args.baseline, "search": args.search,
+             "recompute": args.recompute, "server": args.server}
+    options = SolveOptions(pins=pins, ties=not args.no_ties, mixed_precision=args.mixed_precision,
+                           **{name: value for name, value in given.items() if value is not None})
+    if args.devices is not None and args.time_limit is None:
+        options = options.with_changes(time_limit=DEFAULT_SEARCH_TIME_LIMIT_S)
+    return options
 
 
 def run(args: argparse.Namespace) -> int:
@@ -151,9 +173,9 @@ def run(args: argparse.Namespace) -> int:
 
         ServiceClient(args.server).health()
     if args.devices is not None:
-        from autoshard.plan.search_cli import run_search
+        from autoshard.plan.search_cli import run_search  # the search's own progress and output
 
-        return run_search(args, limit, pins, overrides, paths)
+        return run_search(args, solve_options(args, limit, pins), overrides, paths)
 
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -161,7 +183,9 @@ def run(args: argparse.Namespace) -> int:
     from autoshard.coverage import load_example
     from autoshard.plan.explain import explain_text
     from autoshard.plan.solve import InfeasibleMemoryError, prepare, solve_prepared
+    from autoshard.plan.solve_report_cli import dump_problem, print_baselines
 
+    options = solve_options(args, limit, pins)
     model, inputs = load_example(args.model, overrides, paths=paths)
     console = Console(stderr=True)
     # on a terminal only: piped into a log, rich's final render is a stray empty line on stderr
@@ -178,75 +202,22 @@ def run(args: argparse.Namespace) -> int:
         bar.update(tasks[phase], completed=done, total=total or 1, detail=detail)
 
     try:
-        prep = prepare(model, inputs, mesh.shape, mesh.dim_names, profile=args.profile, optimizer=args.optimizer,
-                       mixed_precision=args.mixed_precision, progress=progress, search=args.search,
-                       recompute=args.recompute)
+        prep = prepare(model, inputs, mesh.shape, mesh.dim_names, options, progress=progress)
         try:
-            plan = solve_prepared(prep, memory_limit=limit, pins=pins, time_limit=args.time_limit,
-                                  backend=args.backend, ties=not args.no_ties, baseline=args.baseline,
-                                  progress=progress, server=args.server, recompute=args.recompute)
+            plan = solve_prepared(prep, options, progress=progress)
         except InfeasibleMemoryError as exc:
             bar.stop()
             print(f"autoshard solve: {exc}", file=sys.stderr)
             return 1
         if args.dump_problem:
-            _dump_problem(prep, plan, pins, limit, args)
+            dump_problem(prep, plan, options, args.dump_problem)
     finally:
         bar.stop()
     if args.output:
         plan.save(args.output)
     print(explain_text(plan))
     if args.compare_baselines:
-        print_baselines(prep, plan, limit, args)
+        print_baselines(prep, plan, options)
     if args.output:
         print(f"\nplan written to {args.output}")
     return 0
-
-
-def print_baselines(prep: Any, plan: Any, limit: int | None, args: argparse.Namespace) -> None:
-    """The expert layouts on ``prep``'s mesh, each with its recomputation policies, priced
-    beside ``plan`` (``--compare-baselines``)."""
-    from autoshard.plan.solve import compare_baselines
-
-    rows = compare_baselines(prep, memory_limit=limit, time_limit=min(args.time_limit, 30.0), backend=args.backend)
-    print("\n| layout | recompute | step ms | compute ms | comm ms | recompute ms | peak memory | fits |\n"
-          "|---|---|---:|---:|---:|---:|---:|---|")
-    print(_row("solved", plan, args.recompute))
-    for r in rows:
-        print(_row(r.name, r.plan, r.recompute) if r.plan
-              else f"| {r.name} | {r.recompute} | - | - | - | - | - | {r.error} |")
-
-
-def _row(name: str, plan: Any, recompute: str) -> str:
-    from autoshard.cli_values import format_bytes
-
-    e = plan.estimate
-    return (f"| {name} | {recompute} | {e.step_s * 1e3:.3f} | {e.compute_s * 1e3:.3f} "
-            f"| {(e.comm_s + e.relayout_s) * 1e3:.3f} | {e.recompute_s * 1e3:.3f} "
-            f"| {format_bytes(e.peak_memory_bytes)} | {'yes' if e.fits else 'no'} |")
-
-
-def _dump_problem(prep: Any, plan: Any, pins: dict[str, str], limit: int | None, args: argparse.Namespace) -> None:
-    """The problem with its ``"autoshard"`` section (``autoshard.plan.assemble.PlanRequest``):
-    solved by ``autoshard serve`` (``POST /v1/plans``) it gives back this plan
-    (unless an expert layout won the portfolio: ``plan.options["portfolio"]``)."""
-    import json
-
-    from autoshard.graph.problem import to_problem
-    from autoshard.plan.baselines import baseline_allowed, baseline_pins
-    from autoshard.plan.build import plan_request
-    from autoshard.plan.pins import resolve_pins
-    from autoshard.plan.solve import PLAN_GAP, PORTFOLIO_SHARE
-    from solver.io import write_text_atomic
-
-    all_pins = dict(baseline_pins(prep.graph, args.baseline)) if args.baseline else {}
-    all_pins.update(pins)
-    allowed = baseline_allowed(prep.graph, args.baseline) if args.baseline else None
-    problem = to_problem(prep.graph, memory_limit=plan.estimate.memory_limit_bytes,
-                         pins=resolve_pins(prep.graph, all_pins), ties=not args.no_ties, labels=True,
-                         recompute=args.recompute, allowed=allowed)
-    share = PORTFOLIO_SHARE if args.baseline is None and not pins else 0.0
-    data = plan_request(prep.graph, problem, fingerprint=plan.fingerprint, options=plan.options,
-                        timings=prep.timings,
-                        solve={"time_limit": args.time_limit * (1 - share), "backend": args.backend, "gap": PLAN_GAP})
-    write_text_atomic(args.dump_problem, json.dumps(data, allow_nan=False) + "\n")

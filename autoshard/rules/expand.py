@@ -35,7 +35,7 @@ Pruning, and why the optimum of the strategy graph is kept:
 
 >>> import torch
 >>> from autoshard.rules.core import OpCall, SingleDimStrategy, TensorMeta, S
->>> from autoshard.rules.registry import Rule
+>>> from autoshard.rules.rule import Rule
 >>> from autoshard.rules.compute import elementwise
 >>> x = TensorMeta((4, 6), torch.float32)
 >>> neg = Rule(torch.ops.aten.neg.default, "demo", lambda c: [SingleDimStrategy(S(0), S(0)), SingleDimStrategy(S(1), S(1))], elementwise())
@@ -54,7 +54,7 @@ from costmodel.layout import max_local_shape
 from costmodel.placements import Partial, Placement, Replicate, Shard, StridedShard
 
 from autoshard.rules.core import OpCall, OpStrategy, ShardPlaceholder, SingleDimStrategy, TensorMeta
-from autoshard.rules.registry import Rule, RuleError, op_name
+from autoshard.rules.rule import Rule, RuleError, op_name
 
 __all__ = [
     "expand_rule",

@@ -39,19 +39,14 @@ import importlib
 import importlib.util
 import logging
 import time
-from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import torch
 from torch._ops import OpOverload
 
-from autoshard.rules.core import (
-    OpCall,
-    OpCompute,
-    OpStrategy,
-    SingleDimStrategy,
-    TensorMeta,
-)
+from autoshard.rules.core import OpCall, OpCompute, OpStrategy, TensorMeta
+from autoshard.rules.expand import expand_rule, local_call, replicate_only
+from autoshard.rules.rule import ComputeFn, NamedRule, Rule, RuleError, SampleInput, SingleDimFn, op_name
 
 __all__ = [
     "Rule",
@@ -64,106 +59,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-SingleDimFn = Callable[[OpCall], Sequence[SingleDimStrategy]]
-"""A rule: the single-dim strategies of one call (placeholders allowed)."""
-ComputeFn = Callable[[OpCall], OpCompute]
-"""What one call costs, from the (local) shapes in the call."""
-LocalizeFn = Callable[[tuple, dict, OpCall], tuple[tuple, dict]]
-"""(args with local tensors, kwargs, call with local shapes) -> args and kwargs
-to run the op on one rank's shards (e.g. the target shape of a view)."""
-SampleFn = Callable[[Any], Iterable["SampleInput"]]
-"""Random valid inputs for the validator, from a :class:`autoshard.rules.samples.Sampler`."""
-ContractFn = Callable[[tuple, dict, tuple], "str | None"]
-"""For random ops: (global args, kwargs, unsharded outputs) -> None if the
-outputs satisfy the op's contract, else a message."""
-
-
-class RuleError(ValueError):
-    """A rule that does not fit its op (wrong number of placements, bad dim)."""
-
-
-def op_name(op: Any) -> str:
-    """``aten.mm.default`` for ``torch.ops.aten.mm.default``."""
-    if isinstance(op, OpOverload):
-        return f"{op.namespace}.{op._opname}.{op._overloadname}"
-    return str(op)
-
-
-@dataclass(frozen=True, slots=True)
-class SampleInput:
-    """One random, valid call of an op with real tensors, for the validator."""
-
-    args: tuple
-    kwargs: dict
-
-
-@dataclass(frozen=True, slots=True)
-class Rule:
-    """The sharding rule of one op.
-
-    >>> # registered through RuleRegistry.family("matmul")(aten.mm.default, ...)
-    """
-
-    op: OpOverload
-    """The aten overload the rule covers."""
-    family: str
-    """The family module that registered it (``matmul``, ``pointwise``, ...)."""
-    single_dim: SingleDimFn
-    """Single-dim strategies for a call; the all-replicate one is implied."""
-    compute: ComputeFn
-    """Compute description for the cost model, from local shapes."""
-    samples: SampleFn | None = None
-    """Random valid inputs for the validator (None: not validated, see ``note``)."""
-    localize: LocalizeFn | None = None
-    """Adjusts non-tensor args (sizes) for local shards; None: args unchanged."""
-    uneven: bool = True
-    """Whether the rule stays exact when a tensor dim is split unevenly."""
-    strided: bool = True
-    """Whether placeholders may be filled with strided shards."""
-    shape_dependent: bool = False
-    """Re-run ``single_dim`` per mesh dim on local shapes (views, reshapes)."""
-    contract: ContractFn | None = None
-    """Random ops: checked by contract instead of values."""
-    reference: Callable[..., Any] | None = None
-    """A CPU implementation the validator runs in place of an op that has no
-    CPU kernel (same arguments, same outputs)."""
-    extremes: bool = True
-    """Whether the validator feeds ``-inf`` and ``finfo.min``: False where
-    the kernel's own result at those values depends on the tensor's shape
-    (vectorised and scalar loops disagree), which no rule can reproduce."""
-    error_bound: Callable[[Any, tuple, dict], Any] | None = None
-    """Where the kernel's rounding depends on shapes (BLAS): (op, args,
-    kwargs) -> per output a bound on |computed - exact| for any evaluation
-    order (:mod:`autoshard.rules.error_bounds`); the validator then compares
-    with the op run in float64 within it instead of a fixed tolerance."""
-    note: str = ""
-    """Why the rule is restricted or not validated (shown by the validator)."""
-
-
-@dataclass(frozen=True, slots=True)
-class NamedRule:
-    """The rule of an op that exists only once a library defines it, registered by the op's name.
-
-    >>> named = NamedRule("mylib.op.default", "demo", lambda op: None, "mylib.ops")
-    >>> named.package
-    'mylib'
-    """
-
-    name: str
-    """The op's name as :func:`op_name` prints it (``transformers.grouped_mm_fallback.default``)."""
-    family: str
-    """The family module that registered it."""
-    make: Callable[[OpOverload], Rule]
-    """Builds the :class:`Rule` for the op once it exists."""
-    module: str
-    """The Python module whose import defines the op (``transformers.integrations.moe``)."""
-
-    @property
-    def package(self) -> str:
-        """The top-level package of :attr:`module` (is it installed?)."""
-        return self.module.split(".")[0]
-
 
 def _defined_op(name: str) -> OpOverload | None:
     """The op ``namespace.op.overload`` if some import has defined it already (nothing is imported here)."""
@@ -223,8 +118,6 @@ def _expand_or_explain(rule: Rule, call: OpCall, mesh: tuple[int, ...], allow_un
     """:func:`~autoshard.rules.expand.expand_rule`, with any failure of the
     rule turned into one :class:`RuleError` that names the op and the call
     (a rule bug must read as one, not as an ``IndexError`` deep in a rule)."""
-    from autoshard.rules.expand import expand_rule
-
     try:
         return expand_rule(rule, call, mesh, allow_uneven=allow_uneven, strided_factors=factors)
     except Exception as exc:  # noqa: BLE001 - re-raised with the call named
@@ -457,7 +350,6 @@ class RuleRegistry:
             return list(cached)
         start = time.perf_counter()
         from autoshard.rules.calls import OutputsUnknown
-        from autoshard.rules.expand import replicate_only
 
         try:
             call = self.op_call(op, args_meta, kw, out_meta=out_meta)
@@ -516,8 +408,6 @@ class RuleRegistry:
     ) -> OpCompute:
         """Compute of the busiest rank when ``op`` runs with ``strategy``: the
         rule's compute on the largest local shard of every tensor."""
-        from autoshard.rules.expand import local_call
-
         call = self.op_call(op, args_meta, kwargs, out_meta=out_meta)
         local = local_call(call, strategy, tuple(mesh_shape))
         rule = self.rule_for(op)

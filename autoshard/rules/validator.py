@@ -36,7 +36,7 @@ uneven splits.
 
 Command line::
 
-    python -m autoshard.rules.validator --op aten.mm.default
+    python -m autoshard.validate_rules --op aten.mm.default
     autoshard validate-rules [--op NAME] [--family NAME] [--cases N]
 
 >>> from autoshard.rules import load_rules
@@ -49,10 +49,8 @@ Command line::
 
 from __future__ import annotations
 
-import argparse
 import fnmatch
 import random
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
@@ -69,7 +67,6 @@ from autoshard.rules.core import OpCall, OpStrategy, TensorMeta, to_meta
 from autoshard.rules.expand import expand_rule
 from autoshard.rules.registry import Rule, RuleRegistry, SampleInput, op_name
 from autoshard.rules.samples import VARIANTS, Sampler, variant
-from autoshard.validate_rules import add_arguments, run
 
 __all__ = [
     "TOLERANCE",
@@ -82,7 +79,8 @@ __all__ = [
     "validate_rule",
     "validate_registry",
     "format_reports",
-    "run_checked",
+    "select_ops",
+    "unavailable_named",
 ]
 
 
@@ -465,7 +463,7 @@ def _matches(name: str, pattern: str) -> bool:
             or name.split(".")[1] == pattern)
 
 
-def _selected_named(registry: RuleRegistry, patterns: Sequence[str], families: Sequence[str]) -> list[str]:
+def unavailable_named(registry: RuleRegistry, patterns: Sequence[str], families: Sequence[str]) -> list[str]:
     """Names of the rules registered by name (library ops) that the selection asks for."""
     return [named.name for named in registry.named_rules()
             if (not families or named.family in families)
@@ -478,7 +476,7 @@ def select_ops(registry: RuleRegistry, patterns: Sequence[str] = (), families: S
     when none given. Library ops registered by name are defined first when
     the selection asks for them and their library is installed
     (``RuleRegistry.define_named``: imports it)."""
-    if _selected_named(registry, patterns, families):
+    if unavailable_named(registry, patterns, families):
         registry.define_named()
     ops = registry.ops()
     if families:
@@ -528,36 +526,3 @@ def format_reports(reports: Sequence[RuleReport], *, show_failures: int = 3) -> 
         for f in r.failures[:show_failures]:
             lines.append(f"FAIL {r.op}: {f}")
     return "\n".join(lines)
-
-
-# --------------------------------------------------------------------------- command line
-
-
-def run_checked(args: argparse.Namespace) -> int:
-    """Validate the selected rules (flags already checked by ``autoshard.validate_rules``), print the table; 1 if any failed."""
-    from autoshard.rules import load_rules
-
-    registry = load_rules()
-    ops = select_ops(registry, args.op, args.family)
-    reports = validate_registry(registry, ops, cases=args.cases, seed=args.seed, max_strategies=args.max_strategies)
-    print(format_reports(reports, show_failures=args.failures))
-    unavailable = _selected_named(registry, args.op, args.family)
-    if unavailable:
-        packages = sorted({n.package for n in registry.named_rules() if n.name in unavailable})
-        print(f"not checked ({', '.join(packages)} not installed, or its import failed): {', '.join(unavailable)}")
-    return 0 if all(r.ok for r in reports) else 1
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m autoshard.rules.validator", description=__doc__.splitlines()[0])
-    add_arguments(parser)
-    args = parser.parse_args(argv)
-    try:
-        return run(args)
-    except ValueError as exc:
-        print(f"validate-rules: error: {exc}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

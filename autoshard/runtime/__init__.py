@@ -13,9 +13,10 @@
 """
 
 from autoshard.runtime.collectives import TRACE_ENV, CollectiveRecord, MeshComm
-from autoshard.runtime.execute import JointRunner, RuntimeLoadError, local_slice
+from autoshard.runtime.execute import JointRunner, RuntimeLoadError
 from autoshard.runtime.module import ShardedModule, shard, to_dtensor_placements
 from autoshard.runtime.process_group import destroy_process_groups, init_process_group
+from autoshard.runtime.shards import local_slice
 
 __all__ = ["TRACE_ENV", "CollectiveRecord", "MeshComm", "JointRunner", "RuntimeLoadError", "local_slice",
            "ShardedModule", "shard", "to_dtensor_placements", "destroy_process_groups", "init_process_group"]

@@ -52,119 +52,63 @@ from hw_profiles import load as load_profile
 
 from autoshard.plan.build import make_fingerprint
 from autoshard.plan.format import Fingerprint, Plan, PlanError
+from autoshard.plan.cache_folder import cache_folder, default_cache_dir
+from autoshard.plan.options import SolveOptions, profile_for_device, solve_options
+from autoshard.plan.solve import prepare, solve_prepared
 from autoshard.runtime.module import ShardedModule
+from autoshard.runtime.rank_agreement import MeshSizeError, RankSetupError, agree, broadcast_plan, comm_device
 from autoshard.trace import TracedGraph, trace_joint
 
 __all__ = ["autoshard", "MeshSizeError", "RankSetupError", "default_profile", "default_cache_dir", "cache_key"]
 
 log = logging.getLogger(__name__)
 
-CACHE_ENV = "AUTOSHARD_CACHE_DIR"
-"""Overrides the default plan cache folder (``~/.cache/autoshard/plans``)."""
-
-# Header codes of the plan broadcast: where rank 0's plan came from, or an error.
-_SOURCES = ("given", "cache", "solved")
-_ERROR = len(_SOURCES)
-
-
-class MeshSizeError(ValueError):
-    """The mesh does not cover exactly the ranks of the job."""
-
-
-class RankSetupError(RuntimeError):
-    """Another rank failed while setting up; names that rank and its error."""
-
-
 def default_profile(mesh: Any) -> str:
     """The hardware profile priced when none is given: ``cpu-gloo`` on a CPU mesh,
-    ``h100-sxm-80gb`` otherwise.
+    ``h100-sxm-80gb`` otherwise (:func:`autoshard.plan.options.profile_for_device`).
 
     >>> class M: device_type = "cpu"
     >>> default_profile(M())
     'cpu-gloo'
     """
-    return "cpu-gloo" if getattr(mesh, "device_type", "cpu") == "cpu" else "h100-sxm-80gb"
+    return profile_for_device(getattr(mesh, "device_type", "cpu"))
 
 
-def default_cache_dir() -> Path:
-    """``$AUTOSHARD_CACHE_DIR``, else ``$XDG_CACHE_HOME/autoshard/plans`` (``~/.cache`` by default)."""
-    if os.environ.get(CACHE_ENV):
-        return Path(os.environ[CACHE_ENV])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "autoshard" / "plans"
 
 
-def cache_key(fingerprint: Fingerprint, memory_limit: float | None, pins: Mapping[str, str] | None,
-              recompute: str = "auto") -> str:
+_NOT_IN_CACHE_KEY = ("profile", "time_limit", "server", "memory_limit", "pins")
+"""Options outside the key's extra fields: the profile is in the fingerprint, the time
+limit and server do not change what is asked, the memory limit and pins are always in it."""
+
+
+def cache_key(fingerprint: Fingerprint, options: SolveOptions) -> str:
     """Hex sha256 of what decides the plan: the fingerprint (graph, mesh, profile,
     versions) and the solve options that change the answer (not ``time_limit``).
+    Options at their default are left out, so keys of plans cached before an
+    option existed stay valid.
 
     >>> fp = Fingerprint("sha256:ab", (2, 2), ("dp", "tp"), "cpu-gloo@sha256:cd", "2.13.0", "0.1.0")
-    >>> cache_key(fp, None, None) == cache_key(fp, None, {}), cache_key(fp, 1e9, None) == cache_key(fp, None, None)
-    (True, False)
+    >>> cache_key(fp, SolveOptions()) == cache_key(fp, SolveOptions(pins={}))
+    True
+    >>> cache_key(fp, SolveOptions(memory_limit=1e9)) == cache_key(fp, SolveOptions())
+    False
     """
-    what = {"fingerprint": fingerprint.to_dict(), "memory_limit": memory_limit, "pins": dict(sorted((pins or {}).items()))}
-    if recompute != "auto":  # the default keeps the keys of plans cached before the option existed
-        what["recompute"] = recompute
+    what: dict[str, Any] = {"fingerprint": fingerprint.to_dict(), "memory_limit": options.memory_limit,
+                            "pins": dict(sorted(options.pins.items()))}
+    defaults = SolveOptions().fields()
+    for name, value in options.fields().items():
+        if name not in _NOT_IN_CACHE_KEY and value != defaults[name]:
+            what[name] = value
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
 
 
-def _comm_device() -> torch.device:
-    # NCCL only moves CUDA tensors; gloo (and a cpu:gloo,cuda:nccl mix) takes CPU tensors
-    if dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
-def _broadcast_bytes(code: int, payload: bytes | None, src: int, device: torch.device) -> tuple[int, bytes]:
-    """``(code, payload)`` of rank ``src`` on every rank: a length header, then the bytes."""
-    is_src = dist.get_rank() == src
-    header = torch.tensor([code, len(payload or b"")] if is_src else [0, 0], dtype=torch.int64, device=device)
-    dist.broadcast(header, src=src)
-    code, n = (int(v) for v in header.tolist())
-    if is_src:
-        if n:
-            dist.broadcast(torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(device), src=src)
-        return code, payload or b""
-    buf = torch.empty(n, dtype=torch.uint8, device=device)
-    if n:
-        dist.broadcast(buf, src=src)
-    # a fresh tensor's storage holds exactly its n bytes
-    return code, bytes(buf.cpu().untyped_storage())
-
-
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split()) or "(no message)"
-    return f"{type(exc).__name__}: {text}"
-
-
-def _agree(error: BaseException | None, device: torch.device) -> None:
-    """Raise on every rank if any rank has an ``error``: that rank raises its own, the
-    others :class:`RankSetupError` with the first failing rank's message. One
-    ``all_reduce`` when all is well (so no rank goes on into collectives alone)."""
-    world, rank = dist.get_world_size(), dist.get_rank()
-    message = _one_line(error).encode() if error is not None else b""
-    lengths = torch.zeros(world, dtype=torch.int64, device=device)
-    lengths[rank] = len(message)
-    dist.all_reduce(lengths)
-    failed = [r for r, n in enumerate(lengths.tolist()) if n]
-    if not failed:
-        return
-    _, text = _broadcast_bytes(0, message, failed[0], device)
-    if error is not None:
-        raise error
-    others = f" (and rank(s) {', '.join(map(str, failed[1:]))})" if len(failed) > 1 else ""
-    raise RankSetupError(f"rank {failed[0]} failed{others}: {text.decode(errors='replace')}")
-
-
-def _rank0_plan(model: nn.Module, example_inputs: Any, mesh_spec: MeshSpec, prof: HardwareProfile,
-                here: Fingerprint, plan: Plan | str | os.PathLike[str] | None, cache: Path | None,
-                memory_limit: float | None, pins: Mapping[str, str] | None, time_limit: float,
-                recompute: str = "auto") -> tuple[str, Plan]:
-    """Rank 0's plan and where it came from: given, cached, or solved (then cached)."""
+def _rank0_plan(traced: TracedGraph, mesh_spec: MeshSpec, options: SolveOptions, here: Fingerprint,
+                plan: Plan | str | os.PathLike[str] | None, cache: Path | None) -> tuple[str, Plan]:
+    """Rank 0's plan and where it came from: given, cached, or solved (then cached) on
+    ``traced``, the trace this rank made for its fingerprint (the model is traced once)."""
     if plan is not None:
         return "given", plan if isinstance(plan, Plan) else Plan.load(plan)
-    path = None if cache is None else cache / f"{cache_key(here, memory_limit, pins, recompute)}.json"
+    path = None if cache is None else cache / f"{cache_key(here, options)}.json"
     if path is not None and path.exists():
         try:
             cached = Plan.load(path, expect=here)
@@ -172,11 +116,9 @@ def _rank0_plan(model: nn.Module, example_inputs: Any, mesh_spec: MeshSpec, prof
             return "cache", cached
         except PlanError as exc:  # a damaged or stale file: solve again and overwrite it
             log.warning("autoshard: ignoring cached plan %s (%s)", path, exc)
-    from autoshard.plan.solve import prepare, solve_prepared
-
     t0 = time.perf_counter()
-    prep = prepare(model, example_inputs, mesh_spec.shape, mesh_spec.dim_names, profile=prof, recompute=recompute)
-    solved = solve_prepared(prep, memory_limit=memory_limit, pins=pins, time_limit=time_limit, recompute=recompute)
+    prep = prepare(None, None, mesh_spec.shape, mesh_spec.dim_names, options, traced=traced)
+    solved = solve_prepared(prep, options)
     log.info("autoshard: solved in %.1f s (%s)", time.perf_counter() - t0, solved.solver.status)
     if path is not None:
         try:
@@ -191,27 +133,27 @@ def autoshard(
     model: nn.Module,
     mesh: Any = None,
     example_inputs: Sequence[torch.Tensor] | Mapping[str, torch.Tensor] | None = None,
+    options: SolveOptions | None = None,
     *,
     devices: int | None = None,
     devices_per_node: int | None = None,
-    profile: str | HardwareProfile | None = None,
-    memory_limit: float | None = None,
-    pins: Mapping[str, str] | None = None,
-    time_limit: float = 60.0,
     plan: Plan | str | os.PathLike[str] | None = None,
     cache_dir: str | os.PathLike[str] | bool | None = None,
     local_inputs: bool = False,
     trace_collectives: bool | None = None,
     allow_profile_change: bool = False,
-    recompute: str = "auto",
     compile: bool = False,
+    **changes: Any,
 ) -> ShardedModule:
     """``model`` sharded on ``mesh`` by a plan solved on rank 0 (module docstring).
 
     ``example_inputs``: the whole batch (shapes and dtypes of every step).
-    ``profile``: hardware profile name; default :func:`default_profile`.
-    ``memory_limit`` (bytes per device), ``pins`` and ``time_limit`` go to the
-    solver. ``plan``: a :class:`Plan` or plan file to use instead of solving
+    ``options``: the :class:`~autoshard.plan.options.SolveOptions` of rank 0's
+    solve, or its fields as keywords (``profile``, ``memory_limit`` in bytes
+    per device, ``pins``, ``time_limit``, ``recompute``, ...), which change
+    ``options`` when both are given. Without ``options`` and ``profile`` (or
+    with ``profile=None``), the profile is :func:`default_profile` of the mesh.
+    ``plan``: a :class:`Plan` or plan file to use instead of solving
     (its fingerprint is checked on every rank). ``cache_dir``: folder of
     cached plans (default :func:`default_cache_dir`; ``False`` disables the
     cache). ``local_inputs`` and ``trace_collectives``: as
@@ -223,9 +165,8 @@ def autoshard(
     ``LOCAL_WORLD_SIZE``) by a mesh search on rank 0, then built on every rank
     with the plan's shape and dim names (:mod:`autoshard.runtime.mesh_choice`;
     ``time_limit`` is the whole search's). ``recompute``: the recomputation
-    policy passed to :func:`autoshard.solve` (``auto``, ``none``, ``full``,
-    ``selective``, ``every:K``). ``compile``: compile the per-rank step with
-    inductor (``ShardedModule``).
+    policy (``auto``, ``none``, ``full``, ``selective``, ``every:K``).
+    ``compile``: compile the per-rank step with inductor (``ShardedModule``).
 
     Raises :class:`MeshSizeError` when the mesh is not the whole job,
     :class:`~autoshard.plan.format.PlanError` for a plan of another model,
@@ -241,14 +182,17 @@ def autoshard(
                            "first (or use autoshard.solve offline)")
     if example_inputs is None:
         raise TypeError("autoshard: example_inputs is required (the whole batch of one step)")
+    if "profile" in changes and changes["profile"] is None:  # the keyword form's "no profile given"
+        del changes["profile"]
+    device_default = options is None and "profile" not in changes
+    opts = solve_options(options, changes)
     if mesh is None:  # the plan chooses the mesh
         from autoshard.runtime.mesh_choice import autoshard_on_chosen_mesh
 
         return autoshard_on_chosen_mesh(
-            model, example_inputs, devices=devices, devices_per_node=devices_per_node, profile=profile,
-            memory_limit=memory_limit, pins=pins, time_limit=time_limit, plan=plan, cache_dir=cache_dir,
-            local_inputs=local_inputs, trace_collectives=trace_collectives, allow_profile_change=allow_profile_change,
-            recompute=recompute, compile=compile)
+            model, example_inputs, opts, device_default=device_default, devices=devices,
+            devices_per_node=devices_per_node, plan=plan, cache_dir=cache_dir, local_inputs=local_inputs,
+            trace_collectives=trace_collectives, allow_profile_change=allow_profile_change, compile=compile)
     if devices is not None or devices_per_node is not None:
         raise TypeError("autoshard: devices / devices_per_node choose a mesh: pass them with mesh=None, not with a mesh")
     world = dist.get_world_size()
@@ -256,12 +200,11 @@ def autoshard(
         raise MeshSizeError(f"mesh {'x'.join(map(str, mesh.shape))} has {mesh.size()} ranks, the job {world}: "
                             "the mesh must cover every rank")
     mesh_spec = MeshSpec(tuple(int(m) for m in mesh.shape), tuple(mesh.mesh_dim_names or ()))
-    prof = profile if isinstance(profile, HardwareProfile) else load_profile(profile or default_profile(mesh))
-    cache: Path | None = None
-    if cache_dir is not False:
-        cache = default_cache_dir() if cache_dir in (None, True) else Path(cache_dir)
-    device = _comm_device()
-    rank = dist.get_rank()
+    profile = default_profile(mesh) if device_default else opts.profile
+    prof = profile if isinstance(profile, HardwareProfile) else load_profile(profile)
+    opts = opts.with_changes(profile=prof)
+    cache = cache_folder(cache_dir)
+    device = comm_device()
 
     # 1. every rank: its own graph and fingerprint (fake tensors, no communication)
     error: BaseException | None = None
@@ -270,26 +213,11 @@ def autoshard(
     try:
         traced = trace_joint(model, example_inputs)
         here = make_fingerprint(traced, mesh_spec.shape, mesh_spec.dim_names, prof)
-    except Exception as exc:  # noqa: BLE001 - reported to every rank by _agree
+    except Exception as exc:  # noqa: BLE001 - reported to every rank by agree
         error = exc
 
     # 2-3. rank 0: the plan, broadcast as JSON (or its error)
-    payload, code = None, _ERROR
-    if rank == 0:
-        if error is not None:
-            payload = _one_line(error).encode()
-        else:
-            try:
-                source, chosen = _rank0_plan(model, example_inputs, mesh_spec, prof, here, plan, cache,
-                                             memory_limit, pins, time_limit, recompute)
-                code, payload = _SOURCES.index(source), json.dumps(chosen.to_dict()).encode("utf-8")
-            except Exception as exc:  # noqa: BLE001 - broadcast, then raised on rank 0 too
-                error, payload = exc, _one_line(exc).encode()
-    code, payload = _broadcast_bytes(code, payload, 0, device)
-    if code == _ERROR:
-        if error is not None:
-            raise error
-        raise RankSetupError(f"rank 0 failed: {payload.decode(errors='replace')}")
+    source, payload = broadcast_plan(error, lambda: _rank0_plan(traced, mesh_spec, opts, here, plan, cache), device)
 
     # 4. every rank: the plan must be for its own graph, mesh and profile; all agree
     received: Plan | None = None
@@ -297,12 +225,12 @@ def autoshard(
         try:
             received = Plan.from_dict(json.loads(payload.decode("utf-8")))
             received.check(here, allow_profile_change=allow_profile_change and plan is not None)
-        except Exception as exc:  # noqa: BLE001 - reported to every rank by _agree
+        except Exception as exc:  # noqa: BLE001 - reported to every rank by agree
             error = exc
-    _agree(error, device)
+    agree(error, device)
 
     # 5. shard (load-time checks are deterministic: every rank passes or fails alike)
     sharded = ShardedModule(model, mesh, received, example_inputs, local_inputs=local_inputs,
                             trace_collectives=trace_collectives, traced=traced, compile=compile)
-    sharded.plan_source = _SOURCES[code]
+    sharded.plan_source = source
     return sharded

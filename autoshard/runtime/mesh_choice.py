@@ -36,7 +36,9 @@ from hw_profiles import load as load_profile
 
 from autoshard.plan.build import make_fingerprint
 from autoshard.plan.format import Plan
+from autoshard.plan.options import SolveOptions, profile_for_device
 from autoshard.runtime.module import ShardedModule
+from autoshard.runtime.rank_agreement import MeshSizeError, agree, broadcast_plan, comm_device
 
 __all__ = ["autoshard_on_chosen_mesh", "node_size_from_env"]
 
@@ -54,63 +56,45 @@ def node_size_from_env(profile: HardwareProfile, devices: int) -> int | None:
 def autoshard_on_chosen_mesh(
     model: nn.Module,
     example_inputs: Sequence[Any] | Mapping[str, Any],
+    options: SolveOptions,
     *,
+    device_default: bool,
     devices: int | None,
     devices_per_node: int | None,
-    profile: str | HardwareProfile | None,
-    memory_limit: float | None,
-    pins: Mapping[str, str] | None,
-    time_limit: float,
     plan: Plan | str | os.PathLike[str] | None,
     cache_dir: str | os.PathLike[str] | bool | None,
     local_inputs: bool,
     trace_collectives: bool | None,
     allow_profile_change: bool,
-    recompute: str = "auto",
     compile: bool = False,
 ) -> ShardedModule:
-    """:func:`autoshard.runtime.api.autoshard` with ``mesh=None`` (module docstring)."""
+    """:func:`autoshard.runtime.api.autoshard` with ``mesh=None`` (module docstring);
+    ``device_default``: price the default profile of the job's device type instead of
+    ``options.profile`` (none was given)."""
     from torch.distributed.device_mesh import init_device_mesh
 
     from autoshard.plan.layouts import profile_for_nodes
-    from autoshard.runtime.api import (_ERROR, _SOURCES, MeshSizeError, RankSetupError, _agree, _broadcast_bytes,
-                                       _comm_device, _one_line)
     from autoshard.trace import trace_joint
 
     world = dist.get_world_size()
     devices = world if devices is None else devices
     if devices != world:
         raise MeshSizeError(f"devices={devices}, the job has {world} ranks: the mesh must cover every rank")
-    device = _comm_device()
-    prof = profile if isinstance(profile, HardwareProfile) else load_profile(
-        profile or ("cpu-gloo" if device.type == "cpu" else "h100-sxm-80gb"))
+    device = comm_device()
+    profile = profile_for_device(device.type) if device_default else options.profile
+    prof = profile if isinstance(profile, HardwareProfile) else load_profile(profile)
     node = devices_per_node if devices_per_node is not None else node_size_from_env(prof, devices)
-    rank = dist.get_rank()
 
     error: BaseException | None = None
     traced = None
     try:
         prof = profile_for_nodes(prof, node)
         traced = trace_joint(model, example_inputs)
-    except Exception as exc:  # noqa: BLE001 - reported to every rank by _agree
+    except Exception as exc:  # noqa: BLE001 - reported to every rank by agree
         error = exc
 
-    payload, code = None, _ERROR
-    if rank == 0:
-        if error is not None:
-            payload = _one_line(error).encode()
-        else:
-            try:
-                source, chosen = _rank0_plan(model, example_inputs, devices, node, prof, memory_limit, pins,
-                                             time_limit, plan, cache_dir, recompute)
-                code, payload = _SOURCES.index(source), json.dumps(chosen.to_dict()).encode("utf-8")
-            except Exception as exc:  # noqa: BLE001 - broadcast, then raised on rank 0 too
-                error, payload = exc, _one_line(exc).encode()
-    code, payload = _broadcast_bytes(code, payload, 0, device)
-    if code == _ERROR:
-        if error is not None:
-            raise error
-        raise RankSetupError(f"rank 0 failed: {payload.decode(errors='replace')}")
+    source, payload = broadcast_plan(
+        error, lambda: _rank0_plan(traced, devices, node, options.with_changes(profile=prof), plan, cache_dir), device)
 
     received: Plan | None = None
     if error is None:
@@ -122,24 +106,23 @@ def autoshard_on_chosen_mesh(
                                     f"{world} ranks")
             here = make_fingerprint(traced, fp.mesh_shape, fp.dim_names, prof)
             received.check(here, allow_profile_change=allow_profile_change and plan is not None)
-        except Exception as exc:  # noqa: BLE001 - reported to every rank by _agree
+        except Exception as exc:  # noqa: BLE001 - reported to every rank by agree
             error = exc
-    _agree(error, device)
+    agree(error, device)
 
     fp = received.fingerprint
     mesh = init_device_mesh(device.type, fp.mesh_shape, mesh_dim_names=fp.dim_names)
     sharded = ShardedModule(model, mesh, received, example_inputs, local_inputs=local_inputs,
                             trace_collectives=trace_collectives, traced=traced, compile=compile)
-    sharded.plan_source = _SOURCES[code]
+    sharded.plan_source = source
     return sharded
 
 
-def _rank0_plan(model: nn.Module, example_inputs: Any, devices: int, node: int | None, prof: HardwareProfile,
-                memory_limit: float | None, pins: Mapping[str, str] | None, time_limit: float,
+def _rank0_plan(traced: Any, devices: int, node: int | None, options: SolveOptions,
                 plan: Plan | str | os.PathLike[str] | None,
-                cache_dir: str | os.PathLike[str] | bool | None, recompute: str = "auto") -> tuple[str, Plan]:
-    """Rank 0's plan and where it came from: given, or searched (``cache`` when
-    the chosen layout came from the layout cache)."""
+                cache_dir: str | os.PathLike[str] | bool | None) -> tuple[str, Plan]:
+    """Rank 0's plan and where it came from: given, or searched on ``traced``, this
+    rank's own trace (``cache`` when the chosen layout came from the layout cache)."""
     import logging
 
     from autoshard.plan.mesh_search import search_mesh
@@ -147,8 +130,7 @@ def _rank0_plan(model: nn.Module, example_inputs: Any, devices: int, node: int |
     if plan is not None:
         return "given", plan if isinstance(plan, Plan) else Plan.load(plan)
     t0 = time.perf_counter()
-    found = search_mesh(model, example_inputs, devices, node, profile=prof, time_limit=time_limit, jobs=1,
-                        cache_dir=cache_dir, memory_limit=memory_limit, pins=pins, recompute=recompute)
+    found = search_mesh(None, None, devices, node, options, jobs=1, cache_dir=cache_dir, traced=traced)
     rows = found.options["mesh_search"]["layouts"]
     chosen = next(r for r in rows if r["chosen"])
     logging.getLogger(__name__).info("autoshard: mesh %s chosen of %d layouts in %.1f s",

@@ -73,8 +73,9 @@ from costmodel.placements import Partial, Placement, Replicate, Shard, StridedSh
 
 from autoshard.plan.format import Plan
 from autoshard.runtime.collectives import CollectiveRecord, MeshComm
+from autoshard.runtime.execute import JointRunner, RuntimeLoadError, placements_of
 from autoshard.runtime.random_ops import sync_rng_state
-from autoshard.runtime.execute import JointRunner, RuntimeLoadError, local_slice, placements_of
+from autoshard.runtime.shards import local_slice
 from autoshard.trace import TracedGraph, trace_joint
 
 __all__ = ["ShardedModule", "shard", "to_dtensor_placements"]

@@ -43,6 +43,7 @@ from torch._ops import OpOverload
 from costmodel.placements import Partial, Placement, Replicate
 
 from autoshard.rules.calls import bind_args
+from autoshard.runtime.shards import local_slice
 
 __all__ = ["SLICEABLE", "random_kind", "run_random", "sync_rng_state"]
 
@@ -79,8 +80,6 @@ def random_kind(node: fx.Node, rule: Any) -> str | None:
 
 def _slice(tensor: torch.Tensor, placements: Sequence[Placement], mesh_shape: Sequence[int],
            coord: Sequence[int]) -> torch.Tensor:
-    from autoshard.runtime.execute import local_slice
-
     whole = tuple(Replicate() if isinstance(p, Partial) else p for p in placements)
     return local_slice(tensor, whole, mesh_shape, coord)
 

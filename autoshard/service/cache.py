@@ -47,7 +47,7 @@ def content_key(kind: str, body: bytes, options: Mapping[str, Any], version: str
 def code_version() -> str:
     """``<autoshard version>+<sha256 of the solver, cost model, profiles and plan
     assembly sources>``: a result made by other code is a miss."""
-    import autoshard
+    from autoshard.version import __version__
 
     root = Path(__file__).resolve().parents[2]
     h = hashlib.sha256()
@@ -62,7 +62,7 @@ def code_version() -> str:
             h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
         except OSError:
             continue
-    return f"{autoshard.__version__}+{h.hexdigest()[:16]}"
+    return f"{__version__}+{h.hexdigest()[:16]}"
 
 
 class ResultCache:

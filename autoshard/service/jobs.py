@@ -37,6 +37,7 @@ from typing import Any, Callable
 
 from hw_profiles.json_input import parse_json
 
+from autoshard.plan.options import DEFAULT_TIME_LIMIT_S
 from autoshard.service.cache import ResultCache
 
 __all__ = ["STATES", "FINAL_STATES", "Job", "QueueFull", "JobManager", "result_summary"]
@@ -398,7 +399,7 @@ class JobManager:
                         self.queue.appendleft(job)
                         continue
                     job.state, job.started_at, job.worker_pid = "running", time.time(), w.process.pid
-                    limit = float(job.options.get("time_limit") or 60.0)
+                    limit = float(job.options.get("time_limit") or DEFAULT_TIME_LIMIT_S)
                     w.job, w.deadline = job, time.monotonic() + limit * HARD_LIMIT_FACTOR + HARD_LIMIT_GRACE_S
 
     def _receive(self, w: _Worker) -> None:

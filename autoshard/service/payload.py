@@ -27,6 +27,8 @@ from solver.io import FORMATS, detect_format, problem_from_json
 from solver.pipeline import METHODS
 from solver.problem import Problem, ProblemError
 
+from autoshard.plan.options import DEFAULT_BACKEND, DEFAULT_TIME_LIMIT_S, PLAN_GAP
+
 __all__ = ["BadRequest", "Limits", "decode_body", "problem_options", "plan_options", "parse_problem",
            "parse_plan", "count_sizes", "release_memory"]
 
@@ -54,7 +56,7 @@ class Limits:
     """Problem edges (413 beyond)."""
     max_time_limit_s: float = 600.0
     """The largest ``time_limit`` a request may ask (400 beyond)."""
-    default_time_limit_s: float = 60.0
+    default_time_limit_s: float = DEFAULT_TIME_LIMIT_S
     """``time_limit`` when a problem request gives none."""
 
     def __post_init__(self) -> None:
@@ -127,7 +129,7 @@ def problem_options(query: Mapping[str, str], limits: Limits) -> dict[str, Any]:
 
     allowed = {"time_limit", "backend", "gap", "seed", "threads", "method", "inner", "format"}
     options = _common(query, limits, allowed,
-                      {"time_limit": limits.default_time_limit_s, "backend": "cbc", "gap": DEFAULT_GAP})
+                      {"time_limit": limits.default_time_limit_s, "backend": DEFAULT_BACKEND, "gap": DEFAULT_GAP})
     options["method"] = _choice(query, "method", METHODS, "auto")
     options["inner"] = _choice(query, "inner", INNER, None)
     options["format"] = _choice(query, "format", FORMATS, None)
@@ -138,7 +140,7 @@ def plan_options(query: Mapping[str, str], solve: Mapping[str, Any], limits: Lim
     """Options of ``POST /v1/plans``: the query string over the request's own
     ``autoshard.solve`` section (how ``autoshard solve`` ran the solver)."""
     defaults = {"time_limit": min(float(solve.get("time_limit", limits.default_time_limit_s)), limits.max_time_limit_s),
-                "backend": str(solve.get("backend", "cbc")), "gap": float(solve.get("gap", 1e-6))}
+                "backend": str(solve.get("backend", DEFAULT_BACKEND)), "gap": float(solve.get("gap", PLAN_GAP))}
     return _common(query, limits, {"time_limit", "backend", "gap", "seed", "threads"}, defaults)
 
 

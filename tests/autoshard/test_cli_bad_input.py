@@ -346,6 +346,12 @@ def test_solve_choices_agree_with_their_sources() -> None:
     assert set(solve_cli.BACKEND_CHOICES) == set(BACKENDS)
     assert solve_cli.OPTIMIZER_CHOICES == OPTIMIZERS
     assert solve_cli.BASELINE_CHOICES == BASELINES
+    from autoshard.plan.options import DEFAULT_SEARCH_TIME_LIMIT_S, SolveOptions
+
+    defaults = SolveOptions()
+    assert solve_cli.SHOWN_DEFAULTS == {"profile": defaults.profile, "backend": defaults.backend,
+                                        "optimizer": defaults.optimizer, "time_limit": defaults.time_limit,
+                                        "search_time_limit": DEFAULT_SEARCH_TIME_LIMIT_S}
 
 
 def test_help_imports_no_torch() -> None:

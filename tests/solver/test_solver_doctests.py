@@ -9,7 +9,7 @@ import pytest
 
 MODULES = ["solver.pipeline", "solver.compiled", "solver.treedp", "solver.tolerance", "solver.memory_points",
            "solver.pricing", "solver.restrict", "solver.exact", "solver.trws", "solver.trws_plan",
-           "solver.budget", "solver.jit", "solver.problem_values"]
+           "solver.budget", "solver.jit", "solver.problem_values", "solver.reduction_report"]
 
 
 @pytest.mark.parametrize("name", MODULES)

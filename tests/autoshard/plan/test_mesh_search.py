@@ -21,11 +21,14 @@ from pathlib import Path
 
 import pytest
 
+import autoshard.plan.mesh_search as search_module
 import autoshard.plan.solve as solve_module
 from autoshard.graph.problem import to_problem
 from autoshard.plan.layouts import enumerate_layouts, layout_dim_names
-from autoshard.plan.mesh_search import NoLayoutError, layout_bound, search_mesh, split_options
-from autoshard.plan.solve import compare_baselines, prepare, solve, solve_prepared
+from autoshard.plan.mesh_search import NoLayoutError, layout_bound, search_mesh
+from autoshard.plan.options import SolveOptions
+from autoshard.plan.api import solve
+from autoshard.plan.solve import compare_baselines, prepare, solve_prepared
 from examples.models import mlp
 from solver import solve as solve_problem
 
@@ -89,7 +92,7 @@ def test_a_cut_layout_is_never_better_than_the_chosen_one() -> None:
 @pytest.mark.parametrize("shape", [(8,), (2, 4), (2, 2, 2)])
 def test_bound_is_below_every_plan_of_its_layout(shape) -> None:
     prep = prepare(*_wide(), shape, layout_dim_names(len(shape)), profile="cpu-gloo")
-    bound = layout_bound(prep, {})
+    bound = layout_bound(prep, SolveOptions())
     plan = solve_prepared(prep, time_limit=60)
     assert plan.solver.status == "optimal"
     assert 0 < bound <= plan.estimate.compute_s <= plan.estimate.step_s
@@ -100,19 +103,13 @@ def test_bound_is_below_every_plan_of_its_layout(shape) -> None:
         if row.plan is not None:
             assert bound <= row.plan.estimate.step_s
             # ... and above their own, pinned bound, which is at least the unpinned one
-            pinned = layout_bound(prep, {"baseline": row.name})
+            pinned = layout_bound(prep, SolveOptions(baseline=row.name))
             assert bound <= pinned <= row.plan.estimate.step_s
 
 
-def test_options_go_to_the_function_that_takes_them() -> None:
-    prep_opts, solve_opts = split_options({"optimizer": "sgd", "bucket_bytes": 0, "memory_limit": 1e9,
-                                           "pins": {"x": "R"}, "server": None})
-    assert prep_opts == {"optimizer": "sgd", "bucket_bytes": 0}
-    assert solve_opts == {"memory_limit": 1e9, "pins": {"x": "R"}, "server": None}
-    with pytest.raises(TypeError, match="unknown option 'bogus'"):
-        split_options({"bogus": 1})
-    with pytest.raises(TypeError, match="'time_limit' is set by the search"):
-        split_options({"time_limit": 1})
+def test_an_unknown_option_is_a_type_error_naming_it_before_any_trace() -> None:
+    with pytest.raises(TypeError, match="unknown solve option 'bogus'"):
+        search_mesh(None, None, devices=4, profile="cpu-gloo", bogus=1)
 
 
 def test_pins_apply_to_the_layouts_with_as_many_mesh_dims() -> None:
@@ -142,13 +139,13 @@ def test_solve_api_takes_devices_instead_of_a_mesh() -> None:
 @pytest.mark.slow
 def test_a_second_run_resolves_only_what_an_option_changed(tmp_path, monkeypatch) -> None:
     builds = []
-    real = solve_module.prepare
+    real = search_module.prepare
 
     def counting(*args, **kwargs):
         builds.append(args[2])
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(solve_module, "prepare", counting)
+    monkeypatch.setattr(search_module, "prepare", counting)
     kwargs = dict(devices=8, profile="cpu-gloo", jobs=1, cache_dir=tmp_path)
     first = search_mesh(*_wide(1500), time_limit=120, **kwargs)
     assert len(builds) == 4 and not any(r["cached"] for r in _rows(first))
@@ -252,19 +249,19 @@ def test_layouts_with_one_coarse_mesh_share_its_seed_and_get_the_same_plan(monke
     assert plan.estimate.step_s == fresh.estimate.step_s and plan.params == fresh.params
 
 
-def test_a_new_solve_option_passes_through_and_is_part_of_the_cache_key(monkeypatch, tmp_path) -> None:
+def test_every_solve_option_passes_through_and_is_part_of_the_cache_key(monkeypatch, tmp_path) -> None:
     seen = []
-    real = solve_module.solve_prepared
+    real = search_module.solve_prepared
 
-    def with_new_option(prep, *, new_option: bool = False, **kwargs):  # as another option would be added
-        seen.append(new_option)
-        return real(prep, **kwargs)
+    def recording(prep, options, **kwargs):
+        seen.append(options.overlap_rounds)
+        return real(prep, options, **kwargs)
 
-    monkeypatch.setattr(solve_module, "solve_prepared", with_new_option)
+    monkeypatch.setattr(search_module, "solve_prepared", recording)
     kwargs = dict(devices=4, profile="cpu-gloo", time_limit=60, jobs=1, cache_dir=tmp_path)
-    search_mesh(*mlp.tiny(device="meta"), new_option=True, **kwargs)
-    assert seen == [True, True]
-    search_mesh(*mlp.tiny(device="meta"), new_option=True, **kwargs)
-    assert seen == [True, True], "the same option again: every layout from the cache"
+    search_mesh(*mlp.tiny(device="meta"), overlap_rounds=1, **kwargs)
+    assert seen == [1, 1]
+    search_mesh(*mlp.tiny(device="meta"), options=SolveOptions(overlap_rounds=1), **kwargs)
+    assert seen == [1, 1], "the same options again (as an object): every layout from the cache"
     search_mesh(*mlp.tiny(device="meta"), **kwargs)  # its default: another key
-    assert seen == [True, True, False, False]
+    assert seen == [1, 1, 2, 2]

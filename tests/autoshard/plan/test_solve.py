@@ -183,3 +183,33 @@ def test_no_ties_lets_layers_choose_and_costs_no_more(dp_mlp) -> None:
     free = solve_prepared(dp_mlp, time_limit=30, ties=False)
     assert free.estimate.step_s <= tied.estimate.step_s * (1 + 1e-9)
     assert free.options["ties"] is False and math.isfinite(free.estimate.step_s)
+
+
+# -- one time limit for the whole solve ---------------------------------------------------
+
+
+@pytest.mark.slow
+def test_time_limit_bounds_every_stage_of_an_unproven_solve() -> None:
+    from autoshard.plan.solve import solve_stage_seconds
+    from examples.models import llama3
+
+    # LLaMA-3 tiny on 2x2 takes the solver tens of seconds to prove: 5 s ends unproven, so the
+    # overlap rounds and the expert layouts run too, each in its share of the same 5 s
+    prep = prepare(*llama3.tiny(device="meta"), (2, 2), ("dp", "tp"), profile="cpu-gloo")
+    plan = solve_prepared(prep, time_limit=5)
+    timings = plan.solver.timings
+    assert plan.options["time_limit_s"] == 5
+    # the solver's own seconds (not wall time around them: no load makes this flaky)
+    assert solve_stage_seconds(plan) <= 5 * 1.05, timings
+    if plan.solver.status != "optimal":  # the portfolio ran within what the search left
+        assert "portfolio_s" in timings
+
+
+def test_a_seeded_search_takes_its_seed_out_of_the_time_limit() -> None:
+    from autoshard.plan.solve import SEED_SHARE, solve_stage_seconds
+
+    prep = prepare(*mlp.tiny(device="meta"), (2, 2, 2), profile="cpu-gloo", time_limit=4)
+    assert prep.options["search"] == "seeded" and "seed_solve_s" in prep.timings
+    assert prep.timings["seed_solve_s"] <= SEED_SHARE * 4 * 1.05
+    plan = solve_prepared(prep, time_limit=4)
+    assert solve_stage_seconds(plan) <= 4 * 1.05, plan.solver.timings

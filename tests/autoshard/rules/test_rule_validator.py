@@ -17,7 +17,8 @@ from autoshard.rules.compute import elementwise, reduction
 from autoshard.rules.core import P, P_MAX, P_MIN, R, S, SingleDimStrategy
 from autoshard.rules.registry import Rule
 from autoshard.rules.samples import VARIANTS
-from autoshard.rules.validator import add_arguments, distribute, format_reports, run, validate_rule
+from autoshard.rules.validator import distribute, format_reports, validate_rule
+from autoshard.validate_rules import add_arguments, run
 
 aten = torch.ops.aten
 REGISTRY = load_rules()
@@ -114,8 +115,8 @@ def test_format_reports_lists_failures_after_the_table() -> None:
     assert text.splitlines()[1].endswith("FAIL") and "FAIL aten.relu.default: mesh" in text
 
 
-def test_python_m_validator_and_autoshard_validate_rules_exit_zero() -> None:
-    done = subprocess.run([sys.executable, "-m", "autoshard.rules.validator", "--op", "aten.mm.default", "--cases", "1"],
+def test_python_m_validate_rules_and_autoshard_validate_rules_exit_zero() -> None:
+    done = subprocess.run([sys.executable, "-m", "autoshard.validate_rules", "--op", "aten.mm.default", "--cases", "1"],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert "1 passed, 0 failed" in done.stdout

@@ -232,3 +232,37 @@ def test_api_doctests_and_lazy_export():
 
     assert doctest.testmod(importlib.import_module("autoshard.runtime.api"), optionflags=doctest.ELLIPSIS).failed == 0
     assert autoshard.autoshard is api.autoshard
+
+
+def trace_count_job(rank: int, world: int, tmp: str) -> dict[str, Any]:
+    """``autoshard()`` on a given mesh and on a chosen one, with every way to trace counted."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    import autoshard.plan.solve as solve_module
+    import autoshard.runtime.api as api_module
+    import autoshard.runtime.module as module_module
+    import autoshard.trace as trace_module
+    from autoshard import autoshard
+
+    calls = []
+    real = trace_module.trace_joint
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    for module in (trace_module, api_module, solve_module, module_module):
+        module.trace_joint = counting
+    counts = {}
+    autoshard(mlp.tiny()[0], init_device_mesh("cpu", (1,), mesh_dim_names=("dp",)), mlp.tiny()[1], time_limit=10,
+              cache_dir=False)
+    counts["given mesh"] = len(calls)
+    calls.clear()
+    autoshard(mlp.tiny()[0], example_inputs=mlp.tiny()[1], time_limit=10, cache_dir=False)
+    counts["chosen mesh"] = len(calls)
+    return counts
+
+
+def test_autoshard_traces_the_model_once_on_rank_0(tmp_path):
+    (counts,) = spawn_ranks(1, trace_count_job, (str(tmp_path),), tmp_path / "ranks", pg_timeout=PG_TIMEOUT_S * 4)
+    assert counts == {"given mesh": 1, "chosen mesh": 1}

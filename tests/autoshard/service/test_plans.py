@@ -21,7 +21,8 @@ from autoshard.plan.baselines import baseline_pins  # noqa: E402
 from autoshard.plan.build import plan_from_solution, plan_request  # noqa: E402
 from autoshard.plan.format import Plan  # noqa: E402
 from autoshard.plan.pins import resolve_pins  # noqa: E402
-from autoshard.plan.solve import PLAN_GAP, prepare, solve, solve_prepared  # noqa: E402
+from autoshard.plan.api import solve  # noqa: E402
+from autoshard.plan.solve import PLAN_GAP, prepare, solve_prepared  # noqa: E402
 from autoshard.service.client import ServiceClient  # noqa: E402
 from examples.models import llama3, mlp  # noqa: E402
 from service_helpers import Server, metric  # noqa: E402

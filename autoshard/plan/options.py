@@ -1,0 +1,165 @@
+"""Solve options: every choice a solve takes besides the model and the mesh,
+each declared once, with its default, in :class:`SolveOptions`.
+
+Why one object: the command line (``autoshard solve``), the Python API
+(:func:`autoshard.solve`, :func:`~autoshard.plan.solve.prepare`,
+:func:`~autoshard.plan.solve.solve_prepared`), the mesh search and the
+runtime (:func:`autoshard.autoshard`) each took the same dozen keywords with
+their own copies of the defaults; a default changed in one place then
+silently differed in another. Each entry point now builds one
+``SolveOptions`` and hands it down; the keyword forms of the public functions
+build it from their keywords.
+
+"No memory limit" has one spelling, :data:`NO_MEMORY_LIMIT` (``math.inf``);
+``memory_limit=None`` means the device memory of the hardware profile.
+
+>>> options = SolveOptions(memory_limit=2**30, pins={"*.w1.weight": "S(0)"})
+>>> options.backend == DEFAULT_BACKEND, options.time_limit
+(True, 60.0)
+>>> options.with_changes(time_limit=5).time_limit
+5
+>>> SolveOptions(time_limit=0)
+Traceback (most recent call last):
+...
+ValueError: time_limit: must be a positive number of seconds, got 0
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from costmodel.bucketing import DEFAULT_BUCKET_BYTES
+from hw_profiles import HardwareProfile
+from solver.backends import DEFAULT_BACKEND
+
+__all__ = ["SolveOptions", "solve_options", "DEFAULT_PROFILE", "DEFAULT_CPU_PROFILE", "DEFAULT_TIME_LIMIT_S",
+           "DEFAULT_SEARCH_TIME_LIMIT_S", "DEFAULT_BACKEND", "NO_MEMORY_LIMIT", "BUILD_FIELDS", "PLAN_GAP", "OVERLAP_ROUNDS", "profile_for_device"]
+
+DEFAULT_PROFILE = "h100-sxm-80gb"
+"""The hardware profile priced when none is given (off a CPU mesh)."""
+
+DEFAULT_CPU_PROFILE = "cpu-gloo"
+"""The profile priced for a CPU mesh when none is given (:func:`autoshard.autoshard`)."""
+
+DEFAULT_TIME_LIMIT_S = 60.0
+"""The whole solve's time limit when none is given (seconds)."""
+
+DEFAULT_SEARCH_TIME_LIMIT_S = 600.0
+"""``autoshard solve --devices N``'s default: a search solves every mesh layout."""
+
+NO_MEMORY_LIMIT = math.inf
+"""``memory_limit`` that means: no limit (the expert layouts' comparison rows)."""
+
+PLAN_GAP = 1e-6
+"""Relative gap at which a plan counts as optimal: a millionth of the step
+time is below the cost model's own accuracy by orders of magnitude."""
+
+BUILD_FIELDS = ("profile", "optimizer", "mixed_precision", "allow_uneven", "search", "bucket_bytes", "recompute",
+                "gather")
+"""The options that decide the strategy graph (:func:`~autoshard.plan.solve.prepare` reads
+these; the solve reads the others, and ``recompute`` too)."""
+
+OVERLAP_ROUNDS = 2
+"""Solves after the first one with gradient and parameter-gather edges priced at
+their exposed time (``autoshard.plan.overlap_pricing``)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SolveOptions:
+    """What a solve is asked for, besides the model and the mesh (module docstring).
+
+    >>> SolveOptions(recompute="none").recompute
+    'none'
+    """
+
+    profile: str | HardwareProfile = DEFAULT_PROFILE
+    """Hardware profile: a shipped name, a file, or a loaded profile."""
+    memory_limit: float | None = None
+    """Bytes per device; None: the profile's device memory; :data:`NO_MEMORY_LIMIT`: none."""
+    pins: Mapping[str, str] = field(default_factory=dict)
+    """Placements fixed by name pattern (``{"*.tok_embeddings.weight": "S(0)R"}``)."""
+    time_limit: float = DEFAULT_TIME_LIMIT_S
+    """Seconds for the whole solve: the seed of a seeded search, the solve, the overlap rounds
+    and the expert layouts all take their share of it."""
+    backend: str = DEFAULT_BACKEND
+    """Integer-program backend (``solver.backends``)."""
+    ties: bool = True
+    """Repeated layers take the same strategies (False: each chooses its own)."""
+    optimizer: str = "adamw"
+    """Optimizer whose state is counted: ``adamw``, ``sgd``, ``sgd-momentum`` or ``none``."""
+    mixed_precision: bool = False
+    """Parameters kept in fp32 beside bf16 compute copies (memory only)."""
+    baseline: str | None = None
+    """An expert layout to impose (``ddp``, ``fsdp``, ``tp``, ``fsdp+tp``; ``autoshard.plan.baselines``)."""
+    tp_table: Mapping[str, str | int] | None = None
+    """The tensor-parallel table of the ``tp`` layouts (``autoshard.plan.baselines``)."""
+    search: str = "auto"
+    """``full``, ``seeded`` (restricted near a coarse mesh's plan) or ``auto`` (seeded from 3 mesh dims)."""
+    recompute: str = "auto"
+    """Recomputation: ``auto`` (the solver chooses), ``none``, ``full``, ``selective``, ``every:K``."""
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES
+    """The runtime's gradient bucket cap (0: one collective per gradient)."""
+    allow_uneven: bool = False
+    """Strategies that split a tensor dim unevenly."""
+    gather: str = "reader"
+    """When gathered parameter copies are held: ``reader`` (autoshard's runtime) or ``fsdp2``."""
+    server: str | None = None
+    """An ``autoshard serve`` URL that solves instead of this process (the same plan)."""
+    overlap_rounds: int = OVERLAP_ROUNDS
+    """Solves with overlap-priced edges after the first (0: none)."""
+
+    def __post_init__(self) -> None:
+        if not 0 < self.time_limit < math.inf:
+            raise ValueError(f"time_limit: must be a positive number of seconds, got {self.time_limit}")
+        if self.memory_limit is not None and not self.memory_limit > 0:
+            raise ValueError(f"memory_limit: must be a positive number of bytes, got {self.memory_limit}")
+        if self.overlap_rounds < 0:
+            raise ValueError(f"overlap_rounds: must be 0 or more, got {self.overlap_rounds}")
+        object.__setattr__(self, "pins", dict(self.pins or {}))
+
+    def with_changes(self, **changes: Any) -> SolveOptions:
+        """A copy with ``changes`` (``TypeError`` naming an unknown option)."""
+        return dataclasses.replace(self, **changes) if changes else self
+
+    def fields(self) -> dict[str, Any]:
+        """Every option with its value (an empty mapping as None), as a cache key reads it."""
+        return {f.name: _key_value(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+
+def _key_value(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return dict(sorted(value.items())) or None
+    return value
+
+
+def solve_options(options: SolveOptions | None, changes: Mapping[str, Any]) -> SolveOptions:
+    """``options`` (default: every default) with the keyword ``changes`` of a
+    public function's keyword form; ``TypeError`` naming an unknown one.
+
+    >>> solve_options(None, {"backend": "cpsat"}).backend
+    'cpsat'
+    >>> solve_options(None, {"colour": "red"})
+    Traceback (most recent call last):
+    ...
+    TypeError: unknown solve option 'colour' (SolveOptions has no such field)
+    """
+    names = {f.name for f in dataclasses.fields(SolveOptions)}
+    for name in changes:
+        if name not in names:
+            raise TypeError(f"unknown solve option {name!r} (SolveOptions has no such field)")
+    if options is None:
+        return SolveOptions(**changes)
+    return options.with_changes(**changes)
+
+
+def profile_for_device(device_type: str) -> str:
+    """The profile priced when none is given: :data:`DEFAULT_CPU_PROFILE` on a CPU
+    mesh, :data:`DEFAULT_PROFILE` otherwise.
+
+    >>> profile_for_device("cpu"), profile_for_device("cuda")
+    ('cpu-gloo', 'h100-sxm-80gb')
+    """
+    return DEFAULT_CPU_PROFILE if device_type == "cpu" else DEFAULT_PROFILE
