@@ -17,7 +17,6 @@ MAX_LINES = 100
 
 ALLOWED = {
     "autoshard/graph/regions.py::analyse_regions": 150,
-    "autoshard/plan/assemble.py::assemble_plan": 115,
     "autoshard/plan/mesh_search.py::search_mesh": 136,
     "autoshard/runtime/api.py::autoshard": 105,
     # another helper owns runtime/execute.py while this list is made

@@ -451,40 +451,10 @@ def assemble_plan(
     # a recomputed op's cost holds its forward twice (autoshard.graph.recompute, C1)
     recompute_s = float(sum(problem.nodes[i].cost[choice[i]] for i in recomputed)) / 2
     compute -= recompute_s
-    comm = relayout = 0.0
-    redistributions = []
-    copies = []  # (edge, reader placement, reader recomputed): the copies a redistribution makes
-    dtypes: dict[tuple[str, str, int], str] = {}
-    recompute_comm = 0.0  # the recomputation's input redistributions (not in the simulated schedule)
-    grads = []  # (sink, dtype, steps, comm_s) of gradient redistributions, for the buckets
-    for j, (e, pe) in enumerate(zip(graph.edges, problem.edges)):
-        a, b = choice[e.src], choice[e.dst]
-        u, v = graph.nodes[e.src], graph.nodes[e.dst]
-        if v.kind == "memory":
-            # an edge into a memory-only node (an exact copy node, autoshard.graph.tied_memory) only ties
-            # its choice: no tensor moves; the copy it stands for is the producer -> reader edge's
-            continue
-        src = u.strategies[a].output_placements[e.src_output]
-        dst = _reader_placement(v, b, e.dst_input)
-        # a free edge needs nothing only when the placements agree: a bucketed gradient's
-        # amortised cost can round to 0 while its reduction must still run
-        if pe.cost[a, b] == 0.0 and (dst is None or placement_text(src) == placement_text(dst)):
-            continue
-        steps = plan_redistribute(src, dst, graph.mesh, e.shape, e.itemsize, graph.profile)
-        comm += steps.comm_s
-        relayout += steps.local_s
-        if e.dst in recomputed:  # the reader's input is redistributed again for the recomputation (C2)
-            recompute_s += steps.cost_s
-            recompute_comm += steps.cost_s
-        if steps.steps and src != dst:
-            copies.append((j, dst, e.dst in recomputed))
-        redistributions.append(Redistribution(
-            tensor=u.name, to=v.name, input_index=e.dst_input, output_index=e.src_output,
-            src=placement_text(src), dst=placement_text(dst), steps=steps.steps, cost_s=steps.cost_s,
-        ))
-        dtypes[(u.name, v.name, e.dst_input)] = e.dtype
-        if v.kind == "grad":
-            grads.append((e.src, v.name, e.dtype, steps.steps, steps.comm_s))
+    moved = _redistributions(graph, problem, choice, recomputed)
+    redistributions, copies, dtypes, grads = moved.redistributions, moved.copies, moved.dtypes, moved.grads
+    comm, relayout, recompute_comm = moved.comm_s, moved.relayout_s, moved.recompute_comm_s
+    recompute_s += recompute_comm
     # a bucket issues one collective in place of its members' steps: the
     # estimate counts what runs (costmodel.bucketing). Gradients join buckets
     # in the order the backward makes them (producer order), so a bucket is
@@ -549,6 +519,59 @@ def assemble_plan(
         gather_buckets=gathers,
         schedule=schedule,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class _Moved:
+    """What the chosen placements move along the graph's edges (:func:`_redistributions`)."""
+
+    redistributions: list[Redistribution]
+    copies: list[tuple[int, Any, bool]]
+    """(edge, reader placement, reader recomputed): the copies a redistribution makes."""
+    dtypes: dict[tuple[str, str, int], str]
+    grads: list[tuple[int, str, str, tuple[Any, ...], float]]
+    """(producer, sink, dtype, steps, comm_s) of gradient redistributions, for the buckets."""
+    comm_s: float
+    relayout_s: float
+    recompute_comm_s: float
+    """The recomputation's input redistributions again (not in the simulated schedule)."""
+
+
+def _redistributions(graph: AssemblyGraph, problem: Problem, choice: Sequence[int], recomputed: set[int]) -> _Moved:
+    """The planner's steps on every edge whose chosen placements differ."""
+    comm = relayout = recompute_comm = 0.0
+    redistributions: list[Redistribution] = []
+    copies: list[tuple[int, Any, bool]] = []
+    dtypes: dict[tuple[str, str, int], str] = {}
+    grads: list[tuple[int, str, str, tuple[Any, ...], float]] = []
+    for j, (e, pe) in enumerate(zip(graph.edges, problem.edges)):
+        a, b = choice[e.src], choice[e.dst]
+        u, v = graph.nodes[e.src], graph.nodes[e.dst]
+        if v.kind == "memory":
+            # an edge into a memory-only node (an exact copy node, autoshard.graph.tied_memory) only ties
+            # its choice: no tensor moves; the copy it stands for is the producer -> reader edge's
+            continue
+        src = u.strategies[a].output_placements[e.src_output]
+        dst = _reader_placement(v, b, e.dst_input)
+        # a free edge needs nothing only when the placements agree: a bucketed gradient's
+        # amortised cost can round to 0 while its reduction must still run
+        if pe.cost[a, b] == 0.0 and (dst is None or placement_text(src) == placement_text(dst)):
+            continue
+        steps = plan_redistribute(src, dst, graph.mesh, e.shape, e.itemsize, graph.profile)
+        comm += steps.comm_s
+        relayout += steps.local_s
+        if e.dst in recomputed:  # the reader's input is redistributed again for the recomputation (C2)
+            recompute_comm += steps.cost_s
+        if steps.steps and src != dst:
+            copies.append((j, dst, e.dst in recomputed))
+        redistributions.append(Redistribution(
+            tensor=u.name, to=v.name, input_index=e.dst_input, output_index=e.src_output,
+            src=placement_text(src), dst=placement_text(dst), steps=steps.steps, cost_s=steps.cost_s,
+        ))
+        dtypes[(u.name, v.name, e.dst_input)] = e.dtype
+        if v.kind == "grad":
+            grads.append((e.src, v.name, e.dtype, steps.steps, steps.comm_s))
+    return _Moved(redistributions, copies, dtypes, grads, comm, relayout, recompute_comm)
 
 
 def _reader_placement(node: AssemblyNode, k: int, position: int) -> Placements | None:
