@@ -78,9 +78,11 @@ from autoshard.plan.schedule import ScheduleItem, build_schedule
 from autoshard.rules import RuleRegistry, load_rules, op_name
 from autoshard.rules.calls import bind_args, replace_tensors
 from autoshard.rules.core import OpCall, TensorMeta, to_meta
+from autoshard.runtime.live_bytes import LiveBytes, TrackedDict
 from autoshard.runtime.program import StepGraph, compile_step, trace_step
+from autoshard.runtime.recomputation import RecomputePhase, free_points, recompute_phases
 from autoshard.runtime.templates import CallTemplate
-from autoshard.runtime.random_ops import SLICEABLE, random_kind, run_random
+from autoshard.runtime.random_ops import SLICEABLE, get_rng_state, random_kind, run_random, set_rng_state
 from autoshard.runtime.steps import (Comm, PendingStep, StepRuntimeError, bucket_phases, check_step_runnable,
                                      gather_phases, run_step, step_phases)
 from autoshard.trace import JointResult, TraceError, TracedGraph, constant_value, tensor_arg_nodes
@@ -168,6 +170,21 @@ class _OpProgram:
     """The arguments cannot be templated (localize made tensors): rebuild every run."""
     random: str | None = None
     """A sharded random draw (``autoshard.runtime.random_ops``): this rank's slice of the global draw."""
+    draws: bool = False
+    """The op draws random numbers (sharded or not)."""
+    replay_rng: bool = False
+    """A recomputed random op: its first draw saves the random state, its recomputation replays it."""
+
+
+@dataclass(slots=True)
+class _Phase:
+    """A region's recomputation in the per-rank program (``autoshard.runtime.recomputation``)."""
+
+    info: RecomputePhase
+    steps: list[_OpProgram]
+    """The recomputed ops and their tuple accesses, in forward order (the first pass's programs)."""
+    free_after: list[list[fx.Node]]
+    """Per step: the values freed after it."""
 
 
 class JointRunner:
@@ -190,6 +207,10 @@ class JointRunner:
         self.step_graph: StepGraph | None = None
         """The traced step (from the second step on), or None."""
         self._steps_run = 0
+        self.last_step_peak_bytes: int | None = None
+        """Peak bytes of tensors this rank held during its last interpreted training step
+        (``autoshard.runtime.live_bytes``; the traced graph runs the same program); None before one."""
+        self._rng_states: dict[fx.Node, tuple[torch.device, torch.Tensor]] = {}
         self.plan = plan
         self.mesh_shape = tuple(int(m) for m in mesh_shape)
         self.coord = tuple(int(c) for c in coord)
@@ -357,7 +378,7 @@ class JointRunner:
             produced[node] = (node.name, outs)
             self.program.append(_OpProgram(node, node.target, rule.localize if rule is not None else None, edges,
                                            outs, out_global, random=random if random in SLICEABLE and not replicated
-                                           else None))
+                                           else None, draws=random is not None))
             self.has_random = self.has_random or random is not None
 
         # sinks
@@ -375,24 +396,15 @@ class JointRunner:
             to, i = sorted(unused)[0]
             raise RuntimeLoadError(f"plan: a redistribution into {to} (input {i}) matches no edge of the graph")
 
-        # free every value after its last reader (sink values are kept)
-        keep = {self.loss_edge.source} | {e.source for e in self.grad_edges.values()} | {
-            e.source for e in self.buffer_edges.values()}
-        position = {p.node: i for i, p in enumerate(self.program)}
-        for node in gm.graph.nodes:
-            if node in keep or node.op == "output":
-                continue
-            readers = [position[u] for u in node.users if u in position]
-            if readers:
-                self.program[max(readers)].free_after.append(node)
-
         bucketed = {m for b in plan.buckets for m in b.members}
         self.collective_steps = tuple(
             (r.tensor, r.to, r.input_index, s) for r in plan.redistributions for s in r.steps
             if s.collective in COLLECTIVE_STEPS and r.to not in bucketed
         )
         """Every collective step of the plan outside gradient buckets, with its edge, in plan order."""
+        self._phases = self._recompute_phases()
         self._actions = self._schedule_actions()
+        self._set_lifetimes()
 
     def _schedule_actions(self) -> list[tuple[str, Any]]:
         """The per-rank program: ``("op", _OpProgram)``, ``("issue", _Scheduled)`` and
@@ -427,12 +439,20 @@ class JointRunner:
             issues.setdefault(item.issue, []).append(entry)
             waits.setdefault(item.wait, []).append(entry)
         actions: list[tuple[str, Any]] = []
-        for step in self.program:
+        phases = {ph.info.at: ph for ph in self._phases}
+        op_index: dict[int, int] = {}  # schedule position -> program index of its op
+        for i, step in enumerate(self.program):
+            if i in phases:  # the region's recomputation, before the collectives of t_rc's position
+                actions.append(("recompute", phases[i]))
             if step.op is not operator.getitem:
                 p = pos[step.node.name]
+                op_index[p] = i
                 actions += [("issue", x) for x in issues.get(p, ())] + [("wait", x) for x in waits.get(p, ())]
             actions.append(("op", step))
         n = len(names)
+        # what each issue reads, and where (the lifetimes: autoshard.runtime.recomputation.free_points)
+        self._issue_reads = [(m.source, op_index[p]) for p, group in issues.items() if p < n for x in group
+                             for m in ((x.edge,) if x.edge is not None else x.members)]
         actions += [("issue", x) for x in issues.get(n, ())] + [("wait", x) for x in waits.get(n, ())]
         scheduled = {x.edge.key for group in issues.values() for x in group if x.edge is not None}
         scheduled |= {m.key for group in issues.values() for x in group for m in x.members}
@@ -443,6 +463,46 @@ class JointRunner:
                 raise RuntimeLoadError(f"plan: the schedule does not schedule {key[0]} -> {key[1]} (input {key[2]}), "
                                        "which issues collectives")
         return actions
+
+    def _recompute_phases(self) -> list[_Phase]:
+        """The plan's ``recompute`` as phases of the per-rank program, checked
+        against the graph (``autoshard.runtime.recomputation``); the recomputed
+        random ops replay their first draw's random state."""
+        if not self.plan.recompute:
+            return []
+        from autoshard.graph.regions import backward_nodes, check_recompute
+
+        positions, k = [], 0
+        for step in self.program:  # the schedule position of each program step: the plan index of the next op
+            positions.append(k)
+            k += step.op is not operator.getitem
+        regions = {n.name: n.region for n in self.plan.nodes if n.region is not None}
+        try:
+            check_recompute(self.traced, self.plan.recompute)
+            found = recompute_phases([p.node for p in self.program], positions, self.plan.recompute, regions,
+                                     backward_nodes(self.traced.graph_module.graph, self.traced.tangent))
+        except ValueError as exc:
+            raise RuntimeLoadError(f"plan: {exc}") from None
+        phases = []
+        for info in found:
+            steps = [self.program[i] for i in info.steps]
+            for step in steps:
+                step.replay_rng = step.draws
+            phases.append(_Phase(info, steps, [[] for _ in steps]))
+        return phases
+
+    def _set_lifetimes(self) -> None:
+        """Free every value after its last read (sink values are kept); a recomputed
+        value's first pass and its recomputation each after their own last read."""
+        keep = {self.loss_edge.source} | {e.source for e in self.grad_edges.values()} | {
+            e.source for e in self.buffer_edges.values()}
+        phases = {ph.info.at: ph for ph in self._phases}
+        frees = free_points([p.node for p in self.program], [ph.info for ph in self._phases], keep, self._issue_reads)
+        for point, dead in frees.items():
+            if len(point) == 2:
+                self.program[point[0]].free_after.extend(dead)
+            else:
+                phases[point[0]].free_after[point[2]].extend(dead)
 
     def _gather_members(self, index: int) -> tuple[_Edge, ...]:
         """The edges of gather bucket ``index``, checked: each a single all_gather on the bucket's mesh dims."""
@@ -549,7 +609,10 @@ class JointRunner:
             self.step_graph = self._trace(env)
         if self.step_graph is not None:
             return self._run_graph(env)
-        result = self._run_actions(env)
+        live = LiveBytes()
+        live.hold(list(env.values()))  # the leaves: held by the module and the caller all step
+        result = self._run_actions(TrackedDict(live, env), live)
+        self.last_step_peak_bytes = live.peak
         self._steps_run += 1
         return result
 
@@ -563,6 +626,12 @@ class JointRunner:
     def _trace(self, env: Mapping[fx.Node, Any]) -> StepGraph | None:
         """The step as a graph (``autoshard.runtime.program``), compiled if asked;
         None (with a warning) when it cannot be traced: the runner then interprets."""
+        replayed = [st.node.name for ph in self._phases for st in ph.steps if st.replay_rng]
+        if replayed:  # every rank has the same plan: all of them take this branch (no collective to agree)
+            log.warning("autoshard: the step recomputes random ops (%s), whose replay restores the random state "
+                        "of the first draw, which a traced graph cannot do; interpreting it", ", ".join(replayed))
+            self.use_graph = False
+            return None
         nodes = self._flat_inputs()
         tangent = self.traced.tangent
 
@@ -604,11 +673,12 @@ class JointRunner:
         updates = dict(zip(self.buffer_edges, out[k:]))
         return JointResult(loss=out[0], grads=grads, buffer_updates=updates)
 
-    def _run_actions(self, env: dict[fx.Node, Any]) -> JointResult:
-        """One step by the per-rank program (module docstring): ops, issues and waits in order."""
+    def _run_actions(self, env: dict[fx.Node, Any], live: LiveBytes | None = None) -> JointResult:
+        """One step by the per-rank program (module docstring): ops, recomputations, issues and
+        waits in order; ``live`` (with ``env`` a ``TrackedDict`` on it) counts the bytes held."""
         traced = self.traced
         pending: dict[int, PendingStep] = {}
-        ready: dict[Any, Any] = {}
+        ready: dict[Any, Any] = TrackedDict(live) if live is not None else {}
         with torch.no_grad():
             for kind, what in self._actions:
                 if kind == "op":
@@ -616,9 +686,14 @@ class JointRunner:
                     if what.op is operator.getitem:
                         env[node] = env[node.args[0]][int(node.args[1])]
                     else:
-                        env[node] = self._run_op(what, env, ready)
+                        if what.replay_rng:
+                            device = self._device(what, env)
+                            self._rng_states[node] = (device, get_rng_state(device))
+                        env[node] = self._run_op(what, env, ready, live)
                     for dead in what.free_after:
                         env.pop(dead, None)
+                elif kind == "recompute":
+                    self._recompute(what, env, live)
                 elif kind == "issue":
                     pending[id(what)] = self._issue(what, env)
                 else:
@@ -643,6 +718,42 @@ class JointRunner:
             updates = {fqn: self._sink(env, e, ready) for fqn, e in self.buffer_edges.items()}
         self._set_comm(None, None)
         return JointResult(loss=loss, grads=grads, buffer_updates=updates)
+
+    def _recompute(self, phase: _Phase, env: dict[fx.Node, Any], live: LiveBytes | None) -> None:
+        """A region's recomputation (``autoshard.runtime.recomputation``): its recomputed ops
+        again, in forward order, their redistributed inputs again (waited at once)."""
+        at = phase.info.position
+        for step, dead in zip(phase.steps, phase.free_after):
+            node = step.node
+            if step.op is operator.getitem:
+                env[node] = env[node.args[0]][int(node.args[1])]
+            else:
+                ready: dict[Any, Any] = TrackedDict(live) if live is not None else {}
+                for e in step.edges:
+                    if e.steps:
+                        self._set_comm(e.key, (at, at))
+                        ready[e.key] = self._run_steps(self._value(env, e.source), e, e.steps)
+                if step.replay_rng:  # the first draw's state, then the stream goes on where it was
+                    device, state = self._rng_states.pop(node)
+                    now = get_rng_state(device)
+                    set_rng_state(device, state)
+                    try:
+                        env[node] = self._run_op(step, env, ready, live)
+                    finally:
+                        set_rng_state(device, now)
+                else:
+                    env[node] = self._run_op(step, env, ready, live)
+            for value in dead:
+                env.pop(value, None)
+        self._set_comm(None, None)
+
+    def _device(self, step: _OpProgram, env: Mapping[fx.Node, Any]) -> torch.device:
+        """Where the op's tensors are (whose generator a random op draws from)."""
+        for e in step.edges:
+            value = self._value(env, e.source)
+            if isinstance(value, torch.Tensor):
+                return value.device
+        return torch.device("cpu")
 
     def _set_comm(self, edge: tuple[str, str, int] | None, positions: tuple[int, int] | None) -> None:
         comm = self.comm
@@ -740,13 +851,17 @@ class JointRunner:
                              f"{_fmt(self.leaf_placements[name])} gives {want} at coordinate {self.coord}")
         return value
 
-    def _run_op(self, step: _OpProgram, env: Mapping[fx.Node, Any], ready: dict[Any, Any]) -> Any:
+    def _run_op(self, step: _OpProgram, env: Mapping[fx.Node, Any], ready: dict[Any, Any],
+                live: LiveBytes | None = None) -> Any:
         node, op = step.node, step.op
         locals_ = [ready.pop(e.key) if e.key in ready else (self._redistribute(env[e.source], e) if e.steps
                                                                else env[e.source]) for e in step.edges]
         if step.random is not None:
-            return run_random(step.random, node, locals_, step.out_global, step.out_placements, self.mesh_shape,
-                              self.coord)
+            result = run_random(step.random, node, locals_, step.out_global, step.out_placements, self.mesh_shape,
+                                self.coord)
+            if live is not None:
+                live.touch([*locals_, result])
+            return result
         if step.call is not None:
             args, kwargs = step.call.fill(locals_)
         else:
@@ -765,6 +880,8 @@ class JointRunner:
             if want is not None and isinstance(got, torch.Tensor) and tuple(got.shape) != want.shape:
                 raise RuntimeError(f"{node.name} ({op_name(op)}) output {k}: local shape {tuple(got.shape)}, "
                                    f"the plan's {_fmt(step.out_placements[k])} gives {want.shape}")
+        if live is not None:  # inputs (copies included) and outputs exist together here
+            live.touch([*locals_, result])
         return result
 
     def _first_args(self, step: _OpProgram, env: Mapping[fx.Node, Any], locals_: list[torch.Tensor]) -> tuple[tuple, dict]:
