@@ -48,11 +48,23 @@ steps), then runs the op; the op reads its redistributed inputs from what
 was waited. The compute goes on while a collective is in flight. Evaluation
 (``forward_only``) runs every redistribution at its reader, waited at once.
 
+Recomputation (the plan's ``recompute``; ``autoshard.runtime.recomputation``):
+each checkpoint region's recomputed ops run again in its recomputation phase,
+an action of the per-rank program just before the region's first backward op
+(and that position's issues and waits), their input redistributions run again
+and waited at once, recorded at that position; a recomputed value's first
+pass is freed after its last forward reader and the backward reads the
+recomputed one; a recomputed dropout replays the random state saved at its
+first draw. The runner counts the tensor bytes it holds
+(``autoshard.runtime.live_bytes``): ``last_step_peak_bytes``.
+
 From the second training step on, the runner does not interpret: the first
 step checked every shape and fixed every op's localized arguments, and the
 second traces this very loop on fake tensors into one fx graph of ATen ops
 and collectives (``autoshard.runtime.program``), which then runs as
-straight-line code (or compiled by inductor with ``compile=True``).
+straight-line code (or compiled by inductor with ``compile=True``). A plan
+that recomputes a random op is interpreted every step, with one warning (a
+traced graph cannot restore a random state).
 
 >>> # runner = JointRunner(traced, plan, mesh_shape, coord, comm=MeshComm(mesh))
 >>> # result = runner.run(local_params, local_buffers, local_inputs)

@@ -94,6 +94,19 @@ def test_a_recomputing_llama_step_matches_one_device_and_reissues_the_recomputed
         assert all(recomputed[e] >= 1 for e in again)
 
 
+def test_recomputation_changes_no_bit_of_the_step(llama):
+    """The same placements with and without recomputation: the recomputed ops run the
+    same kernels on the same inputs, so the loss and every gradient are bitwise equal."""
+    model, inputs, prep = llama
+    plans = [solve_prepared(prep, baseline="fsdp", recompute=policy, time_limit=10) for policy in ("none", "full")]
+    assert [n.out for n in plans[0].nodes] == [n.out for n in plans[1].nodes]
+    assert plans[0].redistributions == plans[1].redistributions and plans[1].recompute
+    without, with_ = (_run(model, inputs, prep.traced, plan) for plan in plans)
+    for coord in without:
+        assert torch.equal(without[coord][0].loss, with_[coord][0].loss)
+        assert all(torch.equal(g, with_[coord][0].grads[k]) for k, g in without[coord][0].grads.items())
+
+
 def test_an_mlp_whose_layers_are_regions_recomputes_and_matches_one_device():
     model, inputs = mlp.tiny(n_layers=3)
     prep = prepare(model, inputs, (2, 2), ("dp", "tp"), profile=PROFILE)

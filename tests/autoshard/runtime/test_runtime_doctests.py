@@ -8,7 +8,8 @@ import importlib
 import pytest
 
 MODULES = ["autoshard.runtime.steps", "autoshard.runtime.execute", "autoshard.runtime.collectives",
-           "autoshard.runtime.module", "autoshard.runtime.templates", "autoshard.runtime.program"]
+           "autoshard.runtime.module", "autoshard.runtime.templates", "autoshard.runtime.program",
+           "autoshard.runtime.recomputation", "autoshard.runtime.live_bytes"]
 
 
 @pytest.mark.parametrize("name", MODULES)
