@@ -246,18 +246,54 @@ class JointRunner:
         return placements_of(text, len(self.mesh_shape))
 
     def _build(self) -> None:
+        """Check the plan against the graph and make the per-rank program (module docstring)."""
         traced, plan, ndim = self.traced, self.plan, len(self.mesh_shape)
-        gm = traced.graph_module
-        plan_nodes = {n.name: n for n in plan.nodes}
         self._redist: dict[tuple[str, int], Redistribution] = {}
         for r in plan.redistributions:
             key = (r.to, r.input_index)
             if key in self._redist:
                 raise RuntimeLoadError(f"plan: two redistributions into input {r.input_index} of {r.to}")
             self._redist[key] = r
-        used: set[tuple[str, int]] = set()
+        self._used: set[tuple[str, int]] = set()
+        """The plan's redistributions that an edge of the graph takes."""
+        self._produced = self._leaves()
+        """What every fx node produces: (plan name, placements per output)."""
+        self._edges: dict[tuple[str, str, int], _Edge] = {}
+        self._forward: list[_OpProgram] | None = None
+        self.has_random = False
+        """Whether a step draws random numbers (then every rank must hold one generator state)."""
+        self.program = self._op_programs()
 
-        # what every fx node produces: (strategy-graph name, placements per output)
+        # sinks
+        self.loss_edge = self._edge(traced.loss, "loss", 0, (Replicate(),) * ndim)
+        self.grad_edges: dict[str, _Edge] = {}
+        for fqn, gnode in traced.grads.items():
+            if gnode is not None:
+                self.grad_edges[fqn] = self._edge(gnode, f"grad:{fqn}", 0, self.leaf_placements[f"param:{fqn}"])
+        self.buffer_edges: dict[str, _Edge] = {}
+        for fqn, unode in traced.buffer_updates.items():
+            self.buffer_edges[fqn] = self._edge(unode, f"buffer_update:{fqn}", 0, self.leaf_placements[f"buffer:{fqn}"])
+        self.buckets = self._bucket_programs()
+        unused = set(self._redist) - self._used
+        if unused:
+            to, i = sorted(unused)[0]
+            raise RuntimeLoadError(f"plan: a redistribution into {to} (input {i}) matches no edge of the graph")
+
+        bucketed = {m for b in plan.buckets for m in b.members}
+        self.collective_steps = tuple(
+            (r.tensor, r.to, r.input_index, s) for r in plan.redistributions for s in r.steps
+            if s.collective in COLLECTIVE_STEPS and r.to not in bucketed
+        )
+        """Every collective step of the plan outside gradient buckets, with its edge, in plan order."""
+        self._phases = self._recompute_phases()
+        self._actions = self._schedule_actions()
+        self._set_lifetimes()
+
+    def _leaves(self) -> dict[fx.Node, tuple[str, tuple[tuple[Placement, ...] | None, ...]]]:
+        """What every graph input and tensor constant produces: (plan name, placements per
+        output); fills ``leaf_placements`` and this rank's slices of the constants."""
+        traced, plan, ndim = self.traced, self.plan, len(self.mesh_shape)
+        gm = traced.graph_module
         produced: dict[fx.Node, tuple[str, tuple[tuple[Placement, ...] | None, ...]]] = {}
         names = {node: f"param:{fqn}" for fqn, node in traced.params.items()}
         names.update({node: f"buffer:{fqn}" for fqn, node in traced.buffers.items()})
@@ -300,48 +336,52 @@ class JointRunner:
             produced[node] = (name, (pl,))
             self._constants[node] = local_slice(value, pl, self.mesh_shape, self.coord)
 
-        def source(arg: fx.Node) -> tuple[str, int, tuple[Placement, ...]]:
-            """(producer name in the plan, its output index, placements) of the value ``arg``."""
-            if arg.op == "call_function" and arg.target is operator.getitem:
-                name, outs = produced[arg.args[0]]
-                k = int(arg.args[1])
-                return name, k, outs[k] if outs[k] is not None else self._placement(None)
-            name, outs = produced[arg]
-            return name, 0, outs[0] if outs[0] is not None else self._placement(None)
+        return produced
 
-        def edge(arg: fx.Node, reader: str, position: int, want: tuple[Placement, ...] | None) -> _Edge:
-            producer, _, have = source(arg)
-            r = self._redist.get((reader, position))
-            shape = tuple(int(s) for s in arg.meta["val"].shape)
-            where = f"{producer} -> {reader} (input {position})"
-            if want is None:  # an input whose values the op does not read
-                if r is not None:
-                    raise RuntimeLoadError(f"plan: {where} is not read by the op, yet the plan redistributes it")
-                return _Edge(arg, (), shape, (producer, reader, position))
-            if r is None:
-                if have != want:
-                    raise RuntimeLoadError(f"plan: {where} needs {_fmt(have)} -> {_fmt(want)} but has no redistribution")
-                return _Edge(arg, (), shape, (producer, reader, position))
-            used.add((reader, position))
-            if r.tensor != producer or self._placement(r.src) != have or self._placement(r.dst) != want:
-                raise RuntimeLoadError(f"plan: the redistribution into {reader} (input {position}) is "
-                                       f"{r.tensor} {r.src} -> {r.dst}, the graph has {producer} {_fmt(have)} -> {_fmt(want)}")
-            for step in r.steps:
-                try:
-                    check_step_runnable(step, self.mesh_shape)
-                except StepRuntimeError as exc:
-                    raise RuntimeLoadError(f"{where}: {exc}") from None
-            if self.comm is None and any(s.collective in COLLECTIVE_STEPS for s in r.steps):
-                raise RuntimeLoadError(f"{where}: the plan issues collectives but no process group was given")
-            made = _Edge(arg, tuple(r.steps), shape, (producer, reader, position))
-            self._edges[made.key] = made
-            return made
+    def _source(self, arg: fx.Node) -> tuple[str, int, tuple[Placement, ...]]:
+        """(producer name in the plan, its output index, placements) of the value ``arg``."""
+        if arg.op == "call_function" and arg.target is operator.getitem:
+            name, outs = self._produced[arg.args[0]]
+            k = int(arg.args[1])
+            return name, k, outs[k] if outs[k] is not None else self._placement(None)
+        name, outs = self._produced[arg]
+        return name, 0, outs[0] if outs[0] is not None else self._placement(None)
 
-        self._edges: dict[tuple[str, str, int], _Edge] = {}
-        self.program: list[_OpProgram] = []
-        self._forward: list[_OpProgram] | None = None
-        self.has_random = False
-        """Whether a step draws random numbers (then every rank must hold one generator state)."""
+    def _edge(self, arg: fx.Node, reader: str, position: int, want: tuple[Placement, ...] | None) -> _Edge:
+        producer, _, have = self._source(arg)
+        r = self._redist.get((reader, position))
+        shape = tuple(int(s) for s in arg.meta["val"].shape)
+        where = f"{producer} -> {reader} (input {position})"
+        if want is None:  # an input whose values the op does not read
+            if r is not None:
+                raise RuntimeLoadError(f"plan: {where} is not read by the op, yet the plan redistributes it")
+            return _Edge(arg, (), shape, (producer, reader, position))
+        if r is None:
+            if have != want:
+                raise RuntimeLoadError(f"plan: {where} needs {_fmt(have)} -> {_fmt(want)} but has no redistribution")
+            return _Edge(arg, (), shape, (producer, reader, position))
+        self._used.add((reader, position))
+        if r.tensor != producer or self._placement(r.src) != have or self._placement(r.dst) != want:
+            raise RuntimeLoadError(f"plan: the redistribution into {reader} (input {position}) is "
+                                   f"{r.tensor} {r.src} -> {r.dst}, the graph has {producer} {_fmt(have)} -> {_fmt(want)}")
+        for step in r.steps:
+            try:
+                check_step_runnable(step, self.mesh_shape)
+            except StepRuntimeError as exc:
+                raise RuntimeLoadError(f"{where}: {exc}") from None
+        if self.comm is None and any(s.collective in COLLECTIVE_STEPS for s in r.steps):
+            raise RuntimeLoadError(f"{where}: the plan issues collectives but no process group was given")
+        made = _Edge(arg, tuple(r.steps), shape, (producer, reader, position))
+        self._edges[made.key] = made
+        return made
+
+
+    def _op_programs(self) -> list[_OpProgram]:
+        """One program step per op and tuple access of the graph, in graph order, checked against the plan."""
+        gm, plan = self.traced.graph_module, self.plan
+        plan_nodes = {n.name: n for n in plan.nodes}
+        produced = self._produced
+        program: list[_OpProgram] = []
         for node in gm.graph.nodes:
             if node.op in ("placeholder", "output") or node in self._constants:
                 continue
@@ -350,7 +390,7 @@ class JointRunner:
             if node.target is operator.getitem:
                 if node.args[0] not in produced:
                     raise RuntimeLoadError(f"{node.name}: reads {node.args[0].name}, which makes no tensor")
-                self.program.append(_OpProgram(node, operator.getitem, None, [], (), ()))
+                program.append(_OpProgram(node, operator.getitem, None, [], (), ()))
                 continue
             val = node.meta.get("val")
             if not isinstance(val, (torch.Tensor, tuple, list)):
@@ -381,42 +421,18 @@ class JointRunner:
             args = tensor_arg_nodes(node)
             if len(args) != len(ins):
                 raise RuntimeLoadError(f"plan: node {node.name} has {len(ins)} input placements, the op {len(args)} tensor inputs")
-            edges = [edge(arg, node.name, i, ins[i]) for i, arg in enumerate(args)]
+            edges = [self._edge(arg, node.name, i, ins[i]) for i, arg in enumerate(args)]
             vals = val if isinstance(val, (tuple, list)) else (val,)
             flat_vals = list(vals)
             out_global = tuple(TensorMeta.of(v) if isinstance(v, torch.Tensor) else None for v in flat_vals)
             if len(out_global) != len(outs):
                 raise RuntimeLoadError(f"plan: node {node.name} has {len(outs)} output placements, the op {len(out_global)} outputs")
             produced[node] = (node.name, outs)
-            self.program.append(_OpProgram(node, node.target, rule.localize if rule is not None else None, edges,
-                                           outs, out_global, random=random if random in SLICEABLE and not replicated
-                                           else None, draws=random is not None))
+            program.append(_OpProgram(node, node.target, rule.localize if rule is not None else None, edges,
+                                      outs, out_global, random=random if random in SLICEABLE and not replicated
+                                      else None, draws=random is not None))
             self.has_random = self.has_random or random is not None
-
-        # sinks
-        self.loss_edge = edge(traced.loss, "loss", 0, (Replicate(),) * ndim)
-        self.grad_edges: dict[str, _Edge] = {}
-        for fqn, gnode in traced.grads.items():
-            if gnode is not None:
-                self.grad_edges[fqn] = edge(gnode, f"grad:{fqn}", 0, self.leaf_placements[f"param:{fqn}"])
-        self.buffer_edges: dict[str, _Edge] = {}
-        for fqn, unode in traced.buffer_updates.items():
-            self.buffer_edges[fqn] = edge(unode, f"buffer_update:{fqn}", 0, self.leaf_placements[f"buffer:{fqn}"])
-        self.buckets = self._bucket_programs()
-        unused = set(self._redist) - used
-        if unused:
-            to, i = sorted(unused)[0]
-            raise RuntimeLoadError(f"plan: a redistribution into {to} (input {i}) matches no edge of the graph")
-
-        bucketed = {m for b in plan.buckets for m in b.members}
-        self.collective_steps = tuple(
-            (r.tensor, r.to, r.input_index, s) for r in plan.redistributions for s in r.steps
-            if s.collective in COLLECTIVE_STEPS and r.to not in bucketed
-        )
-        """Every collective step of the plan outside gradient buckets, with its edge, in plan order."""
-        self._phases = self._recompute_phases()
-        self._actions = self._schedule_actions()
-        self._set_lifetimes()
+        return program
 
     def _schedule_actions(self) -> list[tuple[str, Any]]:
         """The per-rank program: ``("op", _OpProgram)``, ``("issue", _Scheduled)`` and
