@@ -1,4 +1,4 @@
-"""How close the estimated peak memory of a training step is to what PyTorch measures (issue 17).
+"""How close the estimated peak memory of a training step is to what PyTorch measures.
 
 Two comparisons, each a markdown table (sizes in MiB, ratio = estimate / measured):
 

@@ -336,3 +336,147 @@ def test_cli_md_documents_every_flag():
         missing = sorted(flag for flag in _option_strings(p) if not re.search(re.escape(flag) + r"(?![\w-])",
                                                                               sections[title]))
         assert not missing, f"docs/cli.md, {title}: flags not documented: {missing}"
+
+
+# -- the README is a front door; commands in the docs are real ------------------------------------
+
+README = ROOT / "README.md"
+RESULTS = ROOT / "benchmarks" / "RESULTS.md"
+README_MAX_LINES = 200
+_ISSUE = re.compile(r"\bissues?\s+#?\d+", re.I)
+
+
+def _pages_without_history() -> list[Path]:
+    return [README, RESULTS, *sorted(DOCS.rglob("*.md"))]
+
+
+def test_readme_is_at_most_200_lines():
+    lines = README.read_text().count("\n")
+    assert lines <= README_MAX_LINES, (f"README.md has {lines} lines (at most {README_MAX_LINES}): move "
+                                       "measurements to benchmarks/RESULTS.md and internals to docs/")
+
+
+@pytest.mark.parametrize("page", _pages_without_history(), ids=lambda p: p.name)
+def test_no_issue_numbers(page):
+    hits = [f"{page.name}:{n}: {line.strip()}" for n, line in enumerate(page.read_text().splitlines(), 1)
+            if _ISSUE.search(line)]
+    assert not hits, "the docs describe what is, not the issue that asked for it:\n" + "\n".join(hits)
+
+
+def test_results_page_links_resolve():
+    test_relative_links_point_into_the_repository(RESULTS)
+
+
+def _code_lines(text: str) -> list[str]:
+    """The lines of fenced blocks, of indented (4-space) blocks and of inline code spans."""
+    lines = [line for block in _FENCE.findall(text) for line in block.splitlines()[1:-1]]
+    prose = _FENCE.sub("", text)
+    lines += [line[4:] for line in prose.splitlines() if line.startswith("    ") and line.strip()]
+    lines += re.findall(r"`([^`\n]+)`", prose)
+    return lines
+
+
+def _commands(text: str) -> list[list[str]]:
+    """Each shell command of the code (split at ``&&``, ``||``, ``;``, ``|``), as words; comments dropped."""
+    import shlex
+
+    out = []
+    for line in _code_lines(text):
+        try:
+            words = shlex.split(line, comments=True)
+        except ValueError:  # a fragment that is not shell (Python, prose in backticks)
+            continue
+        command: list[str] = []
+        for word in words + [";"]:
+            if word in ("&&", "||", ";", "|"):
+                if command:
+                    out.append(command)
+                command = []
+            else:
+                command.append(word)
+    return out
+
+
+def _subparsers() -> dict:
+    import argparse
+
+    from autoshard.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(sub.choices)
+
+
+def _module_exists(name: str) -> bool:
+    """``python -m name`` runs: a module or package of the repository, or an installed top-level one."""
+    path = ROOT.joinpath(*name.split("."))
+    if path.with_suffix(".py").is_file() or (path / "__main__.py").is_file():
+        return True
+    top = name.split(".")[0]
+    ours = (ROOT / top).is_dir() or (ROOT / f"{top}.py").is_file()
+    return not ours and "." not in name and importlib.util.find_spec(top) is not None
+
+
+def _command_problems(text: str) -> list[str]:
+    """What is wrong with the commands in ``text``'s code: unknown ``autoshard`` subcommands and flags,
+    ``python FILE`` / ``torchrun FILE`` naming no file, ``python -m MODULE`` naming no module."""
+    subparsers = _subparsers()
+    problems = []
+    for words in _commands(text):
+        if words[0] == "autoshard" and len(words) > 1 and not words[1].startswith("-"):
+            name = words[1]
+            if name not in subparsers:
+                problems.append(f"autoshard {name}: no such subcommand")
+                continue
+            known = _option_strings(subparsers[name]) | {"-h", "--help"}
+            problems += [f"autoshard {name} {w}: no such flag" for w in words[2:]
+                         if w.startswith("--") and w.split("=")[0] not in known]
+        if words[0] in ("python", "python3") and len(words) > 1:
+            if words[1] == "-m" and len(words) > 2 and not _module_exists(words[2]):
+                problems.append(f"python -m {words[2]}: no such module")
+            elif words[1].endswith(".py") and not (ROOT / words[1]).is_file():
+                problems.append(f"python {words[1]}: no such file")
+        if words[0] == "torchrun":
+            problems += [f"torchrun ... {w}: no such file" for w in words if w.endswith(".py")
+                         and not (ROOT / w).is_file()]
+    return problems
+
+
+COMMAND_PAGES = [README, RESULTS, *(DOCS / f"{name}.md" for name in ("solver", "contributing", "internals"))]
+
+
+@pytest.mark.parametrize("page", COMMAND_PAGES, ids=lambda p: p.name)
+def test_commands_in_code_name_real_subcommands_flags_files_and_modules(page):
+    problems = _command_problems(page.read_text())
+    assert not problems, f"{page.name}: " + "; ".join(problems)
+
+
+def test_command_check_catches_wrong_commands():
+    text = ("```bash\nautoshard solv x\nautoshard solve m --mesh 2x2 --bogus 1  # a comment --nope\n```\n"
+            "    python benchmarks/nothing.py && python -m benchmarks.nothing\n"
+            "and `python -m solver.nothing` and `torchrun --standalone examples/nothing.py`; "
+            "fine: `autoshard demo --time-limit 5`, `python -m pytest -q`, `python -m solver x.json`\n")
+    assert sorted(_command_problems(text)) == sorted([
+        "autoshard solv: no such subcommand", "autoshard solve --bogus: no such flag",
+        "python benchmarks/nothing.py: no such file", "python -m benchmarks.nothing: no such module",
+        "python -m solver.nothing: no such module", "torchrun ... examples/nothing.py: no such file"])
+
+
+def test_readme_installs_extras_that_exist():
+    import tomllib
+
+    extras = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"])
+    named = set(re.findall(r"pip install -e '\.\[([a-z0-9_,-]+)\]'", README.read_text()))
+    used = {e for group in named for e in group.split(",")}
+    assert used, "README.md names no pip install -e '.[extra]' command"
+    assert used <= extras, f"README.md installs extras pyproject.toml lacks: {sorted(used - extras)}"
+
+
+def test_readme_two_commands_are_the_ci_ones():
+    ci = (ROOT / ".ci" / "run").read_text()
+    test_command = re.search(r"^python3 -m venv .*$", ci, re.M).group(0)
+    text = README.read_text()
+    assert f"    {test_command}\n" in text, "README.md's test command differs from .ci/run's"
+    main = [line for line in text.splitlines() if line.startswith("    python3 -m venv") and "autoshard demo" in line]
+    assert len(main) == 1 and "pip install torch==2.13.0 && pip install -e" in main[0]
+    assert main[0].endswith("torchrun --standalone --nproc-per-node 4 examples/train.py")

@@ -1,4 +1,4 @@
-"""Estimated peak memory against PyTorch's own trackers (issue 17).
+"""Estimated peak memory against PyTorch's own trackers.
 
 The all-replicated plan on one rank must be within 10 % of MemTracker's peak
 of a real CPU step (steady state: the second step, optimizer state held); the
