@@ -48,11 +48,23 @@ steps), then runs the op; the op reads its redistributed inputs from what
 was waited. The compute goes on while a collective is in flight. Evaluation
 (``forward_only``) runs every redistribution at its reader, waited at once.
 
+Recomputation (the plan's ``recompute``; ``autoshard.runtime.recomputation``):
+each checkpoint region's recomputed ops run again in its recomputation phase,
+an action of the per-rank program just before the region's first backward op
+(and that position's issues and waits), their input redistributions run again
+and waited at once, recorded at that position; a recomputed value's first
+pass is freed after its last forward reader and the backward reads the
+recomputed one; a recomputed dropout replays the random state saved at its
+first draw. The runner counts the tensor bytes it holds
+(``autoshard.runtime.live_bytes``): ``last_step_peak_bytes``.
+
 From the second training step on, the runner does not interpret: the first
 step checked every shape and fixed every op's localized arguments, and the
 second traces this very loop on fake tensors into one fx graph of ATen ops
 and collectives (``autoshard.runtime.program``), which then runs as
-straight-line code (or compiled by inductor with ``compile=True``).
+straight-line code (or compiled by inductor with ``compile=True``). A plan
+that recomputes a random op is interpreted every step, with one warning (a
+traced graph cannot restore a random state).
 
 >>> # runner = JointRunner(traced, plan, mesh_shape, coord, comm=MeshComm(mesh))
 >>> # result = runner.run(local_params, local_buffers, local_inputs)
@@ -69,7 +81,7 @@ import torch
 import torch.fx as fx
 
 from costmodel.bucketing import bucketable_step
-from costmodel.layout import local_indices, local_shape
+from costmodel.layout import local_shape
 from costmodel.placements import Partial, Placement, Replicate, parse_placements
 from costmodel.steps import COLLECTIVE_STEPS, RedistributeStep
 
@@ -78,9 +90,12 @@ from autoshard.plan.schedule import ScheduleItem, build_schedule
 from autoshard.rules import RuleRegistry, load_rules, op_name
 from autoshard.rules.calls import bind_args, replace_tensors
 from autoshard.rules.core import OpCall, TensorMeta, to_meta
+from autoshard.runtime.live_bytes import LiveBytes, TrackedDict
 from autoshard.runtime.program import StepGraph, compile_step, trace_step
+from autoshard.runtime.recomputation import RecomputePhase, free_points, recompute_phases
+from autoshard.runtime.shards import local_slice
 from autoshard.runtime.templates import CallTemplate
-from autoshard.runtime.random_ops import SLICEABLE, random_kind, run_random
+from autoshard.runtime.random_ops import SLICEABLE, get_rng_state, random_kind, run_random, set_rng_state
 from autoshard.runtime.steps import (Comm, PendingStep, StepRuntimeError, bucket_phases, check_step_runnable,
                                      gather_phases, run_step, step_phases)
 from autoshard.trace import JointResult, TraceError, TracedGraph, constant_value, tensor_arg_nodes
@@ -100,25 +115,6 @@ def placements_of(text: str | None, ndim_mesh: int) -> tuple[Placement, ...]:
     if text is None:
         return (Replicate(),) * ndim_mesh
     return parse_placements(text)
-
-
-def local_slice(tensor: torch.Tensor, placements: Sequence[Placement], mesh_shape: Sequence[int],
-                coord: Sequence[int]) -> torch.Tensor:
-    """The local shard of a whole tensor at mesh coordinate ``coord`` (``torch.chunk``
-    sizes, mesh dims left to right, strided shards as ``costmodel.layout``).
-    Partial placements are refused: a whole value has no partial shard."""
-    if any(isinstance(p, Partial) for p in placements):
-        raise ValueError(f"local_slice: a whole tensor has no partial shard ({''.join(map(str, placements))})")
-    out = tensor
-    for dim, idx in enumerate(local_indices(tuple(tensor.shape), tuple(placements), tuple(mesh_shape), tuple(coord))):
-        if len(idx) == tensor.shape[dim]:
-            continue
-        if idx and list(idx) == list(range(idx[0], idx[0] + len(idx))):
-            out = out.narrow(dim, idx[0], len(idx))
-        else:
-            out = out.index_select(dim, torch.as_tensor(idx, dtype=torch.long, device=tensor.device))
-    # always a copy: a shard must not alias the caller's whole tensor
-    return out.clone(memory_format=torch.contiguous_format)
 
 
 @dataclass(slots=True)
@@ -168,6 +164,21 @@ class _OpProgram:
     """The arguments cannot be templated (localize made tensors): rebuild every run."""
     random: str | None = None
     """A sharded random draw (``autoshard.runtime.random_ops``): this rank's slice of the global draw."""
+    draws: bool = False
+    """The op draws random numbers (sharded or not)."""
+    replay_rng: bool = False
+    """A recomputed random op: its first draw saves the random state, its recomputation replays it."""
+
+
+@dataclass(slots=True)
+class _Phase:
+    """A region's recomputation in the per-rank program (``autoshard.runtime.recomputation``)."""
+
+    info: RecomputePhase
+    steps: list[_OpProgram]
+    """The recomputed ops and their tuple accesses, in forward order (the first pass's programs)."""
+    free_after: list[list[fx.Node]]
+    """Per step: the values freed after it."""
 
 
 class JointRunner:
@@ -190,6 +201,10 @@ class JointRunner:
         self.step_graph: StepGraph | None = None
         """The traced step (from the second step on), or None."""
         self._steps_run = 0
+        self.last_step_peak_bytes: int | None = None
+        """Peak bytes of tensors this rank held during its last interpreted training step
+        (``autoshard.runtime.live_bytes``; the traced graph runs the same program); None before one."""
+        self._rng_states: dict[fx.Node, tuple[torch.device, torch.Tensor]] = {}
         self.plan = plan
         self.mesh_shape = tuple(int(m) for m in mesh_shape)
         self.coord = tuple(int(c) for c in coord)
@@ -213,18 +228,54 @@ class JointRunner:
         return placements_of(text, len(self.mesh_shape))
 
     def _build(self) -> None:
+        """Check the plan against the graph and make the per-rank program (module docstring)."""
         traced, plan, ndim = self.traced, self.plan, len(self.mesh_shape)
-        gm = traced.graph_module
-        plan_nodes = {n.name: n for n in plan.nodes}
         self._redist: dict[tuple[str, int], Redistribution] = {}
         for r in plan.redistributions:
             key = (r.to, r.input_index)
             if key in self._redist:
                 raise RuntimeLoadError(f"plan: two redistributions into input {r.input_index} of {r.to}")
             self._redist[key] = r
-        used: set[tuple[str, int]] = set()
+        self._used: set[tuple[str, int]] = set()
+        """The plan's redistributions that an edge of the graph takes."""
+        self._produced = self._leaves()
+        """What every fx node produces: (plan name, placements per output)."""
+        self._edges: dict[tuple[str, str, int], _Edge] = {}
+        self._forward: list[_OpProgram] | None = None
+        self.has_random = False
+        """Whether a step draws random numbers (then every rank must hold one generator state)."""
+        self.program = self._op_programs()
 
-        # what every fx node produces: (strategy-graph name, placements per output)
+        # sinks
+        self.loss_edge = self._edge(traced.loss, "loss", 0, (Replicate(),) * ndim)
+        self.grad_edges: dict[str, _Edge] = {}
+        for fqn, gnode in traced.grads.items():
+            if gnode is not None:
+                self.grad_edges[fqn] = self._edge(gnode, f"grad:{fqn}", 0, self.leaf_placements[f"param:{fqn}"])
+        self.buffer_edges: dict[str, _Edge] = {}
+        for fqn, unode in traced.buffer_updates.items():
+            self.buffer_edges[fqn] = self._edge(unode, f"buffer_update:{fqn}", 0, self.leaf_placements[f"buffer:{fqn}"])
+        self.buckets = self._bucket_programs()
+        unused = set(self._redist) - self._used
+        if unused:
+            to, i = sorted(unused)[0]
+            raise RuntimeLoadError(f"plan: a redistribution into {to} (input {i}) matches no edge of the graph")
+
+        bucketed = {m for b in plan.buckets for m in b.members}
+        self.collective_steps = tuple(
+            (r.tensor, r.to, r.input_index, s) for r in plan.redistributions for s in r.steps
+            if s.collective in COLLECTIVE_STEPS and r.to not in bucketed
+        )
+        """Every collective step of the plan outside gradient buckets, with its edge, in plan order."""
+        self._phases = self._recompute_phases()
+        self._actions = self._schedule_actions()
+        self._set_lifetimes()
+
+    def _leaves(self) -> dict[fx.Node, tuple[str, tuple[tuple[Placement, ...] | None, ...]]]:
+        """What every graph input and tensor constant produces: (plan name, placements per
+        output); fills ``leaf_placements`` and this rank's slices of the constants."""
+        traced, plan, ndim = self.traced, self.plan, len(self.mesh_shape)
+        gm = traced.graph_module
         produced: dict[fx.Node, tuple[str, tuple[tuple[Placement, ...] | None, ...]]] = {}
         names = {node: f"param:{fqn}" for fqn, node in traced.params.items()}
         names.update({node: f"buffer:{fqn}" for fqn, node in traced.buffers.items()})
@@ -267,48 +318,52 @@ class JointRunner:
             produced[node] = (name, (pl,))
             self._constants[node] = local_slice(value, pl, self.mesh_shape, self.coord)
 
-        def source(arg: fx.Node) -> tuple[str, int, tuple[Placement, ...]]:
-            """(producer name in the plan, its output index, placements) of the value ``arg``."""
-            if arg.op == "call_function" and arg.target is operator.getitem:
-                name, outs = produced[arg.args[0]]
-                k = int(arg.args[1])
-                return name, k, outs[k] if outs[k] is not None else self._placement(None)
-            name, outs = produced[arg]
-            return name, 0, outs[0] if outs[0] is not None else self._placement(None)
+        return produced
 
-        def edge(arg: fx.Node, reader: str, position: int, want: tuple[Placement, ...] | None) -> _Edge:
-            producer, _, have = source(arg)
-            r = self._redist.get((reader, position))
-            shape = tuple(int(s) for s in arg.meta["val"].shape)
-            where = f"{producer} -> {reader} (input {position})"
-            if want is None:  # an input whose values the op does not read
-                if r is not None:
-                    raise RuntimeLoadError(f"plan: {where} is not read by the op, yet the plan redistributes it")
-                return _Edge(arg, (), shape, (producer, reader, position))
-            if r is None:
-                if have != want:
-                    raise RuntimeLoadError(f"plan: {where} needs {_fmt(have)} -> {_fmt(want)} but has no redistribution")
-                return _Edge(arg, (), shape, (producer, reader, position))
-            used.add((reader, position))
-            if r.tensor != producer or self._placement(r.src) != have or self._placement(r.dst) != want:
-                raise RuntimeLoadError(f"plan: the redistribution into {reader} (input {position}) is "
-                                       f"{r.tensor} {r.src} -> {r.dst}, the graph has {producer} {_fmt(have)} -> {_fmt(want)}")
-            for step in r.steps:
-                try:
-                    check_step_runnable(step, self.mesh_shape)
-                except StepRuntimeError as exc:
-                    raise RuntimeLoadError(f"{where}: {exc}") from None
-            if self.comm is None and any(s.collective in COLLECTIVE_STEPS for s in r.steps):
-                raise RuntimeLoadError(f"{where}: the plan issues collectives but no process group was given")
-            made = _Edge(arg, tuple(r.steps), shape, (producer, reader, position))
-            self._edges[made.key] = made
-            return made
+    def _source(self, arg: fx.Node) -> tuple[str, int, tuple[Placement, ...]]:
+        """(producer name in the plan, its output index, placements) of the value ``arg``."""
+        if arg.op == "call_function" and arg.target is operator.getitem:
+            name, outs = self._produced[arg.args[0]]
+            k = int(arg.args[1])
+            return name, k, outs[k] if outs[k] is not None else self._placement(None)
+        name, outs = self._produced[arg]
+        return name, 0, outs[0] if outs[0] is not None else self._placement(None)
 
-        self._edges: dict[tuple[str, str, int], _Edge] = {}
-        self.program: list[_OpProgram] = []
-        self._forward: list[_OpProgram] | None = None
-        self.has_random = False
-        """Whether a step draws random numbers (then every rank must hold one generator state)."""
+    def _edge(self, arg: fx.Node, reader: str, position: int, want: tuple[Placement, ...] | None) -> _Edge:
+        producer, _, have = self._source(arg)
+        r = self._redist.get((reader, position))
+        shape = tuple(int(s) for s in arg.meta["val"].shape)
+        where = f"{producer} -> {reader} (input {position})"
+        if want is None:  # an input whose values the op does not read
+            if r is not None:
+                raise RuntimeLoadError(f"plan: {where} is not read by the op, yet the plan redistributes it")
+            return _Edge(arg, (), shape, (producer, reader, position))
+        if r is None:
+            if have != want:
+                raise RuntimeLoadError(f"plan: {where} needs {_fmt(have)} -> {_fmt(want)} but has no redistribution")
+            return _Edge(arg, (), shape, (producer, reader, position))
+        self._used.add((reader, position))
+        if r.tensor != producer or self._placement(r.src) != have or self._placement(r.dst) != want:
+            raise RuntimeLoadError(f"plan: the redistribution into {reader} (input {position}) is "
+                                   f"{r.tensor} {r.src} -> {r.dst}, the graph has {producer} {_fmt(have)} -> {_fmt(want)}")
+        for step in r.steps:
+            try:
+                check_step_runnable(step, self.mesh_shape)
+            except StepRuntimeError as exc:
+                raise RuntimeLoadError(f"{where}: {exc}") from None
+        if self.comm is None and any(s.collective in COLLECTIVE_STEPS for s in r.steps):
+            raise RuntimeLoadError(f"{where}: the plan issues collectives but no process group was given")
+        made = _Edge(arg, tuple(r.steps), shape, (producer, reader, position))
+        self._edges[made.key] = made
+        return made
+
+
+    def _op_programs(self) -> list[_OpProgram]:
+        """One program step per op and tuple access of the graph, in graph order, checked against the plan."""
+        gm, plan = self.traced.graph_module, self.plan
+        plan_nodes = {n.name: n for n in plan.nodes}
+        produced = self._produced
+        program: list[_OpProgram] = []
         for node in gm.graph.nodes:
             if node.op in ("placeholder", "output") or node in self._constants:
                 continue
@@ -317,7 +372,7 @@ class JointRunner:
             if node.target is operator.getitem:
                 if node.args[0] not in produced:
                     raise RuntimeLoadError(f"{node.name}: reads {node.args[0].name}, which makes no tensor")
-                self.program.append(_OpProgram(node, operator.getitem, None, [], (), ()))
+                program.append(_OpProgram(node, operator.getitem, None, [], (), ()))
                 continue
             val = node.meta.get("val")
             if not isinstance(val, (torch.Tensor, tuple, list)):
@@ -348,51 +403,18 @@ class JointRunner:
             args = tensor_arg_nodes(node)
             if len(args) != len(ins):
                 raise RuntimeLoadError(f"plan: node {node.name} has {len(ins)} input placements, the op {len(args)} tensor inputs")
-            edges = [edge(arg, node.name, i, ins[i]) for i, arg in enumerate(args)]
+            edges = [self._edge(arg, node.name, i, ins[i]) for i, arg in enumerate(args)]
             vals = val if isinstance(val, (tuple, list)) else (val,)
             flat_vals = list(vals)
             out_global = tuple(TensorMeta.of(v) if isinstance(v, torch.Tensor) else None for v in flat_vals)
             if len(out_global) != len(outs):
                 raise RuntimeLoadError(f"plan: node {node.name} has {len(outs)} output placements, the op {len(out_global)} outputs")
             produced[node] = (node.name, outs)
-            self.program.append(_OpProgram(node, node.target, rule.localize if rule is not None else None, edges,
-                                           outs, out_global, random=random if random in SLICEABLE and not replicated
-                                           else None))
+            program.append(_OpProgram(node, node.target, rule.localize if rule is not None else None, edges,
+                                      outs, out_global, random=random if random in SLICEABLE and not replicated
+                                      else None, draws=random is not None))
             self.has_random = self.has_random or random is not None
-
-        # sinks
-        self.loss_edge = edge(traced.loss, "loss", 0, (Replicate(),) * ndim)
-        self.grad_edges: dict[str, _Edge] = {}
-        for fqn, gnode in traced.grads.items():
-            if gnode is not None:
-                self.grad_edges[fqn] = edge(gnode, f"grad:{fqn}", 0, self.leaf_placements[f"param:{fqn}"])
-        self.buffer_edges: dict[str, _Edge] = {}
-        for fqn, unode in traced.buffer_updates.items():
-            self.buffer_edges[fqn] = edge(unode, f"buffer_update:{fqn}", 0, self.leaf_placements[f"buffer:{fqn}"])
-        self.buckets = self._bucket_programs()
-        unused = set(self._redist) - used
-        if unused:
-            to, i = sorted(unused)[0]
-            raise RuntimeLoadError(f"plan: a redistribution into {to} (input {i}) matches no edge of the graph")
-
-        # free every value after its last reader (sink values are kept)
-        keep = {self.loss_edge.source} | {e.source for e in self.grad_edges.values()} | {
-            e.source for e in self.buffer_edges.values()}
-        position = {p.node: i for i, p in enumerate(self.program)}
-        for node in gm.graph.nodes:
-            if node in keep or node.op == "output":
-                continue
-            readers = [position[u] for u in node.users if u in position]
-            if readers:
-                self.program[max(readers)].free_after.append(node)
-
-        bucketed = {m for b in plan.buckets for m in b.members}
-        self.collective_steps = tuple(
-            (r.tensor, r.to, r.input_index, s) for r in plan.redistributions for s in r.steps
-            if s.collective in COLLECTIVE_STEPS and r.to not in bucketed
-        )
-        """Every collective step of the plan outside gradient buckets, with its edge, in plan order."""
-        self._actions = self._schedule_actions()
+        return program
 
     def _schedule_actions(self) -> list[tuple[str, Any]]:
         """The per-rank program: ``("op", _OpProgram)``, ``("issue", _Scheduled)`` and
@@ -427,12 +449,20 @@ class JointRunner:
             issues.setdefault(item.issue, []).append(entry)
             waits.setdefault(item.wait, []).append(entry)
         actions: list[tuple[str, Any]] = []
-        for step in self.program:
+        phases = {ph.info.at: ph for ph in self._phases}
+        op_index: dict[int, int] = {}  # schedule position -> program index of its op
+        for i, step in enumerate(self.program):
+            if i in phases:  # the region's recomputation, before the collectives of t_rc's position
+                actions.append(("recompute", phases[i]))
             if step.op is not operator.getitem:
                 p = pos[step.node.name]
+                op_index[p] = i
                 actions += [("issue", x) for x in issues.get(p, ())] + [("wait", x) for x in waits.get(p, ())]
             actions.append(("op", step))
         n = len(names)
+        # what each issue reads, and where (the lifetimes: autoshard.runtime.recomputation.free_points)
+        self._issue_reads = [(m.source, op_index[p]) for p, group in issues.items() if p < n for x in group
+                             for m in ((x.edge,) if x.edge is not None else x.members)]
         actions += [("issue", x) for x in issues.get(n, ())] + [("wait", x) for x in waits.get(n, ())]
         scheduled = {x.edge.key for group in issues.values() for x in group if x.edge is not None}
         scheduled |= {m.key for group in issues.values() for x in group for m in x.members}
@@ -443,6 +473,46 @@ class JointRunner:
                 raise RuntimeLoadError(f"plan: the schedule does not schedule {key[0]} -> {key[1]} (input {key[2]}), "
                                        "which issues collectives")
         return actions
+
+    def _recompute_phases(self) -> list[_Phase]:
+        """The plan's ``recompute`` as phases of the per-rank program, checked
+        against the graph (``autoshard.runtime.recomputation``); the recomputed
+        random ops replay their first draw's random state."""
+        if not self.plan.recompute:
+            return []
+        from autoshard.graph.regions import backward_nodes, check_recompute
+
+        positions, k = [], 0
+        for step in self.program:  # the schedule position of each program step: the plan index of the next op
+            positions.append(k)
+            k += step.op is not operator.getitem
+        regions = {n.name: n.region for n in self.plan.nodes if n.region is not None}
+        try:
+            check_recompute(self.traced, self.plan.recompute)
+            found = recompute_phases([p.node for p in self.program], positions, self.plan.recompute, regions,
+                                     backward_nodes(self.traced.graph_module.graph, self.traced.tangent))
+        except ValueError as exc:
+            raise RuntimeLoadError(f"plan: {exc}") from None
+        phases = []
+        for info in found:
+            steps = [self.program[i] for i in info.steps]
+            for step in steps:
+                step.replay_rng = step.draws
+            phases.append(_Phase(info, steps, [[] for _ in steps]))
+        return phases
+
+    def _set_lifetimes(self) -> None:
+        """Free every value after its last read (sink values are kept); a recomputed
+        value's first pass and its recomputation each after their own last read."""
+        keep = {self.loss_edge.source} | {e.source for e in self.grad_edges.values()} | {
+            e.source for e in self.buffer_edges.values()}
+        phases = {ph.info.at: ph for ph in self._phases}
+        frees = free_points([p.node for p in self.program], [ph.info for ph in self._phases], keep, self._issue_reads)
+        for point, dead in frees.items():
+            if len(point) == 2:
+                self.program[point[0]].free_after.extend(dead)
+            else:
+                phases[point[0]].free_after[point[2]].extend(dead)
 
     def _gather_members(self, index: int) -> tuple[_Edge, ...]:
         """The edges of gather bucket ``index``, checked: each a single all_gather on the bucket's mesh dims."""
@@ -549,7 +619,10 @@ class JointRunner:
             self.step_graph = self._trace(env)
         if self.step_graph is not None:
             return self._run_graph(env)
-        result = self._run_actions(env)
+        live = LiveBytes()
+        live.hold(list(env.values()))  # the leaves: held by the module and the caller all step
+        result = self._run_actions(TrackedDict(live, env), live)
+        self.last_step_peak_bytes = live.peak
         self._steps_run += 1
         return result
 
@@ -563,6 +636,12 @@ class JointRunner:
     def _trace(self, env: Mapping[fx.Node, Any]) -> StepGraph | None:
         """The step as a graph (``autoshard.runtime.program``), compiled if asked;
         None (with a warning) when it cannot be traced: the runner then interprets."""
+        replayed = [st.node.name for ph in self._phases for st in ph.steps if st.replay_rng]
+        if replayed:  # every rank has the same plan: all of them take this branch (no collective to agree)
+            log.warning("autoshard: the step recomputes random ops (%s), whose replay restores the random state "
+                        "of the first draw, which a traced graph cannot do; interpreting it", ", ".join(replayed))
+            self.use_graph = False
+            return None
         nodes = self._flat_inputs()
         tangent = self.traced.tangent
 
@@ -604,11 +683,12 @@ class JointRunner:
         updates = dict(zip(self.buffer_edges, out[k:]))
         return JointResult(loss=out[0], grads=grads, buffer_updates=updates)
 
-    def _run_actions(self, env: dict[fx.Node, Any]) -> JointResult:
-        """One step by the per-rank program (module docstring): ops, issues and waits in order."""
+    def _run_actions(self, env: dict[fx.Node, Any], live: LiveBytes | None = None) -> JointResult:
+        """One step by the per-rank program (module docstring): ops, recomputations, issues and
+        waits in order; ``live`` (with ``env`` a ``TrackedDict`` on it) counts the bytes held."""
         traced = self.traced
         pending: dict[int, PendingStep] = {}
-        ready: dict[Any, Any] = {}
+        ready: dict[Any, Any] = TrackedDict(live) if live is not None else {}
         with torch.no_grad():
             for kind, what in self._actions:
                 if kind == "op":
@@ -616,9 +696,14 @@ class JointRunner:
                     if what.op is operator.getitem:
                         env[node] = env[node.args[0]][int(node.args[1])]
                     else:
-                        env[node] = self._run_op(what, env, ready)
+                        if what.replay_rng:
+                            device = self._device(what, env)
+                            self._rng_states[node] = (device, get_rng_state(device))
+                        env[node] = self._run_op(what, env, ready, live)
                     for dead in what.free_after:
                         env.pop(dead, None)
+                elif kind == "recompute":
+                    self._recompute(what, env, live)
                 elif kind == "issue":
                     pending[id(what)] = self._issue(what, env)
                 else:
@@ -643,6 +728,42 @@ class JointRunner:
             updates = {fqn: self._sink(env, e, ready) for fqn, e in self.buffer_edges.items()}
         self._set_comm(None, None)
         return JointResult(loss=loss, grads=grads, buffer_updates=updates)
+
+    def _recompute(self, phase: _Phase, env: dict[fx.Node, Any], live: LiveBytes | None) -> None:
+        """A region's recomputation (``autoshard.runtime.recomputation``): its recomputed ops
+        again, in forward order, their redistributed inputs again (waited at once)."""
+        at = phase.info.position
+        for step, dead in zip(phase.steps, phase.free_after):
+            node = step.node
+            if step.op is operator.getitem:
+                env[node] = env[node.args[0]][int(node.args[1])]
+            else:
+                ready: dict[Any, Any] = TrackedDict(live) if live is not None else {}
+                for e in step.edges:
+                    if e.steps:
+                        self._set_comm(e.key, (at, at))
+                        ready[e.key] = self._run_steps(self._value(env, e.source), e, e.steps)
+                if step.replay_rng:  # the first draw's state, then the stream goes on where it was
+                    device, state = self._rng_states.pop(node)
+                    now = get_rng_state(device)
+                    set_rng_state(device, state)
+                    try:
+                        env[node] = self._run_op(step, env, ready, live)
+                    finally:
+                        set_rng_state(device, now)
+                else:
+                    env[node] = self._run_op(step, env, ready, live)
+            for value in dead:
+                env.pop(value, None)
+        self._set_comm(None, None)
+
+    def _device(self, step: _OpProgram, env: Mapping[fx.Node, Any]) -> torch.device:
+        """Where the op's tensors are (whose generator a random op draws from)."""
+        for e in step.edges:
+            value = self._value(env, e.source)
+            if isinstance(value, torch.Tensor):
+                return value.device
+        return torch.device("cpu")
 
     def _set_comm(self, edge: tuple[str, str, int] | None, positions: tuple[int, int] | None) -> None:
         comm = self.comm
@@ -740,13 +861,17 @@ class JointRunner:
                              f"{_fmt(self.leaf_placements[name])} gives {want} at coordinate {self.coord}")
         return value
 
-    def _run_op(self, step: _OpProgram, env: Mapping[fx.Node, Any], ready: dict[Any, Any]) -> Any:
+    def _run_op(self, step: _OpProgram, env: Mapping[fx.Node, Any], ready: dict[Any, Any],
+                live: LiveBytes | None = None) -> Any:
         node, op = step.node, step.op
         locals_ = [ready.pop(e.key) if e.key in ready else (self._redistribute(env[e.source], e) if e.steps
                                                                else env[e.source]) for e in step.edges]
         if step.random is not None:
-            return run_random(step.random, node, locals_, step.out_global, step.out_placements, self.mesh_shape,
-                              self.coord)
+            result = run_random(step.random, node, locals_, step.out_global, step.out_placements, self.mesh_shape,
+                                self.coord)
+            if live is not None:
+                live.touch([*locals_, result])
+            return result
         if step.call is not None:
             args, kwargs = step.call.fill(locals_)
         else:
@@ -765,6 +890,8 @@ class JointRunner:
             if want is not None and isinstance(got, torch.Tensor) and tuple(got.shape) != want.shape:
                 raise RuntimeError(f"{node.name} ({op_name(op)}) output {k}: local shape {tuple(got.shape)}, "
                                    f"the plan's {_fmt(step.out_placements[k])} gives {want.shape}")
+        if live is not None:  # inputs (copies included) and outputs exist together here
+            live.touch([*locals_, result])
         return result
 
     def _first_args(self, step: _OpProgram, env: Mapping[fx.Node, Any], locals_: list[torch.Tensor]) -> tuple[tuple, dict]:

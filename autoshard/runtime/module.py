@@ -286,6 +286,17 @@ class ShardedModule(nn.Module):
 
         return _JointStep.apply(loss, make_grads, *(params[fqn] for fqn in order))
 
+    @property
+    def last_step_peak_bytes(self) -> int | None:
+        """This rank's peak of live tensor bytes during its last interpreted training
+        step (``autoshard.runtime.live_bytes``: leaves, activations, recomputed values,
+        redistributed copies, gradients; no optimizer state); None before one. From the
+        second step on the traced graph runs the same program, so the value stands.
+
+        >>> # loss = sharded(*batch); loss.backward(); sharded.last_step_peak_bytes
+        """
+        return self._runner.last_step_peak_bytes
+
     def step_loss_and_grads(self, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, dict[str, DTensor | None]]:
         """The loss and every parameter's gradient (a DTensor in the parameter's
         placement), without autograd."""

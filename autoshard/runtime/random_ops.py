@@ -45,7 +45,7 @@ from costmodel.placements import Partial, Placement, Replicate
 from autoshard.rules.calls import bind_args
 from autoshard.runtime.shards import local_slice
 
-__all__ = ["SLICEABLE", "random_kind", "run_random", "sync_rng_state"]
+__all__ = ["SLICEABLE", "random_kind", "run_random", "sync_rng_state", "get_rng_state", "set_rng_state"]
 
 aten = torch.ops.aten
 
@@ -108,6 +108,22 @@ def run_random(kind: str, node: fx.Node, local_inputs: Sequence[torch.Tensor],
     else:
         raise ValueError(f"{node.name}: random op kind {kind!r} has no sharded execution")
     return _slice(whole, out_placements[0], mesh_shape, coord)
+
+
+def get_rng_state(device: torch.device) -> torch.Tensor:
+    """The state of the default generator that ops on ``device`` draw from (a
+    recomputed dropout replays it: ``autoshard.runtime.recomputation``)."""
+    if device.type == "cuda":
+        return torch.cuda.get_rng_state(device)
+    return torch.get_rng_state()
+
+
+def set_rng_state(device: torch.device, state: torch.Tensor) -> None:
+    """Set the default generator of ``device`` to ``state`` (from :func:`get_rng_state`)."""
+    if device.type == "cuda":
+        torch.cuda.set_rng_state(state, device)
+    else:
+        torch.set_rng_state(state)
 
 
 def sync_rng_state(group: Any = None) -> None:

@@ -196,6 +196,8 @@ def _jobs(mesh: Any, mesh_shape: tuple[int, ...], jobs: list[dict[str, Any]],
                            for r in sharded.collective_trace],
             "adamw": steps,
             "graph": sharded._runner.step_graph is not None,
+            "recompute_at": recompute_positions(graph, sharded.plan),
+            "peak_bytes": sharded._runner.last_step_peak_bytes,
             "grad_norms": norms,
             "seconds": time.perf_counter() - start,
         }
@@ -251,6 +253,10 @@ def planned_collectives_issued(plan: Any, results: list[dict[str, Any]], label: 
                       for r in plan.redistributions for s in r.steps
                       if s.collective in COLLECTIVE_STEPS and r.to not in bucketed
                       and (r.tensor, r.to, r.input_index) not in gathered)
+    recomputed = set(plan.recompute)  # a recomputed op's input redistributions run again, each on its own
+    planned.update((r.tensor, r.to, r.input_index, s.collective, tuple(s.mesh_dims), s.bytes)
+                   for r in plan.redistributions for s in r.steps
+                   if s.collective in COLLECTIVE_STEPS and r.to in recomputed)
     planned.update(("bucket", ",".join(b.members), 0, b.collective, tuple(b.mesh_dims), b.bytes) for b in plan.buckets)
     planned.update(("gather", ",".join(f"{m[0]}>{m[1]}>{m[2]}" for m in g.members), 0, "all_gather",
                     tuple(g.mesh_dims), g.bytes) for g in plan.gather_buckets)
@@ -290,10 +296,45 @@ def teardown(rank: int, world: int) -> dict[str, Any]:
             "nn_defaults_holding_a_group": held}
 
 
-def scheduled_trace(plan: Any) -> list[tuple]:
+def recompute_positions(traced: Any, plan: Any) -> list[tuple[int, list[str]]]:
+    """Where the plan's recomputation runs, worked out here from the graph (the
+    test's own reading of ``autoshard.graph.regions``): per checkpoint region
+    with recomputed ops, the schedule position of the first backward op that
+    reads a value of the region's forward, and the region's recomputed ops in
+    plan order; regions that start their backward at one op share it."""
+    import operator
+
+    from autoshard.graph.regions import backward_nodes
+
+    graph = traced.graph_module.graph
+    region = {n.name: n.region for n in plan.nodes if n.region is not None}
+    wanted = {region[name] for name in plan.recompute}
+    backward = backward_nodes(graph, traced.tangent)
+    position, first = 0, {}
+    for node in graph.nodes:
+        if node.op != "call_function":
+            continue
+        if node in backward:
+            for u in node.all_input_nodes:
+                src = u.args[0] if u.target is operator.getitem else u
+                r = region.get(src.name)
+                if u not in backward and r in wanted:
+                    first.setdefault(r, position)
+        position += node.target is not operator.getitem
+    at: dict[int, list[str]] = {}
+    for name in plan.recompute:
+        at.setdefault(first[region[name]], []).append(name)
+    return sorted(at.items())
+
+
+def scheduled_trace(plan: Any, recompute_at: list[tuple[int, list[str]]] = ()) -> list[tuple]:
     """What the collective trace of one step must be, in order, by the plan's
     schedule: per item, its collectives as (edge, kind, mesh dims, bytes, issue,
-    wait); all but a redistribution's last collective are waited where issued."""
+    wait); all but a redistribution's last collective are waited where issued.
+    With recomputation (``recompute_at``: :func:`recompute_positions`), each
+    phase's collectives come at its position before that position's items: per
+    recomputed op in order, its input redistributions' collectives in input
+    order, each issued and waited there."""
     from costmodel.steps import COLLECTIVE_STEPS
 
     from autoshard.plan.schedule import build_schedule
@@ -301,8 +342,18 @@ def scheduled_trace(plan: Any) -> list[tuple]:
     schedule = plan.schedule or build_schedule([n.name for n in plan.nodes], plan.redistributions, plan.buckets,
                                                gathers=plan.gather_buckets)
     by_edge = {(r.tensor, r.to, r.input_index): r for r in plan.redistributions}
+    into: dict[str, list[Any]] = {}
+    for r in sorted(plan.redistributions, key=lambda r: r.input_index):
+        into.setdefault(r.to, []).append(r)
+    phases = []
+    for at, names in recompute_at:
+        phases.append((at, [((r.tensor, r.to, r.input_index), s.collective, tuple(s.mesh_dims), s.bytes, at, at)
+                            for name in names for r in into.get(name, ()) for s in r.steps
+                            if s.collective in COLLECTIVE_STEPS]))
     out = []
     for item in schedule.items:
+        while phases and phases[0][0] <= item.issue:
+            out += phases.pop(0)[1]
         if item.gather is not None:
             g = plan.gather_buckets[item.gather]
             out.append((("gather", ",".join(f"{m[0]}>{m[1]}>{m[2]}" for m in g.members), 0), "all_gather",
@@ -317,14 +368,16 @@ def scheduled_trace(plan: Any) -> list[tuple]:
         for k, s in enumerate(steps):
             out.append((item.edge, s.collective, tuple(s.mesh_dims), s.bytes, item.issue,
                         item.wait if k == len(steps) - 1 else item.issue))
+    for _, entries in phases:
+        out += entries
     return out
 
 
 def assert_trace_follows_schedule(plan: Any, results: list[dict[str, Any]], label: str) -> None:
     """Every rank issued its collectives in the schedule's order, each issued and
     waited at the schedule's positions, on the first step and on the last one."""
-    want = scheduled_trace(plan)
     for rank, res in enumerate(results):
+        want = scheduled_trace(plan, res[label].get("recompute_at", ()))
         for key in ("trace", "trace_last"):
             got = [(tuple(e), kind, tuple(dims), nbytes, issue, wait)
                    for kind, dims, nbytes, _, e, issue, wait in res[label][key]]

@@ -9,7 +9,7 @@ import pytest
 
 MODULES = ["autoshard.runtime.steps", "autoshard.runtime.execute", "autoshard.runtime.collectives",
            "autoshard.runtime.module", "autoshard.runtime.templates", "autoshard.runtime.program",
-           "autoshard.runtime.shards"]
+           "autoshard.runtime.shards", "autoshard.runtime.recomputation", "autoshard.runtime.live_bytes"]
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -23,6 +23,16 @@ class ThreadComm:
         self.rank = int(np.ravel_multi_index(coord, mesh_shape))
         self.seq = 0
         self.records: list[tuple[str, tuple[int, ...], int]] = []
+        self.edge: tuple[str, str, int] | None = None
+        self.positions: tuple[int, int] | None = None
+        """(issue, wait) schedule positions of what is issued next (set by the runner, as on ``MeshComm``)."""
+        self.trace: list[tuple] = []
+        """(edge, kind, mesh dims, bytes, issue, wait) per collective, as ``MeshComm``'s records name them."""
+
+    def _record(self, kind: str, mesh_dims: tuple[int, ...], nbytes: int) -> None:
+        self.records.append((kind, mesh_dims, nbytes))
+        issue, wait = self.positions if self.positions is not None else (None, None)
+        self.trace.append((self.edge, kind, tuple(mesh_dims), int(nbytes), issue, wait))
 
     def _exchange(self, x: torch.Tensor, dims: tuple[int, ...]) -> list[torch.Tensor]:
         key = self.seq
@@ -48,26 +58,26 @@ class ThreadComm:
         return out
 
     def all_gather(self, x, mesh_dims, nbytes):
-        self.records.append(("all_gather", mesh_dims, nbytes))
+        self._record("all_gather", mesh_dims, nbytes)
         return torch.cat(self._exchange(x, mesh_dims), 0)
 
     def all_reduce(self, x, op, mesh_dims, nbytes):
-        self.records.append(("all_reduce", mesh_dims, nbytes))
+        self._record("all_reduce", mesh_dims, nbytes)
         return self._reduce(self._exchange(x, mesh_dims), op)
 
     def reduce_scatter(self, x, op, mesh_dims, nbytes):
-        self.records.append(("reduce_scatter", mesh_dims, nbytes))
+        self._record("reduce_scatter", mesh_dims, nbytes)
         total = self._reduce(self._exchange(x, mesh_dims), op)
         g = math.prod(self.mesh_shape[d] for d in mesh_dims)
         return total.chunk(g, 0)[member_index(self.coord, self.mesh_shape, mesh_dims)]
 
     def all_to_all(self, x, mesh_dims, nbytes):
-        self.records.append(("all_to_all", mesh_dims, nbytes))
+        self._record("all_to_all", mesh_dims, nbytes)
         q = member_index(self.coord, self.mesh_shape, mesh_dims)
         return torch.stack([p[q] for p in self._exchange(x, mesh_dims)])
 
     def permute(self, x, src_dst, mesh_dims, nbytes):
-        self.records.append(("permute", mesh_dims, nbytes))
+        self._record("permute", mesh_dims, nbytes)
         q = member_index(self.coord, self.mesh_shape, mesh_dims)
         parts = self._exchange(x, mesh_dims)
         return parts[src_dst.index(q)]
