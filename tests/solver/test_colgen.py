@@ -141,10 +141,10 @@ def test_problem_without_memory_limit_is_solved_by_one_elimination_pass(make_ran
     pairs += [(2 * i + s, (2 * i + 2 + s) % (2 * rungs)) for i in range(rungs) for s in (0, 1)]
     edges = [{"src": u, "dst": v, "cost": rng.random((4, 4)).tolist()} for u, v in pairs]
     problem = Problem.from_dict({"nodes": nodes, "edges": edges})
-    solution = solve(problem, time_limit=20)
+    solution = solve(problem, time_limit=120)  # ends once proven; the margin is for a loaded machine
     assert solution.status.value == "optimal"
     assert "treedp" in solution.stats["methods_run"]
-    reference = solve(problem, time_limit=20, method="exact")  # the integer program, proven by CBC
+    reference = solve(problem, time_limit=120, method="exact")  # the integer program, proven by CBC
     assert reference.status.value == "optimal"
     assert solution.cost == pytest.approx(reference.cost, rel=1e-9)
 
