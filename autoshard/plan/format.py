@@ -390,9 +390,10 @@ class Plan:
                 param_aliases={str(k): tuple(v) for k, v in data.get("param_aliases", {}).items()},
                 options=dict(data.get("options", {})),
                 memory_timeline=tuple((int(t), float(b)) for t, b in data.get("memory_timeline", [])),
-                buckets=tuple(_bucket(b, f"buckets[{i}]") for i, b in enumerate(data.get("buckets", []))),
+                buckets=tuple(_from_object(Bucket, b, f"buckets[{i}]")
+                              for i, b in enumerate(data.get("buckets", []))),
                 constants={str(k): _placement_text(v, f"constants.{k}") for k, v in data.get("constants", {}).items()},
-                gather_buckets=tuple(_gather(g, f"gather_buckets[{i}]")
+                gather_buckets=tuple(_from_object(GatherBucket, g, f"gather_buckets[{i}]")
                                      for i, g in enumerate(data.get("gather_buckets", []))),
                 schedule=None if data.get("schedule") is None else Schedule.from_dict(data["schedule"]),
             )
@@ -460,20 +461,12 @@ def _recompute_list(data: Any, nodes: tuple[PlanNode, ...]) -> tuple[str, ...]:
     return tuple(data)
 
 
-def _bucket(data: Any, where: str) -> Bucket:
+def _from_object(cls: Any, data: Any, where: str) -> Any:
+    """``cls.from_dict(data)`` (a gradient or gather bucket), its errors as one :class:`PlanError` naming ``where``."""
     if not isinstance(data, Mapping):
         raise PlanError(f"{where}: expected an object")
     try:
-        return Bucket.from_dict(data)
-    except ValueError as exc:
-        raise PlanError(f"{where}: {exc}") from None
-
-
-def _gather(data: Any, where: str) -> GatherBucket:
-    if not isinstance(data, Mapping):
-        raise PlanError(f"{where}: expected an object")
-    try:
-        return GatherBucket.from_dict(data)
+        return cls.from_dict(data)
     except ValueError as exc:
         raise PlanError(f"{where}: {exc}") from None
 
