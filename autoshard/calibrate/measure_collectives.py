@@ -138,7 +138,17 @@ class Groups:
 
     def call(self, kind: str, mesh_dims: tuple[int, ...], nbytes: int) -> Any:
         """A function issuing one ``kind`` collective with per-rank buffer
-        ``nbytes`` on the group of ``mesh_dims``."""
+        ``nbytes`` on the group of ``mesh_dims`` and waiting for its result.
+
+        ``MeshComm`` only issues (the runtime waits where the plan's schedule
+        says); a timed call must also wait, or it times the issue alone and
+        leaves every result in flight (gloo keeps their buffers: a full
+        calibration ran out of memory that way)."""
+        issue = self._issue(kind, mesh_dims, nbytes)
+        comm = self.comm
+        return lambda: comm.wait(issue())
+
+    def _issue(self, kind: str, mesh_dims: tuple[int, ...], nbytes: int) -> Any:
         n = self.spec.group_size(mesh_dims)
         numel = nbytes // 4
         device = self.job.device
