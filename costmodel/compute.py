@@ -3,7 +3,7 @@
 For an op of kind ``k`` doing ``F`` FLOPs and moving ``B`` bytes of HBM traffic
 in dtype ``t`` on a device with peak ``P[t]`` FLOP/s and bandwidth ``W`` B/s:
 
-    time = max(F / (P[t] * e_k(F)),  B / (W * e_mem(B))) / e_run(r) + launch
+    time = max(F / (P[t] * e_k(F)),  B / (W * e_mem(B))) / e_run(r) + fresh(O) + launch
 
 * ``e_k(F)`` (matmul, attention, attention_backward): the profile's curve of
   points ``(flops, fraction)``, interpolated linearly in ``log10(F)`` and held
@@ -30,6 +30,13 @@ in dtype ``t`` on a device with peak ``P[t]`` FLOP/s and bandwidth ``W`` B/s:
   nearly always memory-bound).
 * ``copy`` is ``B / (W * e_mem(B)) + launch``; ``view`` (no data moves) is 0, the
   only free kind.
+* ``fresh(O)`` = ``sum(o for o in O if o >= A) / W_f`` over the op's output
+  sizes ``O``, where the profile has ``device.fresh_pages`` (``A``, ``W_f``):
+  on CPU, glibc's malloc maps every allocation of 32 MiB or more afresh and
+  unmaps it on free, so each call faults in and zeroes its large outputs
+  (measured: a 32 MiB clone takes 9x a 31.98 MiB one). Without the term the
+  calibration fitted that cost into the memory curve, which then priced every
+  op with a large working set (but small outputs) several times too slow.
 * ``launch`` is the profile's floor on any kernel; an op with a Python-scalar
   operand (``mul(x, 0.5)``, ``add.Scalar``) pays ``launch_scalar_s`` instead
   where the profile has it (the scalar is wrapped into a tensor per call).
@@ -48,6 +55,7 @@ are copies: :func:`local_copy_time_s` counts a read and a write of every byte,
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 from hw_profiles import HardwareProfile
 from hw_profiles.profile import DTYPE_ALIASES
@@ -142,6 +150,7 @@ def op_time_s(
     profile: HardwareProfile,
     run_elems: float = math.inf,
     scalar_operand: bool = False,
+    output_bytes: Sequence[float] = (),
 ) -> float:
     """Seconds for one op of ``kind`` (one of ``OP_KINDS``) on one device.
 
@@ -150,7 +159,8 @@ def op_time_s(
     compute dtype (``bf16``, ``torch.float32``, ...); ``run_elems``: the
     innermost contiguous run of an elementwise, reduction or copy kernel
     (default: contiguous); ``scalar_operand``: the op has a Python-scalar
-    operand (its launch floor is ``launch_scalar_s``).
+    operand (its launch floor is ``launch_scalar_s``); ``output_bytes``: the
+    size of each tensor the op allocates (fresh pages, module docstring).
 
     >>> from hw_profiles import load
     >>> op_time_s("view", flops=0, bytes_accessed=1e9, dtype="bf16", profile=load("h100-sxm-80gb"))
@@ -167,6 +177,8 @@ def op_time_s(
     device = profile.device
     memory_s = _memory_s(bytes_accessed, profile)
     launch = device.launch_scalar_s if scalar_operand and device.launch_scalar_s is not None else device.launch_s
+    if device.fresh_pages is not None and output_bytes:
+        launch += device.fresh_pages.seconds(tuple(output_bytes))
     if kind in ("matmul", "attention", "attention_backward"):
         try:
             peak = device.peak_flops_for(dtype)
@@ -212,14 +224,20 @@ def local_copy_time_s(nbytes: float, profile: HardwareProfile) -> float:
     """
     if nbytes < 0:
         raise ComputeError(f"nbytes: must be >= 0, got {nbytes}")
-    return _memory_s(2.0 * nbytes, profile) + profile.device.launch_s
+    return _memory_s(2.0 * nbytes, profile) + _fresh_s(nbytes, profile) + profile.device.launch_s
 
 
 def local_fill_time_s(nbytes: float, profile: HardwareProfile) -> float:
     """Seconds to write ``nbytes`` of a constant (zero fill for ``R -> P(sum)``)."""
     if nbytes < 0:
         raise ComputeError(f"nbytes: must be >= 0, got {nbytes}")
-    return _memory_s(float(nbytes), profile) + profile.device.launch_s
+    return _memory_s(float(nbytes), profile) + _fresh_s(nbytes, profile) + profile.device.launch_s
+
+
+def _fresh_s(out_nbytes: float, profile: HardwareProfile) -> float:
+    """Fresh pages of a local re-layout's new buffer (module docstring)."""
+    fresh = profile.device.fresh_pages
+    return fresh.seconds((float(out_nbytes),)) if fresh is not None else 0.0
 
 
 def local_slice_time_s(out_nbytes: float, profile: HardwareProfile) -> float:

@@ -37,6 +37,12 @@ load unchanged and price as before):
   a middle dim) reach this fraction of their contiguous speed;
 * ``device.launch_scalar_s``: the floor of an op with a Python-scalar operand
   (wrapped into a tensor on every call; default ``launch_s``);
+* ``device.fresh_pages``: ``{"above_bytes", "Bps"}``: an op output of
+  ``above_bytes`` or more lands in pages the operating system hands out
+  anew on every call, which it faults in and zeroes at ``Bps`` (glibc's
+  malloc serves allocations of 32 MiB and more with ``mmap`` and returns
+  them on free, so a CPU step pays this for every such tensor; a GPU's
+  caching allocator does not: absent there);
 * per collective ``bus_bandwidth``: published bus bandwidth over message size
   for a group of ``ranks`` ranks on this tier (nccl-tests' ``busbw``), which
   ``costmodel.collectives`` prefers over alpha-beta where it applies;
@@ -68,6 +74,7 @@ __all__ = [
     "COLLECTIVE_KINDS",
     "DTYPE_ALIASES",
     "Citation",
+    "FreshPages",
     "BusBandwidthCurve",
     "CollectiveFit",
     "Tier",
@@ -342,6 +349,30 @@ class Efficiency:
 
 
 @dataclass(frozen=True, slots=True)
+class FreshPages:
+    """Outputs of ``above_bytes`` or more get fresh pages from the operating
+    system on every call, faulted in and zeroed at ``Bps`` bytes per second.
+
+    >>> round(FreshPages.from_dict({"above_bytes": 2**25, "Bps": 3e9}).seconds((2**24, 2**26)), 4)
+    0.0224
+    """
+
+    above_bytes: int
+    Bps: float
+
+    def seconds(self, output_bytes: "tuple[float, ...] | list[float]") -> float:
+        """Time to fault in the outputs (of one op) that reach ``above_bytes``."""
+        return sum(b for b in output_bytes if b >= self.above_bytes) / self.Bps
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "FreshPages":
+        return cls(above_bytes=int(data["above_bytes"]), Bps=float(data["Bps"]))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"above_bytes": self.above_bytes, "Bps": self.Bps}
+
+
+@dataclass(frozen=True, slots=True)
 class DeviceSpec:
     """One accelerator (or CPU process, for ``cpu-gloo``)."""
 
@@ -357,6 +388,8 @@ class DeviceSpec:
     """Device field (or dotted sub-field) -> source of its figure."""
     launch_scalar_s: float | None = None
     """Floor of an op with a Python-scalar operand; None = ``launch_s``."""
+    fresh_pages: "FreshPages | None" = None
+    """Cost of outputs served by fresh pages (CPU allocators); None: no such cost."""
 
     def peak_flops_for(self, dtype: str) -> float:
         """Peak FLOP/s for a dtype (torch or short name); unknown dtypes raise
@@ -382,6 +415,7 @@ class DeviceSpec:
             sources=tuple((str(k), Citation.from_dict(v) if isinstance(v, Mapping) else str(v))
                           for k, v in data.get("sources", {}).items()),
             launch_scalar_s=None if data.get("launch_scalar_s") is None else float(data["launch_scalar_s"]),
+            fresh_pages=None if data.get("fresh_pages") is None else FreshPages.from_dict(data["fresh_pages"]),
         )
 
     def source(self, field: str) -> "str | Citation | None":
@@ -401,6 +435,8 @@ class DeviceSpec:
         }
         if self.launch_scalar_s is not None:
             out["launch_scalar_s"] = self.launch_scalar_s
+        if self.fresh_pages is not None:
+            out["fresh_pages"] = self.fresh_pages.to_dict()
         out["efficiency"] = self.efficiency.to_dict()
         if self.sources:
             out["sources"] = {k: v.to_dict() if isinstance(v, Citation) else v for k, v in self.sources}

@@ -159,6 +159,12 @@ SCHEMA: dict[str, Any] = {
                 "memory_bandwidth_Bps": _LIMITS["bandwidth"],
                 "launch_s": {**_LIMITS["seconds"], "maximum": 1.0},
                 "launch_scalar_s": {**_LIMITS["seconds"], "maximum": 1.0},
+                "fresh_pages": {
+                    "type": "object",
+                    "required": ["above_bytes", "Bps"],
+                    "additionalProperties": False,
+                    "properties": {"above_bytes": _LIMITS["memory_bytes"], "Bps": _LIMITS["bandwidth"]},
+                },
                 "efficiency": {
                     "type": "object",
                     "required": ["matmul", "memory"],

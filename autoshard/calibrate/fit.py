@@ -24,7 +24,15 @@ error is computed with the figures as stored.
   and curve (``efficiency.matmul_by_dtype``: a CPU's bf16 GEMMs, or a GPU's
   fp8 ones, saturate at other sizes than the primary dtype's).
 * memory: bandwidth ``B / (t - L)`` per quarter decade of working set, the
-  same way: ``memory_bandwidth_Bps`` = the best bin, ``e_mem(B)`` = bin / best.
+  same way: ``memory_bandwidth_Bps`` = the best bin, ``e_mem(B)`` = bin / best,
+  over the samples that allocate no fresh pages (below).
+* fresh pages: for each size measured both as a clone and as a copy into a
+  kept buffer, ``c = (t_clone - t_copy) / O`` seconds per output byte ``O``;
+  where the clones of 32 MiB and more (glibc's largest mmap threshold) take
+  at least 1.5x their copies, ``W_f = 1 / median(c)`` over them and
+  ``A`` = the least output whose ``c`` reaches half that median
+  (``device.fresh_pages``); otherwise the host has no such cost and the
+  profile no such field.
 * vector: ``e_vec`` minimising the squared log error of the roofline over
   the compute-heavy elementwise samples (1-D search).
 * attention: like matmul, against the peak of its dtype; the forward and
@@ -246,12 +254,13 @@ def fit_device(samples: Sequence[ComputeSample], *, primary: str) -> dict:
         peaks[dtype], curve = rate_curve([s.flops for s in own], [s.flops / _busy_s(s, launch_s) for s in own],
                                          [s.seconds for s in own], launch_s, decades=0.5)
         by_dtype[dtype] = [list(p) for p in curve]
-    mem = [s for s in samples if s.kind == "memory"]
+    fresh = fit_fresh_pages([s for s in samples if s.kind == "memory"])
+    mem = [s for s in samples if s.kind == "memory" and (fresh is None or s.out_bytes < fresh["above_bytes"])]
     if not mem:
         raise ValueError("calibration: no memory measurement")
     best, memory = rate_curve([s.bytes_accessed for s in mem], [s.bytes_accessed / _busy_s(s, launch_s) for s in mem],
                               [s.seconds for s in mem], launch_s, decades=0.25)
-    vector = _fit_vector(samples, launch_s, peaks.get("fp32", peak), best, memory)
+    vector = _fit_vector(samples, launch_s, peaks.get("fp32", peak), best, memory, fresh)
     efficiency_dict: dict = {"matmul": [list(p) for p in matmul]}
     if by_dtype:
         efficiency_dict["matmul_by_dtype"] = by_dtype
@@ -272,6 +281,8 @@ def fit_device(samples: Sequence[ComputeSample], *, primary: str) -> dict:
     }
     if scalar:
         out["launch_scalar_s"] = significant(statistics.median(scalar))
+    if fresh is not None:
+        out["fresh_pages"] = fresh
     run = _fit_run(samples, out)
     if run:
         efficiency_dict["run"] = run
@@ -314,8 +325,35 @@ def _scalar_operand(sample: ComputeSample) -> bool:
             or (sample.kind in ("access", "access_twin") and sample.op == "div_expanded"))
 
 
+MMAP_THRESHOLD_MAX_BYTES = 32 * 2**20
+"""glibc's largest mmap threshold on 64-bit hosts (``DEFAULT_MMAP_THRESHOLD_MAX``,
+mallopt(3)): malloc maps every allocation of this size or more afresh."""
+
+
+def fit_fresh_pages(memory: Sequence[ComputeSample]) -> dict | None:
+    """``{"above_bytes", "Bps"}`` of fresh pages from the memory samples (module
+    docstring), or None where clones of 32 MiB and more cost no more than
+    1.5x a copy into a kept buffer.
+
+    >>> def s(op, n, t): return ComputeSample("memory", op, str(n), "fp32", 0.0, 8.0 * n, t, 0.0,
+    ...                                        out_bytes=0.0 if op == "copy_" else 4.0 * n)
+    >>> fit_fresh_pages([s("clone", 2**22, 1e-3), s("copy_", 2**22, 1e-3),
+    ...                  s("clone", 2**23, 12e-3), s("copy_", 2**23, 2e-3)])
+    {'above_bytes': 33554432, 'Bps': 3355000000.0}
+    """
+    kept = {s.shape: s for s in memory if s.op == "copy_"}
+    pairs = [(c, kept[c.shape]) for c in memory if c.op == "clone" and c.shape in kept and c.out_bytes > 0]
+    big = [(c, k) for c, k in pairs if c.out_bytes >= MMAP_THRESHOLD_MAX_BYTES]
+    if not big or statistics.median(c.seconds / k.seconds for c, k in big) < 1.5:
+        return None
+    per_byte = {c.out_bytes: max(c.seconds - k.seconds, 0.0) / c.out_bytes for c, k in pairs}
+    cost = statistics.median(per_byte[c.out_bytes] for c, _ in big)
+    above = min(b for b, v in per_byte.items() if v >= cost / 2)
+    return {"above_bytes": int(above), "Bps": significant(1.0 / cost)}
+
+
 def _fit_vector(samples: Sequence[ComputeSample], launch_s: float, fp32_peak: float, bandwidth: float,
-                memory: tuple[tuple[float, float], ...]) -> float | None:
+                memory: tuple[tuple[float, float], ...], fresh: dict | None = None) -> float | None:
     """The vector efficiency ``e_vec`` minimising the squared log error of
     ``max(F / (P_fp32 e_vec), B / (W e_mem(B))) + L`` over the vector samples
     (1-D search); None without vector samples."""
@@ -327,7 +365,8 @@ def _fit_vector(samples: Sequence[ComputeSample], launch_s: float, fp32_peak: fl
         total = 0.0
         for s in vec:
             memory_s = s.bytes_accessed / (bandwidth * efficiency(memory, s.bytes_accessed))
-            predicted = max(s.flops / (fp32_peak * e_vec), memory_s) + launch_s
+            fresh_s = s.out_bytes / fresh["Bps"] if fresh and s.out_bytes >= fresh["above_bytes"] else 0.0
+            predicted = max(s.flops / (fp32_peak * e_vec), memory_s) + fresh_s + launch_s
             total += math.log(predicted / s.seconds) ** 2
         return total
 
@@ -357,7 +396,8 @@ def predict_compute(sample: ComputeSample, profile: HardwareProfile) -> float:
         kind = {"launch": "elementwise", "vector": "elementwise",
                 "memory": "copy" if sample.op == "clone" else "elementwise"}.get(sample.kind, sample.kind)
     return op_time_s(kind, flops=sample.flops, bytes_accessed=sample.bytes_accessed, dtype=sample.dtype,
-                     profile=profile, run_elems=sample.run, scalar_operand=_scalar_operand(sample))
+                     profile=profile, run_elems=sample.run, scalar_operand=_scalar_operand(sample),
+                     output_bytes=(sample.out_bytes,) if sample.out_bytes else ())
 
 
 # -- collectives ----------------------------------------------------------------

@@ -228,8 +228,10 @@ def _predict(spec: OpSpec, args: tuple, kwargs: dict, out: Any, profile: Hardwar
     outs = list(out) if isinstance(out, (tuple, list)) else [out]
     reduced = reduced_dims(rules.op_call(spec.op, to_meta(args), to_meta(kwargs))) if work.kind == "reduction" else None
     run = inner_run(work.kind, tensors, outs, reduced=reduced)
+    allocated = [float(o.numel() * o.element_size()) for o in outs if isinstance(o, torch.Tensor)]
     return work.kind, op_time_s(work.kind, flops=work.flops, bytes_accessed=work.bytes_accessed, dtype=dtype,
-                                profile=profile, run_elems=run, scalar_operand=has_scalar_operand(spec.op, args, kwargs))
+                                profile=profile, run_elems=run, scalar_operand=has_scalar_operand(spec.op, args, kwargs),
+                                output_bytes=allocated if work.kind != "view" else ())
 
 
 def compute_check_items(specs: list[OpSpec], profile: HardwareProfile) -> list[Item]:

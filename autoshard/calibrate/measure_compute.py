@@ -17,7 +17,10 @@ Why these six families: ``costmodel.compute`` prices an op as
   elementwise ops and re-layouts do, allocation included) over working sets
   from a few KiB to hundreds of MiB, for the bandwidth curve ``e_mem(B)``:
   working sets that fit a cache (CPU L1/L2, a GPU's L2) stream several times
-  faster than DRAM/HBM;
+  faster than DRAM/HBM; and, from 16 MiB up, copies into a buffer allocated
+  once (``copy_``) beside the clones of the same size: the difference is the
+  cost of fresh pages (``device.fresh_pages``: glibc maps allocations of
+  32 MiB and more afresh on every call), which the curve must not absorb;
 * ``vector``: compute-heavy ops (silu, gelu, softmax, layer norm) for
   the vector efficiency: the rate at which elementwise FLOPs (as the rules
   count them) run, far below a CPU's GEMM peak;
@@ -87,6 +90,8 @@ class ComputeSample:
     """(max - min) / median of the kept trials."""
     run: float = math.inf
     """Innermost contiguous run in elements (access samples; inf: contiguous)."""
+    out_bytes: float = 0.0
+    """Bytes of the output each call allocates (0: none, or not recorded)."""
 
     def with_seconds(self, seconds: float) -> "ComputeSample":
         return dataclasses.replace(self, seconds=seconds)
@@ -96,6 +101,8 @@ class ComputeSample:
                "bytes_accessed": self.bytes_accessed, "seconds": self.seconds, "spread": self.spread}
         if math.isfinite(self.run):
             out["run"] = self.run
+        if self.out_bytes:
+            out["out_bytes"] = self.out_bytes
         return out
 
     @classmethod
@@ -172,7 +179,10 @@ def _sizes(mode: str, job: Job) -> dict:
         sizes["dtype"] = [s * scale for s in sizes["dtype"]]
         sizes["memory"] = sizes["memory"] + [sizes["memory"][-1] * 4, sizes["memory"][-1] * 16]
         sizes["attention"] = [(bh, s * scale, d) for bh, s, d in sizes["attention"]]
+    fresh = {"full": [2**22, 2**23 - 2**10, 2**23, 2**24, 2**25], "quick": [2**23 - 2**10, 2**23, 2**24]}
+    sizes["fresh"] = [] if job.is_cuda else fresh.get(mode, [])  # GPU caching allocators keep their pages
     budget = available_bytes(job)
+    sizes["fresh"] = [n for n in sizes["fresh"] if 2 * 4 * n <= budget]
     sizes["memory"] = [n for n in sizes["memory"] if 3 * 4 * n <= budget]
     sizes["vector"] = [n for n in sizes["vector"] if 2 * 4 * n <= budget]
     sizes["access"] = [n for n in sizes["access"] if 4 * 4 * n <= budget]
@@ -217,21 +227,26 @@ def _matmul_item(m: int, k: int, n: int, dtype: str) -> Item:
         finally:
             torch.backends.cuda.matmul.allow_tf32 = tf32
         nbytes = float(a.element_size() * (m * k + k * n + m * n))
-        return [ComputeSample("matmul", "mm", f"{m}x{k}x{n}", dtype, flops, nbytes, t.seconds, t.spread)]
+        return [ComputeSample("matmul", "mm", f"{m}x{k}x{n}", dtype, flops, nbytes, t.seconds, t.spread,
+                              out_bytes=float(a.element_size() * m * n))]
 
     return Item(f"matmul {dtype} {m}x{k}x{n}", 0.1 + flops / 2e10, run)
 
 
 def _memory_item(op: str, numel: int) -> Item:
+    """``add`` (out of place, 3 tensors), ``clone`` (2) or ``copy_`` (into a
+    buffer allocated once: no allocation in the timed call)."""
     tensors = 3 if op == "add" else 2
 
     def run(job: Job, settings: Settings) -> list[ComputeSample]:
         a = torch.randn(numel, device=job.device)
         b = torch.randn(numel, device=job.device)
-        fn = (lambda: aten.add.Tensor(a, b)) if op == "add" else (lambda: aten.clone.default(a))
+        fn = {"add": lambda: aten.add.Tensor(a, b), "clone": lambda: aten.clone.default(a),
+              "copy_": lambda: b.copy_(a)}[op]
         t = measure(job, fn, settings)
         return [ComputeSample("memory", op, str(numel), "fp32", float(numel) if op == "add" else 0.0,
-                              float(tensors * 4 * numel), t.seconds, t.spread)]
+                              float(tensors * 4 * numel), t.seconds, t.spread,
+                              out_bytes=0.0 if op == "copy_" else 4.0 * numel)]
 
     return Item(f"memory {op} {numel}", 0.1 + tensors * 4 * numel / 2e9, run)
 
@@ -258,7 +273,7 @@ def _vector_item(op: str, numel: int) -> Item:
         work = load_rules().compute_kind(fn, to_meta(args), {})
         t = measure(job, lambda: fn(*args), settings)
         return [ComputeSample("vector", op, f"{a.shape[0]}x256", "fp32", work.flops, work.bytes_accessed, t.seconds,
-                              t.spread)]
+                              t.spread, out_bytes=float(a.numel() * a.element_size()))]
 
     return Item(f"vector {op} {numel}", 0.1 + numel / 5e8, run)
 
@@ -399,6 +414,8 @@ def compute_items(job: Job, mode: str) -> list[Item]:
             items.append(_matmul_item(s, s, s, other))
     for numel in sizes["memory"]:
         items += [_memory_item("add", numel), _memory_item("clone", numel)]
+    for numel in sizes["fresh"]:  # both sides of glibc's 32 MiB mmap threshold: clone vs copy_ into a kept buffer
+        items += [_memory_item("copy_", numel)] + ([] if numel in sizes["memory"] else [_memory_item("clone", numel)])
     for numel in sizes["vector"]:
         items += [_vector_item(op, numel) for op in _VECTOR_OPS]
     for bh, seq, head_dim in sizes["attention"]:

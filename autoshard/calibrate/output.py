@@ -160,7 +160,7 @@ def assemble_profile(*, name: str, job: Job, threads: int, device: Mapping[str, 
         calibration["load"] = load.to_dict()
         if load.foreign:
             calibration["warnings"] = [foreign_load_warning(load)]
-    launch_scalar = {"launch_scalar_s": device["launch_scalar_s"]} if "launch_scalar_s" in device else {}
+    launch_scalar = {key: device[key] for key in ("launch_scalar_s", "fresh_pages") if key in device}
     return {
         "format": FORMAT,
         "name": name,

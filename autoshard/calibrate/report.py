@@ -28,7 +28,7 @@ from autoshard.figures import save_figure
 
 __all__ = ["TARGETS", "Summary", "summarize", "markdown_report", "plot_report"]
 
-TARGETS = {"compute": (0.15, 0.35), "collectives": (0.15, 0.40)}
+TARGETS = {"compute": (0.10, 0.30), "collectives": (0.10, 0.30)}
 """Targets per category: (median, p90) of the relative error, held-out set."""
 
 _COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "permute")

@@ -163,8 +163,11 @@ def device_sources(samples: Sequence[ComputeSample], primary: str, errors: dict[
                       + (f"{', '.join(others)}: best rate of their own square GEMMs; " if others else "")
                       + ("tf32 = fp32 (CPUs have no TF32)" if "tf32" not in others and primary == "fp32" else ""),
         "memory_bandwidth_Bps": "measured: best bandwidth of out-of-place aten.add / aten.clone (allocation included) "
-                                f"over working sets {min(mem):.3g}-{max(mem):.3g} B; the memory curve scales it "
-                                "down for working sets that do not fit a cache",
+                                f"and copies into kept buffers over working sets {min(mem):.3g}-{max(mem):.3g} B; "
+                                "the memory curve scales it down for working sets that do not fit a cache "
+                                "(outputs that get fresh pages left out of it: fresh_pages)",
+        "fresh_pages": "measured: clones of 16-128 MiB against copies of the same size into a buffer allocated once; "
+                       "their difference per output byte, median over the clones of 32 MiB and more",
         "launch_s": "measured: median of 1-element calls of aten add, neg and sum (dispatch, allocation, kernel)"
                     + err("launch", "launch (both floors)"),
         "launch_scalar_s": "measured: median of 1-element calls with a Python-scalar operand: aten mul by a "
@@ -180,6 +183,8 @@ def device_sources(samples: Sequence[ComputeSample], primary: str, errors: dict[
     }
     if not any(s.kind == "launch" and s.op in LAUNCH_SCALAR_OPS for s in samples):
         del text["launch_scalar_s"]
+    if fitting.fit_fresh_pages([s for s in samples if s.kind == "memory"]) is None:
+        del text["fresh_pages"]
     return {k: v.rstrip("; ") for k, v in text.items()}
 
 

@@ -285,12 +285,15 @@ class _Builder:
                  scalar: bool = False) -> float:
         work = self.rules.strategy_compute(info.op, info.args, info.kwargs, self.mesh_shape, strategy,
                                            out_meta=info.outputs)
+        outputs = [local_bytes(m, p, self.mesh_shape) for m, p in zip(info.outputs, strategy.output_placements)
+                   if m is not None]  # what the op allocates on a rank (fresh pages, costmodel.compute)
         try:
             return op_time_s(work.kind, flops=work.flops, bytes_accessed=work.bytes_accessed, dtype=dtype,
-                             profile=self.profile, run_elems=run, scalar_operand=scalar)
+                             profile=self.profile, run_elems=run, scalar_operand=scalar, output_bytes=outputs)
         except ValueError:  # a dtype the profile has no peak for (fp64, ints): price as fp32
             return op_time_s(work.kind, flops=work.flops, bytes_accessed=work.bytes_accessed,
-                             dtype="torch.float32", profile=self.profile, run_elems=run, scalar_operand=scalar)
+                             dtype="torch.float32", profile=self.profile, run_elems=run, scalar_operand=scalar,
+                             output_bytes=outputs)
 
     # -- edges ---------------------------------------------------------------
     def edge(self, src: int, src_output: int, dst: int, dst_input: int,

@@ -170,3 +170,22 @@ def test_scalar_operand_pays_the_scalar_floor_where_the_profile_has_one():
     assert op_time_s("elementwise", **tiny, profile=with_floor, scalar_operand=True) == pytest.approx(9e-6, rel=1e-3)
     with pytest.raises(ComputeError, match="run_elems"):
         op_time_s("copy", flops=0, bytes_accessed=1, dtype="fp32", profile=H100, run_elems=0)
+
+
+def test_outputs_at_or_above_the_fresh_page_threshold_pay_their_pages_and_smaller_ones_do_not():
+    import dataclasses
+
+    from hw_profiles.profile import FreshPages
+
+    fresh = dataclasses.replace(H100, device=dataclasses.replace(H100.device,
+                                                                 fresh_pages=FreshPages(above_bytes=2**25, Bps=4e9)))
+    big = dict(flops=0, bytes_accessed=2 * 2**26, dtype="fp32")
+    base = op_time_s("copy", **big, profile=fresh)
+    assert op_time_s("copy", **big, profile=fresh, output_bytes=(2**25 - 1,)) == base
+    assert op_time_s("copy", **big, profile=fresh, output_bytes=(2**26,)) == pytest.approx(base + 2**26 / 4e9)
+    assert op_time_s("matmul", flops=1e9, bytes_accessed=3 * 2**26, dtype="fp32", profile=fresh,
+                     output_bytes=(2**24, 2**26)) == pytest.approx(
+        op_time_s("matmul", flops=1e9, bytes_accessed=3 * 2**26, dtype="fp32", profile=fresh) + 2**26 / 4e9)
+    assert op_time_s("view", **big, profile=fresh, output_bytes=(2**26,)) == 0.0
+    assert op_time_s("copy", **big, profile=H100, output_bytes=(2**26,)) == op_time_s("copy", **big, profile=H100)
+    assert local_copy_time_s(2**26, fresh) == pytest.approx(local_copy_time_s(2**26, H100) + 2**26 / 4e9)

@@ -268,6 +268,7 @@ def test_free_text_sources_of_older_profiles_still_load():
 def test_new_fields_round_trip_and_default_to_the_old_prices():
     data = copy.deepcopy(_raw("h100-sxm-96gb-500w"))
     data["device"]["launch_scalar_s"] = 9e-6
+    data["device"]["fresh_pages"] = {"above_bytes": 2**25, "Bps": 3.1e9}
     data["device"]["efficiency"]["run"] = [[1, 0.1], [32, 0.5], [1024, 1.0]]
     data["calibration"]["load"] = {"cores": 2, "own_threads": 4, "before": [5.1, 5.0, 4.9], "after": [6, 5, 5],
                                    "during_load1": [6.5], "foreign_runnable": [2.0], "foreign_load": 2.0,
@@ -276,10 +277,15 @@ def test_new_fields_round_trip_and_default_to_the_old_prices():
     profile = load_dict(data)
     assert profile.to_dict() == data
     assert profile.device.launch_scalar_s == 9e-6 and profile.calibration.load.foreign
+    assert profile.device.fresh_pages.above_bytes == 2**25 and profile.device.fresh_pages.Bps == 3.1e9
     assert profile.device.efficiency.matmul_curve("fp8") != profile.device.efficiency.matmul
     assert profile.device.efficiency.matmul_curve("int8") == profile.device.efficiency.matmul
     old = load("b200").device
     assert old.launch_scalar_s is None and old.efficiency.run == () and old.efficiency.matmul_by_dtype == ()
+    assert old.fresh_pages is None
+    data["device"]["fresh_pages"] = {"above_bytes": 2**25}
+    with pytest.raises(ProfileError, match="fresh_pages"):
+        load_dict(data)
 
 
 @pytest.mark.parametrize(

@@ -9,13 +9,14 @@ import math
 
 import pytest
 
-from autoshard.calibrate.fit import (FitError, curve_from_points, fit_collective, fit_device, fit_interconnect,
-                                     predict_compute, significant)
+from autoshard.calibrate.fit import (FitError, curve_from_points, fit_collective, fit_device, fit_fresh_pages,
+                                     fit_interconnect, predict_compute, significant)
 from autoshard.calibrate.measure_collectives import CollectiveSample, default_mesh, mesh_groups
 from autoshard.calibrate.measure_compute import ComputeSample
 from costmodel.collectives import collective_time_s
 from costmodel.mesh import MeshSpec
 from hw_profiles import CollectiveFit, HardwareProfile, load
+from hw_profiles.profile import FreshPages
 
 CPU = load("cpu-gloo")
 
@@ -169,3 +170,41 @@ def test_device_fit_recovers_scalar_floor_dtype_curves_attention_backward_and_ru
         fitted.device, efficiency=dataclasses.replace(fitted.device.efficiency, matmul_by_dtype=())))
     small_bf16 = next(s for s in samples if s.kind == "matmul" and s.dtype == "bf16")
     assert predict_compute(small_bf16, one_curve) < 0.5 * small_bf16.seconds
+
+
+def test_fresh_pages_are_fitted_from_clones_against_copies_and_kept_out_of_the_memory_curve():
+    """Clones of 32 MiB and more pay fresh pages (glibc maps them afresh); the fit
+    recovers the cost and the threshold, and the memory curve stays the
+    streaming rate (the clones above the threshold would pull it down 4x)."""
+    truth = dataclasses.replace(_truth_profile(), device=dataclasses.replace(
+        _truth_profile().device, fresh_pages=FreshPages(above_bytes=2**25, Bps=4e9)))
+    samples = [s for s in _samples_of(_truth_profile()) if s.kind != "memory"]
+
+    def memory(op, n):
+        tensors = 3 if op == "add" else 2
+        s = ComputeSample("memory", op, str(n), "fp32", float(n) if op == "add" else 0.0, tensors * 4.0 * n, 0.0, 0.0,
+                          out_bytes=0.0 if op == "copy_" else 4.0 * n)
+        return dataclasses.replace(s, seconds=predict_compute(s, truth))
+
+    samples += [memory(op, 2**k) for k in range(10, 27, 2) for op in ("add", "clone")]
+    samples += [memory(op, n) for n in (2**22, 2**23 - 2**10, 2**23, 2**24, 2**25) for op in ("clone", "copy_")]
+    device = fit_device(samples, primary="fp32")
+    assert device["fresh_pages"]["above_bytes"] == 2**25
+    assert device["fresh_pages"]["Bps"] == pytest.approx(4e9, rel=1e-3)
+    assert device["memory_bandwidth_Bps"] == pytest.approx(3e10, rel=1e-3)
+    assert min(e for _, e in device["efficiency"]["memory"]) == pytest.approx(1.0, abs=1e-3)
+    fitted = HardwareProfile.from_dict({**CPU.to_dict(), "device": {**CPU.to_dict()["device"], **device}})
+    for s in samples:
+        if s.kind == "memory":
+            assert predict_compute(s, fitted) == pytest.approx(s.seconds, rel=1e-2), s
+
+
+def test_no_fresh_pages_where_large_clones_cost_what_copies_cost():
+    def memory(op, n, seconds):
+        return ComputeSample("memory", op, str(n), "fp32", 0.0, 8.0 * n, seconds, 0.0,
+                             out_bytes=0.0 if op == "copy_" else 4.0 * n)
+
+    flat = [memory(op, n, n * 1e-10 * (1.2 if op == "clone" else 1.0)) for n in (2**22, 2**23, 2**24)
+            for op in ("clone", "copy_")]
+    assert fit_fresh_pages(flat) is None
+    assert fit_fresh_pages([memory("clone", 2**24, 1.0)]) is None  # no copy to compare with
