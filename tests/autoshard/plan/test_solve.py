@@ -4,6 +4,7 @@ and memory limits are honoured, baselines never beat the solved plan."""
 from __future__ import annotations
 
 import math
+import time
 
 import pytest
 
@@ -213,3 +214,37 @@ def test_a_seeded_search_takes_its_seed_out_of_the_time_limit() -> None:
     assert prep.timings["seed_solve_s"] <= SEED_SHARE * 4 * 1.05
     plan = solve_prepared(prep, time_limit=4)
     assert solve_stage_seconds(plan) <= 4 * 1.05, plan.solver.timings
+
+
+def test_a_seeded_plan_is_never_worse_than_the_expert_layouts_on_the_same_graph() -> None:
+    """A seeded search is optimal only over what its seed kept; the expert layouts
+    are priced for it too, so a poor seed cannot return a proven-looking bad plan."""
+    from autoshard.plan.baselines import applicable_baselines
+
+    prep = prepare(*mlp.tiny(device="meta"), (2, 2, 2), profile="cpu-gloo", time_limit=8)
+    assert prep.options["search"] == "seeded"
+    plan = solve_prepared(prep, time_limit=8)
+    assert "portfolio_s" in plan.solver.timings  # the layouts were priced although the search proved its plan
+    for name in applicable_baselines(prep.graph):
+        try:
+            layout = solve_prepared(prep, baseline=name, time_limit=4)
+        except ValueError:
+            continue
+        assert plan.estimate.step_s <= layout.estimate.step_s * (1 + 1e-9), name
+
+
+def test_the_portfolio_tries_the_layouts_that_shard_parameters_first(monkeypatch) -> None:
+    import autoshard.plan.solve as solve_module
+
+    tried: list[str] = []
+
+    def refuse(prep, options):  # every layout "does not fit": the order of the tries is what is left
+        tried.append(options.baseline)
+        raise ValueError("does not fit")
+
+    monkeypatch.setattr(solve_module, "solve_prepared", refuse)
+    prep = prepare(*mlp.tiny(device="meta"), (2, 2), profile="cpu-gloo", time_limit=4)
+    found = solve_module._best_of_baselines(prep, None, solve_module.SolveOptions(), float("inf"),
+                                            time.perf_counter() + 60, "none")
+    assert found is None
+    assert tried[0] == "fsdp" and tried[-1] == "ddp", tried
