@@ -1,17 +1,10 @@
-"""``autoshard coverage MODULE:FACTORY``: which of a model's ops have sharding rules.
+"""Which of a traced model's ops have sharding rules: the report of ``autoshard coverage``.
 
-Traces the model's joint forward+backward graph (:mod:`autoshard.trace`),
-lists every distinct ATen op with its node count and the rule family that
-covers it (``NO RULE`` when none does: such an op can only run replicated),
-and prints the share of ops and of op nodes covered.
-
-``MODULE:FACTORY`` names a function ``FACTORY(**overrides) -> (model,
-example_inputs)`` whose model returns the scalar loss or an output with a
-``loss`` (see ``examples/models/factory.py``, ``examples/models/hf.py``); ``--kwargs`` passes overrides as a JSON
-object. The current directory and ``--path DIR`` folders are importable
-(:mod:`autoshard.model_spec`).
-
-    $ autoshard coverage examples.models.llama3:tiny --kwargs '{"n_layers": 1}'
+:func:`compute_coverage` lists every distinct ATen op of a joint graph
+(:mod:`autoshard.trace`) with its node count and the rule family that covers
+it (``NO RULE`` when none does: such an op can only run replicated), and the
+share of ops and of op nodes covered. The command that prints it is
+:mod:`autoshard.cli.coverage`.
 
 >>> from examples.models import mlp
 >>> from autoshard.trace import trace_joint
@@ -25,23 +18,13 @@ object. The current directory and ``--path DIR`` folders are importable
 
 from __future__ import annotations
 
-import argparse
-import json
-import logging
-import sys
-import time
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from autoshard.model_spec import parse_kwargs
-
-if TYPE_CHECKING:  # torch is imported only when the command runs: `autoshard --help` stays fast
-    from torch import nn
-
+if TYPE_CHECKING:  # torch is imported only when a graph is traced
     from autoshard.trace import TracedGraph
 
-__all__ = ["OpCoverage", "CoverageReport", "load_example", "compute_coverage", "add_arguments", "run"]
+__all__ = ["NO_RULE", "FALLBACK", "RuleLookup", "OpCoverage", "CoverageReport", "compute_coverage"]
 
 NO_RULE = "NO RULE"
 FALLBACK = "dtensor fallback"
@@ -124,26 +107,6 @@ class CoverageReport:
         }
 
 
-def load_example(spec: str, overrides: Mapping[str, Any] | None = None, *,
-                 paths: Sequence[str] = ()) -> tuple[nn.Module, tuple | dict]:
-    """Import ``MODULE:FACTORY`` (also from ``paths``, see
-    :mod:`autoshard.model_spec`) and call ``FACTORY(**overrides)``.
-
-    The example inputs are a tuple of positional tensors or a dict of keyword
-    tensors (``examples.models.hf``).
-
-    Every failure (bad spec, missing module or factory, a factory that raises
-    or returns something else) is a ``ValueError`` with a one-line message.
-
-    >>> model, inputs = load_example("examples.models.mlp:tiny", {"device": "meta"})
-    >>> len(inputs)
-    2
-    """
-    from autoshard.model_spec import load_model
-
-    return load_model(spec, overrides, paths=paths)
-
-
 def compute_coverage(traced: TracedGraph, registry: RuleLookup, *, model: str = "", trace_s: float = 0.0) -> CoverageReport:
     """Match every distinct op of ``traced`` against ``registry``.
 
@@ -181,85 +144,3 @@ def _fallback_family(registry: RuleLookup, info: Any) -> str:
     except Exception:  # a fallback that cannot handle the call does not cover the op
         return NO_RULE
     return FALLBACK if uses.get(info.op, 0) > before else NO_RULE
-
-
-def print_report(report: CoverageReport, *, file: Any = None) -> None:
-    """Print the op table and the coverage line with rich."""
-    from rich.console import Console
-    from rich.table import Table
-
-    out = file or sys.stdout
-    console = Console(file=out, width=None if out.isatty() else 120, highlight=False)
-    table = Table(title=f"{report.model}: {report.nodes} nodes, traced in {report.trace_s:.1f} s")
-    table.add_column("op")
-    table.add_column("count", justify="right")
-    table.add_column("rule family")
-    for row in report.ops:
-        family = row.family if row.covered else f"[bold red]{row.family}[/]"
-        table.add_row(row.op, str(row.count), family)
-    console.print(table)
-    console.print(
-        f"coverage: {report.covered_ops}/{report.total_ops} ops ({report.percent:.1f}%), "
-        f"{report.covered_nodes}/{report.op_nodes} op nodes"
-    )
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Arguments of ``autoshard coverage``."""
-    from autoshard.model_spec import add_path_argument
-
-    parser.add_argument("model", metavar="MODULE:FACTORY", help="e.g. examples.models.llama3:tiny")
-    parser.add_argument("--kwargs", default="{}", metavar="JSON", help="factory overrides as a JSON object")
-    parser.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
-    parser.add_argument("--dtensor-fallback", action="store_true",
-                        help="count ops served by rules derived from DTensor as covered")
-    add_path_argument(parser)
-
-
-def load_registry(*, dtensor_fallback: bool = False) -> RuleLookup:
-    """The rule registry to check against (tests replace this function)."""
-    from autoshard.rules import load_rules
-
-    return load_rules(dtensor_fallback=dtensor_fallback)
-
-
-def run(args: argparse.Namespace) -> int:
-    """Run ``autoshard coverage``: 0 on success, 1 if the registry cannot load.
-
-    Bad input (spec, kwargs, factory, untraceable model) raises ``ValueError``,
-    which the CLI prints as one line with exit code 2.
-    """
-    from autoshard.model_spec import import_factory, split_spec
-
-    # the spec, the overrides and the module are checked before torch is imported
-    paths = getattr(args, "path", [])
-    split_spec(args.model)
-    overrides = parse_kwargs(args.kwargs)
-    import_factory(args.model, paths)
-    from autoshard.trace import trace_joint
-
-    model, inputs = load_example(args.model, overrides, paths=paths)
-    start = time.perf_counter()
-    try:
-        traced = trace_joint(model, inputs)
-    except (ValueError, TypeError, RuntimeError) as exc:  # a model that does not trace is the user's input, not our crash
-        raise ValueError(f"tracing {args.model} failed: {type(exc).__name__}: {str(exc).splitlines()[0]}") from None
-    trace_s = time.perf_counter() - start
-    try:
-        registry = load_registry(dtensor_fallback=getattr(args, "dtensor_fallback", False))
-    except ImportError as exc:  # a rules family missing from this checkout: our fault, not the user's
-        print(f"autoshard coverage: error: cannot load the rule registry: {exc}", file=sys.stderr)
-        return 1
-    # the table says which ops lack rules; the registry's per-op warnings would repeat it
-    rules_log = logging.getLogger("autoshard.rules")
-    level = rules_log.level
-    rules_log.setLevel(logging.ERROR)
-    try:
-        report = compute_coverage(traced, registry, model=args.model, trace_s=trace_s)
-    finally:
-        rules_log.setLevel(level)
-    if args.json:
-        print(json.dumps(report.to_dict(), indent=2))
-    else:
-        print_report(report)
-    return 0
