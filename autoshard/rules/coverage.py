@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-if TYPE_CHECKING:  # torch is imported only when a graph is traced
+if TYPE_CHECKING:  # for annotations: compute_coverage reads a graph traced elsewhere
     from autoshard.trace import TracedGraph
 
 __all__ = ["NO_RULE", "FALLBACK", "RuleLookup", "OpCoverage", "CoverageReport", "compute_coverage"]
