@@ -2,7 +2,7 @@
 ``0.00 GiB``; and the largest sizes and meshes that make sense.
 
 Library code (plan reports, the solver's log lines, layout tables) writes
-sizes with these; the command line (:mod:`autoshard.cli_values`) parses them.
+sizes with these; the command line (:mod:`autoshard.cli.values`) parses them.
 
 >>> format_bytes(9604), format_bytes(6319125504)
 ('9.38 KiB', '5.89 GiB')

@@ -19,7 +19,7 @@ Falcon on 4 gloo ranks with the solver's plan against one device
 (:mod:`benchmarks.zoo_runtime`). Not a test.
 
 The column "wrong strategies on real calls" comes from
-:mod:`autoshard.rules.real_calls`: the same model at the tiny size its
+:mod:`autoshard.validation.real_calls`: the same model at the tiny size its
 factory has for tests (the published widths do not fit a CPU run of every
 strategy), every distinct call of its joint graph run on real values (those
 the graph computes from the model's random weights and inputs, plus random
@@ -47,9 +47,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autoshard.coverage import compute_coverage
+from autoshard.rules.coverage import compute_coverage
 from autoshard.rules import load_rules
-from autoshard.rules.real_calls import validate_model
+from autoshard.validation.real_calls import validate_model
 from autoshard.trace import trace_joint
 from benchmarks import zoo_runtime
 from benchmarks.strategy_counts import count_strategies
@@ -173,7 +173,7 @@ def build(spec: str, overrides: dict[str, Any]) -> tuple[Any, Any]:
 
 
 def check_real_calls(tiny: tuple[str, dict[str, Any]]) -> dict[str, Any]:
-    """ZooRow fields of the real-call check of the tiny model ``tiny`` (:mod:`autoshard.rules.real_calls`)."""
+    """ZooRow fields of the real-call check of the tiny model ``tiny`` (:mod:`autoshard.validation.real_calls`)."""
     try:
         model, inputs = build(*tiny)
         report = validate_model(model, inputs, REAL_CALL_MESHES, synthesized=True)

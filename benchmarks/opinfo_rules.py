@@ -4,10 +4,10 @@ Traces the first ``--max-samples`` samples of every OpInfo in every CPU dtype
 (forward and backward) to ATen calls, then checks every strategy the
 registry enumerates for each distinct call on meshes 2, 3, 4 and 2x2 (even,
 uneven and strided shards) on simulated shards
-(:mod:`autoshard.rules.opinfo_sweep`). Writes the results page (ops, calls,
+(:mod:`autoshard.validation.opinfo_sweep`). Writes the results page (ops, calls,
 strategies checked, wrong, crashes, ops without a rule) as markdown with
 the command, machine and date. Long: a progress bar shows where it is.
-Not a test (the suite runs a bounded subset: tests/autoshard/rules/test_opinfo.py).
+Not a test (the suite runs a bounded subset: tests/autoshard/validation/test_opinfo.py).
 
     python -m benchmarks.opinfo_rules                          # everything -> benchmarks/results/opinfo_rules.md
     python -m benchmarks.opinfo_rules --ops addmm --ops cumsum --max-samples 1 -o /tmp/part.md
@@ -27,9 +27,9 @@ from pathlib import Path
 
 import torch
 
-from autoshard.rules.opinfo import OpInfoUnavailable
-from autoshard.rules.opinfo_cli import sweep_with_progress
-from autoshard.rules.opinfo_sweep import format_sweep, sweep_markdown
+from autoshard.validation.opinfo import OpInfoUnavailable
+from autoshard.cli.validate_rules import sweep_with_progress
+from autoshard.validation.opinfo_sweep import format_sweep, sweep_markdown
 from solver.io import write_text_atomic
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "opinfo_rules.md"

@@ -319,7 +319,7 @@ def test_cli_md_documents_every_flag():
     import argparse
 
     from autoshard.cli import build_parser
-    from autoshard.service.cli import add_arguments as serve_arguments
+    from autoshard.cli.serve import add_arguments as serve_arguments
     from solver.cli import build_parser as solver_parser
 
     sections = _cli_sections()

@@ -1,7 +1,7 @@
 """The import graph of the four packages, built from every ``import`` and
 ``from ... import`` in their sources (at the top, inside functions, under
-``if TYPE_CHECKING:``), has no cycle, and no library module imports a
-command-line module.
+``if TYPE_CHECKING:``), has no cycle, no library module imports a
+command-line module, and no rule family imports the rule validation.
 
 Why every import: a cycle hidden inside a function is still a cycle. It works
 only as long as nobody moves the import to the top, and it means the two
@@ -63,14 +63,11 @@ def import_graph() -> nx.DiGraph:
 
 
 def _is_cli(module: str) -> bool:
-    """Command-line modules: the ``autoshard`` entry point, its value parsers, the modules of
-    its subcommands, every ``*cli`` module and ``__main__``."""
-    from autoshard.cli import _COMMANDS
-
-    last = module.rpartition(".")[2]
-    return (module in ("autoshard.cli", "autoshard.cli_values") or module in {m for _, m, _ in _COMMANDS}
-            or module.startswith("autoshard.cli.") or last == "cli" or last.endswith("_cli")
-            or last == "__main__")
+    """Command-line modules: the ``autoshard.cli`` package (the entry point, its value
+    parsers, one module per subcommand), the torch-free solver's own ``solver.cli``, and
+    every ``__main__``."""
+    return (module == "autoshard.cli" or module.startswith("autoshard.cli.") or module == "solver.cli"
+            or module.rpartition(".")[2] == "__main__")
 
 
 def test_import_graph_sees_function_level_imports():
@@ -93,3 +90,24 @@ def test_library_modules_import_no_cli_module():
     bad = sorted(f"{a} (line {d['line']}) -> {b}" for a, b, d in graph.edges(data=True)
                  if _is_cli(b) and not _is_cli(a))
     assert not bad, "library modules importing command-line modules:\n" + "\n".join(bad)
+
+
+def test_every_subcommand_lives_in_the_cli_package():
+    from autoshard.cli import _COMMANDS
+
+    modules = _modules()
+    assert all(module.startswith("autoshard.cli.") and module in modules for _, module, _ in _COMMANDS)
+    # a command-line module outside the package (the old ``plan/solve_cli.py`` layout) is not one
+    assert not [m for m in modules if m.startswith("autoshard.") and m.rpartition(".")[2].endswith("cli")
+                and not _is_cli(m)]
+
+
+def test_rule_families_import_no_validation_module():
+    """The rules are what the solver uses; their validation runs them, never the other way. The
+    DTensor fallback is the exception the validation package's docstring names: it validates a
+    rule it derives before adopting it."""
+    graph = import_graph()
+    bad = sorted(f"{a} (line {d['line']}) -> {b}" for a, b, d in graph.edges(data=True)
+                 if (a == "autoshard.rules" or a.startswith("autoshard.rules.")) and a != "autoshard.rules.dtensor_fallback"
+                 and (b == "autoshard.validation" or b.startswith("autoshard.validation.")))
+    assert not bad, "rule modules importing the validation:\n" + "\n".join(bad)

@@ -14,8 +14,10 @@ GEMMs, memory bandwidth over working sets, attention),
 ``measure_collectives`` (every kind on every mesh-dim and flattened group),
 ``fit`` (curves; alpha-beta per tier through ``costmodel.collectives``),
 ``output`` (assemble, validate, write atomically), ``heldout`` + ``report``
-(the accuracy check), ``runner`` (one rank's run), ``launch``
-(``--nproc-per-node``) and ``cli``.
+(the accuracy check), ``runner`` (one rank's run), ``rank`` (a rank's
+entry: one-line failures; ``python -m autoshard.calibrate.rank`` in each
+process ``--nproc-per-node`` starts) and ``launch`` (``--nproc-per-node``).
+The command's flags are :mod:`autoshard.cli.calibrate_hardware`.
 
 Commands (from the repository root)::
 

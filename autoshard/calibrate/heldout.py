@@ -173,7 +173,7 @@ def model_ops(spec: str, overrides: dict, profile: HardwareProfile) -> list[OpSp
     """One :class:`OpSpec` per distinct (op, shapes) of the joint graph of
     the example ``spec`` (``MODULE:FACTORY``), views excluded (the cost model
     counts them free), each predicted by the graph builder on a 1-rank mesh."""
-    from autoshard.model_spec import load_model
+    from autoshard.trace.model_spec import load_model
     from autoshard.graph.builder import build_graph
     from autoshard.rules import load_rules, op_name
     from autoshard.trace import trace_joint

@@ -171,7 +171,7 @@ def spawn(args: Any, nproc: int, command: str) -> int:
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         for rank in range(nproc):
-            procs.append(subprocess.Popen([sys.executable, "-m", "autoshard.calibrate.rank_cli"],
+            procs.append(subprocess.Popen([sys.executable, "-m", "autoshard.calibrate.rank"],
                                           env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)}))
         while any(p.poll() is None for p in procs):
             failed = [(rank, p.returncode) for rank, p in enumerate(procs) if p.poll() not in (None, 0)]

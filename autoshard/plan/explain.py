@@ -1,4 +1,5 @@
-"""``autoshard explain PLAN.json``: what a plan does, for a person.
+"""What a plan does, for a person: the tables and plot of ``autoshard explain PLAN.json``
+(the command itself: :mod:`autoshard.cli.explain`).
 
 Tables of the estimate, the recomputation (what the backward recomputes,
 per block, the time it costs and the memory it saves), parameter placements
@@ -13,15 +14,14 @@ memory over the step. A plan chosen by a mesh search (``autoshard solve
 
 from __future__ import annotations
 
-import argparse
 from collections import Counter
 
 from autoshard.figures import save_figure
 from autoshard.plan.format import Plan
-from autoshard.plan.layout_report import layouts_table, plot_layouts, search_rows
+from autoshard.plan.layout_report import layouts_table
 from autoshard.sizes import byte_unit, format_bytes
 
-__all__ = ["explain_text", "recompute_lines", "plot_memory", "add_arguments", "run"]
+__all__ = ["explain_text", "recompute_lines", "plot_memory"]
 
 
 def _ms(s: float) -> str:
@@ -137,37 +137,3 @@ def plot_memory(plan: Plan, path: str) -> None:
     ax.legend(loc="upper left")
     fig.tight_layout()
     save_figure(fig, path)
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Flags of ``autoshard explain``."""
-    parser.add_argument("plan", metavar="PLAN.json", help="a plan written by `autoshard solve`")
-    parser.add_argument("--top", type=int, default=10, metavar="N",
-                        help="how many redistributions to list (default %(default)s)")
-    parser.add_argument("--plot", metavar="PNG", help="also draw memory over the step into this PNG")
-    parser.add_argument("--plot-layouts", metavar="PNG",
-                        help="for a plan of a mesh search (solve --devices): step time vs peak memory of every layout")
-
-
-def run(args: argparse.Namespace) -> int:
-    from autoshard.cli_values import check_count, check_output_path
-
-    check_count(args.top, "--top", 0, 10**9)
-    for flag, path in (("--plot", args.plot), ("--plot-layouts", args.plot_layouts)):
-        if path:
-            check_output_path(path, flag)
-            import importlib.util
-
-            if importlib.util.find_spec("matplotlib") is None:
-                raise ValueError(f"{flag}: needs matplotlib (pip install matplotlib)")
-    plan = Plan.load(args.plan)
-    if args.plot_layouts and not any(r.outcome == "solved" for r in search_rows(plan.options)):
-        raise ValueError(f"--plot-layouts: {args.plan} is not the plan of a mesh search (autoshard solve --devices)")
-    print(explain_text(plan, top=args.top))
-    if args.plot:
-        plot_memory(plan, args.plot)
-        print(f"\nmemory plot written to {args.plot}")
-    if args.plot_layouts:
-        plot_layouts(plan.options, args.plot_layouts)
-        print(f"\nlayout plot written to {args.plot_layouts}")
-    return 0

@@ -40,7 +40,8 @@ from autoshard.sizes import format_bytes
 from autoshard.trace import TracedGraph, trace_joint
 
 __all__ = ["PLAN_GAP", "SEED_SHARE", "Prepared", "solve_stage_seconds", "InfeasibleMemoryError", "prepare",
-           "solve_prepared", "BaselineResult", "compare_baselines", "recompute_policies", "BASELINE_POLICIES"]
+           "solve_prepared", "BaselineResult", "compare_baselines", "recompute_policies", "BASELINE_POLICIES",
+           "problem_request"]
 
 log = logging.getLogger(__name__)
 
@@ -537,3 +538,23 @@ def compare_baselines(
         except ValueError as exc:
             out.append(BaselineResult(name, None, str(exc), recompute=policy))
     return out
+
+
+def problem_request(prep: Prepared, plan: Plan, options: SolveOptions) -> dict[str, Any]:
+    """The problem of ``prep`` with its ``"autoshard"`` section (``autoshard.plan.assemble.PlanRequest``),
+    ready for JSON: solved by ``autoshard serve`` (``POST /v1/plans``) it gives back ``plan``
+    (unless an expert layout won the portfolio: ``plan.options["portfolio"]``). What
+    ``autoshard solve --dump-problem`` writes."""
+    from autoshard.plan.build import plan_request
+
+    all_pins = dict(baseline_pins(prep.graph, options.baseline)) if options.baseline else {}
+    all_pins.update(options.pins)
+    allowed = baseline_allowed(prep.graph, options.baseline) if options.baseline else None
+    problem = to_problem(prep.graph, memory_limit=plan.estimate.memory_limit_bytes,
+                         pins=resolve_pins(prep.graph, all_pins), ties=options.ties, labels=True,
+                         recompute=options.recompute, allowed=allowed)
+    share = PORTFOLIO_SHARE if options.baseline is None and not options.pins else 0.0
+    return plan_request(prep.graph, problem, fingerprint=plan.fingerprint, options=plan.options,
+                        timings=prep.timings,
+                        solve={"time_limit": options.time_limit * (1 - share), "backend": options.backend,
+                               "gap": PLAN_GAP})

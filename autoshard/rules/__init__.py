@@ -1,6 +1,7 @@
 """Op sharding rules: one module per op family, registered on an explicit
 :class:`RuleRegistry` by :func:`load_rules`, expanded to N-D strategies and
-checked numerically by :mod:`autoshard.rules.validator`.
+checked numerically by :mod:`autoshard.validation` (which rule families never
+import: a rule carries its ``samples`` and ``error_bound``, the validation runs them).
 
 >>> import torch
 >>> rules = load_rules()

@@ -9,7 +9,7 @@ strategy function of an op and convert its result to our
 (:mod:`autoshard.rules.expand`) then enumerates the N-D strategies.
 
 Before a derived rule is used it is run through the same validator as ours
-(:func:`autoshard.rules.validator.validate_rule`), on random tensors of the
+(:func:`autoshard.validation.validator.validate_rule`), on random tensors of the
 shapes of the first call that needs it (at most ``max_numel`` elements per
 tensor; larger calls are validated on nothing and the op stays replicated),
 on meshes ``(2,)`` and ``(2, 2)``. A rule with any failing strategy is
@@ -174,7 +174,7 @@ class DTensorFallback:
             uneven=bool(getattr(info, "allow_uneven_sharding", False)),
             note="derived from DTensor's single-dim strategy",
         )
-        from autoshard.rules.validator import MeshCase, validate_rule
+        from autoshard.validation.validator import MeshCase, validate_rule
 
         report = validate_rule(
             rule, self.registry, cases=self.cases, mesh_cases=(MeshCase((2,), (4,)), MeshCase((2, 2), (4,)))

@@ -17,7 +17,7 @@ crash or a runaway solve fails that job only.
 - :mod:`autoshard.service.client`: the standard-library client
   (``autoshard.solve(..., server=URL)``, ``autoshard solve --server``,
   ``python -m solver FILE --server``).
-- :mod:`autoshard.service.cli`: the ``serve`` subcommand.
+- :mod:`autoshard.cli.serve`: the ``serve`` subcommand.
 
 Importing this package imports nothing: the client needs no FastAPI.
 

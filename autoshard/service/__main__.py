@@ -3,7 +3,7 @@
 Why a second entry point: ``autoshard``'s command line builds every
 subcommand's parser, and some subcommands' modules import torch (hundreds
 of MiB of resident memory on a box that only serves plans). The flags and
-the behaviour are those of ``autoshard serve`` (:mod:`autoshard.service.cli`).
+the behaviour are those of ``autoshard serve`` (:mod:`autoshard.cli.serve`).
 
     python -m autoshard.service --port 8470 --cache /var/cache/autoshard --token-file /etc/autoshard/token
 """
@@ -15,7 +15,7 @@ import logging
 import sys
 from typing import Sequence
 
-from autoshard.service.cli import add_arguments, run
+from autoshard.cli.serve import add_arguments, run
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -7,7 +7,7 @@ from autoshard.rules import TensorMeta, load_rules
 from autoshard.rules.compute import copy
 from autoshard.rules.core import S, SingleDimStrategy
 from autoshard.rules.registry import Rule
-from autoshard.rules.validator import validate_rule
+from autoshard.validation.validator import validate_rule
 
 aten = torch.ops.aten
 F32 = torch.float32

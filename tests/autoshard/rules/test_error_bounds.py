@@ -12,7 +12,7 @@ from autoshard.rules import load_rules
 from autoshard.rules.core import OpStrategy
 from autoshard.rules.error_bounds import einsum_error_bound
 from autoshard.rules.registry import SampleInput
-from autoshard.rules.validator import check_strategy, validate_rule
+from autoshard.validation.validator import check_strategy, validate_rule
 
 aten = torch.ops.aten
 REGISTRY = load_rules()

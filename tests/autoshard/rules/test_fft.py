@@ -5,7 +5,7 @@ import torch
 from autoshard.rules import TensorMeta, load_rules
 from autoshard.rules.core import S, SingleDimStrategy
 from autoshard.rules.registry import Rule
-from autoshard.rules.validator import validate_rule
+from autoshard.validation.validator import validate_rule
 
 aten = torch.ops.aten
 

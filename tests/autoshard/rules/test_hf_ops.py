@@ -14,7 +14,7 @@ from autoshard.rules import NamedRule, RuleError, RuleRegistry, TensorMeta, load
 from autoshard.rules.core import P, R, S, SingleDimStrategy
 from autoshard.rules.hf_ops import GROUPED_MM_FALLBACK, GROUPED_MM_FALLBACK_BACKWARD
 from autoshard.rules.registry import Rule, op_name
-from autoshard.rules.validator import select_ops, validate_rule
+from autoshard.validation.validator import select_ops, validate_rule
 
 ROOT = Path(__file__).resolve().parents[3]
 F32 = torch.float32

@@ -6,7 +6,7 @@ from autoshard.rules import TensorMeta, load_rules
 from autoshard.rules.core import P, R, S, SingleDimStrategy
 from autoshard.rules.matmul import einsum_rule, grouped_mm_reference
 from autoshard.rules.registry import Rule
-from autoshard.rules.validator import validate_rule
+from autoshard.validation.validator import validate_rule
 
 aten = torch.ops.aten
 F32 = torch.float32

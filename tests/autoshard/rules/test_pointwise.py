@@ -69,7 +69,7 @@ def test_validator_catches_max_kept_through_a_wrapping_cast() -> None:
     from costmodel.placements import Partial
     from autoshard.rules.core import OpStrategy
     from autoshard.rules.registry import SampleInput
-    from autoshard.rules.validator import check_strategy
+    from autoshard.validation.validator import check_strategy
 
     rule = load_rules().rule_for(aten._to_copy.default)
     x = torch.tensor([3, 7, 0, 200, -5, 300])

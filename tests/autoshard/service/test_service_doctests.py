@@ -8,11 +8,11 @@ import importlib
 import pytest
 
 
-@pytest.mark.parametrize("name", ["autoshard.service.cache", "autoshard.service.payload", "autoshard.service.cli",
+@pytest.mark.parametrize("name", ["autoshard.service.cache", "autoshard.service.payload",
                                   "autoshard.service.client", "autoshard.service.app", "autoshard.service.job_routes",
                                   "autoshard.service.ops_routes", "autoshard.plan.assemble"])
 def test_docstring_examples(name: str) -> None:
-    if name in ("autoshard.service.app", "autoshard.service.cli", "autoshard.service.job_routes",
+    if name in ("autoshard.service.app", "autoshard.service.job_routes",
                 "autoshard.service.ops_routes"):
         pytest.importorskip("fastapi")
         pytest.importorskip("uvicorn")

@@ -64,7 +64,7 @@ def _int(text: str, flag: str, low: int, high: int) -> int:
 
 
 def _seconds(text: str, flag: str) -> float:
-    from autoshard.cli_values import check_seconds
+    from autoshard.cli.values import check_seconds
 
     try:
         value = float(text)
@@ -74,7 +74,7 @@ def _seconds(text: str, flag: str) -> float:
 
 
 def _size(text: str, flag: str) -> int:
-    from autoshard.cli_values import parse_bytes
+    from autoshard.cli.values import parse_bytes
 
     try:
         return parse_bytes(text, flag)
@@ -112,7 +112,7 @@ def _writable(path: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Check the flags, bind the socket, serve until interrupted."""
-    from autoshard.cli_values import plural
+    from autoshard.cli.values import plural
     from autoshard.service.payload import Limits
 
     port = _int(args.port, "--port", 0, 65535)

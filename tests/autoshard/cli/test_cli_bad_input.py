@@ -14,8 +14,6 @@ check flags: none may start a server or a measurement (the timeout guards it).
 from __future__ import annotations
 
 import copy
-import doctest
-import importlib
 import json
 import os
 import re
@@ -27,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 USAGE = "usage"  # argparse's usage block, then `...: error: ...`, exit 2
 ERROR = "error"  # exactly one non-empty line on stderr
@@ -333,23 +331,23 @@ def test_bad_input_is_one_line_and_writes_nothing(row: Row, tmp_path: Path) -> N
     assert _listing(tmp_path) == before, f"stray files: {sorted(_listing(tmp_path) - before)}"
 
 
-# -- the choices that solve_cli copies (its --help must not import torch) -------------------
+# -- the choices that autoshard.cli.solve copies (its --help must not import torch) ---------
 
 
 def test_solve_choices_agree_with_their_sources() -> None:
     pytest.importorskip("torch")
     from autoshard.graph.memory import OPTIMIZERS
-    from autoshard.plan import solve_cli
+    from autoshard.cli import solve as solve_command
     from autoshard.plan.baselines import BASELINES
     from solver.backends import BACKENDS
 
-    assert set(solve_cli.BACKEND_CHOICES) == set(BACKENDS)
-    assert solve_cli.OPTIMIZER_CHOICES == OPTIMIZERS
-    assert solve_cli.BASELINE_CHOICES == BASELINES
+    assert set(solve_command.BACKEND_CHOICES) == set(BACKENDS)
+    assert solve_command.OPTIMIZER_CHOICES == OPTIMIZERS
+    assert solve_command.BASELINE_CHOICES == BASELINES
     from autoshard.plan.options import DEFAULT_SEARCH_TIME_LIMIT_S, SolveOptions
 
     defaults = SolveOptions()
-    assert solve_cli.SHOWN_DEFAULTS == {"profile": defaults.profile, "backend": defaults.backend,
+    assert solve_command.SHOWN_DEFAULTS == {"profile": defaults.profile, "backend": defaults.backend,
                                         "optimizer": defaults.optimizer, "time_limit": defaults.time_limit,
                                         "search_time_limit": DEFAULT_SEARCH_TIME_LIMIT_S}
 
@@ -357,7 +355,7 @@ def test_solve_choices_agree_with_their_sources() -> None:
 def test_help_imports_no_torch() -> None:
     code = ("import sys; from autoshard.cli import build_parser; "
             "[build_parser([c, '--help']) for c in ('solve', 'explain', 'demo', 'coverage', 'calibrate-hardware', "
-            "'check-profile', 'serve')]; print('torch' in sys.modules)")
+            "'check-profile', 'serve', 'validate-rules')] + [build_parser(['--help'])]; print('torch' in sys.modules)")
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert result.stdout.strip() == "False", result.stderr
 
@@ -366,7 +364,7 @@ def test_help_imports_no_torch() -> None:
 
 
 def test_a_spec_resolves_from_a_path_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from autoshard.model_spec import load_model
+    from autoshard.trace.model_spec import load_model
 
     (tmp_path / "pathmodel_a.py").write_text("def build(n=1):\n    return 'model', {'n': n}\n")
     monkeypatch.setattr(sys, "path", list(sys.path))
@@ -374,7 +372,7 @@ def test_a_spec_resolves_from_a_path_folder(tmp_path: Path, monkeypatch: pytest.
 
 
 def test_a_spec_resolves_from_the_current_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from autoshard.model_spec import load_model
+    from autoshard.trace.model_spec import load_model
 
     (tmp_path / "cwdmodel_b.py").write_text("def build():\n    return 'model', ()\n")
     monkeypatch.setattr(sys, "path", list(sys.path))
@@ -384,7 +382,7 @@ def test_a_spec_resolves_from_the_current_folder(tmp_path: Path, monkeypatch: py
 
 def test_a_missing_dependency_of_the_model_is_not_blamed_on_the_path(tmp_path: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    from autoshard.model_spec import import_factory
+    from autoshard.trace.model_spec import import_factory
 
     (tmp_path / "needs_c.py").write_text("import no_such_package_c\ndef build():\n    pass\n")
     monkeypatch.setattr(sys, "path", list(sys.path))
@@ -443,9 +441,3 @@ def test_plans_keep_their_old_solver_keys_readable() -> None:
     plan = Plan.from_dict({**data, "solver": old})
     assert (plan.solver.problem_nodes, plan.solver.problem_edges, plan.solver.reduced_nodes) == (35, 40, 8)
     assert plan.to_dict()["solver"] == solver
-
-
-@pytest.mark.parametrize("name", ["autoshard.cli_values", "autoshard.model_spec", "autoshard.check_profile"])
-def test_doctests(name: str) -> None:
-    result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
-    assert result.failed == 0

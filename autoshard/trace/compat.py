@@ -59,7 +59,7 @@ MODULE_KEY = "autoshard_module"
 """Key of the module path in a node's ``meta["custom"]`` (:func:`module_annotations`)."""
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
-_AUTOSHARD_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_AUTOSHARD_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # the autoshard package
 
 
 class TraceError(ValueError):

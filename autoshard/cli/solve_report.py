@@ -44,27 +44,10 @@ def _row(name: str, plan: Any, recompute: str) -> str:
 
 
 def dump_problem(prep: Any, plan: Any, options: Any, path: str) -> None:
-    """The problem with its ``"autoshard"`` section (``autoshard.plan.assemble.PlanRequest``)
-    at ``path``: solved by ``autoshard serve`` (``POST /v1/plans``) it gives back this plan
-    (unless an expert layout won the portfolio: ``plan.options["portfolio"]``)."""
+    """Write :func:`autoshard.plan.solve.problem_request` atomically at ``path`` (``--dump-problem``)."""
     import json
 
-    from autoshard.graph.problem import to_problem
-    from autoshard.plan.baselines import baseline_allowed, baseline_pins
-    from autoshard.plan.build import plan_request
-    from autoshard.plan.pins import resolve_pins
-    from autoshard.plan.solve import PLAN_GAP, PORTFOLIO_SHARE
+    from autoshard.plan.solve import problem_request
     from solver.io import write_text_atomic
 
-    all_pins = dict(baseline_pins(prep.graph, options.baseline)) if options.baseline else {}
-    all_pins.update(options.pins)
-    allowed = baseline_allowed(prep.graph, options.baseline) if options.baseline else None
-    problem = to_problem(prep.graph, memory_limit=plan.estimate.memory_limit_bytes,
-                         pins=resolve_pins(prep.graph, all_pins), ties=options.ties, labels=True,
-                         recompute=options.recompute, allowed=allowed)
-    share = PORTFOLIO_SHARE if options.baseline is None and not options.pins else 0.0
-    data = plan_request(prep.graph, problem, fingerprint=plan.fingerprint, options=plan.options,
-                        timings=prep.timings,
-                        solve={"time_limit": options.time_limit * (1 - share), "backend": options.backend,
-                               "gap": PLAN_GAP})
-    write_text_atomic(path, json.dumps(data, allow_nan=False) + "\n")
+    write_text_atomic(path, json.dumps(problem_request(prep, plan, options), allow_nan=False) + "\n")

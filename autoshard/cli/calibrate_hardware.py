@@ -31,7 +31,7 @@ import os
 import shlex
 import sys
 
-from autoshard.calibrate.rank_cli import CalibrationError, model_kwargs, run_rank
+from autoshard.calibrate.rank import CalibrationError, model_kwargs, run_rank
 
 __all__ = ["add_arguments", "run", "run_rank", "CalibrationError"]
 
@@ -47,7 +47,7 @@ _EPILOG = """examples:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``autoshard calibrate-hardware`` (module docstring)."""
-    from autoshard.model_spec import add_path_argument
+    from autoshard.trace.model_spec import add_path_argument
 
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = _EPILOG
@@ -76,7 +76,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _validate(args: argparse.Namespace) -> None:
     """Every flag, checked before any rank starts or anything is measured."""
-    from autoshard.cli_values import check_count, check_output_path, check_seconds, parse_mesh
+    from autoshard.cli.values import check_count, check_output_path, check_seconds, parse_mesh
 
     if not args.output and not args.check:
         raise ValueError("give -o PROFILE.json (calibrate) or --check PROFILE.json (accuracy report)")
@@ -108,7 +108,7 @@ def _validate(args: argparse.Namespace) -> None:
         load(args.base)
     if args.model_kwargs is not None:
         model_kwargs(args.model_kwargs)
-    from autoshard.model_spec import check_importable, use_paths
+    from autoshard.trace.model_spec import check_importable, use_paths
 
     use_paths(getattr(args, "path", []))
     if args.model or args.report or args.plot or args.check:  # the held-out check imports the model, in every rank

@@ -1,6 +1,6 @@
 """Validate the strategies of the calls a real model makes, on their real shapes.
 
-:mod:`autoshard.rules.validator` checks each rule on random calls that the
+:mod:`autoshard.validation.validator` checks each rule on random calls that the
 rule's own sampler draws at small sizes. A model calls an op with *its*
 shapes, dtypes and arguments (a ``view`` to ``[2, 16, 4, 16]``, an
 ``embedding`` of a 256-row table, a ``_grouped_mm`` with ``offs``), and the
@@ -26,7 +26,7 @@ rule enumerates other strategies for that call. This module checks those:
 
 3. on each mesh, every strategy that ``RuleRegistry.strategies`` enumerates
    for the call is run on simulated shards by
-   :func:`autoshard.rules.validator.check_strategy` and compared with the
+   :func:`autoshard.validation.validator.check_strategy` and compared with the
    unsharded op. Where a sample holds extreme values (``-inf`` or
    ``finfo.min`` in a mask), strategies fed by a sum or average partial are
    not exact (``-inf + inf``) and are checked on the other (finite) sample
@@ -61,7 +61,7 @@ from autoshard.rules.calls import bind_args, flatten_results, ordered_tensor_arg
 from autoshard.rules.core import OpStrategy, TensorMeta, to_meta
 from autoshard.rules.registry import Rule, RuleRegistry, SampleInput, _freeze, op_name
 from autoshard.rules.samples import Sampler
-from autoshard.rules.validator import _extreme, _feeds_sum, _first_line, check_strategy
+from autoshard.validation.validator import _extreme, _feeds_sum, _first_line, check_strategy
 from autoshard.trace import placeholder_values
 
 __all__ = [

@@ -1,10 +1,10 @@
 """One rank of ``autoshard calibrate-hardware``: measure (or check) on this
 rank and turn any failure into one line, also as the entry of a child rank
-started by ``--nproc-per-node`` (``python -m autoshard.calibrate.rank_cli``,
+started by ``--nproc-per-node`` (``python -m autoshard.calibrate.rank``,
 see :mod:`autoshard.calibrate.launch`).
 
 Why a module of its own: the launcher starts children that run this and
-nothing else; the command module (:mod:`autoshard.calibrate.cli`) chooses
+nothing else; the command module (:mod:`autoshard.cli.calibrate_hardware`) chooses
 between launching and running one rank. Each builds on this one, and this
 one on the launcher's exit-status texts only.
 """
@@ -34,7 +34,7 @@ class CalibrationError(ValueError):
 
 def model_kwargs(text: str) -> dict[str, Any]:
     """The ``--model-kwargs`` JSON object; ``ValueError`` naming the flag."""
-    from autoshard.model_spec import parse_kwargs
+    from autoshard.trace.model_spec import parse_kwargs
 
     try:
         return parse_kwargs(text)
@@ -85,7 +85,7 @@ def _default_base(job: Any) -> Any:
 
 def run_rank(args: argparse.Namespace, *, command: str = "") -> int:
     """One rank of the job (all of it on a single process): calibrate or check."""
-    from autoshard.model_spec import use_paths
+    from autoshard.trace.model_spec import use_paths
 
     use_paths(getattr(args, "path", []))  # ranks started by --nproc-per-node import the model here too
 

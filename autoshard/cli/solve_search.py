@@ -1,6 +1,6 @@
 """``autoshard solve MODULE:FACTORY --devices 64 [--devices-per-node 8] [--jobs J]``: search the mesh.
 
-The ``--devices`` half of ``autoshard solve`` (``autoshard.plan.solve_cli``
+The ``--devices`` half of ``autoshard solve`` (``autoshard.cli.solve``
 parses the flags and hands over): every flag is checked before torch is
 imported, then :func:`autoshard.plan.mesh_search.search_mesh` runs with rich
 progress (layouts done / total, the best step so far and its layout), the
@@ -26,7 +26,7 @@ def validate_search(args: argparse.Namespace) -> None:
     """The ``--devices`` flags, torch-free: one ``ValueError`` naming the flag."""
     from hw_profiles import load
 
-    from autoshard.cli_values import check_count
+    from autoshard.cli.values import check_count
     from autoshard.plan.layouts import check_devices, devices_per_node_of, profile_for_nodes
 
     if args.mesh is not None:
@@ -51,13 +51,13 @@ def run_search(args: argparse.Namespace, options: Any, overrides: dict[str, Any]
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from autoshard.coverage import load_example
+    from autoshard.cli.solve_report import dump_problem, print_baselines
     from autoshard.plan.explain import explain_text
     from autoshard.plan.mesh_search import SearchStatus, search_mesh
     from autoshard.plan.solve import InfeasibleMemoryError
-    from autoshard.plan.solve_report_cli import dump_problem, print_baselines
+    from autoshard.trace.model_spec import load_model
 
-    model, inputs = load_example(args.model, overrides, paths=paths)
+    model, inputs = load_model(args.model, overrides, paths=paths)
     console = Console(stderr=True)
     # no refresh thread: the search forks its workers, and a fork must not copy a thread holding a lock
     bar = Progress(TextColumn("{task.description:<7}"), BarColumn(), TextColumn("{task.fields[detail]}"),

@@ -8,8 +8,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from autoshard import cli, coverage
-from autoshard.coverage import NO_RULE, compute_coverage
+from autoshard import cli
+from autoshard.cli import coverage
+from autoshard.rules.coverage import NO_RULE, compute_coverage
 
 aten = torch.ops.aten
 

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from autoshard.check_profile import run
+from autoshard.cli.check_profile import run
 from hw_profiles import available, load
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SHIPPED = sorted((ROOT / "hw_profiles" / "data").glob("*.json"))
 
 

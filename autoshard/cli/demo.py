@@ -37,7 +37,7 @@ install: the demo finds it in the current folder or a ``--path`` folder."""
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``autoshard demo``."""
-    from autoshard.model_spec import add_path_argument
+    from autoshard.trace.model_spec import add_path_argument
 
     parser.add_argument("--time-limit", type=float, default=DEFAULT_TIME_LIMIT, metavar="S",
                         help="seconds per solve (default %(default)g)")
@@ -48,7 +48,7 @@ def _example_problem(paths: list[str]) -> Path:
     """The shipped problem, beside the ``examples`` package the spec resolves to."""
     import importlib
 
-    from autoshard.model_spec import import_factory
+    from autoshard.trace.model_spec import import_factory
 
     import_factory(EXAMPLE_SPEC, paths)  # one line naming --path when examples/ is not importable
     path = Path(importlib.import_module("examples").__file__).parent / EXAMPLE_PROBLEM
@@ -58,7 +58,7 @@ def _example_problem(paths: list[str]) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
-    from autoshard.cli_values import check_seconds
+    from autoshard.cli.values import check_seconds
 
     check_seconds(args.time_limit, "--time-limit")
     paths = getattr(args, "path", [])
@@ -80,12 +80,13 @@ def run(args: argparse.Namespace) -> int:
 def trace_section(console, paths: list[str]) -> None:
     """1. Trace the tiny LLaMA, check rule coverage, count strategies on 2x2."""
     console.rule("1. trace + rules: examples.models.llama3:tiny")
-    from autoshard.coverage import compute_coverage, load_example
     from autoshard.rules import load_rules
+    from autoshard.rules.coverage import compute_coverage
     from autoshard.trace import trace_joint
+    from autoshard.trace.model_spec import load_model
 
     start = time.perf_counter()
-    model, inputs = load_example(EXAMPLE_SPEC, paths=paths)
+    model, inputs = load_model(EXAMPLE_SPEC, paths=paths)
     traced = trace_joint(model, inputs)
     rules = load_rules()
     report = compute_coverage(traced, rules, model="llama3:tiny", trace_s=time.perf_counter() - start)
@@ -149,11 +150,11 @@ def solver_section(console, problem_path: Path, time_limit: float) -> None:
 def plan_section(console, paths: list[str], time_limit: float) -> None:
     """4. ``autoshard.solve`` of a small LLaMA on 2x2 (dp, tp), H100, beside the expert layouts."""
     console.rule("4. model -> plan: llama3:tiny (dim 256, batch 8x64), 2x2 (dp, tp), H100")
-    from autoshard.coverage import load_example
     from autoshard.plan.solve import compare_baselines, prepare, solve_prepared
+    from autoshard.trace.model_spec import load_model
 
     overrides = {"dim": 256, "n_heads": 8, "batch_size": 8, "seq_len": 64, "device": "meta"}
-    model, inputs = load_example(EXAMPLE_SPEC, overrides, paths=paths)
+    model, inputs = load_model(EXAMPLE_SPEC, overrides, paths=paths)
     prep = prepare(model, inputs, (2, 2), ("dp", "tp"), profile="h100-sxm-80gb")
     plan = solve_prepared(prep, time_limit=time_limit)
     counts: dict[str, int] = {}

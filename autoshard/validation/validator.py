@@ -36,7 +36,7 @@ uneven splits.
 
 Command line::
 
-    python -m autoshard.validate_rules --op aten.mm.default
+    python -m autoshard.cli.validate_rules --op aten.mm.default
     autoshard validate-rules [--op NAME] [--family NAME] [--cases N]
 
 >>> from autoshard.rules import load_rules
@@ -62,7 +62,7 @@ from costmodel.layout import local_shape
 from costmodel.placements import Partial, Placement, Replicate
 
 from autoshard.rules.calls import flatten_results, ordered_tensor_args, replace_tensors
-from autoshard.rules.compare import TOLERANCE, big_magnitude as _big, compare_bounded, compare_output as _compare_output, distribute, widen
+from autoshard.validation.compare import TOLERANCE, big_magnitude as _big, compare_bounded, compare_output as _compare_output, distribute, widen
 from autoshard.rules.core import OpCall, OpStrategy, TensorMeta, to_meta
 from autoshard.rules.expand import expand_rule
 from autoshard.rules.registry import Rule, RuleRegistry, SampleInput, op_name

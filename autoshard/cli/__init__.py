@@ -1,10 +1,17 @@
-"""The ``autoshard`` command line: one thin entry point per subcommand.
+"""The ``autoshard`` command line: one module per subcommand in this package.
 
-Each subcommand lives in the module that owns its concern and exposes
-``add_arguments(parser)`` and ``run(args) -> int``; this file only wires them.
+Each subcommand's module (``autoshard.cli.solve`` for ``autoshard solve``,
+``autoshard.cli.calibrate_hardware`` for ``autoshard calibrate-hardware``...)
+exposes ``add_arguments(parser)`` and ``run(args) -> int``; this file only
+wires them. The package holds argument parsing, printing and wiring only: what
+the commands compute lives in the library (``autoshard.plan``,
+``autoshard.rules``, ``autoshard.validation``, ``autoshard.calibrate``...), and
+no library module imports a module of this package (tests/test_import_graph.py).
 Errors that users cause (bad files, unknown names) are raised as
 ``ValueError`` (or its subclasses in every layer: ``PlanError``, ``ProblemError``,
 ``ProfileError``...) or ``OSError`` and printed as one line with a non-zero exit code, never a traceback.
+
+``autoshard ...`` (the console script) and ``python -m autoshard.cli ...`` are the same command.
 """
 
 from __future__ import annotations
@@ -18,14 +25,14 @@ from typing import Sequence
 # (subcommand, module, one-line help). Modules are imported lazily so that
 # ``autoshard --help`` does not pay for importing torch.
 _COMMANDS: tuple[tuple[str, str, str], ...] = (
-    ("demo", "autoshard.demo", "run the end-to-end demo on small examples"),
-    ("coverage", "autoshard.coverage", "list a model's aten ops and the rules that cover them"),
-    ("validate-rules", "autoshard.validate_rules", "check sharding rules numerically on simulated shards"),
-    ("solve", "autoshard.plan.solve_cli", "trace a model factory and solve its sharding plan for a mesh"),
-    ("explain", "autoshard.plan.explain", "show a plan: placements, costliest redistributions, estimate"),
-    ("calibrate-hardware", "autoshard.calibrate.cli", "measure this machine into a hardware profile, or check one"),
-    ("check-profile", "autoshard.check_profile", "validate hardware profile files without measuring"),
-    ("serve", "autoshard.service.cli", "run the plan service: HTTP API, job queue, result cache"),
+    ("demo", "autoshard.cli.demo", "run the end-to-end demo on small examples"),
+    ("coverage", "autoshard.cli.coverage", "list a model's aten ops and the rules that cover them"),
+    ("validate-rules", "autoshard.cli.validate_rules", "check sharding rules numerically on simulated shards"),
+    ("solve", "autoshard.cli.solve", "trace a model factory and solve its sharding plan for a mesh"),
+    ("explain", "autoshard.cli.explain", "show a plan: placements, costliest redistributions, estimate"),
+    ("calibrate-hardware", "autoshard.cli.calibrate_hardware", "measure this machine into a hardware profile, or check one"),
+    ("check-profile", "autoshard.cli.check_profile", "validate hardware profile files without measuring"),
+    ("serve", "autoshard.cli.serve", "run the plan service: HTTP API, job queue, result cache"),
 )
 
 
@@ -108,7 +115,3 @@ def _one_line(exc: BaseException) -> str:
     error stays the one line scripts and people read."""
     text = " ".join(part.strip() for part in str(exc).splitlines() if part.strip())
     return text or type(exc).__name__
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,4 +1,5 @@
-"""Trace a model into one joint forward+backward ATen graph, on fake tensors.
+"""Trace a model into one joint forward+backward ATen graph, on fake tensors
+(``autoshard.trace`` exports its public names).
 
 This is the first stage of the pipeline (DESIGN.md): everything later (op
 rules, the strategy graph, the runtime) reads the :class:`TracedGraph` built
@@ -36,11 +37,11 @@ and a partial gradient.)
 
 While tracing, ``torch.compiler.is_compiling()`` is true (as in
 ``torch.export``), so that libraries skip their value-dependent fast paths
-(:mod:`autoshard.trace_compat`); a model that still reads tensor values gets
+(:mod:`autoshard.trace.compat`); a model that still reads tensor values gets
 one :class:`DataDependentError` line naming the op and the model's line.
 
 Every private torch API that autoshard uses for tracing is called from this
-module or :mod:`autoshard.trace_compat` only (``torch._functorch``,
+module or :mod:`autoshard.trace.compat` only (``torch._functorch``,
 ``torch._subclasses``), so that a change between torch releases is fixed in
 one place.
 
@@ -69,7 +70,7 @@ from torch._ops import OpOverload
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from autoshard.rules.core import TensorMeta, to_meta
-from autoshard.trace_compat import (
+from autoshard.trace.compat import (
     DataDependentError,
     TraceError,
     data_dependent_error,

@@ -15,7 +15,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-from autoshard.coverage import compute_coverage  # noqa: E402
+from autoshard.rules.coverage import compute_coverage  # noqa: E402
 from autoshard.rules import load_rules  # noqa: E402
 from autoshard.trace import DataDependentError, TraceError, run_joint, trace_joint  # noqa: E402
 from examples.models import hf  # noqa: E402

@@ -12,8 +12,8 @@ import torch
 pytest.importorskip("expecttest", reason="PyTorch's OpInfo database imports expecttest (pip install expecttest)")
 
 from autoshard.rules import load_rules  # noqa: E402
-from autoshard.rules.opinfo import load_op_db, select_infos, traced_calls  # noqa: E402
-from autoshard.rules.opinfo_sweep import check_calls, sweep  # noqa: E402
+from autoshard.validation.opinfo import load_op_db, select_infos, traced_calls  # noqa: E402
+from autoshard.validation.opinfo_sweep import check_calls, sweep  # noqa: E402
 
 aten = torch.ops.aten
 SUBSET = ["to", "index_select", "scatter_add", "addmm", "nn.functional.layer_norm"]

@@ -5,7 +5,7 @@ traces it on fake tensors, builds and solves the strategy graph with rich
 progress, writes the plan atomically, and with ``--compare-baselines``
 prints DDP / FSDP / TP / FSDP+TP priced by the same cost model beside it.
 With ``--devices N`` instead of ``--mesh`` it searches the mesh layout
-(``autoshard.plan.search_cli``).
+(``autoshard.cli.solve_search``).
 Every user error is one line and exit code 2; a memory limit no plan meets
 is exit code 1 with the smallest peak found.
 
@@ -19,7 +19,7 @@ import argparse
 import sys
 from typing import Any
 
-from autoshard.cli_values import parse_bytes
+from autoshard.cli.values import parse_bytes
 
 __all__ = ["parse_bytes", "parse_pins", "add_arguments", "run", "BACKEND_CHOICES", "OPTIMIZER_CHOICES",
            "BASELINE_CHOICES"]
@@ -27,13 +27,13 @@ __all__ = ["parse_bytes", "parse_pins", "add_arguments", "run", "BACKEND_CHOICES
 # Copies of solver.backends.BACKENDS, autoshard.graph.memory.OPTIMIZERS and
 # autoshard.plan.baselines.BASELINES: those modules import numba or torch, and
 # `autoshard solve --help` (and a typo's error) must stay instant.
-# tests/autoshard/test_cli_bad_input.py checks that the copies agree.
+# tests/autoshard/cli/test_cli_bad_input.py checks that the copies agree.
 BACKEND_CHOICES = ("cbc", "cpsat")
 OPTIMIZER_CHOICES = ("adamw", "sgd", "sgd-momentum", "none")
 BASELINE_CHOICES = ("ddp", "fsdp", "tp", "fsdp+tp")
 # What --help shows as the defaults of autoshard.plan.options.SolveOptions (which imports the solver,
 # numba included: a second to load). Flags left out take SolveOptions' own defaults, never these;
-# tests/autoshard/test_cli_bad_input.py checks that they agree.
+# tests/autoshard/cli/test_cli_bad_input.py checks that they agree.
 SHOWN_DEFAULTS = {"profile": "h100-sxm-80gb", "backend": "cbc", "optimizer": "adamw", "time_limit": 60.0,
                   "search_time_limit": 600.0}
 
@@ -59,7 +59,7 @@ def parse_pins(items: list[str]) -> dict[str, str]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``autoshard solve``."""
-    from autoshard.model_spec import add_path_argument
+    from autoshard.trace.model_spec import add_path_argument
 
     parser.add_argument("model", metavar="MODULE:FACTORY", help="e.g. examples.models.llama3:tiny")
     parser.add_argument("--kwargs", default="{}", metavar="JSON", help="factory overrides as a JSON object")
@@ -109,11 +109,9 @@ def _validate(args: argparse.Namespace) -> tuple[Any, int | None, dict[str, str]
     (mesh, memory limit, pins, factory overrides)."""
     from hw_profiles import load
 
-    from autoshard.cli_values import check_output_path, check_seconds, parse_mesh
-    from autoshard.coverage import parse_kwargs
-    from autoshard.model_spec import split_spec
-
+    from autoshard.cli.values import check_output_path, check_seconds, parse_mesh
     from autoshard.graph.recompute_policy import PolicyError, parse_policy
+    from autoshard.trace.model_spec import parse_kwargs, split_spec
 
     split_spec(args.model)
     try:
@@ -123,7 +121,7 @@ def _validate(args: argparse.Namespace) -> tuple[Any, int | None, dict[str, str]
         raise ValueError(f"--recompute: {str(exc).split(': ', 1)[1]}") from None
     overrides = parse_kwargs(args.kwargs)
     if args.devices is not None:
-        from autoshard.plan.search_cli import validate_search
+        from autoshard.cli.solve_search import validate_search
 
         mesh = None
         validate_search(args)
@@ -165,7 +163,7 @@ def solve_options(args: argparse.Namespace, limit: int | None, pins: dict[str, s
 def run(args: argparse.Namespace) -> int:
     mesh, limit, pins, overrides = _validate(args)
     paths = getattr(args, "path", [])
-    from autoshard.model_spec import import_factory
+    from autoshard.trace.model_spec import import_factory, load_model
 
     import_factory(args.model, paths)  # a spec that does not import fails before the server is asked
     if args.server:  # an unreachable server fails before the model is traced
@@ -173,20 +171,19 @@ def run(args: argparse.Namespace) -> int:
 
         ServiceClient(args.server).health()
     if args.devices is not None:
-        from autoshard.plan.search_cli import run_search  # the search's own progress and output
+        from autoshard.cli.solve_search import run_search  # the search's own progress and output
 
         return run_search(args, solve_options(args, limit, pins), overrides, paths)
 
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from autoshard.coverage import load_example
+    from autoshard.cli.solve_report import dump_problem, print_baselines
     from autoshard.plan.explain import explain_text
     from autoshard.plan.solve import InfeasibleMemoryError, prepare, solve_prepared
-    from autoshard.plan.solve_report_cli import dump_problem, print_baselines
 
     options = solve_options(args, limit, pins)
-    model, inputs = load_example(args.model, overrides, paths=paths)
+    model, inputs = load_model(args.model, overrides, paths=paths)
     console = Console(stderr=True)
     # on a terminal only: piped into a log, rich's final render is a stray empty line on stderr
     bar = Progress(TextColumn("{task.description:<7}"), BarColumn(), TextColumn("{task.fields[detail]}"),

@@ -1,9 +1,9 @@
 """Every registered rule checked on the ATen calls of PyTorch's OpInfo samples.
 
-:mod:`autoshard.rules.validator` checks a rule on the samples the rule itself
-draws; :mod:`autoshard.rules.real_calls` on the calls of example models. Both
+:mod:`autoshard.validation.validator` checks a rule on the samples the rule itself
+draws; :mod:`autoshard.validation.real_calls` on the calls of example models. Both
 see the calls their authors thought of. The OpInfo samples
-(:mod:`autoshard.rules.opinfo`) are PyTorch's own: every supported dtype
+(:mod:`autoshard.validation.opinfo`) are PyTorch's own: every supported dtype
 (integers, bool, complex, half), 0-D and empty tensors, broadcasting, odd
 sizes, and the backward calls of each. For each distinct call whose op has a
 rule:
@@ -13,7 +13,7 @@ rule:
    strategies with uneven splits allowed and strided shards of split factor 2
    (:data:`STRIDED_FACTORS`), a superset of the even-only enumeration, and
    every strategy runs on simulated shards
-   (:func:`autoshard.rules.validator.check_strategy`);
+   (:func:`autoshard.validation.validator.check_strategy`);
 3. a strategy whose outputs differ is *wrong*; an enumeration that raises, or
    a check that raises instead of reporting, is a *crash*. Where an input or
    the reference holds extreme values (``-inf``, ``finfo.min``), strategies
@@ -40,9 +40,9 @@ import torch
 
 from autoshard.rules.calls import flatten_results, ordered_tensor_args
 from autoshard.rules.core import to_meta
-from autoshard.rules.opinfo import TraceNotes, TracedCall, load_op_db, select_infos, traced_calls
+from autoshard.validation.opinfo import TraceNotes, TracedCall, load_op_db, select_infos, traced_calls
 from autoshard.rules.registry import Rule, RuleRegistry, op_name
-from autoshard.rules.validator import _extreme, _feeds_sum, _first_line, check_strategy
+from autoshard.validation.validator import _extreme, _feeds_sum, _first_line, check_strategy
 
 __all__ = [
     "OPINFO_MESHES",
@@ -363,7 +363,7 @@ def sweep_markdown(report: SweepReport, *, command: str, machine: str, date: str
         f"Every strategy the registry enumerates (uneven splits allowed, strided shards of split factor "
         f"{', '.join(map(str, STRIDED_FACTORS))}) for every distinct ATen call of the OpInfo samples "
         f"(all CPU dtypes, forward and backward), on meshes {meshes}, run on simulated shards and compared "
-        "with the unsharded op (`autoshard/rules/opinfo_sweep.py`).",
+        "with the unsharded op (`autoshard/validation/opinfo_sweep.py`).",
         "",
         "| | |",
         "|---|---:|",

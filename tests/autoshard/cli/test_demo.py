@@ -12,9 +12,9 @@ import pytest
 
 pytest.importorskip("rich")
 
-from autoshard import demo  # noqa: E402
+from autoshard.cli import demo  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 PROBLEM = ROOT / "examples" / demo.EXAMPLE_PROBLEM
 
 

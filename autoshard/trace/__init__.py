@@ -1,0 +1,42 @@
+"""Tracing: a model -> one joint forward+backward ATen graph on fake tensors.
+
+The first stage of the pipeline (DESIGN.md). Three modules:
+
+- :mod:`autoshard.trace.joint`: :func:`trace_joint` and the :class:`TracedGraph` every
+  later stage reads (op rules, the strategy graph, the runtime).
+- :mod:`autoshard.trace.compat`: what real model libraries need from a trace (the
+  "being traced" signal, module labels on nodes, one-line errors); with ``joint``, the
+  only place that calls torch's private tracing APIs.
+- :mod:`autoshard.trace.model_spec`: ``MODULE:FACTORY`` model specs, looked up and
+  loaded with one-line errors (torch-free).
+
+The public names of ``joint`` and ``compat`` are exported here and imported on first
+use, so ``from autoshard.trace.model_spec import ...`` (every command's flag checks)
+does not pay for importing torch.
+
+>>> from autoshard.trace import trace_joint   # doctest: +SKIP
+>>> traced = trace_joint(model, example_inputs)   # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "TensorMeta", "NodeInfo", "TracedGraph", "JointResult", "TraceError", "DataDependentError",
+    "trace_joint", "traced_ops", "run_joint", "placeholder_values", "tensor_arg_nodes", "constant_value",
+    "repeated_blocks", "DEFAULT_DECOMPOSITIONS",
+]
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy: the torch-free model_spec is imported through this package too.
+    if name in __all__:
+        from autoshard.trace import joint
+
+        return getattr(joint, name)
+    raise AttributeError(f"module 'autoshard.trace' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
