@@ -10,7 +10,9 @@ time.
 What is ignored, and why (``docs/formats.md``): the plan's ``solver.seconds``
 and ``solver.timings``, a mesh search's ``options.mesh_search.seconds``,
 ``.trace_s`` and ``.layouts[].seconds``, and the dumped problem's
-``autoshard.timings`` are wall times; the plan's ``fingerprint.torch`` /
+``autoshard.timings`` are wall times; so is a mesh search plan's
+``options.time_limit_s`` (the time its layout's solve had left of the
+search's); the plan's ``fingerprint.torch`` /
 ``fingerprint.autoshard`` are versions. Everything else (placements,
 collectives, estimate, schedule, the problem's costs and node names) must be
 equal: files whose bytes differ are parsed, those fields blanked, and compared
@@ -53,15 +55,16 @@ CASES: dict[str, list[str]] = {
 }
 
 # key paths (tuples) whose values are wall times or versions, per file kind
+_PLAN_IGNORED = [("solver", "seconds"), ("solver", "timings"), ("fingerprint", "torch"), ("fingerprint", "autoshard")]
 IGNORED = {
-    "plan": [("solver", "seconds"), ("solver", "timings"), ("fingerprint", "torch"), ("fingerprint", "autoshard"),
-             ("options", "mesh_search", "seconds"), ("options", "mesh_search", "trace_s"),
-             ("options", "mesh_search", "layouts", "*", "seconds")],
+    "plan": _PLAN_IGNORED,
+    "searched plan": [*_PLAN_IGNORED, ("options", "time_limit_s"), ("options", "mesh_search", "seconds"),
+                      ("options", "mesh_search", "trace_s"), ("options", "mesh_search", "layouts", "*", "seconds")],
     "problem": [("autoshard", "timings")],
 }
 
 
-def write(folder: Path, only: list[str] | None) -> int:
+def write(folder: Path, only: list[str] | None, time_limit: float = 60.0) -> int:
     """Solve every case (or the ``only`` ones) into ``folder``; 1 when one failed."""
     folder.mkdir(parents=True, exist_ok=True)
     failed = 0
@@ -69,7 +72,7 @@ def write(folder: Path, only: list[str] | None) -> int:
         if only and name not in only:
             continue
         plan, problem = folder / f"{name}.plan.json", folder / f"{name}.problem.json"
-        cmd = [sys.executable, "-m", "autoshard.cli", "solve", *args, "--time-limit", "60", "-o", str(plan)]
+        cmd = [sys.executable, "-m", "autoshard.cli", "solve", *args, "--time-limit", f"{time_limit:g}", "-o", str(plan)]
         if "--devices" not in args:
             cmd += ["--dump-problem", str(problem)]
         start = time.perf_counter()
@@ -136,8 +139,10 @@ def compare(old: Path, new: Path) -> int:
             bad = 1
             continue
         kind = "problem" if name.endswith(".problem.json") else "plan"
-        a = _drop(json.loads((old / name).read_text()), IGNORED[kind])
-        b = _drop(json.loads(other.read_text()), IGNORED[kind])
+        a, b = json.loads((old / name).read_text()), json.loads(other.read_text())
+        if kind == "plan" and "mesh_search" in a.get("options", {}):
+            kind = "searched plan"
+        a, b = _drop(a, IGNORED[kind]), _drop(b, IGNORED[kind])
         found = _first_difference(a, b)
         # bytes too: the same content serialised the same way (key order, number spelling)
         same_bytes = json.dumps(a, sort_keys=False) == json.dumps(b, sort_keys=False)
@@ -155,11 +160,13 @@ def main(argv: list[str] | None = None) -> int:
     w = sub.add_parser("write", help="solve the cases into a folder")
     w.add_argument("folder", type=Path)
     w.add_argument("--only", nargs="*", help="case names (default: all)")
+    w.add_argument("--time-limit", type=float, default=60.0,
+                   help="each solve's limit, s (default 60; a solve that stops at it may choose otherwise)")
     c = sub.add_parser("compare", help="compare two folders")
     c.add_argument("old", type=Path)
     c.add_argument("new", type=Path)
     args = parser.parse_args(argv)
-    return write(args.folder, args.only) if args.command == "write" else compare(args.old, args.new)
+    return write(args.folder, args.only, args.time_limit) if args.command == "write" else compare(args.old, args.new)
 
 
 if __name__ == "__main__":
