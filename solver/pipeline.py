@@ -101,20 +101,64 @@ def solve(
     t0 = time.perf_counter() if start_time is None else start_time
     budget = Budget.for_problem(time_limit, start=t0, size=problem.num_nodes + problem.num_edges)
     options = Options(backend, threads or os.cpu_count() or 1, seed, method, inner, gap, exact_max_columns)
-    stats: dict[str, Any] = {"method": method, "methods_run": []}
-    inc = Incumbent()
-    reported = [math.inf]  # the last cost a progress event showed
+    run = _Run(problem, backend, t0, progress, {"method": method, "methods_run": []})
+    stats = run.stats
+    with run.clock.installed():
+        run.emit("reduce")
+        infeasible = _reduce_and_compile(run, budget)
+        if infeasible is not None:
+            return infeasible
+        if initial is not None:
+            if evaluate(problem, initial).feasible:
+                run.inc, stats["initial"] = _warm_start(run.working, run.graph, initial, run.inc)
+            else:
+                stats["initial"] = "infeasible"
+        view = View.build(run.graph, options, budget, run.emit)
+        compiled = {"reduce+prepare": round(run.clock.seconds, 4)} if run.clock.seconds > 0 else {}
+        stats["method"] = view.chosen
+        if method in ("auto", "anytime") and run.graph.num_vars:
+            stats["treedp"] = None if view.plan is None else {"width": view.plan.width, "work": view.plan.work}
+        reports: list[StageReport] = []
+        infeasible = _run_stages(run, view, budget, gap, reports)
+        if infeasible is not None:
+            return infeasible
+        stats["stage_seconds"] = {r.label: round(r.seconds, 4) for r in reports}
+        stats["compile_seconds_by_stage"] = compiled | {r.label: round(r.compile_seconds, 4)
+                                                        for r in reports if r.compile_seconds > 0}
+    inc = run.inc
+    if inc.values is None:
+        status = Status.TIMEOUT if budget.expired() else Status.INFEASIBLE
+        return run.finish(status, None, _infeasible_message(view, reports))
+    if is_proven(inc.cost, inc.bound, gap):
+        return run.finish(Status.OPTIMAL, inc.values)
+    return run.finish(Status.TIMEOUT if budget.expired(0.1) else Status.FEASIBLE, inc.values)
 
-    def emit(stage: str, **data: Any) -> None:
+
+class _Run:
+    """One call of :func:`solve`: its start, statistics, incumbent, the reduced and compiled
+    problem once made, and the progress events it reports."""
+
+    def __init__(self, problem: Problem, backend: str, t0: float, progress: ProgressFn | None,
+                 stats: dict[str, Any]) -> None:
+        self.problem, self.backend, self.t0, self.progress, self.stats = problem, backend, t0, progress, stats
+        self.inc = Incumbent()
+        self.reported = math.inf  # the last cost a progress event showed
+        self.working: Any = None
+        self.graph: Any = None
+        self.clock = CompileClock(on_first=lambda: self.emit(COMPILING_NOTE))
+
+    def emit(self, stage: str, **data: Any) -> None:
         # every event carries the best bound proven so far, once there is one
-        if progress is not None:
-            extra = {"bound": inc.bound} if math.isfinite(inc.bound) else {}
-            progress({"stage": stage, "seconds": time.perf_counter() - t0, **extra, **data})
+        if self.progress is not None:
+            extra = {"bound": self.inc.bound} if math.isfinite(self.inc.bound) else {}
+            self.progress({"stage": stage, "seconds": time.perf_counter() - self.t0, **extra, **data})
         if "cost" in data and data["cost"] is not None:
-            reported[0] = min(reported[0], data["cost"])
+            self.reported = min(self.reported, data["cost"])
 
-    def finish(status: Status, values, message: str = "") -> Solution:
-        choice = () if values is None else tuple(working.reconstruct(graph.values_to_dict(values)))
+    def finish(self, status: Status, values: Any, message: str = "") -> Solution:
+        """The solution of ``values`` (None: none), checked by ``evaluate`` on the original problem."""
+        problem = self.problem
+        choice = () if values is None else tuple(self.working.reconstruct(self.graph.values_to_dict(values)))
         cost = peak = None
         # a problem with no nodes has one solution, the empty choice (its cost is the constant)
         if choice or (not problem.num_nodes and status is not Status.INFEASIBLE):
@@ -122,69 +166,57 @@ def solve(
             cost, peak = check.cost, check.peak_memory_bytes
             if not check.feasible:
                 raise RuntimeError(f"internal error: solver produced an infeasible choice: {check.violations[:3]}")
-        bound = inc.bound if math.isfinite(inc.bound) and status is not Status.INFEASIBLE else None
+        bound = self.inc.bound if math.isfinite(self.inc.bound) and status is not Status.INFEASIBLE else None
         if status is Status.OPTIMAL or (bound is not None and cost is not None and bound > cost):
             bound = cost  # proven, or rounding in a backend made the bound exceed the cost
-        stats["compile_seconds"] = round(clock.seconds, 4)
+        self.stats["compile_seconds"] = round(self.clock.seconds, 4)
         return Solution(choice=choice, cost=cost, lower_bound=bound, status=status,
-                        seconds=time.perf_counter() - t0, backend=backend, message=message,
-                        peak_memory_bytes=peak, stats=stats)
+                        seconds=time.perf_counter() - self.t0, backend=self.backend, message=message,
+                        peak_memory_bytes=peak, stats=self.stats)
 
-    clock = CompileClock(on_first=lambda: emit(COMPILING_NOTE))
-    with clock.installed():
-        emit("reduce")
-        try:
-            working, report = reduce_problem(problem, time_limit=budget.share("reduce").left())
-        except InfeasibleError as exc:
-            working = graph = None
-            return finish(Status.INFEASIBLE, None, str(exc))
-        stats["reduction"] = report.to_dict()
-        graph = compile_graph(working)
-        stats["compiled"] = {"variables": graph.num_vars, "edges": graph.num_edges,
+
+def _reduce_and_compile(run: _Run, budget: Budget) -> Solution | None:
+    """Reduce the problem exactly and compile it into ``run``; the infeasible solution when
+    the reductions or the memory no choice avoids prove there is none."""
+    try:
+        run.working, report = reduce_problem(run.problem, time_limit=budget.share("reduce").left())
+    except InfeasibleError as exc:
+        return run.finish(Status.INFEASIBLE, None, str(exc))
+    run.stats["reduction"] = report.to_dict()
+    graph = run.graph = compile_graph(run.working)
+    run.stats["compiled"] = {"variables": graph.num_vars, "edges": graph.num_edges,
                              "time_points": graph.num_times, "memory_segments": int(graph.term_var.size),
                              "program_columns": program_columns(graph)}
-        if graph.num_times and graph.base.max() > graph.limit:
-            return finish(Status.INFEASIBLE, None,
+    if graph.num_times and graph.base.max() > graph.limit:
+        return run.finish(Status.INFEASIBLE, None,
                           f"memory limit {graph.limit:.6g} is below the memory that no choice avoids "
                           f"({graph.base.max():.6g}); the smallest achievable peak is at least that")
-        if initial is not None:
-            if evaluate(problem, initial).feasible:
-                inc, stats["initial"] = _warm_start(working, graph, initial, inc)
-            else:
-                stats["initial"] = "infeasible"
-        view = View.build(graph, options, budget, emit)
-        compiled = {"reduce+prepare": round(clock.seconds, 4)} if clock.seconds > 0 else {}
-        stats["method"] = view.chosen
-        if method in ("auto", "anytime") and graph.num_vars:
-            stats["treedp"] = None if view.plan is None else {"width": view.plan.width, "work": view.plan.work}
-        reports: list[StageReport] = []
-        for stage in STAGES:
-            if inc.proven(gap):
-                break
-            if not stage.enters(view, inc, budget):
-                continue
-            emit(stage.name, **({} if inc.values is None else {"cost": inc.cost}))
-            result = timed(stage, view, inc, budget, clock)
-            reports.append(result.report)
-            stats["methods_run"].append(result.report.label)
-            if stage.key is not None and result.report.details is not None:
-                stats[stage.key] = dict(result.report.details)
-            if inc.values is None and result.best is not None:
-                stats["first_feasible_seconds"] = round(time.perf_counter() - t0, 4)
-            inc = inc.absorb(result, graph)
-            if inc.values is not None and inc.cost < reported[0]:
-                emit("feasible" if math.isinf(reported[0]) else "improved", cost=inc.cost)
-            if result.infeasible:
-                return finish(Status.INFEASIBLE, None, _infeasible_message(view, reports))
-        stats["stage_seconds"] = {r.label: round(r.seconds, 4) for r in reports}
-        stats["compile_seconds_by_stage"] = compiled | {r.label: round(r.compile_seconds, 4)
-                                                        for r in reports if r.compile_seconds > 0}
-    if inc.values is None:
-        status = Status.TIMEOUT if budget.expired() else Status.INFEASIBLE
-        return finish(status, None, _infeasible_message(view, reports))
-    if is_proven(inc.cost, inc.bound, gap):
-        return finish(Status.OPTIMAL, inc.values)
-    return finish(Status.TIMEOUT if budget.expired(0.1) else Status.FEASIBLE, inc.values)
+    return None
+
+
+def _run_stages(run: _Run, view: View, budget: Budget, gap: float, reports: list[StageReport]) -> Solution | None:
+    """Run the stages in order until the incumbent is proven (each stage's report appended to
+    ``reports``); the infeasible solution when a stage proves there is none."""
+    stats = run.stats
+    for stage in STAGES:
+        if run.inc.proven(gap):
+            break
+        if not stage.enters(view, run.inc, budget):
+            continue
+        run.emit(stage.name, **({} if run.inc.values is None else {"cost": run.inc.cost}))
+        result = timed(stage, view, run.inc, budget, run.clock)
+        reports.append(result.report)
+        stats["methods_run"].append(result.report.label)
+        if stage.key is not None and result.report.details is not None:
+            stats[stage.key] = dict(result.report.details)
+        if run.inc.values is None and result.best is not None:
+            stats["first_feasible_seconds"] = round(time.perf_counter() - run.t0, 4)
+        run.inc = run.inc.absorb(result, run.graph)
+        if run.inc.values is not None and run.inc.cost < run.reported:
+            run.emit("feasible" if math.isinf(run.reported) else "improved", cost=run.inc.cost)
+        if result.infeasible:
+            return run.finish(Status.INFEASIBLE, None, _infeasible_message(view, reports))
+    return None
 
 
 def _warm_start(working: Any, graph: Any, initial: Sequence[int], inc: Incumbent) -> tuple[Incumbent, str]:

@@ -85,6 +85,7 @@ from autoshard.graph.copies import copy_intervals, param_gather_schedule, view_c
 from autoshard.graph.edges import EdgePricer
 from autoshard.graph.liveness import alias_ends, compute_liveness, is_view_op
 from autoshard.graph.memory import OptimizerMemory, local_bytes
+from autoshard.graph.node_ids import LOSS, TANGENT, OpId, TensorId
 from autoshard.graph.placements import leaf_placements, replicated
 from autoshard.graph.recompute import edge_rule, expand_compute, expand_memory, reader_span, state_signature
 from autoshard.graph.regions import RegionAnalysis, analyse_regions
@@ -208,11 +209,12 @@ class _Builder:
         info = self.traced.nodes[node.name]
         member = self.analysis.members.get(node.name)
         region = self.analysis.region_of.get(node.name, -1)
+        name = str(OpId(node.name))
         if member is None:
-            return self.add(GraphNode(node.name, "op", op_name(info.op), strategies, compute, memory, live,
+            return self.add(GraphNode(name, "op", op_name(info.op), strategies, compute, memory, live,
                                       info.outputs, signature, (), region))
         states = member.states
-        i = self.add(GraphNode(node.name, "op", op_name(info.op), strategies * len(states),
+        i = self.add(GraphNode(name, "op", op_name(info.op), strategies * len(states),
                                expand_compute(compute, states), expand_memory(memory, states), live, info.outputs,
                                state_signature(signature, states), states, region))
         if owns_memory:
@@ -441,7 +443,7 @@ def _add_constant(b: _Builder, walk: _Walk, node: fx.Node) -> None:
     if kind != "constant":
         raise GraphBuildError(f"graph: {node.name} reads attribute {node.target!r}, which the trace does not "
                               "list as a tensor constant")
-    i = b.leaf(f"constant:{name}", "constant", name, TensorMeta.of(node.meta.get("val")), live=None)
+    i = b.leaf(str(TensorId("constant", name)), "constant", name, TensorMeta.of(node.meta.get("val")), live=None)
     walk.constants[name] = i
     b.fx_index[node.name] = i
     b.producer[node.name] = (i, 0)
@@ -462,20 +464,20 @@ def _add_leaf(b: _Builder, walk: _Walk, node: fx.Node) -> None:
                              profile=profile) if nbytes else 0.0
 
         per_byte = 1.0 + optimizer.state_bytes(meta.dtype) / meta.itemsize
-        i = b.leaf(f"param:{fqn}", "param", fqn, meta, live=None, memory_per_byte=per_byte, cost=update_cost)
+        i = b.leaf(str(TensorId("param", fqn)), "param", fqn, meta, live=None, memory_per_byte=per_byte, cost=update_cost)
         walk.params[fqn] = i
         temp = optimizer.step_temp_bytes(meta.dtype) / meta.itemsize
         if temp:  # held during the optimizer step only, laid out like the parameter
-            t = b.leaf(f"opt_temp:{fqn}", "opt_temp", fqn, meta, live=(end, end + 1), memory_per_byte=temp)
+            t = b.leaf(str(TensorId("opt_temp", fqn)), "opt_temp", fqn, meta, live=(end, end + 1), memory_per_byte=temp)
             b.union.union(i, t)
     elif kind == "buffer":
-        i = b.leaf(f"buffer:{name}", "buffer", name, meta, live=None)
+        i = b.leaf(str(TensorId("buffer", name)), "buffer", name, meta, live=None)
         walk.buffers[name] = i
     elif kind == "input":  # the caller holds its batch for the whole step
-        i = b.leaf(f"input:{name}", "input", name, meta, live=(0, end + 1))
+        i = b.leaf(str(TensorId("input", name)), "input", name, meta, live=(0, end + 1))
         walk.inputs[name] = i
     else:  # the loss tangent
-        i = b.leaf("tangent", "tangent", "tangent", meta, live=walk.liveness.intervals[node.name],
+        i = b.leaf(str(TANGENT), TANGENT.kind, "tangent", meta, live=walk.liveness.intervals[node.name],
                    placements=(replicated(len(b.mesh.shape)),))
     b.fx_index[node.name] = i
     b.producer[node.name] = (i, 0)
@@ -529,7 +531,7 @@ def _add_sinks(b: _Builder, walk: _Walk, bucket_bytes: int) -> dict[str, int]:
         # .grad without a copy): the sink holds it from the next time on
         start = liveness.time[gnode.name] + 1
         sink = b.add(GraphNode(
-            f"grad:{fqn}", "grad", fqn, param.strategies, np.zeros(len(param.strategies)),
+            str(TensorId("grad", fqn)), "grad", fqn, param.strategies, np.zeros(len(param.strategies)),
             np.array([local_bytes(meta, s.output_placements[0], mesh.shape) for s in param.strategies], dtype=np.float64),
             (start, end + 1), (meta,), f"grad|{param.signature}",
         ))
@@ -544,7 +546,7 @@ def _add_sinks(b: _Builder, walk: _Walk, bucket_bytes: int) -> dict[str, int]:
     for fqn, unode in traced.buffer_updates.items():
         buffer = b.nodes[walk.buffers[fqn]]
         sink = b.add(GraphNode(
-            f"buffer_update:{fqn}", "buffer_update", fqn, buffer.strategies, np.zeros(len(buffer.strategies)),
+            str(TensorId("buffer_update", fqn)), "buffer_update", fqn, buffer.strategies, np.zeros(len(buffer.strategies)),
             np.zeros(len(buffer.strategies)), None, buffer.outputs, f"buffer_update|{buffer.signature}",
         ))
         src, out = b.read(unode.name)
@@ -554,7 +556,7 @@ def _add_sinks(b: _Builder, walk: _Walk, bucket_bytes: int) -> dict[str, int]:
         b.union.union(walk.buffers[fqn], sink)
     rep = replicated(len(mesh.shape))
     loss_meta = TensorMeta.of(traced.loss.meta["val"])
-    sink = b.add(GraphNode("loss", "loss", "loss", (OpStrategy((rep,), (rep,)),), np.zeros(1), np.zeros(1),
+    sink = b.add(GraphNode(str(LOSS), LOSS.kind, "loss", (OpStrategy((rep,), (rep,)),), np.zeros(1), np.zeros(1),
                            None, (loss_meta,), "loss"))
     src, out = b.read(traced.loss.name)
     b.edge(src, out, sink, 0, _same_placement)

@@ -200,12 +200,62 @@ def analyse_regions(traced: object, liveness: Liveness) -> RegionAnalysis:
         return RegionAnalysis((), {}, {}, {}, liveness)
     backward = backward_nodes(graph, traced.tangent)  # type: ignore[attr-defined]
     nodes = [n for n in graph.nodes if n.op in ("placeholder", "call_function")]
-    time = liveness.time
     owner = liveness.owner
     leaves = frozenset(n.name for n in nodes if n.op == "placeholder")
-    outputs = {owner[n.name] for n in traced.graph_module.graph.find_nodes(op="output")[0].all_input_nodes  # type: ignore[attr-defined]
-               if n.name in owner}
+    outputs = frozenset(owner[n.name] for n in graph.find_nodes(op="output")[0].all_input_nodes if n.name in owner)
+    region_of = _forward_region_of(nodes, backward, paths, blocks)
+    reads = _storage_reads(nodes, backward, liveness, region_of)
+    regions, region_of = _regions_read_by_the_backward(blocks, nodes, region_of, reads.first_read)
+    steps = _Steps(by_name={n.name: n for n in nodes}, liveness=liveness, leaves=leaves, outputs=outputs,
+                   reads=reads, saved=frozenset(reads.backward_end))
+    members: dict[str, Member] = {}
+    outside: dict[str, set[int]] = {}  # value made outside a region -> regions whose recomputation reads it
+    for region in regions:
+        states, follows = _closure_states(steps, region)
+        _drop_unneeded_holds(steps, states)
+        for name, s in states.items():  # a view keeps exactly its base's set
+            if follows[name] is not None:
+                states[name] = states[follows[name]]
+        members.update(_members_with_choices(steps, region.index, states, follows))
+        _note_inputs_gone_before_recompute(steps, region, states, outside)
+    _hold_outside(outside, members, region_of, steps.by_name, owner, steps.saved, reads.forward_end,
+                  reads.backward_end, liveness.time)
+    return _with_phases(tuple(regions), members, region_of, steps.not_replayable, liveness, leaves, steps.saved,
+                        steps.by_name)
 
+
+@dataclass(frozen=True, slots=True)
+class _StorageReads:
+    """Who reads each storage (keyed by its owner's fx name), from the joint graph's order."""
+
+    forward_end: dict[str, int]
+    """``F``: time of the last forward reader."""
+    backward_end: dict[str, int]
+    """``B``: time of the last backward reader (storages the backward reads only)."""
+    read_outside: set[str]
+    """Storages read by a forward op of another region (or of none)."""
+    first_read: dict[int, int]
+    """Region (block index) -> time of the first backward op reading one of its values (``t_rc``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Steps:
+    """What the per-region steps of :func:`analyse_regions` read; ``not_replayable`` they fill."""
+
+    by_name: Mapping[str, fx.Node]
+    liveness: Liveness
+    leaves: frozenset[str]
+    outputs: frozenset[str]
+    """Storages the joint graph returns."""
+    reads: _StorageReads
+    saved: frozenset[str]
+    """Storages the backward reads."""
+    not_replayable: dict[str, str] = field(default_factory=dict)
+
+
+def _forward_region_of(nodes: list[fx.Node], backward: set[fx.Node], paths: Mapping[str, str],
+                       blocks: tuple[str, ...]) -> dict[str, int]:
+    """fx name -> block index of every forward op inside a block (tuple access goes with its producer)."""
     region_of: dict[str, int] = {}
     for n in nodes:
         if n.op == "call_function" and n not in backward:
@@ -214,11 +264,15 @@ def analyse_regions(traced: object, liveness: Liveness) -> RegionAnalysis:
                 r = region_of[n.args[0].name]
             if r is not None:
                 region_of[n.name] = r
+    return region_of
 
-    forward_end: dict[str, int] = {}
-    backward_end: dict[str, int] = {}
-    read_outside: set[str] = set()  # storages read by a forward op of another region (or of none)
-    first_read: dict[int, int] = {}
+
+def _storage_reads(nodes: list[fx.Node], backward: set[fx.Node], liveness: Liveness,
+                   region_of: Mapping[str, int]) -> _StorageReads:
+    """The last forward and backward reader of every storage, the storages read across a
+    region boundary, and each region's first backward reader."""
+    time, owner = liveness.time, liveness.owner
+    reads = _StorageReads({}, {}, set(), {})
     for n in nodes:
         t = time[n.name]
         for u in n.all_input_nodes:
@@ -226,120 +280,137 @@ def analyse_regions(traced: object, liveness: Liveness) -> RegionAnalysis:
                 continue
             root = owner[u.name]
             if n in backward:
-                backward_end[root] = max(backward_end.get(root, t), t)
+                reads.backward_end[root] = max(reads.backward_end.get(root, t), t)
                 r = region_of.get(u.name)
                 if r is not None:
-                    first_read[r] = min(first_read.get(r, t), t)
+                    reads.first_read[r] = min(reads.first_read.get(r, t), t)
             else:
-                forward_end[root] = max(forward_end.get(root, t), t)
+                reads.forward_end[root] = max(reads.forward_end.get(root, t), t)
                 if region_of.get(n.name) != region_of.get(root):
-                    read_outside.add(root)
+                    reads.read_outside.add(root)
+    return reads
 
+
+def _regions_read_by_the_backward(blocks: tuple[str, ...], nodes: list[fx.Node], region_of: Mapping[str, int],
+                                  first_read: Mapping[int, int]) -> tuple[list[Region], dict[str, int]]:
+    """The regions, renumbered, of the blocks with forward ops that a backward op reads
+    (the others are dropped), and ``region_of`` on the new numbers."""
     regions = []
     for i, block in enumerate(blocks):
         members = tuple(n.name for n in nodes if region_of.get(n.name) == i and n.target is not operator.getitem)
         if members and i in first_read:
             regions.append(Region(block, i, members, first_read[i]))
-    # regions keep their block index; those without a backward reader are dropped
     by_block = {r.index: k for k, r in enumerate(regions)}
     regions = [Region(r.name, k, r.members, r.recompute_time) for k, r in enumerate(regions)]
-    region_of = {name: by_block[r] for name, r in region_of.items() if r in by_block}
+    return regions, {name: by_block[r] for name, r in region_of.items() if r in by_block}
 
-    by_name = {n.name: n for n in nodes}
-    saved = frozenset(backward_end)
-    not_replayable: dict[str, str] = {}
-    members: dict[str, Member] = {}
-    outside: dict[str, set[int]] = {}  # value made outside a region -> regions whose recomputation reads it
-    for region in regions:
-        k = region.index
-        inside = set(region.members)
-        candidates = []
-        for name in region.members:
-            node = by_name[name]
-            if owner[name] != name or name not in saved:
+
+def _why_not_replayed(steps: _Steps, name: str) -> str | None:
+    """Why a region op cannot be recomputed: its own op (:func:`replay_problem`), or it is a region output."""
+    why = replay_problem(steps.by_name[name])
+    if why is None and (name in steps.reads.read_outside or name in steps.outputs):
+        why = "a region output (kept, as a checkpoint keeps its inputs)"
+    return why
+
+
+def _closure(steps: _Steps, region: Region) -> set[str]:
+    """The region's closure: its replayable storages that the backward reads, their
+    ancestors within the region's forward, and the views of those."""
+    owner, inside = steps.liveness.owner, set(region.members)
+    candidates = []
+    for name in region.members:
+        if owner[name] != name or name not in steps.saved:
+            continue
+        why = _why_not_replayed(steps, name)
+        if why is not None:
+            steps.not_replayable[name] = why
+            continue
+        candidates.append(name)
+    closure: set[str] = set()
+    stack = list(candidates)
+    while stack:
+        name = stack.pop()
+        if name in closure:
+            continue
+        closure.add(name)
+        for u in steps.by_name[name].all_input_nodes:
+            src = u.args[0].name if u.target is operator.getitem else u.name
+            if src in inside:
+                stack.append(src)
+    for name in region.members:  # views of closure members follow them
+        node = steps.by_name[name]
+        if is_view_op(node.target) and node.args and isinstance(node.args[0], fx.Node):
+            if _base(node) in closure:
+                closure.add(name)
+    return closure
+
+
+def _closure_states(steps: _Steps, region: Region) -> tuple[dict[str, tuple[int, ...]], dict[str, str | None]]:
+    """Each closure member's allowed states, and the closure member a view follows (None: its own)."""
+    closure = _closure(steps, region)
+    states: dict[str, tuple[int, ...]] = {}
+    follows: dict[str, str | None] = {}
+    for name in region.members:  # graph order: a view's base comes first
+        if name not in closure:
+            continue
+        node = steps.by_name[name]
+        base = _base(node) if is_view_op(node.target) and node.args and isinstance(node.args[0], fx.Node) else None
+        if base is not None and base in closure:
+            states[name], follows[name] = states.get(base, (KEEP,)), base
+            continue
+        follows[name] = None
+        if base is not None:  # a view of a leaf or of a value made outside the region
+            states[name] = (KEEP, RECOMPUTE)
+            continue
+        why = _why_not_replayed(steps, name)
+        if why is not None:
+            steps.not_replayable.setdefault(name, why)
+        is_saved = name in steps.saved
+        if why is None:
+            states[name] = (KEEP, RECOMPUTE) if is_saved else (KEEP, HOLD, RECOMPUTE)
+        else:
+            states[name] = (KEEP,) if is_saved else (KEEP, HOLD)
+    return states, follows
+
+
+def _drop_unneeded_holds(steps: _Steps, states: dict[str, tuple[int, ...]]) -> None:
+    """``HOLD`` only serves a recomputable reader inside the region: drop it elsewhere."""
+    owner = steps.liveness.owner
+    needed = {owner[u.name] for name, s in states.items() if RECOMPUTE in s
+              for u in steps.by_name[name].all_input_nodes}
+    for name, s in list(states.items()):
+        if HOLD in s and owner[name] not in needed:
+            states[name] = tuple(x for x in s if x != HOLD)
+
+
+def _members_with_choices(steps: _Steps, region: int, states: Mapping[str, tuple[int, ...]],
+                          follows: Mapping[str, str | None]) -> dict[str, Member]:
+    """The closure members with at least two states."""
+    owner, time, reads = steps.liveness.owner, steps.liveness.time, steps.reads
+    members = {}
+    for name, s in states.items():
+        if len(s) < 2:
+            continue
+        root = owner[name]
+        members[name] = Member(
+            region=region, states=s, follows=follows[name], saved=root in steps.saved,
+            forward_end=reads.forward_end.get(root, time[root]), backward_end=reads.backward_end.get(root),
+        )
+    return members
+
+
+def _note_inputs_gone_before_recompute(steps: _Steps, region: Region, states: Mapping[str, tuple[int, ...]],
+                                       outside: dict[str, set[int]]) -> None:
+    """Record the inputs made outside the region that its recomputation reads and that are gone by then."""
+    owner, inside = steps.liveness.owner, set(region.members)
+    for name, s in states.items():
+        if RECOMPUTE not in s:
+            continue
+        for u in steps.by_name[name].all_input_nodes:
+            root = owner[u.name]
+            if root in steps.leaves or root in inside or _covers(steps.liveness, root, region.recompute_time):
                 continue
-            why = replay_problem(node)
-            if why is None and (name in read_outside or name in outputs):
-                why = "a region output (kept, as a checkpoint keeps its inputs)"
-            if why is not None:
-                not_replayable[name] = why
-                continue
-            candidates.append(name)
-        # ancestors of candidates within the region's forward
-        closure: set[str] = set()
-        stack = list(candidates)
-        while stack:
-            name = stack.pop()
-            if name in closure:
-                continue
-            closure.add(name)
-            for u in by_name[name].all_input_nodes:
-                src = u.args[0].name if u.target is operator.getitem else u.name
-                if src in inside:
-                    stack.append(src)
-        # views of closure members follow them
-        for name in region.members:
-            node = by_name[name]
-            if is_view_op(node.target) and node.args and isinstance(node.args[0], fx.Node):
-                base = _base(node)
-                if base in closure:
-                    closure.add(name)
-        states: dict[str, tuple[int, ...]] = {}
-        follows: dict[str, str | None] = {}
-        for name in region.members:  # graph order: a view's base comes first
-            if name not in closure:
-                continue
-            node = by_name[name]
-            base = _base(node) if is_view_op(node.target) and node.args and isinstance(node.args[0], fx.Node) else None
-            if base is not None and base in closure:
-                states[name], follows[name] = states.get(base, (KEEP,)), base
-                continue
-            follows[name] = None
-            if base is not None:  # a view of a leaf or of a value made outside the region
-                states[name] = (KEEP, RECOMPUTE)
-                continue
-            why = replay_problem(node)
-            if why is None and (name in read_outside or name in outputs):
-                why = "a region output (kept, as a checkpoint keeps its inputs)"
-            if why is not None:
-                not_replayable.setdefault(name, why)
-            is_saved = name in saved
-            if why is None:
-                states[name] = (KEEP, RECOMPUTE) if is_saved else (KEEP, HOLD, RECOMPUTE)
-            else:
-                states[name] = (KEEP,) if is_saved else (KEEP, HOLD)
-        # HOLD only serves a recomputable reader inside the region
-        recomputable = {n for n, s in states.items() if RECOMPUTE in s}
-        needed = set()
-        for name in recomputable:
-            for u in by_name[name].all_input_nodes:
-                needed.add(owner[u.name])
-        for name, s in list(states.items()):
-            root = owner[name]
-            if HOLD in s and root not in needed:
-                states[name] = tuple(x for x in s if x != HOLD)
-        for name, s in states.items():  # a view keeps exactly its base's set
-            if follows[name] is not None:
-                states[name] = states[follows[name]]
-        for name, s in states.items():
-            if len(s) < 2:
-                continue
-            root = owner[name]
-            members[name] = Member(
-                region=k, states=s, follows=follows[name], saved=root in saved,
-                forward_end=forward_end.get(root, time[root]), backward_end=backward_end.get(root),
-            )
-        # inputs made outside the region that a recomputation reads and that are gone by then
-        for name, s in states.items():
-            if RECOMPUTE not in s:
-                continue
-            for u in by_name[name].all_input_nodes:
-                root = owner[u.name]
-                if root in leaves or root in inside or _covers(liveness, root, region.recompute_time):
-                    continue
-                outside.setdefault(u.name, set()).add(k)
-    _hold_outside(outside, members, region_of, by_name, owner, saved, forward_end, backward_end, time)
-    return _with_phases(tuple(regions), members, region_of, not_replayable, liveness, leaves, saved, by_name)
+            outside.setdefault(u.name, set()).add(region.index)
 
 
 def _hold_outside(outside: Mapping[str, set[int]], members: dict[str, Member], region_of: Mapping[str, int],

@@ -40,7 +40,8 @@ class GraphNode:
 
     name: str
     """Unique: the fx name for ops; ``param:<fqn>``, ``input:<name>``,
-    ``buffer:<fqn>``, ``grad:<fqn>``, ``opt_temp:<fqn>``, ``buffer_update:<fqn>``, ``tangent``, ``loss``."""
+    ``buffer:<fqn>``, ``grad:<fqn>``, ``opt_temp:<fqn>``, ``buffer_update:<fqn>``, ``constant:<name>``,
+    ``tangent``, ``loss``, ``memory:...``: spelled and read only by ``autoshard.graph.node_ids``."""
     kind: str
     """One of :data:`NODE_KINDS`."""
     target: str

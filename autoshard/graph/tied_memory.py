@@ -31,6 +31,7 @@ from costmodel.placements import Partial
 
 from autoshard.graph.copies import BUCKET_BOUND_FACTOR, copy_possible
 from autoshard.graph.memory import local_bytes
+from autoshard.graph.node_ids import MemoryCopyId, MemoryPieceId
 from autoshard.graph.recompute import member_pieces
 from autoshard.graph.regions import RegionAnalysis
 from autoshard.graph.states import RECOMPUTE, strategy_states
@@ -65,9 +66,9 @@ class TiedMemory:
         self._bounds: dict[tuple, np.ndarray] = {}
 
     def _add(self, owner: int, role: str, kind_target: str, live: tuple[int, int], memory: np.ndarray,
-             suffix: str = "") -> None:
+             part: int = 0) -> None:
         v = self.b.nodes[owner]
-        name = f"memory:{role}:{v.name}{suffix}"
+        name = str(MemoryPieceId(role, v.name, part))
         i = self.b.add(GraphNode(name, "memory", kind_target, v.strategies, np.zeros(len(v.strategies)),
                                  memory.astype(np.float64), live, (), f"memory|{role}|{v.signature}",
                                  v.states, v.region))
@@ -107,7 +108,7 @@ class TiedMemory:
                 by_interval[interval] = by_interval.get(interval, 0.0) + np.where(recomputed, part, 0.0)
         for n, (live, memory) in enumerate(sorted(by_interval.items())):
             if live[0] < live[1] and np.any(memory):
-                self._add(i, "in", BOUND, live, np.asarray(memory, dtype=np.float64), f":{n}" if n else "")
+                self._add(i, "in", BOUND, live, np.asarray(memory, dtype=np.float64), n)
 
     def _exact_copy(self, i: int, src: int, src_output: int, tensor: TensorMeta, position: int,
                     live: tuple[int, int]) -> None:
@@ -125,7 +126,7 @@ class TiedMemory:
         memory = np.concatenate([np.zeros(n), [float(local_bytes(tensor, p, self.b.mesh_shape)) for p in places]])
         strategies = tuple(OpStrategy((p,), ()) for p in places) * 2
         signature = f"copy|{v.signature}|{position}"
-        c = self.b.add(GraphNode(f"memory:copy:{v.name}:{position}", "memory", BOUND, strategies, np.zeros(2 * n),
+        c = self.b.add(GraphNode(str(MemoryCopyId(v.name, position)), "memory", BOUND, strategies, np.zeros(2 * n),
                                  memory, live, (tensor,), signature, (), v.region))
 
         def reader() -> np.ndarray:
@@ -171,7 +172,7 @@ class TiedMemory:
         sizes = [b for _, _, b in producers]
         for j, (i, t, _) in enumerate(producers):
             v = self.b.nodes[i]
-            if v.kind != "op" or f"memory:payload:{v.name}" in self.b.index:
+            if v.kind != "op" or str(MemoryPieceId("payload", v.name)) in self.b.index:
                 continue
             memory = np.array([
                 local_bytes(v.outputs[0], s.output_placements[0], self.b.mesh_shape)

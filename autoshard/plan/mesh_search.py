@@ -322,7 +322,6 @@ def search_mesh(
     >>> [r["outcome"] for r in plan.options["mesh_search"]["layouts"]]
     ['solved', 'solved']
     """
-    from autoshard.plan.build import make_fingerprint
     from autoshard.trace import trace_joint
 
     start = time.monotonic()
@@ -332,10 +331,7 @@ def search_mesh(
         raise ValueError(f"jobs: must be at least 1, got {jobs}")
     opts = solve_options(options, changes)
     time_limit = opts.time_limit
-    prof = opts.profile if isinstance(opts.profile, HardwareProfile) else load_profile(opts.profile)
-    prof = profile_for_nodes(prof, node_size)
-    node_size = devices_per_node_of(prof, devices, node_size)
-    layouts = tuple(enumerate_layouts(devices, node_size, max_dims=max_dims))
+    prof, node_size, layouts = _profile_and_layouts(opts, devices, node_size, max_dims)
     total = len(layouts)
 
     def report(phase: str, done: int, best: LayoutResult | None = None, last: LayoutResult | None = None) -> None:
@@ -350,79 +346,122 @@ def search_mesh(
 
     folder = cache_folder(cache_dir)
     cache = LayoutCache(folder)
-    code = code_version() if folder is not None else ""
-    key_opts = {k: v for k, v in opts.fields().items() if k not in _NOT_IN_KEY}
-    bound_opts = {k: v for k, v in key_opts.items() if k in BUILD_FIELDS or k in _BOUND_SOLVE_OPTIONS}
-    fingerprints = [make_fingerprint(traced, lay.shape, lay.dim_names, prof) for lay in layouts]
-    result_keys = [layout_cache_key("result", fp, key_opts, code) for fp in fingerprints]
-    bound_keys = [layout_cache_key("bound", fp, bound_opts, code) for fp in fingerprints]
-
-    results: list[LayoutResult | None] = [None] * total
-    best_plan: dict[str, Any] | None = None
-    best_index: int | None = None
+    result_keys, bound_keys = _layout_cache_keys(traced, layouts, prof, opts, folder)
+    best = _Incumbent(total)
     # what each layout gets from a search of this size: an unproven cached plan is taken only
     # from a search that gave it at least as much (a proven one always)
     share_all = min(time_limit, time_limit * jobs / total)
-    cached_bounds: list[float | None] = [None] * total
-
-    def accept(i: int, result: LayoutResult, plan: dict[str, Any] | None) -> None:
-        nonlocal best_plan, best_index
-        results[i] = result
-        if result.outcome == "solved" and (best_index is None or result.step_s < results[best_index].step_s
-                                           or (result.step_s == results[best_index].step_s and i < best_index)):
-            best_plan, best_index = plan, i
-
-    def best_row() -> LayoutResult | None:
-        return None if best_index is None else results[best_index]
-
-    def best_step() -> float:
-        return math.inf if best_index is None else results[best_index].step_s
-
-    for i in range(total):  # the cache first: its plans are the incumbent that cuts the others
-        record = cache.get(result_keys[i])
-        if record is not None and (record.get("solver_status") == "optimal"
-                                   or float(record.get("budget_s", 0.0)) >= share_all * (1 - 1e-9)):
-            accept(i, replace(LayoutResult.from_dict(record["result"]), cached=True, seconds=0.0), record.get("plan"))
-            continue
-        bound = cache.get(bound_keys[i])
-        if bound is not None:
-            cached_bounds[i] = float(bound["bound_s"])
-    for i in range(total):  # a cached bound cuts before anything is built
-        if results[i] is None and cached_bounds[i] is not None and cached_bounds[i] >= best_step() * (
-                1 + CUT_TOLERANCE):
-            results[i] = LayoutResult(layouts[i].shape, layouts[i].dim_names, "cut", bound_s=cached_bounds[i],
-                                      cached=True, reason=f"bound {cached_bounds[i] * 1e3:.3f} ms (cached) >= "
-                                      f"best {best_step() * 1e3:.3f} ms")
-    todo = [i for i in range(total) if results[i] is None]
-    report("layouts", total - len(todo), best_row())
+    cached_bounds = _take_cached_results(cache, result_keys, bound_keys, best, share_all)
+    _cut_by_cached_bounds(best, cached_bounds, layouts)
+    todo = [i for i in range(total) if best.results[i] is None]
+    report("layouts", total - len(todo), best.row())
 
     def finished(i: int, text: str) -> None:
         data = json.loads(text)
         row = LayoutResult.from_dict(data["result"])
-        accept(i, row, data["plan"])
+        best.accept(i, row, data["plan"])
         if row.bound_s is not None and not row.cached:
             cache.put(bound_keys[i], {"bound_s": row.bound_s})
         if row.outcome in ("solved", "no_fit"):
             cache.put(result_keys[i], {"result": row.to_dict(), "plan": data["plan"], "budget_s": share_all,
                                        "time_limit_s": data["time_limit_s"], "solver_status": row.solver_status})
-        _WORK.incumbent.value = best_step()
-        report("layouts", sum(r is not None for r in results), best_row(), row)
+        _WORK.incumbent.value = best.step_s()
+        report("layouts", sum(r is not None for r in best.results), best.row(), row)
 
     if todo:
         _run(todo, _groups(todo, layouts, opts.search), cached_bounds, finished, jobs,
              _Work(traced, prof, layouts, opts.with_changes(profile=prof), start + time_limit, time_limit, 1,
-                   _Value(best_step()), _Value(len(todo)), finished))
-
-    rows = [replace(r, chosen=(i == best_index)) for i, r in enumerate(results)]
+                   _Value(best.step_s()), _Value(len(todo)), finished))
     summary = {"devices": devices, "devices_per_node": node_size, "profile": prof.name, "jobs": jobs,
-               "time_limit_s": time_limit, "trace_s": round(trace_s, 3),
-               "seconds": round(time.monotonic() - start, 3), "layouts": [r.to_dict() for r in rows]}
-    if best_index is None:
+               "time_limit_s": time_limit, "trace_s": round(trace_s, 3)}
+    return _chosen_plan(best, devices, summary, start)
+
+
+class _Incumbent:
+    """Every layout's result so far, and the fastest solved one (its plan as a dict); ties go to
+    the layout listed first."""
+
+    def __init__(self, total: int) -> None:
+        self.results: list[LayoutResult | None] = [None] * total
+        self.plan: dict[str, Any] | None = None
+        self.index: int | None = None
+
+    def accept(self, i: int, result: LayoutResult, plan: dict[str, Any] | None) -> None:
+        self.results[i] = result
+        best = self.row()
+        if result.outcome == "solved" and (best is None or result.step_s < best.step_s
+                                           or (result.step_s == best.step_s and i < self.index)):
+            self.plan, self.index = plan, i
+
+    def row(self) -> LayoutResult | None:
+        return None if self.index is None else self.results[self.index]
+
+    def step_s(self) -> float:
+        return math.inf if self.index is None else self.results[self.index].step_s
+
+
+def _profile_and_layouts(opts: SolveOptions, devices: int, node_size: int | None,
+                         max_dims: int) -> tuple[HardwareProfile, int, tuple[MeshLayout, ...]]:
+    """The profile for nodes of ``node_size`` devices, the node size it settles on, and the layouts to try."""
+    prof = opts.profile if isinstance(opts.profile, HardwareProfile) else load_profile(opts.profile)
+    prof = profile_for_nodes(prof, node_size)
+    node_size = devices_per_node_of(prof, devices, node_size)
+    return prof, node_size, tuple(enumerate_layouts(devices, node_size, max_dims=max_dims))
+
+
+def _layout_cache_keys(traced: Any, layouts: Sequence[MeshLayout], prof: HardwareProfile, opts: SolveOptions,
+                       folder: Any) -> tuple[list[str], list[str]]:
+    """Each layout's cache key of its result and of its bound (the bound's key leaves out
+    the options that do not change it)."""
+    from autoshard.plan.build import make_fingerprint
+
+    code = code_version() if folder is not None else ""
+    key_opts = {k: v for k, v in opts.fields().items() if k not in _NOT_IN_KEY}
+    bound_opts = {k: v for k, v in key_opts.items() if k in BUILD_FIELDS or k in _BOUND_SOLVE_OPTIONS}
+    fingerprints = [make_fingerprint(traced, lay.shape, lay.dim_names, prof) for lay in layouts]
+    return ([layout_cache_key("result", fp, key_opts, code) for fp in fingerprints],
+            [layout_cache_key("bound", fp, bound_opts, code) for fp in fingerprints])
+
+
+def _take_cached_results(cache: LayoutCache, result_keys: Sequence[str], bound_keys: Sequence[str],
+                         best: _Incumbent, share_all: float) -> list[float | None]:
+    """Accept the cached results a search of this size may reuse (they are the incumbent that
+    cuts the others); the cached bounds of the layouts left."""
+    cached_bounds: list[float | None] = [None] * len(result_keys)
+    for i, key in enumerate(result_keys):
+        record = cache.get(key)
+        if record is not None and (record.get("solver_status") == "optimal"
+                                   or float(record.get("budget_s", 0.0)) >= share_all * (1 - 1e-9)):
+            best.accept(i, replace(LayoutResult.from_dict(record["result"]), cached=True, seconds=0.0),
+                        record.get("plan"))
+            continue
+        bound = cache.get(bound_keys[i])
+        if bound is not None:
+            cached_bounds[i] = float(bound["bound_s"])
+    return cached_bounds
+
+
+def _cut_by_cached_bounds(best: _Incumbent, cached_bounds: Sequence[float | None],
+                          layouts: Sequence[MeshLayout]) -> None:
+    """Mark ``cut`` the layouts whose cached bound is no better than the incumbent, before anything is built."""
+    for i, bound in enumerate(cached_bounds):
+        if best.results[i] is None and bound is not None and bound >= best.step_s() * (1 + CUT_TOLERANCE):
+            best.results[i] = LayoutResult(layouts[i].shape, layouts[i].dim_names, "cut", bound_s=bound,
+                                           cached=True, reason=f"bound {bound * 1e3:.3f} ms (cached) >= "
+                                           f"best {best.step_s() * 1e3:.3f} ms")
+
+
+def _chosen_plan(best: _Incumbent, devices: int, summary: dict[str, Any], start: float) -> Plan:
+    """The fastest layout's plan with the search's ``summary`` and every layout's row in its
+    options; raises when no layout was solved."""
+    rows = [replace(r, chosen=(i == best.index)) for i, r in enumerate(best.results)]
+    summary = {**summary, "seconds": round(time.monotonic() - start, 3), "layouts": [r.to_dict() for r in rows]}
+    if best.index is None:
         detail = "; ".join(f"{r.text}: {r.outcome} ({r.reason})" for r in rows)
         if any(r.outcome == "no_fit" for r in rows):
             raise InfeasibleMemoryError(f"no layout of {devices} devices fits: {detail}")
         raise NoLayoutError(f"no layout of {devices} devices was solved: {detail}")
-    plan = Plan.from_dict(best_plan)
+    plan = Plan.from_dict(best.plan)
     return replace(plan, options={**plan.options, "mesh_search": summary})
 
 

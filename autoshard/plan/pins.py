@@ -19,6 +19,7 @@ from typing import Mapping
 from costmodel.placements import PlacementParseError, format_placements, parse_placements
 
 from autoshard.graph.builder import StrategyGraph
+from autoshard.graph.node_ids import tensor_node
 from autoshard.plan.build import placement_text
 
 __all__ = ["PinError", "resolve_pins"]
@@ -36,8 +37,8 @@ def _targets(graph: StrategyGraph) -> list[tuple[str, int]]:
         out.extend((alias, i) for alias in graph.param_aliases.get(fqn, ()))
     for name, i in graph.inputs.items():
         out.append((name, i))
-        out.append((f"input:{name}", i))
-    out.extend((f"constant:{name}", i) for name, i in getattr(graph, "constants", {}).items())
+        out.append((tensor_node("input", name), i))
+    out.extend((tensor_node("constant", name), i) for name, i in getattr(graph, "constants", {}).items())
     return out
 
 

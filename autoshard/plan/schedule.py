@@ -77,13 +77,13 @@ from typing import Any, Iterable, Mapping, Sequence
 from costmodel.overlap import StepSimulation, Transfer, simulate
 from costmodel.steps import COLLECTIVE_STEPS
 
+from autoshard.graph.node_ids import is_leaf_tensor
+
 __all__ = ["DEFAULT_PREFETCH", "ScheduleError", "ScheduleItem", "Schedule", "build_schedule", "check_schedule",
            "schedule_transfers", "simulate_schedule", "prefetch_intervals", "collective_redistributions", "leaf_gathers"]
 
 DEFAULT_PREFETCH = 1
 """Prefetch depth of plans that carry no schedule (written before schedules existed)."""
-
-_LEAF_PREFIXES = ("param:", "input:", "buffer:")
 
 
 class ScheduleError(ValueError):
@@ -372,7 +372,7 @@ def prefetch_intervals(schedule: Schedule, redistributions: Sequence[Any], gathe
                 if item.issue < until:
                     out.append((item.issue, until, int(steps[-1].bytes)))
             continue
-        if item.edge is None or item.issue >= item.wait or not item.edge[0].startswith(_LEAF_PREFIXES):
+        if item.edge is None or item.issue >= item.wait or not is_leaf_tensor(item.edge[0]):
             continue
         steps = [s for s in by_edge[item.key].steps if s.collective in COLLECTIVE_STEPS]
         out.append((item.issue, item.wait, int(steps[-1].bytes)))

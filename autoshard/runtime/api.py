@@ -195,38 +195,19 @@ def autoshard(
             trace_collectives=trace_collectives, allow_profile_change=allow_profile_change, compile=compile)
     if devices is not None or devices_per_node is not None:
         raise TypeError("autoshard: devices / devices_per_node choose a mesh: pass them with mesh=None, not with a mesh")
-    world = dist.get_world_size()
-    if mesh.size() != world:
-        raise MeshSizeError(f"mesh {'x'.join(map(str, mesh.shape))} has {mesh.size()} ranks, the job {world}: "
-                            "the mesh must cover every rank")
-    mesh_spec = MeshSpec(tuple(int(m) for m in mesh.shape), tuple(mesh.mesh_dim_names or ()))
-    profile = default_profile(mesh) if device_default else opts.profile
-    prof = profile if isinstance(profile, HardwareProfile) else load_profile(profile)
-    opts = opts.with_changes(profile=prof)
+    mesh_spec, opts = _whole_job_mesh(mesh, opts, device_default)
     cache = cache_folder(cache_dir)
     device = comm_device()
 
     # 1. every rank: its own graph and fingerprint (fake tensors, no communication)
-    error: BaseException | None = None
-    traced: TracedGraph | None = None
-    here: Fingerprint | None = None
-    try:
-        traced = trace_joint(model, example_inputs)
-        here = make_fingerprint(traced, mesh_spec.shape, mesh_spec.dim_names, prof)
-    except Exception as exc:  # noqa: BLE001 - reported to every rank by agree
-        error = exc
+    traced, here, error = _trace_here(model, example_inputs, mesh_spec, opts.profile)
 
     # 2-3. rank 0: the plan, broadcast as JSON (or its error)
     source, payload = broadcast_plan(error, lambda: _rank0_plan(traced, mesh_spec, opts, here, plan, cache), device)
 
     # 4. every rank: the plan must be for its own graph, mesh and profile; all agree
-    received: Plan | None = None
-    if error is None:
-        try:
-            received = Plan.from_dict(json.loads(payload.decode("utf-8")))
-            received.check(here, allow_profile_change=allow_profile_change and plan is not None)
-        except Exception as exc:  # noqa: BLE001 - reported to every rank by agree
-            error = exc
+    received, error = _checked_plan(payload, here, error,
+                                    allow_profile_change=allow_profile_change and plan is not None)
     agree(error, device)
 
     # 5. shard (load-time checks are deterministic: every rank passes or fails alike)
@@ -234,3 +215,40 @@ def autoshard(
                             trace_collectives=trace_collectives, traced=traced, compile=compile)
     sharded.plan_source = source
     return sharded
+
+
+def _whole_job_mesh(mesh: Any, opts: SolveOptions, device_default: bool) -> tuple[MeshSpec, SolveOptions]:
+    """The mesh as a :class:`MeshSpec` (it must cover every rank of the job), and the
+    options with their profile loaded (the mesh's device's default when none was asked)."""
+    world = dist.get_world_size()
+    if mesh.size() != world:
+        raise MeshSizeError(f"mesh {'x'.join(map(str, mesh.shape))} has {mesh.size()} ranks, the job {world}: "
+                            "the mesh must cover every rank")
+    mesh_spec = MeshSpec(tuple(int(m) for m in mesh.shape), tuple(mesh.mesh_dim_names or ()))
+    profile = default_profile(mesh) if device_default else opts.profile
+    prof = profile if isinstance(profile, HardwareProfile) else load_profile(profile)
+    return mesh_spec, opts.with_changes(profile=prof)
+
+
+def _trace_here(model: nn.Module, example_inputs: Any, mesh_spec: MeshSpec, prof: HardwareProfile
+                ) -> tuple[TracedGraph | None, Fingerprint | None, BaseException | None]:
+    """This rank's traced graph and fingerprint, or the error that stopped them (for ``agree``)."""
+    try:
+        traced = trace_joint(model, example_inputs)
+        return traced, make_fingerprint(traced, mesh_spec.shape, mesh_spec.dim_names, prof), None
+    except Exception as exc:  # noqa: BLE001 - reported to every rank by agree
+        return None, None, exc
+
+
+def _checked_plan(payload: bytes, here: Fingerprint | None, error: BaseException | None, *,
+                  allow_profile_change: bool) -> tuple[Plan | None, BaseException | None]:
+    """The broadcast plan, checked against this rank's fingerprint, or the error (this rank's
+    earlier one, else why the plan does not fit)."""
+    if error is not None:
+        return None, error
+    try:
+        received = Plan.from_dict(json.loads(payload.decode("utf-8")))
+        received.check(here, allow_profile_change=allow_profile_change)
+        return received, None
+    except Exception as exc:  # noqa: BLE001 - reported to every rank by agree
+        return None, exc

@@ -85,6 +85,7 @@ from costmodel.layout import local_shape
 from costmodel.placements import Partial, Placement, Replicate, parse_placements
 from costmodel.steps import COLLECTIVE_STEPS, RedistributeStep
 
+from autoshard.graph.node_ids import LOSS, TANGENT, tensor_node
 from autoshard.plan.format import Plan, PlanError, Redistribution
 from autoshard.plan.schedule import ScheduleItem, build_schedule
 from autoshard.rules import RuleRegistry, load_rules, op_name
@@ -247,14 +248,16 @@ class JointRunner:
         self.program = self._op_programs()
 
         # sinks
-        self.loss_edge = self._edge(traced.loss, "loss", 0, (Replicate(),) * ndim)
+        self.loss_edge = self._edge(traced.loss, str(LOSS), 0, (Replicate(),) * ndim)
         self.grad_edges: dict[str, _Edge] = {}
         for fqn, gnode in traced.grads.items():
             if gnode is not None:
-                self.grad_edges[fqn] = self._edge(gnode, f"grad:{fqn}", 0, self.leaf_placements[f"param:{fqn}"])
+                self.grad_edges[fqn] = self._edge(gnode, tensor_node("grad", fqn), 0,
+                                                   self.leaf_placements[tensor_node("param", fqn)])
         self.buffer_edges: dict[str, _Edge] = {}
         for fqn, unode in traced.buffer_updates.items():
-            self.buffer_edges[fqn] = self._edge(unode, f"buffer_update:{fqn}", 0, self.leaf_placements[f"buffer:{fqn}"])
+            self.buffer_edges[fqn] = self._edge(unode, tensor_node("buffer_update", fqn), 0,
+                                              self.leaf_placements[tensor_node("buffer", fqn)])
         self.buckets = self._bucket_programs()
         unused = set(self._redist) - self._used
         if unused:
@@ -277,13 +280,13 @@ class JointRunner:
         traced, plan, ndim = self.traced, self.plan, len(self.mesh_shape)
         gm = traced.graph_module
         produced: dict[fx.Node, tuple[str, tuple[tuple[Placement, ...] | None, ...]]] = {}
-        names = {node: f"param:{fqn}" for fqn, node in traced.params.items()}
-        names.update({node: f"buffer:{fqn}" for fqn, node in traced.buffers.items()})
-        names.update({node: f"input:{name}" for name, node in traced.inputs.items()})
-        names[traced.tangent] = "tangent"
-        leaf_text = {f"param:{k}": v for k, v in plan.params.items()}
-        leaf_text.update({f"buffer:{k}": v for k, v in plan.buffers.items()})
-        leaf_text.update({f"input:{k}": v for k, v in plan.inputs.items()})
+        names = {node: tensor_node("param", fqn) for fqn, node in traced.params.items()}
+        names.update({node: tensor_node("buffer", fqn) for fqn, node in traced.buffers.items()})
+        names.update({node: tensor_node("input", name) for name, node in traced.inputs.items()})
+        names[traced.tangent] = str(TANGENT)
+        leaf_text = {tensor_node("param", k): v for k, v in plan.params.items()}
+        leaf_text.update({tensor_node("buffer", k): v for k, v in plan.buffers.items()})
+        leaf_text.update({tensor_node("input", k): v for k, v in plan.inputs.items()})
         self.leaf_placements: dict[str, tuple[Placement, ...]] = {}
         for node in gm.graph.nodes:
             if node.op != "placeholder":
@@ -291,7 +294,7 @@ class JointRunner:
             name = names.get(node)
             if name is None:
                 raise RuntimeLoadError(f"graph input {node.name}: not a parameter, buffer, input or the tangent")
-            if name == "tangent":
+            if name == str(TANGENT):
                 pl = (Replicate(),) * ndim
             elif name not in leaf_text:
                 raise RuntimeLoadError(f"plan: no placement for {name}")
@@ -304,7 +307,7 @@ class JointRunner:
         # tensor constants: leaves like buffers, their values on the traced graph (sliced once: they never change)
         self._constants: dict[fx.Node, torch.Tensor] = {}
         for cname, node in getattr(traced, "constants", {}).items():
-            name = f"constant:{cname}"
+            name = tensor_node("constant", cname)
             if cname not in plan.constants:
                 raise RuntimeLoadError(f"plan: no placement for {name} (a tensor constant of the graph)")
             pl = self._placement(plan.constants[cname])
@@ -538,7 +541,7 @@ class JointRunner:
         member is a gradient whose edge starts with the collective the bucket issues (then local slices only)."""
         out = []
         seen: set[str] = set()
-        by_sink = {f"grad:{fqn}": fqn for fqn in self.grad_edges}
+        by_sink = {tensor_node("grad", fqn): fqn for fqn in self.grad_edges}
         for i, bucket in enumerate(self.plan.buckets):
             fqns = []
             for member in bucket.members:
@@ -600,15 +603,15 @@ class JointRunner:
         traced = self.traced
         env: dict[fx.Node, Any] = {}
         for fqn, node in traced.params.items():
-            env[node] = self._local_leaf(params, fqn, traced.param_aliases, f"param:{fqn}", node)
+            env[node] = self._local_leaf(params, fqn, traced.param_aliases, tensor_node("param", fqn), node)
         for fqn, node in traced.buffers.items():
-            env[node] = self._local_leaf(buffers, fqn, traced.buffer_aliases, f"buffer:{fqn}", node)
+            env[node] = self._local_leaf(buffers, fqn, traced.buffer_aliases, tensor_node("buffer", fqn), node)
         if isinstance(inputs, Mapping):
             inputs = [inputs[name] for name in traced.inputs]
         if len(inputs) != len(traced.inputs):
             raise ValueError(f"inputs: expected {len(traced.inputs)} tensors ({', '.join(traced.inputs)}), got {len(inputs)}")
         for (name, node), value in zip(traced.inputs.items(), inputs):
-            env[node] = self._check_local(value, f"input:{name}", node)
+            env[node] = self._check_local(value, tensor_node("input", name), node)
         env[traced.tangent] = torch.ones((), dtype=traced.loss.meta["val"].dtype)
         env.update(self._local_constants(env))
         if forward_only:

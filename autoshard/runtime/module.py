@@ -71,6 +71,7 @@ from torch.distributed.tensor.placement_types import _StridedShard
 
 from costmodel.placements import Partial, Placement, Replicate, Shard, StridedShard
 
+from autoshard.graph.node_ids import tensor_node
 from autoshard.plan.format import Plan
 from autoshard.runtime.collectives import CollectiveRecord, MeshComm
 from autoshard.runtime.execute import JointRunner, RuntimeLoadError, placements_of
@@ -171,7 +172,7 @@ class ShardedModule(nn.Module):
         runner = JointRunner(traced, plan, tuple(mesh.shape), tuple(coord), comm=comm, graph=graph,
                              compile=compile)
         for fqn in traced.buffer_updates:
-            if any(not isinstance(p, Replicate) for p in runner.leaf_placements[f"buffer:{fqn}"]):
+            if any(not isinstance(p, Replicate) for p in runner.leaf_placements[tensor_node("buffer", fqn)]):
                 raise RuntimeLoadError(f"buffer {fqn}: the step updates it, and the plan shards it "
                                        f"({plan.buffers[fqn]}): only replicated mutated buffers are supported")
         comm.prepare(runner.mesh_dim_sets())  # flattened groups: once, same order on every rank
@@ -252,7 +253,7 @@ class ShardedModule(nn.Module):
         local_buffers = {}
         for fqn in traced.buffers:
             b = buffers[fqn]
-            local_buffers[fqn] = local_slice(b, runner.leaf_placements[f"buffer:{fqn}"], tuple(self.mesh.shape),
+            local_buffers[fqn] = local_slice(b, runner.leaf_placements[tensor_node("buffer", fqn)], tuple(self.mesh.shape),
                                              tuple(runner.coord))
         self._comm.records.clear()
         result = runner.run(local_params, local_buffers, self._local_inputs(args, kwargs), forward_only=forward_only)
