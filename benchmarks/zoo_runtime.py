@@ -9,7 +9,7 @@ to the eager single-device step of a copy of the model. A row is *equal*
 when the loss and every rank's gradient shard match the single-device ones
 within the runtime tests' tolerance (``rtol=1e-4, atol=1e-6``, fp32).
 
-    python -m benchmarks.zoo_runtime                 # Whisper and Falcon (tiny), a few minutes on 2 cores
+    python -m benchmarks.zoo_runtime                 # Whisper, Falcon and Mistral (tiny), a few minutes on 2 cores
     python -m benchmarks.zoo_runtime --only falcon
 """
 
@@ -40,6 +40,7 @@ RTOL, ATOL = 1e-4, 1e-6
 RUNTIME_MODELS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("HF Whisper (tiny), 2x2", "examples.models.hf:hf_whisper", {"batch_size": 4}),
     ("HF Falcon (tiny), 2x2", "examples.models.hf:hf_falcon", {"batch_size": 4}),
+    ("HF Mistral (tiny), 2x2", "examples.models.hf:hf_mistral", {"batch_size": 4}),
 )
 
 
