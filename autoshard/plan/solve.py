@@ -203,12 +203,12 @@ def solve_prepared(
     options = {**prep.options, "ties": ties, "pins": dict(pins), "memory_limit_bytes": problem_limit,
                "baseline": baseline, "time_limit_s": opts.time_limit, "backend": backend, "recompute": recompute}
     remote = None
-    rounds = opts.overlap_rounds if server is None and overlap_worthwhile(graph.profile.contention) else 0
+    rounds = opts.overlap_rounds if overlap_worthwhile(graph.profile.contention) else 0
     first = OVERLAP_FIRST_SHARE if rounds else 1.0
     deadline = start + time_limit * (1 - share)
     if server is not None:
-        remote, solution = _solve_on_server(server, prep, problem, options, time_limit * (1 - share), backend,
-                                            progress)
+        remote, solution = _solve_on_server(server, prep, problem, options, time_limit * (1 - share) * first,
+                                            backend, progress)
     else:
         def under(policy: str) -> Any:  # the same problem under a fixed recomputation policy
             return _pinned_problem(graph, opts, problem_limit, policy)
@@ -230,12 +230,11 @@ def solve_prepared(
             f"memory limit {format_bytes(limit)}: no plan fits ({solution.message or solution.status.value})"
             + _smallest_peak_hint(prep, opts, recompute, end)
         )
-    if remote is not None:
-        plan = remote
-    else:
-        plan = _assembled(prep, problem, solution, options)
-        if rounds:
-            plan = _overlap_rounds(prep, problem, solution, plan, rounds, deadline, backend)
+    # the overlap rounds re-price edges from the simulated schedule of the plan at hand, here
+    # (a server's plan too: its plan is then this one, as without a server)
+    plan = remote if remote is not None else _assembled(prep, problem, solution, options)
+    if rounds:
+        plan = _overlap_rounds(prep, problem, solution, plan, rounds, deadline, backend)
     # A seeded search proves its plan optimal only over the strategies its seed kept: a poor
     # seed can make a bad plan "optimal" (a 70B plan at 45.7 s per step against 8.99 s), so the
     # expert layouts are priced for it as for an unproven search.

@@ -22,7 +22,11 @@ def _args(**kw) -> argparse.Namespace:
 def test_without_calibrating_the_named_profile_and_its_load_are_reported(tmp_path):
     profile, line = select_profile(_args(), tmp_path)
     assert profile == "cpu-gloo"
-    assert line.startswith("Profile: cpu-gloo (calibrated 2026-11-23") and "Load average now" in line
+    from hw_profiles import load
+
+    calibration = load("cpu-gloo").calibration
+    assert line.startswith(f"Profile: cpu-gloo (calibrated {calibration.date}") and "Load average now" in line
+    assert ("load average" in line) == (calibration.load is not None)  # the calibration's own load, when recorded
 
 
 def test_calibrate_first_runs_a_quick_calibration_and_prices_with_its_profile(tmp_path, monkeypatch):

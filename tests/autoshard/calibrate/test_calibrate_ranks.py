@@ -188,9 +188,9 @@ def test_check_writes_report_and_plot(tmp_path):
     text = report.read_text()
     assert "| compute |" in text and "## Per kind" in text and "examples.models.llama3:tiny" in text
     assert "## Drift of the machine since the calibration" in text  # fit-set items measured again
-    # the load: this check's (sampled) and the calibration's (cpu-gloo predates load records)
+    # the load: this check's (sampled) and the calibration's (recorded in the profile)
     assert "- machine load during this check: load average (1/5/15 min)" in text
-    assert "other processes' runnable threads" in text and "not recorded" in text
+    assert "- machine load during the calibration: " in text and "other processes' runnable threads" in text
     kinds = {line.split("|")[2].strip() for line in text.splitlines() if line.startswith("| compute | ")}
     assert {"matmul", "elementwise", "attention"} <= kinds
     assert plot.stat().st_size > 10_000 and plot.read_bytes()[:4] == b"\x89PNG"
