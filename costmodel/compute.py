@@ -177,8 +177,7 @@ def op_time_s(
     device = profile.device
     memory_s = _memory_s(bytes_accessed, profile)
     launch = device.launch_scalar_s if scalar_operand and device.launch_scalar_s is not None else device.launch_s
-    if device.fresh_pages is not None and output_bytes:
-        launch += device.fresh_pages.seconds(tuple(output_bytes))
+    launch += _fresh_s(output_bytes, profile)
     if kind in ("matmul", "attention", "attention_backward"):
         try:
             peak = device.peak_flops_for(dtype)
@@ -224,20 +223,20 @@ def local_copy_time_s(nbytes: float, profile: HardwareProfile) -> float:
     """
     if nbytes < 0:
         raise ComputeError(f"nbytes: must be >= 0, got {nbytes}")
-    return _memory_s(2.0 * nbytes, profile) + _fresh_s(nbytes, profile) + profile.device.launch_s
+    return _memory_s(2.0 * nbytes, profile) + _fresh_s((nbytes,), profile) + profile.device.launch_s
 
 
 def local_fill_time_s(nbytes: float, profile: HardwareProfile) -> float:
     """Seconds to write ``nbytes`` of a constant (zero fill for ``R -> P(sum)``)."""
     if nbytes < 0:
         raise ComputeError(f"nbytes: must be >= 0, got {nbytes}")
-    return _memory_s(float(nbytes), profile) + _fresh_s(nbytes, profile) + profile.device.launch_s
+    return _memory_s(float(nbytes), profile) + _fresh_s((nbytes,), profile) + profile.device.launch_s
 
 
-def _fresh_s(out_nbytes: float, profile: HardwareProfile) -> float:
-    """Fresh pages of a local re-layout's new buffer (module docstring)."""
+def _fresh_s(output_bytes: Sequence[float], profile: HardwareProfile) -> float:
+    """Fresh pages of the buffers an op or a local re-layout allocates (module docstring)."""
     fresh = profile.device.fresh_pages
-    return fresh.seconds((float(out_nbytes),)) if fresh is not None else 0.0
+    return fresh.seconds(tuple(output_bytes)) if fresh is not None and output_bytes else 0.0
 
 
 def local_slice_time_s(out_nbytes: float, profile: HardwareProfile) -> float:

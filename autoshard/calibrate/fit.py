@@ -73,6 +73,7 @@ from costmodel.collectives import collective_time_s
 from costmodel.compute import efficiency, op_time_s
 from costmodel.mesh import MeshSpec
 from hw_profiles import CollectiveFit, HardwareProfile
+from hw_profiles.profile import FreshPages
 
 from autoshard.calibrate.measure_collectives import CollectiveSample
 from autoshard.calibrate.measure_compute import ComputeSample
@@ -360,12 +361,13 @@ def _fit_vector(samples: Sequence[ComputeSample], launch_s: float, fp32_peak: fl
     vec = [s for s in samples if s.kind == "vector"]
     if not vec:
         return None
+    pages = FreshPages.from_dict(fresh) if fresh else None
 
     def cost(e_vec: float) -> float:
         total = 0.0
         for s in vec:
             memory_s = s.bytes_accessed / (bandwidth * efficiency(memory, s.bytes_accessed))
-            fresh_s = s.out_bytes / fresh["Bps"] if fresh and s.out_bytes >= fresh["above_bytes"] else 0.0
+            fresh_s = pages.seconds((s.out_bytes,)) if pages is not None else 0.0
             predicted = max(s.flops / (fp32_peak * e_vec), memory_s) + fresh_s + launch_s
             total += math.log(predicted / s.seconds) ** 2
         return total

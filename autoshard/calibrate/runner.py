@@ -147,8 +147,9 @@ ERROR_GROUPS = {
 
 
 def device_sources(samples: Sequence[ComputeSample], primary: str, errors: dict[str, fitting.FitError],
-                   mode: str) -> dict[str, str]:
-    """The ``device.sources`` text of a measured profile."""
+                   mode: str, device: dict | None = None) -> dict[str, str]:
+    """The ``device.sources`` text of a measured profile (``device``: the fitted
+    figures, whose optional fields get a source only where they were fitted)."""
     def shapes(kind: str, dtype: str | None = None) -> str:
         chosen = [s for s in samples if s.kind == kind and (dtype is None or s.dtype == dtype)]
         return f"{len(chosen)} {kind} samples" if chosen else f"no {kind} samples"
@@ -183,7 +184,7 @@ def device_sources(samples: Sequence[ComputeSample], primary: str, errors: dict[
     }
     if not any(s.kind == "launch" and s.op in LAUNCH_SCALAR_OPS for s in samples):
         del text["launch_scalar_s"]
-    if fitting.fit_fresh_pages([s for s in samples if s.kind == "memory"]) is None:
+    if device is None or "fresh_pages" not in device:
         del text["fresh_pages"]
     return {k: v.rstrip("; ") for k, v in text.items()}
 
@@ -235,7 +236,7 @@ def calibrate(job: Job, options: Options) -> dict:
         if chosen:
             predicted = [fitting.predict_compute(s, profile) for s in chosen]
             compute_errors[kind] = fitting.FitError.of(fitting.relative_errors(predicted, [s.seconds for s in chosen]))
-    sources = device_sources(compute, primary, compute_errors, options.mode)
+    sources = device_sources(compute, primary, compute_errors, options.mode, device)
     if options.base:
         extra = sorted({d for d, _ in options.base.device.peak_flops} - {s.dtype for s in compute} - {"tf32"})
         if extra:
