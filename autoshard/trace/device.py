@@ -179,6 +179,9 @@ def _replace(graph: fx.Graph, node: fx.Node, op: OpOverload, args: tuple, kwargs
         new.meta["val"] = op(*fake_args, **fake_kwargs)
     node.replace_all_uses_with(new)
     graph.erase_node(node)
+    for user in new.users:  # the outputs' shapes are the new kernel's (the efficient one pads its logsumexp)
+        if user.target is operator.getitem:
+            user.meta["val"] = new.meta["val"][user.args[1]]
     return new
 
 

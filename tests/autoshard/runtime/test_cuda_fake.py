@@ -12,6 +12,7 @@ which also records every host synchronisation (``.item()``, copies to the CPU).
 
 from __future__ import annotations
 
+import importlib.util
 import operator
 
 import pytest
@@ -32,6 +33,10 @@ CASES = {
     "mlp-bf16": (mlp.tiny, {"dtype": "bfloat16"}, "none"),
     "llama-bf16-full-recompute": (llama3.tiny, {"dtype": "bfloat16"}, "full"),
 }
+if importlib.util.find_spec("transformers") is not None:  # a model nobody here wrote: masks, arange(device=...)
+    from examples.models import hf
+
+    CASES["hf-mistral"] = (hf.hf_mistral, {}, "none")
 
 
 @pytest.fixture(scope="module", params=sorted(CASES))
@@ -64,8 +69,8 @@ def test_a_plan_solved_for_h100_holds_the_cuda_attention_kernels(case) -> None:
     name, traced, plan = case
     ops = {n.op for n in plan.nodes}
     assert not {o for o in ops if "_for_cpu" in o}, name
-    if name.startswith("llama"):
-        kernel = "flash" if "bf16" in name else "efficient"  # fp32 has no flash kernel on CUDA
+    if name.startswith(("llama", "hf")):
+        kernel = "flash" if "bf16" in name else "efficient"  # fp32 (and a mask) has no flash kernel on CUDA
         assert f"aten._scaled_dot_product_{kernel}_attention.default" in ops
         assert f"aten._scaled_dot_product_{kernel}_attention_backward.default" in ops
     assert not CPU_ONLY_OPS & {n.target for n in traced.graph_module.graph.nodes}
