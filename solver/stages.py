@@ -125,7 +125,8 @@ def program_columns(graph: CompiledGraph) -> int:
 class Dual:
     """Column generation's memory prices (of its best bound) and the columns' values."""
 
-    prices: np.ndarray
+    prices: np.ndarray | None
+    """None when no pricing round ended before the deadline (a loaded machine): no value can be ruled out."""
     support: list
 
 
@@ -238,7 +239,7 @@ def run_exact(view: View, inc: Incumbent, budget: Budget) -> StageResult:
     else:
         deadline = budget.share("exact" if view.wcsp_rows is None else "exact_before_wcsp").deadline
     allowed, extra = None, {}
-    if inc.dual is not None and inc.values is not None:
+    if inc.dual is not None and inc.dual.prices is not None and inc.values is not None:
         # only the values that can still beat the incumbent; the bound stays valid for the whole problem
         allowed = fix_by_reduced_cost(g, view.plan, inc.dual.prices, inc.cost, inc.values)
         extra["values_kept"] = sum(a.size for a in allowed)
