@@ -10,6 +10,10 @@ here by :func:`for_device`:
 * **device arguments**: factory ops (``full``, ``arange``, ``zeros``, ...)
   carry ``device=cpu``; for a CUDA plan they say ``cuda`` (the runtime puts
   them on the rank's own GPU, ``autoshard.runtime.execute``);
+* **fused kernels**: ``F.rms_norm`` (``nn.RMSNorm``) is one kernel on a GPU
+  and a handful of ops on a CPU; a trace for CUDA keeps one stand-in node
+  (``autoshard.trace.stand_ins``), mapped here to ``aten._fused_rms_norm``
+  and its backward;
 * **per-device kernels**: scaled dot-product attention is
   ``_scaled_dot_product_flash_attention_for_cpu`` (and its backward) on a CPU.
   On CUDA, ``scaled_dot_product_attention`` picks (``sdp_utils``'s order for
@@ -46,6 +50,7 @@ import torch.fx as fx
 from torch._ops import OpOverload
 
 from autoshard.trace.compat import TraceError
+from autoshard.trace.stand_ins import STAND_INS
 
 __all__ = ["DEVICE_TYPES", "CPU_ONLY_OPS", "CUDA_ONLY_OPS", "for_device", "device_kernel_problems"]
 
@@ -103,6 +108,7 @@ def for_device(graph_module: fx.GraphModule, fake_mode: Any, device_type: str) -
     if device_type != "cpu":
         _retarget_devices(graph, torch.device(device_type))
         _cuda_attention(graph, fake_mode)
+        _stand_ins(graph, fake_mode)
         graph_module.recompile()
     problems = device_kernel_problems(graph, device_type)
     if problems:
@@ -123,6 +129,16 @@ def _retarget_devices(graph: fx.Graph, device: torch.device) -> None:
         if node.op == "call_function":
             node.args = tuple(swap(a) for a in node.args)
             node.kwargs = {k: swap(v) for k, v in node.kwargs.items()}
+
+
+def _stand_ins(graph: fx.Graph, fake_mode: Any) -> None:
+    """The stand-ins of ``autoshard.trace.stand_ins`` -> the ATen kernels a GPU runs."""
+    for node in list(graph.nodes):
+        aten_op = STAND_INS.get(node.target) if node.op == "call_function" else None
+        if aten_op is aten._fused_rms_norm_backward.default:
+            _replace(graph, node, aten_op, (*node.args, [True, True]), dict(node.kwargs), fake_mode)
+        elif aten_op is not None:
+            _replace(graph, node, aten_op, tuple(node.args), dict(node.kwargs), fake_mode)
 
 
 def _uses_flash(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: Any) -> bool:

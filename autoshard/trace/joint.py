@@ -80,6 +80,7 @@ from autoshard.trace.compat import (
     node_module,
 )
 from autoshard.trace.device import for_device
+from autoshard.trace.stand_ins import cuda_stand_ins
 
 __all__ = [
     "TensorMeta", "NodeInfo", "TracedGraph", "JointResult", "TraceError", "DataDependentError",
@@ -266,6 +267,8 @@ def trace_joint(
     )
     try:
         with contextlib.ExitStack() as stack, library_tracing(), module_annotations(model):
+            if target_device == "cuda":  # kernels only a GPU run calls (autoshard.trace.stand_ins)
+                stack.enter_context(cuda_stand_ins())
             joint = aot_export_joint_with_descriptors(
                 stack, wrapper, fake_inputs, decompositions={**DEFAULT_DECOMPOSITIONS, **(decompositions or {})}
             )

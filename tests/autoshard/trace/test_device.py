@@ -87,3 +87,16 @@ def test_device_arguments_point_at_the_target_device_type() -> None:
 def test_an_unknown_device_type_is_one_clear_error() -> None:
     with pytest.raises(TraceError, match="device type 'tpu'"):
         trace_joint(_Positions(), (torch.ones(4, 8),), target_device="tpu")
+
+
+def test_rms_norm_is_the_fused_kernel_a_gpu_runs_and_the_cpu_decomposition_on_a_cpu() -> None:
+    """nn.RMSNorm: one aten._fused_rms_norm (and backward) per norm on CUDA, as eager torch runs it there."""
+    model, inputs = llama3.tiny(device="meta", dtype="bfloat16")
+    norms = sum(isinstance(m, nn.RMSNorm) for m in model.modules())
+    cuda = trace_joint(model, inputs, target_device="cuda")
+    targets = [n.target for n in cuda.graph_module.graph.nodes]
+    assert targets.count(aten._fused_rms_norm.default) == norms
+    assert targets.count(aten._fused_rms_norm_backward.default) == norms
+    assert not any("autoshard" in str(t) for t in targets)  # no stand-in left
+    assert aten._fused_rms_norm.default not in _targets(trace_joint(model, inputs))
+    assert torch.nn.functional.rms_norm.__module__ == "torch.nn.functional"  # the patch is undone
