@@ -91,13 +91,13 @@ from autoshard.plan.schedule import ScheduleItem, build_schedule
 from autoshard.rules import RuleRegistry, load_rules, op_name
 from autoshard.rules.calls import bind_args, replace_tensors
 from autoshard.rules.core import OpCall, TensorMeta, to_meta
+from autoshard.runtime.devices import on_device
 from autoshard.runtime.live_bytes import LiveBytes, TrackedDict
 from autoshard.runtime.program import StepGraph, compile_step, trace_step
 from autoshard.runtime.recomputation import RecomputePhase, free_points, recompute_phases
 from autoshard.runtime.shards import local_slice
 from autoshard.runtime.templates import CallTemplate
 from autoshard.runtime.random_ops import SLICEABLE, get_rng_state, random_kind, run_random, set_rng_state
-from autoshard.runtime.devices import on_device
 from autoshard.runtime.steps import (Comm, PendingStep, StepRuntimeError, bucket_phases, check_step_runnable,
                                      gather_phases, run_step, step_phases)
 from autoshard.trace import JointResult, TraceError, TracedGraph, constant_value, tensor_arg_nodes
