@@ -70,7 +70,7 @@ def run_one(config: str, time_limit: float, jobs: int | None) -> dict:
            "chosen": {"shape": chosen["shape"], "dim_names": chosen["dim_names"], "step_s": chosen["step_s"],
                       "peak_gib": chosen["peak_memory_bytes"] / 2**30, "status": chosen["solver_status"]},
            "table": "\n".join(layouts_table(plan.options)), "hand": []}
-    traced = trace_joint(model, inputs)
+    traced = trace_joint(model, inputs, target_device="cuda")  # H100 plans hold the CUDA kernels, as the search's do
     for name, shape, names, baseline in HAND:
         t = time.perf_counter()
         prep = prepare(model, inputs, shape, names, profile="h100-sxm-80gb", mixed_precision=True, traced=traced)

@@ -340,7 +340,7 @@ def search_mesh(
 
     report("trace", 0)
     if traced is None:
-        traced = trace_joint(model, example_inputs)
+        traced = trace_joint(model, example_inputs, target_device=opts.device_type or prof.device_type)
     trace_s = time.monotonic() - start
     report("trace", 1)
 
