@@ -87,7 +87,8 @@ def measure_contention(job: Job, groups: Any, settings: Settings) -> dict[str, A
     ranks = groups.spec.group_size(dims)
     return {"contention": round(kappa, 3),
             "source": f"measured: median over {len(rows)} pairs of kappa = (B - max(C, D)) / min(C, D), "
-                      f"all_reduce over {ranks} ranks beside matmuls (autoshard/calibrate/measure_overlap.py): {detail}"}
+                      f"all_reduce over {ranks} ranks beside matmuls (autoshard/calibrate/measure_overlap.py): "
+                      f"{detail}"}
 
 
 def unmeasured_overlap(job: Job, base: Any) -> dict[str, Any]:

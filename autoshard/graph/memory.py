@@ -155,7 +155,7 @@ class OptimizerMemory:
         parameters at once. Only foreach AdamW holds such a list; the for-loop's
         temporaries (``sqrt`` and ``/``: twice one parameter) live one parameter
         at a time and are not counted (on one H100 the for-loop's peak equals the
-        fused one's: ``../shared/gpu/README.md``); fused allocates none."""
+        fused one's: ``benchmarks/results/h100-2026-11-27/README.md``); fused allocates none."""
         if self.name != "adamw" or not self.foreach:
             return 0
         return 4 if self.mixed_precision else param_dtype.itemsize
