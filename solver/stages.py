@@ -238,9 +238,13 @@ def run_exact(view: View, inc: Incumbent, budget: Budget) -> StageResult:
     else:
         deadline = budget.share("exact" if view.wcsp_rows is None else "exact_before_wcsp").deadline
     allowed, extra = None, {}
-    if inc.dual is not None and inc.values is not None:
+    # prices are one per memory point of the graph they were found on: a dual without prices (a
+    # column generation that priced nothing) or found on another view of the problem cannot fix
+    # values here (segment_prices indexed past its end)
+    prices = None if inc.dual is None else inc.dual.prices
+    if prices is not None and inc.values is not None and np.shape(prices) == (g.num_times,):
         # only the values that can still beat the incumbent; the bound stays valid for the whole problem
-        allowed = fix_by_reduced_cost(g, view.plan, inc.dual.prices, inc.cost, inc.values)
+        allowed = fix_by_reduced_cost(g, view.plan, prices, inc.cost, inc.values)
         extra["values_kept"] = sum(a.size for a in allowed)
         if extra["values_kept"] == int(g.dom.sum()):
             allowed = None
