@@ -13,13 +13,16 @@ float precision.
 
 Options: ``--steps``, ``--memory-limit-mib``, ``--time-limit`` (the solve),
 ``--mesh 2x2`` (give the mesh instead of searching it), ``--no-cache`` (solve
-even when a cached plan exists).
+even when a cached plan exists), ``--device`` (``cuda`` on a machine with GPUs:
+NCCL, one GPU per rank from ``LOCAL_RANK``, the plan priced for H100s and
+holding their kernels; ``auto``, the default, takes the GPUs when there are).
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import os
 import sys
 import time
 from pathlib import Path
@@ -71,17 +74,24 @@ def main() -> None:
                         help="seconds for the solve of all layouts (20 s left a layout unsolved on a busy 2-core box)")
     parser.add_argument("--mesh", metavar="AxB", help="the mesh (e.g. 2x2, dims dp,tp); default: chosen by autoshard")
     parser.add_argument("--no-cache", action="store_true", help="solve even if a cached plan exists")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                        help="where the ranks run (auto: one GPU per rank when there are GPUs, else CPU)")
     args = parser.parse_args()
 
     start = time.perf_counter()
-    dist.init_process_group("gloo")
+    kind = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    if kind == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group("nccl" if kind == "cuda" else "gloo")
+    device = torch.device(kind, torch.cuda.current_device()) if kind == "cuda" else torch.device("cpu")
     rank = dist.get_rank()
     torch.set_num_threads(1)  # 4 ranks share a few cores
     mesh = None  # autoshard chooses it (and builds it) for the job's ranks
     if args.mesh:
         shape = tuple(int(m) for m in args.mesh.split("x"))
-        mesh = init_device_mesh("cpu", shape, mesh_dim_names=("dp", "tp", "cp")[:len(shape)])
+        mesh = init_device_mesh(kind, shape, mesh_dim_names=("dp", "tp", "cp")[:len(shape)])
     model, example = llama3.tiny(**MODEL)
+    model, example = model.to(device), tuple(x.to(device) for x in example)
     reference = copy.deepcopy(model) if rank == 0 else None  # autoshard shards `model` in place
 
     sharded = autoshard(model, mesh, example, memory_limit=args.memory_limit_mib * 2**20,
@@ -99,7 +109,7 @@ def main() -> None:
     ref_opt = torch.optim.AdamW(reference.parameters(), lr=args.lr) if reference is not None else None
     vocab, shape = model.config.vocab_size, tuple(example[0].shape)
     for step in range(args.steps):
-        tokens, labels = batch(step, vocab, shape)
+        tokens, labels = (x.to(device) for x in batch(step, vocab, shape))
         t0 = time.perf_counter()
         loss = sharded(tokens, labels)
         loss.backward()

@@ -686,6 +686,18 @@ class HardwareProfile:
         return dataclasses.replace(self, interconnect=tiers)
 
     @property
+    def device_type(self) -> str:
+        """The torch device type a plan priced with this profile runs on: ``cpu`` for a
+        CPU profile (its device name says CPU), else ``cuda`` (ROCm GPUs are ``cuda``
+        devices in torch too). It picks the per-device kernels a plan's graph holds
+        (``autoshard.trace.device``).
+
+        >>> HardwareProfile.from_dict(_EXAMPLE).device_type
+        'cuda'
+        """
+        return "cpu" if "cpu" in self.device.name.lower() else "cuda"
+
+    @property
     def ranks_per_node(self) -> int | None:
         """Ranks of the innermost tier (GPUs per NVLink / xGMI domain)."""
         return self.interconnect[0].ranks

@@ -39,10 +39,11 @@ hw_profiles.schema.ProfileError: (root): 'name' is a required property
 
 from __future__ import annotations
 
+import functools
+import logging
 import math
 from typing import Any, Mapping
 
-import jsonschema
 
 from hw_profiles.json_input import MAX_DEPTH
 from hw_profiles.profile import COLLECTIVE_KINDS, FORMAT, SOURCE_KINDS
@@ -241,7 +242,18 @@ SCHEMA: dict[str, Any] = {
     "additionalProperties": False,
 }
 
-_VALIDATOR = jsonschema.Draft202012Validator(SCHEMA)
+@functools.lru_cache(maxsize=None)
+def _validator() -> Any:
+    """The JSON-schema validator, or None where ``jsonschema`` is not installed: a
+    GPU image that only runs plans solved elsewhere may lack it, and the checks of
+    :func:`validate` other than the schema's still run there (one warning says so)."""
+    try:
+        import jsonschema
+    except ImportError:
+        logging.getLogger(__name__).warning(
+            "jsonschema is not installed: hardware profiles are checked without their JSON schema")
+        return None
+    return jsonschema.Draft202012Validator(SCHEMA)
 
 
 def _path(parts: Any) -> str:
@@ -249,6 +261,12 @@ def _path(parts: Any) -> str:
     for part in parts:
         text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
     return text or "(root)"
+
+
+def _best_match(errors: Any) -> Any:
+    import jsonschema
+
+    return jsonschema.exceptions.best_match(errors)
 
 
 def validate(data: Mapping[str, Any], *, where: str = "") -> None:
@@ -259,7 +277,8 @@ def validate(data: Mapping[str, Any], *, where: str = "") -> None:
         raise ProfileError(f"{prefix}(root): expected a JSON object, got {type(data).__name__}")
     _check_finite(data, (), prefix)
     _check_citations(data, (), prefix)
-    error = jsonschema.exceptions.best_match(_VALIDATOR.iter_errors(data))
+    validator = _validator()
+    error = None if validator is None else _best_match(validator.iter_errors(data))
     if error is not None:
         message = error.message  # may quote the whole offending value: one line of readable length
         if len(message) > _MESSAGE_CHARS:

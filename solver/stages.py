@@ -125,7 +125,8 @@ def program_columns(graph: CompiledGraph) -> int:
 class Dual:
     """Column generation's memory prices (of its best bound) and the columns' values."""
 
-    prices: np.ndarray
+    prices: np.ndarray | None
+    """None when no pricing round ended before the deadline (a loaded machine): no value can be ruled out."""
     support: list
 
 
@@ -238,13 +239,9 @@ def run_exact(view: View, inc: Incumbent, budget: Budget) -> StageResult:
     else:
         deadline = budget.share("exact" if view.wcsp_rows is None else "exact_before_wcsp").deadline
     allowed, extra = None, {}
-    # prices are one per memory point of the graph they were found on: a dual without prices (a
-    # column generation that priced nothing) or found on another view of the problem cannot fix
-    # values here (segment_prices indexed past its end)
-    prices = None if inc.dual is None else inc.dual.prices
-    if prices is not None and inc.values is not None and np.shape(prices) == (g.num_times,):
+    if inc.dual is not None and inc.dual.prices is not None and inc.values is not None:
         # only the values that can still beat the incumbent; the bound stays valid for the whole problem
-        allowed = fix_by_reduced_cost(g, view.plan, prices, inc.cost, inc.values)
+        allowed = fix_by_reduced_cost(g, view.plan, inc.dual.prices, inc.cost, inc.values)
         extra["values_kept"] = sum(a.size for a in allowed)
         if extra["values_kept"] == int(g.dom.sum()):
             allowed = None

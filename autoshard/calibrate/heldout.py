@@ -112,8 +112,18 @@ def _op(label: str, op: Any, *makers: Any, **kwargs: Any) -> OpSpec:
     return OpSpec(label, op, make)
 
 
-def synthetic_ops(mode: str) -> list[OpSpec]:
-    """Synthetic held-out ops (module docstring); ``tiny`` keeps a few small ones."""
+def _sdpa_call(device_type: str, *shape: int) -> tuple[Any, ...]:
+    """The causal attention op a plan runs on ``device_type`` for fp32 ``shape`` inputs
+    (``autoshard.trace.device``: CUDA's memory-efficient kernel, CPU's flash kernel), and its arguments."""
+    q, k, v = _randn(*shape), _randn(*shape), _randn(*shape)
+    if device_type == "cuda":
+        return aten._scaled_dot_product_efficient_attention.default, q, k, v, None, True, 0.0, True
+    return aten._scaled_dot_product_flash_attention_for_cpu.default, q, k, v, 0.0, True
+
+
+def synthetic_ops(mode: str, device_type: str = "cpu") -> list[OpSpec]:
+    """Synthetic held-out ops (module docstring); ``tiny`` keeps a few small ones;
+    attention is the kernel of ``device_type``."""
     sizes = [3000, 50000, 700000] if mode == "tiny" else [3000, 50000, 700000, 6000000]
     ops = [
         _op("mm 384x1000x96", aten.mm.default, _randn(384, 1000), _randn(1000, 96)),
@@ -129,8 +139,7 @@ def synthetic_ops(mode: str) -> list[OpSpec]:
         _op("cat 2x 1000x500", aten.cat.default, lambda d: [torch.randn(1000, 500, device=d)] * 2),
         _op("clone t(900x700)", aten.clone.default, lambda d: torch.randn(900, 700, device=d).t(),
             memory_format=torch.contiguous_format),
-        _op("sdpa fwd 4x4x192x48", aten._scaled_dot_product_flash_attention_for_cpu.default, _randn(4, 4, 192, 48),
-            _randn(4, 4, 192, 48), _randn(4, 4, 192, 48), 0.0, True),
+        _op("sdpa fwd 4x4x192x48", *_sdpa_call(device_type, 4, 4, 192, 48)),
     ]
     if mode != "tiny":
         ops += [
@@ -138,8 +147,7 @@ def synthetic_ops(mode: str) -> list[OpSpec]:
             _op("mm 64x4000x64", aten.mm.default, _randn(64, 4000), _randn(4000, 64)),
             _op("softmax 64x8x200x200", aten._softmax.default, _randn(64, 8, 200, 200), -1, False),
             _op("layer_norm 256x96", aten.native_layer_norm.default, _randn(256, 96), [96], _randn(96), _randn(96), 1e-5),
-            _op("sdpa fwd 2x8x384x96", aten._scaled_dot_product_flash_attention_for_cpu.default,
-                _randn(2, 8, 384, 96), _randn(2, 8, 384, 96), _randn(2, 8, 384, 96), 0.0, True),
+            _op("sdpa fwd 2x8x384x96", *_sdpa_call(device_type, 2, 8, 384, 96)),
         ]
     for n in sizes:
         rows = max(1, n // 500)
@@ -169,9 +177,10 @@ def _real(val: Any, device: torch.device) -> Any:
     return storage.as_strided(shape, stride)  # expanded (stride 0) and transposed inputs as in the graph
 
 
-def model_ops(spec: str, overrides: dict, profile: HardwareProfile) -> list[OpSpec]:
+def model_ops(spec: str, overrides: dict, profile: HardwareProfile, device_type: str = "cpu") -> list[OpSpec]:
     """One :class:`OpSpec` per distinct (op, shapes) of the joint graph of
-    the example ``spec`` (``MODULE:FACTORY``), views excluded (the cost model
+    the example ``spec`` (``MODULE:FACTORY``) traced for ``device_type`` (its
+    attention kernels are that device's), views excluded (the cost model
     counts them free), each predicted by the graph builder on a 1-rank mesh."""
     from autoshard.trace.model_spec import load_model
     from autoshard.graph.builder import build_graph
@@ -179,7 +188,7 @@ def model_ops(spec: str, overrides: dict, profile: HardwareProfile) -> list[OpSp
     from autoshard.trace import trace_joint
 
     model, inputs = load_model(spec, {**overrides, "device": "meta"})
-    traced = trace_joint(model, inputs)
+    traced = trace_joint(model, inputs, target_device=device_type)
     graph = build_graph(traced, MeshSpec((1,)), profile)
     rules = load_rules()
     seen: dict[str, OpSpec] = {}

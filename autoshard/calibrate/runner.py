@@ -300,9 +300,10 @@ def check(job: Job, options: Options, profile: HardwareProfile) -> list[CheckIte
     """Time the held-out set on every rank and (rank 0) print the report,
     write it (``--report``) and plot it (``--plot``)."""
     settings = MODE_SETTINGS[options.mode]
-    specs = synthetic_ops(options.mode)
+    device_type = "cuda" if job.is_cuda else "cpu"  # the ops timed are the ones a plan runs on this device
+    specs = synthetic_ops(options.mode, device_type)
     model_spec, overrides = options.model or ((DEFAULT_MODEL[0], {}) if options.mode == "tiny" else DEFAULT_MODEL)
-    specs += model_ops(model_spec, overrides, profile)
+    specs += model_ops(model_spec, overrides, profile, device_type)
     mesh = _mesh(job, options)
     groups = Groups(job, mesh) if job.world > 1 else None
     items = reference_check_items(job, profile, groups) + compute_check_items(specs, profile)

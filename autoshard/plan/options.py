@@ -58,7 +58,7 @@ PLAN_GAP = 1e-6
 time is below the cost model's own accuracy by orders of magnitude."""
 
 BUILD_FIELDS = ("profile", "optimizer", "optimizer_impl", "mixed_precision", "allow_uneven", "search", "bucket_bytes",
-                "recompute", "gather")
+                "recompute", "gather", "device_type")
 """The options that decide the strategy graph (:func:`~autoshard.plan.solve.prepare` reads
 these; the solve reads the others, and ``recompute`` too)."""
 
@@ -115,12 +115,19 @@ class SolveOptions:
     """An ``autoshard serve`` URL that solves instead of this process (the same plan)."""
     overlap_rounds: int = OVERLAP_ROUNDS
     """Solves with overlap-priced edges after the first (0: none)."""
+    device_type: str | None = None
+    """The device type the plan runs on (``cpu``, ``cuda``): picks the per-device kernels
+    its graph holds (``autoshard.trace.device``). None: the profile's
+    (:attr:`hw_profiles.HardwareProfile.device_type`); set it to price a GPU profile
+    for a plan that runs on CPU processes (tests, experiments)."""
 
     def __post_init__(self) -> None:
         if not 0 < self.time_limit < math.inf:
             raise ValueError(f"time_limit: must be a positive number of seconds, got {self.time_limit}")
         if self.memory_limit is not None and not self.memory_limit > 0:
             raise ValueError(f"memory_limit: must be a positive number of bytes, got {self.memory_limit}")
+        if self.device_type not in (None, "cpu", "cuda"):
+            raise ValueError(f"device_type: must be cpu or cuda (or None: the profile's), got {self.device_type!r}")
         if self.overlap_rounds < 0:
             raise ValueError(f"overlap_rounds: must be 0 or more, got {self.overlap_rounds}")
         object.__setattr__(self, "pins", dict(self.pins or {}))

@@ -125,8 +125,8 @@ def prepare(
     t0 = time.perf_counter()
     if progress:
         progress("trace", 0, 1)
-    if traced is None:
-        traced = trace_joint(model, example_inputs)
+    if traced is None:  # for the device the plan runs on: its attention kernels are that device's
+        traced = trace_joint(model, example_inputs, target_device=opts.device_type or prof.device_type)
     t1 = time.perf_counter()
     if progress:
         progress("trace", 1, 1)

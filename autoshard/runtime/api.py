@@ -55,6 +55,7 @@ from autoshard.plan.format import Fingerprint, Plan, PlanError
 from autoshard.plan.cache_folder import cache_folder, default_cache_dir
 from autoshard.plan.options import SolveOptions, profile_for_device, solve_options
 from autoshard.plan.solve import prepare, solve_prepared
+from autoshard.runtime.devices import mesh_device
 from autoshard.runtime.module import ShardedModule
 from autoshard.runtime.rank_agreement import MeshSizeError, RankSetupError, agree, broadcast_plan, comm_device
 from autoshard.trace import TracedGraph, trace_joint
@@ -200,7 +201,7 @@ def autoshard(
     device = comm_device()
 
     # 1. every rank: its own graph and fingerprint (fake tensors, no communication)
-    traced, here, error = _trace_here(model, example_inputs, mesh_spec, opts.profile)
+    traced, here, error = _trace_here(model, example_inputs, mesh_spec, opts.profile, mesh_device(mesh).type)
 
     # 2-3. rank 0: the plan, broadcast as JSON (or its error)
     source, payload = broadcast_plan(error, lambda: _rank0_plan(traced, mesh_spec, opts, here, plan, cache), device)
@@ -230,11 +231,12 @@ def _whole_job_mesh(mesh: Any, opts: SolveOptions, device_default: bool) -> tupl
     return mesh_spec, opts.with_changes(profile=prof)
 
 
-def _trace_here(model: nn.Module, example_inputs: Any, mesh_spec: MeshSpec, prof: HardwareProfile
+def _trace_here(model: nn.Module, example_inputs: Any, mesh_spec: MeshSpec, prof: HardwareProfile, device_type: str
                 ) -> tuple[TracedGraph | None, Fingerprint | None, BaseException | None]:
-    """This rank's traced graph and fingerprint, or the error that stopped them (for ``agree``)."""
+    """This rank's traced graph (for the mesh's device type: its kernels are the ones
+    this rank runs) and fingerprint, or the error that stopped them (for ``agree``)."""
     try:
-        traced = trace_joint(model, example_inputs)
+        traced = trace_joint(model, example_inputs, target_device=device_type)
         return traced, make_fingerprint(traced, mesh_spec.shape, mesh_spec.dim_names, prof), None
     except Exception as exc:  # noqa: BLE001 - reported to every rank by agree
         return None, None, exc

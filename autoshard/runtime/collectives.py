@@ -19,7 +19,15 @@ rank that fails mid-step fails the others within the timeout the user chose.
 Asynchronous: every collective is issued as a ``_c10d_functional`` op (the
 ops under ``torch.distributed._functional_collectives``), which returns at
 once while gloo runs it on its own thread (NCCL on its own stream); the
-result may be read only after :meth:`MeshComm.wait` (``wait_tensor``). The
+result may be read only after :meth:`MeshComm.wait` (``wait_tensor``).
+On CUDA with NCCL this is the two-stream schedule the plan prices: the
+process group records an event on the compute stream and runs the
+collective on its own communication stream after it (the collective starts
+when its input is made, not when the host gets there), and ``wait_tensor``
+makes the compute stream wait on the collective's end event without
+blocking the host (unless ``TORCH_NCCL_BLOCKING_WAIT`` is set), so the
+compute issued between the issue and the wait overlaps the transfer. With
+gloo on CUDA tensors (several ranks sharing one GPU) the wait blocks the host. The
 runtime issues and waits where the plan's schedule says
 (``autoshard.plan.schedule``). The raw ops are called rather than the
 ``funcol`` wrappers because those wait at once under tracing (``make_fx``,

@@ -91,6 +91,7 @@ from autoshard.plan.schedule import ScheduleItem, build_schedule
 from autoshard.rules import RuleRegistry, load_rules, op_name
 from autoshard.rules.calls import bind_args, replace_tensors
 from autoshard.rules.core import OpCall, TensorMeta, to_meta
+from autoshard.runtime.devices import on_device
 from autoshard.runtime.live_bytes import LiveBytes, TrackedDict
 from autoshard.runtime.program import StepGraph, compile_step, trace_step
 from autoshard.runtime.recomputation import RecomputePhase, free_points, recompute_phases
@@ -187,7 +188,10 @@ class JointRunner:
 
     ``mesh_shape`` is the plan's mesh; ``coord`` this rank's coordinate on it;
     ``comm`` issues the collectives (``autoshard.runtime.collectives.MeshComm``;
-    None is allowed for a plan without collectives). ``check_fingerprint``
+    None is allowed for a plan without collectives). ``device``: where this
+    rank's tensors live (``cuda:LOCAL_RANK`` on a GPU mesh): every tensor the
+    step makes (the loss tangent, factory ops, the tensor constants) is made
+    there. ``check_fingerprint``
     compares the plan's graph hash with ``traced``. ``graph``: run the traced
     step graph from the second step on (module docstring; False interprets
     every step); ``compile``: compile that graph with inductor.
@@ -195,8 +199,10 @@ class JointRunner:
 
     def __init__(self, traced: TracedGraph, plan: Plan, mesh_shape: Sequence[int], coord: Sequence[int],
                  *, comm: Comm | None = None, rules: RuleRegistry | None = None,
-                 check_fingerprint: bool = True, graph: bool = True, compile: bool = False) -> None:
+                 check_fingerprint: bool = True, graph: bool = True, compile: bool = False,
+                 device: torch.device | str = "cpu") -> None:
         self.traced = traced
+        self.device = torch.device(device)
         self.use_graph = graph or compile
         self.compile = compile
         self.step_graph: StepGraph | None = None
@@ -220,7 +226,7 @@ class JointRunner:
             here = graph_hash(traced)
             if here != plan.fingerprint.graph:
                 raise PlanError(f"plan does not match: graph (plan: {plan.fingerprint.graph[:19]}; here: {here[:19]}: "
-                                "another model, input shape or dtype)")
+                                "another model, input shape or dtype, or kernels of another device type)")
         self.rules = rules or load_rules()
         self._build()
 
@@ -319,7 +325,7 @@ class JointRunner:
                 raise RuntimeLoadError(f"{name}: {exc}") from None
             self.leaf_placements[name] = pl
             produced[node] = (name, (pl,))
-            self._constants[node] = local_slice(value, pl, self.mesh_shape, self.coord)
+            self._constants[node] = local_slice(value, pl, self.mesh_shape, self.coord).to(self.device)
 
         return produced
 
@@ -612,8 +618,8 @@ class JointRunner:
             raise ValueError(f"inputs: expected {len(traced.inputs)} tensors ({', '.join(traced.inputs)}), got {len(inputs)}")
         for (name, node), value in zip(traced.inputs.items(), inputs):
             env[node] = self._check_local(value, tensor_node("input", name), node)
-        env[traced.tangent] = torch.ones((), dtype=traced.loss.meta["val"].dtype)
-        env.update(self._local_constants(env))
+        env[traced.tangent] = self._tangent()
+        env.update(self._constants)
         if forward_only:
             if self._forward is None:
                 self._forward = self._forward_program()
@@ -650,7 +656,7 @@ class JointRunner:
 
         def step(*flat: torch.Tensor) -> list[torch.Tensor]:
             local = dict(zip(nodes, flat))
-            local[tangent] = torch.ones((), dtype=self.traced.loss.meta["val"].dtype)
+            local[tangent] = self._tangent()
             return self._outputs(self._run_actions(local))
 
         example = [env[n] for n in nodes]
@@ -766,7 +772,7 @@ class JointRunner:
             value = self._value(env, e.source)
             if isinstance(value, torch.Tensor):
                 return value.device
-        return torch.device("cpu")
+        return self.device
 
     def _set_comm(self, edge: tuple[str, str, int] | None, positions: tuple[int, int] | None) -> None:
         comm = self.comm
@@ -841,14 +847,9 @@ class JointRunner:
         """This rank's slice of every tensor constant of the graph, by name (``plan.constants``)."""
         return {str(node.target): value for node, value in self._constants.items()}
 
-    def _local_constants(self, env: Mapping[fx.Node, Any]) -> dict[fx.Node, torch.Tensor]:
-        """This rank's slices of the tensor constants, on the device of the step's tensors."""
-        if not self._constants:
-            return {}
-        device = next((v.device for v in env.values() if isinstance(v, torch.Tensor)), None)
-        if device is not None and any(c.device != device for c in self._constants.values()):
-            self._constants = {node: c.to(device) for node, c in self._constants.items()}
-        return self._constants
+    def _tangent(self) -> torch.Tensor:
+        """d(loss)/d(loss) = 1, on this rank's device (the backward's first op reads it)."""
+        return torch.ones((), dtype=self.traced.loss.meta["val"].dtype, device=self.device)
 
     def _local_leaf(self, values: Mapping[str, torch.Tensor], fqn: str, aliases: Mapping[str, tuple[str, ...]],
                     name: str, node: fx.Node) -> torch.Tensor:
@@ -871,7 +872,7 @@ class JointRunner:
                                                                else env[e.source]) for e in step.edges]
         if step.random is not None:
             result = run_random(step.random, node, locals_, step.out_global, step.out_placements, self.mesh_shape,
-                                self.coord)
+                                self.coord, self.device)
             if live is not None:
                 live.touch([*locals_, result])
             return result
@@ -902,6 +903,7 @@ class JointRunner:
         makes shape arguments local); kept as a template for the next runs."""
         node, op = step.node, step.op
         args, kwargs = fx.node.map_arg((tuple(node.args), dict(node.kwargs)), lambda n: env[n])
+        args, kwargs = on_device((args, kwargs), self.device)  # the graph says "cuda", this rank has cuda:k
         args, kwargs = replace_tensors(op, args, kwargs, locals_)
         if step.out_local is None:
             step.out_local = tuple(

@@ -89,7 +89,7 @@ def autoshard_on_chosen_mesh(
     traced = None
     try:
         prof = profile_for_nodes(prof, node)
-        traced = trace_joint(model, example_inputs)
+        traced = trace_joint(model, example_inputs, target_device=device.type)  # the mesh is built on device.type
     except Exception as exc:  # noqa: BLE001 - reported to every rank by agree
         error = exc
 

@@ -74,12 +74,13 @@ from costmodel.placements import Partial, Placement, Replicate, Shard, StridedSh
 from autoshard.graph.node_ids import tensor_node
 from autoshard.plan.format import Plan
 from autoshard.runtime.collectives import CollectiveRecord, MeshComm
+from autoshard.runtime.devices import mesh_device
 from autoshard.runtime.execute import JointRunner, RuntimeLoadError, placements_of
 from autoshard.runtime.random_ops import sync_rng_state
 from autoshard.runtime.shards import local_slice
 from autoshard.trace import TracedGraph, trace_joint
 
-__all__ = ["ShardedModule", "shard", "to_dtensor_placements"]
+__all__ = ["ShardedModule", "shard", "to_dtensor_placements", "scale_grads"]
 
 
 def to_dtensor_placements(placements: Sequence[Placement]) -> tuple[Any, ...]:
@@ -135,6 +136,30 @@ def _like(p: DTensor, local: torch.Tensor) -> DTensor:
     return DTensor.from_local(local, p.device_mesh, p.placements, run_check=False, shape=p.shape, stride=p.stride())
 
 
+def scale_grads(grads: list[torch.Tensor | None], grad_loss: torch.Tensor) -> list[torch.Tensor | None]:
+    """The gradients (computed for d(loss)/d(loss) = 1) times the loss's incoming
+    gradient. On the CPU a unit gradient (``loss.backward()``) is seen and skipped;
+    on a GPU reading it would make the host wait for the whole step, so every
+    gradient is scaled on the device (one multi-tensor multiply per dtype).
+
+    >>> scale_grads([torch.ones(2)], torch.full((), 3.0))[0].tolist()
+    [3.0, 3.0]
+    """
+    if grad_loss.device.type == "cpu":
+        if grad_loss.numel() == 1 and float(grad_loss) == 1.0:
+            return grads
+        return [None if g is None else g * grad_loss.to(g.dtype) for g in grads]
+    out: list[torch.Tensor | None] = list(grads)
+    by_dtype: dict[torch.dtype, list[int]] = {}
+    for i, g in enumerate(grads):
+        if g is not None:
+            by_dtype.setdefault(g.dtype, []).append(i)
+    for dtype, where in by_dtype.items():
+        for i, g in zip(where, torch._foreach_mul([grads[i] for i in where], grad_loss.to(dtype))):
+            out[i] = g
+    return out
+
+
 def _set_path(root: nn.Module, path: str, value: nn.Parameter) -> None:
     *parents, leaf = path.split(".")
     module = root
@@ -167,17 +192,17 @@ class ShardedModule(nn.Module):
         if coord is None:
             raise ValueError("mesh: this rank is not on the mesh")
         self._by_keyword = isinstance(example_inputs, Mapping)
-        traced = traced or trace_joint(model, example_inputs)
+        traced = traced or trace_joint(model, example_inputs, target_device=mesh_device(mesh).type)
         comm = MeshComm(mesh, trace=trace_collectives)
         runner = JointRunner(traced, plan, tuple(mesh.shape), tuple(coord), comm=comm, graph=graph,
-                             compile=compile)
+                             compile=compile, device=mesh_device(mesh))
         for fqn in traced.buffer_updates:
             if any(not isinstance(p, Replicate) for p in runner.leaf_placements[tensor_node("buffer", fqn)]):
                 raise RuntimeLoadError(f"buffer {fqn}: the step updates it, and the plan shards it "
                                        f"({plan.buffers[fqn]}): only replicated mutated buffers are supported")
         comm.prepare(runner.mesh_dim_sets())  # flattened groups: once, same order on every rank
         if runner.has_random and dist.is_initialized():
-            sync_rng_state()  # one random stream: every rank draws what the single-device run draws
+            sync_rng_state(device=runner.device)  # one random stream: every rank draws what one device draws
         # bypass nn.Module registration for the runtime's own state
         object.__setattr__(self, "_model", model)
         object.__setattr__(self, "_runner", runner)
@@ -276,14 +301,8 @@ class ShardedModule(nn.Module):
             return loss
 
         def make_grads(grad_loss: torch.Tensor) -> list[Any]:
-            out = []
-            unit = grad_loss.numel() == 1 and float(grad_loss) == 1.0  # loss.backward(): no scaling pass
-            for fqn in order:
-                g = grads[fqn]
-                if g is not None and not unit:
-                    g = g * grad_loss.to(g.dtype)
-                out.append(None if g is None else self._as_dtensor(params[fqn], g))
-            return out
+            scaled = scale_grads([grads[fqn] for fqn in order], grad_loss)
+            return [None if g is None else self._as_dtensor(params[fqn], g) for fqn, g in zip(order, scaled)]
 
         return _JointStep.apply(loss, make_grads, *(params[fqn] for fqn in order))
 

@@ -124,7 +124,9 @@ def _agree(ok: bool) -> bool:
     """True on every rank only if ``ok`` on every rank (one all_reduce on the default group)."""
     if not (dist.is_available() and dist.is_initialized()):
         return ok
-    flag = torch.tensor([1 if ok else 0], dtype=torch.int32)
+    from autoshard.runtime.rank_agreement import comm_device
+
+    flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=comm_device())  # NCCL moves CUDA tensors only
     dist.all_reduce(flag, op=dist.ReduceOp.MIN)
     return bool(flag.item())
 

@@ -86,8 +86,9 @@ def _slice(tensor: torch.Tensor, placements: Sequence[Placement], mesh_shape: Se
 
 def run_random(kind: str, node: fx.Node, local_inputs: Sequence[torch.Tensor],
                out_global: Sequence[Any], out_placements: Sequence[Sequence[Placement] | None],
-               mesh_shape: Sequence[int], coord: Sequence[int]) -> Any:
-    """This rank's outputs of the random op at ``node`` (module docstring)."""
+               mesh_shape: Sequence[int], coord: Sequence[int], device: torch.device | None = None) -> Any:
+    """This rank's outputs of the random op at ``node`` (module docstring); a sized
+    draw is made on ``device`` (this rank's; None: where the graph says)."""
     op = node.target
     bound = bind_args(op, tuple(node.args), dict(node.kwargs))
     if kind == "dropout":
@@ -101,7 +102,10 @@ def run_random(kind: str, node: fx.Node, local_inputs: Sequence[torch.Tensor],
         return out, _slice(mask, out_placements[1], mesh_shape, coord).to(torch.bool)
     meta = out_global[0]
     if kind == "sized":
-        whole = op(list(meta.shape), *node.args[1:], **dict(node.kwargs))
+        kwargs = dict(node.kwargs)
+        if device is not None and "device" in kwargs:
+            kwargs["device"] = device
+        whole = op(list(meta.shape), *node.args[1:], **kwargs)
     elif kind == "like":
         template = torch.empty(meta.shape, dtype=local_inputs[0].dtype, device=local_inputs[0].device)
         whole = op(template, **dict(node.kwargs))
@@ -126,10 +130,17 @@ def set_rng_state(device: torch.device, state: torch.Tensor) -> None:
         torch.set_rng_state(state)
 
 
-def sync_rng_state(group: Any = None) -> None:
-    """Give every rank rank 0's CPU generator state, so that all draw one stream
-    (a collective: every rank of ``group`` must call it)."""
-    state = torch.get_rng_state().clone()  # a uint8 tensor: broadcast as data, never pickled
+def sync_rng_state(group: Any = None, device: torch.device | None = None) -> None:
+    """Give every rank rank 0's generator state (the CPU one, and ``device``'s
+    when it is a GPU), so that all draw one stream (a collective: every rank of
+    ``group`` must call it). The states travel as uint8 tensors on the process
+    group's device (NCCL moves CUDA tensors only), never pickled."""
+    from autoshard.runtime.rank_agreement import comm_device
+
     src = 0 if group is None else dist.get_global_rank(group, 0)
-    dist.broadcast(state, src=src, group=group)
-    torch.set_rng_state(state)
+    moved = comm_device()
+    devices = [torch.device("cpu")] + ([device] if device is not None and device.type == "cuda" else [])
+    for where in devices:
+        state = get_rng_state(where).clone().to(moved)
+        dist.broadcast(state, src=src, group=group)
+        set_rng_state(where, state.cpu())

@@ -45,11 +45,8 @@ from typing import Any
 
 import torch
 import torch.compiler
-from torch._subclasses.fake_tensor import (
-    DataDependentOutputException,
-    DynamicOutputShapeException,
-    FakeTensorDeviceMismatchError,
-)
+from torch._subclasses import fake_tensor as _fake_tensor
+from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
 __all__ = ["TraceError", "DataDependentError", "library_tracing", "data_dependent_error", "meta_attribute_error",
@@ -57,6 +54,10 @@ __all__ = ["TraceError", "DataDependentError", "library_tracing", "data_dependen
 
 MODULE_KEY = "autoshard_module"
 """Key of the module path in a node's ``meta["custom"]`` (:func:`module_annotations`)."""
+
+# torch 2.11 and older raise a plain RuntimeError for a fake-tensor device mismatch;
+# newer ones a subclass of it: matching RuntimeError's message works on both
+FakeTensorDeviceMismatchError: type[BaseException] = getattr(_fake_tensor, "FakeTensorDeviceMismatchError", RuntimeError)
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _AUTOSHARD_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # the autoshard package
@@ -171,7 +172,7 @@ def meta_attribute_error(exc: BaseException) -> TraceError | None:
     True
     """
     for cause in _chain(exc):
-        if isinstance(cause, FakeTensorDeviceMismatchError) and "meta" in str(cause):
+        if isinstance(cause, FakeTensorDeviceMismatchError) and "meta" in str(cause) and "device" in str(cause):
             return TraceError(
                 f"a tensor on the meta device that is neither a parameter nor a buffer is read at "
                 f"{_user_line(cause)}: register it as a buffer (module.register_buffer) or build the model on "

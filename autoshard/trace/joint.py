@@ -79,6 +79,8 @@ from autoshard.trace.compat import (
     module_annotations,
     node_module,
 )
+from autoshard.trace.device import for_device
+from autoshard.trace.stand_ins import cuda_stand_ins
 
 __all__ = [
     "TensorMeta", "NodeInfo", "TracedGraph", "JointResult", "TraceError", "DataDependentError",
@@ -210,6 +212,7 @@ def trace_joint(
     *,
     device: str | torch.device = "cpu",
     decompositions: Mapping[OpOverload, Callable[..., Any]] | None = None,
+    target_device: str = "cpu",
 ) -> TracedGraph:
     """Trace ``model(*example_inputs)`` or ``model(**example_inputs)`` (the loss) and its backward into one graph.
 
@@ -226,6 +229,11 @@ def trace_joint(
     Raises :class:`TraceError` (a ``ValueError``) with one line when the model
     cannot be traced as given, :class:`DataDependentError` when it reads
     tensor values.
+
+    ``target_device``: the device type the graph will run on (``cpu`` or
+    ``cuda``): the trace runs on CPU fake tensors and
+    :func:`autoshard.trace.device.for_device` maps what differs per device
+    (device arguments, attention kernels) to that type.
 
     >>> from examples.models import llama3
     >>> traced = trace_joint(*llama3.tiny(device="meta"))
@@ -259,6 +267,8 @@ def trace_joint(
     )
     try:
         with contextlib.ExitStack() as stack, library_tracing(), module_annotations(model):
+            if target_device == "cuda":  # kernels only a GPU run calls (autoshard.trace.stand_ins)
+                stack.enter_context(cuda_stand_ins())
             joint = aot_export_joint_with_descriptors(
                 stack, wrapper, fake_inputs, decompositions={**DEFAULT_DECOMPOSITIONS, **(decompositions or {})}
             )
@@ -271,6 +281,7 @@ def trace_joint(
             raise
         raise error from exc
     _remove_detach(graph_module)
+    for_device(graph_module, fake_mode, target_device)
     traced = _describe(
         graph_module, input_names, fake_mode, names=wrapper.slot_names,
         param_aliases=param_aliases, buffer_aliases=buffer_aliases,

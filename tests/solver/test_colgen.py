@@ -163,3 +163,17 @@ def test_transformer_graph_goes_through_column_generation():
     assert solution.lower_bound <= exact.cost + 1e-12
     if exact.status.value == "optimal":
         assert solution.cost >= exact.cost - 1e-12
+
+
+def test_the_exact_stage_runs_when_column_generation_ended_before_its_first_prices(monkeypatch):
+    """Out of time before a pricing round (seen on a loaded machine): no prices, no fixing, still a solution."""
+    import solver.stages as stages
+    from solver.colgen import ColumnGenerationReport
+    from solver.pipeline import solve
+
+    monkeypatch.setattr(stages, "column_generation", lambda *a, **k: ColumnGenerationReport())
+    problem = memory_problem(0)
+    solution = solve(problem, time_limit=20)
+    runs = solution.stats["methods_run"]
+    assert runs.index("colgen:treedp") < runs.index("exact:cbc")
+    assert solution.status.value == "optimal"

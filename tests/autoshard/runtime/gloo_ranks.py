@@ -57,7 +57,7 @@ def spawn(world: int, fn: Callable[..., Any], args: tuple, tmp: Path, timeout: f
         for p in ctx.processes:
             if p.is_alive():
                 p.kill()
-    return [torch.load(tmp / f"rank{r}.pt", weights_only=False) for r in range(world)]
+    return [torch.load(tmp / f"rank{r}.pt", weights_only=False, map_location="cpu") for r in range(world)]
 
 
 def _factory(name: str) -> Callable[..., Any]:
@@ -67,12 +67,14 @@ def _factory(name: str) -> Callable[..., Any]:
 
 def equivalence(rank: int, world: int, meshes: list[tuple[tuple[tuple[int, ...], tuple[str, ...]], list[dict[str, Any]]]],
                 errors: dict[tuple[int, ...], list[tuple[str, str, dict, str]]] | None = None,
-                strided: bool = True) -> dict[str, Any]:
+                strided: bool = True, device: str = "cpu") -> dict[str, Any]:
     """One step of every job through ``autoshard.runtime.shard`` vs eager
     single-device autograd, for each ``((mesh_shape, dim_names), jobs)``; also
     ``strided`` (unless ``strided=False``): :func:`_strided` on the first 2-D mesh; and for each
     ``errors[mesh_shape]`` entry ``(label, factory, kwargs, plan)``, the error
-    ``shard`` raises (None if it raises none)."""
+    ``shard`` raises (None if it raises none). ``device``: where the ranks' tensors
+    live (``cuda``: every rank on the current GPU, gloo moving CUDA tensors, as
+    ``benchmarks/gpu_check.py`` runs 4 ranks on one GPU); results come back on the CPU."""
     from torch.distributed.device_mesh import init_device_mesh
 
     from autoshard.runtime import shard
@@ -80,8 +82,8 @@ def equivalence(rank: int, world: int, meshes: list[tuple[tuple[tuple[int, ...],
     out: dict[str, Any] = {}
     traced: dict[str, Any] = {}
     for (mesh_shape, dim_names), jobs in meshes:
-        mesh = init_device_mesh("cpu", mesh_shape, mesh_dim_names=dim_names)
-        out.update(_jobs(mesh, tuple(mesh_shape), jobs, traced))
+        mesh = init_device_mesh(device, mesh_shape, mesh_dim_names=dim_names)
+        out.update(_jobs(mesh, tuple(mesh_shape), jobs, traced, torch.device(device)))
         if strided and len(mesh_shape) == 2 and "strided" not in out:
             out["strided"] = _strided(mesh, ["_S(0,sf=2)S(0)", "S(0)S(1)", "_S(1,sf=2)S(1)"])
         for label, factory, kwargs, plan in (errors or {}).get(tuple(mesh_shape), []):
@@ -104,7 +106,7 @@ def _call(module: Any, inputs: Any) -> torch.Tensor:
 
 
 def _jobs(mesh: Any, mesh_shape: tuple[int, ...], jobs: list[dict[str, Any]],
-          traced: dict[str, Any] | None = None) -> dict[str, Any]:
+          traced: dict[str, Any] | None = None, device: torch.device = torch.device("cpu")) -> dict[str, Any]:
     """``traced``: a cache of joint graphs by model (factory and kwargs), shared
     by the jobs of one model (tracing is the slow part of a tiny job)."""
     from torch.distributed.tensor import DTensor
@@ -119,9 +121,13 @@ def _jobs(mesh: Any, mesh_shape: tuple[int, ...], jobs: list[dict[str, Any]],
     for job in jobs:
         start = time.perf_counter()
         model, inputs = _factory(job["factory"])(**job.get("kwargs", {}))
+        if device.type != "cpu":
+            model = model.to(device)
+            inputs = {k: v.to(device) for k, v in inputs.items()} if isinstance(inputs, dict) else tuple(
+                x.to(device) for x in inputs)
         key = repr((job["factory"], sorted(job.get("kwargs", {}).items())))
         if key not in traced:
-            traced[key] = trace_joint(model, inputs)
+            traced[key] = trace_joint(model, inputs, target_device=device.type)
         graph = traced[key]
         reference = copy.deepcopy(model)
         if job.get("seed") is not None:  # random ops: both runs draw from the same generator state

@@ -78,7 +78,7 @@ def run(tmp_path_factory):
                                "adamw_steps": ADAMW_STEPS})
 
     model, inputs = mlp.tiny(device="meta")
-    prep = prepare(model, inputs, *MESH_222, profile=PROFILE)
+    prep = prepare(model, inputs, *MESH_222, profile=PROFILE, device_type="cpu")
     ddp = solve_prepared(prep, baseline="ddp", time_limit=2)
     add("2x2x2", "mlp-222-solved", "mlp.tiny", _solved_under_memory(prep, 0.35, ddp))
     add("2x2x2", "mlp-222-ddp", "mlp.tiny", ddp)
@@ -87,19 +87,19 @@ def run(tmp_path_factory):
     add("2x2x2", "mlp-222-pinned", "mlp.tiny", solve_prepared(prep, pins=NON_ADJACENT_PINS, time_limit=2))
 
     model, inputs = llama3.tiny(device="meta", **ONE_LAYER)
-    prep = prepare(model, inputs, *MESH_222, profile=PROFILE)
+    prep = prepare(model, inputs, *MESH_222, profile=PROFILE, device_type="cpu")
     for baseline in ("fsdp+tp", "tp"):
         add("2x2x2", f"llama3-222-{baseline}", "llama3.tiny", solve_prepared(prep, baseline=baseline, time_limit=2),
             ONE_LAYER)
 
     model, inputs = gpt2.tiny(device="meta", **ONE_LAYER)
-    prep = prepare(model, inputs, *MESH_24, profile=PROFILE)
+    prep = prepare(model, inputs, *MESH_24, profile=PROFILE, device_type="cpu")
     ddp = solve_prepared(prep, baseline="ddp", time_limit=2)
     add("2x4", "gpt2-24-solved", "gpt2.tiny", _solved_under_memory(prep, 0.6, ddp), ONE_LAYER)
     add("2x4", "gpt2-24-ddp", "gpt2.tiny", ddp, ONE_LAYER)
 
     model, inputs = moe.tiny(device="meta", **ONE_LAYER)
-    prep = prepare(model, inputs, *MESH_24, profile=PROFILE)
+    prep = prepare(model, inputs, *MESH_24, profile=PROFILE, device_type="cpu")
     add("2x4", "moe-24-solved", "moe.tiny", _solved_under_memory(prep, 0.6), ONE_LAYER)
     add("2x4", "moe-24-fsdp", "moe.tiny", solve_prepared(prep, baseline="fsdp", time_limit=2), ONE_LAYER)
 

@@ -84,7 +84,7 @@ def test_dropout_off_is_not_random():
 
 def test_a_plan_with_sharded_dropout_loads():
     model, inputs = mlp.tiny(dropout=0.25)
-    prep = prepare(model, inputs, (2,), ("dp",), profile="h100-sxm-80gb")
+    prep = prepare(model, inputs, (2,), ("dp",), profile="h100-sxm-80gb", device_type="cpu")
     plan = solve_prepared(prep, baseline="tp", time_limit=10)  # the hidden activations, dropout included, split
     assert any(n.op == "aten.native_dropout.default" and "S(" in n.out[0] for n in plan.nodes)
     runner = JointRunner(prep.traced, plan, (2,), (0,), comm=object())
@@ -105,7 +105,7 @@ class _Sampled(torch.nn.Module):
 
 def test_an_unsliceable_random_op_runs_replicated_and_is_refused_sharded():
     model, x = _Sampled(), torch.randn(8, 4)
-    prep = prepare(model, (x,), (2,), ("dp",), profile="h100-sxm-80gb")
+    prep = prepare(model, (x,), (2,), ("dp",), profile="h100-sxm-80gb", device_type="cpu")
     plan = solve_prepared(prep, time_limit=10)
     [draw] = [n for n in plan.nodes if n.op.startswith("aten.bernoulli")]
     assert set(draw.out + draw.inputs) <= {"R", None}

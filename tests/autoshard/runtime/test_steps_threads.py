@@ -142,7 +142,7 @@ def test_a_bucket_gives_each_member_what_its_own_step_gives_in_one_collective(ki
 @pytest.fixture(scope="module")
 def mlp_2x2():
     model, inputs = mlp.tiny()
-    prep = prepare(model, inputs, (2, 2), ("dp", "tp"), profile="a100-sxm-80gb")  # fused reduce_scatters at these sizes
+    prep = prepare(model, inputs, (2, 2), ("dp", "tp"), profile="a100-sxm-80gb", device_type="cpu")  # fused reduce_scatters at these sizes
     return model, inputs, prep
 
 
@@ -213,7 +213,7 @@ def test_load_refuses_a_plan_for_another_model(mlp_2x2):
     model, inputs, prep = mlp_2x2
     plan = solve_prepared(prep, baseline="ddp", time_limit=10)
     other, other_inputs = mlp.tiny(n_layers=1)
-    other_prep = prepare(other, other_inputs, (2, 2), ("dp", "tp"), profile="h100-sxm-80gb")
+    other_prep = prepare(other, other_inputs, (2, 2), ("dp", "tp"), profile="h100-sxm-80gb", device_type="cpu")
     with pytest.raises(PlanError, match="graph"):
         JointRunner(other_prep.traced, plan, (2, 2), (0, 0))
     with pytest.raises(RuntimeLoadError, match="mesh"):

@@ -1,0 +1,353 @@
+"""autoshard on one GPU: what a person with one GPU runs to see it work there.
+
+    python benchmarks/gpu_check.py prepare            # on any machine with the solver: plans -> benchmarks/gpu_plans/
+    python benchmarks/gpu_check.py run -o gpu.md      # on the GPU machine (no solver needed), < 8 min on one H100
+    python benchmarks/gpu_check.py run --smoke        # the same flows, tiny, on the CPU (checks this script)
+
+``run`` has three parts, each under its own time limit (``--parts a,b,c``):
+
+a. **one GPU, one NCCL process**: LLaMA-1B-shaped (4 layers, batch 4 x 2048)
+   in bf16 and fp32, the MLP (4 x 4096 -> 16384 -> 4096, batch 8192) in bf16,
+   and the bf16 LLaMA with ``recompute="full"`` (eager: every layer in
+   ``torch.utils.checkpoint``): eager torch vs ``autoshard`` vs ``autoshard``
+   with ``compile=True`` (bf16 cases): median step time (forward, backward,
+   AdamW as torch runs it by default, ``zero_grad``) after warm-up, peak
+   ``torch.cuda.max_memory_allocated()``, the first step's loss against eager's,
+   the plan's estimate beside each, and the step audited by
+   :class:`~autoshard.runtime.device_audit.DeviceAudit` (tensors off the GPU,
+   CPU kernels, host synchronisations);
+b. **4 ranks sharing the GPU with gloo** (CUDA tensors; NCCL refuses ranks that
+   share a GPU): the tiny LLaMA on 2x2 with the FSDP+TP layout and the solved
+   plan, and on mesh 4 with FSDP and full recomputation: the loss and every
+   gradient equal one device, and the collectives issued equal the plan's steps
+   (the checks of ``tests/autoshard/runtime/gloo_ranks.py``);
+c. ``autoshard calibrate-hardware --check`` of the shipped profile of the GPU found.
+
+The plans are solved beforehand (``prepare``) and shipped in
+``benchmarks/gpu_plans/``: a GPU image may lack the solver's packages (pulp,
+ortools). Their fingerprints hold the graph, which is the same on torch 2.11 and
+2.13 for these models (checked), and the profile: re-run ``prepare`` after a
+profile changes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "autoshard" / "runtime")]  # examples, gloo_ranks
+
+from examples.models import llama3, mlp  # noqa: E402
+
+PLANS = ROOT / "benchmarks" / "gpu_plans"
+PROFILE = "h100-sxm-80gb"
+ONE_GPU = {
+    "llama1b-bf16": (llama3.llama3_1b, {"n_layers": 4, "batch_size": 4, "seq_len": 2048, "dtype": "bfloat16"}, "none"),
+    "llama1b-fp32": (llama3.llama3_1b, {"n_layers": 4, "batch_size": 4, "seq_len": 2048}, "none"),
+    "mlp-bf16": (mlp.small, {"dim": 4096, "hidden_dim": 16384, "n_layers": 4, "batch_size": 8192, "dtype": "bfloat16"},
+                 "none"),
+    "llama1b-bf16-recompute": (llama3.llama3_1b, {"n_layers": 4, "batch_size": 4, "seq_len": 2048, "dtype": "bfloat16"},
+                               "full"),
+}
+SMOKE = {"llama-tiny": (llama3.tiny, {}, "none"), "mlp-tiny": (mlp.tiny, {}, "none"),
+         "llama-tiny-recompute": (llama3.tiny, {}, "full")}
+COMPILED = ("llama1b-bf16", "mlp-bf16", "llama-tiny")
+"""Cases also run with ``compile=True`` (the targets name the bf16 ones; inductor takes a minute each)."""
+TINY_KW = {"batch_size": 4}
+SHARED_GPU = {  # label -> (mesh, dim names, baseline or None, recompute)
+    "llama-2x2-fsdp+tp": ((2, 2), ("dp", "tp"), "fsdp+tp", "none"),
+    "llama-2x2-solved": ((2, 2), ("dp", "tp"), None, "auto"),
+    "llama-4-fsdp-recompute": ((4,), ("dp",), "fsdp", "full"),
+}
+
+
+# --------------------------------------------------------------------------- prepare (CPU, solver)
+
+def prepare_plans(smoke: bool = False) -> list[Path]:
+    """Solve every plan ``run`` needs and write them under ``benchmarks/gpu_plans/``."""
+    from autoshard.plan.solve import prepare, solve_prepared
+
+    written = []
+    PLANS.mkdir(exist_ok=True)
+    for name, (factory, kwargs, recompute) in (SMOKE if smoke else ONE_GPU).items():
+        model, inputs = factory(device="meta", **kwargs)
+        prep = prepare(model, inputs, (1,), ("dp",), profile="cpu-gloo" if smoke else PROFILE, recompute=recompute)
+        written.append(_save(solve_prepared(prep, recompute=recompute, time_limit=60), name, smoke))
+    for label, (mesh, dims, baseline, recompute) in SHARED_GPU.items():
+        model, inputs = llama3.tiny(device="meta", **TINY_KW)
+        prep = prepare(model, inputs, mesh, dims, profile="cpu-gloo", device_type="cpu" if smoke else "cuda",
+                       recompute="none" if recompute == "none" else "auto")
+        written.append(_save(solve_prepared(prep, baseline=baseline, recompute=recompute, time_limit=60), label,
+                             smoke))
+    return written
+
+
+def _plan_path(name: str, smoke: bool) -> Path:
+    return PLANS / f"{'smoke-' if smoke else ''}{name}.json"
+
+
+def _save(plan: Any, name: str, smoke: bool) -> Path:
+    path = _plan_path(name, smoke)
+    plan.save(path)
+    print(f"{path.relative_to(ROOT)}: {plan.solver.status}, estimate {plan.estimate.step_s * 1e3:.2f} ms, "
+          f"{plan.estimate.peak_memory_bytes / 1e9:.2f} GB")
+    return path
+
+
+# --------------------------------------------------------------------------- part a: one GPU
+
+
+def _init_one_rank(backend: str) -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+    dist.init_process_group(backend)
+
+
+class _Checkpointed(torch.nn.Module):
+    """A layer whose activations are recomputed in the backward (eager's ``recompute="full"``)."""
+
+    def __init__(self, layer: torch.nn.Module) -> None:
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, *args: Any) -> Any:
+        from torch.utils.checkpoint import checkpoint
+
+        return checkpoint(self.layer, *args, use_reentrant=False)
+
+
+def _build(factory: Callable[..., Any], kwargs: dict, device: torch.device) -> tuple[torch.nn.Module, Any]:
+    torch.manual_seed(0)
+    model, inputs = factory(device=str(device), **kwargs)
+    return model, tuple(x.to(device) for x in inputs)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _time_steps(step: Callable[[], torch.Tensor], device: torch.device, warmup: int, steps: int
+                ) -> tuple[float, float, int]:
+    """(first loss, median step seconds, peak bytes over the timed steps)."""
+    first = float(step().detach())
+    for _ in range(warmup - 1):
+        step()
+    _sync(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        step()
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0
+    return first, sorted(times)[len(times) // 2], peak
+
+
+def _train_step(module: torch.nn.Module, inputs: Any) -> Callable[[], torch.Tensor]:
+    opt = torch.optim.AdamW(module.parameters(), lr=1e-4)  # torch's default implementation (foreach on GPUs)
+
+    def step() -> torch.Tensor:
+        loss = module(*inputs)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+    return step
+
+
+def _free(device: torch.device) -> None:
+    import gc
+
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def one_gpu_case(name: str, factory: Callable[..., Any], kwargs: dict, recompute: str, device: torch.device, *,
+                 smoke: bool, warmup: int, steps: int) -> list[dict[str, Any]]:
+    """Eager, autoshard and (some cases) autoshard compiled: one row each."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from autoshard import autoshard
+    from autoshard.plan.format import Plan
+    from autoshard.runtime.device_audit import DeviceAudit
+
+    path = _plan_path(name, smoke)
+    plan = Plan.load(path)
+    rows = []
+    model, inputs = _build(factory, kwargs, device)
+    if recompute == "full":
+        model.layers = torch.nn.ModuleList(_Checkpointed(layer) for layer in model.layers)
+    eager_loss, eager_s, eager_peak = _time_steps(_train_step(model, inputs), device, warmup, steps)
+    rows.append({"case": name, "variant": "eager", "step_ms": eager_s * 1e3, "peak_GB": eager_peak / 1e9,
+                 "loss": eager_loss})
+    del model
+    _free(device)
+    mesh = init_device_mesh(device.type, (1,), mesh_dim_names=("dp",))
+    for compiled in (False, True) if name in COMPILED else (False,):
+        model, inputs = _build(factory, kwargs, device)
+        sharded = autoshard(model, mesh, inputs, plan=path, profile=plan.fingerprint.profile.split("@")[0],
+                            cache_dir=False, compile=compiled)
+        step = _train_step(sharded, inputs)
+        loss, seconds, peak = _time_steps(step, device, warmup, steps)
+        with DeviceAudit(device) as audit:  # a step of the per-rank program as it now runs
+            step()
+        est = plan.estimate
+        rows.append({"case": name, "variant": "autoshard" + (" compile" if compiled else ""),
+                     "step_ms": seconds * 1e3, "peak_GB": peak / 1e9, "loss": loss,
+                     "vs_eager": seconds / eager_s, "peak_vs_eager": (peak / eager_peak) if eager_peak else None,
+                     "loss_equal": abs(loss - eager_loss) <= 2e-2 * max(1.0, abs(eager_loss)),
+                     "estimate_ms": est.step_s * 1e3, "estimate_GB": est.peak_memory_bytes / 1e9,
+                     "audit": "; ".join(sorted(set(audit.problems))) or "clean"})
+        del sharded, model, step
+        _free(device)
+    return rows
+
+
+# --------------------------------------------------------------------------- part b: 4 ranks, one GPU
+
+
+def shared_gpu_ranks(device: str, smoke: bool, tmp: Path) -> list[dict[str, Any]]:
+    """The tiny LLaMA on 4 gloo ranks sharing ``device``: one row per plan."""
+    from gloo_ranks import assert_matches_one_device, equivalence, planned_collectives_issued, spawn
+
+    from autoshard.plan.format import Plan
+
+    meshes: dict[tuple, list[dict]] = {}
+    for label, (mesh, dims, _, _) in SHARED_GPU.items():
+        job = {"label": label, "factory": "llama3.tiny", "plan": str(_plan_path(label, smoke)), "kwargs": TINY_KW}
+        meshes.setdefault((mesh, dims), []).append(job)
+    results = spawn(4, equivalence, (list(meshes.items()), None, False, device), tmp, timeout=240)
+    rows = []
+    for label in SHARED_GPU:
+        row: dict[str, Any] = {"case": label}
+        for check, fn in (("loss and gradients equal one device", lambda: assert_matches_one_device(results, label)),
+                          ("collectives are the plan's steps", lambda: planned_collectives_issued(
+                              Plan.load(_plan_path(label, smoke)), results, label))):
+            try:
+                fn()
+                row[check] = "yes"
+            except AssertionError as exc:
+                row[check] = f"NO: {' '.join(str(exc).split())[:200]}"
+        row["collectives per rank"] = len(results[0][label]["trace"])
+        rows.append(row)
+    return rows
+
+
+# --------------------------------------------------------------------------- part c: calibration check
+
+
+def calibration_check(tmp: Path, timeout: float) -> list[dict[str, Any]]:
+    """``calibrate-hardware --check`` of the shipped profile of this GPU (one rank)."""
+    report = tmp / "check.md"
+    cmd = [sys.executable, "-m", "autoshard.cli", "calibrate-hardware", "--check", PROFILE, "--nproc-per-node", "1",
+           "--report", str(report)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    tail = (done.stdout + done.stderr).strip().splitlines()[-6:]
+    text = report.read_text() if report.exists() else ""
+    return [{"command": " ".join(cmd[1:]), "exit": done.returncode, "output": " / ".join(tail),
+             "report": text[:3000]}]
+
+
+# --------------------------------------------------------------------------- report
+
+
+def _table(rows: list[dict[str, Any]]) -> str:
+    if not rows:
+        return "(no rows)\n"
+    keys = list(dict.fromkeys(k for r in rows for k in r if k != "report"))
+
+    def cell(v: Any) -> str:
+        return f"{v:.3f}" if isinstance(v, float) else str(v)
+    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+    lines += ["| " + " | ".join(cell(r.get(k, "")) for k in keys) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def run(args: argparse.Namespace) -> int:
+    import tempfile
+
+    if args.smoke and not all(_plan_path(n, True).exists() for n in [*SMOKE, *SHARED_GPU]):
+        prepare_plans(smoke=True)  # the smoke's plans are made here, not shipped (they follow cpu-gloo)
+    cuda = torch.cuda.is_available() and not args.smoke
+    device = torch.device("cuda", 0) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    out = [f"# gpu_check: {torch.cuda.get_device_name(0) if cuda else 'CPU (smoke)'}, torch {torch.__version__}, "
+           f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC\n"]
+    failed = False
+    with tempfile.TemporaryDirectory() as tmp:
+        for part in args.parts.split(","):
+            start = time.perf_counter()
+            try:
+                if part == "a":
+                    _init_one_rank("nccl" if cuda else "gloo")
+                    rows = [r for name, (f, kw, rc) in (SMOKE if args.smoke else ONE_GPU).items()
+                            for r in one_gpu_case(name, f, kw, rc, device, smoke=args.smoke, warmup=args.warmup,
+                                                  steps=args.steps)]
+                    failed |= any(r.get("loss_equal") is False or r.get("audit", "clean") != "clean" for r in rows)
+                    title = "a. one GPU, one NCCL process: eager vs autoshard"
+                elif part == "b":
+                    rows = shared_gpu_ranks(device.type, args.smoke, Path(tmp) / "b")
+                    failed |= any(str(v).startswith("NO") for r in rows for v in r.values())
+                    title = "b. 4 gloo ranks sharing the device"
+                elif part == "c":
+                    rows = calibration_check(Path(tmp), timeout=180)
+                    failed |= rows[0]["exit"] != 0
+                    title = "c. calibrate-hardware --check of the shipped profile"
+                else:
+                    raise ValueError(f"--parts: unknown part {part!r} (a, b, c)")
+            except Exception as exc:  # noqa: BLE001 - one part failing must not hide the others
+                failed = True
+                rows, title = [{"error": f"{type(exc).__name__}: {' '.join(str(exc).split())[:400]}"}], f"{part}. FAILED"
+                traceback.print_exc()
+            out.append(f"\n## {title} ({time.perf_counter() - start:.0f} s)\n\n{_table(rows)}")
+            if part == "c" and rows and rows[0].get("report"):
+                out.append("\n<details><summary>check report</summary>\n\n" + rows[0]["report"] + "\n</details>\n")
+            print(out[-1], flush=True)
+    text = "".join(out)
+    if args.output:
+        Path(args.output).write_text(text)
+    return 1 if failed else 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("prepare", help="solve the plans run needs (needs the solver)")
+    p.add_argument("--smoke", action="store_true", help="the tiny CPU plans of run --smoke")
+    r = sub.add_parser("run", help="the checks (on the GPU machine)")
+    r.add_argument("--parts", default="a,b,c")
+    r.add_argument("--smoke", action="store_true", help="tiny models on the CPU, gloo (checks this script)")
+    r.add_argument("--warmup", type=int, default=3)
+    r.add_argument("--steps", type=int, default=5)
+    r.add_argument("-o", "--output")
+    args = parser.parse_args()
+    if args.command == "prepare":
+        prepare_plans(smoke=args.smoke)
+        return 0
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
