@@ -185,7 +185,7 @@ def price_one_gpu(run: OneGpuRun, traced=None) -> dict:
 
     module, factory = run.model[0].split(":")
     model, inputs = getattr(importlib.import_module(module), factory)(**run.model[1], dtype=run.dtype)
-    traced = traced or trace_joint(model, inputs)
+    traced = traced or trace_joint(model, inputs, target_device="cuda")  # the kernels the H100 ran
     prep = prepare(model, inputs, (1,), ("dp",), profile="h100-sxm-80gb", optimizer=run.optimizer,
                    optimizer_impl=run.optimizer_impl, recompute="none" if run.recompute == "none" else "auto",
                    traced=traced)
@@ -206,8 +206,8 @@ def one_gpu_rows(runs: tuple[OneGpuRun, ...] = ONE_GPU) -> list[tuple[OneGpuRun,
         key = (run.model[0], run.dtype)
         if key not in traces:
             module, factory = run.model[0].split(":")
-            traces[key] = trace_joint(*getattr(importlib.import_module(module), factory)(**run.model[1],
-                                                                                         dtype=run.dtype))
+            model, inputs = getattr(importlib.import_module(module), factory)(**run.model[1], dtype=run.dtype)
+            traces[key] = trace_joint(model, inputs, target_device="cuda")
         out.append((run, price_one_gpu(run, traces[key])))
     return out
 
