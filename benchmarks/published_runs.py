@@ -28,6 +28,14 @@ Each run is solved in its own process (peak RSS its own). Not a test.
     python -m benchmarks.published_runs                      # every run, table on stdout
     python -m benchmarks.published_runs --only tt-8b-fsdp8
     python -m benchmarks.published_runs -o benchmarks/results/published_runs.md
+    python -m benchmarks.published_runs --one-gpu             # the one-H100 steps (ONE_GPU), ~1 minute
+
+**One H100** (:data:`ONE_GPU`): the steps measured on one H100 80GB HBM3 on
+2026-11-27 (``benchmarks/results/h100-2026-11-27/README.md``), each priced on
+mesh ``(1,)`` with the shipped ``h100-sxm-80gb``, the measured optimizer and its
+implementation, no memory limit: the estimate's ``step_s`` beside the measured
+step (median, eager torch, ``torch.cuda.synchronize`` around it) and its
+``peak_memory_bytes`` beside ``max_memory_allocated``.
 """
 
 from __future__ import annotations
@@ -110,6 +118,110 @@ RUNS = (
         "the PR does not say the AC policy, compile or the GPU part (Meta H100 hosts on RoCE 400G, as its NCCL"
         " tables; the 96 GB 500 W profile is an ASSUMPTION); the step is the minimum of the run"),
 )
+
+
+GPU_README = "benchmarks/results/h100-2026-11-27/README.md"
+LLAMA_1B_4L = ("examples.models.llama3:llama3_1b", {"n_layers": 4, "batch_size": 4, "seq_len": 2048})
+MLP_4x16K = ("examples.models.mlp:small", {"dim": 4096, "hidden_dim": 16384, "n_layers": 4, "batch_size": 8192,
+                                          "device": "meta"})
+
+
+@dataclass(frozen=True, slots=True)
+class OneGpuRun:
+    """One step measured on one H100 and how it ran (``GPU_README``)."""
+
+    key: str
+    title: str
+    model: tuple[str, dict]
+    """``module:factory`` of ``examples.models`` and its keyword arguments (``dtype`` added)."""
+    dtype: str
+    optimizer: str
+    optimizer_impl: str
+    recompute: str
+    step_s: float
+    peak_bytes: float
+    """``torch.cuda.max_memory_allocated`` over the timed steps."""
+    reserved_bytes: float | None = None
+    """``torch.cuda.max_memory_reserved``, where recorded."""
+    note: str = ""
+
+
+def _gpu_rows() -> tuple[OneGpuRun, ...]:
+    """The README's tables: the four cases, then the steps by optimizer (GB = 1e9 bytes)."""
+    rows = []
+    by_optimizer = (
+        ("llama-bf16", "LLaMA-1B-shaped, 4 layers, 4 x 2048, bf16", LLAMA_1B_4L, "bfloat16",
+         {"none": (50.1, 10.68), "sgd": (51.0, 10.68), "foreach": (58.3, 12.71, 12.89), "fused": (53.3, 12.71),
+          "for-loop": (56.7, 12.71)}),
+        ("llama-fp32", "the same, fp32 (no TF32)", LLAMA_1B_4L, "float32",
+         {"none": (538.0, 21.28), "foreach": (553.5, 25.33, 25.57), "fused": (544.5, 25.33)}),
+        ("mlp-bf16", "MLP 4 x (4096 -> 16384 -> 4096), batch 8192, bf16", MLP_4x16K, "bfloat16",
+         {"none": (38.4, 3.36), "sgd": (39.2, 3.36), "foreach": (50.9, 5.64, 6.87), "fused": (41.3, 5.50),
+          "for-loop": (43.9, 5.50)}),
+    )
+    for key, title, model, dtype, table in by_optimizer:
+        for how, figures in table.items():
+            optimizer, impl = {"none": ("none", "auto"), "sgd": ("sgd", "foreach")}.get(how, ("adamw", how))
+            label = {"none": "no optimizer", "sgd": "SGD (foreach)"}.get(how, f"AdamW {how}")
+            note = "47.3 ms in another run" if (key, how) == ("mlp-bf16", "foreach") else ""
+            rows.append(OneGpuRun(f"{key}-{how}", f"{title}; {label}", model, dtype, optimizer, impl, "none",
+                                  figures[0] * 1e-3, figures[1] * 1e9, figures[2] * 1e9 if len(figures) > 2 else None,
+                                  note))
+    rows.append(OneGpuRun("llama-bf16-checkpoint", "LLaMA bf16, each layer in torch.utils.checkpoint; AdamW foreach",
+                          LLAMA_1B_4L, "bfloat16", "adamw", "foreach", "full", 67.0e-3, 9.61e9,
+                          note="priced as the recompute=\"full\" plan"))
+    return tuple(rows)
+
+
+ONE_GPU = _gpu_rows()
+
+
+def price_one_gpu(run: OneGpuRun, traced=None) -> dict:
+    """The estimate of one :data:`ONE_GPU` step on mesh (1,) with the shipped H100 profile."""
+    import importlib
+
+    from autoshard.plan.solve import prepare, solve_prepared
+    from autoshard.trace import trace_joint
+
+    module, factory = run.model[0].split(":")
+    model, inputs = getattr(importlib.import_module(module), factory)(**run.model[1], dtype=run.dtype)
+    traced = traced or trace_joint(model, inputs, target_device="cuda")  # the kernels the H100 ran
+    prep = prepare(model, inputs, (1,), ("dp",), profile="h100-sxm-80gb", optimizer=run.optimizer,
+                   optimizer_impl=run.optimizer_impl, recompute="none" if run.recompute == "none" else "auto",
+                   traced=traced)
+    e = solve_prepared(prep, recompute=run.recompute, memory_limit=math.inf, time_limit=30).estimate
+    return {"key": run.key, "step_s": e.step_s, "peak_bytes": e.peak_memory_bytes, "compute_s": e.compute_s,
+            "recompute_s": e.recompute_s}
+
+
+def one_gpu_rows(runs: tuple[OneGpuRun, ...] = ONE_GPU) -> list[tuple[OneGpuRun, dict]]:
+    """Every :data:`ONE_GPU` step priced in this process (one trace per model and dtype)."""
+    import importlib
+
+    from autoshard.trace import trace_joint
+
+    traces: dict = {}
+    out = []
+    for run in runs:
+        key = (run.model[0], run.dtype)
+        if key not in traces:
+            module, factory = run.model[0].split(":")
+            model, inputs = getattr(importlib.import_module(module), factory)(**run.model[1], dtype=run.dtype)
+            traces[key] = trace_joint(model, inputs, target_device="cuda")
+        out.append((run, price_one_gpu(run, traces[key])))
+    return out
+
+
+def one_gpu_table(rows: list[tuple[OneGpuRun, dict]]) -> str:
+    lines = ["| step | measured ms | estimate ms | error | measured peak GB (reserved) | estimate peak GB | error |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for run, e in rows:
+        reserved = f" ({run.reserved_bytes / 1e9:.2f})" if run.reserved_bytes else ""
+        note = f" ({run.note})" if run.note else ""
+        lines.append(f"| {run.key}: {run.title}{note} | {run.step_s * 1e3:.1f} | {e['step_s'] * 1e3:.1f} "
+                     f"| {_pct(e['step_s'], run.step_s)} | {run.peak_bytes / 1e9:.2f}{reserved} "
+                     f"| {e['peak_bytes'] / 1e9:.2f} | {_pct(e['peak_bytes'], run.peak_bytes)} |")
+    return "\n".join(lines)
 
 
 def _titan_forward(self, tokens, labels):
@@ -219,10 +331,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="+", metavar="RUN", help="run keys: " + ", ".join(r.key for r in RUNS))
     parser.add_argument("--time-limit", type=float, default=30.0, help="solver seconds per plan (default 30)")
     parser.add_argument("-o", "--output", help="also write the tables (markdown) here")
+    parser.add_argument("--one-gpu", action="store_true", help="the one-H100 steps (ONE_GPU) only")
     args = parser.parse_args(argv)
     import logging
 
     logging.basicConfig(level=logging.ERROR)
+    if args.one_gpu:
+        text = one_gpu_table(one_gpu_rows())
+        print(text)
+        if args.output:
+            from solver.io import write_text_atomic
+
+            write_text_atomic(args.output, text + "\n")
+        return 0
     by_key = {r.key: r for r in RUNS}
     if args.child:
         print(json.dumps(run_one(by_key[args.child], args.time_limit)))

@@ -97,7 +97,9 @@ def _example(model_key: str, device: str | None = None):
 
 # ----------------------------------------------------------------------------- planning (parent)
 def make_plans(models: list[str], meshes: list[str], out: Path, time_limit: float,
-               kinds: tuple[str, ...] = AUTOSHARD) -> dict[tuple[str, str, str], dict]:
+               kinds: tuple[str, ...] = AUTOSHARD, optimizer_impl: str = "auto") -> dict[tuple[str, str, str], dict]:
+    """Plans of every kind, each priced with the optimizer as the run steps it (``optimizer_impl``:
+    ``fused`` for ``--optimizer fused``, else torch's CPU default, the for-loop)."""
     from costmodel.steps import COLLECTIVE_STEPS
 
     from autoshard.plan.solve import prepare, solve_prepared
@@ -108,7 +110,7 @@ def make_plans(models: list[str], meshes: list[str], out: Path, time_limit: floa
             shape, names = MESHES[mesh_key]
             model, inputs = _example(mk, "meta")
             t = time.perf_counter()
-            prep = prepare(model, inputs, shape, names, profile=PROFILE)
+            prep = prepare(model, inputs, shape, names, profile=PROFILE, optimizer_impl=optimizer_impl)
             print(f"# planned {mk} on {mesh_key}: prepare {time.perf_counter() - t:.1f} s", file=sys.stderr, flush=True)
             for kind in kinds:
                 try:
@@ -396,8 +398,9 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         PROFILE, profile_line = select_profile(args, Path(tmp))
         print(f"# {profile_line}", file=sys.stderr, flush=True)
-        plans = make_plans(models, meshes, Path(tmp), args.time_limit)
-        plans.update(make_plans(models, ["1"], Path(tmp), args.time_limit, kinds=("ddp",)))
+        impl = "fused" if args.optimizer == "fused" else "auto"
+        plans = make_plans(models, meshes, Path(tmp), args.time_limit, optimizer_impl=impl)
+        plans.update(make_plans(models, ["1"], Path(tmp), args.time_limit, kinds=("ddp",), optimizer_impl=impl))
         planned = time.perf_counter() - start
         mp.start_processes(_worker, args=(world, str(Path(tmp) / "store"), tmp, plans, models, meshes, args.steps,
                                           args.warmup, args.optimizer, not args.no_compile),

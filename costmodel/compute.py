@@ -48,8 +48,8 @@ are copies: :func:`local_copy_time_s` counts a read and a write of every byte,
 >>> from hw_profiles import load
 >>> h100 = load("h100-sxm-80gb")
 >>> t = op_time_s("matmul", flops=2 * 4096**3, bytes_accessed=3 * 4096**2 * 2, dtype="bf16", profile=h100)
->>> round(t * 1e3, 3)  # ms for a 4096^3 bf16 GEMM (published: 789 TFLOP/s)
-0.179
+>>> round(t * 1e3, 3)  # ms for a 4096^3 bf16 GEMM (LLaMA-shaped GEMMs of these FLOPs on one H100: 0.19-0.20)
+0.198
 """
 
 from __future__ import annotations
@@ -107,8 +107,8 @@ def memory_efficiency(profile: HardwareProfile, nbytes: float) -> float:
     ``nbytes`` (the profile's scalar, or its curve at ``nbytes``).
 
     >>> from hw_profiles import load
-    >>> memory_efficiency(load("h100-sxm-80gb"), 2**30)  # published STREAM copy: 2.90 of 3.35 TB/s
-    0.866
+    >>> round(memory_efficiency(load("h100-sxm-80gb"), 2**30), 3)  # measured on one H100: 3.10 of 3.85 TB/s
+    0.805
     """
     return efficiency(profile.device.efficiency.memory_curve, max(float(nbytes), 1.0))
 
@@ -119,8 +119,10 @@ def run_efficiency(profile: HardwareProfile, run_elems: float) -> float:
     ``run`` curve).
 
     >>> from hw_profiles import load
-    >>> run_efficiency(load("h100-sxm-80gb"), 1.0)
+    >>> run_efficiency(load("h200-sxm-141gb"), 1.0)  # a datasheet profile: no run curve
     1.0
+    >>> run_efficiency(load("h100-sxm-80gb"), 1.0)  # measured: element-wise strided walks
+    0.662
     """
     curve = profile.device.efficiency.run
     if not curve or math.isinf(run_elems):

@@ -47,7 +47,16 @@ load unchanged and price as before):
   for a group of ``ranks`` ranks on this tier (nccl-tests' ``busbw``), which
   ``costmodel.collectives`` prefers over alpha-beta where it applies;
 * ``calibration.load``: the machine's load around a calibration, and whether
-  it ran under foreign load (:class:`LoadRecord`).
+  it ran under foreign load (:class:`LoadRecord`);
+* ``efficiency.optimizer``: optimizer implementation (``foreach``, ``fused``)
+  -> the fraction of an ordinary elementwise kernel's speed its kernels reach
+  (torch's multi-tensor kernels walk fixed chunks of many tensors per launch
+  and stream slower than one large elementwise kernel; default 1);
+* ``device.allocator_headroom``: what the framework's allocator reserves beyond
+  the live tensors, as a fraction of them (PyTorch's caching allocator rounds
+  and fragments: ``max_memory_reserved`` over ``max_memory_allocated``); the
+  solve's default memory limit is :attr:`DeviceSpec.usable_memory_bytes`
+  (default 0: the whole memory).
 
 Optional ``overlap``: how well a collective in flight hides behind compute on
 this hardware (``costmodel.overlap``): ``contention`` in ``[0, 1]``, 0 when
@@ -303,6 +312,16 @@ class Efficiency:
     run: tuple[tuple[float, float], ...] = ()
     """Points ``(inner run in elements, fraction of the contiguous speed)``,
     ascending; empty = no penalty for short runs."""
+    optimizer: tuple[tuple[str, float], ...] = ()
+    """Optimizer implementation (``foreach``, ``fused``) -> fraction of an
+    ordinary elementwise kernel's speed its kernels reach; absent = 1."""
+
+    def optimizer_fraction(self, implementation: str) -> float:
+        """Speed of ``implementation``'s kernels relative to ordinary elementwise ones (1 when not given)."""
+        for key, value in self.optimizer:
+            if key == implementation:
+                return value
+        return 1.0
 
     @property
     def memory_curve(self) -> tuple[tuple[float, float], ...]:
@@ -330,6 +349,7 @@ class Efficiency:
             matmul_by_dtype=tuple((str(k), _curve(v)) for k, v in data.get("matmul_by_dtype", {}).items()),
             attention_backward=_curve(data.get("attention_backward", ())),
             run=_curve(data.get("run", ())),
+            optimizer=tuple((str(k), float(v)) for k, v in data.get("optimizer", {}).items()),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -345,6 +365,8 @@ class Efficiency:
             out["vector"] = self.vector
         if self.run:
             out["run"] = [list(p) for p in self.run]
+        if self.optimizer:
+            out["optimizer"] = dict(self.optimizer)
         return out
 
 
@@ -390,6 +412,21 @@ class DeviceSpec:
     """Floor of an op with a Python-scalar operand; None = ``launch_s``."""
     fresh_pages: "FreshPages | None" = None
     """Cost of outputs served by fresh pages (CPU allocators); None: no such cost."""
+    allocator_headroom: float = 0.0
+    """What the allocator reserves beyond the live tensors, as a fraction of them."""
+
+    @property
+    def usable_memory_bytes(self) -> float:
+        """Live tensor bytes that fit the device once the allocator's headroom is
+        added on top: ``memory_bytes / (1 + allocator_headroom)``, the default
+        memory limit of a solve (a plan whose live peak fills ``memory_bytes``
+        does not fit: the caching allocator reserves more than is live).
+
+        >>> DeviceSpec("d", 120, (), 1.0, 0.0, Efficiency(matmul=((1.0, 1.0),), memory=1.0),
+        ...            allocator_headroom=0.2).usable_memory_bytes
+        100.0
+        """
+        return self.memory_bytes / (1.0 + self.allocator_headroom)
 
     def peak_flops_for(self, dtype: str) -> float:
         """Peak FLOP/s for a dtype (torch or short name); unknown dtypes raise
@@ -416,6 +453,7 @@ class DeviceSpec:
                           for k, v in data.get("sources", {}).items()),
             launch_scalar_s=None if data.get("launch_scalar_s") is None else float(data["launch_scalar_s"]),
             fresh_pages=None if data.get("fresh_pages") is None else FreshPages.from_dict(data["fresh_pages"]),
+            allocator_headroom=float(data.get("allocator_headroom", 0.0)),
         )
 
     def source(self, field: str) -> "str | Citation | None":
@@ -437,6 +475,8 @@ class DeviceSpec:
             out["launch_scalar_s"] = self.launch_scalar_s
         if self.fresh_pages is not None:
             out["fresh_pages"] = self.fresh_pages.to_dict()
+        if self.allocator_headroom:
+            out["allocator_headroom"] = self.allocator_headroom
         out["efficiency"] = self.efficiency.to_dict()
         if self.sources:
             out["sources"] = {k: v.to_dict() if isinstance(v, Citation) else v for k, v in self.sources}

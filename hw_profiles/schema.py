@@ -160,6 +160,7 @@ SCHEMA: dict[str, Any] = {
                 "memory_bandwidth_Bps": _LIMITS["bandwidth"],
                 "launch_s": {**_LIMITS["seconds"], "maximum": 1.0},
                 "launch_scalar_s": {**_LIMITS["seconds"], "maximum": 1.0},
+                "allocator_headroom": {"type": "number", "minimum": 0, "maximum": 1},
                 "fresh_pages": {
                     "type": "object",
                     "required": ["above_bytes", "Bps"],
@@ -179,6 +180,11 @@ SCHEMA: dict[str, Any] = {
                         },
                         "vector": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
                         "run": _CURVE,
+                        "optimizer": {
+                            "type": "object",
+                            "propertyNames": {"enum": ["foreach", "fused", "for-loop"]},
+                            "additionalProperties": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+                        },
                     },
                     "additionalProperties": False,
                 },

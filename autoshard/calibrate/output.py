@@ -124,10 +124,12 @@ def initial_interconnect(job: Job, base: HardwareProfile | None) -> tuple[list[d
 def assemble_profile(*, name: str, job: Job, threads: int, device: Mapping[str, Any], device_sources: Mapping[str, str],
                      interconnect: list[dict], tier_sources: Mapping[str, str],
                      collective_errors: Mapping[tuple[str, str], FitError], compute_errors: Mapping[str, FitError],
-                     measured_tiers: int, method: str, load: Any = None) -> dict:
+                     measured_tiers: int, method: str, load: Any = None,
+                     overlap: Mapping[str, Any] | None = None) -> dict:
     """The profile dict: ``device`` figures and sources, the interconnect with
-    a ``source`` on every fitted entry, and ``calibration`` metadata (with
-    ``load``, a ``hw_profiles.LoadRecord``, and a warning when it was foreign)."""
+    a ``source`` on every fitted entry, ``calibration`` metadata (with
+    ``load``, a ``hw_profiles.LoadRecord``, and a warning when it was foreign)
+    and ``overlap`` (``autoshard.calibrate.measure_overlap``), measured or said not to be."""
     mem, mem_source = memory_bytes(job)
     tiers = []
     for index, tier in enumerate(interconnect):
@@ -177,6 +179,7 @@ def assemble_profile(*, name: str, job: Job, threads: int, device: Mapping[str, 
         },
         "interconnect": tiers,
         "calibration": calibration,
+        **({"overlap": dict(overlap)} if overlap is not None else {}),
     }
 
 

@@ -30,6 +30,7 @@ from autoshard.calibrate.load import monitor_for
 from autoshard.calibrate.measure_compute import LAUNCH_SCALAR_OPS, ComputeSample, Item, compute_items, primary_dtype
 from autoshard.calibrate.output import assemble_profile, check_profile, initial_interconnect, write_profile
 from autoshard.calibrate.report import markdown_report, plot_report
+from autoshard.calibrate.measure_overlap import measure_contention, unmeasured_overlap
 from autoshard.calibrate.timing import Job, Settings
 
 __all__ = ["MODE_SETTINGS", "MODE_ROUNDS", "Options", "Bar", "run_items", "calibrate", "check", "device_sources"]
@@ -254,10 +255,12 @@ def calibrate(job: Job, options: Options) -> dict:
               f"compute timed on every rank at once (contended, as in a real step); {MODE_ROUNDS[options.mode]} passes over all items, per "
               f"item and pass {settings.warmup} warm-up calls, {settings.trials} trials of >= {settings.min_trial_s * 1e3:g} ms after a barrier, max over ranks, "
               "outliers (3 MADs) dropped, median over trials, fastest pass; figures fitted through costmodel.compute / costmodel.collectives")
+    # measured beside the collectives' fit, after the timed items: every rank takes part
+    overlap = measure_contention(job, groups, settings) if groups else unmeasured_overlap(job, options.base)
     data = assemble_profile(name=options.name or "measured", job=job, threads=options.threads, device=device,
                             device_sources=sources, interconnect=fitted_tiers, tier_sources=tier_sources,
                             collective_errors=coll_errors, compute_errors=compute_errors,
-                            measured_tiers=measured_tiers, method=method, load=load)
+                            measured_tiers=measured_tiers, method=method, load=load, overlap=overlap)
     warnings = check_profile(data, base=options.base) + list(data["calibration"].get("warnings", []))
     if not job.all_agree(True):  # every rank got here: the run is complete
         raise RuntimeError("another rank did not complete the calibration")

@@ -85,6 +85,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", choices=BACKEND_CHOICES, help=f"ILP backend (default {SHOWN_DEFAULTS['backend']})")
     parser.add_argument("--optimizer", choices=OPTIMIZER_CHOICES,
                         help=f"decides the optimizer state in memory (default {SHOWN_DEFAULTS['optimizer']})")
+    parser.add_argument("--optimizer-impl", choices=("auto", "foreach", "fused", "for-loop"),
+                        help="how the optimizer runs: its kernels' time and temporaries (default auto: torch's own "
+                             "default on the profile's device, foreach on GPUs, for-loop on CPU)")
     parser.add_argument("--mixed-precision", action="store_true", help="low-precision params with fp32 master and state")
     parser.add_argument("--no-ties", action="store_true", help="let every repeated layer choose its own strategies")
     parser.add_argument("--search", choices=("auto", "full", "seeded"),
@@ -151,7 +154,8 @@ def solve_options(args: argparse.Namespace, limit: int | None, pins: dict[str, s
     from autoshard.plan.options import DEFAULT_SEARCH_TIME_LIMIT_S, SolveOptions
 
     given = {"profile": args.profile, "memory_limit": limit, "time_limit": args.time_limit, "backend": args.backend,
-             "optimizer": args.optimizer, "baseline": args.baseline, "search": args.search,
+             "optimizer": args.optimizer, "optimizer_impl": args.optimizer_impl, "baseline": args.baseline,
+             "search": args.search,
              "recompute": args.recompute, "server": args.server}
     options = SolveOptions(pins=pins, ties=not args.no_ties, mixed_precision=args.mixed_precision,
                            **{name: value for name, value in given.items() if value is not None})

@@ -459,9 +459,7 @@ def _add_leaf(b: _Builder, walk: _Walk, node: fx.Node) -> None:
         numel_dtype = meta.dtype
 
         def update_cost(numel: int, dtype: torch.dtype = numel_dtype) -> float:
-            flops, nbytes = optimizer.update_flops_bytes(numel, dtype)
-            return op_time_s("elementwise", flops=flops, bytes_accessed=nbytes, dtype="torch.float32",
-                             profile=profile) if nbytes else 0.0
+            return optimizer.update_time_s(numel, dtype, profile)
 
         per_byte = 1.0 + optimizer.state_bytes(meta.dtype) / meta.itemsize
         i = b.leaf(str(TensorId("param", fqn)), "param", fqn, meta, live=None, memory_per_byte=per_byte, cost=update_cost)

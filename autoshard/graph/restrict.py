@@ -266,7 +266,7 @@ def seeded_restriction(
     t0 = time.perf_counter()
     graph = build_graph(traced, coarse, profile, optimizer=optimizer, ties=True, allow_uneven=allow_uneven)
     t1 = time.perf_counter()
-    limit = float(profile.device.memory_bytes if memory_limit is None else memory_limit)
+    limit = float(profile.device.usable_memory_bytes if memory_limit is None else memory_limit)
     # every coarse solve below ends by t1 + time_limit: the seed's share of the one time limit is all it gets
     solution = solve_problem(to_problem(graph, memory_limit=limit), backend=backend, time_limit=time_limit,
                              start_time=t1)

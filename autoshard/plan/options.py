@@ -57,8 +57,8 @@ PLAN_GAP = 1e-6
 """Relative gap at which a plan counts as optimal: a millionth of the step
 time is below the cost model's own accuracy by orders of magnitude."""
 
-BUILD_FIELDS = ("profile", "optimizer", "mixed_precision", "allow_uneven", "search", "bucket_bytes", "recompute",
-                "gather", "device_type")
+BUILD_FIELDS = ("profile", "optimizer", "optimizer_impl", "mixed_precision", "allow_uneven", "search", "bucket_bytes",
+                "recompute", "gather", "device_type")
 """The options that decide the strategy graph (:func:`~autoshard.plan.solve.prepare` reads
 these; the solve reads the others, and ``recompute`` too)."""
 
@@ -78,7 +78,8 @@ class SolveOptions:
     profile: str | HardwareProfile = DEFAULT_PROFILE
     """Hardware profile: a shipped name, a file, or a loaded profile."""
     memory_limit: float | None = None
-    """Bytes per device; None: the profile's device memory; :data:`NO_MEMORY_LIMIT`: none."""
+    """Bytes per device; None: the profile's usable memory (``DeviceSpec.usable_memory_bytes``: its memory
+    less the allocator's headroom); :data:`NO_MEMORY_LIMIT`: none."""
     pins: Mapping[str, str] = field(default_factory=dict)
     """Placements fixed by name pattern (``{"*.tok_embeddings.weight": "S(0)R"}``)."""
     time_limit: float = DEFAULT_TIME_LIMIT_S
@@ -90,6 +91,10 @@ class SolveOptions:
     """Repeated layers take the same strategies (False: each chooses its own)."""
     optimizer: str = "adamw"
     """Optimizer whose state is counted: ``adamw``, ``sgd``, ``sgd-momentum`` or ``none``."""
+    optimizer_impl: str = "auto"
+    """How the optimizer runs (``autoshard.graph.memory``): ``foreach``, ``fused``, ``for-loop``, or
+    ``auto``, torch.optim's default for the profile's device (foreach on GPUs, for-loop on CPU); each
+    has its own kernels (time) and temporaries (memory)."""
     mixed_precision: bool = False
     """Parameters kept in fp32 beside bf16 compute copies (memory only)."""
     baseline: str | None = None

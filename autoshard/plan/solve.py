@@ -25,7 +25,7 @@ from solver import solve as solve_problem
 from solver.solution import Status
 
 from autoshard.graph.builder import StrategyGraph, build_graph
-from autoshard.graph.memory import OptimizerMemory
+from autoshard.graph.memory import OptimizerMemory, optimizer_implementation
 from autoshard.graph.problem import to_problem
 from autoshard.graph.recompute_policy import parse_policy
 from autoshard.graph.restrict import choose_search, seeded_restriction
@@ -130,8 +130,8 @@ def prepare(
     t1 = time.perf_counter()
     if progress:
         progress("trace", 1, 1)
-    # torch's optimizers take the multi-tensor path by default on accelerators only
-    opt_memory = OptimizerMemory(optimizer, mixed_precision, foreach="cpu" not in prof.device.name.lower())
+    # the kernels and temporaries of the update as torch.optim will run it (auto: its default on the device)
+    opt_memory = OptimizerMemory(optimizer, mixed_precision, optimizer_implementation(opts.optimizer_impl, prof))
     mode = choose_search(mesh.shape, opts.search)
     restrict, seed_timings = None, {}
     if mode == "seeded":
@@ -164,7 +164,8 @@ def solve_prepared(
 ) -> Plan:
     """Solve a prepared graph with ``options`` (:class:`~autoshard.plan.options.SolveOptions`;
     keyword ``changes`` of its fields build or change it). ``memory_limit``
-    defaults to the profile's device memory (:data:`~autoshard.plan.options.NO_MEMORY_LIMIT`:
+    defaults to the profile's usable memory, its memory less the allocator's headroom
+    (:data:`~autoshard.plan.options.NO_MEMORY_LIMIT`:
     none); ``baseline`` (``ddp``, ``fsdp``, ``tp``, ``fsdp+tp``) adds its pins
     and its data-parallel op layout (``autoshard.plan.baselines``) under the
     user's pins. ``recompute``: ``auto`` lets the solver choose what the
@@ -184,7 +185,7 @@ def solve_prepared(
     server = opts.server
     graph = prep.graph
     recompute = parse_policy(opts.recompute)
-    limit = float(graph.profile.device.memory_bytes if opts.memory_limit is None else opts.memory_limit)
+    limit = float(graph.profile.device.usable_memory_bytes if opts.memory_limit is None else opts.memory_limit)
     problem_limit = None if limit == NO_MEMORY_LIMIT else limit
     # the seed of a seeded search took its share of the one time limit; the solve gets the rest
     time_limit = max(time_limit - float(prep.timings.get("seed_solve_s", 0.0)), MIN_SOLVE_SHARE * time_limit)
@@ -519,7 +520,7 @@ def compare_baselines(
     past it has no plan (its error says so)."""
     opts = solve_options(options, changes)
     deadline = time.perf_counter() + opts.time_limit
-    limit = float(prep.graph.profile.device.memory_bytes if opts.memory_limit is None else opts.memory_limit)
+    limit = float(prep.graph.profile.device.usable_memory_bytes if opts.memory_limit is None else opts.memory_limit)
     if policies is None:
         policies = recompute_policies(prep) if prep.options.get("recompute_states", True) else ["none"]
     out = []

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 from importlib import resources
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +15,9 @@ from hw_profiles import ProfileError, available, load, load_dict, validate
 
 REQUIRED = ("a100-sxm-80gb", "h100-sxm-80gb", "h200-sxm-141gb", "h100-sxm-96gb-500w", "b200", "mi300x", "cpu-gloo")
 PUBLISHED = ("a100-sxm-80gb", "h100-sxm-80gb", "h200-sxm-141gb", "h100-sxm-96gb-500w")
+MEASURED = ("cpu-gloo", "h100-sxm-80gb")
+"""Profiles whose device figures were measured (``h100-sxm-80gb``: on one H100, its links published)."""
+REPO = Path(__file__).resolve().parents[2]
 """Profiles whose efficiencies and collective figures come from published measurements."""
 
 
@@ -59,7 +63,7 @@ def test_every_figure_has_a_source(name):
             assert fit.get("source"), f"interconnect[{i}].collectives.{kind}.source"
             for j, curve in enumerate(fit.get("bus_bandwidth", [])):
                 assert curve.get("source"), f"interconnect[{i}].collectives.{kind}.bus_bandwidth[{j}].source"
-    expected = "measured" if name == "cpu-gloo" else ("published" if name in PUBLISHED else "datasheet")
+    expected = "measured" if name in MEASURED else ("published" if name in PUBLISHED else "datasheet")
     assert data["source"] == expected
 
 
@@ -80,14 +84,20 @@ def test_published_profiles_cite_a_reference_or_say_why_not(name):
         assert isinstance(citation, dict) and citation["source"] in hw_profiles.SOURCE_KINDS, where
         if citation["source"] == "published":
             assert "http" in citation["reference"], where
+        elif citation["source"] == "measured":  # the measurement is kept in the repository
+            assert (REPO / citation["reference"].split()[0].rstrip(";")).is_file(), where
         else:
             assert citation.get("note"), f"{where}: an {citation['source']} figure says what it assumes"
     # the efficiencies are published measurements, not the old guesses (the 500 W part: published
     # H100 measurements scaled by a stated assumption, so estimates that cite what they scale)
-    expected = "estimate" if name == "h100-sxm-96gb-500w" else "published"
+    expected = {"h100-sxm-96gb-500w": "estimate", "h100-sxm-80gb": "measured"}.get(name, "published")
     for field in _efficiency_fields(device["efficiency"]):
         citation = device["sources"][field]
-        assert citation["source"] == expected and "http" in citation.get("reference", ""), field
+        if name == "h100-sxm-80gb" and field.endswith(".fp8"):  # not measured on the H100: published
+            assert citation["source"] == "published", field
+            continue
+        assert citation["source"] == expected and citation.get("reference"), field
+        assert expected != "published" or "http" in citation["reference"], field
 
 
 @pytest.mark.parametrize("name", [n for n in REQUIRED if n != "cpu-gloo"])
@@ -100,8 +110,22 @@ def test_gpu_profiles_price_every_collective_kind_on_every_tier(name):
     assert inner.collective("all_reduce").beta_s_per_byte < outer.collective("all_reduce").beta_s_per_byte
 
 
+def test_h100_figures_are_the_ones_measured_on_the_h100():
+    """The rebuilt profile carries the one-H100 calibration's figures, and the memory a
+    process can allocate there (torch's total_memory), not the datasheet's 80 GiB."""
+    measured = json.loads((REPO / "benchmarks/results/h100-2026-11-27/h100-80gb-hbm3-measured-1rank.json").read_text())
+    device = load("h100-sxm-80gb").device
+    assert device.memory_bytes == measured["device"]["memory_bytes"] == 85_017_493_504 < 80 * 2**30
+    assert device.launch_s == measured["device"]["launch_s"]
+    assert device.memory_bandwidth_Bps == measured["device"]["memory_bandwidth_Bps"]
+    for dtype in ("bf16", "fp16", "fp32", "tf32"):
+        assert device.peak_flops_for(dtype) == measured["device"]["peak_flops"][dtype]
+    # the default memory limit leaves the caching allocator's headroom
+    assert device.usable_memory_bytes == pytest.approx(device.memory_bytes / (1 + device.allocator_headroom))
+    assert 0 < device.allocator_headroom < 0.25
+
+
 def test_datasheet_headline_figures():
-    assert load("h100-sxm-80gb").device.peak_flops_for("bf16") == 9.89e14
     assert load("a100-sxm-80gb").device.memory_bandwidth_Bps == 2.039e12
     assert load("mi300x").device.memory_bytes == 192 * 2**30
     assert load("b200").device.peak_flops_for("fp8") == 4.5e15
@@ -166,7 +190,7 @@ def test_invalid_json_and_missing_file_are_profile_errors(tmp_path):
 
 def test_load_by_path_reads_an_edited_file_again(tmp_path):
     path = tmp_path / "mine.json"
-    data = _raw("h100-sxm-80gb")
+    data = _raw("h200-sxm-141gb")
     path.write_text(json.dumps(data))
     assert load(path).device.launch_s == 5e-6
     data["device"]["launch_s"] = 7e-6
@@ -181,22 +205,22 @@ def test_load_by_path_reads_an_edited_file_again(tmp_path):
 
 
 def test_memory_efficiency_may_be_a_curve_over_the_working_set():
-    data = _raw("h100-sxm-80gb")
+    data = _raw("h200-sxm-141gb")
     data["device"]["efficiency"]["memory"] = [[4096, 0.3], [5e7, 1.0], [1e9, 0.8]]
     profile = load_dict(data)
     assert profile.device.efficiency.memory_curve == ((4096.0, 0.3), (5e7, 1.0), (1e9, 0.8))
     assert profile.to_dict() == data  # round-trips in the curve form
-    assert load("h100-sxm-80gb").device.efficiency.memory_curve == ((1.0, 0.866),)  # the scalar form stays valid
+    assert load("h200-sxm-141gb").device.efficiency.memory_curve == ((1.0, 0.835),)  # the scalar form stays valid
 
 
 def test_calibration_ranks_and_vector_efficiency_round_trip():
-    data = _raw("h100-sxm-80gb")
+    data = _raw("h200-sxm-141gb")
     data["calibration"]["ranks"] = 4
     data["device"]["efficiency"]["vector"] = 0.05
     profile = load_dict(data)
     assert profile.calibration.ranks == 4 and profile.device.efficiency.vector == 0.05
     assert profile.to_dict() == data
-    assert load("h100-sxm-80gb").device.efficiency.vector is None
+    assert load("h200-sxm-141gb").device.efficiency.vector is None
 
 
 @pytest.mark.parametrize(
@@ -243,7 +267,7 @@ def test_absurd_figures_are_refused_naming_the_field(tmp_path, path, value, fiel
     ],
 )
 def test_published_figure_without_a_reference_is_refused_naming_the_field(tmp_path, path, field):
-    data = _raw("h100-sxm-80gb")
+    data = _raw("h200-sxm-141gb")
     target = data
     for key in path:
         target = target[key]

@@ -74,6 +74,9 @@ def test_torchrun_tiny_calibration_writes_a_profile_whose_fits_hold(tmp_path):
     # the new figures: a floor for scalar operands, a run curve, curves per dtype, the load
     assert profile.device.launch_scalar_s and profile.device.efficiency.run
     assert profile.device.efficiency.matmul_by_dtype and profile.calibration.load is not None
+    # the overlap contention, measured by the calibration itself (it used to be copied in by hand)
+    assert profile.overlap is not None and profile.overlap.source.startswith("measured")
+    assert 0.0 <= profile.overlap.contention <= 1.0
 
 
 def _collect(stream) -> list[str]:
@@ -208,3 +211,18 @@ def test_bad_arguments_are_one_line_errors(args, message):
     done = subprocess.run(_cli(*args), cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     assert len(done.stderr.strip().splitlines()) == 1 and message in done.stderr, done.stderr
+
+
+def test_a_calibration_says_its_overlap_contention_measured_or_not():
+    """The tiny 4-rank calibration above measures it (``measure_overlap``); one rank cannot, and
+    the profile then says so instead of being read as full overlap."""
+    from autoshard.calibrate.measure_overlap import unmeasured_overlap
+    from autoshard.calibrate.timing import Job
+
+    cpu = unmeasured_overlap(Job.single(), None)
+    assert cpu["contention"] == 1.0 and cpu["source"].startswith("not measured")
+    gloo = load("cpu-gloo")
+    copied = unmeasured_overlap(Job.single(), gloo)
+    assert copied["contention"] == gloo.overlap.contention and "copied from cpu-gloo" in copied["source"]
+    # a base without a figure (the GPU profiles) does not stand for a measurement either
+    assert unmeasured_overlap(Job.single(), load("h100-sxm-80gb"))["contention"] == 1.0

@@ -38,7 +38,7 @@ def test_every_shipped_profile_passes_by_file_and_by_name(capsys: pytest.Capture
 def test_the_summary_names_the_profile_its_memory_and_tiers(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = _check(capsys, "h100-sxm-80gb")
     assert code == 0
-    assert out[0].startswith("ok: h100-sxm-80gb (h100-sxm-80gb, published: ")
+    assert out[0].startswith("ok: h100-sxm-80gb (h100-sxm-80gb, measured: ")
     assert "GiB, tiers nvlink(8) > " in out[0]
 
 

@@ -146,7 +146,7 @@ def test_optimizer_choice_changes_parameter_memory() -> None:
     assert OptimizerMemory("sgd").state_bytes(torch.float32) == 0
     assert OptimizerMemory("adamw").state_bytes(torch.bfloat16) == 4
     assert OptimizerMemory("adamw", mixed_precision=True).state_bytes(torch.bfloat16) == 12
-    assert OptimizerMemory("adamw", foreach=True).step_temp_bytes(torch.float32) == 4
+    assert OptimizerMemory("adamw", implementation="foreach").step_temp_bytes(torch.float32) == 4
     with pytest.raises(ValueError, match="unknown 'lion'"):
         OptimizerMemory("lion")
 
