@@ -56,7 +56,8 @@ from solver.solution import Solution
 from autoshard.plan.exact_memory import RECOMPUTE, exact_timeline, keep_choice, state_of, timeline_peak
 from autoshard.plan.tidy_states import tidy_states
 from autoshard.plan.format import Estimate, Fingerprint, Plan, PlanError, PlanNode, Redistribution, SolverReport
-from autoshard.plan.schedule import Schedule, build_schedule, leaf_gathers, prefetch_intervals, simulate_schedule
+from autoshard.plan.schedule import (VIEW_OPS, Schedule, build_schedule, leaf_gathers, leaf_views, prefetch_intervals,
+                                     simulate_schedule)
 
 __all__ = ["ASSEMBLY_FORMAT", "REQUEST_FORMAT", "AssemblyError", "StrategyPlacements", "AssemblyNode",
            "AssemblyEdge", "AssemblyGraph", "PlanRequest", "assemble_plan", "placement_text", "memory_timeline",
@@ -368,6 +369,8 @@ class StepPricing:
     """Each position on the problem's time axis (``memory_timeline``), ``N + 1`` entries."""
     contention: float
     memory_limit: float | None
+    view_candidates: tuple[tuple[str, str], ...] = ()
+    """(view op, what it views) of every op that may be a leaf view (``autoshard.plan.schedule.leaf_views``)."""
 
 
 def step_pricing(graph: AssemblyGraph, problem: Problem, choice: Sequence[int]) -> StepPricing:
@@ -378,8 +381,13 @@ def step_pricing(graph: AssemblyGraph, problem: Problem, choice: Sequence[int]) 
     times = [problem.nodes[i].live[0] if problem.nodes[i].live is not None else 0 for i in ops]
     ends = [n.live[1] - 1 for n in problem.nodes if n.live is not None and n.live[1] > n.live[0]]
     times.append(max([t + 1 for t in times] + ends, default=0))
+    reads: dict[int, list[int]] = {}
+    for e in graph.edges:
+        reads.setdefault(e.dst, []).append(e.src)
+    views = tuple((graph.nodes[i].name, graph.nodes[reads[i][0]].name) for i in ops
+                  if graph.nodes[i].target in VIEW_OPS and len(reads.get(i, ())) == 1)
     return StepPricing(tuple(graph.nodes[i].name for i in ops), compute, max(0.0, tail), tuple(times),
-                       graph.profile.contention, problem.memory_limit)
+                       graph.profile.contention, problem.memory_limit, views)
 
 
 def _peak_with_prefetch(timeline: Sequence[tuple[int, float]], extra: Sequence[tuple[int, int, float]]) -> float:
@@ -407,7 +415,9 @@ def price_schedule(pricing: StepPricing, redistributions: Sequence[Redistributio
     simulated step by :data:`PREFETCH_GAIN`."""
     depths = PREFETCH_DEPTHS if prefetch is None else (prefetch,)
     caps = GATHER_CAPS if gather_cap is None else (gather_cap,)
-    leaf = [((r.tensor, r.to, r.input_index), r) for r in leaf_gathers(pricing.node_names, redistributions, buckets)]
+    views = leaf_views(pricing.view_candidates, redistributions)
+    leaf = [((r.tensor, r.to, r.input_index), r)
+            for r in leaf_gathers(pricing.node_names, redistributions, buckets, views)]
     items = [(edge, dtypes.get(edge, ""), r.steps) for edge, r in leaf]
     best = None
     base_peak = max((b for _, b in timeline), default=0.0)
@@ -416,7 +426,8 @@ def price_schedule(pricing: StepPricing, redistributions: Sequence[Redistributio
         if cap and not gathers:
             continue
         for depth in depths:
-            schedule = build_schedule(pricing.node_names, redistributions, buckets, prefetch=depth, gathers=gathers)
+            schedule = build_schedule(pricing.node_names, redistributions, buckets, prefetch=depth, gathers=gathers,
+                                      leaf_views=views)
             sim = simulate_schedule(schedule, pricing.op_compute_s, redistributions, buckets, tail_s=pricing.tail_s,
                                     contention=pricing.contention, gathers=gathers)
             extra = [(pricing.times[i], pricing.times[w], float(b))

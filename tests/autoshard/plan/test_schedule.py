@@ -191,3 +191,57 @@ def test_a_plan_whose_gather_bucket_lists_a_wrong_member_is_refused(dp_mlp):
     data.pop("schedule")
     with pytest.raises(PlanError, match=r"gather_buckets\[0\]: .* is not a redistribution of one all_gather"):
         Plan.from_dict(data)
+
+
+# leaf views: mm_1 reads t_1's output, where t_1 only transposes param:w2 (a linear layer's weight)
+VIEW_REDISTRIBUTIONS = (
+    Redist("param:w1", "t", 0, (GATHER,)),
+    Redist("t_1", "mm_1", 1, (GATHER,)),  # the gather of w2's transposed view
+    Redist("mm_1", "loss_op", 1, (REDUCE,)),
+    Redist("mm_3", "grad:w1", 0, (REDUCE,)),
+    Redist("mm_2", "grad:w2", 0, (REDUCE,)),
+)
+
+
+def test_a_gather_of_a_leaf_view_is_a_leaf_gather_in_the_prefetch_chain():
+    plain = build_schedule(NODES, VIEW_REDISTRIBUTIONS, BUCKETS, prefetch=1)
+    # without leaf views: the gather can only start after t_1 has run (position 4), at its reader
+    assert ("mm_1", 4, 4) in _items(plain) and plain.leaf_views == ()
+    s = build_schedule(NODES, VIEW_REDISTRIBUTIONS, BUCKETS, prefetch=1, leaf_views=("t_1",))
+    # with t_1 a leaf view: second in the chain, issued where the first is waited (0), held until mm_1 (4)
+    assert _items(s)[:2] == [("t", 0, 0), ("mm_1", 0, 4)]
+    assert s.leaf_views == ("t_1",)
+    check_schedule(s, NODES, VIEW_REDISTRIBUTIONS, BUCKETS)
+    assert prefetch_intervals(s, VIEW_REDISTRIBUTIONS) == [(0, 4, 4096)]
+    # the same schedule read without its leaf views issues t_1's gather before t_1 runs
+    with pytest.raises(ScheduleError, match=r"edge t_1 -> mm_1 \(input 1\) is issued at 0, before its input exists"):
+        check_schedule(replace(s, leaf_views=()), NODES, VIEW_REDISTRIBUTIONS, BUCKETS)
+    with pytest.raises(ScheduleError, match="leaf_views: 'nope' is not an op node"):
+        check_schedule(replace(s, leaf_views=("nope",)), NODES, VIEW_REDISTRIBUTIONS, BUCKETS)
+    assert Schedule.from_dict(s.to_dict()) == s
+    assert "leaf_views" not in plain.to_dict()  # plans without leaf views are written as before
+
+
+def test_leaf_views_are_views_of_leaves_read_without_redistribution():
+    candidates = [("t", "param:w1"), ("t_1", "param:w2"), ("t_2", "t_1"), ("t_3", "mm"), ("t_4", "t_3")]
+    # t reads param:w1 through a redistribution (its gather): not a view of the leaf as it is
+    assert schedule_module.leaf_views(candidates, VIEW_REDISTRIBUTIONS) == ("t_1", "t_2")
+
+
+def test_a_solved_fsdp_plan_gathers_linear_weights_as_leaf_views(dp_mlp):
+    from autoshard.plan.solve import solve_prepared
+
+    plan = solve_prepared(dp_mlp, baseline="fsdp", time_limit=10)
+    ops = {n.name: n.op for n in plan.nodes}
+    assert plan.schedule.leaf_views and all(ops[v] == "aten.t.default" for v in plan.schedule.leaf_views)
+    views = set(plan.schedule.leaf_views)
+    view_gathers = [r for r in plan.redistributions if r.tensor in views
+                    and any(s.collective == "all_gather" for s in r.steps)]
+    assert view_gathers  # the weights' gathers read the transposed views
+    # each is a chain item issued ahead of its reader or a member of a gather bucket
+    members = {tuple(m) for g in plan.gather_buckets for m in g.members}
+    pos = {n.name: i for i, n in enumerate(plan.nodes)}
+    items = {i.edge: i for i in plan.schedule.items if i.edge is not None}
+    for r in view_gathers:
+        edge = (r.tensor, r.to, r.input_index)
+        assert edge in members or items[edge].issue <= pos[r.tensor]
