@@ -56,12 +56,12 @@ from solver.solution import Solution
 from autoshard.plan.exact_memory import RECOMPUTE, exact_timeline, keep_choice, state_of, timeline_peak
 from autoshard.plan.tidy_states import tidy_states
 from autoshard.plan.format import Estimate, Fingerprint, Plan, PlanError, PlanNode, Redistribution, SolverReport
-from autoshard.plan.schedule import (VIEW_OPS, Schedule, build_schedule, leaf_gathers, leaf_views, prefetch_intervals,
-                                     simulate_schedule)
+from autoshard.plan.schedule import (VIEW_OPS, Schedule, build_schedule, gather_blocks, leaf_gathers, leaf_views,
+                                     prefetch_intervals, simulate_schedule)
 
 __all__ = ["ASSEMBLY_FORMAT", "REQUEST_FORMAT", "AssemblyError", "StrategyPlacements", "AssemblyNode",
            "AssemblyEdge", "AssemblyGraph", "PlanRequest", "assemble_plan", "placement_text", "memory_timeline",
-           "PREFETCH_DEPTHS", "StepPricing", "price_schedule"]
+           "PREFETCH_DEPTHS", "BLOCK_GATHERS", "StepPricing", "price_schedule"]
 
 PREFETCH_DEPTHS = (0, 1, 2, 4, 8)
 """Prefetch depths the assembler tries (``autoshard.plan.schedule``)."""
@@ -69,6 +69,9 @@ PREFETCH_DEPTHS = (0, 1, 2, 4, 8)
 PREFETCH_GAIN = 1e-3
 """A deeper prefetch is taken only if it shortens the simulated step by this
 fraction: holding gathered parameters longer for nothing is a cost too."""
+
+BLOCK_GATHERS = -1
+"""``price_schedule``'s gather cap for one gather bucket per module block, whatever its size."""
 
 ASSEMBLY_FORMAT = "autoshard.assembly/1"
 REQUEST_FORMAT = "autoshard.plan_request/1"
@@ -371,6 +374,8 @@ class StepPricing:
     memory_limit: float | None
     view_candidates: tuple[tuple[str, str], ...] = ()
     """(view op, what it views) of every op that may be a leaf view (``autoshard.plan.schedule.leaf_views``)."""
+    regions: tuple[str, ...] = ()
+    """The graph's module blocks (checkpoint regions): the units of block-wise gather buckets."""
 
 
 def step_pricing(graph: AssemblyGraph, problem: Problem, choice: Sequence[int]) -> StepPricing:
@@ -387,7 +392,8 @@ def step_pricing(graph: AssemblyGraph, problem: Problem, choice: Sequence[int]) 
     views = tuple((graph.nodes[i].name, graph.nodes[reads[i][0]].name) for i in ops
                   if graph.nodes[i].target in VIEW_OPS and len(reads.get(i, ())) == 1)
     return StepPricing(tuple(graph.nodes[i].name for i in ops), compute, max(0.0, tail), tuple(times),
-                       graph.profile.contention, problem.memory_limit, views)
+                       graph.profile.contention, problem.memory_limit, views,
+                       tuple(sorted({n.region for n in graph.nodes if n.region})))
 
 
 def _peak_with_prefetch(timeline: Sequence[tuple[int, float]], extra: Sequence[tuple[int, int, float]]) -> float:
@@ -411,7 +417,8 @@ def price_schedule(pricing: StepPricing, redistributions: Sequence[Redistributio
     collectives: with the given ``prefetch`` depth and ``gather_cap``, or the
     best of :data:`PREFETCH_DEPTHS` x ``costmodel.bucketing.GATHER_CAPS` that
     fits the memory limit (the first, no prefetch and no gather buckets, when
-    none fits). A candidate replaces the best so far only when it shortens the
+    none fits), and of one gather bucket per module block (FSDP2's unit:
+    ``gather_cap`` :data:`BLOCK_GATHERS`). A candidate replaces the best so far only when it shortens the
     simulated step by :data:`PREFETCH_GAIN`."""
     depths = PREFETCH_DEPTHS if prefetch is None else (prefetch,)
     caps = GATHER_CAPS if gather_cap is None else (gather_cap,)
@@ -421,8 +428,12 @@ def price_schedule(pricing: StepPricing, redistributions: Sequence[Redistributio
     items = [(edge, dtypes.get(edge, ""), r.steps) for edge, r in leaf]
     best = None
     base_peak = max((b for _, b in timeline), default=0.0)
+    if gather_cap is None and pricing.regions:
+        caps = (*caps, BLOCK_GATHERS)
+    blocks = gather_blocks([e for e, _ in leaf], pricing.view_candidates, pricing.regions)
     for cap in caps:
-        gathers = group_gathers(items, mesh, profile, cap)
+        gathers = (group_gathers(items, mesh, profile, 2**62, blocks) if cap == BLOCK_GATHERS
+                   else group_gathers(items, mesh, profile, cap))
         if cap and not gathers:
             continue
         for depth in depths:

@@ -89,7 +89,7 @@ from autoshard.graph.node_ids import is_leaf_tensor
 
 __all__ = ["DEFAULT_PREFETCH", "ScheduleError", "ScheduleItem", "Schedule", "build_schedule", "check_schedule",
            "schedule_transfers", "simulate_schedule", "prefetch_intervals", "collective_redistributions", "leaf_gathers",
-           "VIEW_OPS", "leaf_views"]
+           "VIEW_OPS", "leaf_views", "gather_blocks"]
 
 DEFAULT_PREFETCH = 1
 """Prefetch depth of plans that carry no schedule (written before schedules existed)."""
@@ -241,6 +241,29 @@ def leaf_views(candidates: Sequence[tuple[str, str]], redistributions: Sequence[
         if name not in moved and (is_leaf_tensor(source) or source in out):
             out.append(name)
     return tuple(out)
+
+
+def gather_blocks(edges: Iterable[tuple[str, str, int]], candidates: Sequence[tuple[str, str]],
+                  regions: Iterable[str]) -> dict[tuple[str, str, int], str]:
+    """The module block of each leaf gather's leaf (``edge[0]``, a leaf view traced
+    back to its leaf through ``candidates``): the longest of ``regions`` (the
+    plan's repeated blocks, ``layers.3``) that prefixes the parameter's name, or
+    ``""`` (the root module, as FSDP2's root ``fully_shard``).
+
+    >>> gather_blocks([("param:layers.1.w.weight", "mm", 0), ("t", "mm_1", 0), ("param:out.weight", "mm_2", 0)],
+    ...               [("t", "param:layers.0.w.weight")], ["layers.0", "layers.1"])
+    {('param:layers.1.w.weight', 'mm', 0): 'layers.1', ('t', 'mm_1', 0): 'layers.0', ('param:out.weight', 'mm_2', 0): ''}
+    """
+    source = dict(candidates)
+    ordered = sorted(set(regions), key=len, reverse=True)
+    out = {}
+    for edge in edges:
+        leaf = edge[0]
+        while leaf in source:
+            leaf = source[leaf]
+        name = leaf.split(":", 1)[-1]
+        out[edge] = next((r for r in ordered if name.startswith(r + ".")), "")
+    return out
 
 
 def leaf_gathers(node_names: Sequence[str], redistributions: Sequence[Any], buckets: Sequence[Any],

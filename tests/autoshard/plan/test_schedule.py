@@ -245,3 +245,22 @@ def test_a_solved_fsdp_plan_gathers_linear_weights_as_leaf_views(dp_mlp):
     for r in view_gathers:
         edge = (r.tensor, r.to, r.input_index)
         assert edge in members or items[edge].issue <= pos[r.tensor]
+
+
+def test_block_wise_gather_buckets_break_where_the_module_block_changes():
+    from costmodel.bucketing import group_gathers
+    from costmodel.mesh import MeshSpec
+    from hw_profiles import load
+
+    from autoshard.plan.schedule import gather_blocks
+
+    # in reader order: block 0's two weights (one through its view t), block 1's two, then the root's output
+    edges = [("param:layers.0.a.weight", "mm", 0), ("t", "mm_1", 0), ("param:layers.1.a.weight", "mm_2", 0),
+             ("param:layers.1.b.weight", "mm_3", 0), ("param:output.weight", "mm_4", 0)]
+    blocks = gather_blocks(edges, [("t", "param:layers.0.b.weight")], ["layers.0", "layers.1"])
+    items = [(e, "torch.float32", (GATHER,)) for e in edges]
+    by_block = group_gathers(items, MeshSpec((2,)), load("cpu-gloo"), 2**62, blocks)
+    assert [b.members for b in by_block] == [tuple(edges[:2]), tuple(edges[2:4])]  # the root's one alone: no bucket
+    # by size alone, a cap of three gathers runs across the block boundary
+    by_size = group_gathers(items, MeshSpec((2,)), load("cpu-gloo"), 3 * GATHER.bytes)
+    assert [b.members for b in by_size] == [tuple(edges[:3]), tuple(edges[3:])]
