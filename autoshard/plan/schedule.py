@@ -229,18 +229,29 @@ def leaf_views(candidates: Sequence[tuple[str, str]], redistributions: Sequence[
     the node it views)`` in graph order, each a :data:`VIEW_OPS` op whose one
     tensor input is a leaf or an earlier candidate. A view whose input is
     redistributed reads a value made at run time, so it is none, nor is a view
-    of it.
+    of it. Only those that matter are kept: views whose value a collective
+    reads, and the views they are made from.
 
-    >>> class R: tensor, to, input_index, steps = "param:w2", "t_1", 0, ()
-    >>> leaf_views([("t", "param:w1"), ("t_1", "param:w2"), ("t_2", "t"), ("t_3", "t_1")], [R()])
+    >>> class R:
+    ...     def __init__(self, tensor, to, steps): self.tensor, self.to, self.input_index, self.steps = tensor, to, 0, steps
+    >>> gather = [type("Step", (), {"collective": "all_gather"})()]
+    >>> rs = [R("param:w2", "t_1", gather), R("t_2", "mm", gather)]
+    >>> leaf_views([("t", "param:w1"), ("t_1", "param:w2"), ("t_2", "t"), ("t_3", "t_1")], rs)
     ('t', 't_2')
     """
     moved = {r.to for r in redistributions}
-    out: list[str] = []
+    views: dict[str, str] = {}
     for name, source in candidates:
-        if name not in moved and (is_leaf_tensor(source) or source in out):
-            out.append(name)
-    return tuple(out)
+        if name not in moved and (is_leaf_tensor(source) or source in views):
+            views[name] = source
+    keep: set[str] = set()
+    for r in redistributions:
+        name = r.tensor
+        if name in views and _has_collective(r.steps):
+            while name in views and name not in keep:
+                keep.add(name)
+                name = views[name]
+    return tuple(v for v in views if v in keep)
 
 
 def gather_blocks(edges: Iterable[tuple[str, str, int]], candidates: Sequence[tuple[str, str]],

@@ -847,9 +847,10 @@ class JointRunner:
         return value
 
     def _sink(self, env: Mapping[fx.Node, Any], edge: _Edge, ready: dict[Any, Any]) -> torch.Tensor:
-        if edge.key in ready:
-            return ready.pop(edge.key)
-        return self._redistribute(self._value(env, edge.source), edge)
+        """The loss, a gradient or a buffer update, contiguous (a gather may leave it
+        strided: ``autoshard.runtime.steps``; optimizers' fused kernels want dense gradients)."""
+        value = ready.pop(edge.key) if edge.key in ready else self._redistribute(self._value(env, edge.source), edge)
+        return value.contiguous() if isinstance(value, torch.Tensor) else value
 
     def _run_sync(self, env: dict[fx.Node, Any]) -> JointResult:
         """Evaluation: the forward part, every redistribution at its reader (waited at once)."""

@@ -154,7 +154,11 @@ def _gather_finish(gathered: torch.Tensor, step: RedistributeStep, extents: Sequ
         for i, position in enumerate(order):
             inverse[position] = i
         out = out.index_select(d, torch.as_tensor(inverse, dtype=torch.long, device=out.device))
-    return out.contiguous()
+    # Left strided where the gathered dim is not the first (a linear layer's weight gathered as its
+    # transposed view t(w): the result is t(gathered w)): its readers take strides as they come
+    # (matmuls read a transposed operand as it is; views of it become reshapes), and a contiguous
+    # copy would be one more copy of every gathered weight, at every gather, that FSDP2 does not make.
+    return out
 
 
 def check_step_runnable(step: RedistributeStep, mesh_shape: Sequence[int]) -> None:

@@ -223,9 +223,13 @@ def test_a_gather_of_a_leaf_view_is_a_leaf_gather_in_the_prefetch_chain():
 
 
 def test_leaf_views_are_views_of_leaves_read_without_redistribution():
-    candidates = [("t", "param:w1"), ("t_1", "param:w2"), ("t_2", "t_1"), ("t_3", "mm"), ("t_4", "t_3")]
-    # t reads param:w1 through a redistribution (its gather): not a view of the leaf as it is
-    assert schedule_module.leaf_views(candidates, VIEW_REDISTRIBUTIONS) == ("t_1", "t_2")
+    candidates = [("t", "param:w1"), ("t_1", "param:w2"), ("t_2", "t_1"), ("t_3", "mm"), ("t_4", "t_3"),
+                  ("t_5", "param:w3"), ("t_6", "t_5")]
+    redistributions = VIEW_REDISTRIBUTIONS + (Redist("t_6", "mm_2", 0, (GATHER,)), Redist("t_4", "mm_3", 0, (GATHER,)))
+    # t reads param:w1 through a redistribution (its gather): not a view of the leaf as it is; t_2 views
+    # the leaf view t_1 but no collective reads it; t_4 views an op's output; t_6 is gathered, so t_5
+    # (the view it is made from) is made first too
+    assert schedule_module.leaf_views(candidates, redistributions) == ("t_1", "t_5", "t_6")
 
 
 def test_a_solved_fsdp_plan_gathers_linear_weights_as_leaf_views(dp_mlp):
