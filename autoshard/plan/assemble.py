@@ -375,7 +375,8 @@ class StepPricing:
     view_candidates: tuple[tuple[str, str], ...] = ()
     """(view op, what it views) of every op that may be a leaf view (``autoshard.plan.schedule.leaf_views``)."""
     regions: tuple[str, ...] = ()
-    """The graph's module blocks (checkpoint regions): the units of block-wise gather buckets."""
+    """The graph's module blocks (checkpoint regions, when recomputation is priced): the units of
+    block-wise gather buckets (``autoshard.plan.schedule.gather_blocks``)."""
 
 
 def step_pricing(graph: AssemblyGraph, problem: Problem, choice: Sequence[int]) -> StepPricing:
@@ -412,14 +413,15 @@ def _peak_with_prefetch(timeline: Sequence[tuple[int, float]], extra: Sequence[t
 def price_schedule(pricing: StepPricing, redistributions: Sequence[Redistribution], buckets: Sequence[Any],
                    timeline: Sequence[tuple[int, float]], *, mesh: MeshSpec, profile: HardwareProfile,
                    dtypes: Mapping[tuple[str, str, int], str], prefetch: int | None = None,
-                   gather_cap: int | None = None) -> tuple[Schedule, Any, float, tuple[Any, ...]]:
+                   gather_cap: int | None = None, held: bool = False) -> tuple[Schedule, Any, float, tuple[Any, ...]]:
     """(schedule, simulation, peak memory, gather buckets) of the plan's
     collectives: with the given ``prefetch`` depth and ``gather_cap``, or the
     best of :data:`PREFETCH_DEPTHS` x ``costmodel.bucketing.GATHER_CAPS` that
     fits the memory limit (the first, no prefetch and no gather buckets, when
     none fits), and of one gather bucket per module block (FSDP2's unit:
     ``gather_cap`` :data:`BLOCK_GATHERS`). A candidate replaces the best so far only when it shortens the
-    simulated step by :data:`PREFETCH_GAIN`."""
+    simulated step by :data:`PREFETCH_GAIN`. ``held``: the timeline already holds the gathered copies
+    (a plan priced with ``gather="fsdp2"``), so prefetched ones add nothing to it."""
     depths = PREFETCH_DEPTHS if prefetch is None else (prefetch,)
     caps = GATHER_CAPS if gather_cap is None else (gather_cap,)
     views = leaf_views(pricing.view_candidates, redistributions)
@@ -428,7 +430,7 @@ def price_schedule(pricing: StepPricing, redistributions: Sequence[Redistributio
     items = [(edge, dtypes.get(edge, ""), r.steps) for edge, r in leaf]
     best = None
     base_peak = max((b for _, b in timeline), default=0.0)
-    if gather_cap is None and pricing.regions:
+    if gather_cap is None:
         caps = (*caps, BLOCK_GATHERS)
     blocks = gather_blocks([e for e, _ in leaf], pricing.view_candidates, pricing.regions)
     for cap in caps:
@@ -443,12 +445,15 @@ def price_schedule(pricing: StepPricing, redistributions: Sequence[Redistributio
                                     contention=pricing.contention, gathers=gathers)
             extra = [(pricing.times[i], pricing.times[w], float(b))
                      for i, w, b in prefetch_intervals(schedule, redistributions, gathers, pricing.node_names)]
-            peak = _peak_with_prefetch(timeline, extra) if extra else base_peak
+            peak = _peak_with_prefetch(timeline, extra) if extra and not held else base_peak
             fits = pricing.memory_limit is None or peak <= pricing.memory_limit
             if best is None:
                 best = (schedule, sim, peak, gathers)
             elif fits and sim.step_s < best[1].step_s * (1 - PREFETCH_GAIN):
                 best = (schedule, sim, peak, gathers)
+    if best is None:  # the one cap asked for made no bucket: none
+        return price_schedule(pricing, redistributions, buckets, timeline, mesh=mesh, profile=profile, dtypes=dtypes,
+                              prefetch=prefetch, gather_cap=0, held=held)
     return best
 
 
@@ -493,8 +498,11 @@ def assemble_plan(
                                                recomputed=False))
     # the simulation runs every op at its problem cost: a recomputed op's holds its forward twice
     pricing = step_pricing(graph, problem, choice)
+    # priced as FSDP2 holds its gathers (autoshard.graph.copies): then run as FSDP2 does, a block ahead
+    fsdp2 = (options or {}).get("gather") == "fsdp2"
     schedule, sim, peak, gathers = price_schedule(pricing, redistributions, buckets, timeline, mesh=graph.mesh,
-                                                  profile=graph.profile, dtypes=dtypes)
+                                                  profile=graph.profile, dtypes=dtypes, held=fsdp2,
+                                                  **({"prefetch": 1, "gather_cap": BLOCK_GATHERS} if fsdp2 else {}))
     if gathers:  # a gather bucket issues one collective in place of its members' steps
         gathered = {m for g in gathers for m in g.members}
         comm += sum(g.cost_s for g in gathers) - sum(

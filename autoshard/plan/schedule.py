@@ -58,7 +58,10 @@ until that member's reader): :func:`prefetch_intervals` gives those extra
 intervals (bytes of the gathered tensor), which the plan's peak memory
 counts, and the assembler picks the prefetch depth and gather bucket cap whose
 simulated step is best among those that fit the memory limit
-(``autoshard.plan.assemble``).
+(``autoshard.plan.assemble``). One of the caps is "one bucket per module
+block" (:func:`gather_blocks`: FSDP2's unit, issued a block ahead with prefetch
+1); a plan priced with FSDP2's held copies (``gather="fsdp2"``,
+``autoshard.graph.copies``) takes exactly that, so that it runs as it was priced.
 
 **Extension: recompute regions.** The item kinds are open: a later
 ``{"recompute": [op names], "at": p, ...}`` item can re-run forward ops at
@@ -255,14 +258,16 @@ def leaf_views(candidates: Sequence[tuple[str, str]], redistributions: Sequence[
 
 
 def gather_blocks(edges: Iterable[tuple[str, str, int]], candidates: Sequence[tuple[str, str]],
-                  regions: Iterable[str]) -> dict[tuple[str, str, int], str]:
+                  regions: Iterable[str] = ()) -> dict[tuple[str, str, int], str]:
     """The module block of each leaf gather's leaf (``edge[0]``, a leaf view traced
     back to its leaf through ``candidates``): the longest of ``regions`` (the
-    plan's repeated blocks, ``layers.3``) that prefixes the parameter's name, or
-    ``""`` (the root module, as FSDP2's root ``fully_shard``).
+    plan's repeated blocks, ``layers.3``) that prefixes the parameter's name;
+    without regions, the name up to its first numeric part (``layers.3.attention.wq.weight``
+    -> ``layers.3``: the blocks FSDP2 is wrapped around in torchtitan); ``""`` for
+    the rest (the root module, as FSDP2's root ``fully_shard``).
 
     >>> gather_blocks([("param:layers.1.w.weight", "mm", 0), ("t", "mm_1", 0), ("param:out.weight", "mm_2", 0)],
-    ...               [("t", "param:layers.0.w.weight")], ["layers.0", "layers.1"])
+    ...               [("t", "param:layers.0.w.weight")])
     {('param:layers.1.w.weight', 'mm', 0): 'layers.1', ('t', 'mm_1', 0): 'layers.0', ('param:out.weight', 'mm_2', 0): ''}
     """
     source = dict(candidates)
@@ -273,7 +278,12 @@ def gather_blocks(edges: Iterable[tuple[str, str, int]], candidates: Sequence[tu
         while leaf in source:
             leaf = source[leaf]
         name = leaf.split(":", 1)[-1]
-        out[edge] = next((r for r in ordered if name.startswith(r + ".")), "")
+        if ordered:
+            out[edge] = next((r for r in ordered if name.startswith(r + ".")), "")
+            continue
+        parts = name.split(".")
+        numeric = next((k for k, part in enumerate(parts[:-1]) if part.isdigit()), None)
+        out[edge] = ".".join(parts[:numeric + 1]) if numeric is not None else ""
     return out
 
 

@@ -262,9 +262,23 @@ def test_block_wise_gather_buckets_break_where_the_module_block_changes():
     edges = [("param:layers.0.a.weight", "mm", 0), ("t", "mm_1", 0), ("param:layers.1.a.weight", "mm_2", 0),
              ("param:layers.1.b.weight", "mm_3", 0), ("param:output.weight", "mm_4", 0)]
     blocks = gather_blocks(edges, [("t", "param:layers.0.b.weight")], ["layers.0", "layers.1"])
+    assert gather_blocks(edges, [("t", "param:layers.0.b.weight")]) == blocks  # the same from the names alone
     items = [(e, "torch.float32", (GATHER,)) for e in edges]
     by_block = group_gathers(items, MeshSpec((2,)), load("cpu-gloo"), 2**62, blocks)
     assert [b.members for b in by_block] == [tuple(edges[:2]), tuple(edges[2:4])]  # the root's one alone: no bucket
     # by size alone, a cap of three gathers runs across the block boundary
     by_size = group_gathers(items, MeshSpec((2,)), load("cpu-gloo"), 3 * GATHER.bytes)
     assert [b.members for b in by_size] == [tuple(edges[:3]), tuple(edges[3:])]
+
+
+def test_a_plan_priced_with_fsdp2_gathers_runs_them_a_block_at_a_time():
+    from autoshard.plan.solve import prepare, solve_prepared
+    from examples.models import mlp
+
+    model, inputs = mlp.small(device="meta", dim=256, hidden_dim=1024, n_layers=4, batch_size=64)
+    prep = prepare(model, inputs, (4,), ("dp",), profile="cpu-gloo", gather="fsdp2", bucket_bytes=0)
+    plan = solve_prepared(prep, baseline="fsdp", time_limit=10)
+    assert plan.schedule.prefetch == 1  # FSDP2's: the next block's gather is issued as this one's is waited
+    block_bytes = 2 * 256 * 1024 * 4 + (1024 + 256) * 4  # one block's w1, w2 and their biases, gathered
+    # one bucket per block and pass (forward, backward): none holds more than one block
+    assert len(plan.gather_buckets) >= 4 and max(g.bytes for g in plan.gather_buckets) <= block_bytes
