@@ -239,11 +239,14 @@ def group_gathers(
     mesh: MeshSpec,
     profile: HardwareProfile,
     cap: int,
+    blocks: Mapping[tuple[str, str, int], str] | None = None,
 ) -> tuple[GatherBucket, ...]:
     """Gather buckets of leaf redistributions ``(edge, dtype, steps)`` given in
     reader order: the gatherable items of one mesh-dim set and dtype, in that
-    order, a new bucket whenever adding one would pass ``cap`` gathered bytes;
-    buckets of one member are left out.
+    order, a new bucket whenever adding one would pass ``cap`` gathered bytes
+    or, with ``blocks`` (edge -> the module block its leaf belongs to), whenever
+    the block changes (FSDP2's one gather per wrapped block); buckets of one
+    member are left out.
 
     >>> from costmodel.placements import parse_placements as pp
     >>> from hw_profiles import load
@@ -262,7 +265,8 @@ def group_gathers(
             continue
         key = (tuple(step.mesh_dims), dtype)
         run = open_.get(key)
-        if run is None or sum(int(s.bytes) for _, s in run) + step.bytes > cap:
+        if run is None or sum(int(s.bytes) for _, s in run) + step.bytes > cap or (
+                blocks is not None and blocks.get(edge) != blocks.get(run[0][0])):
             run = open_[key] = []
             runs.append(run)
         run.append((edge, step))

@@ -56,11 +56,12 @@ from solver.solution import Solution
 from autoshard.plan.exact_memory import RECOMPUTE, exact_timeline, keep_choice, state_of, timeline_peak
 from autoshard.plan.tidy_states import tidy_states
 from autoshard.plan.format import Estimate, Fingerprint, Plan, PlanError, PlanNode, Redistribution, SolverReport
-from autoshard.plan.schedule import Schedule, build_schedule, leaf_gathers, prefetch_intervals, simulate_schedule
+from autoshard.plan.schedule import (VIEW_OPS, Schedule, build_schedule, gather_blocks, leaf_gathers, leaf_views,
+                                     prefetch_intervals, simulate_schedule)
 
 __all__ = ["ASSEMBLY_FORMAT", "REQUEST_FORMAT", "AssemblyError", "StrategyPlacements", "AssemblyNode",
            "AssemblyEdge", "AssemblyGraph", "PlanRequest", "assemble_plan", "placement_text", "memory_timeline",
-           "PREFETCH_DEPTHS", "StepPricing", "price_schedule"]
+           "PREFETCH_DEPTHS", "BLOCK_GATHERS", "StepPricing", "price_schedule"]
 
 PREFETCH_DEPTHS = (0, 1, 2, 4, 8)
 """Prefetch depths the assembler tries (``autoshard.plan.schedule``)."""
@@ -68,6 +69,9 @@ PREFETCH_DEPTHS = (0, 1, 2, 4, 8)
 PREFETCH_GAIN = 1e-3
 """A deeper prefetch is taken only if it shortens the simulated step by this
 fraction: holding gathered parameters longer for nothing is a cost too."""
+
+BLOCK_GATHERS = -1
+"""``price_schedule``'s gather cap for one gather bucket per module block, whatever its size."""
 
 ASSEMBLY_FORMAT = "autoshard.assembly/1"
 REQUEST_FORMAT = "autoshard.plan_request/1"
@@ -368,6 +372,11 @@ class StepPricing:
     """Each position on the problem's time axis (``memory_timeline``), ``N + 1`` entries."""
     contention: float
     memory_limit: float | None
+    view_candidates: tuple[tuple[str, str], ...] = ()
+    """(view op, what it views) of every op that may be a leaf view (``autoshard.plan.schedule.leaf_views``)."""
+    regions: tuple[str, ...] = ()
+    """The graph's module blocks (checkpoint regions, when recomputation is priced): the units of
+    block-wise gather buckets (``autoshard.plan.schedule.gather_blocks``)."""
 
 
 def step_pricing(graph: AssemblyGraph, problem: Problem, choice: Sequence[int]) -> StepPricing:
@@ -378,8 +387,14 @@ def step_pricing(graph: AssemblyGraph, problem: Problem, choice: Sequence[int]) 
     times = [problem.nodes[i].live[0] if problem.nodes[i].live is not None else 0 for i in ops]
     ends = [n.live[1] - 1 for n in problem.nodes if n.live is not None and n.live[1] > n.live[0]]
     times.append(max([t + 1 for t in times] + ends, default=0))
+    reads: dict[int, list[int]] = {}
+    for e in graph.edges:
+        reads.setdefault(e.dst, []).append(e.src)
+    views = tuple((graph.nodes[i].name, graph.nodes[reads[i][0]].name) for i in ops
+                  if graph.nodes[i].target in VIEW_OPS and len(reads.get(i, ())) == 1)
     return StepPricing(tuple(graph.nodes[i].name for i in ops), compute, max(0.0, tail), tuple(times),
-                       graph.profile.contention, problem.memory_limit)
+                       graph.profile.contention, problem.memory_limit, views,
+                       tuple(sorted({n.region for n in graph.nodes if n.region})))
 
 
 def _peak_with_prefetch(timeline: Sequence[tuple[int, float]], extra: Sequence[tuple[int, int, float]]) -> float:
@@ -398,35 +413,47 @@ def _peak_with_prefetch(timeline: Sequence[tuple[int, float]], extra: Sequence[t
 def price_schedule(pricing: StepPricing, redistributions: Sequence[Redistribution], buckets: Sequence[Any],
                    timeline: Sequence[tuple[int, float]], *, mesh: MeshSpec, profile: HardwareProfile,
                    dtypes: Mapping[tuple[str, str, int], str], prefetch: int | None = None,
-                   gather_cap: int | None = None) -> tuple[Schedule, Any, float, tuple[Any, ...]]:
+                   gather_cap: int | None = None, held: bool = False) -> tuple[Schedule, Any, float, tuple[Any, ...]]:
     """(schedule, simulation, peak memory, gather buckets) of the plan's
     collectives: with the given ``prefetch`` depth and ``gather_cap``, or the
     best of :data:`PREFETCH_DEPTHS` x ``costmodel.bucketing.GATHER_CAPS` that
     fits the memory limit (the first, no prefetch and no gather buckets, when
-    none fits). A candidate replaces the best so far only when it shortens the
-    simulated step by :data:`PREFETCH_GAIN`."""
+    none fits), and of one gather bucket per module block (FSDP2's unit:
+    ``gather_cap`` :data:`BLOCK_GATHERS`). A candidate replaces the best so far only when it shortens the
+    simulated step by :data:`PREFETCH_GAIN`. ``held``: the timeline already holds the gathered copies
+    (a plan priced with ``gather="fsdp2"``), so prefetched ones add nothing to it."""
     depths = PREFETCH_DEPTHS if prefetch is None else (prefetch,)
     caps = GATHER_CAPS if gather_cap is None else (gather_cap,)
-    leaf = [((r.tensor, r.to, r.input_index), r) for r in leaf_gathers(pricing.node_names, redistributions, buckets)]
+    views = leaf_views(pricing.view_candidates, redistributions)
+    leaf = [((r.tensor, r.to, r.input_index), r)
+            for r in leaf_gathers(pricing.node_names, redistributions, buckets, views)]
     items = [(edge, dtypes.get(edge, ""), r.steps) for edge, r in leaf]
     best = None
     base_peak = max((b for _, b in timeline), default=0.0)
+    if gather_cap is None:
+        caps = (*caps, BLOCK_GATHERS)
+    blocks = gather_blocks([e for e, _ in leaf], pricing.view_candidates, pricing.regions)
     for cap in caps:
-        gathers = group_gathers(items, mesh, profile, cap)
+        gathers = (group_gathers(items, mesh, profile, 2**62, blocks) if cap == BLOCK_GATHERS
+                   else group_gathers(items, mesh, profile, cap))
         if cap and not gathers:
             continue
         for depth in depths:
-            schedule = build_schedule(pricing.node_names, redistributions, buckets, prefetch=depth, gathers=gathers)
+            schedule = build_schedule(pricing.node_names, redistributions, buckets, prefetch=depth, gathers=gathers,
+                                      leaf_views=views)
             sim = simulate_schedule(schedule, pricing.op_compute_s, redistributions, buckets, tail_s=pricing.tail_s,
                                     contention=pricing.contention, gathers=gathers)
             extra = [(pricing.times[i], pricing.times[w], float(b))
                      for i, w, b in prefetch_intervals(schedule, redistributions, gathers, pricing.node_names)]
-            peak = _peak_with_prefetch(timeline, extra) if extra else base_peak
+            peak = _peak_with_prefetch(timeline, extra) if extra and not held else base_peak
             fits = pricing.memory_limit is None or peak <= pricing.memory_limit
             if best is None:
                 best = (schedule, sim, peak, gathers)
             elif fits and sim.step_s < best[1].step_s * (1 - PREFETCH_GAIN):
                 best = (schedule, sim, peak, gathers)
+    if best is None:  # the one cap asked for made no bucket: none
+        return price_schedule(pricing, redistributions, buckets, timeline, mesh=mesh, profile=profile, dtypes=dtypes,
+                              prefetch=prefetch, gather_cap=0, held=held)
     return best
 
 
@@ -471,8 +498,11 @@ def assemble_plan(
                                                recomputed=False))
     # the simulation runs every op at its problem cost: a recomputed op's holds its forward twice
     pricing = step_pricing(graph, problem, choice)
+    # priced as FSDP2 holds its gathers (autoshard.graph.copies): then run as FSDP2 does, a block ahead
+    fsdp2 = (options or {}).get("gather") == "fsdp2"
     schedule, sim, peak, gathers = price_schedule(pricing, redistributions, buckets, timeline, mesh=graph.mesh,
-                                                  profile=graph.profile, dtypes=dtypes)
+                                                  profile=graph.profile, dtypes=dtypes, held=fsdp2,
+                                                  **({"prefetch": 1, "gather_cap": BLOCK_GATHERS} if fsdp2 else {}))
     if gathers:  # a gather bucket issues one collective in place of its members' steps
         gathered = {m for g in gathers for m in g.members}
         comm += sum(g.cost_s for g in gathers) - sum(

@@ -41,6 +41,14 @@ run at ``wait``.
   ``d`` the **prefetch depth** (FSDP2 prefetches one layer: ``d`` counts
   collectives here); ``d = 0`` issues each at its reader (no prefetch). A
   gather bucket is one item of that chain, waited at its first member's reader;
+* a **leaf view** (``Schedule.leaf_views``: an op node that only views a leaf,
+  ``t(weight)`` above all, read by a linear layer's ``mm``) is a leaf here: a
+  linear layer's sharded weight is gathered as its transposed view, and
+  without this rule that gather could only be issued at the ``t`` just before
+  its reader, one collective per weight and no prefetch. The runtime makes
+  every leaf view before position 0 (a view holds no memory of its own), so
+  its gathers join the prefetch chain and gather buckets (FSDP2's one gather
+  per block, issued a block ahead);
 
 * the list is ordered by (issue, wait, plan order).
 
@@ -50,7 +58,10 @@ until that member's reader): :func:`prefetch_intervals` gives those extra
 intervals (bytes of the gathered tensor), which the plan's peak memory
 counts, and the assembler picks the prefetch depth and gather bucket cap whose
 simulated step is best among those that fit the memory limit
-(``autoshard.plan.assemble``).
+(``autoshard.plan.assemble``). One of the caps is "one bucket per module
+block" (:func:`gather_blocks`: FSDP2's unit, issued a block ahead with prefetch
+1); a plan priced with FSDP2's held copies (``gather="fsdp2"``,
+``autoshard.graph.copies``) takes exactly that, so that it runs as it was priced.
 
 **Extension: recompute regions.** The item kinds are open: a later
 ``{"recompute": [op names], "at": p, ...}`` item can re-run forward ops at
@@ -80,7 +91,8 @@ from costmodel.steps import COLLECTIVE_STEPS
 from autoshard.graph.node_ids import is_leaf_tensor
 
 __all__ = ["DEFAULT_PREFETCH", "ScheduleError", "ScheduleItem", "Schedule", "build_schedule", "check_schedule",
-           "schedule_transfers", "simulate_schedule", "prefetch_intervals", "collective_redistributions", "leaf_gathers"]
+           "schedule_transfers", "simulate_schedule", "prefetch_intervals", "collective_redistributions", "leaf_gathers",
+           "VIEW_OPS", "leaf_views", "gather_blocks"]
 
 DEFAULT_PREFETCH = 1
 """Prefetch depth of plans that carry no schedule (written before schedules existed)."""
@@ -150,17 +162,24 @@ class Schedule:
     prefetch: int
     """Prefetch depth of leaf gathers (module docstring)."""
     items: tuple[ScheduleItem, ...]
+    leaf_views: tuple[str, ...] = ()
+    """Op nodes that view a leaf (or another leaf view) and nothing else: ready at
+    position 0, like the leaf (module docstring). Empty in plans written before them."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"positions": self.positions, "prefetch": self.prefetch, "collectives": [i.to_dict() for i in self.items]}
+        out = {"positions": self.positions, "prefetch": self.prefetch, "collectives": [i.to_dict() for i in self.items]}
+        if self.leaf_views:
+            out["leaf_views"] = list(self.leaf_views)
+        return out
 
     @classmethod
     def from_dict(cls, data: Any, where: str = "schedule") -> "Schedule":
         if not isinstance(data, Mapping):
             raise ScheduleError(f"{where}: expected an object")
-        unknown = set(data) - {"positions", "prefetch", "collectives"}
+        unknown = set(data) - {"positions", "prefetch", "collectives", "leaf_views"}
         if unknown:
-            raise ScheduleError(f"{where}.{sorted(unknown)[0]}: unknown key (allowed: collectives, positions, prefetch)")
+            raise ScheduleError(f"{where}.{sorted(unknown)[0]}: unknown key (allowed: collectives, leaf_views, "
+                                "positions, prefetch)")
         for key in ("positions", "prefetch"):
             value = data.get(key)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
@@ -168,8 +187,12 @@ class Schedule:
         items = data.get("collectives")
         if not isinstance(items, list):
             raise ScheduleError(f"{where}.collectives: expected a list")
+        views = data.get("leaf_views", [])
+        if not isinstance(views, list) or not all(isinstance(v, str) for v in views):
+            raise ScheduleError(f"{where}.leaf_views: expected a list of op node names, got {views!r}")
         return cls(data["positions"], data["prefetch"],
-                   tuple(ScheduleItem.from_dict(x, f"{where}.collectives[{i}]") for i, x in enumerate(items)))
+                   tuple(ScheduleItem.from_dict(x, f"{where}.collectives[{i}]") for i, x in enumerate(items)),
+                   tuple(views))
 
 
 def _has_collective(steps: Iterable[Any]) -> bool:
@@ -190,44 +213,115 @@ def _positions(node_names: Sequence[str]) -> dict[str, int]:
     return {name: i for i, name in enumerate(node_names)}
 
 
-def _producer_ready(tensor: str, pos: Mapping[str, int]) -> int:
-    """The first position where a value exists: after its op, or 0 for a leaf."""
-    return pos[tensor] + 1 if tensor in pos else 0
+def _producer_ready(tensor: str, pos: Mapping[str, int], leaf_views: Iterable[str] = ()) -> int:
+    """The first position where a value exists: after its op, or 0 for a leaf or a leaf view."""
+    return pos[tensor] + 1 if tensor in pos and tensor not in leaf_views else 0
 
 
-def _is_leaf(tensor: str, pos: Mapping[str, int]) -> bool:
-    return tensor not in pos
+def _is_leaf(tensor: str, pos: Mapping[str, int], leaf_views: Iterable[str] = ()) -> bool:
+    return tensor not in pos or tensor in leaf_views
 
 
-def leaf_gathers(node_names: Sequence[str], redistributions: Sequence[Any], buckets: Sequence[Any]) -> list[Any]:
-    """The redistributions of leaves read by ops that issue collectives, in
-    reader order (the prefetch chain's order; what gather buckets group)."""
+VIEW_OPS = frozenset({"aten.t.default", "aten.transpose.int", "aten.permute.default", "aten.view.default",
+                      "aten._unsafe_view.default", "aten.alias.default", "aten.expand.default"})
+"""Ops whose output is a view of their one tensor input (no kernel, no memory): what a leaf view may be."""
+
+
+def leaf_views(candidates: Sequence[tuple[str, str]], redistributions: Sequence[Any]) -> tuple[str, ...]:
+    """The leaf views (module docstring) among ``candidates``: ``(view op node,
+    the node it views)`` in graph order, each a :data:`VIEW_OPS` op whose one
+    tensor input is a leaf or an earlier candidate. A view whose input is
+    redistributed reads a value made at run time, so it is none, nor is a view
+    of it. Only those that matter are kept: views whose value a collective
+    reads, and the views they are made from.
+
+    >>> class R:
+    ...     def __init__(self, tensor, to, steps): self.tensor, self.to, self.input_index, self.steps = tensor, to, 0, steps
+    >>> gather = [type("Step", (), {"collective": "all_gather"})()]
+    >>> rs = [R("param:w2", "t_1", gather), R("t_2", "mm", gather)]
+    >>> leaf_views([("t", "param:w1"), ("t_1", "param:w2"), ("t_2", "t"), ("t_3", "t_1")], rs)
+    ('t', 't_2')
+    """
+    moved = {r.to for r in redistributions}
+    views: dict[str, str] = {}
+    for name, source in candidates:
+        if name not in moved and (is_leaf_tensor(source) or source in views):
+            views[name] = source
+    keep: set[str] = set()
+    for r in redistributions:
+        name = r.tensor
+        if name in views and _has_collective(r.steps):
+            while name in views and name not in keep:
+                keep.add(name)
+                name = views[name]
+    return tuple(v for v in views if v in keep)
+
+
+def gather_blocks(edges: Iterable[tuple[str, str, int]], candidates: Sequence[tuple[str, str]],
+                  regions: Iterable[str] = ()) -> dict[tuple[str, str, int], str]:
+    """The module block of each leaf gather's leaf (``edge[0]``, a leaf view traced
+    back to its leaf through ``candidates``): the longest of ``regions`` (the
+    plan's repeated blocks, ``layers.3``) that prefixes the parameter's name;
+    without regions, the name up to its first numeric part (``layers.3.attention.wq.weight``
+    -> ``layers.3``: the blocks FSDP2 is wrapped around in torchtitan); ``""`` for
+    the rest (the root module, as FSDP2's root ``fully_shard``).
+
+    >>> gather_blocks([("param:layers.1.w.weight", "mm", 0), ("t", "mm_1", 0), ("param:out.weight", "mm_2", 0)],
+    ...               [("t", "param:layers.0.w.weight")])
+    {('param:layers.1.w.weight', 'mm', 0): 'layers.1', ('t', 'mm_1', 0): 'layers.0', ('param:out.weight', 'mm_2', 0): ''}
+    """
+    source = dict(candidates)
+    ordered = sorted(set(regions), key=len, reverse=True)
+    out = {}
+    for edge in edges:
+        leaf = edge[0]
+        while leaf in source:
+            leaf = source[leaf]
+        name = leaf.split(":", 1)[-1]
+        if ordered:
+            out[edge] = next((r for r in ordered if name.startswith(r + ".")), "")
+            continue
+        parts = name.split(".")
+        numeric = next((k for k, part in enumerate(parts[:-1]) if part.isdigit()), None)
+        out[edge] = ".".join(parts[:numeric + 1]) if numeric is not None else ""
+    return out
+
+
+def leaf_gathers(node_names: Sequence[str], redistributions: Sequence[Any], buckets: Sequence[Any],
+                 leaf_views: Iterable[str] = ()) -> list[Any]:
+    """The redistributions of leaves (and leaf views) read by ops that issue
+    collectives, in reader order (the prefetch chain's order; what gather buckets group)."""
     pos = _positions(node_names)
-    rs = [r for r in collective_redistributions(redistributions, buckets) if _is_leaf(r.tensor, pos) and r.to in pos]
+    views = frozenset(leaf_views)
+    rs = [r for r in collective_redistributions(redistributions, buckets)
+          if _is_leaf(r.tensor, pos, views) and r.to in pos]
     return sorted(rs, key=lambda r: pos[r.to])
 
 
 def build_schedule(node_names: Sequence[str], redistributions: Sequence[Any], buckets: Sequence[Any], *,
-                   prefetch: int = DEFAULT_PREFETCH, gathers: Sequence[Any] = ()) -> Schedule:
+                   prefetch: int = DEFAULT_PREFETCH, gathers: Sequence[Any] = (),
+                   leaf_views: Sequence[str] = ()) -> Schedule:
     """The schedule of a plan's collectives by the rules of the module docstring.
 
     ``node_names``: the plan's op nodes in order; ``redistributions``: objects
     with ``tensor``, ``to``, ``input_index``, ``steps`` (``plan.redistributions``);
-    ``buckets``: ``plan.buckets``; ``gathers``: ``plan.gather_buckets``.
+    ``buckets``: ``plan.buckets``; ``gathers``: ``plan.gather_buckets``;
+    ``leaf_views``: op nodes that only view a leaf (module docstring).
     """
     if prefetch < 0:
         raise ScheduleError(f"prefetch: {prefetch} is negative")
     pos = _positions(node_names)
+    views = frozenset(leaf_views)
     n = len(node_names)
     ordered: list[tuple[int, int, int, ScheduleItem]] = []  # (issue, wait, plan order, item)
     chain: list[tuple[int, int, dict[str, Any]]] = []  # leaf items: (wait, plan order, item fields)
     for order, r in enumerate(collective_redistributions(redistributions, buckets, gathers)):
         wait = pos.get(r.to, n)
         edge = (r.tensor, r.to, r.input_index)
-        if _is_leaf(r.tensor, pos) and r.to in pos:
+        if _is_leaf(r.tensor, pos, views) and r.to in pos:
             chain.append((wait, order, {"edge": edge}))
             continue
-        item = ScheduleItem(_producer_ready(r.tensor, pos), wait, edge=edge)
+        item = ScheduleItem(_producer_ready(r.tensor, pos, views), wait, edge=edge)
         ordered.append((item.issue, item.wait, order, item))
     base = len(redistributions)
     for g, bucket in enumerate(gathers):
@@ -242,7 +336,7 @@ def build_schedule(node_names: Sequence[str], redistributions: Sequence[Any], bu
         issue = max((_producer_ready(producer.get(m, ""), pos) for m in bucket.members), default=n)
         ordered.append((min(issue, n), n, base + b, ScheduleItem(min(issue, n), n, bucket=b)))
     ordered.sort(key=lambda t: t[:3])
-    return Schedule(n, prefetch, tuple(t[3] for t in ordered))
+    return Schedule(n, prefetch, tuple(t[3] for t in ordered), tuple(v for v in node_names if v in views))
 
 
 def check_schedule(schedule: Schedule, node_names: Sequence[str], redistributions: Sequence[Any],
@@ -259,6 +353,10 @@ def check_schedule(schedule: Schedule, node_names: Sequence[str], redistribution
     producer = {r.to: r.tensor for r in redistributions}
     seen: set[tuple[Any, ...]] = set()
     last_issue = 0
+    views = frozenset(schedule.leaf_views)
+    for name in schedule.leaf_views:
+        if name not in pos:
+            raise ScheduleError(f"{where}.leaf_views: {name!r} is not an op node of the plan")
     for i, item in enumerate(schedule.items):
         path = f"{where}.collectives[{i}]"
         if not 0 <= item.issue <= item.wait <= n:
@@ -277,7 +375,7 @@ def check_schedule(schedule: Schedule, node_names: Sequence[str], redistribution
             if r is None:
                 raise ScheduleError(f"{path}: {_describe(item)} is not a redistribution of the plan that issues "
                                     "collectives outside a bucket")
-            ready, reader = _producer_ready(r.tensor, pos), pos.get(r.to, n)
+            ready, reader = _producer_ready(r.tensor, pos, views), pos.get(r.to, n)
         elif item.gather is not None:
             if not 0 <= item.gather < len(gathers):
                 raise ScheduleError(f"{path}: no gather bucket {item.gather} (the plan has {len(gathers)})")
@@ -372,7 +470,8 @@ def prefetch_intervals(schedule: Schedule, redistributions: Sequence[Any], gathe
                 if item.issue < until:
                     out.append((item.issue, until, int(steps[-1].bytes)))
             continue
-        if item.edge is None or item.issue >= item.wait or not is_leaf_tensor(item.edge[0]):
+        if item.edge is None or item.issue >= item.wait or not (
+                is_leaf_tensor(item.edge[0]) or item.edge[0] in schedule.leaf_views):
             continue
         steps = [s for s in by_edge[item.key].steps if s.collective in COLLECTIVE_STEPS]
         out.append((item.issue, item.wait, int(steps[-1].bytes)))

@@ -223,6 +223,9 @@ _SCHEDULE = {
         "positions": {**_INDEX, "description": "Number of op nodes; positions run over 0..positions."},
         "prefetch": {**_INDEX, "description": "Prefetch depth of parameter (leaf) gathers."},
         "collectives": {"type": "array", "items": _SCHEDULE_ITEM, "description": "In issue order."},
+        "leaf_views": {"type": "array", "items": {"type": "string"},
+                       "description": "Op nodes that only view a leaf (t(weight)): made before position 0, so their "
+                                      "gathers are leaf gathers (prefetched, in gather buckets). Absent: none."},
     },
     "additionalProperties": False,
 }

@@ -194,6 +194,13 @@ class MeshComm:
     def all_reduce(self, x: torch.Tensor, op: str, mesh_dims: tuple[int, ...], nbytes: int) -> torch.Tensor:
         return self._issue("all_reduce", mesh_dims, nbytes, lambda name, size: _OPS.all_reduce(x, _REDUCE[op], name))
 
+    def all_reduce_owned(self, x: torch.Tensor, op: str, mesh_dims: tuple[int, ...], nbytes: int) -> torch.Tensor:
+        """``all_reduce`` of a buffer the caller made for it and reads only through the
+        result (a gradient bucket's flat buffer): reduced in place, as DDP reduces its
+        buckets. The functional ``all_reduce`` copies its input first, a copy of every
+        bucket per step that DDP does not make."""
+        return self._issue("all_reduce", mesh_dims, nbytes, lambda name, size: _OPS.all_reduce_(x, _REDUCE[op], name))
+
     def reduce_scatter(self, x: torch.Tensor, op: str, mesh_dims: tuple[int, ...], nbytes: int) -> torch.Tensor:
         return self._issue("reduce_scatter", mesh_dims, nbytes,
                            lambda name, size: _OPS.reduce_scatter_tensor(x, _REDUCE[op], size, name))

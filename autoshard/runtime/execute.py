@@ -457,7 +457,8 @@ class JointRunner:
                 entry = _Scheduled(item, e, e.steps[:last], e.steps[last], e.steps[last + 1:])
             issues.setdefault(item.issue, []).append(entry)
             waits.setdefault(item.wait, []).append(entry)
-        actions: list[tuple[str, Any]] = []
+        self._hoisted = self._leaf_views()
+        actions: list[tuple[str, Any]] = [("op", step) for step in self.program if step.node.name in self._hoisted]
         phases = {ph.info.at: ph for ph in self._phases}
         op_index: dict[int, int] = {}  # schedule position -> program index of its op
         for i, step in enumerate(self.program):
@@ -467,7 +468,8 @@ class JointRunner:
                 p = pos[step.node.name]
                 op_index[p] = i
                 actions += [("issue", x) for x in issues.get(p, ())] + [("wait", x) for x in waits.get(p, ())]
-            actions.append(("op", step))
+            if step.node.name not in self._hoisted:
+                actions.append(("op", step))
         n = len(names)
         # what each issue reads, and where (the lifetimes: autoshard.runtime.recomputation.free_points)
         self._issue_reads = [(m.source, op_index[p]) for p, group in issues.items() if p < n for x in group
@@ -482,6 +484,33 @@ class JointRunner:
                 raise RuntimeLoadError(f"plan: the schedule does not schedule {key[0]} -> {key[1]} (input {key[2]}), "
                                        "which issues collectives")
         return actions
+
+    def _leaf_views(self) -> frozenset[str]:
+        """The schedule's leaf views (``autoshard.plan.schedule``), checked: each a view op
+        of one leaf or earlier leaf view, its input not redistributed. The program makes
+        them before position 0 (views: no kernel, no memory), so that their gathers can be
+        issued ahead of their readers."""
+        views = self.schedule.leaf_views
+        if not views:
+            return frozenset()
+        from autoshard.plan.schedule import VIEW_OPS
+
+        by_name = {step.node.name: step for step in self.program}
+        leaves = set(self.traced.params.values()) | set(self.traced.buffers.values()) | set(
+            self.traced.inputs.values()) | set(self._constants)
+        done: set[str] = set()
+        for name in views:
+            step = by_name.get(name)
+            ok = (step is not None and op_name(step.op) in VIEW_OPS and len(step.edges) == 1
+                  and not step.edges[0].steps and step.random is None)
+            if ok:
+                source = step.edges[0].source
+                ok = source in leaves or source.name in done
+            if not ok:
+                raise RuntimeLoadError(f"plan: schedule.leaf_views names {name}, which is not a view of a leaf "
+                                       "(or of another leaf view) read without redistribution")
+            done.add(name)
+        return frozenset(done)
 
     def _recompute_phases(self) -> list[_Phase]:
         """The plan's ``recompute`` as phases of the per-rank program, checked
@@ -522,6 +551,9 @@ class JointRunner:
                 self.program[point[0]].free_after.extend(dead)
             else:
                 phases[point[0]].free_after[point[2]].extend(dead)
+        for step in self.program:  # a leaf view runs first: what it reads is read later too (and holds no memory)
+            if step.node.name in self._hoisted:
+                step.free_after.clear()
 
     def _gather_members(self, index: int) -> tuple[_Edge, ...]:
         """The edges of gather bucket ``index``, checked: each a single all_gather on the bucket's mesh dims."""
@@ -821,9 +853,10 @@ class JointRunner:
         return value
 
     def _sink(self, env: Mapping[fx.Node, Any], edge: _Edge, ready: dict[Any, Any]) -> torch.Tensor:
-        if edge.key in ready:
-            return ready.pop(edge.key)
-        return self._redistribute(self._value(env, edge.source), edge)
+        """The loss, a gradient or a buffer update, contiguous (a gather may leave it
+        strided: ``autoshard.runtime.steps``; optimizers' fused kernels want dense gradients)."""
+        value = ready.pop(edge.key) if edge.key in ready else self._redistribute(self._value(env, edge.source), edge)
+        return value.contiguous() if isinstance(value, torch.Tensor) else value
 
     def _run_sync(self, env: dict[fx.Node, Any]) -> JointResult:
         """Evaluation: the forward part, every redistribution at its reader (waited at once)."""

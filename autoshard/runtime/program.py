@@ -48,6 +48,7 @@ log = logging.getLogger(__name__)
 
 COLLECTIVE_OPS = frozenset({
     torch.ops._c10d_functional.all_reduce.default,
+    torch.ops._c10d_functional.all_reduce_.default,
     torch.ops._c10d_functional.all_gather_into_tensor.default,
     torch.ops._c10d_functional.reduce_scatter_tensor.default,
     torch.ops._c10d_functional.all_to_all_single.default,
@@ -145,7 +146,11 @@ def compile_step(graph: StepGraph | None, example: Sequence[torch.Tensor]) -> St
     hook_args = [n.target.autoshard_note for n in hooks]
     for node in hooks:  # inductor cannot run Python between kernels
         module.graph.erase_node(node)
-    if hooks:
+    inplace = [n for n in module.graph.nodes if n.op == "call_function"
+               and n.target is torch.ops._c10d_functional.all_reduce_.default]
+    for node in inplace:  # inductor functionalizes the graph and refuses mutating custom ops; it reuses buffers itself
+        node.target = torch.ops._c10d_functional.all_reduce.default
+    if hooks or inplace:
         module.recompile()
     compiled, reason = None, ""
     try:
@@ -155,12 +160,16 @@ def compile_step(graph: StepGraph | None, example: Sequence[torch.Tensor]) -> St
     if not _agree(compiled is not None):
         log.warning("autoshard: compile=True: inductor could not compile the per-rank program (%s); running it "
                     "uncompiled", reason or "another rank failed")
-        return _hooks_back(module, hook_args)
+        return _hooks_back(module, hook_args, inplace)
     return StepGraph(module, compiled, compiled=True)
 
 
-def _hooks_back(module: fx.GraphModule, hook_args: list[tuple]) -> StepGraph:
-    """The uncompiled graph with its trace hooks put back (after a failed compile)."""
+def _hooks_back(module: fx.GraphModule, hook_args: list[tuple], inplace: list[fx.Node] = ()) -> StepGraph:
+    """The uncompiled graph with its trace hooks and in-place bucket reductions put back (after a failed compile)."""
+    for node in inplace:
+        node.target = torch.ops._c10d_functional.all_reduce_.default
+    if inplace and not hook_args:
+        module.recompile()
     if hook_args:
         issued = [n for n in module.graph.nodes if n.op == "call_function" and n.target in COLLECTIVE_OPS]
         for node, args in zip(issued, hook_args):

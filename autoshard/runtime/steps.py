@@ -60,6 +60,9 @@ class Comm(Protocol):
 
     A comm whose results are pending also has ``wait(result) -> tensor``
     (``MeshComm``); the all_to_all and permute results may come back flat.
+    A comm may also have ``all_reduce_owned`` (same arguments as ``all_reduce``):
+    the buffer is the caller's own, read only through the result, so the comm
+    may reduce it in place (``MeshComm`` does; a gradient bucket uses it).
     """
 
     def all_gather(self, x: torch.Tensor, mesh_dims: tuple[int, ...], nbytes: int) -> torch.Tensor: ...
@@ -151,7 +154,11 @@ def _gather_finish(gathered: torch.Tensor, step: RedistributeStep, extents: Sequ
         for i, position in enumerate(order):
             inverse[position] = i
         out = out.index_select(d, torch.as_tensor(inverse, dtype=torch.long, device=out.device))
-    return out.contiguous()
+    # Left strided where the gathered dim is not the first (a linear layer's weight gathered as its
+    # transposed view t(w): the result is t(gathered w)): its readers take strides as they come
+    # (matmuls read a transposed operand as it is; views of it become reshapes), and a contiguous
+    # copy would be one more copy of every gathered weight, at every gather, that FSDP2 does not make.
+    return out
 
 
 def check_step_runnable(step: RedistributeStep, mesh_shape: Sequence[int]) -> None:
@@ -364,8 +371,9 @@ def bucket_phases(
         if (st.collective, tuple(st.mesh_dims), st.reduce_op) != (kind, dims, op):
             raise StepRuntimeError(f"bucket: {st.describe()} differs from {first.describe()}")
     if kind == "all_reduce":
-        flat = torch.cat([x.reshape(-1) for x in xs])
-        reduced = yield comm.all_reduce(flat, op, dims, _nbytes(flat))
+        flat = torch.cat([x.reshape(-1) for x in xs])  # DDP's one copy into its bucket
+        reduce = getattr(comm, "all_reduce_owned", comm.all_reduce)  # flat is ours: in place where the comm can
+        reduced = yield reduce(flat, op, dims, _nbytes(flat))
         out, offset = [], 0
         for x in xs:
             out.append(reduced[offset: offset + x.numel()].view(x.shape))

@@ -191,3 +191,94 @@ def test_a_plan_whose_gather_bucket_lists_a_wrong_member_is_refused(dp_mlp):
     data.pop("schedule")
     with pytest.raises(PlanError, match=r"gather_buckets\[0\]: .* is not a redistribution of one all_gather"):
         Plan.from_dict(data)
+
+
+# leaf views: mm_1 reads t_1's output, where t_1 only transposes param:w2 (a linear layer's weight)
+VIEW_REDISTRIBUTIONS = (
+    Redist("param:w1", "t", 0, (GATHER,)),
+    Redist("t_1", "mm_1", 1, (GATHER,)),  # the gather of w2's transposed view
+    Redist("mm_1", "loss_op", 1, (REDUCE,)),
+    Redist("mm_3", "grad:w1", 0, (REDUCE,)),
+    Redist("mm_2", "grad:w2", 0, (REDUCE,)),
+)
+
+
+def test_a_gather_of_a_leaf_view_is_a_leaf_gather_in_the_prefetch_chain():
+    plain = build_schedule(NODES, VIEW_REDISTRIBUTIONS, BUCKETS, prefetch=1)
+    # without leaf views: the gather can only start after t_1 has run (position 4), at its reader
+    assert ("mm_1", 4, 4) in _items(plain) and plain.leaf_views == ()
+    s = build_schedule(NODES, VIEW_REDISTRIBUTIONS, BUCKETS, prefetch=1, leaf_views=("t_1",))
+    # with t_1 a leaf view: second in the chain, issued where the first is waited (0), held until mm_1 (4)
+    assert _items(s)[:2] == [("t", 0, 0), ("mm_1", 0, 4)]
+    assert s.leaf_views == ("t_1",)
+    check_schedule(s, NODES, VIEW_REDISTRIBUTIONS, BUCKETS)
+    assert prefetch_intervals(s, VIEW_REDISTRIBUTIONS) == [(0, 4, 4096)]
+    # the same schedule read without its leaf views issues t_1's gather before t_1 runs
+    with pytest.raises(ScheduleError, match=r"edge t_1 -> mm_1 \(input 1\) is issued at 0, before its input exists"):
+        check_schedule(replace(s, leaf_views=()), NODES, VIEW_REDISTRIBUTIONS, BUCKETS)
+    with pytest.raises(ScheduleError, match="leaf_views: 'nope' is not an op node"):
+        check_schedule(replace(s, leaf_views=("nope",)), NODES, VIEW_REDISTRIBUTIONS, BUCKETS)
+    assert Schedule.from_dict(s.to_dict()) == s
+    assert "leaf_views" not in plain.to_dict()  # plans without leaf views are written as before
+
+
+def test_leaf_views_are_views_of_leaves_read_without_redistribution():
+    candidates = [("t", "param:w1"), ("t_1", "param:w2"), ("t_2", "t_1"), ("t_3", "mm"), ("t_4", "t_3"),
+                  ("t_5", "param:w3"), ("t_6", "t_5")]
+    redistributions = VIEW_REDISTRIBUTIONS + (Redist("t_6", "mm_2", 0, (GATHER,)), Redist("t_4", "mm_3", 0, (GATHER,)))
+    # t reads param:w1 through a redistribution (its gather): not a view of the leaf as it is; t_2 views
+    # the leaf view t_1 but no collective reads it; t_4 views an op's output; t_6 is gathered, so t_5
+    # (the view it is made from) is made first too
+    assert schedule_module.leaf_views(candidates, redistributions) == ("t_1", "t_5", "t_6")
+
+
+def test_a_solved_fsdp_plan_gathers_linear_weights_as_leaf_views(dp_mlp):
+    from autoshard.plan.solve import solve_prepared
+
+    plan = solve_prepared(dp_mlp, baseline="fsdp", time_limit=10)
+    ops = {n.name: n.op for n in plan.nodes}
+    assert plan.schedule.leaf_views and all(ops[v] == "aten.t.default" for v in plan.schedule.leaf_views)
+    views = set(plan.schedule.leaf_views)
+    view_gathers = [r for r in plan.redistributions if r.tensor in views
+                    and any(s.collective == "all_gather" for s in r.steps)]
+    assert view_gathers  # the weights' gathers read the transposed views
+    # each is a chain item issued ahead of its reader or a member of a gather bucket
+    members = {tuple(m) for g in plan.gather_buckets for m in g.members}
+    pos = {n.name: i for i, n in enumerate(plan.nodes)}
+    items = {i.edge: i for i in plan.schedule.items if i.edge is not None}
+    for r in view_gathers:
+        edge = (r.tensor, r.to, r.input_index)
+        assert edge in members or items[edge].issue <= pos[r.tensor]
+
+
+def test_block_wise_gather_buckets_break_where_the_module_block_changes():
+    from costmodel.bucketing import group_gathers
+    from costmodel.mesh import MeshSpec
+    from hw_profiles import load
+
+    from autoshard.plan.schedule import gather_blocks
+
+    # in reader order: block 0's two weights (one through its view t), block 1's two, then the root's output
+    edges = [("param:layers.0.a.weight", "mm", 0), ("t", "mm_1", 0), ("param:layers.1.a.weight", "mm_2", 0),
+             ("param:layers.1.b.weight", "mm_3", 0), ("param:output.weight", "mm_4", 0)]
+    blocks = gather_blocks(edges, [("t", "param:layers.0.b.weight")], ["layers.0", "layers.1"])
+    assert gather_blocks(edges, [("t", "param:layers.0.b.weight")]) == blocks  # the same from the names alone
+    items = [(e, "torch.float32", (GATHER,)) for e in edges]
+    by_block = group_gathers(items, MeshSpec((2,)), load("cpu-gloo"), 2**62, blocks)
+    assert [b.members for b in by_block] == [tuple(edges[:2]), tuple(edges[2:4])]  # the root's one alone: no bucket
+    # by size alone, a cap of three gathers runs across the block boundary
+    by_size = group_gathers(items, MeshSpec((2,)), load("cpu-gloo"), 3 * GATHER.bytes)
+    assert [b.members for b in by_size] == [tuple(edges[:3]), tuple(edges[3:])]
+
+
+def test_a_plan_priced_with_fsdp2_gathers_runs_them_a_block_at_a_time():
+    from autoshard.plan.solve import prepare, solve_prepared
+    from examples.models import mlp
+
+    model, inputs = mlp.small(device="meta", dim=256, hidden_dim=1024, n_layers=4, batch_size=64)
+    prep = prepare(model, inputs, (4,), ("dp",), profile="cpu-gloo", gather="fsdp2", bucket_bytes=0)
+    plan = solve_prepared(prep, baseline="fsdp", time_limit=10)
+    assert plan.schedule.prefetch == 1  # FSDP2's: the next block's gather is issued as this one's is waited
+    block_bytes = 2 * 256 * 1024 * 4 + (1024 + 256) * 4  # one block's w1, w2 and their biases, gathered
+    # one bucket per block and pass (forward, backward): none holds more than one block
+    assert len(plan.gather_buckets) >= 4 and max(g.bytes for g in plan.gather_buckets) <= block_bytes
