@@ -93,6 +93,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Sequence
 
+import numpy as np
+
 from costmodel.collectives import collective_time_s
 from costmodel.compute import local_copy_time_s, local_fill_time_s
 from costmodel.layout import (
@@ -256,9 +258,47 @@ class _Graph:
             self.adjacency[sid] = cached
         return cached
 
-    def distances(self, src: int) -> dict[int, tuple[float, int, int, RedistributeStep | None]]:
-        """The search from ``src`` run until every reachable state is settled."""
-        return self.search(src, -1)
+    def distances(self, sources: Sequence[int]) -> tuple[np.ndarray, dict[int, int]]:
+        """``(dist, column)``: ``dist[i, column[t]]`` the cost of the cheapest steps from
+        ``sources[i]`` to state ``t`` (``t`` not in ``column``: unreachable from all of them).
+
+        Bellman-Ford from every source at once, one vectorised relaxation of every edge
+        per round: ``dist[:, v] = min(dist[:, v], min over edges u -> v of dist[:, u] + w)``
+        until nothing changes. Floating-point addition is monotone, so ``min`` and ``+ w``
+        commute and each entry is the minimum over paths of their costs summed from the
+        source, edge by edge: exactly what :meth:`search` (Dijkstra, the same sums in the
+        same order) returns, so ``redistribute_costs`` equals ``plan_redistribute``."""
+        order = list(dict.fromkeys(sources))
+        column = {sid: k for k, sid in enumerate(order)}
+        heads: list[int] = []
+        tails: list[int] = []
+        weights: list[float] = []
+        k = 0
+        while k < len(order):  # every state reachable from a source, in discovery order
+            for target, cost, _ in self.out_edges(order[k]):
+                if target not in column:
+                    column[target] = len(order)
+                    order.append(target)
+                heads.append(k)
+                tails.append(column[target])
+                weights.append(cost)
+            k += 1
+        dist = np.full((len(sources), len(order)), np.inf)
+        dist[np.arange(len(sources)), [column[s] for s in sources]] = 0.0
+        if not weights:
+            return dist, column
+        by_tail = np.argsort(np.asarray(tails), kind="stable")
+        head_idx = np.asarray(heads)[by_tail]
+        tail_sorted = np.asarray(tails)[by_tail]
+        weight = np.asarray(weights, dtype=np.float64)[by_tail]
+        targets, starts = np.unique(tail_sorted, return_index=True)
+        for _ in range(len(order)):  # a shortest path has fewer edges than there are states
+            best_in = np.minimum.reduceat(dist[:, head_idx] + weight, starts, axis=1)
+            improved = np.minimum(dist[:, targets], best_in)
+            if np.array_equal(improved, dist[:, targets]):
+                break
+            dist[:, targets] = improved
+        return dist, column
 
     def _edge(
         self,
@@ -659,26 +699,22 @@ def redistribute_costs(
         return out
 
     src_p, dst_p = prepared(srcs, "src"), prepared(dsts, "dst")
-    graphs: dict[tuple, _Graph] = {}  # by signature: one lookup each, not one per pair
-    table: list[list[float]] = []
-    for s in src_p:
-        row: list[float] = []
-        trees: dict[tuple, tuple[_Graph, dict]] = {}  # one full search per (signature, source)
-        for d in dst_p:
-            if s is None or d is None or s[0] == d[0]:
-                row.append(0.0)
-                continue
-            sig = (tuple(sorted(s[1] | d[1])), tuple(sorted(s[2] | d[2], key=str)))
-            found = trees.get(sig)
-            if found is None:
-                graph = graphs.get(sig)
-                if graph is None:
-                    graph = graphs[sig] = _graph(mesh, shape_t, itemsize, profile, fuse, *sig)
-                found = trees[sig] = (graph, graph.distances(graph.state_id(s[0])))
-            graph, tree = found
-            goal = graph.state_id(d[0])
-            row.append(tree[goal][0] if goal in tree else math.inf)
-        table.append(row)
+    # the pairs by search-graph signature: one all-sources search per signature
+    pairs: dict[tuple, list[tuple[int, int]]] = {}
+    table = [[0.0] * len(dst_p) for _ in src_p]
+    for a, s in enumerate(src_p):
+        for b, d in enumerate(dst_p):
+            if s is not None and d is not None and s[0] != d[0]:
+                sig = (tuple(sorted(s[1] | d[1])), tuple(sorted(s[2] | d[2], key=str)))
+                pairs.setdefault(sig, []).append((a, b))
+    for sig, members in pairs.items():
+        graph = _graph(mesh, shape_t, itemsize, profile, fuse, *sig)
+        sources = list(dict.fromkeys(graph.state_id(src_p[a][0]) for a, _ in members))
+        row_of = {sid: i for i, sid in enumerate(sources)}
+        dist, column = graph.distances(sources)
+        for a, b in members:
+            goal = column.get(graph.state_id(dst_p[b][0]))
+            table[a][b] = math.inf if goal is None else float(dist[row_of[graph.state_id(src_p[a][0])], goal])
     return table
 
 
