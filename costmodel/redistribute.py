@@ -699,23 +699,30 @@ def redistribute_costs(
         return out
 
     src_p, dst_p = prepared(srcs, "src"), prepared(dsts, "dst")
-    # the pairs by search-graph signature: one all-sources search per signature
-    pairs: dict[tuple, list[tuple[int, int]]] = {}
-    table = [[0.0] * len(dst_p) for _ in src_p]
-    for a, s in enumerate(src_p):
-        for b, d in enumerate(dst_p):
-            if s is not None and d is not None and s[0] != d[0]:
-                sig = (tuple(sorted(s[1] | d[1])), tuple(sorted(s[2] | d[2], key=str)))
-                pairs.setdefault(sig, []).append((a, b))
-    for sig, members in pairs.items():
+    table = np.zeros((len(src_p), len(dst_p)))  # 0 where either side is None
+    # the placements by the extra placements they bring into a search graph's signature, and
+    # the blocks of pairs by signature: one all-sources search per signature, no loop over pairs
+    src_groups: dict[tuple, list[int]] = {}
+    dst_groups: dict[tuple, list[int]] = {}
+    for groups, items in ((src_groups, src_p), (dst_groups, dst_p)):
+        for k, item in enumerate(items):
+            if item is not None:
+                groups.setdefault(item[1:], []).append(k)
+    blocks: dict[tuple, list[tuple[list[int], list[int]]]] = {}
+    for (s_ops, s_strided), rows in src_groups.items():
+        for (d_ops, d_strided), cols in dst_groups.items():
+            sig = (tuple(sorted(s_ops | d_ops)), tuple(sorted(s_strided | d_strided, key=str)))
+            blocks.setdefault(sig, []).append((rows, cols))
+    for sig, parts in blocks.items():
         graph = _graph(mesh, shape_t, itemsize, profile, fuse, *sig)
-        sources = list(dict.fromkeys(graph.state_id(src_p[a][0]) for a, _ in members))
-        row_of = {sid: i for i, sid in enumerate(sources)}
-        dist, column = graph.distances(sources)
-        for a, b in members:
-            goal = column.get(graph.state_id(dst_p[b][0]))
-            table[a][b] = math.inf if goal is None else float(dist[row_of[graph.state_id(src_p[a][0])], goal])
-    return table
+        rows = sorted({a for part_rows, _ in parts for a in part_rows})
+        row_of = {a: i for i, a in enumerate(rows)}
+        dist, column = graph.distances([graph.state_id(src_p[a][0]) for a in rows])
+        dist = np.concatenate([dist, np.full((len(rows), 1), math.inf)], axis=1)  # column -1: unreachable
+        for part_rows, cols in parts:
+            goals = [column.get(graph.state_id(dst_p[b][0]), -1) for b in cols]
+            table[np.ix_(part_rows, cols)] = dist[np.ix_([row_of[a] for a in part_rows], goals)]
+    return table.tolist()
 
 
 def clear_cache() -> None:
