@@ -165,7 +165,7 @@ class _Graph:
     strided: tuple[StridedShard, ...]
     ids: dict = field(default_factory=dict)
     states: list = field(default_factory=list)
-    adjacency: list = field(default_factory=list)
+    adjacency: dict = field(default_factory=dict)
     searches: dict = field(default_factory=dict)
     local_shapes: dict = field(default_factory=dict)
     collective_s: dict = field(default_factory=dict)
@@ -242,19 +242,16 @@ class _Graph:
         if sid is None:
             sid = self.ids[state] = len(self.states)
             self.states.append(state)
-            self.adjacency.append(None)
         return sid
 
     def out_edges(self, sid: int) -> list[tuple[int, float, RedistributeStep]]:
-        cached = self.adjacency[sid]
+        cached = self.adjacency.get(sid)
         if cached is None:
-            state = self.states[sid]
             if self.shared is None:
-                edges = self._build_edges(state)
-            else:  # the tensor's edges whose target holds only this signature's Partial ops
+                cached = [(self.state_id(e.state), e.cost_s, e.step) for e in self._build_edges(self.states[sid])]
+            else:  # the tensor's edges whose target holds only this signature's Partial ops (same state ids)
                 allowed = frozenset(self.partial_ops)
-                edges = [e for ops, e in self.shared.of(state) if ops <= allowed]
-            cached = [(self.state_id(e.state), e.cost_s, e.step) for e in edges]
+                cached = [edge for ops, edge in self.shared.of(sid) if ops <= allowed]
             self.adjacency[sid] = cached
         return cached
 
@@ -533,14 +530,17 @@ class _SharedEdges:
     each with the Partial ops its target holds (module docstring, shared pricing)."""
 
     pricer: _Graph
+    """Prices the edges; its state ids are those of every signature's graph of the tensor."""
     edges: dict = field(default_factory=dict)
 
-    def of(self, state: tuple[Placement, ...]) -> list[tuple[frozenset, _Edge]]:
-        out = self.edges.get(state)
+    def of(self, sid: int) -> list[tuple[frozenset, tuple[int, float, RedistributeStep]]]:
+        out = self.edges.get(sid)
         if out is None:
-            out = self.edges[state] = [
-                (frozenset(p.reduce_op for p in e.state if isinstance(p, Partial)), e)
-                for e in self.pricer._build_edges(state)
+            pricer = self.pricer
+            out = self.edges[sid] = [
+                (frozenset(p.reduce_op for p in e.state if isinstance(p, Partial)), (pricer.state_id(e.state), e.cost_s,
+                                                                                     e.step))
+                for e in pricer._build_edges(pricer.states[sid])
             ]
         return out
 
@@ -564,6 +564,7 @@ def _graph(
     graph = _Graph(mesh, shape, itemsize, profile, fuse, partial_ops, strided)
     if not strided and set(partial_ops) <= set(SHARED_OPS):  # else priced on its own (rare)
         graph.shared = _shared_edges(mesh, shape, itemsize, profile, fuse)
+        graph.ids, graph.states = graph.shared.pricer.ids, graph.shared.pricer.states  # one id per state
     return graph
 
 
