@@ -179,10 +179,9 @@ def solve_prepared(
     of all (``options["portfolio"]`` names the layout when it is one of them).
     ``server``: an ``autoshard serve`` URL that solves the problem and assembles
     the plan (the same plan as here; :class:`autoshard.service.client.ServiceError`
-    when it cannot). ``started``: the ``time.perf_counter()`` at which the caller's
-    whole call began (before ``prepare``): ``time_limit`` then bounds it all, trace,
-    build and seed included, with :data:`ASSEMBLY_SHARE` of it kept for assembling
-    the plan after the solve's stages (``autoshard.solve`` and ``autoshard solve`` pass it).
+    when it cannot). ``started``: ``time.perf_counter()`` when the whole call began (before ``prepare``):
+    ``time_limit`` then bounds it all, trace and build included, :data:`ASSEMBLY_SHARE` of it kept
+    to assemble the plan after the solve (``autoshard.solve`` and ``autoshard solve`` pass it).
     """
     opts = solve_options(options, changes)
     pins, time_limit, backend, ties, baseline = opts.pins, opts.time_limit, opts.backend, opts.ties, opts.baseline
@@ -243,9 +242,7 @@ def solve_prepared(
     # (a server's plan too: its plan is then this one, as without a server)
     plan = remote if remote is not None else _assembled(prep, problem, solution, options)
     if remote is None and fallback is not None:  # the best fixed policy, when it simulates faster
-        other = _assembled(prep, problem, replace(fallback, seconds=solution.seconds, stats=solution.stats), options)
-        if other.estimate.step_s < plan.estimate.step_s:
-            plan, solution = other, replace(solution, choice=fallback.choice, cost=fallback.cost)
+        plan, solution = _faster_of(prep, problem, plan, solution, fallback, options)
     if rounds:
         plan = _overlap_rounds(prep, problem, solution, plan, rounds, deadline, backend)
     # A seeded search proves its plan optimal only over the strategies its seed kept: a poor
@@ -288,6 +285,16 @@ def _assembled(prep: Prepared, problem: Any, solution: Any, options: Mapping[str
     plan = plan_from_solution(prep.graph, problem, solution, fingerprint=prep.fingerprint, options=options,
                               timings=timings)
     return replace(plan, solver=replace(plan.solver, timings={**timings, "plan_s": round(time.perf_counter() - t, 4)}))
+
+
+def _faster_of(prep: Prepared, problem: Any, plan: Plan, solution: Any, fallback: Any,
+               options: Mapping[str, Any]) -> tuple[Plan, Any]:
+    """(plan, solution) of the search or of the best fixed recomputation policy
+    (``autoshard.plan.recompute_search``, A2), whichever simulates the faster step."""
+    other = _assembled(prep, problem, replace(fallback, seconds=solution.seconds, stats=solution.stats), options)
+    if other.estimate.step_s < plan.estimate.step_s:
+        return other, replace(solution, choice=fallback.choice, cost=fallback.cost)
+    return plan, solution
 
 
 MIN_SOLVE_SHARE = 0.05
