@@ -88,10 +88,11 @@ def run_one(config: str, mesh_text: str, *, n_layers: int | None = None, baselin
     model, inputs = build_llama(config, batch, n_layers=n_layers)
     limit = time_limit if time_limit is not None else TIME_LIMITS.get(config, 60.0)
     # the one time limit covers a seeded search's coarse solve too (a quarter of it)
+    started = time.perf_counter()  # the time limit bounds trace to plan, as autoshard.solve's does
     prep = prepare(model, inputs, mesh, names, profile="h100-sxm-80gb", mixed_precision=True, recompute=recompute,
                    time_limit=limit)
     try:
-        plan = solve_prepared(prep, time_limit=limit, memory_limit=80 * 2**30, recompute=recompute)
+        plan = solve_prepared(prep, time_limit=limit, memory_limit=80 * 2**30, recompute=recompute, started=started)
     except ValueError as exc:  # no plan fits
         return {"config": config, "mesh": mesh_text, "error": str(exc).splitlines()[0][:200]}
     total = time.perf_counter() - t0
@@ -102,6 +103,7 @@ def run_one(config: str, mesh_text: str, *, n_layers: int | None = None, baselin
         # seeded search: the coarse build and solve count as build and solve
         "trace_s": prep.timings["trace_s"], "build_s": prep.timings["build_s"] + prep.timings.get("seed_build_s", 0.0),
         "solve_s": plan.solver.seconds + prep.timings.get("seed_solve_s", 0.0),
+        **{k: round(float(plan.solver.timings.get(k, 0.0)), 2) for k in ("plan_s", "overlap_s", "portfolio_s")},
         "total_s": round(total, 2), "cpu_s": round(cpu, 1), "nodes": len(graph.nodes), "edges": len(graph.edges),
         "matrices": len(graph.matrices), "strategies_mean": round(graph.stats.strategies_mean, 1),
         "reduced_vars": plan.solver.reduced_variables, "status": plan.solver.status,
@@ -177,8 +179,8 @@ def _child(args: list[str], child: bool = True) -> dict:
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| model | mesh | batch | search | trace s | build s | solve s | total s | CPU s | nodes / edges / matrices | strategies | reduced vars | RSS GiB | status | step s | recompute s (ops) | peak GiB | DDP | FSDP | TP | FSDP+TP |",
-             "|---|---|---:|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---|---:|---:|---:|---|---|---|---|"]
+    lines = ["| model | mesh | batch | search | trace s | build s | solve s | plan / overlap / portfolio s | total s | CPU s | nodes / edges / matrices | strategies | reduced vars | RSS GiB | status | step s | recompute s (ops) | peak GiB | DDP | FSDP | TP | FSDP+TP |",
+             "|---|---|---:|---|---:|---:|---:|---|---:|---:|---|---:|---:|---:|---|---:|---:|---:|---|---|---|---|"]
     for r in rows:
         if "error" in r:
             lines.append(f"| {r.get('config')} | {r.get('mesh')} | error: {r['error']} |")
@@ -194,6 +196,7 @@ def table(rows: list[dict]) -> str:
         status = r["status"] + (f" ({r['portfolio']})" if r.get("portfolio") else "")
         lines.append(
             f"| {r['config']} | {r['mesh']} | {r['batch']} | {r['search']} | {r['trace_s']:.1f} | {r['build_s']:.1f} | {r['solve_s']:.1f} "
+            f"| {r.get('plan_s', 0):.1f} / {r.get('overlap_s', 0):.1f} / {r.get('portfolio_s', 0):.1f} "
             f"| {r['total_s']:.1f} | {r.get('cpu_s', float('nan')):.1f} | {r['nodes']} / {r['edges']} / {r['matrices']} | {r['strategies_mean']} "
             f"| {r['reduced_vars']} | {r['rss_gib']:.2f} | {status} | {r['step_s']:.3f} "
             f"| {r.get('recompute_s', 0.0):.3f} ({r.get('recomputed', 0)}) | {r['peak_gib']:.1f} "
