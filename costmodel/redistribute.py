@@ -9,7 +9,10 @@ Dijkstra from ``src`` (ties: fewer steps) stops once ``dst`` is settled and is
 kept to be resumed by the next query from the same source; all states of one
 signature ``(mesh, shape, itemsize, profile, fuse, extra placements)`` share
 one lazily built edge list. All pairs of placements therefore cost at most one
-full search per source, and a single query only what it needs.
+full search per source, and a single query only what it needs. The cost table of
+many pairs (``redistribute_costs``, the strategy graph's edge matrices) runs one
+vectorised Bellman-Ford per signature from all its sources at once
+(``_Graph.distances``: the same sums as Dijkstra, so the same costs).
 
 Shared pricing. The signatures of one tensor (same mesh, shape, itemsize,
 profile, fuse) differ only in the Partial ops and strided placements their
