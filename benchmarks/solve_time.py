@@ -17,6 +17,7 @@ torchtitan's 8B run (local batch 2 x 8192) and its 64-GPU and 70B cousins.
     python -m benchmarks.solve_time --only 8b-2048:8x8
     python -m benchmarks.solve_time --growth          # graph size with and without recomputation states
     python -m benchmarks.solve_time -o benchmarks/results/solve_time.md
+    python -m benchmarks.solve_time --tiny            # tiny HF models, 2x2 cpu-gloo, none / auto, stage timings
 """
 
 from __future__ import annotations
@@ -87,10 +88,11 @@ def run_one(config: str, mesh_text: str, *, n_layers: int | None = None, baselin
     model, inputs = build_llama(config, batch, n_layers=n_layers)
     limit = time_limit if time_limit is not None else TIME_LIMITS.get(config, 60.0)
     # the one time limit covers a seeded search's coarse solve too (a quarter of it)
+    started = time.perf_counter()  # the time limit bounds trace to plan, as autoshard.solve's does
     prep = prepare(model, inputs, mesh, names, profile="h100-sxm-80gb", mixed_precision=True, recompute=recompute,
                    time_limit=limit)
     try:
-        plan = solve_prepared(prep, time_limit=limit, memory_limit=80 * 2**30, recompute=recompute)
+        plan = solve_prepared(prep, time_limit=limit, memory_limit=80 * 2**30, recompute=recompute, started=started)
     except ValueError as exc:  # no plan fits
         return {"config": config, "mesh": mesh_text, "error": str(exc).splitlines()[0][:200]}
     total = time.perf_counter() - t0
@@ -101,6 +103,7 @@ def run_one(config: str, mesh_text: str, *, n_layers: int | None = None, baselin
         # seeded search: the coarse build and solve count as build and solve
         "trace_s": prep.timings["trace_s"], "build_s": prep.timings["build_s"] + prep.timings.get("seed_build_s", 0.0),
         "solve_s": plan.solver.seconds + prep.timings.get("seed_solve_s", 0.0),
+        **{k: round(float(plan.solver.timings.get(k, 0.0)), 2) for k in ("plan_s", "overlap_s", "portfolio_s")},
         "total_s": round(total, 2), "cpu_s": round(cpu, 1), "nodes": len(graph.nodes), "edges": len(graph.edges),
         "matrices": len(graph.matrices), "strategies_mean": round(graph.stats.strategies_mean, 1),
         "reduced_vars": plan.solver.reduced_variables, "status": plan.solver.status,
@@ -124,8 +127,51 @@ def run_one(config: str, mesh_text: str, *, n_layers: int | None = None, baselin
     return row
 
 
-def _child(args: list[str]) -> dict:
-    out = subprocess.run([sys.executable, "-m", "benchmarks.solve_time", "--child", *args],
+TINY_MODELS = ("hf_mistral", "hf_llama", "hf_gpt2", "hf_bert", "hf_whisper")
+"""``examples.models.hf`` factories timed by ``--tiny`` (as given: no overrides)."""
+
+STAGES = ("trace_s", "seed_build_s", "seed_solve_s", "build_s", "solve_s", "plan_s", "overlap_s", "portfolio_s")
+
+
+def run_tiny(name: str, recompute: str, time_limit: float = 60.0) -> dict:
+    """One tiny Hugging Face model to a plan on 2x2 with cpu-gloo through ``autoshard.solve`` (the
+    whole call that ``time_limit`` bounds), in this process; the stage timings, wall time and the
+    load average around it (a busy machine says so in the row)."""
+    import os
+
+    import autoshard
+    from examples.models import hf
+
+    model, inputs = getattr(hf, name)()
+    load_before = os.getloadavg()[0]
+    t0 = time.perf_counter()
+    plan = autoshard.solve(model, inputs, mesh_shape=(2, 2), dim_names=("dp", "tp"), profile="cpu-gloo",
+                           recompute=recompute, time_limit=time_limit)
+    wall = time.perf_counter() - t0
+    timings = plan.solver.timings
+    return {"model": name, "recompute": recompute, "time_limit": time_limit, "wall_s": round(wall, 2),
+            **{k: round(float(timings[k]), 2) for k in STAGES if k in timings},
+            "status": plan.solver.status, "step_ms": plan.estimate.step_s * 1e3, "recomputed": len(plan.recompute),
+            "portfolio": plan.options.get("portfolio"), "load": round(max(load_before, os.getloadavg()[0]), 1)}
+
+
+def tiny_table(rows: list[dict]) -> str:
+    lines = ["| model | recompute | wall to plan s | trace s | build s | solve s | plan s | overlap s | portfolio s "
+             "| status | step ms | recomputed ops | load (1 min) |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r.get('model')} | {r.get('recompute')} | error: {r['error']} |")
+            continue
+        lines.append(f"| {r['model']} | {r['recompute']} | {r['wall_s']:.1f} | {r.get('trace_s', 0):.1f} "
+                     f"| {r.get('build_s', 0):.1f} | {r.get('solve_s', 0):.1f} | {r.get('plan_s', 0):.2f} "
+                     f"| {r.get('overlap_s', 0):.1f} | {r.get('portfolio_s', 0):.1f} | {r['status']} "
+                     f"| {r['step_ms']:.3f} | {r['recomputed']} | {r['load']} |")
+    return "\n".join(lines)
+
+
+def _child(args: list[str], child: bool = True) -> dict:
+    out = subprocess.run([sys.executable, "-m", "benchmarks.solve_time", *(["--child"] if child else []), *args],
                          capture_output=True, text=True, timeout=3600)
     if out.returncode != 0:
         return {"error": (out.stderr.strip().splitlines() or ["?"])[-1]}
@@ -133,8 +179,8 @@ def _child(args: list[str]) -> dict:
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| model | mesh | batch | search | trace s | build s | solve s | total s | CPU s | nodes / edges / matrices | strategies | reduced vars | RSS GiB | status | step s | recompute s (ops) | peak GiB | DDP | FSDP | TP | FSDP+TP |",
-             "|---|---|---:|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---|---:|---:|---:|---|---|---|---|"]
+    lines = ["| model | mesh | batch | search | trace s | build s | solve s | plan / overlap / portfolio s | total s | CPU s | nodes / edges / matrices | strategies | reduced vars | RSS GiB | status | step s | recompute s (ops) | peak GiB | DDP | FSDP | TP | FSDP+TP |",
+             "|---|---|---:|---|---:|---:|---:|---|---:|---:|---|---:|---:|---:|---|---:|---:|---:|---|---|---|---|"]
     for r in rows:
         if "error" in r:
             lines.append(f"| {r.get('config')} | {r.get('mesh')} | error: {r['error']} |")
@@ -150,6 +196,7 @@ def table(rows: list[dict]) -> str:
         status = r["status"] + (f" ({r['portfolio']})" if r.get("portfolio") else "")
         lines.append(
             f"| {r['config']} | {r['mesh']} | {r['batch']} | {r['search']} | {r['trace_s']:.1f} | {r['build_s']:.1f} | {r['solve_s']:.1f} "
+            f"| {r.get('plan_s', 0):.1f} / {r.get('overlap_s', 0):.1f} / {r.get('portfolio_s', 0):.1f} "
             f"| {r['total_s']:.1f} | {r.get('cpu_s', float('nan')):.1f} | {r['nodes']} / {r['edges']} / {r['matrices']} | {r['strategies_mean']} "
             f"| {r['reduced_vars']} | {r['rss_gib']:.2f} | {status} | {r['step_s']:.3f} "
             f"| {r.get('recompute_s', 0.0):.3f} ({r.get('recomputed', 0)}) | {r['peak_gib']:.1f} "
@@ -207,6 +254,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="+", metavar="CONFIG:MESH", help="e.g. 8b-2048:8x8")
     parser.add_argument("--layers", action="store_true", help="solve time vs number of layers, with a plot")
     parser.add_argument("--plot", default="benchmarks/solve_time_vs_layers.png")
+    parser.add_argument("--tiny", nargs="*", metavar="MODEL", help=f"tiny HF models (default {', '.join(TINY_MODELS)})")
+    parser.add_argument("--tiny-child", nargs=2, help=argparse.SUPPRESS)
+    parser.add_argument("--time-limit", type=float, default=60.0, help="--tiny: the whole call's time limit")
     args = parser.parse_args(argv)
     import logging
 
@@ -214,6 +264,23 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         row = run_one(*args.child, n_layers=args.n_layers, baselines=not args.no_baselines, recompute=args.recompute)
         print(json.dumps(row))
+        return 0
+    if args.tiny_child:
+        print(json.dumps(run_tiny(*args.tiny_child, time_limit=args.time_limit)))
+        return 0
+    if args.tiny is not None:
+        rows = []
+        for name in args.tiny or TINY_MODELS:
+            for recompute in ("none", "auto"):
+                row = _child(["--tiny-child", name, recompute, "--time-limit", str(args.time_limit)], child=False)
+                rows.append({"model": name, "recompute": recompute, **row})
+                print(f"done {name} {recompute}: {row}", file=sys.stderr)
+        text = tiny_table(rows)
+        print(text)
+        if args.output:
+            from solver.io import write_text_atomic
+
+            write_text_atomic(args.output, text + "\n")
         return 0
     if args.layers:
         print(layers_sweep("8x8", [1, 2, 4, 8, 16, 32], Path(args.plot)))

@@ -9,7 +9,23 @@ Dijkstra from ``src`` (ties: fewer steps) stops once ``dst`` is settled and is
 kept to be resumed by the next query from the same source; all states of one
 signature ``(mesh, shape, itemsize, profile, fuse, extra placements)`` share
 one lazily built edge list. All pairs of placements therefore cost at most one
-full search per source, and a single query only what it needs.
+full search per source, and a single query only what it needs. The cost table of
+many pairs (``redistribute_costs``, the strategy graph's edge matrices) runs one
+vectorised Bellman-Ford per signature from all its sources at once
+(``_Graph.distances``: the same sums as Dijkstra, so the same costs).
+
+Shared pricing. The signatures of one tensor (same mesh, shape, itemsize,
+profile, fuse) differ only in the Partial ops and strided placements their
+edges may create: E6 creates ``P(op)`` only for an op of ``src``/``dst``, E7
+``P(sum)`` only when ``sum`` is one, E5's strided slice only into a strided
+placement of ``src``/``dst``; every other edge's existence and price depend on
+the state alone, and no other edge adds a Partial op. So, for signatures with no
+strided placement, the edges of a state are priced once with every op allowed
+(``_SharedEdges``) and a signature keeps those whose target holds only its own
+Partial ops: the same edges, in the same order (ops are tried in sorted order in
+both), hence the same distances and the same plans, at one pricing per state
+and tensor instead of one per state and signature (a tiny decoder on 2x2: 1,142
+signatures, 53 tensors).
 
 Edges (``k`` a mesh dim of size ``m``; "later dims" are mesh dims ``j > k``;
 each rule keeps the literal step semantics equal to the placement semantics,
@@ -79,6 +95,8 @@ import math
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Sequence
+
+import numpy as np
 
 from costmodel.collectives import collective_time_s
 from costmodel.compute import local_copy_time_s, local_fill_time_s
@@ -150,11 +168,13 @@ class _Graph:
     strided: tuple[StridedShard, ...]
     ids: dict = field(default_factory=dict)
     states: list = field(default_factory=list)
-    adjacency: list = field(default_factory=list)
+    adjacency: dict = field(default_factory=dict)
     searches: dict = field(default_factory=dict)
     local_shapes: dict = field(default_factory=dict)
     collective_s: dict = field(default_factory=dict)
     groups: tuple[tuple[int, ...], ...] = ()
+    shared: "_SharedEdges | None" = None
+    """The tensor's edges priced with every Partial op allowed (module docstring, shared pricing)."""
 
     def __post_init__(self) -> None:
         n = self.mesh.ndim
@@ -225,17 +245,60 @@ class _Graph:
         if sid is None:
             sid = self.ids[state] = len(self.states)
             self.states.append(state)
-            self.adjacency.append(None)
         return sid
 
     def out_edges(self, sid: int) -> list[tuple[int, float, RedistributeStep]]:
-        cached = self.adjacency[sid]
+        cached = self.adjacency.get(sid)
         if cached is None:
-            cached = [
-                (self.state_id(e.state), e.cost_s, e.step) for e in self._build_edges(self.states[sid])
-            ]
+            if self.shared is None:
+                cached = [(self.state_id(e.state), e.cost_s, e.step) for e in self._build_edges(self.states[sid])]
+            else:  # the tensor's edges whose target holds only this signature's Partial ops (same state ids)
+                allowed = frozenset(self.partial_ops)
+                cached = [edge for ops, edge in self.shared.of(sid) if ops <= allowed]
             self.adjacency[sid] = cached
         return cached
+
+    def distances(self, sources: Sequence[int]) -> tuple[np.ndarray, dict[int, int]]:
+        """``(dist, column)``: ``dist[i, column[t]]`` the cost of the cheapest steps from
+        ``sources[i]`` to state ``t`` (``t`` not in ``column``: unreachable from all of them).
+
+        Bellman-Ford from every source at once, one vectorised relaxation of every edge
+        per round: ``dist[:, v] = min(dist[:, v], min over edges u -> v of dist[:, u] + w)``
+        until nothing changes. Floating-point addition is monotone, so ``min`` and ``+ w``
+        commute and each entry is the minimum over paths of their costs summed from the
+        source, edge by edge: exactly what :meth:`search` (Dijkstra, the same sums in the
+        same order) returns, so ``redistribute_costs`` equals ``plan_redistribute``."""
+        order = list(dict.fromkeys(sources))
+        column = {sid: k for k, sid in enumerate(order)}
+        heads: list[int] = []
+        tails: list[int] = []
+        weights: list[float] = []
+        k = 0
+        while k < len(order):  # every state reachable from a source, in discovery order
+            for target, cost, _ in self.out_edges(order[k]):
+                if target not in column:
+                    column[target] = len(order)
+                    order.append(target)
+                heads.append(k)
+                tails.append(column[target])
+                weights.append(cost)
+            k += 1
+        dist = np.full((len(sources), len(order)), np.inf)
+        dist[np.arange(len(sources)), [column[s] for s in sources]] = 0.0
+        if not weights:
+            return dist, column
+        by_tail = np.argsort(np.asarray(tails), kind="stable")
+        head_idx = np.asarray(heads)[by_tail]
+        tail_sorted = np.asarray(tails)[by_tail]
+        weight = np.asarray(weights, dtype=np.float64)[by_tail]
+        targets, starts = np.unique(tail_sorted, return_index=True)
+        for _ in range(len(order)):  # a shortest path has fewer edges than there are states
+            best_in = np.minimum.reduceat(dist[:, head_idx] + weight, starts, axis=1)
+            improved = np.minimum(dist[:, targets], best_in)
+            if np.array_equal(improved, dist[:, targets]):
+                break
+            dist[:, targets] = improved
+        return dist, column
 
     def _edge(
         self,
@@ -460,7 +523,38 @@ class _Search:
     done: set = field(default_factory=set)
 
 
+SHARED_OPS = ("avg", "max", "min", "sum")
+"""Every Partial op, sorted: the ops one tensor's shared edges are priced with."""
+
+
+@dataclass(slots=True)
+class _SharedEdges:
+    """One tensor's edges, priced once per state with every op of :data:`SHARED_OPS` allowed,
+    each with the Partial ops its target holds (module docstring, shared pricing)."""
+
+    pricer: _Graph
+    """Prices the edges; its state ids are those of every signature's graph of the tensor."""
+    edges: dict = field(default_factory=dict)
+
+    def of(self, sid: int) -> list[tuple[frozenset, tuple[int, float, RedistributeStep]]]:
+        out = self.edges.get(sid)
+        if out is None:
+            pricer = self.pricer
+            out = self.edges[sid] = [
+                (frozenset(p.reduce_op for p in e.state if isinstance(p, Partial)), (pricer.state_id(e.state), e.cost_s,
+                                                                                     e.step))
+                for e in pricer._build_edges(pricer.states[sid])
+            ]
+        return out
+
+
 @lru_cache(maxsize=256)
+def _shared_edges(mesh: MeshSpec, shape: tuple[int, ...], itemsize: int, profile: HardwareProfile,
+                  fuse: bool) -> _SharedEdges:
+    return _SharedEdges(_Graph(mesh, shape, itemsize, profile, fuse, SHARED_OPS, ()))
+
+
+@lru_cache(maxsize=2048)
 def _graph(
     mesh: MeshSpec,
     shape: tuple[int, ...],
@@ -470,7 +564,11 @@ def _graph(
     partial_ops: tuple[str, ...],
     strided: tuple[StridedShard, ...],
 ) -> _Graph:
-    return _Graph(mesh, shape, itemsize, profile, fuse, partial_ops, strided)
+    graph = _Graph(mesh, shape, itemsize, profile, fuse, partial_ops, strided)
+    if not strided and set(partial_ops) <= set(SHARED_OPS):  # else priced on its own (rare)
+        graph.shared = _shared_edges(mesh, shape, itemsize, profile, fuse)
+        graph.ids, graph.states = graph.shared.pricer.ids, graph.shared.pricer.states  # one id per state
+    return graph
 
 
 def _normalize(
@@ -605,24 +703,34 @@ def redistribute_costs(
         return out
 
     src_p, dst_p = prepared(srcs, "src"), prepared(dsts, "dst")
-    table: list[list[float]] = []
-    for s in src_p:
-        row: list[float] = []
-        for d in dst_p:
-            if s is None or d is None or s[0] == d[0]:
-                row.append(0.0)
-                continue
-            partial_ops = tuple(sorted(s[1] | d[1]))
-            strided = tuple(sorted(s[2] | d[2], key=str))
-            graph = _graph(mesh, shape_t, itemsize, profile, fuse, partial_ops, strided)
-            start, goal = graph.state_id(s[0]), graph.state_id(d[0])
-            tree = graph.search(start, goal)
-            row.append(tree[goal][0] if goal in tree else math.inf)
-        table.append(row)
-    return table
+    table = np.zeros((len(src_p), len(dst_p)))  # 0 where either side is None
+    # the placements by the extra placements they bring into a search graph's signature, and
+    # the blocks of pairs by signature: one all-sources search per signature, no loop over pairs
+    src_groups: dict[tuple, list[int]] = {}
+    dst_groups: dict[tuple, list[int]] = {}
+    for groups, items in ((src_groups, src_p), (dst_groups, dst_p)):
+        for k, item in enumerate(items):
+            if item is not None:
+                groups.setdefault(item[1:], []).append(k)
+    blocks: dict[tuple, list[tuple[list[int], list[int]]]] = {}
+    for (s_ops, s_strided), rows in src_groups.items():
+        for (d_ops, d_strided), cols in dst_groups.items():
+            sig = (tuple(sorted(s_ops | d_ops)), tuple(sorted(s_strided | d_strided, key=str)))
+            blocks.setdefault(sig, []).append((rows, cols))
+    for sig, parts in blocks.items():
+        graph = _graph(mesh, shape_t, itemsize, profile, fuse, *sig)
+        rows = sorted({a for part_rows, _ in parts for a in part_rows})
+        row_of = {a: i for i, a in enumerate(rows)}
+        dist, column = graph.distances([graph.state_id(src_p[a][0]) for a in rows])
+        dist = np.concatenate([dist, np.full((len(rows), 1), math.inf)], axis=1)  # column -1: unreachable
+        for part_rows, cols in parts:
+            goals = [column.get(graph.state_id(dst_p[b][0]), -1) for b in cols]
+            table[np.ix_(part_rows, cols)] = dist[np.ix_([row_of[a] for a in part_rows], goals)]
+    return table.tolist()
 
 
 def clear_cache() -> None:
     """Forget cached plans and search graphs (e.g. before timing the planner)."""
     _plan_cached.cache_clear()
     _graph.cache_clear()
+    _shared_edges.cache_clear()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from typing import Any
 
 from autoshard.cli.values import parse_bytes
@@ -203,9 +204,10 @@ def run(args: argparse.Namespace) -> int:
         bar.update(tasks[phase], completed=done, total=total or 1, detail=detail)
 
     try:
+        started = time.perf_counter()  # --time-limit bounds trace to written plan
         prep = prepare(model, inputs, mesh.shape, mesh.dim_names, options, progress=progress)
         try:
-            plan = solve_prepared(prep, options, progress=progress)
+            plan = solve_prepared(prep, options, progress=progress, started=started)
         except InfeasibleMemoryError as exc:
             bar.stop()
             print(f"autoshard solve: {exc}", file=sys.stderr)

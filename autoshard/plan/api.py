@@ -14,6 +14,7 @@ This module picks between the two, so that neither imports the other's caller.
 
 from __future__ import annotations
 
+import time
 from typing import Any, Mapping, Sequence
 
 from autoshard.plan.format import Plan
@@ -70,5 +71,6 @@ def solve(
             raise TypeError("solve: give mesh_shape (a mesh) or devices (search the mesh)")
         return search_mesh(model, example_inputs, devices, devices_per_node, opts, jobs=jobs, cache_dir=cache_dir,
                            progress=(lambda st: progress(st.phase, st.done, st.total)) if progress else None)
+    started = time.perf_counter()  # time_limit bounds the whole call, trace and build included
     prep = prepare(model, example_inputs, mesh_shape, dim_names, opts, progress=progress)
-    return solve_prepared(prep, opts, progress=progress)
+    return solve_prepared(prep, opts, progress=progress, started=started)

@@ -84,7 +84,8 @@ class SolveOptions:
     """Placements fixed by name pattern (``{"*.tok_embeddings.weight": "S(0)R"}``)."""
     time_limit: float = DEFAULT_TIME_LIMIT_S
     """Seconds for the whole solve: the seed of a seeded search, the solve, the overlap rounds
-    and the expert layouts all take their share of it."""
+    and the expert layouts all take their share of it (through ``autoshard.solve`` and
+    ``autoshard solve``, the trace and the build too: ``solve_prepared(started=)``)."""
     backend: str = DEFAULT_BACKEND
     """Integer-program backend (``solver.backends``)."""
     ties: bool = True

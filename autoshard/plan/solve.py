@@ -36,6 +36,7 @@ from autoshard.plan.gather_pricing import gather_amortized_problem
 from autoshard.plan.overlap_pricing import edge_slack, overlap_problem, overlap_worthwhile
 from autoshard.plan.options import NO_MEMORY_LIMIT, PLAN_GAP, SolveOptions, solve_options
 from autoshard.plan.pins import resolve_pins
+from autoshard.plan.recompute_search import AutoAnswer, solve_auto
 from autoshard.sizes import format_bytes
 from autoshard.trace import TracedGraph, trace_joint
 
@@ -160,6 +161,7 @@ def solve_prepared(
     options: SolveOptions | None = None,
     *,
     progress: Progress | None = None,
+    started: float | None = None,
     **changes: Any,
 ) -> Plan:
     """Solve a prepared graph with ``options`` (:class:`~autoshard.plan.options.SolveOptions`;
@@ -178,7 +180,9 @@ def solve_prepared(
     of all (``options["portfolio"]`` names the layout when it is one of them).
     ``server``: an ``autoshard serve`` URL that solves the problem and assembles
     the plan (the same plan as here; :class:`autoshard.service.client.ServiceError`
-    when it cannot).
+    when it cannot). ``started``: ``time.perf_counter()`` when the whole call began (before ``prepare``):
+    ``time_limit`` then bounds it all, trace and build included, :data:`ASSEMBLY_SHARE` of it kept
+    to assemble the plan after the solve (``autoshard.solve`` and ``autoshard solve`` pass it).
     """
     opts = solve_options(options, changes)
     pins, time_limit, backend, ties, baseline = opts.pins, opts.time_limit, opts.backend, opts.ties, opts.baseline
@@ -187,8 +191,11 @@ def solve_prepared(
     recompute = parse_policy(opts.recompute)
     limit = float(graph.profile.device.usable_memory_bytes if opts.memory_limit is None else opts.memory_limit)
     problem_limit = None if limit == NO_MEMORY_LIMIT else limit
-    # the seed of a seeded search took its share of the one time limit; the solve gets the rest
-    time_limit = max(time_limit - float(prep.timings.get("seed_solve_s", 0.0)), MIN_SOLVE_SHARE * time_limit)
+    if started is not None:  # the one time limit covers the whole call: what prepare took, and assembly
+        spent = time.perf_counter() - started
+        time_limit = max(time_limit * (1 - ASSEMBLY_SHARE) - spent, MIN_SOLVE_SHARE * time_limit)
+    else:  # the seed of a seeded search took its share of the one time limit; the solve gets the rest
+        time_limit = max(time_limit - float(prep.timings.get("seed_solve_s", 0.0)), MIN_SOLVE_SHARE * time_limit)
     problem = _pinned_problem(graph, opts, problem_limit, recompute)
     start = time.perf_counter()
     end = start + time_limit  # every stage below ends by then: solve, overlap rounds, expert layouts, hint
@@ -203,7 +210,7 @@ def solve_prepared(
     share = PORTFOLIO_SHARE if portfolio else 0.0
     options = {**prep.options, "ties": ties, "pins": dict(pins), "memory_limit_bytes": problem_limit,
                "baseline": baseline, "time_limit_s": opts.time_limit, "backend": backend, "recompute": recompute}
-    remote = None
+    remote, fallback = None, None
     rounds = opts.overlap_rounds if overlap_worthwhile(graph.profile.contention) else 0
     first = OVERLAP_FIRST_SHARE if rounds else 1.0
     deadline = start + time_limit * (1 - share)
@@ -211,11 +218,12 @@ def solve_prepared(
         remote, solution = _solve_on_server(server, prep, problem, options, time_limit * (1 - share) * first,
                                             backend, progress)
     else:
-        def under(policy: str) -> Any:  # the same problem under a fixed recomputation policy
-            return _pinned_problem(graph, opts, problem_limit, policy)
+        def under(policy: str, memory_limit: float | None) -> Any:  # the problem under a fixed policy
+            return _pinned_problem(graph, opts, memory_limit, policy)
 
-        solution = _solve_local(graph, problem, recompute, time_limit * (1 - share) * first, backend, on_event,
-                                under)
+        answer = _solve_local(graph, problem, recompute, time_limit * (1 - share) * first, backend, on_event,
+                              under, problem_limit)
+        solution, problem, fallback = answer.solution, answer.problem, answer.fallback
     if solution.status is not Status.INFEASIBLE and not solution.choice and portfolio:
         # the search ran out of time before any choice fit: the expert layouts (with the
         # recomputation policies) may still give one
@@ -234,6 +242,8 @@ def solve_prepared(
     # the overlap rounds re-price edges from the simulated schedule of the plan at hand, here
     # (a server's plan too: its plan is then this one, as without a server)
     plan = remote if remote is not None else _assembled(prep, problem, solution, options)
+    if remote is None and fallback is not None:  # the best fixed policy, when it simulates faster
+        plan, solution = _faster_of(prep, problem, plan, solution, fallback, options)
     if rounds:
         plan = _overlap_rounds(prep, problem, solution, plan, rounds, deadline, backend)
     # A seeded search proves its plan optimal only over the strategies its seed kept: a poor
@@ -278,8 +288,22 @@ def _assembled(prep: Prepared, problem: Any, solution: Any, options: Mapping[str
     return replace(plan, solver=replace(plan.solver, timings={**timings, "plan_s": round(time.perf_counter() - t, 4)}))
 
 
+def _faster_of(prep: Prepared, problem: Any, plan: Plan, solution: Any, fallback: Any,
+               options: Mapping[str, Any]) -> tuple[Plan, Any]:
+    """(plan, solution) of the search or of the best fixed recomputation policy
+    (``autoshard.plan.recompute_search``, A2), whichever simulates the faster step."""
+    other = _assembled(prep, problem, replace(fallback, seconds=solution.seconds, stats=solution.stats), options)
+    if other.estimate.step_s < plan.estimate.step_s:
+        return other, replace(solution, choice=fallback.choice, cost=fallback.cost)
+    return plan, solution
+
+
 MIN_SOLVE_SHARE = 0.05
 """The least share of the time limit a solve starts with after the seed's (a seed that overran)."""
+
+ASSEMBLY_SHARE = 0.04
+"""Share of the time limit kept, when it bounds the whole call (``started``), for what
+follows the solve's deadline: assembling the chosen plan and writing it."""
 
 
 def _with_timing(plan: Plan, name: str, seconds: float) -> Plan:
@@ -304,55 +328,25 @@ def _own_seconds(plan: Plan) -> float:
     return sum(float(timings.get(k, 0.0)) for k in ("solve_s", "overlap_s", "portfolio_s"))
 
 
-WARM_SHARE = 0.2
-"""Share of the solve spent finding the plan without recomputation first (``_solve_local``)."""
-
-WARM_POLICIES = ("none", "selective", "full")
-"""The fixed policies a warm start tries, in order, until one fits: keep everything, then
-torchtitan's op-level selective policy, then full recomputation (``_solve_local``)."""
-
-
 def _solve_local(graph: StrategyGraph, problem: Any, recompute: str, time_limit: float, backend: str,
-                 on_event: Callable[[dict[str, Any]], None], under: Callable[[str], Any]) -> Any:
+                 on_event: Callable[[dict[str, Any]], None], under: Callable[[str, float | None], Any],
+                 limit: float | None) -> AutoAnswer:
     """The solver's answer to ``problem``. When the solver chooses recomputation
-    (``auto`` on a graph with states), a plan under a fixed policy is solved
-    first (``under(policy)``: a smaller problem, as quick as before recomputation
-    existed) and, when it fits, starts the full search: recomputation then only
-    has to beat it, and the exact stage starts from it. The policies are tried
-    in :data:`WARM_POLICIES` order: when keeping everything does not fit (a long
-    sequence), the search would otherwise start with no incumbent and, when its
-    time runs out, return whatever its heuristics found (LLaMA-3-8B at 2 x 8192
-    per GPU on 8 H100s, under load: 5.2 s against FSDP with selective recomputation's 3.3 s).
-    The first policy gets ``WARM_SHARE`` of the time, the others share as much again."""
+    (``auto`` on a graph with states): ``autoshard.plan.recompute_search`` (no
+    recomputation in the problem when it cannot pay; otherwise the search starts
+    from the best fixed policy and never returns worse)."""
     if recompute != "auto" or not any(n.states for n in graph.nodes):
-        return solve_problem(problem, backend=backend, time_limit=time_limit, gap=PLAN_GAP, progress=on_event)
-    start = time.perf_counter()
-    warm, tried = None, {}
-    for k, policy in enumerate(WARM_POLICIES):
-        if k and not graph.regions:
-            break
-        budget = WARM_SHARE * time_limit * (1 if k == 0 else 1 + k / (len(WARM_POLICIES) - 1))
-        left = budget - (time.perf_counter() - start)
-        if left <= 0:
-            break
-        warm = solve_problem(under(policy), backend=backend, time_limit=left, gap=PLAN_GAP)
-        tried[policy] = {"status": warm.status.value, "cost": warm.cost, "seconds": round(warm.seconds, 4)}
-        if warm.choice:
-            break
-    left = max(time_limit - (time.perf_counter() - start), 1e-3)  # the warm start is the incumbent meanwhile
-    initial = warm.choice if warm is not None and warm.choice else None
-    solution = solve_problem(problem, backend=backend, time_limit=left, gap=PLAN_GAP, progress=on_event,
-                             initial=initial)
-    stats = {**solution.stats, "warm_start": tried}
-    if "none" in tried:
-        stats["without_recompute"] = tried["none"]
-    return replace(solution, seconds=time.perf_counter() - start, stats=stats)
+        return AutoAnswer(solve_problem(problem, backend=backend, time_limit=time_limit, gap=PLAN_GAP,
+                                        progress=on_event), problem, policy=recompute)
+    return solve_auto(problem, under, limit, time_limit, backend, PLAN_GAP, regions=bool(graph.regions),
+                      on_event=on_event)
 
 
 def _overlap_rounds(prep: Prepared, problem: Any, solution: Any, plan: Plan, rounds: int, deadline: float,
                     backend: str) -> Plan:
     """Solve again with overlap-priced edges until the choice repeats (module
-    ``autoshard.plan.overlap_pricing``); the plan with the best simulated step."""
+    ``autoshard.plan.overlap_pricing``) or a round ends unproven; the plan with the best
+    simulated step among the first solve's and the proven rounds'."""
     from autoshard.plan.build import assembly_graph
 
     graph = prep.graph
@@ -372,6 +366,8 @@ def _overlap_rounds(prep: Prepared, problem: Any, solution: Any, plan: Plan, rou
         spent += again.seconds
         if again.status is Status.INFEASIBLE or not again.choice or tuple(again.choice) == previous:
             break
+        if again.status is not Status.OPTIMAL:  # what an unproven round found depends on the time it got:
+            break  # taking it would make the plan depend on the time limit (a different plan at 60 s and 300 s)
         candidate = plan_from_solution(graph, problem, again, fingerprint=prep.fingerprint, options=plan.options,
                                        timings=plan.solver.timings)
         if candidate.estimate.step_s < best.estimate.step_s:

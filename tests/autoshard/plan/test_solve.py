@@ -206,6 +206,23 @@ def test_time_limit_bounds_every_stage_of_an_unproven_solve() -> None:
         assert "portfolio_s" in timings
 
 
+@pytest.mark.slow
+def test_time_limit_bounds_the_whole_call_trace_and_build_included() -> None:
+    import autoshard
+    from examples.models import llama3
+
+    # the stages' own seconds, trace and build included (wall time around them would be load-dependent)
+    limit = 20.0
+    plan = autoshard.solve(*llama3.tiny(device="meta"), mesh_shape=(2, 2), dim_names=("dp", "tp"),
+                           profile="cpu-gloo", time_limit=limit)
+    timings = plan.solver.timings
+    if timings["trace_s"] + timings["build_s"] > 0.9 * limit:
+        pytest.skip(f"trace and build alone took most of the limit on this machine: {timings}")
+    whole = sum(float(timings.get(k, 0.0)) for k in ("trace_s", "build_s", "solve_s", "overlap_s", "portfolio_s",
+                                                        "plan_s"))
+    assert whole <= limit * 1.05, timings
+
+
 def test_a_seeded_search_takes_its_seed_out_of_the_time_limit() -> None:
     from autoshard.plan.solve import SEED_SHARE, solve_stage_seconds
 
