@@ -191,11 +191,7 @@ def solve_prepared(
     recompute = parse_policy(opts.recompute)
     limit = float(graph.profile.device.usable_memory_bytes if opts.memory_limit is None else opts.memory_limit)
     problem_limit = None if limit == NO_MEMORY_LIMIT else limit
-    if started is not None:  # the one time limit covers the whole call: what prepare took, and assembly
-        spent = time.perf_counter() - started
-        time_limit = max(time_limit * (1 - ASSEMBLY_SHARE) - spent, MIN_SOLVE_SHARE * time_limit)
-    else:  # the seed of a seeded search took its share of the one time limit; the solve gets the rest
-        time_limit = max(time_limit - float(prep.timings.get("seed_solve_s", 0.0)), MIN_SOLVE_SHARE * time_limit)
+    time_limit = _solve_share(time_limit, prep, started)
     problem = _pinned_problem(graph, opts, problem_limit, recompute)
     start = time.perf_counter()
     end = start + time_limit  # every stage below ends by then: solve, overlap rounds, expert layouts, hint
@@ -257,6 +253,15 @@ def solve_prepared(
     if progress:
         progress("solve", time_limit, time_limit)
     return plan
+
+
+def _solve_share(time_limit: float, prep: Prepared, started: float | None) -> float:
+    """Seconds the solve stages get of the call's ``time_limit``."""
+    if started is not None:  # the one time limit covers the whole call: what prepare took, and assembly
+        spent = time.perf_counter() - started
+        return max(time_limit * (1 - ASSEMBLY_SHARE) - spent, MIN_SOLVE_SHARE * time_limit)
+    # the seed of a seeded search took its share of the one time limit; the solve gets the rest
+    return max(time_limit - float(prep.timings.get("seed_solve_s", 0.0)), MIN_SOLVE_SHARE * time_limit)
 
 
 def _pinned_problem(graph: StrategyGraph, opts: SolveOptions, memory_limit: float | None, recompute: str) -> Any:
