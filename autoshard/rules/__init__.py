@@ -65,6 +65,7 @@ FAMILIES: tuple[str, ...] = (
     "slicing",
     "normalization",
     "attention",
+    "cuda_attention",
     "indexing",
     "losses",
     "convolution",

@@ -98,52 +98,6 @@ def sdpa_backward_rule(call: OpCall) -> list[SingleDimStrategy]:
     return strategies
 
 
-def cuda_sdpa_rule(call: OpCall) -> list[SingleDimStrategy]:
-    """The CUDA kernels' forwards (``autoshard.trace.device`` maps the CPU flash
-    kernel to them): output and logsumexp split as the CPU kernel's; the random
-    state outputs (seed, offset, and flash's unused and debug tensors) are tiny
-    and replicated. Flash's logsumexp is ``[B, H, L]`` and splits by query rows
-    as the CPU one; the efficient kernel pads its logsumexp's rows to a multiple
-    of 32, so a row split of it is not the local kernel's: batch and heads only."""
-    flash = call.op is aten._scaled_dot_product_flash_attention.default
-    extra = (None, None, None, None, R, R, R) if flash else (R, R)  # flash: cum_seq_q/k, max_q/k are not tensors
-    strategies = []
-    for d in (0, 1):
-        ins = call.place(R, query=S(d), key=S(d), value=S(d), attn_bias=_bias_placement(call, 4 - d))
-        strategies.append(SingleDimStrategy((S(d), S(d), *extra), ins))
-    if flash and not call.arg("is_causal", False):
-        strategies.append(SingleDimStrategy((S(2), S(2), *extra), call.place(R, query=S(2))))
-    return strategies
-
-
-def cuda_sdpa_backward_rule(call: OpCall) -> list[SingleDimStrategy]:
-    """(grad_q, grad_k, grad_v[, grad_bias]) of the CUDA kernels' backwards, split as
-    the CPU backward (the random state inputs are replicated)."""
-    flash = call.op is aten._scaled_dot_product_flash_attention_backward.default
-    grad_out = "grad_out" if flash else "grad_out_"
-    extra = () if flash else (None,)  # the efficient backward's bias gradient is not made (grad_input_mask)
-    every = (grad_out, "query", "key", "value", "out", "logsumexp")
-    strategies = []
-    for d in (0, 1):
-        ins = call.place(R, **{n: S(d) for n in every}, attn_bias=_bias_placement(call, 4 - d))
-        strategies.append(SingleDimStrategy((S(d), S(d), S(d), *extra), ins))
-    if flash and not call.arg("is_causal", False):
-        rows = (grad_out, "query", "out", "logsumexp")
-        strategies.append(SingleDimStrategy((S(2), P, P), call.place(R, **{n: S(2) for n in rows})))
-    for k in (P, P_AVG):
-        strategies.append(SingleDimStrategy((k, k, k, *extra), call.place(R, **{grad_out: k})))
-    return strategies
-
-
-def _bias_placement(call: OpCall, dim_from_end: int) -> Any:
-    """The efficient kernel's ``attn_bias`` (the mask) placed as :func:`_mask_placement`."""
-    bias = call.bound.get("attn_bias")
-    if not isinstance(bias, TensorMeta):
-        return None
-    d = bias.ndim - dim_from_end
-    return R if d < 0 or bias.shape[d] == 1 else S(d)
-
-
 # ------------------------------------------------------------------ samples
 
 
@@ -211,11 +165,3 @@ def register(registry: RuleRegistry) -> None:
          samples=_sdpa_samples)(sdpa_rule)
     rule(aten._scaled_dot_product_flash_attention_for_cpu_backward.default, compute=attention_compute(backward=True),
          samples=_sdpa_backward_samples)(sdpa_backward_rule)
-    # CUDA kernels: no CPU kernel runs them, so the validator has nothing to run here; their splits are the CPU
-    # kernel's (validated above) on the same math, and benchmarks/gpu_check.py runs them sharded on a GPU
-    cuda_only = "no CPU kernel (a CUDA attention kernel: its splits are the CPU flash kernel's)"
-    rule([aten._scaled_dot_product_flash_attention.default, aten._scaled_dot_product_efficient_attention.default],
-         compute=attention_compute(backward=False), note=cuda_only)(cuda_sdpa_rule)
-    rule([aten._scaled_dot_product_flash_attention_backward.default,
-          aten._scaled_dot_product_efficient_attention_backward.default],
-         compute=attention_compute(backward=True), note=cuda_only)(cuda_sdpa_backward_rule)
