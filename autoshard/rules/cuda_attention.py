@@ -157,8 +157,8 @@ def _efficient_backward_samples(sampler: Sampler):
 
 
 def register(registry: RuleRegistry) -> None:
-    """Add the CUDA attention kernels' rules to ``registry`` (family ``attention``)."""
-    rule = registry.family("attention")
+    """Add the CUDA attention kernels' rules to ``registry``."""
+    rule = registry.family("cuda_attention")
     forward, backward = attention_compute(backward=False), attention_compute(backward=True)
     rule(aten._scaled_dot_product_flash_attention.default, compute=forward, samples=_flash_samples,
          reference=flash_reference)(cuda_sdpa_rule)
