@@ -175,6 +175,10 @@ def spawn(args: Any, nproc: int, command: str) -> int:
                                           env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)}))
         while any(p.poll() is None for p in procs):
             failed = [(rank, p.returncode) for rank, p in enumerate(procs) if p.poll() not in (None, 0)]
+            if failed and all(code >= 0 for _, code in failed):
+                # a peer's "connection reset" can exit before the crash that caused it is reaped: look again
+                time.sleep(0.5)
+                failed = [(rank, p.returncode) for rank, p in enumerate(procs) if p.poll() not in (None, 0)]
             if failed:  # a crash before an error line: the error lines come from the peers it left
                 first_failure = min(failed, key=lambda f: (f[1] >= 0, f[0]))
                 _stop(procs, None, grace_s=3.0)  # the others fail on their own once a peer is gone
