@@ -268,14 +268,14 @@ def test_all_pairs_on_a_3d_mesh_share_one_search_graph():
     """What keeps the planner fast on 3-D meshes (timed in benchmarks/redistribute_table.py,
     not here): the 4,096 pairs of one tensor signature plan on one search graph per set of
     partial reduce ops, built once."""
-    from costmodel import redistribute
+    from costmodel import redistribute_search
 
     pls = _placements(2, 3)  # R, P(sum), S(0), S(1) per mesh dim: 64 placements
     clear_cache()
     costs = [plan_redistribute(src, dst, (2, 4, 8), (8192, 8192), 2, H100).cost_s for src in pls for dst in pls]
     assert len(costs) == 4096 and all(np.isfinite(c) and c >= 0 for c in costs)
     # one search graph per set of partial reduce ops met (none; sum), not per pair
-    assert redistribute._graph.cache_info().misses <= 2
+    assert redistribute_search.search_graph.cache_info().misses <= 2
 
 
 def test_batch_costs_equal_single_plans_for_every_pair() -> None:
@@ -298,14 +298,14 @@ def test_batch_costs_equal_single_plans_for_every_pair() -> None:
 def _unshared_plan(src, dst, mesh, shape, itemsize, profile):
     """Reference: the Dijkstra of ``plan_redistribute`` on a search graph of the pair's own
     signature that prices every edge itself (no edges shared between signatures)."""
-    from costmodel import redistribute
+    from costmodel import redistribute_search
 
     both = src + dst
     ops = tuple(sorted({p.reduce_op for p in both if isinstance(p, Partial)}))
     strided = tuple(sorted({p for p in both if isinstance(p, StridedShard)}, key=str))
-    graph = redistribute._Graph(mesh, shape, itemsize, profile, True, ops, strided)
-    start = graph.state_id(redistribute._canonical(src, mesh))
-    goal = graph.state_id(redistribute._canonical(dst, mesh))
+    graph = redistribute_search.SearchGraph(mesh, shape, itemsize, profile, True, ops, strided)
+    start = graph.state_id(redistribute_search.canonical(src, mesh))
+    goal = graph.state_id(redistribute_search.canonical(dst, mesh))
     tree = graph.search(start, goal)
     if goal not in tree:
         return None
@@ -321,7 +321,7 @@ def test_shared_edges_give_the_unshared_search_costs_and_steps(mesh_shape, shape
     """Pricing a tensor's edges once for every signature (module docstring, shared pricing) gives
     each pair the cost (and step count) of a search graph of its own, with every Partial op and strided
     placement mixed in, through both ``plan_redistribute`` and ``redistribute_costs``."""
-    from costmodel import redistribute
+    from costmodel import redistribute_search
     from costmodel.redistribute import redistribute_costs
 
     clear_cache()
@@ -340,8 +340,27 @@ def test_shared_edges_give_the_unshared_search_costs_and_steps(mesh_shape, shape
                 assert table[i][j] == float("inf")
                 continue
             plan = plan_redistribute(src, dst, mesh, shape, 4, H100)
-            assert table[i][j] == ref[0] or redistribute._canonical(src, mesh) == redistribute._canonical(dst, mesh)
+            assert table[i][j] == ref[0] or redistribute_search.canonical(src, mesh) == redistribute_search.canonical(dst, mesh)
             # equal (cost, number of steps): which of tied paths is kept depends on the order
             # the graph's states were met, before this change too
             assert plan.cost_s == table[i][j]
             assert len(plan.steps) == len(ref[1])
+
+
+def test_memoised_distance_rows_equal_a_fresh_search_whatever_came_before() -> None:
+    """Rows of the all-sources search are memoised per (search graph, source): a table priced
+    after other tables of the same tensor (other sources first, states met in another order,
+    rows computed narrower than the id space grew to) equals the table priced on a cold cache."""
+    from costmodel.redistribute import redistribute_costs
+
+    mesh, shape = MeshSpec((2, 4)), (6, 8, 16)
+    per_dim = ["R", "S(0)", "S(1)", "S(2)", "P(sum)", "P(max)"]
+    placements = [parse_placements("".join(p)) for p in itertools.product(per_dim, repeat=2)]
+    random.Random(3).shuffle(placements)
+    clear_cache()
+    cold = redistribute_costs(placements, placements, mesh, shape, 4, H100)
+    clear_cache()
+    for k in (3, 11, 20):  # warm the memo with narrower tables first
+        redistribute_costs(placements[k:k + 5], placements[:k], mesh, shape, 4, H100)
+    warm = redistribute_costs(placements, placements, mesh, shape, 4, H100)
+    assert warm == cold
