@@ -46,7 +46,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
-from solver import solve as solve_problem
+from solver import solve as _local_solve
 from solver.evaluate import peak_memory
 from solver.solution import Status
 
@@ -86,10 +86,14 @@ def _fits(problem: Any, solution: Any, limit: float | None) -> bool:
 
 def solve_auto(problem: Any, under: Callable[[str, float | None], Any], limit: float | None, time_limit: float,
                backend: str, gap: float, *, regions: bool = True,
-               on_event: Callable[[dict[str, Any]], None] | None = None) -> AutoAnswer:
+               on_event: Callable[[dict[str, Any]], None] | None = None,
+               solve: Callable[..., Any] | None = None) -> AutoAnswer:
     """(A1), then (A2) (module docstring). ``problem`` is ``P_auto`` with ``limit``;
     ``under(policy, limit)`` gives the same problem under a fixed policy and a limit;
-    ``regions``: the model has checkpoint regions (else only ``none`` is a fixed policy)."""
+    ``regions``: the model has checkpoint regions (else only ``none`` is a fixed policy).
+    ``solve``: what solves one problem (``solver.solve``'s keywords ``backend``, ``time_limit``,
+    ``gap``, ``progress``, ``initial``; default ``solver.solve``, or an ``autoshard serve``'s)."""
+    solve_problem = _local_solve if solve is None else solve
     start = time.perf_counter()
 
     def left(share: float = 1.0) -> float:

@@ -210,16 +210,19 @@ def solve_prepared(
     rounds = opts.overlap_rounds if overlap_worthwhile(graph.profile.contention) else 0
     first = OVERLAP_FIRST_SHARE if rounds else 1.0
     deadline = start + time_limit * (1 - share)
-    if server is not None:
+    if server is not None and not _searches_recompute(graph, recompute):
         remote, solution = _solve_on_server(server, prep, problem, options, time_limit * (1 - share) * first,
                                             backend, progress)
     else:
         def under(policy: str, memory_limit: float | None) -> Any:  # the problem under a fixed policy
             return _pinned_problem(graph, opts, memory_limit, policy)
 
+        # with a server, the recomputation search's solves run there and the plan is assembled here
         answer = _solve_local(graph, problem, recompute, time_limit * (1 - share) * first, backend, on_event,
-                              under, problem_limit)
+                              under, problem_limit, solve=None if server is None else _server_solver(server))
         solution, problem, fallback = answer.solution, answer.problem, answer.fallback
+        if answer.policy != recompute:  # (A1): solved without recomputation; a dump of the plan's problem says so
+            options["recompute_pruned"] = True
     if solution.status is not Status.INFEASIBLE and not solution.choice and portfolio:
         # the search ran out of time before any choice fit: the expert layouts (with the
         # recomputation policies) may still give one
@@ -333,18 +336,41 @@ def _own_seconds(plan: Plan) -> float:
     return sum(float(timings.get(k, 0.0)) for k in ("solve_s", "overlap_s", "portfolio_s"))
 
 
+def _searches_recompute(graph: StrategyGraph, recompute: str) -> bool:
+    """Whether the solver chooses what to recompute (``autoshard.plan.recompute_search``)."""
+    return recompute == "auto" and any(n.states for n in graph.nodes)
+
+
 def _solve_local(graph: StrategyGraph, problem: Any, recompute: str, time_limit: float, backend: str,
                  on_event: Callable[[dict[str, Any]], None], under: Callable[[str, float | None], Any],
-                 limit: float | None) -> AutoAnswer:
+                 limit: float | None, *, solve: Callable[..., Any] | None = None) -> AutoAnswer:
     """The solver's answer to ``problem``. When the solver chooses recomputation
     (``auto`` on a graph with states): ``autoshard.plan.recompute_search`` (no
     recomputation in the problem when it cannot pay; otherwise the search starts
-    from the best fixed policy and never returns worse)."""
-    if recompute != "auto" or not any(n.states for n in graph.nodes):
+    from the best fixed policy and never returns worse). ``solve``: where its
+    solves run (default here; :func:`_server_solver`)."""
+    if not _searches_recompute(graph, recompute):
         return AutoAnswer(solve_problem(problem, backend=backend, time_limit=time_limit, gap=PLAN_GAP,
                                         progress=on_event), problem, policy=recompute)
     return solve_auto(problem, under, limit, time_limit, backend, PLAN_GAP, regions=bool(graph.regions),
-                      on_event=on_event)
+                      on_event=on_event, solve=solve)
+
+
+def _server_solver(server: str) -> Callable[..., Any]:
+    """``solver.solve`` on an ``autoshard serve`` (``POST /v1/problems``). A server takes no warm
+    start: the recomputation search's continued and seeded solves start afresh there, and (A2)
+    still returns no worse than the best fixed policy (its check is on the costs)."""
+    from autoshard.service.client import ServiceClient
+
+    client = ServiceClient(server)
+
+    def solve(problem: Any, *, backend: str, time_limit: float, gap: float,
+              progress: Callable[[dict[str, Any]], None] | None = None, initial: Any = None) -> Any:
+        on_status = None if progress is None else (lambda status: progress({"stage": status.get("state")}))
+        return client.solve_problem(problem, on_progress=on_status, time_limit=time_limit, backend=backend,
+                                    gap=gap)
+
+    return solve
 
 
 def _overlap_rounds(prep: Prepared, problem: Any, solution: Any, plan: Plan, rounds: int, deadline: float,
@@ -551,9 +577,11 @@ def problem_request(prep: Prepared, plan: Plan, options: SolveOptions) -> dict[s
     all_pins = dict(baseline_pins(prep.graph, options.baseline)) if options.baseline else {}
     all_pins.update(options.pins)
     allowed = baseline_allowed(prep.graph, options.baseline) if options.baseline else None
+    # (A1) of autoshard.plan.recompute_search: an `auto` plan solved without recomputation came from `none`'s problem
+    recompute = "none" if plan.options.get("recompute_pruned") else options.recompute
     problem = to_problem(prep.graph, memory_limit=plan.estimate.memory_limit_bytes,
                          pins=resolve_pins(prep.graph, all_pins), ties=options.ties, labels=True,
-                         recompute=options.recompute, allowed=allowed)
+                         recompute=recompute, allowed=allowed)
     share = PORTFOLIO_SHARE if options.baseline is None and not options.pins else 0.0
     return plan_request(prep.graph, problem, fingerprint=plan.fingerprint, options=plan.options,
                         timings=prep.timings,

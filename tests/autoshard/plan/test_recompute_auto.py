@@ -51,7 +51,7 @@ def test_without_memory_pressure_recomputation_is_not_in_the_problem(prep, fixed
     assert plan.recompute == () and plan.estimate.step_s == pytest.approx(fixed["none"].estimate.step_s, rel=1e-9)
 
 
-def test_a_search_that_ends_worse_than_its_start_is_not_returned(prep, fixed, monkeypatch) -> None:
+def test_a_search_that_ends_worse_than_its_start_is_not_returned(prep, fixed) -> None:
     under = _under(prep)
     limit = _tight(fixed)
     auto_problem = under("auto", limit)
@@ -62,7 +62,7 @@ def test_a_search_that_ends_worse_than_its_start_is_not_returned(prep, fixed, mo
         if found.choice:
             costs[policy] = evaluate(auto_problem, found.choice).cost
     assert costs and "none" not in costs  # keeping everything does not fit the limit
-    real = recompute_search.solve_problem
+    real = solve_problem
 
     def worse_search(problem, **kwargs):  # the search over every state runs out of time on a poor choice
         found = real(problem, **kwargs)
@@ -73,8 +73,7 @@ def test_a_search_that_ends_worse_than_its_start_is_not_returned(prep, fixed, mo
                            lower_bound=found.lower_bound, status=Status.TIMEOUT, seconds=found.seconds,
                            backend=found.backend)
 
-    monkeypatch.setattr(recompute_search, "solve_problem", worse_search)
-    answer = recompute_search.solve_auto(auto_problem, under, limit, 120.0, "cbc", 1e-4)
+    answer = recompute_search.solve_auto(auto_problem, under, limit, 120.0, "cbc", 1e-4, solve=worse_search)
     assert answer.solution.stats.get("kept_fixed_policy")
     assert answer.solution.status is Status.TIMEOUT  # unproven, as the search it replaces
     assert evaluate(auto_problem, answer.solution.choice).feasible
