@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from autoshard.trace.device import replace_devices
+
 __all__ = ["mesh_device", "on_device"]
 
 
@@ -38,12 +40,4 @@ def mesh_device(mesh: Any) -> torch.device:
 def on_device(obj: Any, device: torch.device) -> Any:
     """``obj`` (nested tuples, lists and dicts of arguments) with every
     ``torch.device`` replaced by ``device``; everything else as it is."""
-    if isinstance(obj, torch.device):
-        return device
-    if isinstance(obj, tuple):
-        return tuple(on_device(v, device) for v in obj)
-    if isinstance(obj, list):
-        return [on_device(v, device) for v in obj]
-    if isinstance(obj, dict):
-        return {k: on_device(v, device) for k, v in obj.items()}
-    return obj
+    return replace_devices(obj, device)

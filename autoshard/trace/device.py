@@ -52,7 +52,7 @@ from torch._ops import OpOverload
 from autoshard.trace.compat import TraceError
 from autoshard.trace.stand_ins import STAND_INS
 
-__all__ = ["DEVICE_TYPES", "CPU_ONLY_OPS", "CUDA_ONLY_OPS", "for_device", "device_kernel_problems"]
+__all__ = ["DEVICE_TYPES", "CPU_ONLY_OPS", "CUDA_ONLY_OPS", "for_device", "device_kernel_problems", "replace_devices"]
 
 aten = torch.ops.aten
 
@@ -116,19 +116,29 @@ def for_device(graph_module: fx.GraphModule, fake_mode: Any, device_type: str) -
                          + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
 
 
+def replace_devices(obj: Any, device: torch.device, *, other_types_only: bool = False) -> Any:
+    """``obj`` (nested tuples, lists and dicts of arguments) with every ``torch.device``
+    replaced by ``device`` (``other_types_only``: only those of another device type, so a
+    graph's ``cuda:1`` stays); everything else as it is.
+
+    >>> replace_devices((torch.device("cpu"), [1, {"device": torch.device("cpu")}]), torch.device("cuda:0"))
+    (device(type='cuda', index=0), [1, {'device': device(type='cuda', index=0)}])
+    """
+    if isinstance(obj, torch.device):
+        return device if not other_types_only or obj.type != device.type else obj
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(replace_devices(v, device, other_types_only=other_types_only) for v in obj)
+    if isinstance(obj, dict):
+        return {k: replace_devices(v, device, other_types_only=other_types_only) for k, v in obj.items()}
+    return obj
+
+
 def _retarget_devices(graph: fx.Graph, device: torch.device) -> None:
     """Every ``torch.device`` argument of a call points at ``device``'s type."""
-    def swap(value: Any) -> Any:
-        if isinstance(value, torch.device) and value.type != device.type:
-            return device
-        if isinstance(value, (list, tuple)):
-            return type(value)(swap(v) for v in value)
-        return value
-
     for node in graph.nodes:
         if node.op == "call_function":
-            node.args = tuple(swap(a) for a in node.args)
-            node.kwargs = {k: swap(v) for k, v in node.kwargs.items()}
+            node.args = replace_devices(tuple(node.args), device, other_types_only=True)
+            node.kwargs = replace_devices(dict(node.kwargs), device, other_types_only=True)
 
 
 def _stand_ins(graph: fx.Graph, fake_mode: Any) -> None:
