@@ -275,13 +275,7 @@ def main(argv: list[str] | None = None) -> int:
                 row = _child(["--tiny-child", name, recompute, "--time-limit", str(args.time_limit)], child=False)
                 rows.append({"model": name, "recompute": recompute, **row})
                 print(f"done {name} {recompute}: {row}", file=sys.stderr)
-        text = tiny_table(rows)
-        print(text)
-        if args.output:
-            from solver.io import write_text_atomic
-
-            write_text_atomic(args.output, text + "\n")
-        return 0
+        return _emit(tiny_table(rows), args.output)
     if args.layers:
         print(layers_sweep("8x8", [1, 2, 4, 8, 16, 32], Path(args.plot)))
         return 0
@@ -303,11 +297,16 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
             print(f"done {config} on {mesh}", file=sys.stderr)
         text = table(rows)
+    return _emit(text, args.output)
+
+
+def _emit(text: str, output: str | None) -> int:
+    """Print the table and write it atomically to ``output`` when given; the exit status."""
     print(text)
-    if args.output:
+    if output:
         from solver.io import write_text_atomic
 
-        write_text_atomic(args.output, text + "\n")
+        write_text_atomic(output, text + "\n")
     return 0
 
 
