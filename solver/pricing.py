@@ -61,4 +61,6 @@ def priced_unary(graph: CompiledGraph, lam: np.ndarray) -> np.ndarray:
 def dual_bound(graph: CompiledGraph, lam: np.ndarray, priced_min):
     """The lower bound given by ``priced_min``, a lower bound of min F_lambda (a number, or
     an array of them such as min-marginals): ``priced_min + K - lam . (L - base)``."""
-    return priced_min + graph.constant - float(lam @ (graph.limit - graph.base))
+    # points with lam = 0 add nothing, whatever their capacity (with no limit it is inf, and inf x 0 is nan)
+    priced = lam > 0
+    return priced_min + graph.constant - float(lam[priced] @ (graph.limit - graph.base[priced]))

@@ -59,3 +59,22 @@ def test_dual_bound_never_exceeds_the_optimum(random_graphs, graph_oracle):
             assert dual_bound(graph, lam, priced_min) <= best + 1e-9 * max(1.0, abs(best))
             checked += 1
     assert checked > 20
+
+
+def test_without_a_limit_unpriced_points_add_nothing_and_priced_ones_void_the_bound(random_graphs):
+    """No memory limit (capacity inf at every point): multipliers 0 give the plain minimum (not nan,
+    which 0 x inf made and later comparisons hid); any positive multiplier gives -inf (valid)."""
+    from dataclasses import replace
+
+    checked = 0
+    for rng, graph in random_graphs(43, 30):
+        if not graph.num_times:
+            continue
+        free = replace(graph, limit=float("inf"))
+        lam = np.zeros(graph.num_times)
+        with np.errstate(invalid="raise"):
+            assert dual_bound(free, lam, 1.5) == 1.5 + free.constant
+            lam[rng.integers(graph.num_times)] = 0.25
+            assert dual_bound(free, lam, 1.5) == -np.inf
+        checked += 1
+    assert checked
