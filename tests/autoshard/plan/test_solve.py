@@ -223,6 +223,17 @@ def test_time_limit_bounds_the_whole_call_trace_and_build_included() -> None:
     assert whole <= limit * 1.05, timings
 
 
+def test_the_plan_does_not_depend_on_the_time_limit_once_every_stage_finishes(dp_mlp) -> None:
+    """Proven at 20 s and at 200 s: the same choice and estimate (overlap rounds included: a round that
+    ends unproven would make the plan depend on the time it got, and is never taken)."""
+    short = solve_prepared(dp_mlp, time_limit=20)
+    long = solve_prepared(dp_mlp, time_limit=200)
+    assert short.solver.status == long.solver.status == "optimal"
+    assert short.options["overlap_rounds"] == long.options["overlap_rounds"]
+    assert [n.to_dict() for n in short.nodes] == [n.to_dict() for n in long.nodes]
+    assert short.estimate == long.estimate
+
+
 def test_a_seeded_search_takes_its_seed_out_of_the_time_limit() -> None:
     from autoshard.plan.solve import SEED_SHARE, solve_stage_seconds
 
