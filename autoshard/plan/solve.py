@@ -132,7 +132,8 @@ def prepare(
     if progress:
         progress("trace", 1, 1)
     # the kernels and temporaries of the update as torch.optim will run it (auto: its default on the device)
-    opt_memory = OptimizerMemory(optimizer, mixed_precision, optimizer_implementation(opts.optimizer_impl, prof))
+    optimizer_impl = optimizer_implementation(opts.optimizer_impl, prof)
+    opt_memory = OptimizerMemory(optimizer, mixed_precision, optimizer_impl)
     mode = choose_search(mesh.shape, opts.search)
     restrict, seed_timings = None, {}
     if mode == "seeded":
@@ -150,7 +151,10 @@ def prepare(
     return Prepared(
         traced=traced, graph=graph, fingerprint=make_fingerprint(traced, mesh.shape, mesh.dim_names, prof),
         timings={"trace_s": round(t1 - t0, 4), **seed_timings, "build_s": round(t2 - t_seed, 4)},
-        options={"optimizer": optimizer, "mixed_precision": mixed_precision, "allow_uneven": allow_uneven,
+        # optimizer_impl as priced (``auto`` resolved for the profile's device): the runtime's user
+        # builds that optimizer to get the step the plan predicts
+        options={"optimizer": optimizer, "optimizer_impl": optimizer_impl, "mixed_precision": mixed_precision,
+                 "allow_uneven": allow_uneven,
                  "search": mode, "bucket_bytes": int(bucket_bytes), "recompute_states": recompute != "none",
                  "gather": gather},
     )
