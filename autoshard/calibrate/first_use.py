@@ -216,12 +216,13 @@ def resolve_mode(mode: str, profile: HardwareProfile, *, runs_here: bool) -> str
     return mode
 
 
-def corrected_profile(profile: HardwareProfile, *, ranks: int, mode: str = "here",
-                      folder: Path | None = None) -> tuple[HardwareProfile, dict[str, Any]]:
+def corrected_profile(profile: HardwareProfile, *, ranks: int, mode: str = "here", folder: Path | None = None,
+                      collective: bool = False) -> tuple[HardwareProfile, dict[str, Any]]:
     """``profile`` corrected for this machine and what was done, for ``plan.options``
     (``{"mode": "off"}`` when ``mode`` is ``off``). ``ranks``: the job's ranks on this
-    host. Inside a process group of ``ranks`` ranks every rank must call this
-    together (they measure together on a cache miss; rank 0's cache decides).
+    host. ``collective``: every rank of the initialized process group calls this
+    together (they measure together on a cache miss; rank 0's cache decides);
+    otherwise this process alone decides, and measures on ``ranks`` processes it starts.
 
     >>> from hw_profiles import load
     >>> corrected_profile(load("cpu-gloo"), ranks=4, mode="off")[1]
@@ -232,8 +233,8 @@ def corrected_profile(profile: HardwareProfile, *, ranks: int, mode: str = "here
     if mode not in ("here", "remeasure"):
         raise ValueError(f"profile_correction: expected here, remeasure or off here, got {mode!r}")
     key = machine_key(profile.fingerprint, ranks=ranks)
-    job = _job_here()
-    in_job = job.world == ranks and job.world > 1
+    job = _job_here() if collective else Job.single()
+    in_job = job.world > 1
     cached = load_cached(key, folder) if mode == "here" and job.rank == 0 else None
     if in_job:  # every rank takes rank 0's decision: a miss is measured by all of them
         flag = torch.tensor([1 if cached is not None else 0])
