@@ -29,7 +29,13 @@ the profile (``apply``):
 * ``vector`` times ``r_matmul / r_vector`` (the vector term divides FLOPs
   by the fp32 peak, already divided by ``r_matmul``), at most 1;
 * collectives: ``alpha_s`` and ``alpha_per_step_s`` times ``r_alpha``,
-  ``beta_s_per_byte`` times ``r_beta`` (bus-bandwidth curves divided by it).
+  ``beta_s_per_byte`` times ``r_beta`` (bus-bandwidth curves divided by it);
+* ``step_op_s`` (a new figure, not a scale): the ``step`` family is a reference
+  step (``autoshard.calibrate.reference_step``) against the sum of its ``n`` ops
+  timed alone on the same machine; ``(step - sum) / n``, at least 0, is what an
+  op costs inside a step beyond its own time (cold tensors, the allocator, the
+  dispatch between different ops). The strategy graph adds it to every op of a
+  step; an op priced alone (``costmodel.compute.op_time_s``) does not pay it.
 
 If every op of a family is ``k`` times slower on the machine, the corrected
 profile prices it ``k`` times slower: tests check that synthetic times from a
@@ -52,7 +58,7 @@ from hw_profiles.profile import FreshPages, HardwareProfile
 __all__ = ["FAMILIES", "FORMAT", "ReferenceTime", "ProfileCorrection", "family_ratios"]
 
 FORMAT = "autoshard.profile_correction/1"
-FAMILIES = ("launch", "matmul", "memory", "vector", "collective")
+FAMILIES = ("launch", "matmul", "memory", "vector", "collective", "step")
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,8 +71,9 @@ class ReferenceTime:
     """One of :data:`FAMILIES`."""
     size: float
     """FLOPs (matmul, vector), working-set bytes (memory), message bytes
-    (collective), 1 (launch): where on the family's curve it sits."""
+    (collective), 1 (launch), ops (step): where on the family's curve it sits."""
     predicted_s: float
+    """What the profile prices it; for the ``step`` family: the sum of its ops timed alone."""
     measured_s: float
 
     def __post_init__(self) -> None:
@@ -92,7 +99,10 @@ def family_ratios(times: Sequence[ReferenceTime]) -> dict[str, float]:
     launch_p = statistics.median(t.predicted_s for t in launches) if launches else 0.0
     launch_m = statistics.median(t.measured_s for t in launches) if launches else 0.0
     ratios: dict[str, list[float]] = {}
+    steps = [t for t in times if t.family == "step"]
     for t in times:
+        if t.family == "step":
+            continue
         if t.family in ("launch", "collective"):  # collectives are priced without a launch floor
             ratio = t.measured_s / t.predicted_s
         else:  # the floor is priced (and corrected) apart: what is left is the kernel's own time
@@ -102,6 +112,8 @@ def family_ratios(times: Sequence[ReferenceTime]) -> dict[str, float]:
     colls = sorted((t.size, r) for t, r in zip([t for t in times if t.family == "collective"], ratios.get("collective", [])))
     if colls:
         out["collective_alpha"], out["collective_beta"] = colls[0][1], colls[-1][1]
+    if steps:  # seconds, not a ratio: what an op costs in a step beyond its time alone
+        out["step_op_s"] = statistics.median(max(0.0, (t.measured_s - t.predicted_s) / t.size) for t in steps)
     return out
 
 
@@ -136,7 +148,7 @@ class ProfileCorrection:
 
     def summary(self) -> dict[str, float]:
         """The ratios, rounded (what ``plan.options["profile_correction"]`` shows)."""
-        return {f: round(r, 4) for f, r in sorted(self.ratios.items())}
+        return {f: (round(r, 4) if f != "step_op_s" else float(f"{r:.4g}")) for f, r in sorted(self.ratios.items())}
 
     def apply(self, profile: HardwareProfile) -> HardwareProfile:
         """``profile`` with its figures scaled by the ratios (module docstring);
@@ -156,6 +168,7 @@ class ProfileCorrection:
             peak_flops=tuple((k, v / matmul) for k, v in dev.peak_flops),
             memory_bandwidth_Bps=dev.memory_bandwidth_Bps / memory, fresh_pages=fresh,
             efficiency=dataclasses.replace(eff, vector=vector))
+        new_dev = dataclasses.replace(new_dev, step_op_s=r.get("step_op_s", dev.step_op_s))
         alpha, beta = r.get("collective_alpha", 1.0), r.get("collective_beta", 1.0)
         tiers = tuple(dataclasses.replace(t, collectives=tuple(
             (k, dataclasses.replace(f, alpha_s=f.alpha_s * alpha, alpha_per_step_s=f.alpha_per_step_s * alpha,

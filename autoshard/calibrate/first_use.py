@@ -7,8 +7,10 @@ result per machine).
 The reference set is small and fixed: a launch (1-element add), two GEMMs
 (128^3 and 512^3 fp32), elementwise adds over a cache-resident and a
 DRAM-sized working set, a copy, a reduction, two vector-bound ops (silu,
-softmax) and, where the job has ranks, all_reduces of 64 KiB and 4 MiB over
-all of them. Each op is priced as a plan prices it (``autoshard.rules``'
+softmax), a reference step (``autoshard.calibrate.reference_step``: the same
+ops as a small MLP's forward and backward, against those ops timed alone:
+what an op costs in a step beyond its time alone) and, where the job has
+ranks, all_reduces of 64 KiB and 4 MiB over all of them. Each op is priced as a plan prices it (``autoshard.rules``'
 FLOPs and bytes, ``costmodel.compute.op_time_s``), and sits in the family of the
 term that bounds it in the profile (a memory-bound elementwise op corrects the
 memory curve, a compute-bound one the vector rate).
@@ -28,6 +30,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import statistics
 import tempfile
 import time
 from dataclasses import dataclass
@@ -44,6 +47,7 @@ from hw_profiles import HardwareProfile
 from hw_profiles.correction import ProfileCorrection, ReferenceTime
 
 from autoshard.calibrate.correction_cache import load_cached, machine_key, save_cached
+from autoshard.calibrate.reference_step import reference_step
 from autoshard.calibrate.timing import Job, Settings, measure
 from autoshard.plan.options import PROFILE_CORRECTIONS
 
@@ -55,7 +59,12 @@ MODES = PROFILE_CORRECTIONS
 where the plan runs on the machine that solves it and the profile is a CPU
 profile: :func:`autoshard.autoshard`; ``off`` for offline solves)."""
 
-SETTINGS = Settings(warmup=2, trials=5, min_trial_s=0.02, max_item_s=1.5)
+SETTINGS = Settings(warmup=0, trials=2, min_trial_s=0.02, max_item_s=0.5)
+"""One visit of a reference op: two trials of at least 20 ms (all ranks start each after a barrier)."""
+ROUNDS = 3
+"""Visits of every reference op, interleaved (:func:`_interleaved`)."""
+COLLECTIVE_BYTES = (2**16, 2**22)
+"""all_reduce sizes: the smallest prices the latency terms, the largest the bandwidth term."""
 aten = torch.ops.aten
 
 
@@ -79,7 +88,6 @@ def reference_ops() -> list[RefOp]:
         RefOp("add 1", aten.add.Tensor, lambda: (torch.ones(1), torch.ones(1))),
         RefOp("mm 128x128x128", aten.mm.default, lambda: (_t(128, 128)(), _t(128, 128)())),
         RefOp("mm 512x512x512", aten.mm.default, lambda: (_t(512, 512)(), _t(512, 512)())),
-        RefOp("add 4096", aten.add.Tensor, lambda: (_t(4096)(), _t(4096)())),
         RefOp("add 65536", aten.add.Tensor, lambda: (_t(65536)(), _t(65536)())),
         RefOp("add 4194304", aten.add.Tensor, lambda: (_t(4194304)(), _t(4194304)())),
         RefOp("clone 1048576", aten.clone.default, lambda: (_t(1048576)(),)),
@@ -110,16 +118,17 @@ def _price(op: RefOp, args: tuple, profile: HardwareProfile) -> tuple[str, float
     return "memory", work.bytes_accessed, predicted
 
 
-def _collectives(job: Job, profile: HardwareProfile) -> list[ReferenceTime]:
-    mesh = MeshSpec((job.world,))
-    out = []
-    for nbytes in (2**16, 2**22):
-        buf = torch.zeros(nbytes // 4)
-        timing = measure(job, lambda: dist.all_reduce(buf), SETTINGS)
-        predicted = collective_time_s("all_reduce", float(nbytes), (0,), mesh, profile)
-        out.append(ReferenceTime(f"all_reduce {job.world} ranks {nbytes} B", "collective", float(nbytes), predicted,
-                                 timing.seconds))
-    return out
+def _interleaved(job: Job, calls: list[Callable[[], Any]]) -> list[float]:
+    """Seconds per call of each of ``calls``, measured in :data:`ROUNDS` rounds that
+    visit every call in turn: the median over rounds, so that a burst of other
+    work on the host lands on one round of every family, not on one family."""
+    for fn in calls:  # warm-up: allocator, caches, connections
+        fn()
+    rounds: list[list[float]] = [[] for _ in calls]
+    for _ in range(ROUNDS):
+        for i, fn in enumerate(calls):
+            rounds[i].append(measure(job, fn, SETTINGS).seconds)
+    return [statistics.median(r) for r in rounds]
 
 
 def measure_correction(job: Job, profile: HardwareProfile, key: dict[str, Any]) -> ProfileCorrection:
@@ -127,29 +136,34 @@ def measure_correction(job: Job, profile: HardwareProfile, key: dict[str, Any]) 
     this) and return the correction (the same on every rank: times are max over ranks)."""
     started = time.perf_counter()
     load_before = os.getloadavg()
-    times = []
+    priced, calls = [], []
     for op in reference_ops():
         args = op.make()
-        family, size, predicted = _price(op, args, profile)
-        # two passes, the faster: a burst of other work on the host should not stick
-        seconds = min(measure(job, lambda: op.op(*args), SETTINGS).seconds for _ in range(2))
-        times.append(ReferenceTime(op.label, family, size, predicted, seconds))
+        priced.append((op.label, *_price(op, args, profile)))
+        calls.append(lambda op=op, args=args: op.op(*args))
+    step, parts, ops = reference_step()
+    calls += [lambda: step()] + [fn for fn, _ in parts]
+    mesh = MeshSpec((job.world,))
     if job.world > 1:
-        times += _collectives(job, profile)
+        for nbytes in COLLECTIVE_BYTES:
+            buf = torch.zeros(nbytes // 4)
+            predicted = collective_time_s("all_reduce", float(nbytes), (0,), mesh, profile)
+            priced.append((f"all_reduce {job.world} ranks {nbytes} B", "collective", float(nbytes), predicted))
+            calls.append(lambda buf=buf: dist.all_reduce(buf))
+    seconds = _interleaved(job, calls)
+    n = len(reference_ops())
+    step_s, alone = seconds[n], seconds[n + 1:n + 1 + len(parts)]
+    rest = seconds[:n] + seconds[n + 1 + len(parts):]
+    times = tuple(ReferenceTime(label, family, size, predicted, measured)
+                  for (label, family, size, predicted), measured in zip(priced, rest))
+    # the step against its own ops timed alone, in the same rounds (no profile in between)
+    times += (ReferenceTime(f"reference step ({ops} ops)", "step", float(ops),
+                            sum(t * count for t, (_, count) in zip(alone, parts)), step_s),)
     return ProfileCorrection(
-        profile=profile.fingerprint, machine=key, times=tuple(times),
+        profile=profile.fingerprint, machine=key, times=times,
         date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         load={"before": [round(v, 2) for v in load_before], "after": [round(v, 2) for v in os.getloadavg()]},
         seconds=round(time.perf_counter() - started, 2))
-
-
-def _job_here() -> Job:
-    """This process's job: the initialized default process group (CPU), else one process."""
-    if dist.is_available() and dist.is_initialized():
-        world = dist.get_world_size()
-        return Job(rank=dist.get_rank(), world=world, local_world=int(os.environ.get("LOCAL_WORLD_SIZE", world)),
-                   backend=dist.get_backend())
-    return Job.single()
 
 
 def _child_main(argv: list[str]) -> int:

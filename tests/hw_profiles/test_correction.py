@@ -116,3 +116,17 @@ def test_round_trip_and_bad_input() -> None:
         ProfileCorrection.from_dict({"format": "autoshard.profile_correction/1", "profile": "p"})
     with pytest.raises(ValueError, match="family"):
         ReferenceTime("x", "gpu", 1.0, 1.0, 1.0)
+
+
+def test_the_reference_step_gives_the_per_op_cost_of_a_step() -> None:
+    """A step of 40 ops that takes 20 ms more than its ops alone: 0.5 ms per op, a new figure
+    of the corrected profile (not a scale of any curve: ops priced alone do not pay it)."""
+    step = ReferenceTime("reference step (40 ops)", "step", 40.0, 0.030, 0.050)
+    faster = ReferenceTime("reference step (40 ops)", "step", 40.0, 0.030, 0.020)
+    assert family_ratios([step])["step_op_s"] == pytest.approx(5e-4)
+    assert family_ratios([faster])["step_op_s"] == 0.0  # never negative
+    corrected = ProfileCorrection(BASE.fingerprint, {}, "d", (step,)).apply(BASE)
+    assert corrected.device.step_op_s == pytest.approx(5e-4)
+    assert op_time_s("matmul", flops=1e9, bytes_accessed=1e6, dtype="fp32", profile=corrected) == \
+        op_time_s("matmul", flops=1e9, bytes_accessed=1e6, dtype="fp32", profile=BASE)
+    assert load("cpu-gloo").device.step_op_s == 0.0 and "step_op_s" not in BASE.to_dict()["device"]

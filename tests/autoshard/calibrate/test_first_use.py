@@ -119,6 +119,33 @@ def test_a_real_measurement_on_one_process(tmp_path) -> None:
     """A few seconds of reference ops on this machine: every family but collectives (no ranks)."""
     profile, record = first_use.corrected_profile(BASE, ranks=1, folder=tmp_path)
     assert record["source"] == "measured"
-    assert set(record["ratios"]) == {"launch", "matmul", "memory", "vector"}
-    assert all(0.01 < r < 100 for r in record["ratios"].values())
+    ratios = dict(record["ratios"])
+    step_op_s = ratios.pop("step_op_s")
+    assert set(ratios) == {"launch", "matmul", "memory", "vector"}
+    assert all(0.01 < r < 100 for r in ratios.values())
+    assert 0.0 <= step_op_s < 0.01 and profile.device.step_op_s == pytest.approx(step_op_s, rel=1e-3)
     assert profile.name == "cpu-gloo+corrected"
+
+
+def test_every_op_of_a_step_pays_the_step_cost_and_views_do_not() -> None:
+    """The strategy graph adds ``step_op_s`` to each op's compute (``autoshard.graph.builder``)."""
+    import dataclasses
+
+    from autoshard.plan.solve import prepare
+    from examples.models import mlp
+
+    model, inputs = mlp.tiny()
+    base = prepare(model, inputs, (1,), profile="cpu-gloo", recompute="none")
+    stepped = dataclasses.replace(BASE, device=dataclasses.replace(BASE.device, step_op_s=1e-3))
+    more = prepare(model, inputs, (1,), profile=stepped, recompute="none", traced=base.traced)
+    paid = free = 0
+    for a, b in zip(base.graph.nodes, more.graph.nodes):
+        if a.kind != "op":
+            continue
+        for ca, cb in zip(a.compute_s, b.compute_s):
+            if ca == 0.0 and cb == 0.0:  # a view: no kernel, no step cost
+                free += 1
+            else:
+                assert cb == pytest.approx(ca + 1e-3)
+                paid += 1
+    assert paid > 0 and free > 0  # the tiny MLP has both (mm, t / view)
