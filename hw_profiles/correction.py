@@ -16,16 +16,19 @@ Math. Each reference time ``i`` of family ``f`` (``launch``, ``matmul``,
 floor (measured on the machine, and the profile's; the launch and collective
 families use ``measured / predicted``). A family's ratio ``r_f`` is the
 median of its ratios (collectives: ``r_alpha`` from the smallest message,
-``r_beta`` from the largest). The measured ratios of one family at different
-sizes did not follow a trend that a curve could hold (adds of 48 KB, 786 KB and
-48 MB: 4.2, 3.0, 3.2 on the machine of benchmarks/results/profile_correction.md),
-so the correction keeps each curve's shape and moves its scale. Applied to
-the profile (``apply``):
+``r_beta`` from the largest), except memory: streams slow down by working set
+(on the shared 2-core VM of benchmarks/results/profile_correction.md, under
+other users' load: an add over 786 KB 4.7x the profile, over 48 MB 16x), so
+``r_memory(B)`` is a curve through the memory items' ``(working set, ratio)``
+points, log-linear between them and flat beyond. Applied to the profile
+(``apply``):
 
 * ``launch_s``, ``launch_scalar_s`` times ``r_launch``;
 * every ``peak_flops`` divided by ``r_matmul`` (GEMMs and attention: the
   same matrix units);
-* ``memory_bandwidth_Bps`` and ``fresh_pages.Bps`` divided by ``r_memory``;
+* each memory-curve point ``(B, e)`` becomes ``(B, e / r_memory(B))`` (renormalized
+  into ``memory_bandwidth_Bps`` where that exceeds 1); ``fresh_pages.Bps``
+  divided by the ratio of the largest working set;
 * ``vector`` times ``r_matmul / r_vector`` (the vector term divides FLOPs
   by the fp32 peak, already divided by ``r_matmul``), at most 1;
 * collectives: ``alpha_s`` and ``alpha_per_step_s`` times ``r_alpha``,
@@ -49,13 +52,14 @@ known scale recover it.
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from hw_profiles.profile import FreshPages, HardwareProfile
 
-__all__ = ["FAMILIES", "FORMAT", "ReferenceTime", "ProfileCorrection", "family_ratios"]
+__all__ = ["FAMILIES", "FORMAT", "ReferenceTime", "ProfileCorrection", "family_ratios", "memory_points", "ratio_curve"]
 
 FORMAT = "autoshard.profile_correction/1"
 FAMILIES = ("launch", "matmul", "memory", "vector", "collective", "step")
@@ -90,6 +94,30 @@ class ReferenceTime:
     def to_dict(self) -> dict[str, Any]:
         return {"label": self.label, "family": self.family, "size": self.size, "predicted_s": self.predicted_s,
                 "measured_s": self.measured_s}
+
+
+def memory_points(times: Sequence[ReferenceTime]) -> tuple[tuple[float, float], ...]:
+    """The memory family's ratios by working set, ``(bytes, ratio)`` ascending (module docstring)."""
+    launches = [t for t in times if t.family == "launch"]
+    launch_p = statistics.median(t.predicted_s for t in launches) if launches else 0.0
+    launch_m = statistics.median(t.measured_s for t in launches) if launches else 0.0
+    return tuple(sorted((t.size, max(t.measured_s - launch_m, 0.05 * t.measured_s) / max(t.predicted_s - launch_p, 1e-12))
+                        for t in times if t.family == "memory"))
+
+
+def ratio_curve(points: Sequence[tuple[float, float]], x: float) -> float:
+    """The ratio at ``x``: log-linear between ``points`` (``(size, ratio)``, ascending), flat beyond.
+
+    >>> round(ratio_curve([(1e3, 2.0), (1e5, 4.0)], 1e4), 6), ratio_curve([(1e3, 2.0), (1e5, 4.0)], 1e9)
+    (3.0, 4.0)
+    """
+    if x <= points[0][0]:
+        return points[0][1]
+    for (x0, r0), (x1, r1) in zip(points, points[1:]):
+        if x <= x1:
+            t = 0.0 if x1 == x0 else (math.log(x) - math.log(x0)) / (math.log(x1) - math.log(x0))
+            return r0 + (r1 - r0) * t
+    return points[-1][1]
 
 
 def family_ratios(times: Sequence[ReferenceTime]) -> dict[str, float]:
@@ -155,19 +183,28 @@ class ProfileCorrection:
         its name says it was corrected, its fingerprint changes."""
         r = self.ratios
         dev, eff = profile.device, profile.device.efficiency
-        launch, matmul, memory = r.get("launch", 1.0), r.get("matmul", 1.0), r.get("memory", 1.0)
+        launch, matmul = r.get("launch", 1.0), r.get("matmul", 1.0)
+        points = memory_points(self.times)
         vector = eff.vector
         if vector is not None and "vector" in r:
             vector = min(1.0, vector * matmul / r["vector"])
-        fresh = dev.fresh_pages
-        if fresh is not None:
-            fresh = FreshPages(fresh.above_bytes, fresh.Bps / memory)
+        fresh, memory_eff, bandwidth = dev.fresh_pages, eff.memory, dev.memory_bandwidth_Bps
+        if points:
+            # the curve scaled point by point by the ratio at its working set; renormalized into the
+            # bandwidth where a point would exceed 1 (an efficiency stays a fraction)
+            curve = [(b, e / ratio_curve(points, b)) for b, e in eff.memory_curve]
+            top = max(1.0, max(e for _, e in curve))
+            curve = tuple((b, e / top) for b, e in curve)
+            memory_eff = curve if isinstance(eff.memory, tuple) else curve[0][1]
+            bandwidth = dev.memory_bandwidth_Bps * top
+            if fresh is not None:  # faults stream like the largest working sets
+                fresh = FreshPages(fresh.above_bytes, fresh.Bps / points[-1][1])
         new_dev = dataclasses.replace(
             dev, launch_s=dev.launch_s * launch,
             launch_scalar_s=None if dev.launch_scalar_s is None else dev.launch_scalar_s * launch,
             peak_flops=tuple((k, v / matmul) for k, v in dev.peak_flops),
-            memory_bandwidth_Bps=dev.memory_bandwidth_Bps / memory, fresh_pages=fresh,
-            efficiency=dataclasses.replace(eff, vector=vector))
+            memory_bandwidth_Bps=bandwidth, fresh_pages=fresh,
+            efficiency=dataclasses.replace(eff, vector=vector, memory=memory_eff))
         new_dev = dataclasses.replace(new_dev, step_op_s=r.get("step_op_s", dev.step_op_s))
         alpha, beta = r.get("collective_alpha", 1.0), r.get("collective_beta", 1.0)
         tiers = tuple(dataclasses.replace(t, collectives=tuple(

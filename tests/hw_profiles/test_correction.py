@@ -130,3 +130,25 @@ def test_the_reference_step_gives_the_per_op_cost_of_a_step() -> None:
     assert op_time_s("matmul", flops=1e9, bytes_accessed=1e6, dtype="fp32", profile=corrected) == \
         op_time_s("matmul", flops=1e9, bytes_accessed=1e6, dtype="fp32", profile=BASE)
     assert load("cpu-gloo").device.step_op_s == 0.0 and "step_op_s" not in BASE.to_dict()["device"]
+
+
+def test_streams_slowed_by_working_set_are_corrected_along_the_memory_curve() -> None:
+    """A machine whose cache-sized streams are 2x slower and DRAM-sized ones 8x: the
+    corrected profile prices each at its own ratio (a single scale would miss both)."""
+    small, large = 786432.0, 50331648.0
+
+    def stream(nbytes, profile):
+        return op_time_s("copy", flops=0.0, bytes_accessed=nbytes, dtype="fp32", profile=profile)
+
+    launch = BASE.device.launch_s
+    times = [ReferenceTime("add 1", "launch", 1.0, launch, launch)]
+    for nbytes, ratio in ((small, 2.0), (large, 8.0)):
+        base = stream(nbytes, BASE)
+        times.append(ReferenceTime(f"copy {nbytes}", "memory", nbytes, base, launch + ratio * (base - launch)))
+    corrected = ProfileCorrection(BASE.fingerprint, {}, "d", tuple(times)).apply(BASE)
+    for nbytes, ratio in ((small, 2.0), (large, 8.0), (2 * large, 8.0)):
+        kernel = stream(nbytes, corrected) - launch
+        # exact at the curve's own points; between them the curve interpolates its scaled points
+        assert kernel == pytest.approx(ratio * (stream(nbytes, BASE) - launch), rel=0.05)
+    mid = (small * large) ** 0.5  # log-halfway: the ratio halfway too
+    assert stream(mid, corrected) - launch == pytest.approx(5.0 * (stream(mid, BASE) - launch), rel=0.05)
