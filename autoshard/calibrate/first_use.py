@@ -30,7 +30,6 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import statistics
 import tempfile
 import time
 from dataclasses import dataclass
@@ -121,15 +120,17 @@ def _price(op: RefOp, args: tuple, profile: HardwareProfile) -> tuple[str, float
 
 def _interleaved(job: Job, calls: list[Callable[[], Any]]) -> list[float]:
     """Seconds per call of each of ``calls``, measured in :data:`ROUNDS` rounds that
-    visit every call in turn: the median over rounds, so that a burst of other
-    work on the host lands on one round of every family, not on one family."""
+    visit every call in turn, the fastest round of each: a burst of other work on
+    the host lands on one round of every family, not on one family, and the
+    fastest round is what the profile's own calibration keeps (its fastest pass),
+    so measured and profiled times compare like with like."""
     for fn in calls:  # warm-up: allocator, caches, connections
         fn()
     rounds: list[list[float]] = [[] for _ in calls]
     for _ in range(ROUNDS):
         for i, fn in enumerate(calls):
             rounds[i].append(measure(job, fn, SETTINGS).seconds)
-    return [statistics.median(r) for r in rounds]
+    return [min(r) for r in rounds]
 
 
 def measure_correction(job: Job, profile: HardwareProfile, key: dict[str, Any]) -> ProfileCorrection:

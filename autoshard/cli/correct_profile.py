@@ -59,7 +59,10 @@ def run(args: argparse.Namespace) -> int:
     print(f"{base.name} on {record['machine']['cpu']} ({record['machine']['cores']} cores, {args.ranks} ranks), "
           f"{record['source']} {record['date']}, load {record['load']}:")
     for family, ratio in record["ratios"].items():
-        print(f"  {family}: measured / profile {ratio:.3f}")
+        if family == "step_op_s":  # seconds, not a ratio
+            print(f"  step: {ratio * 1e6:.1f} us per op beyond the op alone")
+        else:
+            print(f"  {family}: measured / profile {ratio:.3f}")
     if args.output:
         print(f"corrected profile written to {args.output}")
     return 0
