@@ -410,6 +410,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"# {profile_line}", file=sys.stderr, flush=True)
         impl = "fused" if args.optimizer == "fused" else "auto"
         fix = args.profile_correction
+        if fix == "remeasure":  # once per rank count, up front: every plan of a rank count is priced alike
+            from autoshard.calibrate.first_use import corrected_profile
+            from hw_profiles import load
+
+            for ranks in (world, 1):
+                corrected_profile(load(PROFILE), ranks=ranks, mode="remeasure")
+            fix = "here"
         plans = make_plans(models, meshes, Path(tmp), args.time_limit, optimizer_impl=impl, correction=fix)
         plans.update(make_plans(models, ["1"], Path(tmp), args.time_limit, kinds=("ddp",), optimizer_impl=impl,
                                 correction=fix))
