@@ -168,6 +168,15 @@ def measure_correction(job: Job, profile: HardwareProfile, key: dict[str, Any]) 
         seconds=round(time.perf_counter() - started, 2))
 
 
+def _job_here() -> Job:
+    """This process's job: the initialized default process group (CPU), else one process."""
+    if dist.is_available() and dist.is_initialized():
+        world = dist.get_world_size()
+        return Job(rank=dist.get_rank(), world=world, local_world=int(os.environ.get("LOCAL_WORLD_SIZE", world)),
+                   backend=dist.get_backend())
+    return Job.single()
+
+
 def _child_main(argv: list[str]) -> int:
     """``python -m autoshard.calibrate.first_use RANK WORLD STORE PROFILE.json KEY_JSON OUT.json``:
     one of the local ranks :func:`_measure_spawned` starts."""
