@@ -48,6 +48,7 @@ load now.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import platform
@@ -81,6 +82,8 @@ TP_PLANS = {
                "layers.*.feed_forward.w3": "col", "layers.*.feed_forward.w2": "row"},
 }
 AUTOSHARD = ("solved", "ddp", "fsdp", "tp", "fsdp+tp")
+CORRECTIONS: dict[tuple[str, str], dict] = {}
+"""(model, mesh) -> ``plan.options["profile_correction"]`` of its plans."""
 
 
 def _factory(name: str):
@@ -97,9 +100,12 @@ def _example(model_key: str, device: str | None = None):
 
 # ----------------------------------------------------------------------------- planning (parent)
 def make_plans(models: list[str], meshes: list[str], out: Path, time_limit: float,
-               kinds: tuple[str, ...] = AUTOSHARD, optimizer_impl: str = "auto") -> dict[tuple[str, str, str], dict]:
+               kinds: tuple[str, ...] = AUTOSHARD, optimizer_impl: str = "auto",
+               correction: str = "off") -> dict[tuple[str, str, str], dict]:
     """Plans of every kind, each priced with the optimizer as the run steps it (``optimizer_impl``:
-    ``fused`` for ``--optimizer fused``, else torch's CPU default, the for-loop)."""
+    ``fused`` for ``--optimizer fused``, else torch's CPU default, the for-loop), with the profile
+    corrected for this host first where ``correction`` says so (``here``, ``remeasure``: the
+    solve option ``profile_correction``; measured on the mesh's ranks)."""
     from costmodel.steps import COLLECTIVE_STEPS
 
     from autoshard.plan.solve import prepare, solve_prepared
@@ -110,7 +116,9 @@ def make_plans(models: list[str], meshes: list[str], out: Path, time_limit: floa
             shape, names = MESHES[mesh_key]
             model, inputs = _example(mk, "meta")
             t = time.perf_counter()
-            prep = prepare(model, inputs, shape, names, profile=PROFILE, optimizer_impl=optimizer_impl)
+            prep = prepare(model, inputs, shape, names, profile=PROFILE, optimizer_impl=optimizer_impl,
+                           profile_correction=correction)
+            CORRECTIONS[(mk, mesh_key)] = prep.options["profile_correction"]
             print(f"# planned {mk} on {mesh_key}: prepare {time.perf_counter() - t:.1f} s", file=sys.stderr, flush=True)
             for kind in kinds:
                 try:
@@ -388,6 +396,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calibrate-first", action="store_true",
                         help="calibrate this host (--quick, 4 ranks) first and price with that profile")
     parser.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default="fused")
+    parser.add_argument("--profile-correction", choices=("off", "here", "remeasure"), default="off",
+                        help="correct the profile for this host before pricing (solve option profile_correction)")
     parser.add_argument("--no-compile", action="store_true", help="leave out the compile=True rows")
     parser.add_argument("-o", "--output", help="also write the report (markdown) to this file")
     args = parser.parse_args(argv)
@@ -399,8 +409,17 @@ def main(argv: list[str] | None = None) -> int:
         PROFILE, profile_line = select_profile(args, Path(tmp))
         print(f"# {profile_line}", file=sys.stderr, flush=True)
         impl = "fused" if args.optimizer == "fused" else "auto"
-        plans = make_plans(models, meshes, Path(tmp), args.time_limit, optimizer_impl=impl)
-        plans.update(make_plans(models, ["1"], Path(tmp), args.time_limit, kinds=("ddp",), optimizer_impl=impl))
+        fix = args.profile_correction
+        if fix == "remeasure":  # once per rank count, up front: every plan of a rank count is priced alike
+            from autoshard.calibrate.first_use import corrected_profile
+            from hw_profiles import load
+
+            for ranks in (world, 1):
+                corrected_profile(load(PROFILE), ranks=ranks, mode="remeasure")
+            fix = "here"
+        plans = make_plans(models, meshes, Path(tmp), args.time_limit, optimizer_impl=impl, correction=fix)
+        plans.update(make_plans(models, ["1"], Path(tmp), args.time_limit, kinds=("ddp",), optimizer_impl=impl,
+                                correction=fix))
         planned = time.perf_counter() - start
         mp.start_processes(_worker, args=(world, str(Path(tmp) / "store"), tmp, plans, models, meshes, args.steps,
                                           args.warmup, args.optimizer, not args.no_compile),
@@ -438,7 +457,11 @@ def _report(args, argv, models, meshes, plans, measured, one, planned, total, lo
         for mesh_key in meshes:
             names = [f"as-{k}" for k in AUTOSHARD] + ["as-solved+compile"] + list(HANDWRITTEN)
             rows = [(name, measured[(mk, mesh_key, name)]) for name in names if (mk, mesh_key, name) in measured]
-            out += [f"### {mk} ({MODELS[mk][1]}), mesh {mesh_key}", "",
+            fix = CORRECTIONS.get((mk, mesh_key), {"mode": "off"})
+            fix_line = ("Profile correction: off." if fix["mode"] == "off" else
+                        f"Profile correction: {fix['mode']} ({fix['source']} {fix['date']}, load {fix['load']}): "
+                        f"measured / profile {json.dumps(fix['ratios'])}.")
+            out += [f"### {mk} ({MODELS[mk][1]}), mesh {mesh_key}", "", fix_line, "",
                     "| variant | predicted ms | measured step ms | pred / meas | measured fwd+bwd ms | "
                     "collectives / step | matmuls on shards | predicted peak MiB |",
                     "|---|---:|---:|---:|---:|---:|---:|---:|"]

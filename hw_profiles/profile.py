@@ -52,6 +52,10 @@ load unchanged and price as before):
   -> the fraction of an ordinary elementwise kernel's speed its kernels reach
   (torch's multi-tensor kernels walk fixed chunks of many tensors per launch
   and stream slower than one large elementwise kernel; default 1);
+* ``device.step_op_s``: what an op costs inside a training step beyond its
+  time alone (seconds; a profile correction measures it on the machine at
+  hand, ``hw_profiles.correction``); the strategy graph adds it to every op
+  of a step (default 0);
 * ``device.allocator_headroom``: what the framework's allocator reserves beyond
   the live tensors, as a fraction of them (PyTorch's caching allocator rounds
   and fragments: ``max_memory_reserved`` over ``max_memory_allocated``); the
@@ -414,6 +418,9 @@ class DeviceSpec:
     """Cost of outputs served by fresh pages (CPU allocators); None: no such cost."""
     allocator_headroom: float = 0.0
     """What the allocator reserves beyond the live tensors, as a fraction of them."""
+    step_op_s: float = 0.0
+    """What an op costs inside a training step beyond its time alone (seconds; a
+    profile correction measures it, ``hw_profiles.correction``); 0: nothing."""
 
     @property
     def usable_memory_bytes(self) -> float:
@@ -454,6 +461,7 @@ class DeviceSpec:
             launch_scalar_s=None if data.get("launch_scalar_s") is None else float(data["launch_scalar_s"]),
             fresh_pages=None if data.get("fresh_pages") is None else FreshPages.from_dict(data["fresh_pages"]),
             allocator_headroom=float(data.get("allocator_headroom", 0.0)),
+            step_op_s=float(data.get("step_op_s", 0.0)),
         )
 
     def source(self, field: str) -> "str | Citation | None":
@@ -477,6 +485,8 @@ class DeviceSpec:
             out["fresh_pages"] = self.fresh_pages.to_dict()
         if self.allocator_headroom:
             out["allocator_headroom"] = self.allocator_headroom
+        if self.step_op_s:  # written only when given: profiles without it keep their fingerprints
+            out["step_op_s"] = self.step_op_s
         out["efficiency"] = self.efficiency.to_dict()
         if self.sources:
             out["sources"] = {k: v.to_dict() if isinstance(v, Citation) else v for k, v in self.sources}

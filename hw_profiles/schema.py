@@ -161,6 +161,7 @@ SCHEMA: dict[str, Any] = {
                 "launch_s": {**_LIMITS["seconds"], "maximum": 1.0},
                 "launch_scalar_s": {**_LIMITS["seconds"], "maximum": 1.0},
                 "allocator_headroom": {"type": "number", "minimum": 0, "maximum": 1},
+                "step_op_s": {**_LIMITS["seconds"], "maximum": 1.0},
                 "fresh_pages": {
                     "type": "object",
                     "required": ["above_bytes", "Bps"],

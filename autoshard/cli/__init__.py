@@ -32,6 +32,7 @@ _COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("explain", "autoshard.cli.explain", "show a plan: placements, costliest redistributions, estimate"),
     ("calibrate-hardware", "autoshard.cli.calibrate_hardware", "measure this machine into a hardware profile, or check one"),
     ("check-profile", "autoshard.cli.check_profile", "validate hardware profile files without measuring"),
+    ("correct-profile", "autoshard.cli.correct_profile", "correct a CPU profile for this machine (reference ops, cached)"),
     ("serve", "autoshard.cli.serve", "run the plan service: HTTP API, job queue, result cache"),
 )
 

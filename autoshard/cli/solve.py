@@ -89,6 +89,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--optimizer-impl", choices=("auto", "foreach", "fused", "for-loop"),
                         help="how the optimizer runs: its kernels' time and temporaries (default auto: torch's own "
                              "default on the profile's device, foreach on GPUs, for-loop on CPU)")
+    parser.add_argument("--profile-correction", choices=("auto", "here", "remeasure", "off"),
+                        help="correct the profile for THIS machine before pricing: a few seconds of reference ops "
+                             "on the mesh's ranks, cached per machine (here; remeasure: measure again). Default "
+                             "auto = off for an offline solve: the plan may run on another machine")
     parser.add_argument("--mixed-precision", action="store_true", help="low-precision params with fp32 master and state")
     parser.add_argument("--no-ties", action="store_true", help="let every repeated layer choose its own strategies")
     parser.add_argument("--search", choices=("auto", "full", "seeded"),
@@ -157,7 +161,7 @@ def solve_options(args: argparse.Namespace, limit: int | None, pins: dict[str, s
     given = {"profile": args.profile, "memory_limit": limit, "time_limit": args.time_limit, "backend": args.backend,
              "optimizer": args.optimizer, "optimizer_impl": args.optimizer_impl, "baseline": args.baseline,
              "search": args.search,
-             "recompute": args.recompute, "server": args.server}
+             "recompute": args.recompute, "server": args.server, "profile_correction": args.profile_correction}
     options = SolveOptions(pins=pins, ties=not args.no_ties, mixed_precision=args.mixed_precision,
                            **{name: value for name, value in given.items() if value is not None})
     if args.devices is not None and args.time_limit is None:

@@ -289,13 +289,17 @@ class _Builder:
                                            out_meta=info.outputs)
         outputs = [local_bytes(m, p, self.mesh_shape) for m, p in zip(info.outputs, strategy.output_placements)
                    if m is not None]  # what the op allocates on a rank (fresh pages, costmodel.compute)
+        # an op of a step pays, beyond its time alone, the step's own per-op cost (measured by a
+        # profile correction, hw_profiles.correction; 0 otherwise); a view runs no kernel
+        in_step = self.profile.device.step_op_s if work.kind != "view" else 0.0
         try:
-            return op_time_s(work.kind, flops=work.flops, bytes_accessed=work.bytes_accessed, dtype=dtype,
-                             profile=self.profile, run_elems=run, scalar_operand=scalar, output_bytes=outputs)
+            return in_step + op_time_s(work.kind, flops=work.flops, bytes_accessed=work.bytes_accessed, dtype=dtype,
+                                       profile=self.profile, run_elems=run, scalar_operand=scalar,
+                                       output_bytes=outputs)
         except ValueError:  # a dtype the profile has no peak for (fp64, ints): price as fp32
-            return op_time_s(work.kind, flops=work.flops, bytes_accessed=work.bytes_accessed,
-                             dtype="torch.float32", profile=self.profile, run_elems=run, scalar_operand=scalar,
-                             output_bytes=outputs)
+            return in_step + op_time_s(work.kind, flops=work.flops, bytes_accessed=work.bytes_accessed,
+                                       dtype="torch.float32", profile=self.profile, run_elems=run,
+                                       scalar_operand=scalar, output_bytes=outputs)
 
     # -- edges ---------------------------------------------------------------
     def edge(self, src: int, src_output: int, dst: int, dst_input: int,

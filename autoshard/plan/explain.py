@@ -40,6 +40,12 @@ def explain_text(plan: Plan, *, top: int = 10, params_limit: int = 40) -> str:
     ]
     if plan.options.get("baseline"):
         lines.append(f"baseline: {plan.options['baseline']}")
+    fix = plan.options.get("profile_correction") or {}
+    if fix.get("mode") not in (None, "off"):  # the estimate is for the machine that was measured
+        ratios = ", ".join(f"{k} {v:.2f}" for k, v in fix.get("ratios", {}).items())
+        lines.append(f"profile corrected for {fix.get('machine', {}).get('cpu', '?')} "
+                     f"({fix.get('machine', {}).get('ranks', '?')} ranks, {fix.get('date', '?')}): "
+                     f"measured / profile {ratios}")
     lines += [
         "",
         "| estimate | value |",

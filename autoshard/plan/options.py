@@ -36,7 +36,8 @@ from hw_profiles import HardwareProfile
 from solver.backends import DEFAULT_BACKEND
 
 __all__ = ["SolveOptions", "solve_options", "DEFAULT_PROFILE", "DEFAULT_CPU_PROFILE", "DEFAULT_TIME_LIMIT_S",
-           "DEFAULT_SEARCH_TIME_LIMIT_S", "DEFAULT_BACKEND", "NO_MEMORY_LIMIT", "BUILD_FIELDS", "PLAN_GAP", "OVERLAP_ROUNDS", "profile_for_device"]
+           "DEFAULT_SEARCH_TIME_LIMIT_S", "DEFAULT_BACKEND", "NO_MEMORY_LIMIT", "BUILD_FIELDS", "PLAN_GAP", "OVERLAP_ROUNDS", "profile_for_device",
+           "PROFILE_CORRECTIONS"]
 
 DEFAULT_PROFILE = "h100-sxm-80gb"
 """The hardware profile priced when none is given (off a CPU mesh)."""
@@ -58,9 +59,12 @@ PLAN_GAP = 1e-6
 time is below the cost model's own accuracy by orders of magnitude."""
 
 BUILD_FIELDS = ("profile", "optimizer", "optimizer_impl", "mixed_precision", "allow_uneven", "search", "bucket_bytes",
-                "recompute", "gather", "device_type")
+                "recompute", "gather", "device_type", "profile_correction")
 """The options that decide the strategy graph (:func:`~autoshard.plan.solve.prepare` reads
 these; the solve reads the others, and ``recompute`` too)."""
+
+PROFILE_CORRECTIONS = ("auto", "here", "remeasure", "off")
+"""``profile_correction`` values (:attr:`SolveOptions.profile_correction`)."""
 
 OVERLAP_ROUNDS = 2
 """Solves after the first one with gradient and parameter-gather edges priced at
@@ -122,7 +126,18 @@ class SolveOptions:
     (:attr:`hw_profiles.HardwareProfile.device_type`); set it to price a GPU profile
     for a plan that runs on CPU processes (tests, experiments)."""
 
+    profile_correction: str = "auto"
+    """Correct the profile for the machine at hand before pricing (``autoshard.calibrate.first_use``:
+    a few seconds of reference ops on the job's ranks, cached per machine): ``here`` (cached
+    correction, measured on a miss), ``remeasure`` (measure again), ``off``; ``auto`` is ``here``
+    where the plan runs on the machine that solves it with a CPU profile (:func:`autoshard.autoshard`)
+    and ``off`` elsewhere (``autoshard solve``, :func:`autoshard.solve`: a plan solved offline may run
+    on another machine). ``plan.options["profile_correction"]`` records what was applied."""
+
     def __post_init__(self) -> None:
+        if self.profile_correction not in PROFILE_CORRECTIONS:
+            raise ValueError(f"profile_correction: must be one of {', '.join(PROFILE_CORRECTIONS)}, "
+                             f"got {self.profile_correction!r}")
         if not 0 < self.time_limit < math.inf:
             raise ValueError(f"time_limit: must be a positive number of seconds, got {self.time_limit}")
         if self.memory_limit is not None and not self.memory_limit > 0:

@@ -14,6 +14,8 @@ every baseline) share it; ``solve_prepared`` solves it. ``autoshard.solve``
 from __future__ import annotations
 
 import logging
+import math
+import os
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
@@ -80,6 +82,21 @@ def _profile(profile: str | HardwareProfile) -> HardwareProfile:
     return profile if isinstance(profile, HardwareProfile) else load_profile(profile)
 
 
+def _host_ranks(mesh: MeshSpec) -> int:
+    """Ranks of the job on this host: torchrun's ``LOCAL_WORLD_SIZE``, else the whole mesh."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE") or math.prod(mesh.shape))
+
+
+def correct_for_here(profile: HardwareProfile, mode: str, *, ranks: int) -> tuple[HardwareProfile, dict[str, Any]]:
+    """``profile`` corrected for this machine (``autoshard.calibrate.first_use``) when ``mode``
+    asks for it (``auto`` is off here: an offline solve), and the record for ``plan.options``."""
+    if mode in ("auto", "off"):
+        return profile, {"mode": "off"}
+    from autoshard.calibrate.first_use import corrected_profile
+
+    return corrected_profile(profile, ranks=ranks, mode=mode)
+
+
 def prepare(
     model: Any,
     example_inputs: Sequence[Any] | Mapping[str, Any],
@@ -121,8 +138,11 @@ def prepare(
     optimizer, mixed_precision, allow_uneven = opts.optimizer, opts.mixed_precision, opts.allow_uneven
     bucket_bytes, recompute, gather = opts.bucket_bytes, opts.recompute, opts.gather
     parse_policy(recompute)
-    prof = _profile(opts.profile)
+    base = _profile(opts.profile)
     mesh = MeshSpec(tuple(int(m) for m in mesh_shape), tuple(dim_names or ()))
+    # priced with the profile corrected for this machine where asked; the plan's fingerprint
+    # names the profile as given (the correction is recorded in plan.options)
+    prof, correction = correct_for_here(base, opts.profile_correction, ranks=_host_ranks(mesh))
     t0 = time.perf_counter()
     if progress:
         progress("trace", 0, 1)
@@ -132,7 +152,8 @@ def prepare(
     if progress:
         progress("trace", 1, 1)
     # the kernels and temporaries of the update as torch.optim will run it (auto: its default on the device)
-    opt_memory = OptimizerMemory(optimizer, mixed_precision, optimizer_implementation(opts.optimizer_impl, prof))
+    optimizer_impl = optimizer_implementation(opts.optimizer_impl, prof)
+    opt_memory = OptimizerMemory(optimizer, mixed_precision, optimizer_impl)
     mode = choose_search(mesh.shape, opts.search)
     restrict, seed_timings = None, {}
     if mode == "seeded":
@@ -148,11 +169,14 @@ def prepare(
     )
     t2 = time.perf_counter()
     return Prepared(
-        traced=traced, graph=graph, fingerprint=make_fingerprint(traced, mesh.shape, mesh.dim_names, prof),
+        traced=traced, graph=graph, fingerprint=make_fingerprint(traced, mesh.shape, mesh.dim_names, base),
         timings={"trace_s": round(t1 - t0, 4), **seed_timings, "build_s": round(t2 - t_seed, 4)},
-        options={"optimizer": optimizer, "mixed_precision": mixed_precision, "allow_uneven": allow_uneven,
+        # optimizer_impl as priced (``auto`` resolved for the profile's device): the runtime's user
+        # builds that optimizer to get the step the plan predicts
+        options={"optimizer": optimizer, "optimizer_impl": optimizer_impl, "mixed_precision": mixed_precision,
+                 "allow_uneven": allow_uneven,
                  "search": mode, "bucket_bytes": int(bucket_bytes), "recompute_states": recompute != "none",
-                 "gather": gather},
+                 "gather": gather, "profile_correction": correction},
     )
 
 

@@ -199,6 +199,8 @@ def autoshard(
     mesh_spec, opts = _whole_job_mesh(mesh, opts, device_default)
     cache = cache_folder(cache_dir)
     device = comm_device()
+    if plan is None:
+        opts = _correct_here(opts)
 
     # 1. every rank: its own graph and fingerprint (fake tensors, no communication)
     traced, here, error = _trace_here(model, example_inputs, mesh_spec, opts.profile, mesh_device(mesh).type)
@@ -216,6 +218,20 @@ def autoshard(
                             trace_collectives=trace_collectives, traced=traced, compile=compile)
     sharded.plan_source = source
     return sharded
+
+
+def _correct_here(opts: SolveOptions) -> SolveOptions:
+    """The profile corrected for this machine, where ``profile_correction`` asks for it (``auto``:
+    a CPU profile, since this job runs where it solves): every rank times the reference ops
+    together (or reads rank 0's cached correction), so that rank 0's solve finds it cached."""
+    from autoshard.calibrate.first_use import corrected_profile, resolve_mode
+
+    mode = resolve_mode(opts.profile_correction, opts.profile, runs_here=True)
+    if mode == "off":
+        return opts.with_changes(profile_correction="off")
+    ranks = int(os.environ.get("LOCAL_WORLD_SIZE") or dist.get_world_size())
+    corrected_profile(opts.profile, ranks=ranks, mode=mode, collective=True)
+    return opts.with_changes(profile_correction="here")  # rank 0's solve: the cache holds it now
 
 
 def _whole_job_mesh(mesh: Any, opts: SolveOptions, device_default: bool) -> tuple[MeshSpec, SolveOptions]:

@@ -224,6 +224,13 @@ def _rows() -> list[Row]:
         Row(("check-profile", "{tmp}/deep-in-profile.json"), "deep-in-profile.json: not valid JSON (line 1: too deeply", code=1),
         Row(("check-profile", "{tmp}/list.json"), "(root): expected a JSON object", code=1),
         Row(("check-profile", "{tmp}/nan.json"), "device.launch_s: nan is not a finite number", code=1),
+        # correct-profile: a bad profile or rank count before anything is measured
+        Row(("correct-profile", "nope"), "nope: no such file, nor a shipped profile", code=1),
+        Row(("correct-profile", "{tmp}/malformed.json"), "not valid JSON", code=1),
+        Row(("correct-profile", "--ranks", "0"), "--ranks: must be 1 or more", code=1),
+        Row(("correct-profile", "--ranks", "x"), "--ranks", USAGE),
+        # solve --profile-correction: one of its choices
+        Row(("solve", spec, "--mesh", "2", "--profile-correction", "always"), "invalid choice: 'always'", USAGE),
         Row(("check-profile", "{tmp}/inf.json"), "device.memory_bandwidth_Bps: inf is not a finite number", code=1),
         Row(("check-profile", "{tmp}/zero.json"), "device.peak_flops.bf16", code=1),
         Row(("check-profile", "{tmp}/absurd.json"), "device.memory_bandwidth_Bps", code=1),

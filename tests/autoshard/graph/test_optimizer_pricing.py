@@ -73,3 +73,16 @@ def test_a_profile_without_optimizer_fractions_prices_at_the_elementwise_rate() 
         H100.device, efficiency=dataclasses.replace(H100.device.efficiency, optimizer=())))
     opt = OptimizerMemory("adamw", implementation="fused")
     assert opt.update_time_s(2**28, torch.bfloat16, plain) < opt.update_time_s(2**28, torch.bfloat16, H100)
+
+
+def test_the_plan_records_the_implementation_it_priced() -> None:
+    """``plan.options["optimizer_impl"]``: ``auto`` resolved for the profile's device, so a
+    reader of the plan knows which optimizer its step time assumes."""
+    from autoshard.plan.solve import prepare, solve_prepared
+    from examples.models import mlp
+
+    model, inputs = mlp.tiny()
+    auto_cpu = prepare(model, inputs, (2,), profile="cpu-gloo")
+    assert auto_cpu.options["optimizer_impl"] == "for-loop"
+    fused = prepare(model, inputs, (2,), profile="h100-sxm-80gb", optimizer_impl="fused", traced=auto_cpu.traced)
+    assert solve_prepared(fused, time_limit=20).options["optimizer_impl"] == "fused"

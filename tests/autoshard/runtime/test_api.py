@@ -171,6 +171,11 @@ def test_rank0_solves_and_every_rank_gets_the_same_plan(run):
     assert any(p != "RR" for p in plans[0]["params"].values()), "the memory limit should force sharding"
     assert plans[0]["fingerprint"]["mesh"] == {"shape": [2, 2], "dim_names": ["dp", "tp"]}
     assert plans[0]["fingerprint"]["profile"].startswith("cpu-gloo@")  # the default on a CPU mesh
+    # the job runs where it solves: the CPU profile was corrected for this machine first (every
+    # rank timed the reference ops together), and the plan says so
+    correction = plans[0]["options"]["profile_correction"]
+    assert correction["mode"] == "here" and correction["machine"]["ranks"] == 4
+    assert {"launch", "matmul", "memory", "vector", "collective_alpha"} <= set(correction["ratios"])
 
 
 def test_loss_and_gradients_match_one_device(run):

@@ -1,0 +1,89 @@
+"""Profile corrections kept per machine (``autoshard.calibrate.first_use``
+measures them): JSON files, one per key, written atomically, never pickled.
+
+The key is what makes a correction hold: the CPU model, the cores this
+process may use, the torch version, the ranks sharing the host, and the
+profile's fingerprint (a recalibrated profile gets its own correction). The
+folder is ``$AUTOSHARD_CACHE_DIR/profile-corrections`` when that is set, else
+``$XDG_CACHE_HOME/autoshard/profile-corrections`` (``~/.cache`` by default).
+
+A file that does not parse, or holds another key (a hash collision, a hand
+edit), is reported in one warning line and measured again; never an error.
+
+>>> key = machine_key("cpu-gloo@sha256:ab", ranks=4)
+>>> sorted(key)
+['cores', 'cpu', 'profile', 'ranks', 'torch']
+>>> len(key_name(key))
+16
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import warnings
+from pathlib import Path
+from typing import Any, Mapping
+
+from hw_profiles.correction import ProfileCorrection
+
+__all__ = ["cache_dir", "machine_key", "key_name", "load_cached", "save_cached"]
+
+
+def cache_dir() -> Path:
+    """The folder of the cached corrections (module docstring)."""
+    from autoshard.plan.cache_folder import CACHE_ENV
+
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV]) / "profile-corrections"
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "autoshard" / "profile-corrections"
+
+
+def machine_key(profile_fingerprint: str, *, ranks: int) -> dict[str, Any]:
+    """What a correction holds for: this machine's CPU, cores and torch, the
+    ranks that share it, and the profile."""
+    import torch
+
+    from autoshard.calibrate.output import cpu_model, host_cores
+
+    return {"cpu": cpu_model(), "cores": host_cores(), "torch": torch.__version__, "ranks": int(ranks),
+            "profile": profile_fingerprint}
+
+
+def key_name(key: Mapping[str, Any]) -> str:
+    """The file stem of ``key``: 16 hex digits of its canonical JSON's SHA-256."""
+    return hashlib.sha256(json.dumps(dict(key), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _path(key: Mapping[str, Any], folder: Path | None) -> Path:
+    return (folder or cache_dir()) / f"{key_name(key)}.json"
+
+
+def load_cached(key: Mapping[str, Any], folder: Path | None = None) -> ProfileCorrection | None:
+    """The correction cached for ``key``, or None (none cached, or an unreadable
+    file: one warning, and the caller measures again)."""
+    path = _path(key, folder)
+    if not path.exists():
+        return None
+    try:
+        correction = ProfileCorrection.from_dict(json.loads(path.read_text()))
+    except (OSError, ValueError) as exc:  # JSONDecodeError is a ValueError
+        warnings.warn(f"autoshard: profile correction cache {path} is unreadable ({exc}); measuring again",
+                      RuntimeWarning, stacklevel=2)
+        return None
+    if dict(correction.machine) != dict(key):
+        warnings.warn(f"autoshard: profile correction cache {path} holds another machine's key; measuring again",
+                      RuntimeWarning, stacklevel=2)
+        return None
+    return correction
+
+
+def save_cached(correction: ProfileCorrection, folder: Path | None = None) -> Path:
+    """Write ``correction`` under its key, atomically (a reader never sees half a file)."""
+    from solver.io import write_text_atomic
+
+    path = _path(correction.machine, folder)
+    write_text_atomic(path, json.dumps(correction.to_dict(), indent=1) + "\n", parents=True)
+    return path

@@ -1,0 +1,293 @@
+"""Correct a CPU profile on the machine where it is used, at first use: a few
+seconds of reference ops, timed on every rank of the job at once (as a step
+runs them), against what the profile predicts for the same ops
+(``hw_profiles.correction`` has the math; ``correction_cache`` keeps the
+result per machine).
+
+The reference set is small and fixed: a launch (1-element add), two GEMMs
+(128^3 and 512^3 fp32), elementwise adds over a cache-resident and a
+DRAM-sized working set, a copy, a reduction, two vector-bound ops (silu,
+softmax), a reference step (``autoshard.calibrate.reference_step``: the same
+ops as a small MLP's forward and backward, against those ops timed alone:
+what an op costs in a step beyond its time alone) and, where the job has
+ranks, all_reduces of 64 KiB and 4 MiB over all of them. Each op is priced as a plan prices it (``autoshard.rules``'
+FLOPs and bytes, ``costmodel.compute.op_time_s``), and sits in the family of the
+term that bounds it in the profile (a memory-bound elementwise op corrects the
+memory curve, a compute-bound one the vector rate).
+
+Where the ranks come from: inside a job (a process group of ``ranks`` ranks)
+every rank measures together; offline, :func:`corrected_profile` starts
+``ranks`` local processes for the few seconds it takes (a CPU profile is
+"one rank of a job on this host": alone, a rank would run twice as fast as
+four sharing two cores).
+
+>>> sorted({op.label.split()[0] for op in reference_ops()})[:3]
+['add', 'clone', 'mm']
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+from costmodel.collectives import collective_time_s
+from costmodel.compute import op_time_s
+from costmodel.mesh import MeshSpec
+from hw_profiles import HardwareProfile
+from hw_profiles.correction import ProfileCorrection, ReferenceTime
+
+from autoshard.calibrate.correction_cache import load_cached, machine_key, save_cached
+from autoshard.calibrate.reference_step import reference_step
+from autoshard.calibrate.timing import Job, Settings, measure
+from autoshard.plan.options import PROFILE_CORRECTIONS
+
+__all__ = ["MODES", "RefOp", "reference_ops", "measure_correction", "corrected_profile", "resolve_mode"]
+
+MODES = PROFILE_CORRECTIONS
+"""``profile_correction`` values: ``here`` (correct for this machine, cached),
+``remeasure`` (measure again, replace the cached one), ``off``, ``auto`` (``here``
+where the plan runs on the machine that solves it and the profile is a CPU
+profile: :func:`autoshard.autoshard`; ``off`` for offline solves)."""
+
+SETTINGS = Settings(warmup=0, trials=2, min_trial_s=0.02, max_item_s=0.5)
+"""One visit of a reference op: two trials of at least 20 ms (all ranks start each after a barrier)."""
+ROUNDS = 3
+"""Visits of every reference op, interleaved (:func:`_interleaved`)."""
+COLLECTIVE_BYTES = (2**16, 2**22)
+"""all_reduce sizes: the smallest prices the latency terms, the largest the bandwidth term."""
+aten = torch.ops.aten
+
+
+@dataclass(frozen=True, slots=True)
+class RefOp:
+    """One reference op: how to run it and how to price it."""
+
+    label: str
+    op: Any
+    make: Callable[[], tuple]
+    """Builds the arguments (real tensors)."""
+
+
+def _t(*shape: int) -> Callable[[], torch.Tensor]:
+    return lambda: torch.randn(*shape)
+
+
+def reference_ops() -> list[RefOp]:
+    """The fixed compute set (module docstring)."""
+    return [
+        RefOp("add 1", aten.add.Tensor, lambda: (torch.ones(1), torch.ones(1))),
+        RefOp("mm 128x128x128", aten.mm.default, lambda: (_t(128, 128)(), _t(128, 128)())),
+        RefOp("mm 512x512x512", aten.mm.default, lambda: (_t(512, 512)(), _t(512, 512)())),
+        RefOp("add 65536", aten.add.Tensor, lambda: (_t(65536)(), _t(65536)())),
+        RefOp("add 4194304", aten.add.Tensor, lambda: (_t(4194304)(), _t(4194304)())),
+        # a copy into a kept buffer: a clone would time the allocator's page faults, not the stream
+        RefOp("copy_ 1048576", aten.copy_.default, lambda: (_t(1048576)(), _t(1048576)())),
+        RefOp("sum 256x16384", aten.sum.dim_IntList, lambda: (_t(256, 16384)(), [1])),
+        RefOp("silu 4096x256", aten.silu.default, lambda: (_t(4096, 256)(),)),
+        RefOp("softmax 1024x256", aten._softmax.default, lambda: (_t(1024, 256)(), -1, False)),
+    ]
+
+
+def _price(op: RefOp, args: tuple, profile: HardwareProfile) -> tuple[str, float, float]:
+    """(family, size, predicted seconds) of ``op`` on ``profile``, as a plan prices it."""
+    from autoshard.rules import load_rules
+    from autoshard.rules.core import to_meta
+
+    work = load_rules().compute_kind(op.op, to_meta(args), {})
+    out = op.op(*args)
+    out_bytes = (float(out.numel() * out.element_size()),)
+    predicted = op_time_s(work.kind, flops=work.flops, bytes_accessed=work.bytes_accessed, dtype="fp32",
+                          profile=profile, output_bytes=out_bytes)
+    if op.label == "add 1":
+        return "launch", 1.0, predicted
+    if work.kind == "matmul":
+        return "matmul", work.flops, predicted
+    vector_only = op_time_s(work.kind, flops=work.flops, bytes_accessed=0.0, dtype="fp32", profile=profile)
+    memory_only = op_time_s(work.kind, flops=0.0, bytes_accessed=work.bytes_accessed, dtype="fp32", profile=profile)
+    if vector_only > memory_only:  # the vector term bounds it in this profile
+        return "vector", work.flops, predicted
+    return "memory", work.bytes_accessed, predicted
+
+
+def _interleaved(job: Job, calls: list[Callable[[], Any]]) -> list[float]:
+    """Seconds per call of each of ``calls``, measured in :data:`ROUNDS` rounds that
+    visit every call in turn, the fastest round of each: a burst of other work on
+    the host lands on one round of every family, not on one family, and the
+    fastest round is what the profile's own calibration keeps (its fastest pass),
+    so measured and profiled times compare like with like."""
+    for fn in calls:  # warm-up: allocator, caches, connections
+        fn()
+    rounds: list[list[float]] = [[] for _ in calls]
+    for _ in range(ROUNDS):
+        for i, fn in enumerate(calls):
+            rounds[i].append(measure(job, fn, SETTINGS).seconds)
+    return [min(r) for r in rounds]
+
+
+def measure_correction(job: Job, profile: HardwareProfile, key: dict[str, Any]) -> ProfileCorrection:
+    """Time the reference set on every rank of ``job`` at once (every rank calls
+    this) and return the correction (the same on every rank: times are max over ranks)."""
+    started = time.perf_counter()
+    load_before = os.getloadavg()
+    priced, calls = [], []
+    for op in reference_ops():
+        args = op.make()
+        priced.append((op.label, *_price(op, args, profile)))
+        calls.append(lambda op=op, args=args: op.op(*args))
+    step, parts, ops = reference_step()
+    calls += [lambda: step()] + [fn for fn, _ in parts]
+    mesh = MeshSpec((job.world,))
+    if job.world > 1:
+        for nbytes in COLLECTIVE_BYTES:
+            buf = torch.zeros(nbytes // 4)
+            predicted = collective_time_s("all_reduce", float(nbytes), (0,), mesh, profile)
+            priced.append((f"all_reduce {job.world} ranks {nbytes} B", "collective", float(nbytes), predicted))
+            calls.append(lambda buf=buf: dist.all_reduce(buf))
+    seconds = _interleaved(job, calls)
+    n = len(reference_ops())
+    step_s, alone = seconds[n], seconds[n + 1:n + 1 + len(parts)]
+    rest = seconds[:n] + seconds[n + 1 + len(parts):]
+    times = tuple(ReferenceTime(label, family, size, predicted, measured)
+                  for (label, family, size, predicted), measured in zip(priced, rest))
+    # the step against its own ops timed alone, in the same rounds (no profile in between)
+    times += (ReferenceTime(f"reference step ({ops} ops)", "step", float(ops),
+                            sum(t * count for t, (_, count) in zip(alone, parts)), step_s),)
+    return ProfileCorrection(
+        profile=profile.fingerprint, machine=key, times=times,
+        date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        load={"before": [round(v, 2) for v in load_before], "after": [round(v, 2) for v in os.getloadavg()]},
+        seconds=round(time.perf_counter() - started, 2))
+
+
+def _job_here() -> Job:
+    """This process's job: the initialized default process group (CPU), else one process."""
+    if dist.is_available() and dist.is_initialized():
+        world = dist.get_world_size()
+        return Job(rank=dist.get_rank(), world=world, local_world=int(os.environ.get("LOCAL_WORLD_SIZE", world)),
+                   backend=dist.get_backend())
+    return Job.single()
+
+
+def _child_main(argv: list[str]) -> int:
+    """``python -m autoshard.calibrate.first_use RANK WORLD STORE PROFILE.json KEY_JSON OUT.json``:
+    one of the local ranks :func:`_measure_spawned` starts."""
+    rank, world, store, profile_path, key_json, out = argv
+    torch.set_num_threads(1)  # as the ranks of a CPU job run (one thread each)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=int(rank), world_size=int(world))
+    try:
+        profile = HardwareProfile.from_dict(json.loads(Path(profile_path).read_text()))
+        job = Job(rank=int(rank), world=int(world), local_world=int(world), backend="gloo")
+        correction = measure_correction(job, profile, json.loads(key_json))
+        if int(rank) == 0:
+            Path(out).write_text(json.dumps(correction.to_dict()))
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+def _measure_spawned(profile: HardwareProfile, ranks: int, key: dict[str, Any]) -> ProfileCorrection:
+    """Start ``ranks`` local processes that measure together (offline use). Plain
+    subprocesses, not multiprocessing: a caller's script need not guard its ``__main__``."""
+    import subprocess
+    import sys
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out, profile_path = os.path.join(tmp, "correction.json"), os.path.join(tmp, "profile.json")
+        Path(profile_path).write_text(json.dumps(profile.to_dict()))
+        args = [os.path.join(tmp, "store"), profile_path, json.dumps(key), out]
+        procs = [subprocess.Popen([sys.executable, "-m", "autoshard.calibrate.first_use", str(r), str(ranks), *args],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for r in range(ranks)]
+        errors = [p.communicate(timeout=600)[1] for p in procs]
+        if any(p.returncode for p in procs) or not os.path.exists(out):
+            last = next((e.decode(errors="replace").strip().splitlines()[-1] for e, p in zip(errors, procs)
+                         if p.returncode and e.strip()), "no output")
+            raise RuntimeError(f"profile correction: a measuring rank failed: {last}")
+        return ProfileCorrection.from_dict(json.loads(Path(out).read_text()))
+
+
+def _broadcast_json(data: Any) -> Any:
+    """Rank 0's ``data`` on every rank, as JSON bytes (no pickles)."""
+    raw = json.dumps(data).encode() if dist.get_rank() == 0 else b""
+    size = torch.tensor([len(raw)])
+    dist.broadcast(size, 0)
+    buf = torch.zeros(int(size.item()), dtype=torch.uint8)
+    if dist.get_rank() == 0:
+        buf.copy_(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
+    dist.broadcast(buf, 0)
+    return json.loads(bytes(buf.tolist()).decode())
+
+
+def resolve_mode(mode: str, profile: HardwareProfile, *, runs_here: bool) -> str:
+    """``auto`` -> ``here`` for a CPU profile whose plan runs where it is solved
+    (``runs_here``), else ``off``; other modes as given (``ValueError`` for an unknown one).
+
+    >>> from hw_profiles import load
+    >>> resolve_mode("auto", load("cpu-gloo"), runs_here=False), resolve_mode("auto", load("cpu-gloo"), runs_here=True)
+    ('off', 'here')
+    """
+    if mode not in MODES:
+        raise ValueError(f"profile_correction: unknown {mode!r} (expected one of {', '.join(MODES)})")
+    if mode == "auto":
+        return "here" if runs_here and profile.device_type == "cpu" else "off"
+    return mode
+
+
+def corrected_profile(profile: HardwareProfile, *, ranks: int, mode: str = "here", folder: Path | None = None,
+                      collective: bool = False) -> tuple[HardwareProfile, dict[str, Any]]:
+    """``profile`` corrected for this machine and what was done, for ``plan.options``
+    (``{"mode": "off"}`` when ``mode`` is ``off``). ``ranks``: the job's ranks on this
+    host. ``collective``: every rank of the initialized process group calls this
+    together (they measure together on a cache miss; rank 0's cache decides);
+    otherwise this process alone decides, and measures on ``ranks`` processes it starts.
+
+    >>> from hw_profiles import load
+    >>> corrected_profile(load("cpu-gloo"), ranks=4, mode="off")[1]
+    {'mode': 'off'}
+    """
+    if mode == "off":
+        return profile, {"mode": "off"}
+    if mode not in ("here", "remeasure"):
+        raise ValueError(f"profile_correction: expected here, remeasure or off here, got {mode!r}")
+    key = machine_key(profile.fingerprint, ranks=ranks)
+    job = _job_here() if collective else Job.single()
+    in_job = job.world > 1
+    cached = load_cached(key, folder) if mode == "here" and job.rank == 0 else None
+    if in_job:  # every rank takes rank 0's decision: a miss is measured by all of them
+        flag = torch.tensor([1 if cached is not None else 0])
+        dist.broadcast(flag, 0)
+        hit = bool(flag.item())
+    else:
+        hit = cached is not None
+    source = "cache"
+    if not hit:
+        if in_job:
+            correction = measure_correction(job, profile, key)
+        elif ranks > 1:
+            correction = _measure_spawned(profile, ranks, key)
+        else:
+            correction = measure_correction(Job.single(), profile, key)
+        if job.rank == 0:
+            save_cached(correction, folder)
+        source = "measured"
+    elif in_job:  # the others read what rank 0 read
+        correction = ProfileCorrection.from_dict(_broadcast_json(cached.to_dict() if cached is not None else None))
+    else:
+        correction = cached
+    record = {"mode": mode, "source": source, "date": correction.date, "machine": dict(correction.machine),
+              "ratios": correction.summary(), "load": dict(correction.load)}
+    return correction.apply(profile), record
+
+
+if __name__ == "__main__":
+    import sys
+
+    raise SystemExit(_child_main(sys.argv[1:]))

@@ -1,0 +1,135 @@
+"""A training step against the sum of its own ops timed alone: is there a cost of a step
+that the per-op prices miss? (CPU/gloo, every rank at once.)
+
+On ``--ranks`` gloo ranks (one thread each), each rank runs forward+backward of the
+benchmark model (``benchmarks/runtime_step.py``'s MLP or LLaMA) on its shard of the
+batch, with no communication inside the step. Then, on the same ranks and in the
+same minute, each aten op of that step (recorded by a ``TorchDispatchMode``) is timed
+alone as the calibration times ops (``autoshard.calibrate.timing.measure``: all ranks
+at once, in lockstep, trials of >= 10 ms). Steps are timed before and after (median of
+7, first start to last end over the ranks). Printed: the steps, the sum of the ops
+alone, step / sum, the minor page faults per step and the bytes of the step's op
+outputs above a few sizes.
+
+``--keep-memory`` starts the ranks with glibc told to keep its memory
+(``MALLOC_MMAP_THRESHOLD_=32 MiB``, ``MALLOC_TRIM_THRESHOLD_`` and ``MALLOC_TOP_PAD_``
+large: no allocation is returned to the system, so none is faulted in again):
+what is left of the excess is not the allocator's.
+
+    python benchmarks/step_vs_ops.py --model mlp
+    python benchmarks/step_vs_ops.py --model llama3 --keep-memory
+
+Findings: ``benchmarks/results/profile_correction.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+
+KEEP_MEMORY = {"MALLOC_MMAP_THRESHOLD_": str(2**25), "MALLOC_TRIM_THRESHOLD_": str(2**34), "MALLOC_TOP_PAD_": str(2**30)}
+VIEWS = ("view", "t.default", "transpose", "expand", "alias", "permute", "_unsafe_view", "detach")
+
+
+class Recorder(TorchDispatchMode):
+    """Every aten call of a step, with its arguments, and the bytes of the outputs it allocates."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list = []
+        self.out_bytes: list[int] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.ops.append((func, args, kwargs or {}))
+        if not any(v in str(func) for v in VIEWS):
+            outs = out if isinstance(out, (tuple, list)) else [out]
+            self.out_bytes += [o.untyped_storage().nbytes() for o in outs if isinstance(o, torch.Tensor)]
+        return out
+
+
+def _worker(rank: int, world: int, tmp: str, model_key: str, out: str) -> None:
+    import runtime_step as rs
+
+    from autoshard.calibrate.timing import Job, Settings, measure
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=rank, world_size=world)
+    job = Job(rank=rank, world=world, local_world=world, backend="gloo")
+    model, inputs = rs._example(model_key)
+    inputs = tuple(x.chunk(world, 0)[rank] for x in inputs)  # a data-parallel shard, no communication
+
+    def step() -> None:
+        model(*inputs).backward()
+        for p in model.parameters():
+            p.grad = None
+
+    def steps(n: int) -> tuple[float, float]:
+        times, faults = [], resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        for _ in range(n):
+            dist.barrier()
+            begin = time.perf_counter()
+            step()
+            t = torch.tensor([time.perf_counter(), -begin], dtype=torch.float64)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            times.append(float(t[0] + t[1]))
+        return statistics.median(times), (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / n
+
+    for _ in range(3):
+        step()
+    rec = Recorder()
+    with rec:
+        step()
+    before, faults = steps(7)
+    settings = Settings(warmup=1, trials=3, min_trial_s=0.01)
+    alone = [measure(job, lambda f=f, a=a, k=k: f(*a, **k), settings).seconds for f, a, k in rec.ops]
+    after, _ = steps(7)
+    if rank == 0:
+        above = {a: sum(b for b in rec.out_bytes if b >= a) for a in (2**17, 2**20, 2**22, 2**25)}
+        Path(out).write_text(json.dumps({"before": before, "after": after, "alone": sum(alone), "ops": len(rec.ops),
+                                         "faults": faults, "above": above}))
+    dist.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", choices=("mlp", "llama3"), default="mlp")
+    parser.add_argument("--ranks", type=int, default=4)
+    parser.add_argument("--keep-memory", action="store_true", help="glibc keeps its memory (no page faults)")
+    args = parser.parse_args(argv)
+    if args.keep_memory:
+        os.environ.update(KEEP_MEMORY)  # the spawned ranks inherit it
+    load = " ".join(f"{v:.2f}" for v in os.getloadavg())
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "out.json")
+        mp.start_processes(_worker, args=(args.ranks, tmp, args.model, out), nprocs=args.ranks, start_method="spawn")
+        d = json.loads(Path(out).read_text())
+    step = (d["before"] + d["after"]) / 2
+    print(f"{args.model}, {args.ranks} ranks{' (glibc keeps its memory)' if args.keep_memory else ''}; load "
+          f"{load} before, {' '.join(f'{v:.2f}' for v in os.getloadavg())} after")
+    print(f"  step {d['before'] * 1e3:.1f} / {d['after'] * 1e3:.1f} ms (before / after), its {d['ops']} ops alone "
+          f"{d['alone'] * 1e3:.1f} ms: step / ops alone {step / d['alone']:.2f}, "
+          f"excess per op {(step - d['alone']) / d['ops'] * 1e6:.0f} us")
+    print(f"  minor page faults per step {d['faults']:.0f} ({d['faults'] * 4096 / 2**20:.1f} MiB); op outputs per step "
+          + ", ".join(f">= {k // 1024} KiB: {v / 2**20:.1f} MiB" for k, v in ((int(k), v) for k, v in d["above"].items())))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

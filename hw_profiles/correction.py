@@ -1,0 +1,233 @@
+"""A profile corrected on the machine where it is used: reference times
+measured there against what the profile predicts for the same ops, and the
+profile's figures scaled by those ratios (no torch here: the math only;
+``autoshard.calibrate.first_use`` measures, ``autoshard.calibrate.correction_cache``
+keeps the result per machine).
+
+Why: a CPU profile is measured on one machine; another machine "of the same
+kind" (another VM size, another CPU generation, other tenants) runs the same
+ops at other speeds, and by other amounts for GEMMs, cache-resident and
+DRAM-bound streams, launches and collectives. A few reference ops per family,
+timed where the plan will run, say by how much.
+
+Math. Each reference time ``i`` of family ``f`` (``launch``, ``matmul``,
+``memory``, ``vector``, ``collective``) gives a ratio
+``r_i = (measured_i - L_m) / (predicted_i - L_p)``, where ``L`` is the launch
+floor (measured on the machine, and the profile's; the launch and collective
+families use ``measured / predicted``). A family's ratio ``r_f`` is the
+median of its ratios (collectives: ``r_alpha`` from the smallest message,
+``r_beta`` from the largest), except memory: streams slow down by working set
+(on the shared 2-core VM of benchmarks/results/profile_correction.md, under
+other users' load: an add over 786 KB 4.7x the profile, over 48 MB 16x), so
+``r_memory(B)`` is a curve through the memory items' ``(working set, ratio)``
+points, log-linear between them and flat beyond. Applied to the profile
+(``apply``):
+
+* ``launch_s``, ``launch_scalar_s`` times ``r_launch``;
+* every ``peak_flops`` divided by ``r_matmul`` (GEMMs and attention: the
+  same matrix units);
+* each memory-curve point ``(B, e)`` becomes ``(B, e / r_memory(B))`` (renormalized
+  into ``memory_bandwidth_Bps`` where that exceeds 1); ``fresh_pages.Bps``
+  divided by the ratio of the largest working set;
+* ``vector`` times ``r_matmul / r_vector`` (the vector term divides FLOPs
+  by the fp32 peak, already divided by ``r_matmul``), at most 1;
+* collectives: ``alpha_s`` and ``alpha_per_step_s`` times ``r_alpha``,
+  ``beta_s_per_byte`` times ``r_beta`` (bus-bandwidth curves divided by it);
+* ``step_op_s`` (a new figure, not a scale): the ``step`` family is a reference
+  step (``autoshard.calibrate.reference_step``) against the sum of its ``n`` ops
+  timed alone on the same machine; ``(step - sum) / n``, at least 0, is what an
+  op costs inside a step beyond its own time (cold tensors, the allocator, the
+  dispatch between different ops). The strategy graph adds it to every op of a
+  step; an op priced alone (``costmodel.compute.op_time_s``) does not pay it.
+
+If every op of a family is ``k`` times slower on the machine, the corrected
+profile prices it ``k`` times slower: tests check that synthetic times from a
+known scale recover it.
+
+>>> t = [ReferenceTime("add 1", "launch", 1, 4e-6, 8e-6), ReferenceTime("mm", "matmul", 1e9, 0.02, 0.03)]
+>>> {k: round(v, 3) for k, v in family_ratios(t).items()}
+{'launch': 2.0, 'matmul': 1.5}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from hw_profiles.profile import FreshPages, HardwareProfile
+
+__all__ = ["FAMILIES", "FORMAT", "ReferenceTime", "ProfileCorrection", "family_ratios", "memory_points", "ratio_curve"]
+
+FORMAT = "autoshard.profile_correction/1"
+FAMILIES = ("launch", "matmul", "memory", "vector", "collective", "step")
+
+
+@dataclass(frozen=True, slots=True)
+class ReferenceTime:
+    """One reference op: what the profile predicts and what the machine measured."""
+
+    label: str
+    """What ran (``mm 512x512x512``, ``all_reduce 4 ranks 1 MiB``)."""
+    family: str
+    """One of :data:`FAMILIES`."""
+    size: float
+    """FLOPs (matmul, vector), working-set bytes (memory), message bytes
+    (collective), 1 (launch), ops (step): where on the family's curve it sits."""
+    predicted_s: float
+    """What the profile prices it; for the ``step`` family: the sum of its ops timed alone."""
+    measured_s: float
+
+    def __post_init__(self) -> None:
+        if self.family not in FAMILIES:
+            raise ValueError(f"family: unknown {self.family!r} (expected one of {', '.join(FAMILIES)})")
+        if not (self.predicted_s > 0 and self.measured_s > 0 and self.size > 0):
+            raise ValueError(f"{self.label}: predicted_s, measured_s and size must be > 0")
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "ReferenceTime":
+        return cls(str(data["label"]), str(data["family"]), float(data["size"]), float(data["predicted_s"]),
+                   float(data["measured_s"]))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"label": self.label, "family": self.family, "size": self.size, "predicted_s": self.predicted_s,
+                "measured_s": self.measured_s}
+
+
+def memory_points(times: Sequence[ReferenceTime]) -> tuple[tuple[float, float], ...]:
+    """The memory family's ratios by working set, ``(bytes, ratio)`` ascending (module docstring)."""
+    launches = [t for t in times if t.family == "launch"]
+    launch_p = statistics.median(t.predicted_s for t in launches) if launches else 0.0
+    launch_m = statistics.median(t.measured_s for t in launches) if launches else 0.0
+    return tuple(sorted((t.size, max(t.measured_s - launch_m, 0.05 * t.measured_s) / max(t.predicted_s - launch_p, 1e-12))
+                        for t in times if t.family == "memory"))
+
+
+def ratio_curve(points: Sequence[tuple[float, float]], x: float) -> float:
+    """The ratio at ``x``: log-linear between ``points`` (``(size, ratio)``, ascending), flat beyond.
+
+    >>> round(ratio_curve([(1e3, 2.0), (1e5, 4.0)], 1e4), 6), ratio_curve([(1e3, 2.0), (1e5, 4.0)], 1e9)
+    (3.0, 4.0)
+    """
+    if x <= points[0][0]:
+        return points[0][1]
+    for (x0, r0), (x1, r1) in zip(points, points[1:]):
+        if x <= x1:
+            t = 0.0 if x1 == x0 else (math.log(x) - math.log(x0)) / (math.log(x1) - math.log(x0))
+            return r0 + (r1 - r0) * t
+    return points[-1][1]
+
+
+def family_ratios(times: Sequence[ReferenceTime]) -> dict[str, float]:
+    """Per family, measured over predicted (module docstring); collectives as
+    ``collective_alpha`` (smallest message) and ``collective_beta`` (largest)."""
+    launches = [t for t in times if t.family == "launch"]
+    launch_p = statistics.median(t.predicted_s for t in launches) if launches else 0.0
+    launch_m = statistics.median(t.measured_s for t in launches) if launches else 0.0
+    ratios: dict[str, list[float]] = {}
+    steps = [t for t in times if t.family == "step"]
+    for t in times:
+        if t.family == "step":
+            continue
+        if t.family in ("launch", "collective"):  # collectives are priced without a launch floor
+            ratio = t.measured_s / t.predicted_s
+        else:  # the floor is priced (and corrected) apart: what is left is the kernel's own time
+            ratio = max(t.measured_s - launch_m, 0.05 * t.measured_s) / max(t.predicted_s - launch_p, 1e-12)
+        ratios.setdefault(t.family, []).append(ratio)
+    out = {f: statistics.median(r) for f, r in ratios.items() if f != "collective"}
+    colls = sorted((t.size, r) for t, r in zip([t for t in times if t.family == "collective"], ratios.get("collective", [])))
+    if colls:
+        out["collective_alpha"], out["collective_beta"] = colls[0][1], colls[-1][1]
+    if steps:  # seconds, not a ratio: what an op costs in a step beyond its time alone
+        out["step_op_s"] = statistics.median(max(0.0, (t.measured_s - t.predicted_s) / t.size) for t in steps)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileCorrection:
+    """Reference times measured on one machine for one profile, and the
+    ratios they give (module docstring).
+
+    >>> from hw_profiles import load
+    >>> base = load("cpu-gloo")
+    >>> c = ProfileCorrection(base.fingerprint, {"cpu": "x"}, "2026-11-27T21:00:00Z",
+    ...                       (ReferenceTime("add 1", "launch", 1, 4e-6, 8e-6),))
+    >>> c.apply(base).device.launch_s == 2 * base.device.launch_s
+    True
+    """
+
+    profile: str
+    """Fingerprint of the profile the times were predicted with (``name@sha256:...``)."""
+    machine: Mapping[str, Any]
+    """What identifies the machine (CPU model, cores, torch, ranks): the cache key."""
+    date: str
+    times: tuple[ReferenceTime, ...]
+    load: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    """The host's load average before and after the measurement."""
+    seconds: float = 0.0
+    """How long the measurement took."""
+
+    @property
+    def ratios(self) -> dict[str, float]:
+        """:func:`family_ratios` of :attr:`times`."""
+        return family_ratios(self.times)
+
+    def summary(self) -> dict[str, float]:
+        """The ratios, rounded (what ``plan.options["profile_correction"]`` shows)."""
+        return {f: (round(r, 4) if f != "step_op_s" else float(f"{r:.4g}")) for f, r in sorted(self.ratios.items())}
+
+    def apply(self, profile: HardwareProfile) -> HardwareProfile:
+        """``profile`` with its figures scaled by the ratios (module docstring);
+        its name says it was corrected, its fingerprint changes."""
+        r = self.ratios
+        dev, eff = profile.device, profile.device.efficiency
+        launch, matmul = r.get("launch", 1.0), r.get("matmul", 1.0)
+        points = memory_points(self.times)
+        vector = eff.vector
+        if vector is not None and "vector" in r:
+            vector = min(1.0, vector * matmul / r["vector"])
+        fresh, memory_eff, bandwidth = dev.fresh_pages, eff.memory, dev.memory_bandwidth_Bps
+        if points:
+            # the curve scaled point by point by the ratio at its working set; renormalized into the
+            # bandwidth where a point would exceed 1 (an efficiency stays a fraction)
+            curve = [(b, e / ratio_curve(points, b)) for b, e in eff.memory_curve]
+            top = max(1.0, max(e for _, e in curve))
+            curve = tuple((b, e / top) for b, e in curve)
+            memory_eff = curve if isinstance(eff.memory, tuple) else curve[0][1]
+            bandwidth = dev.memory_bandwidth_Bps * top
+            if fresh is not None:  # faults stream like the largest working sets
+                fresh = FreshPages(fresh.above_bytes, fresh.Bps / points[-1][1])
+        new_dev = dataclasses.replace(
+            dev, launch_s=dev.launch_s * launch,
+            launch_scalar_s=None if dev.launch_scalar_s is None else dev.launch_scalar_s * launch,
+            peak_flops=tuple((k, v / matmul) for k, v in dev.peak_flops),
+            memory_bandwidth_Bps=bandwidth, fresh_pages=fresh,
+            efficiency=dataclasses.replace(eff, vector=vector, memory=memory_eff))
+        new_dev = dataclasses.replace(new_dev, step_op_s=r.get("step_op_s", dev.step_op_s))
+        alpha, beta = r.get("collective_alpha", 1.0), r.get("collective_beta", 1.0)
+        tiers = tuple(dataclasses.replace(t, collectives=tuple(
+            (k, dataclasses.replace(f, alpha_s=f.alpha_s * alpha, alpha_per_step_s=f.alpha_per_step_s * alpha,
+                                    beta_s_per_byte=f.beta_s_per_byte * beta,
+                                    bus_bandwidth=tuple(dataclasses.replace(c, points=tuple((x, bw / beta) for x, bw in c.points))
+                                                        for c in f.bus_bandwidth)))
+            for k, f in t.collectives)) for t in profile.interconnect)
+        return dataclasses.replace(profile, name=f"{profile.name}+corrected", device=new_dev, interconnect=tiers)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "ProfileCorrection":
+        """Read the JSON form; ``ValueError`` naming what is wrong."""
+        if not isinstance(data, Mapping) or data.get("format") != FORMAT:
+            raise ValueError(f"format: expected {FORMAT!r}")
+        try:
+            return cls(profile=str(data["profile"]), machine=dict(data["machine"]), date=str(data["date"]),
+                       times=tuple(ReferenceTime.from_dict(t) for t in data["times"]),
+                       load=dict(data.get("load", {})), seconds=float(data.get("seconds", 0.0)))
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"profile correction: missing or malformed field {exc}") from None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": FORMAT, "profile": self.profile, "machine": dict(self.machine), "date": self.date,
+                "load": dict(self.load), "seconds": self.seconds, "ratios": self.summary(),
+                "times": [t.to_dict() for t in self.times]}

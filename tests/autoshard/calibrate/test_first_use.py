@@ -1,0 +1,151 @@
+"""The profile corrected at first use (``autoshard.calibrate.first_use``): measured
+once per machine key and cached as JSON, a corrupt cache file warned about once and
+measured again, and the plan records which correction priced it."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import pytest
+
+from hw_profiles import load
+from hw_profiles.correction import ProfileCorrection, ReferenceTime
+
+from autoshard.calibrate import correction_cache, first_use
+from autoshard.plan.options import SolveOptions
+
+BASE = load("cpu-gloo")
+
+
+@pytest.fixture
+def fake_measure(monkeypatch):
+    """Replace the measurement by synthetic times (launches 2x slower): counts the calls."""
+    calls = []
+
+    def fake(profile, ranks, key):
+        calls.append(key)
+        return ProfileCorrection(profile.fingerprint, key, "2026-11-27T00:00:00Z",
+                                 (ReferenceTime("add 1", "launch", 1.0, 4e-6, 8e-6),), {"before": [0.1, 0.1, 0.1]})
+
+    monkeypatch.setattr(first_use, "_measure_spawned", fake)
+    return calls
+
+
+def test_measured_once_then_read_from_the_cache(tmp_path, fake_measure) -> None:
+    profile, record = first_use.corrected_profile(BASE, ranks=4, folder=tmp_path)
+    assert record["source"] == "measured" and record["ratios"] == {"launch": 2.0}
+    assert profile.device.launch_s == pytest.approx(2 * BASE.device.launch_s)
+    files = list(tmp_path.glob("*.json"))
+    assert len(files) == 1 and json.loads(files[0].read_text())["format"] == "autoshard.profile_correction/1"
+    again, record2 = first_use.corrected_profile(BASE, ranks=4, folder=tmp_path)
+    assert record2["source"] == "cache" and again == profile
+    assert len(fake_measure) == 1
+
+
+def test_another_key_misses(tmp_path, fake_measure) -> None:
+    first_use.corrected_profile(BASE, ranks=4, folder=tmp_path)
+    first_use.corrected_profile(BASE, ranks=2, folder=tmp_path)  # other ranks on the host
+    other = load("h100-sxm-80gb")  # another profile fingerprint
+    first_use.corrected_profile(other, ranks=4, folder=tmp_path)
+    assert len(fake_measure) == 3 and len(list(tmp_path.glob("*.json"))) == 3
+    assert {k["ranks"] for k in fake_measure} == {2, 4}
+
+
+def test_remeasure_ignores_the_cache(tmp_path, fake_measure) -> None:
+    first_use.corrected_profile(BASE, ranks=4, folder=tmp_path)
+    _, record = first_use.corrected_profile(BASE, ranks=4, folder=tmp_path, mode="remeasure")
+    assert record["source"] == "measured" and len(fake_measure) == 2
+
+
+@pytest.mark.parametrize("text", ["{not json", json.dumps({"format": "autoshard.profile_correction/1"}), "[]"])
+def test_a_corrupt_cache_file_warns_once_and_measures_again(tmp_path, fake_measure, text) -> None:
+    first_use.corrected_profile(BASE, ranks=4, folder=tmp_path)
+    (path,) = tmp_path.glob("*.json")
+    path.write_text(text)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _, record = first_use.corrected_profile(BASE, ranks=4, folder=tmp_path)
+    lines = [str(w.message) for w in caught if "profile correction cache" in str(w.message)]
+    assert len(lines) == 1 and "measuring again" in lines[0] and "\n" not in lines[0]
+    assert record["source"] == "measured" and len(fake_measure) == 2
+    assert ProfileCorrection.from_dict(json.loads(path.read_text())).ratios == {"launch": 2.0}  # rewritten
+
+
+def test_a_cache_file_of_another_key_is_not_used(tmp_path, fake_measure) -> None:
+    first_use.corrected_profile(BASE, ranks=4, folder=tmp_path)
+    (path,) = tmp_path.glob("*.json")
+    data = json.loads(path.read_text())
+    data["machine"]["cpu"] = "another CPU"
+    path.write_text(json.dumps(data))
+    with pytest.warns(RuntimeWarning, match="another machine's key"):
+        first_use.corrected_profile(BASE, ranks=4, folder=tmp_path)
+    assert len(fake_measure) == 2
+
+
+def test_the_default_folder_is_under_the_users_cache(monkeypatch, tmp_path) -> None:
+    monkeypatch.delenv("AUTOSHARD_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert correction_cache.cache_dir() == tmp_path / "autoshard" / "profile-corrections"
+
+
+def test_auto_corrects_only_a_cpu_profile_that_runs_here() -> None:
+    assert first_use.resolve_mode("auto", BASE, runs_here=True) == "here"
+    assert first_use.resolve_mode("auto", BASE, runs_here=False) == "off"
+    assert first_use.resolve_mode("auto", load("h100-sxm-80gb"), runs_here=True) == "off"
+    with pytest.raises(ValueError, match="profile_correction"):
+        SolveOptions(profile_correction="sometimes")
+
+
+def test_the_plan_records_the_correction_and_keeps_the_profiles_fingerprint(tmp_path, monkeypatch,
+                                                                            fake_measure) -> None:
+    from autoshard.plan.solve import prepare, solve_prepared
+    from examples.models import mlp
+
+    monkeypatch.setenv("AUTOSHARD_CACHE_DIR", str(tmp_path))
+    model, inputs = mlp.tiny()
+    off = prepare(model, inputs, (2,), profile="cpu-gloo")
+    assert off.options["profile_correction"] == {"mode": "off"}  # offline: auto is off
+    here = prepare(model, inputs, (2,), profile="cpu-gloo", profile_correction="here", traced=off.traced)
+    plan = solve_prepared(here, time_limit=20)
+    record = plan.options["profile_correction"]
+    assert record["mode"] == "here" and record["ratios"] == {"launch": 2.0} and record["machine"]["ranks"] == 2
+    assert plan.fingerprint.profile == BASE.fingerprint  # the plan loads against the profile as named
+    assert here.graph.profile.device.launch_s == pytest.approx(2 * BASE.device.launch_s)  # priced corrected
+    assert plan.estimate.compute_s > solve_prepared(off, time_limit=20).estimate.compute_s
+
+
+def test_a_real_measurement_on_one_process(tmp_path) -> None:
+    """A few seconds of reference ops on this machine: every family but collectives (no ranks)."""
+    profile, record = first_use.corrected_profile(BASE, ranks=1, folder=tmp_path)
+    assert record["source"] == "measured"
+    ratios = dict(record["ratios"])
+    step_op_s = ratios.pop("step_op_s")
+    assert set(ratios) == {"launch", "matmul", "memory", "vector"}
+    assert all(0.01 < r < 100 for r in ratios.values())
+    assert 0.0 <= step_op_s < 0.01 and profile.device.step_op_s == pytest.approx(step_op_s, rel=1e-3)
+    assert profile.name == "cpu-gloo+corrected"
+
+
+def test_every_op_of_a_step_pays_the_step_cost_and_views_do_not() -> None:
+    """The strategy graph adds ``step_op_s`` to each op's compute (``autoshard.graph.builder``)."""
+    import dataclasses
+
+    from autoshard.plan.solve import prepare
+    from examples.models import mlp
+
+    model, inputs = mlp.tiny()
+    base = prepare(model, inputs, (1,), profile="cpu-gloo", recompute="none")
+    stepped = dataclasses.replace(BASE, device=dataclasses.replace(BASE.device, step_op_s=1e-3))
+    more = prepare(model, inputs, (1,), profile=stepped, recompute="none", traced=base.traced)
+    paid = free = 0
+    for a, b in zip(base.graph.nodes, more.graph.nodes):
+        if a.kind != "op":
+            continue
+        for ca, cb in zip(a.compute_s, b.compute_s):
+            if ca == 0.0 and cb == 0.0:  # a view: no kernel, no step cost
+                free += 1
+            else:
+                assert cb == pytest.approx(ca + 1e-3)
+                paid += 1
+    assert paid > 0 and free > 0  # the tiny MLP has both (mm, t / view)
