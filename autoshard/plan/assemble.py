@@ -48,12 +48,13 @@ from typing import Any, Mapping, Sequence
 from costmodel.bucketing import GATHER_CAPS, group_buckets, group_gathers
 from costmodel.mesh import MeshSpec
 from costmodel.placements import Placement, PlacementParseError, parse_placements
-from costmodel.redistribute import plan_redistribute
 from hw_profiles import HardwareProfile, load_dict
 from solver import Problem
 from solver.solution import Solution
 
-from autoshard.plan.exact_memory import RECOMPUTE, exact_timeline, keep_choice, state_of, timeline_peak
+from autoshard.plan.bucket_routes import EdgeRoutes
+from autoshard.plan.exact_memory import (RECOMPUTE, exact_timeline, keep_choice, peak_with_extra, state_of,
+                                        timeline_peak)
 from autoshard.plan.tidy_states import tidy_states
 from autoshard.plan.format import Estimate, Fingerprint, Plan, PlanError, PlanNode, Redistribution, SolverReport
 from autoshard.plan.schedule import (VIEW_OPS, Schedule, build_schedule, gather_blocks, leaf_gathers, leaf_views,
@@ -397,19 +398,6 @@ def step_pricing(graph: AssemblyGraph, problem: Problem, choice: Sequence[int]) 
                        tuple(sorted({n.region for n in graph.nodes if n.region})))
 
 
-def _peak_with_prefetch(timeline: Sequence[tuple[int, float]], extra: Sequence[tuple[int, int, float]]) -> float:
-    """Peak of ``timeline`` (a step function: ``(t, level)`` from t on) plus
-    ``extra`` bytes over ``[start, end)`` time intervals."""
-    points = sorted({t for t, _ in timeline} | {t for s, e, _ in extra for t in (s, e)})
-    peak, k, level = 0.0, -1, timeline[0][1] if timeline else 0.0
-    for t in points:
-        while k + 1 < len(timeline) and timeline[k + 1][0] <= t:
-            k += 1
-            level = timeline[k][1]
-        peak = max(peak, level + sum(b for s, e, b in extra if s <= t < e))
-    return peak
-
-
 def price_schedule(pricing: StepPricing, redistributions: Sequence[Redistribution], buckets: Sequence[Any],
                    timeline: Sequence[tuple[int, float]], *, mesh: MeshSpec, profile: HardwareProfile,
                    dtypes: Mapping[tuple[str, str, int], str], prefetch: int | None = None,
@@ -445,7 +433,7 @@ def price_schedule(pricing: StepPricing, redistributions: Sequence[Redistributio
                                     contention=pricing.contention, gathers=gathers)
             extra = [(pricing.times[i], pricing.times[w], float(b))
                      for i, w, b in prefetch_intervals(schedule, redistributions, gathers, pricing.node_names)]
-            peak = _peak_with_prefetch(timeline, extra) if extra and not held else base_peak
+            peak = peak_with_extra(timeline, extra) if extra and not held else base_peak
             fits = pricing.memory_limit is None or peak <= pricing.memory_limit
             if best is None:
                 best = (schedule, sim, peak, gathers)
@@ -574,6 +562,7 @@ def _redistributions(graph: AssemblyGraph, problem: Problem, choice: Sequence[in
     copies: list[tuple[int, Any, bool]] = []
     dtypes: dict[tuple[str, str, int], str] = {}
     grads: list[tuple[int, str, str, tuple[Any, ...], float]] = []
+    routes = EdgeRoutes(graph)  # bucketed edges take the route they were priced at (not the planner's alone)
     for j, (e, pe) in enumerate(zip(graph.edges, problem.edges)):
         a, b = choice[e.src], choice[e.dst]
         u, v = graph.nodes[e.src], graph.nodes[e.dst]
@@ -587,7 +576,7 @@ def _redistributions(graph: AssemblyGraph, problem: Problem, choice: Sequence[in
         # amortised cost can round to 0 while its reduction must still run
         if pe.cost[a, b] == 0.0 and (dst is None or placement_text(src) == placement_text(dst)):
             continue
-        steps = plan_redistribute(src, dst, graph.mesh, e.shape, e.itemsize, graph.profile)
+        steps = routes.route(j, src, dst)
         comm += steps.comm_s
         relayout += steps.local_s
         if e.dst in recomputed:  # the reader's input is redistributed again for the recomputation (C2)
