@@ -45,7 +45,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from costmodel.bucketing import GATHER_CAPS, group_buckets, group_gathers
+from costmodel.bucketing import GATHER_CAPS, group_gathers
 from costmodel.mesh import MeshSpec
 from costmodel.placements import Placement, PlacementParseError, parse_placements
 from hw_profiles import HardwareProfile, load_dict
@@ -56,6 +56,7 @@ from autoshard.plan.bucket_routes import EdgeRoutes
 from autoshard.plan.exact_memory import (RECOMPUTE, exact_timeline, keep_choice, peak_with_extra, state_of,
                                         timeline_peak)
 from autoshard.plan.tidy_states import tidy_states
+from autoshard.plan.gradient_buckets import choose_gradient_buckets
 from autoshard.plan.format import Estimate, Fingerprint, Plan, PlanError, PlanNode, Redistribution, SolverReport
 from autoshard.plan.schedule import (VIEW_OPS, Schedule, build_schedule, gather_blocks, leaf_gathers, leaf_views,
                                      prefetch_intervals, simulate_schedule)
@@ -473,9 +474,12 @@ def assemble_plan(
     # a bucket issues one collective in place of its members' steps: the
     # estimate counts what runs (costmodel.bucketing). Gradients join buckets
     # in the order the backward makes them (producer order), so a bucket is
-    # complete, and issued, as early as possible.
+    # complete, and issued, as early as possible; the cap is the one whose simulated step is best.
     grads.sort(key=lambda g: g[0])
-    buckets = group_buckets([g[1:4] for g in grads], graph.mesh, graph.profile, graph.bucket_bytes)
+    # the simulation runs every op at its problem cost (a recomputed op's holds its forward twice)
+    pricing = step_pricing(graph, problem, choice)
+    buckets, _ = choose_gradient_buckets([g[1:4] for g in grads], pricing, redistributions, mesh=graph.mesh,
+                                         profile=graph.profile, cap=graph.bucket_bytes)
     if buckets:
         members = {m for b in buckets for m in b.members}
         comm += sum(b.cost_s for b in buckets) - sum(g[4] for g in grads if g[1] in members)
@@ -484,8 +488,6 @@ def assemble_plan(
     if recomputed:
         without = timeline_peak(exact_timeline(graph, problem, keep_choice(graph, choice), copies, buckets,
                                                recomputed=False))
-    # the simulation runs every op at its problem cost: a recomputed op's holds its forward twice
-    pricing = step_pricing(graph, problem, choice)
     # priced as FSDP2 holds its gathers (autoshard.graph.copies): then run as FSDP2 does, a block ahead
     fsdp2 = (options or {}).get("gather") == "fsdp2"
     schedule, sim, peak, gathers = price_schedule(pricing, redistributions, buckets, timeline, mesh=graph.mesh,
