@@ -52,7 +52,7 @@ from hw_profiles import HardwareProfile, load_dict
 from solver import Problem
 from solver.solution import Solution
 
-from autoshard.plan.bucket_routes import EdgeRoutes
+from autoshard.plan.bucket_routes import EdgeRoutes, reschedule
 from autoshard.plan.exact_memory import (RECOMPUTE, exact_timeline, keep_choice, peak_with_extra, state_of,
                                         timeline_peak)
 from autoshard.plan.tidy_states import tidy_states
@@ -493,6 +493,11 @@ def assemble_plan(
     schedule, sim, peak, gathers = price_schedule(pricing, redistributions, buckets, timeline, mesh=graph.mesh,
                                                   profile=graph.profile, dtypes=dtypes, held=fsdp2,
                                                   **({"prefetch": 1, "gather_cap": BLOCK_GATHERS} if fsdp2 else {}))
+    settled, delta = moved.routes.settle(redistributions, buckets, gathers)
+    if delta:  # routed for a bucket that none took: the planner's route alone, where it simulates faster
+        resettled = reschedule(pricing, settled, buckets, gathers, schedule)
+        if resettled[1].step_s < sim.step_s:
+            redistributions, comm, (schedule, sim) = settled, comm + delta, resettled
     if gathers:  # a gather bucket issues one collective in place of its members' steps
         gathered = {m for g in gathers for m in g.members}
         comm += sum(g.cost_s for g in gathers) - sum(
@@ -555,6 +560,7 @@ class _Moved:
     relayout_s: float
     recompute_comm_s: float
     """The recomputation's input redistributions again (not in the simulated schedule)."""
+    routes: EdgeRoutes
 
 
 def _redistributions(graph: AssemblyGraph, problem: Problem, choice: Sequence[int], recomputed: set[int]) -> _Moved:
@@ -592,7 +598,7 @@ def _redistributions(graph: AssemblyGraph, problem: Problem, choice: Sequence[in
         dtypes[(u.name, v.name, e.dst_input)] = e.dtype
         if v.kind == "grad":
             grads.append((e.src, v.name, e.dtype, steps.steps, steps.comm_s))
-    return _Moved(redistributions, copies, dtypes, grads, comm, relayout, recompute_comm)
+    return _Moved(redistributions, copies, dtypes, grads, comm, relayout, recompute_comm, routes)
 
 
 def _reader_placement(node: AssemblyNode, k: int, position: int) -> Placements | None:

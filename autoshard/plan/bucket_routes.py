@@ -21,6 +21,14 @@ does, while the schedule takes a view as a leaf only where that input is not
 redistributed (``leaf_views``); the plan's estimate simulates the buckets that
 run.)
 
+**Settling.** Which gathers share buckets is decided after the routes (the
+assembler simulates gather caps, and may take none; a gradient may be left
+alone in its bucket). An edge routed for a bucket that then joined none would
+run a route dearer alone than the planner's: :meth:`EdgeRoutes.settle` puts
+such edges back on the planner's route, :func:`reschedule` simulates the plan
+again, and the assembler keeps whichever simulates faster (a per-dim chain,
+cheaper alone, may not be in the schedule: its first steps are waited at once).
+
 >>> gather_edges(["param", "op", "op", "op"], ["w", "aten.t.default", "aten.mm.default", "aten.mm.default"],
 ...              [(0, 1), (1, 2), (2, 3)])
 [0, 1]
@@ -29,15 +37,17 @@ run.)
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any, Sequence
 
 from costmodel.bucketed_routes import bucketed_route
 from costmodel.bucketing import GATHER_CAPS, bucket_share, bucketable_step, gatherable_step
-from costmodel.steps import RedistributePlan
+from costmodel.redistribute import plan_redistribute
+from costmodel.steps import COLLECTIVE_STEPS, RedistributePlan
 
-from autoshard.plan.schedule import VIEW_OPS
+from autoshard.plan.schedule import VIEW_OPS, Schedule, build_schedule, simulate_schedule
 
-__all__ = ["LEAF_KINDS", "gather_edges", "EdgeRoutes"]
+__all__ = ["LEAF_KINDS", "gather_edges", "EdgeRoutes", "reschedule"]
 
 LEAF_KINDS = ("param", "input", "buffer")
 
@@ -74,10 +84,43 @@ class EdgeRoutes:
             total = float(sum(sizes[j] for j in gathers))
             for j in gathers:
                 self.shares[j] = (bucket_share(sizes[j], total, GATHER_CAPS[-1]), gatherable_step)
+        self.rerouted: dict[tuple[str, str, int], RedistributePlan] = {}
+        """(producer, reader, reader input) -> the planner's route, for the edges given another one."""
 
     def route(self, j: int, src: Any, dst: Any) -> RedistributePlan:
         """The steps of edge ``j`` from placements ``src`` to ``dst``."""
         e, graph = self.graph.edges[j], self.graph
         share, accept = self.shares.get(j, (1.0, bucketable_step))
-        return bucketed_route(src, dst, graph.mesh, e.shape, e.itemsize, graph.profile, share=share,
-                              accept=accept).plan
+        chosen = bucketed_route(src, dst, graph.mesh, e.shape, e.itemsize, graph.profile, share=share,
+                                accept=accept).plan
+        alone = plan_redistribute(src, dst, graph.mesh, e.shape, e.itemsize, graph.profile)
+        if chosen.steps != alone.steps:
+            key = (graph.nodes[e.src].name, graph.nodes[e.dst].name, e.dst_input)
+            self.rerouted[key] = alone
+        return chosen
+
+    def settle(self, redistributions: Sequence[Any], buckets: Sequence[Any],
+               gathers: Sequence[Any]) -> tuple[list[Any], float]:
+        """``redistributions`` with every rerouted edge that joined no bucket back on
+        the planner's route, and the change in their collectives' seconds (module docstring)."""
+        bucketed = {m for b in buckets for m in b.members}
+        gathered = {tuple(m) for g in gathers for m in g.members}
+        out, delta = [], 0.0
+        for r in redistributions:
+            key = (r.tensor, r.to, r.input_index)
+            alone = self.rerouted.get(key)
+            if alone is None or r.to in bucketed or key in gathered:
+                out.append(r)
+                continue
+            delta += alone.comm_s - sum(s.cost_s for s in r.steps if s.collective in COLLECTIVE_STEPS)
+            out.append(replace(r, steps=alone.steps, cost_s=alone.cost_s))
+        return out, delta
+
+
+def reschedule(pricing: Any, redistributions: Sequence[Any], buckets: Sequence[Any], gathers: Sequence[Any],
+               schedule: Schedule) -> tuple[Schedule, Any]:
+    """``schedule`` (its prefetch depth and leaf views) rebuilt for ``redistributions``, and its simulation."""
+    schedule = build_schedule(pricing.node_names, redistributions, buckets, prefetch=schedule.prefetch,
+                              gathers=gathers, leaf_views=schedule.leaf_views)
+    return schedule, simulate_schedule(schedule, pricing.op_compute_s, redistributions, buckets,
+                                       tail_s=pricing.tail_s, contention=pricing.contention, gathers=gathers)
