@@ -493,11 +493,11 @@ def assemble_plan(
     schedule, sim, peak, gathers = price_schedule(pricing, redistributions, buckets, timeline, mesh=graph.mesh,
                                                   profile=graph.profile, dtypes=dtypes, held=fsdp2,
                                                   **({"prefetch": 1, "gather_cap": BLOCK_GATHERS} if fsdp2 else {}))
-    settled, delta = moved.routes.settle(redistributions, buckets, gathers)
-    if delta:  # routed for a bucket that none took: the planner's route alone, where it simulates faster
+    settled, delta, local_delta = moved.routes.settle(redistributions, buckets, gathers)
+    if settled != redistributions:  # routed for a bucket that none took: the planner's route if faster
         resettled = reschedule(pricing, settled, buckets, gathers, schedule)
         if resettled[1].step_s < sim.step_s:
-            redistributions, comm, (schedule, sim) = settled, comm + delta, resettled
+            redistributions, comm, relayout, (schedule, sim) = settled, comm + delta, relayout + local_delta, resettled
     if gathers:  # a gather bucket issues one collective in place of its members' steps
         gathered = {m for g in gathers for m in g.members}
         comm += sum(g.cost_s for g in gathers) - sum(

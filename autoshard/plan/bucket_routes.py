@@ -100,21 +100,23 @@ class EdgeRoutes:
         return chosen
 
     def settle(self, redistributions: Sequence[Any], buckets: Sequence[Any],
-               gathers: Sequence[Any]) -> tuple[list[Any], float]:
+               gathers: Sequence[Any]) -> tuple[list[Any], float, float]:
         """``redistributions`` with every rerouted edge that joined no bucket back on
-        the planner's route, and the change in their collectives' seconds (module docstring)."""
+        the planner's route, and the change in the seconds of their collectives and of
+        their local steps (module docstring)."""
         bucketed = {m for b in buckets for m in b.members}
         gathered = {tuple(m) for g in gathers for m in g.members}
-        out, delta = [], 0.0
+        out, comm, local = [], 0.0, 0.0
         for r in redistributions:
             key = (r.tensor, r.to, r.input_index)
             alone = self.rerouted.get(key)
             if alone is None or r.to in bucketed or key in gathered:
                 out.append(r)
                 continue
-            delta += alone.comm_s - sum(s.cost_s for s in r.steps if s.collective in COLLECTIVE_STEPS)
+            comm += alone.comm_s - sum(s.cost_s for s in r.steps if s.collective in COLLECTIVE_STEPS)
+            local += alone.local_s - sum(s.cost_s for s in r.steps if s.collective not in COLLECTIVE_STEPS)
             out.append(replace(r, steps=alone.steps, cost_s=alone.cost_s))
-        return out, delta
+        return out, comm, local
 
 
 def reschedule(pricing: Any, redistributions: Sequence[Any], buckets: Sequence[Any], gathers: Sequence[Any],
