@@ -17,11 +17,9 @@ from __future__ import annotations
 import argparse
 import collections
 import os
-import statistics
 import sys
 import tempfile
 import time
-from datetime import timedelta
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -78,33 +76,17 @@ def _profile(step, steps: int) -> dict:
 
 
 def _worker(rank, world, init_file, out_dir, plans, models, meshes, steps, warmup, kinds):
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=900))
-    from autoshard.trace import trace_joint
-
     results = {}
-    try:
-        for mk in models:
-            model, inputs = rs._example(mk)
-            traced = trace_joint(model, inputs)
-            for mesh_key in meshes:
-                variants = {}
-                for kind in kinds:
-                    info = plans.get((mk, mesh_key, kind))
-                    if info is not None:
-                        variants[f"as-{kind}"] = rs._autoshard(mk, mesh_key, info["path"], traced, "fused")
-                variants["torch-ddp"] = rs._torch_ddp(mk, mesh_key, "fused")
-                variants["torch-fsdp2"] = rs._torch_fsdp2(mk, mesh_key, "fused")
-                times = rs._round_robin(variants, steps, warmup)
-                for name, step in variants.items():
-                    prof = _profile(step, steps)
-                    results[(mk, mesh_key, name)] = {"step_s": times[name][0], "fb_s": times[name][1], **prof}
-                print(f"# profiled {mk} on {mesh_key}", file=sys.stderr, flush=True)
+    with rs.rank_group(rank, world, init_file):
+        for mk, mesh_key, variants in rs.step_variants(plans, models, meshes, kinds, "fused",
+                                                       handwritten=("torch-ddp", "torch-fsdp2")):
+            times = rs._round_robin(variants, steps, warmup)
+            for name, step in variants.items():
+                prof = _profile(step, steps)
+                results[(mk, mesh_key, name)] = {"step_s": times[name][0], "fb_s": times[name][1], **prof}
+            print(f"# profiled {mk} on {mesh_key}", file=sys.stderr, flush=True)
         if rank == 0:
             torch.save(results, os.path.join(out_dir, "prof.pt"))
-    finally:
-        dist.destroy_process_group()
 
 
 def report(results: dict, models, meshes) -> list[str]:

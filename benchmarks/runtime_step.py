@@ -48,6 +48,7 @@ load now.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -58,7 +59,7 @@ import tempfile
 import time
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -274,36 +275,52 @@ def _round_robin(variants: dict[str, Any], steps: int, warmup: int) -> dict[str,
     return {k: (statistics.median(full[k]), statistics.median(fb[k])) for k in variants}
 
 
-def _worker(rank: int, world: int, init_file: str, out_dir: str, plans: dict, models: list[str], meshes: list[str],
-            steps: int, warmup: int, opt_kind: str, compile_: bool) -> None:
+@contextlib.contextmanager
+def rank_group(rank: int, world: int, init_file: str) -> Iterator[None]:
+    """This rank in a gloo group of ``world`` (one thread per rank), destroyed on exit."""
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
                             timeout=timedelta(seconds=900))
-    from autoshard.trace import trace_joint
-
-    results = {}
     try:
-        for mk in models:
-            model, inputs = _example(mk)
-            traced = trace_joint(model, inputs)
-            for mesh_key in meshes:
-                variants = {}
-                for kind in AUTOSHARD:
-                    info = plans.get((mk, mesh_key, kind))
-                    if info is not None:
-                        variants[f"as-{kind}"] = _autoshard(mk, mesh_key, info["path"], traced, opt_kind)
-                if compile_ and (mk, mesh_key, "solved") in plans:
-                    variants["as-solved+compile"] = _autoshard(mk, mesh_key, plans[(mk, mesh_key, "solved")]["path"],
-                                                               traced, opt_kind, compile_=True)
-                for name, fn in HANDWRITTEN.items():
-                    variants[name] = fn(mk, mesh_key, opt_kind)
-                for name, value in _round_robin(variants, steps, warmup).items():
-                    results[(mk, mesh_key, name)] = value
-                print(f"# measured {mk} on {mesh_key}", file=sys.stderr, flush=True)
-        if rank == 0:
-            torch.save(results, os.path.join(out_dir, "ranks.pt"))
+        yield
     finally:
         dist.destroy_process_group()
+
+
+def step_variants(plans: dict, models: list[str], meshes: list[str], kinds: tuple[str, ...], opt_kind: str,
+                  handwritten: tuple[str, ...] = tuple(HANDWRITTEN), compile_: bool = False,
+                  ) -> Iterator[tuple[str, str, dict[str, Any]]]:
+    """``(model, mesh, {variant: step})`` per (model, mesh): the autoshard plans of ``kinds``
+    found in ``plans`` (the model traced once per model) and the hand-written ``handwritten``."""
+    from autoshard.trace import trace_joint
+
+    for mk in models:
+        model, inputs = _example(mk)
+        traced = trace_joint(model, inputs)
+        for mesh_key in meshes:
+            variants = {}
+            for kind in kinds:
+                info = plans.get((mk, mesh_key, kind))
+                if info is not None:
+                    variants[f"as-{kind}"] = _autoshard(mk, mesh_key, info["path"], traced, opt_kind)
+            if compile_ and (mk, mesh_key, "solved") in plans:
+                variants["as-solved+compile"] = _autoshard(mk, mesh_key, plans[(mk, mesh_key, "solved")]["path"],
+                                                           traced, opt_kind, compile_=True)
+            for name in handwritten:
+                variants[name] = HANDWRITTEN[name](mk, mesh_key, opt_kind)
+            yield mk, mesh_key, variants
+
+
+def _worker(rank: int, world: int, init_file: str, out_dir: str, plans: dict, models: list[str], meshes: list[str],
+            steps: int, warmup: int, opt_kind: str, compile_: bool) -> None:
+    results = {}
+    with rank_group(rank, world, init_file):
+        for mk, mesh_key, variants in step_variants(plans, models, meshes, AUTOSHARD, opt_kind, compile_=compile_):
+            for name, value in _round_robin(variants, steps, warmup).items():
+                results[(mk, mesh_key, name)] = value
+            print(f"# measured {mk} on {mesh_key}", file=sys.stderr, flush=True)
+        if rank == 0:
+            torch.save(results, os.path.join(out_dir, "ranks.pt"))
 
 
 def _one_rank(rank: int, world: int, init_file: str, out_dir: str, plans: dict, models: list[str], steps: int,

@@ -23,11 +23,12 @@ k`` in the problem file).
 Gradient edges (op -> ``grad:<fqn>`` sink) pass ``share``: a reduction that
 the runtime issues in a bucket with other gradients pays only ``share`` of its
 call latency (``costmodel.bucketing``, which also says why this is an
-approximation and how the plan's estimate corrects it).
+approximation and how the plan's estimate corrects it), on the route it would
+take in the bucket (``costmodel.bucketed_routes``: one flattened collective
+where a per-dim chain, cheaper alone, could not join a bucket).
 
 >>> from hw_profiles import load
->>> from costmodel.bucketing import amortized_cost_s
-from costmodel.mesh import MeshSpec
+>>> from costmodel.mesh import MeshSpec
 >>> from costmodel.placements import parse_placements as pp
 >>> pricer = EdgePricer(MeshSpec((2,)), load("h100-sxm-80gb"))
 >>> m = pricer.matrix((1024, 1024), 4, [pp("R"), pp("S(0)")], [pp("R"), pp("S(0)"), pp("R")])
@@ -41,7 +42,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from costmodel.bucketing import amortized_cost_s
+from costmodel.bucketed_routes import bucketed_route
+from costmodel.bucketing import bucketable_step
 from costmodel.mesh import MeshSpec
 from costmodel.placements import Placement
 from costmodel.redistribute import plan_redistribute, redistribute_costs
@@ -101,8 +103,9 @@ class EdgePricer:
         if cached is None:
             cached = self._distinct_matrix(shape, itemsize, srcs, dsts).copy()
             for a, b in zip(*np.nonzero(np.isfinite(cached) & (cached > 0))):
-                cached[a, b] = amortized_cost_s(self.plan(shape, itemsize, srcs[a], dsts[b]), share,
-                                                self.mesh, self.profile)
+                # the route the runtime buckets, one collective where that is cheaper in a bucket
+                cached[a, b] = bucketed_route(srcs[a], dsts[b], self.mesh, shape, itemsize, self.profile,
+                                              share=share, accept=bucketable_step).price_s
             self._distinct_cache[key] = cached
         return cached
 

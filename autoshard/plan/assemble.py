@@ -45,16 +45,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from costmodel.bucketing import GATHER_CAPS, group_buckets, group_gathers
+from costmodel.bucketing import GATHER_CAPS, group_gathers
 from costmodel.mesh import MeshSpec
 from costmodel.placements import Placement, PlacementParseError, parse_placements
-from costmodel.redistribute import plan_redistribute
 from hw_profiles import HardwareProfile, load_dict
 from solver import Problem
 from solver.solution import Solution
 
-from autoshard.plan.exact_memory import RECOMPUTE, exact_timeline, keep_choice, state_of, timeline_peak
+from autoshard.plan.bucket_routes import EdgeRoutes, reschedule
+from autoshard.plan.exact_memory import (RECOMPUTE, exact_timeline, keep_choice, peak_with_extra, state_of,
+                                        timeline_peak)
 from autoshard.plan.tidy_states import tidy_states
+from autoshard.plan.gradient_buckets import choose_gradient_buckets
 from autoshard.plan.format import Estimate, Fingerprint, Plan, PlanError, PlanNode, Redistribution, SolverReport
 from autoshard.plan.schedule import (VIEW_OPS, Schedule, build_schedule, gather_blocks, leaf_gathers, leaf_views,
                                      prefetch_intervals, simulate_schedule)
@@ -397,19 +399,6 @@ def step_pricing(graph: AssemblyGraph, problem: Problem, choice: Sequence[int]) 
                        tuple(sorted({n.region for n in graph.nodes if n.region})))
 
 
-def _peak_with_prefetch(timeline: Sequence[tuple[int, float]], extra: Sequence[tuple[int, int, float]]) -> float:
-    """Peak of ``timeline`` (a step function: ``(t, level)`` from t on) plus
-    ``extra`` bytes over ``[start, end)`` time intervals."""
-    points = sorted({t for t, _ in timeline} | {t for s, e, _ in extra for t in (s, e)})
-    peak, k, level = 0.0, -1, timeline[0][1] if timeline else 0.0
-    for t in points:
-        while k + 1 < len(timeline) and timeline[k + 1][0] <= t:
-            k += 1
-            level = timeline[k][1]
-        peak = max(peak, level + sum(b for s, e, b in extra if s <= t < e))
-    return peak
-
-
 def price_schedule(pricing: StepPricing, redistributions: Sequence[Redistribution], buckets: Sequence[Any],
                    timeline: Sequence[tuple[int, float]], *, mesh: MeshSpec, profile: HardwareProfile,
                    dtypes: Mapping[tuple[str, str, int], str], prefetch: int | None = None,
@@ -445,7 +434,7 @@ def price_schedule(pricing: StepPricing, redistributions: Sequence[Redistributio
                                     contention=pricing.contention, gathers=gathers)
             extra = [(pricing.times[i], pricing.times[w], float(b))
                      for i, w, b in prefetch_intervals(schedule, redistributions, gathers, pricing.node_names)]
-            peak = _peak_with_prefetch(timeline, extra) if extra and not held else base_peak
+            peak = peak_with_extra(timeline, extra) if extra and not held else base_peak
             fits = pricing.memory_limit is None or peak <= pricing.memory_limit
             if best is None:
                 best = (schedule, sim, peak, gathers)
@@ -485,9 +474,12 @@ def assemble_plan(
     # a bucket issues one collective in place of its members' steps: the
     # estimate counts what runs (costmodel.bucketing). Gradients join buckets
     # in the order the backward makes them (producer order), so a bucket is
-    # complete, and issued, as early as possible.
+    # complete, and issued, as early as possible; the cap is the one whose simulated step is best.
     grads.sort(key=lambda g: g[0])
-    buckets = group_buckets([g[1:4] for g in grads], graph.mesh, graph.profile, graph.bucket_bytes)
+    # the simulation runs every op at its problem cost (a recomputed op's holds its forward twice)
+    pricing = step_pricing(graph, problem, choice)
+    buckets, _ = choose_gradient_buckets([g[1:4] for g in grads], pricing, redistributions, mesh=graph.mesh,
+                                         profile=graph.profile, cap=graph.bucket_bytes)
     if buckets:
         members = {m for b in buckets for m in b.members}
         comm += sum(b.cost_s for b in buckets) - sum(g[4] for g in grads if g[1] in members)
@@ -496,13 +488,16 @@ def assemble_plan(
     if recomputed:
         without = timeline_peak(exact_timeline(graph, problem, keep_choice(graph, choice), copies, buckets,
                                                recomputed=False))
-    # the simulation runs every op at its problem cost: a recomputed op's holds its forward twice
-    pricing = step_pricing(graph, problem, choice)
     # priced as FSDP2 holds its gathers (autoshard.graph.copies): then run as FSDP2 does, a block ahead
     fsdp2 = (options or {}).get("gather") == "fsdp2"
     schedule, sim, peak, gathers = price_schedule(pricing, redistributions, buckets, timeline, mesh=graph.mesh,
                                                   profile=graph.profile, dtypes=dtypes, held=fsdp2,
                                                   **({"prefetch": 1, "gather_cap": BLOCK_GATHERS} if fsdp2 else {}))
+    settled, delta, local_delta = moved.routes.settle(redistributions, buckets, gathers)
+    if settled != redistributions:  # routed for a bucket that none took: the planner's route if faster
+        resettled = reschedule(pricing, settled, buckets, gathers, schedule)
+        if resettled[1].step_s < sim.step_s:
+            redistributions, comm, relayout, (schedule, sim) = settled, comm + delta, relayout + local_delta, resettled
     if gathers:  # a gather bucket issues one collective in place of its members' steps
         gathered = {m for g in gathers for m in g.members}
         comm += sum(g.cost_s for g in gathers) - sum(
@@ -565,6 +560,7 @@ class _Moved:
     relayout_s: float
     recompute_comm_s: float
     """The recomputation's input redistributions again (not in the simulated schedule)."""
+    routes: EdgeRoutes
 
 
 def _redistributions(graph: AssemblyGraph, problem: Problem, choice: Sequence[int], recomputed: set[int]) -> _Moved:
@@ -574,6 +570,7 @@ def _redistributions(graph: AssemblyGraph, problem: Problem, choice: Sequence[in
     copies: list[tuple[int, Any, bool]] = []
     dtypes: dict[tuple[str, str, int], str] = {}
     grads: list[tuple[int, str, str, tuple[Any, ...], float]] = []
+    routes = EdgeRoutes(graph)  # bucketed edges take the route they were priced at (not the planner's alone)
     for j, (e, pe) in enumerate(zip(graph.edges, problem.edges)):
         a, b = choice[e.src], choice[e.dst]
         u, v = graph.nodes[e.src], graph.nodes[e.dst]
@@ -587,7 +584,7 @@ def _redistributions(graph: AssemblyGraph, problem: Problem, choice: Sequence[in
         # amortised cost can round to 0 while its reduction must still run
         if pe.cost[a, b] == 0.0 and (dst is None or placement_text(src) == placement_text(dst)):
             continue
-        steps = plan_redistribute(src, dst, graph.mesh, e.shape, e.itemsize, graph.profile)
+        steps = routes.route(j, src, dst)
         comm += steps.comm_s
         relayout += steps.local_s
         if e.dst in recomputed:  # the reader's input is redistributed again for the recomputation (C2)
@@ -601,7 +598,7 @@ def _redistributions(graph: AssemblyGraph, problem: Problem, choice: Sequence[in
         dtypes[(u.name, v.name, e.dst_input)] = e.dtype
         if v.kind == "grad":
             grads.append((e.src, v.name, e.dtype, steps.steps, steps.comm_s))
-    return _Moved(redistributions, copies, dtypes, grads, comm, relayout, recompute_comm)
+    return _Moved(redistributions, copies, dtypes, grads, comm, relayout, recompute_comm, routes)
 
 
 def _reader_placement(node: AssemblyNode, k: int, position: int) -> Placements | None:

@@ -33,7 +33,7 @@ from costmodel.placements import Placement
 
 from autoshard.graph.states import RECOMPUTE
 
-__all__ = ["CopyEvent", "exact_timeline", "timeline_peak", "keep_choice", "RECOMPUTE", "state_of"]
+__all__ = ["CopyEvent", "exact_timeline", "timeline_peak", "keep_choice", "RECOMPUTE", "state_of", "peak_with_extra"]
 
 CopyEvent = tuple[int, "tuple[Placement, ...]", bool]
 """(edge index, reader placement, reader recomputed) of a redistribution that happens."""
@@ -111,3 +111,16 @@ def exact_timeline(graph: Any, problem: Any, choice: Sequence[int], copies: Sequ
 def timeline_peak(timeline: Sequence[tuple[int, float]]) -> float:
     """The highest level of a timeline."""
     return max(level for _, level in timeline)
+
+
+def peak_with_extra(timeline: Sequence[tuple[int, float]], extra: Sequence[tuple[int, int, float]]) -> float:
+    """Peak of ``timeline`` (a step function: ``(t, level)`` from t on) plus
+    ``extra`` bytes over ``[start, end)`` time intervals."""
+    points = sorted({t for t, _ in timeline} | {t for s, e, _ in extra for t in (s, e)})
+    peak, k, level = 0.0, -1, timeline[0][1] if timeline else 0.0
+    for t in points:
+        while k + 1 < len(timeline) and timeline[k + 1][0] <= t:
+            k += 1
+            level = timeline[k][1]
+        peak = max(peak, level + sum(b for s, e, b in extra if s <= t < e))
+    return peak

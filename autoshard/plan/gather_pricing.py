@@ -9,14 +9,17 @@ cheaper than the alternatives (all-reducing activations). As for gradient
 buckets (``costmodel.bucketing.bucket_share``), the edge is repriced with its
 latency amortised over the bucket it would share:
 
-    C'_e[a, b] = C_e[a, b] - (1 - share_e) * L_e[a, b],
+    C'_e[a, b] = C_e[a, b] - cost_s(planner's route) + price(bucketed route),
     share_e = min(1, bytes_e / min(B, total))
 
-for every pair ``(a, b)`` whose redistribution is exactly one all_gather of
-plain shards (``gatherable_step``), with ``L`` that all_gather's latency (its
-time at 0 bytes), ``bytes_e`` the gathered tensor, ``total`` the sum over all
-leaf edges of the model and ``B`` the largest gather cap the assembler tries
-(``GATHER_CAPS``). Other pairs and edges keep their cost. The plan's estimate
+with the bucketed route and its price from ``costmodel.bucketed_routes`` (a
+route of exactly one all_gather of plain shards, ``gatherable_step``, pays
+``share_e`` of its latency, its time at 0 bytes; a per-dim chain cheaper alone
+loses to one flattened gather in a bucket), ``bytes_e`` the gathered tensor,
+``total`` the sum over all gather edges of the model (leaves and leaf views,
+``autoshard.plan.bucket_routes.gather_edges``) and ``B`` the largest gather cap
+the assembler tries (``GATHER_CAPS``). Other pairs and edges keep their cost; the
+assembler runs the same routes (``autoshard.plan.bucket_routes.EdgeRoutes``). The plan's estimate
 then prices the real buckets (the assembler groups them and picks the cap by
 simulation), so the plan reports what runs.
 
@@ -30,15 +33,15 @@ from typing import Any
 
 import numpy as np
 
+from costmodel.bucketed_routes import bucketed_route
 from costmodel.bucketing import GATHER_CAPS, bucket_share, gatherable_step
-from costmodel.collectives import collective_time_s
-from costmodel.redistribute import plan_redistribute
+from costmodel.redistribute import PlannerError, plan_redistribute
 from solver import Problem
 from solver.problem import Edge
 
-__all__ = ["LEAF_KINDS", "amortized_gather_s", "gather_amortized_problem"]
+from autoshard.plan.bucket_routes import LEAF_KINDS, gather_edges
 
-LEAF_KINDS = ("param", "input", "buffer")
+__all__ = ["LEAF_KINDS", "amortized_gather_s", "gather_amortized_problem"]
 
 
 def amortized_gather_s(cost_s: float, latency_s: float, share: float) -> float:
@@ -47,26 +50,26 @@ def amortized_gather_s(cost_s: float, latency_s: float, share: float) -> float:
 
 
 def gather_amortized_problem(graph: Any, problem: Problem, cap: int = GATHER_CAPS[-1]) -> Problem:
-    """``problem`` (built from the strategy graph ``graph``) with its leaf gather
+    """``problem`` (built from the strategy graph ``graph``) with its gather
     edges repriced (module docstring); matrices of equal inputs stay shared."""
-    leaf = [j for j, e in enumerate(graph.edges)
-            if graph.nodes[e.src].kind in LEAF_KINDS and graph.nodes[e.dst].kind == "op"]
+    leaf = gather_edges([n.kind for n in graph.nodes], [n.target for n in graph.nodes],
+                        [(e.src, e.dst) for e in graph.edges])
     if not leaf or cap <= 0:
         return problem
     total = float(sum(graph.edges[j].tensor.numel * graph.edges[j].tensor.itemsize for j in leaf))
-    plans: dict[tuple, float | None] = {}  # (shape, itemsize, src, dst) -> latency of a gatherable pair
+    deltas: dict[tuple, float] = {}  # (shape, itemsize, src, dst, share) -> bucketed price - planner's price
 
-    def latency(shape: tuple[int, ...], itemsize: int, src: Any, dst: Any) -> float | None:
-        key = (shape, itemsize, src, dst)
-        if key not in plans:
+    def delta(shape: tuple[int, ...], itemsize: int, src: Any, dst: Any, share: float) -> float:
+        key = (shape, itemsize, src, dst, share)
+        if key not in deltas:
             try:
-                steps = plan_redistribute(src, dst, graph.mesh, shape, itemsize, graph.profile).steps
-            except Exception:  # noqa: BLE001 - no plan for this pair: its cost stays (forbidden or not)
-                steps = ()
-            step = gatherable_step(steps)
-            plans[key] = None if step is None else collective_time_s("all_gather", 0, step.mesh_dims, graph.mesh,
-                                                                     graph.profile)
-        return plans[key]
+                alone = plan_redistribute(src, dst, graph.mesh, shape, itemsize, graph.profile).cost_s
+                route = bucketed_route(src, dst, graph.mesh, shape, itemsize, graph.profile, share=share,
+                                       accept=gatherable_step)
+                deltas[key] = route.price_s - alone
+            except PlannerError:  # no plan for this pair: its cost stays (forbidden or not)
+                deltas[key] = 0.0
+        return deltas[key]
 
     cache: dict[tuple, np.ndarray] = {}
     edges = list(problem.edges)
@@ -85,9 +88,7 @@ def gather_amortized_problem(graph: Any, problem: Problem, cap: int = GATHER_CAP
             for a, b in zip(*np.nonzero(np.isfinite(new) & (new > 0))):
                 src = u.strategies[a].output_placements[e.src_output]
                 dst = v.strategies[b].input_placements[e.dst_input]
-                lat = latency(shape, e.tensor.itemsize, src, dst)
-                if lat is not None:
-                    new[a, b] = amortized_gather_s(float(new[a, b]), lat, share)
+                new[a, b] = max(0.0, float(new[a, b]) + delta(shape, e.tensor.itemsize, src, dst, share))
             cache[key] = new
         edges[j] = Edge(problem.edges[j].src, problem.edges[j].dst, new)
     return Problem(nodes=problem.nodes, edges=tuple(edges), memory_limit=problem.memory_limit, ties=problem.ties,

@@ -266,6 +266,12 @@ def gather_blocks(edges: Iterable[tuple[str, str, int]], candidates: Sequence[tu
     -> ``layers.3``: the blocks FSDP2 is wrapped around in torchtitan); ``""`` for
     the rest (the root module, as FSDP2's root ``fully_shard``).
 
+    ``edges`` come in reader order; a block's leaf read again after it was read
+    (the backward pass regathering the forward's weights) starts the block's next
+    pass, ``layers.3#1``: adjacent passes of one block (the last block's forward
+    and its backward, with nothing read between them) must not share a bucket,
+    which would gather the same weights twice in one collective.
+
     >>> gather_blocks([("param:layers.1.w.weight", "mm", 0), ("t", "mm_1", 0), ("param:out.weight", "mm_2", 0)],
     ...               [("t", "param:layers.0.w.weight")])
     {('param:layers.1.w.weight', 'mm', 0): 'layers.1', ('t', 'mm_1', 0): 'layers.0', ('param:out.weight', 'mm_2', 0): ''}
@@ -273,17 +279,24 @@ def gather_blocks(edges: Iterable[tuple[str, str, int]], candidates: Sequence[tu
     source = dict(candidates)
     ordered = sorted(set(regions), key=len, reverse=True)
     out = {}
+    passes: dict[str, tuple[int, set[str]]] = {}  # block -> (its pass, the leaves read in that pass)
     for edge in edges:
         leaf = edge[0]
         while leaf in source:
             leaf = source[leaf]
         name = leaf.split(":", 1)[-1]
         if ordered:
-            out[edge] = next((r for r in ordered if name.startswith(r + ".")), "")
-            continue
-        parts = name.split(".")
-        numeric = next((k for k, part in enumerate(parts[:-1]) if part.isdigit()), None)
-        out[edge] = ".".join(parts[:numeric + 1]) if numeric is not None else ""
+            block = next((r for r in ordered if name.startswith(r + ".")), "")
+        else:
+            parts = name.split(".")
+            numeric = next((k for k, part in enumerate(parts[:-1]) if part.isdigit()), None)
+            block = ".".join(parts[:numeric + 1]) if numeric is not None else ""
+        count, seen = passes.get(block, (0, set()))
+        if leaf in seen:
+            count, seen = count + 1, set()
+        seen.add(leaf)
+        passes[block] = (count, seen)
+        out[edge] = f"{block}#{count}" if count else block
     return out
 
 

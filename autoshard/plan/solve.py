@@ -197,11 +197,12 @@ def solve_prepared(
     user's pins. ``recompute``: ``auto`` lets the solver choose what the
     backward recomputes, with the placements; ``none``, ``full``,
     ``selective`` or ``every:K`` impose a policy
-    (``autoshard.graph.recompute_policy``). Without pins, when the
-    search ends before proving its answer optimal, the expert layouts are
-    priced too (in the last fifth of the time; with the recomputation
-    policies where a layout does not fit without) and the plan is the cheapest
-    of all (``options["portfolio"]`` names the layout when it is one of them).
+    (``autoshard.graph.recompute_policy``). Without pins the expert layouts
+    are priced too (in the last fifth of the time and what the search left; with
+    the recomputation policies where a layout does not fit without) and the plan
+    is the one whose simulated step is shortest (``options["portfolio"]`` names
+    the layout when it is one of them): the solver's objective cannot see the
+    schedule, so even its proven optimum may simulate slower than a layout.
     ``server``: an ``autoshard serve`` URL that solves the problem and assembles
     the plan (the same plan as here; :class:`autoshard.service.client.ServiceError`
     when it cannot). ``started``: ``time.perf_counter()`` when the whole call began (before ``prepare``):
@@ -225,7 +226,7 @@ def solve_prepared(
             progress("solve", min(time.perf_counter() - start, time_limit), time_limit)
 
     # Unless the layout is pinned, a fifth of the time is kept for the expert
-    # layouts: when the search ends unproven, the plan is never worse than them.
+    # layouts: the plan is never worse than them.
     portfolio = baseline is None and not pins
     share = PORTFOLIO_SHARE if portfolio else 0.0
     options = {**prep.options, "ties": ties, "pins": dict(pins), "memory_limit_bytes": problem_limit,
@@ -269,10 +270,12 @@ def solve_prepared(
         plan, solution = _faster_of(prep, problem, plan, solution, fallback, options)
     if rounds:
         plan = _overlap_rounds(prep, problem, solution, plan, rounds, deadline, backend)
-    # A seeded search proves its plan optimal only over the strategies its seed kept: a poor
-    # seed can make a bad plan "optimal" (a 70B plan at 45.7 s per step against 8.99 s), so the
-    # expert layouts are priced for it as for an unproven search.
-    if portfolio and (solution.status is not Status.OPTIMAL or prep.options.get("search") == "seeded"):
+    # The expert layouts are priced for every unpinned solve and the plan is the one that simulates
+    # fastest (DESIGN.md, Overlap): the solver's objective cannot see the schedule (prefetched and
+    # bucketed gathers), so a proven optimum of the objective can simulate slower than a layout
+    # (an FSDP layout whose gathers hide under compute); and a seeded search proves its plan optimal
+    # only over the strategies its seed kept (a 70B plan at 45.7 s per step against 8.99 s).
+    if portfolio:
         spent: list[float] = []
         before = plan.solver.timings  # the plan's own stages, whichever layout wins
         plan = _best_of_baselines(prep, plan, opts, limit, end, recompute, spent=spent)
@@ -480,7 +483,7 @@ BASELINE_POLICIES = ("none", "selective", "every:2", "full")
 def _best_of_baselines(prep: Prepared, plan: Plan | None, opts: SolveOptions, limit: float, end: float,
                        recompute: str, *, status: str | None = None, seconds_used: float | None = None,
                        spent: list[float] | None = None) -> Plan | None:
-    """``plan``, or the cheapest expert layout that fits if it beats the unproven search
+    """``plan``, or the cheapest expert layout that fits if it simulates faster than the search's plan
     (``plan`` None: the search found nothing; then the cheapest layout that fits, or None);
     a layout that does not fit without recomputation is tried with the policies users run.
     The layouts share what is left until ``end`` (the solve's deadline: the portfolio's share of
@@ -507,8 +510,8 @@ def _best_of_baselines(prep: Prepared, plan: Plan | None, opts: SolveOptions, li
     if best is plan or best is None:
         return plan
     base = plan.options if plan is not None else {**prep.options, "recompute": recompute}
-    log.info("the search ended unproven%s; the %s layout (recompute %s) is %s (%.6g s) and is the plan",
-             "" if plan is None else f" at {plan.estimate.step_s:.6g} s", best.options["baseline"],
+    log.info("the search's plan%s; the %s layout (recompute %s) is %s (%.6g s) and is the plan",
+             " found nothing" if plan is None else f" simulates {plan.estimate.step_s:.6g} s", best.options["baseline"],
              best.options.get("recompute"), "the best found" if plan is None else "better", best.estimate.step_s)
     options = {**base, "portfolio": best.options["baseline"], "recompute": best.options.get("recompute")}
     solver = (replace(best.solver, status=plan.solver.status, gap=plan.solver.gap, seconds=plan.solver.seconds)

@@ -10,7 +10,9 @@ The reduction decides what a batch split gives:
   exact for the forward. Its backward receives the global ``total_weight`` as
   an input, so a batch split is exact there. (A batch-split mean cross-entropy
   is obtained by decomposing nll_loss into sum-reductions before tracing:
-  ``autoshard.trace.DEFAULT_DECOMPOSITIONS`` does.)
+  ``autoshard.trace.DEFAULT_DECOMPOSITIONS`` does; it does the same for a mean
+  ``mse_loss`` and its backward, whose ``mean`` kernel divides by the count of
+  the slice it is given.)
 
 The class dim is never split: the target picks one class per sample, and a
 plain local kernel cannot mask classes it does not hold. Every loss is linear
@@ -77,7 +79,9 @@ def mse_rule(call: OpCall) -> list[SingleDimStrategy]:
 
 def mse_backward_rule(call: OpCall) -> list[SingleDimStrategy]:
     """mse_loss_backward(grad_output, x, y, reduction): ``mean`` divides by the
-    global count, which a slice does not know: no split then."""
+    count of the tensor it is given, which on a slice is not the global count:
+    no split then. (Traces rewrite ``mean`` as the ``sum`` kernels over the global
+    count, ``autoshard.trace.DEFAULT_DECOMPOSITIONS``, which split exactly.)"""
     red = _reduction(call)
     n = call.inputs[1].ndim
     strategies = []

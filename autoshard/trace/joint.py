@@ -202,7 +202,34 @@ def _nll_mean_as_sums(self: torch.Tensor, target: torch.Tensor, weight: torch.Te
     return total / count, count
 
 
-DEFAULT_DECOMPOSITIONS: Mapping[OpOverload, Callable[..., Any]] = {aten.nll_loss_forward.default: _nll_mean_as_sums}
+def _mse_mean_as_sum(self: torch.Tensor, target: torch.Tensor, reduction: int = 1) -> Any:
+    """``mse_loss`` with ``mean`` as the summed loss over the global element count
+    (a constant of the graph: exactly what the mean is); a batch split of the sum
+    is ``P(sum)``, and the division keeps it."""
+    if reduction != 1:
+        return NotImplemented
+    return aten.mse_loss.default(self, target, 2) / self.numel()
+
+
+def _mse_backward_mean_as_sum(grad_output: torch.Tensor, self: torch.Tensor, target: torch.Tensor,
+                              reduction: int) -> Any:
+    """``mse_loss_backward`` with ``mean`` as the ``sum`` backward of ``grad_output``
+    over the global element count. The ``mean`` kernel divides by the count of the
+    slice it is given (a 1/k batch slice gets k times its gradient), so no batch
+    split of it is exact and a DDP plan had to gather the output and target at
+    the loss; the ``sum`` kernel splits exactly (``autoshard.rules.losses``).
+    (Autograd differentiates ``mse_loss`` above the decompositions, so the
+    forward's rewrite alone leaves this op ``mean``.)"""
+    if reduction != 1:
+        return NotImplemented
+    return aten.mse_loss_backward.default(grad_output / self.numel(), self, target, 2)
+
+
+DEFAULT_DECOMPOSITIONS: Mapping[OpOverload, Callable[..., Any]] = {
+    aten.nll_loss_forward.default: _nll_mean_as_sums,
+    aten.mse_loss.default: _mse_mean_as_sum,
+    aten.mse_loss_backward.default: _mse_backward_mean_as_sum,
+}
 """Decompositions every trace applies (:func:`trace_joint`): exact rewrites that let rules split more."""
 
 

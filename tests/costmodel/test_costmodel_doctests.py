@@ -9,7 +9,7 @@ import pytest
 
 MODULES = [
     "costmodel.placements", "costmodel.layout", "costmodel.steps", "costmodel.simulate", "costmodel.mesh",
-    "costmodel.compute", "costmodel.collectives", "costmodel.redistribute", "costmodel.overlap",
+    "costmodel.compute", "costmodel.collectives", "costmodel.redistribute", "costmodel.overlap", "costmodel.bucketed_routes",
     "hw_profiles", "hw_profiles.profile", "hw_profiles.schema",
 ]
 

@@ -74,7 +74,8 @@ def test_chosen_layout_is_the_best_of_the_layouts_solved_one_by_one(searched) ->
     chosen = [r for r in rows if r["chosen"]]
     assert len(chosen) == 1 and tuple(chosen[0]["shape"]) == searched.fingerprint.mesh_shape
     assert searched.fingerprint.dim_names == tuple(chosen[0]["dim_names"])
-    assert len(set(one_by_one.values()) - {None}) > 2, "the layouts should differ for this test to mean something"
+    # 2x4 and 4x2 may find mirrored plans (each dim's role swapped) of equal price: the 1-D layout must differ
+    assert len(set(one_by_one.values()) - {None}) >= 2, "the layouts should differ for this test to mean something"
 
 
 @pytest.mark.slow

@@ -282,3 +282,12 @@ def test_a_plan_priced_with_fsdp2_gathers_runs_them_a_block_at_a_time():
     block_bytes = 2 * 256 * 1024 * 4 + (1024 + 256) * 4  # one block's w1, w2 and their biases, gathered
     # one bucket per block and pass (forward, backward): none holds more than one block
     assert len(plan.gather_buckets) >= 4 and max(g.bytes for g in plan.gather_buckets) <= block_bytes
+
+
+def test_a_blocks_leaf_read_again_starts_the_blocks_next_pass():
+    # the last block's forward and its backward are adjacent readers: one bucket would gather its weights twice
+    from autoshard.plan.schedule import gather_blocks
+
+    edges = [("param:layers.1.w1", "mm", 0), ("t", "mm_1", 0), ("t_9", "mm_8", 1), ("param:layers.1.w1", "mm_9", 0)]
+    views = [("t", "param:layers.1.w2"), ("t_9", "param:layers.1.w2")]
+    assert list(gather_blocks(edges, views).values()) == ["layers.1", "layers.1", "layers.1#1", "layers.1#1"]

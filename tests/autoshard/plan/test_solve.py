@@ -9,6 +9,8 @@ import time
 import pytest
 
 from costmodel.collectives import collective_time_s
+from costmodel.placements import parse_placements
+from costmodel.redistribute import plan_redistribute
 from solver import evaluate
 
 from autoshard.graph.problem import to_problem
@@ -36,6 +38,15 @@ def test_estimate_is_the_sum_of_its_parts_and_equals_evaluate(dp_mlp) -> None:
     gathered = {tuple(m) for g in plan.gather_buckets for m in g.members}
     exact += sum(g.cost_s for g in plan.gather_buckets) - sum(
         _edge_cost(dp_mlp.graph, r, choice) for r in plan.redistributions if (r.tensor, r.to, r.input_index) in gathered)
+    # and an edge routed for a bucket (autoshard.plan.bucket_routes) that runs alone: its route's
+    # time in place of the planner's route the problem priced it at
+    for r in plan.redistributions:
+        if r.to in members or (r.tensor, r.to, r.input_index) in gathered:
+            continue
+        alone = plan_redistribute(parse_placements(r.src), parse_placements(r.dst), dp_mlp.graph.mesh,
+                                  *_edge_tensor(dp_mlp.graph, r), dp_mlp.graph.profile)
+        if alone.steps != r.steps:
+            exact += r.cost_s - alone.cost_s
     assert exact == pytest.approx(e.compute_s + e.comm_s + e.relayout_s + e.recompute_s, rel=1e-9)
     # the program charges copies a bound; the plan counts the copies that happen: at least the
     # problem without any copy, at most the problem with every bound plus what prefetched
@@ -80,6 +91,13 @@ def _edge_cost(graph, redistribution, choice) -> float:
     for e in graph.edges:
         if graph.nodes[e.dst].name == redistribution.to and e.dst_input == redistribution.input_index:
             return float(graph.matrices[e.matrix][choice[e.src], choice[e.dst]])
+    raise AssertionError(f"no edge into {redistribution.to}")
+
+
+def _edge_tensor(graph, redistribution) -> tuple[tuple[int, ...], int]:
+    for e in graph.edges:
+        if graph.nodes[e.dst].name == redistribution.to and e.dst_input == redistribution.input_index:
+            return tuple(e.tensor.shape), e.tensor.itemsize
     raise AssertionError(f"no edge into {redistribution.to}")
 
 

@@ -30,3 +30,29 @@ def test_mse_mean_backward_is_not_split() -> None:
     g, x = TensorMeta((), F32), TensorMeta((8, 4), F32)
     outs = {s.output_placements[0] for s in load_rules().strategies(aten.mse_loss_backward.default, (g, x, x, 1), {}, (2,))}
     assert not any(isinstance(p[0], Shard) for p in outs)
+
+
+def test_a_batch_split_of_the_mse_mean_backward_is_caught_by_the_validator() -> None:
+    """Why traces rewrite the mean as sum kernels (autoshard.trace.DEFAULT_DECOMPOSITIONS):
+    the mean kernel on a 1/k slice divides by the slice's count, k times the gradient;
+    the same split of the sum kernel is exact."""
+    from autoshard.rules.compute import elementwise
+    from autoshard.rules.core import R, S, SingleDimStrategy
+    from autoshard.rules.registry import Rule
+    from autoshard.validation.validator import validate_rule
+
+    registry = load_rules()
+    base = registry.rule_for(aten.mse_loss_backward.default)
+
+    def split(reduction: int) -> Rule:
+        def fn(call):
+            return [SingleDimStrategy(S(0), (R, S(0), S(0)))] if int(call.arg("reduction", 1)) == reduction else []
+
+        def samples(sampler):
+            return (s for s in base.samples(sampler) if s.args[-1] == reduction)
+
+        return Rule(aten.mse_loss_backward.default, "split", fn, elementwise(4), samples=samples, uneven=False)
+
+    assert not validate_rule(split(1), registry, cases=4).ok
+    report = validate_rule(split(2), registry, cases=4)
+    assert report.ok and report.strategies_checked > 0
