@@ -50,7 +50,8 @@ from typing import Callable, Sequence
 from costmodel.collectives import collective_time_s
 from costmodel.mesh import MeshSpec
 from costmodel.placements import Partial, Placement, StridedShard
-from costmodel.redistribute import _canonical, _graph, _normalize, plan_redistribute
+from costmodel.redistribute import _normalize, plan_redistribute
+from costmodel.redistribute_search import canonical, search_graph
 from costmodel.steps import COLLECTIVE_STEPS, LOCAL_STEPS, RedistributePlan, RedistributeStep
 from hw_profiles import HardwareProfile
 
@@ -87,13 +88,13 @@ def one_collective_routes(
 @lru_cache(maxsize=16384)
 def _routes(src: tuple[Placement, ...], dst: tuple[Placement, ...], mesh: MeshSpec, shape: tuple[int, ...],
             itemsize: int, profile: HardwareProfile) -> tuple[RedistributePlan, ...]:
-    start, goal = _canonical(src, mesh), _canonical(dst, mesh)
+    start, goal = canonical(src, mesh), canonical(dst, mesh)
     if start == goal:
         return ()
     both = src + dst  # the search graph of this pair, as plan_redistribute builds it
     ops = tuple(sorted({p.reduce_op for p in both if isinstance(p, Partial)}))
     strided = tuple(sorted({p for p in both if isinstance(p, StridedShard)}, key=str))
-    graph = _graph(mesh, shape, itemsize, profile, True, ops, strided)
+    graph = search_graph(mesh, shape, itemsize, profile, True, ops, strided)
     out = []
     for target, cost, step in graph.out_edges(graph.state_id(start)):
         if step.collective not in COLLECTIVE_STEPS:
