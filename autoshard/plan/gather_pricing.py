@@ -29,6 +29,7 @@ simulation), so the plan reports what runs.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Any
 
 import numpy as np
@@ -49,15 +50,37 @@ def amortized_gather_s(cost_s: float, latency_s: float, share: float) -> float:
     return max(0.0, cost_s - (1.0 - share) * latency_s)
 
 
+_DELTA_GRAPHS = 8
+"""Strategy graphs whose gather deltas are kept (the solves of one call: the policies of
+``recompute="auto"``, the expert layouts and overlap rounds price the same graph's gathers)."""
+
+_DELTAS: "OrderedDict[int, tuple[Any, dict]]" = OrderedDict()
+
+
+def _graph_deltas(graph: Any) -> dict:
+    """The delta tables of ``graph`` (kept for the last :data:`_DELTA_GRAPHS` graphs, by identity)."""
+    entry = _DELTAS.get(id(graph))
+    if entry is None or entry[0] is not graph:
+        entry = _DELTAS[id(graph)] = (graph, {})
+        while len(_DELTAS) > _DELTA_GRAPHS:
+            _DELTAS.popitem(last=False)
+    _DELTAS.move_to_end(id(graph))
+    return entry[1]
+
+
 def gather_amortized_problem(graph: Any, problem: Problem, cap: int = GATHER_CAPS[-1]) -> Problem:
     """``problem`` (built from the strategy graph ``graph``) with its gather
-    edges repriced (module docstring); matrices of equal inputs stay shared."""
+    edges repriced (module docstring); matrices of equal inputs stay shared.
+    The price changes depend on the graph alone (not on the problem's pins or
+    recomputation policy), so they are computed once per graph and pair."""
     leaf = gather_edges([n.kind for n in graph.nodes], [n.target for n in graph.nodes],
                         [(e.src, e.dst) for e in graph.edges])
     if not leaf or cap <= 0:
         return problem
     total = float(sum(graph.edges[j].tensor.numel * graph.edges[j].tensor.itemsize for j in leaf))
-    deltas: dict[tuple, float] = {}  # (shape, itemsize, src, dst, share) -> bucketed price - planner's price
+    tables = _graph_deltas(graph)
+    # (shape, itemsize, src, dst, share) -> bucketed price - planner's price
+    deltas: dict[tuple, float] = tables.setdefault("pairs", {})
 
     def delta(shape: tuple[int, ...], itemsize: int, src: Any, dst: Any, share: float) -> float:
         key = (shape, itemsize, src, dst, share)
@@ -79,16 +102,21 @@ def gather_amortized_problem(graph: Any, problem: Problem, cap: int = GATHER_CAP
         if share >= 1.0:
             continue
         matrix = problem.edges[j].cost
-        key = (id(matrix), share, graph.nodes[e.src].signature, graph.nodes[e.dst].signature, e.dst_input)
+        u, v = graph.nodes[e.src], graph.nodes[e.dst]
+        key = (id(matrix), share, u.signature, v.signature, e.src_output, e.dst_input)
         new = cache.get(key)
         if new is None:
-            new = np.array(matrix, dtype=np.float64, copy=True)
-            u, v = graph.nodes[e.src], graph.nodes[e.dst]
+            cost = np.asarray(matrix, dtype=np.float64)
             shape = tuple(e.tensor.shape)
-            for a, b in zip(*np.nonzero(np.isfinite(new) & (new > 0))):
+            # the edge's delta per (a, b), filled where some problem has a cost to change (nan: not yet)
+            table = tables.setdefault(("edge", u.signature, v.signature, e.src_output, e.dst_input, shape,
+                                       e.tensor.itemsize, share, cost.shape), np.full(cost.shape, np.nan))
+            priced = np.isfinite(cost) & (cost > 0)
+            for a, b in zip(*np.nonzero(priced & np.isnan(table))):
                 src = u.strategies[a].output_placements[e.src_output]
                 dst = v.strategies[b].input_placements[e.dst_input]
-                new[a, b] = max(0.0, float(new[a, b]) + delta(shape, e.tensor.itemsize, src, dst, share))
+                table[a, b] = delta(shape, e.tensor.itemsize, src, dst, share)
+            new = np.where(priced, np.maximum(0.0, cost + np.where(priced, table, 0.0)), cost)
             cache[key] = new
         edges[j] = Edge(problem.edges[j].src, problem.edges[j].dst, new)
     return Problem(nodes=problem.nodes, edges=tuple(edges), memory_limit=problem.memory_limit, ties=problem.ties,
