@@ -93,8 +93,7 @@ from autoshard.plan.solve import InfeasibleMemoryError, prepare, solve_prepared
 from autoshard.plan.layouts import (MeshLayout, check_devices, devices_per_node_of, enumerate_layouts,
                                     profile_for_nodes)
 
-__all__ = ["MIN_SOLVE_S", "CUT_TOLERANCE", "SearchStatus", "NoLayoutError", "search_mesh", "layout_bound",
-           "split_options"]
+__all__ = ["MIN_SOLVE_S", "CUT_TOLERANCE", "SearchStatus", "NoLayoutError", "search_mesh", "layout_bound"]
 
 log = logging.getLogger(__name__)
 
