@@ -13,7 +13,7 @@ share of ops and of op nodes covered. The command that prints it is
 ...         return type("Rule", (), {"family": "matmul"}) if "mm" in str(op) else None
 >>> report = compute_coverage(trace_joint(*mlp.tiny()), OnlyMatmul())
 >>> report.covered_ops, report.total_ops
-(2, 10)
+(2, 11)
 """
 
 from __future__ import annotations
