@@ -199,10 +199,11 @@ def solve_prepared(
     ``selective`` or ``every:K`` impose a policy
     (``autoshard.graph.recompute_policy``). Without pins the expert layouts
     are priced too (in the last fifth of the time and what the search left; with
-    the recomputation policies where a layout does not fit without) and the plan
-    is the one whose simulated step is shortest (``options["portfolio"]`` names
-    the layout when it is one of them): the solver's objective cannot see the
-    schedule, so even its proven optimum may simulate slower than a layout.
+    the recomputation policies where a layout does not fit without; after a
+    proven full search without their overlap rounds) and the plan is the one
+    whose simulated step is shortest (``options["portfolio"]`` names the layout
+    when it is one of them): the solver's objective cannot see the schedule, so
+    even its proven optimum may simulate slower than a layout.
     ``server``: an ``autoshard serve`` URL that solves the problem and assembles
     the plan (the same plan as here; :class:`autoshard.service.client.ServiceError`
     when it cannot). ``started``: ``time.perf_counter()`` when the whole call began (before ``prepare``):
@@ -270,19 +271,30 @@ def solve_prepared(
         plan, solution = _faster_of(prep, problem, plan, solution, fallback, options)
     if rounds:
         plan = _overlap_rounds(prep, problem, solution, plan, rounds, deadline, backend)
-    # The expert layouts are priced for every unpinned solve and the plan is the one that simulates
-    # fastest (DESIGN.md, Overlap): the solver's objective cannot see the schedule (prefetched and
-    # bucketed gathers), so a proven optimum of the objective can simulate slower than a layout
-    # (an FSDP layout whose gathers hide under compute); and a seeded search proves its plan optimal
-    # only over the strategies its seed kept (a 70B plan at 45.7 s per step against 8.99 s).
     if portfolio:
-        spent: list[float] = []
-        before = plan.solver.timings  # the plan's own stages, whichever layout wins
-        plan = _best_of_baselines(prep, plan, opts, limit, end, recompute, spent=spent)
-        plan = replace(plan, solver=replace(plan.solver, timings={**before, "portfolio_s": round(sum(spent), 4)}))
+        plan = _with_expert_layouts(prep, plan, solution, opts, limit, end, recompute)
     if progress:
         progress("solve", time_limit, time_limit)
     return plan
+
+
+def _with_expert_layouts(prep: Prepared, plan: Plan, solution: Any, opts: SolveOptions, limit: float, end: float,
+                         recompute: str) -> Plan:
+    """``plan`` or the expert layout that simulates fastest, priced until ``end``.
+
+    Priced for every unpinned solve (DESIGN.md, Overlap): the objective cannot see the schedule,
+    so a proven optimum can simulate slower than a layout (2x2 MLP on H100: FSDP 652 us, the proven
+    plan 660 us); and a seeded search proves its plan optimal only over the strategies its seed
+    kept (a 70B plan at 45.7 s per step against 8.99 s). After a proven full search the layouts are
+    solved without overlap rounds (a third cheaper: tiny LLaMA 2x2's four layouts 14.2 -> 9.7 s; a
+    layout's rounds only make it simulate faster, so the comparison stays conservative: a layout
+    returned is faster than the plan; one that would win only after its rounds is missed)."""
+    spent: list[float] = []
+    before = plan.solver.timings  # the plan's own stages, whichever layout wins
+    proven = solution.status is Status.OPTIMAL and prep.options.get("search") != "seeded"
+    plan = _best_of_baselines(prep, plan, opts, limit, end, recompute, spent=spent,
+                              overlap_rounds=0 if proven else opts.overlap_rounds)
+    return replace(plan, solver=replace(plan.solver, timings={**before, "portfolio_s": round(sum(spent), 4)}))
 
 
 def _solve_share(time_limit: float, prep: Prepared, started: float | None) -> float:
@@ -482,7 +494,7 @@ BASELINE_POLICIES = ("none", "selective", "every:2", "full")
 
 def _best_of_baselines(prep: Prepared, plan: Plan | None, opts: SolveOptions, limit: float, end: float,
                        recompute: str, *, status: str | None = None, seconds_used: float | None = None,
-                       spent: list[float] | None = None) -> Plan | None:
+                       spent: list[float] | None = None, overlap_rounds: int | None = None) -> Plan | None:
     """``plan``, or the cheapest expert layout that fits if it simulates faster than the search's plan
     (``plan`` None: the search found nothing; then the cheapest layout that fits, or None);
     a layout that does not fit without recomputation is tried with the policies users run.
@@ -499,7 +511,7 @@ def _best_of_baselines(prep: Prepared, plan: Plan | None, opts: SolveOptions, li
                 break
             try:
                 candidate = solve_prepared(prep, _baseline_options(opts, name, policy, limit,
-                                                                   left / (len(names) - n)))
+                                                                   left / (len(names) - n), overlap_rounds))
             except ValueError:  # does not apply or does not fit: try the next policy
                 continue
             if spent is not None:
@@ -525,11 +537,13 @@ MIN_HINT_S = 0.5
 
 
 def _baseline_options(opts: SolveOptions, baseline: str, recompute: str, memory_limit: float,
-                      time_limit: float) -> SolveOptions:
+                      time_limit: float, overlap_rounds: int | None = None) -> SolveOptions:
     """The options of one expert layout's solve within ``opts``' solve: its backend,
-    TP table and server, the layout's pins only, its own limits."""
+    TP table and server, the layout's pins only, its own limits (``overlap_rounds``
+    None: ``opts``')."""
     return SolveOptions(memory_limit=memory_limit, time_limit=time_limit, backend=opts.backend, baseline=baseline,
-                        tp_table=opts.tp_table, server=opts.server, recompute=recompute)
+                        tp_table=opts.tp_table, server=opts.server, recompute=recompute,
+                        overlap_rounds=opts.overlap_rounds if overlap_rounds is None else overlap_rounds)
 
 
 def _smallest_peak_hint(prep: Prepared, opts: SolveOptions, recompute: str, end: float) -> str:

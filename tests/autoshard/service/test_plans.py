@@ -106,7 +106,8 @@ def test_the_service_plan_is_the_local_plan(plan_server, tmp_path, capsys) -> No
     assert local["options"]["overlap_round"] == 0 and "overlap_s" in local["solver"]["timings"]
     first = json.loads(json.dumps(local))
     first["solver"]["timings"].remove("overlap_s")
-    first["solver"]["timings"].remove("portfolio_s")
+    if "portfolio_s" in first["solver"]["timings"]:  # the expert layouts, when they ran, ran here too
+        first["solver"]["timings"].remove("portfolio_s")
     assert _comparable(plan) == first and solution.status.value == "optimal"
     # the Python API; its repeat is a cache hit
     model, inputs = mlp.tiny(device="meta")
