@@ -21,10 +21,7 @@ loses to one flattened gather in a bucket), ``bytes_e`` the gathered tensor,
 the assembler tries (``GATHER_CAPS``). Other pairs and edges keep their cost; the
 assembler runs the same routes (``autoshard.plan.bucket_routes.EdgeRoutes``). The plan's estimate
 then prices the real buckets (the assembler groups them and picks the cap by
-simulation), so the plan reports what runs.
-
->>> amortized_gather_s(5.0, 2.0, 0.25)
-3.5
+simulation), so the plan reports what runs (``gather_amortized_problem``).
 """
 
 from __future__ import annotations
@@ -42,17 +39,12 @@ from solver.problem import Edge
 
 from autoshard.plan.bucket_routes import LEAF_KINDS, gather_edges
 
-__all__ = ["LEAF_KINDS", "amortized_gather_s", "gather_amortized_problem"]
+__all__ = ["LEAF_KINDS", "gather_amortized_problem"]
 
-
-def amortized_gather_s(cost_s: float, latency_s: float, share: float) -> float:
-    """``cost_s`` with ``1 - share`` of its call latency taken off (never below 0)."""
-    return max(0.0, cost_s - (1.0 - share) * latency_s)
-
-
-_DELTA_GRAPHS = 8
-"""Strategy graphs whose gather deltas are kept (the solves of one call: the policies of
-``recompute="auto"``, the expert layouts and overlap rounds price the same graph's gathers)."""
+_DELTA_GRAPHS = 2
+"""Strategy graphs whose gather deltas are kept, each held alive with them: the solves of one
+call (the policies of ``recompute="auto"``, the expert layouts, the overlap rounds) price one
+graph's gathers, a seeded search's seed another; more would keep large graphs in memory."""
 
 _DELTAS: "OrderedDict[int, tuple[Any, dict]]" = OrderedDict()
 
