@@ -106,10 +106,12 @@ def _exit_text(code: int) -> str:
     return f"exited with code {code} without an error line"
 
 
-def _stop(procs: list[subprocess.Popen], first: int | None = None, grace_s: float = 10.0) -> None:
+def _stop(procs: list[subprocess.Popen], first: int | None = None, grace_s: float = 10.0,
+          signal_after: bool = True) -> None:
     """Send ``first`` (if any) to the children still running, wait up to
-    ``grace_s``, then SIGTERM, then SIGKILL."""
-    for sig, wait_s in ((first, grace_s), (signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+    ``grace_s``, then (``signal_after``) SIGTERM, then SIGKILL."""
+    steps = ((first, grace_s), (signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0))
+    for sig, wait_s in steps if signal_after else steps[:1]:
         alive = [p for p in procs if p.poll() is None]
         if not alive:
             return
@@ -174,22 +176,23 @@ def spawn(args: Any, nproc: int, command: str) -> int:
             procs.append(subprocess.Popen([sys.executable, "-m", "autoshard.calibrate.rank"],
                                           env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)}))
         while any(p.poll() is None for p in procs):
-            failed = [(rank, p.returncode) for rank, p in enumerate(procs) if p.poll() not in (None, 0)]
-            if failed and all(code >= 0 for _, code in failed):
-                # a peer's "connection reset" can exit before the crash that caused it is reaped: look again
-                time.sleep(0.5)
+            if any(p.poll() not in (None, 0) for p in procs):
+                # the others fail on their own once a peer is gone, and a peer's "connection reset" can exit
+                # before the crash that caused it is reaped (a killed process with many threads and a large
+                # heap takes a while to become a zombie): judge only once everyone ended on their own or the
+                # grace is over, and before any signal of ours; a crash then wins over the error lines
+                _stop(procs, None, grace_s=3.0, signal_after=False)
                 failed = [(rank, p.returncode) for rank, p in enumerate(procs) if p.poll() not in (None, 0)]
-            if failed:  # a crash before an error line: the error lines come from the peers it left
                 first_failure = min(failed, key=lambda f: (f[1] >= 0, f[0]))
-                _stop(procs, None, grace_s=3.0)  # the others fail on their own once a peer is gone
+                _stop(procs, signal.SIGTERM, grace_s=5.0)
                 break
             time.sleep(0.05)
         codes = [p.wait() for p in procs]
         if all(c == 0 for c in codes):
             return 0
         errors = _error_lines(folder)
-        if first_failure is None:  # every child ended before the loop looked: the first non-zero one
-            first_failure = next((rank, c) for rank, c in enumerate(codes) if c != 0)
+        if first_failure is None:  # every child ended before the loop looked: a crash first, else the lowest rank
+            first_failure = min(((rank, c) for rank, c in enumerate(codes) if c != 0), key=lambda f: (f[1] >= 0, f[0]))
         rank, code = first_failure
         if not errors and code == 128 + signal.SIGINT:  # a Ctrl-C that reached the children, not us
             raise KeyboardInterrupt("a rank was interrupted")
