@@ -247,7 +247,7 @@ def _warm_start(working: Any, graph: Any, initial: Sequence[int], inc: Incumbent
         return inc, "infeasible"
     if graph.num_times and over_limit(graph.memory_profile(x) - graph.limit, graph.limit).any():
         return inc, "infeasible"
-    return Incumbent(x, cost, inc.bound, inc.dual), how
+    return Incumbent(x, cost, inc.bound, inc.dual, "initial"), how
 
 
 def _infeasible_message(view: View, reports: list[StageReport]) -> str:

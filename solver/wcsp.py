@@ -233,8 +233,11 @@ def solve_wcsp(
     start: np.ndarray | None = None,
     seed: int = 0,
     rows: list[tuple[float, np.ndarray]] | None = None,
+    phase: bool = True,
 ) -> WcspResult:
-    """Search for values cheaper than ``start`` (or any feasible ones) until ``deadline`` (perf_counter).
+    """Search for values cheaper than ``start`` (or any feasible ones) until ``deadline`` (perf_counter);
+    ``phase``: toulbar2 tries ``start``'s values first (good when they are near the optimum, a
+    warm start's; a poor start's misleads it, pipeline ``run_wcsp``).
 
     Returned values are checked against the memory limit and forbidden
     costs here; the bound is valid whatever the child managed to report.
@@ -251,7 +254,8 @@ def solve_wcsp(
     top = float(2 * cost_total * scale + 1e6) if ub is None else float(ub)
     read_fd, write_fd = os.pipe()
     ctx = multiprocessing.get_context("fork")
-    child = ctx.Process(target=_child, args=(graph, rows, scale, top, start, seed, deadline, write_fd), daemon=True)
+    child = ctx.Process(target=_child, args=(graph, rows, scale, top, start if phase else None, seed, deadline, write_fd),
+                        daemon=True)
     child.start()
     os.close(write_fd)
     best, solutions, bound_raw, finished, expired, errored = None, 0, None, False, False, False

@@ -29,18 +29,25 @@ def test_stage_names_are_unique_and_in_pipeline_order():
     assert names.index("colgen") < names.index("restricted") < names.index("exact")
 
 
-def test_incumbent_takes_a_stage_values_and_the_better_bound(hand_problem):
+def test_incumbent_takes_a_stage_values_when_no_worse_keeps_its_own_otherwise_and_the_better_bound(hand_problem):
     problem = Problem.from_dict(hand_problem)
     view = _view(problem)
-    values = np.zeros(view.graph.num_vars, dtype=np.int64)
-    inc = Incumbent(values, view.graph.cost(values), bound=1.0)
+    g = view.graph
+    choices = [np.array(c, dtype=np.int64) for c in np.ndindex(*(int(d) for d in g.dom))]
+    choices = sorted((c for c in choices if math.isfinite(g.cost(c))), key=g.cost)
+    cheap, dear = choices[0], choices[-1]
+    assert g.cost(cheap) < g.cost(dear)
+    inc = Incumbent(dear, g.cost(dear), bound=1.0, source="initial")
     lower = StageResult(None, 0.5, StageReport("x"))
-    assert inc.absorb(lower, view.graph).bound == 1.0 and inc.absorb(lower, view.graph).values is values
-    other = np.ones(view.graph.num_vars, dtype=np.int64)
-    after = inc.absorb(StageResult(other, 2.0, StageReport("y")), view.graph)
-    assert after.values is other and after.cost == view.graph.cost(other) and after.bound == 2.0
+    assert inc.absorb(lower, g).bound == 1.0 and inc.absorb(lower, g).values is dear
+    after = inc.absorb(StageResult(cheap, 2.0, StageReport("y")), g)
+    assert after.values is cheap and after.cost == g.cost(cheap) and after.bound == 2.0 and after.source == "y"
+    # a stage that does not start from the incumbent (the greedy) can return worse values: a warm start stays
+    kept = after.absorb(StageResult(dear, 0.0, StageReport("greedy")), g)
+    assert kept.values is cheap and kept.source == "y" and kept.bound == 2.0
+    assert Incumbent().absorb(StageResult(dear, 0.0, StageReport("greedy")), g).source == "greedy"
     assert not Incumbent().proven(1e-9)
-    assert Incumbent(values, 3.0, 3.0 - 1e-12).proven(1e-9)
+    assert Incumbent(cheap, 3.0, 3.0 - 1e-12).proven(1e-9)
 
 
 def test_greedy_stage_reports_its_peak_and_fits_the_limit(hand_problem):
