@@ -39,6 +39,7 @@ from autoshard.plan.overlap_pricing import edge_slack, overlap_problem, overlap_
 from autoshard.plan.options import NO_MEMORY_LIMIT, PLAN_GAP, SolveOptions, solve_options
 from autoshard.plan.pins import resolve_pins
 from autoshard.plan.recompute_search import AutoAnswer, solve_auto
+from autoshard.plan.remote_solve import server_solver, solve_on_server
 from autoshard.sizes import format_bytes
 from autoshard.trace import TracedGraph, trace_joint
 
@@ -237,7 +238,7 @@ def solve_prepared(
     first = OVERLAP_FIRST_SHARE if rounds else 1.0
     deadline = start + time_limit * (1 - share)
     if server is not None and not _searches_recompute(graph, recompute):
-        remote, solution = _solve_on_server(server, prep, problem, options, time_limit * (1 - share) * first,
+        remote, solution = solve_on_server(server, prep, problem, options, time_limit * (1 - share) * first,
                                             backend, progress)
     else:
         def under(policy: str, memory_limit: float | None) -> Any:  # the problem under a fixed policy
@@ -245,7 +246,7 @@ def solve_prepared(
 
         # with a server, the recomputation search's solves run there and the plan is assembled here
         answer = _solve_local(graph, problem, recompute, time_limit * (1 - share) * first, backend, on_event,
-                              under, problem_limit, solve=None if server is None else _server_solver(server))
+                              under, problem_limit, solve=None if server is None else server_solver(server))
         solution, problem, fallback = answer.solution, answer.problem, answer.fallback
         if answer.policy != recompute:  # (A1): solved without recomputation; a dump of the plan's problem says so
             options["recompute_pruned"] = True
@@ -387,29 +388,12 @@ def _solve_local(graph: StrategyGraph, problem: Any, recompute: str, time_limit:
     (``auto`` on a graph with states): ``autoshard.plan.recompute_search`` (no
     recomputation in the problem when it cannot pay; otherwise the search starts
     from the best fixed policy and never returns worse). ``solve``: where its
-    solves run (default here; :func:`_server_solver`)."""
+    solves run (default here; :func:`autoshard.plan.remote_solve.server_solver`)."""
     if not _searches_recompute(graph, recompute):
         return AutoAnswer(solve_problem(problem, backend=backend, time_limit=time_limit, gap=PLAN_GAP,
                                         progress=on_event), problem, policy=recompute)
     return solve_auto(problem, under, limit, time_limit, backend, PLAN_GAP, regions=bool(graph.regions),
                       on_event=on_event, solve=solve)
-
-
-def _server_solver(server: str) -> Callable[..., Any]:
-    """``solver.solve`` on an ``autoshard serve`` (``POST /v1/problems``). A server takes no warm
-    start: the recomputation search's continued and seeded solves start afresh there, and (A2)
-    still returns no worse than the best fixed policy (its check is on the costs)."""
-    from autoshard.service.client import ServiceClient
-
-    client = ServiceClient(server)
-
-    def solve(problem: Any, *, backend: str, time_limit: float, gap: float,
-              progress: Callable[[dict[str, Any]], None] | None = None, initial: Any = None) -> Any:
-        on_status = None if progress is None else (lambda status: progress({"stage": status.get("state")}))
-        return client.solve_problem(problem, on_progress=on_status, time_limit=time_limit, backend=backend,
-                                    gap=gap)
-
-    return solve
 
 
 def _overlap_rounds(prep: Prepared, problem: Any, solution: Any, plan: Plan, rounds: int, deadline: float,
@@ -448,27 +432,6 @@ def _overlap_rounds(prep: Prepared, problem: Any, solution: Any, plan: Plan, rou
                  plan.estimate.step_s)
     best = _with_timing(best, "overlap_s", spent)
     return replace(best, options={**best.options, "overlap_rounds": ran, "overlap_round": best_round})
-
-
-def _solve_on_server(server: str, prep: Prepared, problem: Any, options: Mapping[str, Any], time_limit: float,
-                     backend: str, progress: Progress | None) -> tuple[Plan | None, Any]:
-    """(plan or None, solution) from an ``autoshard serve``: the problem goes with
-    its assembly section (``build.plan_request``) and comes back as the plan.
-    The request carries no timings (so a repeat is a cache hit); they are added here."""
-    from autoshard.plan.build import plan_request
-    from autoshard.service.client import ServiceClient
-
-    body = plan_request(prep.graph, problem, fingerprint=prep.fingerprint, options=options, timings={},
-                        solve={"time_limit": time_limit, "backend": backend, "gap": PLAN_GAP})
-
-    def on_status(status: dict[str, Any]) -> None:
-        if progress:
-            progress("solve", min(float(status["progress"]["seconds"]), time_limit), time_limit)
-
-    plan, solution = ServiceClient(server).solve_plan(body, on_progress=on_status)
-    if plan is not None:
-        plan = replace(plan, solver=replace(plan.solver, timings={**prep.timings, **plan.solver.timings}))
-    return plan, solution
 
 
 def recompute_policies(prep: Prepared, recompute: str = "auto") -> list[str]:
