@@ -108,6 +108,8 @@ def solve(
         infeasible = _reduce_and_compile(run, budget)
         if infeasible is not None:
             return infeasible
+        # a bound known from the start (each cost term at its cheapest): progress shows a gap at once
+        run.inc = Incumbent(bound=run.graph.separable_bound())
         if initial is not None:
             if evaluate(problem, initial).feasible:
                 run.inc, stats["initial"] = _warm_start(run.working, run.graph, initial, run.inc)
