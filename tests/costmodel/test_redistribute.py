@@ -333,8 +333,13 @@ def test_shared_edges_give_the_unshared_search_costs_and_steps(mesh_shape, shape
     random.Random(7).shuffle(placements)
     placements = placements[:40] + [pl for pl in placements if any(isinstance(p, StridedShard) for p in pl)]
     table = redistribute_costs(placements, placements, mesh, shape, 4, H100)
+    # every pair on 2-D meshes; on the 3-D mesh (a search graph of its own per pair takes ~25 ms
+    # there) every source against a seeded quarter of the targets, strided ones always included
+    pick = random.Random(11)
     for i, src in enumerate(placements):
         for j, dst in enumerate(placements):
+            if len(mesh_shape) == 3 and not any(isinstance(p, StridedShard) for p in dst) and pick.random() > 0.25:
+                continue
             ref = _unshared_plan(src, dst, mesh, shape, 4, H100)
             if ref is None:
                 assert table[i][j] == float("inf")
