@@ -153,6 +153,10 @@ class SearchGraph:
     rows: dict = field(default_factory=dict)
     """Source state id -> its row of :meth:`distances` over every state id (``inf``: unreachable)."""
     local_shapes: dict = field(default_factory=dict)
+    local_bytes: dict = field(default_factory=dict)
+    evens: dict = field(default_factory=dict)
+    copy_s: dict = field(default_factory=dict)
+    group_sizes: dict = field(default_factory=dict)
     collective_s: dict = field(default_factory=dict)
     groups: tuple[tuple[int, ...], ...] = ()
     shared: "_SharedEdges | None" = None
@@ -169,6 +173,8 @@ class SearchGraph:
             if self.mesh.can_flatten(g)
         ]
         self.groups = tuple((k,) for k in real) + (tuple(multi) if self.fuse else ())
+        # pricing asks the same few questions of ~10^5 edges per model: memoised per graph
+        self.group_sizes = {g: self.mesh.group_size(g) for g in self.groups}
 
     # ------------------------------------------------------------ helpers
 
@@ -180,7 +186,10 @@ class SearchGraph:
 
     def _bytes(self, state: tuple[Placement, ...]) -> int:
         """Bytes of the largest local shard: what every step is priced on."""
-        return math.prod(self._local_shape(state)) * self.itemsize
+        nbytes = self.local_bytes.get(state)
+        if nbytes is None:
+            nbytes = self.local_bytes[state] = math.prod(self._local_shape(state)) * self.itemsize
+        return nbytes
 
     def _leading(self, state: tuple[Placement, ...], d: int) -> bool:
         """Tensor dim ``d`` is the outermost non-trivial dim of the local shard, so
@@ -188,7 +197,12 @@ class SearchGraph:
         return all(s == 1 for s in self._local_shape(state)[:d])
 
     def _even(self, state: tuple[Placement, ...], first: int, d: int, parts: int) -> bool:
-        return all(e % parts == 0 for e in piece_extents(self.shape, state, self.mesh.shape, first, d))
+        key = (state, first, d, parts)
+        even = self.evens.get(key)
+        if even is None:
+            even = self.evens[key] = all(
+                e % parts == 0 for e in piece_extents(self.shape, state, self.mesh.shape, first, d))
+        return even
 
     def _flat_ok(self, state: tuple[Placement, ...], group: tuple[int, ...], d: int) -> bool:
         if len(group) == 1:
@@ -217,7 +231,10 @@ class SearchGraph:
         return seconds
 
     def _copy_s(self, nbytes: float) -> float:
-        return local_copy_time_s(nbytes, self.profile)
+        seconds = self.copy_s.get(nbytes)
+        if seconds is None:
+            seconds = self.copy_s[nbytes] = local_copy_time_s(nbytes, self.profile)
+        return seconds
 
     # ------------------------------------------------------------ edges
 
@@ -329,7 +346,7 @@ class SearchGraph:
         return _Edge(dst, cost, step)
 
     def _price(self, kind, group, src, dst, fields) -> tuple[float, float, float]:
-        size = self.mesh.group_size(group)
+        size = self.group_sizes.get(group) or self.mesh.group_size(group)
         b_in, b_out = self._bytes(src), self._bytes(dst)
         d = fields.get("tensor_dim")
         relayout = 0.0
@@ -357,11 +374,11 @@ class SearchGraph:
         if kind == "permute":
             return self._collective_s(kind, b_in, group), b_in, 0.0
         if kind == "local_slice":
-            return local_copy_time_s(b_out, self.profile), b_out, 0.0
+            return self._copy_s(b_out), b_out, 0.0
         if kind == "local_zero_fill":
             return local_fill_time_s(b_in, self.profile), b_in, 0.0
         if kind == "local_copy":
-            return local_copy_time_s(b_in, self.profile), b_in, 0.0
+            return self._copy_s(b_in), b_in, 0.0
         if kind == "local_zero_pad":
             return local_fill_time_s(b_out + b_in, self.profile), b_out, 0.0
         raise PlannerError(f"internal: unknown step kind {kind!r}")
