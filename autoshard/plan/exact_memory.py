@@ -116,23 +116,33 @@ def timeline_peak(timeline: Sequence[tuple[int, float]]) -> float:
 
 
 def peak_with_extra(timeline: Sequence[tuple[int, float]], extra: Sequence[tuple[int, int, float]]) -> float:
-    """Peak of ``timeline`` (a step function: ``(t, level)`` from t on) plus
-    ``extra`` bytes over ``[start, end)`` time intervals."""
-    points = sorted({t for t, _ in timeline} | {t for s, e, _ in extra for t in (s, e)})
-    peak, k, level = 0.0, -1, timeline[0][1] if timeline else 0.0
-    # a sweep keeps the intervals open at t (few: the prefetch depth) instead of testing all of
-    # them at every point (8B on 8x8: 72 calls took 15 s); they are summed in their order in
-    # ``extra``, as a sum over all of them filtered would, so the peak is the same float
-    by_start = sorted(range(len(extra)), key=lambda i: extra[i][0])
+    """Peak of ``timeline`` (a step function: ``(t, level)`` from t on, its first level before
+    its first time) plus ``extra`` bytes (>= 0) over ``[start, end)`` time intervals.
+
+    Only the points inside some interval can top the timeline's own peak, and of those only the
+    interval starts and the timeline's changes: at any other point inside, the last of these
+    before it has the same level and every interval open there (floats of one sign add up
+    monotonically), so the maximum is the one over all points, to the last bit. There the
+    intervals open are summed in their order in ``extra`` (8B on 8x8: 110 calls of a scan of
+    every interval at every timeline point took 15 s)."""
+    times = [t for t, _ in timeline]
+    levels = [level for _, level in timeline]
+    peak = max(0.0, max(levels, default=0.0))
+    live = [i for i, (s, e, _) in enumerate(extra) if s < e]
+    if not live:
+        return peak
+    points = {extra[i][0] for i in live}
+    for i in live:
+        s, e, _ = extra[i]
+        points.update(times[bisect.bisect_left(times, s):bisect.bisect_left(times, e)])
+    by_start = sorted(live, key=lambda i: extra[i][0])
     opened, active = 0, []  # indices into extra, ascending
-    for t in points:
-        while k + 1 < len(timeline) and timeline[k + 1][0] <= t:
-            k += 1
-            level = timeline[k][1]
+    for t in sorted(points):
+        k = bisect.bisect_right(times, t) - 1
+        level = levels[max(k, 0)] if levels else 0.0
         while opened < len(by_start) and extra[by_start[opened]][0] <= t:
             bisect.insort(active, by_start[opened])
             opened += 1
-        if active:
-            active = [i for i in active if t < extra[i][1]]
+        active = [i for i in active if t < extra[i][1]]
         peak = max(peak, level + sum(extra[i][2] for i in active))
     return peak
