@@ -279,13 +279,15 @@ def test_a_seeded_plan_is_never_worse_than_the_expert_layouts_on_the_same_graph(
         assert plan.estimate.step_s <= layout.estimate.step_s * (1 + 1e-9), name
 
 
-def test_the_portfolio_tries_the_layouts_that_shard_parameters_first(monkeypatch) -> None:
+def test_the_portfolio_tries_the_layouts_that_shard_parameters_first_without_peak_hints(monkeypatch) -> None:
     import autoshard.plan.solve as solve_module
 
     tried: list[str] = []
+    hints: list[bool] = []
 
-    def refuse(prep, options):  # every layout "does not fit": the order of the tries is what is left
+    def refuse(prep, options, *, peak_hint=True):  # every layout "does not fit": the order of the tries is left
         tried.append(options.baseline)
+        hints.append(peak_hint)
         raise ValueError("does not fit")
 
     monkeypatch.setattr(solve_module, "solve_prepared", refuse)
@@ -294,3 +296,5 @@ def test_the_portfolio_tries_the_layouts_that_shard_parameters_first(monkeypatch
                                             time.perf_counter() + 60, "none")
     assert found is None
     assert tried[0] == "fsdp" and tried[-1] == "ddp", tried
+    # a layout that does not fit is not taken: its error needs no smallest peak (a solve each)
+    assert hints and not any(hints)
