@@ -106,12 +106,17 @@ def _exit_text(code: int) -> str:
     return f"exited with code {code} without an error line"
 
 
-def _stop(procs: list[subprocess.Popen], first: int | None = None, grace_s: float = 10.0,
-          signal_after: bool = True) -> None:
+def _wait(procs: list[subprocess.Popen], seconds: float) -> None:
+    """Wait until every child in ``procs`` ended, at most ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+        time.sleep(0.05)
+
+
+def _stop(procs: list[subprocess.Popen], first: int | None = None, grace_s: float = 10.0) -> None:
     """Send ``first`` (if any) to the children still running, wait up to
-    ``grace_s``, then (``signal_after``) SIGTERM, then SIGKILL."""
-    steps = ((first, grace_s), (signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0))
-    for sig, wait_s in steps if signal_after else steps[:1]:
+    ``grace_s``, then SIGTERM, then SIGKILL."""
+    for sig, wait_s in ((first, grace_s), (signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
         alive = [p for p in procs if p.poll() is None]
         if not alive:
             return
@@ -121,9 +126,7 @@ def _stop(procs: list[subprocess.Popen], first: int | None = None, grace_s: floa
                     p.send_signal(sig)
                 except ProcessLookupError:
                     pass
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline and any(p.poll() is None for p in alive):
-            time.sleep(0.05)
+        _wait(alive, wait_s)
 
 
 def _remove_strays(targets: list[str], since: float) -> None:
@@ -181,7 +184,7 @@ def spawn(args: Any, nproc: int, command: str) -> int:
                 # before the crash that caused it is reaped (a killed process with many threads and a large
                 # heap takes a while to become a zombie): judge only once everyone ended on their own or the
                 # grace is over, and before any signal of ours; a crash then wins over the error lines
-                _stop(procs, None, grace_s=3.0, signal_after=False)
+                _wait(procs, 3.0)
                 failed = [(rank, p.returncode) for rank, p in enumerate(procs) if p.poll() not in (None, 0)]
                 first_failure = min(failed, key=lambda f: (f[1] >= 0, f[0]))
                 _stop(procs, signal.SIGTERM, grace_s=5.0)

@@ -357,32 +357,30 @@ def test_every_choice_evaluates_as_a_checkpoint_would_run_it(case) -> None:
     assert feasible > 1 and checked == math.prod(counts)
 
 
-def _brute_force(problem, graph):
+def _feasible_choices(problem, graph):
+    """(choice, evaluation) of every feasible choice over the free variables (tied groups move together)."""
     free = _free_variables(problem, graph)
-    best = (math.inf, None)
     for values in itertools.product(*[range(problem.nodes[g[0]].num_strategies) for g in free]):
         choice = [0] * problem.num_nodes
         for g, k in zip(free, values):
             for m in g:
                 choice[m] = k
         ev = evaluate(problem, choice)
-        if ev.feasible and ev.cost < best[0]:
+        if ev.feasible:
+            yield choice, ev
+
+
+def _brute_force(problem, graph):
+    best = (math.inf, None)
+    for choice, ev in _feasible_choices(problem, graph):
+        if ev.cost < best[0]:
             best = (ev.cost, choice)
     return best
 
 
 def _smallest_peak_at_cost(problem, graph, cost: float) -> float:
-    free = _free_variables(problem, graph)
-    peak = math.inf
-    for values in itertools.product(*[range(problem.nodes[g[0]].num_strategies) for g in free]):
-        choice = [0] * problem.num_nodes
-        for g, k in zip(free, values):
-            for m in g:
-                choice[m] = k
-        ev = evaluate(problem, choice)
-        if ev.feasible and ev.cost == pytest.approx(cost, rel=1e-9):
-            peak = min(peak, ev.peak_memory_bytes)
-    return peak
+    return min((ev.peak_memory_bytes for _, ev in _feasible_choices(problem, graph)
+                if ev.cost == pytest.approx(cost, rel=1e-9)), default=math.inf)
 
 
 def test_the_solver_recomputes_exactly_as_much_as_the_limit_needs(case) -> None:
