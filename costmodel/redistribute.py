@@ -6,7 +6,8 @@ The search graph, its edges (E1-E8, F) and their prices are in
 is settled and is kept to be resumed by the next query from the same source. The cost table
 of many pairs (``redistribute_costs``, the strategy graph's edge matrices) runs one vectorised
 Bellman-Ford per signature from all its sources at once (the same sums as Dijkstra, so the
-same costs), its rows memoised per source.
+same costs), its rows memoised per source, on the structure shared by every tensor shape that
+splits alike (``costmodel.redistribute_classes``).
 
 >>> from hw_profiles import load
 >>> from costmodel.mesh import MeshSpec
@@ -25,6 +26,8 @@ import numpy as np
 from costmodel.layout import LayoutError, as_placements, check_placements
 from costmodel.mesh import MeshSpec
 from costmodel.placements import Partial, Placement, StridedShard, format_placements
+from costmodel import redistribute_classes
+from costmodel.redistribute_classes import ops_mask, tensor_table
 from costmodel.redistribute_search import PlannerError, canonical, search_graph, shared_edges
 from costmodel.steps import RedistributePlan, RedistributeStep
 from hw_profiles import HardwareProfile
@@ -181,11 +184,16 @@ def redistribute_costs(
             sig = (tuple(sorted(s_ops | d_ops)), tuple(sorted(s_strided | d_strided, key=str)))
             blocks.setdefault(sig, []).append((rows, cols))
     for sig, parts in blocks.items():
-        graph = search_graph(mesh, shape_t, itemsize, profile, fuse, *sig)
+        ops, strided = sig
+        # the edges shared by the signatures of the tensor with the same strided placements (E5 may
+        # slice into those), kept where the target holds only ``ops``; on the structure of the
+        # tensor's shape class, with its own prices (costmodel.redistribute_classes)
+        table_of = tensor_table(mesh, shape_t, itemsize, profile, fuse, strided)
+        state_id, mask = table_of.edges.state_id, ops_mask(ops)
         rows = sorted({a for part_rows, _ in parts for a in part_rows})
         row_of = {a: i for i, a in enumerate(rows)}
-        goals = {b: graph.state_id(dst_p[b][0]) for _, cols in parts for b in cols}  # ids before the rows' width
-        dist = graph.distance_rows([graph.state_id(src_p[a][0]) for a in rows])
+        goals = {b: state_id(dst_p[b][0]) for _, cols in parts for b in cols}  # ids before the rows' width
+        dist = table_of.distance_rows(mask, [state_id(src_p[a][0]) for a in rows])
         for part_rows, cols in parts:
             table[np.ix_(part_rows, cols)] = dist[np.ix_([row_of[a] for a in part_rows], [goals[b] for b in cols])]
     return table.tolist()
@@ -195,5 +203,6 @@ def clear_cache() -> None:
     """Forget cached plans and search graphs (e.g. before timing the planner)."""
     _plan_cached.cache_clear()
     search_graph.cache_clear()
+    redistribute_classes.clear_cache()
     shared_edges.cache_clear()
 

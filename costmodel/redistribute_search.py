@@ -10,8 +10,9 @@ signature ``(mesh, shape, itemsize, profile, fuse, extra placements)`` share
 one lazily built edge list. All pairs of placements therefore cost at most one
 full search per source, and a single query only what it needs. The cost table of
 many pairs (``redistribute_costs``, the strategy graph's edge matrices) runs one
-vectorised Bellman-Ford per signature from all its sources at once
-(``SearchGraph.distances``: the same sums as Dijkstra, so the same costs).
+vectorised Bellman-Ford per signature from all its sources at once, on a structure
+shared by every tensor shape that splits alike (``costmodel.redistribute_classes``:
+the same edges and the same sums as Dijkstra here, so the same costs).
 
 Shared pricing. The signatures of one tensor (same mesh, shape, itemsize,
 profile, fuse) differ only in the Partial ops and strided placements their
@@ -88,12 +89,8 @@ import itertools
 import math
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Sequence
 
-import numpy as np
 
-from costmodel.collectives import collective_time_s
-from costmodel.compute import local_copy_time_s, local_fill_time_s
 from costmodel.layout import _max_local_shape, flat_matches_nested, piece_extents
 from costmodel.mesh import MeshSpec
 from costmodel.placements import (
@@ -103,6 +100,7 @@ from costmodel.placements import (
     Shard,
     StridedShard,
 )
+from costmodel.step_prices import StepPrices, price_step, step_prices
 from costmodel.steps import RedistributeStep
 from hw_profiles import HardwareProfile
 
@@ -133,6 +131,8 @@ class _Edge:
     state: tuple[Placement, ...]
     cost_s: float
     step: RedistributeStep
+    relayouts: tuple[bool, bool]
+    """Whether the step copies before / after its collective (``costmodel.step_prices``)."""
 
 
 @dataclass(slots=True)
@@ -150,14 +150,11 @@ class SearchGraph:
     states: list = field(default_factory=list)
     adjacency: dict = field(default_factory=dict)
     searches: dict = field(default_factory=dict)
-    rows: dict = field(default_factory=dict)
-    """Source state id -> its row of :meth:`distances` over every state id (``inf``: unreachable)."""
     local_shapes: dict = field(default_factory=dict)
     local_bytes: dict = field(default_factory=dict)
     evens: dict = field(default_factory=dict)
-    copy_s: dict = field(default_factory=dict)
     group_sizes: dict = field(default_factory=dict)
-    collective_s: dict = field(default_factory=dict)
+    prices: StepPrices | None = None
     groups: tuple[tuple[int, ...], ...] = ()
     shared: "_SharedEdges | None" = None
     """The tensor's edges priced with every Partial op allowed (module docstring, shared pricing)."""
@@ -175,6 +172,7 @@ class SearchGraph:
         self.groups = tuple((k,) for k in real) + (tuple(multi) if self.fuse else ())
         # pricing asks the same few questions of ~10^5 edges per model: memoised per graph
         self.group_sizes = {g: self.mesh.group_size(g) for g in self.groups}
+        self.prices = step_prices(self.mesh, self.profile)
 
     # ------------------------------------------------------------ helpers
 
@@ -223,19 +221,6 @@ class SearchGraph:
             if j not in group and isinstance(state[j], Partial)
         )
 
-    def _collective_s(self, kind: str, nbytes: float, group: tuple[int, ...]) -> float:
-        key = (kind, nbytes, group)
-        seconds = self.collective_s.get(key)
-        if seconds is None:
-            seconds = self.collective_s[key] = collective_time_s(kind, nbytes, group, self.mesh, self.profile)
-        return seconds
-
-    def _copy_s(self, nbytes: float) -> float:
-        seconds = self.copy_s.get(nbytes)
-        if seconds is None:
-            seconds = self.copy_s[nbytes] = local_copy_time_s(nbytes, self.profile)
-        return seconds
-
     # ------------------------------------------------------------ edges
 
     def state_id(self, state: tuple[Placement, ...]) -> int:
@@ -257,71 +242,6 @@ class SearchGraph:
             self.adjacency[sid] = cached
         return cached
 
-    def distances(self, sources: Sequence[int]) -> tuple[np.ndarray, dict[int, int]]:
-        """``(dist, column)``: ``dist[i, column[t]]`` the cost of the cheapest steps from
-        ``sources[i]`` to state ``t`` (``t`` not in ``column``: unreachable from all of them).
-
-        Bellman-Ford from every source at once, one vectorised relaxation of every edge
-        per round: ``dist[:, v] = min(dist[:, v], min over edges u -> v of dist[:, u] + w)``
-        until nothing changes. Floating-point addition is monotone, so ``min`` and ``+ w``
-        commute and each entry is the minimum over paths of their costs summed from the
-        source, edge by edge: exactly what :meth:`search` (Dijkstra, the same sums in the
-        same order) returns, so ``redistribute_costs`` equals ``plan_redistribute``."""
-        order = list(dict.fromkeys(sources))
-        column = {sid: k for k, sid in enumerate(order)}
-        heads: list[int] = []
-        tails: list[int] = []
-        weights: list[float] = []
-        k = 0
-        while k < len(order):  # every state reachable from a source, in discovery order
-            for target, cost, _ in self.out_edges(order[k]):
-                if target not in column:
-                    column[target] = len(order)
-                    order.append(target)
-                heads.append(k)
-                tails.append(column[target])
-                weights.append(cost)
-            k += 1
-        dist = np.full((len(sources), len(order)), np.inf)
-        dist[np.arange(len(sources)), [column[s] for s in sources]] = 0.0
-        if not weights:
-            return dist, column
-        by_tail = np.argsort(np.asarray(tails), kind="stable")
-        head_idx = np.asarray(heads)[by_tail]
-        tail_sorted = np.asarray(tails)[by_tail]
-        weight = np.asarray(weights, dtype=np.float64)[by_tail]
-        targets, starts = np.unique(tail_sorted, return_index=True)
-        for _ in range(len(order)):  # a shortest path has fewer edges than there are states
-            best_in = np.minimum.reduceat(dist[:, head_idx] + weight, starts, axis=1)
-            improved = np.minimum(dist[:, targets], best_in)
-            if np.array_equal(improved, dist[:, targets]):
-                break
-            dist[:, targets] = improved
-        return dist, column
-
-    def distance_rows(self, sources: Sequence[int]) -> np.ndarray:
-        """``dist[i, t]``: the cost of the cheapest steps from ``sources[i]`` to state id ``t``
-        (``inf`` where unreachable), over every state id known now.
-
-        Rows are memoised per source: a row of :meth:`distances` depends on its source only
-        (each row is relaxed on its own), so a row computed beside other sources is the row
-        computed alone, and every state reachable from the source was discovered when it was
-        computed (a state added to the shared id space later is unreachable from it here)."""
-        missing = [s for s in dict.fromkeys(sources) if s not in self.rows]
-        if missing:
-            dist, column = self.distances(missing)
-            targets = np.fromiter(column.keys(), dtype=np.int64, count=len(column))
-            where = np.fromiter(column.values(), dtype=np.int64, count=len(column))
-            for i, sid in enumerate(missing):
-                row = np.full(len(self.states), np.inf)
-                row[targets] = dist[i, where]
-                self.rows[sid] = row
-        out = np.full((len(sources), len(self.states)), np.inf)
-        for i, sid in enumerate(sources):
-            row = self.rows[sid]
-            out[i, : len(row)] = row
-        return out
-
     def _edge(
         self,
         kind: str,
@@ -332,7 +252,9 @@ class SearchGraph:
     ) -> _Edge | None:
         if dst == src:
             return None
-        cost, nbytes, relayout = self._price(kind, group, src, dst, fields)
+        size = self.group_sizes.get(group) or self.mesh.group_size(group)
+        flags = self._relayouts(kind, group, size, src, dst, fields)
+        cost, nbytes, relayout = price_step(self.prices, kind, group, size, self._bytes(src), self._bytes(dst), *flags)
         step = RedistributeStep(
             collective=kind,
             mesh_dims=group,
@@ -343,45 +265,21 @@ class SearchGraph:
             relayout_s=relayout,
             **fields,
         )
-        return _Edge(dst, cost, step)
+        return _Edge(dst, cost, step, flags)
 
-    def _price(self, kind, group, src, dst, fields) -> tuple[float, float, float]:
-        size = self.group_sizes.get(group) or self.mesh.group_size(group)
-        b_in, b_out = self._bytes(src), self._bytes(dst)
+    def _relayouts(self, kind, group, size: int, src, dst, fields) -> tuple[bool, bool]:
+        """Whether a step re-lays its data out before / after its collective: ``*_single``
+        collectives work on tensor dim 0 and on even chunks (module docstring, prices)."""
         d = fields.get("tensor_dim")
-        relayout = 0.0
-        if kind == "all_gather":
-            nbytes = b_in * size
-            uneven = not self._even(src, group[0], d, size)
-            if not self._leading(dst, d) or uneven or isinstance(src[group[0]], StridedShard):
-                relayout = self._copy_s(nbytes)  # gathered on dim 0, then moved / unpadded / reordered
-            return self._collective_s(kind, nbytes, group) + relayout, nbytes, relayout
-        if kind == "all_reduce":
-            return self._collective_s(kind, b_in, group), b_in, 0.0
-        if kind == "reduce_scatter":
-            uneven = not self._even(src, group[0], d, size)
-            if not self._leading(src, d) or uneven:
-                relayout = self._copy_s(b_in)  # input packed with dim d first / padded
-            return self._collective_s(kind, b_in, group) + relayout, b_in, relayout
-        if kind == "all_to_all":
+        if kind == "all_gather":  # gathered on dim 0, then moved / unpadded / reordered
+            return (not self._leading(dst, d) or not self._even(src, group[0], d, size)
+                    or isinstance(src[group[0]], StridedShard)), False
+        if kind == "reduce_scatter":  # input packed with dim d first / padded
+            return not self._leading(src, d) or not self._even(src, group[0], d, size), False
+        if kind == "all_to_all":  # chunks packed to send; received chunks concatenated along d
             e = fields["split_tensor_dim"]
-            if not self._leading(src, e) or not self._even(src, group[0], e, size):
-                relayout += self._copy_s(b_in)  # pack the chunks to send
-            if not self._leading(dst, d):
-                relayout += self._copy_s(b_out)  # received chunks concatenated along d
-            nbytes = max(b_in, b_out)
-            return self._collective_s(kind, nbytes, group) + relayout, nbytes, relayout
-        if kind == "permute":
-            return self._collective_s(kind, b_in, group), b_in, 0.0
-        if kind == "local_slice":
-            return self._copy_s(b_out), b_out, 0.0
-        if kind == "local_zero_fill":
-            return local_fill_time_s(b_in, self.profile), b_in, 0.0
-        if kind == "local_copy":
-            return self._copy_s(b_in), b_in, 0.0
-        if kind == "local_zero_pad":
-            return local_fill_time_s(b_out + b_in, self.profile), b_out, 0.0
-        raise PlannerError(f"internal: unknown step kind {kind!r}")
+            return not self._leading(src, e) or not self._even(src, group[0], e, size), not self._leading(dst, d)
+        return False, False
 
     def _build_edges(self, state: tuple[Placement, ...]) -> list[_Edge]:
         edges: list[_Edge | None] = []

@@ -41,9 +41,6 @@ import numpy as np
 
 from solver.backends import DEFAULT_BACKEND, get_backend
 from solver.budget import Budget
-from solver.evaluate import evaluate
-from solver.kernels import local_costs
-from solver.localsearch import SearchState, descend, repair
 from solver.compiled import compile_graph
 from solver.evaluate import evaluate
 from solver.kernels import local_costs

@@ -253,3 +253,11 @@ def _data_parallel(strategy: object, pattern: tuple, dims: list[int]) -> bool:
         elif not replicated:
             return False
     return True
+
+
+def held_all_step_bytes(graph: StrategyGraph, pins: Mapping[int, int]) -> float:
+    """Bytes the pinned nodes that live all step hold (parameters with their optimizer state,
+    inputs, buffers) under problem ``pins`` (node -> strategy): a lower bound on the peak of
+    every plan with those pins, whatever it recomputes, so a layout whose bound is over the
+    memory limit fits under no policy and needs no solve to say so."""
+    return float(sum(graph.nodes[i].memory_bytes[k] for i, k in pins.items() if graph.nodes[i].live is None))

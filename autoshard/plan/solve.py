@@ -25,13 +25,14 @@ from hw_profiles import HardwareProfile
 from hw_profiles import load as load_profile
 from solver import solve as solve_problem
 from solver.solution import Status
+from solver.tolerance import over_limit
 
 from autoshard.graph.builder import StrategyGraph, build_graph
 from autoshard.graph.memory import OptimizerMemory, optimizer_implementation
 from autoshard.graph.problem import to_problem
 from autoshard.graph.recompute_policy import parse_policy
 from autoshard.graph.restrict import choose_search, seeded_restriction
-from autoshard.plan.baselines import applicable_baselines, baseline_allowed, baseline_pins
+from autoshard.plan.baselines import applicable_baselines, baseline_allowed, baseline_pins, held_all_step_bytes
 from autoshard.plan.build import make_fingerprint, plan_from_solution
 from autoshard.plan.format import Fingerprint, Plan
 from autoshard.plan.gather_pricing import gather_amortized_problem
@@ -471,6 +472,9 @@ def _best_of_baselines(prep: Prepared, plan: Plan | None, opts: SolveOptions, li
     deadline = end
     best = plan
     for n, name in enumerate(names):
+        pins = resolve_pins(prep.graph, {**baseline_pins(prep.graph, name, opts.tp_table), **opts.pins})
+        if over_limit(held_all_step_bytes(prep.graph, pins) - limit, limit):
+            continue  # its parameters alone do not fit (DDP of 8B on 8x8: 4 solves to fail, 3.6 s)
         for policy in policies:
             left = deadline - time.perf_counter()
             if left <= 0:

@@ -298,3 +298,29 @@ def test_the_portfolio_tries_the_layouts_that_shard_parameters_first_without_pea
     assert tried[0] == "fsdp" and tried[-1] == "ddp", tried
     # a layout that does not fit is not taken: its error needs no smallest peak (a solve each)
     assert hints and not any(hints)
+
+
+def test_a_layout_whose_parameters_alone_do_not_fit_is_not_solved(monkeypatch) -> None:
+    """The bytes a layout holds all step (parameters with optimizer state, inputs) bound every
+    plan of it from below, whatever it recomputes; over the limit, the portfolio skips the layout
+    instead of solving it once per policy to find that it does not fit."""
+    import autoshard.plan.solve as solve_module
+    from autoshard.plan.baselines import held_all_step_bytes
+
+    prep = prepare(*mlp.tiny(device="meta"), (2, 2), profile="cpu-gloo", time_limit=4)
+    graph = prep.graph
+    held = {name: held_all_step_bytes(graph, resolve_pins(graph, baseline_pins(graph, name))) for name in ("ddp", "fsdp")}
+    assert 0 < held["fsdp"] < held["ddp"]
+    for name, floor in held.items():  # a lower bound: each layout's plan without a limit peaks at least there
+        plan = solve_prepared(prep, time_limit=20, baseline=name, memory_limit=1e30)
+        assert plan.estimate.peak_memory_bytes >= floor
+    tried: list[str] = []
+
+    def refuse(prep, options, *, peak_hint=True):
+        tried.append(options.baseline)
+        raise ValueError("does not fit")
+
+    monkeypatch.setattr(solve_module, "solve_prepared", refuse)
+    solve_module._best_of_baselines(prep, None, solve_module.SolveOptions(), (held["fsdp"] + held["ddp"]) / 2,
+                                    time.perf_counter() + 60, "none")
+    assert "fsdp" in tried and "ddp" not in tried
