@@ -472,7 +472,10 @@ def _best_of_baselines(prep: Prepared, plan: Plan | None, opts: SolveOptions, li
     deadline = end
     best = plan
     for n, name in enumerate(names):
-        pins = resolve_pins(prep.graph, {**baseline_pins(prep.graph, name, opts.tp_table), **opts.pins})
+        try:
+            pins = resolve_pins(prep.graph, {**baseline_pins(prep.graph, name, opts.tp_table), **opts.pins})
+        except ValueError:  # does not apply (a batch the data-parallel dims do not divide)
+            continue
         if over_limit(held_all_step_bytes(prep.graph, pins) - limit, limit):
             continue  # its parameters alone do not fit (DDP of 8B on 8x8: 4 solves to fail, 3.6 s)
         for policy in policies:

@@ -324,3 +324,16 @@ def test_a_layout_whose_parameters_alone_do_not_fit_is_not_solved(monkeypatch) -
     solve_module._best_of_baselines(prep, None, solve_module.SolveOptions(), (held["fsdp"] + held["ddp"]) / 2,
                                     time.perf_counter() + 60, "none")
     assert "fsdp" in tried and "ddp" not in tried
+
+
+def test_a_layout_that_does_not_apply_is_skipped_by_the_portfolio() -> None:
+    """A batch of 2 on 2x2: DDP and FSDP split the batch over 4 ranks and do not apply; the
+    portfolio goes on without them (and without an error)."""
+    import autoshard.plan.solve as solve_module
+    from examples.models import hf
+
+    prep = prepare(*hf.hf_gpt2(), (2, 2), profile="cpu-gloo", time_limit=20)
+    plan = solve_prepared(prep, time_limit=20)
+    found = solve_module._best_of_baselines(prep, plan, solve_module.SolveOptions(), float("inf"),
+                                            time.perf_counter() + 30, "none")
+    assert found is not None and found.options.get("portfolio") in (None, "tp", "fsdp+tp")
