@@ -168,6 +168,12 @@ def simulate(compute_s: Sequence[float], transfers: Sequence[Transfer], *, tail_
                     continue
                 break
             else:
+                if not queue and work_left <= 0.0:
+                    # nothing in flight: the compute stream runs alone (the step below would add the
+                    # same float: min(work, inf) / 1.0), without a pass through the event loop per op
+                    now += action[1]
+                    i += 1
+                    continue
                 if work_left <= 0.0:
                     work_left = action[1]
                 break

@@ -10,6 +10,8 @@ built. Then each stage of ``STAGES`` runs when its entry predicate holds:
 2. ``treedp``: bucket elimination, the optimum when no memory point binds;
 3. ``colgen`` then ``restricted``: column generation's bound and prices, and
    the program over its columns' values (small treewidth with memory);
+   ``lagrangian_first``: without those, a short Lagrangian pricing of memory
+   before a program (it proves most memory-bound strategy graphs at once);
 4. ``exact``: the whole integer program (lazy memory rows), warm-started;
 5. ``wcsp``: toulbar2 with memory knapsacks, when the gap left is over 1 %;
 6. ``lagrangian``: memory priced into a pairwise problem (no plan);

@@ -432,13 +432,13 @@ def price_schedule(pricing: StepPricing, redistributions: Sequence[Redistributio
                                       leaf_views=views)
             sim = simulate_schedule(schedule, pricing.op_compute_s, redistributions, buckets, tail_s=pricing.tail_s,
                                     contention=pricing.contention, gathers=gathers)
+            if best is not None and not sim.step_s < best[1].step_s * (1 - PREFETCH_GAIN):
+                continue  # not faster enough: its peak (the costly part) cannot change the choice
             extra = [(pricing.times[i], pricing.times[w], float(b))
                      for i, w, b in prefetch_intervals(schedule, redistributions, gathers, pricing.node_names)]
             peak = peak_with_extra(timeline, extra) if extra and not held else base_peak
             fits = pricing.memory_limit is None or peak <= pricing.memory_limit
-            if best is None:
-                best = (schedule, sim, peak, gathers)
-            elif fits and sim.step_s < best[1].step_s * (1 - PREFETCH_GAIN):
+            if best is None or fits:
                 best = (schedule, sim, peak, gathers)
     if best is None:  # the one cap asked for made no bucket: none
         return price_schedule(pricing, redistributions, buckets, timeline, mesh=mesh, profile=profile, dtypes=dtypes,
