@@ -45,7 +45,11 @@ def _targets(graph: StrategyGraph) -> list[tuple[str, int]]:
 def resolve_pins(graph: StrategyGraph, pins: Mapping[str, str]) -> dict[int, int]:
     """Problem pins (node index -> strategy index) for name-pattern pins."""
     targets = _targets(graph)
+    by_name: dict[str, set[int]] = {}
+    for name, i in targets:
+        by_name.setdefault(name, set()).add(i)
     resolved: dict[int, int] = {}
+    labels_of: dict[int, list[str]] = {}
     for pattern, text in pins.items():
         try:
             wanted = format_placements(parse_placements(text))
@@ -53,12 +57,17 @@ def resolve_pins(graph: StrategyGraph, pins: Mapping[str, str]) -> dict[int, int
             raise PinError(f"pin {pattern}={text}: {exc}") from None
         if len(parse_placements(text)) != graph.mesh.ndim:
             raise PinError(f"pin {pattern}={text}: needs one placement per mesh dim ({graph.mesh.ndim})")
-        matched = sorted({i for name, i in targets if fnmatch.fnmatchcase(name, pattern)})
+        if any(c in pattern for c in "*?["):
+            matched = sorted({i for name, i in targets if fnmatch.fnmatchcase(name, pattern)})
+        else:  # an exact name (every expert layout's pins): no scan of every target
+            matched = sorted(by_name.get(pattern, ()))
         if not matched:
             raise PinError(f"pin {pattern}={text}: matches no parameter or input name")
         for i in matched:
             node = graph.nodes[i]
-            labels = [placement_text(s.output_placements[0]) for s in node.strategies]
+            labels = labels_of.get(i)
+            if labels is None:
+                labels = labels_of[i] = [placement_text(s.output_placements[0]) for s in node.strategies]
             if wanted not in labels:
                 shape = "x".join(map(str, node.outputs[0].shape))
                 raise PinError(
