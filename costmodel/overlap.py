@@ -98,19 +98,11 @@ class StepSimulation:
     """When the compute stream reached each position ``0 .. N`` (before its waits)."""
 
 
-def simulate(compute_s: Sequence[float], transfers: Sequence[Transfer], *, tail_s: float = 0.0,
-             contention: float = 0.0) -> StepSimulation:
-    """Simulate one step (module docstring). ``compute_s[p]`` is op ``p``'s time;
-    ``tail_s`` runs after position ``N = len(compute_s)``; ``contention`` is kappa.
-
-    >>> simulate([1.0, 1.0], [Transfer(0, 2, (1.5,))]).step_s
-    2.0
-    >>> simulate([1.0, 1.0], [Transfer(0, 2, (1.5,))], contention=1.0).step_s
-    3.5
-    """
+def _program(compute_s: Sequence[float], transfers: Sequence[Transfer], tail_s: float) -> list[tuple]:
+    """The compute stream's program: ``("at", p)`` marks position ``p``; ``("issue", k, j)`` puts
+    collective ``j`` of transfer ``k`` on the communication stream; ``("wait", k, j)`` blocks until
+    it is done; ``("work", seconds)`` computes."""
     n = len(compute_s)
-    if not 0.0 <= contention <= 1.0:
-        raise ValueError(f"contention: {contention} is not in [0, 1]")
     issues: dict[int, list[int]] = {}
     waits: dict[int, list[int]] = {}
     for k, t in enumerate(transfers):
@@ -120,10 +112,6 @@ def simulate(compute_s: Sequence[float], transfers: Sequence[Transfer], *, tail_
             raise ValueError(f"transfer {k}: durations must be a non-empty list of non-negative seconds")
         issues.setdefault(t.issue, []).append(k)
         waits.setdefault(t.wait, []).append(k)
-
-    # The compute stream's program: ("issue", k, j) puts collective j of
-    # transfer k on the communication stream; ("wait", k, j) blocks until it
-    # is done; ("work", seconds) computes.
     program: list[tuple] = []
     for p in range(n + 1):
         program.append(("at", p))
@@ -137,6 +125,23 @@ def simulate(compute_s: Sequence[float], transfers: Sequence[Transfer], *, tail_
         work = compute_s[p] if p < n else tail_s
         if work > 0:
             program.append(("work", float(work)))
+    return program
+
+
+def simulate(compute_s: Sequence[float], transfers: Sequence[Transfer], *, tail_s: float = 0.0,
+             contention: float = 0.0) -> StepSimulation:
+    """Simulate one step (module docstring). ``compute_s[p]`` is op ``p``'s time;
+    ``tail_s`` runs after position ``N = len(compute_s)``; ``contention`` is kappa.
+
+    >>> simulate([1.0, 1.0], [Transfer(0, 2, (1.5,))]).step_s
+    2.0
+    >>> simulate([1.0, 1.0], [Transfer(0, 2, (1.5,))], contention=1.0).step_s
+    3.5
+    """
+    n = len(compute_s)
+    if not 0.0 <= contention <= 1.0:
+        raise ValueError(f"contention: {contention} is not in [0, 1]")
+    program = _program(compute_s, transfers, tail_s)
 
     slow = 1.0 / (1.0 + contention)
     now = 0.0

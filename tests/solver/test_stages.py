@@ -89,3 +89,29 @@ def test_proven_incumbent_stops_the_stage_list():
     solution = solve(p, time_limit=10, method="exact")
     assert solution.status.value == "optimal"
     assert not any(r.startswith(("lns", "lagrangian", "wcsp")) for r in solution.stats["methods_run"])
+
+
+def test_lagrangian_rounds_run_before_a_program_whose_memory_no_plan_priced(hand_problem):
+    """``lagrangian_first`` enters where the exact stage would solve a memory-bound program without an
+    elimination plan's prices, and its bound and values are valid against brute force."""
+    from dataclasses import replace
+
+    from solver.stages import program_with_memory_unpriced, run_lagrangian_first
+
+    hand_problem["memory_limit"] = 8
+    view = replace(_view(Problem.from_dict(hand_problem)), plan=None)
+    g = view.graph
+    assert view.chosen == "exact" and g.num_times
+    start = run_greedy(view, Incumbent(), Budget(deadline=math.inf)).best
+    inc = Incumbent(start, g.cost(start), source="greedy")
+    budget = Budget(deadline=time.perf_counter() + 10)
+    assert program_with_memory_unpriced(view, inc, budget)
+    assert not program_with_memory_unpriced(replace(view, chosen="anytime"), inc, budget)
+    assert not program_with_memory_unpriced(view, Incumbent(), budget)
+    result = run_lagrangian_first(view, inc, budget)
+    feasible = [np.array(c, dtype=np.int64) for c in np.ndindex(*(int(d) for d in g.dom))]
+    feasible = [c for c in feasible if math.isfinite(g.cost(c)) and (g.memory_profile(c) <= g.limit + 1e-9).all()]
+    best = min(g.cost(c) for c in feasible)
+    assert result.report.label.startswith("lagrangian-first:")
+    assert result.bound <= best + 1e-9 <= g.cost(result.best) + 2e-9
+    assert (g.memory_profile(result.best) <= g.limit + 1e-9).all()
