@@ -104,8 +104,6 @@ class ClassEdges:
     """States ``0 .. expanded - 1`` have their out-edges built."""
     heads: list = field(default_factory=list)
     targets: list = field(default_factory=list)
-    masks: list = field(default_factory=list)
-    """Per edge: the Partial ops its target holds."""
     specs: list = field(default_factory=list)
     """Per edge: ``(kind, group, size, relayout_in, relayout_out)``."""
     by_mask: dict = field(default_factory=dict)
@@ -133,7 +131,6 @@ class ClassEdges:
             for e in graph._build_edges(state):
                 self.heads.append(sid)
                 self.targets.append(graph.state_id(e.state))
-                self.masks.append(ops_mask([p.reduce_op for p in e.state if isinstance(p, Partial)]))
                 step = e.step
                 size = graph.group_sizes.get(step.mesh_dims) or graph.mesh.group_size(step.mesh_dims)
                 self.specs.append((step.collective, step.mesh_dims, size, *e.relayouts))
@@ -149,7 +146,8 @@ class ClassEdges:
         state_masks = np.asarray(self.state_masks, dtype=np.int64)
         heads = np.asarray(self.heads, dtype=np.int64)
         tails = np.asarray(self.targets, dtype=np.int64)
-        keep = ((np.asarray(self.masks, dtype=np.int64) & ~mask) == 0) & ((state_masks[heads] & ~mask) == 0)
+        # every target is expanded (close), so its ops are the state's
+        keep = ((state_masks[tails] & ~mask) == 0) & ((state_masks[heads] & ~mask) == 0)
         ids = np.nonzero(keep)[0]
         ids = ids[np.argsort(tails[ids], kind="stable")]
         targets, starts = np.unique(tails[ids], return_index=True)

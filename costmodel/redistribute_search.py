@@ -90,7 +90,6 @@ import math
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-
 from costmodel.layout import _max_local_shape, flat_matches_nested, piece_extents
 from costmodel.mesh import MeshSpec
 from costmodel.placements import (
