@@ -1,19 +1,19 @@
 """autoshard on one GPU: what a person with one GPU runs to see it work there.
 
     python benchmarks/gpu_check.py prepare            # on any machine with the solver: plans -> benchmarks/gpu_plans/
-    python benchmarks/gpu_check.py run -o gpu.md      # on the GPU machine (no solver needed), < 8 min on one H100
+    python benchmarks/gpu_check.py run -o gpu.md      # on the GPU machine (no solver needed), ~5 min on one H100
     python benchmarks/gpu_check.py run --smoke        # the same flows, tiny, on the CPU (checks this script)
 
-``run`` has three parts, each under its own time limit (``--parts a,b,c``):
+``run`` has five parts, in this order (``--parts a,b,c,d,k``); the report is
+rewritten after each, so a run stopped by a time limit keeps what it finished:
 
 a. **one GPU, one NCCL process**: LLaMA-1B-shaped (4 layers, batch 4 x 2048)
    in bf16 and fp32, the MLP (4 x 4096 -> 16384 -> 4096, batch 8192) in bf16,
    and the bf16 LLaMA with ``recompute="full"`` (eager: every layer in
-   ``torch.utils.checkpoint``): eager torch vs ``autoshard`` vs ``autoshard``
-   with ``compile=True`` (bf16 cases): median step time (forward, backward,
-   AdamW as torch runs it by default, ``zero_grad``) after warm-up, peak
-   ``torch.cuda.max_memory_allocated()``, the first step's loss against eager's,
-   the plan's estimate beside each, and the step audited by
+   ``torch.utils.checkpoint``): eager torch vs ``autoshard``: median step time
+   (forward, backward, AdamW as torch runs it by default, ``zero_grad``) after
+   warm-up, peak ``torch.cuda.max_memory_allocated()``, the first step's loss
+   against eager's, the plan's estimate beside each, and the step audited by
    :class:`~autoshard.runtime.device_audit.DeviceAudit` (tensors off the GPU,
    CPU kernels, host synchronisations);
 b. **4 ranks sharing the GPU with gloo** (CUDA tensors; NCCL refuses ranks that
@@ -21,13 +21,19 @@ b. **4 ranks sharing the GPU with gloo** (CUDA tensors; NCCL refuses ranks that
    plan, and on mesh 4 with FSDP and full recomputation: the loss and every
    gradient equal one device, and the collectives issued equal the plan's steps
    (the checks of ``tests/autoshard/runtime/gloo_ranks.py``);
-c. ``autoshard calibrate-hardware --check`` of the shipped profile of the GPU found.
+c. ``autoshard calibrate-hardware --check`` of the shipped profile on the ops
+   of a LLaMA-1B-shaped layer (bf16, 2 x 2048, traced for this device, attention
+   included): the held-out set issue 40's targets name;
+d. ``calibrate-hardware --quick`` of this GPU (one rank), the profile written
+   beside the report (``--keep``), then checked on the same ops as c;
+k. the bf16 cases of a again with ``compile=True`` (inductor: a minute each).
 
 The plans are solved beforehand (``prepare``) and shipped in
 ``benchmarks/gpu_plans/``: a GPU image may lack the solver's packages (pulp,
 ortools). Their fingerprints hold the graph, which is the same on torch 2.11 and
 2.13 for these models (checked), and the profile: re-run ``prepare`` after a
-profile changes.
+profile changes. On a GPU without a shipped profile of its own (an H200) the
+plans' estimates are the H100's; part d measures the card itself.
 """
 
 from __future__ import annotations
@@ -63,7 +69,10 @@ ONE_GPU = {
 SMOKE = {"llama-tiny": (llama3.tiny, {}, "none"), "mlp-tiny": (mlp.tiny, {}, "none"),
          "llama-tiny-recompute": (llama3.tiny, {}, "full")}
 COMPILED = ("llama1b-bf16", "mlp-bf16", "llama-tiny")
-"""Cases also run with ``compile=True`` (the targets name the bf16 ones; inductor takes a minute each)."""
+"""Cases also run with ``compile=True`` in part k (the targets name the bf16 ones; inductor takes a minute each)."""
+HELD_OUT = ("examples.models.llama3:llama3_1b",
+            {"n_layers": 1, "batch_size": 2, "seq_len": 2048, "dtype": "bfloat16"})
+"""The held-out ops of parts c and d: issue 40's "LLaMA-1B-shaped ops" (the smoke keeps the default tiny model)."""
 TINY_KW = {"batch_size": 4}
 SHARED_GPU = {  # label -> (mesh, dim names, baseline or None, recompute)
     "llama-2x2-fsdp+tp": ((2, 2), ("dp", "tp"), "fsdp+tp", "none"),
@@ -184,8 +193,9 @@ def _free(device: torch.device) -> None:
 
 
 def one_gpu_case(name: str, factory: Callable[..., Any], kwargs: dict, recompute: str, device: torch.device, *,
-                 smoke: bool, warmup: int, steps: int) -> list[dict[str, Any]]:
-    """Eager, autoshard and (some cases) autoshard compiled: one row each."""
+                 smoke: bool, warmup: int, steps: int, compiled: bool = False,
+                 eager: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Eager (unless ``eager`` holds its row already) and autoshard, compiled or not: one row each."""
     from torch.distributed.device_mesh import init_device_mesh
 
     from autoshard import autoshard
@@ -195,32 +205,34 @@ def one_gpu_case(name: str, factory: Callable[..., Any], kwargs: dict, recompute
     path = _plan_path(name, smoke)
     plan = Plan.load(path)
     rows = []
-    model, inputs = _build(factory, kwargs, device)
-    if recompute == "full":
-        model.layers = torch.nn.ModuleList(_Checkpointed(layer) for layer in model.layers)
-    eager_loss, eager_s, eager_peak = _time_steps(_train_step(model, inputs), device, warmup, steps)
-    rows.append({"case": name, "variant": "eager", "step_ms": eager_s * 1e3, "peak_GB": eager_peak / 1e9,
-                 "loss": eager_loss})
-    del model
-    _free(device)
-    mesh = init_device_mesh(device.type, (1,), mesh_dim_names=("dp",))
-    for compiled in (False, True) if name in COMPILED else (False,):
+    if eager is None:
         model, inputs = _build(factory, kwargs, device)
-        sharded = autoshard(model, mesh, inputs, plan=path, profile=plan.fingerprint.profile.split("@")[0],
-                            cache_dir=False, compile=compiled)
-        step = _train_step(sharded, inputs)
-        loss, seconds, peak = _time_steps(step, device, warmup, steps)
-        with DeviceAudit(device) as audit:  # a step of the per-rank program as it now runs
-            step()
-        est = plan.estimate
-        rows.append({"case": name, "variant": "autoshard" + (" compile" if compiled else ""),
-                     "step_ms": seconds * 1e3, "peak_GB": peak / 1e9, "loss": loss,
-                     "vs_eager": seconds / eager_s, "peak_vs_eager": (peak / eager_peak) if eager_peak else None,
-                     "loss_equal": abs(loss - eager_loss) <= 2e-2 * max(1.0, abs(eager_loss)),
-                     "estimate_ms": est.step_s * 1e3, "estimate_GB": est.peak_memory_bytes / 1e9,
-                     "audit": "; ".join(sorted(set(audit.problems))) or "clean"})
-        del sharded, model, step
+        if recompute == "full":
+            model.layers = torch.nn.ModuleList(_Checkpointed(layer) for layer in model.layers)
+        eager_loss, eager_s, eager_peak = _time_steps(_train_step(model, inputs), device, warmup, steps)
+        eager = {"case": name, "variant": "eager", "step_ms": eager_s * 1e3, "peak_GB": eager_peak / 1e9,
+                 "loss": eager_loss}
+        rows.append(eager)
+        del model
         _free(device)
+    mesh = init_device_mesh(device.type, (1,), mesh_dim_names=("dp",))
+    model, inputs = _build(factory, kwargs, device)
+    sharded = autoshard(model, mesh, inputs, plan=path, profile=plan.fingerprint.profile.split("@")[0],
+                        cache_dir=False, compile=compiled)
+    step = _train_step(sharded, inputs)
+    loss, seconds, peak = _time_steps(step, device, warmup, steps)
+    with DeviceAudit(device) as audit:  # a step of the per-rank program as it now runs
+        step()
+    est = plan.estimate
+    eager_s, eager_peak, eager_loss = eager["step_ms"] / 1e3, eager["peak_GB"] * 1e9, eager["loss"]
+    rows.append({"case": name, "variant": "autoshard" + (" compile" if compiled else ""),
+                 "step_ms": seconds * 1e3, "peak_GB": peak / 1e9, "loss": loss,
+                 "vs_eager": seconds / eager_s, "peak_vs_eager": (peak / eager_peak) if eager_peak else None,
+                 "loss_equal": abs(loss - eager_loss) <= 2e-2 * max(1.0, abs(eager_loss)),
+                 "estimate_ms": est.step_s * 1e3, "estimate_GB": est.peak_memory_bytes / 1e9,
+                 "audit": "; ".join(sorted(set(audit.problems))) or "clean"})
+    del sharded, model, step
+    _free(device)
     return rows
 
 
@@ -254,19 +266,50 @@ def shared_gpu_ranks(device: str, smoke: bool, tmp: Path) -> list[dict[str, Any]
     return rows
 
 
-# --------------------------------------------------------------------------- part c: calibration check
+# --------------------------------------------------------------------------- parts c, d: calibration
+
+_DIST_ENV = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
 
 
-def calibration_check(tmp: Path, timeout: float) -> list[dict[str, Any]]:
-    """``calibrate-hardware --check`` of the shipped profile of this GPU (one rank)."""
-    report = tmp / "check.md"
-    cmd = [sys.executable, "-m", "autoshard.cli", "calibrate-hardware", "--check", PROFILE, "--nproc-per-node", "1",
-           "--report", str(report)]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
-    tail = (done.stdout + done.stderr).strip().splitlines()[-6:]
-    text = report.read_text() if report.exists() else ""
-    return [{"command": " ".join(cmd[1:]), "exit": done.returncode, "output": " / ".join(tail),
-             "report": text[:3000]}]
+def _calibrate(args: list[str], timeout: float) -> tuple[int, str]:
+    """``autoshard calibrate-hardware ARGS`` in a fresh process: (exit code, the output's last lines)."""
+    # part a's process group set MASTER_PORT and WORLD_SIZE here: a child seeing them would join it, not start one
+    env = {k: v for k, v in os.environ.items() if k not in _DIST_ENV}
+    cmd = [sys.executable, "-m", "autoshard.cli", "calibrate-hardware", *args]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
+    except subprocess.TimeoutExpired as exc:
+        return 124, f"timed out after {timeout:.0f} s: {' '.join(str(exc.stdout or '').split()[-40:])}"
+    return done.returncode, " / ".join((done.stdout + done.stderr).strip().splitlines()[-6:])
+
+
+def _held_out(smoke: bool) -> list[str]:
+    return [] if smoke else ["--model", HELD_OUT[0], "--model-kwargs", json.dumps(HELD_OUT[1])]
+
+
+def calibration_check(profile: str, keep: Path, smoke: bool, timeout: float) -> list[dict[str, Any]]:
+    """``calibrate-hardware --check PROFILE`` (one rank) on the held-out ops."""
+    report = keep / f"check-{Path(profile).stem}.md"
+    args = ["--check", profile, "--nproc-per-node", "1", "--report", str(report), *_held_out(smoke)]
+    code, tail = _calibrate(args, timeout)
+    return [{"command": "calibrate-hardware " + " ".join(args), "exit": code, "output": tail,
+             "report": report.read_text() if report.exists() else ""}]
+
+
+def calibration_quick(keep: Path, smoke: bool, timeout: float) -> list[dict[str, Any]]:
+    """``calibrate-hardware --quick`` of this device (one rank), then its check on the held-out ops."""
+    profile = keep / ("measured-cpu.json" if smoke else "measured-1rank.json")
+    args = ["--quick", "--nproc-per-node", "1", "-o", str(profile), "--measurements",
+            str(keep / f"{profile.stem}-measurements.json"), "--report", str(keep / f"{profile.stem}-fit.md")]
+    if not smoke:
+        args += ["--base", PROFILE]
+    code, tail = _calibrate(args, timeout)
+    rows = [{"command": "calibrate-hardware " + " ".join(args), "exit": code, "output": tail,
+             "report": (keep / f"{profile.stem}-fit.md").read_text() if (keep / f"{profile.stem}-fit.md").exists()
+             else ""}]
+    if code == 0:
+        rows += calibration_check(str(profile), keep, smoke, timeout)
+    return rows
 
 
 # --------------------------------------------------------------------------- report
@@ -284,6 +327,20 @@ def _table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _device_profile(cuda: bool) -> str:
+    """The shipped profile whose estimates part a compares with (the plans were priced with it)."""
+    if not cuda:
+        return "cpu-gloo"
+    name = torch.cuda.get_device_name(0)
+    if "H100" not in name:
+        log(f"{name}: no shipped profile of its own; the estimates are {PROFILE}'s (part d measures this card)")
+    return PROFILE
+
+
+def log(text: str) -> None:
+    print(text, flush=True)
+
+
 def run(args: argparse.Namespace) -> int:
     import tempfile
 
@@ -293,18 +350,26 @@ def run(args: argparse.Namespace) -> int:
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
+    profile = _device_profile(cuda)
     out = [f"# gpu_check: {torch.cuda.get_device_name(0) if cuda else 'CPU (smoke)'}, torch {torch.__version__}, "
            f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC\n"]
     failed = False
+    cases = SMOKE if args.smoke else ONE_GPU
+    eager_rows: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory() as tmp:
+        keep = Path(args.keep) if args.keep else Path(args.output).resolve().parent if args.output else Path(tmp)
+        keep.mkdir(parents=True, exist_ok=True)
         for part in args.parts.split(","):
             start = time.perf_counter()
             try:
                 if part == "a":
                     _init_one_rank("nccl" if cuda else "gloo")
-                    rows = [r for name, (f, kw, rc) in (SMOKE if args.smoke else ONE_GPU).items()
-                            for r in one_gpu_case(name, f, kw, rc, device, smoke=args.smoke, warmup=args.warmup,
-                                                  steps=args.steps)]
+                    rows = []
+                    for name, (f, kw, rc) in cases.items():
+                        case_rows = one_gpu_case(name, f, kw, rc, device, smoke=args.smoke, warmup=args.warmup,
+                                                 steps=args.steps)
+                        eager_rows[name] = case_rows[0]
+                        rows += case_rows
                     failed |= any(r.get("loss_equal") is False or r.get("audit", "clean") != "clean" for r in rows)
                     title = "a. one GPU, one NCCL process: eager vs autoshard"
                 elif part == "b":
@@ -312,22 +377,33 @@ def run(args: argparse.Namespace) -> int:
                     failed |= any(str(v).startswith("NO") for r in rows for v in r.values())
                     title = "b. 4 gloo ranks sharing the device"
                 elif part == "c":
-                    rows = calibration_check(Path(tmp), timeout=180)
+                    rows = calibration_check(profile, keep, args.smoke, timeout=240)
                     failed |= rows[0]["exit"] != 0
-                    title = "c. calibrate-hardware --check of the shipped profile"
+                    title = f"c. calibrate-hardware --check of the shipped {profile}"
+                elif part == "d":
+                    rows = calibration_quick(keep, args.smoke, timeout=240)
+                    failed |= any(r["exit"] != 0 for r in rows)
+                    title = "d. calibrate-hardware --quick of this device, then --check of what it wrote"
+                elif part == "k":
+                    _init_one_rank("nccl" if cuda else "gloo")
+                    rows = [r for name, (f, kw, rc) in cases.items() if name in COMPILED
+                            for r in one_gpu_case(name, f, kw, rc, device, smoke=args.smoke, warmup=args.warmup,
+                                                  steps=args.steps, compiled=True, eager=eager_rows.get(name))]
+                    failed |= any(r.get("loss_equal") is False or r.get("audit", "clean") != "clean" for r in rows)
+                    title = "k. one GPU: autoshard with compile=True"
                 else:
-                    raise ValueError(f"--parts: unknown part {part!r} (a, b, c)")
+                    raise ValueError(f"--parts: unknown part {part!r} (a, b, c, d, k)")
             except Exception as exc:  # noqa: BLE001 - one part failing must not hide the others
                 failed = True
                 rows, title = [{"error": f"{type(exc).__name__}: {' '.join(str(exc).split())[:400]}"}], f"{part}. FAILED"
                 traceback.print_exc()
             out.append(f"\n## {title} ({time.perf_counter() - start:.0f} s)\n\n{_table(rows)}")
-            if part == "c" and rows and rows[0].get("report"):
-                out.append("\n<details><summary>check report</summary>\n\n" + rows[0]["report"] + "\n</details>\n")
-            print(out[-1], flush=True)
-    text = "".join(out)
-    if args.output:
-        Path(args.output).write_text(text)
+            for row in rows:
+                if row.get("report"):
+                    out.append(f"\n<details><summary>{row['command'][:80]}</summary>\n\n{row['report']}\n</details>\n")
+            log("".join(out[-1:]))
+            if args.output:  # after every part: a run stopped by its time limit keeps what it finished
+                Path(args.output).write_text("".join(out))
     return 1 if failed else 0
 
 
@@ -337,11 +413,12 @@ def main() -> int:
     p = sub.add_parser("prepare", help="solve the plans run needs (needs the solver)")
     p.add_argument("--smoke", action="store_true", help="the tiny CPU plans of run --smoke")
     r = sub.add_parser("run", help="the checks (on the GPU machine)")
-    r.add_argument("--parts", default="a,b,c")
+    r.add_argument("--parts", default="a,b,c,d,k")
     r.add_argument("--smoke", action="store_true", help="tiny models on the CPU, gloo (checks this script)")
     r.add_argument("--warmup", type=int, default=3)
     r.add_argument("--steps", type=int, default=5)
     r.add_argument("-o", "--output")
+    r.add_argument("--keep", help="folder for part d's profile and the check reports (default: the report's folder)")
     args = parser.parse_args()
     if args.command == "prepare":
         prepare_plans(smoke=args.smoke)
