@@ -119,7 +119,15 @@ def make_plans(models: list[str], meshes: list[str], out: Path, time_limit: floa
             t = time.perf_counter()
             prep = prepare(model, inputs, shape, names, profile=PROFILE, optimizer_impl=optimizer_impl,
                            profile_correction=correction)
-            CORRECTIONS[(mk, mesh_key)] = prep.options["profile_correction"]
+            CORRECTIONS[(mk, mesh_key)] = dict(prep.options["profile_correction"])
+            if correction != "off":  # the machine's speed then: rows measured later say how far it drifted
+                from autoshard.calibrate.correction_cache import load_cached, machine_key
+                from hw_profiles import load as load_profile
+
+                cached = load_cached(machine_key(load_profile(PROFILE).fingerprint, ranks=math.prod(shape)))
+                steps_then = [t.measured_s for t in (cached.times if cached else ()) if t.family == "step"]
+                if steps_then:
+                    CORRECTIONS[(mk, mesh_key)]["reference_step_s"] = steps_then[0]
             print(f"# planned {mk} on {mesh_key}: prepare {time.perf_counter() - t:.1f} s", file=sys.stderr, flush=True)
             for kind in kinds:
                 try:
@@ -311,11 +319,27 @@ def step_variants(plans: dict, models: list[str], meshes: list[str], kinds: tupl
             yield mk, mesh_key, variants
 
 
+def _machine_speed(rank: int, world: int) -> float:
+    """Seconds of the profile correction's reference step (``autoshard.calibrate.reference_step``)
+    now, timed as the correction times it (every rank at once, the median of its rounds, max over
+    ranks): how fast the machine runs this minute, comparable with the correction's own figure."""
+    from autoshard.calibrate.first_use import ROUNDS, SETTINGS
+    from autoshard.calibrate.reference_step import reference_step
+    from autoshard.calibrate.timing import Job, measure
+
+    ref, _, _ = reference_step()
+    ref()
+    job = Job(rank=rank, world=world, local_world=world, backend="gloo")
+    return statistics.median(measure(job, ref, SETTINGS).seconds for _ in range(ROUNDS))
+
+
 def _worker(rank: int, world: int, init_file: str, out_dir: str, plans: dict, models: list[str], meshes: list[str],
             steps: int, warmup: int, opt_kind: str, compile_: bool) -> None:
     results = {}
     with rank_group(rank, world, init_file):
         for mk, mesh_key, variants in step_variants(plans, models, meshes, AUTOSHARD, opt_kind, compile_=compile_):
+            speed = _machine_speed(rank, world)  # a row measured minutes after the correction: did the machine drift?
+            results[(mk, mesh_key, "_reference_step")] = (speed, speed)
             for name, value in _round_robin(variants, steps, warmup).items():
                 results[(mk, mesh_key, name)] = value
             print(f"# measured {mk} on {mesh_key}", file=sys.stderr, flush=True)
@@ -478,6 +502,12 @@ def _report(args, argv, models, meshes, plans, measured, one, planned, total, lo
             fix_line = ("Profile correction: off." if fix["mode"] == "off" else
                         f"Profile correction: {fix['mode']} ({fix['source']} {fix['date']}, load {fix['load']}): "
                         f"measured / profile {json.dumps(fix['ratios'])}.")
+            speed = measured.get((mk, mesh_key, "_reference_step"))
+            if speed is not None:
+                at = fix.get("reference_step_s")
+                fix_line += (f" Machine speed: the correction's reference step took {speed[0] * 1e3:.2f} ms just "
+                             f"before this row" + (f" ({speed[0] / at:.2f}x its {at * 1e3:.2f} ms when the correction "
+                                                   f"was measured)" if at else "") + ".")
             out += [f"### {mk} ({MODELS[mk][1]}), mesh {mesh_key}", "", fix_line, "",
                     "| variant | predicted ms | measured step ms | pred / meas | measured fwd+bwd ms | "
                     "collectives / step | matmuls on shards | predicted peak MiB |",

@@ -38,6 +38,21 @@ estimate is then recomputed from the real buckets (:func:`group_buckets`),
 so the plan reports what will run even where the solver's objective was an
 approximation.
 
+**The copies a bucket adds.** One flat buffer means copies a member's own
+step does not make, on the compute stream (the rank's thread), each priced as
+a local copy (``costmodel.compute.local_copy_time_s``: read + write, the new
+buffer's fresh pages, a launch) plus the step's per-op cost
+(``device.step_op_s``): a gradient bucket packs its members into the buffer
+before the issue (``pack_s``: ``torch.cat``, its bytes; a reduce_scatter
+member on a dim other than 0 is moved to the front first, one more copy of
+its bytes) and, for a reduce_scatter, moves such members' chunks back after the
+wait (``unpack_s``: ``bytes / G`` each); an all_reduce's results are views. A
+gather bucket packs the shards (``bytes / G``) and, after the wait, copies each
+member's columns out of the ``[G, sum]`` result (``unpack_s``: each member's
+gathered bytes; a strided slice cannot be viewed as the member). Measured
+(``benchmarks/profile_step.py``, MLP on 4 gloo ranks): these copies are a
+third of an FSDP layout's step and the DDP layout's one ``cat`` 8 % of its.
+
 **Gather buckets** (FSDP2's per-layer all-gather): a parameter (leaf) whose
 redistribution to a reader is exactly one ``all_gather`` of plain shards is
 gathered again at every step; such gathers on the same mesh dims and dtype,
@@ -60,13 +75,15 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from costmodel.collectives import collective_time_s
+from costmodel.compute import local_copy_time_s
 from costmodel.mesh import MeshSpec
 from costmodel.placements import StridedShard
 from costmodel.steps import RedistributePlan, RedistributeStep
 from hw_profiles import HardwareProfile
 
 __all__ = ["DEFAULT_BUCKET_BYTES", "GATHER_CAPS", "Bucket", "GatherBucket", "bucket_share", "bucketable_step",
-           "gatherable_step", "amortized_cost_s", "group_buckets", "group_gathers"]
+           "gatherable_step", "amortized_cost_s", "group_buckets", "group_gathers", "bucket_copy_bytes",
+           "gather_copy_bytes"]
 
 DEFAULT_BUCKET_BYTES = 25 * 2**20
 """DDP's default bucket cap."""
@@ -127,17 +144,23 @@ class Bucket:
     """Per-rank payload: the members' step bytes summed."""
     cost_s: float
     """The one collective's time at ``bytes``."""
+    pack_s: float = 0.0
+    """Copies into the flat buffer before the issue, on the compute stream (module docstring)."""
+    unpack_s: float = 0.0
+    """Copies out of the reduced buffer after the wait, on the compute stream."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"collective": self.collective, "mesh_dims": list(self.mesh_dims), "reduce_op": self.reduce_op,
-                "dtype": self.dtype, "members": list(self.members), "bytes": self.bytes, "cost_s": self.cost_s}
+                "dtype": self.dtype, "members": list(self.members), "bytes": self.bytes, "cost_s": self.cost_s,
+                "pack_s": self.pack_s, "unpack_s": self.unpack_s}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "Bucket":
         try:
             return cls(str(data["collective"]), tuple(int(d) for d in data["mesh_dims"]), str(data["reduce_op"]),
                        str(data["dtype"]), tuple(str(m) for m in data["members"]), int(data["bytes"]),
-                       float(data.get("cost_s", 0.0)))
+                       float(data.get("cost_s", 0.0)), float(data.get("pack_s", 0.0)),
+                       float(data.get("unpack_s", 0.0)))
         except KeyError as exc:
             raise ValueError(f"bucket: missing field {exc.args[0]!r}") from None
         except (TypeError, ValueError) as exc:
@@ -163,26 +186,29 @@ def group_buckets(
     """
     if cap <= 0:
         return ()
-    open_: dict[tuple, list[tuple[str, int]]] = {}
-    closed: list[tuple[tuple, list[tuple[str, int]]]] = []
+    open_: dict[tuple, list[tuple[str, int, bool]]] = {}
+    closed: list[tuple[tuple, list[tuple[str, int, bool]]]] = []
     for name, dtype, steps in items:
         step = bucketable_step(steps)
         if step is None:
             continue
         key = (step.collective, tuple(step.mesh_dims), step.reduce_op, dtype)
         members = open_.setdefault(key, [])
-        if members and sum(b for _, b in members) + step.bytes > cap:
+        if members and sum(b for _, b, _ in members) + step.bytes > cap:
             closed.append((key, members))
             members = open_[key] = []
-        members.append((name, int(step.bytes)))
+        # a reduce_scatter member scattered on a dim other than 0 is moved to the front (runtime.steps)
+        members.append((name, int(step.bytes), step.collective == "reduce_scatter" and bool(step.tensor_dim)))
     closed.extend(open_.items())
     buckets = []
     for (kind, dims, op, dtype), members in closed:
         if len(members) < 2:
             continue
-        nbytes = sum(b for _, b in members)
-        buckets.append(Bucket(kind, dims, op, dtype, tuple(n for n, _ in members), nbytes,
-                              collective_time_s(kind, nbytes, dims, mesh, profile)))
+        nbytes = sum(b for _, b, _ in members)
+        pack, unpack = bucket_copy_bytes(kind, [(b, m) for _, b, m in members], mesh.group_size(dims))
+        buckets.append(Bucket(kind, dims, op, dtype, tuple(n for n, _, _ in members), nbytes,
+                              collective_time_s(kind, nbytes, dims, mesh, profile),
+                              pack_s=_copies_s(pack, profile), unpack_s=_copies_s(unpack, profile)))
     # issue order: by the position of the first member, the same on every rank
     order = {name: i for i, (name, _, _) in enumerate(items)}
     return tuple(sorted(buckets, key=lambda b: order[b.members[0]]))
@@ -211,10 +237,15 @@ class GatherBucket:
     """Gathered output bytes, the members' step bytes summed."""
     cost_s: float
     """The one all_gather at ``bytes`` plus the members' re-layout copies."""
+    pack_s: float = 0.0
+    """The shards' copy into the flat buffer before the issue, on the compute stream (module docstring)."""
+    unpack_s: float = 0.0
+    """Each member's copy out of the gathered buffer after the wait, on the compute stream."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"collective": "all_gather", "mesh_dims": list(self.mesh_dims), "dtype": self.dtype,
-                "members": [list(m) for m in self.members], "bytes": self.bytes, "cost_s": self.cost_s}
+                "members": [list(m) for m in self.members], "bytes": self.bytes, "cost_s": self.cost_s,
+                "pack_s": self.pack_s, "unpack_s": self.unpack_s}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "GatherBucket":
@@ -227,7 +258,8 @@ class GatherBucket:
                     raise ValueError(f"member {m!r} is not [producer, reader, reader input]")
                 members.append((str(m[0]), str(m[1]), int(m[2])))
             return cls(tuple(int(d) for d in data["mesh_dims"]), str(data["dtype"]), tuple(members),
-                       int(data["bytes"]), float(data.get("cost_s", 0.0)))
+                       int(data["bytes"]), float(data.get("cost_s", 0.0)), float(data.get("pack_s", 0.0)),
+                       float(data.get("unpack_s", 0.0)))
         except KeyError as exc:
             raise ValueError(f"gather bucket: missing field {exc.args[0]!r}") from None
         except (TypeError, ValueError) as exc:
@@ -278,5 +310,35 @@ def group_gathers(
         dims = tuple(run[0][1].mesh_dims)
         nbytes = sum(int(s.bytes) for _, s in run)
         cost = collective_time_s("all_gather", nbytes, dims, mesh, profile) + sum(s.relayout_s for _, s in run)
-        out.append(GatherBucket(dims, dtypes[run[0][0]], tuple(e for e, _ in run), nbytes, cost))
+        pack, unpack = gather_copy_bytes([int(s.bytes) for _, s in run], mesh.group_size(dims))
+        out.append(GatherBucket(dims, dtypes[run[0][0]], tuple(e for e, _ in run), nbytes, cost,
+                                pack_s=_copies_s(pack, profile), unpack_s=_copies_s(unpack, profile)))
     return tuple(out)
+
+
+def bucket_copy_bytes(kind: str, members: Sequence[tuple[float, bool]], group: int
+                      ) -> tuple[list[float], list[float]]:
+    """(packing, unpacking) copies of a gradient bucket, bytes each: ``members`` are
+    ``(step bytes, moved)``, ``moved`` for a reduce_scatter member on a dim other than 0
+    (module docstring; ``autoshard.runtime.steps.bucket_phases`` makes them).
+
+    >>> bucket_copy_bytes("reduce_scatter", [(64, False), (32, True)], 2)
+    ([96, 32], [16.0])
+    """
+    moved = [b for b, m in members if m] if kind == "reduce_scatter" else []
+    return [sum(b for b, _ in members), *moved], [b / group for b in moved]
+
+
+def gather_copy_bytes(members: Sequence[float], group: int) -> tuple[list[float], list[float]]:
+    """(packing, unpacking) copies of a gather bucket of members gathering ``members`` bytes
+    each (module docstring; ``autoshard.runtime.steps.gather_phases`` makes them).
+
+    >>> gather_copy_bytes([64, 32], 4)
+    ([24.0], [64, 32])
+    """
+    return [sum(members) / group], list(members)
+
+
+def _copies_s(sizes: Sequence[float], profile: HardwareProfile) -> float:
+    """Local copies of ``sizes`` bytes each, as ops of a step (module docstring)."""
+    return sum(local_copy_time_s(float(b), profile) + profile.device.step_op_s for b in sizes)

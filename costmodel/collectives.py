@@ -75,6 +75,7 @@ True
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Sequence
@@ -89,6 +90,7 @@ __all__ = [
     "Stage",
     "CollectiveCost",
     "tier_time_s",
+    "latency_part_s",
     "curve_time_s",
     "collective_cost",
     "collective_time_s",
@@ -218,6 +220,25 @@ def tier_time_s(kind: str, nbytes: float, n: int, tier: Tier, *, algorithm: str 
         tree = fit.alpha_s + 2 * fit.alpha_per_step_s * _tree_steps(n) + 2 * fit.beta_s_per_byte * nbytes
         return {"ring": ring, "tree": tree}.get(algorithm, min(ring, tree))
     return fit.alpha_s + _ring_stage(fit, n, nbytes)
+
+
+def latency_part_s(kind: str, nbytes: float, n: int, tier: Tier) -> float:
+    """The part of :func:`tier_time_s` its latency terms make: the same algorithm (ring or
+    tree for all_reduce, as priced at ``nbytes``) with the bandwidth terms at 0. A profile
+    correction fits latency and bandwidth ratios apart on it (``hw_profiles.correction``).
+
+    >>> from hw_profiles import load
+    >>> loop = load("cpu-gloo").interconnect[0]
+    >>> 0 < latency_part_s("all_gather", 2**20, 4, loop) < tier_time_s("all_gather", 2**20, 4, loop)
+    True
+    """
+    algorithm = "auto"
+    if kind == "all_reduce":
+        ring = tier_time_s(kind, nbytes, n, tier, algorithm="ring")
+        algorithm = "ring" if ring <= tier_time_s(kind, nbytes, n, tier, algorithm="tree") else "tree"
+    latency_only = dataclasses.replace(tier, collectives=tuple(
+        (k, dataclasses.replace(f, beta_s_per_byte=0.0, bus_bandwidth=())) for k, f in tier.collectives))
+    return tier_time_s(kind, nbytes, n, latency_only, algorithm=algorithm)
 
 
 def _check(kind: str, nbytes: float) -> None:

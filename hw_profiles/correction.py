@@ -31,8 +31,20 @@ points, log-linear between them and flat beyond. Applied to the profile
   divided by the ratio of the largest working set;
 * ``vector`` times ``r_matmul / r_vector`` (the vector term divides FLOPs
   by the fp32 peak, already divided by ``r_matmul``), at most 1;
-* collectives: ``alpha_s`` and ``alpha_per_step_s`` times ``r_alpha``,
-  ``beta_s_per_byte`` times ``r_beta`` (bus-bandwidth curves divided by it);
+* collectives, per kind (``all_reduce``, ``all_gather``, ``reduce_scatter``; a kind
+  without references of its own takes all_reduce's): ``alpha_s`` and
+  ``alpha_per_step_s`` times ``r_alpha``, ``beta_s_per_byte`` times ``r_beta``
+  (bus-bandwidth curves divided by it), where ``(r_alpha, r_beta)`` is the
+  least-squares fit, in relative error, of ``t_i ~ r_alpha L_i + r_beta (P_i - L_i)``
+  over the kind's message sizes (``P_i`` its price, ``L_i`` the part of it the
+  latency terms make): neither the smallest message is pure latency nor the
+  largest pure bandwidth, and a size between them weighs in (without ``L_i``
+  recorded: the smallest message's ratio and the largest's);
+* ``overlap.skew_s`` (seconds, a new figure): the ``collective_step`` family times
+  ``k`` pairs of a gap of compute (~10 ms of small ops) and an all_reduce run back to
+  back against the gap and the all_reduce each timed alone; ``(t - sum) / k``, at
+  least 0, is how late a collective starts in a step when the ranks computed
+  unsynchronised before it (``costmodel.overlap``: the ranks' skew);
 * ``step_op_s`` (a new figure, not a scale): the ``step`` family is a reference
   step (``autoshard.calibrate.reference_step``) against the sum of its ``n`` ops
   timed alone on the same machine; ``(step - sum) / n``, at least 0, is what an
@@ -57,12 +69,12 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from hw_profiles.profile import FreshPages, HardwareProfile
+from hw_profiles.profile import FreshPages, HardwareProfile, Overlap
 
 __all__ = ["FAMILIES", "FORMAT", "ReferenceTime", "ProfileCorrection", "family_ratios", "memory_points", "ratio_curve"]
 
 FORMAT = "autoshard.profile_correction/1"
-FAMILIES = ("launch", "matmul", "memory", "vector", "collective", "step")
+FAMILIES = ("launch", "matmul", "memory", "vector", "collective", "step", "collective_step")
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,8 +89,13 @@ class ReferenceTime:
     """FLOPs (matmul, vector), working-set bytes (memory), message bytes
     (collective), 1 (launch), ops (step): where on the family's curve it sits."""
     predicted_s: float
-    """What the profile prices it; for the ``step`` family: the sum of its ops timed alone."""
+    """What the profile prices it; for the ``step`` and ``collective_step`` families: the sum
+    of their parts timed alone."""
     measured_s: float
+    latency_s: float | None = None
+    """Collectives: the part of :attr:`predicted_s` the profile's latency terms make (the rest
+    is bandwidth); None where not recorded (then the smallest message gives the latency ratio,
+    the largest the bandwidth ratio)."""
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:
@@ -88,12 +105,16 @@ class ReferenceTime:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "ReferenceTime":
+        latency = data.get("latency_s")
         return cls(str(data["label"]), str(data["family"]), float(data["size"]), float(data["predicted_s"]),
-                   float(data["measured_s"]))
+                   float(data["measured_s"]), None if latency is None else float(latency))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"label": self.label, "family": self.family, "size": self.size, "predicted_s": self.predicted_s,
-                "measured_s": self.measured_s}
+        out = {"label": self.label, "family": self.family, "size": self.size, "predicted_s": self.predicted_s,
+               "measured_s": self.measured_s}
+        if self.latency_s is not None:
+            out["latency_s"] = self.latency_s
+        return out
 
 
 def memory_points(times: Sequence[ReferenceTime]) -> tuple[tuple[float, float], ...]:
@@ -136,13 +157,44 @@ def family_ratios(times: Sequence[ReferenceTime]) -> dict[str, float]:
         else:  # the floor is priced (and corrected) apart: what is left is the kernel's own time
             ratio = max(t.measured_s - launch_m, 0.05 * t.measured_s) / max(t.predicted_s - launch_p, 1e-12)
         ratios.setdefault(t.family, []).append(ratio)
-    out = {f: statistics.median(r) for f, r in ratios.items() if f != "collective"}
-    colls = sorted((t.size, r) for t, r in zip([t for t in times if t.family == "collective"], ratios.get("collective", [])))
-    if colls:
-        out["collective_alpha"], out["collective_beta"] = colls[0][1], colls[-1][1]
+    out = {f: statistics.median(r) for f, r in ratios.items() if f not in ("collective", "collective_step")}
+    by_kind: dict[str, list[ReferenceTime]] = {}
+    for t in times:
+        if t.family == "collective":
+            by_kind.setdefault(t.label.split()[0], []).append(t)
+    for kind, items in sorted(by_kind.items()):
+        out[f"{kind}_alpha"], out[f"{kind}_beta"] = _latency_bandwidth_ratios(items)
+    first = by_kind.get("all_reduce") or next(iter(by_kind.values()), None)
+    if first is not None:  # the figures every collective kind without references of its own takes
+        out["collective_alpha"], out["collective_beta"] = _latency_bandwidth_ratios(first)
     if steps:  # seconds, not a ratio: what an op costs in a step beyond its time alone
         out["step_op_s"] = statistics.median(max(0.0, (t.measured_s - t.predicted_s) / t.size) for t in steps)
+    in_step = [t for t in times if t.family == "collective_step"]
+    if in_step:  # seconds per collective: what a gap of compute then a collective take beyond the two alone
+        out["skew_s"] = statistics.median(max(0.0, (t.measured_s - t.predicted_s) / t.size) for t in in_step)
     return out
+
+
+def _latency_bandwidth_ratios(items: Sequence[ReferenceTime]) -> tuple[float, float]:
+    """``(r_alpha, r_beta)`` of one collective kind: with the latency part of each
+    prediction known, the least-squares fit of ``measured_i ~ r_alpha L_i + r_beta (P_i - L_i)``
+    in relative error (both >= 0); else the smallest message's ratio and the largest's."""
+    ordered = sorted(items, key=lambda t: t.size)
+    if len(ordered) < 2 or any(t.latency_s is None for t in ordered):
+        return ordered[0].measured_s / ordered[0].predicted_s, ordered[-1].measured_s / ordered[-1].predicted_s
+    rows = [(t.latency_s / t.measured_s, (t.predicted_s - t.latency_s) / t.measured_s) for t in ordered]
+    saa = sum(a * a for a, _ in rows)
+    sbb = sum(b * b for _, b in rows)
+    sab = sum(a * b for a, b in rows)
+    sa, sb = sum(a for a, _ in rows), sum(b for _, b in rows)
+    det = saa * sbb - sab * sab
+    if det > 1e-12 * max(saa * sbb, 1e-300):
+        r_alpha, r_beta = (sa * sbb - sb * sab) / det, (sb * saa - sa * sab) / det
+        if r_alpha >= 0 and r_beta >= 0:
+            return r_alpha, r_beta
+    # one term alone (the other at 0 would price it free: keep the one scale on both)
+    scale = sum(a + b for a, b in rows) / sum((a + b) ** 2 for a, b in rows)
+    return scale, scale
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,14 +258,21 @@ class ProfileCorrection:
             memory_bandwidth_Bps=bandwidth, fresh_pages=fresh,
             efficiency=dataclasses.replace(eff, vector=vector, memory=memory_eff))
         new_dev = dataclasses.replace(new_dev, step_op_s=r.get("step_op_s", dev.step_op_s))
-        alpha, beta = r.get("collective_alpha", 1.0), r.get("collective_beta", 1.0)
-        tiers = tuple(dataclasses.replace(t, collectives=tuple(
-            (k, dataclasses.replace(f, alpha_s=f.alpha_s * alpha, alpha_per_step_s=f.alpha_per_step_s * alpha,
-                                    beta_s_per_byte=f.beta_s_per_byte * beta,
-                                    bus_bandwidth=tuple(dataclasses.replace(c, points=tuple((x, bw / beta) for x, bw in c.points))
-                                                        for c in f.bus_bandwidth)))
-            for k, f in t.collectives)) for t in profile.interconnect)
-        return dataclasses.replace(profile, name=f"{profile.name}+corrected", device=new_dev, interconnect=tiers)
+        def scaled(kind: str, f: Any) -> Any:
+            alpha = r.get(f"{kind}_alpha", r.get("collective_alpha", 1.0))
+            beta = r.get(f"{kind}_beta", r.get("collective_beta", 1.0))
+            return dataclasses.replace(
+                f, alpha_s=f.alpha_s * alpha, alpha_per_step_s=f.alpha_per_step_s * alpha,
+                beta_s_per_byte=f.beta_s_per_byte * beta,
+                bus_bandwidth=tuple(dataclasses.replace(c, points=tuple((x, bw / beta) for x, bw in c.points))
+                                    for c in f.bus_bandwidth))
+        tiers = tuple(dataclasses.replace(t, collectives=tuple((k, scaled(k, f)) for k, f in t.collectives))
+                      for t in profile.interconnect)
+        overlap = profile.overlap
+        if "skew_s" in r:
+            overlap = dataclasses.replace(overlap or Overlap(), skew_s=r["skew_s"])
+        return dataclasses.replace(profile, name=f"{profile.name}+corrected", device=new_dev, interconnect=tiers,
+                                   overlap=overlap)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "ProfileCorrection":

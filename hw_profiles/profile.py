@@ -609,15 +609,22 @@ class Overlap:
     contention: float = 0.0
     """0: full overlap; 1: overlap gains nothing (``costmodel.overlap``)."""
     source: str = ""
+    skew_s: float = 0.0
+    """How far apart the ranks reach a collective after computing unsynchronised, at most
+    (``costmodel.overlap``: a collective issued after ``g`` seconds of compute since the last
+    one starts ``min(g, skew_s)`` late). 0 on dedicated devices; ranks time-sliced on shared
+    cores drift up to a scheduler slice apart. Measured by a profile correction."""
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "Overlap":
-        return cls(float(data["contention"]), str(data.get("source", "")))
+        return cls(float(data["contention"]), str(data.get("source", "")), float(data.get("skew_s", 0.0)))
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"contention": self.contention}
         if self.source:
             out["source"] = self.source
+        if self.skew_s:
+            out["skew_s"] = self.skew_s
         return out
 
 
@@ -641,6 +648,11 @@ class HardwareProfile:
     def contention(self) -> float:
         """The overlap contention factor (0 when the profile gives none)."""
         return 0.0 if self.overlap is None else self.overlap.contention
+
+    @property
+    def skew_s(self) -> float:
+        """The ranks' skew at a collective (:attr:`Overlap.skew_s`; 0 when the profile gives none)."""
+        return 0.0 if self.overlap is None else self.overlap.skew_s
 
     def __hash__(self) -> int:
         # Profiles key the planner's caches; hashing the whole tree on every

@@ -222,6 +222,9 @@ SCHEMA: dict[str, Any] = {
                                "description": "0: a collective in flight hides fully behind compute; 1: overlap "
                                               "gains nothing (costmodel.overlap)."},
                 "source": {"type": "string"},
+                "skew_s": {"type": "number", "minimum": 0,
+                           "description": "How late a collective starts, at most, after compute since the "
+                                          "last one: the ranks' drift (costmodel.overlap)."},
             },
             "additionalProperties": False,
         },

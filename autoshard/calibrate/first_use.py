@@ -10,10 +10,19 @@ DRAM-sized working set, a copy, a reduction, two vector-bound ops (silu,
 softmax), a reference step (``autoshard.calibrate.reference_step``: the same
 ops as a small MLP's forward and backward, against those ops timed alone:
 what an op costs in a step beyond its time alone) and, where the job has
-ranks, all_reduces of 64 KiB and 4 MiB over all of them. Each op is priced as a plan prices it (``autoshard.rules``'
+ranks, all_reduces of 64 KiB, 1 MiB and 16 MiB, all_gathers and reduce_scatters
+of 1 MiB and 16 MiB over all of them, and eight pairs of a gap of compute and an
+all_reduce back to back (how late a collective starts after the ranks computed
+unsynchronised: the profile's ``overlap.skew_s``). Each op is priced as a plan prices it (``autoshard.rules``'
 FLOPs and bytes, ``costmodel.compute.op_time_s``), and sits in the family of the
 term that bounds it in the profile (a memory-bound elementwise op corrects the
 memory curve, a compute-bound one the vector rate).
+
+A few seconds of timing are a snapshot of that minute: rank 0 samples the
+runnable threads of other processes meanwhile (``autoshard.calibrate.load``),
+and a correction measured under foreign load (a mean of 0.5 threads or more)
+is used for the plan at hand with a warning and never cached (one measured at
+a load average of 5 priced the benchmark steps 1.4-2.4x too slow).
 
 Where the ranks come from: inside a job (a process group of ``ranks`` ranks)
 every rank measures together; offline, :func:`corrected_profile` starts
@@ -29,7 +38,9 @@ from __future__ import annotations
 
 import datetime
 import json
+import logging
 import os
+import statistics
 import tempfile
 import time
 from dataclasses import dataclass
@@ -39,13 +50,14 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from costmodel.collectives import collective_time_s
+from costmodel.collectives import collective_time_s, latency_part_s
 from costmodel.compute import op_time_s
 from costmodel.mesh import MeshSpec
 from hw_profiles import HardwareProfile
 from hw_profiles.correction import ProfileCorrection, ReferenceTime
 
 from autoshard.calibrate.correction_cache import load_cached, machine_key, save_cached
+from autoshard.calibrate.load import FOREIGN_THRESHOLD, monitor_for
 from autoshard.calibrate.reference_step import reference_step
 from autoshard.calibrate.timing import Job, Settings, measure
 from autoshard.plan.options import PROFILE_CORRECTIONS
@@ -60,11 +72,23 @@ profile: :func:`autoshard.autoshard`; ``off`` for offline solves)."""
 
 SETTINGS = Settings(warmup=0, trials=2, min_trial_s=0.02, max_item_s=0.5)
 """One visit of a reference op: two trials of at least 20 ms (all ranks start each after a barrier)."""
-ROUNDS = 3
-"""Visits of every reference op, interleaved (:func:`_interleaved`)."""
-COLLECTIVE_BYTES = (2**16, 2**22)
-"""all_reduce sizes: the smallest prices the latency terms, the largest the bandwidth term."""
+ROUNDS = 5
+"""Visits of every reference op, interleaved (:func:`_interleaved`); the fastest and the median are kept."""
+COLLECTIVES = (("all_reduce", (2**16, 2**20, 2**24)), ("all_gather", (2**20, 2**24)),
+               ("reduce_scatter", (2**20, 2**24)))
+"""Collective kinds and message sizes (the per-rank buffer ``S`` of ``costmodel.collectives``:
+all_gather's output, reduce_scatter's input) over all the job's ranks: each kind's latency and
+bandwidth ratios are fitted over its sizes (``hw_profiles.correction``). The largest is 16 MiB:
+on 4 gloo ranks sharing 2 cores a collective of 4 MiB is still mostly latency (~5 ms of ~8), and
+a fit whose largest message was 4 MiB priced a 16 MiB all_reduce at 11 ms (measured: 30 ms)."""
+IN_STEP_PAIRS = 8
+"""(gap of compute, all_reduce) pairs of the ``collective_step`` reference."""
+GAP_OPS = 8
+"""GEMM + mul + add triples in a gap (128 x 512 x 512 each: ~10 ms on 4 ranks sharing 2 cores, longer
+than a scheduler slice, so that the measured skew is the most a step's collective pays)."""
+IN_STEP_BYTES = 2**19
 aten = torch.ops.aten
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,19 +142,59 @@ def _price(op: RefOp, args: tuple, profile: HardwareProfile) -> tuple[str, float
     return "memory", work.bytes_accessed, predicted
 
 
-def _interleaved(job: Job, calls: list[Callable[[], Any]]) -> list[float]:
+def _interleaved(job: Job, calls: list[Callable[[], Any]]) -> tuple[list[float], list[float]]:
     """Seconds per call of each of ``calls``, measured in :data:`ROUNDS` rounds that
-    visit every call in turn, the fastest round of each: a burst of other work on
-    the host lands on one round of every family, not on one family, and the
-    fastest round is what the profile's own calibration keeps (its fastest pass),
-    so measured and profiled times compare like with like."""
+    visit every call in turn: ``(fastest round, median round)`` of each. Rounds: a burst
+    of other work on the host lands on one round of every family, not on one family.
+    Ops are compared with the profile at their fastest round (what the profile's own
+    calibration keeps, its fastest pass, and what ``calibrate-hardware --check`` measures);
+    the reference step at its median round against its ops' fastest: a step runs at the
+    machine's typical speed, and that excess is a cost of the step, not of its ops (priced
+    as ``step_op_s``, not by slowing every op down)."""
     for fn in calls:  # warm-up: allocator, caches, connections
         fn()
     rounds: list[list[float]] = [[] for _ in calls]
     for _ in range(ROUNDS):
         for i, fn in enumerate(calls):
             rounds[i].append(measure(job, fn, SETTINGS).seconds)
-    return [min(r) for r in rounds]
+    return [min(r) for r in rounds], [statistics.median(r) for r in rounds]
+
+
+def _latency_part(kind: str, nbytes: int, world: int, profile: HardwareProfile) -> float:
+    """The part of ``kind``'s price over ``world`` ranks its latency terms make (one tier: a
+    host's ranks; ``costmodel.collectives.latency_part_s``)."""
+    tier = profile.interconnect[0]
+    if len(profile.interconnect) > 1:  # several tiers: the tier of a group of this host's ranks
+        tier = next((t for t in profile.interconnect if t.ranks is None or t.ranks >= world), tier)
+    return latency_part_s(kind, float(nbytes), world, tier)
+
+
+def _collective_call(kind: str, nbytes: int, world: int) -> Callable[[], Any]:
+    """One ``kind`` over all ranks with the per-rank buffer ``nbytes`` (fp32), as the runtime issues it."""
+    if kind == "all_reduce":
+        buf = torch.zeros(nbytes // 4)
+        return lambda: dist.all_reduce(buf)
+    full, shard = torch.zeros(nbytes // 4), torch.zeros(nbytes // 4 // world)
+    if kind == "all_gather":
+        return lambda: dist.all_gather_into_tensor(full, shard)
+    return lambda: dist.reduce_scatter_tensor(shard, full)
+
+
+def _in_step_calls() -> list[Callable[[], Any]]:
+    """The ``collective_step`` reference, then its gap of compute alone and its all_reduce alone."""
+    x, w, buf = torch.randn(128, 512), torch.randn(512, 512) / 512**0.5, torch.zeros(IN_STEP_BYTES // 4)
+
+    def gap() -> torch.Tensor:  # small ops one after another, as a step runs them between collectives
+        y = x
+        for _ in range(GAP_OPS):
+            y = aten.add.Tensor(aten.mul.Tensor(aten.mm.default(y, w), 0.5), 0.1)
+        return y
+
+    def pairs() -> None:
+        for _ in range(IN_STEP_PAIRS):
+            gap()
+            dist.all_reduce(buf)
+    return [pairs, gap, lambda: dist.all_reduce(buf)]
 
 
 def measure_correction(job: Job, profile: HardwareProfile, key: dict[str, Any]) -> ProfileCorrection:
@@ -138,6 +202,9 @@ def measure_correction(job: Job, profile: HardwareProfile, key: dict[str, Any]) 
     this) and return the correction (the same on every rank: times are max over ranks)."""
     started = time.perf_counter()
     load_before = os.getloadavg()
+    monitor = monitor_for(job, threads=1)  # rank 0 samples other processes' runnable threads
+    if monitor is not None:
+        monitor.start()
     priced, calls = [], []
     for op in reference_ops():
         args = op.make()
@@ -145,27 +212,40 @@ def measure_correction(job: Job, profile: HardwareProfile, key: dict[str, Any]) 
         calls.append(lambda op=op, args=args: op.op(*args))
     step, parts, ops = reference_step()
     calls += [lambda: step()] + [fn for fn, _ in parts]
-    mesh = MeshSpec((job.world,))
+    n_colls = 0
     if job.world > 1:
-        for nbytes in COLLECTIVE_BYTES:
-            buf = torch.zeros(nbytes // 4)
-            predicted = collective_time_s("all_reduce", float(nbytes), (0,), mesh, profile)
-            priced.append((f"all_reduce {job.world} ranks {nbytes} B", "collective", float(nbytes), predicted))
-            calls.append(lambda buf=buf: dist.all_reduce(buf))
-    seconds = _interleaved(job, calls)
+        mesh = MeshSpec((job.world,))
+        for kind, sizes in COLLECTIVES:
+            for nbytes in sizes:
+                predicted = collective_time_s(kind, float(nbytes), (0,), mesh, profile)
+                latency = _latency_part(kind, nbytes, job.world, profile)
+                priced.append((f"{kind} {job.world} ranks {nbytes} B", "collective", float(nbytes), predicted,
+                               min(latency, predicted)))
+                calls.append(_collective_call(kind, nbytes, job.world))
+                n_colls += 1
+        calls += _in_step_calls()
+    seconds, typical = _interleaved(job, calls)
+    load = {"before": [round(v, 2) for v in load_before], "after": [round(v, 2) for v in os.getloadavg()]}
+    if monitor is not None:
+        monitor.stop()
+        load["foreign_load"] = monitor.record().foreign_load
     n = len(reference_ops())
-    step_s, alone = seconds[n], seconds[n + 1:n + 1 + len(parts)]
-    rest = seconds[:n] + seconds[n + 1 + len(parts):]
-    times = tuple(ReferenceTime(label, family, size, predicted, measured)
-                  for (label, family, size, predicted), measured in zip(priced, rest))
+    step_s, alone = typical[n], seconds[n + 1:n + 1 + len(parts)]
+    rest = seconds[:n] + seconds[n + 1 + len(parts):n + 1 + len(parts) + n_colls]
+    times = tuple(ReferenceTime(label, family, size, predicted, measured, *latency)
+                  for (label, family, size, predicted, *latency), measured in zip(priced, rest))
     # the step against its own ops timed alone, in the same rounds (no profile in between)
     times += (ReferenceTime(f"reference step ({ops} ops)", "step", float(ops),
                             sum(t * count for t, (_, count) in zip(alone, parts)), step_s),)
+    if n_colls:  # (gap, all_reduce) pairs back to back against the two timed alone: the ranks' skew
+        pairs, gap_s, ar_s = typical[-3:]  # a difference of typical times: the skew a step meets
+        times += (ReferenceTime(f"{IN_STEP_PAIRS} x ({GAP_OPS} x (mm 128x512x512, mul, add) + all_reduce "
+                                f"{IN_STEP_BYTES} B)", "collective_step", float(IN_STEP_PAIRS),
+                                IN_STEP_PAIRS * (gap_s + ar_s), pairs),)
     return ProfileCorrection(
         profile=profile.fingerprint, machine=key, times=times,
         date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        load={"before": [round(v, 2) for v in load_before], "after": [round(v, 2) for v in os.getloadavg()]},
-        seconds=round(time.perf_counter() - started, 2))
+        load=load, seconds=round(time.perf_counter() - started, 2))
 
 
 def _job_here() -> Job:
@@ -271,13 +351,18 @@ def corrected_profile(profile: HardwareProfile, *, ranks: int, mode: str = "here
     if not hit:
         if in_job:
             correction = measure_correction(job, profile, key)
-        elif ranks > 1:
+        else:  # one thread per rank, as a CPU job's ranks run (this process may run more: one rank too)
             correction = _measure_spawned(profile, ranks, key)
-        else:
-            correction = measure_correction(Job.single(), profile, key)
-        if job.rank == 0:
-            save_cached(correction, folder)
         source = "measured"
+        foreign = float(correction.load.get("foreign_load", 0.0))
+        if foreign >= FOREIGN_THRESHOLD:  # a snapshot of someone else's burst: used once, never kept
+            source = "measured under foreign load, not cached"
+            if job.rank == 0:
+                log.warning("profile correction measured while other processes kept %.1f threads runnable "
+                            "(>= %.1f): its times include their load; used for this plan only, not cached",
+                            foreign, FOREIGN_THRESHOLD)
+        elif job.rank == 0:
+            save_cached(correction, folder)
     elif in_job:  # the others read what rank 0 read
         correction = ProfileCorrection.from_dict(_broadcast_json(cached.to_dict() if cached is not None else None))
     else:

@@ -61,6 +61,8 @@ def run(args: argparse.Namespace) -> int:
     for family, ratio in record["ratios"].items():
         if family == "step_op_s":  # seconds, not a ratio
             print(f"  step: {ratio * 1e6:.1f} us per op beyond the op alone")
+        elif family == "skew_s":  # seconds too
+            print(f"  skew: a collective starts up to {ratio * 1e3:.2f} ms late after compute since the last one")
         else:
             print(f"  {family}: measured / profile {ratio:.3f}")
     if args.output:

@@ -379,6 +379,8 @@ class StepPricing:
     regions: tuple[str, ...] = ()
     """The graph's module blocks (checkpoint regions, when recomputation is priced): the units of
     block-wise gather buckets (``autoshard.plan.schedule.gather_blocks``)."""
+    skew_s: float = 0.0
+    """The ranks' drift at a collective (the profile's ``overlap.skew_s``, ``costmodel.overlap``)."""
 
 
 def step_pricing(graph: AssemblyGraph, problem: Problem, choice: Sequence[int]) -> StepPricing:
@@ -396,7 +398,7 @@ def step_pricing(graph: AssemblyGraph, problem: Problem, choice: Sequence[int]) 
                   if graph.nodes[i].target in VIEW_OPS and len(reads.get(i, ())) == 1)
     return StepPricing(tuple(graph.nodes[i].name for i in ops), compute, max(0.0, tail), tuple(times),
                        graph.profile.contention, problem.memory_limit, views,
-                       tuple(sorted({n.region for n in graph.nodes if n.region})))
+                       tuple(sorted({n.region for n in graph.nodes if n.region})), graph.profile.skew_s)
 
 
 def price_schedule(pricing: StepPricing, redistributions: Sequence[Redistribution], buckets: Sequence[Any],
@@ -431,7 +433,7 @@ def price_schedule(pricing: StepPricing, redistributions: Sequence[Redistributio
             schedule = build_schedule(pricing.node_names, redistributions, buckets, prefetch=depth, gathers=gathers,
                                       leaf_views=views)
             sim = simulate_schedule(schedule, pricing.op_compute_s, redistributions, buckets, tail_s=pricing.tail_s,
-                                    contention=pricing.contention, gathers=gathers)
+                                    contention=pricing.contention, gathers=gathers, skew_s=pricing.skew_s)
             if best is not None and not sim.step_s < best[1].step_s * (1 - PREFETCH_GAIN):
                 continue  # not faster enough: its peak (the costly part) cannot change the choice
             extra = [(pricing.times[i], pricing.times[w], float(b))
@@ -502,6 +504,8 @@ def assemble_plan(
         gathered = {m for g in gathers for m in g.members}
         comm += sum(g.cost_s for g in gathers) - sum(
             s.cost_s for r in redistributions if (r.tensor, r.to, r.input_index) in gathered for s in r.steps)
+    # the buckets' flat-buffer copies are local work on the compute stream (costmodel.bucketing)
+    relayout += sum(b.pack_s + b.unpack_s for b in (*buckets, *gathers))
     step = sim.step_s + recompute_comm
     exposed = max(0.0, step - compute - relayout - recompute_s)
 

@@ -125,4 +125,5 @@ def reschedule(pricing: Any, redistributions: Sequence[Any], buckets: Sequence[A
     schedule = build_schedule(pricing.node_names, redistributions, buckets, prefetch=schedule.prefetch,
                               gathers=gathers, leaf_views=schedule.leaf_views)
     return schedule, simulate_schedule(schedule, pricing.op_compute_s, redistributions, buckets,
-                                       tail_s=pricing.tail_s, contention=pricing.contention, gathers=gathers)
+                                       tail_s=pricing.tail_s, contention=pricing.contention, gathers=gathers,
+                                       skew_s=pricing.skew_s)

@@ -68,7 +68,7 @@ def choose_gradient_buckets(
         seen.add(key)
         schedule = build_schedule(pricing.node_names, redistributions, buckets, leaf_views=views)
         sim = simulate_schedule(schedule, pricing.op_compute_s, redistributions, buckets, tail_s=pricing.tail_s,
-                                contention=pricing.contention)
+                                contention=pricing.contention, skew_s=pricing.skew_s)
         if best is None or sim.step_s < best[0] * (1 - 1e-9):
             best = (sim.step_s, candidate, buckets)
     assert best is not None  # at least one candidate was tried

@@ -83,7 +83,8 @@ def edge_slack(graph: AssemblyGraph, problem: Problem, choice: Sequence[int], pl
     pricing = step_pricing(graph, problem, choice)
     schedule = plan.schedule
     sim = simulate_schedule(schedule, pricing.op_compute_s, plan.redistributions, plan.buckets,
-                            tail_s=pricing.tail_s, contention=pricing.contention, gathers=plan.gather_buckets)
+                            tail_s=pricing.tail_s, contention=pricing.contention, gathers=plan.gather_buckets,
+                            skew_s=pricing.skew_s)
     reached = sim.reached_s
     n = len(pricing.node_names)
     pos = {name: i for i, name in enumerate(pricing.node_names)}

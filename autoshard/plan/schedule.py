@@ -424,23 +424,27 @@ def schedule_transfers(schedule: Schedule, redistributions: Sequence[Any], bucke
                        gathers: Sequence[Any] = ()) -> tuple[list[Transfer], list[tuple[int, float]]]:
     """The schedule as ``costmodel.overlap`` transfers (collective steps' ``cost_s``
     in order; a bucket's one collective), and the local steps as compute:
-    ``(position, seconds)`` at each redistribution's reader."""
+    ``(position, seconds)`` at each redistribution's reader, a bucket's packing
+    at its issue and its unpacking at its wait."""
     by_edge = {("edge", r.tensor, r.to, r.input_index): r for r in redistributions}
-    transfers = []
+    transfers: list[Transfer] = []
+    local: list[tuple[int, float]] = []
     for item in schedule.items:
         if item.edge is not None:
             steps = by_edge[item.key].steps
             transfers.append(Transfer(item.issue, item.wait,
                                       tuple(float(s.cost_s) for s in steps if s.collective in COLLECTIVE_STEPS)))
-        elif item.gather is not None:
-            transfers.append(Transfer(item.issue, item.wait, (float(gathers[item.gather].cost_s),)))
         else:
-            transfers.append(Transfer(item.issue, item.wait, (float(buckets[item.bucket].cost_s),)))
+            bucket = gathers[item.gather] if item.gather is not None else buckets[item.bucket]
+            transfers.append(Transfer(item.issue, item.wait, (float(bucket.cost_s),)))
+            # its flat buffer's copies run on the compute stream: packed by the op before the issue,
+            # unpacked after the wait (by the op the wait comes before)
+            local += [(max(item.issue - 1, 0), float(getattr(bucket, "pack_s", 0.0))),
+                      (item.wait, float(getattr(bucket, "unpack_s", 0.0)))]
     pos_of = {}
     for item in schedule.items:
         if item.edge is not None:
             pos_of[item.key] = item.wait
-    local = []
     n = schedule.positions
     for r in redistributions:
         seconds = float(sum(s.cost_s for s in r.steps if s.collective not in COLLECTIVE_STEPS))
@@ -451,7 +455,7 @@ def schedule_transfers(schedule: Schedule, redistributions: Sequence[Any], bucke
 
 def simulate_schedule(schedule: Schedule, op_compute_s: Sequence[float], redistributions: Sequence[Any],
                       buckets: Sequence[Any], *, tail_s: float = 0.0, contention: float = 0.0,
-                      gathers: Sequence[Any] = ()) -> StepSimulation:
+                      gathers: Sequence[Any] = (), skew_s: float = 0.0) -> StepSimulation:
     """The simulated step of a plan (``costmodel.overlap.simulate``): op compute
     per position, local re-layouts at their readers, the collectives as scheduled,
     and ``tail_s`` (the optimizer step) after the last position."""
@@ -463,7 +467,7 @@ def simulate_schedule(schedule: Schedule, op_compute_s: Sequence[float], redistr
             compute[p] += seconds
         else:
             tail += seconds
-    return simulate(compute, transfers, tail_s=tail, contention=contention)
+    return simulate(compute, transfers, tail_s=tail, contention=contention, skew_s=skew_s)
 
 
 def prefetch_intervals(schedule: Schedule, redistributions: Sequence[Any], gathers: Sequence[Any] = (),

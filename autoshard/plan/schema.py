@@ -153,6 +153,8 @@ _BUCKET = {
         },
         "bytes": _INDEX,
         "cost_s": _SECONDS,
+        "pack_s": {**_SECONDS, "description": "Copies into the flat buffer before the issue (compute stream)."},
+        "unpack_s": {**_SECONDS, "description": "Copies out of the reduced buffer after the wait (compute stream)."},
     },
     "additionalProperties": False,
 }
@@ -173,6 +175,8 @@ _GATHER_BUCKET = {
         },
         "bytes": _INDEX,
         "cost_s": _SECONDS,
+        "pack_s": {**_SECONDS, "description": "The shards' copy into the flat buffer before the issue."},
+        "unpack_s": {**_SECONDS, "description": "Each member's copy out of the gathered buffer after the wait."},
     },
     "additionalProperties": False,
 }

@@ -83,3 +83,23 @@ def test_a_broken_transfer_is_refused_naming_it(transfer):
 def test_contention_out_of_range_is_refused():
     with pytest.raises(ValueError, match="contention"):
         simulate([1.0], [], contention=1.5)
+
+
+def test_skew_is_paid_once_per_synchronisation_and_at_most_skew_s():
+    """A collective issued after g seconds of compute since the last issue starts min(g, skew)
+    late on an idle stream; one issued right behind another pays nothing (back-to-back buckets),
+    nor one queued behind a collective in flight; skew 0 changes nothing."""
+    ops = [1.0, 1.0, 1.0]
+    # issued at 1 (after 1 s of compute), waited at once: 1 + (0.5 + 0.25) + 2 = 3.75
+    assert simulate(ops, [Transfer(1, 1, (0.5,))], skew_s=0.25).step_s == pytest.approx(3.75)
+    # skew larger than the compute before it: pays the compute (1 s), not the skew
+    assert simulate(ops, [Transfer(1, 1, (0.5,))], skew_s=5.0).step_s == pytest.approx(4.5)
+    # two back to back at position 3 (after 3 s): the first pays 0.25, the second nothing
+    two = [Transfer(3, 3, (0.5,)), Transfer(3, 3, (0.5,))]
+    assert simulate(ops, two, skew_s=0.25).step_s == pytest.approx(3 + 0.75 + 0.5)
+    # every position a collective, waited at once (TP): each pays min(1 s, skew)
+    tp = [Transfer(p, p, (0.5,)) for p in (1, 2, 3)]
+    assert simulate(ops, tp, skew_s=0.25).step_s == pytest.approx(3 + 3 * 0.75)
+    assert simulate(ops, tp, skew_s=0.0).step_s == pytest.approx(simulate(ops, tp).step_s)
+    with pytest.raises(ValueError, match="skew_s"):
+        simulate(ops, tp, skew_s=-1.0)

@@ -9,7 +9,7 @@ import dataclasses
 
 import pytest
 
-from costmodel.collectives import collective_time_s
+from costmodel.collectives import collective_time_s, latency_part_s
 from costmodel.compute import op_time_s
 from costmodel.mesh import MeshSpec
 from hw_profiles import load
@@ -152,3 +152,86 @@ def test_streams_slowed_by_working_set_are_corrected_along_the_memory_curve() ->
         assert kernel == pytest.approx(ratio * (stream(nbytes, BASE) - launch), rel=0.05)
     mid = (small * large) ** 0.5  # log-halfway: the ratio halfway too
     assert stream(mid, corrected) - launch == pytest.approx(5.0 * (stream(mid, BASE) - launch), rel=0.05)
+
+
+def _scaled_collectives(profile, per_kind):
+    """``profile`` with each collective kind's latency and bandwidth terms scaled: ``{kind: (alpha, beta)}``."""
+    def scale(kind, f):
+        a, b = per_kind.get(kind, (1.0, 1.0))
+        return dataclasses.replace(f, alpha_s=f.alpha_s * a, alpha_per_step_s=f.alpha_per_step_s * a,
+                                   beta_s_per_byte=f.beta_s_per_byte * b)
+    return dataclasses.replace(profile, interconnect=tuple(
+        dataclasses.replace(t, collectives=tuple((k, scale(k, f)) for k, f in t.collectives))
+        for t in profile.interconnect))
+
+
+def _collective_times(machine, sizes, latency=True):
+    return [ReferenceTime(f"{kind} 4 ranks {int(n)} B", "collective", n,
+                          collective_time_s(kind, n, (0,), MESH, BASE),
+                          collective_time_s(kind, n, (0,), MESH, machine),
+                          latency_part_s(kind, n, 4, BASE.interconnect[0]) if latency else None)
+            for kind, ns in sizes.items() for n in ns]
+
+
+def test_latency_and_bandwidth_are_fitted_apart_per_collective_kind() -> None:
+    """A machine whose all_gather latency is 1.5x the profile's and bandwidth 1.3x, reduce_scatter
+    2x / 0.8x, all_reduce 3x / 0.6x: with each reference's latency part recorded, the fit recovers
+    the ring kinds' factors exactly and the corrected profile prices them at every size as that
+    machine. all_reduce is priced as the cheaper of a ring and a tree: where the machine picks
+    another algorithm than the profile at a reference size the fit is close, not exact, over
+    the references' sizes (4 KiB-4 MiB here; beyond them it extrapolates). Reading latency off the
+    smallest message and bandwidth off the largest (no latency parts) misses more, so the check can fail."""
+    truth = {"all_reduce": (3.0, 0.6), "all_gather": (1.5, 1.3), "reduce_scatter": (2.0, 0.8)}
+    other = _scaled_collectives(BASE, truth)
+    sizes = {"all_reduce": (2.0**16, 2.0**19, 2.0**22), "all_gather": (2.0**19, 2.0**22),
+             "reduce_scatter": (2.0**19, 2.0**22)}
+    ratios = family_ratios(_collective_times(other, sizes))
+    for kind in ("all_gather", "reduce_scatter"):
+        assert (ratios[f"{kind}_alpha"], ratios[f"{kind}_beta"]) == pytest.approx(truth[kind], rel=1e-6)
+    corrected = ProfileCorrection(BASE.fingerprint, {}, "d", tuple(_collective_times(other, sizes))).apply(BASE)
+    endpoints = ProfileCorrection(BASE.fingerprint, {}, "d",
+                                  tuple(_collective_times(other, sizes, latency=False))).apply(BASE)
+    errors = {"fit": {}, "endpoints": {}}
+    for kind in truth:
+        for n in (2.0**12, 2.0**18, 2.0**21, 2.0**22):
+            want = collective_time_s(kind, n, (0,), MESH, other)
+            for name, profile in (("fit", corrected), ("endpoints", endpoints)):
+                errors[name][kind, n] = abs(collective_time_s(kind, n, (0,), MESH, profile) / want - 1)
+    assert max(e for (k, _), e in errors["fit"].items() if k != "all_reduce") < 1e-6
+    assert max(errors["fit"].values()) < 0.15
+    assert max(errors["endpoints"].values()) > 2 * max(errors["fit"].values())
+
+
+def test_a_single_scale_is_kept_when_the_fit_would_price_a_term_free() -> None:
+    """A small message 3x its price and a large one (which pays the same latency) at half
+    of its: only a negative bandwidth factor fits both; one scale on both terms instead."""
+    base = _collective_times(BASE, {"all_reduce": (2.0**16, 2.0**22)})
+    times = [dataclasses.replace(base[0], measured_s=base[0].predicted_s * 3.0),
+             dataclasses.replace(base[1], measured_s=base[1].predicted_s * 0.5)]
+    alpha, beta = family_ratios(times)["all_reduce_alpha"], family_ratios(times)["all_reduce_beta"]
+    assert alpha == beta > 0
+
+
+def test_the_back_to_back_pairs_give_the_ranks_skew_at_a_collective() -> None:
+    """Eight (gap of compute, all_reduce) pairs 16 ms slower than the gap and the all_reduce
+    timed alone: the ranks reach a collective 2 ms apart, a figure of the corrected profile's
+    overlap (collectives themselves are priced as before: the skew is paid in the simulated
+    step, once per synchronisation, costmodel.overlap)."""
+    pairs = ReferenceTime("8 x (gap + all_reduce)", "collective_step", 8.0, 0.040, 0.056)
+    assert family_ratios([pairs])["skew_s"] == pytest.approx(2e-3)
+    corrected = ProfileCorrection(BASE.fingerprint, {}, "d", (pairs,)).apply(BASE)
+    assert corrected.skew_s == pytest.approx(2e-3) and BASE.skew_s == 0.0
+    assert corrected.contention == BASE.contention
+    for kind in ("all_reduce", "all_gather", "permute"):
+        for n in (0.0, 2.0**20):
+            assert collective_time_s(kind, n, (0,), MESH, corrected) == collective_time_s(kind, n, (0,), MESH, BASE)
+    faster = dataclasses.replace(pairs, measured_s=0.030)
+    assert family_ratios([faster])["skew_s"] == 0.0
+    assert "skew_s" in corrected.to_dict()["overlap"] and load("cpu-gloo").to_dict()["overlap"].get("skew_s") is None
+
+
+def test_latency_parts_round_trip() -> None:
+    times = tuple(_collective_times(BASE, {"all_gather": (2.0**19, 2.0**22)}))
+    c = ProfileCorrection(BASE.fingerprint, {"cpu": "x"}, "d", times)
+    assert ProfileCorrection.from_dict(c.to_dict()) == c
+    assert all(t.latency_s is not None for t in ProfileCorrection.from_dict(c.to_dict()).times)
