@@ -72,6 +72,10 @@ profile: :func:`autoshard.autoshard`; ``off`` for offline solves)."""
 
 SETTINGS = Settings(warmup=0, trials=2, min_trial_s=0.02, max_item_s=0.5)
 """One visit of a reference op: two trials of at least 20 ms (all ranks start each after a barrier)."""
+STEP_SETTINGS = Settings(warmup=0, trials=4, min_trial_s=0.04, max_item_s=2.0)
+"""One visit of the step figures' calls (the reference step and its ops, the skew pairs and their
+parts): longer, since each figure is a small difference of two totals (two corrections five minutes
+apart with two trials of 20 ms gave a skew of 2.7 ms and of 0)."""
 ROUNDS = 5
 """Visits of every reference op, interleaved (:func:`_interleaved`); the fastest and the median are kept."""
 COLLECTIVES = (("all_reduce", (2**16, 2**20, 2**24)), ("all_gather", (2**20, 2**24)),
@@ -142,7 +146,8 @@ def _price(op: RefOp, args: tuple, profile: HardwareProfile) -> tuple[str, float
     return "memory", work.bytes_accessed, predicted
 
 
-def _interleaved(job: Job, calls: list[Callable[[], Any]]) -> tuple[list[float], list[float]]:
+def _interleaved(job: Job, calls: list[Callable[[], Any]], settings: list[Settings]
+                 ) -> tuple[list[float], list[float]]:
     """Seconds per call of each of ``calls``, measured in :data:`ROUNDS` rounds that
     visit every call in turn: ``(fastest round, median round)`` of each. Rounds: a burst
     of other work on the host lands on one round of every family, not on one family.
@@ -156,7 +161,7 @@ def _interleaved(job: Job, calls: list[Callable[[], Any]]) -> tuple[list[float],
     rounds: list[list[float]] = [[] for _ in calls]
     for _ in range(ROUNDS):
         for i, fn in enumerate(calls):
-            rounds[i].append(measure(job, fn, SETTINGS).seconds)
+            rounds[i].append(measure(job, fn, settings[i]).seconds)
     return [min(r) for r in rounds], [statistics.median(r) for r in rounds]
 
 
@@ -224,12 +229,16 @@ def measure_correction(job: Job, profile: HardwareProfile, key: dict[str, Any]) 
                 calls.append(_collective_call(kind, nbytes, job.world))
                 n_colls += 1
         calls += _in_step_calls()
-    seconds, typical = _interleaved(job, calls)
+    n = len(reference_ops())
+    settings = [SETTINGS] * len(calls)
+    settings[n:n + 1 + len(parts)] = [STEP_SETTINGS] * (1 + len(parts))  # the reference step and its ops
+    if n_colls:
+        settings[-3:] = [STEP_SETTINGS] * 3  # the skew pairs and their parts
+    seconds, typical = _interleaved(job, calls, settings)
     load = {"before": [round(v, 2) for v in load_before], "after": [round(v, 2) for v in os.getloadavg()]}
     if monitor is not None:
         monitor.stop()
         load["foreign_load"] = monitor.record().foreign_load
-    n = len(reference_ops())
     step_s, alone = typical[n], seconds[n + 1:n + 1 + len(parts)]
     rest = seconds[:n] + seconds[n + 1 + len(parts):n + 1 + len(parts) + n_colls]
     times = tuple(ReferenceTime(label, family, size, predicted, measured, *latency)
