@@ -304,9 +304,9 @@ def calibration_quick(keep: Path, smoke: bool, timeout: float) -> list[dict[str,
     if not smoke:
         args += ["--base", PROFILE]
     code, tail = _calibrate(args, timeout)
+    fit = keep / f"{profile.stem}-fit.md"
     rows = [{"command": "calibrate-hardware " + " ".join(args), "exit": code, "output": tail,
-             "report": (keep / f"{profile.stem}-fit.md").read_text() if (keep / f"{profile.stem}-fit.md").exists()
-             else ""}]
+             "report": fit.read_text() if fit.exists() else ""}]
     if code == 0:
         rows += calibration_check(str(profile), keep, smoke, timeout)
     return rows

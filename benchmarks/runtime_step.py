@@ -323,14 +323,14 @@ def _machine_speed(rank: int, world: int) -> float:
     """Seconds of the profile correction's reference step (``autoshard.calibrate.reference_step``)
     now, timed as the correction times it (every rank at once, the median of its rounds, max over
     ranks): how fast the machine runs this minute, comparable with the correction's own figure."""
-    from autoshard.calibrate.first_use import ROUNDS, SETTINGS
+    from autoshard.calibrate.first_use import ROUNDS, STEP_SETTINGS
     from autoshard.calibrate.reference_step import reference_step
     from autoshard.calibrate.timing import Job, measure
 
     ref, _, _ = reference_step()
     ref()
     job = Job(rank=rank, world=world, local_world=world, backend="gloo")
-    return statistics.median(measure(job, ref, SETTINGS).seconds for _ in range(ROUNDS))
+    return statistics.median(measure(job, ref, STEP_SETTINGS).seconds for _ in range(ROUNDS))
 
 
 def _worker(rank: int, world: int, init_file: str, out_dir: str, plans: dict, models: list[str], meshes: list[str],

@@ -164,9 +164,9 @@ def family_ratios(times: Sequence[ReferenceTime]) -> dict[str, float]:
             by_kind.setdefault(t.label.split()[0], []).append(t)
     for kind, items in sorted(by_kind.items()):
         out[f"{kind}_alpha"], out[f"{kind}_beta"] = _latency_bandwidth_ratios(items)
-    first = by_kind.get("all_reduce") or next(iter(by_kind.values()), None)
-    if first is not None:  # the figures every collective kind without references of its own takes
-        out["collective_alpha"], out["collective_beta"] = _latency_bandwidth_ratios(first)
+    if by_kind:  # the figures every collective kind without references of its own takes: all_reduce's
+        kind = "all_reduce" if "all_reduce" in by_kind else next(iter(by_kind))
+        out["collective_alpha"], out["collective_beta"] = out[f"{kind}_alpha"], out[f"{kind}_beta"]
     if steps:  # seconds, not a ratio: what an op costs in a step beyond its time alone
         out["step_op_s"] = statistics.median(max(0.0, (t.measured_s - t.predicted_s) / t.size) for t in steps)
     in_step = [t for t in times if t.family == "collective_step"]

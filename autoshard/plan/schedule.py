@@ -439,8 +439,7 @@ def schedule_transfers(schedule: Schedule, redistributions: Sequence[Any], bucke
             transfers.append(Transfer(item.issue, item.wait, (float(bucket.cost_s),)))
             # its flat buffer's copies run on the compute stream: packed by the op before the issue,
             # unpacked after the wait (by the op the wait comes before)
-            local += [(max(item.issue - 1, 0), float(getattr(bucket, "pack_s", 0.0))),
-                      (item.wait, float(getattr(bucket, "unpack_s", 0.0)))]
+            local += [(max(item.issue - 1, 0), float(bucket.pack_s)), (item.wait, float(bucket.unpack_s))]
     pos_of = {}
     for item in schedule.items:
         if item.edge is not None:
