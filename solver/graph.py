@@ -236,19 +236,22 @@ class WorkingGraph:
                         record.argmin = np.take(record.argmin, keep, axis=axis)
         self.edges.update(edges)
 
-    def merge_into(self, var: int, into: int, mapping: np.ndarray) -> None:
+    def merge_into(self, var: int, into: int, mapping: np.ndarray, *, identity: bool = False) -> None:
         """Replace ``var`` by a function of ``into``: value of var = ``mapping[value of into]``.
 
         Exact when every feasible solution satisfies that relation (ties,
         followers): costs, memory terms and members of ``var`` are re-indexed
-        by ``into``'s values.
+        by ``into``'s values. ``identity``: ``mapping`` is ``arange`` (ties of
+        equal strategy lists): nothing is re-indexed, arrays are shared (no
+        array of the working graph is changed in place).
         """
         unary, edges, neighbours = self.unary, self.edges, self.neighbours
+        identity = identity and unary[var].shape[0] == mapping.shape[0]
         near_var, near_into = neighbours[var], neighbours[into]
         if var in near_into:
             mat = self.remove_edge(into, var)  # [into value, var value]
             unary[into] = unary[into] + mat[np.arange(mapping.shape[0]), mapping]
-        unary[into] = unary[into] + unary.pop(var).take(mapping)
+        unary[into] = unary[into] + (unary.pop(var) if identity else unary.pop(var).take(mapping))
         for other in list(near_var):
             # remove_edge(var, other) then add_edge(into, other, mat[mapping, :]),
             # with the matrix taken straight into its stored orientation
@@ -258,19 +261,25 @@ class WorkingGraph:
             near_other.discard(var)
             mat = stored if var < other else stored.T  # [var value, other value]
             if into < other:
-                key, moved = (into, other), mat.take(mapping, axis=0)
+                key, moved = (into, other), mat if identity else mat.take(mapping, axis=0)
             else:
-                key, moved = (other, into), mat.T.take(mapping, axis=1)
+                key, moved = (other, into), mat.T if identity else mat.T.take(mapping, axis=1)
+            if identity and not moved.flags.c_contiguous:  # stored matrices are C-ordered, as take makes them
+                moved = np.ascontiguousarray(moved)
             existing = edges.get(key)
             edges[key] = moved if existing is None else existing + moved
             near_into.add(other)
             near_other.add(into)
         terms = self.memory[into]
-        for term in self.memory.pop(var):
-            terms.append(MemoryTerm(term.start, term.end, term.usage.take(mapping)))
         members = self.members[into]
-        for member in self.members.pop(var):
-            members.append(Member(member.node, member.table.take(mapping)))
+        if identity:
+            terms.extend(self.memory.pop(var))
+            members.extend(self.members.pop(var))
+        else:
+            for term in self.memory.pop(var):
+                terms.append(MemoryTerm(term.start, term.end, term.usage.take(mapping)))
+            for member in self.members.pop(var):
+                members.append(Member(member.node, member.table.take(mapping)))
         if var in self.dependents:
             for record in self.dependents.pop(var):
                 self._redirect(record, var, into, mapping)

@@ -154,7 +154,7 @@ def _reduce(problem: Problem, *, dominance: bool, followers: bool, elimination: 
     for group in problem.ties:
         for member in group[1:]:
             if member != group[0]:
-                graph.merge_into(member, group[0], np.arange(graph.domain_size(group[0])))
+                graph.merge_into(member, group[0], np.arange(graph.domain_size(group[0])), identity=True)
                 report.count("R0_tied")
     var_of = {member: group[0] for group in problem.ties for member in group}
     for node, value in sorted(problem.pins.items()):

@@ -339,7 +339,7 @@ def search_mesh(
 
     report("trace", 0)
     if traced is None:
-        traced = trace_joint(model, example_inputs, target_device=opts.device_type or prof.device_type)
+        traced = trace_joint(model, example_inputs, target_device=opts.device_type or prof.device_type, stamp=True)
     trace_s = time.monotonic() - start
     report("trace", 1)
 

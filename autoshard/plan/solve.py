@@ -18,7 +18,7 @@ import math
 import os
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from costmodel.mesh import MeshSpec
 from hw_profiles import HardwareProfile
@@ -32,6 +32,7 @@ from autoshard.graph.memory import OptimizerMemory, optimizer_implementation
 from autoshard.graph.problem import to_problem
 from autoshard.graph.recompute_policy import parse_policy
 from autoshard.graph.restrict import choose_search, seeded_restriction
+from autoshard.plan.background import Background
 from autoshard.plan.baselines import applicable_baselines, baseline_allowed, baseline_pins, held_all_step_bytes
 from autoshard.plan.build import make_fingerprint, plan_from_solution
 from autoshard.plan.format import Fingerprint, Plan
@@ -56,6 +57,11 @@ SEED_SHARE = 0.25
 
 PORTFOLIO_SHARE = 0.2
 """Share of the time limit kept for the expert layouts (``_best_of_baselines``)."""
+
+BACKGROUND_MIN_NODES = 2000
+"""Smallest graph whose expert layouts are priced beside its search (:mod:`autoshard.plan.background`):
+below it they take a second or two, less than what a second process costs in contention
+(the solver's backends already use both cores of a 2-core machine while they run)."""
 
 OVERLAP_FIRST_SHARE = 0.6
 """Share of the solve time the first solve gets when overlap rounds follow."""
@@ -149,7 +155,8 @@ def prepare(
     if progress:
         progress("trace", 0, 1)
     if traced is None:  # for the device the plan runs on: its attention kernels are that device's
-        traced = trace_joint(model, example_inputs, target_device=opts.device_type or prof.device_type)
+        # stamped (a deep stack traced as three blocks): planning only; the runtime traces whole
+        traced = trace_joint(model, example_inputs, target_device=opts.device_type or prof.device_type, stamp=True)
     t1 = time.perf_counter()
     if progress:
         progress("trace", 1, 1)
@@ -241,50 +248,63 @@ def solve_prepared(
     rounds = opts.overlap_rounds if overlap_worthwhile(graph.profile.contention) else 0
     first = OVERLAP_FIRST_SHARE if rounds else 1.0
     deadline = start + time_limit * (1 - share)
-    if server is not None and not _searches_recompute(graph, recompute):
-        remote, solution = solve_on_server(server, prep, problem, options, time_limit * (1 - share) * first,
-                                            backend, progress)
-    else:
-        def under(policy: str, memory_limit: float | None) -> Any:  # the problem under a fixed policy
-            return _pinned_problem(graph, opts, memory_limit, policy)
+    background = _layouts_beside(prep, opts, limit, end, recompute) if portfolio and server is None else None
+    try:
+        if server is not None and not _searches_recompute(graph, recompute):
+            remote, solution = solve_on_server(server, prep, problem, options, time_limit * (1 - share) * first,
+                                                backend, progress)
+        else:
+            def under(policy: str, memory_limit: float | None) -> Any:  # the problem under a fixed policy
+                return _pinned_problem(graph, opts, memory_limit, policy)
 
-        # with a server, the recomputation search's solves run there and the plan is assembled here
-        answer = _solve_local(graph, problem, recompute, time_limit * (1 - share) * first, backend, on_event,
-                              under, problem_limit, solve=None if server is None else server_solver(server))
-        solution, problem, fallback = answer.solution, answer.problem, answer.fallback
-        if answer.policy != recompute:  # (A1): solved without recomputation; a dump of the plan's problem says so
-            options["recompute_pruned"] = True
-    if solution.status is not Status.INFEASIBLE and not solution.choice and portfolio:
-        # the search ran out of time before any choice fit: the expert layouts (with the
-        # recomputation policies) may still give one
-        spent_first: list[float] = []
-        found = _best_of_baselines(prep, None, opts, limit, end, recompute,
-                                   status=solution.status.value, seconds_used=solution.seconds, spent=spent_first)
-        if found is not None:
-            timings = {**prep.timings, "solve_s": round(solution.seconds, 4),
-                       "portfolio_s": round(sum(spent_first), 4)}
-            return replace(found, solver=replace(found.solver, timings=timings))
-    if solution.status is Status.INFEASIBLE or not solution.choice:
-        raise InfeasibleMemoryError(
-            f"memory limit {format_bytes(limit)}: no plan fits ({solution.message or solution.status.value})"
-            + (_smallest_peak_hint(prep, opts, recompute, end) if peak_hint else "")
-        )
-    # the overlap rounds re-price edges from the simulated schedule of the plan at hand, here
-    # (a server's plan too: its plan is then this one, as without a server)
-    plan = remote if remote is not None else _assembled(prep, problem, solution, options)
-    if remote is None and fallback is not None:  # the best fixed policy, when it simulates faster
-        plan, solution = _faster_of(prep, problem, plan, solution, fallback, options)
-    if rounds:
-        plan = _overlap_rounds(prep, problem, solution, plan, rounds, deadline, backend)
-    if portfolio:
-        plan = _with_expert_layouts(prep, plan, solution, opts, limit, end, recompute)
+            # with a server, the recomputation search's solves run there and the plan is assembled here
+            answer = _solve_local(graph, problem, recompute, time_limit * (1 - share) * first, backend, on_event,
+                                  under, problem_limit, solve=None if server is None else server_solver(server))
+            solution, problem, fallback = answer.solution, answer.problem, answer.fallback
+            if answer.policy != recompute:  # (A1): solved without recomputation; a dump of the plan's problem says so
+                options["recompute_pruned"] = True
+        if solution.status is not Status.INFEASIBLE and not solution.choice and portfolio:
+            # the search ran out of time before any choice fit: the expert layouts (with the
+            # recomputation policies) may still give one
+            found = _layouts_instead(prep, solution, opts, limit, end, recompute, background)
+            if found is not None:
+                return found
+        if solution.status is Status.INFEASIBLE or not solution.choice:
+            raise InfeasibleMemoryError(
+                f"memory limit {format_bytes(limit)}: no plan fits ({solution.message or solution.status.value})"
+                + (_smallest_peak_hint(prep, opts, recompute, end) if peak_hint else "")
+            )
+        # the overlap rounds re-price edges from the simulated schedule of the plan at hand, here
+        # (a server's plan too: its plan is then this one, as without a server)
+        plan = remote if remote is not None else _assembled(prep, problem, solution, options)
+        if remote is None and fallback is not None:  # the best fixed policy, when it simulates faster
+            plan, solution = _faster_of(prep, problem, plan, solution, fallback, options)
+        if rounds:
+            plan = _overlap_rounds(prep, problem, solution, plan, rounds, deadline, backend)
+        if portfolio:
+            plan = _with_expert_layouts(prep, plan, solution, opts, limit, end, recompute, background)
+    finally:
+        if background is not None:
+            background.stop()
     if progress:
         progress("solve", time_limit, time_limit)
     return plan
 
 
+def _layouts_instead(prep: Prepared, solution: Any, opts: SolveOptions, limit: float, end: float, recompute: str,
+                     background: Background | None) -> Plan | None:
+    """The cheapest expert layout that fits when the search found nothing (None: none fits)."""
+    spent: list[float] = []
+    found = _best_of_baselines(prep, None, opts, limit, end, recompute, status=solution.status.value,
+                               seconds_used=solution.seconds, spent=spent, background=background)
+    if found is None:
+        return None
+    timings = {**prep.timings, "solve_s": round(solution.seconds, 4), "portfolio_s": round(sum(spent), 4)}
+    return replace(found, solver=replace(found.solver, timings=timings))
+
+
 def _with_expert_layouts(prep: Prepared, plan: Plan, solution: Any, opts: SolveOptions, limit: float, end: float,
-                         recompute: str) -> Plan:
+                         recompute: str, background: Background | None = None) -> Plan:
     """``plan`` or the expert layout that simulates fastest, priced until ``end``.
 
     Priced for every unpinned solve (DESIGN.md, Overlap): the objective cannot see the schedule,
@@ -298,7 +318,7 @@ def _with_expert_layouts(prep: Prepared, plan: Plan, solution: Any, opts: SolveO
     before = plan.solver.timings  # the plan's own stages, whichever layout wins
     proven = solution.status is Status.OPTIMAL and prep.options.get("search") != "seeded"
     plan = _best_of_baselines(prep, plan, opts, limit, end, recompute, spent=spent,
-                              overlap_rounds=0 if proven else opts.overlap_rounds)
+                              overlap_rounds=0 if proven else opts.overlap_rounds, background=background)
     return replace(plan, solver=replace(plan.solver, timings={**before, "portfolio_s": round(sum(spent), 4)}))
 
 
@@ -461,40 +481,29 @@ BASELINE_POLICIES = ("none", "selective", "every:2", "full")
 
 def _best_of_baselines(prep: Prepared, plan: Plan | None, opts: SolveOptions, limit: float, end: float,
                        recompute: str, *, status: str | None = None, seconds_used: float | None = None,
-                       spent: list[float] | None = None, overlap_rounds: int | None = None) -> Plan | None:
+                       spent: list[float] | None = None, overlap_rounds: int | None = None,
+                       background: Background | None = None) -> Plan | None:
     """``plan``, or the cheapest expert layout that fits if it simulates faster than the search's plan
     (``plan`` None: the search found nothing; then the cheapest layout that fits, or None);
     a layout that does not fit without recomputation is tried with the policies users run.
     The layouts share what is left until ``end`` (the solve's deadline: the portfolio's share of
-    the time limit, and what the search left of its own); once it is spent, the ones left are not tried."""
-    names = sorted(applicable_baselines(prep.graph, opts.tp_table), key=PORTFOLIO_ORDER.index)
-    policies = recompute_policies(prep, recompute)
-    deadline = end
+    the time limit, and what the search left of its own); once it is spent, the ones left are not tried.
+    ``background``: the layouts already priced beside the search (:func:`_layouts_beside`),
+    taken when priced with ``overlap_rounds`` (else priced here)."""
+    rounds = opts.overlap_rounds if overlap_rounds is None else overlap_rounds
+    found = None
+    if background is not None:
+        items, complete = background.collect(until=end)
+        if complete and all(item["rounds"] == rounds for item in items):
+            found = [(Plan.from_dict(item["plan"]), item["spent"]) for item in items]
+    if found is None:
+        found = list(_layout_candidates(prep, opts, limit, end, recompute, rounds))
     best = plan
-    for n, name in enumerate(names):
-        try:
-            pins = resolve_pins(prep.graph, {**baseline_pins(prep.graph, name, opts.tp_table), **opts.pins})
-        except ValueError:  # does not apply (a batch the data-parallel dims do not divide)
-            continue
-        if over_limit(held_all_step_bytes(prep.graph, pins) - limit, limit):
-            continue  # its parameters alone do not fit (DDP of 8B on 8x8: 4 solves to fail, 3.6 s)
-        for policy in policies:
-            left = deadline - time.perf_counter()
-            if left <= 0:
-                break
-            try:
-                # no smallest-peak hint: a layout that does not fit is simply not taken (DDP of 8B on
-                # 8x8 solved the FSDP layout for its hint under each of the 4 policies: 10 s)
-                candidate = solve_prepared(prep, _baseline_options(opts, name, policy, limit,
-                                                                   left / (len(names) - n), overlap_rounds),
-                                           peak_hint=False)
-            except ValueError:  # does not apply or does not fit: try the next policy
-                continue
-            if spent is not None:
-                spent.append(_own_seconds(candidate))
-            if best is None or candidate.estimate.step_s < best.estimate.step_s:
-                best = candidate
-            break  # the first policy that fits is the cheapest of this layout's (less recomputation)
+    for candidate, seconds in found:
+        if spent is not None:
+            spent.append(seconds)
+        if best is None or candidate.estimate.step_s < best.estimate.step_s:
+            best = candidate
     if best is plan or best is None:
         return plan
     base = plan.options if plan is not None else {**prep.options, "recompute": recompute}
@@ -506,6 +515,52 @@ def _best_of_baselines(prep: Prepared, plan: Plan | None, opts: SolveOptions, li
               if plan is not None else replace(best.solver, status=status or "timeout", gap=None,
                                                 seconds=seconds_used if seconds_used is not None else 0.0))
     return replace(best, options=options, solver=solver)
+
+
+def _layout_candidates(prep: Prepared, opts: SolveOptions, limit: float, end: float, recompute: str,
+                       overlap_rounds: int) -> Iterator[tuple[Plan, float]]:
+    """``(plan, solve seconds)`` of each expert layout that fits, under the first policy that fits."""
+    names = sorted(applicable_baselines(prep.graph, opts.tp_table), key=PORTFOLIO_ORDER.index)
+    policies = recompute_policies(prep, recompute)
+    for n, name in enumerate(names):
+        try:
+            pins = resolve_pins(prep.graph, {**baseline_pins(prep.graph, name, opts.tp_table), **opts.pins})
+        except ValueError:  # does not apply (a batch the data-parallel dims do not divide)
+            continue
+        if over_limit(held_all_step_bytes(prep.graph, pins) - limit, limit):
+            continue  # its parameters alone do not fit (DDP of 8B on 8x8: 4 solves to fail, 3.6 s)
+        for policy in policies:
+            left = end - time.perf_counter()
+            if left <= 0:
+                break
+            try:
+                # no smallest-peak hint: a layout that does not fit is simply not taken (DDP of 8B on
+                # 8x8 solved the FSDP layout for its hint under each of the 4 policies: 10 s)
+                candidate = solve_prepared(prep, _baseline_options(opts, name, policy, limit,
+                                                                   left / (len(names) - n), overlap_rounds),
+                                           peak_hint=False)
+            except ValueError:  # does not apply or does not fit: try the next policy
+                continue
+            yield candidate, _own_seconds(candidate)
+            break  # the first policy that fits is the cheapest of this layout's (less recomputation)
+
+
+def _layouts_beside(prep: Prepared, opts: SolveOptions, limit: float, end: float, recompute: str,
+                    ) -> Background | None:
+    """The expert layouts priced in a forked child while the search runs
+    (:mod:`autoshard.plan.background`), with the overlap rounds they get after a
+    search that proves its plan (a seeded search never does: then with the rounds).
+    LLaMA-3 8B on 2x4x8 (seeded), 2 cores: the solve after prepare 17-21 s -> 12-17 s;
+    on 8x8 (full search, layouts without rounds) 12-13.5 s either way."""
+    if len(prep.graph.nodes) < BACKGROUND_MIN_NODES:
+        return None
+    rounds = 0 if prep.options.get("search") != "seeded" else opts.overlap_rounds
+
+    def produce() -> Iterator[dict[str, Any]]:
+        for candidate, seconds in _layout_candidates(prep, opts, limit, end, recompute, rounds):
+            yield {"plan": candidate.to_dict(), "spent": seconds, "rounds": rounds}
+
+    return Background.start(produce)
 
 
 MIN_HINT_S = 0.5

@@ -96,20 +96,19 @@ def device_kernel_problems(graph: fx.Graph, device_type: str) -> list[str]:
     return out
 
 
-def for_device(graph_module: fx.GraphModule, fake_mode: Any, device_type: str) -> None:
-    """Change the joint graph ``graph_module`` (traced on CPU fake tensors owned by
+def for_device(graph: fx.Graph, fake_mode: Any, device_type: str) -> None:
+    """Change the joint graph ``graph`` (traced on CPU fake tensors owned by
     ``fake_mode``) in place into what runs on ``device_type`` (``cpu``: nothing
-    changes; ``cuda``: module docstring). Raises :class:`TraceError` for an
+    changes; ``cuda``: module docstring); its graph module is recompiled by the caller
+    (once, after its own changes). Raises :class:`TraceError` for an
     unknown device type or an op that cannot run there.
     """
     if device_type not in DEVICE_TYPES:
         raise TraceError(f"device type {device_type!r}: autoshard plans for {', '.join(DEVICE_TYPES)}")
-    graph = graph_module.graph
     if device_type != "cpu":
         _retarget_devices(graph, torch.device(device_type))
         _cuda_attention(graph, fake_mode)
         _stand_ins(graph, fake_mode)
-        graph_module.recompile()
     problems = device_kernel_problems(graph, device_type)
     if problems:
         raise TraceError(f"{problems[0]}: autoshard has no {device_type} counterpart for it"

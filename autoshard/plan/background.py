@@ -1,0 +1,126 @@
+"""Work that runs beside the solve in a forked process: the expert layouts.
+
+A plan is never worse than the expert layouts (DDP, FSDP, TP, FSDP+TP), so every
+unpinned solve also solves and simulates each of them: 8-11 s of a 26-33 s
+LLaMA-3 8B solve on 2 cores, done after the search, on one core. Nothing in
+them depends on the search, so they run in a forked child from the start and
+the parent takes their plans when its own search and overlap rounds are done:
+the same plans (each is solved as it would be afterwards, with the same time
+shares of the same deadline), in the wall time of the longer of the two.
+
+The child inherits the prepared graph by fork (nothing is pickled on the way
+in) and sends each result back as one JSON text (nothing is unpickled on the
+way out). Forking needs a second core (else the two would only take turns),
+the ``fork`` start method, and a process that is not itself a multiprocessing
+worker (a mesh search's or the service's workers share the cores with their
+siblings already: there the layouts run after the search, in process, as before).
+
+>>> job = Background.start(lambda: iter([{"x": 1}, {"x": 2}]))
+>>> job is None or job.collect(until=time.perf_counter() + 30) == ([{"x": 1}, {"x": 2}], True)
+True
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import logging
+import multiprocessing
+import os
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Background", "can_fork"]
+
+GRACE_S = 2.0
+"""How long past its deadline the parent waits for a result in flight (a layout
+started before the deadline ends its solve and assembly, as it would in process)."""
+
+
+def can_fork() -> bool:
+    """Whether a forked child would run beside this process (module docstring)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    # a multiprocessing worker (a mesh search's, the service's) already shares the cores with its siblings
+    return (cores >= 2 and "fork" in multiprocessing.get_all_start_methods()
+            and multiprocessing.parent_process() is None)
+
+
+class Background:
+    """A forked child producing JSON-able dicts; the parent collects them."""
+
+    def __init__(self, process: Any, connection: Any) -> None:
+        self._process, self._connection = process, connection
+
+    @classmethod
+    def start(cls, produce: Callable[[], Iterable[dict[str, Any]]]) -> "Background | None":
+        """Fork a child that sends every item ``produce()`` yields; None where
+        :func:`can_fork` is false or the fork fails."""
+        if not can_fork():
+            return None
+        context = multiprocessing.get_context("fork")
+        receive, send = context.Pipe(duplex=False)
+        # the child's collections would touch every object the parent holds, copying its pages
+        # (copy on write): what exists at the fork is left out of the child's collections
+        gc.freeze()
+        try:
+            process = context.Process(target=_child, args=(produce, send), daemon=True, name="autoshard-layouts")
+            process.start()
+        except OSError as exc:  # out of processes or memory: the work runs in process instead
+            log.info("no background process (%s): the expert layouts run after the search", exc)
+            return None
+        finally:
+            gc.unfreeze()
+        send.close()
+        return cls(process, receive)
+
+    def collect(self, until: float) -> tuple[list[dict[str, Any]], bool]:
+        """Every item sent until the child ends or ``until`` (``time.perf_counter()``) plus
+        :data:`GRACE_S` passes, and whether the child finished without error; then stops it."""
+        items: list[dict[str, Any]] = []
+        complete = False
+        try:
+            while True:
+                wait = max(0.0, until + GRACE_S - time.perf_counter())
+                if not self._connection.poll(wait):
+                    log.info("the expert layouts ran out of time: %d priced", len(items))
+                    break
+                message = json.loads(self._connection.recv_bytes().decode())
+                if "error" in message:
+                    log.warning("the expert layouts failed in the background: %s", message["error"])
+                    break
+                if message.get("done"):
+                    complete = True
+                    break
+                items.append(message)
+        except (EOFError, OSError):  # the child died (killed, out of memory)
+            log.warning("the background process of the expert layouts ended without its results")
+        finally:
+            self.stop()
+        return items, complete
+
+    def stop(self) -> None:
+        """End the child (if it still runs) and release the pipe."""
+        if self._process.is_alive():
+            self._process.kill()
+        self._process.join(timeout=5)
+        self._connection.close()
+
+
+def _child(produce: Callable[[], Iterable[dict[str, Any]]], send: Any) -> None:
+    try:
+        for item in produce():
+            send.send_bytes(json.dumps(item).encode())
+        send.send_bytes(b'{"done": true}')
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent, which runs the work itself
+        try:
+            send.send_bytes(json.dumps({"error": f"{type(exc).__name__}: {exc}"}).encode())
+        except OSError:
+            pass
+    finally:
+        send.close()

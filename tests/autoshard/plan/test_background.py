@@ -1,0 +1,61 @@
+"""Work forked beside the solve comes back as sent, is cut off at its deadline, and
+reports a failure instead of hanging."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from autoshard.plan.background import GRACE_S, Background, can_fork
+
+pytestmark = pytest.mark.skipif(not can_fork(), reason="needs fork and a second core")
+
+
+def test_every_item_comes_back_in_order_and_the_child_is_gone():
+    job = Background.start(lambda: iter([{"plan": {"x": [1.5, 2]}, "spent": 0.25}, {"n": None}]))
+    items, complete = job.collect(until=time.perf_counter() + 30)
+    assert complete and items == [{"plan": {"x": [1.5, 2]}, "spent": 0.25}, {"n": None}]
+    assert not job._process.is_alive()
+
+
+def test_a_child_that_raises_reports_an_incomplete_result():
+    def produce():
+        yield {"first": 1}
+        raise RuntimeError("boom")
+
+    items, complete = Background.start(produce).collect(until=time.perf_counter() + 30)
+    assert items == [{"first": 1}] and not complete
+
+
+def test_a_child_past_its_deadline_is_stopped_with_what_it_sent():
+    def produce():
+        yield {"first": 1}
+        time.sleep(60)
+        yield {"never": 1}
+
+    job = Background.start(produce)
+    t0 = time.perf_counter()
+    items, complete = job.collect(until=t0)
+    assert items == [{"first": 1}] and not complete
+    assert time.perf_counter() - t0 < GRACE_S + 5 and not job._process.is_alive()
+
+
+def test_layouts_priced_beside_the_search_give_the_plan_priced_after_it(monkeypatch):
+    import autoshard.plan.background as background
+    import autoshard.plan.solve as solve
+    from examples.models import mlp
+
+    prep = solve.prepare(*mlp.tiny(device="meta"), (2,), profile="h100-sxm-80gb")
+    monkeypatch.setattr(solve, "BACKGROUND_MIN_NODES", 0)
+    here = []  # layouts priced in this process (the child's calls are counted in the child)
+    priced = solve._layout_candidates
+    monkeypatch.setattr(solve, "_layout_candidates", lambda *a, **k: here.append(1) or priced(*a, **k))
+    beside = solve.solve_prepared(prep, time_limit=60)
+    assert here == []  # all priced beside
+    assert beside.solver.timings.get("portfolio_s", 0) > 0  # the layouts were priced
+    monkeypatch.setattr(background, "can_fork", lambda: False)
+    after = solve.solve_prepared(prep, time_limit=60)
+    assert here == [1]
+    assert beside.estimate == after.estimate and beside.nodes == after.nodes and beside.params == after.params
+    assert beside.options.get("portfolio") == after.options.get("portfolio")
