@@ -98,3 +98,22 @@ def test_the_model_is_restored_after_a_truncated_trace_even_on_error():
         assert len(model.blocks) == 3 and model.blocks[2] is container[2]
         raise RuntimeError("boom")
     assert model.blocks is container and len(model.blocks) == 8
+
+
+class _Keyed(nn.Module):
+    """torchtitan's layout: the layers in an ``nn.ModuleDict`` keyed "0".."n-1", called in order."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.layers = nn.ModuleDict({str(i): _Block(i, None) for i in range(n)})
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers.values():
+            x = layer(x)
+        return x.square().mean()
+
+
+def test_a_module_dict_stack_is_stamped_as_its_whole_trace(caplog):
+    model = _Keyed(9).to("meta")
+    assert STAMPED in _same_trace(model, (torch.ones(4, 8, device="meta"),), caplog)
+    assert list(model.layers) == [str(i) for i in range(9)]  # restored
