@@ -59,3 +59,12 @@ def test_layouts_priced_beside_the_search_give_the_plan_priced_after_it(monkeypa
     assert here == [1]
     assert beside.estimate == after.estimate and beside.nodes == after.nodes and beside.params == after.params
     assert beside.options.get("portfolio") == after.options.get("portfolio")
+
+
+def test_the_module_example_holds():
+    import doctest
+
+    import autoshard.plan.background as background
+
+    result = doctest.testmod(background)
+    assert result.attempted > 0 and result.failed == 0

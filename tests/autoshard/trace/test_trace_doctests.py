@@ -8,7 +8,8 @@ import importlib
 import pytest
 
 
-@pytest.mark.parametrize("name", ["autoshard.trace.joint", "autoshard.trace.compat", "autoshard.trace.model_spec"])
+@pytest.mark.parametrize("name", ["autoshard.trace.joint", "autoshard.trace.compat", "autoshard.trace.model_spec",
+                                  "autoshard.trace.stamp"])
 def test_docstring_examples_hold(name: str) -> None:
     result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0, f"{name} has no example"
