@@ -13,11 +13,13 @@ every baseline) share it; ``solve_prepared`` solves it. ``autoshard.solve``
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
 import time
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from costmodel.mesh import MeshSpec
@@ -491,21 +493,25 @@ def _best_of_baselines(prep: Prepared, plan: Plan | None, opts: SolveOptions, li
     ``background``: the layouts already priced beside the search (:func:`_layouts_beside`),
     taken when priced with ``overlap_rounds`` (else priced here)."""
     rounds = opts.overlap_rounds if overlap_rounds is None else overlap_rounds
-    found = None
+    # (step, solve seconds, the plan): a layout's plan is read from the child's JSON only if it is taken
+    found: list[tuple[float, float, Callable[[], Plan]]] | None = None
     if background is not None:
         items, complete = background.collect(until=end)
         if complete and all(item["rounds"] == rounds for item in items):
-            found = [(Plan.from_dict(item["plan"]), item["spent"]) for item in items]
+            found = [(item["step_s"], item["spent"], partial(_plan_from_json, item["plan"])) for item in items]
     if found is None:
-        found = list(_layout_candidates(prep, opts, limit, end, recompute, rounds))
-    best = plan
-    for candidate, seconds in found:
+        found = [(c.estimate.step_s, seconds, partial(lambda p: p, c))
+                 for c, seconds in _layout_candidates(prep, opts, limit, end, recompute, rounds)]
+    best_step = plan.estimate.step_s if plan is not None else math.inf
+    chosen = None
+    for step, seconds, get in found:
         if spent is not None:
             spent.append(seconds)
-        if best is None or candidate.estimate.step_s < best.estimate.step_s:
-            best = candidate
-    if best is plan or best is None:
+        if (plan is None and chosen is None) or step < best_step:
+            chosen, best_step = get, step
+    if chosen is None:
         return plan
+    best = chosen()
     base = plan.options if plan is not None else {**prep.options, "recompute": recompute}
     log.info("the search's plan%s; the %s layout (recompute %s) is %s (%.6g s) and is the plan",
              " found nothing" if plan is None else f" simulates {plan.estimate.step_s:.6g} s", best.options["baseline"],
@@ -545,6 +551,10 @@ def _layout_candidates(prep: Prepared, opts: SolveOptions, limit: float, end: fl
             break  # the first policy that fits is the cheapest of this layout's (less recomputation)
 
 
+def _plan_from_json(text: str) -> Plan:
+    return Plan.from_dict(json.loads(text))
+
+
 def _layouts_beside(prep: Prepared, opts: SolveOptions, limit: float, end: float, recompute: str,
                     ) -> Background | None:
     """The expert layouts priced in a forked child while the search runs
@@ -558,7 +568,8 @@ def _layouts_beside(prep: Prepared, opts: SolveOptions, limit: float, end: float
 
     def produce() -> Iterator[dict[str, Any]]:
         for candidate, seconds in _layout_candidates(prep, opts, limit, end, recompute, rounds):
-            yield {"plan": candidate.to_dict(), "spent": seconds, "rounds": rounds}
+            yield {"plan": json.dumps(candidate.to_dict()), "step_s": candidate.estimate.step_s, "spent": seconds,
+                   "rounds": rounds}
 
     return Background.start(produce)
 
