@@ -19,7 +19,6 @@ import math
 import os
 import time
 from dataclasses import dataclass, field, replace
-from functools import partial
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from costmodel.mesh import MeshSpec
@@ -493,25 +492,25 @@ def _best_of_baselines(prep: Prepared, plan: Plan | None, opts: SolveOptions, li
     ``background``: the layouts already priced beside the search (:func:`_layouts_beside`),
     taken when priced with ``overlap_rounds`` (else priced here)."""
     rounds = opts.overlap_rounds if overlap_rounds is None else overlap_rounds
-    # (step, solve seconds, the plan): a layout's plan is read from the child's JSON only if it is taken
-    found: list[tuple[float, float, Callable[[], Plan]]] | None = None
+    # (step, solve seconds, the plan or its JSON text): a layout's plan from the child is parsed only if taken
+    found: list[tuple[float, float, Plan | str]] | None = None
     if background is not None:
         items, complete = background.collect(until=end)
         if complete and all(item["rounds"] == rounds for item in items):
-            found = [(item["step_s"], item["spent"], partial(_plan_from_json, item["plan"])) for item in items]
+            found = [(item["step_s"], item["spent"], item["plan"]) for item in items]
     if found is None:
-        found = [(c.estimate.step_s, seconds, partial(lambda p: p, c))
+        found = [(c.estimate.step_s, seconds, c)
                  for c, seconds in _layout_candidates(prep, opts, limit, end, recompute, rounds)]
     best_step = plan.estimate.step_s if plan is not None else math.inf
-    chosen = None
-    for step, seconds, get in found:
+    chosen: Plan | str | None = None
+    for step, seconds, layout in found:
         if spent is not None:
             spent.append(seconds)
         if (plan is None and chosen is None) or step < best_step:
-            chosen, best_step = get, step
+            chosen, best_step = layout, step
     if chosen is None:
         return plan
-    best = chosen()
+    best = Plan.from_dict(json.loads(chosen)) if isinstance(chosen, str) else chosen
     base = plan.options if plan is not None else {**prep.options, "recompute": recompute}
     log.info("the search's plan%s; the %s layout (recompute %s) is %s (%.6g s) and is the plan",
              " found nothing" if plan is None else f" simulates {plan.estimate.step_s:.6g} s", best.options["baseline"],
@@ -549,10 +548,6 @@ def _layout_candidates(prep: Prepared, opts: SolveOptions, limit: float, end: fl
                 continue
             yield candidate, _own_seconds(candidate)
             break  # the first policy that fits is the cheapest of this layout's (less recomputation)
-
-
-def _plan_from_json(text: str) -> Plan:
-    return Plan.from_dict(json.loads(text))
 
 
 def _layouts_beside(prep: Prepared, opts: SolveOptions, limit: float, end: float, recompute: str,

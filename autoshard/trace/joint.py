@@ -358,8 +358,13 @@ def _model_slots(model: nn.Module) -> tuple[dict[str, str], dict[str, tuple[str,
     """``(slot -> FQN, parameter aliases, buffer aliases)`` as :class:`_LossOf` names ``model``'s tensors."""
     params, param_aliases = _unique_tensors(model.named_parameters(remove_duplicate=False))
     buffers, buffer_aliases = _unique_tensors(model.named_buffers(remove_duplicate=False))
-    slots = {f"p{i}": name for i, name in enumerate(params)} | {f"b{i}": name for i, name in enumerate(buffers)}
-    return slots, param_aliases, buffer_aliases
+    return _slot_names(params, buffers), param_aliases, buffer_aliases
+
+
+def _slot_names(params: Iterable[str], buffers: Iterable[str]) -> dict[str, str]:
+    """Slot -> FQN: ``p<i>`` for the i-th distinct parameter, ``b<i>`` for the i-th buffer
+    (the descriptor targets of a trace; slot names cannot contain dots)."""
+    return {f"p{i}": name for i, name in enumerate(params)} | {f"b{i}": name for i, name in enumerate(buffers)}
 
 
 def repeated_blocks(model: nn.Module) -> tuple[str, ...]:
@@ -575,13 +580,12 @@ class _LossOf(nn.Module):
         self.keywords = keywords
         self.paths: dict[str, tuple[str, ...]] = {}
         # slot names cannot contain dots; slot_names maps them back to FQNs
-        self.slot_names: dict[str, str] = {}
-        for index, (name, param) in enumerate(params.items()):
-            self.register_parameter(f"p{index}", param)
-            self.slot_names[f"p{index}"] = name
-        for index, (name, buffer) in enumerate(buffers.items()):
-            self.register_buffer(f"b{index}", buffer)
-            self.slot_names[f"b{index}"] = name
+        self.slot_names: dict[str, str] = _slot_names(params, buffers)
+        slot_of = {name: slot for slot, name in self.slot_names.items()}
+        for name, param in params.items():
+            self.register_parameter(slot_of[name], param)
+        for name, buffer in buffers.items():
+            self.register_buffer(slot_of[name], buffer)
         self.paths = {slot: (name, *aliases.get(name, ())) for slot, name in self.slot_names.items()}
 
     def forward(self, *inputs: torch.Tensor) -> torch.Tensor:

@@ -111,7 +111,8 @@ def find_stack(model: nn.Module, min_blocks: int = STAMP_MIN_BLOCKS) -> Stack | 
         if len(children) < min_blocks or any(not any(True for _ in m.parameters()) for _, m in children):
             continue
         first = block_signature(children[0][1])
-        if first is None or not all(_same_but_index(first, block_signature(m), i) for i, (_, m) in enumerate(children)):
+        if first is None or not all(_same_but_index(first, block_signature(m), i)
+                                    for i, (_, m) in enumerate(children[1:], start=1)):
             continue
         size = sum(p.numel() for p in module.parameters())
         if best is None or size > best[0]:
@@ -215,14 +216,14 @@ def stamp(graph_module: fx.GraphModule, stack: Stack, slots: dict[str, str], n_s
     model. ``names``: the nodes' names (:class:`NodeNames`; default: each op's next
     free name, which differs from a trace's where the trace erased nodes). Raises
     :class:`StampError` when the graph does not cut into blocks."""
-    return _stamper(graph_module, stack, slots, n_slots, n_blocks, names).graph
+    return _stamper(graph_module, _cut(graph_module, stack, slots), n_slots, n_blocks, names).graph
 
 
-def _stamper(graph_module: fx.GraphModule, stack: Stack, slots: dict[str, str], n_slots: dict[str, str],
-             n_blocks: int, names: NodeNames | None) -> _Stamper:
+def _stamper(graph_module: fx.GraphModule, tpl: _Template, n_slots: dict[str, str], n_blocks: int,
+             names: NodeNames | None) -> _Stamper:
     if n_blocks < TEMPLATE_BLOCKS:
         raise StampError(f"{n_blocks} blocks: stamping needs at least {TEMPLATE_BLOCKS}")
-    stamper = _Stamper(graph_module, _cut(graph_module, stack, slots), n_slots, n_blocks, names)
+    stamper = _Stamper(graph_module, tpl, n_slots, n_blocks, names)
     stamper.run()
     return stamper
 
@@ -372,6 +373,7 @@ class _Stamper:
         self.origins: list[tuple[fx.Node, int | None]] = []  # per new node, in graph order
         self.primals = 0
         self.block_params = [p for p, (b, _) in tpl.params.items() if b == 1]
+        self.by_target = {p.meta["desc"].target: info for p, info in tpl.params.items()}
 
     def run(self) -> fx.Graph:
         tpl = self.tpl
@@ -441,7 +443,7 @@ class _Stamper:
         out_values: list[Any] = []
         out_descs: list[Any] = []
         block_grads = [i for i, d in enumerate(descs) if isinstance(d, aot_desc.GradAOTOutput)
-                       and isinstance(d.grad_of, aot_desc.ParamAOTInput) and self._param(d.grad_of)[1][0] == 1]
+                       and isinstance(d.grad_of, aot_desc.ParamAOTInput) and self._param(d.grad_of)[0] == 1]
         for i, (value, desc) in enumerate(zip(values, descs)):
             if i not in block_grads:
                 out_values.append(None if value is None else self._arg(value, None, None))
@@ -457,15 +459,15 @@ class _Stamper:
         new = self.graph.output(type(values)(out_values))
         new.meta = {**node.meta, "desc": out_descs}
 
-    def _param(self, desc: Any) -> tuple[fx.Node, tuple[int, str]]:
-        """The traced parameter placeholder of a ``ParamAOTInput`` and its (block, path)."""
-        for p, info in self.tpl.params.items():
-            if p.meta["desc"].target == desc.target:
-                return p, info
-        raise StampError(f"no parameter {desc.target}")
+    def _param(self, desc: Any) -> tuple[int, str]:
+        """(block, path) of the traced parameter a ``ParamAOTInput`` names."""
+        info = self.by_target.get(desc.target)
+        if info is None:
+            raise StampError(f"no parameter {desc.target}")
+        return info
 
     def _grad_desc(self, desc: Any, copy: int | None) -> Any:
-        _, (b, inner) = self._param(desc.grad_of)
+        b, inner = self._param(desc.grad_of)
         fqn = self._block_prefix(b, copy) + inner
         return dataclasses.replace(desc, grad_of=dataclasses.replace(desc.grad_of, target=self.slot_of[fqn]))
 
@@ -605,13 +607,14 @@ def stamped_joint(model: nn.Module, trace: Callable[[], Any], slots_of: Callable
             three = trace()
         with truncated(model, stack, CHECK_BLOCKS):
             four = trace()
-        first = _stamper(three.graph_module, stack, three.slot_names, four.slot_names, CHECK_BLOCKS, None)
+        tpl = _cut(three.graph_module, stack, three.slot_names)  # one template for the three stampings
+        first = _stamper(three.graph_module, tpl, four.slot_names, CHECK_BLOCKS, None)
         names = NodeNames(three.graph_module.graph, four.graph_module.graph, first.origins)
-        check = stamp(three.graph_module, stack, three.slot_names, four.slot_names, CHECK_BLOCKS, names)
+        check = _stamper(three.graph_module, tpl, four.slot_names, CHECK_BLOCKS, names).graph
         difference = graph_difference(check, four.graph_module.graph)
         if difference is not None:
             raise StampError(f"stamped 4 blocks differ from 4 traced: {difference}")
-        whole = stamp(three.graph_module, stack, three.slot_names, slots_of(model), len(stack.keys), names)
+        whole = _stamper(three.graph_module, tpl, slots_of(model), len(stack.keys), names).graph
     except Exception as exc:  # noqa: BLE001 - whatever fails, the model is traced whole
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         log.info("%s traced whole, not stamped: %s", stack.path, reason)
