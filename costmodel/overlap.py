@@ -62,6 +62,10 @@ so op 2 starts at 3.5 ms: ``step_s = 6.5`` ms, ``exposed_comm_s = 0.5`` ms.
 
 from __future__ import annotations
 
+import bisect
+import functools
+import itertools
+import operator
 from collections import deque
 from dataclasses import dataclass
 from typing import Sequence
@@ -110,11 +114,8 @@ class StepSimulation:
     """When the compute stream reached each position ``0 .. N`` (before its waits)."""
 
 
-def _program(compute_s: Sequence[float], transfers: Sequence[Transfer], tail_s: float) -> list[tuple]:
-    """The compute stream's program: ``("at", p)`` marks position ``p``; ``("issue", k, j)`` puts
-    collective ``j`` of transfer ``k`` on the communication stream; ``("wait", k, j)`` blocks until
-    it is done; ``("work", seconds)`` computes."""
-    n = len(compute_s)
+def _events(n: int, transfers: Sequence[Transfer]) -> tuple[dict[int, list[int]], dict[int, list[int]]]:
+    """Transfers by issue position and by wait position, in list order (checked)."""
     issues: dict[int, list[int]] = {}
     waits: dict[int, list[int]] = {}
     for k, t in enumerate(transfers):
@@ -124,20 +125,7 @@ def _program(compute_s: Sequence[float], transfers: Sequence[Transfer], tail_s: 
             raise ValueError(f"transfer {k}: durations must be a non-empty list of non-negative seconds")
         issues.setdefault(t.issue, []).append(k)
         waits.setdefault(t.wait, []).append(k)
-    program: list[tuple] = []
-    for p in range(n + 1):
-        program.append(("at", p))
-        for k in issues.get(p, ()):
-            last = len(transfers[k].durations_s) - 1
-            for j in range(last):
-                program += [("issue", k, j), ("wait", k, j)]
-            program.append(("issue", k, last))
-        for k in waits.get(p, ()):
-            program.append(("wait", k, len(transfers[k].durations_s) - 1))
-        work = compute_s[p] if p < n else tail_s
-        if work > 0:
-            program.append(("work", float(work)))
-    return program
+    return issues, waits
 
 
 def simulate(compute_s: Sequence[float], transfers: Sequence[Transfer], *, tail_s: float = 0.0,
@@ -158,74 +146,91 @@ def simulate(compute_s: Sequence[float], transfers: Sequence[Transfer], *, tail_
         raise ValueError(f"contention: {contention} is not in [0, 1]")
     if skew_s < 0:
         raise ValueError(f"skew_s: {skew_s} is negative")
-    program = _program(compute_s, transfers, tail_s)
-
+    issues, waits = _events(n, transfers)
     slow = 1.0 / (1.0 + contention)
-    now = 0.0
     queue: deque[list] = deque()  # [transfer, collective, seconds left at full speed]
     done: dict[tuple[int, int], float] = {}
     started: dict[tuple[int, int], float] = {}
     needed: dict[int, float] = {}
     reached = [0.0] * (n + 1)
-    i = 0
-    work_left = 0.0
+    now = 0.0
     since_issue = 0.0  # compute since the last issue: how far the ranks may have drifted apart
-    while True:
-        # instantaneous actions until the compute stream computes or blocks
-        while i < len(program):
-            action = program[i]
-            if action[0] == "at":
-                reached[action[1]] = now
-                i += 1
-            elif action[0] == "issue":
-                seconds = transfers[action[1]].durations_s[action[2]]
-                if not queue:  # on an idle stream it starts when the last rank issues it
-                    seconds += min(since_issue, skew_s)
-                since_issue = 0.0
-                queue.append([action[1], action[2], seconds])
-                if len(queue) == 1:
-                    started[(action[1], action[2])] = now
-                i += 1
-            elif action[0] == "wait":
-                key = (action[1], action[2])
-                if action[2] == len(transfers[action[1]].durations_s) - 1:
-                    needed.setdefault(action[1], now)
-                if key in done:
-                    i += 1
-                    continue
-                break
-            else:
-                if not queue and work_left <= 0.0:
-                    # nothing in flight: the compute stream runs alone (the step below would add the
-                    # same float: min(work, inf) / 1.0), without a pass through the event loop per op
-                    now += action[1]
-                    since_issue += action[1]
-                    i += 1
-                    continue
-                if work_left <= 0.0:
-                    work_left = action[1]
-                break
-        computing = i < len(program) and program[i][0] == "work"
-        if not computing and not queue:
-            if i < len(program):  # a wait on something never issued: the schedule is broken
-                raise ValueError(f"schedule: the compute stream waits for transfer {program[i][1]} before issuing it")
-            break
-        rate = slow if (computing and queue) else 1.0
-        step = min(work_left if computing else float("inf"), queue[0][2] if queue else float("inf")) / rate
-        now += step
-        if computing:
-            work_left -= step * rate
+
+    def collective_done(step: float) -> None:  # the head collective advanced by ``step`` at full speed
+        head = queue[0]
+        head[2] -= step
+        if head[2] <= _EPS:
+            queue.popleft()
+            done[(head[0], head[1])] = now
+            if queue:
+                started[(queue[0][0], queue[0][1])] = now
+
+    def issue(k: int, j: int, seconds: float) -> None:
+        nonlocal since_issue
+        if not queue:  # on an idle stream it starts when the last rank issues it
+            seconds += min(since_issue, skew_s)
+        since_issue = 0.0
+        queue.append([k, j, seconds])
+        if len(queue) == 1:
+            started[(k, j)] = now
+
+    def wait(key: tuple[int, int]) -> None:  # the compute stream blocks: the collectives run alone
+        nonlocal now
+        while key not in done:
+            if not queue:  # unreachable for checked positions: issues come before waits
+                raise ValueError(f"schedule: the compute stream waits for transfer {key[0]} before issuing it")
+            step = queue[0][2]
+            now += step
+            collective_done(step)
+
+    def work(left: float) -> None:  # both streams busy: each at rate ``slow`` until one is done
+        nonlocal now, since_issue
+        while True:
+            rate = slow if queue else 1.0
+            step = min(left, queue[0][2] if queue else float("inf")) / rate
+            now += step
+            left -= step * rate
             since_issue += step * rate
-            if work_left <= _EPS:
-                work_left = 0.0
-                i += 1
-        if queue:
-            queue[0][2] -= step * rate
-            if queue[0][2] <= _EPS:
-                k, j, _ = queue.popleft()
-                done[(k, j)] = now
-                if queue:
-                    started[(queue[0][0], queue[0][1])] = now
+            if queue:
+                collective_done(step * rate)
+            if left <= _EPS:
+                return
+
+    # Positions in order. The event loop runs only while a collective is in flight or the compute
+    # stream waits; a stretch of positions with no event and nothing in flight adds its ops' times one
+    # after the other (itertools.accumulate: the same additions in the same order, so the same floats).
+    seconds_at = [float(c) if c > 0 else 0.0 for c in compute_s]
+    seconds_at.append(float(tail_s) if tail_s > 0 else 0.0)
+    events = sorted(set(issues) | set(waits))
+    p = 0
+    while p <= n:
+        if not queue and p not in issues and p not in waits:
+            e = events[bisect.bisect_right(events, p)] if events and events[-1] > p else n + 1
+            sums = list(itertools.accumulate(seconds_at[p:e], initial=now))
+            reached[p:e] = sums[:-1]
+            now = sums[-1]
+            since_issue = functools.reduce(operator.add, seconds_at[p:e], since_issue)
+            p = e
+            continue
+        reached[p] = now
+        for k in issues.get(p, ()):
+            durations = transfers[k].durations_s
+            last = len(durations) - 1
+            for j in range(last):  # a redistribution's earlier steps: each needed before the next
+                issue(k, j, durations[j])
+                wait((k, j))
+            issue(k, last, durations[last])
+        for k in waits.get(p, ()):
+            needed.setdefault(k, now)
+            wait((k, len(transfers[k].durations_s) - 1))
+        seconds = seconds_at[p]
+        if seconds > 0:
+            if queue:
+                work(seconds)
+            else:
+                now += seconds
+                since_issue += seconds
+        p += 1
     total_compute = float(sum(compute_s)) + float(tail_s)
     total_comm = float(sum(sum(t.durations_s) for t in transfers))
     timings = tuple(TransferTiming(started[(k, len(t.durations_s) - 1)], done[(k, len(t.durations_s) - 1)],
