@@ -128,12 +128,10 @@ class ClassEdges:
             sid = self.expanded
             state = graph.states[sid]
             self.state_masks.append(ops_mask([p.reduce_op for p in state if isinstance(p, Partial)]))
-            for e in graph._build_edges(state):
+            for target, *spec in graph._build_edges(state):  # unpriced: (state, kind, group, size, flags)
                 self.heads.append(sid)
-                self.targets.append(graph.state_id(e.state))
-                step = e.step
-                size = graph.group_sizes.get(step.mesh_dims) or graph.mesh.group_size(step.mesh_dims)
-                self.specs.append((step.collective, step.mesh_dims, size, *e.relayouts))
+                self.targets.append(graph.state_id(target))
+                self.specs.append(tuple(spec))
             self.expanded += 1
 
     def arrays(self, mask: int) -> tuple[np.ndarray, ...]:
@@ -172,7 +170,7 @@ def class_edges(mesh: MeshSpec, shape: tuple[int, ...], profile: HardwareProfile
     if edges is None:
         if len(_CLASSES) >= _MAX_CLASSES:
             _CLASSES.clear()
-        graph = SearchGraph(mesh, shape, 1, profile, fuse, SHARED_OPS, strided)
+        graph = SearchGraph(mesh, shape, 1, profile, fuse, SHARED_OPS, strided, structure_only=True)
         edges = _CLASSES[key] = ClassEdges(graph, tuple(c == ANY for c in cls))
     return edges
 

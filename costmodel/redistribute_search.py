@@ -157,6 +157,10 @@ class SearchGraph:
     groups: tuple[tuple[int, ...], ...] = ()
     shared: "_SharedEdges | None" = None
     """The tensor's edges priced with every Partial op allowed (module docstring, shared pricing)."""
+    structure_only: bool = False
+    """Edges as ``(state, kind, group, group size, relayout before, relayout after)``, unpriced:
+    a shape class's structure (``costmodel.redistribute_classes``) is priced per tensor, so the
+    representative's prices and steps would be built only to be dropped (3-D meshes: 200,000 edges)."""
 
     def __post_init__(self) -> None:
         n = self.mesh.ndim
@@ -253,6 +257,8 @@ class SearchGraph:
             return None
         size = self.group_sizes.get(group) or self.mesh.group_size(group)
         flags = self._relayouts(kind, group, size, src, dst, fields)
+        if self.structure_only:
+            return (dst, kind, group, size, *flags)  # type: ignore[return-value]
         cost, nbytes, relayout = price_step(self.prices, kind, group, size, self._bytes(src), self._bytes(dst), *flags)
         step = RedistributeStep(
             collective=kind,
@@ -299,7 +305,10 @@ class SearchGraph:
 
     @staticmethod
     def _with(state: tuple[Placement, ...], changes: dict[int, Placement]) -> tuple[Placement, ...]:
-        return tuple(changes.get(k, p) for k, p in enumerate(state))
+        new = list(state)
+        for k, p in changes.items():
+            new[k] = p
+        return tuple(new)
 
     def _shard_edges(self, state, group, d: int) -> list[_Edge | None]:
         out: list[_Edge | None] = []

@@ -33,7 +33,7 @@ from autoshard.graph.memory import OptimizerMemory, optimizer_implementation
 from autoshard.graph.problem import to_problem
 from autoshard.graph.recompute_policy import parse_policy
 from autoshard.graph.restrict import choose_search, seeded_restriction
-from autoshard.plan.background import Background
+from autoshard.plan.background import Background, Claim
 from autoshard.plan.baselines import applicable_baselines, baseline_allowed, baseline_pins, held_all_step_bytes
 from autoshard.plan.build import make_fingerprint, plan_from_solution
 from autoshard.plan.format import Fingerprint, Plan
@@ -492,18 +492,24 @@ def _best_of_baselines(prep: Prepared, plan: Plan | None, opts: SolveOptions, li
     ``background``: the layouts already priced beside the search (:func:`_layouts_beside`),
     taken when priced with ``overlap_rounds`` (else priced here)."""
     rounds = opts.overlap_rounds if overlap_rounds is None else overlap_rounds
-    # (step, solve seconds, the plan or its JSON text): a layout's plan from the child is parsed only if taken
-    found: list[tuple[float, float, Plan | str]] | None = None
+    # (layout index, step, solve seconds, the plan or its JSON text): a layout's plan from the child is
+    # parsed only if taken
+    found: list[tuple[int, float, float, Plan | str]] | None = None
     if background is not None:
+        # the layouts the child has not started are priced here, last first (autoshard.plan.background)
+        own = ([(n, c.estimate.step_s, seconds, c) for n, c, seconds in _layout_candidates(
+            prep, opts, limit, end, recompute, rounds, claim=background.claim, last_first=True)]
+               if rounds == _rounds_beside(prep, opts) else [])
         items, complete = background.collect(until=end)
         if complete and all(item["rounds"] == rounds for item in items):
-            found = [(item["step_s"], item["spent"], item["plan"]) for item in items]
+            found = sorted([(item["task"], item["step_s"], item["spent"], item["plan"]) for item in items] + own,
+                           key=lambda layout: layout[0])
     if found is None:
-        found = [(c.estimate.step_s, seconds, c)
-                 for c, seconds in _layout_candidates(prep, opts, limit, end, recompute, rounds)]
+        found = [(n, c.estimate.step_s, seconds, c)
+                 for n, c, seconds in _layout_candidates(prep, opts, limit, end, recompute, rounds)]
     best_step = plan.estimate.step_s if plan is not None else math.inf
     chosen: Plan | str | None = None
-    for step, seconds, layout in found:
+    for _, step, seconds, layout in found:
         if spent is not None:
             spent.append(seconds)
         if (plan is None and chosen is None) or step < best_step:
@@ -523,11 +529,18 @@ def _best_of_baselines(prep: Prepared, plan: Plan | None, opts: SolveOptions, li
 
 
 def _layout_candidates(prep: Prepared, opts: SolveOptions, limit: float, end: float, recompute: str,
-                       overlap_rounds: int) -> Iterator[tuple[Plan, float]]:
-    """``(plan, solve seconds)`` of each expert layout that fits, under the first policy that fits."""
+                       overlap_rounds: int, *, claim: Claim | None = None,
+                       last_first: bool = False) -> Iterator[tuple[int, Plan, float]]:
+    """``(index, plan, solve seconds)`` of each expert layout that fits, under the first policy that fits,
+    the index its place in :data:`PORTFOLIO_ORDER` among the layouts that apply. ``claim``: the layouts
+    are shared with another process (:class:`~autoshard.plan.background.Background`), taken in order
+    (``last_first``: from the last) until one is the other's."""
     names = sorted(applicable_baselines(prep.graph, opts.tp_table), key=PORTFOLIO_ORDER.index)
     policies = recompute_policies(prep, recompute)
-    for n, name in enumerate(names):
+    for n in reversed(range(len(names))) if last_first else range(len(names)):
+        name = names[n]
+        if claim is not None and not claim(n):
+            break  # this one and every one beyond it are the other process's
         try:
             pins = resolve_pins(prep.graph, {**baseline_pins(prep.graph, name, opts.tp_table), **opts.pins})
         except ValueError:  # does not apply (a batch the data-parallel dims do not divide)
@@ -546,7 +559,7 @@ def _layout_candidates(prep: Prepared, opts: SolveOptions, limit: float, end: fl
                                            peak_hint=False)
             except ValueError:  # does not apply or does not fit: try the next policy
                 continue
-            yield candidate, _own_seconds(candidate)
+            yield n, candidate, _own_seconds(candidate)
             break  # the first policy that fits is the cheapest of this layout's (less recomputation)
 
 
@@ -559,14 +572,20 @@ def _layouts_beside(prep: Prepared, opts: SolveOptions, limit: float, end: float
     on 8x8 (full search, layouts without rounds) 12-13.5 s either way."""
     if len(prep.graph.nodes) < BACKGROUND_MIN_NODES:
         return None
-    rounds = 0 if prep.options.get("search") != "seeded" else opts.overlap_rounds
+    rounds = _rounds_beside(prep, opts)
 
-    def produce() -> Iterator[dict[str, Any]]:
-        for candidate, seconds in _layout_candidates(prep, opts, limit, end, recompute, rounds):
-            yield {"plan": json.dumps(candidate.to_dict()), "step_s": candidate.estimate.step_s, "spent": seconds,
-                   "rounds": rounds}
+    def produce(claim: Claim) -> Iterator[dict[str, Any]]:
+        for n, candidate, seconds in _layout_candidates(prep, opts, limit, end, recompute, rounds, claim=claim):
+            yield {"task": n, "plan": json.dumps(candidate.to_dict()), "step_s": candidate.estimate.step_s,
+                   "spent": seconds, "rounds": rounds}
 
-    return Background.start(produce)
+    return Background.start(produce, tasks=len(PORTFOLIO_ORDER))
+
+
+def _rounds_beside(prep: Prepared, opts: SolveOptions) -> int:
+    """The overlap rounds the layouts beside the search get: none where the search will prove its
+    plan (a full search; :func:`_with_expert_layouts`), the plan's own where it cannot (seeded)."""
+    return 0 if prep.options.get("search") != "seeded" else opts.overlap_rounds
 
 
 MIN_HINT_S = 0.5

@@ -1,5 +1,5 @@
-"""Work forked beside the solve comes back as sent, is cut off at its deadline, and
-reports a failure instead of hanging."""
+"""Work forked beside the solve comes back as sent, is shared with the parent task by
+task, is cut off at its deadline, and reports a failure instead of hanging."""
 
 from __future__ import annotations
 
@@ -13,14 +13,14 @@ pytestmark = pytest.mark.skipif(not can_fork(), reason="needs fork and a second 
 
 
 def test_every_item_comes_back_in_order_and_the_child_is_gone():
-    job = Background.start(lambda: iter([{"plan": {"x": [1.5, 2]}, "spent": 0.25}, {"n": None}]))
+    job = Background.start(lambda claim: iter([{"plan": {"x": [1.5, 2]}, "spent": 0.25}, {"n": None}]))
     items, complete = job.collect(until=time.perf_counter() + 30)
     assert complete and items == [{"plan": {"x": [1.5, 2]}, "spent": 0.25}, {"n": None}]
     assert not job._process.is_alive()
 
 
 def test_a_child_that_raises_reports_an_incomplete_result():
-    def produce():
+    def produce(claim):
         yield {"first": 1}
         raise RuntimeError("boom")
 
@@ -29,7 +29,7 @@ def test_a_child_that_raises_reports_an_incomplete_result():
 
 
 def test_a_child_past_its_deadline_is_stopped_with_what_it_sent():
-    def produce():
+    def produce(claim):
         yield {"first": 1}
         time.sleep(60)
         yield {"never": 1}
@@ -41,6 +41,28 @@ def test_a_child_past_its_deadline_is_stopped_with_what_it_sent():
     assert time.perf_counter() - t0 < GRACE_S + 5 and not job._process.is_alive()
 
 
+def test_the_child_and_the_parent_share_the_tasks_each_run_once():
+    def produce(claim):  # first to last, slowly: the parent takes the last ones meanwhile
+        for task in range(8):
+            if not claim(task):
+                break
+            time.sleep(0.2)
+            yield {"task": task}
+
+    job = Background.start(produce, tasks=8)
+    mine = []
+    for task in reversed(range(8)):
+        if not job.claim(task):
+            break
+        time.sleep(0.4)
+        mine.append(task)
+    items, complete = job.collect(until=time.perf_counter() + 30)
+    theirs = [item["task"] for item in items]
+    assert complete and theirs and mine
+    assert sorted(theirs + mine) == list(range(8))  # every task once: none lost, none run twice
+    assert theirs == list(range(len(theirs)))  # the child's are a prefix, the parent's the rest
+
+
 def test_layouts_priced_beside_the_search_give_the_plan_priced_after_it(monkeypatch):
     import autoshard.plan.background as background
     import autoshard.plan.solve as solve
@@ -48,15 +70,15 @@ def test_layouts_priced_beside_the_search_give_the_plan_priced_after_it(monkeypa
 
     prep = solve.prepare(*mlp.tiny(device="meta"), (2,), profile="h100-sxm-80gb")
     monkeypatch.setattr(solve, "BACKGROUND_MIN_NODES", 0)
-    here = []  # layouts priced in this process (the child's calls are counted in the child)
+    here = []  # calls in this process (the child's are made in the child): shared, or all layouts here
     priced = solve._layout_candidates
-    monkeypatch.setattr(solve, "_layout_candidates", lambda *a, **k: here.append(1) or priced(*a, **k))
+    monkeypatch.setattr(solve, "_layout_candidates", lambda *a, **k: here.append("claim" in k) or priced(*a, **k))
     beside = solve.solve_prepared(prep, time_limit=60)
-    assert here == []  # all priced beside
+    assert here == [True]  # only the layouts the child had not started
     assert beside.solver.timings.get("portfolio_s", 0) > 0  # the layouts were priced
     monkeypatch.setattr(background, "can_fork", lambda: False)
     after = solve.solve_prepared(prep, time_limit=60)
-    assert here == [1]
+    assert here == [True, False]
     assert beside.estimate == after.estimate and beside.nodes == after.nodes and beside.params == after.params
     assert beside.options.get("portfolio") == after.options.get("portfolio")
 
