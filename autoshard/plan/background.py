@@ -17,8 +17,11 @@ claims it first (:meth:`Background.claim`, one byte per task in shared memory
 under a lock). The child claims them first to last; the parent, once its own
 search is done, claims them last to first and runs them itself, so neither waits
 while the other works (LLaMA-3 8B on 2x4x8: the parent was idle 6 s of a 12.5 s
-solve waiting for the last layout). Each stops at the first task the other holds:
-every task beyond it is the other's too. Forking needs a second core (else the two would only take turns),
+solve waiting for the last layout).
+
+The child is not a daemon: a solver backend forks a process of its own (toulbar2,
+``solver.wcsp``), which a daemonic process may not. :meth:`Background.stop` ends it
+(``solve_prepared`` calls it in a ``finally``). Forking needs a second core (else the two would only take turns),
 the ``fork`` start method, and a process that is not itself a multiprocessing
 worker (a mesh search's or the service's workers share the cores with their
 siblings already: there the layouts run after the search, in process, as before).
@@ -95,7 +98,7 @@ class Background:
         # (copy on write): what exists at the fork is left out of the child's collections
         gc.freeze()
         try:
-            process = context.Process(target=_child, args=(produce, send, claims), daemon=True,
+            process = context.Process(target=_child, args=(produce, send, claims), daemon=False,
                                       name="autoshard-layouts")
             process.start()
         except OSError as exc:  # out of processes or memory: the work runs in process instead

@@ -67,6 +67,14 @@ below it they take a second or two, less than what a second process costs in con
 OVERLAP_FIRST_SHARE = 0.6
 """Share of the solve time the first solve gets when overlap rounds follow."""
 
+OVERLAP_ROUND_FACTOR = 4.0
+OVERLAP_ROUND_MIN_S = 2.0
+"""An overlap round's solve gets at most ``max(OVERLAP_ROUND_MIN_S, OVERLAP_ROUND_FACTOR * t1)``
+seconds, ``t1`` the first solve's: a round not proven by then is dropped whatever time it had
+(an unproven round never counts), so more time would only be spent, not used. LLaMA-3 8B on
+2x16x2: the first solve 1.4 s, a round 13.4 s of its 14.9 s and unproven; proven rounds take
+0.4-2.6 s (8B on 8x8, 2x4x8, 2x16x2 and their layouts)."""
+
 Progress = Callable[[str, float, float], None]
 """``progress(phase, done, total)``: phases ``trace``, ``build``, ``solve``
 (a mesh search: ``trace``, ``layouts``)."""
@@ -424,7 +432,8 @@ def _solve_local(graph: StrategyGraph, problem: Any, recompute: str, time_limit:
 def _overlap_rounds(prep: Prepared, problem: Any, solution: Any, plan: Plan, rounds: int, deadline: float,
                     backend: str) -> Plan:
     """Solve again with overlap-priced edges until the choice repeats (module
-    ``autoshard.plan.overlap_pricing``) or a round ends unproven; the plan with the best
+    ``autoshard.plan.overlap_pricing``) or a round ends unproven (each within
+    :data:`OVERLAP_ROUND_FACTOR` times the first solve's time); the plan with the best
     simulated step among the first solve's and the proven rounds'."""
     from autoshard.plan.build import assembly_graph
 
@@ -433,13 +442,14 @@ def _overlap_rounds(prep: Prepared, problem: Any, solution: Any, plan: Plan, rou
     best, best_round = plan, 0
     previous, previous_plan = tuple(solution.choice), plan
     ran, spent = 0, 0.0
+    cap = max(OVERLAP_ROUND_MIN_S, OVERLAP_ROUND_FACTOR * float(solution.seconds))
     for r in range(rounds):
         remaining = deadline - time.perf_counter()
         if remaining <= 0.5:
             break
         slack = edge_slack(assembly, problem, previous, previous_plan)
         priced = overlap_problem(problem, slack, graph.profile.contention)
-        again = solve_problem(priced, backend=backend, time_limit=remaining / (rounds - r), gap=PLAN_GAP,
+        again = solve_problem(priced, backend=backend, time_limit=min(remaining / (rounds - r), cap), gap=PLAN_GAP,
                               initial=list(previous))
         ran += 1
         spent += again.seconds
@@ -501,9 +511,13 @@ def _best_of_baselines(prep: Prepared, plan: Plan | None, opts: SolveOptions, li
             prep, opts, limit, end, recompute, rounds, claim=background.claim, last_first=True)]
                if rounds == _rounds_beside(prep, opts) else [])
         items, complete = background.collect(until=end)
-        if complete and all(item["rounds"] == rounds for item in items):
-            found = sorted([(item["task"], item["step_s"], item["spent"], item["plan"]) for item in items] + own,
-                           key=lambda layout: layout[0])
+        if all(item["rounds"] == rounds for item in items):
+            found = [(item["task"], item["step_s"], item["spent"], item["plan"]) for item in items] + own
+            if not complete:  # the child ended early (an error, its deadline): the rest are priced here
+                priced = {layout[0] for layout in found}
+                found += [(n, c.estimate.step_s, seconds, c) for n, c, seconds in _layout_candidates(
+                    prep, opts, limit, end, recompute, rounds, claim=lambda n: n not in priced)]
+            found.sort(key=lambda layout: layout[0])
     if found is None:
         found = [(n, c.estimate.step_s, seconds, c)
                  for n, c, seconds in _layout_candidates(prep, opts, limit, end, recompute, rounds)]
@@ -533,14 +547,14 @@ def _layout_candidates(prep: Prepared, opts: SolveOptions, limit: float, end: fl
                        last_first: bool = False) -> Iterator[tuple[int, Plan, float]]:
     """``(index, plan, solve seconds)`` of each expert layout that fits, under the first policy that fits,
     the index its place in :data:`PORTFOLIO_ORDER` among the layouts that apply. ``claim``: the layouts
-    are shared with another process (:class:`~autoshard.plan.background.Background`), taken in order
-    (``last_first``: from the last) until one is the other's."""
+    are shared with another process (:class:`~autoshard.plan.background.Background`): the ones it
+    refuses are the other's, taken in order (``last_first``: from the last)."""
     names = sorted(applicable_baselines(prep.graph, opts.tp_table), key=PORTFOLIO_ORDER.index)
     policies = recompute_policies(prep, recompute)
     for n in reversed(range(len(names))) if last_first else range(len(names)):
         name = names[n]
         if claim is not None and not claim(n):
-            break  # this one and every one beyond it are the other process's
+            continue  # the other process's
         try:
             pins = resolve_pins(prep.graph, {**baseline_pins(prep.graph, name, opts.tp_table), **opts.pins})
         except ValueError:  # does not apply (a batch the data-parallel dims do not divide)

@@ -83,6 +83,43 @@ def test_layouts_priced_beside_the_search_give_the_plan_priced_after_it(monkeypa
     assert beside.options.get("portfolio") == after.options.get("portfolio")
 
 
+def test_layouts_a_failing_child_did_not_send_are_priced_in_the_parent(monkeypatch):
+    import autoshard.plan.background as background
+    import autoshard.plan.solve as solve
+    from examples.models import mlp
+
+    prep = solve.prepare(*mlp.tiny(device="meta"), (2,), profile="h100-sxm-80gb")
+    monkeypatch.setattr(solve, "BACKGROUND_MIN_NODES", 0)
+    start = background.Background.start
+
+    def first_then_fail(produce, tasks=0):
+        def failing(claim):
+            for item in produce(lambda n: n == 0 and claim(n)):  # the first layout only, then an error
+                yield item
+            raise RuntimeError("the child broke")
+        return start(failing, tasks)
+
+    monkeypatch.setattr(background.Background, "start", staticmethod(first_then_fail))
+    monkeypatch.setattr(background.Background, "claim", lambda self, n: False)  # the parent helps with none
+    here = []  # the layouts priced in this process
+    priced = solve._layout_candidates
+
+    def counted(*args, **kwargs):
+        for found in priced(*args, **kwargs):
+            here.append(found[0])
+            yield found
+
+    monkeypatch.setattr(solve, "_layout_candidates", counted)
+    broken = solve.solve_prepared(prep, time_limit=60)
+    beside = list(here)
+    here.clear()
+    monkeypatch.setattr(background, "can_fork", lambda: False)
+    after = solve.solve_prepared(prep, time_limit=60)
+    assert len(here) >= 2 and 0 not in beside and sorted(beside + [0]) == here  # the child's first, the rest here
+    assert broken.estimate == after.estimate and broken.nodes == after.nodes
+    assert broken.options.get("portfolio") == after.options.get("portfolio")
+
+
 def test_the_module_example_holds():
     import doctest
 
