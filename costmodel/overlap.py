@@ -128,6 +128,61 @@ def _events(n: int, transfers: Sequence[Transfer]) -> tuple[dict[int, list[int]]
     return issues, waits
 
 
+class _Streams:
+    """The two streams' state while positions are walked (module docstring): the communication
+    stream's queue of ``[transfer, collective, seconds left at full speed]``, and when each
+    collective started and ended."""
+
+    def __init__(self, contention: float, skew_s: float) -> None:
+        self.slow = 1.0 / (1.0 + contention)
+        self.skew_s = skew_s
+        self.now = 0.0
+        self.since_issue = 0.0  # compute since the last issue: how far the ranks may have drifted apart
+        self.queue: deque[list] = deque()
+        self.done: dict[tuple[int, int], float] = {}
+        self.started: dict[tuple[int, int], float] = {}
+
+    def _advance_head(self, seconds: float) -> None:
+        """The head collective ran ``seconds`` at full speed; at its end the next one starts."""
+        head = self.queue[0]
+        head[2] -= seconds
+        if head[2] <= _EPS:
+            self.queue.popleft()
+            self.done[(head[0], head[1])] = self.now
+            if self.queue:
+                self.started[(self.queue[0][0], self.queue[0][1])] = self.now
+
+    def issue(self, k: int, j: int, seconds: float) -> None:
+        if not self.queue:  # on an idle stream it starts when the last rank issues it
+            seconds += min(self.since_issue, self.skew_s)
+        self.since_issue = 0.0
+        self.queue.append([k, j, seconds])
+        if len(self.queue) == 1:
+            self.started[(k, j)] = self.now
+
+    def wait(self, key: tuple[int, int]) -> None:
+        """The compute stream blocks until collective ``key`` is done: the collectives run alone."""
+        while key not in self.done:
+            if not self.queue:  # unreachable for checked positions: issues come before waits
+                raise ValueError(f"schedule: the compute stream waits for transfer {key[0]} before issuing it")
+            step = self.queue[0][2]
+            self.now += step
+            self._advance_head(step)
+
+    def work(self, left: float) -> None:
+        """Compute ``left`` seconds; while a collective is in flight both advance at rate ``slow``."""
+        while True:
+            rate = self.slow if self.queue else 1.0
+            step = min(left, self.queue[0][2] if self.queue else float("inf")) / rate
+            self.now += step
+            left -= step * rate
+            self.since_issue += step * rate
+            if self.queue:
+                self._advance_head(step * rate)
+            if left <= _EPS:
+                return
+
+
 def simulate(compute_s: Sequence[float], transfers: Sequence[Transfer], *, tail_s: float = 0.0,
              contention: float = 0.0, skew_s: float = 0.0) -> StepSimulation:
     """Simulate one step (module docstring). ``compute_s[p]`` is op ``p``'s time;
@@ -147,55 +202,9 @@ def simulate(compute_s: Sequence[float], transfers: Sequence[Transfer], *, tail_
     if skew_s < 0:
         raise ValueError(f"skew_s: {skew_s} is negative")
     issues, waits = _events(n, transfers)
-    slow = 1.0 / (1.0 + contention)
-    queue: deque[list] = deque()  # [transfer, collective, seconds left at full speed]
-    done: dict[tuple[int, int], float] = {}
-    started: dict[tuple[int, int], float] = {}
+    sim = _Streams(contention, skew_s)
     needed: dict[int, float] = {}
     reached = [0.0] * (n + 1)
-    now = 0.0
-    since_issue = 0.0  # compute since the last issue: how far the ranks may have drifted apart
-
-    def collective_done(step: float) -> None:  # the head collective advanced by ``step`` at full speed
-        head = queue[0]
-        head[2] -= step
-        if head[2] <= _EPS:
-            queue.popleft()
-            done[(head[0], head[1])] = now
-            if queue:
-                started[(queue[0][0], queue[0][1])] = now
-
-    def issue(k: int, j: int, seconds: float) -> None:
-        nonlocal since_issue
-        if not queue:  # on an idle stream it starts when the last rank issues it
-            seconds += min(since_issue, skew_s)
-        since_issue = 0.0
-        queue.append([k, j, seconds])
-        if len(queue) == 1:
-            started[(k, j)] = now
-
-    def wait(key: tuple[int, int]) -> None:  # the compute stream blocks: the collectives run alone
-        nonlocal now
-        while key not in done:
-            if not queue:  # unreachable for checked positions: issues come before waits
-                raise ValueError(f"schedule: the compute stream waits for transfer {key[0]} before issuing it")
-            step = queue[0][2]
-            now += step
-            collective_done(step)
-
-    def work(left: float) -> None:  # both streams busy: each at rate ``slow`` until one is done
-        nonlocal now, since_issue
-        while True:
-            rate = slow if queue else 1.0
-            step = min(left, queue[0][2] if queue else float("inf")) / rate
-            now += step
-            left -= step * rate
-            since_issue += step * rate
-            if queue:
-                collective_done(step * rate)
-            if left <= _EPS:
-                return
-
     # Positions in order. The event loop runs only while a collective is in flight or the compute
     # stream waits; a stretch of positions with no event and nothing in flight adds its ops' times one
     # after the other (itertools.accumulate: the same additions in the same order, so the same floats).
@@ -204,36 +213,36 @@ def simulate(compute_s: Sequence[float], transfers: Sequence[Transfer], *, tail_
     events = sorted(set(issues) | set(waits))
     p = 0
     while p <= n:
-        if not queue and p not in issues and p not in waits:
+        if not sim.queue and p not in issues and p not in waits:
             e = events[bisect.bisect_right(events, p)] if events and events[-1] > p else n + 1
-            sums = list(itertools.accumulate(seconds_at[p:e], initial=now))
+            sums = list(itertools.accumulate(seconds_at[p:e], initial=sim.now))
             reached[p:e] = sums[:-1]
-            now = sums[-1]
-            since_issue = functools.reduce(operator.add, seconds_at[p:e], since_issue)
+            sim.now = sums[-1]
+            sim.since_issue = functools.reduce(operator.add, seconds_at[p:e], sim.since_issue)
             p = e
             continue
-        reached[p] = now
+        reached[p] = sim.now
         for k in issues.get(p, ()):
             durations = transfers[k].durations_s
             last = len(durations) - 1
             for j in range(last):  # a redistribution's earlier steps: each needed before the next
-                issue(k, j, durations[j])
-                wait((k, j))
-            issue(k, last, durations[last])
+                sim.issue(k, j, durations[j])
+                sim.wait((k, j))
+            sim.issue(k, last, durations[last])
         for k in waits.get(p, ()):
-            needed.setdefault(k, now)
-            wait((k, len(transfers[k].durations_s) - 1))
-        seconds = seconds_at[p]
-        if seconds > 0:
-            if queue:
-                work(seconds)
+            needed.setdefault(k, sim.now)
+            sim.wait((k, len(transfers[k].durations_s) - 1))
+        if seconds_at[p] > 0:
+            if sim.queue:
+                sim.work(seconds_at[p])
             else:
-                now += seconds
-                since_issue += seconds
+                sim.now += seconds_at[p]
+                sim.since_issue += seconds_at[p]
         p += 1
+    now = sim.now
     total_compute = float(sum(compute_s)) + float(tail_s)
     total_comm = float(sum(sum(t.durations_s) for t in transfers))
-    timings = tuple(TransferTiming(started[(k, len(t.durations_s) - 1)], done[(k, len(t.durations_s) - 1)],
+    timings = tuple(TransferTiming(sim.started[(k, len(t.durations_s) - 1)], sim.done[(k, len(t.durations_s) - 1)],
                                    needed[k]) for k, t in enumerate(transfers))
     return StepSimulation(now, total_compute, total_comm, max(0.0, now - total_compute), timings, tuple(reached))
 
