@@ -109,12 +109,30 @@ def _routes(src: tuple[Placement, ...], dst: tuple[Placement, ...], mesh: MeshSp
     return tuple(out)
 
 
-def _price(plan: RedistributePlan, share: float, accept: Accept, mesh: MeshSpec, profile: HardwareProfile) -> float:
+def _latency(plan: RedistributePlan, accept: Accept, mesh: MeshSpec, profile: HardwareProfile) -> float | None:
+    """The call latency of the route's bucketable collective (None: a bucket does not take the route)."""
     step = accept(plan.steps)
-    if step is None or share >= 1.0:
+    return None if step is None else collective_time_s(step.collective, 0, step.mesh_dims, mesh, profile)
+
+
+def _price(plan: RedistributePlan, latency: float | None, share: float) -> float:
+    if latency is None or share >= 1.0:
         return plan.cost_s
-    latency = collective_time_s(step.collective, 0, step.mesh_dims, mesh, profile)
     return max(0.0, plan.cost_s - (1.0 - share) * latency)
+
+
+@lru_cache(maxsize=65536)
+def _candidates(src: tuple[Placement, ...], dst: tuple[Placement, ...], mesh: MeshSpec, shape: tuple[int, ...],
+                itemsize: int, profile: HardwareProfile, accept: Accept,
+                ) -> tuple[tuple[RedistributePlan, float | None], ...]:
+    """The planner's route, then (when a bucket would not take it) every one-collective route, each
+    with its bucketable latency: what the price at any share is made of (a model's edges ask the
+    same pair at many shares, one per tensor size)."""
+    planner = plan_redistribute(src, dst, mesh, shape, itemsize, profile)
+    first = (planner, _latency(planner, accept, mesh, profile))
+    if first[1] is not None:
+        return (first,)
+    return (first, *((r, _latency(r, accept, mesh, profile)) for r in _routes(src, dst, mesh, shape, itemsize, profile)))
 
 
 def bucketed_route(
@@ -131,12 +149,14 @@ def bucketed_route(
     """The route of a redistribution that pays ``share`` of a bucketable
     collective's latency (module docstring); ``accept`` says which routes a bucket
     takes (``costmodel.bucketing.bucketable_step`` or ``gatherable_step``)."""
-    best = plan_redistribute(src, dst, mesh, shape, itemsize, profile)
-    best_price = _price(best, share, accept, mesh, profile)
-    if share >= 1.0 or accept(best.steps) is not None:
-        return BucketedRoute(best, best_price)
-    for route in one_collective_routes(src, dst, mesh, shape, itemsize, profile):
-        price = _price(route, share, accept, mesh, profile)
+    if share >= 1.0:
+        best = plan_redistribute(src, dst, mesh, shape, itemsize, profile)
+        return BucketedRoute(best, best.cost_s)
+    src_t, dst_t, mesh_spec, shape_t = _normalize(src, dst, mesh, shape, itemsize)
+    (best, latency), *others = _candidates(src_t, dst_t, mesh_spec, shape_t, itemsize, profile, accept)
+    best_price = _price(best, latency, share)
+    for route, route_latency in others:
+        price = _price(route, route_latency, share)
         if price < best_price - 1e-12:
             best, best_price = route, price
     return BucketedRoute(best, best_price)
