@@ -13,34 +13,34 @@ every baseline) share it; ``solve_prepared`` solves it. ``autoshard.solve``
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
 import time
-from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Mapping, Sequence
 
 from costmodel.mesh import MeshSpec
 from hw_profiles import HardwareProfile
 from hw_profiles import load as load_profile
 from solver import solve as solve_problem
 from solver.solution import Status
-from solver.tolerance import over_limit
 
 from autoshard.graph.builder import StrategyGraph, build_graph
 from autoshard.graph.memory import OptimizerMemory, optimizer_implementation
 from autoshard.graph.problem import to_problem
 from autoshard.graph.recompute_policy import parse_policy
 from autoshard.graph.restrict import choose_search, seeded_restriction
-from autoshard.plan.background import Background, Claim
-from autoshard.plan.baselines import applicable_baselines, baseline_allowed, baseline_pins, held_all_step_bytes
+from autoshard.plan.baselines import applicable_baselines, baseline_allowed, baseline_pins
 from autoshard.plan.build import make_fingerprint, plan_from_solution
-from autoshard.plan.format import Fingerprint, Plan
+from autoshard.plan.format import Plan
 from autoshard.plan.gather_pricing import gather_amortized_problem
 from autoshard.plan.overlap_pricing import edge_slack, overlap_problem, overlap_worthwhile
 from autoshard.plan.options import NO_MEMORY_LIMIT, PLAN_GAP, SolveOptions, solve_options
 from autoshard.plan.pins import resolve_pins
+from autoshard.plan.portfolio import (BASELINE_POLICIES, baseline_options, layouts_beside, layouts_instead,
+                                      own_seconds, recompute_policies, with_expert_layouts)
+from autoshard.plan.prepared import Prepared
 from autoshard.plan.recompute_search import AutoAnswer, solve_auto
 from autoshard.plan.remote_solve import server_solver, solve_on_server
 from autoshard.sizes import format_bytes
@@ -57,12 +57,7 @@ SEED_SHARE = 0.25
 (``autoshard.graph.restrict``): the solve itself gets what it leaves."""
 
 PORTFOLIO_SHARE = 0.2
-"""Share of the time limit kept for the expert layouts (``_best_of_baselines``)."""
-
-BACKGROUND_MIN_NODES = 2000
-"""Smallest graph whose expert layouts are priced beside its search (:mod:`autoshard.plan.background`):
-below it they take a second or two, less than what a second process costs in contention
-(the solver's backends already use both cores of a 2-core machine while they run)."""
+"""Share of the time limit kept for the expert layouts (``autoshard.plan.portfolio``)."""
 
 OVERLAP_FIRST_SHARE = 0.6
 """Share of the solve time the first solve gets when overlap rounds follow."""
@@ -82,17 +77,6 @@ Progress = Callable[[str, float, float], None]
 
 class InfeasibleMemoryError(ValueError):
     """No plan fits the memory limit."""
-
-
-@dataclass(frozen=True, slots=True)
-class Prepared:
-    """A traced model and its strategy graph on one mesh and profile."""
-
-    traced: TracedGraph
-    graph: StrategyGraph
-    fingerprint: Fingerprint
-    timings: Mapping[str, float] = field(default_factory=dict)
-    options: Mapping[str, Any] = field(default_factory=dict)
 
 
 def _profile(profile: str | HardwareProfile) -> HardwareProfile:
@@ -257,7 +241,7 @@ def solve_prepared(
     rounds = opts.overlap_rounds if overlap_worthwhile(graph.profile.contention) else 0
     first = OVERLAP_FIRST_SHARE if rounds else 1.0
     deadline = start + time_limit * (1 - share)
-    background = _layouts_beside(prep, opts, limit, end, recompute) if portfolio and server is None else None
+    background = layouts_beside(solve_prepared, prep, opts, limit, end, recompute) if portfolio and server is None else None
     try:
         if server is not None and not _searches_recompute(graph, recompute):
             remote, solution = solve_on_server(server, prep, problem, options, time_limit * (1 - share) * first,
@@ -275,7 +259,7 @@ def solve_prepared(
         if solution.status is not Status.INFEASIBLE and not solution.choice and portfolio:
             # the search ran out of time before any choice fit: the expert layouts (with the
             # recomputation policies) may still give one
-            found = _layouts_instead(prep, solution, opts, limit, end, recompute, background)
+            found = layouts_instead(solve_prepared, prep, solution, opts, limit, end, recompute, background)
             if found is not None:
                 return found
         if solution.status is Status.INFEASIBLE or not solution.choice:
@@ -291,44 +275,13 @@ def solve_prepared(
         if rounds:
             plan = _overlap_rounds(prep, problem, solution, plan, rounds, deadline, backend)
         if portfolio:
-            plan = _with_expert_layouts(prep, plan, solution, opts, limit, end, recompute, background)
+            plan = with_expert_layouts(solve_prepared, prep, plan, solution, opts, limit, end, recompute, background)
     finally:
         if background is not None:
             background.stop()
     if progress:
         progress("solve", time_limit, time_limit)
     return plan
-
-
-def _layouts_instead(prep: Prepared, solution: Any, opts: SolveOptions, limit: float, end: float, recompute: str,
-                     background: Background | None) -> Plan | None:
-    """The cheapest expert layout that fits when the search found nothing (None: none fits)."""
-    spent: list[float] = []
-    found = _best_of_baselines(prep, None, opts, limit, end, recompute, status=solution.status.value,
-                               seconds_used=solution.seconds, spent=spent, background=background)
-    if found is None:
-        return None
-    timings = {**prep.timings, "solve_s": round(solution.seconds, 4), "portfolio_s": round(sum(spent), 4)}
-    return replace(found, solver=replace(found.solver, timings=timings))
-
-
-def _with_expert_layouts(prep: Prepared, plan: Plan, solution: Any, opts: SolveOptions, limit: float, end: float,
-                         recompute: str, background: Background | None = None) -> Plan:
-    """``plan`` or the expert layout that simulates fastest, priced until ``end``.
-
-    Priced for every unpinned solve (DESIGN.md, Overlap): the objective cannot see the schedule,
-    so a proven optimum can simulate slower than a layout (2x2 MLP on H100: FSDP 652 us, the proven
-    plan 660 us); and a seeded search proves its plan optimal only over the strategies its seed
-    kept (a 70B plan at 45.7 s per step against 8.99 s). After a proven full search the layouts are
-    solved without overlap rounds (a third cheaper: tiny LLaMA 2x2's four layouts 14.2 -> 9.7 s; a
-    layout's rounds only make it simulate faster, so the comparison stays conservative: a layout
-    returned is faster than the plan; one that would win only after its rounds is missed)."""
-    spent: list[float] = []
-    before = plan.solver.timings  # the plan's own stages, whichever layout wins
-    proven = solution.status is Status.OPTIMAL and prep.options.get("search") != "seeded"
-    plan = _best_of_baselines(prep, plan, opts, limit, end, recompute, spent=spent,
-                              overlap_rounds=0 if proven else opts.overlap_rounds, background=background)
-    return replace(plan, solver=replace(plan.solver, timings={**before, "portfolio_s": round(sum(spent), 4)}))
 
 
 def _solve_share(time_limit: float, prep: Prepared, started: float | None) -> float:
@@ -400,13 +353,7 @@ def solve_stage_seconds(plan: Plan) -> float:
     >>> solve_stage_seconds(plan) <= plan.options["time_limit_s"] * 1.05  # doctest: +SKIP
     True
     """
-    return float(plan.solver.timings.get("seed_solve_s", 0.0)) + _own_seconds(plan)
-
-
-def _own_seconds(plan: Plan) -> float:
-    """The solve's stages of ``plan`` without the seed (a portfolio layout shares its prep's seed)."""
-    timings = plan.solver.timings
-    return sum(float(timings.get(k, 0.0)) for k in ("solve_s", "overlap_s", "portfolio_s"))
+    return float(plan.solver.timings.get("seed_solve_s", 0.0)) + own_seconds(plan)
 
 
 def _searches_recompute(graph: StrategyGraph, recompute: str) -> bool:
@@ -469,151 +416,8 @@ def _overlap_rounds(prep: Prepared, problem: Any, solution: Any, plan: Plan, rou
     return replace(best, options={**best.options, "overlap_rounds": ran, "overlap_round": best_round})
 
 
-def recompute_policies(prep: Prepared, recompute: str = "auto") -> list[str]:
-    """The recomputation policies to price a layout with, in order of preference:
-    ``none``, then the policies users run (``selective``, ``every:2``, ``full``)
-    where the graph has regions and ``recompute`` is ``auto``; the one policy asked for otherwise."""
-    if recompute != "auto":
-        return [recompute]
-    if not prep.graph.regions:
-        return ["none"]
-    return list(BASELINE_POLICIES)
-
-
-PORTFOLIO_ORDER = ("fsdp", "fsdp+tp", "tp", "ddp")
-"""The order the expert layouts are tried in when a search ends unproven: the
-ones that shard parameters and optimizer state first, since a search that
-found nothing is short of memory, where DDP never fits (tried first, it used
-up the share that FSDP needed)."""
-
-BASELINE_POLICIES = ("none", "selective", "every:2", "full")
-"""The policies users run today, priced with every expert layout."""
-
-
-def _best_of_baselines(prep: Prepared, plan: Plan | None, opts: SolveOptions, limit: float, end: float,
-                       recompute: str, *, status: str | None = None, seconds_used: float | None = None,
-                       spent: list[float] | None = None, overlap_rounds: int | None = None,
-                       background: Background | None = None) -> Plan | None:
-    """``plan``, or the cheapest expert layout that fits if it simulates faster than the search's plan
-    (``plan`` None: the search found nothing; then the cheapest layout that fits, or None);
-    a layout that does not fit without recomputation is tried with the policies users run.
-    The layouts share what is left until ``end`` (the solve's deadline: the portfolio's share of
-    the time limit, and what the search left of its own); once it is spent, the ones left are not tried.
-    ``background``: the layouts already priced beside the search (:func:`_layouts_beside`),
-    taken when priced with ``overlap_rounds`` (else priced here)."""
-    rounds = opts.overlap_rounds if overlap_rounds is None else overlap_rounds
-    # (layout index, step, solve seconds, the plan or its JSON text): a layout's plan from the child is
-    # parsed only if taken
-    found: list[tuple[int, float, float, Plan | str]] | None = None
-    if background is not None:
-        # the layouts the child has not started are priced here, last first (autoshard.plan.background)
-        own = ([(n, c.estimate.step_s, seconds, c) for n, c, seconds in _layout_candidates(
-            prep, opts, limit, end, recompute, rounds, claim=background.claim, last_first=True)]
-               if rounds == _rounds_beside(prep, opts) else [])
-        items, complete = background.collect(until=end)
-        if all(item["rounds"] == rounds for item in items):
-            found = [(item["task"], item["step_s"], item["spent"], item["plan"]) for item in items] + own
-            if not complete:  # the child ended early (an error, its deadline): the rest are priced here
-                priced = {layout[0] for layout in found}
-                found += [(n, c.estimate.step_s, seconds, c) for n, c, seconds in _layout_candidates(
-                    prep, opts, limit, end, recompute, rounds, claim=lambda n: n not in priced)]
-            found.sort(key=lambda layout: layout[0])
-    if found is None:
-        found = [(n, c.estimate.step_s, seconds, c)
-                 for n, c, seconds in _layout_candidates(prep, opts, limit, end, recompute, rounds)]
-    best_step = plan.estimate.step_s if plan is not None else math.inf
-    chosen: Plan | str | None = None
-    for _, step, seconds, layout in found:
-        if spent is not None:
-            spent.append(seconds)
-        if (plan is None and chosen is None) or step < best_step:
-            chosen, best_step = layout, step
-    if chosen is None:
-        return plan
-    best = Plan.from_dict(json.loads(chosen)) if isinstance(chosen, str) else chosen
-    base = plan.options if plan is not None else {**prep.options, "recompute": recompute}
-    log.info("the search's plan%s; the %s layout (recompute %s) is %s (%.6g s) and is the plan",
-             " found nothing" if plan is None else f" simulates {plan.estimate.step_s:.6g} s", best.options["baseline"],
-             best.options.get("recompute"), "the best found" if plan is None else "better", best.estimate.step_s)
-    options = {**base, "portfolio": best.options["baseline"], "recompute": best.options.get("recompute")}
-    solver = (replace(best.solver, status=plan.solver.status, gap=plan.solver.gap, seconds=plan.solver.seconds)
-              if plan is not None else replace(best.solver, status=status or "timeout", gap=None,
-                                                seconds=seconds_used if seconds_used is not None else 0.0))
-    return replace(best, options=options, solver=solver)
-
-
-def _layout_candidates(prep: Prepared, opts: SolveOptions, limit: float, end: float, recompute: str,
-                       overlap_rounds: int, *, claim: Claim | None = None,
-                       last_first: bool = False) -> Iterator[tuple[int, Plan, float]]:
-    """``(index, plan, solve seconds)`` of each expert layout that fits, under the first policy that fits,
-    the index its place in :data:`PORTFOLIO_ORDER` among the layouts that apply. ``claim``: the layouts
-    are shared with another process (:class:`~autoshard.plan.background.Background`): the ones it
-    refuses are the other's, taken in order (``last_first``: from the last)."""
-    names = sorted(applicable_baselines(prep.graph, opts.tp_table), key=PORTFOLIO_ORDER.index)
-    policies = recompute_policies(prep, recompute)
-    for n in reversed(range(len(names))) if last_first else range(len(names)):
-        name = names[n]
-        if claim is not None and not claim(n):
-            continue  # the other process's
-        try:
-            pins = resolve_pins(prep.graph, {**baseline_pins(prep.graph, name, opts.tp_table), **opts.pins})
-        except ValueError:  # does not apply (a batch the data-parallel dims do not divide)
-            continue
-        if over_limit(held_all_step_bytes(prep.graph, pins) - limit, limit):
-            continue  # its parameters alone do not fit (DDP of 8B on 8x8: 4 solves to fail, 3.6 s)
-        for policy in policies:
-            left = end - time.perf_counter()
-            if left <= 0:
-                break
-            try:
-                # no smallest-peak hint: a layout that does not fit is simply not taken (DDP of 8B on
-                # 8x8 solved the FSDP layout for its hint under each of the 4 policies: 10 s)
-                candidate = solve_prepared(prep, _baseline_options(opts, name, policy, limit,
-                                                                   left / (len(names) - n), overlap_rounds),
-                                           peak_hint=False)
-            except ValueError:  # does not apply or does not fit: try the next policy
-                continue
-            yield n, candidate, _own_seconds(candidate)
-            break  # the first policy that fits is the cheapest of this layout's (less recomputation)
-
-
-def _layouts_beside(prep: Prepared, opts: SolveOptions, limit: float, end: float, recompute: str,
-                    ) -> Background | None:
-    """The expert layouts priced in a forked child while the search runs
-    (:mod:`autoshard.plan.background`), with the overlap rounds they get after a
-    search that proves its plan (a seeded search never does: then with the rounds).
-    LLaMA-3 8B on 2x4x8 (seeded), 2 cores: the solve after prepare 17-21 s -> 12-17 s;
-    on 8x8 (full search, layouts without rounds) 12-13.5 s either way."""
-    if len(prep.graph.nodes) < BACKGROUND_MIN_NODES:
-        return None
-    rounds = _rounds_beside(prep, opts)
-
-    def produce(claim: Claim) -> Iterator[dict[str, Any]]:
-        for n, candidate, seconds in _layout_candidates(prep, opts, limit, end, recompute, rounds, claim=claim):
-            yield {"task": n, "plan": json.dumps(candidate.to_dict()), "step_s": candidate.estimate.step_s,
-                   "spent": seconds, "rounds": rounds}
-
-    return Background.start(produce, tasks=len(PORTFOLIO_ORDER))
-
-
-def _rounds_beside(prep: Prepared, opts: SolveOptions) -> int:
-    """The overlap rounds the layouts beside the search get: none where the search will prove its
-    plan (a full search; :func:`_with_expert_layouts`), the plan's own where it cannot (seeded)."""
-    return 0 if prep.options.get("search") != "seeded" else opts.overlap_rounds
-
-
 MIN_HINT_S = 0.5
 """Below this much time left, an infeasible solve's error gives no smallest-peak hint."""
-
-
-def _baseline_options(opts: SolveOptions, baseline: str, recompute: str, memory_limit: float,
-                      time_limit: float, overlap_rounds: int | None = None) -> SolveOptions:
-    """The options of one expert layout's solve within ``opts``' solve: its backend,
-    TP table and server, the layout's pins only, its own limits (``overlap_rounds``
-    None: ``opts``')."""
-    return SolveOptions(memory_limit=memory_limit, time_limit=time_limit, backend=opts.backend, baseline=baseline,
-                        tp_table=opts.tp_table, server=opts.server, recompute=recompute,
-                        overlap_rounds=opts.overlap_rounds if overlap_rounds is None else overlap_rounds)
 
 
 def _smallest_peak_hint(prep: Prepared, opts: SolveOptions, recompute: str, end: float) -> str:
@@ -625,7 +429,7 @@ def _smallest_peak_hint(prep: Prepared, opts: SolveOptions, recompute: str, end:
         return ""
     policy = "full" if recompute == "auto" and prep.graph.regions else recompute
     try:
-        plan = solve_prepared(prep, _baseline_options(opts, "fsdp", policy, NO_MEMORY_LIMIT, left))
+        plan = solve_prepared(prep, baseline_options(opts, "fsdp", policy, NO_MEMORY_LIMIT, left))
     except ValueError:
         return ""
     how = "FSDP layout" + (f", {policy} recomputation" if policy not in ("none", "auto") else "")
@@ -669,7 +473,7 @@ def compare_baselines(
             out.append(BaselineResult(name, None, "time limit reached before it started", recompute=policy))
             continue
         try:
-            row = _baseline_options(opts, name, policy, NO_MEMORY_LIMIT, left / (len(rows) - n))
+            row = baseline_options(opts, name, policy, NO_MEMORY_LIMIT, left / (len(rows) - n))
             plan = solve_prepared(prep, row.with_changes(server=None))  # the rows are priced here
             plan = replace(plan, estimate=replace(plan.estimate, memory_limit_bytes=limit))
             out.append(BaselineResult(name, plan, recompute=policy))

@@ -65,14 +65,15 @@ def test_the_child_and_the_parent_share_the_tasks_each_run_once():
 
 def test_layouts_priced_beside_the_search_give_the_plan_priced_after_it(monkeypatch):
     import autoshard.plan.background as background
+    import autoshard.plan.portfolio as portfolio
     import autoshard.plan.solve as solve
     from examples.models import mlp
 
     prep = solve.prepare(*mlp.tiny(device="meta"), (2,), profile="h100-sxm-80gb")
-    monkeypatch.setattr(solve, "BACKGROUND_MIN_NODES", 0)
+    monkeypatch.setattr(portfolio, "BACKGROUND_MIN_NODES", 0)
     here = []  # calls in this process (the child's are made in the child): shared, or all layouts here
-    priced = solve._layout_candidates
-    monkeypatch.setattr(solve, "_layout_candidates", lambda *a, **k: here.append("claim" in k) or priced(*a, **k))
+    priced = portfolio.layout_candidates
+    monkeypatch.setattr(portfolio, "layout_candidates", lambda *a, **k: here.append("claim" in k) or priced(*a, **k))
     beside = solve.solve_prepared(prep, time_limit=60)
     assert here == [True]  # only the layouts the child had not started
     assert beside.solver.timings.get("portfolio_s", 0) > 0  # the layouts were priced
@@ -85,11 +86,12 @@ def test_layouts_priced_beside_the_search_give_the_plan_priced_after_it(monkeypa
 
 def test_layouts_a_failing_child_did_not_send_are_priced_in_the_parent(monkeypatch):
     import autoshard.plan.background as background
+    import autoshard.plan.portfolio as portfolio
     import autoshard.plan.solve as solve
     from examples.models import mlp
 
     prep = solve.prepare(*mlp.tiny(device="meta"), (2,), profile="h100-sxm-80gb")
-    monkeypatch.setattr(solve, "BACKGROUND_MIN_NODES", 0)
+    monkeypatch.setattr(portfolio, "BACKGROUND_MIN_NODES", 0)
     start = background.Background.start
 
     def first_then_fail(produce, tasks=0):
@@ -102,14 +104,14 @@ def test_layouts_a_failing_child_did_not_send_are_priced_in_the_parent(monkeypat
     monkeypatch.setattr(background.Background, "start", staticmethod(first_then_fail))
     monkeypatch.setattr(background.Background, "claim", lambda self, n: False)  # the parent helps with none
     here = []  # the layouts priced in this process
-    priced = solve._layout_candidates
+    priced = portfolio.layout_candidates
 
     def counted(*args, **kwargs):
         for found in priced(*args, **kwargs):
             here.append(found[0])
             yield found
 
-    monkeypatch.setattr(solve, "_layout_candidates", counted)
+    monkeypatch.setattr(portfolio, "layout_candidates", counted)
     broken = solve.solve_prepared(prep, time_limit=60)
     beside = list(here)
     here.clear()
