@@ -289,8 +289,9 @@ def test_a_seeded_plan_is_never_worse_than_the_expert_layouts_on_the_same_graph(
         assert plan.estimate.step_s <= layout.estimate.step_s * (1 + 1e-9), name
 
 
-def test_the_portfolio_tries_the_layouts_that_shard_parameters_first_without_peak_hints(monkeypatch) -> None:
-    import autoshard.plan.solve as solve_module
+def test_the_portfolio_tries_the_layouts_that_shard_parameters_first_without_peak_hints() -> None:
+    from autoshard.plan.options import SolveOptions
+    from autoshard.plan.portfolio import best_of_layouts
 
     tried: list[str] = []
     hints: list[bool] = []
@@ -300,22 +301,21 @@ def test_the_portfolio_tries_the_layouts_that_shard_parameters_first_without_pea
         hints.append(peak_hint)
         raise ValueError("does not fit")
 
-    monkeypatch.setattr(solve_module, "solve_prepared", refuse)
     prep = prepare(*mlp.tiny(device="meta"), (2, 2), profile="cpu-gloo", time_limit=4)
-    found = solve_module._best_of_baselines(prep, None, solve_module.SolveOptions(), float("inf"),
-                                            time.perf_counter() + 60, "none")
+    found = best_of_layouts(refuse, prep, None, SolveOptions(), float("inf"), time.perf_counter() + 60, "none")
     assert found is None
     assert tried[0] == "fsdp" and tried[-1] == "ddp", tried
     # a layout that does not fit is not taken: its error needs no smallest peak (a solve each)
     assert hints and not any(hints)
 
 
-def test_a_layout_whose_parameters_alone_do_not_fit_is_not_solved(monkeypatch) -> None:
+def test_a_layout_whose_parameters_alone_do_not_fit_is_not_solved() -> None:
     """The bytes a layout holds all step (parameters with optimizer state, inputs) bound every
     plan of it from below, whatever it recomputes; over the limit, the portfolio skips the layout
     instead of solving it once per policy to find that it does not fit."""
-    import autoshard.plan.solve as solve_module
     from autoshard.plan.baselines import held_all_step_bytes
+    from autoshard.plan.options import SolveOptions
+    from autoshard.plan.portfolio import best_of_layouts
 
     prep = prepare(*mlp.tiny(device="meta"), (2, 2), profile="cpu-gloo", time_limit=4)
     graph = prep.graph
@@ -330,20 +330,19 @@ def test_a_layout_whose_parameters_alone_do_not_fit_is_not_solved(monkeypatch) -
         tried.append(options.baseline)
         raise ValueError("does not fit")
 
-    monkeypatch.setattr(solve_module, "solve_prepared", refuse)
-    solve_module._best_of_baselines(prep, None, solve_module.SolveOptions(), (held["fsdp"] + held["ddp"]) / 2,
-                                    time.perf_counter() + 60, "none")
+    best_of_layouts(refuse, prep, None, SolveOptions(), (held["fsdp"] + held["ddp"]) / 2, time.perf_counter() + 60,
+                    "none")
     assert "fsdp" in tried and "ddp" not in tried
 
 
 def test_a_layout_that_does_not_apply_is_skipped_by_the_portfolio() -> None:
     """A batch of 2 on 2x2: DDP and FSDP split the batch over 4 ranks and do not apply; the
     portfolio goes on without them (and without an error)."""
-    import autoshard.plan.solve as solve_module
+    from autoshard.plan.options import SolveOptions
+    from autoshard.plan.portfolio import best_of_layouts
     from examples.models import hf
 
     prep = prepare(*hf.hf_gpt2(), (2, 2), profile="cpu-gloo", time_limit=20)
     plan = solve_prepared(prep, time_limit=20)
-    found = solve_module._best_of_baselines(prep, plan, solve_module.SolveOptions(), float("inf"),
-                                            time.perf_counter() + 30, "none")
+    found = best_of_layouts(solve_prepared, prep, plan, SolveOptions(), float("inf"), time.perf_counter() + 30, "none")
     assert found is not None and found.options.get("portfolio") in (None, "tp", "fsdp+tp")
