@@ -41,7 +41,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from solver.graph import MemoryTerm, WorkingGraph
+from solver.graph import WorkingGraph
 from solver.tolerance import BIG, kernel_costs
 
 __all__ = ["CompiledGraph", "KernelArrays", "compile_graph", "assemble_graph", "memory_profile", "segment_profile"]
@@ -307,40 +307,47 @@ def compile_graph(graph: WorkingGraph, *, drop_redundant_times: bool = True) -> 
     index = {int(v): i for i, v in enumerate(var_ids)}
     keys = sorted(graph.edges, key=lambda k: (index[k[0]], index[k[1]]))
 
-    # Memory: time points from every interval (fixed ones included).
+    # Memory: time points from every interval (fixed ones included). The terms' bounds, ranges and
+    # largest usages are taken as arrays (fixed terms first, then the variables' in variable order:
+    # the order every sum below adds them in); an 8B graph has ~10^5 terms per compile.
     var_terms = [(index[v], t) for v in var_ids.tolist() for t in graph.memory[v]]
-    all_terms: list[MemoryTerm] = [t for _, t in var_terms] + list(graph.fixed_memory)
-    bounded = [t for t in all_terms if t.start is not None]
-    starts = np.array([t.start for t in bounded], dtype=np.int64)
-    ends = np.array([t.end for t in bounded], dtype=np.int64)
-    points = _kept_points(starts, ends)
+    fixed_terms = list(graph.fixed_memory)
+    terms = fixed_terms + [t for _, t in var_terms]
+    n_fixed, n_terms = len(fixed_terms), len(terms)
+    bounded = np.fromiter((t.start is not None for t in terms), dtype=bool, count=n_terms)
+    starts = np.fromiter((t.start if t.start is not None else 0 for t in terms), dtype=np.int64, count=n_terms)
+    ends = np.fromiter((t.end if t.start is not None else 0 for t in terms), dtype=np.int64, count=n_terms)
+    points = _kept_points(starts[bounded], ends[bounded])
     limit = math.inf if graph.memory_limit is None else float(graph.memory_limit)
 
-    def point_range(term: MemoryTerm, pts: np.ndarray) -> tuple[int, int]:
-        if term.start is None:
-            return 0, pts.shape[0]
-        return int(np.searchsorted(pts, term.start, "left")), int(np.searchsorted(pts, term.end, "left"))
+    def point_ranges(pts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Every term's kept points ``[t0, t1)``: all of them for a term without bounds."""
+        t0 = np.where(bounded, np.searchsorted(pts, starts, "left"), 0)
+        t1 = np.where(bounded, np.searchsorted(pts, ends, "left"), pts.shape[0])
+        return t0.astype(np.int64), t1.astype(np.int64)
 
-    def profile(terms: list[tuple[MemoryTerm, float]], pts: np.ndarray) -> np.ndarray:
-        ranges = np.array([point_range(term, pts) for term, _ in terms], dtype=np.int64).reshape(-1, 2)
-        return segment_profile(pts.shape[0], ranges[:, 0], ranges[:, 1], np.array([a for _, a in terms]))
-
-    fixed = [(t, float(t.usage[0])) for t in graph.fixed_memory]
+    fixed_usage = np.array([float(t.usage[0]) for t in fixed_terms], dtype=np.float64)
     if drop_redundant_times and math.isfinite(limit) and points.size:
-        worst = profile(fixed + [(t, float(t.usage.max())) for _, t in var_terms], points)
+        sizes = np.fromiter((t.usage.shape[0] for _, t in var_terms), dtype=np.int64, count=len(var_terms))
+        most = (np.maximum.reduceat(np.concatenate([t.usage for _, t in var_terms]).astype(np.float64),
+                                    np.concatenate([[0], np.cumsum(sizes)[:-1]]))
+                if var_terms else np.zeros(0))
+        t0, t1 = point_ranges(points)
+        worst = segment_profile(points.shape[0], t0, t1, np.concatenate([fixed_usage, most]))
         points = points[worst > limit]
         if points.size == 0:
             points = np.zeros(0, dtype=np.int64)
-    base = profile(fixed, points) if points.size else np.zeros(0)
+    t0, t1 = point_ranges(points)
+    base = (segment_profile(points.shape[0], t0[:n_fixed], t1[:n_fixed], fixed_usage) if points.size
+            else np.zeros(0))
 
     # One variable's terms may overlap (merged followers): re-cut them into
     # disjoint segments with summed usage, so that a kernel checking one
     # segment at a time sees the variable's whole usage at every point.
     by_var: dict[int, list[tuple[int, int, np.ndarray]]] = {}
-    for var, term in var_terms:
-        t0, t1 = point_range(term, points)
-        if t1 > t0:
-            by_var.setdefault(var, []).append((t0, t1, term.usage))
+    for k in np.nonzero(t1[n_fixed:] > t0[n_fixed:])[0].tolist():
+        var, term = var_terms[k]
+        by_var.setdefault(var, []).append((int(t0[n_fixed + k]), int(t1[n_fixed + k]), term.usage))
     lows: list[tuple[int, int, float]] = []
     term_var, term_t0, term_t1, usages = [], [], [], []
     for var in sorted(by_var):
