@@ -115,8 +115,8 @@ def gather_amortized_problem(graph: Any, problem: Problem, cap: int = GATHER_CAP
             if rows.size:
                 # entries of one (src, dst) placement pair share their delta: each pair is looked up once
                 # (strategies of a node repeat placements: the tiny Mistral's 40,000 entries are 5,900 pairs)
-                srcs, src_of = _distinct([u.strategies[a].output_placements[e.src_output] for a in range(cost.shape[0])])
-                dsts, dst_of = _distinct([v.strategies[b].input_placements[e.dst_input] for b in range(cost.shape[1])])
+                srcs, src_of = _distinct([s.output_placements[e.src_output] for s in u.strategies[:cost.shape[0]]])
+                dsts, dst_of = _distinct([s.input_placements[e.dst_input] for s in v.strategies[:cost.shape[1]]])
                 pairs, inverse = np.unique(src_of[rows] * len(dsts) + dst_of[cols], return_inverse=True)
                 values = np.array([delta(shape, e.tensor.itemsize, srcs[p // len(dsts)], dsts[p % len(dsts)], share)
                                    for p in pairs.tolist()], dtype=np.float64)

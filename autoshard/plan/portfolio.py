@@ -56,6 +56,16 @@ BACKGROUND_MIN_NODES = 2000
 below it they take a second or two, less than what a second process costs in contention
 (the solver's backends already use both cores of a 2-core machine while they run)."""
 
+PORTFOLIO_ORDER = ("fsdp", "fsdp+tp", "tp", "ddp")
+"""The order the expert layouts are tried in when a search ends unproven: the
+ones that shard parameters and optimizer state first, since a search that
+found nothing is short of memory, where DDP never fits (tried first, it used
+up the share that FSDP needed)."""
+
+BASELINE_POLICIES = ("none", "selective", "every:2", "full")
+"""The policies users run today, priced with every expert layout."""
+
+
 def recompute_policies(prep: Prepared, recompute: str = "auto") -> list[str]:
     """The recomputation policies to price a layout with, in order of preference:
     ``none``, then the policies users run (``selective``, ``every:2``, ``full``)
@@ -67,20 +77,10 @@ def recompute_policies(prep: Prepared, recompute: str = "auto") -> list[str]:
     return list(BASELINE_POLICIES)
 
 
-PORTFOLIO_ORDER = ("fsdp", "fsdp+tp", "tp", "ddp")
-"""The order the expert layouts are tried in when a search ends unproven: the
-ones that shard parameters and optimizer state first, since a search that
-found nothing is short of memory, where DDP never fits (tried first, it used
-up the share that FSDP needed)."""
-
-BASELINE_POLICIES = ("none", "selective", "every:2", "full")
-"""The policies users run today, priced with every expert layout."""
-
-
 def best_of_layouts(solve: Solve, prep: Prepared, plan: Plan | None, opts: SolveOptions, limit: float, end: float,
-                       recompute: str, *, status: str | None = None, seconds_used: float | None = None,
-                       spent: list[float] | None = None, overlap_rounds: int | None = None,
-                       background: Background | None = None) -> Plan | None:
+                    recompute: str, *, status: str | None = None, seconds_used: float | None = None,
+                    spent: list[float] | None = None, overlap_rounds: int | None = None,
+                    background: Background | None = None) -> Plan | None:
     """``plan``, or the cheapest expert layout that fits if it simulates faster than the search's plan
     (``plan`` None: the search found nothing; then the cheapest layout that fits, or None);
     a layout that does not fit without recomputation is tried with the policies users run.
@@ -130,8 +130,8 @@ def best_of_layouts(solve: Solve, prep: Prepared, plan: Plan | None, opts: Solve
 
 
 def layout_candidates(solve: Solve, prep: Prepared, opts: SolveOptions, limit: float, end: float, recompute: str,
-                       overlap_rounds: int, *, claim: Claim | None = None,
-                       last_first: bool = False) -> Iterator[tuple[int, Plan, float]]:
+                      overlap_rounds: int, *, claim: Claim | None = None,
+                      last_first: bool = False) -> Iterator[tuple[int, Plan, float]]:
     """``(index, plan, solve seconds)`` of each expert layout that fits, under the first policy that fits,
     the index its place in :data:`PORTFOLIO_ORDER` among the layouts that apply. ``claim``: the layouts
     are shared with another process (:class:`~autoshard.plan.background.Background`): the ones it
@@ -165,7 +165,7 @@ def layout_candidates(solve: Solve, prep: Prepared, opts: SolveOptions, limit: f
 
 
 def layouts_beside(solve: Solve, prep: Prepared, opts: SolveOptions, limit: float, end: float, recompute: str,
-                    ) -> Background | None:
+                   ) -> Background | None:
     """The expert layouts priced in a forked child while the search runs
     (:mod:`autoshard.plan.background`), with the overlap rounds they get after a
     search that proves its plan (a seeded search never does: then with the rounds);
@@ -190,20 +190,20 @@ def rounds_beside(prep: Prepared, opts: SolveOptions) -> int:
     plan (a full search; :func:`with_expert_layouts`), the plan's own where it cannot (seeded)."""
     return 0 if prep.options.get("search") != "seeded" else opts.overlap_rounds
 
-def layouts_instead(solve: Solve, prep: Prepared, solution: Any, opts: SolveOptions, limit: float, end: float, recompute: str,
-                     background: Background | None) -> Plan | None:
+def layouts_instead(solve: Solve, prep: Prepared, solution: Any, opts: SolveOptions, limit: float, end: float,
+                    recompute: str, background: Background | None) -> Plan | None:
     """The cheapest expert layout that fits when the search found nothing (None: none fits)."""
     spent: list[float] = []
     found = best_of_layouts(solve, prep, None, opts, limit, end, recompute, status=solution.status.value,
-                               seconds_used=solution.seconds, spent=spent, background=background)
+                            seconds_used=solution.seconds, spent=spent, background=background)
     if found is None:
         return None
     timings = {**prep.timings, "solve_s": round(solution.seconds, 4), "portfolio_s": round(sum(spent), 4)}
     return replace(found, solver=replace(found.solver, timings=timings))
 
 
-def with_expert_layouts(solve: Solve, prep: Prepared, plan: Plan, solution: Any, opts: SolveOptions, limit: float, end: float,
-                         recompute: str, background: Background | None = None) -> Plan:
+def with_expert_layouts(solve: Solve, prep: Prepared, plan: Plan, solution: Any, opts: SolveOptions, limit: float,
+                        end: float, recompute: str, background: Background | None = None) -> Plan:
     """``plan`` or the expert layout that simulates fastest, priced until ``end``.
 
     Priced for every unpinned solve (DESIGN.md, Overlap): the objective cannot see the schedule,
@@ -217,7 +217,7 @@ def with_expert_layouts(solve: Solve, prep: Prepared, plan: Plan, solution: Any,
     before = plan.solver.timings  # the plan's own stages, whichever layout wins
     proven = solution.status is Status.OPTIMAL and prep.options.get("search") != "seeded"
     plan = best_of_layouts(solve, prep, plan, opts, limit, end, recompute, spent=spent,
-                              overlap_rounds=0 if proven else opts.overlap_rounds, background=background)
+                           overlap_rounds=0 if proven else opts.overlap_rounds, background=background)
     return replace(plan, solver=replace(plan.solver, timings={**before, "portfolio_s": round(sum(spent), 4)}))
 
 def own_seconds(plan: Plan) -> float:
@@ -226,7 +226,7 @@ def own_seconds(plan: Plan) -> float:
     return sum(float(timings.get(k, 0.0)) for k in ("solve_s", "overlap_s", "portfolio_s"))
 
 def baseline_options(opts: SolveOptions, baseline: str, recompute: str, memory_limit: float,
-                      time_limit: float, overlap_rounds: int | None = None) -> SolveOptions:
+                     time_limit: float, overlap_rounds: int | None = None) -> SolveOptions:
     """The options of one expert layout's solve within ``opts``' solve: its backend,
     TP table and server, the layout's pins only, its own limits (``overlap_rounds``
     None: ``opts``')."""

@@ -241,15 +241,15 @@ def solve_prepared(
     rounds = opts.overlap_rounds if overlap_worthwhile(graph.profile.contention) else 0
     first = OVERLAP_FIRST_SHARE if rounds else 1.0
     deadline = start + time_limit * (1 - share)
-    background = layouts_beside(solve_prepared, prep, opts, limit, end, recompute) if portfolio and server is None else None
+    beside = portfolio and server is None  # the expert layouts priced in a child while the search runs
+    background = layouts_beside(solve_prepared, prep, opts, limit, end, recompute) if beside else None
     try:
         if server is not None and not _searches_recompute(graph, recompute):
             remote, solution = solve_on_server(server, prep, problem, options, time_limit * (1 - share) * first,
                                                 backend, progress)
         else:
-            def under(policy: str, memory_limit: float | None) -> Any:  # the problem under a fixed policy
-                return _pinned_problem(graph, opts, memory_limit, policy)
-
+            # the problem under a fixed policy
+            under = lambda policy, memory_limit: _pinned_problem(graph, opts, memory_limit, policy)  # noqa: E731
             # with a server, the recomputation search's solves run there and the plan is assembled here
             answer = _solve_local(graph, problem, recompute, time_limit * (1 - share) * first, backend, on_event,
                                   under, problem_limit, solve=None if server is None else server_solver(server))
