@@ -50,12 +50,12 @@ from costmodel.redistribute import plan_redistribute, redistribute_costs
 from costmodel.steps import RedistributePlan
 from hw_profiles import HardwareProfile
 
-__all__ = ["EdgePricer"]
+__all__ = ["EdgePricer", "distinct_values"]
 
 Placements = tuple[Placement, ...]
 
 
-def _distinct(items: Sequence[Placements | None]) -> tuple[tuple[Placements | None, ...], np.ndarray]:
+def distinct_values(items: Sequence[Placements | None]) -> tuple[tuple[Placements | None, ...], np.ndarray]:
     """Distinct values in first-seen order and the index of every item among them."""
     seen: dict[Placements | None, int] = {}
     index = np.empty(len(items), dtype=np.int64)
@@ -115,8 +115,8 @@ class EdgePricer:
     ) -> np.ndarray:
         """``M[a, b]`` for producer placements ``src[a]`` and reader placements ``dst[b]``;
         ``share < 1``: a gradient reduction's latency amortised over its bucket."""
-        srcs, ua = _distinct(src)
-        dsts, vb = _distinct(dst)
+        srcs, ua = distinct_values(src)
+        dsts, vb = distinct_values(dst)
         if share < 1.0:
             return self._bucketed_matrix(shape, itemsize, srcs, dsts, share)[np.ix_(ua, vb)]
         return self._distinct_matrix(shape, itemsize, srcs, dsts)[np.ix_(ua, vb)]

@@ -13,7 +13,6 @@ collectives, local re-layouts; gradient buckets as they run); see there.
 from __future__ import annotations
 
 import hashlib
-from collections import OrderedDict
 from typing import Any, Mapping
 
 import torch
@@ -26,6 +25,7 @@ from autoshard.graph.builder import StrategyGraph
 from autoshard.plan.assemble import (AssemblyEdge, AssemblyGraph, AssemblyNode, PlanRequest, assemble_plan,
                                      memory_timeline, placement_text)
 from autoshard.plan.format import Fingerprint, Plan
+from autoshard.plan.graph_memo import GraphMemo
 from autoshard.trace import TracedGraph
 from autoshard.version import __version__
 
@@ -80,7 +80,7 @@ _ASSEMBLY_GRAPHS = 2
 the plans of one graph many times (the search's, every overlap round's, each expert layout's and
 their rounds': 7-10 on the 8B, 0.15 s each to build)."""
 
-_ASSEMBLY: "OrderedDict[int, tuple[StrategyGraph, AssemblyGraph]]" = OrderedDict()
+_ASSEMBLY: GraphMemo[AssemblyGraph] = GraphMemo(_ASSEMBLY_GRAPHS)
 
 
 def assembly_graph(graph: StrategyGraph) -> AssemblyGraph:
@@ -88,13 +88,7 @@ def assembly_graph(graph: StrategyGraph) -> AssemblyGraph:
     graph (kept for the last :data:`_ASSEMBLY_GRAPHS` graphs, by identity: a strategy graph is
     frozen). Nodes of equal signature share one strategy list (equal by the signature's
     contract), so :meth:`AssemblyGraph.to_dict` writes each list once."""
-    entry = _ASSEMBLY.get(id(graph))
-    if entry is None or entry[0] is not graph:
-        entry = _ASSEMBLY[id(graph)] = (graph, _assembly_graph(graph))
-        while len(_ASSEMBLY) > _ASSEMBLY_GRAPHS:
-            _ASSEMBLY.popitem(last=False)
-    _ASSEMBLY.move_to_end(id(graph))
-    return entry[1]
+    return _ASSEMBLY.get(graph, _assembly_graph)
 
 
 def _assembly_graph(graph: StrategyGraph) -> AssemblyGraph:

@@ -26,7 +26,6 @@ simulation), so the plan reports what runs (``gather_amortized_problem``).
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from typing import Any
 
 import numpy as np
@@ -37,7 +36,9 @@ from costmodel.redistribute import PlannerError, plan_redistribute
 from solver import Problem
 from solver.problem import Edge
 
+from autoshard.graph.edges import distinct_values
 from autoshard.plan.bucket_routes import LEAF_KINDS, gather_edges
+from autoshard.plan.graph_memo import GraphMemo
 
 __all__ = ["LEAF_KINDS", "gather_amortized_problem"]
 
@@ -46,25 +47,8 @@ _DELTA_GRAPHS = 2
 call (the policies of ``recompute="auto"``, the expert layouts, the overlap rounds) price one
 graph's gathers, a seeded search's seed another; more would keep large graphs in memory."""
 
-_DELTAS: "OrderedDict[int, tuple[Any, dict]]" = OrderedDict()
-
-
-def _graph_deltas(graph: Any) -> dict:
-    """The delta tables of ``graph`` (kept for the last :data:`_DELTA_GRAPHS` graphs, by identity)."""
-    entry = _DELTAS.get(id(graph))
-    if entry is None or entry[0] is not graph:
-        entry = _DELTAS[id(graph)] = (graph, {})
-        while len(_DELTAS) > _DELTA_GRAPHS:
-            _DELTAS.popitem(last=False)
-    _DELTAS.move_to_end(id(graph))
-    return entry[1]
-
-
-def _distinct(items: list[Any]) -> tuple[list[Any], np.ndarray]:
-    """The distinct items in order of first appearance, and each item's index among them."""
-    index: dict[Any, int] = {}
-    of = np.fromiter((index.setdefault(item, len(index)) for item in items), dtype=np.int64, count=len(items))
-    return list(index), of
+_DELTAS: GraphMemo[dict] = GraphMemo(_DELTA_GRAPHS)
+"""The delta tables of each graph."""
 
 
 def gather_amortized_problem(graph: Any, problem: Problem, cap: int = GATHER_CAPS[-1]) -> Problem:
@@ -77,7 +61,7 @@ def gather_amortized_problem(graph: Any, problem: Problem, cap: int = GATHER_CAP
     if not leaf or cap <= 0:
         return problem
     total = float(sum(graph.edges[j].tensor.numel * graph.edges[j].tensor.itemsize for j in leaf))
-    tables = _graph_deltas(graph)
+    tables = _DELTAS.get(graph, lambda _: {})
     # (shape, itemsize, src, dst, share) -> bucketed price - planner's price
     deltas: dict[tuple, float] = tables.setdefault("pairs", {})
 
@@ -115,8 +99,8 @@ def gather_amortized_problem(graph: Any, problem: Problem, cap: int = GATHER_CAP
             if rows.size:
                 # entries of one (src, dst) placement pair share their delta: each pair is looked up once
                 # (strategies of a node repeat placements: the tiny Mistral's 40,000 entries are 5,900 pairs)
-                srcs, src_of = _distinct([s.output_placements[e.src_output] for s in u.strategies[:cost.shape[0]]])
-                dsts, dst_of = _distinct([s.input_placements[e.dst_input] for s in v.strategies[:cost.shape[1]]])
+                srcs, src_of = distinct_values([s.output_placements[e.src_output] for s in u.strategies[:cost.shape[0]]])
+                dsts, dst_of = distinct_values([s.input_placements[e.dst_input] for s in v.strategies[:cost.shape[1]]])
                 pairs, inverse = np.unique(src_of[rows] * len(dsts) + dst_of[cols], return_inverse=True)
                 values = np.array([delta(shape, e.tensor.itemsize, srcs[p // len(dsts)], dsts[p % len(dsts)], share)
                                    for p in pairs.tolist()], dtype=np.float64)
