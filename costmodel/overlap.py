@@ -233,11 +233,7 @@ def simulate(compute_s: Sequence[float], transfers: Sequence[Transfer], *, tail_
             needed.setdefault(k, sim.now)
             sim.wait((k, len(transfers[k].durations_s) - 1))
         if seconds_at[p] > 0:
-            if sim.queue:
-                sim.work(seconds_at[p])
-            else:
-                sim.now += seconds_at[p]
-                sim.since_issue += seconds_at[p]
+            sim.work(seconds_at[p])
         p += 1
     now = sim.now
     total_compute = float(sum(compute_s)) + float(tail_s)

@@ -6,7 +6,7 @@ LLaMA-3 8B solve on 2 cores, done after the search, on one core. Nothing in
 them depends on the search, so they run in a forked child from the start and
 the parent takes their plans when its own search and overlap rounds are done:
 the same plans (each is solved as it would be afterwards, with the same time
-shares of the same deadline), in the wall time of the longer of the two.
+shares of the same deadline), the two processes sharing the layouts (below).
 
 The child inherits the prepared graph by fork (nothing is pickled on the way
 in) and sends each result back as one JSON text (nothing is unpickled on the
@@ -21,10 +21,11 @@ solve waiting for the last layout).
 
 The child is not a daemon: a solver backend forks a process of its own (toulbar2,
 ``solver.wcsp``), which a daemonic process may not. :meth:`Background.stop` ends it
-(``solve_prepared`` calls it in a ``finally``). Forking needs a second core (else the two would only take turns),
-the ``fork`` start method, and a process that is not itself a multiprocessing
-worker (a mesh search's or the service's workers share the cores with their
-siblings already: there the layouts run after the search, in process, as before).
+(``solve_prepared`` calls it in a ``finally``). Forking needs a second core (else
+the two would only take turns), the ``fork`` start method, and a process that is
+not itself a multiprocessing worker (a mesh search's or the service's workers
+share the cores with their siblings already: there the layouts run after the
+search, in process, as before).
 
 >>> job = Background.start(lambda claim: ({"x": n} for n in range(2) if claim(n)), tasks=2)
 >>> job is None or job.collect(until=time.perf_counter() + 30) == ([{"x": 0}, {"x": 1}], True)
