@@ -27,7 +27,9 @@ in dtype ``t`` on a device with peak ``P[t]`` FLOP/s and bandwidth ``W`` B/s:
   (measured profiles: transcendental and normalisation ops reach a few
   percent of a CPU's GEMM peak, and are compute-bound there), or the memory
   efficiency when the profile has none (datasheet profiles: such ops are then
-  nearly always memory-bound).
+  nearly always memory-bound). A profile may give an op its own fraction
+  (``efficiency.vector_by_op``, keyed by the aten op; pass ``op``): gelu,
+  silu and softmax cost several times apart per FLOP as the rules count them.
 * ``copy`` is ``B / (W * e_mem(B)) + launch``; ``view`` (no data moves) is 0, the
   only free kind.
 * ``fresh(O)`` = ``sum(o for o in O if o >= A) / W_f`` over the op's output
@@ -153,6 +155,7 @@ def op_time_s(
     run_elems: float = math.inf,
     scalar_operand: bool = False,
     output_bytes: Sequence[float] = (),
+    op: str | None = None,
 ) -> float:
     """Seconds for one op of ``kind`` (one of ``OP_KINDS``) on one device.
 
@@ -162,7 +165,8 @@ def op_time_s(
     innermost contiguous run of an elementwise, reduction or copy kernel
     (default: contiguous); ``scalar_operand``: the op has a Python-scalar
     operand (its launch floor is ``launch_scalar_s``); ``output_bytes``: the
-    size of each tensor the op allocates (fresh pages, module docstring).
+    size of each tensor the op allocates (fresh pages, module docstring);
+    ``op``: the aten op (``aten.silu.default``), for its own vector fraction.
 
     >>> from hw_profiles import load
     >>> op_time_s("view", flops=0, bytes_accessed=1e9, dtype="bf16", profile=load("h100-sxm-80gb"))
@@ -190,7 +194,7 @@ def op_time_s(
     if kind == "copy":
         compute_s = 0.0
     else:  # elementwise, reduction: vector units
-        vector = device.efficiency.vector or memory_efficiency(profile, bytes_accessed)
+        vector = device.efficiency.vector_fraction(op) or memory_efficiency(profile, bytes_accessed)
         compute_s = flops / (_vector_peak(profile) * vector) if flops else 0.0
     return max(compute_s, memory_s) / run_efficiency(profile, run_elems) + launch
 

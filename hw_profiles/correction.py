@@ -29,8 +29,9 @@ points, log-linear between them and flat beyond. Applied to the profile
 * each memory-curve point ``(B, e)`` becomes ``(B, e / r_memory(B))`` (renormalized
   into ``memory_bandwidth_Bps`` where that exceeds 1); ``fresh_pages.Bps``
   divided by the ratio of the largest working set;
-* ``vector`` times ``r_matmul / r_vector`` (the vector term divides FLOPs
-  by the fp32 peak, already divided by ``r_matmul``), at most 1;
+* ``vector`` and each ``vector_by_op`` fraction times ``r_matmul / r_vector``
+  (the vector term divides FLOPs by the fp32 peak, already divided by
+  ``r_matmul``), at most 1;
 * collectives, per kind (``all_reduce``, ``all_gather``, ``reduce_scatter``; a kind
   without references of its own takes all_reduce's): ``alpha_s`` and
   ``alpha_per_step_s`` times ``r_alpha``, ``beta_s_per_byte`` times ``r_beta``
@@ -237,9 +238,10 @@ class ProfileCorrection:
         dev, eff = profile.device, profile.device.efficiency
         launch, matmul = r.get("launch", 1.0), r.get("matmul", 1.0)
         points = memory_points(self.times)
-        vector = eff.vector
-        if vector is not None and "vector" in r:
-            vector = min(1.0, vector * matmul / r["vector"])
+        vector, by_op = eff.vector, eff.vector_by_op
+        if "vector" in r:  # one ratio for every vector fraction: the references time silu and softmax only
+            vector = None if vector is None else min(1.0, vector * matmul / r["vector"])
+            by_op = tuple((k, min(1.0, v * matmul / r["vector"])) for k, v in by_op)
         fresh, memory_eff, bandwidth = dev.fresh_pages, eff.memory, dev.memory_bandwidth_Bps
         if points:
             # the curve scaled point by point by the ratio at its working set; renormalized into the
@@ -256,7 +258,7 @@ class ProfileCorrection:
             launch_scalar_s=None if dev.launch_scalar_s is None else dev.launch_scalar_s * launch,
             peak_flops=tuple((k, v / matmul) for k, v in dev.peak_flops),
             memory_bandwidth_Bps=bandwidth, fresh_pages=fresh,
-            efficiency=dataclasses.replace(eff, vector=vector, memory=memory_eff))
+            efficiency=dataclasses.replace(eff, vector=vector, vector_by_op=by_op, memory=memory_eff))
         new_dev = dataclasses.replace(new_dev, step_op_s=r.get("step_op_s", dev.step_op_s))
         def scaled(kind: str, f: Any) -> Any:
             alpha = r.get(f"{kind}_alpha", r.get("collective_alpha", 1.0))

@@ -319,6 +319,27 @@ class Efficiency:
     optimizer: tuple[tuple[str, float], ...] = ()
     """Optimizer implementation (``foreach``, ``fused``) -> fraction of an
     ordinary elementwise kernel's speed its kernels reach; absent = 1."""
+    vector_by_op: tuple[tuple[str, float], ...] = ()
+    """aten op (``aten.silu``, ``aten._softmax_backward_data``: the overload
+    packet) -> its own ``vector`` fraction. Transcendental and normalisation
+    kernels cost several times apart per FLOP as the rules count them (CPU:
+    gelu 0.04-0.1 ns, softmax 0.2 ns per counted FLOP), which no single
+    fraction prices within 25 %; ops not listed use ``vector``."""
+
+    def vector_fraction(self, op: str | None = None) -> float | None:
+        """``op``'s own vector fraction where given (``op``: ``aten.silu`` or
+        ``aten.silu.default``), else ``vector``.
+
+        >>> e = Efficiency(matmul=((1e9, 0.5),), memory=0.8, vector=0.1, vector_by_op=(("aten.silu", 0.05),))
+        >>> e.vector_fraction("aten.silu.default"), e.vector_fraction("aten.exp.default"), e.vector_fraction()
+        (0.05, 0.1, 0.1)
+        """
+        if op is not None and self.vector_by_op:
+            packet = op if op.count(".") < 2 else op.rsplit(".", 1)[0]
+            for key, value in self.vector_by_op:
+                if key == packet:
+                    return value
+        return self.vector
 
     def optimizer_fraction(self, implementation: str) -> float:
         """Speed of ``implementation``'s kernels relative to ordinary elementwise ones (1 when not given)."""
@@ -354,6 +375,7 @@ class Efficiency:
             attention_backward=_curve(data.get("attention_backward", ())),
             run=_curve(data.get("run", ())),
             optimizer=tuple((str(k), float(v)) for k, v in data.get("optimizer", {}).items()),
+            vector_by_op=tuple(sorted((str(k), float(v)) for k, v in data.get("vector_by_op", {}).items())),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -371,6 +393,8 @@ class Efficiency:
             out["run"] = [list(p) for p in self.run]
         if self.optimizer:
             out["optimizer"] = dict(self.optimizer)
+        if self.vector_by_op:
+            out["vector_by_op"] = dict(self.vector_by_op)
         return out
 
 

@@ -13,7 +13,8 @@ hand-written or measured profile with only ``all_reduce`` figures still loads.
 curve ``[[bytes, fraction], ...]`` over the working set (measured profiles:
 caches make small working sets faster), strictly ascending in bytes.
 ``device.efficiency.vector`` (optional) is the fraction of the fp32 peak that
-elementwise and reduction FLOPs reach.
+elementwise and reduction FLOPs reach; ``device.efficiency.vector_by_op``
+(optional) gives an aten op (``aten.silu``) its own fraction.
 
 A figure that says ``"source": "published"`` must say where: a non-empty
 ``reference`` beside it (URL and table or figure), anywhere in the file
@@ -180,6 +181,11 @@ SCHEMA: dict[str, Any] = {
                             "anyOf": [{"type": "number", "exclusiveMinimum": 0, "maximum": 1}, _CURVE],
                         },
                         "vector": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+                        "vector_by_op": {
+                            "type": "object",
+                            "propertyNames": {"pattern": "^[A-Za-z_][A-Za-z0-9_]*\\.[A-Za-z_][A-Za-z0-9_]*$"},
+                            "additionalProperties": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+                        },
                         "run": _CURVE,
                         "optimizer": {
                             "type": "object",

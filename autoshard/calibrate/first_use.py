@@ -134,12 +134,13 @@ def _price(op: RefOp, args: tuple, profile: HardwareProfile) -> tuple[str, float
     out = op.op(*args)
     out_bytes = (float(out.numel() * out.element_size()),)
     predicted = op_time_s(work.kind, flops=work.flops, bytes_accessed=work.bytes_accessed, dtype="fp32",
-                          profile=profile, output_bytes=out_bytes)
+                          profile=profile, output_bytes=out_bytes, op=str(op.op))
     if op.label == "add 1":
         return "launch", 1.0, predicted
     if work.kind == "matmul":
         return "matmul", work.flops, predicted
-    vector_only = op_time_s(work.kind, flops=work.flops, bytes_accessed=0.0, dtype="fp32", profile=profile)
+    vector_only = op_time_s(work.kind, flops=work.flops, bytes_accessed=0.0, dtype="fp32", profile=profile,
+                            op=str(op.op))
     memory_only = op_time_s(work.kind, flops=0.0, bytes_accessed=work.bytes_accessed, dtype="fp32", profile=profile)
     if vector_only > memory_only:  # the vector term bounds it in this profile
         return "vector", work.flops, predicted

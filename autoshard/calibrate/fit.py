@@ -34,7 +34,11 @@ error is computed with the figures as stored.
   (``device.fresh_pages``); otherwise the host has no such cost and the
   profile no such field.
 * vector: ``e_vec`` minimising the squared log error of the roofline over
-  the compute-heavy elementwise samples (1-D search).
+  the compute-heavy elementwise samples (1-D search), and the same per op
+  over that op's own samples (``efficiency.vector_by_op``, keyed by the aten
+  op): transcendental kernels cost several times apart per counted FLOP, so
+  one fraction misses some op by ``sqrt(r) - 1`` for a spread ``r``; ``e_vec``
+  (all of them) prices the ops not measured.
 * attention: like matmul, against the peak of its dtype; the forward and
   the backward kernels each their own curve (``attention``,
   ``attention_backward``).
@@ -76,7 +80,7 @@ from hw_profiles import CollectiveFit, HardwareProfile
 from hw_profiles.profile import FreshPages
 
 from autoshard.calibrate.measure_collectives import CollectiveSample
-from autoshard.calibrate.measure_compute import ComputeSample
+from autoshard.calibrate.measure_compute import ComputeSample, vector_op_name
 
 __all__ = ["FitError", "significant", "unimodal", "rate_curve", "curve_from_points", "fit_device", "fit_collective", "fit_interconnect",
            "predict_compute", "relative_errors"]
@@ -261,7 +265,14 @@ def fit_device(samples: Sequence[ComputeSample], *, primary: str) -> dict:
         raise ValueError("calibration: no memory measurement")
     best, memory = rate_curve([s.bytes_accessed for s in mem], [s.bytes_accessed / _busy_s(s, launch_s) for s in mem],
                               [s.seconds for s in mem], launch_s, decades=0.25)
-    vector = _fit_vector(samples, launch_s, peaks.get("fp32", peak), best, memory, fresh)
+    vec = [s for s in samples if s.kind == "vector"]
+    vector = _fit_vector(vec, launch_s, peaks.get("fp32", peak), best, memory, fresh)
+    by_op = {}
+    for op in sorted({s.op for s in vec}):
+        name = vector_op_name(op)
+        if name is not None:  # keyed by the overload packet, as costmodel.compute looks it up
+            by_op[name.rsplit(".", 1)[0]] = _fit_vector([s for s in vec if s.op == op], launch_s,
+                                                        peaks.get("fp32", peak), best, memory, fresh)
     efficiency_dict: dict = {"matmul": [list(p) for p in matmul]}
     if by_dtype:
         efficiency_dict["matmul_by_dtype"] = by_dtype
@@ -274,6 +285,8 @@ def fit_device(samples: Sequence[ComputeSample], *, primary: str) -> dict:
     efficiency_dict["memory"] = [list(p) for p in memory]
     if vector is not None:
         efficiency_dict["vector"] = vector
+    if by_op:
+        efficiency_dict["vector_by_op"] = by_op
     out = {
         "peak_flops": {k: significant(v) for k, v in peaks.items()},
         "memory_bandwidth_Bps": significant(best),
@@ -353,12 +366,11 @@ def fit_fresh_pages(memory: Sequence[ComputeSample]) -> dict | None:
     return {"above_bytes": int(above), "Bps": significant(1.0 / cost)}
 
 
-def _fit_vector(samples: Sequence[ComputeSample], launch_s: float, fp32_peak: float, bandwidth: float,
+def _fit_vector(vec: Sequence[ComputeSample], launch_s: float, fp32_peak: float, bandwidth: float,
                 memory: tuple[tuple[float, float], ...], fresh: dict | None = None) -> float | None:
     """The vector efficiency ``e_vec`` minimising the squared log error of
     ``max(F / (P_fp32 e_vec), B / (W e_mem(B))) + L`` over the vector samples
-    (1-D search); None without vector samples."""
-    vec = [s for s in samples if s.kind == "vector"]
+    ``vec`` (1-D search); None without any."""
     if not vec:
         return None
     pages = FreshPages.from_dict(fresh) if fresh else None
@@ -399,7 +411,8 @@ def predict_compute(sample: ComputeSample, profile: HardwareProfile) -> float:
                 "memory": "copy" if sample.op == "clone" else "elementwise"}.get(sample.kind, sample.kind)
     return op_time_s(kind, flops=sample.flops, bytes_accessed=sample.bytes_accessed, dtype=sample.dtype,
                      profile=profile, run_elems=sample.run, scalar_operand=_scalar_operand(sample),
-                     output_bytes=(sample.out_bytes,) if sample.out_bytes else ())
+                     output_bytes=(sample.out_bytes,) if sample.out_bytes else (),
+                     op=vector_op_name(sample.op) if sample.kind == "vector" else None)
 
 
 # -- collectives ----------------------------------------------------------------

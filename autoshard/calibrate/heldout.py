@@ -240,7 +240,7 @@ def _predict(spec: OpSpec, args: tuple, kwargs: dict, out: Any, profile: Hardwar
     allocated = [float(o.numel() * o.element_size()) for o in outs if isinstance(o, torch.Tensor)]
     return work.kind, op_time_s(work.kind, flops=work.flops, bytes_accessed=work.bytes_accessed, dtype=dtype,
                                 profile=profile, run_elems=run, scalar_operand=has_scalar_operand(spec.op, args, kwargs),
-                                output_bytes=allocated)
+                                output_bytes=allocated, op=str(spec.op))
 
 
 def compute_check_items(specs: list[OpSpec], profile: HardwareProfile) -> list[Item]:

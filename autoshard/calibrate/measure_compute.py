@@ -21,9 +21,11 @@ Why these six families: ``costmodel.compute`` prices an op as
   once (``copy_``) beside the clones of the same size: the difference is the
   cost of fresh pages (``device.fresh_pages``: glibc maps allocations of
   32 MiB and more afresh on every call), which the curve must not absorb;
-* ``vector``: compute-heavy ops (silu, gelu, softmax, layer norm) for
-  the vector efficiency: the rate at which elementwise FLOPs (as the rules
-  count them) run, far below a CPU's GEMM peak;
+* ``vector``: compute-heavy ops (silu, gelu, softmax, log-softmax, layer
+  norm, forward and backward; rsqrt, exp, tanh, sigmoid) for the vector
+  efficiency: the rate at which elementwise FLOPs (as the rules count them)
+  run, far below a CPU's GEMM peak, per op (``efficiency.vector_by_op``) and
+  over all of them (``efficiency.vector``, for the ops not measured);
 * ``attention``: the backend's fused scaled-dot-product attention, forward
   and backward, causal as in decoder LLMs, for the attention curves (the
   backward has its own: ``attention_backward``);
@@ -60,7 +62,7 @@ import torch.nn.functional as F
 from autoshard.calibrate.timing import Job, Settings, measure
 
 __all__ = ["MODES", "ComputeSample", "Item", "compute_items", "reference_items", "primary_dtype", "available_bytes",
-           "LAUNCH_SCALAR_OPS"]
+           "LAUNCH_SCALAR_OPS", "vector_op_name"]
 
 MODES = ("full", "quick", "tiny")
 
@@ -251,15 +253,45 @@ def _memory_item(op: str, numel: int) -> Item:
     return Item(f"memory {op} {numel}", 0.1 + tensors * 4 * numel / 2e9, run)
 
 
+def _layer_norm_backward_args(a: torch.Tensor, w: torch.Tensor) -> tuple:
+    mean = a.mean(-1, keepdim=True)
+    rstd = torch.rsqrt(a.var(-1, keepdim=True, unbiased=False) + 1e-5)
+    return (torch.randn_like(a), a, [a.shape[-1]], mean, rstd, w, w, [True, True, True])
+
+
 _VECTOR_OPS = {
     "silu": (aten.silu.default, lambda a, w: (a,)),
+    "silu_backward": (aten.silu_backward.default, lambda a, w: (torch.randn_like(a), a)),
     "gelu": (aten.gelu.default, lambda a, w: (a,)),
+    "gelu_backward": (aten.gelu_backward.default, lambda a, w: (torch.randn_like(a), a)),
     "softmax": (aten._softmax.default, lambda a, w: (a, -1, False)),
+    "softmax_backward": (aten._softmax_backward_data.default,
+                         lambda a, w: (torch.randn_like(a), torch.softmax(a, -1), -1, a.dtype)),
+    "log_softmax": (aten._log_softmax.default, lambda a, w: (a, -1, False)),
+    "log_softmax_backward": (aten._log_softmax_backward_data.default,
+                             lambda a, w: (torch.randn_like(a), torch.log_softmax(a, -1), -1, a.dtype)),
     "layer_norm": (aten.native_layer_norm.default, lambda a, w: (a, [a.shape[-1]], w, w, 1e-5)),
+    "layer_norm_backward": (aten.native_layer_norm_backward.default, _layer_norm_backward_args),
+    "rsqrt": (aten.rsqrt.default, lambda a, w: (a.abs() + 1.0,)),
+    "exp": (aten.exp.default, lambda a, w: (a,)),
+    "tanh": (aten.tanh.default, lambda a, w: (a,)),
+    "sigmoid": (aten.sigmoid.default, lambda a, w: (a,)),
 }
-"""The compute-heavy ops of transformer training graphs (activations,
-softmax, normalisation) for the vector efficiency; rows of 256, FLOPs and
-bytes as the rules count them."""
+"""The compute-heavy ops of training graphs (activations and their
+gradients, softmax, normalisation, the transcendentals that norms and
+attention call), each for its own vector fraction (``efficiency.vector_by_op``)
+and all of them for ``vector``: per FLOP as the rules count them they run
+several times apart (CPU: gelu ~0.03 ns, rsqrt ~0.17 ns). Rows of 256, FLOPs
+and bytes as the rules count them."""
+
+
+def vector_op_name(op: str) -> str | None:
+    """The aten op of a ``vector`` sample's ``op`` (``silu`` -> ``aten.silu.default``), None if unknown.
+
+    >>> vector_op_name("softmax_backward"), vector_op_name("nope")
+    ('aten._softmax_backward_data.default', None)
+    """
+    return str(_VECTOR_OPS[op][0]) if op in _VECTOR_OPS else None
 
 
 def _vector_item(op: str, numel: int) -> Item:

@@ -177,7 +177,9 @@ def device_sources(samples: Sequence[ComputeSample], primary: str, errors: dict[
         "efficiency": f"measured ({mode} mode): matmul {primary} {errors['matmul'].text()}"
                       + err("matmul_other_dtypes", f"matmul {', '.join(others)} (curves per dtype)")
                       + f"; memory {errors['memory'].text()}"
-                      + err("vector", "vector (silu, gelu, softmax, layer norm; FLOPs as the rules count them)")
+                      + err("vector", "vector (silu, gelu, softmax, log-softmax, layer norm and their backwards, rsqrt, "
+                                      "exp, tanh, sigmoid; each op its own fraction, vector_by_op; FLOPs as the rules "
+                                      "count them)")
                       + err("attention", "attention (causal sdpa forward, causal FLOPs)")
                       + err("attention_backward", "attention_backward (causal sdpa backward)")
                       + err("access", "run (copies of strided views and transposes, adds broadcast inside the "

@@ -260,7 +260,9 @@ class _Builder:
         if compute is None:
             dtype = _dtype_key(info.inputs + info.outputs)
             try:
-                compute = np.array([self._op_time(info, s, dtype, run, scalar) for s in strategies], dtype=np.float64)
+                op = str(info.op)  # an op's own vector fraction (costmodel.compute); once, not per strategy
+                compute = np.array([self._op_time(info, s, dtype, run, scalar, op) for s in strategies],
+                                   dtype=np.float64)
             except Exception as exc:  # a rule's compute description that fails on a local call
                 raise self.rule_failed(node, "describe its compute", exc) from exc
             self._compute_cache[signature] = compute
@@ -291,7 +293,7 @@ class _Builder:
         return inner_run(kind, ins, outs, reduced=reduced_dims(call) if kind == "reduction" else None), scalar
 
     def _op_time(self, info: Any, strategy: OpStrategy, dtype: str, run: float = float("inf"),
-                 scalar: bool = False) -> float:
+                 scalar: bool = False, op: str | None = None) -> float:
         work = self.rules.strategy_compute(info.op, info.args, info.kwargs, self.mesh_shape, strategy,
                                            out_meta=info.outputs)
         outputs = [local_bytes(m, p, self.mesh_shape) for m, p in zip(info.outputs, strategy.output_placements)
@@ -302,11 +304,11 @@ class _Builder:
         try:
             return in_step + op_time_s(work.kind, flops=work.flops, bytes_accessed=work.bytes_accessed, dtype=dtype,
                                        profile=self.profile, run_elems=run, scalar_operand=scalar,
-                                       output_bytes=outputs)
+                                       output_bytes=outputs, op=op)
         except ValueError:  # a dtype the profile has no peak for (fp64, ints): price as fp32
             return in_step + op_time_s(work.kind, flops=work.flops, bytes_accessed=work.bytes_accessed,
                                        dtype="torch.float32", profile=self.profile, run_elems=run,
-                                       scalar_operand=scalar, output_bytes=outputs)
+                                       scalar_operand=scalar, output_bytes=outputs, op=op)
 
     # -- edges ---------------------------------------------------------------
     def edge(self, src: int, src_output: int, dst: int, dst_input: int,

@@ -193,3 +193,18 @@ def test_outputs_at_or_above_the_fresh_page_threshold_pay_their_pages_and_smalle
     assert op_time_s("view", **big, profile=fresh, output_bytes=(2**26,)) == 0.0
     assert op_time_s("copy", **big, profile=H100, output_bytes=(2**26,)) == op_time_s("copy", **big, profile=H100)
     assert local_copy_time_s(2**26, fresh) == pytest.approx(local_copy_time_s(2**26, H100) + 2**26 / 4e9)
+
+
+def test_an_op_with_its_own_vector_fraction_is_priced_by_it_others_by_vector():
+    import dataclasses
+
+    eff = dataclasses.replace(H100.device.efficiency, vector=0.01, vector_by_op=(("aten.gelu", 0.04),))
+    profile = dataclasses.replace(H100, device=dataclasses.replace(H100.device, efficiency=eff))
+    flops, nbytes = 5e9, 1e9  # compute-bound at both fractions
+    gelu = op_time_s("elementwise", flops=flops, bytes_accessed=nbytes, dtype="bf16", profile=profile,
+                     op="aten.gelu.default")
+    silu = op_time_s("elementwise", flops=flops, bytes_accessed=nbytes, dtype="bf16", profile=profile,
+                     op="aten.silu.default")
+    assert gelu == pytest.approx(flops / (6.7e13 * 0.04) + 5e-6)
+    assert silu == pytest.approx(flops / (6.7e13 * 0.01) + 5e-6)  # not listed: the profile's vector
+    assert op_time_s("elementwise", flops=flops, bytes_accessed=nbytes, dtype="bf16", profile=profile) == silu

@@ -235,3 +235,13 @@ def test_latency_parts_round_trip() -> None:
     c = ProfileCorrection(BASE.fingerprint, {"cpu": "x"}, "d", times)
     assert ProfileCorrection.from_dict(c.to_dict()) == c
     assert all(t.latency_s is not None for t in ProfileCorrection.from_dict(c.to_dict()).times)
+
+
+def test_every_vector_fraction_is_scaled_by_the_vector_ratio() -> None:
+    eff = dataclasses.replace(BASE.device.efficiency, vector_by_op=(("aten.gelu", 0.2), ("aten.silu", 0.9)))
+    base = dataclasses.replace(BASE, device=dataclasses.replace(BASE.device, efficiency=eff))
+    corrected = ProfileCorrection(base.fingerprint, {}, "d", tuple(_times(OTHER))).apply(base)
+    scale = MATMUL / VECTOR
+    assert dict(corrected.device.efficiency.vector_by_op) == pytest.approx(
+        {"aten.gelu": 0.2 * scale, "aten.silu": min(1.0, 0.9 * scale)}, rel=1e-4)  # the ratio is fitted
+    assert corrected.device.efficiency.vector == pytest.approx(BASE.device.efficiency.vector * scale, rel=1e-4)

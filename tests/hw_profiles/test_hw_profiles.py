@@ -223,6 +223,20 @@ def test_calibration_ranks_and_vector_efficiency_round_trip():
     assert load("h200-sxm-141gb").device.efficiency.vector is None
 
 
+def test_vector_fractions_per_op_round_trip_and_bad_keys_are_refused():
+    data = _raw("h200-sxm-141gb")
+    data["device"]["efficiency"]["vector"] = 0.05
+    data["device"]["efficiency"]["vector_by_op"] = {"aten.gelu": 0.1, "aten._softmax": 0.02}
+    profile = load_dict(data)
+    assert profile.device.efficiency.vector_fraction("aten._softmax.default") == 0.02
+    assert profile.device.efficiency.vector_fraction("aten.exp.default") == 0.05
+    assert profile.to_dict() == data
+    for bad in ({"gelu": 0.1}, {"aten.gelu": 0.0}, {"aten.gelu": 1.5}):
+        data["device"]["efficiency"]["vector_by_op"] = bad
+        with pytest.raises(ProfileError, match="vector_by_op"):
+            load_dict(data)
+
+
 @pytest.mark.parametrize(
     "path,value,field",
     [

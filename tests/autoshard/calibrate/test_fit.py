@@ -208,3 +208,28 @@ def test_no_fresh_pages_where_large_clones_cost_what_copies_cost():
             for op in ("clone", "copy_")]
     assert fit_fresh_pages(flat) is None
     assert fit_fresh_pages([memory("clone", 2**24, 1.0)]) is None  # no copy to compare with
+
+
+def test_each_vector_op_gets_its_own_fraction_where_one_fraction_misses_by_far():
+    """Samples made by a profile whose gelu runs 4x the silu rate per counted FLOP (the CPU
+    measurements spread 5x): the fit recovers both fractions; the single ``vector`` it also
+    fits (for ops not measured) misprices one of them by more than 25 %."""
+    base = fit_device(_compute_samples(), primary="fp32")
+    truth_eff = {**base["efficiency"], "vector": 0.05,
+                 "vector_by_op": {"aten.silu": 0.02, "aten.gelu": 0.08}}
+    truth = HardwareProfile.from_dict({**CPU.to_dict(), "device": {**CPU.to_dict()["device"], **base,
+                                                                  "efficiency": truth_eff}})
+    samples = _compute_samples()
+    for op, per_elem in (("silu", 5.0), ("gelu", 12.0)):
+        for n in (2**14, 2**18, 2**22):
+            s = ComputeSample("vector", op, f"{n // 256}x256", "fp32", per_elem * n, 8.0 * n, 0.0, 0.0)
+            samples.append(s.with_seconds(predict_compute(s, truth)))
+    device = fit_device(samples, primary="fp32")
+    by_op = device["efficiency"]["vector_by_op"]
+    assert by_op["aten.silu"] == pytest.approx(0.02, rel=0.03) and by_op["aten.gelu"] == pytest.approx(0.08, rel=0.03)
+    fitted = HardwareProfile.from_dict({**CPU.to_dict(), "device": {**CPU.to_dict()["device"], **device}})
+    vector = [s for s in samples if s.kind == "vector"]
+    assert all(predict_compute(s, fitted) == pytest.approx(s.seconds, rel=0.03) for s in vector)
+    one = dataclasses.replace(fitted, device=dataclasses.replace(
+        fitted.device, efficiency=dataclasses.replace(fitted.device.efficiency, vector_by_op=())))
+    assert max(abs(predict_compute(s, one) / s.seconds - 1) for s in vector) > 0.25
