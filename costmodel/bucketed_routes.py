@@ -50,7 +50,7 @@ from typing import Callable, Sequence
 from costmodel.collectives import collective_time_s
 from costmodel.mesh import MeshSpec
 from costmodel.placements import Partial, Placement, StridedShard
-from costmodel.redistribute import _normalize, plan_redistribute
+from costmodel.redistribute import _normalize, on_clear, plan_redistribute
 from costmodel.redistribute_search import canonical, search_graph
 from costmodel.steps import COLLECTIVE_STEPS, LOCAL_STEPS, RedistributePlan, RedistributeStep
 from hw_profiles import HardwareProfile
@@ -160,3 +160,12 @@ def bucketed_route(
         if price < best_price - 1e-12:
             best, best_price = route, price
     return BucketedRoute(best, best_price)
+
+
+def clear_cache() -> None:
+    """Forget the cached routes and candidates (``costmodel.redistribute.clear_cache`` calls it)."""
+    _routes.cache_clear()
+    _candidates.cache_clear()
+
+
+on_clear(clear_cache)

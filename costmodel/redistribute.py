@@ -19,7 +19,7 @@ splits alike (``costmodel.redistribute_classes``).
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -39,6 +39,7 @@ __all__ = [
     "RedistributePlan",
     "RedistributeStep",
     "clear_cache",
+    "on_clear",
 ]
 
 
@@ -199,10 +200,22 @@ def redistribute_costs(
     return table.tolist()
 
 
+_DEPENDENT_CACHES: list[Callable[[], None]] = []
+"""Clearers of caches built on plans of this module (``costmodel.bucketed_routes``, which
+imports this module, registers its own: :func:`on_clear`)."""
+
+
+def on_clear(clear: Callable[[], None]) -> None:
+    """Have :func:`clear_cache` call ``clear`` too."""
+    _DEPENDENT_CACHES.append(clear)
+
+
 def clear_cache() -> None:
-    """Forget cached plans and search graphs (e.g. before timing the planner)."""
+    """Forget cached plans, search graphs and the caches built on them (e.g. before timing the planner)."""
     _plan_cached.cache_clear()
     search_graph.cache_clear()
     redistribute_classes.clear_cache()
     shared_edges.cache_clear()
+    for clear in _DEPENDENT_CACHES:
+        clear()
 

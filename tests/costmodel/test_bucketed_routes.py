@@ -60,3 +60,15 @@ def test_a_1d_mesh_keeps_the_planners_route():
         accept = gatherable_step if src.startswith("S") else bucketable_step
         route = bucketed_route(src, dst, mesh, (64, 64), 4, GLOO, share=share, accept=accept)
         assert route.plan == plan_redistribute(src, dst, mesh, (64, 64), 4, GLOO)
+
+
+def test_clearing_the_redistribution_caches_forgets_the_bucketed_routes_too():
+    from costmodel import bucketed_routes
+    from costmodel.redistribute import clear_cache
+
+    clear_cache()
+    one_collective_routes("S(0)S(0)", "RR", MeshSpec((2, 2)), (8, 12), 4, GLOO)
+    assert bucketed_routes._routes.cache_info().currsize >= 1
+    clear_cache()
+    assert bucketed_routes._routes.cache_info().currsize == 0
+    assert bucketed_routes._candidates.cache_info().currsize == 0
