@@ -124,7 +124,9 @@ def make_plans(models: list[str], meshes: list[str], out: Path, time_limit: floa
                 from autoshard.calibrate.correction_cache import load_cached, machine_key
                 from hw_profiles import load as load_profile
 
-                cached = load_cached(machine_key(load_profile(PROFILE).fingerprint, ranks=math.prod(shape)))
+                calibrated = CORRECTIONS[(mk, mesh_key)].get("calibration", {}).get("profile")  # mode calibrate
+                cached = load_cached(machine_key(calibrated or load_profile(PROFILE).fingerprint,
+                                                 ranks=math.prod(shape)))
                 steps_then = [t.measured_s for t in (cached.times if cached else ()) if t.family == "step"]
                 if steps_then:
                     CORRECTIONS[(mk, mesh_key)]["reference_step_s"] = steps_then[0]
@@ -437,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calibrate-first", action="store_true",
                         help="calibrate this host (--quick, 4 ranks) first and price with that profile")
     parser.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default="fused")
-    parser.add_argument("--profile-correction", choices=("off", "here", "remeasure"), default="off",
+    parser.add_argument("--profile-correction", choices=("off", "here", "remeasure", "calibrate"), default="off",
                         help="correct the profile for this host before pricing (solve option profile_correction)")
     parser.add_argument("--no-compile", action="store_true", help="leave out the compile=True rows")
     parser.add_argument("-o", "--output", help="also write the report (markdown) to this file")

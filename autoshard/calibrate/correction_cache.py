@@ -24,11 +24,15 @@ import json
 import os
 import warnings
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from hw_profiles.correction import ProfileCorrection
 
-__all__ = ["cache_dir", "machine_key", "key_name", "load_cached", "save_cached"]
+if TYPE_CHECKING:
+    from hw_profiles import HardwareProfile
+
+__all__ = ["cache_dir", "machine_key", "key_name", "load_cached", "save_cached", "load_cached_profile",
+           "save_cached_profile"]
 
 
 def cache_dir() -> Path:
@@ -86,4 +90,38 @@ def save_cached(correction: ProfileCorrection, folder: Path | None = None) -> Pa
 
     path = _path(correction.machine, folder)
     write_text_atomic(path, json.dumps(correction.to_dict(), indent=1) + "\n", parents=True)
+    return path
+
+
+def _profile_path(key: Mapping[str, Any], folder: Path | None) -> Path:
+    return (folder or cache_dir()) / f"calibrated-{key_name(key)}.json"
+
+
+def load_cached_profile(key: Mapping[str, Any], folder: Path | None = None) -> "HardwareProfile | None":
+    """The profile a first-use calibration measured for ``key`` (``{"key": ..., "profile": ...}``),
+    or None (none cached; an unreadable or invalid file, or another key: one warning)."""
+    from hw_profiles import HardwareProfile, ProfileError, validate
+
+    path = _profile_path(key, folder)
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text())
+        if dict(data.get("key", {})) != dict(key):
+            raise ValueError("it holds another machine's key")
+        validate(data["profile"], where=str(path))
+        return HardwareProfile.from_dict(data["profile"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, ProfileError) as exc:
+        warnings.warn(f"autoshard: calibrated profile cache {path} is unusable ({exc}); calibrating again",
+                      RuntimeWarning, stacklevel=2)
+        return None
+
+
+def save_cached_profile(key: Mapping[str, Any], profile: "HardwareProfile", folder: Path | None = None) -> Path:
+    """Write the profile calibrated for ``key``, atomically."""
+    from solver.io import write_text_atomic
+
+    path = _profile_path(key, folder)
+    write_text_atomic(path, json.dumps({"key": dict(key), "profile": profile.to_dict()}, indent=1) + "\n",
+                      parents=True)
     return path

@@ -62,7 +62,8 @@ from autoshard.calibrate.reference_step import reference_step
 from autoshard.calibrate.timing import Job, Settings, measure
 from autoshard.plan.options import PROFILE_CORRECTIONS
 
-__all__ = ["MODES", "RefOp", "reference_ops", "measure_correction", "corrected_profile", "resolve_mode"]
+__all__ = ["MODES", "RefOp", "reference_ops", "measure_correction", "corrected_profile", "calibrated_profile",
+           "resolve_mode"]
 
 MODES = PROFILE_CORRECTIONS
 """``profile_correction`` values: ``here`` (correct for this machine, cached),
@@ -345,8 +346,13 @@ def corrected_profile(profile: HardwareProfile, *, ranks: int, mode: str = "here
     """
     if mode == "off":
         return profile, {"mode": "off"}
+    if mode == "calibrate":  # this machine's own profile first, then its step figures (same path, "here")
+        calibrated, calibration = calibrated_profile(profile, ranks=ranks, folder=folder, collective=collective)
+        corrected, record = corrected_profile(calibrated, ranks=ranks, mode="here", folder=folder,
+                                              collective=collective)
+        return corrected, {**record, "mode": "calibrate", "calibration": calibration}
     if mode not in ("here", "remeasure"):
-        raise ValueError(f"profile_correction: expected here, remeasure or off here, got {mode!r}")
+        raise ValueError(f"profile_correction: expected here, remeasure, calibrate or off here, got {mode!r}")
     key = machine_key(profile.fingerprint, ranks=ranks)
     job = _job_here() if collective else Job.single()
     in_job = job.world > 1
@@ -380,6 +386,68 @@ def corrected_profile(profile: HardwareProfile, *, ranks: int, mode: str = "here
     record = {"mode": mode, "source": source, "date": correction.date, "machine": dict(correction.machine),
               "ratios": correction.summary(), "load": dict(correction.load)}
     return correction.apply(profile), record
+
+
+CALIBRATION = "quick"
+"""The ``calibrate-hardware`` mode of a first-use calibration (``profile_correction="calibrate"``;
+tests set ``tiny``): on 4 gloo ranks sharing 2 cores ~2 minutes, once per machine."""
+
+
+def _calibration_key(profile: HardwareProfile, ranks: int) -> dict[str, Any]:
+    return {**machine_key(profile.fingerprint, ranks=ranks), "calibration": CALIBRATION}
+
+
+def _calibrate_spawned(profile: HardwareProfile, ranks: int) -> HardwareProfile:
+    """``calibrate-hardware --quick`` on ``ranks`` local processes of one thread each, ``profile``
+    as the base (figures it does not measure are copied from it); the profile it writes."""
+    import subprocess
+    import sys
+
+    with tempfile.TemporaryDirectory() as tmp:
+        base, out = os.path.join(tmp, "base.json"), os.path.join(tmp, "calibrated.json")
+        Path(base).write_text(json.dumps(profile.to_dict()))
+        cmd = [sys.executable, "-m", "autoshard.cli", "calibrate-hardware", f"--{CALIBRATION}",
+               "--nproc-per-node", str(ranks), "--threads", "1", "--base", base, "-o", out,
+               "--name", f"{profile.name}-calibrated-here"]
+        log.info("calibrating this machine on %d ranks (%s), once: %s", ranks, CALIBRATION, " ".join(cmd[2:]))
+        done = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=3600)
+        if done.returncode or not os.path.exists(out):
+            last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            raise RuntimeError(f"profile correction: the calibration of this machine failed: {last}")
+        return HardwareProfile.from_dict(json.loads(Path(out).read_text()))
+
+
+def calibrated_profile(profile: HardwareProfile, *, ranks: int, folder: Path | None = None,
+                       collective: bool = False) -> tuple[HardwareProfile, dict[str, Any]]:
+    """This machine's own profile for ``ranks`` ranks on it (``calibrate-hardware`` with
+    :data:`CALIBRATION` on local processes, ``profile`` as the base), cached per machine like
+    corrections, and what was done. ``collective``: every rank of the job calls this; rank 0
+    calibrates on a miss while the others wait, and every rank takes rank 0's profile. A
+    calibration measured under foreign load is used once and not cached."""
+    from autoshard.calibrate.correction_cache import load_cached_profile, save_cached_profile
+
+    key = _calibration_key(profile, ranks)
+    job = _job_here() if collective else Job.single()
+    source = "cache"
+    calibrated = None
+    if job.rank == 0:
+        calibrated = load_cached_profile(key, folder)
+        if calibrated is None:
+            calibrated, source = _calibrate_spawned(profile, ranks), "measured"
+            load = (calibrated.to_dict().get("calibration") or {}).get("load") or {}
+            if load.get("foreign"):
+                source = "measured under foreign load, not cached"
+                log.warning("the calibration of this machine ran beside other processes' work: used for this "
+                            "plan only, not cached")
+            else:
+                save_cached_profile(key, calibrated, folder)
+    if job.world > 1:
+        shared = _broadcast_json({"profile": calibrated.to_dict(), "source": source} if job.rank == 0 else None)
+        calibrated, source = HardwareProfile.from_dict(shared["profile"]), shared["source"]
+    assert calibrated is not None
+    calib = calibrated.calibration
+    return calibrated, {"source": source, "mode": CALIBRATION, "date": calib.date if calib else None,
+                        "profile": calibrated.fingerprint}
 
 
 if __name__ == "__main__":

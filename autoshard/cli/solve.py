@@ -89,10 +89,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--optimizer-impl", choices=("auto", "foreach", "fused", "for-loop"),
                         help="how the optimizer runs: its kernels' time and temporaries (default auto: torch's own "
                              "default on the profile's device, foreach on GPUs, for-loop on CPU)")
-    parser.add_argument("--profile-correction", choices=("auto", "here", "remeasure", "off"),
+    parser.add_argument("--profile-correction", choices=("auto", "here", "remeasure", "calibrate", "off"),
                         help="correct the profile for THIS machine before pricing: a few seconds of reference ops "
-                             "on the mesh's ranks, cached per machine (here; remeasure: measure again). Default "
-                             "auto = off for an offline solve: the plan may run on another machine")
+                             "on the mesh's ranks, cached per machine (here; remeasure: measure again; calibrate: "
+                             "a quick calibration of this machine first, ~2 min once, cached, then the same "
+                             "correction). Default auto = off for an offline solve: the plan may run on another "
+                             "machine")
     parser.add_argument("--mixed-precision", action="store_true", help="low-precision params with fp32 master and state")
     parser.add_argument("--no-ties", action="store_true", help="let every repeated layer choose its own strategies")
     parser.add_argument("--search", choices=("auto", "full", "seeded"),

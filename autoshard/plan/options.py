@@ -63,7 +63,7 @@ BUILD_FIELDS = ("profile", "optimizer", "optimizer_impl", "mixed_precision", "al
 """The options that decide the strategy graph (:func:`~autoshard.plan.solve.prepare` reads
 these; the solve reads the others, and ``recompute`` too)."""
 
-PROFILE_CORRECTIONS = ("auto", "here", "remeasure", "off")
+PROFILE_CORRECTIONS = ("auto", "here", "remeasure", "calibrate", "off")
 """``profile_correction`` values (:attr:`SolveOptions.profile_correction`)."""
 
 OVERLAP_ROUNDS = 2
@@ -129,7 +129,10 @@ class SolveOptions:
     profile_correction: str = "auto"
     """Correct the profile for the machine at hand before pricing (``autoshard.calibrate.first_use``:
     a few seconds of reference ops on the job's ranks, cached per machine): ``here`` (cached
-    correction, measured on a miss), ``remeasure`` (measure again), ``off``; ``auto`` is ``here``
+    correction, measured on a miss), ``remeasure`` (measure again), ``calibrate`` (a quick
+    ``calibrate-hardware`` of this machine on the job's ranks first, cached per machine, then the
+    ``here`` correction of that profile: ops priced as this machine runs them, ~2 minutes once),
+    ``off``; ``auto`` is ``here``
     where the plan runs on the machine that solves it with a CPU profile (:func:`autoshard.autoshard`)
     and ``off`` elsewhere (``autoshard solve``, :func:`autoshard.solve`: a plan solved offline may run
     on another machine). ``plan.options["profile_correction"]`` records what was applied."""

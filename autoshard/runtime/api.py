@@ -231,7 +231,8 @@ def _correct_here(opts: SolveOptions) -> SolveOptions:
         return opts.with_changes(profile_correction="off")
     ranks = int(os.environ.get("LOCAL_WORLD_SIZE") or dist.get_world_size())
     corrected_profile(opts.profile, ranks=ranks, mode=mode, collective=True)
-    return opts.with_changes(profile_correction="here")  # rank 0's solve: the cache holds it now
+    # rank 0's solve: the cache holds it now (a calibration and its correction, or the correction)
+    return opts.with_changes(profile_correction="calibrate" if mode == "calibrate" else "here")
 
 
 def _whole_job_mesh(mesh: Any, opts: SolveOptions, device_default: bool) -> tuple[MeshSpec, SolveOptions]:

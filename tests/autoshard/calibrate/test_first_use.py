@@ -149,3 +149,42 @@ def test_every_op_of_a_step_pays_the_step_cost_and_views_do_not() -> None:
                 assert cb == pytest.approx(ca + 1e-3)
                 paid += 1
     assert paid > 0 and free > 0  # the tiny MLP has both (mm, t / view)
+
+
+def test_calibrate_measures_this_machine_once_then_corrects_that_profile(tmp_path, monkeypatch,
+                                                                       fake_measure) -> None:
+    """``profile_correction="calibrate"``: a real (tiny) calibrate-hardware on 2 local ranks, cached
+    per machine; the step correction then applies to the calibrated profile (its own key)."""
+    monkeypatch.setattr(first_use, "CALIBRATION", "tiny")
+    runs = []
+    real = first_use._calibrate_spawned
+    monkeypatch.setattr(first_use, "_calibrate_spawned", lambda p, r: runs.append(r) or real(p, r))
+    profile, record = first_use.corrected_profile(BASE, ranks=2, mode="calibrate", folder=tmp_path)
+    calibration = record["calibration"]
+    assert record["mode"] == "calibrate" and calibration["source"] == "measured" and runs == [2]
+    assert calibration["profile"].startswith("cpu-gloo-calibrated-here@") and calibration["mode"] == "tiny"
+    assert fake_measure[-1]["profile"] == calibration["profile"]  # the correction is of the calibrated profile
+    assert profile.name == "cpu-gloo-calibrated-here+corrected" and profile.source == "measured"
+    assert profile.device.launch_s != BASE.device.launch_s
+    again, record2 = first_use.corrected_profile(BASE, ranks=2, mode="calibrate", folder=tmp_path)
+    assert record2["calibration"]["source"] == "cache" and runs == [2] and again == profile
+
+
+def test_a_calibration_that_fails_is_one_error_line_and_nothing_cached(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(first_use, "CALIBRATION", "no-such-mode")
+    with pytest.raises(RuntimeError, match="the calibration of this machine failed: .*no-such-mode"):
+        first_use.calibrated_profile(BASE, ranks=1, folder=tmp_path)
+    assert not list(tmp_path.glob("*.json"))
+
+
+def test_an_unusable_calibrated_profile_cache_warns_and_calibrates_again(tmp_path, monkeypatch) -> None:
+    runs = []
+    monkeypatch.setattr(first_use, "_calibrate_spawned", lambda p, r: runs.append(r) or BASE)
+    first_use.calibrated_profile(BASE, ranks=4, folder=tmp_path)
+    (path,) = tmp_path.glob("calibrated-*.json")
+    path.write_text('{"key": {}, "profile": {}}')
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _, record = first_use.calibrated_profile(BASE, ranks=4, folder=tmp_path)
+    assert record["source"] == "measured" and runs == [4, 4]
+    assert any("calibrated profile cache" in str(w.message) for w in caught)
