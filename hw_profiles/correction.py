@@ -227,6 +227,13 @@ class ProfileCorrection:
         """:func:`family_ratios` of :attr:`times`."""
         return family_ratios(self.times)
 
+    def step_figures_only(self) -> "ProfileCorrection":
+        """This correction with its ``step`` and ``collective_step`` times only: it then adds
+        ``step_op_s`` and ``skew_s`` and scales nothing (for a profile calibrated on this machine,
+        whose op figures a few seconds of references would only move by the minute's noise)."""
+        keep = tuple(t for t in self.times if t.family in ("step", "collective_step"))
+        return dataclasses.replace(self, times=keep)
+
     def summary(self) -> dict[str, float]:
         """The ratios, rounded (what ``plan.options["profile_correction"]`` shows)."""
         return {f: (round(r, 4) if f != "step_op_s" else float(f"{r:.4g}")) for f, r in sorted(self.ratios.items())}

@@ -333,12 +333,14 @@ def resolve_mode(mode: str, profile: HardwareProfile, *, runs_here: bool) -> str
 
 
 def corrected_profile(profile: HardwareProfile, *, ranks: int, mode: str = "here", folder: Path | None = None,
-                      collective: bool = False) -> tuple[HardwareProfile, dict[str, Any]]:
+                      collective: bool = False, steps_only: bool = False) -> tuple[HardwareProfile, dict[str, Any]]:
     """``profile`` corrected for this machine and what was done, for ``plan.options``
     (``{"mode": "off"}`` when ``mode`` is ``off``). ``ranks``: the job's ranks on this
     host. ``collective``: every rank of the initialized process group calls this
     together (they measure together on a cache miss; rank 0's cache decides);
     otherwise this process alone decides, and measures on ``ranks`` processes it starts.
+    ``steps_only``: apply only the step figures (``step_op_s``, ``skew_s``), as ``calibrate`` does
+    for the profile it has just measured here.
 
     >>> from hw_profiles import load
     >>> corrected_profile(load("cpu-gloo"), ranks=4, mode="off")[1]
@@ -349,7 +351,7 @@ def corrected_profile(profile: HardwareProfile, *, ranks: int, mode: str = "here
     if mode == "calibrate":  # this machine's own profile first, then its step figures (same path, "here")
         calibrated, calibration = calibrated_profile(profile, ranks=ranks, folder=folder, collective=collective)
         corrected, record = corrected_profile(calibrated, ranks=ranks, mode="here", folder=folder,
-                                              collective=collective)
+                                              collective=collective, steps_only=True)
         return corrected, {**record, "mode": "calibrate", "calibration": calibration}
     if mode not in ("here", "remeasure"):
         raise ValueError(f"profile_correction: expected here, remeasure, calibrate or off here, got {mode!r}")
@@ -383,6 +385,8 @@ def corrected_profile(profile: HardwareProfile, *, ranks: int, mode: str = "here
         correction = ProfileCorrection.from_dict(_broadcast_json(cached.to_dict() if cached is not None else None))
     else:
         correction = cached
+    if steps_only:
+        correction = correction.step_figures_only()
     record = {"mode": mode, "source": source, "date": correction.date, "machine": dict(correction.machine),
               "ratios": correction.summary(), "load": dict(correction.load)}
     return correction.apply(profile), record
