@@ -41,6 +41,7 @@ import json
 import logging
 import os
 import statistics
+import subprocess
 import tempfile
 import time
 from dataclasses import dataclass
@@ -288,7 +289,6 @@ def _child_main(argv: list[str]) -> int:
 def _measure_spawned(profile: HardwareProfile, ranks: int, key: dict[str, Any]) -> ProfileCorrection:
     """Start ``ranks`` local processes that measure together (offline use). Plain
     subprocesses, not multiprocessing: a caller's script need not guard its ``__main__``."""
-    import subprocess
     import sys
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -404,7 +404,6 @@ def _calibration_key(profile: HardwareProfile, ranks: int) -> dict[str, Any]:
 def _calibrate_spawned(profile: HardwareProfile, ranks: int) -> HardwareProfile:
     """``calibrate-hardware --quick`` on ``ranks`` local processes of one thread each, ``profile``
     as the base (figures it does not measure are copied from it); the profile it writes."""
-    import subprocess
     import sys
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -432,21 +431,28 @@ def calibrated_profile(profile: HardwareProfile, *, ranks: int, folder: Path | N
 
     key = _calibration_key(profile, ranks)
     job = _job_here() if collective else Job.single()
-    source = "cache"
-    calibrated = None
+    source, calibrated, error = "cache", None, None
     if job.rank == 0:
-        calibrated = load_cached_profile(key, folder)
-        if calibrated is None:
-            calibrated, source = _calibrate_spawned(profile, ranks), "measured"
-            load = (calibrated.to_dict().get("calibration") or {}).get("load") or {}
-            if load.get("foreign"):
-                source = "measured under foreign load, not cached"
-                log.warning("the calibration of this machine ran beside other processes' work: used for this "
-                            "plan only, not cached")
-            else:
-                save_cached_profile(key, calibrated, folder)
+        try:
+            calibrated = load_cached_profile(key, folder)
+            if calibrated is None:
+                calibrated, source = _calibrate_spawned(profile, ranks), "measured"
+                load = (calibrated.to_dict().get("calibration") or {}).get("load") or {}
+                if load.get("foreign"):
+                    source = "measured under foreign load, not cached"
+                    log.warning("the calibration of this machine ran beside other processes' work: used for "
+                                "this plan only, not cached")
+                else:
+                    save_cached_profile(key, calibrated, folder)
+        except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
+            if job.world == 1:
+                raise
+            error = str(exc)  # the other ranks wait for rank 0: they fail with its error, not a timeout
     if job.world > 1:
-        shared = _broadcast_json({"profile": calibrated.to_dict(), "source": source} if job.rank == 0 else None)
+        shared = _broadcast_json({"error": error} if error else
+                                 {"profile": calibrated.to_dict(), "source": source} if job.rank == 0 else None)
+        if "error" in shared:
+            raise RuntimeError(shared["error"])
         calibrated, source = HardwareProfile.from_dict(shared["profile"]), shared["source"]
     assert calibrated is not None
     calib = calibrated.calibration

@@ -4,6 +4,7 @@ measured again, and the plan records which correction priced it."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import warnings
 
@@ -158,7 +159,13 @@ def test_calibrate_measures_this_machine_once_then_corrects_that_profile(tmp_pat
     monkeypatch.setattr(first_use, "CALIBRATION", "tiny")
     runs = []
     real = first_use._calibrate_spawned
-    monkeypatch.setattr(first_use, "_calibrate_spawned", lambda p, r: runs.append(r) or real(p, r))
+
+    def calibrate(p, r):  # the real one, its load record dropped: whether it is cached must not hang on
+        runs.append(r)    # what else the machine runs meanwhile (that rule has its own test)
+        calibrated = real(p, r)
+        return dataclasses.replace(calibrated, calibration=dataclasses.replace(calibrated.calibration, load=None))
+
+    monkeypatch.setattr(first_use, "_calibrate_spawned", calibrate)
     profile, record = first_use.corrected_profile(BASE, ranks=2, mode="calibrate", folder=tmp_path)
     calibration = record["calibration"]
     assert record["mode"] == "calibrate" and calibration["source"] == "measured" and runs == [2]
@@ -175,6 +182,21 @@ def test_a_calibration_that_fails_is_one_error_line_and_nothing_cached(tmp_path,
     with pytest.raises(RuntimeError, match="the calibration of this machine failed: .*no-such-mode"):
         first_use.calibrated_profile(BASE, ranks=1, folder=tmp_path)
     assert not list(tmp_path.glob("*.json"))
+
+
+def test_a_calibration_under_foreign_load_is_used_but_not_cached(tmp_path, monkeypatch) -> None:
+    from hw_profiles.profile import LoadRecord
+
+    busy = LoadRecord(cores=2, own_threads=4, before=(1.0, 1.0, 1.0), after=(3.0, 2.0, 1.0), foreign_load=2.0,
+                      foreign=True)
+    flagged = dataclasses.replace(BASE, calibration=dataclasses.replace(BASE.calibration, load=busy))
+    runs = []
+    monkeypatch.setattr(first_use, "_calibrate_spawned", lambda p, r: runs.append(r) or flagged)
+    profile, record = first_use.calibrated_profile(BASE, ranks=4, folder=tmp_path)
+    assert profile == flagged and record["source"] == "measured under foreign load, not cached"
+    assert not list(tmp_path.glob("*.json"))
+    first_use.calibrated_profile(BASE, ranks=4, folder=tmp_path)
+    assert runs == [4, 4]
 
 
 def test_an_unusable_calibrated_profile_cache_warns_and_calibrates_again(tmp_path, monkeypatch) -> None:
