@@ -17,7 +17,6 @@ Findings: ``benchmarks/results/calibration_fit.md``.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -31,9 +30,7 @@ from hw_profiles import HardwareProfile, load  # noqa: E402
 
 
 def _samples(path: str) -> list[ComputeSample]:
-    fields = {f.name for f in dataclasses.fields(ComputeSample)}
-    data = json.loads(Path(path).read_text())
-    return [ComputeSample(**{k: v for k, v in s.items() if k in fields}) for s in data["compute"]]
+    return [ComputeSample.from_dict(s) for s in json.loads(Path(path).read_text())["compute"]]
 
 
 def _profile(device: dict) -> HardwareProfile:

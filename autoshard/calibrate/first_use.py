@@ -437,8 +437,8 @@ def calibrated_profile(profile: HardwareProfile, *, ranks: int, folder: Path | N
             calibrated = load_cached_profile(key, folder)
             if calibrated is None:
                 calibrated, source = _calibrate_spawned(profile, ranks), "measured"
-                load = (calibrated.to_dict().get("calibration") or {}).get("load") or {}
-                if load.get("foreign"):
+                load = calibrated.calibration.load
+                if load is not None and load.foreign:
                     source = "measured under foreign load, not cached"
                     log.warning("the calibration of this machine ran beside other processes' work: used for "
                                 "this plan only, not cached")
@@ -455,8 +455,7 @@ def calibrated_profile(profile: HardwareProfile, *, ranks: int, folder: Path | N
             raise RuntimeError(shared["error"])
         calibrated, source = HardwareProfile.from_dict(shared["profile"]), shared["source"]
     assert calibrated is not None
-    calib = calibrated.calibration
-    return calibrated, {"source": source, "mode": CALIBRATION, "date": calib.date if calib else None,
+    return calibrated, {"source": source, "mode": CALIBRATION, "date": calibrated.calibration.date,
                         "profile": calibrated.fingerprint}
 
 

@@ -266,13 +266,16 @@ def fit_device(samples: Sequence[ComputeSample], *, primary: str) -> dict:
     best, memory = rate_curve([s.bytes_accessed for s in mem], [s.bytes_accessed / _busy_s(s, launch_s) for s in mem],
                               [s.seconds for s in mem], launch_s, decades=0.25)
     vec = [s for s in samples if s.kind == "vector"]
-    vector = _fit_vector(vec, launch_s, peaks.get("fp32", peak), best, memory, fresh)
+
+    def fit_vector(chosen: list[ComputeSample]) -> float | None:
+        return _fit_vector(chosen, launch_s, peaks.get("fp32", peak), best, memory, fresh)
+
+    vector = fit_vector(vec)
     by_op = {}
     for op in sorted({s.op for s in vec}):
         name = vector_op_name(op)
         if name is not None:  # keyed by the overload packet, as costmodel.compute looks it up
-            by_op[name.rsplit(".", 1)[0]] = _fit_vector([s for s in vec if s.op == op], launch_s,
-                                                        peaks.get("fp32", peak), best, memory, fresh)
+            by_op[name.rsplit(".", 1)[0]] = fit_vector([s for s in vec if s.op == op])
     efficiency_dict: dict = {"matmul": [list(p) for p in matmul]}
     if by_dtype:
         efficiency_dict["matmul_by_dtype"] = by_dtype

@@ -190,6 +190,7 @@ def rounds_beside(prep: Prepared, opts: SolveOptions) -> int:
     plan (a full search; :func:`with_expert_layouts`), the plan's own where it cannot (seeded)."""
     return 0 if prep.options.get("search") != "seeded" else opts.overlap_rounds
 
+
 def layouts_instead(solve: Solve, prep: Prepared, solution: Any, opts: SolveOptions, limit: float, end: float,
                     recompute: str, background: Background | None) -> Plan | None:
     """The cheapest expert layout that fits when the search found nothing (None: none fits)."""
@@ -220,10 +221,12 @@ def with_expert_layouts(solve: Solve, prep: Prepared, plan: Plan, solution: Any,
                            overlap_rounds=0 if proven else opts.overlap_rounds, background=background)
     return replace(plan, solver=replace(plan.solver, timings={**before, "portfolio_s": round(sum(spent), 4)}))
 
+
 def own_seconds(plan: Plan) -> float:
     """The solve's stages of ``plan`` without the seed (a portfolio layout shares its prep's seed)."""
     timings = plan.solver.timings
     return sum(float(timings.get(k, 0.0)) for k in ("solve_s", "overlap_s", "portfolio_s"))
+
 
 def baseline_options(opts: SolveOptions, baseline: str, recompute: str, memory_limit: float,
                      time_limit: float, overlap_rounds: int | None = None) -> SolveOptions:

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import math
 import sys
 from pathlib import Path
 
@@ -30,8 +28,7 @@ def _measurements(path: Path) -> None:
             flops = 8.0 * n
             samples.append(ComputeSample("vector", op, f"{n // 256}x256", "fp32", flops, 8.0 * n,
                                          launch + flops * ns_per_flop * 1e-9, 0.0))
-    path.write_text(json.dumps({"compute": [dataclasses.asdict(s) for s in samples]},
-                               default=lambda x: None if math.isinf(x) else x))
+    path.write_text(json.dumps({"compute": [s.to_dict() for s in samples]}))
 
 
 def test_the_per_op_fit_reproduces_ops_that_one_fraction_cannot(tmp_path, capsys):
