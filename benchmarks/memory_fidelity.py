@@ -259,14 +259,41 @@ def plan_choice(graph: StrategyGraph, plan: Plan) -> list[int]:
     return choice
 
 
-def estimate_breakdown(graph: StrategyGraph, plan: Plan) -> dict[str, float]:
-    """The estimate's bytes live at its peak, by category: params, grads,
+def activation_peak_time(graph: StrategyGraph, plan: Plan) -> int:
+    """The time at which the plan's activations (op outputs, the tangent) are highest."""
+    choice = plan_choice(graph, plan)
+    events: dict[int, float] = {}
+    for node, k in zip(graph.nodes, choice):
+        if node.kind in ("param", "grad", "input", "buffer", "constant") or node.live is None \
+                or (node.kind == "memory" and node.target == BOUND) or not node.memory_bytes[k]:
+            continue
+        events[node.live[0]] = events.get(node.live[0], 0.0) + float(node.memory_bytes[k])
+        events[node.live[1]] = events.get(node.live[1], 0.0) - float(node.memory_bytes[k])
+    level, best = 0.0, (float("-inf"), 0)
+    for t in sorted(events):
+        level += events[t]
+        best = max(best, (level, -t))
+    return -best[1]
+
+
+def estimate_breakdown(graph: StrategyGraph, plan: Plan, at: int | None = None) -> dict[str, float]:
+    """The estimate's bytes live at its peak (or at time ``at``), by category: params, grads,
     optimizer, inputs (batch, buffers and tensor constants), activations (every op output and the
     tangent), copies (redistributed copies: gathered parameters and
-    activations, re-laid-out shards), buckets (gradients waiting for their
-    bucket and its payload), and ``Total`` (equal to ``plan.estimate.peak_memory_bytes``)."""
+    activations, re-laid-out shards; a parameter's copies over one interval counted once in a plan
+    priced as FSDP2 runs, ``autoshard.plan.exact_memory``), buckets (gradients waiting for their
+    bucket and its payload: the rest of the timeline's level), and ``Total`` (the timeline's level
+    then: ``plan.estimate.peak_memory_bytes`` at the peak)."""
+    from autoshard.plan.build import assembly_graph
+    from autoshard.plan.exact_memory import param_view_roots
+    from autoshard.plan.schedule import VIEW_OPS
+
     choice = plan_choice(graph, plan)
-    peak_time = max(plan.memory_timeline, key=lambda point: point[1])[0]
+    peak_time = max(plan.memory_timeline, key=lambda point: point[1])[0] if at is None else at
+    level = plan.estimate.peak_memory_bytes if at is None else \
+        next((b for t, b in reversed(plan.memory_timeline) if t <= at), plan.memory_timeline[0][1])
+    roots = param_view_roots(assembly_graph(graph), VIEW_OPS) if plan.options.get("gather") == "fsdp2" else {}
+    shared: dict[tuple, float] = {}
     out = dict.fromkeys(("params", "grads", "optimizer", "inputs", "activations", "copies", "buckets"), 0.0)
 
     def live(interval: tuple[int, int] | None) -> bool:
@@ -293,32 +320,38 @@ def estimate_breakdown(graph: StrategyGraph, plan: Plan) -> dict[str, float]:
         j = edge_of[(r.tensor, r.to, r.output_index, r.input_index)]
         lives = graph.copy_live_recomputed[j] if r.to in recomputed and graph.copy_live_recomputed[j] \
             else graph.copy_live[j]
-        if r.src != r.dst and r.steps and any(a <= peak_time < b for a, b in lives):
-            out["copies"] += local_bytes(graph.edges[j].tensor, r.dst, graph.mesh.shape)
+        live = next(((a, b) for a, b in lives if a <= peak_time < b), None)
+        if r.src != r.dst and r.steps and live is not None:
+            nbytes = local_bytes(graph.edges[j].tensor, r.dst, graph.mesh.shape)
+            root = roots.get(graph.edges[j].src)
+            if root is None:
+                out["copies"] += nbytes
+            else:
+                shared[(root, live)] = max(shared.get((root, live), 0.0), nbytes)
+    out["copies"] += sum(shared.values())
     total_without_buckets = sum(out.values())
-    out["buckets"] = plan.estimate.peak_memory_bytes - total_without_buckets  # the rest: bucket buffers
+    out["buckets"] = level - total_without_buckets  # the rest: bucket buffers
     out["Total"] = sum(out.values())
     return out
 
 
 def estimate(config: Config, mesh_size: int, baseline: str, *, time_limit: float = 30.0, gather: str = "reader",
-             recompute: str = "none", bucket_bytes: int | None = None) -> tuple[Plan, dict[str, float]]:
+             recompute: str = "none", bucket_bytes: int | None = None,
+             breakdown_at: str = "peak") -> tuple[Plan, dict[str, float]]:
     """The plan of ``baseline`` for ``config`` on mesh ``(mesh_size,)`` (profile
     ``cpu-gloo``, no memory limit) and its breakdown at the peak. ``gather``:
     when parameter copies are held (``reader``: autoshard's runtime; ``fsdp2``:
-    FSDP2's per-block gathers with prefetch, ``autoshard.graph.copies``, and
-    each gradient reduced as soon as it is made, without autoshard's gradient
-    buckets: FSDP2 reduce-scatters block by block, while a 25 MiB bucket holds
-    every gradient of these small models until the end of the backward;
-    ``bucket_bytes`` sets the cap otherwise);
-    ``recompute``: the recomputation policy."""
+    FSDP2's per-block gathers with prefetch, ``autoshard.graph.copies``, and its
+    per-block gradient reductions, ``costmodel.bucketing``, whatever the cap);
+    ``bucket_bytes``: the gradient bucket cap of ``reader``;
+    ``recompute``: the recomputation policy; ``breakdown_at``: ``peak`` or ``activations``
+    (where the activations are highest, :func:`activation_peak_time`)."""
     model, inputs = config.build(device="meta")
-    if bucket_bytes is None and gather == "fsdp2":
-        bucket_bytes = 0
     buckets = {} if bucket_bytes is None else {"bucket_bytes": bucket_bytes}
     prep = prepare(model, inputs, (mesh_size,), profile=PROFILE, gather=gather, recompute=recompute, **buckets)
     plan = solve_prepared(prep, baseline=baseline, memory_limit=1e30, time_limit=time_limit, recompute=recompute)
-    return plan, estimate_breakdown(prep.graph, plan)
+    at = activation_peak_time(prep.graph, plan) if breakdown_at == "activations" else None
+    return plan, estimate_breakdown(prep.graph, plan, at=at)
 
 
 def measure_checkpointed(config: Config) -> dict[str, int]:

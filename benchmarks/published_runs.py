@@ -11,7 +11,9 @@ AdamW state) and priced twice on the published hardware's profile:
   recomputation, ``recompute="auto"``) within the device's memory.
 
 The model is ``examples.models.llama3`` with torchtitan's loss (logits cast
-to fp32 before the cross entropy, :func:`_titan_forward`).
+to fp32 before the cross entropy, :func:`_titan_forward`) and, for the runs
+of torchtitan's 2024-12 eager benchmarks, torchtitan's own RMSNorm of then
+(:class:`TitanRMSNorm`, ``PublishedRun.titan_norm``).
 
 Predicted tokens/s/GPU = global batch x sequence / (step_s x GPUs), the way
 torchtitan logs ``tps`` (tokens of the local batch / (time x non-data-parallel
@@ -53,6 +55,8 @@ import time
 from dataclasses import dataclass
 from types import MethodType
 
+from torch import nn
+
 TT_2412 = ("https://github.com/pytorch/torchtitan/blob/main/benchmarks/llama3_h100_202412_torchtitan.md"
            " (torchtitan 9dec370, torch 1963fc8, 2024-12)")
 TT_ASYNC = ("https://github.com/pytorch/torchtitan/blob/main/benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md"
@@ -83,6 +87,9 @@ class PublishedRun:
     source: str
     not_modeled: str
     """What the run did that the prediction does not price (it explains part of the error)."""
+    titan_norm: bool = False
+    """The run used torchtitan's own RMSNorm (``norm_type = "rmsnorm"``, eager: an fp32 composite of
+    separate kernels, :class:`TitanRMSNorm`), not ``nn.RMSNorm`` (one fused kernel on CUDA)."""
 
     @property
     def gpus(self) -> int:
@@ -99,12 +106,12 @@ RUNS = (
         "tt-8b-fsdp8", "Llama 3.1 8B, FSDP 8 (1 host)", "8b-8192", 8192, 16, (8,), ("dp",), "fsdp", "selective",
         "h100-sxm-96gb-500w", 5762.0, _tt_step(5762.0, 16, 8192, 8), 82.4, "max reserved",
         TT_2412 + " Table 1 row FSDP; local batch 2, seq 8192 and per-op selective AC from train_configs/llama3_8b.toml",
-        "eager (no torch.compile); FSDP2 reduces gradients in fp32 (mixed_precision_reduce default float32)"),
+        "eager (no torch.compile); the caching allocator beyond a flat 10 % headroom", titan_norm=True),
     PublishedRun(
         "tt-8b-fsdp128", "Llama 3.1 8B, FSDP 128 (16 hosts)", "8b-8192", 8192, 256, (128,), ("dp",), "fsdp",
         "selective", "h100-sxm-96gb-500w", 5605.0, _tt_step(5605.0, 256, 8192, 128), 67.0, "max reserved",
         TT_2412 + " Table 3 row FSDP; local batch 2, seq 8192, per-op selective AC",
-        "eager; fp32 gradient reduction; the 128-rank collectives cross 16 hosts on 400 Gb/s RoCE"),
+        "eager; the 128-rank collectives cross 16 hosts on 400 Gb/s RoCE", titan_norm=True),
     PublishedRun(
         "tt-8b-fsdp8-tp8", "Llama 3 8B, FSDP 8 x TP 8 (8 hosts), vanilla TP, bf16", "8b-8192", 8192, 96, (8, 8),
         ("dp", "tp"), "fsdp+tp", "selective", "h100-sxm-96gb-500w", 4378.0, _tt_step(4378.0, 96, 8192, 64), None,
@@ -227,6 +234,34 @@ def one_gpu_table(rows: list[tuple[OneGpuRun, dict]]) -> str:
     return "\n".join(lines)
 
 
+class TitanRMSNorm(nn.Module):
+    """torchtitan's RMSNorm as the 2024-12 runs ran it (torchtitan 9dec370 ``models/norms.py``,
+    ``norm_type = "rmsnorm"``, no compile): ``x.float()``, ``pow``, ``mean``, ``rsqrt``, ``mul``,
+    ``type_as``, ``* weight``, each its own kernel (and a backward of the same kind), where
+    ``nn.RMSNorm`` traces for CUDA as one fused kernel. Takes over ``norm``'s weight (same name)."""
+
+    def __init__(self, norm: nn.Module) -> None:
+        super().__init__()
+        self.weight, self.eps = norm.weight, norm.eps if norm.eps is not None else 1e-6
+
+    def forward(self, x):
+        import torch
+
+        y = x.float()
+        return (y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
+
+
+def use_titan_norms(model: nn.Module) -> int:
+    """Replace every ``nn.RMSNorm`` of ``model`` by a :class:`TitanRMSNorm` on its weight; how many."""
+    count = 0
+    for name, module in list(model.named_modules()):
+        if isinstance(module, nn.RMSNorm):
+            parent, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent) if parent else model, child, TitanRMSNorm(module))
+            count += 1
+    return count
+
+
 def _titan_forward(self, tokens, labels):
     """``examples.models.llama3.Llama.forward`` with torchtitan's loss: the logits are cast
     to fp32 before the cross entropy (torchtitan ``cross_entropy_loss``: ``pred.flatten(0, 1).float()``),
@@ -251,10 +286,13 @@ def run_one(run: PublishedRun, time_limit: float, baseline_only: bool = False) -
     cpu0 = time.process_time()
     model, inputs = build_llama(run.config, run.global_batch)
     model.forward = MethodType(_titan_forward, model)
+    if run.titan_norm:
+        use_titan_norms(model)
     row: dict = {"key": run.key}
-    # the published layout runs FSDP2, which gathers a block's parameters with prefetch
+    # the published layout runs FSDP2, which gathers a block's parameters with prefetch and
+    # reduce-scatters a block's gradients in fp32 (torchtitan's mixed_precision_reduce)
     prep = prepare(model, inputs, run.mesh, run.dim_names, profile=run.profile, mixed_precision=True,
-                   recompute="auto", gather="fsdp2")
+                   recompute="auto", gather="fsdp2", reduce_dtype="float32")
     base = solve_prepared(prep, baseline=run.baseline, recompute=run.recompute, memory_limit=1e30,
                           time_limit=time_limit)
     row["baseline"] = _estimate(base)

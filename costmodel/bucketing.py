@@ -53,6 +53,16 @@ gathered bytes; a strided slice cannot be viewed as the member). Measured
 (``benchmarks/profile_step.py``, MLP on 4 gloo ranks): these copies are a
 third of an FSDP layout's step and the DDP layout's one ``cat`` 8 % of its.
 
+**FSDP2's reductions** (``units``): FSDP2 reduce-scatters a wrapped block's
+gradients together once the block's backward is done, and the root's at the
+end of the backward, whatever their size; with a ``reduce_dtype`` (FSDP2's
+``MixedPrecisionPolicy.reduce_dtype``: torchtitan reduces bf16 gradients in
+fp32) the block's gradients are cast into a flat buffer of that dtype, so the
+payload and the collective carry ``bytes x itemsize(reduce) / itemsize(grad)``.
+:func:`group_buckets` with ``units`` (gradient -> its block) makes one bucket
+per block and reduction kind, its members in the order they are made, issued
+with the last; used to price a plan as FSDP2 runs it (``gather="fsdp2"``).
+
 **Gather buckets** (FSDP2's per-layer all-gather): a parameter (leaf) whose
 redistribution to a reader is exactly one ``all_gather`` of plain shards is
 gathered again at every step; such gathers on the same mesh dims and dtype,
@@ -83,7 +93,7 @@ from hw_profiles import HardwareProfile
 
 __all__ = ["DEFAULT_BUCKET_BYTES", "GATHER_CAPS", "Bucket", "GatherBucket", "bucket_share", "bucketable_step",
            "gatherable_step", "amortized_cost_s", "group_buckets", "group_gathers", "bucket_copy_bytes",
-           "gather_copy_bytes"]
+           "gather_copy_bytes", "dtype_itemsize"]
 
 DEFAULT_BUCKET_BYTES = 25 * 2**20
 """DDP's default bucket cap."""
@@ -172,11 +182,17 @@ def group_buckets(
     mesh: MeshSpec,
     profile: HardwareProfile,
     cap: int = DEFAULT_BUCKET_BYTES,
+    *,
+    units: Mapping[str, str] | None = None,
+    reduce_dtype: str | None = None,
 ) -> tuple[Bucket, ...]:
     """Buckets of gradient redistributions ``(sink name, dtype, steps)``, in order.
 
     Items that cannot join a bucket (module docstring) are left out, as are
     buckets of one member (nothing to fuse). ``cap <= 0`` turns bucketing off.
+    ``units`` (sink -> FSDP2 unit) groups by unit instead of by ``cap``, one
+    member included, and ``reduce_dtype`` casts the payload (module docstring:
+    FSDP2's reductions).
 
     >>> from costmodel.placements import parse_placements as pp
     >>> from hw_profiles import load
@@ -184,7 +200,7 @@ def group_buckets(
     >>> [b.members for b in group_buckets([("grad:a", "f32", [st]), ("grad:b", "f32", [st])], MeshSpec((2,)), load("cpu-gloo"))]
     [('grad:a', 'grad:b')]
     """
-    if cap <= 0:
+    if cap <= 0 and units is None:
         return ()
     open_: dict[tuple, list[tuple[str, int, bool]]] = {}
     closed: list[tuple[tuple, list[tuple[str, int, bool]]]] = []
@@ -192,26 +208,50 @@ def group_buckets(
         step = bucketable_step(steps)
         if step is None:
             continue
-        key = (step.collective, tuple(step.mesh_dims), step.reduce_op, dtype)
+        key = (step.collective, tuple(step.mesh_dims), step.reduce_op, dtype,
+               None if units is None else units.get(name, ""))
         members = open_.setdefault(key, [])
-        if members and sum(b for _, b, _ in members) + step.bytes > cap:
+        if units is None and members and sum(b for _, b, _ in members) + step.bytes > cap:
             closed.append((key, members))
             members = open_[key] = []
         # a reduce_scatter member scattered on a dim other than 0 is moved to the front (runtime.steps)
         members.append((name, int(step.bytes), step.collective == "reduce_scatter" and bool(step.tensor_dim)))
     closed.extend(open_.items())
     buckets = []
-    for (kind, dims, op, dtype), members in closed:
-        if len(members) < 2:
+    for (kind, dims, op, dtype, _), members in closed:
+        if len(members) < (1 if units is not None else 2):
             continue
-        nbytes = sum(b for _, b, _ in members)
-        pack, unpack = bucket_copy_bytes(kind, [(b, m) for _, b, m in members], mesh.group_size(dims))
+        ratio = 1.0
+        if reduce_dtype is not None and reduce_dtype != dtype:
+            ratio = dtype_itemsize(reduce_dtype) / dtype_itemsize(dtype)
+            dtype = reduce_dtype
+        sizes = [(round(b * ratio), m) for _, b, m in members]
+        nbytes = sum(b for b, _ in sizes)
+        pack, unpack = bucket_copy_bytes(kind, sizes, mesh.group_size(dims))
         buckets.append(Bucket(kind, dims, op, dtype, tuple(n for n, _, _ in members), nbytes,
                               collective_time_s(kind, nbytes, dims, mesh, profile),
                               pack_s=_copies_s(pack, profile), unpack_s=_copies_s(unpack, profile)))
-    # issue order: by the position of the first member, the same on every rank
+    # issue order: by the time the last member is made (the first, with a cap: a run of
+    # consecutive gradients), the same on every rank
     order = {name: i for i, (name, _, _) in enumerate(items)}
+    if units is not None:
+        return tuple(sorted(buckets, key=lambda b: max(order[m] for m in b.members)))
     return tuple(sorted(buckets, key=lambda b: order[b.members[0]]))
+
+
+_ITEMSIZE = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1}
+
+
+def dtype_itemsize(dtype: str) -> int:
+    """Bytes per element of a floating dtype named as torch prints it (``torch.bfloat16``) or bare.
+
+    >>> dtype_itemsize("torch.bfloat16"), dtype_itemsize("float32")
+    (2, 4)
+    """
+    name = dtype.removeprefix("torch.")
+    if name not in _ITEMSIZE:
+        raise ValueError(f"dtype: expected one of {', '.join(_ITEMSIZE)}, got {dtype!r}")
+    return _ITEMSIZE[name]
 
 
 def gatherable_step(steps: Sequence[RedistributeStep]) -> RedistributeStep | None:

@@ -75,7 +75,7 @@ import numpy as np
 import torch
 import torch.fx as fx
 
-from costmodel.bucketing import DEFAULT_BUCKET_BYTES, bucket_share
+from costmodel.bucketing import DEFAULT_BUCKET_BYTES, bucket_share, dtype_itemsize
 from costmodel.compute import op_time_s
 from costmodel.mesh import MeshSpec
 from costmodel.placements import Placement
@@ -366,6 +366,7 @@ def build_graph(
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
     recompute: bool = True,
     gather: str = "reader",
+    reduce_dtype: str | None = None,
 ) -> StrategyGraph:
     """The strategy graph of ``traced`` on ``mesh`` priced with ``profile`` (module docstring).
 
@@ -381,7 +382,8 @@ def build_graph(
     states (``autoshard.graph.recompute``; a model without repeated blocks
     gets none either way); ``gather``: when parameter copies are held
     (``autoshard.graph.copies``: ``reader``, as autoshard's runtime gathers,
-    or ``fsdp2``, as FSDP2 does).
+    or ``fsdp2``, as FSDP2 does: then gradients are also reduced per unit,
+    in ``reduce_dtype`` when given, ``costmodel.bucketing``).
     """
     rules = rules or load_rules()
     optimizer = optimizer or OptimizerMemory()
@@ -405,7 +407,7 @@ def build_graph(
                 on_progress(done, total_ops)
     if on_progress is not None:
         on_progress(total_ops, total_ops)
-    grads = _add_sinks(b, walk, bucket_bytes)
+    grads = _add_sinks(b, walk, bucket_bytes, gather, reduce_dtype)
     return _finish(b, walk, grads, ties=ties, bucket_bytes=bucket_bytes)
 
 
@@ -525,7 +527,8 @@ def _same_placement(s: OpStrategy) -> Any:
     return s.output_placements[0]
 
 
-def _add_sinks(b: _Builder, walk: _Walk, bucket_bytes: int) -> dict[str, int]:
+def _add_sinks(b: _Builder, walk: _Walk, bucket_bytes: int, gather: str = "reader",
+               reduce_dtype: str | None = None) -> dict[str, int]:
     """Step 3: the sinks (gradients, buffer updates, the loss) and the gradients' payloads; the gradient sinks."""
     traced, liveness, end, mesh = walk.traced, walk.liveness, walk.end, b.mesh
     grads: dict[str, int] = {}
@@ -573,7 +576,14 @@ def _add_sinks(b: _Builder, walk: _Walk, bucket_bytes: int) -> dict[str, int]:
     b.edge(src, out, sink, 0, _same_placement)
     b.copy_live.append(())
     b.copy_live_recomputed.append(())
-    b.tied.gradient_payloads(producers, bucket_bytes)
+    if gather == "fsdp2":  # FSDP2 reduces each unit's gradients together, cast to its reduce dtype
+        blocks = tuple(walk.traced.blocks)
+        units = [next((u for u in blocks if fqn == u or fqn.startswith(u + ".")), "") for fqn in grads]
+        itemsize = {g.meta["val"].dtype.itemsize for g in traced.grads.values() if g is not None}
+        scale = dtype_itemsize(reduce_dtype) / min(itemsize) if reduce_dtype and itemsize else 1.0  # a bound
+        b.tied.gradient_payloads(producers, bucket_bytes, units=units, scale=scale)
+    else:
+        b.tied.gradient_payloads(producers, bucket_bytes)
     return grads
 
 

@@ -163,13 +163,21 @@ class TiedMemory:
             else:
                 first[key] = c
 
-    def gradient_payloads(self, producers: Sequence[tuple[int, int, float]], cap: int) -> None:
+    def gradient_payloads(self, producers: Sequence[tuple[int, int, float]], cap: int,
+                          units: Sequence[str] | None = None, scale: float = 1.0) -> None:
         """Bucket bounds on each gradient producer, given as (node, time, full bytes)
         in the order buckets form (``autoshard.graph.copies``): ``payload`` at its
         time, and ``waiting`` (twice its partial output: waiting, and its part of
-        the payload) until the last gradient that can share its bucket is made."""
+        the payload) until the last gradient that can share its bucket is made.
+        ``units`` (one per producer: FSDP2's reductions, ``costmodel.bucketing``):
+        a gradient waits for the last of its unit's instead, and its part of the
+        payload is ``scale`` times its output (the reduce dtype's itemsize over the
+        gradient's)."""
         times = [t for _, t, _ in producers]
         sizes = [b for _, _, b in producers]
+        unit_end: dict[str, int] = {}
+        for u, t in zip(units or (), times):
+            unit_end[u] = max(unit_end.get(u, t), t)
         for j, (i, t, _) in enumerate(producers):
             v = self.b.nodes[i]
             if v.kind != "op" or str(MemoryPieceId("payload", v.name)) in self.b.index:
@@ -180,6 +188,12 @@ class TiedMemory:
                 else 0
                 for s in v.strategies], dtype=np.float64)
             if not memory.any():
+                continue
+            if units is not None:  # waits (partial) for its unit, then its cast part of the payload
+                self._add(i, "payload", BOUND, (t, t + 1), scale * memory)
+                last = unit_end[units[j]]
+                if last > t:
+                    self._add(i, "waiting", BOUND, (t + 1, last + 1), (1 + scale) * memory)
                 continue
             self._add(i, "payload", BOUND, (t, t + 1), memory)
             last = _bucket_window_end(times, sizes, j, cap)

@@ -45,7 +45,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from costmodel.bucketing import GATHER_CAPS, group_gathers
+from costmodel.bucketing import GATHER_CAPS, group_buckets, group_gathers
 from costmodel.mesh import MeshSpec
 from costmodel.placements import Placement, PlacementParseError, parse_placements
 from hw_profiles import HardwareProfile, load_dict
@@ -53,13 +53,13 @@ from solver import Problem
 from solver.solution import Solution
 
 from autoshard.plan.bucket_routes import EdgeRoutes, reschedule
-from autoshard.plan.exact_memory import (RECOMPUTE, exact_timeline, keep_choice, peak_with_extra, state_of,
-                                        timeline_peak)
+from autoshard.plan.exact_memory import (RECOMPUTE, exact_timeline, keep_choice, param_view_roots, peak_with_extra,
+                                        state_of, timeline_peak)
 from autoshard.plan.tidy_states import tidy_states
 from autoshard.plan.gradient_buckets import choose_gradient_buckets
 from autoshard.plan.format import Estimate, Fingerprint, Plan, PlanError, PlanNode, Redistribution, SolverReport
 from autoshard.plan.schedule import (VIEW_OPS, Schedule, build_schedule, gather_blocks, leaf_gathers, leaf_views,
-                                     prefetch_intervals, simulate_schedule)
+                                     module_block, prefetch_intervals, simulate_schedule)
 
 __all__ = ["ASSEMBLY_FORMAT", "REQUEST_FORMAT", "AssemblyError", "StrategyPlacements", "AssemblyNode",
            "AssemblyEdge", "AssemblyGraph", "PlanRequest", "assemble_plan", "placement_text", "memory_timeline",
@@ -480,18 +480,13 @@ def assemble_plan(
     grads.sort(key=lambda g: g[0])
     # the simulation runs every op at its problem cost (a recomputed op's holds its forward twice)
     pricing = step_pricing(graph, problem, choice)
-    buckets, _ = choose_gradient_buckets([g[1:4] for g in grads], pricing, redistributions, mesh=graph.mesh,
-                                         profile=graph.profile, cap=graph.bucket_bytes)
+    fsdp2 = (options or {}).get("gather") == "fsdp2"
+    buckets = _gradient_buckets(graph, pricing, grads, redistributions, options or {})
     if buckets:
         members = {m for b in buckets for m in b.members}
         comm += sum(b.cost_s for b in buckets) - sum(g[4] for g in grads if g[1] in members)
-    timeline = exact_timeline(graph, problem, choice, copies, buckets)
-    without = None
-    if recomputed:
-        without = timeline_peak(exact_timeline(graph, problem, keep_choice(graph, choice), copies, buckets,
-                                               recomputed=False))
+    timeline, without = _timelines(graph, problem, choice, copies, buckets, bool(recomputed), fsdp2)
     # priced as FSDP2 holds its gathers (autoshard.graph.copies): then run as FSDP2 does, a block ahead
-    fsdp2 = (options or {}).get("gather") == "fsdp2"
     schedule, sim, peak, gathers = price_schedule(pricing, redistributions, buckets, timeline, mesh=graph.mesh,
                                                   profile=graph.profile, dtypes=dtypes, held=fsdp2,
                                                   **({"prefetch": 1, "gather_cap": BLOCK_GATHERS} if fsdp2 else {}))
@@ -548,6 +543,32 @@ def assemble_plan(
         gather_buckets=gathers,
         schedule=schedule,
     )
+
+
+def _timelines(graph: AssemblyGraph, problem: Problem, choice: Sequence[int], copies: Sequence[Any],
+               buckets: Sequence[Any], recomputed: bool, fsdp2: bool) -> tuple[tuple[tuple[int, float], ...], float | None]:
+    """The plan's memory timeline, and the peak of the same placements with nothing recomputed
+    (None when nothing is); ``fsdp2``: counted as FSDP2 runs (``autoshard.plan.exact_memory``:
+    a parameter gathered once per pass whichever views of it are read, FSDP2's reductions)."""
+    shared = param_view_roots(graph, VIEW_OPS) if fsdp2 else None
+    timeline = exact_timeline(graph, problem, choice, copies, buckets, param_views=shared, fsdp2_reductions=fsdp2)
+    if not recomputed:
+        return timeline, None
+    return timeline, timeline_peak(exact_timeline(graph, problem, keep_choice(graph, choice), copies, buckets,
+                                                  recomputed=False, param_views=shared, fsdp2_reductions=fsdp2))
+
+
+def _gradient_buckets(graph: AssemblyGraph, pricing: StepPricing, grads: Sequence[tuple[Any, ...]],
+                      redistributions: Sequence[Redistribution], options: Mapping[str, Any]) -> tuple[Any, ...]:
+    """The plan's gradient buckets: the cap whose simulated step is best, or, priced as FSDP2
+    runs (``gather="fsdp2"``), one reduction per unit in its reduce dtype (``costmodel.bucketing``)."""
+    if options.get("gather") == "fsdp2":
+        units = {g[1]: module_block(g[1].split(":", 1)[-1], pricing.regions) for g in grads}
+        return group_buckets([g[1:4] for g in grads], graph.mesh, graph.profile, units=units,
+                             reduce_dtype=options.get("reduce_dtype"))
+    buckets, _ = choose_gradient_buckets([g[1:4] for g in grads], pricing, redistributions, mesh=graph.mesh,
+                                         profile=graph.profile, cap=graph.bucket_bytes)
+    return buckets
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import bisect
 
-from typing import Any, Sequence
+from typing import Any, Container, Mapping, Sequence
 
 from costmodel.bucketing import Bucket
 from costmodel.layout import max_local_numel
@@ -35,7 +35,7 @@ from costmodel.placements import Placement
 
 from autoshard.graph.states import RECOMPUTE
 
-__all__ = ["CopyEvent", "exact_timeline", "timeline_peak", "keep_choice", "RECOMPUTE", "state_of", "peak_with_extra"]
+__all__ = ["CopyEvent", "exact_timeline", "param_view_roots", "timeline_peak", "keep_choice", "RECOMPUTE", "state_of", "peak_with_extra"]
 
 CopyEvent = tuple[int, "tuple[Placement, ...]", bool]
 """(edge index, reader placement, reader recomputed) of a redistribution that happens."""
@@ -61,9 +61,20 @@ def keep_choice(graph: Any, choice: Sequence[int]) -> list[int]:
 
 
 def exact_timeline(graph: Any, problem: Any, choice: Sequence[int], copies: Sequence[CopyEvent],
-                   buckets: Sequence[Bucket], *, recomputed: bool = True) -> tuple[tuple[int, float], ...]:
+                   buckets: Sequence[Bucket], *, recomputed: bool = True,
+                   param_views: Mapping[int, int] | None = None,
+                   fsdp2_reductions: bool = False) -> tuple[tuple[int, float], ...]:
     """(time, bytes live) at every change (module docstring); ``graph`` is an
-    ``AssemblyGraph``; ``recomputed=False`` counts copies as if no reader were recomputed."""
+    ``AssemblyGraph``; ``recomputed=False`` counts copies as if no reader were recomputed;
+    ``param_views`` (node -> the parameter node its view chain starts at, :func:`param_view_roots`):
+    copies of one parameter over the same interval are one copy, the largest (FSDP2 gathers a
+    unit's parameter once per pass, and the views its readers read alias it); ``fsdp2_reductions``:
+    buckets reduce as FSDP2 does (measured with ``FSDPMemTracker``): a unit's reduction starts a
+    step after its last gradient, once the unit's gathered parameters are freed (its post-backward
+    reshards, then copies the gradients into the reduce-scatter input); the payload lives until the
+    next unit's reduction starts (FSDP2 keeps a unit's reduce-scatter input until then); a member's
+    reduced gradient (its sink) exists from the reduction on, not while it waits. (autoshard's runtime makes its reduced gradients at the issue too; its
+    count keeps the sink from the gradient's making, an over-count of at most a bucket's sinks.)"""
     always = 0.0
     events: dict[int, float] = {}
 
@@ -81,16 +92,25 @@ def exact_timeline(graph: Any, problem: Any, choice: Sequence[int], copies: Sequ
         else:
             add(pnode.live[0], pnode.live[1], m)
     mesh = graph.mesh.shape
+    shared: dict[tuple[int, int, int], float] = {}
     for j, placement, reader_recomputed in copies:
         e = graph.edges[j]
         live = e.copy_live_recomputed if (reader_recomputed and recomputed and e.copy_live_recomputed) else e.copy_live
         if not live:
             continue
         nbytes = float(max_local_numel(e.shape, placement, mesh) * e.itemsize)
+        root = param_views.get(e.src) if param_views else None
         for start, end in live:
-            add(start, end, nbytes)
+            if root is None:
+                add(start, end, nbytes)
+            else:
+                shared[(root, start, end)] = max(shared.get((root, start, end), 0.0), nbytes)
+    for (_, start, end), nbytes in shared.items():
+        add(start, end, nbytes)
     sink_edge = {graph.nodes[e.dst].name: j for j, e in enumerate(graph.edges) if graph.nodes[e.dst].kind == "grad"}
     index = {n.name: i for i, n in enumerate(graph.nodes)}
+    issued = []
+    spans = _param_copy_spans(graph, param_views or {}) if fsdp2_reductions and buckets else {}
     for bucket in buckets:
         made = []
         for member in bucket.members:
@@ -100,14 +120,54 @@ def exact_timeline(graph: Any, problem: Any, choice: Sequence[int], copies: Sequ
             t = problem.nodes[index[member]].live[0] - 1  # the sink holds the gradient from the next time
             made.append((t, float(max_local_numel(e.shape, src, mesh) * e.itemsize)))
         issue = max(t for t, _ in made)
-        for t, nbytes in made:
+        if fsdp2_reductions:  # once the unit's backward is done and its gathered parameters are freed
+            issue = _unit_backward_end(spans, bucket.members, issue)
+        for member, (t, nbytes) in zip(bucket.members, made):
             add(t + 1, issue + 1, nbytes)  # waits, partial, until the bucket's last member
-        add(issue, issue + 1, float(bucket.bytes))  # the concatenated payload
+            if fsdp2_reductions:  # the reduced (sharded) gradient is made by the reduction
+                add(t + 1, issue + 1, -float(problem.nodes[index[member]].memory_bytes[choice[index[member]]]))
+        issued.append((issue, float(bucket.bytes)))
+    issued.sort()
+    for k, (issue, nbytes) in enumerate(issued):  # the concatenated payload
+        # FSDP2 frees a unit's reduce-scatter input when the next unit's reduction starts
+        later = [t for t, _ in issued[k + 1:] if t > issue]
+        add(issue, later[0] if fsdp2_reductions and later else issue + 1, nbytes)
     out, level = [], always
     for t in sorted(events):
         level += events[t]
         out.append((t, level))
     return tuple(out) or ((0, always),)
+
+
+def _param_copy_spans(graph: Any, roots: Mapping[int, int]) -> dict[str, list[tuple[int, int]]]:
+    """``grad:<fqn>`` -> the copy intervals of its parameter (and of the parameter's views)."""
+    spans: dict[int, list[tuple[int, int]]] = {}
+    for e in graph.edges:
+        if e.src in roots and e.copy_live:
+            spans.setdefault(roots[e.src], []).extend(e.copy_live)
+    return {f"grad:{graph.nodes[i].target}": v for i, v in spans.items()}
+
+
+def _unit_backward_end(spans: Mapping[str, Sequence[tuple[int, int]]], members: Sequence[str], last: int) -> int:
+    """When FSDP2 reduces a unit whose last gradient is made at ``last``: after the unit's
+    backward, which its parameters' gathered copies span (``autoshard.graph.copies.fsdp2_interval``:
+    the end of the copy interval open at ``last``), and at least a step after ``last``."""
+    return max([last + 1, *(end for m in members for start, end in spans.get(m, ()) if start <= last < end)])
+
+
+def param_view_roots(graph: Any, view_ops: Container[str]) -> dict[int, int]:
+    """Node -> the parameter node it is, or whose view (a chain of ``view_ops`` of one
+    input each) it is; the nodes of ``graph`` (an ``AssemblyGraph``) in graph order."""
+    reads: dict[int, list[int]] = {}
+    for e in graph.edges:
+        reads.setdefault(e.dst, []).append(e.src)
+    roots: dict[int, int] = {}
+    for i, node in enumerate(graph.nodes):
+        if node.kind == "param":
+            roots[i] = i
+        elif node.kind == "op" and node.target in view_ops and len(reads.get(i, ())) == 1 and reads[i][0] in roots:
+            roots[i] = roots[reads[i][0]]
+    return roots
 
 
 def timeline_peak(timeline: Sequence[tuple[int, float]]) -> float:

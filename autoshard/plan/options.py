@@ -31,7 +31,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from costmodel.bucketing import DEFAULT_BUCKET_BYTES
+from costmodel.bucketing import DEFAULT_BUCKET_BYTES, dtype_itemsize
 from hw_profiles import HardwareProfile
 from solver.backends import DEFAULT_BACKEND
 
@@ -59,7 +59,7 @@ PLAN_GAP = 1e-6
 time is below the cost model's own accuracy by orders of magnitude."""
 
 BUILD_FIELDS = ("profile", "optimizer", "optimizer_impl", "mixed_precision", "allow_uneven", "search", "bucket_bytes",
-                "recompute", "gather", "device_type", "profile_correction")
+                "recompute", "gather", "reduce_dtype", "device_type", "profile_correction")
 """The options that decide the strategy graph (:func:`~autoshard.plan.solve.prepare` reads
 these; the solve reads the others, and ``recompute`` too)."""
 
@@ -115,7 +115,14 @@ class SolveOptions:
     allow_uneven: bool = False
     """Strategies that split a tensor dim unevenly."""
     gather: str = "reader"
-    """When gathered parameter copies are held: ``reader`` (autoshard's runtime) or ``fsdp2``."""
+    """When gathered parameter copies are held: ``reader`` (autoshard's runtime) or ``fsdp2``
+    (priced as FSDP2 runs: a unit's parameters gathered at once a unit ahead, its gradients
+    reduced together after its backward; a comparison with FSDP2, not a plan for the runtime)."""
+    reduce_dtype: str | None = None
+    """With ``gather="fsdp2"``: the dtype FSDP2 reduces gradients in (its
+    ``MixedPrecisionPolicy.reduce_dtype``; torchtitan's ``float32``): a unit's gradients are
+    cast into one buffer of that dtype, which the memory and the collective carry. None:
+    the gradients' own dtype."""
     server: str | None = None
     """An ``autoshard serve`` URL that solves instead of this process (the same plan)."""
     overlap_rounds: int = OVERLAP_ROUNDS
@@ -147,6 +154,11 @@ class SolveOptions:
             raise ValueError(f"memory_limit: must be a positive number of bytes, got {self.memory_limit}")
         if self.device_type not in (None, "cpu", "cuda"):
             raise ValueError(f"device_type: must be cpu or cuda (or None: the profile's), got {self.device_type!r}")
+        if self.reduce_dtype is not None:
+            if self.gather != "fsdp2":
+                raise ValueError("reduce_dtype: priced only as FSDP2 reduces (gather='fsdp2'); autoshard's "
+                                 "runtime reduces gradients in their own dtype")
+            dtype_itemsize(self.reduce_dtype)  # ValueError naming the dtypes it knows
         if self.overlap_rounds < 0:
             raise ValueError(f"overlap_rounds: must be 0 or more, got {self.overlap_rounds}")
         object.__setattr__(self, "pins", dict(self.pins or {}))

@@ -92,7 +92,7 @@ from autoshard.graph.node_ids import is_leaf_tensor
 
 __all__ = ["DEFAULT_PREFETCH", "ScheduleError", "ScheduleItem", "Schedule", "build_schedule", "check_schedule",
            "schedule_transfers", "simulate_schedule", "prefetch_intervals", "collective_redistributions", "leaf_gathers",
-           "VIEW_OPS", "leaf_views", "gather_blocks"]
+           "VIEW_OPS", "leaf_views", "gather_blocks", "module_block"]
 
 DEFAULT_PREFETCH = 1
 """Prefetch depth of plans that carry no schedule (written before schedules existed)."""
@@ -257,6 +257,21 @@ def leaf_views(candidates: Sequence[tuple[str, str]], redistributions: Sequence[
     return tuple(v for v in views if v in keep)
 
 
+def module_block(name: str, regions: Sequence[str] = ()) -> str:
+    """The module block (FSDP2 unit) a parameter named ``name`` belongs to: the
+    longest of ``regions`` that prefixes it; without regions, the name up to its
+    first numeric part; ``""`` (the root) for the rest (:func:`gather_blocks`).
+
+    >>> module_block("layers.3.attention.wq.weight"), module_block("output.weight", ("layers.3",))
+    ('layers.3', '')
+    """
+    if regions:
+        return next((r for r in sorted(regions, key=len, reverse=True) if name.startswith(r + ".")), "")
+    parts = name.split(".")
+    numeric = next((k for k, part in enumerate(parts[:-1]) if part.isdigit()), None)
+    return ".".join(parts[:numeric + 1]) if numeric is not None else ""
+
+
 def gather_blocks(edges: Iterable[tuple[str, str, int]], candidates: Sequence[tuple[str, str]],
                   regions: Iterable[str] = ()) -> dict[tuple[str, str, int], str]:
     """The module block of each leaf gather's leaf (``edge[0]``, a leaf view traced
@@ -284,13 +299,7 @@ def gather_blocks(edges: Iterable[tuple[str, str, int]], candidates: Sequence[tu
         leaf = edge[0]
         while leaf in source:
             leaf = source[leaf]
-        name = leaf.split(":", 1)[-1]
-        if ordered:
-            block = next((r for r in ordered if name.startswith(r + ".")), "")
-        else:
-            parts = name.split(".")
-            numeric = next((k for k, part in enumerate(parts[:-1]) if part.isdigit()), None)
-            block = ".".join(parts[:numeric + 1]) if numeric is not None else ""
+        block = module_block(leaf.split(":", 1)[-1], ordered)
         count, seen = passes.get(block, (0, set()))
         if leaf in seen:
             count, seen = count + 1, set()

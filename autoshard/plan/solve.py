@@ -133,7 +133,8 @@ def prepare(
     (``autoshard.graph.recompute_policy``) builds them, and the solves choose
     under their own policy. ``gather``: when gathered parameter copies are held
     (``autoshard.graph.copies``; ``reader``, as autoshard's runtime runs;
-    ``fsdp2`` to price FSDP2's block-wise gathers with prefetch).
+    ``fsdp2`` to price FSDP2's block-wise gathers with prefetch and its per-block
+    gradient reductions, in ``reduce_dtype`` when given).
     """
     opts = solve_options(options, changes)
     optimizer, mixed_precision, allow_uneven = opts.optimizer, opts.mixed_precision, opts.allow_uneven
@@ -167,7 +168,7 @@ def prepare(
     graph = build_graph(
         traced, mesh, prof, optimizer=opt_memory, ties=True, allow_uneven=allow_uneven,
         on_progress=(lambda d, t: progress("build", d, t)) if progress else None, restrict=restrict,
-        bucket_bytes=bucket_bytes, recompute=recompute != "none", gather=gather,
+        bucket_bytes=bucket_bytes, recompute=recompute != "none", gather=gather, reduce_dtype=opts.reduce_dtype,
     )
     t2 = time.perf_counter()
     return Prepared(
@@ -178,7 +179,8 @@ def prepare(
         options={"optimizer": optimizer, "optimizer_impl": optimizer_impl, "mixed_precision": mixed_precision,
                  "allow_uneven": allow_uneven,
                  "search": mode, "bucket_bytes": int(bucket_bytes), "recompute_states": recompute != "none",
-                 "gather": gather, "profile_correction": correction},
+                 "gather": gather, **({"reduce_dtype": opts.reduce_dtype} if opts.reduce_dtype else {}),
+                 "profile_correction": correction},
     )
 
 

@@ -34,6 +34,26 @@ def test_the_titan_loss_reads_fp32_logits() -> None:
     assert len(losses) == 1 and losses[0].inputs[0].dtype == torch.float32
 
 
+def test_the_2024_runs_trace_torchtitans_unfused_norm_on_the_same_weights() -> None:
+    # torchtitan's own RMSNorm ran eager in the 2024-12 runs: for CUDA nn.RMSNorm traces as one fused
+    # kernel, torchtitan's as its fp32 composite (pow, mean, rsqrt, ...), with the same parameters
+    from autoshard.trace import trace_joint
+    from benchmarks.published_runs import use_titan_norms
+
+    assert [r.key for r in RUNS if r.titan_norm] == ["tt-8b-fsdp8", "tt-8b-fsdp128"]
+    ops = {}
+    for titan in (False, True):
+        model, inputs = build_llama("8b-8192", 1, n_layers=1)
+        names = [n for n, _ in model.named_parameters()]
+        if titan:
+            assert use_titan_norms(model) == 3  # attention_norm, ffn_norm, the final norm
+        assert [n for n, _ in model.named_parameters()] == names
+        traced = trace_joint(model, inputs, target_device="cuda")
+        ops[titan] = {str(n.op) for n in traced.nodes.values()}
+    assert any("_fused_rms_norm" in op for op in ops[False]) and not any("_fused_rms_norm" in op for op in ops[True])
+    assert any("rsqrt" in op for op in ops[True])
+
+
 # -- the one-H100 steps --------------------------------------------------------------------
 
 def _readme_by_optimizer() -> dict[str, dict[str, tuple[float, ...]]]:

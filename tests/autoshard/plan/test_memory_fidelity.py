@@ -45,8 +45,11 @@ def _fsdp(config: Config, world_size: int, gather: str,
 def test_fsdp_baseline_lays_activations_out_data_parallel_as_fsdp2() -> None:
     """The FSDP baseline runs its ops data parallel (it used not to: the solver
     all-gathered the tokens and ran the activations replicated, 1.62x FSDP2's
-    peak); its activations and temporaries at the peak are FSDP2's."""
-    ratio, breakdown, measured = _fsdp(Config("gpt2", overrides={"batch_size": 8}), 4, "fsdp2")
+    peak); its activations and temporaries at their highest (at the loss, where
+    FSDP2's peak is) are FSDP2's."""
+    config = Config("gpt2", overrides={"batch_size": 8})
+    ratio, _, measured = _fsdp(config, 4, "fsdp2")
+    _, breakdown = estimate(config, 4, "fsdp", gather="fsdp2", breakdown_at="activations")
     activations = measured["Activation"] + measured["Temp"]
     assert abs(breakdown["activations"] / activations - 1) <= FSDP_TOLERANCE, breakdown
     assert abs(ratio - 1) <= FSDP_TOLERANCE, f"estimate / measured = {ratio:.3f}"
@@ -65,6 +68,16 @@ def test_fsdp_parameter_dominated_counts_gathered_parameters(config: Config) -> 
     assert breakdown["copies"] > 0.5 * (measured["Unsharded Param"] + measured["All Gather"])
     per_reader, _, _ = _fsdp(config, 4, "reader", bucket_bytes=0)
     assert per_reader < ratio
+
+
+@pytest.mark.parametrize("config", [Config("gpt2", overrides={"batch_size": 8}), Config("llama3", overrides={"batch_size": 8})],
+                         ids=lambda c: c.name.replace(" ", ","))
+def test_priced_as_fsdp2_runs_the_peak_is_fsdp2s_within_5_percent(config: Config) -> None:
+    """Priced as FSDP2 runs (its block-wise gathers and reductions, a parameter gathered once per
+    pass): the peak is FSDPMemTracker's within 5 % (1.075 and 0.978 before the reductions were
+    modelled; the estimate's peak may fall at a unit's reduction, FSDP2's at the loss)."""
+    ratio, _, _ = _fsdp(config, 4, "fsdp2")
+    assert abs(ratio - 1) <= 0.05, f"estimate / measured = {ratio:.3f}"
 
 
 def test_fsdp_data_parallel_activation_heavy() -> None:
