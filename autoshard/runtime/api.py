@@ -187,6 +187,9 @@ def autoshard(
         del changes["profile"]
     device_default = options is None and "profile" not in changes
     opts = solve_options(options, changes)
+    if opts.reduce_dtype is not None:
+        raise ValueError(f"reduce_dtype={opts.reduce_dtype!r}: a plan priced as FSDP2 reduces; autoshard's runtime "
+                         "reduces gradients in their own dtype (use autoshard.solve to compare)")
     if mesh is None:  # the plan chooses the mesh
         from autoshard.runtime.mesh_choice import autoshard_on_chosen_mesh
 

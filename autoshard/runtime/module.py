@@ -186,6 +186,9 @@ class ShardedModule(nn.Module):
             plan = Plan.load(plan)
         if dist.is_initialized() and mesh.size() != dist.get_world_size():
             raise ValueError(f"mesh: {tuple(mesh.shape)} has {mesh.size()} ranks, the job {dist.get_world_size()}")
+        if plan.options.get("reduce_dtype"):  # priced as FSDP2 reduces: not what this runtime runs
+            raise ValueError(f"plan: priced with reduce_dtype={plan.options['reduce_dtype']!r} (as FSDP2 reduces); "
+                             "autoshard's runtime reduces gradients in their own dtype")
         if tuple(mesh.shape) != tuple(plan.fingerprint.mesh_shape):
             raise ValueError(f"mesh: the plan is for mesh {tuple(plan.fingerprint.mesh_shape)}, here {tuple(mesh.shape)}")
         coord = mesh.get_coordinate()

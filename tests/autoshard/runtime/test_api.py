@@ -271,3 +271,23 @@ def trace_count_job(rank: int, world: int, tmp: str) -> dict[str, Any]:
 def test_autoshard_traces_the_model_once_on_rank_0(tmp_path):
     (counts,) = spawn_ranks(1, trace_count_job, (str(tmp_path),), tmp_path / "ranks", pg_timeout=PG_TIMEOUT_S * 4)
     assert counts == {"given mesh": 1, "chosen mesh": 1}
+
+
+def test_a_plan_priced_as_fsdp2_reduces_is_refused_by_the_runtime(tmp_path):
+    # reduce_dtype prices FSDP2's fp32 reductions: the runtime reduces in the gradients' dtype, so it says so
+    from autoshard import autoshard
+    from autoshard.runtime.module import ShardedModule
+
+    import torch.distributed as dist
+
+    model, inputs = mlp.tiny()
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    try:
+        with pytest.raises(ValueError, match="reduce_dtype='float32'"):
+            autoshard(model, None, inputs, gather="fsdp2", reduce_dtype="float32")
+    finally:
+        dist.destroy_process_group()
+    prep = prepare(model, inputs, (1,), ("dp",), profile="cpu-gloo", gather="fsdp2", reduce_dtype="float32")
+    solve_prepared(prep, time_limit=5).save(tmp_path / "plan.json")
+    with pytest.raises(ValueError, match="priced with reduce_dtype"):
+        ShardedModule(model, None, tmp_path / "plan.json", inputs)
