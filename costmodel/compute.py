@@ -30,6 +30,9 @@ in dtype ``t`` on a device with peak ``P[t]`` FLOP/s and bandwidth ``W`` B/s:
   nearly always memory-bound). A profile may give an op its own fraction
   (``efficiency.vector_by_op``, keyed by the aten op; pass ``op``): gelu,
   silu and softmax cost several times apart per FLOP as the rules count them.
+* fp32 attention (and its backward) on an NVIDIA GPU with a TF32 peak runs against a third
+  of that peak (:data:`FP32_ATTENTION_TF32_PASSES`: the memory-efficient kernel multiplies fp32
+  as 3xTF32 on tensor cores), not the fp32 (SIMT) peak, which priced it 2.7x too slow.
 * ``copy`` is ``B / (W * e_mem(B)) + launch``; ``view`` (no data moves) is 0, the
   only free kind.
 * ``fresh(O)`` = ``sum(o for o in O if o >= A) / W_f`` over the op's output
@@ -186,7 +189,8 @@ def op_time_s(
     launch += _fresh_s(output_bytes, profile)
     if kind in ("matmul", "attention", "attention_backward"):
         try:
-            peak = device.peak_flops_for(dtype)
+            peak = _attention_fp32_peak(profile) if kind != "matmul" and _is_fp32(dtype) else None
+            peak = peak or device.peak_flops_for(dtype)
         except KeyError as exc:
             raise ComputeError(f"dtype: {exc.args[0]}") from None
         compute_s = flops / (peak * efficiency(_curve(profile, kind, dtype), flops)) if flops else 0.0
@@ -197,6 +201,32 @@ def op_time_s(
         vector = device.efficiency.vector_fraction(op) or memory_efficiency(profile, bytes_accessed)
         compute_s = flops / (_vector_peak(profile) * vector) if flops else 0.0
     return max(compute_s, memory_s) / run_efficiency(profile, run_elems) + launch
+
+
+FP32_ATTENTION_TF32_PASSES = 3
+"""TF32 tensor-core products per fp32 one in fp32 attention on NVIDIA GPUs of compute
+capability 8.0 and later: CUDA runs fp32 ``scaled_dot_product_attention`` with the
+memory-efficient kernel (flash takes 16-bit only), whose fp32 GEMMs are CUTLASS's 3xTF32
+(PyTorch ``aten/src/ATen/native/transformers/cuda/mem_eff_attention/gemm_kernel_utils.h``,
+``DefaultGemmType<ArchTag, float>`` for ``kMinComputeCapability >= 80``: ``OpClassTensorOp``,
+``OpMultiplyAddFastF32``), not the fp32 (SIMT) units."""
+
+
+def _is_fp32(dtype: str) -> bool:
+    return DTYPE_ALIASES.get(str(dtype), str(dtype)) == "fp32"
+
+
+def _attention_fp32_peak(profile: HardwareProfile) -> float | None:
+    """The peak fp32 attention runs against (:data:`FP32_ATTENTION_TF32_PASSES`): a third of
+    the TF32 peak on an NVIDIA GPU whose profile has one (every shipped one is sm80 or later),
+    else None (the fp32 peak: CPUs, other vendors). Its efficiency is the attention curve's,
+    measured for the 16-bit flash kernel: the one-H100 fp32 LLaMA steps priced so came within
+    1 % of the measured ones (``benchmarks/results/h100_one_gpu.md``); the kernel itself was
+    never timed on its own."""
+    device = profile.device
+    if not device.name.upper().startswith("NVIDIA") or not any(n == "tf32" for n, _ in device.peak_flops):
+        return None
+    return device.peak_flops_for("tf32") / FP32_ATTENTION_TF32_PASSES
 
 
 def _curve(profile: HardwareProfile, kind: str, dtype: str) -> tuple[tuple[float, float], ...]:

@@ -164,6 +164,24 @@ def test_attention_backward_has_its_own_curve_and_falls_back_to_attention():
         op_time_s("attention", flops=1e12, bytes_accessed=0, dtype="bf16", profile=plain)
 
 
+def test_fp32_attention_on_an_nvidia_gpu_runs_against_a_third_of_the_tf32_peak():
+    # CUDA's memory-efficient kernel multiplies fp32 as 3xTF32 on tensor cores (sm80+), not on the fp32 units
+    from costmodel.compute import FP32_ATTENTION_TF32_PASSES
+
+    eff = H100.device.efficiency
+    for kind, curve in (("attention", eff.attention), ("attention_backward", eff.attention_backward)):
+        t = op_time_s(kind, flops=1e12, bytes_accessed=0, dtype="torch.float32", profile=H100) - H100.device.launch_s
+        tf32 = H100.device.peak_flops_for("tf32")
+        assert t == pytest.approx(1e12 / (tf32 / FP32_ATTENTION_TF32_PASSES * efficiency(curve, 1e12)))
+        assert t < 1e12 / (H100.device.peak_flops_for("fp32") * efficiency(curve, 1e12))  # not the SIMT units
+    # an fp32 matmul keeps the fp32 peak; a CPU's fp32 attention keeps its fp32 peak
+    mm = op_time_s("matmul", flops=1e12, bytes_accessed=0, dtype="fp32", profile=H100) - H100.device.launch_s
+    assert mm == pytest.approx(1e12 / (H100.device.peak_flops_for("fp32") * efficiency(eff.matmul_curve("fp32"), 1e12)))
+    cpu = load("cpu-gloo")
+    t = op_time_s("attention", flops=1e9, bytes_accessed=0, dtype="fp32", profile=cpu) - cpu.device.launch_s
+    assert t == pytest.approx(1e9 / (cpu.device.peak_flops_for("fp32") * efficiency(cpu.device.efficiency.attention, 1e9)))
+
+
 def test_scalar_operand_pays_the_scalar_floor_where_the_profile_has_one():
     import dataclasses
 
