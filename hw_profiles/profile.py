@@ -1,7 +1,10 @@
 """The ``autoshard.hw_profile/1`` data model: frozen dataclasses with
 ``from_dict`` / ``to_dict`` that round-trip the JSON files of ``data/``.
 
-A profile describes ONE device kind and the interconnect tiers between devices:
+A profile describes ONE device kind and the interconnect tiers between devices
+(the tiers' classes live in ``hw_profiles.interconnect``, the calibration record in
+``hw_profiles.calibration_record``, curves and citations in ``hw_profiles.fields``;
+this module holds the device and the whole profile, and re-exports the rest):
 
 * ``device``: datasheet peak FLOP/s per dtype (matrix units; ``fp32`` is the
   non-tensor FP32 rate), HBM capacity and bandwidth, the kernel launch floor and
@@ -80,7 +83,11 @@ import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
+
+from hw_profiles.calibration_record import Calibration, LoadRecord
+from hw_profiles.fields import Citation, curve_points
+from hw_profiles.interconnect import BusBandwidthCurve, CollectiveFit, Tier
 
 __all__ = [
     "FORMAT",
@@ -114,173 +121,6 @@ DTYPE_ALIASES = {
     "float8_e4m3fn": "fp8", "float8_e5m2": "fp8", "torch.float8_e4m3fn": "fp8", "fp8": "fp8",
     "float64": "fp64", "torch.float64": "fp64", "double": "fp64", "fp64": "fp64",
 }
-
-
-def _curve(points: Any) -> tuple[tuple[float, float], ...]:
-    return tuple((float(x), float(y)) for x, y in points)
-
-
-@dataclass(frozen=True, slots=True)
-class Citation:
-    """Where a figure comes from.
-
-    >>> Citation.from_dict({"source": "published", "reference": "https://x, Table 2"}).reference
-    'https://x, Table 2'
-    """
-
-    source: str
-    """``published``, ``datasheet``, ``measured`` or ``estimate``."""
-    reference: str | None = None
-    """URL and which table or figure (required for ``published``)."""
-    note: str | None = None
-    """Assumptions and conversions between the reference and the figure."""
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "Citation":
-        return cls(source=str(data["source"]), reference=data.get("reference"), note=data.get("note"))
-
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"source": self.source}
-        if self.reference is not None:
-            out["reference"] = self.reference
-        if self.note is not None:
-            out["note"] = self.note
-        return out
-
-    def text(self) -> str:
-        """One line for reports: ``source: reference (note)``."""
-        return self.source + (f": {self.reference}" if self.reference else "") + (f" ({self.note})" if self.note else "")
-
-
-def _source_of(data: Mapping[str, Any]) -> str | Citation | None:
-    """A ``source`` field with its siblings ``reference`` / ``note`` as a
-    :class:`Citation`, or the plain text of older profiles."""
-    source = data.get("source")
-    if source is None:
-        return None
-    if "reference" in data or "note" in data:
-        return Citation(str(source), data.get("reference"), data.get("note"))
-    return str(source)
-
-
-def _put_source(out: dict[str, Any], source: "str | Citation | None") -> None:
-    if isinstance(source, Citation):
-        out.update(source.to_dict())
-    elif source is not None:
-        out["source"] = source
-
-
-@dataclass(frozen=True, slots=True)
-class BusBandwidthCurve:
-    """Bus bandwidth of one collective kind over message size, for a group
-    of ``ranks`` ranks on one tier, as nccl-tests reports it (``busbw`` =
-    ``S / t`` times 2(n-1)/n for all_reduce, (n-1)/n for all_gather,
-    reduce_scatter and all_to_all, 1 for permute; ``S`` the per-rank buffer
-    of ``costmodel.collectives``)."""
-
-    ranks: int
-    points: tuple[tuple[float, float], ...]
-    """``(bytes, bus bandwidth in B/s)``, ascending bytes."""
-    source: "str | Citation | None" = None
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "BusBandwidthCurve":
-        return cls(ranks=int(data["ranks"]), points=_curve(data["points"]), source=_source_of(data))
-
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"ranks": self.ranks, "points": [list(p) for p in self.points]}
-        _put_source(out, self.source)
-        return out
-
-
-@dataclass(frozen=True, slots=True)
-class CollectiveFit:
-    """Alpha-beta figures of one collective kind on one tier."""
-
-    alpha_s: float
-    """Fixed latency of one call, seconds."""
-    beta_s_per_byte: float
-    """Seconds per byte of per-rank wire traffic (1 / bus bandwidth)."""
-    alpha_per_step_s: float = 0.0
-    """Latency of one algorithm step (ring hop, tree level), seconds."""
-    source: "str | Citation | None" = None
-    """Where the figures come from."""
-    bus_bandwidth: tuple[BusBandwidthCurve, ...] = ()
-    """Published bus bandwidth over size per group size (ascending ranks);
-    where one applies it replaces the alpha-beta formula."""
-
-    def curve_for(self, ranks: int) -> BusBandwidthCurve | None:
-        """The bus-bandwidth curve measured with exactly ``ranks`` ranks."""
-        for curve in self.bus_bandwidth:
-            if curve.ranks == ranks:
-                return curve
-        return None
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "CollectiveFit":
-        return cls(
-            alpha_s=float(data["alpha_s"]),
-            beta_s_per_byte=float(data["beta_s_per_byte"]),
-            alpha_per_step_s=float(data.get("alpha_per_step_s", 0.0)),
-            source=_source_of(data),
-            bus_bandwidth=tuple(BusBandwidthCurve.from_dict(c) for c in data.get("bus_bandwidth", ())),
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"alpha_s": self.alpha_s, "beta_s_per_byte": self.beta_s_per_byte}
-        if self.alpha_per_step_s:
-            out["alpha_per_step_s"] = self.alpha_per_step_s
-        _put_source(out, self.source)
-        if self.bus_bandwidth:
-            out["bus_bandwidth"] = [c.to_dict() for c in self.bus_bandwidth]
-        return out
-
-
-@dataclass(frozen=True, slots=True)
-class Tier:
-    """One interconnect tier: which ranks share it and what collectives cost."""
-
-    tier: str
-    """Name (``nvlink``, ``xgmi``, ``network``, ``loopback``)."""
-    ranks: int | None
-    """Consecutive global ranks sharing this tier; None for the outermost."""
-    collectives: tuple[tuple[str, CollectiveFit], ...]
-    """Figures per collective kind (``COLLECTIVE_KINDS``)."""
-    bandwidth_Bps: float | None = None
-    """Per-rank, per-direction link bandwidth (datasheet), for reference."""
-    source: "str | Citation | None" = None
-    """Source of ``ranks`` and ``bandwidth_Bps``."""
-
-    def collective(self, kind: str) -> CollectiveFit:
-        """Figures for ``kind``; a kind the tier does not list uses all_reduce's
-        (a measured profile may carry all_reduce only)."""
-        for name, fit in self.collectives:
-            if name == kind:
-                return fit
-        for name, fit in self.collectives:
-            if name == "all_reduce":
-                return fit
-        return self.collectives[0][1]
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "Tier":
-        return cls(
-            tier=str(data["tier"]),
-            ranks=None if data.get("ranks") is None else int(data["ranks"]),
-            collectives=tuple(
-                (k, CollectiveFit.from_dict(v)) for k, v in data["collectives"].items()
-            ),
-            bandwidth_Bps=None if data.get("bandwidth_Bps") is None else float(data["bandwidth_Bps"]),
-            source=_source_of(data),
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"tier": self.tier, "ranks": self.ranks}
-        if self.bandwidth_Bps is not None:
-            out["bandwidth_Bps"] = self.bandwidth_Bps
-        out["collectives"] = {k: v.to_dict() for k, v in self.collectives}
-        _put_source(out, self.source)
-        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -367,13 +207,13 @@ class Efficiency:
     def from_dict(cls, data: Mapping[str, Any]) -> "Efficiency":
         memory = data["memory"]
         return cls(
-            matmul=_curve(data["matmul"]),
-            memory=_curve(memory) if isinstance(memory, (list, tuple)) else float(memory),
-            attention=_curve(data.get("attention", ())),
+            matmul=curve_points(data["matmul"]),
+            memory=curve_points(memory) if isinstance(memory, (list, tuple)) else float(memory),
+            attention=curve_points(data.get("attention", ())),
             vector=None if data.get("vector") is None else float(data["vector"]),
-            matmul_by_dtype=tuple((str(k), _curve(v)) for k, v in data.get("matmul_by_dtype", {}).items()),
-            attention_backward=_curve(data.get("attention_backward", ())),
-            run=_curve(data.get("run", ())),
+            matmul_by_dtype=tuple((str(k), curve_points(v)) for k, v in data.get("matmul_by_dtype", {}).items()),
+            attention_backward=curve_points(data.get("attention_backward", ())),
+            run=curve_points(data.get("run", ())),
             optimizer=tuple((str(k), float(v)) for k, v in data.get("optimizer", {}).items()),
             vector_by_op=tuple(sorted((str(k), float(v)) for k, v in data.get("vector_by_op", {}).items())),
         )
@@ -514,115 +354,6 @@ class DeviceSpec:
         out["efficiency"] = self.efficiency.to_dict()
         if self.sources:
             out["sources"] = {k: v.to_dict() if isinstance(v, Citation) else v for k, v in self.sources}
-        return out
-
-
-@dataclass(frozen=True, slots=True)
-class LoadRecord:
-    """The host's load around a calibration or check.
-
-    Why: a CPU profile measured while other jobs ran is slower than the host
-    (the shipped ``cpu-gloo`` was calibrated at a load average of 5-8, and a
-    quiet host re-measured its fit set at 0.87x). ``foreign`` says the figures
-    were measured under load from outside the job: more runnable threads
-    than the job's own (``own_threads`` = ranks on the host x torch threads)
-    by at least ``threshold``.
-
-    >>> LoadRecord(cores=2, own_threads=4, before=(1.0, 1.0, 1.0), after=(4.0, 3.0, 2.0)).foreign
-    False
-    """
-
-    cores: int
-    own_threads: int
-    """Threads the job itself keeps busy on this host (ranks x threads)."""
-    before: tuple[float, float, float]
-    """``os.getloadavg()`` (1, 5, 15 min) just before the first measurement."""
-    after: tuple[float, float, float]
-    """... and just after the last."""
-    during_load1: tuple[float, ...] = ()
-    """1-minute load average sampled during the run."""
-    foreign_runnable: tuple[float, ...] = ()
-    """Runnable threads of other processes, sampled during the run."""
-    foreign_load: float = 0.0
-    """Estimated average number of other processes' runnable threads."""
-    threshold: float = 0.5
-    foreign: bool = False
-    """True when ``foreign_load >= threshold``: the figures are flagged."""
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "LoadRecord":
-        return cls(
-            cores=int(data["cores"]),
-            own_threads=int(data["own_threads"]),
-            before=tuple(float(v) for v in data["before"]),
-            after=tuple(float(v) for v in data["after"]),
-            during_load1=tuple(float(v) for v in data.get("during_load1", ())),
-            foreign_runnable=tuple(float(v) for v in data.get("foreign_runnable", ())),
-            foreign_load=float(data.get("foreign_load", 0.0)),
-            threshold=float(data.get("threshold", 0.5)),
-            foreign=bool(data.get("foreign", False)),
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"cores": self.cores, "own_threads": self.own_threads, "before": list(self.before),
-                "during_load1": list(self.during_load1), "foreign_runnable": list(self.foreign_runnable),
-                "after": list(self.after), "foreign_load": self.foreign_load, "threshold": self.threshold,
-                "foreign": self.foreign}
-
-    def text(self) -> str:
-        """One line for reports and the command's output."""
-        def three(v: Sequence[float]) -> str:
-            return " ".join(f"{x:.2f}" for x in v)
-
-        during = (f", during max {max(self.during_load1):.2f}" if self.during_load1 else "")
-        return (f"load average (1/5/15 min) {three(self.before)} before{during}, {three(self.after)} after; "
-                f"{self.cores} cores, job threads {self.own_threads}; other processes' runnable threads "
-                f"~{self.foreign_load:.2f}" + (" -> FOREIGN LOAD: figures flagged" if self.foreign else ""))
-
-
-@dataclass(frozen=True, slots=True)
-class Calibration:
-    """How and where a profile's figures were obtained."""
-
-    date: str | None = None
-    host: str | None = None
-    torch: str | None = None
-    method: str | None = None
-    fit_error: tuple[tuple[str, float], ...] = ()
-    """Relative error of each fit over the points it was fitted on (e.g.
-    ``loopback.all_reduce``: 0.08; measured profiles store the largest)."""
-    ranks: int | None = None
-    """Ranks of the job the figures were measured in (a measured device is
-    one rank of such a job: ranks sharing a host share its cores)."""
-    load: LoadRecord | None = None
-    """The host's load during the calibration (None: not recorded)."""
-    warnings: tuple[str, ...] = ()
-    """Why the figures may not hold elsewhere (foreign load, ...)."""
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "Calibration":
-        return cls(
-            date=data.get("date"),
-            host=data.get("host"),
-            torch=data.get("torch"),
-            method=data.get("method"),
-            fit_error=tuple((k, float(v)) for k, v in data.get("fit_error", {}).items()),
-            ranks=None if data.get("ranks") is None else int(data["ranks"]),
-            load=None if data.get("load") is None else LoadRecord.from_dict(data["load"]),
-            warnings=tuple(str(w) for w in data.get("warnings", ())),
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"date": self.date, "host": self.host, "torch": self.torch}
-        if self.method is not None:
-            out["method"] = self.method
-        if self.ranks is not None:
-            out["ranks"] = self.ranks
-        out["fit_error"] = dict(self.fit_error)
-        if self.load is not None:
-            out["load"] = self.load.to_dict()
-        if self.warnings:
-            out["warnings"] = list(self.warnings)
         return out
 
 
