@@ -477,6 +477,8 @@ def _add_leaf(b: _Builder, walk: _Walk, node: fx.Node) -> None:
             return optimizer.update_time_s(numel, dtype, profile)
 
         per_byte = 1.0 + optimizer.state_bytes(meta.dtype) / meta.itemsize
+        if walk.param_copy_live is not None and optimizer.mixed_precision:  # priced as FSDP2 holds it
+            per_byte = optimizer.fsdp2_shard_bytes() / meta.itemsize
         i = b.leaf(str(TensorId("param", fqn)), "param", fqn, meta, live=None, memory_per_byte=per_byte, cost=update_cost)
         walk.params[fqn] = i
         temp = optimizer.step_temp_bytes(meta.dtype) / meta.itemsize
@@ -541,12 +543,15 @@ def _add_sinks(b: _Builder, walk: _Walk, bucket_bytes: int, gather: str = "reade
             continue
         param = b.nodes[walk.params[fqn]]
         meta = TensorMeta(param.outputs[0].shape, gnode.meta["val"].dtype)
+        held = meta  # priced as FSDP2 reduces: the reduced shard is in the reduce dtype
+        if gather == "fsdp2" and reduce_dtype:
+            held = TensorMeta(param.outputs[0].shape, getattr(torch, reduce_dtype.removeprefix("torch.")))
         # the op's output *is* the gradient while it is made (autograd hands it to
         # .grad without a copy): the sink holds it from the next time on
         start = liveness.time[gnode.name] + 1
         sink = b.add(GraphNode(
             str(TensorId("grad", fqn)), "grad", fqn, param.strategies, np.zeros(len(param.strategies)),
-            np.array([local_bytes(meta, s.output_placements[0], mesh.shape) for s in param.strategies], dtype=np.float64),
+            np.array([local_bytes(held, s.output_placements[0], mesh.shape) for s in param.strategies], dtype=np.float64),
             (start, end + 1), (meta,), f"grad|{param.signature}",
         ))
         src, out = b.read(gnode.name)

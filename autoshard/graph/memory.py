@@ -150,6 +150,16 @@ class OptimizerMemory:
             return 4 * self._moments() + (4 if self.name != "none" else 0)
         return param_dtype.itemsize * self._moments()
 
+    def fsdp2_shard_bytes(self) -> int:
+        """Bytes per parameter element FSDP2 holds with mixed precision: the fp32 shard itself
+        (its all-gather casts it to the compute dtype; no low-precision shard beside a master
+        copy) and the fp32 state.
+
+        >>> OptimizerMemory("adamw", mixed_precision=True).fsdp2_shard_bytes()
+        12
+        """
+        return 4 + 4 * self._moments()
+
     def step_temp_bytes(self, param_dtype: torch.dtype) -> int:
         """Bytes per parameter element held only during the optimizer step, all
         parameters at once. Only foreach AdamW holds such a list; the for-loop's

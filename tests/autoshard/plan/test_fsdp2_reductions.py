@@ -102,3 +102,23 @@ def test_an_fsdp2_priced_plan_reduces_each_block_in_fp32():
     assert fp32.options["reduce_dtype"] == "float32" and "reduce_dtype" not in plain.options
     assert fp32.estimate.comm_s > plain.estimate.comm_s
     assert fp32.estimate.peak_memory_bytes >= plain.estimate.peak_memory_bytes
+
+
+def test_with_mixed_precision_fsdp2_holds_the_fp32_shard_and_fp32_reduced_gradients():
+    # FSDP2 keeps the fp32 shard itself (the all-gather casts it to bf16), not a bf16 shard beside a master copy,
+    # and reduces into fp32 gradient shards: 12 + 4 bytes per element and rank for AdamW, as the reader's 14 + 2
+    from autoshard.plan.solve import prepare
+    from examples.models import llama3
+
+    model, inputs = llama3.tiny(device="meta", dtype="bfloat16", batch_size=4)
+    sizes = {}
+    for gather, reduce_dtype in (("reader", None), ("fsdp2", "float32")):
+        graph = prepare(model, inputs, (4,), ("dp",), profile="cpu-gloo", gather=gather, reduce_dtype=reduce_dtype,
+                        mixed_precision=True, recompute="none").graph
+        wq = graph.nodes[graph.params["layers.0.attention.wq.weight"]]
+        k = next(k for k, s in enumerate(wq.strategies) if str(s.output_placements[0][0]) == "S(0)")
+        grad = next(n for n in graph.nodes if n.name == "grad:layers.0.attention.wq.weight")
+        sizes[gather] = (wq.memory_bytes[k], grad.memory_bytes[k])
+    per_rank = 64 * 64 // 4  # wq of dim 64, sharded 4 ways
+    assert sizes["reader"] == (per_rank * (2 + 12), per_rank * 2)
+    assert sizes["fsdp2"] == (per_rank * 12, per_rank * 4)
