@@ -7,9 +7,14 @@ ratios, measured over what the profile predicts, per family) and writes the
 corrected profile, e.g. to check it on held-out ops
 (``autoshard calibrate-hardware --check CORRECTED.json``) or to solve with it on a
 machine that cannot measure. The correction is cached per machine
-(``~/.cache/autoshard/profile-corrections``); ``--remeasure`` measures again.
+(``~/.cache/autoshard/profile-corrections``); ``--remeasure`` measures again;
+``--calibrate`` first calibrates this machine (``calibrate-hardware --quick`` on
+``--ranks`` local processes, ~2 minutes once, cached beside the corrections) and
+applies only the correction's step figures to that profile, as
+``profile_correction="calibrate"`` does.
 
     autoshard correct-profile cpu-gloo --ranks 4 -o cpu-gloo-here.json
+    autoshard correct-profile cpu-gloo --ranks 4 --calibrate -o this-machine.json
 
 Prints one line per family and exits 0; a bad profile or argument is one error
 line and exit 1 (2 for usage errors).
@@ -35,7 +40,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``autoshard correct-profile``."""
     parser.add_argument("profile", nargs="?", default="cpu-gloo", help="a profile file or shipped name (default cpu-gloo)")
     parser.add_argument("--ranks", type=int, default=4, help="ranks of the job on this host (default 4)")
-    parser.add_argument("--remeasure", action="store_true", help="measure again instead of reading the cache")
+    how = parser.add_mutually_exclusive_group()
+    how.add_argument("--remeasure", action="store_true", help="measure again instead of reading the cache")
+    how.add_argument("--calibrate", action="store_true",
+                     help="calibrate this machine first (calibrate-hardware --quick, cached), then add the step figures")
     parser.add_argument("-o", "--output", metavar="CORRECTED.json", help="write the corrected profile here")
 
 
@@ -50,12 +58,16 @@ def run(args: argparse.Namespace) -> int:
         return 1
     try:
         base = _load(args.profile)
-        profile, record = corrected_profile(base, ranks=args.ranks, mode="remeasure" if args.remeasure else "here")
+        mode = "calibrate" if args.calibrate else "remeasure" if args.remeasure else "here"
+        profile, record = corrected_profile(base, ranks=args.ranks, mode=mode)
         if args.output:
             write_text_atomic(args.output, json.dumps(profile.to_dict(), indent=1) + "\n")
     except (ProfileError, OSError, RuntimeError) as exc:
         print(f"autoshard correct-profile: error: {exc}", file=sys.stderr)
         return 1
+    if "calibration" in record:
+        c = record["calibration"]
+        print(f"{base.name}: this machine calibrated ({c['mode']}, {c['source']}, {c['date']}), then its step figures:")
     print(f"{base.name} on {record['machine']['cpu']} ({record['machine']['cores']} cores, {args.ranks} ranks), "
           f"{record['source']} {record['date']}, load {record['load']}:")
     for family, ratio in record["ratios"].items():
