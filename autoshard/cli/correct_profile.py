@@ -43,7 +43,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     how = parser.add_mutually_exclusive_group()
     how.add_argument("--remeasure", action="store_true", help="measure again instead of reading the cache")
     how.add_argument("--calibrate", action="store_true",
-                     help="calibrate this machine first (calibrate-hardware --quick, cached), then add the step figures")
+                     help="calibrate this machine first (calibrate-hardware --quick, cached), "
+                          "then add the step figures")
     parser.add_argument("-o", "--output", metavar="CORRECTED.json", help="write the corrected profile here")
 
 

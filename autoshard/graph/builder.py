@@ -551,7 +551,8 @@ def _add_sinks(b: _Builder, walk: _Walk, bucket_bytes: int, gather: str = "reade
         start = liveness.time[gnode.name] + 1
         sink = b.add(GraphNode(
             str(TensorId("grad", fqn)), "grad", fqn, param.strategies, np.zeros(len(param.strategies)),
-            np.array([local_bytes(held, s.output_placements[0], mesh.shape) for s in param.strategies], dtype=np.float64),
+            np.array([local_bytes(held, s.output_placements[0], mesh.shape) for s in param.strategies],
+                     dtype=np.float64),
             (start, end + 1), (meta,), f"grad|{param.signature}",
         ))
         src, out = b.read(gnode.name)
@@ -586,7 +587,9 @@ def _add_sinks(b: _Builder, walk: _Walk, bucket_bytes: int, gather: str = "reade
         units = [next((u for u in blocks if fqn == u or fqn.startswith(u + ".")), "") for fqn in grads]
         itemsize = {g.meta["val"].dtype.itemsize for g in traced.grads.values() if g is not None}
         scale = dtype_itemsize(reduce_dtype) / min(itemsize) if reduce_dtype and itemsize else 1.0  # a bound
-        b.tied.gradient_payloads(producers, bucket_bytes, units=units, scale=scale)
+        spans = walk.param_copy_live.spans  # a unit reduces after its backward; the root's copies live all step
+        ends = {u: spans.backward.get(u, (0, 0))[1] for u in spans.order} | {"": spans.end}
+        b.tied.gradient_payloads(producers, bucket_bytes, units=units, scale=scale, backward_end=ends)
     else:
         b.tied.gradient_payloads(producers, bucket_bytes)
     return grads

@@ -23,7 +23,8 @@ nodes by the copies and buckets that really happen.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+import bisect
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -164,20 +165,25 @@ class TiedMemory:
                 first[key] = c
 
     def gradient_payloads(self, producers: Sequence[tuple[int, int, float]], cap: int,
-                          units: Sequence[str] | None = None, scale: float = 1.0) -> None:
+                          units: Sequence[str] | None = None, scale: float = 1.0,
+                          backward_end: Mapping[str, int] | None = None) -> None:
         """Bucket bounds on each gradient producer, given as (node, time, full bytes)
         in the order buckets form (``autoshard.graph.copies``): ``payload`` at its
         time, and ``waiting`` (twice its partial output: waiting, and its part of
         the payload) until the last gradient that can share its bucket is made.
-        ``units`` (one per producer: FSDP2's reductions, ``costmodel.bucketing``):
-        a gradient waits for the last of its unit's instead, and its part of the
-        payload is ``scale`` times its output (the reduce dtype's itemsize over the
-        gradient's)."""
+        ``units`` (one per producer: FSDP2's reductions, ``costmodel.bucketing`` and
+        ``autoshard.plan.exact_memory``): a unit reduces at ``R_u``, one past the later
+        of its last gradient and its backward's end (``backward_end``), and holds its
+        reduce-scatter input until the next unit's ``R``; so a gradient waits (its
+        output) over ``[t + 1, R_u + 1)`` and its part of the payload, ``scale`` times
+        its output (the reduce dtype's itemsize over the gradient's), lives over
+        ``[R_u, R_next)``."""
         times = [t for _, t, _ in producers]
         sizes = [b for _, _, b in producers]
-        unit_end: dict[str, int] = {}
+        reduce_at: dict[str, int] = {}
         for u, t in zip(units or (), times):
-            unit_end[u] = max(unit_end.get(u, t), t)
+            reduce_at[u] = max(reduce_at.get(u, t + 1), t + 1, (backward_end or {}).get(u, 0))
+        ordered = sorted(set(reduce_at.values()))
         for j, (i, t, _) in enumerate(producers):
             v = self.b.nodes[i]
             if v.kind != "op" or str(MemoryPieceId("payload", v.name)) in self.b.index:
@@ -189,11 +195,11 @@ class TiedMemory:
                 for s in v.strategies], dtype=np.float64)
             if not memory.any():
                 continue
-            if units is not None:  # waits (partial) for its unit, then its cast part of the payload
-                self._add(i, "payload", BOUND, (t, t + 1), scale * memory)
-                last = unit_end[units[j]]
-                if last > t:
-                    self._add(i, "waiting", BOUND, (t + 1, last + 1), (1 + scale) * memory)
+            if units is not None:  # waits (partial) for its unit's reduction, then its cast part of the payload
+                r = reduce_at[units[j]]
+                later = ordered[bisect.bisect_right(ordered, r):]
+                self._add(i, "waiting", BOUND, (t + 1, r + 1), memory)
+                self._add(i, "payload", BOUND, (r, later[0] if later else r + 1), scale * memory)
                 continue
             self._add(i, "payload", BOUND, (t, t + 1), memory)
             last = _bucket_window_end(times, sizes, j, cap)

@@ -546,7 +546,8 @@ def assemble_plan(
 
 
 def _timelines(graph: AssemblyGraph, problem: Problem, choice: Sequence[int], copies: Sequence[Any],
-               buckets: Sequence[Any], recomputed: bool, fsdp2: bool) -> tuple[tuple[tuple[int, float], ...], float | None]:
+               buckets: Sequence[Any], recomputed: bool, fsdp2: bool
+               ) -> tuple[tuple[tuple[int, float], ...], float | None]:
     """The plan's memory timeline, and the peak of the same placements with nothing recomputed
     (None when nothing is); ``fsdp2``: counted as FSDP2 runs (``autoshard.plan.exact_memory``:
     a parameter gathered once per pass whichever views of it are read, FSDP2's reductions)."""

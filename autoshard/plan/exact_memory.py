@@ -35,7 +35,8 @@ from costmodel.placements import Placement
 
 from autoshard.graph.states import RECOMPUTE
 
-__all__ = ["CopyEvent", "exact_timeline", "param_view_roots", "timeline_peak", "keep_choice", "RECOMPUTE", "state_of", "peak_with_extra"]
+__all__ = ["CopyEvent", "exact_timeline", "param_view_roots", "timeline_peak", "keep_choice", "RECOMPUTE", "state_of",
+           "peak_with_extra"]
 
 CopyEvent = tuple[int, "tuple[Placement, ...]", bool]
 """(edge index, reader placement, reader recomputed) of a redistribution that happens."""
@@ -73,8 +74,9 @@ def exact_timeline(graph: Any, problem: Any, choice: Sequence[int], copies: Sequ
     step after its last gradient, once the unit's gathered parameters are freed (its post-backward
     reshards, then copies the gradients into the reduce-scatter input); the payload lives until the
     next unit's reduction starts (FSDP2 keeps a unit's reduce-scatter input until then); a member's
-    reduced gradient (its sink) exists from the reduction on, not while it waits. (autoshard's runtime makes its reduced gradients at the issue too; its
-    count keeps the sink from the gradient's making, an over-count of at most a bucket's sinks.)"""
+    reduced gradient (its sink) exists from the reduction on, not while it waits. (autoshard's runtime
+    makes its reduced gradients at the issue too; its count keeps the sink from the gradient's making,
+    an over-count of at most a bucket's sinks.)"""
     always = 0.0
     events: dict[int, float] = {}
 

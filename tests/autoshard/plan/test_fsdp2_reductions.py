@@ -122,3 +122,44 @@ def test_with_mixed_precision_fsdp2_holds_the_fp32_shard_and_fp32_reduced_gradie
     per_rank = 64 * 64 // 4  # wq of dim 64, sharded 4 ways
     assert sizes["reader"] == (per_rank * (2 + 12), per_rank * 2)
     assert sizes["fsdp2"] == (per_rank * 12, per_rank * 4)
+
+
+def test_the_programs_bound_is_above_the_exact_peak_when_priced_as_fsdp2_reduces():
+    # the integer program charges FSDP2's reductions an upper bound (autoshard.graph.tied_memory): its
+    # memory at the plan's choice, bound nodes in, copies out, is never below the exact timeline's peak
+    from autoshard.plan.solve import prepare, solve_prepared
+    from benchmarks.memory_fidelity import plan_choice
+    from examples.models import llama3
+
+    model, inputs = llama3.tiny(device="meta", dtype="bfloat16", batch_size=4)
+    prep = prepare(model, inputs, (4,), ("dp",), profile="cpu-gloo", gather="fsdp2", reduce_dtype="float32",
+                   mixed_precision=True, recompute="none")
+    plan = solve_prepared(prep, baseline="fsdp", time_limit=10)
+    events: dict[int, float] = {}
+    always = 0.0
+    for node, k in zip(prep.graph.nodes, plan_choice(prep.graph, plan)):
+        m = float(node.memory_bytes[k])
+        if node.live is None:
+            always += m
+        elif m:
+            events[node.live[0]] = events.get(node.live[0], 0.0) + m
+            events[node.live[1]] = events.get(node.live[1], 0.0) - m
+    level, program = always, always
+    for t in sorted(events):
+        level += events[t]
+        program = max(program, level)
+    assert program >= plan.estimate.peak_memory_bytes
+    # and the bound follows FSDP2's order: a block's gradients wait for its reduction, whose payload
+    # is held until the next block's reduction (the exact timeline's rule), not one step
+    graph = prep.graph
+    producer = {graph.nodes[e.dst].target: graph.nodes[e.src].name for e in graph.edges
+                if graph.nodes[e.dst].kind == "grad"}
+    live = {n.name: n.live for n in graph.nodes if n.kind == "memory"}
+    spans = {}
+    for unit in ("layers.1", "layers.0"):
+        names = [producer[f] for f in producer if f.startswith(unit + ".")]
+        payloads = {live[f"memory:payload:{n}"] for n in names if f"memory:payload:{n}" in live}
+        waits = {live[f"memory:waiting:{n}"][1] for n in names if f"memory:waiting:{n}" in live}
+        assert len(payloads) == 1 and waits == {next(iter(payloads))[0] + 1}, (unit, payloads, waits)
+        spans[unit] = next(iter(payloads))
+    assert spans["layers.1"][1] == spans["layers.0"][0] > spans["layers.1"][0] + 1  # held until the next unit's
