@@ -132,8 +132,8 @@ def exact_timeline(graph: Any, problem: Any, choice: Sequence[int], copies: Sequ
     issued.sort()
     for k, (issue, nbytes) in enumerate(issued):  # the concatenated payload
         # FSDP2 frees a unit's reduce-scatter input when the next unit's reduction starts
-        later = [t for t, _ in issued[k + 1:] if t > issue]
-        add(issue, later[0] if fsdp2_reductions and later else issue + 1, nbytes)
+        later = next((t for t, _ in issued[k + 1:] if t > issue), None) if fsdp2_reductions else None
+        add(issue, later if later is not None else issue + 1, nbytes)
     out, level = [], always
     for t in sorted(events):
         level += events[t]

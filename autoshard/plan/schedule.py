@@ -266,7 +266,7 @@ def module_block(name: str, regions: Sequence[str] = ()) -> str:
     ('layers.3', '')
     """
     if regions:
-        return next((r for r in sorted(regions, key=len, reverse=True) if name.startswith(r + ".")), "")
+        return max((r for r in regions if name.startswith(r + ".")), key=len, default="")
     parts = name.split(".")
     numeric = next((k for k, part in enumerate(parts[:-1]) if part.isdigit()), None)
     return ".".join(parts[:numeric + 1]) if numeric is not None else ""
@@ -292,14 +292,14 @@ def gather_blocks(edges: Iterable[tuple[str, str, int]], candidates: Sequence[tu
     {('param:layers.1.w.weight', 'mm', 0): 'layers.1', ('t', 'mm_1', 0): 'layers.0', ('param:out.weight', 'mm_2', 0): ''}
     """
     source = dict(candidates)
-    ordered = sorted(set(regions), key=len, reverse=True)
+    blocks = tuple(set(regions))
     out = {}
     passes: dict[str, tuple[int, set[str]]] = {}  # block -> (its pass, the leaves read in that pass)
     for edge in edges:
         leaf = edge[0]
         while leaf in source:
             leaf = source[leaf]
-        block = module_block(leaf.split(":", 1)[-1], ordered)
+        block = module_block(leaf.split(":", 1)[-1], blocks)
         count, seen = passes.get(block, (0, set()))
         if leaf in seen:
             count, seen = count + 1, set()
