@@ -96,6 +96,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "correction). Default auto = off for an offline solve: the plan may run on another "
                              "machine")
     parser.add_argument("--mixed-precision", action="store_true", help="low-precision params with fp32 master and state")
+    parser.add_argument("--expandable-segments", action="store_true",
+                        help="the job runs with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: the plan's "
+                             "estimated reservation (estimate.reserved_bytes) replays that allocator")
     parser.add_argument("--no-ties", action="store_true", help="let every repeated layer choose its own strategies")
     parser.add_argument("--search", choices=("auto", "full", "seeded"),
                         help="full enumeration, or seeded from a coarser 2-D mesh (auto: seeded on 3-D+ meshes)")
@@ -165,6 +168,7 @@ def solve_options(args: argparse.Namespace, limit: int | None, pins: dict[str, s
              "search": args.search,
              "recompute": args.recompute, "server": args.server, "profile_correction": args.profile_correction}
     options = SolveOptions(pins=pins, ties=not args.no_ties, mixed_precision=args.mixed_precision,
+                           expandable_segments=getattr(args, "expandable_segments", False),
                            **{name: value for name, value in given.items() if value is not None})
     if args.devices is not None and args.time_limit is None:
         options = options.with_changes(time_limit=DEFAULT_SEARCH_TIME_LIMIT_S)

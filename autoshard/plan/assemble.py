@@ -47,6 +47,7 @@ from typing import Any, Mapping, Sequence
 
 from costmodel.bucketing import GATHER_CAPS, group_buckets, group_gathers
 from costmodel.mesh import MeshSpec
+from costmodel.steps import COLLECTIVE_STEPS
 from costmodel.placements import Placement, PlacementParseError, parse_placements
 from hw_profiles import HardwareProfile, load_dict
 from solver import Problem
@@ -56,6 +57,7 @@ from autoshard.plan.bucket_routes import EdgeRoutes, reschedule
 from autoshard.plan.exact_memory import (RECOMPUTE, exact_timeline, keep_choice, param_view_roots, peak_with_extra,
                                         state_of, timeline_peak)
 from autoshard.plan.tidy_states import tidy_states
+from autoshard.plan.reservation import plan_reservation
 from autoshard.plan.gradient_buckets import choose_gradient_buckets
 from autoshard.plan.format import Estimate, Fingerprint, Plan, PlanError, PlanNode, Redistribution, SolverReport
 from autoshard.plan.schedule import (VIEW_OPS, Schedule, build_schedule, gather_blocks, leaf_gathers, leaf_views,
@@ -503,6 +505,8 @@ def assemble_plan(
     relayout += sum(b.pack_s + b.unpack_s for b in (*buckets, *gathers))
     step = sim.step_s + recompute_comm
     exposed = max(0.0, step - compute - relayout - recompute_s)
+    reserved = _reserved(graph, problem, choice, copies, buckets, pricing, schedule, redistributions, gathers,
+                         options or {}, fsdp2)
 
     def chosen(i: int) -> str | None:
         return placement_text(graph.nodes[i].strategies[choice[i]].output_placements[0])
@@ -530,7 +534,8 @@ def assemble_plan(
         redistributions=tuple(redistributions),
         estimate=Estimate(step_s=step, compute_s=compute, comm_s=comm, relayout_s=relayout,
                           peak_memory_bytes=peak, memory_limit_bytes=problem.memory_limit,
-                          recompute_s=recompute_s, peak_without_recompute_bytes=without, exposed_comm_s=exposed),
+                          recompute_s=recompute_s, peak_without_recompute_bytes=without, exposed_comm_s=exposed,
+                          reserved_bytes=reserved),
         solver=SolverReport(backend=solution.backend, status=solution.status.value, gap=gap,
                             seconds=round(solution.seconds, 4), problem_nodes=problem.num_nodes,
                             problem_edges=problem.num_edges, reduced_nodes=reduced, timings=dict(timings or {})),
@@ -543,6 +548,48 @@ def assemble_plan(
         gather_buckets=gathers,
         schedule=schedule,
     )
+
+
+def _reserved(graph: AssemblyGraph, problem: Problem, choice: Sequence[int], copies: Sequence[Any],
+              buckets: Sequence[Any], pricing: StepPricing, schedule: Schedule,
+              redistributions: Sequence[Redistribution], gathers: Sequence[Any], options: Mapping[str, Any],
+              fsdp2: bool) -> float | None:
+    """What the CUDA caching allocator reserves for the plan (``autoshard.plan.reservation``);
+    None on a CPU profile (CPU tensors come from the system allocator: nothing is cached)."""
+    if graph.profile.device_type == "cpu":
+        return None
+    extra, flat = (), ()
+    roots = param_view_roots(graph, VIEW_OPS) if fsdp2 else None
+    if fsdp2:
+        flat = _flat_gathers(graph, schedule, gathers, roots, pricing.times, redistributions)
+    else:
+        extra = [(pricing.times[i], pricing.times[w], float(b))
+                 for i, w, b in prefetch_intervals(schedule, redistributions, gathers, pricing.node_names)]
+    peaks = plan_reservation(graph, problem, choice, copies, buckets, mixed_precision=bool(options.get("mixed_precision")),
+                             extra=extra,
+                             flat_gathers=flat, param_views=roots,
+                             fsdp2_reductions=fsdp2, expandable_segments=bool(options.get("expandable_segments")),
+                             capacity_bytes=graph.profile.device.memory_bytes)
+    return float(peaks.reserved_bytes)
+
+
+def _flat_gathers(graph: AssemblyGraph, schedule: Schedule, gathers: Sequence[Any], roots: Mapping[int, int],
+                  times: Sequence[int], redistributions: Sequence[Redistribution]) -> list[tuple[int, int, float]]:
+    """(issue time, wait time, bytes) of each unit's flat all-gather output as FSDP2 makes it: the
+    unit's parameters gathered once each (a parameter read through several views is one)."""
+    index = {n.name: i for i, n in enumerate(graph.nodes)}
+    by_edge = {(r.tensor, r.to, r.input_index): r for r in redistributions}
+    out = []
+    for item in schedule.items:
+        if item.gather is None:
+            continue
+        sizes: dict[Any, float] = {}
+        for member in gathers[item.gather].members:
+            steps = [s for s in by_edge[member].steps if s.collective in COLLECTIVE_STEPS]
+            root = roots.get(index.get(member[0], -1), member[0])
+            sizes[root] = max(sizes.get(root, 0.0), float(steps[-1].bytes))
+        out.append((times[item.issue], times[item.wait], sum(sizes.values())))
+    return out
 
 
 def _timelines(graph: AssemblyGraph, problem: Problem, choice: Sequence[int], copies: Sequence[Any],

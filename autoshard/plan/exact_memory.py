@@ -35,7 +35,7 @@ from costmodel.placements import Placement
 
 from autoshard.graph.states import RECOMPUTE
 
-__all__ = ["CopyEvent", "exact_timeline", "param_view_roots", "timeline_peak", "keep_choice", "RECOMPUTE", "state_of",
+__all__ = ["CopyEvent", "Span", "exact_spans", "exact_timeline", "param_view_roots", "timeline_peak", "keep_choice", "RECOMPUTE", "state_of",
            "peak_with_extra"]
 
 CopyEvent = tuple[int, "tuple[Placement, ...]", bool]
@@ -61,6 +61,12 @@ def keep_choice(graph: Any, choice: Sequence[int]) -> list[int]:
     return out
 
 
+Span = tuple["int | None", "int | None", float, tuple, str]
+"""(start, end, bytes, tensor key, kind) of one term of the timeline: ``start`` None: held all
+step; a negative term removes bytes from the earlier term of the same key (a gradient's sink
+before its FSDP2 reduction). Kinds: a graph node's kind, ``copy``, ``partial``, ``payload``."""
+
+
 def exact_timeline(graph: Any, problem: Any, choice: Sequence[int], copies: Sequence[CopyEvent],
                    buckets: Sequence[Bucket], *, recomputed: bool = True,
                    param_views: Mapping[int, int] | None = None,
@@ -79,20 +85,38 @@ def exact_timeline(graph: Any, problem: Any, choice: Sequence[int], copies: Sequ
     an over-count of at most a bucket's sinks.)"""
     always = 0.0
     events: dict[int, float] = {}
-
-    def add(start: int, end: int, amount: float) -> None:
-        if amount and start < end:
+    for start, end, amount, _, _ in exact_spans(graph, problem, choice, copies, buckets, recomputed=recomputed,
+                                                param_views=param_views, fsdp2_reductions=fsdp2_reductions):
+        if start is None:
+            always += amount
+        elif amount and start < end:
             events[start] = events.get(start, 0.0) + amount
             events[end] = events.get(end, 0.0) - amount
+    out, level = [], always
+    for t in sorted(events):
+        level += events[t]
+        out.append((t, level))
+    return tuple(out) or ((0, always),)
 
-    for node, pnode, k in zip(graph.nodes, problem.nodes, choice):
+
+def exact_spans(graph: Any, problem: Any, choice: Sequence[int], copies: Sequence[CopyEvent],
+                buckets: Sequence[Bucket], *, recomputed: bool = True,
+                param_views: Mapping[int, int] | None = None, fsdp2_reductions: bool = False) -> list[Span]:
+    """The terms :func:`exact_timeline` sums, one per tensor (and its adjustments), in its order."""
+    out: list[Span] = []
+
+    def add(start: int, end: int, amount: float, key: tuple, kind: str) -> None:
+        if amount and start < end:
+            out.append((start, end, amount, key, kind))
+
+    for i, (node, pnode, k) in enumerate(zip(graph.nodes, problem.nodes, choice)):
         if node.kind == "memory" and node.target == "bound":
             continue
         m = float(pnode.memory_bytes[k])
         if pnode.live is None:
-            always += m
+            out.append((None, None, m, ("node", i), node.kind))
         else:
-            add(pnode.live[0], pnode.live[1], m)
+            add(pnode.live[0], pnode.live[1], m, ("node", i), node.kind)
     mesh = graph.mesh.shape
     shared: dict[tuple[int, int, int], float] = {}
     for j, placement, reader_recomputed in copies:
@@ -104,16 +128,16 @@ def exact_timeline(graph: Any, problem: Any, choice: Sequence[int], copies: Sequ
         root = param_views.get(e.src) if param_views else None
         for start, end in live:
             if root is None:
-                add(start, end, nbytes)
+                add(start, end, nbytes, ("copy", j, start), "copy")
             else:
                 shared[(root, start, end)] = max(shared.get((root, start, end), 0.0), nbytes)
-    for (_, start, end), nbytes in shared.items():
-        add(start, end, nbytes)
+    for (root, start, end), nbytes in shared.items():
+        add(start, end, nbytes, ("copy", -1 - root, start), "copy")
     sink_edge = {graph.nodes[e.dst].name: j for j, e in enumerate(graph.edges) if graph.nodes[e.dst].kind == "grad"}
     index = {n.name: i for i, n in enumerate(graph.nodes)}
     issued = []
     spans = _param_copy_spans(graph, param_views or {}) if fsdp2_reductions and buckets else {}
-    for bucket in buckets:
+    for b, bucket in enumerate(buckets):
         made = []
         for member in bucket.members:
             j = sink_edge[member]
@@ -125,20 +149,17 @@ def exact_timeline(graph: Any, problem: Any, choice: Sequence[int], copies: Sequ
         if fsdp2_reductions:  # once the unit's backward is done and its gathered parameters are freed
             issue = _unit_backward_end(spans, bucket.members, issue)
         for member, (t, nbytes) in zip(bucket.members, made):
-            add(t + 1, issue + 1, nbytes)  # waits, partial, until the bucket's last member
+            add(t + 1, issue + 1, nbytes, ("partial", member), "partial")  # waits, partial, until the last member
             if fsdp2_reductions:  # the reduced (sharded) gradient is made by the reduction
-                add(t + 1, issue + 1, -float(problem.nodes[index[member]].memory_bytes[choice[index[member]]]))
-        issued.append((issue, float(bucket.bytes)))
+                i = index[member]
+                add(t + 1, issue + 1, -float(problem.nodes[i].memory_bytes[choice[i]]), ("node", i), "grad")
+        issued.append((issue, float(bucket.bytes), b))
     issued.sort()
-    for k, (issue, nbytes) in enumerate(issued):  # the concatenated payload
+    for k, (issue, nbytes, b) in enumerate(issued):  # the concatenated payload
         # FSDP2 frees a unit's reduce-scatter input when the next unit's reduction starts
-        later = next((t for t, _ in issued[k + 1:] if t > issue), None) if fsdp2_reductions else None
-        add(issue, later if later is not None else issue + 1, nbytes)
-    out, level = [], always
-    for t in sorted(events):
-        level += events[t]
-        out.append((t, level))
-    return tuple(out) or ((0, always),)
+        later = next((t for t, _, _ in issued[k + 1:] if t > issue), None) if fsdp2_reductions else None
+        add(issue, later if later is not None else issue + 1, nbytes, ("payload", b), "payload")
+    return out
 
 
 def _param_copy_spans(graph: Any, roots: Mapping[int, int]) -> dict[str, list[tuple[int, int]]]:

@@ -56,6 +56,8 @@ def explain_text(plan: Plan, *, top: int = 10, params_limit: int = 40) -> str:
         f"| local re-layouts | {_ms(e.relayout_s)} |",
         f"| peak memory | {format_bytes(e.peak_memory_bytes)} |",
     ]
+    if e.reserved_bytes is not None:  # GPU profiles: what the caching allocator keeps beside the live tensors
+        lines.append(f"| reserved by the CUDA caching allocator | {format_bytes(e.reserved_bytes)} |")
     if e.recompute_s:
         lines.append(f"| recomputation | {_ms(e.recompute_s)} |")
     if e.memory_limit_bytes is not None:

@@ -223,6 +223,10 @@ class Estimate:
     """The part of ``comm_s`` the step pays: ``step_s - compute_s - relayout_s``
     of the two-stream simulation of the plan's schedule (``costmodel.overlap``);
     None in plans priced before schedules (``step_s`` is then the plain sum)."""
+    reserved_bytes: float | None = None
+    """What PyTorch's CUDA caching allocator reserves for the step (``max_memory_reserved``:
+    the live tensors plus the blocks it keeps), replayed by ``autoshard.plan.reservation``;
+    None on CPU profiles (no caching allocator) and in plans priced before it."""
 
     @property
     def fits(self) -> bool:
@@ -236,6 +240,8 @@ class Estimate:
                "memory_limit_bytes": self.memory_limit_bytes}
         if self.exposed_comm_s is not None:
             out["exposed_comm_s"] = self.exposed_comm_s
+        if self.reserved_bytes is not None:
+            out["reserved_bytes"] = self.reserved_bytes
         return out
 
     @classmethod
@@ -245,7 +251,8 @@ class Estimate:
                    float(data.get("relayout_s", 0.0)), float(_need(data, "peak_memory_bytes", "estimate")),
                    None if data.get("memory_limit_bytes") is None else float(data["memory_limit_bytes"]),
                    float(data.get("recompute_s", 0.0)), None if without is None else float(without),
-                   None if data.get("exposed_comm_s") is None else float(data["exposed_comm_s"]))
+                   None if data.get("exposed_comm_s") is None else float(data["exposed_comm_s"]),
+                   None if data.get("reserved_bytes") is None else float(data["reserved_bytes"]))
 
 
 @dataclass(frozen=True, slots=True, init=False)

@@ -123,6 +123,11 @@ class SolveOptions:
     ``MixedPrecisionPolicy.reduce_dtype``; torchtitan's ``float32``): a unit's gradients are
     cast into one buffer of that dtype, which the memory and the collective carry. None:
     the gradients' own dtype."""
+    expandable_segments: bool = False
+    """The plan runs with ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` (torchtitan's
+    launcher sets it): ``estimate.reserved_bytes`` replays that allocator
+    (``autoshard.plan.reservation``) instead of the default one. Pricing only: the runtime does not
+    set the variable."""
     server: str | None = None
     """An ``autoshard serve`` URL that solves instead of this process (the same plan)."""
     overlap_rounds: int = OVERLAP_ROUNDS

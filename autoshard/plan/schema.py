@@ -196,6 +196,8 @@ _ESTIMATE = {
         "peak_without_recompute_bytes": {"type": ["number", "null"], "minimum": 0,
                                          "description": "The peak of the same placements without recomputation."},
         "memory_limit_bytes": {"type": ["number", "null"], "minimum": 0},
+        "reserved_bytes": {**_BYTES, "description": "What the CUDA caching allocator reserves for the step "
+                                                    "(max_memory_reserved), replayed; absent on CPU profiles."},
     },
     "additionalProperties": False,
 }

@@ -238,7 +238,8 @@ def solve_prepared(
     portfolio = baseline is None and not pins
     share = PORTFOLIO_SHARE if portfolio else 0.0
     options = {**prep.options, "ties": ties, "pins": dict(pins), "memory_limit_bytes": problem_limit,
-               "baseline": baseline, "time_limit_s": opts.time_limit, "backend": backend, "recompute": recompute}
+               "baseline": baseline, "time_limit_s": opts.time_limit, "backend": backend, "recompute": recompute,
+               **({"expandable_segments": True} if opts.expandable_segments else {})}
     remote, fallback = None, None
     rounds = opts.overlap_rounds if overlap_worthwhile(graph.profile.contention) else 0
     first = OVERLAP_FIRST_SHARE if rounds else 1.0
@@ -283,6 +284,11 @@ def solve_prepared(
             background.stop()
     if progress:
         progress("solve", time_limit, time_limit)
+    reserved, device = plan.estimate.reserved_bytes, graph.profile.device.memory_bytes
+    if reserved is not None and reserved > device:  # the live peak fits; the allocator's blocks may not
+        log.warning("the plan's live peak is %s but the CUDA caching allocator would reserve %s, more than the "
+                    "device's %s: lower memory_limit (or set expandable_segments if the job runs with them)",
+                    format_bytes(plan.estimate.peak_memory_bytes), format_bytes(reserved), format_bytes(device))
     return plan
 
 
