@@ -218,7 +218,7 @@ def solve_prepared(
     layout without a limit); False skips it (the expert layouts, tried one policy after another).
     """
     opts = solve_options(options, changes)
-    pins, time_limit, backend, ties, baseline = opts.pins, opts.time_limit, opts.backend, opts.ties, opts.baseline
+    pins, time_limit, backend, baseline = opts.pins, opts.time_limit, opts.backend, opts.baseline
     server = opts.server
     graph = prep.graph
     recompute = parse_policy(opts.recompute)
@@ -237,9 +237,7 @@ def solve_prepared(
     # layouts: the plan is never worse than them.
     portfolio = baseline is None and not pins
     share = PORTFOLIO_SHARE if portfolio else 0.0
-    options = {**prep.options, "ties": ties, "pins": dict(pins), "memory_limit_bytes": problem_limit,
-               "baseline": baseline, "time_limit_s": opts.time_limit, "backend": backend, "recompute": recompute,
-               **({"expandable_segments": True} if opts.expandable_segments else {})}
+    options = _plan_options(prep, opts, problem_limit, recompute)
     remote, fallback = None, None
     rounds = opts.overlap_rounds if overlap_worthwhile(graph.profile.contention) else 0
     first = OVERLAP_FIRST_SHARE if rounds else 1.0
@@ -284,12 +282,24 @@ def solve_prepared(
             background.stop()
     if progress:
         progress("solve", time_limit, time_limit)
-    reserved, device = plan.estimate.reserved_bytes, graph.profile.device.memory_bytes
-    if reserved is not None and reserved > device:  # the live peak fits; the allocator's blocks may not
+    _warn_if_reserved_over(plan, graph.profile.device.memory_bytes)
+    return plan
+
+
+def _plan_options(prep: Prepared, opts: SolveOptions, limit: float | None, recompute: str) -> dict[str, Any]:
+    """``plan.options``: how the graph was built (``prep.options``), then how it was solved."""
+    return {**prep.options, "ties": opts.ties, "pins": dict(opts.pins), "memory_limit_bytes": limit,
+            "baseline": opts.baseline, "time_limit_s": opts.time_limit, "backend": opts.backend,
+            "recompute": recompute, **({"expandable_segments": True} if opts.expandable_segments else {})}
+
+
+def _warn_if_reserved_over(plan: Plan, device: float) -> None:
+    """Say so when the live peak fits but what the caching allocator reserves does not."""
+    reserved = plan.estimate.reserved_bytes
+    if reserved is not None and reserved > device:
         log.warning("the plan's live peak is %s but the CUDA caching allocator would reserve %s, more than the "
                     "device's %s: lower memory_limit (or set expandable_segments if the job runs with them)",
                     format_bytes(plan.estimate.peak_memory_bytes), format_bytes(reserved), format_bytes(device))
-    return plan
 
 
 def _solve_share(time_limit: float, prep: Prepared, started: float | None) -> float:
