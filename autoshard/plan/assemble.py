@@ -58,6 +58,7 @@ from autoshard.plan.exact_memory import (RECOMPUTE, exact_timeline, keep_choice,
                                         state_of, timeline_peak)
 from autoshard.plan.tidy_states import tidy_states
 from autoshard.plan.reservation import plan_reservation
+from autoshard.plan.shared_copies import share_copies
 from autoshard.plan.gradient_buckets import choose_gradient_buckets
 from autoshard.plan.format import Estimate, Fingerprint, Plan, PlanError, PlanNode, Redistribution, SolverReport
 from autoshard.plan.schedule import (VIEW_OPS, Schedule, build_schedule, gather_blocks, leaf_gathers, leaf_views,
@@ -472,8 +473,12 @@ def assemble_plan(
     recompute_s = float(sum(problem.nodes[i].cost[choice[i]] for i in recomputed)) / 2
     compute -= recompute_s
     moved = _redistributions(graph, problem, choice, recomputed)
-    redistributions, copies, dtypes, grads = moved.redistributions, moved.copies, moved.dtypes, moved.grads
+    copies, dtypes, grads = moved.copies, moved.dtypes, moved.grads
     comm, relayout, recompute_comm = moved.comm_s, moved.relayout_s, moved.recompute_comm_s
+    # a later reader of the same copy reads it instead of redistributing again (autoshard.plan.shared_copies)
+    times = {i: p.live[0] for i, (n, p) in enumerate(zip(graph.nodes, problem.nodes)) if n.kind == "op" and p.live}
+    redistributions, saved_comm, saved_local = share_copies(graph, moved.redistributions, times, recomputed)
+    comm, relayout = comm - saved_comm, relayout - saved_local
     recompute_s += recompute_comm
     # a bucket issues one collective in place of its members' steps: the
     # estimate counts what runs (costmodel.bucketing). Gradients join buckets

@@ -182,11 +182,17 @@ class Redistribution:
     dst: str
     steps: tuple[RedistributeStep, ...]
     cost_s: float
+    reuses: tuple[str, int] | None = None
+    """(reader, input) of an earlier redistribution of the same tensor to the same placement
+    whose result this edge reads (no steps of its own: ``autoshard.plan.shared_copies``)."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"tensor": self.tensor, "output": self.output_index, "to": self.to, "input": self.input_index,
-                "from": self.src, "to_placement": self.dst, "steps": [s.to_dict() for s in self.steps],
-                "cost_s": self.cost_s}
+        out = {"tensor": self.tensor, "output": self.output_index, "to": self.to, "input": self.input_index,
+               "from": self.src, "to_placement": self.dst, "steps": [s.to_dict() for s in self.steps],
+               "cost_s": self.cost_s}
+        if self.reuses is not None:
+            out["reuses"] = {"to": self.reuses[0], "input": self.reuses[1]}
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], where: str) -> "Redistribution":
@@ -194,10 +200,15 @@ class Redistribution:
             steps = tuple(RedistributeStep.from_dict(s) for s in _need(data, "steps", where))
         except StepError as exc:
             raise PlanError(f"{where}: {exc}") from None
+        reuses = data.get("reuses")
+        if reuses is not None:
+            if steps or not isinstance(reuses, Mapping) or "to" not in reuses:
+                raise PlanError(f"{where}.reuses: an object {{to, input}} on a redistribution without steps")
+            reuses = (str(reuses["to"]), int(reuses.get("input", 0)))
         return cls(str(_need(data, "tensor", where)), str(_need(data, "to", where)), int(data.get("input", 0)),
                    int(data.get("output", 0)), _placement_text(_need(data, "from", where), f"{where}.from"),
                    _placement_text(_need(data, "to_placement", where), f"{where}.to_placement"),
-                   steps, float(data.get("cost_s", sum(s.cost_s for s in steps))))
+                   steps, float(data.get("cost_s", sum(s.cost_s for s in steps))), reuses)
 
 
 @dataclass(frozen=True, slots=True)

@@ -133,6 +133,10 @@ _REDISTRIBUTION = {
         "to_placement": _PLACE,
         "steps": {"type": "array", "items": _STEP},
         "cost_s": _SECONDS,
+        "reuses": {"type": "object", "required": ["to"], "additionalProperties": False,
+                   "description": "The earlier redistribution (reader, input) of the same tensor to the same "
+                                  "placement whose result this edge reads; its own steps are empty.",
+                   "properties": {"to": {"type": "string"}, "input": _INDEX}},
     },
     "additionalProperties": False,
 }

@@ -128,6 +128,9 @@ class _Edge:
     global_shape: tuple[int, ...]
     key: tuple[str, str, int]
     """(producer, reader, input) as in the plan."""
+    reuses: tuple[str, str, int] | None = None
+    """The key of the edge whose redistributed value this one reads (``Redistribution.reuses``);
+    ``steps`` are then that edge's, run only where that value is not at hand (evaluation)."""
 
 
 @dataclass(slots=True)
@@ -248,6 +251,8 @@ class JointRunner:
         self._produced = self._leaves()
         """What every fx node produces: (plan name, placements per output)."""
         self._edges: dict[tuple[str, str, int], _Edge] = {}
+        self._reuse_count: dict[tuple[str, str, int], int] = {}
+        """Edge key -> how many later edges read its redistributed value (``_Edge.reuses``)."""
         self._forward: list[_OpProgram] | None = None
         self.has_random = False
         """Whether a step draws random numbers (then every rank must hold one generator state)."""
@@ -352,6 +357,15 @@ class JointRunner:
                 raise RuntimeLoadError(f"plan: {where} needs {_fmt(have)} -> {_fmt(want)} but has no redistribution")
             return _Edge(arg, (), shape, (producer, reader, position))
         self._used.add((reader, position))
+        reused = None
+        if r.reuses is not None:  # reads an earlier reader's copy of the same tensor in the same placement
+            first = self._redist.get(r.reuses)
+            if first is None or (first.tensor, first.output_index, first.src, first.dst) != (
+                    r.tensor, r.output_index, r.src, r.dst) or first.reuses is not None:
+                raise RuntimeLoadError(f"plan: {where} reuses the redistribution into {r.reuses[0]} (input "
+                                       f"{r.reuses[1]}), which is not one of the same tensor to the same placement")
+            reused, r = (first.tensor, first.to, first.input_index), first
+            self._reuse_count[reused] = self._reuse_count.get(reused, 0) + 1
         if r.tensor != producer or self._placement(r.src) != have or self._placement(r.dst) != want:
             raise RuntimeLoadError(f"plan: the redistribution into {reader} (input {position}) is "
                                    f"{r.tensor} {r.src} -> {r.dst}, the graph has {producer} {_fmt(have)} -> {_fmt(want)}")
@@ -362,7 +376,7 @@ class JointRunner:
                 raise RuntimeLoadError(f"{where}: {exc}") from None
         if self.comm is None and any(s.collective in COLLECTIVE_STEPS for s in r.steps):
             raise RuntimeLoadError(f"{where}: the plan issues collectives but no process group was given")
-        made = _Edge(arg, tuple(r.steps), shape, (producer, reader, position))
+        made = _Edge(arg, tuple(r.steps), shape, (producer, reader, position), reused)
         self._edges[made.key] = made
         return made
 
@@ -479,7 +493,7 @@ class JointRunner:
         scheduled |= {m.key for group in issues.values() for x in group for m in x.members}
         bucketed = {m for b in plan.buckets for m in b.members}
         for key, e in self._edges.items():
-            if key not in scheduled and key[1] not in bucketed and any(
+            if key not in scheduled and key[1] not in bucketed and e.reuses is None and any(
                     st.collective in COLLECTIVE_STEPS for st in e.steps):
                 raise RuntimeLoadError(f"plan: the schedule does not schedule {key[0]} -> {key[1]} (input {key[2]}), "
                                        "which issues collectives")
@@ -730,6 +744,8 @@ class JointRunner:
         traced = self.traced
         pending: dict[int, PendingStep] = {}
         ready: dict[Any, Any] = TrackedDict(live) if live is not None else {}
+        shared: dict[Any, Any] = TrackedDict(live) if live is not None else {}  # copies later readers reuse
+        uses: dict[Any, int] = {}
         with torch.no_grad():
             for kind, what in self._actions:
                 if kind == "op":
@@ -740,7 +756,7 @@ class JointRunner:
                         if what.replay_rng:
                             device = self._device(what, env)
                             self._rng_states[node] = (device, get_rng_state(device))
-                        env[node] = self._run_op(what, env, ready, live)
+                        env[node] = self._run_op(what, env, ready, live, (shared, uses))
                     for dead in what.free_after:
                         env.pop(dead, None)
                 elif kind == "recompute":
@@ -861,13 +877,14 @@ class JointRunner:
     def _run_sync(self, env: dict[fx.Node, Any]) -> JointResult:
         """Evaluation: the forward part, every redistribution at its reader (waited at once)."""
         traced = self.traced
+        reuse: tuple[dict[Any, Any], dict[Any, int]] = ({}, {})
         with torch.no_grad():
             for step in self._forward:
                 node = step.node
                 if step.op is operator.getitem:
                     env[node] = env[node.args[0]][int(node.args[1])]
                 else:
-                    env[node] = self._run_op(step, env, {})
+                    env[node] = self._run_op(step, env, {}, None, reuse)
                 for dead in step.free_after:
                     env.pop(dead, None)
             loss = self._redistribute(env[self.loss_edge.source], self.loss_edge)
@@ -898,11 +915,34 @@ class JointRunner:
                              f"{_fmt(self.leaf_placements[name])} gives {want} at coordinate {self.coord}")
         return value
 
+    def _input(self, e: _Edge, env: Mapping[fx.Node, Any], ready: dict[Any, Any],
+               reuse: tuple[dict[Any, Any], dict[Any, int]] | None) -> Any:
+        """An op's local input: its redistributed value (waited, made now, or an earlier
+        reader's copy it reuses), or the producer's value as it is."""
+        if reuse is not None and e.reuses is not None and e.reuses in reuse[0]:
+            shared, uses = reuse
+            value = shared[e.reuses]
+            uses[e.reuses] -= 1
+            if not uses[e.reuses]:  # its last reader: the copy can go
+                del shared[e.reuses]
+                del uses[e.reuses]
+            return value
+        if e.key in ready:
+            value = ready.pop(e.key)
+        elif e.steps:
+            value = self._redistribute(env[e.source], e)
+        else:
+            value = env[e.source]
+        count = self._reuse_count.get(e.key)
+        if reuse is not None and count:
+            reuse[0][e.key], reuse[1][e.key] = value, count
+        return value
+
     def _run_op(self, step: _OpProgram, env: Mapping[fx.Node, Any], ready: dict[Any, Any],
-                live: LiveBytes | None = None) -> Any:
+                live: LiveBytes | None = None,
+                reuse: tuple[dict[Any, Any], dict[Any, int]] | None = None) -> Any:
         node, op = step.node, step.op
-        locals_ = [ready.pop(e.key) if e.key in ready else (self._redistribute(env[e.source], e) if e.steps
-                                                               else env[e.source]) for e in step.edges]
+        locals_ = [self._input(e, env, ready, reuse) for e in step.edges]
         if step.random is not None:
             result = run_random(step.random, node, locals_, step.out_global, step.out_placements, self.mesh_shape,
                                 self.coord, self.device)

@@ -104,6 +104,10 @@ def run(tmp_path_factory):
     prep = prepare(model, inputs, *MESH_4, profile="cpu-gloo")
     add("4", "llama-4-fsdp-gloo", "llama3.tiny", solve_prepared(prep, baseline="fsdp", time_limit=20),
         kwargs=LLAMA_GLOO_KW, adamw_steps=3)
+    # DDP: the cross entropy's total weight, read by the loss's division and by its backward, both
+    # replicated: one all_reduce, the second reader reads the first's copy (autoshard.plan.shared_copies)
+    add("4", "llama-4-ddp-gloo", "llama3.tiny", solve_prepared(prep, baseline="ddp", time_limit=20),
+        kwargs=LLAMA_GLOO_KW, adamw_steps=2)
     errors = {(2, 2): [("error-other-model", "mlp.tiny", {"n_layers": 1}, str(tmp / "mlp-2x2-fsdp.json")),
                        ("error-other-mesh", "mlp.tiny", {}, str(tmp / "mlp-4-fsdp.json"))]}
     results = spawn(4, equivalence, ([(MESH_2X2, jobs["2x2"]), (MESH_4, jobs["4"])], errors), tmp / "ranks",
@@ -113,7 +117,7 @@ def run(tmp_path_factory):
 
 _NEEDS_TRANSFORMERS = pytest.mark.skipif(not HAS_TRANSFORMERS, reason="transformers is a test-only dependency")
 LABELS = ["mlp-2x2-solved", "mlp-2x2-fsdp", "mlp-2x2-ddp", "mlp-2x2-tp", "mlp-2x2-fsdp+tp", "mlp-dropout-2x2-tp",
-          "mlp-4-solved", "mlp-4-fsdp", "llama-4-fsdp", "llama-4-fsdp-recompute", "llama-4-fsdp-gloo"] + [
+          "mlp-4-solved", "mlp-4-fsdp", "llama-4-fsdp", "llama-4-fsdp-recompute", "llama-4-fsdp-gloo", "llama-4-ddp-gloo"] + [
     pytest.param(f"{name}-2x2-solved", marks=_NEEDS_TRANSFORMERS) for name in HF_JOBS]
 
 
@@ -143,6 +147,19 @@ def test_collectives_are_issued_and_waited_where_the_schedule_says(run, label):
 def test_later_steps_run_the_traced_graph(run, label):
     _, results = run
     assert all(res[label]["graph"] for res in results), f"{label}: the step was not traced into a graph"
+
+
+def test_a_copy_two_readers_want_is_made_once_and_read_by_both(run):
+    plans, _ = run
+    plan = plans["llama-4-ddp-gloo"]
+    reused = [r for r in plan.redistributions if r.reuses is not None]
+    assert reused and all(not r.steps for r in reused)
+    by_reader = {(r.to, r.input_index): r for r in plan.redistributions}
+    for r in reused:  # the same tensor, placement to placement, and the one it reuses has the collective
+        first = by_reader[r.reuses]
+        assert (first.tensor, first.src, first.dst) == (r.tensor, r.src, r.dst) and first.steps
+    assert not any(item.edge is not None and (item.edge[1], item.edge[2]) in {(r.to, r.input_index) for r in reused}
+                   for item in plan.schedule.items)  # nothing issued for it: the loss and gradients still match
 
 
 def test_gather_buckets_run_as_one_all_gather_each(run):
