@@ -116,6 +116,17 @@ class _Pool:
         return block
 
 
+def _absorb(pool: _Pool, left: _Block, right: _Block) -> _Block:
+    """``right`` merged into its left neighbour ``left`` (both free, one segment): ``left``."""
+    left.size += right.size
+    left.next = right.next
+    if right.next is not None:
+        right.next.prev = left
+    if pool.tail is right:
+        pool.tail = left
+    return left
+
+
 @dataclass(frozen=True, slots=True)
 class AllocatorPeaks:
     """What a replay reserved and allocated at most (bytes)."""
@@ -205,24 +216,13 @@ class CachingAllocator:
         pool = block.pool
         self.allocated_bytes -= block.size
         block.free = True
-        for neighbour in (block.prev, block.next):
-            if neighbour is not None and neighbour.free:
-                pool.remove(neighbour)
-                if neighbour is block.prev:
-                    neighbour.size += block.size
-                    neighbour.next = block.next
-                    if block.next is not None:
-                        block.next.prev = neighbour
-                    if pool.tail is block:
-                        pool.tail = neighbour
-                    block = neighbour
-                else:
-                    block.size += neighbour.size
-                    block.next = neighbour.next
-                    if neighbour.next is not None:
-                        neighbour.next.prev = block
-                    if pool.tail is neighbour:
-                        pool.tail = block
+        right = block.next
+        if block.prev is not None and block.prev.free:
+            pool.remove(block.prev)
+            block = _absorb(pool, block.prev, block)
+        if right is not None and right.free:
+            pool.remove(right)
+            block = _absorb(pool, block, right)
         pool.add(block)
 
     def _reserve(self, nbytes: int) -> None:

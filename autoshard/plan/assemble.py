@@ -473,12 +473,8 @@ def assemble_plan(
     recompute_s = float(sum(problem.nodes[i].cost[choice[i]] for i in recomputed)) / 2
     compute -= recompute_s
     moved = _redistributions(graph, problem, choice, recomputed)
-    copies, dtypes, grads = moved.copies, moved.dtypes, moved.grads
+    redistributions, copies, dtypes, grads = moved.redistributions, moved.copies, moved.dtypes, moved.grads
     comm, relayout, recompute_comm = moved.comm_s, moved.relayout_s, moved.recompute_comm_s
-    # a later reader of the same copy reads it instead of redistributing again (autoshard.plan.shared_copies)
-    times = {i: p.live[0] for i, (n, p) in enumerate(zip(graph.nodes, problem.nodes)) if n.kind == "op" and p.live}
-    redistributions, saved_comm, saved_local = share_copies(graph, moved.redistributions, times, recomputed)
-    comm, relayout = comm - saved_comm, relayout - saved_local
     recompute_s += recompute_comm
     # a bucket issues one collective in place of its members' steps: the
     # estimate counts what runs (costmodel.bucketing). Gradients join buckets
@@ -676,7 +672,11 @@ def _redistributions(graph: AssemblyGraph, problem: Problem, choice: Sequence[in
         dtypes[(u.name, v.name, e.dst_input)] = e.dtype
         if v.kind == "grad":
             grads.append((e.src, v.name, e.dtype, steps.steps, steps.comm_s))
-    return _Moved(redistributions, copies, dtypes, grads, comm, relayout, recompute_comm, routes)
+    # a later reader of the same copy reads it instead of redistributing again (autoshard.plan.shared_copies)
+    times = {i: p.live[0] for i, (n, p) in enumerate(zip(graph.nodes, problem.nodes)) if n.kind == "op" and p.live}
+    redistributions, saved_comm, saved_local = share_copies(graph, redistributions, times, recomputed)
+    return _Moved(redistributions, copies, dtypes, grads, comm - saved_comm, relayout - saved_local, recompute_comm,
+                  routes)
 
 
 def _reader_placement(node: AssemblyNode, k: int, position: int) -> Placements | None:
