@@ -119,7 +119,8 @@ def test_the_plan_records_the_correction_and_keeps_the_profiles_fingerprint(tmp_
 def test_a_real_measurement_on_one_process(tmp_path) -> None:
     """A few seconds of reference ops on this machine: every family but collectives (no ranks)."""
     profile, record = first_use.corrected_profile(BASE, ranks=1, folder=tmp_path)
-    assert record["source"] == "measured"
+    # measured either way; beside other work (a busy CI host) it says so and is not cached
+    assert record["source"] in ("measured", "measured under foreign load, not cached")
     ratios = dict(record["ratios"])
     step_op_s = ratios.pop("step_op_s")
     assert set(ratios) == {"launch", "matmul", "memory", "vector"}
