@@ -45,8 +45,11 @@ at each position the runner issues the items issued there (a
 redistribution's collectives but the last run and are waited at once, the
 last is left in flight), waits for the items waited there (finishing their
 steps), then runs the op; the op reads its redistributed inputs from what
-was waited. The compute goes on while a collective is in flight. Evaluation
-(``forward_only``) runs every redistribution at its reader, waited at once.
+was waited. The compute goes on while a collective is in flight. An edge whose
+redistribution reuses an earlier reader's (``Redistribution.reuses``,
+``autoshard.plan.shared_copies``) reads that reader's copy, held until its last
+reader; nothing is issued for it. Evaluation (``forward_only``) runs every
+redistribution at its reader, waited at once.
 
 Recomputation (the plan's ``recompute``; ``autoshard.runtime.recomputation``):
 each checkpoint region's recomputed ops run again in its recomputation phase,
