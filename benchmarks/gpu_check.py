@@ -26,7 +26,14 @@ c. ``autoshard calibrate-hardware --check`` of the shipped profile on the ops
    included): the held-out set issue 40's targets name;
 d. ``calibrate-hardware --quick`` of this GPU (one rank), the profile written
    beside the report (``--keep``), then checked on the same ops as c;
-k. the bf16 cases of a again with ``compile=True`` (inductor: a minute each).
+k. the bf16 cases of a again with ``compile=True`` (inductor: a minute each);
+m. memory (``--parts m``, not in the default list): the eager steps of a with the
+   caching allocator's history recorded (``torch.cuda.memory._record_memory_history``),
+   its alloc/free trace replayed by ``costmodel.allocator.replay_trace`` beside
+   ``max_memory_reserved`` (does the replay's rule set reproduce torch's reservation
+   from torch's own trace?) and written beside the report as JSON
+   (``alloc-trace-<case>.json``: action, size, stream per event) for comparing the
+   plan's replay (``estimate.reserved_bytes``) with it offline.
 
 The plans are solved beforehand (``prepare``) and shipped in
 ``benchmarks/gpu_plans/``: a GPU image may lack the solver's packages (pulp,
@@ -182,6 +189,50 @@ def _train_step(module: torch.nn.Module, inputs: Any) -> Callable[[], torch.Tens
         opt.zero_grad(set_to_none=True)
         return loss
     return step
+
+
+def allocator_traces(cases: dict, device: torch.device, keep: Path, warmup: int) -> list[dict[str, Any]]:
+    """Part m: each case's eager steps (model built, ``warmup`` + 1 steps) with the allocator's history
+    recorded, replayed by ``costmodel.allocator.replay_trace``, beside what torch reserved."""
+    import json
+
+    from costmodel.allocator import replay_trace
+
+    if device.type != "cuda":
+        return [{"case": "-", "skipped": "needs CUDA (the caching allocator's trace)"}]
+    rows = []
+    for name, (factory, kwargs, recompute) in cases.items():
+        if recompute != "none":
+            continue
+        _free(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_reserved(device)
+        torch.cuda.memory._record_memory_history(max_entries=2_000_000)
+        try:
+            model, inputs = _build(factory, kwargs, device)
+            step = _train_step(model, inputs)
+            for _ in range(warmup + 1):
+                step()
+            _sync(device)
+            snapshot = torch.cuda.memory._snapshot()
+        finally:
+            torch.cuda.memory._record_memory_history(enabled=None)
+        reserved = torch.cuda.max_memory_reserved(device) - before
+        allocated = torch.cuda.max_memory_allocated(device)
+        trace = [(e["action"], int(e["addr"]), int(e["size"]), int(e.get("stream", 0)))
+                 for e in snapshot["device_traces"][device.index or 0]]
+        peaks = replay_trace(trace)
+        (keep / f"alloc-trace-{name}.json").write_text(json.dumps(
+            {"case": name, "max_memory_reserved": reserved, "max_memory_allocated": allocated,
+             "events": [[a, size, stream] for a, _, size, stream in trace if a in ("alloc", "free_completed")]}))
+        rows.append({"case": name, "events": len(trace), "reserved GB": round(reserved / 1e9, 3),
+                     "replayed GB": round(peaks.reserved_bytes / 1e9, 3),
+                     "error": f"{100 * (peaks.reserved_bytes - reserved) / reserved:+.1f} %" if reserved else "-",
+                     "allocated GB": round(allocated / 1e9, 3), "replayed allocated GB":
+                     round(peaks.allocated_bytes / 1e9, 3)})
+        del model, inputs, step
+        _free(device)
+    return rows
 
 
 def _free(device: torch.device) -> None:
@@ -384,6 +435,9 @@ def run(args: argparse.Namespace) -> int:
                     rows = calibration_quick(keep, args.smoke, timeout=240)
                     failed |= any(r["exit"] != 0 for r in rows)
                     title = "d. calibrate-hardware --quick of this device, then --check of what it wrote"
+                elif part == "m":
+                    rows = allocator_traces(cases, device, keep, args.warmup)
+                    title = "m. the caching allocator's own trace, replayed"
                 elif part == "k":
                     _init_one_rank("nccl" if cuda else "gloo")
                     rows = [r for name, (f, kw, rc) in cases.items() if name in COMPILED
@@ -392,7 +446,7 @@ def run(args: argparse.Namespace) -> int:
                     failed |= any(r.get("loss_equal") is False or r.get("audit", "clean") != "clean" for r in rows)
                     title = "k. one GPU: autoshard with compile=True"
                 else:
-                    raise ValueError(f"--parts: unknown part {part!r} (a, b, c, d, k)")
+                    raise ValueError(f"--parts: unknown part {part!r} (a, b, c, d, k, m)")
             except Exception as exc:  # noqa: BLE001 - one part failing must not hide the others
                 failed = True
                 rows, title = [{"error": f"{type(exc).__name__}: {' '.join(str(exc).split())[:400]}"}], f"{part}. FAILED"

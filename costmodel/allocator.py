@@ -44,8 +44,9 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
+from typing import Iterable
 
-__all__ = ["CachingAllocator", "AllocatorPeaks", "MIN_BLOCK", "SMALL_SIZE", "SMALL_BUFFER", "LARGE_BUFFER",
+__all__ = ["CachingAllocator", "AllocatorPeaks", "replay_trace", "MIN_BLOCK", "SMALL_SIZE", "SMALL_BUFFER", "LARGE_BUFFER",
            "MIN_LARGE_ALLOC", "ROUND_LARGE", "round_size", "segment_size"]
 
 MIN_BLOCK = 512
@@ -266,3 +267,27 @@ class CachingAllocator:
             pool.tail = block
         pool.mapped += grow
         return block
+
+
+def replay_trace(events: Iterable[tuple[str, int, int, object]], *, expandable_segments: bool = False
+                 ) -> AllocatorPeaks:
+    """The peaks of a recorded allocator trace replayed here: ``(action, address, size, stream)``
+    as ``torch.cuda.memory._snapshot()["device_traces"]`` lists them; ``alloc`` allocates,
+    ``free_completed`` frees the block allocated at that address, every other action (segment
+    maps, ``free_requested``, snapshots) is the allocator's own doing and is skipped. A trace
+    recorded on a GPU, replayed by these rules, checks the rules: the peaks should be the ones
+    torch reported for the same steps (``benchmarks/gpu_check.py`` part m).
+
+    >>> replay_trace([("alloc", 1, 30 * 2**20, 0), ("free_completed", 1, 30 * 2**20, 0),
+    ...               ("alloc", 2, 20 * 2**20, 0)]).reserved_bytes // 2**20
+    30
+    """
+    allocator = CachingAllocator(expandable_segments=expandable_segments)
+    handles: dict[int, int] = {}
+    for action, address, size, stream in events:
+        if action == "alloc":
+            handles[address] = allocator.malloc(size, stream)
+        elif action == "free_completed" and address in handles:
+            allocator.free(handles.pop(address))
+    return allocator.peaks()
+

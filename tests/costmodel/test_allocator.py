@@ -150,3 +150,21 @@ def test_random_sequences_keep_the_allocators_books_straight(expandable):
     for h in live:
         a.free(h)
     assert a.allocated_bytes == 0
+
+
+def test_a_recorded_trace_replays_as_the_same_calls_made_directly():
+    from costmodel.allocator import replay_trace
+
+    # torch's trace names blocks by address; an address freed is handed out again; segment events skipped
+    trace = [("segment_alloc", 100, 64 * MiB, 0), ("alloc", 100, 40 * MiB, 0), ("alloc", 200, 24 * MiB, 0),
+             ("free_requested", 100, 40 * MiB, 0), ("free_completed", 100, 40 * MiB, 0),
+             ("alloc", 100, 30 * MiB, 0), ("alloc", 300, 50 * MiB, 7), ("free_completed", 200, 24 * MiB, 0)]
+    direct = CachingAllocator()
+    a = direct.malloc(40 * MiB)
+    b = direct.malloc(24 * MiB)
+    direct.free(a)
+    direct.malloc(30 * MiB)
+    direct.malloc(50 * MiB, 7)
+    direct.free(b)
+    assert replay_trace(trace) == direct.peaks()
+    assert replay_trace(trace).reserved_bytes == (40 + 24 + 50) * MiB
