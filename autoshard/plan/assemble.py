@@ -47,7 +47,6 @@ from typing import Any, Mapping, Sequence
 
 from costmodel.bucketing import GATHER_CAPS, group_buckets, group_gathers
 from costmodel.mesh import MeshSpec
-from costmodel.steps import COLLECTIVE_STEPS
 from costmodel.placements import Placement, PlacementParseError, parse_placements
 from hw_profiles import HardwareProfile, load_dict
 from solver import Problem
@@ -62,7 +61,7 @@ from autoshard.plan.shared_copies import share_copies
 from autoshard.plan.gradient_buckets import choose_gradient_buckets
 from autoshard.plan.format import Estimate, Fingerprint, Plan, PlanError, PlanNode, Redistribution, SolverReport
 from autoshard.plan.schedule import (VIEW_OPS, Schedule, build_schedule, gather_blocks, leaf_gathers, leaf_views,
-                                     module_block, prefetch_intervals, simulate_schedule)
+                                     module_block, prefetch_intervals, simulate_schedule, gathered_bytes)
 
 __all__ = ["ASSEMBLY_FORMAT", "REQUEST_FORMAT", "AssemblyError", "StrategyPlacements", "AssemblyNode",
            "AssemblyEdge", "AssemblyGraph", "PlanRequest", "assemble_plan", "placement_text", "memory_timeline",
@@ -488,7 +487,9 @@ def assemble_plan(
     if buckets:
         members = {m for b in buckets for m in b.members}
         comm += sum(b.cost_s for b in buckets) - sum(g[4] for g in grads if g[1] in members)
-    timeline, without = _timelines(graph, problem, choice, copies, buckets, bool(recomputed), fsdp2)
+    # a parameter's views alias its one gathered copy, as FSDP2 gathers it (priced as FSDP2 runs)
+    roots = param_view_roots(graph, VIEW_OPS) if fsdp2 else None
+    timeline, without = _timelines(graph, problem, choice, copies, buckets, bool(recomputed), roots)
     # priced as FSDP2 holds its gathers (autoshard.graph.copies): then run as FSDP2 does, a block ahead
     schedule, sim, peak, gathers = price_schedule(pricing, redistributions, buckets, timeline, mesh=graph.mesh,
                                                   profile=graph.profile, dtypes=dtypes, held=fsdp2,
@@ -507,7 +508,7 @@ def assemble_plan(
     step = sim.step_s + recompute_comm
     exposed = max(0.0, step - compute - relayout - recompute_s)
     reserved = _reserved(graph, problem, choice, copies, buckets, pricing, schedule, redistributions, gathers,
-                         options or {}, fsdp2)
+                         options or {}, roots)
 
     def chosen(i: int) -> str | None:
         return placement_text(graph.nodes[i].strategies[choice[i]].output_placements[0])
@@ -554,13 +555,14 @@ def assemble_plan(
 def _reserved(graph: AssemblyGraph, problem: Problem, choice: Sequence[int], copies: Sequence[Any],
               buckets: Sequence[Any], pricing: StepPricing, schedule: Schedule,
               redistributions: Sequence[Redistribution], gathers: Sequence[Any], options: Mapping[str, Any],
-              fsdp2: bool) -> float | None:
+              roots: Mapping[int, int] | None) -> float | None:
     """What the CUDA caching allocator reserves for the plan (``autoshard.plan.reservation``);
-    None on a CPU profile (CPU tensors come from the system allocator: nothing is cached)."""
+    None on a CPU profile (CPU tensors come from the system allocator: nothing is cached).
+    ``roots``: the parameter views (:func:`param_view_roots`) when priced as FSDP2 runs, else None."""
     if graph.profile.device_type == "cpu":
         return None
     extra, flat = (), ()
-    roots = param_view_roots(graph, VIEW_OPS) if fsdp2 else None
+    fsdp2 = roots is not None
     if fsdp2:
         flat = _flat_gathers(graph, schedule, gathers, roots, pricing.times, redistributions)
     else:
@@ -586,20 +588,20 @@ def _flat_gathers(graph: AssemblyGraph, schedule: Schedule, gathers: Sequence[An
             continue
         sizes: dict[Any, float] = {}
         for member in gathers[item.gather].members:
-            steps = [s for s in by_edge[member].steps if s.collective in COLLECTIVE_STEPS]
             root = roots.get(index.get(member[0], -1), member[0])
-            sizes[root] = max(sizes.get(root, 0.0), float(steps[-1].bytes))
+            sizes[root] = max(sizes.get(root, 0.0), float(gathered_bytes(by_edge[member])))
         out.append((times[item.issue], times[item.wait], sum(sizes.values())))
     return out
 
 
 def _timelines(graph: AssemblyGraph, problem: Problem, choice: Sequence[int], copies: Sequence[Any],
-               buckets: Sequence[Any], recomputed: bool, fsdp2: bool
+               buckets: Sequence[Any], recomputed: bool, shared: Mapping[int, int] | None
                ) -> tuple[tuple[tuple[int, float], ...], float | None]:
     """The plan's memory timeline, and the peak of the same placements with nothing recomputed
-    (None when nothing is); ``fsdp2``: counted as FSDP2 runs (``autoshard.plan.exact_memory``:
-    a parameter gathered once per pass whichever views of it are read, FSDP2's reductions)."""
-    shared = param_view_roots(graph, VIEW_OPS) if fsdp2 else None
+    (None when nothing is); ``shared`` (the parameter views, :func:`param_view_roots`): counted as
+    FSDP2 runs (``autoshard.plan.exact_memory``: a parameter gathered once per pass whichever views
+    of it are read, FSDP2's reductions); None: as autoshard's runtime runs."""
+    fsdp2 = shared is not None
     timeline = exact_timeline(graph, problem, choice, copies, buckets, param_views=shared, fsdp2_reductions=fsdp2)
     if not recomputed:
         return timeline, None

@@ -110,7 +110,7 @@ class EdgeRoutes:
         for r in redistributions:
             key = (r.tensor, r.to, r.input_index)
             alone = self.rerouted.get(key)
-            if alone is None or r.to in bucketed or key in gathered or getattr(r, "reuses", None) is not None:
+            if alone is None or r.to in bucketed or key in gathered or r.reuses is not None:
                 out.append(r)
                 continue
             comm += alone.comm_s - sum(s.cost_s for s in r.steps if s.collective in COLLECTIVE_STEPS)

@@ -131,7 +131,7 @@ def replay_spans(spans: Sequence[Span], splits: Mapping[tuple, tuple[float, tupl
         if key in terms and producer in terms and terms[key][2] == terms[producer][2] \
                 and terms[producer][0] < terms[key][0] <= terms[producer][1]:
             terms[producer][1] = max(terms[producer][1], terms.pop(key)[1])
-            order.remove(key)
+    order = [key for key in order if key in terms]
     period = max([t[1] for t in terms.values()] + [optimizer_time + 1])
     allocs: dict[int, list[tuple]] = {}
     frees: dict[int, list[tuple]] = {}

@@ -92,7 +92,7 @@ from autoshard.graph.node_ids import is_leaf_tensor
 
 __all__ = ["DEFAULT_PREFETCH", "ScheduleError", "ScheduleItem", "Schedule", "build_schedule", "check_schedule",
            "schedule_transfers", "simulate_schedule", "prefetch_intervals", "collective_redistributions", "leaf_gathers",
-           "VIEW_OPS", "leaf_views", "gather_blocks", "module_block"]
+           "VIEW_OPS", "leaf_views", "gather_blocks", "module_block", "gathered_bytes"]
 
 DEFAULT_PREFETCH = 1
 """Prefetch depth of plans that carry no schedule (written before schedules existed)."""
@@ -478,6 +478,11 @@ def simulate_schedule(schedule: Schedule, op_compute_s: Sequence[float], redistr
     return simulate(compute, transfers, tail_s=tail, contention=contention, skew_s=skew_s)
 
 
+def gathered_bytes(redistribution: Any) -> int:
+    """Bytes a leaf gather's output holds: those of its last collective step."""
+    return int([s for s in redistribution.steps if s.collective in COLLECTIVE_STEPS][-1].bytes)
+
+
 def prefetch_intervals(schedule: Schedule, redistributions: Sequence[Any], gathers: Sequence[Any] = (),
                        node_names: Sequence[str] = ()) -> list[tuple[int, int, int]]:
     """``(issue, until, bytes)`` of every leaf gather whose output is held before
@@ -490,14 +495,12 @@ def prefetch_intervals(schedule: Schedule, redistributions: Sequence[Any], gathe
     for item in schedule.items:
         if item.gather is not None:
             for member in gathers[item.gather].members:
-                steps = [s for s in by_edge[("edge", *member)].steps if s.collective in COLLECTIVE_STEPS]
                 until = pos.get(member[1], schedule.positions)
                 if item.issue < until:
-                    out.append((item.issue, until, int(steps[-1].bytes)))
+                    out.append((item.issue, until, gathered_bytes(by_edge[("edge", *member)])))
             continue
         if item.edge is None or item.issue >= item.wait or not (
                 is_leaf_tensor(item.edge[0]) or item.edge[0] in schedule.leaf_views):
             continue
-        steps = [s for s in by_edge[item.key].steps if s.collective in COLLECTIVE_STEPS]
-        out.append((item.issue, item.wait, int(steps[-1].bytes)))
+        out.append((item.issue, item.wait, gathered_bytes(by_edge[item.key])))
     return out
