@@ -121,7 +121,7 @@ def _rank(rank: int, world: int, init_file: str, out_dir: str, spec: str, overri
                 ok = ok and want is None and p.grad is None
                 continue
             want = local_slice(want, placements_of(sharded.plan.params[name], len(MESH[0])), MESH[0], coord)
-            got = p.grad.to_local()
+            got = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
             ok = ok and got.shape == want.shape and bool(torch.allclose(got, want, rtol=RTOL, atol=ATOL))
             if got.shape == want.shape:
                 grad_err = max(grad_err, float((got - want).abs().max()))

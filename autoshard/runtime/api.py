@@ -144,6 +144,7 @@ def autoshard(
     trace_collectives: bool | None = None,
     allow_profile_change: bool = False,
     compile: bool = False,
+    plain_replicated: bool = True,
     **changes: Any,
 ) -> ShardedModule:
     """``model`` sharded on ``mesh`` by a plan solved on rank 0 (module docstring).
@@ -168,6 +169,8 @@ def autoshard(
     ``time_limit`` is the whole search's). ``recompute``: the recomputation
     policy (``auto``, ``none``, ``full``, ``selective``, ``every:K``).
     ``compile``: compile the per-rank step with inductor (``ShardedModule``).
+    ``plain_replicated``: parameters stay plain tensors when the plan replicates
+    every one (data parallel, a mesh of one), as DDP keeps them (``ShardedModule``).
 
     Raises :class:`MeshSizeError` when the mesh is not the whole job,
     :class:`~autoshard.plan.format.PlanError` for a plan of another model,
@@ -196,7 +199,8 @@ def autoshard(
         return autoshard_on_chosen_mesh(
             model, example_inputs, opts, device_default=device_default, devices=devices,
             devices_per_node=devices_per_node, plan=plan, cache_dir=cache_dir, local_inputs=local_inputs,
-            trace_collectives=trace_collectives, allow_profile_change=allow_profile_change, compile=compile)
+            trace_collectives=trace_collectives, allow_profile_change=allow_profile_change, compile=compile,
+            plain_replicated=plain_replicated)
     if devices is not None or devices_per_node is not None:
         raise TypeError("autoshard: devices / devices_per_node choose a mesh: pass them with mesh=None, not with a mesh")
     mesh_spec, opts = _whole_job_mesh(mesh, opts, device_default)
@@ -218,7 +222,8 @@ def autoshard(
 
     # 5. shard (load-time checks are deterministic: every rank passes or fails alike)
     sharded = ShardedModule(model, mesh, received, example_inputs, local_inputs=local_inputs,
-                            trace_collectives=trace_collectives, traced=traced, compile=compile)
+                            trace_collectives=trace_collectives, traced=traced, compile=compile,
+                            plain_replicated=plain_replicated)
     sharded.plan_source = source
     return sharded
 

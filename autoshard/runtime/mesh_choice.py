@@ -67,6 +67,7 @@ def autoshard_on_chosen_mesh(
     trace_collectives: bool | None,
     allow_profile_change: bool,
     compile: bool = False,
+    plain_replicated: bool = True,
 ) -> ShardedModule:
     """:func:`autoshard.runtime.api.autoshard` with ``mesh=None`` (module docstring);
     ``device_default``: price the default profile of the job's device type instead of
@@ -113,7 +114,8 @@ def autoshard_on_chosen_mesh(
     fp = received.fingerprint
     mesh = init_device_mesh(device.type, fp.mesh_shape, mesh_dim_names=fp.dim_names)
     sharded = ShardedModule(model, mesh, received, example_inputs, local_inputs=local_inputs,
-                            trace_collectives=trace_collectives, traced=traced, compile=compile)
+                            trace_collectives=trace_collectives, traced=traced, compile=compile,
+                            plain_replicated=plain_replicated)
     sharded.plan_source = source
     return sharded
 

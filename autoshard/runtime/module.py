@@ -12,6 +12,11 @@ What :class:`ShardedModule` does:
   rank's shard in the plan's placement, under the same names: the module
   adopts the model's children, so ``named_parameters()`` and
   ``state_dict()`` keys are unchanged; tied parameters stay one object.
+  When the plan replicates every parameter on every mesh dim (a data-parallel
+  layout, or a mesh of one), parameters and gradients stay plain tensors, as
+  ``DistributedDataParallel`` keeps them (``plain_replicated=False`` keeps
+  DTensors): an optimizer then steps plain tensors without DTensor's dispatch
+  on every step, and DCP saves them as replicated.
 * ``forward(*global_batch)``: each rank passes the whole batch (the example
   inputs' shapes) and takes its own slice per the plan's input placements
   (``local_inputs=True``: each rank passes its shard; see
@@ -116,17 +121,23 @@ class _JointStep(torch.autograd.Function):
         return (None, None, *grads)
 
 
-def _local_shard(p: DTensor) -> torch.Tensor:
+def _local_shard(p: torch.Tensor) -> torch.Tensor:
     """``p.to_local()`` without its autograd function (the step runs under no_grad;
-    ``to_local`` costs a Python autograd call per parameter and step)."""
+    ``to_local`` costs a Python autograd call per parameter and step); a plain
+    (replicated) parameter is its own shard."""
+    if not isinstance(p, DTensor):
+        return p.detach()
     local = getattr(p, "_local_tensor", None)
     return local.detach() if local is not None else p.to_local().detach()
 
 
-def _like(p: DTensor, local: torch.Tensor) -> DTensor:
+def _like(p: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
     """A DTensor of ``local`` with ``p``'s spec (mesh, placements, global shape and
     stride): a gradient in its parameter's layout. The spec is shared, not rebuilt
-    (``DTensor.from_local`` rebuilds it per call); ``from_local`` if that fails."""
+    (``DTensor.from_local`` rebuilds it per call); ``from_local`` if that fails.
+    A plain parameter's gradient is ``local`` itself."""
+    if not isinstance(p, DTensor):
+        return local
     spec = getattr(p, "_spec", None)
     if spec is not None and local.dtype == p.dtype:
         try:
@@ -174,13 +185,16 @@ class ShardedModule(nn.Module):
     ``plan``: a :class:`Plan` or the path of a plan file. ``example_inputs``:
     the inputs the plan was solved for (whole batch; only shapes and dtypes
     matter). ``traced``: a :class:`TracedGraph` of the same model and inputs,
-    to skip tracing again.
+    to skip tracing again. ``plain_replicated``: parameters stay plain tensors
+    when the plan replicates all of them (module docstring); False: DTensors
+    always.
     """
 
     def __init__(self, model: nn.Module, mesh: Any, plan: Plan | str | os.PathLike[str],
                  example_inputs: Sequence[torch.Tensor] | Mapping[str, torch.Tensor], *,
                  local_inputs: bool = False, trace_collectives: bool | None = None,
-                 traced: TracedGraph | None = None, compile: bool = False, graph: bool = True) -> None:
+                 traced: TracedGraph | None = None, compile: bool = False, graph: bool = True,
+                 plain_replicated: bool = True) -> None:
         super().__init__()
         if not isinstance(plan, Plan):
             plan = Plan.load(plan)
@@ -219,18 +233,25 @@ class ShardedModule(nn.Module):
         self.input_placements = {name: placements_of(plan.inputs.get(name), ndim) for name in traced.inputs}
         """Input name -> placements (what a data loader yields with ``local_inputs=True``)."""
 
-        # parameters -> DTensor parameters, in place, tied ones shared
+        # parameters -> DTensor (or plain, all replicated) parameters, in place, tied ones shared
+        named = list(model.named_parameters(remove_duplicate=False))
+        for path, _ in named:
+            if path not in plan.params:
+                raise RuntimeLoadError(f"plan: no placement for parameter {path}")
+        placed = {path: placements_of(plan.params[path], ndim) for path, _ in named}
+        self.plain_parameters = plain_replicated and all(
+            isinstance(x, Replicate) for pl in placed.values() for x in pl)
+        """True when parameters and gradients are plain tensors (every one replicated)."""
         made: dict[int, nn.Parameter] = {}
-        for path, p in list(model.named_parameters(remove_duplicate=False)):
+        for path, p in named:
             new = made.get(id(p))
             if new is None:
-                if path not in plan.params:
-                    raise RuntimeLoadError(f"plan: no placement for parameter {path}")
-                pl = placements_of(plan.params[path], ndim)
+                pl = placed[path]
                 local = local_slice(p.detach(), pl, tuple(mesh.shape), tuple(coord))
-                dt = DTensor.from_local(local, mesh, to_dtensor_placements(pl), run_check=False,
-                                        shape=p.shape, stride=p.stride())
-                new = nn.Parameter(dt, requires_grad=p.requires_grad)
+                if not self.plain_parameters:
+                    local = DTensor.from_local(local, mesh, to_dtensor_placements(pl), run_check=False,
+                                               shape=p.shape, stride=p.stride())
+                new = nn.Parameter(local, requires_grad=p.requires_grad)
                 made[id(p)] = new
             _set_path(model, path, new)
         # the model's children, parameters and buffers under their own names
@@ -291,7 +312,7 @@ class ShardedModule(nn.Module):
                 buffers[fqn].copy_(value)
         return result.loss, dict(result.grads), params
 
-    def _as_dtensor(self, p: nn.Parameter, local: torch.Tensor) -> DTensor:
+    def _as_dtensor(self, p: nn.Parameter, local: torch.Tensor) -> torch.Tensor:
         return _like(p, local)
 
     # ------------------------------------------------------------------ API
@@ -320,9 +341,9 @@ class ShardedModule(nn.Module):
         """
         return self._runner.last_step_peak_bytes
 
-    def step_loss_and_grads(self, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, dict[str, DTensor | None]]:
+    def step_loss_and_grads(self, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor | None]]:
         """The loss and every parameter's gradient (a DTensor in the parameter's
-        placement), without autograd."""
+        placement; plain with :attr:`plain_parameters`), without autograd."""
         loss, grads, params = self._run(args, kwargs)
         return loss, {fqn: None if g is None else self._as_dtensor(params[fqn], g) for fqn, g in grads.items()}
 

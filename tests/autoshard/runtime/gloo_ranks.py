@@ -105,6 +105,26 @@ def _call(module: Any, inputs: Any) -> torch.Tensor:
     return out if isinstance(out, torch.Tensor) else out.loss
 
 
+def local_of(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard; a plain tensor (a replicated parameter) itself."""
+    from torch.distributed.tensor import DTensor
+
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def whole(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's whole value; a plain tensor (a replicated parameter or gradient) itself."""
+    from torch.distributed.tensor import DTensor
+
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def _placements(t: torch.Tensor) -> tuple[str, ...]:
+    from torch.distributed.tensor import DTensor
+
+    return tuple(str(x) for x in t.placements) if isinstance(t, DTensor) else ("plain",)
+
+
 def _jobs(mesh: Any, mesh_shape: tuple[int, ...], jobs: list[dict[str, Any]],
           traced: dict[str, Any] | None = None, device: torch.device = torch.device("cpu")) -> dict[str, Any]:
     """``traced``: a cache of joint graphs by model (factory and kwargs), shared
@@ -112,6 +132,8 @@ def _jobs(mesh: Any, mesh_shape: tuple[int, ...], jobs: list[dict[str, Any]],
     from torch.distributed.tensor import DTensor
 
     from autoshard.runtime import TRACE_ENV, local_slice, shard
+    from costmodel.placements import Replicate
+
     from autoshard.runtime.execute import placements_of
     from autoshard.trace import trace_joint
 
@@ -141,7 +163,8 @@ def _jobs(mesh: Any, mesh_shape: tuple[int, ...], jobs: list[dict[str, Any]],
             del os.environ[TRACE_ENV]
         else:
             sharded = shard(model, mesh, job["plan"], inputs, trace_collectives=True,
-                            local_inputs=bool(job.get("local_inputs")), traced=graph)
+                            local_inputs=bool(job.get("local_inputs")), traced=graph,
+                            plain_replicated=job.get("plain_replicated", True))
         if job.get("seed") is not None:
             torch.manual_seed(job["seed"])
         if job.get("local_inputs"):  # the data loader yields each rank's shard
@@ -156,13 +179,17 @@ def _jobs(mesh: Any, mesh_shape: tuple[int, ...], jobs: list[dict[str, Any]],
         for name, p in sharded.named_parameters():
             pl = placements_of(sharded.plan.params[name], len(mesh_shape))
             params[name] = {
-                "is_dtensor": isinstance(p, DTensor) and (p.grad is None or isinstance(p.grad, DTensor)),
-                "placements": tuple(str(x) for x in p.placements),
-                "grad_placements": None if p.grad is None else tuple(str(x) for x in p.grad.placements),
-                "grad": None if p.grad is None else p.grad.to_local().clone(),
+                # DTensors in the plan's placements; plain tensors when the plan replicates every parameter
+                "kind_ok": (isinstance(p, DTensor) and (p.grad is None or isinstance(p.grad, DTensor)))
+                if not sharded.plain_parameters else
+                (not isinstance(p, DTensor) and not isinstance(p.grad, DTensor)
+                 and all(isinstance(x, Replicate) for x in pl)),
+                "placements": _placements(p),
+                "grad_placements": None if p.grad is None else _placements(p.grad),
+                "grad": None if p.grad is None else local_of(p.grad).clone(),
                 # frozen parameters (Whisper's sinusoidal positions) have no gradient in either run
                 "want": None if ref_params[name].grad is None else local_slice(ref_params[name].grad, pl, mesh_shape, coord),
-                "local": p.to_local().detach().clone(),
+                "local": local_of(p).detach().clone(),
                 "want_local": local_slice(ref_params[name].detach(), pl, mesh_shape, coord),
             }
         steps = []
@@ -187,7 +214,7 @@ def _jobs(mesh: Any, mesh_shape: tuple[int, ...], jobs: list[dict[str, Any]],
             ref_now = dict(reference.named_parameters())
             for name, p in sharded.named_parameters():
                 pl = placements_of(sharded.plan.params[name], len(mesh_shape))
-                steps.append((name, p.to_local().detach().clone(),
+                steps.append((name, local_of(p).detach().clone(),
                               local_slice(ref_now[name].detach(), pl, mesh_shape, coord)))
         out[job["label"]] = {
             "loss": loss.detach().clone(),
@@ -195,6 +222,7 @@ def _jobs(mesh: Any, mesh_shape: tuple[int, ...], jobs: list[dict[str, Any]],
             "names": [n for n, _ in sharded.named_parameters()],
             "ref_names": [n for n, _ in reference.named_parameters()],
             "state_dict_keys": sorted(sharded.state_dict()),
+            "plain_parameters": sharded.plain_parameters,
             "ref_state_dict_keys": sorted(reference.state_dict()),
             "params": params,
             "trace": trace,
@@ -237,7 +265,7 @@ def assert_matches_one_device(results: list[dict[str, Any]], label: str) -> None
         assert r["names"] == r["ref_names"] and r["state_dict_keys"] == r["ref_state_dict_keys"]
         assert r["params"], "no parameters compared"
         for name, p in r["params"].items():
-            assert p["is_dtensor"], name
+            assert p["kind_ok"], name
             assert torch.equal(p["local"], p["want_local"]), f"{name}: wrong shard on rank {rank}"
             if p["want"] is None:  # a frozen parameter: no gradient here either
                 assert p["grad"] is None, f"{name}: a gradient where the single-device run has none"

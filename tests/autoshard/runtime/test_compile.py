@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import torch
-from gloo_ranks import spawn
+from gloo_ranks import local_of, spawn
 
 from autoshard.plan.solve import prepare, solve_prepared
 from examples.models import mlp
@@ -54,7 +54,7 @@ def compile_jobs(rank: int, world: int, plan: str) -> dict[str, Any]:
             losses.append(loss.detach().clone())
         graph = sharded._runner.step_graph
         out[mode] = {"losses": losses, "compiled": bool(graph is not None and graph.compiled),
-                     "params": {n: p.to_local().detach().clone() for n, p in sharded.named_parameters()}}
+                     "params": {n: local_of(p).detach().clone() for n, p in sharded.named_parameters()}}
     out["warnings"] = messages
     return out
 

@@ -11,6 +11,10 @@ Resume: a run of AdamW steps (each step its own batch) stopped after step
 ``K`` and resumed from its checkpoint, by a fresh process state with other
 weights, continues with the losses of the uninterrupted run: on the same 2x2
 mesh and plan, and on a 1-D mesh of 4 with the FSDP plan.
+
+Plain parameters: the DDP plan on 4 ranks keeps its (replicated) parameters
+plain tensors, as DDP does; its checkpoint loads into the 2x2 FSDP+TP plan's
+DTensors.
 """
 
 from __future__ import annotations
@@ -40,7 +44,8 @@ def _snapshot(module: Any, opt: Any) -> dict[str, Any]:
     msd, osd = get_state_dict(module, opt)
     return {"params": {k: _full(v) for k, v in msd.items()},
             "optim": {name: {k: _full(v) for k, v in state.items()} for name, state in osd["state"].items()},
-            "placements": {n: tuple(str(x) for x in p.placements) for n, p in module.named_parameters()}}
+            "placements": {n: tuple(str(x) for x in p.placements) if hasattr(p, "placements") else "plain"
+                   for n, p in module.named_parameters()}}
 
 
 def _step(module: Any, opt: Any, inputs: tuple) -> None:
@@ -49,7 +54,7 @@ def _step(module: Any, opt: Any, inputs: tuple) -> None:
     opt.zero_grad()
 
 
-def dcp_jobs(rank: int, world: int, ckpt: str, plan_2x2: str, plan_4: str) -> dict[str, Any]:
+def dcp_jobs(rank: int, world: int, ckpt: str, plan_2x2: str, plan_4: str, plan_ddp: str) -> dict[str, Any]:
     """Save on 2x2, load on 4 (module docstring); both snapshots, and both after one more step."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
@@ -77,6 +82,23 @@ def dcp_jobs(rank: int, world: int, ckpt: str, plan_2x2: str, plan_4: str) -> di
     _step(saved, opt, inputs)
     _step(loaded, opt4, inputs)
     out["saved+1"], out["loaded+1"] = _snapshot(saved, opt), _snapshot(loaded, opt4)
+
+    # plain (DDP) parameters saved, loaded as the 2x2 plan's DTensors
+    plain, _ = mlp.tiny(seed=2)
+    plain = shard(plain, init_device_mesh("cpu", (4,), mesh_dim_names=("dp",)), plan_ddp, inputs)
+    opt_plain = torch.optim.AdamW(plain.parameters(), lr=1e-2)
+    _step(plain, opt_plain, inputs)
+    msd, osd = get_state_dict(plain, opt_plain)
+    dcp.save({"model": msd, "optim": osd}, checkpoint_id=ckpt + "-plain")
+    into, _ = mlp.tiny(seed=3)
+    into = shard(into, init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp")), plan_2x2, inputs)
+    opt_into = torch.optim.AdamW(into.parameters(), lr=1e-2)
+    msd, osd = get_state_dict(into, opt_into)
+    state = {"model": msd, "optim": osd}
+    dcp.load(state, checkpoint_id=ckpt + "-plain")
+    set_state_dict(into, opt_into, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    out["plain"], out["plain_loaded"] = _snapshot(plain, opt_plain), _snapshot(into, opt_into)
+    out["plain_flag"] = plain.plain_parameters
     return out
 
 
@@ -86,9 +108,11 @@ def run(tmp_path_factory):
     model, inputs = mlp.tiny(device="meta")
     solve_prepared(prepare(model, inputs, (2, 2), ("dp", "tp"), profile="cpu-gloo"),
                    baseline="fsdp+tp").save(tmp / "2x2.json")
-    solve_prepared(prepare(model, inputs, (4,), ("dp",), profile="cpu-gloo"), baseline="fsdp").save(tmp / "4.json")
-    return spawn(4, dcp_jobs, (str(tmp / "ckpt"), str(tmp / "2x2.json"), str(tmp / "4.json")), tmp / "ranks",
-                 timeout=120)
+    four = prepare(model, inputs, (4,), ("dp",), profile="cpu-gloo")
+    solve_prepared(four, baseline="fsdp").save(tmp / "4.json")
+    solve_prepared(four, baseline="ddp").save(tmp / "ddp.json")
+    return spawn(4, dcp_jobs, (str(tmp / "ckpt"), str(tmp / "2x2.json"), str(tmp / "4.json"), str(tmp / "ddp.json")),
+                 tmp / "ranks", timeout=120)
 
 
 def _assert_same(got: dict, want: dict, what: str) -> None:
@@ -110,6 +134,14 @@ def test_checkpoint_from_2x2_loads_on_a_mesh_of_4_with_another_plan(run):
         _assert_same(loaded["params"], saved["params"], f"rank {rank} parameter")
         assert saved["optim"] and all({"step", "exp_avg", "exp_avg_sq"} <= s.keys() for s in saved["optim"].values())
         _assert_same(loaded["optim"], saved["optim"], f"rank {rank} optimizer state")
+
+
+def test_a_ddp_plans_plain_parameters_load_into_another_plans_dtensors(run):
+    for rank, res in enumerate(run):
+        assert res["plain_flag"] and set(res["plain"]["placements"].values()) == {"plain"}
+        assert all(len(p) == 2 for p in res["plain_loaded"]["placements"].values())
+        _assert_same(res["plain_loaded"]["params"], res["plain"]["params"], f"rank {rank} parameter")
+        _assert_same(res["plain_loaded"]["optim"], res["plain"]["optim"], f"rank {rank} optimizer state")
 
 
 def test_training_continues_alike_on_both_meshes(run):

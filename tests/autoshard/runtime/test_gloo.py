@@ -24,6 +24,7 @@ import importlib.util
 
 import pytest
 import torch
+from torch.distributed.tensor import Replicate
 from gloo_ranks import (assert_matches_one_device, assert_trace_follows_schedule, equivalence,
                         planned_collectives_issued, spawn)
 
@@ -73,6 +74,8 @@ def run(tmp_path_factory):
     add("2x2", "mlp-2x2-solved", "mlp.tiny", _solved_under_memory(prep, 0.75))
     add("2x2", "mlp-2x2-fsdp", "mlp.tiny", solve_prepared(prep, baseline="fsdp"), adamw_steps=3)
     add("2x2", "mlp-2x2-ddp", "mlp.tiny", solve_prepared(prep, baseline="ddp"))
+    add("2x2", "mlp-2x2-ddp-dtensor", "mlp.tiny", solve_prepared(prep, baseline="ddp"), plain_replicated=False,
+        adamw_steps=2)
     add("2x2", "mlp-2x2-tp", "mlp.tiny", solve_prepared(prep, baseline="tp"), trace="env")
     add("2x2", "mlp-2x2-fsdp+tp", "mlp.tiny", solve_prepared(prep, baseline="fsdp+tp"))
     model, inputs = mlp.tiny(device="meta", **DROPOUT_KW)
@@ -116,7 +119,7 @@ def run(tmp_path_factory):
 
 
 _NEEDS_TRANSFORMERS = pytest.mark.skipif(not HAS_TRANSFORMERS, reason="transformers is a test-only dependency")
-LABELS = ["mlp-2x2-solved", "mlp-2x2-fsdp", "mlp-2x2-ddp", "mlp-2x2-tp", "mlp-2x2-fsdp+tp", "mlp-dropout-2x2-tp",
+LABELS = ["mlp-2x2-solved", "mlp-2x2-fsdp", "mlp-2x2-ddp", "mlp-2x2-ddp-dtensor", "mlp-2x2-tp", "mlp-2x2-fsdp+tp", "mlp-dropout-2x2-tp",
           "mlp-4-solved", "mlp-4-fsdp", "llama-4-fsdp", "llama-4-fsdp-recompute", "llama-4-fsdp-gloo", "llama-4-ddp-gloo"] + [
     pytest.param(f"{name}-2x2-solved", marks=_NEEDS_TRANSFORMERS) for name in HF_JOBS]
 
@@ -160,6 +163,18 @@ def test_a_copy_two_readers_want_is_made_once_and_read_by_both(run):
         assert (first.tensor, first.src, first.dst) == (r.tensor, r.src, r.dst) and first.steps
     assert not any(item.edge is not None and (item.edge[1], item.edge[2]) in {(r.to, r.input_index) for r in reused}
                    for item in plan.schedule.items)  # nothing issued for it: the loss and gradients still match
+
+
+def test_an_all_replicated_plan_keeps_plain_parameters_unless_asked_for_dtensors(run):
+    _, results = run
+    for res in results:
+        assert res["mlp-2x2-ddp"]["plain_parameters"] and res["llama-4-ddp-gloo"]["plain_parameters"]
+        assert not res["mlp-2x2-ddp-dtensor"]["plain_parameters"]  # plain_replicated=False
+        assert not res["mlp-2x2-fsdp"]["plain_parameters"] and not res["mlp-2x2-tp"]["plain_parameters"]
+        # the parameters' and gradients' types follow (assert_matches_one_device checks each)
+        assert all(p["placements"] == ("plain",) for p in res["mlp-2x2-ddp"]["params"].values())
+        assert all(p["placements"] == (str(Replicate()),) * 2
+                   for p in res["mlp-2x2-ddp-dtensor"]["params"].values())
 
 
 def test_gather_buckets_run_as_one_all_gather_each(run):

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 
-from gloo_ranks import spawn
+from gloo_ranks import spawn, whole
 
 pytestmark = pytest.mark.slow
 
@@ -46,7 +46,7 @@ def search_jobs(rank: int, world: int, cache: str, limit: float) -> dict[str, An
     ref_loss.backward()
     ref = dict(reference.named_parameters())
     out["step"] = {"loss": (loss.detach(), ref_loss.detach()),
-                   "grads": {name: (p.grad.full_tensor(), ref[name].grad) for name, p in sharded.named_parameters()}}
+                   "grads": {name: (whole(p.grad), ref[name].grad) for name, p in sharded.named_parameters()}}
     again = autoshard(mlp.tiny()[0], example_inputs=inputs, memory_limit=limit, time_limit=60, cache_dir=cache)
     out["second"] = {"source": again.plan_source, "plan": again.plan.to_dict()}
     out["devices"] = _error(lambda: autoshard(mlp.tiny()[0], example_inputs=inputs, devices=8, cache_dir=False))
