@@ -27,6 +27,13 @@ c. ``autoshard calibrate-hardware --check`` of the shipped profile on the ops
 d. ``calibrate-hardware --quick`` of this GPU (one rank), the profile written
    beside the report (``--keep``), then checked on the same ops as c;
 k. the bf16 cases of a again with ``compile=True`` (inductor: a minute each);
+r. runtime_step's comparisons (``--parts r``, not in the default list; ~3 min):
+   ``benchmarks/runtime_step.py``'s MLP and LLaMA on 4 gloo ranks sharing the GPU
+   (meshes 2x2 and 4), autoshard's plans (solved, DDP, FSDP, TP, FSDP+TP layouts;
+   shipped, priced with ``cpu-gloo``) stepped in turn beside torch DDP, FSDP2 and
+   TP, then the DDP plan on a mesh of one beside eager: issue 41's ratios on CUDA
+   tensors (gloo copies through the host, so absolute speed means little; the
+   ratios of a layout to its torch twin and the one-rank row do);
 m. memory (``--parts m``, not in the default list): the eager steps of a with the
    caching allocator's history recorded (``torch.cuda.memory._record_memory_history``),
    its alloc/free trace replayed by ``costmodel.allocator.replay_trace`` beside
@@ -51,6 +58,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -59,7 +67,8 @@ from typing import Any, Callable
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "autoshard" / "runtime")]  # examples, gloo_ranks
+sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "autoshard" / "runtime"),
+                str(ROOT / "benchmarks")]  # examples, gloo_ranks, runtime_step
 
 from examples.models import llama3, mlp  # noqa: E402
 
@@ -106,7 +115,69 @@ def prepare_plans(smoke: bool = False) -> list[Path]:
                        recompute="none" if recompute == "none" else "auto")
         written.append(_save(solve_prepared(prep, baseline=baseline, recompute=recompute, time_limit=60), label,
                              smoke))
-    return written
+    return written + prepare_runtime_step_plans(smoke)
+
+
+RUNTIME_STEP = {"models": ["mlp", "llama3"], "meshes": ["2x2", "4"]}
+"""Part r: runtime_step's models and meshes (its plans shipped as ``rs-<model>-<mesh>-<kind>.json``)."""
+
+
+def prepare_runtime_step_plans(smoke: bool) -> list[Path]:
+    """runtime_step's plans (every layout, and the DDP plan on a mesh of one) traced for CUDA (the CPU for
+    the smoke), priced with ``cpu-gloo`` and fused AdamW as part r steps them, with an index of what
+    runtime_step reports beside each (prediction, collectives, peak)."""
+    import runtime_step as rs
+
+    written, index = [], {}
+    with tempfile.TemporaryDirectory() as tmp:
+        plans = rs.make_plans(RUNTIME_STEP["models"], RUNTIME_STEP["meshes"], Path(tmp), 8.0,
+                              optimizer_impl="fused", device_type="cpu" if smoke else "cuda")
+        plans.update(rs.make_plans(RUNTIME_STEP["models"], ["1"], Path(tmp), 8.0, kinds=("ddp",),
+                                   optimizer_impl="fused", device_type="cpu" if smoke else "cuda"))
+        for (mk, mesh_key, kind), info in plans.items():
+            path = _plan_path(f"rs-{mk}-{mesh_key}-{kind}", smoke)
+            path.write_bytes(Path(info["path"]).read_bytes())
+            written.append(path)
+            index[f"{mk}|{mesh_key}|{kind}"] = {k: v for k, v in info.items() if k != "path"}
+    index_path = _plan_path("rs-index", smoke)
+    index_path.write_text(json.dumps(index, indent=1, sort_keys=True) + "\n")
+    return [*written, index_path]
+
+
+def runtime_step_compare(device: torch.device, smoke: bool, tmp: Path, steps: int, warmup: int
+                         ) -> list[dict[str, Any]]:
+    """Part r: runtime_step's variants on 4 gloo ranks on ``device``, then one rank vs eager (module docstring).
+    One row per (model, mesh) with issue 41's ratios; runtime_step's whole report in the row's ``report``."""
+    import runtime_step as rs
+
+    index = json.loads(_plan_path("rs-index", smoke).read_text())
+    plans = {tuple(key.split("|")): {**info, "path": str(_plan_path(f"rs-{key.replace('|', '-')}", smoke))}
+             for key, info in index.items()}
+    models, meshes = RUNTIME_STEP["models"], RUNTIME_STEP["meshes"]
+    tmp.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    measured, one = rs.measure_all(plans, models, meshes, tmp, steps=steps, warmup=warmup, opt_kind="fused",
+                                   compile_=False, device=device.type)
+    args = argparse.Namespace(steps=steps, warmup=warmup, optimizer="fused")
+    report = rs._report(args, ["(gpu_check part r)"], models, meshes, plans, measured, one, 0.0,
+                        time.perf_counter() - start, rs._load(), rs._load(),
+                        f"Plans shipped in benchmarks/gpu_plans (rs-*), priced with {rs.PROFILE}; ranks on {device}.")
+    rows = []
+    for mk in models:
+        for mesh_key in meshes:
+            get = lambda name: measured.get((mk, mesh_key, name), (float("nan"),) * 2)  # noqa: E731
+            fastest, fastest_s = min(((n, get(n)[0]) for n in rs.HANDWRITTEN), key=lambda t: t[1])
+            rows.append({"case": f"{mk} {mesh_key}", "as-ddp / torch-ddp": round(get("as-ddp")[0] / get("torch-ddp")[0], 3),
+                         "as-fsdp / torch-fsdp2": round(get("as-fsdp")[0] / get("torch-fsdp2")[0], 3),
+                         "solved / fastest": f"{get('as-solved')[0] / fastest_s:.3f} ({fastest})",
+                         "solved ms": round(get("as-solved")[0] * 1e3, 2)})
+    for mk in models:
+        e, a = one[mk]["eager"], one[mk]["autoshard"]
+        rows.append({"case": f"{mk} one rank", "autoshard / eager": round(a[0] / e[0], 3),
+                     "eager ms": round(e[0] * 1e3, 2)})
+    rows[0]["report"] = "\n".join(report)
+    rows[0]["command"] = "runtime_step's full report (part r)"
+    return rows
 
 
 def _plan_path(name: str, smoke: bool) -> Path:
@@ -393,7 +464,6 @@ def log(text: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import tempfile
 
     if args.smoke and not all(_plan_path(n, True).exists() for n in [*SMOKE, *SHARED_GPU]):
         prepare_plans(smoke=True)  # the smoke's plans are made here, not shipped (they follow cpu-gloo)
@@ -435,6 +505,11 @@ def run(args: argparse.Namespace) -> int:
                     rows = calibration_quick(keep, args.smoke, timeout=240)
                     failed |= any(r["exit"] != 0 for r in rows)
                     title = "d. calibrate-hardware --quick of this device, then --check of what it wrote"
+                elif part == "r":
+                    if args.smoke and not _plan_path("rs-index", True).exists():
+                        prepare_runtime_step_plans(smoke=True)
+                    rows = runtime_step_compare(device, args.smoke, Path(tmp) / "r", args.steps, args.warmup)
+                    title = "r. runtime_step's layouts vs torch DDP / FSDP2 / TP, 4 gloo ranks sharing the device"
                 elif part == "m":
                     rows = allocator_traces(cases, device, keep, args.warmup)
                     title = "m. the caching allocator's own trace, replayed"
@@ -446,7 +521,7 @@ def run(args: argparse.Namespace) -> int:
                     failed |= any(r.get("loss_equal") is False or r.get("audit", "clean") != "clean" for r in rows)
                     title = "k. one GPU: autoshard with compile=True"
                 else:
-                    raise ValueError(f"--parts: unknown part {part!r} (a, b, c, d, k, m)")
+                    raise ValueError(f"--parts: unknown part {part!r} (a, b, c, d, k, m, r)")
             except Exception as exc:  # noqa: BLE001 - one part failing must not hide the others
                 failed = True
                 rows, title = [{"error": f"{type(exc).__name__}: {' '.join(str(exc).split())[:400]}"}], f"{part}. FAILED"

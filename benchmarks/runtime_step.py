@@ -69,6 +69,9 @@ import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
 PROFILE = "cpu-gloo"
+DEVICE = "cpu"
+"""Where the ranks' tensors live: ``cuda`` when ``benchmarks/gpu_check.py`` part r runs these comparisons
+on 4 gloo ranks sharing one GPU (gloo takes CUDA tensors; NCCL refuses ranks that share a GPU)."""
 MESHES = {"2x2": ((2, 2), ("dp", "tp")), "4": ((4,), ("tp",)), "1": ((1,), ("dp",))}
 # mlp: 4 blocks of 512 -> 2048 -> 512, batch 64; llama: 2 layers, dim 256, vocab 2048, batch 8 x 64
 MODELS = {
@@ -96,17 +99,18 @@ def _factory(name: str):
 
 def _example(model_key: str, device: str | None = None):
     factory, kwargs = MODELS[model_key]
+    device = device or (DEVICE if DEVICE != "cpu" else None)
     return _factory(factory)(**kwargs, **({"device": device} if device else {}))
 
 
 # ----------------------------------------------------------------------------- planning (parent)
 def make_plans(models: list[str], meshes: list[str], out: Path, time_limit: float,
                kinds: tuple[str, ...] = AUTOSHARD, optimizer_impl: str = "auto",
-               correction: str = "off") -> dict[tuple[str, str, str], dict]:
+               correction: str = "off", device_type: str = "cpu") -> dict[tuple[str, str, str], dict]:
     """Plans of every kind, each priced with the optimizer as the run steps it (``optimizer_impl``:
     ``fused`` for ``--optimizer fused``, else torch's CPU default, the for-loop), with the profile
     corrected for this host first where ``correction`` says so (``here``, ``remeasure``: the
-    solve option ``profile_correction``; measured on the mesh's ranks)."""
+    solve option ``profile_correction``; measured on the mesh's ranks), traced for ``device_type``."""
     from costmodel.steps import COLLECTIVE_STEPS
 
     from autoshard.plan.solve import prepare, solve_prepared
@@ -118,7 +122,7 @@ def make_plans(models: list[str], meshes: list[str], out: Path, time_limit: floa
             model, inputs = _example(mk, "meta")
             t = time.perf_counter()
             prep = prepare(model, inputs, shape, names, profile=PROFILE, optimizer_impl=optimizer_impl,
-                           profile_correction=correction)
+                           profile_correction=correction, device_type=device_type)
             CORRECTIONS[(mk, mesh_key)] = dict(prep.options["profile_correction"])
             if correction != "off":  # the machine's speed then: rows measured later say how far it drifted
                 from autoshard.calibrate.correction_cache import load_cached, machine_key
@@ -169,14 +173,21 @@ def _optimizer(params, kind: str):
     return torch.optim.AdamW(groups, lr=1e-4, **OPTIMIZERS[kind])
 
 
+def _sync() -> None:
+    if DEVICE == "cuda":  # a step's time is the device's, not the host's queueing
+        torch.cuda.synchronize()
+
+
 def _train_step(model, opt, batch):
     def step():
         t = time.perf_counter()
         loss = model(*batch)
         loss.backward()
+        _sync()
         fb = time.perf_counter() - t
         opt.step()
         opt.zero_grad(set_to_none=True)
+        _sync()
         return fb
     return step
 
@@ -191,7 +202,7 @@ def _autoshard(mk, mesh_key, plan_path, traced, opt_kind, compile_=False):
     from autoshard.runtime import shard
 
     shape, names = MESHES[mesh_key]
-    mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
+    mesh = init_device_mesh(DEVICE, shape, mesh_dim_names=names)
     model, inputs = _example(mk)
     sharded = shard(model, mesh, plan_path, inputs, traced=traced, compile=compile_)
     return _train_step(sharded, _optimizer(sharded.parameters(), opt_kind), inputs)
@@ -210,7 +221,7 @@ def _torch_fsdp2(mk, mesh_key, opt_kind):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    mesh = init_device_mesh(DEVICE, (dist.get_world_size(),))
     model, inputs = _example(mk)
     for layer in model.layers:
         fully_shard(layer, mesh=mesh)
@@ -225,7 +236,7 @@ def _torch_tp(mk, mesh_key, opt_kind):
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     shape, names = MESHES[mesh_key]
-    mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
+    mesh = init_device_mesh(DEVICE, shape, mesh_dim_names=names)
     tp_mesh = mesh["tp"]
     model, inputs = _example(mk)
     plan = {}
@@ -257,9 +268,11 @@ def _torch_tp(mk, mesh_key, opt_kind):
             for g in grads:
                 g.copy_(flat[offset: offset + g.numel()].view_as(g))
                 offset += g.numel()
+        _sync()
         fb = time.perf_counter() - t
         opt.step()
         opt.zero_grad(set_to_none=True)
+        _sync()
         return fb
 
     return step
@@ -289,6 +302,8 @@ def _round_robin(variants: dict[str, Any], steps: int, warmup: int) -> dict[str,
 def rank_group(rank: int, world: int, init_file: str) -> Iterator[None]:
     """This rank in a gloo group of ``world`` (one thread per rank), destroyed on exit."""
     torch.set_num_threads(1)
+    if DEVICE == "cuda":
+        torch.cuda.set_device(0)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
                             timeout=timedelta(seconds=900))
     try:
@@ -306,7 +321,7 @@ def step_variants(plans: dict, models: list[str], meshes: list[str], kinds: tupl
 
     for mk in models:
         model, inputs = _example(mk)
-        traced = trace_joint(model, inputs)
+        traced = trace_joint(model, inputs, target_device=DEVICE)
         for mesh_key in meshes:
             variants = {}
             for kind in kinds:
@@ -336,7 +351,9 @@ def _machine_speed(rank: int, world: int) -> float:
 
 
 def _worker(rank: int, world: int, init_file: str, out_dir: str, plans: dict, models: list[str], meshes: list[str],
-            steps: int, warmup: int, opt_kind: str, compile_: bool) -> None:
+            steps: int, warmup: int, opt_kind: str, compile_: bool, device: str = "cpu") -> None:
+    global DEVICE
+    DEVICE = device  # a spawned process imports this module afresh
     results = {}
     with rank_group(rank, world, init_file):
         for mk, mesh_key, variants in step_variants(plans, models, meshes, AUTOSHARD, opt_kind, compile_=compile_):
@@ -350,17 +367,17 @@ def _worker(rank: int, world: int, init_file: str, out_dir: str, plans: dict, mo
 
 
 def _one_rank(rank: int, world: int, init_file: str, out_dir: str, plans: dict, models: list[str], steps: int,
-              warmup: int, opt_kind: str) -> None:
+              warmup: int, opt_kind: str, device: str = "cpu") -> None:
     """The DDP plan on a mesh of 1 vs eager PyTorch, stepped in turn (module docstring)."""
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=0, world_size=1)
+    global DEVICE
+    DEVICE = device
     from torch.distributed.device_mesh import init_device_mesh
 
     from autoshard.runtime import shard
 
     out = {}
-    try:
-        mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("dp",))
+    with rank_group(0, 1, init_file):
+        mesh = init_device_mesh(DEVICE, (1,), mesh_dim_names=("dp",))
         for mk in models:
             model, inputs = _example(mk)
             eager = _train_step(model, _optimizer(model.parameters(), opt_kind), inputs)
@@ -369,8 +386,19 @@ def _one_rank(rank: int, world: int, init_file: str, out_dir: str, plans: dict, 
             ours = _train_step(sharded, _optimizer(sharded.parameters(), opt_kind), inputs)
             out[mk] = _round_robin({"eager": eager, "autoshard": ours}, 3 * steps, warmup)
         torch.save(out, os.path.join(out_dir, "one.pt"))
-    finally:
-        dist.destroy_process_group()
+
+
+def measure_all(plans: dict, models: list[str], meshes: list[str], tmp: Path, *, steps: int, warmup: int,
+                opt_kind: str, compile_: bool, device: str = "cpu", world: int = 4) -> tuple[dict, dict]:
+    """Every variant of every (model, mesh) on ``world`` spawned gloo ranks, then the one-rank
+    comparison (``plans`` must hold each model's ``ddp`` plan on mesh ``1``): ``(measured, one)``
+    as :func:`_report` reads them. ``device="cuda"``: every rank's tensors on GPU 0."""
+    mp.start_processes(_worker, args=(world, str(tmp / "store"), str(tmp), plans, models, meshes, steps, warmup,
+                                      opt_kind, compile_, device), nprocs=world, start_method="spawn")
+    measured = torch.load(tmp / "ranks.pt", weights_only=False)
+    mp.start_processes(_one_rank, args=(1, str(tmp / "store1"), str(tmp), plans, models, steps, warmup, opt_kind,
+                                        device), nprocs=1, start_method="spawn")
+    return measured, torch.load(tmp / "one.pt", weights_only=False)
 
 
 # ----------------------------------------------------------------------------- report
@@ -464,13 +492,8 @@ def main(argv: list[str] | None = None) -> int:
         plans.update(make_plans(models, ["1"], Path(tmp), args.time_limit, kinds=("ddp",), optimizer_impl=impl,
                                 correction=fix))
         planned = time.perf_counter() - start
-        mp.start_processes(_worker, args=(world, str(Path(tmp) / "store"), tmp, plans, models, meshes, args.steps,
-                                          args.warmup, args.optimizer, not args.no_compile),
-                           nprocs=world, start_method="spawn")
-        measured = torch.load(Path(tmp) / "ranks.pt", weights_only=False)
-        mp.start_processes(_one_rank, args=(1, str(Path(tmp) / "store1"), tmp, plans, models, args.steps,
-                                            args.warmup, args.optimizer), nprocs=1, start_method="spawn")
-        one = torch.load(Path(tmp) / "one.pt", weights_only=False)
+        measured, one = measure_all(plans, models, meshes, Path(tmp), steps=args.steps, warmup=args.warmup,
+                                    opt_kind=args.optimizer, compile_=not args.no_compile)
     lines = _report(args, argv, models, meshes, plans, measured, one, planned, time.perf_counter() - start,
                     load_before, _load(), profile_line)
     text = "\n".join(lines) + "\n"
