@@ -47,13 +47,14 @@ def cache_dir() -> Path:
 
 def machine_key(profile_fingerprint: str, *, ranks: int) -> dict[str, Any]:
     """What a correction holds for: this machine's CPU, cores and torch, the
-    ranks that share it, and the profile."""
+    ranks that share it, the profile, and how it was timed (``timing.PROTOCOL``)."""
     import torch
 
     from autoshard.calibrate.output import cpu_model, host_cores
+    from autoshard.calibrate.timing import PROTOCOL
 
     return {"cpu": cpu_model(), "cores": host_cores(), "torch": torch.__version__, "ranks": int(ranks),
-            "profile": profile_fingerprint}
+            "profile": profile_fingerprint, "timing": PROTOCOL}
 
 
 def key_name(key: Mapping[str, Any]) -> str:

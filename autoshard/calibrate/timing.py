@@ -11,7 +11,8 @@ core; the profile's device is then "one rank of this job").
 Protocol of :func:`measure` (nccl-tests and Alpa do the same):
 
 1. ``warmup`` calls, not timed (allocator, caches, lazy init, connections);
-   the second is timed as a probe (max over ranks), which picks ``reps``
+   then batches of calls are timed as a probe (max over ranks, batches
+   growing until one lasts ``min_trial_s / 8``), which picks ``reps``
    (calls per trial) so that a trial lasts at least ``min_trial_s``, and the
    number of trials: ``trials``, fewer (at least 2) when they would exceed
    the item's time budget ``max_item_s``. Every rank derives the same
@@ -49,7 +50,11 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.distributed as dist
 
-__all__ = ["Settings", "Timing", "Job", "measure", "reject_outliers", "shares_clock"]
+__all__ = ["PROTOCOL", "Settings", "Timing", "Job", "measure", "reject_outliers", "shares_clock"]
+
+PROTOCOL = 2
+"""Version of :func:`measure`'s protocol; cached measurements (``correction_cache``) of another
+version are measured again. 2: the probe times batches of calls (2026-11-29)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +68,7 @@ class Settings:
     min_trial_s: float = 0.02
     """A trial lasts at least this long (short ones are dominated by timer and
     barrier skew; on a shared CPU, by the scheduler's time slice)."""
-    max_reps: int = 4096
+    max_reps: int = 16384
     """At most this many calls per trial."""
     max_item_s: float = math.inf
     """Time budget of one item: slow items (large collectives) get fewer
@@ -239,6 +244,25 @@ def shares_clock(job: Job) -> bool:
     return not job.is_cuda and job.local_world == job.world
 
 
+def _probe(job: Job, fn: Callable[[], Any], settings: Settings) -> float:
+    """Seconds per call of ``fn`` (the slowest rank's own clock), from batches of
+    calls growing 8x until one lasts ``min_trial_s / 8`` (or reaches ``max_reps``).
+
+    Why batches: a probe of one call timed a microsecond op together with
+    whatever else happened on that core then; with 4 ranks on 2 cores the
+    slowest rank's single call was 5-20x the op, so its trials got 5-20x too
+    few calls and lasted ~2 ms, about a scheduler time slice, and the ranks'
+    start skew after the barrier went into every call (1-element ops timed
+    3-7 us, round to round, for a ~1 us op run alone)."""
+    n = 1
+    while True:
+        begin, end = _window(job, fn, n)
+        seconds = max(job.max_over_ranks([end - begin])[0], 1e-9)  # the same on every rank: the same loop
+        if seconds >= settings.min_trial_s / 8 or n >= settings.max_reps:
+            return seconds / n
+        n = min(8 * n, settings.max_reps)
+
+
 def measure(job: Job, fn: Callable[[], Any], settings: Settings) -> Timing:
     """Seconds per call of ``fn``, timed on every rank of ``job`` at once
     (module docstring). Every rank must call this with the same ``fn`` kind
@@ -251,8 +275,7 @@ def measure(job: Job, fn: Callable[[], Any], settings: Settings) -> Timing:
         fn()
     job.synchronize()
     job.barrier()
-    begin, end = _window(job, fn, 1)  # also a warm-up call
-    probe = max(job.max_over_ranks([end - begin])[0], 1e-9)  # every rank derives the same reps and trials
+    probe = _probe(job, fn, settings)  # every rank derives the same reps and trials
     if probe * settings.warmup < settings.max_item_s / 4:  # slow items: the two calls above warmed them up
         for _ in range(settings.warmup - 1):
             fn()
