@@ -40,8 +40,10 @@ approximation.
 
 **The copies a bucket adds.** One flat buffer means copies a member's own
 step does not make, on the compute stream (the rank's thread), each priced as
-a local copy (``costmodel.compute.local_copy_time_s``: read + write, the new
-buffer's fresh pages, a launch) plus the step's per-op cost
+a local copy of bytes no cache holds (``costmodel.compute.cold_copy_time_s``:
+read + write at the memory curve's rate beyond the caches, the new buffer's
+fresh pages, a launch; timed inside a step they ran 2-7x the rate of the same
+copy repeated warm) plus the step's per-op cost
 (``device.step_op_s``): a gradient bucket packs its members into the buffer
 before the issue (``pack_s``: ``torch.cat``, its bytes; a reduce_scatter
 member on a dim other than 0 is moved to the front first, one more copy of
@@ -85,7 +87,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from costmodel.collectives import collective_time_s
-from costmodel.compute import local_copy_time_s
+from costmodel.compute import cold_copy_time_s
 from costmodel.mesh import MeshSpec
 from costmodel.placements import StridedShard
 from costmodel.steps import RedistributePlan, RedistributeStep
@@ -380,5 +382,6 @@ def gather_copy_bytes(members: Sequence[float], group: int) -> tuple[list[float]
 
 
 def _copies_s(sizes: Sequence[float], profile: HardwareProfile) -> float:
-    """Local copies of ``sizes`` bytes each, as ops of a step (module docstring)."""
-    return sum(local_copy_time_s(float(b), profile) + profile.device.step_op_s for b in sizes)
+    """Local copies of ``sizes`` bytes each, as ops of a step, of bytes no cache holds
+    (module docstring; ``costmodel.compute.cold_copy_time_s``)."""
+    return sum(cold_copy_time_s(float(b), profile) + profile.device.step_op_s for b in sizes)

@@ -74,6 +74,7 @@ __all__ = [
     "op_time_s",
     "matmul_time_s",
     "local_copy_time_s",
+    "cold_copy_time_s",
     "local_fill_time_s",
     "local_slice_time_s",
     "transpose_time_s",
@@ -260,6 +261,31 @@ def local_copy_time_s(nbytes: float, profile: HardwareProfile) -> float:
     if nbytes < 0:
         raise ComputeError(f"nbytes: must be >= 0, got {nbytes}")
     return _memory_s(2.0 * nbytes, profile) + _fresh_s((nbytes,), profile) + profile.device.launch_s
+
+
+def cold_copy_time_s(nbytes: float, profile: HardwareProfile) -> float:
+    """:func:`local_copy_time_s` of bytes no cache holds: read and write at the memory
+    curve's rate beyond the caches (its largest size), where that is slower than its
+    rate at ``nbytes``. For a bucket's copies (``costmodel.bucketing``): they read
+    tensors made earlier in the step, or a buffer the communication thread just wrote,
+    into a buffer as large as the bucket, while a calibration times a copy of the same
+    buffer over and over, warm in the caches. Inside a step (``benchmarks/profile_step.py``,
+    LLaMA, FSDP layout, 4 gloo ranks on 2 cores, 2026-11-29) a gather bucket's 4 MB pack
+    ran 0.73 ms and its 720 KB unpacks 0.23 ms each, against 0.33 and 0.03 ms priced at
+    their sizes' (cached) rates, near this one (0.8 and 0.14 ms).
+
+    >>> from hw_profiles import load
+    >>> cpu = load("cpu-gloo")
+    >>> cold_copy_time_s(2**22, cpu) >= local_copy_time_s(2**22, cpu)
+    True
+    """
+    if nbytes < 0:
+        raise ComputeError(f"nbytes: must be >= 0, got {nbytes}")
+    if not nbytes:
+        return local_copy_time_s(0.0, profile)
+    eff = min(memory_efficiency(profile, 2.0 * nbytes), memory_efficiency(profile, math.inf))
+    return (2.0 * nbytes / (profile.device.memory_bandwidth_Bps * eff) + _fresh_s((nbytes,), profile)
+            + profile.device.launch_s)
 
 
 def local_fill_time_s(nbytes: float, profile: HardwareProfile) -> float:

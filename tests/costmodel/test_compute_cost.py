@@ -7,6 +7,7 @@ import pytest
 
 from costmodel.compute import (
     ComputeError,
+    cold_copy_time_s,
     efficiency,
     local_copy_time_s,
     local_fill_time_s,
@@ -120,6 +121,28 @@ def test_memory_curve_interpolates_in_log_bytes_and_prices_copies():
     assert memory_efficiency(profile, 1.0) == 0.2 and memory_efficiency(profile, 1e12) == 0.6
     # a copy of n bytes moves 2n: the curve is read at its working set, 2n
     assert local_copy_time_s(5e4, profile) == pytest.approx(1e5 / (3.35e12 * 0.4) + 5e-6)
+
+
+def test_a_cold_copy_moves_its_bytes_at_the_curves_rate_beyond_the_caches():
+    # a cache-resident size streams at 1.0 warm; a bucket's copy of it is priced at the tail (0.4)
+    profile = _with_memory_curve(((1e6, 1.0), (5e7, 1.0), (5e8, 0.4)))
+    assert local_copy_time_s(1e7, profile) == pytest.approx(2e7 / 3.35e12 + 5e-6)
+    assert cold_copy_time_s(1e7, profile) == pytest.approx(2e7 / (3.35e12 * 0.4) + 5e-6)
+    # a curve lower at small sizes (launch-bound, as on GPUs) keeps its own value there: never faster
+    rising = _with_memory_curve(((1e4, 0.2), (1e6, 0.6)))
+    assert cold_copy_time_s(5e2, rising) == pytest.approx(local_copy_time_s(5e2, rising))
+    # one memory fraction: no cache to fall out of
+    assert cold_copy_time_s(1e6, H100) == pytest.approx(local_copy_time_s(1e6, H100))
+    with pytest.raises(ComputeError, match="nbytes"):
+        cold_copy_time_s(-1, H100)
+
+
+def test_bucket_copies_are_priced_cold():
+    from costmodel.bucketing import _copies_s
+
+    profile = _with_memory_curve(((1e6, 1.0), (5e7, 1.0), (5e8, 0.4)))
+    assert _copies_s([1e7, 2e6], profile) == pytest.approx(cold_copy_time_s(1e7, profile)
+                                                            + cold_copy_time_s(2e6, profile))
 
 
 def test_scalar_memory_efficiency_is_the_same_at_every_size():
