@@ -155,12 +155,12 @@ def runtime_step_compare(device: torch.device, smoke: bool, tmp: Path, steps: in
              for key, info in index.items()}
     models, meshes = RUNTIME_STEP["models"], RUNTIME_STEP["meshes"]
     tmp.mkdir(parents=True, exist_ok=True)
-    start = time.perf_counter()
+    start, load_before = time.perf_counter(), rs._load()
     measured, one = rs.measure_all(plans, models, meshes, tmp, steps=steps, warmup=warmup, opt_kind="fused",
                                    compile_=False, device=device.type)
     args = argparse.Namespace(steps=steps, warmup=warmup, optimizer="fused")
     report = rs._report(args, ["(gpu_check part r)"], models, meshes, plans, measured, one, 0.0,
-                        time.perf_counter() - start, rs._load(), rs._load(),
+                        time.perf_counter() - start, load_before, rs._load(),
                         f"Plans shipped in benchmarks/gpu_plans (rs-*), priced with {rs.PROFILE}; ranks on {device}.")
     rows = []
     for mk in models:
@@ -265,8 +265,6 @@ def _train_step(module: torch.nn.Module, inputs: Any) -> Callable[[], torch.Tens
 def allocator_traces(cases: dict, device: torch.device, keep: Path, warmup: int) -> list[dict[str, Any]]:
     """Part m: each case's eager steps (model built, ``warmup`` + 1 steps) with the allocator's history
     recorded, replayed by ``costmodel.allocator.replay_trace``, beside what torch reserved."""
-    import json
-
     from costmodel.allocator import replay_trace
 
     if device.type != "cuda":

@@ -290,4 +290,3 @@ def replay_trace(events: Iterable[tuple[str, int, int, object]], *, expandable_s
         elif action == "free_completed" and address in handles:
             allocator.free(handles.pop(address))
     return allocator.peaks()
-

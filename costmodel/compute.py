@@ -136,10 +136,14 @@ def run_efficiency(profile: HardwareProfile, run_elems: float) -> float:
     return efficiency(curve, max(float(run_elems), 1.0))
 
 
-def _memory_s(nbytes: float, profile: HardwareProfile) -> float:
+def _memory_s(nbytes: float, profile: HardwareProfile, cold: bool = False) -> float:
+    """``cold``: at the curve's rate beyond the caches where slower (:func:`cold_copy_time_s`)."""
     if not nbytes:
         return 0.0
-    return nbytes / (profile.device.memory_bandwidth_Bps * memory_efficiency(profile, nbytes))
+    eff = memory_efficiency(profile, nbytes)
+    if cold:
+        eff = min(eff, memory_efficiency(profile, math.inf))
+    return nbytes / (profile.device.memory_bandwidth_Bps * eff)
 
 
 def _vector_peak(profile: HardwareProfile) -> float:
@@ -281,11 +285,7 @@ def cold_copy_time_s(nbytes: float, profile: HardwareProfile) -> float:
     """
     if nbytes < 0:
         raise ComputeError(f"nbytes: must be >= 0, got {nbytes}")
-    if not nbytes:
-        return local_copy_time_s(0.0, profile)
-    eff = min(memory_efficiency(profile, 2.0 * nbytes), memory_efficiency(profile, math.inf))
-    return (2.0 * nbytes / (profile.device.memory_bandwidth_Bps * eff) + _fresh_s((nbytes,), profile)
-            + profile.device.launch_s)
+    return _memory_s(2.0 * nbytes, profile, cold=True) + _fresh_s((nbytes,), profile) + profile.device.launch_s
 
 
 def local_fill_time_s(nbytes: float, profile: HardwareProfile) -> float:

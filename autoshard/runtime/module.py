@@ -312,9 +312,6 @@ class ShardedModule(nn.Module):
                 buffers[fqn].copy_(value)
         return result.loss, dict(result.grads), params
 
-    def _as_dtensor(self, p: nn.Parameter, local: torch.Tensor) -> torch.Tensor:
-        return _like(p, local)
-
     # ------------------------------------------------------------------ API
     def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         """The loss of one step on the (global) batch; ``backward`` sets every ``.grad``.
@@ -326,7 +323,7 @@ class ShardedModule(nn.Module):
 
         def make_grads(grad_loss: torch.Tensor) -> list[Any]:
             scaled = scale_grads([grads[fqn] for fqn in order], grad_loss)
-            return [None if g is None else self._as_dtensor(params[fqn], g) for fqn, g in zip(order, scaled)]
+            return [None if g is None else _like(params[fqn], g) for fqn, g in zip(order, scaled)]
 
         return _JointStep.apply(loss, make_grads, *(params[fqn] for fqn in order))
 
@@ -345,7 +342,7 @@ class ShardedModule(nn.Module):
         """The loss and every parameter's gradient (a DTensor in the parameter's
         placement; plain with :attr:`plain_parameters`), without autograd."""
         loss, grads, params = self._run(args, kwargs)
-        return loss, {fqn: None if g is None else self._as_dtensor(params[fqn], g) for fqn, g in grads.items()}
+        return loss, {fqn: None if g is None else _like(params[fqn], g) for fqn, g in grads.items()}
 
 
 def shard(model: nn.Module, mesh: Any, plan: Plan | str | os.PathLike[str],

@@ -119,7 +119,8 @@ def whole(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if isinstance(t, DTensor) else t
 
 
-def _placements(t: torch.Tensor) -> tuple[str, ...]:
+def placement_names(t: torch.Tensor) -> tuple[str, ...]:
+    """A DTensor's placements as text; ``("plain",)`` for a plain tensor."""
     from torch.distributed.tensor import DTensor
 
     return tuple(str(x) for x in t.placements) if isinstance(t, DTensor) else ("plain",)
@@ -131,9 +132,9 @@ def _jobs(mesh: Any, mesh_shape: tuple[int, ...], jobs: list[dict[str, Any]],
     by the jobs of one model (tracing is the slow part of a tiny job)."""
     from torch.distributed.tensor import DTensor
 
-    from autoshard.runtime import TRACE_ENV, local_slice, shard
     from costmodel.placements import Replicate
 
+    from autoshard.runtime import TRACE_ENV, local_slice, shard
     from autoshard.runtime.execute import placements_of
     from autoshard.trace import trace_joint
 
@@ -184,8 +185,8 @@ def _jobs(mesh: Any, mesh_shape: tuple[int, ...], jobs: list[dict[str, Any]],
                 if not sharded.plain_parameters else
                 (not isinstance(p, DTensor) and not isinstance(p.grad, DTensor)
                  and all(isinstance(x, Replicate) for x in pl)),
-                "placements": _placements(p),
-                "grad_placements": None if p.grad is None else _placements(p.grad),
+                "placements": placement_names(p),
+                "grad_placements": None if p.grad is None else placement_names(p.grad),
                 "grad": None if p.grad is None else local_of(p.grad).clone(),
                 # frozen parameters (Whisper's sinusoidal positions) have no gradient in either run
                 "want": None if ref_params[name].grad is None else local_slice(ref_params[name].grad, pl, mesh_shape, coord),

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 import torch
-from gloo_ranks import spawn
+from gloo_ranks import placement_names, spawn, whole
 
 from autoshard.plan.solve import prepare, solve_prepared
 from examples.models import mlp
@@ -32,9 +32,7 @@ pytestmark = pytest.mark.slow
 
 
 def _full(value: Any) -> Any:
-    from torch.distributed.tensor import DTensor
-
-    return value.full_tensor().detach().clone() if isinstance(value, DTensor) else value.detach().clone()
+    return whole(value).detach().clone()
 
 
 def _snapshot(module: Any, opt: Any) -> dict[str, Any]:
@@ -44,8 +42,7 @@ def _snapshot(module: Any, opt: Any) -> dict[str, Any]:
     msd, osd = get_state_dict(module, opt)
     return {"params": {k: _full(v) for k, v in msd.items()},
             "optim": {name: {k: _full(v) for k, v in state.items()} for name, state in osd["state"].items()},
-            "placements": {n: tuple(str(x) for x in p.placements) if hasattr(p, "placements") else "plain"
-                   for n, p in module.named_parameters()}}
+            "placements": {n: placement_names(p) for n, p in module.named_parameters()}}
 
 
 def _step(module: Any, opt: Any, inputs: tuple) -> None:
@@ -138,7 +135,7 @@ def test_checkpoint_from_2x2_loads_on_a_mesh_of_4_with_another_plan(run):
 
 def test_a_ddp_plans_plain_parameters_load_into_another_plans_dtensors(run):
     for rank, res in enumerate(run):
-        assert res["plain_flag"] and set(res["plain"]["placements"].values()) == {"plain"}
+        assert res["plain_flag"] and set(res["plain"]["placements"].values()) == {("plain",)}
         assert all(len(p) == 2 for p in res["plain_loaded"]["placements"].values())
         _assert_same(res["plain_loaded"]["params"], res["plain"]["params"], f"rank {rank} parameter")
         _assert_same(res["plain_loaded"]["optim"], res["plain"]["optim"], f"rank {rank} optimizer state")
