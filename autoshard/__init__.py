@@ -1,6 +1,6 @@
 """autoshard: automatic sharding of PyTorch models over N-D device meshes.
 
-The pipeline (DESIGN.md): trace -> op rules -> strategy graph -> solve -> plan
+The pipeline (docs/architecture.md): trace -> op rules -> strategy graph -> solve -> plan
 -> runtime. This package holds the torch-facing stages; the torch-free layers
 below it are ``solver``, ``costmodel`` and ``hw_profiles``.
 
@@ -24,7 +24,7 @@ def __getattr__(name: str) -> Any:
 
         return autoshard
     if name == "solve":
-        from autoshard.plan.api import solve
+        from autoshard.search.api import solve
 
         return solve
     if name == "Plan":

@@ -13,6 +13,9 @@ process loaded torch (checked by a second run under ``python -X importtime``).
 
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:
+    import _as_module  # noqa: F401 - `python benchmarks/cli_startup.py`: re-executed as the module
+
 import argparse
 import os
 import platform

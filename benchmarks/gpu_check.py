@@ -20,7 +20,7 @@ b. **4 ranks sharing the GPU with gloo** (CUDA tensors; NCCL refuses ranks that
    share a GPU): the tiny LLaMA on 2x2 with the FSDP+TP layout and the solved
    plan, and on mesh 4 with FSDP and full recomputation: the loss and every
    gradient equal one device, and the collectives issued equal the plan's steps
-   (the checks of ``tests/autoshard/runtime/gloo_ranks.py``);
+   (the runtime tests' checks, ``benchmarks/common/equivalence.py``);
 c. ``autoshard calibrate-hardware --check`` of the shipped profile on the ops
    of a LLaMA-1B-shaped layer (bf16, 2 x 2048, traced for this device, attention
    included): the held-out set issue 40's targets name;
@@ -52,10 +52,13 @@ plans' estimates are the H100's; part d measures the card itself.
 
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:
+    import _as_module  # noqa: F401 - `python benchmarks/gpu_check.py`: re-executed as the module
+
 import argparse
+import contextlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -66,24 +69,25 @@ from typing import Any, Callable
 
 import torch
 
+from benchmarks import runtime_step as rs
+from benchmarks.common.gloo import rank_group, spawn
+from benchmarks.common.models import load
+from benchmarks.common.timing import StepRun, device_sync, load_average, time_rounds, train_step
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "autoshard" / "runtime"),
-                str(ROOT / "benchmarks")]  # examples, gloo_ranks, runtime_step
-
-from examples.models import llama3, mlp  # noqa: E402
-
 PLANS = ROOT / "benchmarks" / "gpu_plans"
 PROFILE = "h100-sxm-80gb"
-ONE_GPU = {
-    "llama1b-bf16": (llama3.llama3_1b, {"n_layers": 4, "batch_size": 4, "seq_len": 2048, "dtype": "bfloat16"}, "none"),
-    "llama1b-fp32": (llama3.llama3_1b, {"n_layers": 4, "batch_size": 4, "seq_len": 2048}, "none"),
-    "mlp-bf16": (mlp.small, {"dim": 4096, "hidden_dim": 16384, "n_layers": 4, "batch_size": 8192, "dtype": "bfloat16"},
-                 "none"),
-    "llama1b-bf16-recompute": (llama3.llama3_1b, {"n_layers": 4, "batch_size": 4, "seq_len": 2048, "dtype": "bfloat16"},
-                               "full"),
+ONE_GPU = {  # case -> (model, its overrides, recompute)
+    "llama1b-bf16": ("llama3.llama3_1b", {"n_layers": 4, "batch_size": 4, "seq_len": 2048, "dtype": "bfloat16"},
+                     "none"),
+    "llama1b-fp32": ("llama3.llama3_1b", {"n_layers": 4, "batch_size": 4, "seq_len": 2048}, "none"),
+    "mlp-bf16": ("mlp.small", {"dim": 4096, "hidden_dim": 16384, "n_layers": 4, "batch_size": 8192,
+                               "dtype": "bfloat16"}, "none"),
+    "llama1b-bf16-recompute": ("llama3.llama3_1b", {"n_layers": 4, "batch_size": 4, "seq_len": 2048,
+                                                    "dtype": "bfloat16"}, "full"),
 }
-SMOKE = {"llama-tiny": (llama3.tiny, {}, "none"), "mlp-tiny": (mlp.tiny, {}, "none"),
-         "llama-tiny-recompute": (llama3.tiny, {}, "full")}
+SMOKE = {"llama-tiny": ("llama3.tiny", {}, "none"), "mlp-tiny": ("mlp.tiny", {}, "none"),
+         "llama-tiny-recompute": ("llama3.tiny", {}, "full")}
 COMPILED = ("llama1b-bf16", "mlp-bf16", "llama-tiny")
 """Cases also run with ``compile=True`` in part k (the targets name the bf16 ones; inductor takes a minute each)."""
 HELD_OUT = ("examples.models.llama3:llama3_1b",
@@ -101,16 +105,16 @@ SHARED_GPU = {  # label -> (mesh, dim names, baseline or None, recompute)
 
 def prepare_plans(smoke: bool = False) -> list[Path]:
     """Solve every plan ``run`` needs and write them under ``benchmarks/gpu_plans/``."""
-    from autoshard.plan.solve import prepare, solve_prepared
+    from autoshard.search.solve import prepare, solve_prepared
 
     written = []
     PLANS.mkdir(exist_ok=True)
     for name, (factory, kwargs, recompute) in (SMOKE if smoke else ONE_GPU).items():
-        model, inputs = factory(device="meta", **kwargs)
+        model, inputs = load(factory, kwargs, device="meta")
         prep = prepare(model, inputs, (1,), ("dp",), profile="cpu-gloo" if smoke else PROFILE, recompute=recompute)
         written.append(_save(solve_prepared(prep, recompute=recompute, time_limit=60), name, smoke))
     for label, (mesh, dims, baseline, recompute) in SHARED_GPU.items():
-        model, inputs = llama3.tiny(device="meta", **TINY_KW)
+        model, inputs = load("llama3.tiny", TINY_KW, device="meta")
         prep = prepare(model, inputs, mesh, dims, profile="cpu-gloo", device_type="cpu" if smoke else "cuda",
                        recompute="none" if recompute == "none" else "auto")
         written.append(_save(solve_prepared(prep, baseline=baseline, recompute=recompute, time_limit=60), label,
@@ -126,8 +130,6 @@ def prepare_runtime_step_plans(smoke: bool) -> list[Path]:
     """runtime_step's plans (every layout, and the DDP plan on a mesh of one) traced for CUDA (the CPU for
     the smoke), priced with ``cpu-gloo`` and fused AdamW as part r steps them, with an index of what
     runtime_step reports beside each (prediction, collectives, peak)."""
-    import runtime_step as rs
-
     written, index = [], {}
     with tempfile.TemporaryDirectory() as tmp:
         plans = rs.make_plans(RUNTIME_STEP["models"], RUNTIME_STEP["meshes"], Path(tmp), 8.0,
@@ -148,19 +150,17 @@ def runtime_step_compare(device: torch.device, smoke: bool, tmp: Path, steps: in
                          ) -> list[dict[str, Any]]:
     """Part r: runtime_step's variants on 4 gloo ranks on ``device``, then one rank vs eager (module docstring).
     One row per (model, mesh) with issue 41's ratios; runtime_step's whole report in the row's ``report``."""
-    import runtime_step as rs
-
     index = json.loads(_plan_path("rs-index", smoke).read_text())
     plans = {tuple(key.split("|")): {**info, "path": str(_plan_path(f"rs-{key.replace('|', '-')}", smoke))}
              for key, info in index.items()}
     models, meshes = RUNTIME_STEP["models"], RUNTIME_STEP["meshes"]
     tmp.mkdir(parents=True, exist_ok=True)
-    start, load_before = time.perf_counter(), rs._load()
+    start, load_before = time.perf_counter(), load_average()
     measured, one = rs.measure_all(plans, models, meshes, tmp, steps=steps, warmup=warmup, opt_kind="fused",
                                    compile_=False, device=device.type)
     args = argparse.Namespace(steps=steps, warmup=warmup, optimizer="fused")
     report = rs._report(args, ["(gpu_check part r)"], models, meshes, plans, measured, one, 0.0,
-                        time.perf_counter() - start, load_before, rs._load(),
+                        time.perf_counter() - start, load_before, load_average(),
                         f"Plans shipped in benchmarks/gpu_plans (rs-*), priced with {rs.PROFILE}; ranks on {device}.")
     rows = []
     for mk in models:
@@ -195,18 +195,6 @@ def _save(plan: Any, name: str, smoke: bool) -> Path:
 # --------------------------------------------------------------------------- part a: one GPU
 
 
-def _init_one_rank(backend: str) -> None:
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        return
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
-    dist.init_process_group(backend)
-
-
 class _Checkpointed(torch.nn.Module):
     """A layer whose activations are recomputed in the backward (eager's ``recompute="full"``)."""
 
@@ -220,46 +208,29 @@ class _Checkpointed(torch.nn.Module):
         return checkpoint(self.layer, *args, use_reentrant=False)
 
 
-def _build(factory: Callable[..., Any], kwargs: dict, device: torch.device) -> tuple[torch.nn.Module, Any]:
+def _build(factory: str, kwargs: dict, device: torch.device) -> tuple[torch.nn.Module, Any]:
     torch.manual_seed(0)
-    model, inputs = factory(device=str(device), **kwargs)
+    model, inputs = load(factory, kwargs, device=str(device))
     return model, tuple(x.to(device) for x in inputs)
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _time_steps(step: Callable[[], torch.Tensor], device: torch.device, warmup: int, steps: int
+def _time_steps(step: Callable[[], StepRun], device: torch.device, warmup: int, steps: int
                 ) -> tuple[float, float, int]:
     """(first loss, median step seconds, peak bytes over the timed steps)."""
-    first = float(step().detach())
-    for _ in range(warmup - 1):
-        step()
-    _sync(device)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        step()
-        _sync(device)
-        times.append(time.perf_counter() - start)
+    first = float(step().loss)
+
+    def reset_peak() -> None:
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+
+    timed = time_rounds({"step": step}, rounds=steps, warmup=warmup - 1, before_timed=reset_peak)["step"]
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0
-    return first, sorted(times)[len(times) // 2], peak
+    return first, timed.step_s, peak
 
 
-def _train_step(module: torch.nn.Module, inputs: Any) -> Callable[[], torch.Tensor]:
+def _train_step(module: torch.nn.Module, inputs: Any, device: torch.device) -> Callable[[], StepRun]:
     opt = torch.optim.AdamW(module.parameters(), lr=1e-4)  # torch's default implementation (foreach on GPUs)
-
-    def step() -> torch.Tensor:
-        loss = module(*inputs)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return loss
-    return step
+    return train_step(module, inputs, opt, sync=device_sync(device))
 
 
 def allocator_traces(cases: dict, device: torch.device, keep: Path, warmup: int) -> list[dict[str, Any]]:
@@ -279,10 +250,9 @@ def allocator_traces(cases: dict, device: torch.device, keep: Path, warmup: int)
         torch.cuda.memory._record_memory_history(max_entries=2_000_000)
         try:
             model, inputs = _build(factory, kwargs, device)
-            step = _train_step(model, inputs)
+            step = _train_step(model, inputs, device)
             for _ in range(warmup + 1):
                 step()
-            _sync(device)
             snapshot = torch.cuda.memory._snapshot()
         finally:
             torch.cuda.memory._record_memory_history(enabled=None)
@@ -329,7 +299,7 @@ def one_gpu_case(name: str, factory: Callable[..., Any], kwargs: dict, recompute
         model, inputs = _build(factory, kwargs, device)
         if recompute == "full":
             model.layers = torch.nn.ModuleList(_Checkpointed(layer) for layer in model.layers)
-        eager_loss, eager_s, eager_peak = _time_steps(_train_step(model, inputs), device, warmup, steps)
+        eager_loss, eager_s, eager_peak = _time_steps(_train_step(model, inputs, device), device, warmup, steps)
         eager = {"case": name, "variant": "eager", "step_ms": eager_s * 1e3, "peak_GB": eager_peak / 1e9,
                  "loss": eager_loss}
         rows.append(eager)
@@ -339,7 +309,7 @@ def one_gpu_case(name: str, factory: Callable[..., Any], kwargs: dict, recompute
     model, inputs = _build(factory, kwargs, device)
     sharded = autoshard(model, mesh, inputs, plan=path, profile=plan.fingerprint.profile.split("@")[0],
                         cache_dir=False, compile=compiled)
-    step = _train_step(sharded, inputs)
+    step = _train_step(sharded, inputs, device)
     loss, seconds, peak = _time_steps(step, device, warmup, steps)
     with DeviceAudit(device) as audit:  # a step of the per-rank program as it now runs
         step()
@@ -361,9 +331,8 @@ def one_gpu_case(name: str, factory: Callable[..., Any], kwargs: dict, recompute
 
 def shared_gpu_ranks(device: str, smoke: bool, tmp: Path) -> list[dict[str, Any]]:
     """The tiny LLaMA on 4 gloo ranks sharing ``device``: one row per plan."""
-    from gloo_ranks import assert_matches_one_device, equivalence, planned_collectives_issued, spawn
-
     from autoshard.plan.format import Plan
+    from benchmarks.common.equivalence import assert_matches_one_device, equivalence, planned_collectives_issued
 
     meshes: dict[tuple, list[dict]] = {}
     for label, (mesh, dims, _, _) in SHARED_GPU.items():
@@ -393,7 +362,7 @@ _DIST_ENV = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "
 
 def _calibrate(args: list[str], timeout: float) -> tuple[int, str]:
     """``autoshard calibrate-hardware ARGS`` in a fresh process: (exit code, the output's last lines)."""
-    # part a's process group set MASTER_PORT and WORLD_SIZE here: a child seeing them would join it, not start one
+    # a launcher's MASTER_PORT and WORLD_SIZE (torchrun's) seen by the child would make it join that job
     env = {k: v for k, v in os.environ.items() if k not in _DIST_ENV}
     cmd = [sys.executable, "-m", "autoshard.cli", "calibrate-hardware", *args]
     try:
@@ -475,14 +444,16 @@ def run(args: argparse.Namespace) -> int:
     failed = False
     cases = SMOKE if args.smoke else ONE_GPU
     eager_rows: dict[str, dict[str, Any]] = {}
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as one_rank:
         keep = Path(args.keep) if args.keep else Path(args.output).resolve().parent if args.output else Path(tmp)
         keep.mkdir(parents=True, exist_ok=True)
         for part in args.parts.split(","):
             start = time.perf_counter()
             try:
+                if part in ("a", "k") and not torch.distributed.is_initialized():  # this process, a group of one
+                    one_rank.enter_context(rank_group(0, 1, Path(tmp) / "one-rank-store", backend="nccl" if cuda
+                                                      else "gloo", device=device.type, threads=None))
                 if part == "a":
-                    _init_one_rank("nccl" if cuda else "gloo")
                     rows = []
                     for name, (f, kw, rc) in cases.items():
                         case_rows = one_gpu_case(name, f, kw, rc, device, smoke=args.smoke, warmup=args.warmup,
@@ -512,7 +483,6 @@ def run(args: argparse.Namespace) -> int:
                     rows = allocator_traces(cases, device, keep, args.warmup)
                     title = "m. the caching allocator's own trace, replayed"
                 elif part == "k":
-                    _init_one_rank("nccl" if cuda else "gloo")
                     rows = [r for name, (f, kw, rc) in cases.items() if name in COMPILED
                             for r in one_gpu_case(name, f, kw, rc, device, smoke=args.smoke, warmup=args.warmup,
                                                   steps=args.steps, compiled=True, eager=eager_rows.get(name))]

@@ -15,6 +15,9 @@ raw results beside it.
 
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:
+    import _as_module  # noqa: F401 - `python benchmarks/iopddl.py`: re-executed as the module
+
 import argparse
 import csv
 import gzip

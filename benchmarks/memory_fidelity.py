@@ -9,7 +9,7 @@ Two comparisons, each a markdown table (sizes in MiB, ratio = estimate / measure
    allocates the optimizer state inside ``opt.step()``, so during its backward
    there is no state yet, while our model (like every later step) holds it all
    step. The first step's peak is in the ``cold`` column for reference.
-2. **FSDP on N ranks.** The ``fsdp`` baseline of ``autoshard.plan.solve`` on
+2. **FSDP on N ranks.** The ``fsdp`` baseline of ``autoshard.search.solve`` on
    mesh ``(N,)`` (parameters and batch ``S(0)``, ops data parallel as FSDP
    runs them) against ``fsdp2_mem_tracker.FSDPMemTracker`` tracking rank 0 of
    the same model wrapped with FSDP2 ``fully_shard`` (each block of every
@@ -39,9 +39,11 @@ Not a test; ``tests/autoshard/plan/test_memory_fidelity.py`` checks a few rows.
 
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:
+    import _as_module  # noqa: F401 - `python benchmarks/memory_fidelity.py`: re-executed as the module
+
 import argparse
 import contextlib
-import importlib
 import logging
 import sys
 import time
@@ -57,14 +59,17 @@ from torch import nn
 from autoshard.graph.builder import StrategyGraph, build_graph
 from autoshard.graph.liveness import is_view_op
 from autoshard.graph.memory import OptimizerMemory, local_bytes
-from autoshard.plan.build import make_fingerprint, placement_text
+from autoshard.assembly.request import placement_text
+from autoshard.plan.fingerprint import make_fingerprint
 from autoshard.plan.format import Plan
 from autoshard.trace import tensor_arg_nodes
-from autoshard.plan.solve import Prepared, prepare, solve_prepared
+from autoshard.search.solve import Prepared, prepare, solve_prepared
 from autoshard.graph.states import KEEP, RECOMPUTE, strategy_states
 from autoshard.graph.tied_memory import BOUND
 from autoshard.rules import OpStrategy
 from autoshard.trace import trace_joint
+from benchmarks.common.models import load
+from benchmarks.common.timing import train_step
 from costmodel.mesh import MeshSpec
 from hw_profiles import load as load_profile
 
@@ -95,8 +100,7 @@ class Config:
 
     def build(self, **more: Any) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
         """The model and its inputs (``more`` overrides the config's overrides)."""
-        fn = getattr(importlib.import_module(f"examples.models.{self.module}"), self.factory)
-        model, inputs = fn(**{**self.overrides, **more})
+        model, inputs = load(f"{self.module}.{self.factory}", self.overrides, **more)
         return model, tuple(inputs)
 
     @property
@@ -128,12 +132,9 @@ CHECKPOINT_CONFIGS = (
 
 # -- measuring ---------------------------------------------------------------
 
-def train_step(model: nn.Module, opt: torch.optim.Optimizer, inputs: Sequence[torch.Tensor]) -> None:
-    """One training step as our estimate models it (the model returns the loss)."""
-    loss = model(*inputs)
-    loss.backward()
-    opt.step()
-    opt.zero_grad()
+def step_once(model: nn.Module, opt: torch.optim.Optimizer, inputs: Sequence[torch.Tensor]) -> None:
+    """One training step as our estimate models it (the model returns the loss): the benchmarks' step."""
+    train_step(model, tuple(inputs), opt)()
 
 
 def _by_name(snapshot: dict[Any, int]) -> dict[str, int]:
@@ -152,12 +153,12 @@ def measure_replicated(config: Config, *, warm: bool = True) -> dict[str, int]:
     model, inputs = config.build()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     if warm:
-        train_step(model, opt, inputs)
+        step_once(model, opt, inputs)
     # a fresh tracker per step: MemTracker refuses a module called twice
     tracker = MemTracker()
     tracker.track_external(model, opt, *inputs)
     with tracker:
-        train_step(model, opt, inputs)
+        step_once(model, opt, inputs)
     return _by_name(tracker.get_tracker_snapshot("peak")[torch.device("cpu")])
 
 
@@ -193,11 +194,11 @@ def measure_fsdp(config: Config, world_size: int, *, warm: bool = True) -> dict[
         fully_shard(model, mesh=mesh)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
         if warm:
-            train_step(model, opt, inputs)  # also FSDP2's lazy init
+            step_once(model, opt, inputs)  # also FSDP2's lazy init
         tracker = FSDPMemTracker(model, opt)
         tracker.track_inputs(inputs)
         with tracker:
-            train_step(model, opt, inputs)
+            step_once(model, opt, inputs)
         return _by_name(tracker.get_tracker_snapshot("peak")[torch.device("cpu")])
 
 
@@ -281,12 +282,12 @@ def estimate_breakdown(graph: StrategyGraph, plan: Plan, at: int | None = None) 
     optimizer, inputs (batch, buffers and tensor constants), activations (every op output and the
     tangent), copies (redistributed copies: gathered parameters and
     activations, re-laid-out shards; a parameter's copies over one interval counted once in a plan
-    priced as FSDP2 runs, ``autoshard.plan.exact_memory``), buckets (gradients waiting for their
+    priced as FSDP2 runs, ``autoshard.program.memory``), buckets (gradients waiting for their
     bucket and its payload: the rest of the timeline's level), and ``Total`` (the timeline's level
     then: ``plan.estimate.peak_memory_bytes`` at the peak)."""
-    from autoshard.plan.build import assembly_graph
-    from autoshard.plan.exact_memory import param_view_roots
-    from autoshard.plan.schedule import VIEW_OPS
+    from autoshard.assembly.from_graph import assembly_graph
+    from autoshard.program.memory import param_view_roots
+    from autoshard.program.schedule import VIEW_OPS
 
     choice = plan_choice(graph, plan)
     peak_time = max(plan.memory_timeline, key=lambda point: point[1])[0] if at is None else at
@@ -342,7 +343,7 @@ def estimate(config: Config, mesh_size: int, baseline: str, *, time_limit: float
     ``cpu-gloo``, no memory limit) and its breakdown at the peak. ``gather``:
     when parameter copies are held (``reader``: autoshard's runtime; ``fsdp2``:
     FSDP2's per-block gathers with prefetch, ``autoshard.graph.copies``, and its
-    per-block gradient reductions, ``costmodel.bucketing``, whatever the cap);
+    per-block gradient reductions, ``costmodel.buckets.grouping``, whatever the cap);
     ``bucket_bytes``: the gradient bucket cap of ``reader``;
     ``recompute``: the recomputation policy; ``breakdown_at``: ``peak`` or ``activations``
     (where the activations are highest, :func:`activation_peak_time`)."""
@@ -376,11 +377,11 @@ def measure_checkpointed(config: Config) -> dict[str, int]:
         owner = model.get_submodule(parent) if parent else model
         owner.register_module(child, Checkpointed(owner.get_submodule(child)))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    train_step(model, opt, inputs)
+    step_once(model, opt, inputs)
     tracker = MemTracker()
     tracker.track_external(model, opt, *inputs)
     with tracker:
-        train_step(model, opt, inputs)
+        step_once(model, opt, inputs)
     return _by_name(tracker.get_tracker_snapshot("peak")[torch.device("cpu")])
 
 

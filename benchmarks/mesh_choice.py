@@ -1,7 +1,7 @@
 """Which mesh? The mesh search on LLaMA-3 8B and 70B at 64 H100s in nodes of 8.
 
 For each model (its own process, so its peak RSS is its own): the search
-(``autoshard.plan.mesh_search.search_mesh``: every layout of 64 devices in
+(``autoshard.search.mesh_search.search_mesh``: every layout of 64 devices in
 nodes of 8, bf16 parameters with an fp32 master copy and fp32 AdamW state as
 ``benchmarks/solve_time.py`` prices them, memory limit 80 GiB, no cache) with
 its wall time, the layouts considered / cut / solved, the chosen one; then the
@@ -16,6 +16,9 @@ Writes ``benchmarks/results/mesh_choice.md``. Not a test.
 
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:
+    import _as_module  # noqa: F401 - `python benchmarks/mesh_choice.py`: re-executed as the module
+
 import argparse
 import datetime
 import json
@@ -26,6 +29,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from benchmarks.common.models import load
 
 CONFIGS = {
     # one sequence of 2048 tokens per GPU, as benchmarks/solve_time.py
@@ -41,15 +46,13 @@ HAND = (("FSDP", (64,), ("dp",), "fsdp"), ("FSDP+TP (TP 8 in a node)", (8, 8), (
 
 def run_one(config: str, time_limit: float, jobs: int | None) -> dict:
     """One model in this process; returns the row."""
-    from examples.models import llama3
-
     from autoshard.plan.layout_report import layouts_table
-    from autoshard.plan.mesh_search import search_mesh
-    from autoshard.plan.solve import prepare, solve_prepared
+    from autoshard.search.mesh_search import search_mesh
+    from autoshard.search.solve import prepare, solve_prepared
     from autoshard.trace import trace_joint
 
     factory, overrides = CONFIGS[config]
-    model, inputs = getattr(llama3, factory)(**overrides, dtype="bfloat16", device="meta")
+    model, inputs = load(f"llama3.{factory}", overrides, dtype="bfloat16", device="meta")
     load_before = os.getloadavg()
     cpu0 = _cpu_s()
     t0 = time.perf_counter()

@@ -36,8 +36,10 @@ only; ops without a rule are replicate-only and not counted). The target is
 
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:
+    import _as_module  # noqa: F401 - `python benchmarks/model_zoo.py`: re-executed as the module
+
 import argparse
-import importlib
 import importlib.util
 import logging
 import sys
@@ -47,11 +49,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autoshard.rules.coverage import compute_coverage
+from autoshard.validation.coverage import compute_coverage
 from autoshard.rules import load_rules
 from autoshard.validation.real_calls import validate_model
 from autoshard.trace import trace_joint
 from benchmarks import zoo_runtime
+from benchmarks.common.models import load
 from benchmarks.strategy_counts import count_strategies
 
 MESHES = ((8,), (8, 8), (2, 4, 8))
@@ -166,16 +169,10 @@ class ZooRow:
     """The 2x2 plan: estimated step and solver status, or why there is none (empty: not solved)."""
 
 
-def build(spec: str, overrides: dict[str, Any]) -> tuple[Any, Any]:
-    """Call the factory ``module:factory`` with ``overrides``."""
-    module_name, _, factory = spec.partition(":")
-    return getattr(importlib.import_module(module_name), factory)(**overrides)
-
-
 def check_real_calls(tiny: tuple[str, dict[str, Any]]) -> dict[str, Any]:
     """ZooRow fields of the real-call check of the tiny model ``tiny`` (:mod:`autoshard.validation.real_calls`)."""
     try:
-        model, inputs = build(*tiny)
+        model, inputs = load(*tiny)
         report = validate_model(model, inputs, REAL_CALL_MESHES, synthesized=True)
     except Exception as exc:  # reported in the row
         return {"real_error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
@@ -186,10 +183,10 @@ def check_real_calls(tiny: tuple[str, dict[str, Any]]) -> dict[str, Any]:
 
 def solve_2x2(spec: str, overrides: dict[str, Any], path: Path | None) -> str:
     """``"<step ms> ms (<status>)"`` of the model's plan on mesh 2x2, written to ``path``; or ``"error: ..."``."""
-    from autoshard.plan.api import solve
+    from autoshard.search.api import solve
 
     try:
-        model, inputs = build(spec, overrides)
+        model, inputs = load(spec, overrides)
         plan = solve(model, inputs, *PLAN_MESH, profile=PLAN_PROFILE, time_limit=PLAN_TIME_LIMIT_S)
         if path is not None:
             plan.save(path)
@@ -205,7 +202,7 @@ def measure(label: str, spec: str, overrides: dict[str, Any], tiny: tuple[str, d
     2x2 and write the plan to ``plan_path``."""
     real = check_real_calls(tiny) if tiny is not None and real_calls else {}
     try:
-        model, inputs = build(spec, overrides)
+        model, inputs = load(spec, overrides)
         start = time.perf_counter()
         traced = trace_joint(model, inputs)
         trace_s = time.perf_counter() - start
@@ -261,7 +258,7 @@ def time_8b() -> str:
     lines = ["| LLaMA-3-8B (32 layers, batch 64 x 2048, meta) | trace s | nodes |", "|---|---:|---:|"]
     for label, spec in (("transformers LlamaForCausalLM (sdpa)", "examples.models.hf:hf_llama3_8b"),
                         ("examples.models.llama3:llama3_8b", "examples.models.llama3:llama3_8b")):
-        model, inputs = build(spec, {"batch_size": 64, "seq_len": 2048, "device": "meta"})
+        model, inputs = load(spec, {"batch_size": 64, "seq_len": 2048, "device": "meta"})
         start = time.perf_counter()
         traced = trace_joint(model, inputs)
         lines.append(f"| {label} | {time.perf_counter() - start:.1f} | {len(traced.nodes)} |")

@@ -17,6 +17,9 @@ Needs PyTorch's OpInfo database, which imports ``expecttest`` (pip install expec
 
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:
+    import _as_module  # noqa: F401 - `python benchmarks/opinfo_rules.py`: re-executed as the module
+
 import argparse
 import datetime
 import os

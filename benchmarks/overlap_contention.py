@@ -24,30 +24,26 @@ estimate is most sensitive there).
 
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:
+    import _as_module  # noqa: F401 - `python benchmarks/overlap_contention.py`: re-executed as the module
+
 import argparse
 import os
 import statistics
-import sys
 import tempfile
-import time
-from datetime import timedelta
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import torch
+import torch.distributed as dist
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
+from benchmarks.common.gloo import spawn
+from benchmarks.common.timing import load_average, time_rounds
 
 # (matmul size n, matmuls per trial, all_reduce elements)
 SIZES = [(256, 12, 1 << 20), (384, 6, 1 << 21), (256, 24, 1 << 21), (512, 4, 1 << 22)]
 
 
-def _worker(rank: int, world: int, init: str, out: str, trials: int) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=120))
+def _worker(rank: int, world: int, trials: int) -> list:
     from torch.distributed import _functional_collectives  # noqa: F401 - registers _c10d_functional
 
     group = dist.group.WORLD.group_name
@@ -68,20 +64,9 @@ def _worker(rank: int, world: int, init: str, out: str, trials: int) -> None:
             compute()
             torch.ops._c10d_functional.wait_tensor(y)
 
-        rows = {"C": [], "D": [], "B": []}
-        for trial in range(trials + 2):
-            for key, fn in (("C", compute), ("D", comm_alone), ("B", both)):
-                dist.barrier()
-                t = time.perf_counter()
-                fn()
-                elapsed = torch.tensor([time.perf_counter() - t])
-                dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-                if trial >= 2:
-                    rows[key].append(float(elapsed))
-        results.append((n, reps, numel, {k: statistics.median(v) for k, v in rows.items()}))
-    if rank == 0:
-        torch.save(results, os.path.join(out, "result.pt"))
-    dist.destroy_process_group()
+        times = time_rounds({"C": compute, "D": comm_alone, "B": both}, rounds=trials, warmup=2)
+        results.append((n, reps, numel, {k: t.step_s for k, t in times.items()}))
+    return results
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -89,13 +74,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ranks", type=int, default=4)
     parser.add_argument("--trials", type=int, default=7)
     args = parser.parse_args(argv)
+    load_before = load_average()
     with tempfile.TemporaryDirectory() as tmp:
-        mp.start_processes(_worker, args=(args.ranks, str(Path(tmp) / "store"), tmp, args.trials),
-                           nprocs=args.ranks, start_method="spawn")
-        results = torch.load(Path(tmp) / "result.pt", weights_only=False)
-    load = open("/proc/loadavg").read().split()[:3] if os.path.exists("/proc/loadavg") else ["?"]
+        results = spawn(args.ranks, _worker, (args.trials,), Path(tmp), timeout=None, collective_timeout_s=120)[0]
     print(f"## Overlap contention, {args.ranks} gloo ranks x 1 thread on {os.cpu_count()} cores; "
-          f"load average before/after: {' '.join(load)}\n")
+          f"load average (1, 5, 15 min) before {load_before}, after {load_average()}\n")
     print("| matmul n x reps | all_reduce MiB | C ms | D ms | B ms | kappa |")
     print("|---|---:|---:|---:|---:|---:|")
     kappas = []

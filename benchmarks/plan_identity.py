@@ -19,7 +19,7 @@ equal: files whose bytes differ are parsed, those fields blanked, and compared
 value by value (numbers with ``==``: the same float, bit for bit, but for the
 sign of a zero) and as re-serialised text (the same keys in the same order).
 
-Run it from the repository root with the repository on ``PYTHONPATH``:
+Run it from the repository root (``benchmarks/__init__.py`` says why):
 
 >>> # python benchmarks/plan_identity.py write /tmp/before   (on the old code)
 >>> # python benchmarks/plan_identity.py write /tmp/after    (on the new code)
@@ -27,6 +27,9 @@ Run it from the repository root with the repository on ``PYTHONPATH``:
 """
 
 from __future__ import annotations
+
+if __name__ == "__main__" and not __package__:
+    import _as_module  # noqa: F401 - `python benchmarks/plan_identity.py`: re-executed as the module
 
 import argparse
 import json
@@ -52,6 +55,22 @@ CASES: dict[str, list[str]] = {
                                         "--recompute", "selective"],
     "mlp_devices4_h100": ["examples.models.mlp:tiny", "--devices", "4", "--profile", "h100-sxm-80gb",
                           "--no-cache", "--jobs", "1"],
+    # the rest of the example zoo, on the CPU mesh a test runs them on
+    "moe_2x2_cpu": ["examples.models.moe:tiny", "--mesh", "2x2", "--profile", CPU_PROFILE],
+    "vit_2x2_cpu": ["examples.models.vit:tiny", "--mesh", "2x2", "--profile", CPU_PROFILE],
+    "convnet_4_cpu": ["examples.models.convnet:tiny", "--mesh", "4", "--profile", CPU_PROFILE],
+    # tiny Hugging Face models as given
+    "hf_llama_2x2_cpu": ["examples.models.hf:hf_llama", "--mesh", "2x2", "--profile", CPU_PROFILE],
+    "hf_mistral_2x2_cpu": ["examples.models.hf:hf_mistral", "--mesh", "2x2", "--profile", CPU_PROFILE],
+    "hf_gpt2_2x2_cpu": ["examples.models.hf:hf_gpt2", "--mesh", "2x2", "--profile", CPU_PROFILE],
+    "hf_bert_2x2_cpu": ["examples.models.hf:hf_bert", "--mesh", "2x2", "--profile", CPU_PROFILE],
+    "hf_whisper_2x2_cpu": ["examples.models.hf:hf_whisper", "--mesh", "2x2", "--profile", CPU_PROFILE],
+    "hf_mixtral_2x2_cpu": ["examples.models.hf:hf_mixtral", "--mesh", "2x2", "--profile", CPU_PROFILE],
+    # LLaMA-3 8B (32 layers) on 64 H100s, as README's rows
+    "llama8b_8x8_h100": ["examples.models.llama3:llama3_8b", "--mesh", "8x8", "--dims", "dp,tp",
+                         "--profile", "h100-sxm-80gb"],
+    "llama8b_2x4x8_h100": ["examples.models.llama3:llama3_8b", "--mesh", "2x4x8", "--dims", "dp_replicate,dp_shard,tp",
+                           "--profile", "h100-sxm-80gb"],
 }
 
 # key paths (tuples) whose values are wall times or versions, per file kind
@@ -81,7 +100,9 @@ def write(folder: Path, only: list[str] | None, time_limit: float = 60.0) -> int
         (folder / f"{name}.log").write_text(done.stdout + done.stderr)
         status = json.loads(plan.read_text())["solver"]["status"] if plan.exists() else "no plan"
         print(f"{name:36s} rc={done.returncode} {status:10s} {seconds:6.1f} s", flush=True)
-        failed |= done.returncode != 0 or status != "optimal"
+        # a case that is not proven optimal within the limit still compares (the same anytime path
+        # on the same problem), but is reported
+        failed |= done.returncode != 0 or status not in ("optimal", "feasible", "timeout")
     return int(failed)
 
 

@@ -14,23 +14,21 @@ autograd glue) and the collectives issued per step with their bytes.
 
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:
+    import _as_module  # noqa: F401 - `python benchmarks/profile_step.py`: re-executed as the module
+
 import argparse
 import collections
-import os
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+import torch.distributed as dist
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
-
-import runtime_step as rs  # noqa: E402
+from benchmarks import runtime_step as rs
+from benchmarks.common.gloo import spawn
+from benchmarks.common.timing import load_average
 
 GROUPS = (  # (group, substrings of profiler event names), first match wins
     ("wait", ("wait_tensor", "wait")),
@@ -75,18 +73,16 @@ def _profile(step, steps: int) -> dict:
             "total_us": sum(by_group.values())}
 
 
-def _worker(rank, world, init_file, out_dir, plans, models, meshes, steps, warmup, kinds):
+def _worker(rank, world, plans, models, meshes, steps, warmup, kinds) -> dict:
     results = {}
-    with rs.rank_group(rank, world, init_file):
-        for mk, mesh_key, variants in rs.step_variants(plans, models, meshes, kinds, "fused",
-                                                       handwritten=("torch-ddp", "torch-fsdp2")):
-            times = rs._round_robin(variants, steps, warmup)
-            for name, step in variants.items():
-                prof = _profile(step, steps)
-                results[(mk, mesh_key, name)] = {"step_s": times[name][0], "fb_s": times[name][1], **prof}
-            print(f"# profiled {mk} on {mesh_key}", file=sys.stderr, flush=True)
-        if rank == 0:
-            torch.save(results, os.path.join(out_dir, "prof.pt"))
+    for mk, mesh_key, variants in rs.step_variants(plans, models, meshes, kinds, "fused",
+                                                   handwritten=("torch-ddp", "torch-fsdp2")):
+        times = rs.round_robin(variants, steps, warmup)
+        for name, step in variants.items():
+            prof = _profile(step, steps)
+            results[(mk, mesh_key, name)] = {"step_s": times[name][0], "fb_s": times[name][1], **prof}
+        print(f"# profiled {mk} on {mesh_key}", file=sys.stderr, flush=True)
+    return results if rank == 0 else {}
 
 
 def report(results: dict, models, meshes) -> list[str]:
@@ -120,14 +116,13 @@ def main(argv=None) -> int:
     parser.add_argument("--warmup", type=int, default=3)
     args = parser.parse_args(argv)
     models, meshes, kinds = args.models.split(","), args.meshes.split(","), tuple(args.kinds.split(","))
-    load_before = rs._load()
+    load_before = load_average()
     t = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         plans = rs.make_plans(models, meshes, Path(tmp), 8.0, kinds=kinds)
-        mp.start_processes(_worker, args=(4, str(Path(tmp) / "store"), tmp, plans, models, meshes, args.steps,
-                                          args.warmup, kinds), nprocs=4, start_method="spawn")
-        results = torch.load(Path(tmp) / "prof.pt", weights_only=False)
-    print(f"load average before {load_before}, after {rs._load()}; {time.perf_counter() - t:.0f} s")
+        results = spawn(4, _worker, (plans, models, meshes, args.steps, args.warmup, kinds), Path(tmp) / "ranks",
+                        timeout=None, collective_timeout_s=900)[0]
+    print(f"load average before {load_before}, after {load_average()}; {time.perf_counter() - t:.0f} s")
     print("\n".join(report(results, models, meshes)))
     return 0
 

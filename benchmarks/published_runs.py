@@ -5,7 +5,7 @@ layout, activation checkpointing, bf16 with an fp32 master copy and fp32
 AdamW state) and priced twice on the published hardware's profile:
 
 - the **baseline**: the published layout (``fsdp`` or ``fsdp+tp``, pinned by
-  ``autoshard.plan.baselines``) with the published recomputation policy, no
+  ``autoshard.search.baselines``) with the published recomputation policy, no
   memory limit (so its peak is the prediction, not a constraint);
 - the **solved plan**: what autoshard chooses on the same mesh (placements and
   recomputation, ``recompute="auto"``) within the device's memory.
@@ -25,7 +25,7 @@ reservation, which includes fragmentation); the plan's peak is of live tensors
 (what ``max_allocated`` measures). Against a reserved figure the prediction is
 the plan's ``estimate.reserved_bytes``: its tensors replayed through the
 caching allocator with expandable segments, as torchtitan's launcher runs
-(``autoshard.plan.reservation``); beside it the peak plus the profile's flat
+(``autoshard.program.reservation``); beside it the peak plus the profile's flat
 allocator headroom (``DeviceSpec.allocator_headroom``: ``h100-sxm-96gb-500w``
 cites reserved / allocated of torchtitan's LLaMA-3 8B, +9.4 %). Where a source
 gives both figures, both are shown.
@@ -47,6 +47,9 @@ step (median, eager torch, ``torch.cuda.synchronize`` around it) and its
 
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:
+    import _as_module  # noqa: F401 - `python benchmarks/published_runs.py`: re-executed as the module
+
 import argparse
 import json
 import math
@@ -58,6 +61,8 @@ from dataclasses import dataclass
 from types import MethodType
 
 from torch import nn
+
+from benchmarks.common.models import load
 
 TT_2412 = ("https://github.com/pytorch/torchtitan/blob/main/benchmarks/llama3_h100_202412_torchtitan.md"
            " (torchtitan 9dec370, torch 1963fc8, 2024-12)")
@@ -194,13 +199,10 @@ ONE_GPU = _gpu_rows()
 
 def price_one_gpu(run: OneGpuRun, traced=None) -> dict:
     """The estimate of one :data:`ONE_GPU` step on mesh (1,) with the shipped H100 profile."""
-    import importlib
-
-    from autoshard.plan.solve import prepare, solve_prepared
+    from autoshard.search.solve import prepare, solve_prepared
     from autoshard.trace import trace_joint
 
-    module, factory = run.model[0].split(":")
-    model, inputs = getattr(importlib.import_module(module), factory)(**run.model[1], dtype=run.dtype)
+    model, inputs = load(run.model[0], run.model[1], dtype=run.dtype)
     traced = traced or trace_joint(model, inputs, target_device="cuda")  # the kernels the H100 ran
     prep = prepare(model, inputs, (1,), ("dp",), profile="h100-sxm-80gb", optimizer=run.optimizer,
                    optimizer_impl=run.optimizer_impl, recompute="none" if run.recompute == "none" else "auto",
@@ -212,8 +214,6 @@ def price_one_gpu(run: OneGpuRun, traced=None) -> dict:
 
 def one_gpu_rows(runs: tuple[OneGpuRun, ...] = ONE_GPU) -> list[tuple[OneGpuRun, dict]]:
     """Every :data:`ONE_GPU` step priced in this process (one trace per model and dtype)."""
-    import importlib
-
     from autoshard.trace import trace_joint
 
     traces: dict = {}
@@ -221,8 +221,7 @@ def one_gpu_rows(runs: tuple[OneGpuRun, ...] = ONE_GPU) -> list[tuple[OneGpuRun,
     for run in runs:
         key = (run.model[0], run.dtype)
         if key not in traces:
-            module, factory = run.model[0].split(":")
-            model, inputs = getattr(importlib.import_module(module), factory)(**run.model[1], dtype=run.dtype)
+            model, inputs = load(run.model[0], run.model[1], dtype=run.dtype)
             traces[key] = trace_joint(model, inputs, target_device="cuda")
         out.append((run, price_one_gpu(run, traces[key])))
     return out
@@ -288,7 +287,7 @@ def _titan_forward(self, tokens, labels):
 
 def run_one(run: PublishedRun, time_limit: float, baseline_only: bool = False) -> dict:
     """Price one published run (baseline and solved plan) in this process."""
-    from autoshard.plan.solve import prepare, solve_prepared
+    from autoshard.search.solve import prepare, solve_prepared
     from benchmarks.solve_time import build_llama
 
     t0 = time.perf_counter()

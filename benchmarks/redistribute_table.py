@@ -20,6 +20,9 @@ group), ``d0`` the tensor dim, ``d0>d1`` all_to_all from S(0) to S(1).
 
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:
+    import _as_module  # noqa: F401 - `python benchmarks/redistribute_table.py`: re-executed as the module
+
 import argparse
 import csv
 import io
@@ -29,13 +32,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from costmodel.mesh import MeshSpec  # noqa: E402
-from costmodel.placements import Partial, Replicate, Shard, format_placements  # noqa: E402
-from costmodel.redistribute import clear_cache, plan_redistribute  # noqa: E402
-from costmodel.steps import RedistributePlan, RedistributeStep  # noqa: E402
-from hw_profiles import load  # noqa: E402
+from costmodel.mesh import MeshSpec
+from costmodel.placements import Partial, Replicate, Shard, format_placements
+from costmodel.redistribute import clear_cache, plan_redistribute
+from costmodel.redistribute_steps import RedistributePlan, RedistributeStep
+from hw_profiles import load
 
 _ABBR = {
     "all_gather": "AG", "all_reduce": "AR", "reduce_scatter": "RS", "all_to_all": "A2A", "permute": "PERM",

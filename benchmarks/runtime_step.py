@@ -47,8 +47,10 @@ load now.
 
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:
+    import _as_module  # noqa: F401 - `python benchmarks/runtime_step.py`: re-executed as the module
+
 import argparse
-import contextlib
 import json
 import math
 import os
@@ -57,16 +59,17 @@ import statistics
 import sys
 import tempfile
 import time
-from datetime import timedelta
 from pathlib import Path
 from typing import Any, Iterator
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import torch
+import torch.distributed as dist
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
+from benchmarks.common import gloo
+from benchmarks.common.models import load
+from benchmarks.common.timing import device_sync, load_average, time_rounds, train_step
+
+ROOT = Path(__file__).resolve().parents[1]
 
 PROFILE = "cpu-gloo"
 DEVICE = "cpu"
@@ -90,17 +93,10 @@ CORRECTIONS: dict[tuple[str, str], dict] = {}
 """(model, mesh) -> ``plan.options["profile_correction"]`` of its plans."""
 
 
-def _factory(name: str):
-    import importlib
-
-    module, fn = name.rsplit(".", 1)
-    return getattr(importlib.import_module(f"examples.models.{module}"), fn)
-
-
 def _example(model_key: str, device: str | None = None):
     factory, kwargs = MODELS[model_key]
     device = device or (DEVICE if DEVICE != "cpu" else None)
-    return _factory(factory)(**kwargs, **({"device": device} if device else {}))
+    return load(factory, kwargs, **({"device": device} if device else {}))
 
 
 # ----------------------------------------------------------------------------- planning (parent)
@@ -111,9 +107,9 @@ def make_plans(models: list[str], meshes: list[str], out: Path, time_limit: floa
     ``fused`` for ``--optimizer fused``, else torch's CPU default, the for-loop), with the profile
     corrected for this host first where ``correction`` says so (``here``, ``remeasure``: the
     solve option ``profile_correction``; measured on the mesh's ranks), traced for ``device_type``."""
-    from costmodel.steps import COLLECTIVE_STEPS
+    from costmodel.redistribute_steps import COLLECTIVE_STEPS
 
-    from autoshard.plan.solve import prepare, solve_prepared
+    from autoshard.search.solve import prepare, solve_prepared
 
     plans = {}
     for mk in models:
@@ -173,23 +169,8 @@ def _optimizer(params, kind: str):
     return torch.optim.AdamW(groups, lr=1e-4, **OPTIMIZERS[kind])
 
 
-def _sync() -> None:
-    if DEVICE == "cuda":  # a step's time is the device's, not the host's queueing
-        torch.cuda.synchronize()
-
-
-def _train_step(model, opt, batch):
-    def step():
-        t = time.perf_counter()
-        loss = model(*batch)
-        loss.backward()
-        _sync()
-        fb = time.perf_counter() - t
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        _sync()
-        return fb
-    return step
+def _train_step(model, opt, batch, after_backward=None):
+    return train_step(model, batch, opt, sync=device_sync(DEVICE), after_backward=after_backward)
 
 
 def _batch_slice(inputs, rank: int, parts: int):
@@ -252,64 +233,28 @@ def _torch_tp(mk, mesh_key, opt_kind):
     dp_group = mesh.get_group("dp") if dp > 1 else None
     coord = mesh.get_coordinate()
     batch = _batch_slice(inputs, coord[0], dp) if dp > 1 else inputs
-    opt = _optimizer(model.parameters(), opt_kind)
     params = [p for p in model.parameters()]
 
-    def step():
-        t = time.perf_counter()
-        loss = model(*batch)
-        loss.backward()
-        if dp_group is not None:  # data parallel over dp: one bucket, averaged
-            grads = [p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad for p in params]
-            flat = torch.cat([g.reshape(-1) for g in grads])
-            dist.all_reduce(flat, group=dp_group)
-            flat /= dp
-            offset = 0
-            for g in grads:
-                g.copy_(flat[offset: offset + g.numel()].view_as(g))
-                offset += g.numel()
-        _sync()
-        fb = time.perf_counter() - t
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        _sync()
-        return fb
+    def all_reduce_dp() -> None:  # data parallel over dp: one bucket, averaged
+        grads = [p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad for p in params]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, group=dp_group)
+        flat /= dp
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset: offset + g.numel()].view_as(g))
+            offset += g.numel()
 
-    return step
+    return _train_step(model, _optimizer(params, opt_kind), batch,
+                       after_backward=all_reduce_dp if dp_group is not None else None)
 
 
 HANDWRITTEN = {"torch-ddp": _torch_ddp, "torch-fsdp2": _torch_fsdp2, "torch-tp": _torch_tp}
 
 
-def _round_robin(variants: dict[str, Any], steps: int, warmup: int) -> dict[str, tuple[float, float]]:
+def round_robin(variants: dict[str, Any], steps: int, warmup: int) -> dict[str, tuple[float, float]]:
     """Median (step, fwd+bwd) seconds of every variant, max over ranks, stepping them in turn."""
-    full: dict[str, list[float]] = {k: [] for k in variants}
-    fb: dict[str, list[float]] = {k: [] for k in variants}
-    for i in range(warmup + steps):
-        for name, step in variants.items():
-            dist.barrier()
-            t = time.perf_counter()
-            part = step()
-            times = torch.tensor([time.perf_counter() - t, part], dtype=torch.float64)
-            dist.all_reduce(times, op=dist.ReduceOp.MAX)
-            if i >= warmup:
-                full[name].append(float(times[0]))
-                fb[name].append(float(times[1]))
-    return {k: (statistics.median(full[k]), statistics.median(fb[k])) for k in variants}
-
-
-@contextlib.contextmanager
-def rank_group(rank: int, world: int, init_file: str) -> Iterator[None]:
-    """This rank in a gloo group of ``world`` (one thread per rank), destroyed on exit."""
-    torch.set_num_threads(1)
-    if DEVICE == "cuda":
-        torch.cuda.set_device(0)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=900))
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
+    return {name: (t.step_s, t.part_s) for name, t in time_rounds(variants, rounds=steps, warmup=warmup).items()}
 
 
 def step_variants(plans: dict, models: list[str], meshes: list[str], kinds: tuple[str, ...], opt_kind: str,
@@ -350,24 +295,22 @@ def _machine_speed(rank: int, world: int) -> float:
     return statistics.median(measure(job, ref, STEP_SETTINGS).seconds for _ in range(ROUNDS))
 
 
-def _worker(rank: int, world: int, init_file: str, out_dir: str, plans: dict, models: list[str], meshes: list[str],
-            steps: int, warmup: int, opt_kind: str, compile_: bool, device: str = "cpu") -> None:
+def _worker(rank: int, world: int, plans: dict, models: list[str], meshes: list[str], steps: int, warmup: int,
+            opt_kind: str, compile_: bool, device: str = "cpu") -> dict:
     global DEVICE
     DEVICE = device  # a spawned process imports this module afresh
     results = {}
-    with rank_group(rank, world, init_file):
-        for mk, mesh_key, variants in step_variants(plans, models, meshes, AUTOSHARD, opt_kind, compile_=compile_):
-            speed = _machine_speed(rank, world)  # a row measured minutes after the correction: did the machine drift?
-            results[(mk, mesh_key, "_reference_step")] = (speed, speed)
-            for name, value in _round_robin(variants, steps, warmup).items():
-                results[(mk, mesh_key, name)] = value
-            print(f"# measured {mk} on {mesh_key}", file=sys.stderr, flush=True)
-        if rank == 0:
-            torch.save(results, os.path.join(out_dir, "ranks.pt"))
+    for mk, mesh_key, variants in step_variants(plans, models, meshes, AUTOSHARD, opt_kind, compile_=compile_):
+        speed = _machine_speed(rank, world)  # a row measured minutes after the correction: did the machine drift?
+        results[(mk, mesh_key, "_reference_step")] = (speed, speed)
+        for name, value in round_robin(variants, steps, warmup).items():
+            results[(mk, mesh_key, name)] = value
+        print(f"# measured {mk} on {mesh_key}", file=sys.stderr, flush=True)
+    return results if rank == 0 else {}
 
 
-def _one_rank(rank: int, world: int, init_file: str, out_dir: str, plans: dict, models: list[str], steps: int,
-              warmup: int, opt_kind: str, device: str = "cpu") -> None:
+def _one_rank(rank: int, world: int, plans: dict, models: list[str], steps: int, warmup: int, opt_kind: str,
+              device: str = "cpu") -> dict:
     """The DDP plan on a mesh of 1 vs eager PyTorch, stepped in turn (module docstring)."""
     global DEVICE
     DEVICE = device
@@ -376,16 +319,15 @@ def _one_rank(rank: int, world: int, init_file: str, out_dir: str, plans: dict, 
     from autoshard.runtime import shard
 
     out = {}
-    with rank_group(0, 1, init_file):
-        mesh = init_device_mesh(DEVICE, (1,), mesh_dim_names=("dp",))
-        for mk in models:
-            model, inputs = _example(mk)
-            eager = _train_step(model, _optimizer(model.parameters(), opt_kind), inputs)
-            model, inputs = _example(mk)
-            sharded = shard(model, mesh, plans[(mk, "1", "ddp")]["path"], inputs)
-            ours = _train_step(sharded, _optimizer(sharded.parameters(), opt_kind), inputs)
-            out[mk] = _round_robin({"eager": eager, "autoshard": ours}, 3 * steps, warmup)
-        torch.save(out, os.path.join(out_dir, "one.pt"))
+    mesh = init_device_mesh(DEVICE, (1,), mesh_dim_names=("dp",))
+    for mk in models:
+        model, inputs = _example(mk)
+        eager = _train_step(model, _optimizer(model.parameters(), opt_kind), inputs)
+        model, inputs = _example(mk)
+        sharded = shard(model, mesh, plans[(mk, "1", "ddp")]["path"], inputs)
+        ours = _train_step(sharded, _optimizer(sharded.parameters(), opt_kind), inputs)
+        out[mk] = round_robin({"eager": eager, "autoshard": ours}, 3 * steps, warmup)
+    return out
 
 
 def measure_all(plans: dict, models: list[str], meshes: list[str], tmp: Path, *, steps: int, warmup: int,
@@ -393,12 +335,11 @@ def measure_all(plans: dict, models: list[str], meshes: list[str], tmp: Path, *,
     """Every variant of every (model, mesh) on ``world`` spawned gloo ranks, then the one-rank
     comparison (``plans`` must hold each model's ``ddp`` plan on mesh ``1``): ``(measured, one)``
     as :func:`_report` reads them. ``device="cuda"``: every rank's tensors on GPU 0."""
-    mp.start_processes(_worker, args=(world, str(tmp / "store"), str(tmp), plans, models, meshes, steps, warmup,
-                                      opt_kind, compile_, device), nprocs=world, start_method="spawn")
-    measured = torch.load(tmp / "ranks.pt", weights_only=False)
-    mp.start_processes(_one_rank, args=(1, str(tmp / "store1"), str(tmp), plans, models, steps, warmup, opt_kind,
-                                        device), nprocs=1, start_method="spawn")
-    return measured, torch.load(tmp / "one.pt", weights_only=False)
+    measured = gloo.spawn(world, _worker, (plans, models, meshes, steps, warmup, opt_kind, compile_, device),
+                          tmp / "ranks", timeout=None, device=device, collective_timeout_s=900)[0]
+    one = gloo.spawn(1, _one_rank, (plans, models, steps, warmup, opt_kind, device), tmp / "one", timeout=None,
+                     device=device, collective_timeout_s=900)[0]
+    return measured, one
 
 
 # ----------------------------------------------------------------------------- report
@@ -437,22 +378,15 @@ def select_profile(args: argparse.Namespace, tmp: Path) -> tuple[str, str]:
         cmd = [sys.executable, "-m", "autoshard.cli", "calibrate-hardware", "--nproc-per-node", "4", "--quick",
                "-o", profile]
         print(f"# calibrating first: {' '.join(cmd[1:])}", file=sys.stderr, flush=True)
-        done = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        done = subprocess.run(cmd, cwd=ROOT)  # `python -m` from the root: this checkout's autoshard
         if done.returncode:
             raise SystemExit(f"runtime_step: --calibrate-first: the calibration failed (exit {done.returncode})")
     calib = load(profile).calibration
     during = calib.load.text() if calib.load else "load not recorded"
-    now = " ".join(f"{v:.2f}" for v in os.getloadavg())
+    now = load_average()
     name = "calibrated in this run" if args.calibrate_first else profile
     return profile, (f"Profile: {name} (calibrated {calib.date or '-'}; {during}). Load average now (1/5/15 min): "
                      f"{now}.")
-
-
-def _load() -> str:
-    try:
-        return " ".join(open("/proc/loadavg").read().split()[:3])
-    except OSError:
-        return "?"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -475,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
     models, meshes = args.models.split(","), args.meshes.split(",")
     world = 4
     start = time.perf_counter()
-    load_before = _load()
+    load_before = load_average()
     with tempfile.TemporaryDirectory() as tmp:
         PROFILE, profile_line = select_profile(args, Path(tmp))
         print(f"# {profile_line}", file=sys.stderr, flush=True)
@@ -495,7 +429,7 @@ def main(argv: list[str] | None = None) -> int:
         measured, one = measure_all(plans, models, meshes, Path(tmp), steps=args.steps, warmup=args.warmup,
                                     opt_kind=args.optimizer, compile_=not args.no_compile)
     lines = _report(args, argv, models, meshes, plans, measured, one, planned, time.perf_counter() - start,
-                    load_before, _load(), profile_line)
+                    load_before, load_average(), profile_line)
     text = "\n".join(lines) + "\n"
     print(text)
     if args.output:

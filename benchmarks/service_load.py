@@ -16,9 +16,11 @@ and the server's resident memory at the start and the end.
 
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:
+    import _as_module  # noqa: F401 - `python benchmarks/service_load.py`: re-executed as the module
+
 import argparse
 import json
-import os
 import random
 import re
 import statistics
@@ -31,10 +33,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from autoshard.service.client import ServiceClient, ServiceError
 
-from autoshard.service.client import ServiceClient, ServiceError  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 IOPDDL = ROOT.parent / "shared" / "iopddl"
 

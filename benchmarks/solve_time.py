@@ -16,11 +16,14 @@ torchtitan's 8B run (local batch 2 x 8192) and its 64-GPU and 70B cousins.
     python -m benchmarks.solve_time --layers          # solve time vs layers (8x8), plot
     python -m benchmarks.solve_time --only 8b-2048:8x8
     python -m benchmarks.solve_time --growth          # graph size with and without recomputation states
-    python -m benchmarks.solve_time -o benchmarks/results/solve_time.md
+    python -m benchmarks.solve_time -o solve_time.md       # the report also written to a file
     python -m benchmarks.solve_time --tiny            # tiny HF models, 2x2 cpu-gloo, none / auto, stage timings
 """
 
 from __future__ import annotations
+
+if __name__ == "__main__" and not __package__:
+    import _as_module  # noqa: F401 - `python benchmarks/solve_time.py`: re-executed as the module
 
 import argparse
 import json
@@ -30,6 +33,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from benchmarks.common.models import load
 
 CONFIGS = {
     "8b-2048": ("llama3_8b", {"seq_len": 2048}),
@@ -64,20 +69,18 @@ def build_llama(config: str, batch: int, *, n_layers: int | None = None) -> tupl
     >>> tuple(inputs[0].shape)
     (16, 8192)
     """
-    from examples.models import llama3
-
     factory, overrides = CONFIGS[config]
     overrides = {k: v for k, v in overrides.items() if k != "batch_per_gpu"}
     overrides.update(dtype="bfloat16", device="meta", batch_size=batch)
     if n_layers is not None:
         overrides["n_layers"] = n_layers
-    return getattr(llama3, factory)(**overrides)
+    return load(f"llama3.{factory}", overrides)
 
 
 def run_one(config: str, mesh_text: str, *, n_layers: int | None = None, baselines: bool = True,
             time_limit: float | None = None, recompute: str = "auto") -> dict:
     """One configuration in this process; returns the row."""
-    from autoshard.plan.solve import compare_baselines, prepare, solve_prepared
+    from autoshard.search.solve import compare_baselines, prepare, solve_prepared
 
     mesh = tuple(int(m) for m in mesh_text.split("x"))
     # one sequence per GPU by default (torchtitan's 8B/70B recipes use a local batch of 1-2)
@@ -140,9 +143,8 @@ def run_tiny(name: str, recompute: str, time_limit: float = 60.0) -> dict:
     import os
 
     import autoshard
-    from examples.models import hf
 
-    model, inputs = getattr(hf, name)()
+    model, inputs = load(f"hf.{name}")
     load_before = os.getloadavg()[0]
     t0 = time.perf_counter()
     plan = autoshard.solve(model, inputs, mesh_shape=(2, 2), dim_names=("dp", "tp"), profile="cpu-gloo",

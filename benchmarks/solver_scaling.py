@@ -13,21 +13,21 @@ feasible solution. Not a test: run it and paste the table into the README.
 
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:
+    import _as_module  # noqa: F401 - `python benchmarks/solver_scaling.py`: re-executed as the module
+
 import argparse
 import os
 import platform
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from synthetic_graphs import transformer_problem  # noqa: E402
-
-from solver import solve  # noqa: E402
-from solver.reduction_kernels import compile_kernels  # noqa: E402
-from solver.reductions import reduce_problem  # noqa: E402
+from benchmarks.synthetic_graphs import transformer_problem
+from solver import solve
+from solver.reduction_kernels import compile_kernels
+from solver.reductions import reduce_problem
 
 NODES_PER_LAYER = 24
 LIMITS = {1000: 60.0, 10000: 60.0, 60000: 300.0}

@@ -7,7 +7,7 @@ batch, with no communication inside the step. Then, on the same ranks and in the
 same minute, each aten op of that step (recorded by a ``TorchDispatchMode``) is timed
 alone as the calibration times ops (``autoshard.calibrate.timing.measure``: all ranks
 at once, in lockstep, trials of >= 10 ms). Steps are timed before and after (median of
-7, first start to last end over the ranks). Printed: the steps, the sum of the ops
+7, each the slowest rank's, ``benchmarks.common.timing.time_rounds``). Printed: the steps, the sum of the ops
 alone, step / sum, the minor page faults per step and the bytes of the step's op
 outputs above a few sizes.
 
@@ -24,24 +24,21 @@ Findings: ``benchmarks/results/profile_correction.md``.
 
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:
+    import _as_module  # noqa: F401 - `python benchmarks/step_vs_ops.py`: re-executed as the module
+
 import argparse
-import json
 import os
 import resource
-import statistics
-import sys
 import tempfile
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+from benchmarks import runtime_step as rs
+from benchmarks.common.gloo import spawn
+from benchmarks.common.timing import load_average, time_rounds
 
 KEEP_MEMORY = {"MALLOC_MMAP_THRESHOLD_": str(2**25), "MALLOC_TRIM_THRESHOLD_": str(2**34), "MALLOC_TOP_PAD_": str(2**30)}
 VIEWS = ("view", "t.default", "transpose", "expand", "alias", "permute", "_unsafe_view", "detach")
@@ -64,13 +61,9 @@ class Recorder(TorchDispatchMode):
         return out
 
 
-def _worker(rank: int, world: int, tmp: str, model_key: str, out: str) -> None:
-    import runtime_step as rs
-
+def _worker(rank: int, world: int, model_key: str) -> dict | None:
     from autoshard.calibrate.timing import Job, Settings, measure
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=rank, world_size=world)
     job = Job(rank=rank, world=world, local_world=world, backend="gloo")
     model, inputs = rs._example(model_key)
     inputs = tuple(x.chunk(world, 0)[rank] for x in inputs)  # a data-parallel shard, no communication
@@ -81,15 +74,9 @@ def _worker(rank: int, world: int, tmp: str, model_key: str, out: str) -> None:
             p.grad = None
 
     def steps(n: int) -> tuple[float, float]:
-        times, faults = [], resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-        for _ in range(n):
-            dist.barrier()
-            begin = time.perf_counter()
-            step()
-            t = torch.tensor([time.perf_counter(), -begin], dtype=torch.float64)
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)
-            times.append(float(t[0] + t[1]))
-        return statistics.median(times), (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / n
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        seconds = time_rounds({"step": step}, rounds=n, warmup=0)["step"].step_s
+        return seconds, (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / n
 
     for _ in range(3):
         step()
@@ -100,11 +87,11 @@ def _worker(rank: int, world: int, tmp: str, model_key: str, out: str) -> None:
     settings = Settings(warmup=1, trials=3, min_trial_s=0.01)
     alone = [measure(job, lambda f=f, a=a, k=k: f(*a, **k), settings).seconds for f, a, k in rec.ops]
     after, _ = steps(7)
-    if rank == 0:
-        above = {a: sum(b for b in rec.out_bytes if b >= a) for a in (2**17, 2**20, 2**22, 2**25)}
-        Path(out).write_text(json.dumps({"before": before, "after": after, "alone": sum(alone), "ops": len(rec.ops),
-                                         "faults": faults, "above": above}))
-    dist.destroy_process_group()
+    if rank != 0:
+        return None
+    above = {a: sum(b for b in rec.out_bytes if b >= a) for a in (2**17, 2**20, 2**22, 2**25)}
+    return {"before": before, "after": after, "alone": sum(alone), "ops": len(rec.ops), "faults": faults,
+            "above": above}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -115,14 +102,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.keep_memory:
         os.environ.update(KEEP_MEMORY)  # the spawned ranks inherit it
-    load = " ".join(f"{v:.2f}" for v in os.getloadavg())
+    load = load_average()
     with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "out.json")
-        mp.start_processes(_worker, args=(args.ranks, tmp, args.model, out), nprocs=args.ranks, start_method="spawn")
-        d = json.loads(Path(out).read_text())
+        d = spawn(args.ranks, _worker, (args.model,), Path(tmp), timeout=None, collective_timeout_s=900)[0]
     step = (d["before"] + d["after"]) / 2
     print(f"{args.model}, {args.ranks} ranks{' (glibc keeps its memory)' if args.keep_memory else ''}; load "
-          f"{load} before, {' '.join(f'{v:.2f}' for v in os.getloadavg())} after")
+          f"{load} before, {load_average()} after")
     print(f"  step {d['before'] * 1e3:.1f} / {d['after'] * 1e3:.1f} ms (before / after), its {d['ops']} ops alone "
           f"{d['alone'] * 1e3:.1f} ms: step / ops alone {step / d['alone']:.2f}, "
           f"excess per op {(step - d['alone']) / d['ops'] * 1e6:.0f} us")

@@ -14,8 +14,10 @@ time grows with the number of distinct layers, not of nodes. Not a test.
 
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:
+    import _as_module  # noqa: F401 - `python benchmarks/strategy_counts.py`: re-executed as the module
+
 import argparse
-import importlib
 import logging
 import sys
 import time
@@ -25,6 +27,7 @@ from torch._ops import OpOverload
 
 from autoshard.rules import load_rules
 from autoshard.trace import TracedGraph, trace_joint
+from benchmarks.common.models import load
 
 DEFAULT_MODELS = (
     "mlp:small", "gpt2:gpt2_small", "llama3:llama3_8b", "moe:small", "convnet:small", "vit:vit_base",
@@ -86,8 +89,7 @@ def count_strategies(traced: TracedGraph, mesh: tuple[int, ...], *, model: str) 
 def trace_spec(spec: str, *, tiny: bool) -> tuple[TracedGraph, float]:
     """Trace ``module:factory`` of ``examples.models`` on meta tensors; returns the graph and seconds."""
     module_name, _, factory = spec.partition(":")
-    module = importlib.import_module(f"examples.models.{module_name}")
-    model, inputs = getattr(module, "tiny" if tiny else factory)(device="meta")
+    model, inputs = load(f"{module_name}.{'tiny' if tiny else factory}", device="meta")
     start = time.perf_counter()
     traced = trace_joint(model, inputs)
     return traced, time.perf_counter() - start

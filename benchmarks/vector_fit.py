@@ -16,17 +16,16 @@ Findings: ``benchmarks/results/calibration_fit.md``.
 
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:
+    import _as_module  # noqa: F401 - `python benchmarks/vector_fit.py`: re-executed as the module
+
 import argparse
 import json
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from autoshard.calibrate.fit import FitError, fit_device, predict_compute, relative_errors  # noqa: E402
-from autoshard.calibrate.measure_compute import ComputeSample  # noqa: E402
-from hw_profiles import HardwareProfile, load  # noqa: E402
+from autoshard.calibrate.fit import FitError, fit_device, predict_compute, relative_errors
+from autoshard.calibrate.measure_compute import ComputeSample
+from hw_profiles import HardwareProfile, load
 
 
 def _samples(path: str) -> list[ComputeSample]:

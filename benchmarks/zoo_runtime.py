@@ -15,21 +15,22 @@ within the runtime tests' tolerance (``rtol=1e-4, atol=1e-6``, fp32).
 
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:
+    import _as_module  # noqa: F401 - `python benchmarks/zoo_runtime.py`: re-executed as the module
+
 import argparse
 import copy
-import importlib
-import os
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
+
+from benchmarks.common.gloo import spawn
+from benchmarks.common.models import load, loss_of
 
 MESH = ((2, 2), ("dp", "tp"))
 PROFILE = "cpu-gloo"
@@ -68,23 +69,11 @@ class RuntimeRow:
     """Wall time: solve, spawn, shard and step."""
 
 
-def _build(spec: str, overrides: dict[str, Any]) -> tuple[Any, Any]:
-    module_name, _, factory = spec.partition(":")
-    return getattr(importlib.import_module(module_name), factory)(**overrides)
-
-
-def _loss(module: Any, inputs: Any) -> torch.Tensor:
-    if not isinstance(inputs, dict):
-        return module(*inputs)
-    out = module(**inputs)
-    return out if isinstance(out, torch.Tensor) else out.loss
-
-
 def solve_plan(spec: str, overrides: dict[str, Any], path: Path) -> Any:
     """The solver's 2x2 plan under half the replicated peak, written to ``path``."""
-    from autoshard.plan.solve import prepare, solve_prepared
+    from autoshard.search.solve import prepare, solve_prepared
 
-    model, inputs = _build(spec, {**overrides, "device": "meta"})
+    model, inputs = load(spec, overrides, device="meta")
     prep = prepare(model, inputs, *MESH, profile=PROFILE)
     full = solve_prepared(prep, time_limit=10).estimate.peak_memory_bytes
     plan = solve_prepared(prep, time_limit=10, memory_limit=full * MEMORY_FRACTION)
@@ -92,44 +81,36 @@ def solve_plan(spec: str, overrides: dict[str, Any], path: Path) -> Any:
     return plan
 
 
-def _rank(rank: int, world: int, init_file: str, out_dir: str, spec: str, overrides: dict[str, Any],
-          plan_path: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=120))
-    try:
-        from torch.distributed.device_mesh import init_device_mesh
+def _rank(rank: int, world: int, spec: str, overrides: dict[str, Any], plan_path: str) -> dict[str, Any]:
+    from torch.distributed.device_mesh import init_device_mesh
 
-        from autoshard.runtime import local_slice, shard
-        from autoshard.runtime.execute import placements_of
+    from autoshard.runtime import local_slice, shard
+    from autoshard.runtime.execute import placements_of
 
-        mesh = init_device_mesh("cpu", MESH[0], mesh_dim_names=MESH[1])
-        coord = tuple(mesh.get_coordinate())
-        model, inputs = _build(spec, overrides)
-        reference = copy.deepcopy(model)
-        ref_loss = _loss(reference, inputs)
-        ref_loss.backward()
-        ref_grads = {name: p.grad for name, p in reference.named_parameters()}
-        sharded = shard(model, mesh, plan_path, inputs, trace_collectives=True)
-        loss = _loss(sharded, inputs)
-        loss.backward()
-        ok = bool(torch.allclose(loss.detach(), ref_loss.detach(), rtol=RTOL, atol=ATOL))
-        grad_err = 0.0
-        for name, p in sharded.named_parameters():
-            want = ref_grads[name]
-            if want is None or p.grad is None:
-                ok = ok and want is None and p.grad is None
-                continue
-            want = local_slice(want, placements_of(sharded.plan.params[name], len(MESH[0])), MESH[0], coord)
-            got = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
-            ok = ok and got.shape == want.shape and bool(torch.allclose(got, want, rtol=RTOL, atol=ATOL))
-            if got.shape == want.shape:
-                grad_err = max(grad_err, float((got - want).abs().max()))
-        result = {"ok": ok, "loss_err": float((loss.detach() - ref_loss.detach()).abs()), "grad_err": grad_err,
-                  "collectives": len(sharded.collective_trace)}
-        torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
-    finally:
-        dist.destroy_process_group()
+    mesh = init_device_mesh("cpu", MESH[0], mesh_dim_names=MESH[1])
+    coord = tuple(mesh.get_coordinate())
+    model, inputs = load(spec, overrides)
+    reference = copy.deepcopy(model)
+    ref_loss = loss_of(reference, inputs)
+    ref_loss.backward()
+    ref_grads = {name: p.grad for name, p in reference.named_parameters()}
+    sharded = shard(model, mesh, plan_path, inputs, trace_collectives=True)
+    loss = loss_of(sharded, inputs)
+    loss.backward()
+    ok = bool(torch.allclose(loss.detach(), ref_loss.detach(), rtol=RTOL, atol=ATOL))
+    grad_err = 0.0
+    for name, p in sharded.named_parameters():
+        want = ref_grads[name]
+        if want is None or p.grad is None:
+            ok = ok and want is None and p.grad is None
+            continue
+        want = local_slice(want, placements_of(sharded.plan.params[name], len(MESH[0])), MESH[0], coord)
+        got = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
+        ok = ok and got.shape == want.shape and bool(torch.allclose(got, want, rtol=RTOL, atol=ATOL))
+        if got.shape == want.shape:
+            grad_err = max(grad_err, float((got - want).abs().max()))
+    return {"ok": ok, "loss_err": float((loss.detach() - ref_loss.detach()).abs()), "grad_err": grad_err,
+            "collectives": len(sharded.collective_trace)}
 
 
 def run_model(label: str, spec: str, overrides: dict[str, Any], work: Path, timeout: float = 600.0) -> RuntimeRow:
@@ -138,18 +119,8 @@ def run_model(label: str, spec: str, overrides: dict[str, Any], work: Path, time
     work.mkdir(parents=True, exist_ok=True)
     try:
         plan = solve_plan(spec, overrides, work / "plan.json")
-        ctx = mp.start_processes(_rank, args=(4, str(work / "store"), str(work), spec, overrides,
-                                              str(work / "plan.json")), nprocs=4, join=False, start_method="spawn")
-        deadline = time.monotonic() + timeout
-        try:
-            while not ctx.join(timeout=1.0):
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"4 ranks did not finish within {timeout:.0f} s")
-        finally:
-            for p in ctx.processes:
-                if p.is_alive():
-                    p.kill()
-        results = [torch.load(work / f"rank{r}.pt", weights_only=True) for r in range(4)]
+        results = spawn(4, _rank, (spec, overrides, str(work / "plan.json")), work / "ranks", timeout=timeout,
+                        collective_timeout_s=120)
     except Exception as exc:  # the table reports it
         first = str(exc).strip().splitlines()
         return RuntimeRow(label, error=f"{type(exc).__name__}: {first[-1] if first else ''}",

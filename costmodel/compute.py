@@ -270,7 +270,7 @@ def local_copy_time_s(nbytes: float, profile: HardwareProfile) -> float:
 def cold_copy_time_s(nbytes: float, profile: HardwareProfile) -> float:
     """:func:`local_copy_time_s` of bytes no cache holds: read and write at the memory
     curve's rate beyond the caches (its largest size), where that is slower than its
-    rate at ``nbytes``. For a bucket's copies (``costmodel.bucketing``): they read
+    rate at ``nbytes``. For a bucket's copies (``costmodel.buckets.grouping``): they read
     tensors made earlier in the step, or a buffer the communication thread just wrote,
     into a buffer as large as the bucket, while a calibration times a copy of the same
     buffer over and over, warm in the caches. Inside a step (``benchmarks/profile_step.py``,

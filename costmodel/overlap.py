@@ -1,7 +1,7 @@
 r"""Two-stream simulation of one rank's step: compute on one stream, collectives on another.
 
 The runtime issues a collective as soon as its input exists and waits for it
-at its first reader (``autoshard.plan.schedule``); while it is in flight the
+at its first reader (``autoshard.program.schedule``); while it is in flight the
 rank keeps computing. What a step pays for communication is therefore not the
 sum of its collectives but what the compute stream waits for. This module
 prices exactly that, for a schedule written as positions in the op order.

@@ -2,7 +2,7 @@
 
 A placement says, for ONE mesh dim, how a tensor is laid out across the ranks of
 that mesh dim. A tensor on an N-D mesh has one placement per mesh dim, written in
-DTensor's short form and concatenated (DESIGN.md, "Notation"):
+DTensor's short form and concatenated (docs/design.md, "Notation"):
 
 =====================  ==========================================================
 text                   meaning on one mesh dim of size m
@@ -96,7 +96,7 @@ Placement = Union[Replicate, Shard, StridedShard, Partial]
 
 
 class PlacementParseError(ValueError):
-    """A placement string that does not follow DESIGN.md's short form."""
+    """A placement string that does not follow the short form (docs/design.md, "Notation")."""
 
 
 _TOKEN = re.compile(

@@ -23,13 +23,13 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from costmodel.layout import LayoutError, as_placements, check_placements
+from costmodel.shard_shapes import ShardShapeError, as_placements, check_placements
 from costmodel.mesh import MeshSpec
 from costmodel.placements import Partial, Placement, StridedShard, format_placements
 from costmodel import redistribute_classes
 from costmodel.redistribute_classes import ops_mask, tensor_table
 from costmodel.redistribute_search import PlannerError, canonical, search_graph, shared_edges
-from costmodel.steps import RedistributePlan, RedistributeStep
+from costmodel.redistribute_steps import RedistributePlan, RedistributeStep
 from hw_profiles import HardwareProfile
 
 __all__ = [
@@ -63,7 +63,7 @@ def _normalize(
     for name, pl in (("src", src_t), ("dst", dst_t)):
         try:
             check_placements(pl, len(shape_t), mesh_spec.shape)
-        except LayoutError as exc:
+        except ShardShapeError as exc:
             raise PlannerError(f"{name}: {exc}") from None
     return src_t, dst_t, mesh_spec, shape_t
 
@@ -160,7 +160,7 @@ def redistribute_costs(
             pl_t = as_placements(pl)
             try:
                 check_placements(pl_t, len(shape_t), mesh.shape)
-            except LayoutError as exc:
+            except ShardShapeError as exc:
                 raise PlannerError(f"{name}: {exc}") from None
             out.append((
                 canonical(pl_t, mesh),
@@ -201,7 +201,7 @@ def redistribute_costs(
 
 
 _DEPENDENT_CACHES: list[Callable[[], None]] = []
-"""Clearers of caches built on plans of this module (``costmodel.bucketed_routes``, which
+"""Clearers of caches built on plans of this module (``costmodel.buckets.routes``, which
 imports this module, registers its own: :func:`on_clear`)."""
 
 

@@ -26,7 +26,7 @@ from the first shape met: the representative); only bytes differ, and those are 
 a class dim's local extent is :math:`s / q` with :math:`q = s_{rep} / \ell_{rep}` read
 off the representative's local extent :math:`\ell_{rep}` under the same state.
 
-Prices and distances. A tensor's edge weights are :func:`costmodel.step_prices.price_step`
+Prices and distances. A tensor's edge weights are :func:`costmodel.redistribute_prices.price_step`
 on its own bytes, the function the search graph prices its edges with, so every weight
 is the same float. The shared-pricing filter of ``costmodel.redistribute_search`` holds
 for a strided set as for none (E5's strided slices depend on the set, not on the ops),
@@ -60,7 +60,7 @@ import numpy as np
 from costmodel.mesh import MeshSpec
 from costmodel.placements import Partial, Placement, StridedShard
 from costmodel.redistribute_search import SHARED_OPS, SearchGraph
-from costmodel.step_prices import StepPrices, price_step, step_prices
+from costmodel.redistribute_prices import StepPrices, price_step, step_prices
 from hw_profiles import HardwareProfile
 
 __all__ = ["ANY", "ClassEdges", "TensorTable", "ops_mask", "shape_class", "tensor_table"]

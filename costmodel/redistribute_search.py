@@ -1,7 +1,7 @@
 """The redistribution planner's search graph: states, edges (one step each) and their prices.
 
 Search. States are placement tuples (one placement per mesh dim); an edge is
-one step (``costmodel.steps``) on one mesh dim or on one flattened group of mesh
+one step (``costmodel.redistribute_steps``) on one mesh dim or on one flattened group of mesh
 dims; its weight is the step's time from ``costmodel.collectives`` and
 ``costmodel.compute`` for the largest local shard of the state it leaves.
 Dijkstra from ``src`` (ties: fewer steps) stops once ``dst`` is settled and is
@@ -90,7 +90,7 @@ import math
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from costmodel.layout import _max_local_shape, flat_matches_nested, piece_extents
+from costmodel.shard_shapes import _max_local_shape, flat_matches_nested, piece_extents
 from costmodel.mesh import MeshSpec
 from costmodel.placements import (
     Partial,
@@ -99,8 +99,8 @@ from costmodel.placements import (
     Shard,
     StridedShard,
 )
-from costmodel.step_prices import StepPrices, price_step, step_prices
-from costmodel.steps import RedistributeStep
+from costmodel.redistribute_prices import StepPrices, price_step, step_prices
+from costmodel.redistribute_steps import RedistributeStep
 from hw_profiles import HardwareProfile
 
 __all__ = ["PlannerError", "SHARED_OPS", "SearchGraph", "canonical", "search_graph", "shared_edges"]
@@ -131,7 +131,7 @@ class _Edge:
     cost_s: float
     step: RedistributeStep
     relayouts: tuple[bool, bool]
-    """Whether the step copies before / after its collective (``costmodel.step_prices``)."""
+    """Whether the step copies before / after its collective (``costmodel.redistribute_prices``)."""
 
 
 @dataclass(slots=True)

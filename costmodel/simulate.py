@@ -1,7 +1,7 @@
 """Virtual-mesh shard simulator: split a global tensor into the local tensors of
 every rank, put them back together, and run redistribution steps on them.
 
-Pure index logic (``costmodel.layout``) applied to real arrays: NumPy arrays or
+Pure index logic (``costmodel.shard_shapes``) applied to real arrays: NumPy arrays or
 torch tensors, by duck typing (torch is never imported here; when the caller
 passes torch tensors, the already imported module is used). Semantics are
 DTensor's:
@@ -44,7 +44,7 @@ import sys
 from functools import reduce
 from typing import Any, Iterable, Mapping, Sequence
 
-from costmodel.layout import (
+from costmodel.shard_shapes import (
     as_placements,
     check_placements,
     chunk_offsets,
@@ -53,7 +53,7 @@ from costmodel.layout import (
     strided_positions,
 )
 from costmodel.placements import Partial, Placement, Replicate, StridedShard
-from costmodel.steps import RedistributePlan, RedistributeStep
+from costmodel.redistribute_steps import RedistributePlan, RedistributeStep
 
 __all__ = [
     "SimulationError",
@@ -320,7 +320,7 @@ def _check_step(step: RedistributeStep, shape: tuple[int, ...]) -> tuple[int, ..
 def apply_step(
     local_tensors: Mapping[Coord, Any], step: RedistributeStep, mesh_shape: Sequence[int]
 ) -> dict[Coord, Any]:
-    """Execute one step literally (semantics in ``costmodel.steps``)."""
+    """Execute one step literally (semantics in ``costmodel.redistribute_steps``)."""
     shape = _mesh_shape(mesh_shape)
     dims = _check_step(step, shape)
     be = _Backend(_first(local_tensors))
@@ -393,7 +393,7 @@ def apply_steps(
     """Execute every step of a plan (or a list of steps) in order.
 
     >>> import numpy as np
-    >>> from costmodel.steps import RedistributeStep
+    >>> from costmodel.redistribute_steps import RedistributeStep
     >>> x = np.arange(4.0)
     >>> gather = RedistributeStep("all_gather", (0,), 32, 0.0, tensor_dim=0)
     >>> out = apply_steps(shard(x, "S(0)", (2,)), [gather], (2,))

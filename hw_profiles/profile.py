@@ -27,7 +27,7 @@ published), ``datasheet``, ``measured`` (``autoshard calibrate-hardware``) or
 ``estimate``, with ``reference`` (URL and which table or figure; required for
 ``published``) and ``note`` (assumptions, conversions).
 
-Additive fields beyond DESIGN.md's example (all optional, older profiles
+Additive fields beyond the example in docs/formats.md (all optional, older profiles
 load unchanged and price as before):
 
 * ``efficiency.matmul_by_dtype``: a curve per dtype key (``bf16``, ``fp8``...),
@@ -429,7 +429,7 @@ class HardwareProfile:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON form, key for key as in DESIGN.md."""
+        """The JSON form, key for key as in docs/formats.md."""
         return {
             "format": self.format,
             "name": self.name,

@@ -4,7 +4,7 @@ efficiency curves). Every failure raises :class:`ProfileError` whose message
 starts with the path of the offending field, e.g.
 ``interconnect[0].collectives.all_reduce.alpha_s: -1 is less than the minimum of 0``.
 
-Required keys are those of DESIGN.md's example; shipped profiles add
+Required keys are those of the example in docs/formats.md; shipped profiles add
 ``sources`` / ``source`` entries, more collective kinds, ``alpha_per_step_s``,
 ``bandwidth_Bps`` and ``calibration.method``, all optional here so that a
 hand-written or measured profile with only ``all_reduce`` figures still loads.

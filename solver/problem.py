@@ -188,7 +188,7 @@ class Problem:
     # -- JSON --------------------------------------------------------------
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "Problem":
-        """Build from the ``autoshard.problem/1`` JSON object (DESIGN.md)."""
+        """Build from the ``autoshard.problem/1`` JSON object (docs/formats.md)."""
         if not isinstance(data, Mapping):
             raise ProblemError("(root)", f"expected a JSON object, got {type(data).__name__}")
         fmt = data.get("format", FORMAT)

@@ -147,8 +147,8 @@ def solved_mlp():
     """(plan dict, dumped problem dict) of examples.models.mlp:tiny on mesh (2,), cpu-gloo."""
     pytest.importorskip("torch")
     from autoshard.graph.problem import to_problem
-    from autoshard.plan.build import plan_request
-    from autoshard.plan.solve import prepare, solve_prepared
+    from autoshard.assembly.from_graph import plan_request
+    from autoshard.search.solve import prepare, solve_prepared
     from examples.models import mlp
 
     prep = prepare(*mlp.tiny(), mesh_shape=(2,), dim_names=("dp",), profile="cpu-gloo")
@@ -168,7 +168,7 @@ def test_plan_schema_accepts_a_solved_plan(solved_mlp):
 
 
 def test_plan_schema_accepts_redistributions_and_buckets(solved_mlp):
-    from costmodel.bucketing import Bucket
+    from costmodel.buckets.grouping import Bucket
     from costmodel.mesh import MeshSpec
     from costmodel.redistribute import plan_redistribute
     from hw_profiles import load
@@ -196,7 +196,7 @@ def test_plan_schema_refuses_broken_plans(solved_mlp):
 
 
 def test_dumped_problem_is_valid_and_its_section_too(solved_mlp):
-    from autoshard.plan.assemble import PlanRequest
+    from autoshard.assembly.request import PlanRequest
 
     _, dumped = solved_mlp
     _assert_valid("problem", dumped)

@@ -7,6 +7,50 @@ Why every import: a cycle hidden inside a function is still a cycle. It works
 only as long as nobody moves the import to the top, and it means the two
 modules are one concern split in two files; so lazy imports (of torch, rich,
 numba, a backend) are fine, but only where they add no cycle.
+
+No cycle is not enough: two packages may each import the other through
+different modules without a module cycle, and then neither can be read, tested
+or moved without the other. So every module sits on a layer (:data:`LAYERS`,
+low to high, the pipeline's order) and imports only from its own layer or
+below. Why each layer sits where it does (from the imports as they are):
+
+1. ``hw_profiles``: hardware numbers; imports nothing of ours.
+2. ``costmodel``: placements, shard shapes, redistribution steps and their prices,
+   collectives, overlap; reads profiles. Torch-free.
+3. ``solver``: the integer program and its backends; reads profiles (the problem
+   file's embedded profile), never the cost model. Torch-free.
+4. base: ``autoshard.version``, ``autoshard.sizes``, ``autoshard.figures``: units and
+   number formatting every layer above prints with (figures reads ``solver.io``).
+5. comm: ``autoshard.runtime.process_group`` and ``autoshard.runtime.collectives``,
+   the process groups and the collective calls a plan issues. They import nothing of
+   autoshard, and the calibration measures exactly these calls, so they sit below
+   it although their folder is the runtime's.
+6. ``autoshard.rules``: sharding rules per op family over tensor metadata; need only
+   the cost model's placements.
+7. ``autoshard.trace``: the joint graph; stamps each node with the rules'
+   ``TensorMeta``, so above the rules.
+8. ``autoshard.validation``: runs rules on simulated shards, on a traced model's calls
+   (``real_calls``, ``coverage``): above both.
+9. ``autoshard.graph``: the strategy graph built from a trace and the rules.
+10. ``autoshard.program``: one rank's step (schedule, step memory, shared copies,
+    reservation), computed over the strategy graph's nodes.
+11. ``autoshard.plan``: the plan file, which embeds the program's schedule; its
+    format, schema, fingerprint, options and explain.
+12. ``autoshard.assembly``: solution -> plan: reads the graph and the program,
+    writes the plan.
+13. ``autoshard.service``: the plan server (solve a dumped problem, assemble it) and
+    its client and result cache: assembly and plan only, so the search may use the
+    client and the cache.
+14. ``autoshard.calibrate``: measures the machine (through the comm layer's calls)
+    and corrects profiles; the solve applies first-use corrections, so below the search.
+15. ``autoshard.search``: orchestration: solve, mesh search, expert baselines, pins,
+    objective terms; uses everything below.
+16. ``autoshard.runtime``: runs a plan, and its ``api`` solves one when there is none.
+17. entry points: the ``autoshard`` package face (public names, imported lazily),
+    ``autoshard.cli``, every ``__main__`` and ``solver.cli``.
+
+One import runs up, named in :data:`UPWARD_EXCEPTIONS` with its reason; the test
+fails as soon as it is gone, so the list cannot outlive it.
 """
 
 from __future__ import annotations
@@ -70,10 +114,53 @@ def _is_cli(module: str) -> bool:
             or module.rpartition(".")[2] == "__main__")
 
 
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("hw_profiles", ("hw_profiles",)),
+    ("costmodel", ("costmodel",)),
+    ("solver", ("solver",)),
+    ("base", ("autoshard.version", "autoshard.sizes", "autoshard.figures")),
+    ("comm", ("autoshard.runtime.process_group", "autoshard.runtime.collectives")),
+    ("rules", ("autoshard.rules",)),
+    ("trace", ("autoshard.trace",)),
+    ("validation", ("autoshard.validation",)),
+    ("graph", ("autoshard.graph",)),
+    ("program", ("autoshard.program",)),
+    ("plan", ("autoshard.plan",)),
+    ("assembly", ("autoshard.assembly",)),
+    ("service", ("autoshard.service",)),
+    ("calibrate", ("autoshard.calibrate",)),
+    ("search", ("autoshard.search",)),
+    ("runtime", ("autoshard.runtime",)),
+    ("entry", ("autoshard", "autoshard.cli")),
+)
+"""Layers, low to high (module docstring); a module's layer is its longest matching prefix,
+except that command-line modules are entry points wherever they live (:func:`_is_cli`)."""
+
+UPWARD_EXCEPTIONS = {
+    ("autoshard.rules.dtensor_fallback", "autoshard.validation.validator"):
+        "a rule derived from DTensor at solve time is validated before it is adopted "
+        "(the validation package's docstring); imported inside the function that derives it",
+}
+
+
+def layer_of(module: str) -> int:
+    """Index in :data:`LAYERS` of ``module`` (ValueError when no layer claims it)."""
+    if _is_cli(module):
+        return len(LAYERS) - 1
+    best = None
+    for i, (_, prefixes) in enumerate(LAYERS):
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and (best is None or len(prefix) > best[1]):
+                best = (i, len(prefix))
+    if best is None:
+        raise ValueError(f"{module}: on no layer of LAYERS")
+    return best[0]
+
+
 def test_import_graph_sees_function_level_imports():
     graph = import_graph()
     # autoshard/__init__.py imports its public names inside __getattr__ only
-    assert graph.has_edge("autoshard", "autoshard.plan.solve") or graph.has_edge("autoshard", "autoshard.plan.api")
+    assert graph.has_edge("autoshard", "autoshard.search.solve") or graph.has_edge("autoshard", "autoshard.search.api")
     assert graph.has_edge("autoshard", "autoshard.runtime.api")
 
 
@@ -111,3 +198,38 @@ def test_rule_families_import_no_validation_module():
                  if (a == "autoshard.rules" or a.startswith("autoshard.rules.")) and a != "autoshard.rules.dtensor_fallback"
                  and (b == "autoshard.validation" or b.startswith("autoshard.validation.")))
     assert not bad, "rule modules importing the validation:\n" + "\n".join(bad)
+
+
+def test_every_module_sits_on_a_layer():
+    unplaced = []
+    for module in _modules():
+        try:
+            layer_of(module)
+        except ValueError as exc:
+            unplaced.append(str(exc))
+    assert not unplaced, "modules on no layer (add their package to LAYERS):\n" + "\n".join(unplaced)
+
+
+def test_layer_of_takes_the_longest_prefix_and_puts_entry_points_on_top():
+    names = [name for name, _ in LAYERS]
+    assert names[layer_of("autoshard.runtime.collectives")] == "comm"
+    assert names[layer_of("autoshard.runtime.execute")] == "runtime"
+    assert names[layer_of("autoshard.service.__main__")] == "entry"
+    assert names[layer_of("solver.cli")] == "entry" and names[layer_of("solver.io")] == "solver"
+    assert names[layer_of("autoshard")] == "entry" and names[layer_of("autoshard.sizes")] == "base"
+
+
+def test_no_module_imports_a_layer_above_its_own():
+    graph = import_graph()
+    names = [name for name, _ in LAYERS]
+    bad = sorted(f"{a} ({names[layer_of(a)]}, line {d['line']}) -> {b} ({names[layer_of(b)]})"
+                 for a, b, d in graph.edges(data=True)
+                 if layer_of(b) > layer_of(a) and (a, b) not in UPWARD_EXCEPTIONS)
+    assert not bad, "imports from a lower layer to a higher one:\n" + "\n".join(bad)
+
+
+def test_every_upward_exception_is_still_an_import():
+    graph = import_graph()
+    gone = [f"{a} -> {b}" for a, b in UPWARD_EXCEPTIONS if not graph.has_edge(a, b)]
+    assert not gone, "exceptions no import needs any more (remove them):\n" + "\n".join(gone)
+    assert all(layer_of(b) > layer_of(a) for a, b in UPWARD_EXCEPTIONS)

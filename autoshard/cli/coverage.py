@@ -1,7 +1,7 @@
 """``autoshard coverage MODULE:FACTORY``: which of a model's ops have sharding rules.
 
 Traces the model's joint forward+backward graph (:mod:`autoshard.trace`) and
-prints the table of :func:`autoshard.rules.coverage.compute_coverage`: every
+prints the table of :func:`autoshard.validation.coverage.compute_coverage`: every
 distinct ATen op with its node count and the rule family that covers it
 (``NO RULE`` when none does: such an op can only run replicated), and the
 share of ops and of op nodes covered.
@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from autoshard.trace.model_spec import parse_kwargs
 
 if TYPE_CHECKING:  # the rules import torch: only when the command runs, so `autoshard coverage --help` stays fast
-    from autoshard.rules.coverage import CoverageReport, RuleLookup
+    from autoshard.validation.coverage import CoverageReport, RuleLookup
 
 __all__ = ["print_report", "add_arguments", "load_registry", "run"]
 
@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
     split_spec(args.model)
     overrides = parse_kwargs(args.kwargs)
     import_factory(args.model, paths)
-    from autoshard.rules.coverage import compute_coverage
+    from autoshard.validation.coverage import compute_coverage
     from autoshard.trace import trace_joint
 
     model, inputs = load_model(args.model, overrides, paths=paths)

@@ -81,7 +81,7 @@ def trace_section(console, paths: list[str]) -> None:
     """1. Trace the tiny LLaMA, check rule coverage, count strategies on 2x2."""
     console.rule("1. trace + rules: examples.models.llama3:tiny")
     from autoshard.rules import load_rules
-    from autoshard.rules.coverage import compute_coverage
+    from autoshard.validation.coverage import compute_coverage
     from autoshard.trace import trace_joint
     from autoshard.trace.model_spec import load_model
 
@@ -150,7 +150,7 @@ def solver_section(console, problem_path: Path, time_limit: float) -> None:
 def plan_section(console, paths: list[str], time_limit: float) -> None:
     """4. ``autoshard.solve`` of a small LLaMA on 2x2 (dp, tp), H100, beside the expert layouts."""
     console.rule("4. model -> plan: llama3:tiny (dim 256, batch 8x64), 2x2 (dp, tp), H100")
-    from autoshard.plan.solve import compare_baselines, prepare, solve_prepared
+    from autoshard.search.solve import compare_baselines, prepare, solve_prepared
     from autoshard.trace.model_spec import load_model
 
     overrides = {"dim": 256, "n_heads": 8, "batch_size": 8, "seq_len": 64, "device": "meta"}

@@ -26,7 +26,7 @@ __all__ = ["parse_bytes", "parse_pins", "add_arguments", "run", "BACKEND_CHOICES
            "BASELINE_CHOICES"]
 
 # Copies of solver.backends.BACKENDS, autoshard.graph.memory.OPTIMIZERS and
-# autoshard.plan.baselines.BASELINES: those modules import numba or torch, and
+# autoshard.search.baselines.BASELINES: those modules import numba or torch, and
 # `autoshard solve --help` (and a typo's error) must stay instant.
 # tests/autoshard/cli/test_cli_bad_input.py checks that the copies agree.
 BACKEND_CHOICES = ("cbc", "cpsat")
@@ -99,6 +99,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--expandable-segments", action="store_true",
                         help="the job runs with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: the plan's "
                              "estimated reservation (estimate.reserved_bytes) replays that allocator")
+    parser.add_argument("--allow-over-reservation", action="store_true",
+                        help="accept a plan whose live peak fits but whose estimated CUDA caching-allocator "
+                             "reservation exceeds the device (default: solved again under a lower limit until it "
+                             "fits, or exit code 1)")
     parser.add_argument("--no-ties", action="store_true", help="let every repeated layer choose its own strategies")
     parser.add_argument("--search", choices=("auto", "full", "seeded"),
                         help="full enumeration, or seeded from a coarser 2-D mesh (auto: seeded on 3-D+ meshes)")
@@ -169,6 +173,7 @@ def solve_options(args: argparse.Namespace, limit: int | None, pins: dict[str, s
              "recompute": args.recompute, "server": args.server, "profile_correction": args.profile_correction}
     options = SolveOptions(pins=pins, ties=not args.no_ties, mixed_precision=args.mixed_precision,
                            expandable_segments=getattr(args, "expandable_segments", False),
+                           allow_over_reservation=getattr(args, "allow_over_reservation", False),
                            **{name: value for name, value in given.items() if value is not None})
     if args.devices is not None and args.time_limit is None:
         options = options.with_changes(time_limit=DEFAULT_SEARCH_TIME_LIMIT_S)
@@ -195,7 +200,7 @@ def run(args: argparse.Namespace) -> int:
 
     from autoshard.cli.solve_report import dump_problem, print_baselines
     from autoshard.plan.explain import explain_text
-    from autoshard.plan.solve import InfeasibleMemoryError, prepare, solve_prepared
+    from autoshard.search.solve import InfeasibleMemoryError, prepare, solve_prepared
 
     options = solve_options(args, limit, pins)
     model, inputs = load_model(args.model, overrides, paths=paths)

@@ -20,7 +20,7 @@ def print_baselines(prep: Any, plan: Any, options: Any) -> None:
     """The expert layouts on ``prep``'s mesh, each with its recomputation policies, priced
     beside ``plan`` (``--compare-baselines``) in what the solve (or the search) left of
     ``--time-limit``."""
-    from autoshard.plan.solve import compare_baselines, solve_stage_seconds
+    from autoshard.search.solve import compare_baselines, solve_stage_seconds
 
     used = plan.options.get("mesh_search", {}).get("seconds") or solve_stage_seconds(plan)
     left = options.time_limit - float(used)
@@ -44,10 +44,10 @@ def _row(name: str, plan: Any, recompute: str) -> str:
 
 
 def dump_problem(prep: Any, plan: Any, options: Any, path: str) -> None:
-    """Write :func:`autoshard.plan.solve.problem_request` atomically at ``path`` (``--dump-problem``)."""
+    """Write :func:`autoshard.search.solve.problem_request` atomically at ``path`` (``--dump-problem``)."""
     import json
 
-    from autoshard.plan.solve import problem_request
+    from autoshard.search.solve import problem_request
     from solver.io import write_text_atomic
 
     write_text_atomic(path, json.dumps(problem_request(prep, plan, options), allow_nan=False) + "\n")

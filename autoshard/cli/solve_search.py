@@ -2,7 +2,7 @@
 
 The ``--devices`` half of ``autoshard solve`` (``autoshard.cli.solve``
 parses the flags and hands over): every flag is checked before torch is
-imported, then :func:`autoshard.plan.mesh_search.search_mesh` runs with rich
+imported, then :func:`autoshard.search.mesh_search.search_mesh` runs with rich
 progress (layouts done / total, the best step so far and its layout), the
 chosen plan is written atomically and explained with the table of every
 layout. ``--compare-baselines`` and ``--dump-problem`` act on the chosen
@@ -27,7 +27,7 @@ def validate_search(args: argparse.Namespace) -> None:
     from hw_profiles import load
 
     from autoshard.cli.values import check_count
-    from autoshard.plan.layouts import check_devices, devices_per_node_of, profile_for_nodes
+    from autoshard.search.mesh_layouts import check_devices, devices_per_node_of, profile_for_nodes
 
     if args.mesh is not None:
         raise ValueError("--mesh and --devices: give one (--devices searches the mesh for you)")
@@ -53,8 +53,8 @@ def run_search(args: argparse.Namespace, options: Any, overrides: dict[str, Any]
 
     from autoshard.cli.solve_report import dump_problem, print_baselines
     from autoshard.plan.explain import explain_text
-    from autoshard.plan.mesh_search import SearchStatus, search_mesh
-    from autoshard.plan.solve import InfeasibleMemoryError
+    from autoshard.search.mesh_search import SearchStatus, search_mesh
+    from autoshard.search.solve import InfeasibleMemoryError
     from autoshard.trace.model_spec import load_model
 
     model, inputs = load_model(args.model, overrides, paths=paths)
@@ -105,8 +105,8 @@ def _prepare_chosen(model: Any, inputs: Any, plan: Any, options: Any, devices_pe
     """The chosen layout's strategy graph, built as the search built it."""
     from hw_profiles import load
 
-    from autoshard.plan.layouts import profile_for_nodes
-    from autoshard.plan.solve import prepare
+    from autoshard.search.mesh_layouts import profile_for_nodes
+    from autoshard.search.solve import prepare
 
     profile = options.profile if not isinstance(options.profile, str) else load(options.profile)
     fp = plan.fingerprint

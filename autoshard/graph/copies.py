@@ -58,7 +58,7 @@ redistribution into the view, and only those count in its bound.
   FSDP2's measured memory; when autoshard's runtime prefetches, its
   schedule will be priced here.
 
-**Gradient buckets.** A bucketed gradient reduction (``costmodel.bucketing``)
+**Gradient buckets.** A bucketed gradient reduction (``costmodel.buckets.grouping``)
 waits for its bucket: the members' partial gradients live until the bucket's
 last member is made, then their concatenated payload is one more copy. The
 program charges, tied to each gradient's producer, its output where that
@@ -85,7 +85,8 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 __all__ = ["ReaderSpan", "copy_intervals", "BUCKET_BOUND_FACTOR", "view_copy_rule", "copy_possible",
-           "GATHER_SCHEDULES", "UnitSpans", "unit_spans", "fsdp2_interval", "ParamGathers", "param_gather_schedule"]
+           "GATHER_SCHEDULES", "UnitSpans", "unit_spans", "fsdp2_interval", "ParamGathers", "param_gather_schedule",
+           "fsdp2_reduction", "fsdp2_payload_ends"]
 
 GATHER_SCHEDULES = ("reader", "fsdp2")
 
@@ -154,6 +155,30 @@ def fsdp2_interval(spans: UnitSpans, unit: str, backward: bool) -> tuple[int, in
     if previous is not None and previous in table:
         start = min(start, table[previous][0])
     return (start, stop)
+
+
+def fsdp2_reduction(last_gradient: int, backward_end: int = 0) -> int:
+    """``R_u``: when FSDP2 starts a unit's reduction, a step after its last gradient is made
+    (``last_gradient``) and no earlier than the end of the unit's backward (``backward_end``:
+    its post-backward reshards the gathered parameters first). The one rule both the
+    integer program's bounds (``autoshard.graph.tied_memory``) and the plan's timeline
+    (``autoshard.program.memory``) use.
+
+    >>> fsdp2_reduction(7), fsdp2_reduction(7, backward_end=12)
+    (8, 12)
+    """
+    return max(last_gradient + 1, backward_end)
+
+
+def fsdp2_payload_ends(reductions: Iterable[int]) -> dict[int, int]:
+    """Each reduction time ``R`` -> when its reduce-scatter input is freed: FSDP2 keeps it
+    until the next unit's reduction starts (the first later ``R``); the last one's, a step.
+
+    >>> fsdp2_payload_ends([12, 8, 8, 20])
+    {8: 12, 12: 20, 20: 21}
+    """
+    ordered = sorted(set(reductions))
+    return {r: (ordered[k + 1] if k + 1 < len(ordered) else r + 1) for k, r in enumerate(ordered)}
 
 
 class ParamGathers:

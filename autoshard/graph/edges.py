@@ -22,9 +22,9 @@ k`` in the problem file).
 
 Gradient edges (op -> ``grad:<fqn>`` sink) pass ``share``: a reduction that
 the runtime issues in a bucket with other gradients pays only ``share`` of its
-call latency (``costmodel.bucketing``, which also says why this is an
+call latency (``costmodel.buckets.grouping``, which also says why this is an
 approximation and how the plan's estimate corrects it), on the route it would
-take in the bucket (``costmodel.bucketed_routes``: one flattened collective
+take in the bucket (``costmodel.buckets.routes``: one flattened collective
 where a per-dim chain, cheaper alone, could not join a bucket).
 
 >>> from hw_profiles import load
@@ -42,12 +42,12 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from costmodel.bucketed_routes import bucketed_route
-from costmodel.bucketing import bucketable_step
+from costmodel.buckets.routes import bucketed_route
+from costmodel.buckets.grouping import bucketable_step
 from costmodel.mesh import MeshSpec
 from costmodel.placements import Placement
 from costmodel.redistribute import plan_redistribute, redistribute_costs
-from costmodel.steps import RedistributePlan
+from costmodel.redistribute_steps import RedistributePlan
 from hw_profiles import HardwareProfile
 
 __all__ = ["EdgePricer", "distinct_values"]

@@ -34,7 +34,7 @@ from typing import Sequence
 import torch
 
 from costmodel.compute import op_time_s
-from costmodel.layout import max_local_numel
+from costmodel.shard_shapes import max_local_numel
 from costmodel.placements import Placement
 from hw_profiles import HardwareProfile
 

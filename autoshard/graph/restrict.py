@@ -69,7 +69,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import torch.fx as fx
 
@@ -81,6 +81,7 @@ from solver.backends import DEFAULT_BACKEND
 from autoshard.sizes import format_bytes
 
 from autoshard.graph.memory import OptimizerMemory
+from autoshard.graph.strategy_graph import StrategyGraph
 from autoshard.rules import OpStrategy
 
 __all__ = ["SEARCH_MODES", "choose_search", "coarse_groups", "coarse_mesh", "dim_choice",
@@ -230,17 +231,19 @@ def seeded_restriction(
     time_limit: float = 30.0,
     groups: Sequence[Sequence[int]] | None = None,
     backend: str = DEFAULT_BACKEND,
-    baselines: bool = False,
+    seed_pins: Callable[[StrategyGraph], Iterable[Mapping[int, int]]] | None = None,
     memo: dict[Any, Any] | None = None,
 ) -> tuple[SeededRestriction, SeedInfo]:
     """Solve ``traced`` on the coarse mesh and return the restriction for ``mesh``
     (module docstring). ``memory_limit`` defaults to the profile's device memory.
-    ``baselines``: also seed from the coarse solves of the expert layouts
-    (``autoshard.plan.baselines``, no memory limit, as ``compare_baselines``
-    prices them), so that each baseline keeps on the fine mesh the activation
-    layouts it picks on the coarse one (measured on LLaMA-3-8B, 2x4x8: the
-    baselines' estimates drop by up to 0.2 %, the plan's by 0.001 %, for four
-    more coarse solves). Every coarse solve ends within ``time_limit`` of the
+    ``seed_pins``: given the coarse graph, the resolved pins of further coarse
+    solves (no memory limit) to seed from; the search passes
+    ``autoshard.search.baselines.baseline_seed_pins`` so that each expert baseline
+    keeps on the fine mesh the activation layouts it picks on the coarse one
+    (measured on LLaMA-3-8B, 2x4x8: the baselines' estimates drop by up to 0.2 %,
+    the plan's by 0.001 %, for four more coarse solves). A parameter, not an
+    import: which pins to try is the search's concern, and the graph layer
+    imports nothing above it. Every coarse solve ends within ``time_limit`` of the
     first one's start: the seed's solves share it.
     ``memo``: a dict kept by the caller across calls on the same ``traced``;
     fine meshes with the same coarse mesh (``2x4x8`` and ``4x2x8`` both seed
@@ -257,7 +260,7 @@ def seeded_restriction(
     groups_t = tuple(tuple(g) for g in (groups or coarse_groups(mesh.shape)))
     coarse = coarse_mesh(mesh, groups_t)
     key = (id(traced), coarse.shape, coarse.strides, profile, optimizer, allow_uneven, memory_limit, time_limit,
-           backend, baselines)
+           backend, seed_pins)
     if memo is not None and key in memo:
         allowed, signature_of, info = memo[key]
         info = SeedInfo(info.coarse_shape, groups_t, {"build": 0.0, "solve": 0.0}, info.coarse_step_s,
@@ -279,21 +282,11 @@ def seeded_restriction(
                                  start_time=t1)
         relaxed = True
     seeds = [solution.choice]
-    if baselines:
-        # plan-layer helpers, imported here so that the graph package does not depend on plan at import time
-        from autoshard.plan.baselines import BaselineError, applicable_baselines, baseline_pins
-        from autoshard.plan.pins import resolve_pins
-
-        for name in applicable_baselines(graph):
-            try:
-                pins = resolve_pins(graph, baseline_pins(graph, name))
-            except (BaselineError, ValueError) as exc:
-                log.info("seeded search: no coarse %s seed (%s)", name, exc)
-                continue
-            found = solve_problem(to_problem(graph, memory_limit=None, pins=pins), backend=backend,
-                                  time_limit=time_limit, start_time=t1)
-            if found.choice:
-                seeds.append(found.choice)
+    for pins in (seed_pins(graph) if seed_pins is not None else ()):
+        found = solve_problem(to_problem(graph, memory_limit=None, pins=pins), backend=backend,
+                              time_limit=time_limit, start_time=t1)
+        if found.choice:
+            seeds.append(found.choice)
     t2 = time.perf_counter()
     allowed: dict[str, set[ChoiceKey]] = {}
     signature_of: dict[str, str] = {}

@@ -20,7 +20,7 @@ from typing import Mapping
 
 import numpy as np
 
-from costmodel.bucketing import DEFAULT_BUCKET_BYTES
+from costmodel.buckets.grouping import DEFAULT_BUCKET_BYTES
 from costmodel.mesh import MeshSpec
 from hw_profiles import HardwareProfile
 

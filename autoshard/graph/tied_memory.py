@@ -23,14 +23,13 @@ nodes by the copies and buckets that really happen.
 
 from __future__ import annotations
 
-import bisect
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from costmodel.placements import Partial
 
-from autoshard.graph.copies import BUCKET_BOUND_FACTOR, copy_possible
+from autoshard.graph.copies import BUCKET_BOUND_FACTOR, copy_possible, fsdp2_payload_ends, fsdp2_reduction
 from autoshard.graph.memory import local_bytes
 from autoshard.graph.node_ids import MemoryCopyId, MemoryPieceId
 from autoshard.graph.recompute import member_pieces
@@ -171,8 +170,8 @@ class TiedMemory:
         in the order buckets form (``autoshard.graph.copies``): ``payload`` at its
         time, and ``waiting`` (twice its partial output: waiting, and its part of
         the payload) until the last gradient that can share its bucket is made.
-        ``units`` (one per producer: FSDP2's reductions, ``costmodel.bucketing`` and
-        ``autoshard.plan.exact_memory``): a unit reduces at ``R_u``, one past the later
+        ``units`` (one per producer: FSDP2's reductions, ``costmodel.buckets.grouping`` and
+        ``autoshard.program.memory``): a unit reduces at ``R_u``, one past the later
         of its last gradient and its backward's end (``backward_end``), and holds its
         reduce-scatter input until the next unit's ``R``; so a gradient waits (its
         output) over ``[t + 1, R_u + 1)`` and its part of the payload, ``scale`` times
@@ -180,10 +179,11 @@ class TiedMemory:
         ``[R_u, R_next)``."""
         times = [t for _, t, _ in producers]
         sizes = [b for _, _, b in producers]
-        reduce_at: dict[str, int] = {}
+        last: dict[str, int] = {}
         for u, t in zip(units or (), times):
-            reduce_at[u] = max(reduce_at.get(u, t + 1), t + 1, (backward_end or {}).get(u, 0))
-        ordered = sorted(set(reduce_at.values()))
+            last[u] = max(last.get(u, t), t)
+        reduce_at = {u: fsdp2_reduction(t, (backward_end or {}).get(u, 0)) for u, t in last.items()}
+        payload_end = fsdp2_payload_ends(reduce_at.values())
         for j, (i, t, _) in enumerate(producers):
             v = self.b.nodes[i]
             if v.kind != "op" or str(MemoryPieceId("payload", v.name)) in self.b.index:
@@ -197,9 +197,8 @@ class TiedMemory:
                 continue
             if units is not None:  # waits (partial) for its unit's reduction, then its cast part of the payload
                 r = reduce_at[units[j]]
-                later = ordered[bisect.bisect_right(ordered, r):]
                 self._add(i, "waiting", BOUND, (t + 1, r + 1), memory)
-                self._add(i, "payload", BOUND, (r, later[0] if later else r + 1), scale * memory)
+                self._add(i, "payload", BOUND, (r, payload_end[r]), scale * memory)
                 continue
             self._add(i, "payload", BOUND, (t, t + 1), memory)
             last = _bucket_window_end(times, sizes, j, cap)
@@ -209,7 +208,7 @@ class TiedMemory:
 
 def _bucket_window_end(times: Sequence[int], sizes: Sequence[float], j: int, cap: int) -> int:
     """The latest time a gradient that can share gradient ``j``'s bucket is made: the
-    buckets are runs of consecutive gradients of at most ``cap`` bytes (``costmodel.bucketing``)."""
+    buckets are runs of consecutive gradients of at most ``cap`` bytes (``costmodel.buckets.grouping``)."""
     if cap <= 0:
         return times[j]
     last = times[j]

@@ -1,7 +1,7 @@
 """Where autoshard keeps plans and layouts between runs: one folder per user
 (``$AUTOSHARD_CACHE_DIR``, else the XDG cache folder), shared by the runtime's
 plan cache (:func:`autoshard.autoshard`) and the mesh search's layout cache
-(:mod:`autoshard.plan.layout_cache`).
+(:mod:`autoshard.search.layout_cache`).
 
 >>> import os; os.environ["AUTOSHARD_CACHE_DIR"] = "/tmp/plans"
 >>> str(default_cache_dir())

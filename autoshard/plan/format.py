@@ -1,6 +1,6 @@
 """The plan file (``autoshard.plan/1``): what a solve produces and the runtime runs.
 
-Human-readable, diffable, versioned JSON (never pickled), as in DESIGN.md:
+Human-readable, diffable, versioned JSON (never pickled), as in docs/formats.md:
 ``fingerprint``, per-parameter and per-input placements, per-node strategies,
 every redistribution with its collective steps, the estimate and the solver's
 report. Extra keys (``buffers``, ``constants``, ``param_aliases``, ``options``,
@@ -8,9 +8,9 @@ report. Extra keys (``buffers``, ``constants``, ``param_aliases``, ``options``,
 ``autoshard explain`` need; ``constants`` (the placements of the tensors the
 forward makes from Python data, ``autoshard.trace.TracedGraph.constants``) is
 written only when the graph has some, so plans of other models are unchanged.
-A bucket (``costmodel.bucketing.Bucket``) lists gradient sinks whose one-step
+A bucket (``costmodel.buckets.grouping.Bucket``) lists gradient sinks whose one-step
 reductions the runtime issues as one collective instead of their own steps.
-The schedule (``autoshard.plan.schedule``) says where each collective is
+The schedule (``autoshard.program.schedule``) says where each collective is
 issued and waited; it is checked against the plan's nodes, redistributions
 and buckets when the plan is read. ``recompute`` lists the op nodes whose
 forward the backward recomputes (``autoshard.graph.recompute``; empty when
@@ -39,16 +39,24 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
-from costmodel.bucketing import Bucket, GatherBucket
-from costmodel.steps import RedistributeStep, StepError
+from costmodel.buckets.grouping import Bucket, GatherBucket
+from costmodel.redistribute_steps import RedistributeStep, StepError
 from hw_profiles.json_input import parse_json
 
-from autoshard.plan.schedule import Schedule, ScheduleError, check_schedule
+from autoshard.program.schedule import Schedule, ScheduleError, check_schedule
 
-__all__ = ["FORMAT", "PlanError", "Fingerprint", "PlanNode", "Redistribution", "Estimate", "SolverReport", "Plan",
+__all__ = ["FORMAT", "ASSEMBLY_FORMAT", "REQUEST_FORMAT", "PlanError", "Fingerprint", "PlanNode", "Redistribution", "Estimate", "SolverReport", "Plan",
            "recompute_problem"]
 
 FORMAT = "autoshard.plan/1"
+
+ASSEMBLY_FORMAT = "autoshard.assembly/1"
+"""The assembler's input (``autoshard.assembly.request.AssemblyGraph``) inside a plan request."""
+
+REQUEST_FORMAT = "autoshard.plan_request/1"
+"""A plan request (``autoshard.assembly.request.PlanRequest``): the ``"autoshard"`` section of a
+dumped problem and the body of ``POST /v1/plans``; named here, beside the plan's own format, so
+that the schemas (``autoshard.plan.schema``) need nothing from the assembler."""
 
 
 class PlanError(ValueError):
@@ -184,7 +192,7 @@ class Redistribution:
     cost_s: float
     reuses: tuple[str, int] | None = None
     """(reader, input) of an earlier redistribution of the same tensor to the same placement
-    whose result this edge reads (no steps of its own: ``autoshard.plan.shared_copies``)."""
+    whose result this edge reads (no steps of its own: ``autoshard.program.shared_copies``)."""
 
     def to_dict(self) -> dict[str, Any]:
         out = {"tensor": self.tensor, "output": self.output_index, "to": self.to, "input": self.input_index,
@@ -236,7 +244,7 @@ class Estimate:
     None in plans priced before schedules (``step_s`` is then the plain sum)."""
     reserved_bytes: float | None = None
     """What PyTorch's CUDA caching allocator reserves for the step (``max_memory_reserved``:
-    the live tensors plus the blocks it keeps), replayed by ``autoshard.plan.reservation``;
+    the live tensors plus the blocks it keeps), replayed by ``autoshard.program.reservation``;
     None on CPU profiles (no caching allocator) and in plans priced before it."""
 
     @property
@@ -359,10 +367,10 @@ class Plan:
     recompute: tuple[str, ...] = ()
     """Op nodes whose forward the backward recomputes, in graph order (empty: none)."""
     gather_buckets: tuple[GatherBucket, ...] = ()
-    """Parameter all-gathers issued as one collective each (``costmodel.bucketing``;
+    """Parameter all-gathers issued as one collective each (``costmodel.buckets.grouping``;
     their members' redistributions keep their steps for reading)."""
     schedule: Schedule | None = None
-    """Issue and wait position of every collective (``autoshard.plan.schedule``);
+    """Issue and wait position of every collective (``autoshard.program.schedule``);
     None in plans written before schedules (the runtime then builds the default one)."""
 
     def to_dict(self) -> dict[str, Any]:
@@ -492,7 +500,7 @@ def _from_object(cls: Any, data: Any, where: str) -> Any:
 def _check_gathers(plan: Plan) -> None:
     """Every gather bucket member is a redistribution of exactly one all_gather
     on the bucket's mesh dims, and in one bucket only."""
-    from costmodel.bucketing import gatherable_step
+    from costmodel.buckets.grouping import gatherable_step
 
     by_edge = {(r.tensor, r.to, r.input_index): r for r in plan.redistributions}
     seen: set[tuple[str, str, int]] = set()

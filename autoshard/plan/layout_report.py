@@ -1,11 +1,11 @@
 """What a mesh search found, per layout: the rows of ``plan.options["mesh_search"]``, their table and plot.
 
 Torch-free (``autoshard explain`` reads it). One :class:`LayoutResult` per
-layout the search considered (``autoshard.plan.layouts``), with its outcome:
+layout the search considered (``autoshard.search.mesh_layouts``), with its outcome:
 
 - ``solved``: solved; ``step_s`` and ``peak_memory_bytes`` are the plan's estimate;
 - ``cut``: not solved, because its lower bound ``bound_s`` was at or above the
-  best step already found (``autoshard.plan.mesh_search``: it cannot win);
+  best step already found (``autoshard.search.mesh_search``: it cannot win);
 - ``no_fit``: solved, no plan fits the memory limit;
 - ``skipped``: not reached within the search's time limit;
 - ``error``: the layout does not apply (a pin for another number of mesh
@@ -53,7 +53,7 @@ class LayoutResult:
     solver_status: str | None = None
     """``optimal``, ``timeout``, ... (``solved`` only)."""
     portfolio: str | None = None
-    """The expert layout that won the unproven search on this mesh, if one did."""
+    """The expert baseline that won the unproven search on this mesh, if one did."""
     seconds: float = 0.0
     """Wall time spent on it in this run: build, bound, solve (0 when cached)."""
     cached: bool = False

@@ -2,8 +2,8 @@
 each declared once, with its default, in :class:`SolveOptions`.
 
 Why one object: the command line (``autoshard solve``), the Python API
-(:func:`autoshard.solve`, :func:`~autoshard.plan.solve.prepare`,
-:func:`~autoshard.plan.solve.solve_prepared`), the mesh search and the
+(:func:`autoshard.solve`, :func:`~autoshard.search.solve.prepare`,
+:func:`~autoshard.search.solve.solve_prepared`), the mesh search and the
 runtime (:func:`autoshard.autoshard`) each took the same dozen keywords with
 their own copies of the defaults; a default changed in one place then
 silently differed in another. Each entry point now builds one
@@ -31,7 +31,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from costmodel.bucketing import DEFAULT_BUCKET_BYTES, dtype_itemsize
+from costmodel.buckets.grouping import DEFAULT_BUCKET_BYTES, dtype_itemsize
 from hw_profiles import HardwareProfile
 from solver.backends import DEFAULT_BACKEND
 
@@ -52,7 +52,7 @@ DEFAULT_SEARCH_TIME_LIMIT_S = 600.0
 """``autoshard solve --devices N``'s default: a search solves every mesh layout."""
 
 NO_MEMORY_LIMIT = math.inf
-"""``memory_limit`` that means: no limit (the expert layouts' comparison rows)."""
+"""``memory_limit`` that means: no limit (the expert baselines' comparison rows)."""
 
 PLAN_GAP = 1e-6
 """Relative gap at which a plan counts as optimal: a millionth of the step
@@ -60,7 +60,7 @@ time is below the cost model's own accuracy by orders of magnitude."""
 
 BUILD_FIELDS = ("profile", "optimizer", "optimizer_impl", "mixed_precision", "allow_uneven", "search", "bucket_bytes",
                 "recompute", "gather", "reduce_dtype", "device_type", "profile_correction")
-"""The options that decide the strategy graph (:func:`~autoshard.plan.solve.prepare` reads
+"""The options that decide the strategy graph (:func:`~autoshard.search.solve.prepare` reads
 these; the solve reads the others, and ``recompute`` too)."""
 
 PROFILE_CORRECTIONS = ("auto", "here", "remeasure", "calibrate", "off")
@@ -68,7 +68,7 @@ PROFILE_CORRECTIONS = ("auto", "here", "remeasure", "calibrate", "off")
 
 OVERLAP_ROUNDS = 2
 """Solves after the first one with gradient and parameter-gather edges priced at
-their exposed time (``autoshard.plan.overlap_pricing``)."""
+their exposed time (``autoshard.search.overlap_objective``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -88,7 +88,7 @@ class SolveOptions:
     """Placements fixed by name pattern (``{"*.tok_embeddings.weight": "S(0)R"}``)."""
     time_limit: float = DEFAULT_TIME_LIMIT_S
     """Seconds for the whole solve: the seed of a seeded search, the solve, the overlap rounds
-    and the expert layouts all take their share of it (through ``autoshard.solve`` and
+    and the expert baselines all take their share of it (through ``autoshard.solve`` and
     ``autoshard solve``, the trace and the build too: ``solve_prepared(started=)``)."""
     backend: str = DEFAULT_BACKEND
     """Integer-program backend (``solver.backends``)."""
@@ -103,9 +103,9 @@ class SolveOptions:
     mixed_precision: bool = False
     """Parameters kept in fp32 beside bf16 compute copies (memory only)."""
     baseline: str | None = None
-    """An expert layout to impose (``ddp``, ``fsdp``, ``tp``, ``fsdp+tp``; ``autoshard.plan.baselines``)."""
+    """An expert baseline to impose (``ddp``, ``fsdp``, ``tp``, ``fsdp+tp``; ``autoshard.search.baselines``)."""
     tp_table: Mapping[str, str | int] | None = None
-    """The tensor-parallel table of the ``tp`` layouts (``autoshard.plan.baselines``)."""
+    """The tensor-parallel table of the ``tp`` layouts (``autoshard.search.baselines``)."""
     search: str = "auto"
     """``full``, ``seeded`` (restricted near a coarse mesh's plan) or ``auto`` (seeded from 3 mesh dims)."""
     recompute: str = "auto"
@@ -126,8 +126,13 @@ class SolveOptions:
     expandable_segments: bool = False
     """The plan runs with ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` (torchtitan's
     launcher sets it): ``estimate.reserved_bytes`` replays that allocator
-    (``autoshard.plan.reservation``) instead of the default one. Pricing only: the runtime does not
+    (``autoshard.program.reservation``) instead of the default one. Pricing only: the runtime does not
     set the variable."""
+    allow_over_reservation: bool = False
+    """Accept a plan whose live peak fits the memory limit but whose replayed caching-allocator
+    reservation (``estimate.reserved_bytes``) exceeds the device's memory (a warning says so). By
+    default such a plan is solved again under a lower limit until its reservation fits, or the solve
+    raises ``InfeasibleMemoryError`` (``autoshard.search.solve.solve_prepared``)."""
     server: str | None = None
     """An ``autoshard serve`` URL that solves instead of this process (the same plan)."""
     overlap_rounds: int = OVERLAP_ROUNDS

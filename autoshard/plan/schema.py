@@ -5,7 +5,7 @@ Why: the plan is the one file that crosses from the solve to the runtime,
 and people diff it, review it and feed it to their own tools. A schema lets
 those tools check it without importing autoshard. The loaders
 (:meth:`autoshard.plan.format.Plan.from_dict`,
-:meth:`autoshard.plan.assemble.PlanRequest.from_dict`) remain the authority
+:meth:`autoshard.assembly.request.PlanRequest.from_dict`) remain the authority
 and check what a schema cannot (a fingerprint matching the model in hand,
 strategy lists matching the problem); ``docs/schemas/generate.py`` writes
 these dicts to ``docs/schemas/`` and ``tests/test_docs.py`` checks them
@@ -28,12 +28,12 @@ from __future__ import annotations
 from typing import Any
 
 from costmodel.placements import REDUCE_OPS
-from costmodel.steps import COLLECTIVE_STEPS, LOCAL_STEPS
+from costmodel.redistribute_steps import COLLECTIVE_STEPS, LOCAL_STEPS
 from hw_profiles import SCHEMA as PROFILE_SCHEMA
 from solver.schemas import DRAFT
 from solver.solution import Status
 
-from autoshard.plan.assemble import ASSEMBLY_FORMAT, REQUEST_FORMAT
+from autoshard.plan.format import ASSEMBLY_FORMAT, REQUEST_FORMAT
 from autoshard.plan.format import FORMAT as PLAN_FORMAT
 
 __all__ = ["PLACEMENT", "PLAN_SCHEMA", "PLAN_REQUEST_SCHEMA"]

@@ -73,6 +73,7 @@ FAMILIES: tuple[str, ...] = (
     "hf_ops",
     "diagonal",
     "fft",
+    "experts",
 )
 """Family modules under ``autoshard.rules``, each with ``register(registry)``."""
 

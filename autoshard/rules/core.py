@@ -3,7 +3,7 @@ strategies and compute descriptions.
 
 A *single-dim strategy* says, for ONE mesh dim, which placement every tensor
 output gets for given placements of the tensor inputs. In a rule, ``S(d)`` is a
-shard *placeholder* (DESIGN.md's ``S(*)``): the expansion fills it with ``S(d)``
+shard *placeholder* (``S(*)``, docs/design.md, "Notation"): the expansion fills it with ``S(d)``
 and with every strided shard ``_S(d,sf=k)`` asked for, the same kind in every
 position of one strategy. Literal :class:`~costmodel.placements.Shard` /
 :class:`~costmodel.placements.StridedShard` entries (view rules) are kept as

@@ -3,7 +3,7 @@ for ops that have no rule of ours (``load_rules(dtensor_fallback=True)``).
 
 DTensor's built-in expansion is made for run-time dispatch: it fills shard
 placeholders only with the shard kinds already present in the inputs and
-wants one placement per input (TORCH.md). So we call the *raw* single-dim
+wants one placement per input (docs/design.md, "What torch offers"). So we call the *raw* single-dim
 strategy function of an op and convert its result to our
 :class:`~autoshard.rules.core.SingleDimStrategy` list; our own expansion
 (:mod:`autoshard.rules.expand`) then enumerates the N-D strategies.

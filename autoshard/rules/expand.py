@@ -4,7 +4,7 @@ For a mesh of sizes ``(m_0, ..., m_{n-1})`` the strategies of a call are the
 product, over mesh dims, of the rule's single-dim strategies (the all-replicate
 one added first, placeholders ``S*(d)`` filled with ``S(d)`` and with
 ``_S(d,sf=k)`` for each requested split factor ``k``). Mesh dims apply left to
-right (DESIGN.md), so the product is walked depth first while the local size
+right (docs/design.md, "Notation"), so the product is walked depth first while the local size
 of every tensor dim is tracked; a choice for mesh dim ``i`` is checked on the
 local sizes left by mesh dims ``0..i-1``. Shape-dependent rules (views) are
 re-run on those local sizes, which is how a reshape of an already split tensor
@@ -50,7 +50,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from costmodel.layout import max_local_shape
+from costmodel.shard_shapes import max_local_shape
 from costmodel.placements import Partial, Placement, Replicate, Shard, StridedShard
 
 from autoshard.rules.core import OpCall, OpStrategy, ShardPlaceholder, SingleDimStrategy, TensorMeta

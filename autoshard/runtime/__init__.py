@@ -1,4 +1,4 @@
-"""Runtime: run a plan on a real mesh (DESIGN.md, "Runtime").
+"""Runtime: run a plan on a real mesh (docs/architecture.md, "Runtime").
 
 * :mod:`autoshard.runtime.module`: :class:`ShardedModule` / :func:`shard`, the
   user API (DTensor parameters, ``forward`` -> loss, ``backward`` -> ``.grad``);

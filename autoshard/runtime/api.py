@@ -1,4 +1,4 @@
-"""``autoshard(model, mesh, example_inputs)``: solve once, run everywhere (DESIGN.md, Python API).
+"""``autoshard(model, mesh, example_inputs)``: solve once, run everywhere (docs/api.md).
 
 Called on every rank of an initialized process group (``torchrun``), with the
 same model, mesh and example inputs (the whole batch) on every rank:
@@ -50,11 +50,11 @@ from costmodel.mesh import MeshSpec
 from hw_profiles import HardwareProfile
 from hw_profiles import load as load_profile
 
-from autoshard.plan.build import make_fingerprint
+from autoshard.plan.fingerprint import make_fingerprint
 from autoshard.plan.format import Fingerprint, Plan, PlanError
 from autoshard.plan.cache_folder import cache_folder, default_cache_dir
 from autoshard.plan.options import SolveOptions, profile_for_device, solve_options
-from autoshard.plan.solve import prepare, solve_prepared
+from autoshard.search.solve import prepare, solve_prepared
 from autoshard.runtime.devices import mesh_device
 from autoshard.runtime.module import ShardedModule
 from autoshard.runtime.rank_agreement import MeshSizeError, RankSetupError, agree, broadcast_plan, comm_device

@@ -29,7 +29,7 @@ blocking the host (unless ``TORCH_NCCL_BLOCKING_WAIT`` is set), so the
 compute issued between the issue and the wait overlaps the transfer. With
 gloo on CUDA tensors (several ranks sharing one GPU) the wait blocks the host. The
 runtime issues and waits where the plan's schedule says
-(``autoshard.plan.schedule``). The raw ops are called rather than the
+(``autoshard.program.schedule``). The raw ops are called rather than the
 ``funcol`` wrappers because those wait at once under tracing (``make_fx``,
 ``torch.compile``), which would put every wait next to its collective in a
 traced per-rank program.
@@ -78,7 +78,7 @@ class CollectiveRecord:
     edge: tuple[str, str, int] | None
     """(producer, reader, reader input) of the plan's redistribution, when known."""
     issue: int | None = None
-    """Schedule position where it was issued (``autoshard.plan.schedule``), when known."""
+    """Schedule position where it was issued (``autoshard.program.schedule``), when known."""
     wait: int | None = None
     """Schedule position where it was waited (equal to ``issue`` for a collective
     waited at once: all but the last of a redistribution's collectives)."""

@@ -1,6 +1,6 @@
 """Where a rank's tensors live: the mesh's device, and graph arguments put there.
 
-A plan names no device (DESIGN.md, Devices): its graph is traced for a device
+A plan names no device (docs/design.md, "Devices"): its graph is traced for a device
 *type* (``autoshard.trace.device``), so a CUDA graph's factory ops say
 ``device=cuda``. Each rank runs on its own device, ``cuda:LOCAL_RANK`` under
 ``torchrun`` (``init_device_mesh("cuda", ...)`` makes it the current device;

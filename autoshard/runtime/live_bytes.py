@@ -13,7 +13,7 @@ when its inputs and its outputs both exist.
 Not counted: buffers inside collectives in flight, the optimizer's state
 (the optimizer is not the runtime's), allocator slack and kernel workspace.
 This is what the plan's memory timeline counts for the step, less the
-optimizer state (``autoshard.plan.exact_memory``).
+optimizer state (``autoshard.program.memory``).
 
 >>> import torch
 >>> live = LiveBytes()
@@ -22,15 +22,25 @@ optimizer state (``autoshard.plan.exact_memory``).
 16
 >>> live.touch([torch.zeros(2)]); live.peak
 24
+
+:func:`program_storages` gives the same count's inputs for the step program's
+own replay (``autoshard.program.actions.live_bytes_timeline``): the storages each
+value of the bound plan holds, from the plan's placements and the ops' alias
+annotations (a view op's output is its input's storage), without running anything.
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Iterator
+import math
+import operator
+from typing import Any, Iterable, Iterator, Mapping
 
 import torch
+import torch.fx as fx
 
-__all__ = ["LiveBytes", "TrackedDict"]
+from costmodel.shard_shapes import local_shape
+
+__all__ = ["LiveBytes", "TrackedDict", "program_storages"]
 
 
 def _storages(value: Any) -> Iterator[tuple[int, int]]:
@@ -115,3 +125,47 @@ class TrackedDict(dict):
         if default is TrackedDict._MISSING:
             raise KeyError(key)
         return default
+
+
+def _aliases(op: Any) -> list[bool]:
+    """Per output: whether the op returns a view of an input (its schema's alias annotation)."""
+    schema = getattr(op, "_schema", None)
+    if schema is None:
+        return []
+    return [r.alias_info is not None for r in schema.returns]
+
+
+def program_storages(binding: Any, leaves: Mapping[fx.Node, torch.Tensor]) -> dict[str, list[tuple[str, int]]]:
+    """Value name -> (storage key, bytes) of each storage it holds on this rank, for
+    ``autoshard.program.actions.live_bytes_timeline``: a leaf its tensor's storage; an op
+    output its local bytes (the plan's placement), or its first tensor input's storage
+    when the op's schema says it returns a view; a tuple access its element's.
+    ``binding``: an ``autoshard.runtime.binding.PlanBinding``; ``leaves``: the step's leaf
+    tensors (parameters, buffers, inputs, tangent, constants).
+
+    >>> # storages = program_storages(runner.binding, leaves)
+    """
+    outputs: dict[str, list[list[tuple[str, int]]]] = {}
+    for node, value in leaves.items():
+        storage = value.untyped_storage()
+        outputs[node.name] = [[(f"leaf@{storage.data_ptr()}", storage.nbytes())]]
+    for b in binding.ops:
+        name = b.node.name
+        if b.op is operator.getitem:
+            outputs[name] = [outputs[b.node.args[0].name][int(b.node.args[1])]]
+            continue
+        alias = _aliases(b.op)
+        first = outputs.get(b.edges[0].source.name, [[]]) if b.edges else [[]]
+        per_output = []
+        for k, (meta, placements) in enumerate(zip(b.out_global, b.out_placements)):
+            if meta is None:
+                per_output.append([])
+            elif k < len(alias) and alias[k]:
+                per_output.append([key for out in first for key in out])
+            else:
+                shape = meta.shape if placements is None else local_shape(meta.shape, placements, binding.mesh_shape,
+                                                                          binding.coord)
+                itemsize = torch.empty((), dtype=meta.dtype).element_size()
+                per_output.append([(f"{name}#{k}", math.prod(shape) * itemsize)])
+        outputs[name] = per_output
+    return {name: [key for out in outs for key in out] for name, outs in outputs.items()}

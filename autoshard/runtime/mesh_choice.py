@@ -1,7 +1,7 @@
 """``autoshard(model, example_inputs=..., devices=N)``: no mesh given, the plan chooses it.
 
 Under ``torchrun`` without a mesh, every rank traces the model; rank 0 runs
-the mesh search (:func:`autoshard.plan.mesh_search.search_mesh`, in its own
+the mesh search (:func:`autoshard.search.mesh_search.search_mesh`, in its own
 process, one layout after another: the job's other ranks wait in the plan
 broadcast, and nothing forks inside a process group) or takes ``plan=``;
 every rank receives the plan, checks its fingerprint against its own trace
@@ -34,7 +34,7 @@ from torch import nn
 from hw_profiles import HardwareProfile
 from hw_profiles import load as load_profile
 
-from autoshard.plan.build import make_fingerprint
+from autoshard.plan.fingerprint import make_fingerprint
 from autoshard.plan.format import Plan
 from autoshard.plan.options import SolveOptions, profile_for_device
 from autoshard.runtime.module import ShardedModule
@@ -74,7 +74,7 @@ def autoshard_on_chosen_mesh(
     ``options.profile`` (none was given)."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    from autoshard.plan.layouts import profile_for_nodes
+    from autoshard.search.mesh_layouts import profile_for_nodes
     from autoshard.trace import trace_joint
 
     world = dist.get_world_size()
@@ -127,7 +127,7 @@ def _rank0_plan(traced: Any, devices: int, node: int | None, options: SolveOptio
     rank's own trace (``cache`` when the chosen layout came from the layout cache)."""
     import logging
 
-    from autoshard.plan.mesh_search import search_mesh
+    from autoshard.search.mesh_search import search_mesh
 
     if plan is not None:
         return "given", plan if isinstance(plan, Plan) else Plan.load(plan)

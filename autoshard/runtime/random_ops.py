@@ -116,7 +116,7 @@ def run_random(kind: str, node: fx.Node, local_inputs: Sequence[torch.Tensor],
 
 def get_rng_state(device: torch.device) -> torch.Tensor:
     """The state of the default generator that ops on ``device`` draw from (a
-    recomputed dropout replays it: ``autoshard.runtime.recomputation``)."""
+    recomputed dropout replays it: ``autoshard.program.actions``, Recompute)."""
     if device.type == "cuda":
         return torch.cuda.get_rng_state(device)
     return torch.get_rng_state()

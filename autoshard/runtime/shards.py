@@ -1,6 +1,6 @@
 """One rank's shard of a whole tensor: the slice that rank holds under a
 placement on the mesh, with ``torch.chunk`` sizes as the cost model counts
-them (:func:`costmodel.layout.local_indices`).
+them (:func:`costmodel.shard_shapes.local_indices`).
 
 The runtime slices parameters, inputs and buffers at load, the random ops
 their globally drawn tensors, and the tests their single-device references,
@@ -18,7 +18,7 @@ from typing import Sequence
 
 import torch
 
-from costmodel.layout import local_indices
+from costmodel.shard_shapes import local_indices
 from costmodel.placements import Partial, Placement
 
 __all__ = ["local_slice"]
@@ -27,7 +27,7 @@ __all__ = ["local_slice"]
 def local_slice(tensor: torch.Tensor, placements: Sequence[Placement], mesh_shape: Sequence[int],
                 coord: Sequence[int]) -> torch.Tensor:
     """The local shard of a whole tensor at mesh coordinate ``coord`` (``torch.chunk``
-    sizes, mesh dims left to right, strided shards as ``costmodel.layout``).
+    sizes, mesh dims left to right, strided shards as ``costmodel.shard_shapes``).
     Partial placements are refused: a whole value has no partial shard."""
     if any(isinstance(p, Partial) for p in placements):
         raise ValueError(f"local_slice: a whole tensor has no partial shard ({''.join(map(str, placements))})")

@@ -1,4 +1,4 @@
-"""Run one redistribution step (``costmodel.steps``) on this rank's local tensor.
+"""Run one redistribution step (``costmodel.redistribute_steps``) on this rank's local tensor.
 
 The semantics are those of ``costmodel.simulate.apply_step`` (the reference
 the cost model and the tests use); here each rank runs its own part, and the
@@ -9,7 +9,7 @@ Process-group collectives want equal sizes on every member (gloo's
 reduce_scatter, ``all_gather_single``), while placements follow
 ``torch.chunk`` (uneven shards: ceil-sized chunks, trailing ones smaller or
 empty). Every member's local shape is known from the global shape and the
-step's source placements (``costmodel.layout.local_shape``), so buffers are
+step's source placements (``costmodel.shard_shapes.local_shape``), so buffers are
 padded with zeros to the largest member's extent before the collective and
 trimmed after it; with even shards nothing is padded and the bytes issued are
 the bytes the cost model priced.
@@ -37,9 +37,9 @@ from typing import Any, Generator, Protocol, Sequence
 
 import torch
 
-from costmodel.layout import chunk_offsets, chunk_sizes, local_shape, strided_positions
+from costmodel.shard_shapes import chunk_offsets, chunk_sizes, local_shape, strided_positions
 from costmodel.placements import Placement, StridedShard
-from costmodel.steps import COLLECTIVE_STEPS, LOCAL_STEPS, RedistributeStep
+from costmodel.redistribute_steps import COLLECTIVE_STEPS, LOCAL_STEPS, RedistributeStep
 
 __all__ = ["Comm", "StepRuntimeError", "PendingStep", "member_index", "member_coords", "step_phases", "run_step",
            "bucket_phases", "run_bucket", "gather_phases", "check_step_runnable"]
@@ -355,7 +355,7 @@ def bucket_phases(
     coord: Sequence[int],
     comm: Comm,
 ) -> Phases:
-    """Several gradients' one-step reductions (``costmodel.bucketing``) as ONE
+    """Several gradients' one-step reductions (``costmodel.buckets.grouping``) as ONE
     collective on a flat buffer; returns what :func:`run_step` returns for each
     (a generator: it yields after issuing, as :func:`step_phases`).
 
@@ -411,7 +411,7 @@ def gather_phases(
     coord: Sequence[int],
     comm: Comm,
 ) -> Phases:
-    """Several leaves' one-step all_gathers (``costmodel.bucketing`` gather
+    """Several leaves' one-step all_gathers (``costmodel.buckets.grouping`` gather
     buckets) as ONE all_gather on a flat buffer; returns what :func:`run_step`
     returns for each (a generator that yields after issuing).
 

@@ -9,7 +9,7 @@ crash or a runaway solve fails that job only.
 - :mod:`autoshard.service.app`: the FastAPI app; its routes in
   :mod:`autoshard.service.job_routes` (``/v1/problems``, ``/v1/plans``,
   ``/v1/jobs/{id}``) and :mod:`autoshard.service.ops_routes` (``/healthz``,
-  ``/metrics``), sharing :mod:`autoshard.service.state`.
+  ``/metrics``), sharing :mod:`autoshard.service.app_state`.
 - :mod:`autoshard.service.jobs`: the queue, the worker processes, progress.
 - :mod:`autoshard.service.worker`: what a worker process runs.
 - :mod:`autoshard.service.cache`: the content-addressed LRU disk cache.

@@ -34,7 +34,7 @@ from autoshard.service import job_routes, ops_routes
 from autoshard.service.cache import ResultCache, code_version
 from autoshard.service.jobs import JobManager
 from autoshard.service.payload import BadRequest, Limits
-from autoshard.service.state import Metrics, ServiceState
+from autoshard.service.app_state import Metrics, ServiceState
 from autoshard.version import __version__
 
 __all__ = ["ServiceConfig", "create_app"]
@@ -60,7 +60,7 @@ class ServiceConfig:
 def create_app(config: ServiceConfig, *, start_workers: bool = True,
                on_ready: Callable[[], None] | None = None) -> FastAPI:
     """The FastAPI app of one server: the routes of :mod:`autoshard.service.job_routes`
-    and :mod:`autoshard.service.ops_routes` on one :class:`~autoshard.service.state.ServiceState`;
+    and :mod:`autoshard.service.ops_routes` on one :class:`~autoshard.service.app_state.ServiceState`;
     its workers start with the app's lifespan, after which ``on_ready()`` is called.
 
     >>> app = create_app(ServiceConfig(cache_dir=__import__("tempfile").mkdtemp()), start_workers=False)

@@ -23,7 +23,7 @@ from autoshard.service.cache import content_key
 from autoshard.service.jobs import Job, QueueFull
 from autoshard.service.payload import (BadRequest, decode_body, parse_plan, parse_problem, plan_options,
                                        problem_options, release_memory)
-from autoshard.service.state import ServiceState, authorize, declared_query, service_of
+from autoshard.service.app_state import ServiceState, authorize, declared_query, service_of
 
 __all__ = ["router"]
 

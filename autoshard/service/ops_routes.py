@@ -15,7 +15,7 @@ from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from autoshard.service.jobs import STATES
-from autoshard.service.state import authorize, service_of
+from autoshard.service.app_state import authorize, service_of
 
 __all__ = ["router"]
 

@@ -195,9 +195,9 @@ def parse_problem(body: bytes, fmt: str | None, limits: Limits) -> Problem:
 
 
 def parse_plan(body: bytes, limits: Limits) -> tuple[Problem, Any]:
-    """(problem, :class:`autoshard.plan.assemble.PlanRequest`) of a ``POST /v1/plans``
+    """(problem, :class:`autoshard.assembly.request.PlanRequest`) of a ``POST /v1/plans``
     body: a problem dumped by ``autoshard solve --dump-problem``, checked to fit its section."""
-    from autoshard.plan.assemble import AssemblyError, PlanRequest
+    from autoshard.assembly.request import AssemblyError, PlanRequest
 
     data = _load(body)
     if not isinstance(data, Mapping):

@@ -26,7 +26,8 @@ from typing import Any
 from solver.io import load_json, problem_from_json
 from solver.pipeline import solve
 
-from autoshard.plan.assemble import PlanRequest, assemble_plan
+from autoshard.assembly.assemble import assemble_plan
+from autoshard.assembly.request import PlanRequest
 
 __all__ = ["worker_main", "run_task", "PROGRESS_EVERY_S"]
 

@@ -1,12 +1,18 @@
 """Tracing: a model -> one joint forward+backward ATen graph on fake tensors.
 
-The first stage of the pipeline (DESIGN.md). Three modules:
+The first stage of the pipeline (docs/architecture.md). Its modules:
 
 - :mod:`autoshard.trace.joint`: :func:`trace_joint` and the :class:`TracedGraph` every
   later stage reads (op rules, the strategy graph, the runtime).
 - :mod:`autoshard.trace.compat`: what real model libraries need from a trace (the
   "being traced" signal, module labels on nodes, one-line errors); with ``joint``, the
-  only place that calls torch's private tracing APIs.
+  only place that calls torch's private tracing APIs for the trace itself.
+- :mod:`autoshard.trace.stamp`: a deep stack of identical blocks traced from three of them.
+- :mod:`autoshard.trace.canonical`: an op order that does not depend on the hash seed.
+- :mod:`autoshard.trace.device`: the graph mapped to the kernels of the plan's device type;
+  :mod:`autoshard.trace.causal_masks` recognises a mask that is the causal one by value.
+- :mod:`autoshard.trace.stand_ins`, :mod:`autoshard.trace.experts`: custom-op stand-ins
+  traced in place of a fused kernel (RMSNorm) or of a mixture's routed experts.
 - :mod:`autoshard.trace.model_spec`: ``MODULE:FACTORY`` model specs, looked up and
   loaded with one-line errors (torch-free).
 

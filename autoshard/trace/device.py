@@ -1,4 +1,4 @@
-"""A traced joint graph for the device type its plan runs on (DESIGN.md, Devices).
+"""A traced joint graph for the device type its plan runs on (docs/design.md, "Devices").
 
 autoshard traces on fake CPU tensors, whatever the hardware: a CPU-only torch
 cannot run autograd on CUDA fake tensors (its autograd engine asks the CUDA
@@ -26,6 +26,11 @@ here by :func:`for_device`:
   as autograd would have traced them on a GPU; the mapped nodes are named after
   their ops, as a trace on a GPU names them. A plan solved for H100s thus
   holds no ``_for_cpu`` op, and its pricing names the kernel that will run.
+  A mask computed from no input whose value is the causal mask (what Hugging
+  Face's ``create_causal_mask`` materialises while tracing, where eager passes
+  ``is_causal=True``: ``autoshard.trace.causal_masks``) is dropped for
+  ``is_causal``, so such a call takes the flash kernel, as in eager, and the
+  mask's ops leave the graph.
 
 Any other op that has a kernel for one device type only is refused with one
 line (:func:`device_kernel_problems` lists them), rather than planned for a
@@ -49,6 +54,7 @@ import torch
 import torch.fx as fx
 from torch._ops import OpOverload
 
+from autoshard.trace.causal_masks import CausalMasks
 from autoshard.trace.compat import TraceError
 from autoshard.trace.stand_ins import STAND_INS
 
@@ -160,11 +166,12 @@ def _uses_flash(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mas
 def _cuda_attention(graph: fx.Graph, fake_mode: Any) -> None:
     """CPU flash attention (forward and backward) -> the CUDA kernel SDPA picks."""
     random_state: dict[fx.Node, tuple[fx.Node, fx.Node, bool]] = {}  # forward -> (seed, offset, flash)
+    causal = CausalMasks()  # one per graph: every layer's attention reads the model's one mask
     for node in list(graph.nodes):
         if node.op != "call_function":
             continue
         if node.target is _CPU_FLASH:
-            new, *state = _map_forward(graph, node, fake_mode)
+            new, *state = _map_forward(graph, node, fake_mode, causal)
             random_state[new] = tuple(state)
         elif node.target is _CPU_FLASH_BACKWARD:
             _map_backward(graph, node, random_state, fake_mode)
@@ -223,13 +230,17 @@ def _getitem(graph: fx.Graph, producer: fx.Node, index: int) -> fx.Node:
     return got
 
 
-def _map_forward(graph: fx.Graph, node: fx.Node, fake_mode: Any) -> tuple[fx.Node, fx.Node, fx.Node, bool]:
+def _map_forward(graph: fx.Graph, node: fx.Node, fake_mode: Any,
+                 causal_masks: CausalMasks) -> tuple[fx.Node, fx.Node, fx.Node, bool]:
     """(the mapped node, its seed and offset accesses, whether it is the flash kernel)."""
     b = _bound(node)
     q, k, v, mask = b["query"], b["key"], b["value"], b["attn_mask"]
+    causal = b["is_causal"]
+    if mask is not None and not causal and b["dropout_p"] == 0.0 and causal_masks.is_causal(mask):
+        mask, causal = None, True  # the call eager makes (autoshard.trace.causal_masks)
     flash = _uses_flash(_val(q), _val(k), _val(v), _val(mask))
     if flash:
-        new = _replace(graph, node, _FLASH, (q, k, v, b["dropout_p"], b["is_causal"], False),
+        new = _replace(graph, node, _FLASH, (q, k, v, b["dropout_p"], causal, False),
                        {"scale": b["scale"]}, fake_mode)
         return new, _getitem(graph, new, 6), _getitem(graph, new, 7), True
     new = _replace(graph, node, _EFFICIENT, (q, k, v, mask, True, b["dropout_p"], b["is_causal"]),
@@ -255,12 +266,27 @@ def _map_backward(graph: fx.Graph, node: fx.Node, random_state: dict[fx.Node, tu
     q, k, v = b["query"], b["key"], b["value"]
     if flash:
         length_q, length_k = int(_val(q).shape[-2]), int(_val(k).shape[-2])
+        mask = b["attn_mask"]
         args = (b["grad_out"], q, k, v, b["out"], b["logsumexp"], None, None, length_q, length_k,
-                b["dropout_p"], b["is_causal"], seed, offset)
+                b["dropout_p"], b["is_causal"] or mask is not None, seed, offset)  # a mask here was causal
         _replace(graph, node, _FLASH_BACKWARD, args, {"scale": b["scale"]}, fake_mode)
+        _erase_unused(graph, mask)
         return
     mask = b["attn_mask"]
     grad_mask = [True, True, True, False]  # the mask is no parameter: its gradient is never read
     args = (b["grad_out"], q, k, v, mask, b["out"], b["logsumexp"], seed, offset, b["dropout_p"], grad_mask,
             b["is_causal"])
     _replace(graph, node, _EFFICIENT_BACKWARD, args, {"scale": b["scale"]}, fake_mode)
+
+
+def _erase_unused(graph: fx.Graph, node: Any) -> None:
+    """Erase ``node`` and then each of its inputs that no other node reads (a causal mask the flash
+    kernel replaced: its ops would otherwise be priced and run)."""
+    stack = [node] if isinstance(node, fx.Node) else []
+    while stack:
+        n = stack.pop()
+        if n.users or n.op != "call_function":
+            continue
+        inputs = n.all_input_nodes
+        graph.erase_node(n)
+        stack.extend(inputs)

@@ -1,7 +1,7 @@
 """Trace a model into one joint forward+backward ATen graph, on fake tensors
 (``autoshard.trace`` exports its public names).
 
-This is the first stage of the pipeline (DESIGN.md): everything later (op
+This is the first stage of the pipeline (docs/architecture.md): everything later (op
 rules, the strategy graph, the runtime) reads the :class:`TracedGraph` built
 here. The model is called as ``model(*example_inputs)`` (a tuple of
 tensors) or ``model(**example_inputs)`` (a dict of keyword tensors) and must
@@ -40,8 +40,13 @@ While tracing, ``torch.compiler.is_compiling()`` is true (as in
 (:mod:`autoshard.trace.compat`); a model that still reads tensor values gets
 one :class:`DataDependentError` line naming the op and the model's line.
 
+The trace's op order does not depend on the process's hash seed: where the
+model's code iterates a set (Gemma 3's ``set(config.layer_types)``), the runs
+it traced are put in a canonical order (:mod:`autoshard.trace.canonical`), so
+every rank of a job computes the same graph hash and node names.
+
 Every private torch API that autoshard uses for tracing is called from this
-module, :mod:`autoshard.trace.compat` or :mod:`autoshard.trace.stamp` only (``torch._functorch``,
+module, :mod:`autoshard.trace.compat`, :mod:`autoshard.trace.canonical` or :mod:`autoshard.trace.stamp` only (``torch._functorch``,
 ``torch._subclasses``), so that a change between torch releases is fixed in
 one place.
 
@@ -70,6 +75,7 @@ from torch._ops import OpOverload
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from autoshard.rules.core import TensorMeta, to_meta
+from autoshard.trace.canonical import canonical_order
 from autoshard.trace.compat import (
     DataDependentError,
     TraceError,
@@ -82,6 +88,7 @@ from autoshard.trace.compat import (
 from autoshard.trace.device import for_device
 from autoshard.trace.stamp import stamped_joint
 from autoshard.trace.stand_ins import cuda_stand_ins
+from autoshard.trace.experts import expert_stand_ins
 
 __all__ = [
     "TensorMeta", "NodeInfo", "TracedGraph", "JointResult", "TraceError", "DataDependentError",
@@ -339,6 +346,7 @@ def _joint(model: nn.Module, values: list[torch.Tensor], keywords: list[str] | N
     wrapper = _LossOf(model, fake_params, fake_buffers, {**param_aliases, **buffer_aliases}, keywords)
     try:
         with contextlib.ExitStack() as stack, library_tracing(), module_annotations(model):
+            stack.enter_context(expert_stand_ins())  # MoE experts as one node (autoshard.trace.experts)
             if target_device == "cuda":  # kernels only a GPU run calls (autoshard.trace.stand_ins)
                 stack.enter_context(cuda_stand_ins())
             joint = aot_export_joint_with_descriptors(stack, wrapper, fake_inputs, decompositions=decompositions)
@@ -351,6 +359,9 @@ def _joint(model: nn.Module, values: list[torch.Tensor], keywords: list[str] | N
             raise
         raise error from exc
     _remove_detach(graph_module)
+    # the model's code may iterate a set (Gemma 3's attention types): op order and names
+    # must not follow the hash seed, or ranks with different seeds refuse each other's plan
+    canonical_order(graph_module.graph)
     return _Joint(graph_module, fake_mode, wrapper.slot_names, param_aliases, buffer_aliases)
 
 

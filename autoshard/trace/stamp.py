@@ -40,7 +40,7 @@ node (names, ops, arguments, tensor metadata, module paths, descriptors,
 generated code), a trace of the model cut to four blocks. The one case the
 check cannot see is a forward that branches on its block's index without
 storing the branch in an attribute. Only planning uses stamped graphs
-(``autoshard.plan.solve.prepare`` when it traces); the runtime traces the whole
+(``autoshard.search.solve.prepare`` when it traces); the runtime traces the whole
 model and checks the plan's graph hash, so a stamped graph that differed from
 the real one would be refused as "a plan for another model", never run.
 

@@ -20,6 +20,9 @@ Modules, from the core outwards:
   their real shapes.
 - :mod:`autoshard.validation.opinfo` and :mod:`autoshard.validation.opinfo_sweep`:
   the ATen calls of PyTorch's OpInfo samples, every CPU dtype.
+- :mod:`autoshard.validation.coverage`: which of a traced model's ops have a rule at all
+  (``autoshard coverage``); here, not in the rules, because it reads a traced graph and the
+  rules sit below the trace.
 
 The command is ``autoshard validate-rules`` (:mod:`autoshard.cli.validate_rules`).
 Importing this package imports nothing.

@@ -23,7 +23,7 @@ from typing import Mapping, Sequence
 import torch
 
 from costmodel import simulate
-from costmodel.layout import local_shape
+from costmodel.shard_shapes import local_shape
 from costmodel.placements import Partial, Placement, Replicate
 
 __all__ = ["TOLERANCE", "distribute", "compare_output", "compare_bounded", "close", "big_magnitude", "widen"]

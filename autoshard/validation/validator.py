@@ -58,7 +58,7 @@ from typing import Any, Iterable, Sequence
 import torch
 
 from costmodel import simulate
-from costmodel.layout import local_shape
+from costmodel.shard_shapes import local_shape
 from costmodel.placements import Partial, Placement, Replicate
 
 from autoshard.rules.calls import flatten_results, ordered_tensor_args, replace_tensors

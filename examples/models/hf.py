@@ -20,8 +20,10 @@ module does not need it, calling a factory does.
 
 Factories: ``hf_llama``, ``hf_mistral``, ``hf_gpt2``, ``hf_bert`` (masked LM),
 ``hf_t5`` (encoder-decoder), ``hf_whisper`` (speech encoder-decoder),
-``hf_falcon`` (Falcon's new decoder architecture), the MoE models
-``hf_mixtral``, ``hf_qwen3_moe`` and ``hf_deepseek_v3``, and ``hf_llama3_8b``
+``hf_falcon`` (Falcon's new decoder architecture), ``hf_qwen3``, ``hf_gemma3``
+(sliding and full attention layers), the MoE models
+``hf_mixtral``, ``hf_qwen3_moe`` and ``hf_deepseek_v3``, the state-space models
+``hf_mamba`` and ``hf_mamba2`` (their slow path: plain torch ops, no CUDA kernels), and ``hf_llama3_8b``
 (LLaMA-3-8B shapes on meta, to compare with ``llama3.llama3_8b``).
 
 >>> model, inputs = hf_llama(device="meta")
@@ -41,8 +43,8 @@ from torch import nn
 
 from examples.models.factory import BuildOptions, build_example, random_floats, random_tokens
 
-__all__ = ["hf_llama", "hf_mistral", "hf_gpt2", "hf_bert", "hf_t5", "hf_whisper", "hf_falcon", "hf_mixtral",
-           "hf_qwen3_moe", "hf_deepseek_v3", "hf_llama3_8b"]
+__all__ = ["hf_llama", "hf_mistral", "hf_gpt2", "hf_bert", "hf_t5", "hf_whisper", "hf_falcon", "hf_qwen3",
+           "hf_gemma3", "hf_mixtral", "hf_qwen3_moe", "hf_deepseek_v3", "hf_mamba", "hf_mamba2", "hf_llama3_8b"]
 
 HFExample = tuple[nn.Module, dict[str, torch.Tensor]]
 _IMPLEMENTATIONS = ("attn_implementation", "experts_implementation")
@@ -112,6 +114,38 @@ def hf_falcon(**overrides: Any) -> HFExample:
               "hidden_dropout": 0.0, "attention_dropout": 0.0, "use_cache": False, "bos_token_id": 1,
               "eos_token_id": 2, "pad_token_id": 0}
     return _make("FalconConfig", "FalconForCausalLM", preset, _SEQUENCES, overrides, _causal_lm_inputs)
+
+
+def hf_qwen3(**overrides: Any) -> HFExample:
+    """``Qwen3ForCausalLM`` (per-head q/k RMSNorm): :func:`hf_llama` shapes, head dim 16."""
+    preset = {**_DECODER, "head_dim": 16}
+    return _make("Qwen3Config", "Qwen3ForCausalLM", preset, _SEQUENCES, overrides, _causal_lm_inputs)
+
+
+def hf_mamba(**overrides: Any) -> HFExample:
+    """``MambaForCausalLM`` (selective state space, a sequential scan over the tokens): 2 layers, hidden 64,
+    state 8, vocab 256, batch 2 x 16."""
+    preset = {"vocab_size": 256, "hidden_size": 64, "state_size": 8, "num_hidden_layers": 2, "expand": 2,
+              "conv_kernel": 4, "use_cache": False, "use_mambapy": False, "bos_token_id": 1, "eos_token_id": 2,
+              "pad_token_id": 0}
+    return _make("MambaConfig", "MambaForCausalLM", preset, _SEQUENCES, overrides, _causal_lm_inputs)
+
+
+def hf_mamba2(**overrides: Any) -> HFExample:
+    """``Mamba2ForCausalLM`` (state space duality, chunked): 2 layers, hidden 64, 4 heads of 32, state 8,
+    chunks of 8 tokens, vocab 256, batch 2 x 16."""
+    preset = {"vocab_size": 256, "hidden_size": 64, "state_size": 8, "num_hidden_layers": 2, "expand": 2,
+              "num_heads": 4, "head_dim": 32, "n_groups": 1, "chunk_size": 8, "conv_kernel": 4,
+              "use_cache": False, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}
+    return _make("Mamba2Config", "Mamba2ForCausalLM", preset, _SEQUENCES, overrides, _causal_lm_inputs)
+
+
+def hf_gemma3(**overrides: Any) -> HFExample:
+    """``Gemma3ForCausalLM`` (text): :func:`hf_llama` shapes, head dim 16, a sliding-window layer (window 8)
+    then a full-attention one, each type with its own rotary table."""
+    preset = {**_DECODER, "head_dim": 16, "sliding_window": 8,
+              "layer_types": ["sliding_attention", "full_attention"]}
+    return _make("Gemma3TextConfig", "Gemma3ForCausalLM", preset, _SEQUENCES, overrides, _causal_lm_inputs)
 
 
 def hf_mixtral(**overrides: Any) -> HFExample:

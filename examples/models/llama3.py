@@ -30,7 +30,7 @@ from torch import nn
 
 from examples.models.factory import Example, build_example, random_tokens, split_overrides
 
-__all__ = ["LlamaConfig", "Llama", "tiny", "llama3_1b", "llama3_8b", "llama3_70b"]
+__all__ = ["LlamaConfig", "Llama", "tiny", "llama3_1b", "llama3_8b", "llama3_70b", "llama3_405b"]
 
 
 @dataclass(kw_only=True, slots=True)
@@ -266,3 +266,15 @@ def llama3_70b(**overrides: object) -> Example:
     preset = {"vocab_size": 128256, "dim": 8192, "n_layers": 80, "n_heads": 64, "n_kv_heads": 8,
               "ffn_dim_multiplier": 1.3, "multiple_of": 4096, "max_seq_len": 8192}
     return _make(preset, {"batch_size": 64, "seq_len": 2048, "device": "meta"}, overrides)
+
+
+def llama3_405b(**overrides: object) -> Example:
+    """LLaMA 3.1 405B shapes (126 layers, dim 16384, 128/8 heads, FFN 53248), batch 16 x 8192, on meta.
+
+    >>> model, _ = llama3_405b(n_layers=1)
+    >>> model.layers[0].feed_forward.w1.weight.shape
+    torch.Size([53248, 16384])
+    """
+    preset = {"vocab_size": 128256, "dim": 16384, "n_layers": 126, "n_heads": 128, "n_kv_heads": 8,
+              "ffn_dim_multiplier": 1.2, "multiple_of": 4096, "max_seq_len": 8192}
+    return _make(preset, {"batch_size": 16, "seq_len": 8192, "device": "meta"}, overrides)

@@ -3,15 +3,10 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-import vector_fit  # noqa: E402
-
-from autoshard.calibrate.measure_compute import ComputeSample  # noqa: E402
+from autoshard.calibrate.measure_compute import ComputeSample
+from benchmarks import vector_fit
 
 
 def _measurements(path: Path) -> None:

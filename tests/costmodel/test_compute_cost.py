@@ -138,7 +138,7 @@ def test_a_cold_copy_moves_its_bytes_at_the_curves_rate_beyond_the_caches():
 
 
 def test_bucket_copies_are_priced_cold():
-    from costmodel.bucketing import _copies_s
+    from costmodel.buckets.grouping import _copies_s
 
     profile = _with_memory_curve(((1e6, 1.0), (5e7, 1.0), (5e8, 0.4)))
     assert _copies_s([1e7, 2e6], profile) == pytest.approx(cold_copy_time_s(1e7, profile)

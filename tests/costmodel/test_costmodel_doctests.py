@@ -8,8 +8,9 @@ import importlib
 import pytest
 
 MODULES = [
-    "costmodel.placements", "costmodel.layout", "costmodel.steps", "costmodel.simulate", "costmodel.mesh",
-    "costmodel.compute", "costmodel.collectives", "costmodel.redistribute", "costmodel.overlap", "costmodel.bucketed_routes",
+    "costmodel.placements", "costmodel.shard_shapes", "costmodel.redistribute_steps", "costmodel.simulate", "costmodel.mesh",
+    "costmodel.compute", "costmodel.collectives", "costmodel.redistribute", "costmodel.overlap", "costmodel.buckets.routes",
+    "costmodel.expert_parallel", "costmodel.pipeline_schedules", "costmodel.pipeline_simulate", "costmodel.stage_cuts",
     "hw_profiles", "hw_profiles.profile", "hw_profiles.schema",
 ]
 

@@ -17,7 +17,7 @@ def test_defaults_are_row_major_with_generated_names():
 
 
 def test_group_ranks_follow_devicemesh_flatten_of_non_adjacent_dims():
-    # TORCH.md: mesh["a", "c"]._flatten() on 2x2x2 gives [0, 1, 4, 5] for rank 0.
+    # docs/design.md ("What torch offers"): mesh["a", "c"]._flatten() on 2x2x2 gives [0, 1, 4, 5] for rank 0.
     assert MeshSpec((2, 2, 2)).group_ranks((0, 2)) == (0, 1, 4, 5)
 
 

@@ -1,4 +1,4 @@
-"""costmodel.placements: DESIGN.md's short text form parses and prints back."""
+"""costmodel.placements: the short text form (docs/design.md, "Notation") parses and prints back."""
 
 from __future__ import annotations
 

@@ -1,11 +1,11 @@
-"""costmodel.steps: step and plan dicts round-trip and bad dicts name the field."""
+"""costmodel.redistribute_steps: step and plan dicts round-trip and bad dicts name the field."""
 
 from __future__ import annotations
 
 import pytest
 
 from costmodel.placements import parse_placements
-from costmodel.steps import RedistributePlan, RedistributeStep, StepError
+from costmodel.redistribute_steps import RedistributePlan, RedistributeStep, StepError
 
 
 def test_step_dict_round_trip_keeps_runtime_fields():

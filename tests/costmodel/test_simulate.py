@@ -8,7 +8,7 @@ import itertools
 import numpy as np
 import pytest
 
-from costmodel.layout import LayoutError
+from costmodel.shard_shapes import ShardShapeError
 from costmodel.placements import parse_placements
 from costmodel.simulate import (
     ReplicaMismatchError,
@@ -18,7 +18,7 @@ from costmodel.simulate import (
     shard,
     unshard,
 )
-from costmodel.steps import RedistributeStep
+from costmodel.redistribute_steps import RedistributeStep
 
 PLACEMENTS_2D = ["RR", "S(0)R", "RS(1)", "S(0)S(0)", "S(1)S(0)", "_S(0,sf=2)S(0)", "P(sum)S(0)", "S(1)P(max)", "P(avg)P(sum)", "P(min)R"]
 
@@ -102,9 +102,9 @@ def test_unshard_reports_missing_coordinate():
 
 
 def test_shard_rejects_bad_tensor_dim_and_placement_count():
-    with pytest.raises(LayoutError, match="tensor dim 2"):
+    with pytest.raises(ShardShapeError, match="tensor dim 2"):
         shard(_x((4, 4)), "S(2)", (2,))
-    with pytest.raises(LayoutError, match="2-D mesh"):
+    with pytest.raises(ShardShapeError, match="2-D mesh"):
         shard(_x((4, 4)), "S(0)", (2, 2))
 
 

@@ -9,7 +9,7 @@ import torch
 
 pytest.importorskip("torchtitan")
 
-from autoshard.rules.coverage import compute_coverage  # noqa: E402
+from autoshard.validation.coverage import compute_coverage  # noqa: E402
 from autoshard.rules import load_rules  # noqa: E402
 from autoshard.trace import run_joint, trace_joint  # noqa: E402
 from examples.models import titan  # noqa: E402

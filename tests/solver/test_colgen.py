@@ -4,9 +4,7 @@ the restricted program, and the pipeline paths through bucket elimination."""
 from __future__ import annotations
 
 import itertools
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -150,8 +148,7 @@ def test_problem_without_memory_limit_is_solved_by_one_elimination_pass(make_ran
 
 
 def test_transformer_graph_goes_through_column_generation():
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-    from synthetic_graphs import transformer_problem
+    from benchmarks.synthetic_graphs import transformer_problem
 
     problem = transformer_problem(layers=2, seed=1)
     solution = solve(problem, time_limit=20)

@@ -1,4 +1,4 @@
-"""The solver is torch-free (DESIGN.md): importing every module pulls in no torch."""
+"""The solver is torch-free (docs/architecture.md): importing every module pulls in no torch."""
 
 from __future__ import annotations
 

@@ -100,7 +100,7 @@ def test_auto_corrects_only_a_cpu_profile_that_runs_here() -> None:
 
 def test_the_plan_records_the_correction_and_keeps_the_profiles_fingerprint(tmp_path, monkeypatch,
                                                                             fake_measure) -> None:
-    from autoshard.plan.solve import prepare, solve_prepared
+    from autoshard.search.solve import prepare, solve_prepared
     from examples.models import mlp
 
     monkeypatch.setenv("AUTOSHARD_CACHE_DIR", str(tmp_path))
@@ -133,7 +133,7 @@ def test_every_op_of_a_step_pays_the_step_cost_and_views_do_not() -> None:
     """The strategy graph adds ``step_op_s`` to each op's compute (``autoshard.graph.builder``)."""
     import dataclasses
 
-    from autoshard.plan.solve import prepare
+    from autoshard.search.solve import prepare
     from examples.models import mlp
 
     model, inputs = mlp.tiny()

@@ -345,7 +345,7 @@ def test_solve_choices_agree_with_their_sources() -> None:
     pytest.importorskip("torch")
     from autoshard.graph.memory import OPTIMIZERS
     from autoshard.cli import solve as solve_command
-    from autoshard.plan.baselines import BASELINES
+    from autoshard.search.baselines import BASELINES
     from solver.backends import BACKENDS
 
     assert set(solve_command.BACKEND_CHOICES) == set(BACKENDS)

@@ -10,7 +10,7 @@ import torch
 
 from autoshard import cli
 from autoshard.cli import coverage
-from autoshard.rules.coverage import NO_RULE, compute_coverage
+from autoshard.validation.coverage import NO_RULE, compute_coverage
 
 aten = torch.ops.aten
 

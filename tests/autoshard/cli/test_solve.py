@@ -88,3 +88,47 @@ def test_a_rule_that_fails_while_building_is_one_line_and_nothing_is_written(cap
     assert "node addmm (aten.addmm.default)" in lines[0] and "f32[8, 16]" in lines[0]
     assert "IndexError: deliberately broken rule" in lines[0]
     assert list(tmp_path.iterdir()) == []  # no plan, no problem, no temporary
+
+
+def test_a_plan_over_the_device_once_reserved_is_refused_unless_allowed(capsys, tmp_path) -> None:
+    """An H100 profile whose device holds 82 MiB (no headroom): the MLP's replicated plan peaks
+    at 80.3 MiB live but its caching allocator reserves 84 MiB. Every parameter pinned
+    replicated, no plan fits once reserved: exit 1, as for a memory limit no plan meets, unless
+    --allow-over-reservation."""
+    from pathlib import Path
+
+    import hw_profiles
+
+    profile = json.loads((Path(hw_profiles.__file__).parent / "data" / "h100-sxm-80gb.json").read_text())
+    profile["name"] = "h100-82mib"
+    profile["device"].update(memory_bytes=82 * 2**20, allocator_headroom=0.0)
+    path = tmp_path / "h100-82mib.json"
+    path.write_text(json.dumps(profile))
+    out_path = tmp_path / "plan.json"
+    argv = ["solve", "examples.models.mlp:tiny", "--kwargs", '{"dim": 512, "hidden_dim": 2048, "batch_size": 64}',
+            "--mesh", "4", "--profile", str(path), "--time-limit", "20", "--pin", "*=R", "-o", str(out_path)]
+    code, _, err = _run(capsys, *argv)
+    assert code == 1 and "allocator's reservation" in err and "--allow-over-reservation" in err, err
+    assert not out_path.exists()
+    code, _, err = _run(capsys, *argv, "--allow-over-reservation")
+    assert code == 0, err
+    plan = Plan.load(out_path)
+    assert plan.estimate.peak_memory_bytes <= 82 * 2**20 < plan.estimate.reserved_bytes
+
+
+def test_the_command_as_a_process_ends_at_once_with_its_output_flushed(tmp_path) -> None:
+    """Run as the process, ``autoshard solve`` ends without the interpreter's teardown
+    (``autoshard.cli._EXIT_AT_ONCE``): what it printed into a pipe (block-buffered) and the plan it
+    wrote are whole, and the exit code is the command's."""
+    import subprocess
+    import sys
+
+    out_path = tmp_path / "plan.json"
+    base = [sys.executable, "-m", "autoshard.cli", "solve", "examples.models.mlp:tiny", "--mesh", "2",
+            "--profile", "cpu-gloo", "--time-limit", "20"]
+    done = subprocess.run([*base, "-o", str(out_path)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.rstrip().endswith(f"plan written to {out_path}") and "| parameter | placement |" in done.stdout
+    assert Plan.load(out_path).fingerprint.mesh_shape == (2,)
+    bad = subprocess.run([*base, "--memory-limit", "lots"], capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and bad.stderr.strip().startswith("autoshard solve: error: --memory-limit"), bad.stderr

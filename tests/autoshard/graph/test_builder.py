@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from costmodel.bucketing import amortized_cost_s, bucket_share
+from costmodel.buckets.grouping import amortized_cost_s, bucket_share
 from costmodel.collectives import collective_time_s
 from costmodel.mesh import MeshSpec
 from costmodel.placements import parse_placements as pp
@@ -188,7 +188,7 @@ def test_a_tensor_constant_is_a_leaf_with_every_even_placement_and_no_gradient()
 
 
 def test_the_graph_hash_names_constants_and_stays_the_same_across_traces() -> None:
-    from autoshard.plan.build import graph_hash
+    from autoshard.plan.fingerprint import graph_hash
 
     def hashed(n: int) -> str:
         return graph_hash(trace_joint(_Scaled(n), (torch.ones(4, 8),)))

@@ -78,7 +78,7 @@ def test_a_profile_without_optimizer_fractions_prices_at_the_elementwise_rate() 
 def test_the_plan_records_the_implementation_it_priced() -> None:
     """``plan.options["optimizer_impl"]``: ``auto`` resolved for the profile's device, so a
     reader of the plan knows which optimizer its step time assumes."""
-    from autoshard.plan.solve import prepare, solve_prepared
+    from autoshard.search.solve import prepare, solve_prepared
     from examples.models import mlp
 
     model, inputs = mlp.tiny()

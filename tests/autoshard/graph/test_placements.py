@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 
-from costmodel.layout import max_local_shape
+from costmodel.shard_shapes import max_local_shape
 from costmodel.placements import Partial, Replicate
 
 from autoshard.graph.placements import leaf_placements

@@ -7,7 +7,7 @@ import pytest
 
 MODULES = ["autoshard.graph.regions", "autoshard.graph.recompute", "autoshard.graph.recompute_policy",
            "autoshard.graph.states", "autoshard.graph.copies", "autoshard.graph.tied_memory",
-           "autoshard.plan.exact_memory", "autoshard.plan.tidy_states"]
+           "autoshard.program.memory", "autoshard.assembly.tidy_states"]
 
 
 @pytest.mark.parametrize("name", MODULES)

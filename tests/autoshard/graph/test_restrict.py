@@ -18,7 +18,7 @@ from autoshard.graph.restrict import (
     dim_choice,
     seeded_restriction,
 )
-from autoshard.plan.solve import prepare, solve_prepared
+from autoshard.search.solve import prepare, solve_prepared
 from autoshard.rules import OpStrategy
 from autoshard.trace import trace_joint
 from examples.models import mlp
@@ -130,3 +130,22 @@ def test_prepare_seeds_3d_meshes() -> None:
     assert prep.graph.stats.strategies_max <= 64
     plan = solve_prepared(prep, time_limit=10)
     assert plan.estimate.step_s > 0
+
+
+def test_seed_pins_from_the_caller_add_coarse_seeds(mlp_traced, seeded_2d) -> None:
+    # the graph layer solves whatever pins the search hands it (here the expert baselines'),
+    # each one more seed whose choices the restriction keeps beside the plain seed's
+    from autoshard.search.baselines import baseline_seed_pins
+
+    plain, plain_info, _, _ = seeded_2d
+    asked: list[int] = []
+
+    def pins(graph):
+        for p in baseline_seed_pins(graph):
+            asked.append(len(p))
+            yield p
+
+    restrict, info = seeded_restriction(mlp_traced, MeshSpec((2, 2)), PROFILE, groups=((0, 1),), time_limit=10,
+                                        seed_pins=pins)
+    assert asked and info.seeds == plain_info.seeds + len(asked)
+    assert all(plain.allowed[sig] <= restrict.allowed[sig] for sig in plain.allowed)

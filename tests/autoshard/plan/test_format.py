@@ -9,9 +9,9 @@ import pytest
 
 from hw_profiles import load
 
-from autoshard.plan.build import make_fingerprint
+from autoshard.plan.fingerprint import make_fingerprint
 from autoshard.plan.format import FORMAT, Plan, PlanError
-from autoshard.plan.solve import solve_prepared
+from autoshard.search.solve import solve_prepared
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +73,7 @@ def test_fingerprint_is_stable_for_the_same_model(dp_mlp) -> None:
 
 def test_a_placement_that_does_not_parse_is_refused_naming_its_field(tmp_path):
     from autoshard.plan.format import Plan, PlanError
-    from autoshard.plan.solve import prepare, solve_prepared
+    from autoshard.search.solve import prepare, solve_prepared
     from examples.models import mlp
 
     plan = solve_prepared(prepare(*mlp.tiny(device="meta"), (2,), ("dp",), profile="cpu-gloo"), time_limit=5)

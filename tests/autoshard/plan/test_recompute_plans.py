@@ -8,7 +8,7 @@ import pytest
 from autoshard.graph.states import RECOMPUTE
 from autoshard.plan.explain import explain_text
 from autoshard.plan.format import Plan
-from autoshard.plan.solve import compare_baselines, prepare, solve_prepared
+from autoshard.search.solve import compare_baselines, prepare, solve_prepared
 from examples.models import llama3
 
 LAYERS = 4
@@ -108,7 +108,7 @@ def test_baselines_are_priced_with_every_policy(prep) -> None:
 
 def test_warm_start_falls_back_to_a_policy_when_keeping_everything_does_not_fit(prep, plans) -> None:
     from autoshard.graph.problem import to_problem
-    from autoshard.plan.solve import _solve_local
+    from autoshard.search.solve import _solve_local
 
     low, high = plans["full"].estimate.peak_memory_bytes, plans["none"].estimate.peak_memory_bytes
     limit = low + 0.5 * (high - low)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from autoshard.plan.solve import prepare, solve_prepared
+from autoshard.search.solve import prepare, solve_prepared
 
 
 def test_tied_embedding_gets_one_placement_under_every_name() -> None:

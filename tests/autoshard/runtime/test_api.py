@@ -32,7 +32,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from autoshard.plan.solve import prepare, solve_prepared
+from autoshard.search.solve import prepare, solve_prepared
 from autoshard.runtime.process_group import destroy_process_groups, init_process_group
 from examples.models import mlp
 from gloo_ranks import whole
@@ -88,6 +88,7 @@ def api_jobs(rank: int, world: int, tmp: str, limit: float, other_plan: str, fai
     from torch.distributed.device_mesh import init_device_mesh
 
     import autoshard.runtime.execute as execute
+    import autoshard.runtime.op_calls as op_calls
     from autoshard import autoshard
 
     out: dict[str, Any] = {}
@@ -140,8 +141,9 @@ def api_jobs(rank: int, world: int, tmp: str, limit: float, other_plan: str, fai
             return call
 
         # every way the runner issues a step (at once, left in flight, in a bucket)
-        for name in ("run_step", "step_phases", "gather_phases", "bucket_phases"):
-            setattr(execute, name, failing(getattr(execute, name)))
+        for module, name in ((op_calls, "run_step"), (execute, "step_phases"), (execute, "gather_phases"),
+                             (execute, "bucket_phases")):
+            setattr(module, name, failing(getattr(module, name)))
     t0 = time.monotonic()
     err = _error(lambda: victim(*inputs).backward())
     out["mid-step"] = (err, time.monotonic() - t0)
@@ -244,7 +246,7 @@ def trace_count_job(rank: int, world: int, tmp: str) -> dict[str, Any]:
     """``autoshard()`` on a given mesh and on a chosen one, with every way to trace counted."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    import autoshard.plan.solve as solve_module
+    import autoshard.search.solve as solve_module
     import autoshard.runtime.api as api_module
     import autoshard.runtime.module as module_module
     import autoshard.trace as trace_module

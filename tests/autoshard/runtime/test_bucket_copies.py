@@ -1,5 +1,5 @@
 """The copies a bucket's flat buffer costs, as the runtime makes them: the bytes
-``costmodel.bucketing`` prices for packing and unpacking a gradient bucket or a
+``costmodel.buckets.grouping`` prices for packing and unpacking a gradient bucket or a
 gather bucket are the bytes of the tensors ``autoshard.runtime.steps`` allocates
 around the one collective (views, in-place ops and the collective itself excluded)."""
 
@@ -9,9 +9,9 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from costmodel.bucketing import bucket_copy_bytes, gather_copy_bytes
+from costmodel.buckets.grouping import bucket_copy_bytes, gather_copy_bytes
 from costmodel.placements import parse_placements as pp
-from costmodel.steps import RedistributeStep
+from costmodel.redistribute_steps import RedistributeStep
 
 from autoshard.runtime.steps import _drive, bucket_phases, gather_phases
 

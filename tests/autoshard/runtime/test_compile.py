@@ -18,7 +18,7 @@ import pytest
 import torch
 from gloo_ranks import local_of, spawn
 
-from autoshard.plan.solve import prepare, solve_prepared
+from autoshard.search.solve import prepare, solve_prepared
 from examples.models import mlp
 
 pytestmark = pytest.mark.slow

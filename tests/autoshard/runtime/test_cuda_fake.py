@@ -19,7 +19,7 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from autoshard.plan.solve import prepare, solve_prepared
+from autoshard.search.solve import prepare, solve_prepared
 from autoshard.runtime.device_audit import DeviceAudit
 from autoshard.runtime.execute import JointRunner
 from autoshard.runtime.module import scale_grads

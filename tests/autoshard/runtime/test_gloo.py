@@ -14,8 +14,8 @@ shard that the single-device run drops, from the same seed), FSDP on LLaMA
 with every block recomputed (the recomputation's weight gathers issued again
 in the backward, three AdamW steps, the last two by the traced graph), and the
 solver's plans for two Hugging Face models as their users have them (tiny
-configs, keyword inputs, tensor constants in the graph): Whisper (speech
-encoder-decoder) and Falcon (new decoder architecture) on 2x2.
+configs, keyword inputs): Whisper (speech encoder-decoder, tensor constants in
+its graph) and Falcon (new decoder architecture) on 2x2.
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ from torch.distributed.tensor import Replicate
 from gloo_ranks import (assert_matches_one_device, assert_trace_follows_schedule, equivalence,
                         planned_collectives_issued, spawn)
 
-from costmodel.steps import COLLECTIVE_STEPS
+from costmodel.redistribute_steps import COLLECTIVE_STEPS
 
-from autoshard.plan.solve import prepare, solve_prepared
+from autoshard.search.solve import prepare, solve_prepared
 from examples.models import llama3, mlp
 
 pytestmark = pytest.mark.slow
@@ -49,6 +49,9 @@ HF_KW = {"batch_size": 4}
 HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
 HF_JOBS = ("hf_whisper", "hf_falcon")
 """Hugging Face factories run on 2x2 with the solver's plan under a memory limit (test-only dependency)."""
+CONSTANT_JOBS = ("hf_whisper",)
+"""Of those, the graphs with tensor constants (Falcon's had four with the transformers CI installed in
+2026-11, and has none with 5.25)."""
 
 
 def _solved_under_memory(prep, fraction: float):
@@ -98,7 +101,7 @@ def run(tmp_path_factory):
             model, inputs = getattr(hf, name)(device="meta", **HF_KW)
             prep = prepare(model, inputs, *MESH_2X2, profile="cpu-gloo")
             plan = _solved_under_memory(prep, 0.5)
-            assert plan.constants, f"{name}: the test is for graphs with tensor constants"
+            assert name not in CONSTANT_JOBS or plan.constants, f"{name}: the test is for graphs with tensor constants"
             add("2x2", f"{name}-2x2-solved", f"hf.{name}", plan, kwargs=HF_KW)
     # priced for CPU/gloo (a wider one-layer LLaMA, whose gradients leave the backward partial):
     # parameter gathers in gather buckets, gradients all-reduced in a bucket then sliced, three
@@ -108,7 +111,7 @@ def run(tmp_path_factory):
     add("4", "llama-4-fsdp-gloo", "llama3.tiny", solve_prepared(prep, baseline="fsdp", time_limit=20),
         kwargs=LLAMA_GLOO_KW, adamw_steps=3)
     # DDP: the cross entropy's total weight, read by the loss's division and by its backward, both
-    # replicated: one all_reduce, the second reader reads the first's copy (autoshard.plan.shared_copies)
+    # replicated: one all_reduce, the second reader reads the first's copy (autoshard.program.shared_copies)
     add("4", "llama-4-ddp-gloo", "llama3.tiny", solve_prepared(prep, baseline="ddp", time_limit=20),
         kwargs=LLAMA_GLOO_KW, adamw_steps=2)
     errors = {(2, 2): [("error-other-model", "mlp.tiny", {"n_layers": 1}, str(tmp / "mlp-2x2-fsdp.json")),

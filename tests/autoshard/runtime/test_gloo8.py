@@ -42,9 +42,9 @@ import torch
 from gloo_ranks import (assert_matches_one_device, assert_trace_follows_schedule, equivalence,
                         planned_collectives_issued, scheduled_trace, spawn)
 
-from costmodel.steps import COLLECTIVE_STEPS
+from costmodel.redistribute_steps import COLLECTIVE_STEPS
 
-from autoshard.plan.solve import prepare, solve_prepared
+from autoshard.search.solve import prepare, solve_prepared
 from examples.models import gpt2, llama3, mlp, moe
 
 pytestmark = pytest.mark.slow

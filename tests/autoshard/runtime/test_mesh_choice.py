@@ -55,7 +55,7 @@ def search_jobs(rank: int, world: int, cache: str, limit: float) -> dict[str, An
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    from autoshard.plan.api import solve
+    from autoshard.search.api import solve
     from examples.models import mlp
 
     tmp = tmp_path_factory.mktemp("mesh_choice")

@@ -13,7 +13,7 @@ import torch
 import torch.fx as fx
 
 from costmodel.placements import parse_placements
-from autoshard.plan.solve import prepare, solve_prepared
+from autoshard.search.solve import prepare, solve_prepared
 from autoshard.rules.core import TensorMeta
 from autoshard.runtime.execute import JointRunner, RuntimeLoadError, local_slice
 from autoshard.runtime.random_ops import random_kind, run_random

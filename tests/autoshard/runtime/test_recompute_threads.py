@@ -20,9 +20,9 @@ import torch
 from gloo_ranks import recompute_positions, scheduled_trace
 from threadcomm import run_threads
 
-from costmodel.steps import COLLECTIVE_STEPS
+from costmodel.redistribute_steps import COLLECTIVE_STEPS
 
-from autoshard.plan.solve import prepare, solve_prepared
+from autoshard.search.solve import prepare, solve_prepared
 from autoshard.runtime.execute import JointRunner, RuntimeLoadError, local_slice, placements_of
 from autoshard.trace import run_joint
 from examples.models import llama3, mlp

@@ -9,7 +9,8 @@ import pytest
 
 MODULES = ["autoshard.runtime.steps", "autoshard.runtime.execute", "autoshard.runtime.collectives",
            "autoshard.runtime.module", "autoshard.runtime.templates", "autoshard.runtime.program",
-           "autoshard.runtime.shards", "autoshard.runtime.recomputation", "autoshard.runtime.live_bytes"]
+           "autoshard.runtime.shards", "autoshard.runtime.live_bytes", "autoshard.runtime.binding",
+           "autoshard.runtime.op_calls", "autoshard.program.actions"]
 
 
 @pytest.mark.parametrize("name", MODULES)

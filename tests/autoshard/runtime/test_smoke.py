@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 from gloo_ranks import assert_matches_one_device, equivalence, planned_collectives_issued, spawn
 
-from autoshard.plan.solve import prepare, solve_prepared
+from autoshard.search.solve import prepare, solve_prepared
 from examples.models import llama3
 
 pytestmark = pytest.mark.slow

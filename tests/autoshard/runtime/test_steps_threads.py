@@ -15,11 +15,11 @@ from threadcomm import run_threads
 from costmodel import simulate
 from costmodel.placements import format_placements, parse_placements
 from costmodel.redistribute import PlannerError, plan_redistribute
-from costmodel.steps import COLLECTIVE_STEPS, RedistributeStep
+from costmodel.redistribute_steps import COLLECTIVE_STEPS, RedistributeStep
 from hw_profiles import load as load_profile
 
 from autoshard.plan.format import PlanError
-from autoshard.plan.solve import prepare, solve_prepared
+from autoshard.search.solve import prepare, solve_prepared
 from autoshard.runtime.execute import JointRunner, RuntimeLoadError, local_slice, placements_of
 from autoshard.runtime.steps import run_bucket, run_step
 from autoshard.trace import run_joint

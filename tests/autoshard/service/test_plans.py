@@ -16,13 +16,14 @@ pytest.importorskip("prometheus_client")
 
 from autoshard.cli import main  # noqa: E402
 from autoshard.graph.problem import to_problem  # noqa: E402
-from autoshard.plan.assemble import PlanRequest, assemble_plan  # noqa: E402
-from autoshard.plan.baselines import baseline_pins  # noqa: E402
-from autoshard.plan.build import plan_from_solution, plan_request  # noqa: E402
+from autoshard.assembly.assemble import assemble_plan  # noqa: E402
+from autoshard.assembly.request import PlanRequest  # noqa: E402
+from autoshard.search.baselines import baseline_pins  # noqa: E402
+from autoshard.assembly.from_graph import plan_from_solution, plan_request  # noqa: E402
 from autoshard.plan.format import Plan  # noqa: E402
-from autoshard.plan.pins import resolve_pins  # noqa: E402
-from autoshard.plan.api import solve  # noqa: E402
-from autoshard.plan.solve import PLAN_GAP, prepare, solve_prepared  # noqa: E402
+from autoshard.search.pins import resolve_pins  # noqa: E402
+from autoshard.search.api import solve  # noqa: E402
+from autoshard.search.solve import PLAN_GAP, prepare, solve_prepared  # noqa: E402
 from autoshard.service.client import ServiceClient  # noqa: E402
 from examples.models import llama3, mlp  # noqa: E402
 from service_helpers import Server, metric  # noqa: E402
@@ -131,7 +132,7 @@ def test_solve_prepared_on_a_server_matches_local(plan_server) -> None:
 
 
 def test_mesh_search_solving_on_a_server_chooses_what_a_local_search_does(plan_server) -> None:
-    from autoshard.plan.mesh_search import search_mesh
+    from autoshard.search.mesh_search import search_mesh
 
     kwargs = dict(devices=4, profile="cpu-gloo", time_limit=120, cache_dir=False)
     local = search_mesh(*mlp.tiny(device="meta"), jobs=1, **kwargs)

@@ -269,6 +269,6 @@ def test_the_server_process_imports_no_torch(server) -> None:
 
 def test_the_service_imports_no_torch() -> None:
     code = ("import sys, autoshard.service.app, autoshard.service.worker, autoshard.service.client, "
-            "autoshard.cli.serve, autoshard.plan.assemble; print('torch' in sys.modules)")
+            "autoshard.cli.serve, autoshard.assembly.assemble; print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "False", out.stderr

@@ -10,7 +10,7 @@ import pytest
 
 @pytest.mark.parametrize("name", ["autoshard.service.cache", "autoshard.service.payload",
                                   "autoshard.service.client", "autoshard.service.app", "autoshard.service.job_routes",
-                                  "autoshard.service.ops_routes", "autoshard.plan.assemble"])
+                                  "autoshard.service.ops_routes", "autoshard.assembly.assemble"])
 def test_docstring_examples(name: str) -> None:
     if name in ("autoshard.service.app", "autoshard.service.job_routes",
                 "autoshard.service.ops_routes"):

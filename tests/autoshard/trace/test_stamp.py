@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from autoshard.plan.build import graph_hash
+from autoshard.plan.fingerprint import graph_hash
 from autoshard.trace import trace_joint
 from autoshard.trace.stamp import find_stack, graph_difference, truncated
 from examples.models import llama3, mlp

@@ -15,7 +15,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-from autoshard.rules.coverage import compute_coverage  # noqa: E402
+from autoshard.validation.coverage import compute_coverage  # noqa: E402
 from autoshard.rules import load_rules  # noqa: E402
 from autoshard.trace import DataDependentError, TraceError, run_joint, trace_joint  # noqa: E402
 from examples.models import hf  # noqa: E402
@@ -69,16 +69,16 @@ def test_every_op_has_a_rule(name, overrides, traced_hf):
     assert report.ops and all(row.covered for row in report.ops), [row.op for row in report.ops if not row.covered]
 
 
-def test_fp32_moe_experts_run_transformers_fallback_ops_which_have_rules(traced_hf):
-    _, _, traced = traced_hf("hf_qwen3_moe", {})
+def test_moe_experts_are_the_experts_stand_in_which_has_rules(traced_hf):
+    _, _, traced = traced_hf("hf_qwen3_moe", {})  # autoshard.trace.experts: one node each way per layer
     ops = {str(info.op) for info in traced.nodes.values()}
-    assert {"transformers.grouped_mm_fallback.default", "transformers.grouped_mm_fallback_backward.default"} <= ops
+    assert {"autoshard.experts.default", "autoshard.experts_backward.default"} <= ops
 
 
-@pytest.mark.parametrize("name,count", [("hf_whisper", 1), ("hf_falcon", 4)])
-def test_tensor_constants_of_whisper_and_falcon_are_listed(name, count, traced_hf):
-    _, _, traced = traced_hf(name, {})
-    assert len(traced.constants) == count
+def test_tensor_constants_of_whisper_are_listed(traced_hf):
+    # Falcon's graph held four with the transformers CI installed in 2026-11, and none with 5.25
+    _, _, traced = traced_hf("hf_whisper", {})
+    assert len(traced.constants) == 1
 
 
 @pytest.mark.parametrize(

@@ -21,7 +21,8 @@ import torch
 from autoshard.rules import RuleRegistry, load_rules
 from autoshard.rules.compute import elementwise
 from autoshard.rules.core import S, SingleDimStrategy
-from autoshard.validation.real_calls import MESHES, RealCallReport, distinct_calls, synthesize, validate_model, validate_traced
+from autoshard.validation.call_inputs import distinct_calls, synthesize
+from autoshard.validation.real_calls import MESHES, RealCallReport, validate_model, validate_traced
 from autoshard.rules.registry import Rule
 from autoshard.trace import trace_joint
 

@@ -1,0 +1,11 @@
+"""Solution -> plan: the solver's choice per node turned into a :class:`~autoshard.plan.format.Plan`.
+
+- :mod:`autoshard.assembly.request`: what the assembler reads (the assembly graph, the plan request JSON).
+- :mod:`autoshard.assembly.assemble`: the torch-free assembler (shared with the plan service):
+  placements, redistributions, buckets, schedule, estimate.
+- :mod:`autoshard.assembly.from_graph`: what the assembler needs from a traced model's strategy graph.
+- :mod:`autoshard.assembly.buckets`: which edges run in buckets, their latency share and routes,
+  and the gradient bucket cap chosen by the simulated step.
+- :mod:`autoshard.assembly.tidy_states`: recomputation states that change nothing, set back to keep.
+- :mod:`autoshard.assembly.graph_memo`: per-graph values computed once.
+"""

@@ -1,0 +1,213 @@
+"""The plan's memory over the step, counted exactly for the chosen placements (torch-free).
+
+The integer program charges redistributed copies and gradient bucket
+payloads an upper bound (``autoshard.graph.copies``), because it cannot see
+which (producer, reader) pair it will choose. Once the choice is made, the
+assembler knows every pair, so the plan's timeline counts:
+
+- every problem node at its chosen strategy over its interval, except the
+  ``bound`` memory nodes (``autoshard.graph.tied_memory``);
+- a copy at the reader's placement for every edge whose chosen placements
+  really differ, over the intervals the builder computed with
+  ``autoshard.graph.copies.copy_intervals`` (those of a recomputed reader
+  when the reader is recomputed);
+- per gradient bucket, each member's partial gradient from its making until
+  the bucket's last member is made (the bucket issues then), and the
+  concatenated payload at that time.
+
+So ``peak(plan) <= peak(program)``: a plan the program accepts fits. The
+same function with every state set to keep gives the peak without
+recomputation (what the plan's recomputation saves).
+
+>>> timeline_peak(((0, 5.0), (3, 9.0), (4, 2.0)))
+9.0
+"""
+
+from __future__ import annotations
+
+import bisect
+
+from typing import Any, Container, Mapping, Sequence
+
+from costmodel.buckets.grouping import Bucket
+from costmodel.shard_shapes import max_local_numel
+from costmodel.placements import Placement
+
+from autoshard.graph.copies import fsdp2_payload_ends, fsdp2_reduction
+from autoshard.graph.states import RECOMPUTE, keep_choice, state_of  # re-exported: the assembler reads them here
+
+__all__ = ["CopyEvent", "Span", "exact_spans", "exact_timeline", "param_view_roots", "timeline_peak", "keep_choice", "RECOMPUTE", "state_of",
+           "peak_with_extra"]
+
+CopyEvent = tuple[int, "tuple[Placement, ...]", bool]
+"""(edge index, reader placement, reader recomputed) of a redistribution that happens."""
+
+
+Span = tuple["int | None", "int | None", float, tuple, str]
+"""(start, end, bytes, tensor key, kind) of one term of the timeline: ``start`` None: held all
+step; a negative term removes bytes from the earlier term of the same key (a gradient's sink
+before its FSDP2 reduction). Kinds: a graph node's kind, ``copy``, ``partial``, ``payload``."""
+
+
+def exact_timeline(graph: Any, problem: Any, choice: Sequence[int], copies: Sequence[CopyEvent],
+                   buckets: Sequence[Bucket], *, recomputed: bool = True,
+                   param_views: Mapping[int, int] | None = None,
+                   fsdp2_reductions: bool = False) -> tuple[tuple[int, float], ...]:
+    """(time, bytes live) at every change (module docstring); ``graph`` is an
+    ``AssemblyGraph``; ``recomputed=False`` counts copies as if no reader were recomputed;
+    ``param_views`` (node -> the parameter node its view chain starts at, :func:`param_view_roots`):
+    copies of one parameter over the same interval are one copy, the largest (FSDP2 gathers a
+    unit's parameter once per pass, and the views its readers read alias it); ``fsdp2_reductions``:
+    buckets reduce as FSDP2 does (measured with ``FSDPMemTracker``): a unit's reduction starts a
+    step after its last gradient, once the unit's gathered parameters are freed (its post-backward
+    reshards, then copies the gradients into the reduce-scatter input); the payload lives until the
+    next unit's reduction starts (FSDP2 keeps a unit's reduce-scatter input until then); a member's
+    reduced gradient (its sink) exists from the reduction on, not while it waits. (autoshard's runtime
+    makes its reduced gradients at the issue too; its count keeps the sink from the gradient's making,
+    an over-count of at most a bucket's sinks.)"""
+    always = 0.0
+    events: dict[int, float] = {}
+    for start, end, amount, _, _ in exact_spans(graph, problem, choice, copies, buckets, recomputed=recomputed,
+                                                param_views=param_views, fsdp2_reductions=fsdp2_reductions):
+        if start is None:
+            always += amount
+        elif amount and start < end:
+            events[start] = events.get(start, 0.0) + amount
+            events[end] = events.get(end, 0.0) - amount
+    out, level = [], always
+    for t in sorted(events):
+        level += events[t]
+        out.append((t, level))
+    return tuple(out) or ((0, always),)
+
+
+def exact_spans(graph: Any, problem: Any, choice: Sequence[int], copies: Sequence[CopyEvent],
+                buckets: Sequence[Bucket], *, recomputed: bool = True,
+                param_views: Mapping[int, int] | None = None, fsdp2_reductions: bool = False) -> list[Span]:
+    """The terms :func:`exact_timeline` sums, one per tensor (and its adjustments), in its order."""
+    out: list[Span] = []
+
+    def add(start: int, end: int, amount: float, key: tuple, kind: str) -> None:
+        if amount and start < end:
+            out.append((start, end, amount, key, kind))
+
+    for i, (node, pnode, k) in enumerate(zip(graph.nodes, problem.nodes, choice)):
+        if node.kind == "memory" and node.target == "bound":
+            continue
+        m = float(pnode.memory_bytes[k])
+        if pnode.live is None:
+            out.append((None, None, m, ("node", i), node.kind))
+        else:
+            add(pnode.live[0], pnode.live[1], m, ("node", i), node.kind)
+    mesh = graph.mesh.shape
+    shared: dict[tuple[int, int, int], float] = {}
+    for j, placement, reader_recomputed in copies:
+        e = graph.edges[j]
+        live = e.copy_live_recomputed if (reader_recomputed and recomputed and e.copy_live_recomputed) else e.copy_live
+        if not live:
+            continue
+        nbytes = float(max_local_numel(e.shape, placement, mesh) * e.itemsize)
+        root = param_views.get(e.src) if param_views else None
+        for start, end in live:
+            if root is None:
+                add(start, end, nbytes, ("copy", j, start), "copy")
+            else:
+                shared[(root, start, end)] = max(shared.get((root, start, end), 0.0), nbytes)
+    for (root, start, end), nbytes in shared.items():
+        add(start, end, nbytes, ("copy", -1 - root, start), "copy")
+    sink_edge = {graph.nodes[e.dst].name: j for j, e in enumerate(graph.edges) if graph.nodes[e.dst].kind == "grad"}
+    index = {n.name: i for i, n in enumerate(graph.nodes)}
+    issued = []
+    spans = _param_copy_spans(graph, param_views or {}) if fsdp2_reductions and buckets else {}
+    for b, bucket in enumerate(buckets):
+        made = []
+        for member in bucket.members:
+            j = sink_edge[member]
+            e = graph.edges[j]
+            src = graph.nodes[e.src].strategies[choice[e.src]].output_placements[e.src_output]
+            t = problem.nodes[index[member]].live[0] - 1  # the sink holds the gradient from the next time
+            made.append((t, float(max_local_numel(e.shape, src, mesh) * e.itemsize)))
+        issue = max(t for t, _ in made)
+        if fsdp2_reductions:  # once the unit's backward is done and its gathered parameters are freed
+            issue = _unit_backward_end(spans, bucket.members, issue)
+        for member, (t, nbytes) in zip(bucket.members, made):
+            add(t + 1, issue + 1, nbytes, ("partial", member), "partial")  # waits, partial, until the last member
+            if fsdp2_reductions:  # the reduced (sharded) gradient is made by the reduction
+                i = index[member]
+                add(t + 1, issue + 1, -float(problem.nodes[i].memory_bytes[choice[i]]), ("node", i), "grad")
+        issued.append((issue, float(bucket.bytes), b))
+    issued.sort()
+    # FSDP2 frees a unit's reduce-scatter input when the next unit's reduction starts
+    payload_end = fsdp2_payload_ends(t for t, _, _ in issued) if fsdp2_reductions else {}
+    for issue, nbytes, b in issued:  # the concatenated payload
+        add(issue, payload_end.get(issue, issue + 1), nbytes, ("payload", b), "payload")
+    return out
+
+
+def _param_copy_spans(graph: Any, roots: Mapping[int, int]) -> dict[str, list[tuple[int, int]]]:
+    """``grad:<fqn>`` -> the copy intervals of its parameter (and of the parameter's views)."""
+    spans: dict[int, list[tuple[int, int]]] = {}
+    for e in graph.edges:
+        if e.src in roots and e.copy_live:
+            spans.setdefault(roots[e.src], []).extend(e.copy_live)
+    return {f"grad:{graph.nodes[i].target}": v for i, v in spans.items()}
+
+
+def _unit_backward_end(spans: Mapping[str, Sequence[tuple[int, int]]], members: Sequence[str], last: int) -> int:
+    """When FSDP2 reduces a unit whose last gradient is made at ``last``: after the unit's
+    backward, which its parameters' gathered copies span (``autoshard.graph.copies.fsdp2_interval``:
+    the end of the copy interval open at ``last``), and at least a step after ``last``."""
+    return fsdp2_reduction(last, max([0, *(end for m in members for start, end in spans.get(m, ()) if start <= last < end)]))
+
+
+def param_view_roots(graph: Any, view_ops: Container[str]) -> dict[int, int]:
+    """Node -> the parameter node it is, or whose view (a chain of ``view_ops`` of one
+    input each) it is; the nodes of ``graph`` (an ``AssemblyGraph``) in graph order."""
+    reads: dict[int, list[int]] = {}
+    for e in graph.edges:
+        reads.setdefault(e.dst, []).append(e.src)
+    roots: dict[int, int] = {}
+    for i, node in enumerate(graph.nodes):
+        if node.kind == "param":
+            roots[i] = i
+        elif node.kind == "op" and node.target in view_ops and len(reads.get(i, ())) == 1 and reads[i][0] in roots:
+            roots[i] = roots[reads[i][0]]
+    return roots
+
+
+def timeline_peak(timeline: Sequence[tuple[int, float]]) -> float:
+    """The highest level of a timeline."""
+    return max(level for _, level in timeline)
+
+
+def peak_with_extra(timeline: Sequence[tuple[int, float]], extra: Sequence[tuple[int, int, float]]) -> float:
+    """Peak of ``timeline`` (a step function: ``(t, level)`` from t on, its first level before
+    its first time) plus ``extra`` bytes (>= 0) over ``[start, end)`` time intervals.
+
+    Only the points inside some interval can top the timeline's own peak, and of those only the
+    interval starts and the timeline's changes: at any other point inside, the last of these
+    before it has the same level and every interval open there (floats of one sign add up
+    monotonically), so the maximum is the one over all points, to the last bit. There the
+    intervals open are summed in their order in ``extra`` (8B on 8x8: 110 calls of a scan of
+    every interval at every timeline point took 15 s)."""
+    times = [t for t, _ in timeline]
+    levels = [level for _, level in timeline]
+    peak = max(0.0, max(levels, default=0.0))
+    live = [i for i, (s, e, _) in enumerate(extra) if s < e]
+    if not live:
+        return peak
+    points = {extra[i][0] for i in live}
+    for i in live:
+        s, e, _ = extra[i]
+        points.update(times[bisect.bisect_left(times, s):bisect.bisect_left(times, e)])
+    by_start = sorted(live, key=lambda i: extra[i][0])
+    opened, active = 0, []  # indices into extra, ascending
+    for t in sorted(points):
+        k = bisect.bisect_right(times, t) - 1
+        level = levels[max(k, 0)] if levels else 0.0
+        while opened < len(by_start) and extra[by_start[opened]][0] <= t:
+            bisect.insort(active, by_start[opened])
+            opened += 1
+        active = [i for i in active if t < extra[i][1]]
+        peak = max(peak, level + sum(extra[i][2] for i in active))
+    return peak

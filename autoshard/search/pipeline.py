@@ -1,0 +1,386 @@
+r"""Pipeline search: the ``pp`` mesh dim, stage cuts, microbatches and schedule, priced.
+
+A mesh ``(pp, dp, tp)`` with ``pp`` outermost (across nodes) runs a model of ``N``
+repeated blocks as ``K = p v`` stages, ``v`` per rank of the ``pp`` dim, over ``m``
+microbatches of ``B / m`` sequences (``B`` the global batch). Inside a stage the
+placements and recomputation are those of the stage sub-mesh ``(dp, tp)``'s
+solve at the microbatch's batch (:mod:`autoshard.search.pipeline_blocks`: per-block
+forward ``f``, backward ``b``, state ``s``, saved activations ``a``, gradient
+reduction ``g`` and optimizer ``o``, and the embedding / head extras).
+
+**One candidate** ``(schedule, m, v)`` (:func:`price_pipeline`):
+
+    (a) cuts    = cut_stages(blocks, K, extras, h = stage_in_flight(schedule), M - T)
+                  (``costmodel.stage_cuts``: DP over block boundaries, least slowest stage)
+    (b) stage k = StageCost(F_k = sum f + [k = K-1] f^last + a2a_k, B_k = sum b + ...,
+                            I_k = W_k = B_k / 2,                  (the split backward: ASSUMPTION;
+                                                                    W keeps all of a_k: an upper bound)
+                            send_k = t_permute(bytes_mb, pp dim),   bytes_mb = B/m * seq * d * itemsize / (dp tp)
+                            G_k = sum g (+ extras), O_k = sum o (+ extras))
+    (c) sim     = simulate_pipeline(schedule(p, m, v), [stage k])   (``costmodel.pipeline_simulate``)
+    (d) memory_r = sum_{k on r} (sum s) + peak activation bytes of r (sim) + T   <= M
+    (e) step    = sim.step_s
+
+The send is one point-to-point permute of the boundary activation (and of its
+gradient, the same bytes) on the tier the ``pp`` dim crosses
+(``costmodel.collectives.collective_time_s("permute", ...)``), sequence-sharded over
+``tp`` and batch-sharded over ``dp`` at the boundary, as torchtitan's sequence
+parallelism leaves it.
+
+**Search** (:func:`search_pipeline`): every schedule of the list, ``m`` in a small
+set (multiples of ``p`` dividing ``B`` with ``dp | B / m``), ``v`` in ``{1, 2, 4}``
+where the schedule allows (``ZBVZeroBubble``, ``DualPipeV``: 2; ``GPipe``,
+``1F1B``: 1); the candidate with the least (e) among those whose (d) holds.
+Ties: the first in schedule-list, then ``m``, then ``v`` order.
+
+**Bound.** For one candidate, every rank's busy time is a lower bound on its step,
+and the busiest rank's is at least the average:
+
+    (f) LB = m * (sum_n (f_n + b_n) + extras) / p  <=  step
+
+the plan states ``gap = 1 - LB / step``: how much the schedule's bubble, the sends and
+the tail (reduction, optimizer) cost above perfect balance. For the mesh search,
+:func:`layout_lower_bound_s` bounds any layout before it is solved:
+
+    (g) LB_layout = FLOPs per step / (devices * peak FLOP/s of the dtype)
+
+a layout whose (g) exceeds the best step found is cut (every step does at least
+its FLOPs at no more than the peak).
+
+>>> layouts = pipeline_layouts(512, 8)
+>>> (8, 8, 8) in [l.mesh_shape for l in layouts]
+True
+>>> layout_lower_bound_s(1e18, 512, 1e15) > 1.9
+True
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Callable, Mapping, Sequence
+
+from costmodel.collectives import collective_time_s
+from costmodel.mesh import MeshSpec
+from costmodel.pipeline_schedules import SCHEDULE_NAMES, build_schedule
+from costmodel.pipeline_simulate import PipelineSimulation, StageCost, simulate_pipeline
+from costmodel.stage_cuts import StageCuts, cut_stages, stage_in_flight
+
+from autoshard.search.pipeline_blocks import BlockPricing
+
+__all__ = [
+    "PipelineLayout", "PipelineCandidate", "PipelinePlan", "pipeline_layouts", "layout_lower_bound_s",
+    "price_pipeline", "search_pipeline", "microbatch_counts", "model_flops_per_token", "best_plan",
+    "DEFAULT_SCHEDULES", "V_OF",
+]
+
+DEFAULT_SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
+V_OF: Mapping[str, tuple[int, ...]] = {"GPipe": (1,), "1F1B": (1,), "Interleaved1F1B": (2, 4),
+                                       "InterleavedZeroBubble": (1, 2, 4), "ZBVZeroBubble": (2,), "DualPipeV": (2,),
+                                       "LoopedBFS": (2, 4)}
+"""Stages per rank ``v`` each schedule is priced with."""
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineLayout:
+    """One mesh layout with a ``pp`` dim outermost."""
+
+    pp: int
+    dp: int
+    tp: int
+
+    @property
+    def mesh_shape(self) -> tuple[int, int, int]:
+        return (self.pp, self.dp, self.tp)
+
+    @property
+    def dim_names(self) -> tuple[str, str, str]:
+        return ("pp", "dp", "tp")
+
+
+def pipeline_layouts(devices: int, per_node: int, *, min_pp: int = 2) -> tuple[PipelineLayout, ...]:
+    """Every ``(pp, dp, tp)`` of ``devices`` with ``pp >= min_pp`` outermost across nodes
+    (``pp`` divides the node count), ``tp`` within a node (divides ``per_node``).
+
+    >>> [l.mesh_shape for l in pipeline_layouts(16, 8)]
+    [(2, 8, 1), (2, 4, 2), (2, 2, 4), (2, 1, 8)]
+    """
+    if devices < 1 or per_node < 1 or devices % per_node and devices > per_node:
+        raise ValueError(f"devices={devices}, per_node={per_node}: devices must be a multiple of per_node")
+    nodes = max(1, devices // per_node)
+    out = []
+    for pp in range(max(1, min_pp), nodes + 1):
+        if nodes % pp:
+            continue
+        for tp in range(1, per_node + 1):
+            if per_node % tp == 0 and (devices // pp) % tp == 0:
+                out.append(PipelineLayout(pp, devices // pp // tp, tp))
+    return tuple(out)
+
+
+def layout_lower_bound_s(flops_per_step: float, devices: int, peak_flops: float) -> float:
+    """(g): no layout of ``devices`` runs a step of ``flops_per_step`` in less."""
+    if devices < 1 or peak_flops <= 0:
+        raise ValueError(f"devices ({devices}) and peak_flops ({peak_flops}) must be positive")
+    return flops_per_step / (devices * peak_flops)
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineCandidate:
+    """One priced ``(schedule, m, v)``."""
+
+    schedule: str
+    n_microbatches: int
+    stages_per_rank: int
+    step_s: float
+    """``inf`` when it does not fit (``why``)."""
+    bubble_fraction: float
+    peak_bytes: float
+    """Busiest rank's memory (d)."""
+    why: str = ""
+    """Why it was refused (memory, schedule rule); empty when it fits."""
+    rank_memory_bytes: tuple[float, ...] = ()
+    """Per rank of the ``pp`` dim: (d)."""
+    send_s: float = 0.0
+    """One boundary send (activation or gradient) of one microbatch."""
+
+
+@dataclass(frozen=True, slots=True)
+class PipelinePlan:
+    """The chosen pipeline of one layout (module docstring)."""
+
+    pp: int
+    mesh_shape: tuple[int, ...]
+    dim_names: tuple[str, ...]
+    schedule: str
+    n_microbatches: int
+    stages_per_rank: int
+    cuts: tuple[int, ...]
+    """First block of every stage but the first (``K - 1`` entries)."""
+    stage_step_s: tuple[float, ...]
+    """Per stage: forward + backward of one microbatch."""
+    rank_memory_bytes: tuple[float, ...]
+    """Per rank of the ``pp`` dim: (d)."""
+    step_s: float
+    bubble_fraction: float
+    lower_bound_s: float
+    """(f) of the chosen candidate."""
+    tokens_per_gpu_s: float
+    """Global tokens / (step x GPUs): torchtitan's ``tps``."""
+    tflops_per_gpu: float
+    """Model FLOPs per token x tokens / (step x GPUs) / 1e12, as torchtitan's MFU and the Llama 3 paper count."""
+    candidates: tuple[PipelineCandidate, ...]
+    search_s: float
+    """Wall seconds of the search, block pricing included."""
+
+    @property
+    def gap(self) -> float:
+        """``1 - LB / step``: the most the step can exceed the chosen candidate's best balance."""
+        return 1.0 - self.lower_bound_s / self.step_s if self.step_s > 0 else 0.0
+
+
+def model_flops_per_token(n_params: int, n_layers: int, dim: int, seq_len: int) -> float:
+    """Training FLOPs per token as torchtitan counts them (``get_num_flop_per_token``): ``6 N``
+    for the matmuls of ``N`` non-embedding parameters (forward 2, backward 4), plus
+    ``12 L d t`` for attention's scores and values over ``t`` tokens; recomputation not counted.
+
+    >>> model_flops_per_token(405_000_000_000, 126, 16384, 8192) / 1e12
+    2.63...
+    """
+    return 6.0 * n_params + 12.0 * n_layers * dim * seq_len
+
+
+def microbatch_counts(batch: int, pp: int, dp: int, *, most: int = 3) -> tuple[int, ...]:
+    """The ``m`` tried: the ``most`` largest of ``p, 2p, 4p, ...`` that divide ``batch`` with
+    ``dp`` dividing ``batch / m`` (each dp rank one sequence or more); for ``p = 1``, ``m = 1``
+    (one stage has no bubble to fill: more microbatches only shrink its matmuls).
+
+    >>> microbatch_counts(256, 8, 8), microbatch_counts(256, 8, 8, most=2), microbatch_counts(64, 1, 8)
+    ((8, 16, 32), (16, 32), (1,))
+    """
+    if pp == 1:
+        return (1,)
+    out, m = [], pp
+    while m <= batch:
+        if batch % m == 0 and (batch // m) % dp == 0:
+            out.append(m)
+        m *= 2
+    return tuple(out[-most:])
+
+
+def best_plan(plans: Sequence[PipelinePlan]) -> PipelinePlan:
+    """The fastest of ``plans`` (one per layout), ties to the fewest stages: a pipeline is
+    chosen only where the price says it pays, so ``pp = 1`` (no pipeline) wins a tie.
+
+    >>> # best_plan([search_pipeline(..., layout=l) for l in pipeline_layouts(64, 8, min_pp=1)])
+    """
+    if not plans:
+        raise ValueError("best_plan: no plans to choose from")
+    return min(plans, key=lambda p: (p.step_s, p.pp))
+
+
+def _stage_costs(pricing: BlockPricing, cut: StageCuts, send_s: float) -> list[StageCost]:
+    """(b): one :class:`StageCost` per stage of ``cut``."""
+    k_last = len(cut.stages) - 1
+    blk = pricing.block
+    out = []
+    for k, st in enumerate(cut.stages):
+        n = st.end_block - st.first_block
+        extras = [e for e, here in ((pricing.first_extra, k == 0), (pricing.last_extra, k == k_last)) if here]
+        fwd = n * blk.forward_s + sum(e.forward_s for e in extras)
+        bwd = n * blk.backward_s + sum(e.backward_s for e in extras)
+        acts = n * blk.activation_bytes + sum(e.activation_bytes for e in extras)
+        out.append(StageCost(
+            forward_s=fwd, backward_input_s=bwd / 2, backward_weight_s=bwd / 2, full_backward_s=bwd,
+            send_activation_s=send_s, send_gradient_s=send_s, activation_bytes=int(acts), weight_grad_bytes=int(acts),
+            gradient_reduction_s=n * pricing.block_reduction_s + (pricing.extra_reduction_s if extras else 0.0),
+            optimizer_s=n * pricing.block_optimizer_s + (pricing.extra_optimizer_s if extras else 0.0)))
+    return out
+
+
+def _check(n_blocks: int, batch: int, pp: int, schedule: str, m: int, v: int) -> None:
+    if schedule not in SCHEDULE_NAMES:
+        raise ValueError(f"unknown pipeline schedule {schedule!r}; valid names: {', '.join(SCHEDULE_NAMES)}")
+    if m < 1 or batch % m:
+        raise ValueError(f"n_microbatches={m} does not divide the batch of {batch} sequences")
+    if pp * v > n_blocks:
+        raise ValueError(f"pp={pp} x stages_per_rank={v} = {pp * v} stages exceed the model's {n_blocks} blocks")
+
+
+def price_pipeline(
+    pricing: BlockPricing,
+    *,
+    n_blocks: int,
+    batch: int,
+    pp: int,
+    schedule: str,
+    n_microbatches: int,
+    stages_per_rank: int = 1,
+    send_s: float = 0.0,
+    memory_limit_bytes: float | None = None,
+) -> tuple[PipelineCandidate, StageCuts | None, PipelineSimulation | None]:
+    """(a)-(e) of one candidate; ``pricing`` at ``batch / n_microbatches`` sequences per microbatch.
+    A candidate that does not fit comes back with ``step_s = inf`` and ``why``; bad input raises
+    ``ValueError`` naming it.
+
+    >>> from autoshard.search.pipeline_blocks import BlockCost, BlockPricing
+    >>> unit = BlockCost(1.0, 2.0, 0, 0)
+    >>> p = BlockPricing(1, unit, 0.0, 0.0, BlockCost(0, 0, 0, 0), BlockCost(0, 0, 0, 0), 0.0, 0.0, 0.0, (), 0.0)
+    >>> c, _, _ = price_pipeline(p, n_blocks=4, batch=4, pp=2, schedule="1F1B", n_microbatches=4)
+    >>> c.step_s   # (m + p - 1)(f + b) with two blocks per stage
+    30.0
+    """
+    m, v = n_microbatches, stages_per_rank
+    _check(n_blocks, batch, pp, schedule, m, v)
+    if pricing.micro_batch * m != batch:
+        raise ValueError(f"pricing is for microbatches of {pricing.micro_batch} sequences, "
+                         f"not batch {batch} / n_microbatches {m}")
+    limit = math.inf if memory_limit_bytes is None else float(memory_limit_bytes)
+
+    def refused(why: str) -> tuple[PipelineCandidate, None, None]:
+        return PipelineCandidate(schedule, m, v, math.inf, 0.0, math.inf, why, (), send_s), None, None
+
+    try:
+        sched = build_schedule(schedule, n_ranks=pp, n_microbatches=m, stages_per_rank=v)
+    except ValueError as exc:  # the schedule's own rule (m >= p, rounds): this (m, v) is not one of its orders
+        return refused(str(exc))
+    held = stage_in_flight(sched)
+    budget = limit - pricing.transient_bytes
+    try:  # (a)
+        cut = cut_stages([pricing.block] * n_blocks, pp * v, first_extra=pricing.first_extra,
+                         last_extra=pricing.last_extra, in_flight=held,
+                         memory_limit_bytes=None if math.isinf(budget) else max(0, int(budget)), stages_per_rank=v)
+    except ValueError as exc:
+        return refused(str(exc))
+    costs = _stage_costs(pricing, cut, send_s if pp > 1 else 0.0)
+    sim = simulate_pipeline(sched, costs)  # (c)
+    state = [0.0] * pp
+    for k, st in enumerate(cut.stages):  # (d)
+        state[sched.stage_ranks[k]] += st.memory_bytes - held[k] * costs[k].activation_bytes
+    memory = [state[r] + sim.ranks[r].peak_activation_bytes + pricing.transient_bytes for r in range(pp)]
+    peak = max(memory)
+    if peak > limit:
+        why = f"rank memory {peak / 2**30:.1f} GiB > limit {limit / 2**30:.1f} GiB"
+        return PipelineCandidate(schedule, m, v, math.inf, sim.bubble_fraction, peak, why, tuple(memory), send_s), \
+            cut, sim
+    return PipelineCandidate(schedule, m, v, sim.step_s, sim.bubble_fraction, peak, "", tuple(memory), send_s), cut, sim
+
+
+def search_pipeline(
+    price_at: Callable[[int], BlockPricing],
+    *,
+    n_blocks: int,
+    batch: int,
+    seq_len: int,
+    dim: int,
+    layout: PipelineLayout,
+    profile: object,
+    flops_per_token: float,
+    schedules: Sequence[str] = DEFAULT_SCHEDULES,
+    microbatches: Sequence[int] | None = None,
+    stages_per_rank: Sequence[int] | None = None,
+    memory_limit_bytes: float | None = None,
+    itemsize: int = 2,
+) -> PipelinePlan:
+    """The fastest fitting candidate of ``layout`` (module docstring, Search). ``price_at(micro_batch)``
+    gives the block pricing of microbatches of ``micro_batch`` sequences on the stage sub-mesh
+    (:func:`autoshard.search.pipeline_blocks.price_blocks`; called once per ``m``);
+    ``profile`` a ``hw_profiles.HardwareProfile`` (sends, memory); ``memory_limit_bytes``
+    defaults to its usable memory. ``stages_per_rank`` narrows :data:`V_OF`.
+
+    >>> # search_pipeline(lambda mb: price_blocks(llama3.llama3_405b, {...}, (8, 8), ("dp", "tp"), micro_batch=mb),
+    >>> #                 n_blocks=126, batch=256, seq_len=8192, dim=16384, layout=PipelineLayout(8, 8, 8), ...)
+    """
+    started = time.perf_counter()
+    for name in schedules:
+        if name not in SCHEDULE_NAMES:
+            raise ValueError(f"unknown pipeline schedule {name!r}; valid names: {', '.join(SCHEDULE_NAMES)}")
+    pp, dp, tp = layout.pp, layout.dp, layout.tp
+    counts = tuple(microbatches) if microbatches is not None else microbatch_counts(batch, pp, dp)
+    for m in counts:
+        if m < 1 or batch % m:
+            raise ValueError(f"n_microbatches={m} does not divide the batch of {batch} sequences")
+    if not counts:
+        raise ValueError(f"no microbatch count: batch {batch} has no multiple-of-pp={pp} split with dp={dp} "
+                         "dividing each microbatch")
+    allowed_v = [v for v in (stages_per_rank or (1, 2, 4)) if pp * v <= n_blocks]
+    if not allowed_v:
+        raise ValueError(f"pp={pp} stages exceed the model's {n_blocks} blocks")
+    limit = profile.device.usable_memory_bytes if memory_limit_bytes is None else memory_limit_bytes
+    mesh = MeshSpec(layout.mesh_shape, layout.dim_names)
+    best = None
+    candidates = []
+    for m in counts:
+        pricing = price_at(batch // m)
+        # sequence-parallel boundary: each rank sends its dp x tp share of the microbatch's activation
+        send = collective_time_s("permute", batch // m * seq_len * dim * itemsize / (dp * tp), (0,), mesh, profile)
+        for name in schedules:
+            for v in V_OF.get(name, (1,)):
+                if v not in allowed_v:
+                    continue
+                cand, cut, sim = price_pipeline(pricing, n_blocks=n_blocks, batch=batch, pp=pp, schedule=name,
+                                                n_microbatches=m, stages_per_rank=v, send_s=send,
+                                                memory_limit_bytes=limit)
+                candidates.append(cand)
+                if cand.step_s < (best[0].step_s if best else math.inf):
+                    best = (cand, cut, sim, pricing)
+    if best is None:
+        least = min((c.peak_bytes for c in candidates), default=math.inf)
+        why = next((c.why for c in candidates if c.why), "")
+        raise ValueError(f"layout {'x'.join(map(str, layout.mesh_shape))} (pp,dp,tp): no pipeline candidate fits "
+                         f"{limit / 2**30:.1f} GiB (least rank memory {least / 2**30:.1f} GiB; first refusal: {why})")
+    cand, cut, sim, pricing = best
+    work = n_blocks * (pricing.block.forward_s + pricing.block.backward_s) + sum(
+        e.forward_s + e.backward_s for e in (pricing.first_extra, pricing.last_extra))
+    gpus = pp * dp * tp
+    tokens = batch * seq_len
+    return PipelinePlan(
+        pp=pp, mesh_shape=layout.mesh_shape, dim_names=layout.dim_names, schedule=cand.schedule,
+        n_microbatches=cand.n_microbatches, stages_per_rank=cand.stages_per_rank, cuts=cut.cuts,
+        stage_step_s=tuple(s.time_s for s in cut.stages), rank_memory_bytes=cand.rank_memory_bytes,
+        step_s=cand.step_s, bubble_fraction=cand.bubble_fraction,
+        lower_bound_s=cand.n_microbatches * work / pp,  # (f)
+        tokens_per_gpu_s=tokens / (cand.step_s * gpus),
+        tflops_per_gpu=flops_per_token * tokens / (cand.step_s * gpus) / 1e12,
+        candidates=tuple(candidates), search_s=time.perf_counter() - started)

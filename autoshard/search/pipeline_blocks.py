@@ -1,0 +1,285 @@
+r"""Per-block costs of a repeated-block model on one pipeline stage's sub-mesh, from two solves.
+
+A pipeline stage runs a contiguous run of the model's repeated blocks (the
+transformer layers) on its sub-mesh (the ``dp x tp`` dims of the mesh, ``pp``
+taken out). Rather than solve every stage, the model is solved twice on that
+sub-mesh at the microbatch's batch (``B / m`` sequences, over the whole stage),
+with ``L_1`` and ``L_2 > L_1`` blocks (:func:`price_blocks`), and every figure is
+split into a per-block part and the rest, the embedding and the loss head.
+
+**Figures of one plan** (:func:`plan_figures`; ``x_k`` the chosen strategy of op ``k``,
+``c_k(x_k)`` its compute from the strategy graph, ``K_F`` the ops up to the loss in
+graph order, which are the forward):
+
+    (a) F = sum_{k in K_F} c_k(x_k)               forward compute
+    (b) B = sum_{k not in K_F} c_k(x_k) + R        backward compute and the recomputation R (estimate.recompute_s)
+    (c) O = estimate.compute_s - sum_k c_k(x_k)    optimizer step (compute_s = ops + the update)
+    (d) X = step_s - F - B - O                     exposed communication and local re-layouts of the step
+    (e) G = sum of the plan's gradient buckets' cost_s   gradient reduction across dp
+    (f) S = sum over parameters of the bytes of the parameter, its gradient and optimizer
+            state at the chosen placement (the graph's param / grad / opt_temp nodes)
+    (g) P = estimate.peak_memory_bytes
+
+**Per block** (``Delta y = (y(L_2) - y(L_1)) / (L_2 - L_1)``): forward ``f = Delta F + Delta X
+Delta F / (Delta F + Delta B)``, backward ``b = Delta B + Delta X Delta B / (Delta F + Delta B)``
+(the exposed communication split as the compute is: TP's collectives are per op, in
+both passes), state ``s = Delta S``, saved activations per microbatch ``a = Delta P - s``
+(one more block adds its state and what its forward keeps for the backward; the
+peak's transient, one block's recomputed activations, is the same for any depth
+``>= L_1``), reduction ``g = Delta G``, optimizer ``o = Delta O``.
+
+**Extras**: the rest of ``L_1``'s figures, ``y(L_1) - L_1 Delta y``. The embedding's and
+the head's compute and communication go to the last stage (the head, the loss and the
+final norm dominate them: the embedding is a gather), their state by parameter:
+``tok_embeddings`` to the first stage, the rest to the last. The transient
+``T = P(L_1) - S(L_1) - L_1 a`` (the head's logits, one block's recomputation, gathered
+copies) is added to every stage's memory: an upper bound for the stages without the head.
+
+Why it keeps the per-block costs exact under the cost model: the blocks are
+identical (stamped in the trace, tied in the solve), so a pinned layout prices every
+block the same and ``y(L)`` is affine in ``L``; a free solve may differ per depth, and
+the difference is then the marginal block of the solved plans.
+
+>>> # from examples.models import llama3
+>>> # costs = price_blocks(llama3.tiny, {}, (2,), ("dp",), micro_batch=4, profile="cpu-gloo")
+>>> # costs.block.forward_s, costs.block.activation_bytes   # per block, per microbatch
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Mapping, Sequence
+
+from costmodel.stage_cuts import BlockCost
+
+__all__ = ["PlanFigures", "BlockPricing", "plan_figures", "price_blocks", "hide_exposed", "FIRST_STAGE_PARAMS"]
+
+FIRST_STAGE_PARAMS = ("tok_embeddings",)
+"""Top-level modules of the non-block parameters held by the first stage (the rest: the last)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PlanFigures:
+    """(a)-(g) of one solved plan (module docstring)."""
+
+    n_blocks: int
+    forward_s: float
+    backward_s: float
+    optimizer_s: float
+    exposed_s: float
+    reduction_s: float
+    state_bytes: float
+    """Of the repeated blocks' parameters."""
+    extra_state_first_bytes: float
+    """Of the non-block parameters the first stage holds (the embedding)."""
+    extra_state_last_bytes: float
+    """Of the other non-block parameters (final norm, output layer)."""
+    peak_bytes: float
+    step_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class BlockPricing:
+    """Per-block and extra costs of one microbatch on one stage sub-mesh (module docstring)."""
+
+    micro_batch: int
+    """Sequences of one microbatch, over the whole stage sub-mesh."""
+    block: BlockCost
+    """One repeated block: forward, backward (with recomputation), state, saved activations."""
+    block_reduction_s: float
+    block_optimizer_s: float
+    first_extra: BlockCost
+    """The embedding: its state; its compute counts on the last stage (module docstring)."""
+    last_extra: BlockCost
+    """Final norm, output layer and loss."""
+    extra_reduction_s: float
+    extra_optimizer_s: float
+    transient_bytes: float
+    """``T``: added to every stage's memory."""
+    figures: tuple[PlanFigures, ...]
+    """The solved depths' figures, shallowest first."""
+    solve_s: float
+    """Wall seconds of the solves (trace and build included)."""
+    block_exposed_s: float = 0.0
+    """``Delta X``: the exposed communication inside :attr:`block`'s forward and backward."""
+
+    def step_of_model(self, n_blocks: int) -> float:
+        """The single-stage, single-microbatch step of ``n_blocks`` blocks these costs give:
+        what the whole model's plan should price (``p = m = 1``)."""
+        blocks = n_blocks * (self.block.forward_s + self.block.backward_s + self.block_optimizer_s)
+        extras = sum(e.forward_s + e.backward_s for e in (self.first_extra, self.last_extra))
+        return blocks + extras + self.extra_optimizer_s
+
+
+def _op_compute(graph: Any, plan: Any) -> list[float]:
+    """``c_k(x_k)`` of every op of ``plan``, in plan order: the strategy whose placements the plan lists."""
+    from autoshard.assembly.assemble import placement_text
+
+    out = []
+    for node in plan.nodes:
+        g = graph.nodes[graph.index[node.name]]
+        for k, s in enumerate(g.strategies):
+            if (tuple(placement_text(p) for p in s.output_placements) == node.out
+                    and tuple(placement_text(p) for p in s.input_placements) == node.inputs):
+                out.append(float(g.compute_s[k]))
+                break
+        else:  # the plan comes from this graph: a placement it lists is one of the node's strategies
+            raise ValueError(f"plan node {node.name}: placements {node.out} <- {node.inputs} "
+                             "are no strategy of the graph")
+    return out
+
+
+def _forward_end(graph: Any, plan: Any) -> int:
+    """Index in ``plan.nodes`` of the op the loss reads (the forward's last op)."""
+    loss = next(i for i, n in enumerate(graph.nodes) if n.kind == "loss")
+    sources = {graph.nodes[e.src].name for e in graph.edges if e.dst == loss}
+    return max(i for i, n in enumerate(plan.nodes) if n.name in sources)
+
+
+def _state_bytes(graph: Any, plan: Any) -> dict[str, float]:
+    """Parameter FQN -> bytes per rank of the parameter, its gradient and optimizer state (f)."""
+    from autoshard.assembly.assemble import placement_text
+
+    out: dict[str, float] = {}
+    for fqn, text in plan.params.items():
+        total = 0.0
+        for prefix in ("param:", "grad:", "opt_temp:"):
+            i = graph.index.get(prefix + fqn)
+            if i is None or graph.nodes[i].live is not None:
+                continue
+            g = graph.nodes[i]
+            # leaves and sinks have one output each; grad and optimizer state are tied to the parameter
+            k = next((k for k, s in enumerate(g.strategies) if placement_text(s.output_placements[0]) == text), 0)
+            total += float(g.memory_bytes[k])
+        out[fqn] = total
+    return out
+
+
+def plan_figures(prep: Any, plan: Any, n_blocks: int, block_prefix: str = "layers.") -> PlanFigures:
+    """(a)-(g) of ``plan``, solved from ``prep`` (:func:`autoshard.search.solve.prepare`)."""
+    graph, e = prep.graph, plan.estimate
+    compute = _op_compute(graph, plan)
+    end = _forward_end(graph, plan)
+    fwd = sum(compute[: end + 1])
+    bwd = sum(compute[end + 1:]) + e.recompute_s
+    opt = max(0.0, e.compute_s - sum(compute))
+    exposed = max(0.0, e.step_s - fwd - bwd - opt)
+    reduction = sum(b.cost_s for b in plan.buckets if all(m.startswith("grad:") for m in b.members))
+    state = _state_bytes(graph, plan)
+    aliases = {a for names in plan.param_aliases.values() for a in names}
+    blocks = sum(v for k, v in state.items() if k.startswith(block_prefix) and k not in aliases)
+    first = sum(v for k, v in state.items() if k.split(".")[0] in FIRST_STAGE_PARAMS and k not in aliases)
+    last = sum(state.values()) - blocks - first - sum(state[a] for a in aliases if a in state)
+    return PlanFigures(n_blocks, fwd, bwd, opt, exposed, reduction, blocks, first, last, e.peak_memory_bytes, e.step_s)
+
+
+def hide_exposed(pricing: BlockPricing) -> BlockPricing:
+    """``pricing`` with each block's exposed communication hidden under its own compute where
+    that compute is long enough, ``x' = max(0, x - (f_0 + b_0))`` (``f_0, b_0`` the compute
+    alone): the best case of collectives overlapped with the matmuls they feed (torch's async
+    TP, fused all-gather + matmul and matmul + reduce-scatter). A what-if beside the schedule
+    the plan runs, whose collectives wait for their producers.
+
+    >>> p = BlockPricing(1, BlockCost(2.0, 4.0, 0, 0), 0, 0, BlockCost(0, 0, 0, 0), BlockCost(0, 0, 0, 0),
+    ...                  0, 0, 0, (), 0.0, block_exposed_s=3.0)
+    >>> hide_exposed(p).block.forward_s, hide_exposed(p).block.backward_s
+    (1.0, 2.0)
+    """
+    blk, x = pricing.block, pricing.block_exposed_s
+    compute = blk.forward_s + blk.backward_s - x
+    share = blk.forward_s / (blk.forward_s + blk.backward_s) if blk.forward_s + blk.backward_s > 0 else 0.5
+    left = max(0.0, x - compute)
+    block = BlockCost(blk.forward_s - (x - left) * share, blk.backward_s - (x - left) * (1 - share),
+                      blk.state_bytes, blk.activation_bytes)
+    return replace(pricing, block=block, block_exposed_s=left)
+
+
+def _block_of(lo: PlanFigures, hi: PlanFigures) -> tuple[BlockCost, float, float]:
+    """The per-block figures from two depths (module docstring, Per block)."""
+    n = hi.n_blocks - lo.n_blocks
+    d = lambda name: (getattr(hi, name) - getattr(lo, name)) / n  # noqa: E731
+    f, b, x = max(0.0, d("forward_s")), max(0.0, d("backward_s")), max(0.0, d("exposed_s"))
+    share = f / (f + b) if f + b > 0 else 0.5
+    state = max(0.0, d("state_bytes"))
+    acts = max(0.0, d("peak_bytes") - state)
+    return BlockCost(f + x * share, b + x * (1 - share), int(state), int(acts)), max(0.0, d("reduction_s")), \
+        max(0.0, d("optimizer_s"))
+
+
+def _extras(lo: PlanFigures, block: BlockCost, reduction: float, optimizer: float) -> tuple[BlockCost, BlockCost,
+                                                                                                float, float, float]:
+    """(first, last, extra reduction, extra optimizer, transient) from the shallow depth's rest."""
+    n = lo.n_blocks
+    x_blocks = block.forward_s + block.backward_s
+    rest_f = lo.forward_s + lo.exposed_s * _share(lo) - n * block.forward_s
+    rest_b = lo.backward_s + lo.exposed_s * (1 - _share(lo)) - n * block.backward_s
+    if rest_f + rest_b < 0:  # the shallow plan is cheaper than its blocks: no room for extras
+        rest_f, rest_b = 0.0, max(0.0, lo.forward_s + lo.backward_s + lo.exposed_s - n * x_blocks)
+    first = BlockCost(0.0, 0.0, int(lo.extra_state_first_bytes), 0)
+    last = BlockCost(max(0.0, rest_f), max(0.0, rest_b), int(lo.extra_state_last_bytes), 0)
+    transient = max(0.0, lo.peak_bytes - lo.state_bytes - lo.extra_state_first_bytes - lo.extra_state_last_bytes
+                    - n * block.activation_bytes)
+    return (first, last, max(0.0, lo.reduction_s - n * reduction), max(0.0, lo.optimizer_s - n * optimizer),
+            transient)
+
+
+def _share(fig: PlanFigures) -> float:
+    total = fig.forward_s + fig.backward_s
+    return fig.forward_s / total if total > 0 else 0.5
+
+
+Factory = Callable[..., Any]
+
+
+def price_blocks(
+    factory: Factory,
+    overrides: Mapping[str, Any],
+    mesh_shape: Sequence[int],
+    dim_names: Sequence[str],
+    *,
+    micro_batch: int,
+    depths: tuple[int, int] = (2, 4),
+    baseline: str | None = None,
+    recompute: str = "auto",
+    profile: str = "h100-sxm-80gb",
+    time_limit: float = 60.0,
+    prepare_options: Mapping[str, Any] | None = None,
+    model_hook: Callable[[Any], None] | None = None,
+) -> BlockPricing:
+    """:class:`BlockPricing` of ``factory(**overrides, n_layers=L, batch_size=micro_batch)`` on
+    ``mesh_shape`` from solves at the two ``depths`` (module docstring). ``baseline`` pins a
+    layout (``fsdp``, ``fsdp+tp``; ``autoshard.search.baselines``) and ``recompute`` a policy, as
+    the published runs ran; ``None`` / ``auto``: autoshard's own choice, solved without a memory
+    limit (the pipeline search checks each stage's memory). ``prepare_options``: more
+    :func:`~autoshard.search.solve.prepare` options (``gather``, ``reduce_dtype``, ...);
+    ``model_hook`` changes each built model before the trace (a loss, a norm).
+
+    >>> # price_blocks(llama3.llama3_405b, {"seq_len": 8192, "dtype": "bfloat16"}, (8, 8), ("dp", "tp"),
+    >>> #              micro_batch=8, baseline="fsdp+tp", recompute="full", profile="h100-sxm-96gb-500w")
+    """
+    from autoshard.search.solve import prepare, solve_prepared
+
+    lo_depth, hi_depth = depths
+    if not 1 <= lo_depth < hi_depth:
+        raise ValueError(f"depths: need 1 <= L_1 < L_2, got {depths}")
+    if micro_batch < 1:
+        raise ValueError(f"micro_batch must be >= 1 sequence, got {micro_batch}")
+    started = time.perf_counter()
+    figures = []
+    for depth in depths:
+        model, inputs = factory(**{**overrides, "n_layers": depth, "batch_size": micro_batch})
+        if model_hook is not None:
+            model_hook(model)
+        prep = prepare(model, inputs, tuple(mesh_shape), tuple(dim_names), profile=profile,
+                       recompute="auto" if recompute != "none" else "none", **dict(prepare_options or {}))
+        plan = solve_prepared(prep, baseline=baseline, recompute=recompute, memory_limit=math.inf,
+                              time_limit=time_limit)
+        figures.append(plan_figures(prep, plan, depth))
+    lo, hi = figures
+    block, reduction, optimizer = _block_of(lo, hi)
+    first, last, extra_reduction, extra_optimizer, transient = _extras(lo, block, reduction, optimizer)
+    exposed = max(0.0, (hi.exposed_s - lo.exposed_s) / (hi.n_blocks - lo.n_blocks))
+    return BlockPricing(micro_batch, block, reduction, optimizer, first, last, extra_reduction, extra_optimizer,
+                        transient, tuple(figures), time.perf_counter() - started, exposed)

@@ -1,0 +1,327 @@
+"""Published pipeline-parallel runs of LLaMA 3.1 405B, predicted; and autoshard's own pipeline.
+
+Each published run is priced with its layout pinned (``autoshard.search.pipeline``): the
+stage sub-mesh ``dp x tp`` solved with the published layout (``fsdp+tp``, full activation
+checkpointing, bf16 with fp32 master weights, gradient reductions and AdamW state) at
+the microbatch's batch, per-block costs from two depths (``pipeline_blocks``), then the
+stage cuts and the named schedule simulated at the published ``pp``, ``m`` and ``v``.
+Beside it, autoshard's own choice: the pipeline layouts of the same GPUs (``pp`` across
+nodes, ``tp`` 8 inside; :data:`AUTO_PP`), layouts whose FLOPs bound cannot beat the best
+found cut, each stage priced with the ``fsdp+tp`` layout and full recomputation, every
+schedule, ``m`` and ``v`` priced, the fastest that fits. (Free stage placements are not
+used here: a stage solved alone, without the pipeline's microbatches in flight, keeps its
+optimizer state replicated where it fits, and then no pipeline of it fits.)
+
+Predicted tokens/s/GPU = global batch x sequence / (step x GPUs) (torchtitan's ``tps``);
+TFLOPs/GPU = ``6 N + 12 L d t`` FLOPs per token (torchtitan's count, no recomputation) x
+tokens / (step x GPUs), as the Llama 3 paper's figure is read here.
+
+    python -m benchmarks.pipeline_runs                    # every row, table on stdout
+    python -m benchmarks.pipeline_runs --only tt-405b-1f1b
+    python -m benchmarks.pipeline_runs -o benchmarks/results/pipeline_runs.md
+"""
+
+from __future__ import annotations
+
+if __name__ == "__main__" and not __package__:
+    import _as_module  # noqa: F401 - `python benchmarks/pipeline_runs.py`: re-executed as the module
+
+import argparse
+import math
+import platform
+import sys
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from types import MethodType
+from typing import Any
+
+from benchmarks.common.models import load
+
+TT_2412 = ("https://github.com/pytorch/torchtitan/blob/main/benchmarks/llama3_h100_202412_torchtitan.md"
+           " Table 5 (torchtitan 9dec370, 2024-12)")
+LLAMA3_PAPER = "The Llama 3 Herd of Models (arXiv 2407.21783), Table 4"
+SEQ = 8192
+N_LAYERS = 126
+DIM = 16384
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineRun:
+    """One published run (or autoshard's own search, ``schedule=None``) and how it ran."""
+
+    key: str
+    title: str
+    profile: str
+    gpus: int
+    batch: int
+    """Global batch, sequences of :data:`SEQ`."""
+    layout: tuple[int, int, int] | None
+    """(pp, dp, tp); None: autoshard searches the layouts."""
+    schedule: str | None
+    n_microbatches: int | None
+    stages_per_rank: int | None
+    published_tps: float | None
+    published_tflops: float | None
+    source: str
+    not_modeled: str
+    titan_loss: bool = True
+    recompute: str = "full"
+    """The stages' activation recomputation policy (``autoshard.graph.recompute_policy``)."""
+
+
+RUNS = (
+    PipelineRun("tt-405b-1f1b", "torchtitan 405B, FSDP 8 x TP 8 x PP 8, 1F1B", "h100-sxm-96gb-500w", 512, 256,
+                (8, 8, 8), "1F1B", 32, 1, 100.0, None,
+                TT_2412 + "; global batch 256 = local 32 per dp rank, microbatch 1 sequence (m = 32), full AC",
+                "torch.compile, Float8 linears (torchao) and async TP were on; priced bf16, TP collectives exposed"),
+    PipelineRun("tt-405b-interleaved", "torchtitan 405B, FSDP 8 x TP 8 x PP 8, Interleaved 1F1B (v = 2)",
+                "h100-sxm-96gb-500w", 512, 256, (8, 8, 8), "Interleaved1F1B", 32, 2, 128.0, None,
+                TT_2412 + "; v = 2 stages per rank is an ASSUMPTION (the table does not give it)",
+                "as the 1F1B row"),
+    PipelineRun("meta-405b-8k", "Llama 3 405B, 8,192 GPUs, TP 8 x PP 16 x DP 64", "h100-sxm-80gb", 8192, 2048,
+                (16, 64, 8), "Interleaved1F1B", 32, 2, None, 430.0,
+                LLAMA3_PAPER + " row 1; 16M tokens = 2048 x 8192, batch per DP 32: m = 32 of 1 sequence per dp rank"
+                " and v = 2 are ASSUMPTIONS (the paper's tuned interleaving is not published); priced with full AC:"
+                " the paper trained at 8K tokens without activation checkpointing (section 3.3.2), which does not fit"
+                " under this memory model (row meta-405b-8k-noac)",
+                "Meta's own schedule (fewer layers on the first and last stage), FP8 not used; their RoCE fabric"
+                " priced as the profile's InfiniBand; full AC's recomputation (about 1/3 more compute)",
+                titan_loss=False),
+    PipelineRun("meta-405b-8k-noac", "the same, no activation checkpointing (as published)", "h100-sxm-80gb", 8192,
+                2048, (16, 64, 8), "Interleaved1F1B", 32, 2, None, 430.0, LLAMA3_PAPER + " row 1, section 3.3.2",
+                "Meta's memory optimizations (fewer layers on the end stages, outputs freed after their send)",
+                titan_loss=False, recompute="none"),
+    PipelineRun("meta-405b-16k", "Llama 3 405B, 16,384 GPUs, TP 8 x PP 16 x DP 128", "h100-sxm-80gb", 16384, 2048,
+                (16, 128, 8), "Interleaved1F1B", 16, 2, None, 400.0,
+                LLAMA3_PAPER + " row 2; batch per DP 16: m = 16, v = 2 (ASSUMPTION)", "as row 1", titan_loss=False),
+    PipelineRun("auto-405b-512", "autoshard's choice, 405B on 512 H100 96 GB, 256 x 8192", "h100-sxm-96gb-500w",
+                512, 256, None, None, None, None, 128.0, None, "target: >= 128 tokens/s/GPU, found in < 10 min",
+                "stage layouts fsdp+tp with full recomputation (module docstring); bf16, TP collectives exposed"),
+    PipelineRun("auto-405b-16k", "autoshard's choice, 405B on 16,384 H100 80 GB, 2048 x 8192", "h100-sxm-80gb",
+                16384, 2048, None, None, None, None, None, 400.0, "target: >= 400 TFLOPs/GPU, found in < 15 min",
+                "as auto-405b-512", titan_loss=False),
+)
+
+AUTO_PP = {512: (4, 8, 16), 16384: (8, 16, 32)}
+"""pp degrees autoshard's own rows try, by GPUs (tp 8 within a node, dp the rest)."""
+
+
+def _factory(titan_loss: bool):
+    def build(**overrides: Any):
+        model, inputs = load("llama3.llama3_405b", {**overrides, "seq_len": SEQ, "dtype": "bfloat16",
+                                                    "device": "meta"})
+        if titan_loss:
+            from benchmarks.published_runs import _titan_forward
+
+            model.forward = MethodType(_titan_forward, model)
+        return model, inputs
+    return build
+
+
+def _flops_per_token() -> float:
+    from autoshard.search.pipeline import model_flops_per_token
+
+    model, _ = load("llama3.llama3_405b", {"n_layers": N_LAYERS, "device": "meta"})
+    params = sum(p.numel() for n, p in model.named_parameters() if "tok_embeddings" not in n)
+    return model_flops_per_token(params, N_LAYERS, DIM, SEQ)
+
+
+NOTES = """\
+**What differs, and why.**
+
+- *Priced bf16, TP collectives exposed.* torchtitan's 405B rows ran torch.compile, Float8 linears
+  (torchao) and async TP; the Llama 3 paper's rows ran bf16 with Meta's own overlap of TP
+  communication. The prediction prices each stage's plan as autoshard's runtime runs it: the
+  TP all-gathers and reduce-scatters of a block wait for their producers and the next op waits
+  for them (the plan's two-stream simulation), so the exposed part is paid on every microbatch.
+  The what-if column hides each block's exposed communication under the block's own compute
+  (``pipeline_blocks.hide_exposed``: async TP's best case); it bounds what overlap can give,
+  and is not a prediction of an async-TP runtime autoshard does not have.
+- *Float8 is not priced.* The profile has fp8 GEMM efficiencies, but the traced model's
+  linears are bf16 and torchao's casts and scales are not in the trace; the torchtitan 8B
+  table shows Float8 at +28 % tokens/s over compile alone, which the bf16 prediction does not
+  include.
+- *Full recomputation.* torchtitan ran full AC; the Llama 3 paper trained at 8K tokens without
+  activation checkpointing thanks to memory balancing the cost model does not have (the
+  ``-noac`` row: no stage cut fits 80 GB; its time is priced with the memory check off). The
+  full-AC prediction pays about a third more compute.
+- *Interleaved slower than 1F1B at these shapes*: its ranks hold more microbatches in flight,
+  so the memory constraint of the cut (each of a rank's ``v`` stages within ``M / v``) forces
+  unequal stages; torchtitan balanced its stages by hand.
+- *Microbatching* as stated per row (ASSUMPTIONS where the source does not publish it).
+- The bound gap is ``1 - LB / step`` with ``LB = m * work / p`` (perfect balance, no bubble):
+  what the schedule, the sends and the tail cost above it.
+"""
+
+
+class _Pricer:
+    """Block pricings, one per (profile, sub-mesh, microbatch, layout policy), reused across rows."""
+
+    def __init__(self, time_limit: float) -> None:
+        self.cache: dict[tuple, Any] = {}
+        self.time_limit = time_limit
+
+    def at(self, run: PipelineRun, dp: int, tp: int, pinned: bool):
+        from autoshard.search.pipeline_blocks import price_blocks
+
+        def price(micro_batch: int):
+            key = (run.profile, dp, tp, micro_batch, pinned, run.titan_loss, run.recompute)
+            if key not in self.cache:
+                t0 = time.perf_counter()
+                opts = {"mixed_precision": True}
+                if pinned:  # FSDP2 as torchtitan runs it: block-wise gathers, fp32 reductions
+                    opts.update(gather="fsdp2", reduce_dtype="float32")
+                self.cache[key] = price_blocks(
+                    _factory(run.titan_loss), {}, (dp, tp), ("dp", "tp"), micro_batch=micro_batch,
+                    depths=(2, 4), baseline="fsdp+tp" if pinned else None, recompute=run.recompute, profile=run.profile,
+                    time_limit=self.time_limit, prepare_options=opts)
+                print(f"  priced {key}: {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+            return self.cache[key]
+        return price
+
+
+def run_one(run: PipelineRun, pricer: _Pricer, flops: float) -> dict:
+    from hw_profiles import load as load_profile
+
+    from autoshard.search.pipeline import (
+        PipelineLayout, best_plan, layout_lower_bound_s, pipeline_layouts, search_pipeline,
+    )
+    from autoshard.search.pipeline_blocks import hide_exposed
+
+    profile = load_profile(run.profile)
+    t0 = time.perf_counter()
+    common = dict(n_blocks=N_LAYERS, batch=run.batch, seq_len=SEQ, dim=DIM, profile=profile, flops_per_token=flops)
+    if run.layout is not None:
+        layout = PipelineLayout(*run.layout)
+        price = pricer.at(run, layout.dp, layout.tp, True)
+        pinned = dict(layout=layout, schedules=(run.schedule,), microbatches=(run.n_microbatches,),
+                      stages_per_rank=(run.stages_per_rank,), **common)
+        try:
+            plan = search_pipeline(price, **pinned)
+            hidden = search_pipeline(lambda mb: hide_exposed(price(mb)), **pinned)
+        except ValueError as exc:
+            if run.recompute != "none":
+                return {"error": str(exc).splitlines()[0][:200], "wall_s": time.perf_counter() - t0}
+            # as published, but over the memory: its time still says what the recomputation costs
+            unlimited = {**pinned, "memory_limit_bytes": math.inf}
+            plan = search_pipeline(price, **unlimited)
+            hidden = search_pipeline(lambda mb: hide_exposed(price(mb)), **unlimited)
+            return {"plan": plan, "hidden": hidden, "wall_s": time.perf_counter() - t0, "layouts": 1, "pruned": 0,
+                    "over_memory": str(exc).splitlines()[0][:120]}
+        return {"plan": plan, "hidden": hidden, "wall_s": time.perf_counter() - t0, "layouts": 1, "pruned": 0}
+    peak = profile.device.peak_flops_for("bf16")
+    bound = layout_lower_bound_s(flops * run.batch * SEQ, run.gpus, peak)
+    layouts = [l for l in pipeline_layouts(run.gpus, 8) if l.tp == 8 and l.pp in AUTO_PP[run.gpus]]
+    plans, pruned, errors = [], 0, []
+    for layout in layouts:
+        if plans and bound >= min(p.step_s for p in plans):  # (g): cannot beat the best
+            pruned += 1
+            continue
+        try:
+            plans.append(search_pipeline(pricer.at(run, layout.dp, layout.tp, True), layout=layout, **common))
+        except ValueError as exc:
+            errors.append(f"{layout.mesh_shape}: {str(exc).splitlines()[0][:160]}")
+    if not plans:
+        return {"error": "; ".join(errors), "wall_s": time.perf_counter() - t0}
+    best = best_plan(plans)
+    layout = PipelineLayout(*best.mesh_shape)
+    price = pricer.at(run, layout.dp, layout.tp, True)
+    hidden = search_pipeline(lambda mb: hide_exposed(price(mb)), layout=layout, **common)
+    return {"plan": best, "hidden": hidden, "all": plans, "wall_s": time.perf_counter() - t0, "layouts": len(layouts),
+            "pruned": pruned, "errors": errors, "bound_s": bound}
+
+
+def _pct(predicted: float, published: float) -> str:
+    return f"{100 * (predicted - published) / published:+.1f} %"
+
+
+def table(rows: list[tuple[PipelineRun, dict]]) -> str:
+    lines = ["| run | GPUs | layout (pp x dp x tp) | schedule, m, v | step s | bubble | tokens/s/GPU (published) "
+             "| tokens/s/GPU (predicted) | TFLOPs/GPU (published) | TFLOPs/GPU (predicted) | error "
+             "| what-if TP hidden: tokens/s/GPU, TFLOPs/GPU, error | busiest rank GiB | bound gap | wall s |",
+             "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|"]
+    for run, r in rows:
+        if "error" in r:
+            lines.append(f"| {run.key} | {run.gpus} | error: {r['error']} |")
+            continue
+        p = r["plan"]
+        if run.published_tps is not None:
+            err = _pct(p.tokens_per_gpu_s, run.published_tps)
+        else:
+            err = _pct(p.tflops_per_gpu, run.published_tflops)
+        h = r.get("hidden")
+        what_if = "-" if h is None else (
+            f"{h.tokens_per_gpu_s:.1f}, {h.tflops_per_gpu:.0f}, "
+            + (_pct(h.tokens_per_gpu_s, run.published_tps) if run.published_tps
+               else _pct(h.tflops_per_gpu, run.published_tflops)))
+        pub_tps = f"{run.published_tps:.0f}" if run.published_tps else "-"
+        pub_tf = f"{run.published_tflops:.0f}" if run.published_tflops else "-"
+        if run.layout is None:
+            err = f"target {'>= ' + pub_tps + ' tps' if run.published_tps else '>= ' + pub_tf + ' TFLOPs'}: " + (
+                "met" if (p.tokens_per_gpu_s >= run.published_tps if run.published_tps
+                          else p.tflops_per_gpu >= run.published_tflops) else "missed")
+            pub_tps, pub_tf = "-", "-"
+        over = " (does NOT fit: memory not checked)" if r.get("over_memory") else ""
+        lines.append(
+            f"| {run.key}{over} | {run.gpus} | {' x '.join(map(str, p.mesh_shape))} "
+            f"| {p.schedule}, {p.n_microbatches}, "
+            f"{p.stages_per_rank} | {p.step_s:.2f} | {p.bubble_fraction:.3f} | {pub_tps} | {p.tokens_per_gpu_s:.1f} "
+            f"| {pub_tf} | {p.tflops_per_gpu:.0f} | {err} | {what_if} | {max(p.rank_memory_bytes) / 2**30:.1f} "
+            f"| {p.gap:.3f} "
+            f"| {r['wall_s']:.0f} |")
+    return "\n".join(lines)
+
+
+def details(rows: list[tuple[PipelineRun, dict]]) -> str:
+    out = ["| run | source | what the prediction does not price |", "|---|---|---|"]
+    for run, r in rows:
+        out.append(f"| {run.key} | {run.source} | {run.not_modeled} |")
+    for run, r in rows:
+        if run.layout is None and "plan" in r:
+            out.append("")
+            out.append(f"{run.key}: {r['layouts']} layouts, {r['pruned']} cut by the FLOPs bound "
+                       f"({r['bound_s']:.2f} s), errors: {r['errors'] or 'none'}; per layout:")
+            for p in r["all"]:
+                out.append(f"- {' x '.join(map(str, p.mesh_shape))}: {p.schedule} m={p.n_microbatches} "
+                           f"v={p.stages_per_rank}: {p.step_s:.2f} s, {p.tokens_per_gpu_s:.1f} tokens/s/GPU, "
+                           f"{p.tflops_per_gpu:.0f} TFLOPs/GPU, {max(p.rank_memory_bytes) / 2**30:.1f} GiB, "
+                           f"{sum(math.isfinite(c.step_s) for c in p.candidates)}/{len(p.candidates)} candidates fit")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", nargs="+", metavar="RUN", help="run keys: " + ", ".join(r.key for r in RUNS))
+    parser.add_argument("--time-limit", type=float, default=30.0, help="solver seconds per stage solve (default 30)")
+    parser.add_argument("-o", "--output", help="also write the report (markdown) here")
+    args = parser.parse_args(argv)
+    import logging
+
+    logging.basicConfig(level=logging.ERROR)
+    by_key = {r.key: r for r in RUNS}
+    unknown = [k for k in args.only or () if k not in by_key]
+    if unknown:
+        print(f"error: --only: unknown run {unknown[0]!r} (known: {', '.join(by_key)})", file=sys.stderr)
+        return 2
+    runs = [by_key[k] for k in args.only] if args.only else list(RUNS)
+    pricer, flops = _Pricer(args.time_limit), _flops_per_token()
+    rows = []
+    for run in runs:
+        # autoshard's own search prices its stages afresh: its wall time is the whole search's
+        rows.append((run, run_one(run, pricer if run.layout is not None else _Pricer(args.time_limit), flops)))
+        print(f"done {run.key}: {rows[-1][1].get('wall_s', 0):.0f} s", file=sys.stderr, flush=True)
+    when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    text = (f"`python -m benchmarks.pipeline_runs{' --only ' + ' '.join(args.only) if args.only else ''}`, "
+            f"{when}, {platform.machine()} with {__import__('os').cpu_count()} cores (shared)\n\n"
+            + table(rows) + "\n\n" + NOTES + "\n" + details(rows))
+    print(text)
+    if args.output:
+        from solver.io import write_text_atomic
+
+        write_text_atomic(args.output, text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,85 @@
+"""Rules of the experts stand-in: strategy counts, the expert-parallel strategy where experts
+divide, its price, and every local strategy checked on simulated shards."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import autoshard.trace.experts  # noqa: F401  defines autoshard::experts and its backward
+from autoshard.rules import Rule, SingleDimStrategy, TensorMeta, load_rules
+from autoshard.rules.core import R, S
+from autoshard.rules.experts import EXCHANGE, expert_parallel_price, expert_parallel_strategies
+from autoshard.validation.validator import validate_rule
+from costmodel.expert_parallel import expert_exchange_price
+from costmodel.mesh import MeshSpec
+from costmodel.placements import Shard
+from hw_profiles import load
+
+F32 = torch.float32
+EXPERTS = torch.ops.autoshard.experts.default
+BACKWARD = torch.ops.autoshard.experts_backward.default
+HIDDEN, INDEX, WEIGHTS = TensorMeta((16, 32), F32), TensorMeta((16, 2), torch.int64), TensorMeta((16, 2), F32)
+GATE_UP, DOWN = TensorMeta((8, 24, 32), F32), TensorMeta((8, 32, 12), F32)
+FORWARD_ARGS = (HIDDEN, INDEX, WEIGHTS, GATE_UP, DOWN, "silu")
+
+
+@pytest.fixture(scope="module")
+def registry():
+    return load_rules()
+
+
+def test_forward_has_replicate_tokens_tp_columns_and_linear_strategies(registry) -> None:
+    labels = [str(s) for s in registry.strategies(EXPERTS, FORWARD_ARGS, {}, (2,))]
+    assert labels == [
+        "R <- R, R, R, R, R",
+        "S(0) <- S(0), S(0), S(0), R, R",
+        "P(sum) <- R, R, R, _S(1,sf=2), S(2)",
+        "S(1) <- R, R, R, R, S(1)",
+        "P(sum) <- R, R, P(sum), R, R",
+        "P(sum) <- R, R, R, R, P(sum)",
+    ]
+    assert not any("S(1), S(2)" in label for label in labels)  # a plain S(1) of [gate; up] would mix the halves
+    assert len(registry.strategies(EXPERTS, FORWARD_ARGS, {}, (2, 2))) == 36
+
+
+def test_backward_strategies_and_compute(registry) -> None:
+    args = (TensorMeta((16, 32), F32), *FORWARD_ARGS)
+    assert len(registry.strategies(BACKWARD, args, {}, (2,))) == 5
+    fwd, bwd = registry.compute_kind(EXPERTS, FORWARD_ARGS), registry.compute_kind(BACKWARD, args)
+    assert fwd.flops == 16 * 2 * 6 * 32 * 12 and bwd.flops == 3 * fwd.flops
+
+
+@pytest.mark.parametrize("op", [EXPERTS, BACKWARD], ids=["forward", "backward"])
+def test_local_strategies_validate_on_simulated_meshes(registry, op) -> None:
+    report = validate_rule(registry.rule_for(op), registry, cases=4, seed=2)
+    assert report.ok, "\n".join(str(f) for f in report.failures[:3])
+    assert report.strategies_checked > 100
+
+
+@pytest.mark.parametrize("wrong", ["gate_up plain S(1)", "experts split as a local op"])
+def test_validator_catches_what_the_rule_leaves_out(registry, wrong) -> None:
+    good = registry.rule_for(EXPERTS)
+    strategy = (SingleDimStrategy(S(0), (R, R, R, S(1), Shard(2))) if wrong == "gate_up plain S(1)"
+                else SingleDimStrategy(S(0), (S(0), S(0), S(0), S(0), S(0))))
+    bad = Rule(EXPERTS, "bad", lambda call: [strategy], good.compute, samples=good.samples, extremes=False)
+    assert not validate_rule(bad, registry, cases=3).ok
+
+
+def test_expert_parallel_strategy_only_where_the_experts_divide(registry) -> None:
+    call = registry.op_call(EXPERTS, FORWARD_ARGS, {})
+    assert [(str(s.strategy), s.exchange) for s in expert_parallel_strategies(call, ranks=4)] == [
+        ("S*(0) <- S*(0), S*(0), S*(0), S*(0), S*(0)", EXCHANGE)]
+    assert expert_parallel_strategies(call, ranks=3) == []
+
+
+def test_expert_parallel_price_is_the_busiest_rank_and_the_exchanges(registry) -> None:
+    call = registry.op_call(EXPERTS, FORWARD_ARGS, {})
+    mesh, profile = MeshSpec((2, 4)), load("h100-sxm-80gb")
+    compute, price = expert_parallel_price(call, mesh_dims=(1,), mesh=mesh, profile=profile)
+    local_tokens = 16 // 4
+    assert compute.flops == pytest.approx(1.25 * local_tokens * 2 * 6 * 32 * 12)
+    assert price == expert_exchange_price(tokens=local_tokens, top_k=2, dim=32, itemsize=4, num_experts=8,
+                                          mesh_dims=(1,), mesh=mesh, profile=profile)
+    balanced, _ = expert_parallel_price(call, mesh_dims=(1,), mesh=mesh, profile=profile, imbalance=1.0)
+    assert balanced.flops < compute.flops

@@ -1,0 +1,268 @@
+"""Mesh search: the chosen layout is the best of the layouts solved one by one,
+a layout cut by the bound never beats it, the bound is below every plan of its
+layout, options pass through, and the cache makes a second or resumed run
+re-solve only what changed.
+
+Models: an MLP of 1536 -> 1500 -> 1536 (batch 12) priced on ``cpu-gloo``, where
+compute dominates and layouts differ (1-D is worst, 3-D is seeded), and the
+same MLP at 1500 wide, which no mesh dim of 8 divides: its 1-D layout cannot
+split any op, so its compute bound is above the 2-D plans and it is cut.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import autoshard.search.mesh_search as search_module
+import autoshard.search.solve as solve_module
+from autoshard.graph.problem import to_problem
+from autoshard.search.mesh_layouts import enumerate_layouts, layout_dim_names
+from autoshard.search.mesh_search import NoLayoutError, layout_bound, search_mesh
+from autoshard.plan.options import SolveOptions
+from autoshard.search.api import solve
+from autoshard.search.solve import compare_baselines, prepare, solve_prepared
+from examples.models import mlp
+from solver import solve as solve_problem
+
+ROOT = Path(__file__).resolve().parents[3]
+LIMIT = 20 * 2**20
+"""Per-device memory limit of the searches: tight enough that layouts differ."""
+
+
+def _wide(dim: int = 1536) -> tuple:
+    return mlp.tiny(dim=dim, hidden_dim=1500, batch_size=12, device="meta")
+
+
+def _rows(plan) -> list[dict]:
+    return plan.options["mesh_search"]["layouts"]
+
+
+@pytest.fixture(scope="module")
+def searched():
+    return search_mesh(*_wide(), devices=8, profile="cpu-gloo", memory_limit=LIMIT, time_limit=120, jobs=1,
+                       cache_dir=False)
+
+
+@pytest.mark.slow
+def test_chosen_layout_is_the_best_of_the_layouts_solved_one_by_one(searched) -> None:
+    one_by_one = {}
+    for layout in enumerate_layouts(8, 8):
+        try:
+            plan = solve(*_wide(), layout.shape, layout.dim_names, profile="cpu-gloo", memory_limit=LIMIT,
+                         time_limit=60)
+        except solve_module.InfeasibleMemoryError:  # 1-D: the memory no choice avoids is above the limit
+            one_by_one[layout.shape] = None
+            continue
+        assert plan.solver.status == "optimal"
+        one_by_one[layout.shape] = plan.estimate.step_s
+    rows = _rows(searched)
+    assert [tuple(r["shape"]) for r in rows] == list(one_by_one)
+    for r in rows:
+        assert (r["outcome"] == "no_fit") == (one_by_one[tuple(r["shape"])] is None), r
+        if r["outcome"] == "solved":  # the same plan as `autoshard solve --mesh` with the same options
+            assert r["step_s"] == pytest.approx(one_by_one[tuple(r["shape"])], rel=1e-12)
+    best = min(v for v in one_by_one.values() if v is not None)
+    assert searched.estimate.step_s == pytest.approx(best, rel=1e-12)
+    chosen = [r for r in rows if r["chosen"]]
+    assert len(chosen) == 1 and tuple(chosen[0]["shape"]) == searched.fingerprint.mesh_shape
+    assert searched.fingerprint.dim_names == tuple(chosen[0]["dim_names"])
+    # 2x4 and 4x2 may find mirrored plans (each dim's role swapped) of equal price: the 1-D layout must differ
+    assert len(set(one_by_one.values()) - {None}) >= 2, "the layouts should differ for this test to mean something"
+
+
+@pytest.mark.slow
+def test_a_cut_layout_is_never_better_than_the_chosen_one() -> None:
+    plan = search_mesh(*_wide(1500), devices=8, profile="cpu-gloo", time_limit=120, jobs=1, cache_dir=False)
+    cut = [r for r in _rows(plan) if r["outcome"] == "cut"]
+    assert [r["shape"] for r in cut] == [[8]], "1-D cannot split a 1500-wide MLP 8 ways: its bound cuts it"
+    for r in cut:
+        solved = solve(*_wide(1500), tuple(r["shape"]), tuple(r["dim_names"]), profile="cpu-gloo", time_limit=60)
+        assert solved.estimate.step_s >= plan.estimate.step_s
+        assert r["bound_s"] <= solved.estimate.step_s  # and its bound was a true bound
+        assert r["bound_s"] >= plan.estimate.step_s
+
+
+@pytest.mark.parametrize("shape", [(8,), (2, 4), (2, 2, 2)])
+def test_bound_is_below_every_plan_of_its_layout(shape) -> None:
+    prep = prepare(*_wide(), shape, layout_dim_names(len(shape)), profile="cpu-gloo")
+    bound = layout_bound(prep, SolveOptions())
+    plan = solve_prepared(prep, time_limit=60)
+    assert plan.solver.status == "optimal"
+    assert 0 < bound <= plan.estimate.compute_s <= plan.estimate.step_s
+    # below the solver's own objective too (the estimate re-prices buckets, the objective does not)
+    solution = solve_problem(to_problem(prep.graph, memory_limit=prep.graph.profile.device.memory_bytes))
+    assert bound <= solution.cost
+    for row in compare_baselines(prep, time_limit=30):  # pinned plans: above the unpinned bound ...
+        if row.plan is not None:
+            assert bound <= row.plan.estimate.step_s
+            # ... and above their own, pinned bound, which is at least the unpinned one
+            pinned = layout_bound(prep, SolveOptions(baseline=row.name))
+            assert bound <= pinned <= row.plan.estimate.step_s
+
+
+def test_an_unknown_option_is_a_type_error_naming_it_before_any_trace() -> None:
+    with pytest.raises(TypeError, match="unknown solve option 'bogus'"):
+        search_mesh(None, None, devices=4, profile="cpu-gloo", bogus=1)
+
+
+def test_pins_apply_to_the_layouts_with_as_many_mesh_dims() -> None:
+    plan = search_mesh(*mlp.tiny(device="meta"), devices=4, profile="cpu-gloo", time_limit=60, jobs=1,
+                       cache_dir=False, pins={"layers.0.w1.weight": "S(0)R"})
+    rows = {tuple(r["shape"]): r for r in _rows(plan)}
+    assert rows[(4,)]["outcome"] == "error" and "needs one placement per mesh dim" in rows[(4,)]["reason"]
+    assert rows[(2, 2)]["outcome"] == "solved" and rows[(2, 2)]["chosen"]
+    assert plan.params["layers.0.w1.weight"] == "S(0)R"
+
+
+def test_a_time_limit_past_before_any_layout_starts_skips_them_all() -> None:
+    with pytest.raises(NoLayoutError, match="skipped"):
+        search_mesh(*mlp.tiny(device="meta"), devices=4, profile="cpu-gloo", time_limit=1e-6, jobs=1, cache_dir=False)
+
+
+def test_solve_api_takes_devices_instead_of_a_mesh() -> None:
+    plan = solve(*mlp.tiny(device="meta"), devices=4, profile="cpu-gloo", time_limit=60, jobs=1, cache_dir=False)
+    assert plan.fingerprint.mesh_shape in {(4,), (2, 2)}
+    assert [r["outcome"] for r in _rows(plan)] == ["solved", "solved"]
+    with pytest.raises(ValueError, match="give one"):
+        solve(*mlp.tiny(device="meta"), (4,), devices=4)
+    with pytest.raises(TypeError, match="give mesh_shape"):
+        solve(*mlp.tiny(device="meta"))
+
+
+@pytest.mark.slow
+def test_a_second_run_resolves_only_what_an_option_changed(tmp_path, monkeypatch) -> None:
+    builds = []
+    real = search_module.prepare
+
+    def counting(*args, **kwargs):
+        builds.append(args[2])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(search_module, "prepare", counting)
+    kwargs = dict(devices=8, profile="cpu-gloo", jobs=1, cache_dir=tmp_path)
+    first = search_mesh(*_wide(1500), time_limit=120, **kwargs)
+    assert len(builds) == 4 and not any(r["cached"] for r in _rows(first))
+    # the same search again (another time limit and worker count change nothing): all from the cache
+    again = search_mesh(*_wide(1500), time_limit=90, **{**kwargs, "jobs": 2})
+    assert len(builds) == 4
+    assert all(r["cached"] and r["seconds"] == 0 for r in _rows(again))
+    assert again.to_dict() | {"options": None} == first.to_dict() | {"options": None}
+    # a memory limit changes every plan, not the bounds: the cut layout is cut from its cached bound, unbuilt
+    builds.clear()
+    tighter = search_mesh(*_wide(1500), time_limit=120, memory_limit=30 * 2**20, **kwargs)
+    rows = {tuple(r["shape"]): r for r in _rows(tighter)}
+    assert sorted(builds) == [(2, 2, 2), (2, 4), (4, 2)]
+    assert rows[(8,)]["outcome"] == "cut" and rows[(8,)]["cached"] and "(cached)" in rows[(8,)]["reason"]
+    assert not any(r["cached"] for shape, r in rows.items() if shape != (8,))
+
+
+def _cached_shapes(cache: Path) -> set[tuple[int, ...]]:
+    shapes = set()
+    for path in cache.glob("layouts/results/*/*.json"):
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if "result" in record:
+            shapes.add(tuple(record["result"]["shape"]))
+    return shapes
+
+
+@pytest.mark.slow
+def test_a_run_killed_half_way_resumes_without_solving_what_it_cached(tmp_path) -> None:
+    cache = tmp_path / "cache"
+    argv = [sys.executable, "-m", "autoshard.cli", "solve", "examples.models.mlp:tiny", "--kwargs",
+            json.dumps({"dim": 1536, "hidden_dim": 1500, "batch_size": 12, "device": "meta"}), "--devices", "8",
+            "--profile", "cpu-gloo", "--memory-limit", str(LIMIT), "--jobs", "1", "--cache-dir", str(cache)]
+    killed = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True)
+    deadline = time.monotonic() + 240
+    try:
+        while not _cached_shapes(cache) and killed.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        os.killpg(killed.pid, signal.SIGKILL)
+        killed.wait()
+    done_before = _cached_shapes(cache)
+    assert done_before, "the first layout should have been cached before the kill"
+    out = subprocess.run([*argv, "-o", str(tmp_path / "plan.json")], cwd=ROOT, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    rows = json.loads((tmp_path / "plan.json").read_text())["options"]["mesh_search"]["layouts"]
+    for r in rows:
+        assert r["cached"] == (tuple(r["shape"]) in done_before), r
+    assert len(done_before) < len(rows), "killed after the end: nothing left to resume"
+
+
+@pytest.mark.slow
+def test_cli_searches_in_worker_processes_writes_the_plan_and_explains_every_layout(tmp_path) -> None:
+    plan_path, png = tmp_path / "plan.json", tmp_path / "layouts.png"
+    cli = [sys.executable, "-m", "autoshard.cli"]
+    out = subprocess.run([*cli, "solve", "examples.models.mlp:tiny", "--kwargs",
+                          json.dumps({"dim": 1500, "hidden_dim": 1500, "batch_size": 12, "device": "meta"}),
+                          "--devices", "8", "--profile", "cpu-gloo", "--jobs", "2", "--no-cache", "-o", str(plan_path)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "mesh search: 8 devices, 8 per node: 4 layouts" in out.stdout and "**chosen**" in out.stdout
+    rows = json.loads(plan_path.read_text())["options"]["mesh_search"]["layouts"]
+    assert {r["outcome"] for r in rows} <= {"solved", "cut"} and sum(r["chosen"] for r in rows) == 1
+    assert not (tmp_path / "cache").exists()
+    shown = subprocess.run([*cli, "explain", str(plan_path), "--plot-layouts", str(png)], cwd=ROOT,
+                           capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0, shown.stderr
+    assert "| layout | dims | outcome |" in shown.stdout
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_layouts_with_one_coarse_mesh_share_its_seed_and_get_the_same_plan(monkeypatch) -> None:
+    import autoshard.graph.builder as builder
+
+    from autoshard.trace import trace_joint
+
+    model, inputs = mlp.tiny(device="meta", batch_size=16)
+    traced = trace_joint(model, inputs)
+    names = layout_dim_names(3)
+    fresh = solve_prepared(prepare(None, None, (4, 2, 2), names, profile="cpu-gloo", traced=traced), time_limit=60)
+    built = []
+    real = builder.build_graph
+
+    def counting(t, mesh, *args, **kwargs):
+        built.append(mesh.shape)
+        return real(t, mesh, *args, **kwargs)
+
+    monkeypatch.setattr(builder, "build_graph", counting)  # the seed's build
+    monkeypatch.setattr(solve_module, "build_graph", counting)  # the layout's own
+    memo: dict = {}
+    prepare(None, None, (2, 2, 4), names, profile="cpu-gloo", traced=traced, seed_memo=memo)
+    shared = prepare(None, None, (4, 2, 2), names, profile="cpu-gloo", traced=traced, seed_memo=memo)
+    assert built == [(4, 4), (2, 2, 4), (4, 2, 2)], "2x2x4 and 4x2x2 both seed from 4x4: built once"
+    assert shared.timings["seed_build_s"] == 0.0
+    plan = solve_prepared(shared, time_limit=60)
+    assert plan.solver.status == fresh.solver.status == "optimal"
+    assert plan.estimate.step_s == fresh.estimate.step_s and plan.params == fresh.params
+
+
+def test_every_solve_option_passes_through_and_is_part_of_the_cache_key(monkeypatch, tmp_path) -> None:
+    seen = []
+    real = search_module.solve_prepared
+
+    def recording(prep, options, **kwargs):
+        seen.append(options.overlap_rounds)
+        return real(prep, options, **kwargs)
+
+    monkeypatch.setattr(search_module, "solve_prepared", recording)
+    kwargs = dict(devices=4, profile="cpu-gloo", time_limit=60, jobs=1, cache_dir=tmp_path)
+    search_mesh(*mlp.tiny(device="meta"), overlap_rounds=1, **kwargs)
+    assert seen == [1, 1]
+    search_mesh(*mlp.tiny(device="meta"), options=SolveOptions(overlap_rounds=1), **kwargs)
+    assert seen == [1, 1], "the same options again (as an object): every layout from the cache"
+    search_mesh(*mlp.tiny(device="meta"), **kwargs)  # its default: another key
+    assert seen == [1, 1, 2, 2]
