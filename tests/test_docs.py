@@ -480,3 +480,12 @@ def test_readme_two_commands_are_the_ci_ones():
     main = [line for line in text.splitlines() if line.startswith("    python3 -m venv") and "autoshard demo" in line]
     assert len(main) == 1 and "pip install torch==2.13.0 && pip install -e" in main[0]
     assert main[0].endswith("torchrun --standalone --nproc-per-node 4 examples/train.py")
+
+
+def test_solver_md_stage_table_lists_every_stage_in_order():
+    from solver.stages import STAGES
+
+    text = (ROOT / "docs" / "solver.md").read_text()
+    table = text[text.index("| stage | module | enters when | gives |"):].split("\n\n")[0]
+    rows = [line.split("|")[1].strip().strip("`") for line in table.splitlines()[2:]]
+    assert rows == [stage.name for stage in STAGES]

@@ -166,6 +166,14 @@ def _plain(value: Any) -> Any:
         return _UNCOMPARABLE if any(v is _UNCOMPARABLE for v in items) else (type(value), items)
     if isinstance(value, torch.Tensor):
         return _UNCOMPARABLE  # a tensor attribute becomes a constant of the graph
+    if isinstance(value, nn.Module) and not any(True for _ in value.parameters()) \
+            and not any(True for _ in value.buffers()) and not _has_hooks(value):
+        # a stateless module held outside ``_modules`` (the ``kernels`` package's per-block ``Func``
+        # wrappers of one function): what it computes is its class
+        return ("module", type(value))
+    if type(value) is dict:  # a per-block dict of shared objects (transformers' ``_kernel_funcs``) by content
+        items = tuple((_plain(k), _plain(v)) for k, v in value.items())
+        return _UNCOMPARABLE if any(_UNCOMPARABLE in item for item in items) else (dict, items)
     return ("id", id(value))
 
 

@@ -9,7 +9,7 @@ import pytest
 
 
 @pytest.mark.parametrize("name", ["autoshard.trace.joint", "autoshard.trace.compat", "autoshard.trace.model_spec",
-                                  "autoshard.trace.stamp"])
+                                  "autoshard.trace.stamp", "autoshard.trace.canonical"])
 def test_docstring_examples_hold(name: str) -> None:
     result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0, f"{name} has no example"
