@@ -496,20 +496,30 @@ def context_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: 
         out = context_attention(*local, causal=True)
         # out == sequence_shard(F.scaled_dot_product_attention(q, k, v, is_causal=True), 2, rank, dim=2)
     """
+    group, cp, layout, kernel, padding = _setup("context_attention", q, k, v, group, load_balanced, kernel,
+                                                key_padding, causal, window)
+    config = CPConfig(group.group_name, dist.get_rank(group), layout, bool(causal), window, scale, kernel,
+                      bool(keep_gathered), cp * q.shape[2], padding is not None)
+    return _ContextAttention.apply(q, k, v, padding, config)
+
+
+def _setup(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: Any, load_balanced: bool,
+           kernel: str | None, key_padding: torch.Tensor | None, causal: bool,
+           window: int | None) -> tuple[Any, int, ChunkLayout, str, torch.Tensor | None]:
+    """What both exchanges (all-gather here, the ring in ``context_ring``) check and derive from their
+    arguments: the group, its size, the chunk layout, the kernel and the key padding as it travels."""
     group = group if group is not None else dist.group.WORLD
     cp = dist.get_world_size(group)
     layout = ChunkLayout(cp, load_balanced)
     _check(q, k, v, layout)
     kernel = kernel or ("cpu" if q.device.type == "cpu" else "math")
     if kernel not in KERNELS:
-        raise ValueError(f"context_attention: kernel {kernel!r} is not one of {', '.join(KERNELS)}")
+        raise ValueError(f"{name}: kernel {kernel!r} is not one of {', '.join(KERNELS)}")
     padding = None
     if key_padding is not None:
         if tuple(key_padding.shape) != (k.shape[0], k.shape[2]):
-            raise ValueError(f"context_attention: key_padding must be [batch, seq_local] = "
+            raise ValueError(f"{name}: key_padding must be [batch, seq_local] = "
                              f"{[k.shape[0], k.shape[2]]}, got {list(key_padding.shape)}")
         padding = key_padding.to(device=k.device, dtype=k.dtype).unsqueeze(1)  # travels in K's gather buffer
     offset_range(bool(causal), window)  # checks the window
-    config = CPConfig(group.group_name, dist.get_rank(group), layout, bool(causal), window, scale, kernel,
-                      bool(keep_gathered), cp * q.shape[2], padding is not None)
-    return _ContextAttention.apply(q, k, v, padding, config)
+    return group, cp, layout, kernel, padding

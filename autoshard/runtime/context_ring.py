@@ -34,9 +34,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from autoshard.runtime.context_attention import (KERNELS, CPConfig, _Blocks, _check, _mask, _merge, _part_backward,
+from autoshard.runtime.context_attention import (KERNELS, CPConfig, _Blocks, _mask, _merge, _part_backward, _setup,
                                                  _slot, _split)
-from costmodel.context_parallel import ChunkLayout, offset_range
 
 __all__ = ["ring_attention"]
 
@@ -139,20 +138,8 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: Any
 
         out = ring_attention(q_local, k_local, v_local, causal=True, window=4096)
     """
-    group = group if group is not None else dist.group.WORLD
-    cp = dist.get_world_size(group)
-    layout = ChunkLayout(cp, load_balanced)
-    _check(q, k, v, layout)
-    kernel = kernel or ("cpu" if q.device.type == "cpu" else "math")
-    if kernel not in KERNELS:
-        raise ValueError(f"ring_attention: kernel {kernel!r} is not one of {', '.join(KERNELS)}")
-    padding = None
-    if key_padding is not None:
-        if tuple(key_padding.shape) != (k.shape[0], k.shape[2]):
-            raise ValueError(f"ring_attention: key_padding must be [batch, seq_local] = "
-                             f"{[k.shape[0], k.shape[2]]}, got {list(key_padding.shape)}")
-        padding = key_padding.to(device=k.device, dtype=k.dtype).unsqueeze(1)
-    offset_range(bool(causal), window)  # checks the window
+    group, cp, layout, kernel, padding = _setup("ring_attention", q, k, v, group, load_balanced, kernel,
+                                                key_padding, causal, window)
     config = CPConfig(group.group_name, dist.get_rank(group), layout, bool(causal), window, scale, kernel, False,
                       cp * q.shape[2], padding is not None, ring=True)
     return _RingAttention.apply(q, k, v, padding, config)
