@@ -28,6 +28,7 @@ if __name__ == "__main__" and not __package__:
 
 import argparse
 import math
+import os
 import platform
 import sys
 import time
@@ -313,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"done {run.key}: {rows[-1][1].get('wall_s', 0):.0f} s", file=sys.stderr, flush=True)
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     text = (f"`python -m benchmarks.pipeline_runs{' --only ' + ' '.join(args.only) if args.only else ''}`, "
-            f"{when}, {platform.machine()} with {__import__('os').cpu_count()} cores (shared)\n\n"
+            f"{when}, {platform.machine()} with {os.cpu_count()} cores (shared)\n\n"
             + table(rows) + "\n\n" + NOTES + "\n" + details(rows))
     print(text)
     if args.output:

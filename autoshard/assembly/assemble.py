@@ -46,8 +46,8 @@ from solver.solution import Solution
 
 from autoshard.assembly.buckets import EdgeRoutes, choose_gradient_buckets, reschedule
 from autoshard.assembly.request import AssemblyGraph, AssemblyNode, Placements, placement_text
-from autoshard.program.memory import (RECOMPUTE, exact_timeline, keep_choice, param_view_roots, peak_with_extra,
-                                        state_of, timeline_peak)
+from autoshard.graph.states import RECOMPUTE, keep_choice, state_of
+from autoshard.program.memory import exact_timeline, param_view_roots, peak_with_extra, timeline_peak
 from autoshard.assembly.tidy_states import tidy_states
 from autoshard.program.reservation import plan_reservation
 from autoshard.program.shared_copies import share_copies

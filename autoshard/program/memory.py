@@ -31,12 +31,10 @@ from typing import Any, Container, Mapping, Sequence
 
 from costmodel.buckets.grouping import Bucket
 from costmodel.shard_shapes import max_local_numel
-from costmodel.placements import Placement
 
 from autoshard.graph.copies import fsdp2_payload_ends, fsdp2_reduction
-from autoshard.graph.states import RECOMPUTE, keep_choice, state_of  # re-exported: the assembler reads them here
 
-__all__ = ["CopyEvent", "Span", "exact_spans", "exact_timeline", "param_view_roots", "timeline_peak", "keep_choice", "RECOMPUTE", "state_of",
+__all__ = ["CopyEvent", "Span", "exact_spans", "exact_timeline", "param_view_roots", "timeline_peak",
            "peak_with_extra"]
 
 CopyEvent = tuple[int, "tuple[Placement, ...]", bool]
