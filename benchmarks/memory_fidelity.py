@@ -361,7 +361,7 @@ def measure_checkpointed(config: Config) -> dict[str, int]:
     from torch.distributed._tools.mem_tracker import MemTracker
     from torch.utils.checkpoint import checkpoint
 
-    from autoshard.trace import repeated_blocks
+    from autoshard.trace.blocks import repeated_blocks
 
     class Checkpointed(nn.Module):
         def __init__(self, block: nn.Module) -> None:

@@ -7,7 +7,9 @@ as ``benchmarks/runtime_step.py`` builds them, warmed up, then each profiled for
 time (median, max over ranks, unprofiled rounds), and from the profile the
 self CPU time per group of ops (matmuls, elementwise, copies and
 concatenations, allocation, collectives issued, waits, optimizer, Python /
-autograd glue) and the collectives issued per step with their bytes.
+autograd glue), the collectives issued per step, and the waits split by the
+waited tensor's shape (a scalar loss all-reduce vs a gradient bucket).
+``--optimizer default`` steps torch's for-loop AdamW (as a user's default).
 
     python benchmarks/profile_step.py --models mlp --meshes 4
 """
@@ -52,7 +54,7 @@ def _group(name: str) -> str:
 def _profile(step, steps: int) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=False) as prof:
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
         for _ in range(steps):
             dist.barrier()
             step()
@@ -69,13 +71,17 @@ def _profile(step, steps: int) -> dict:
             colls[ev.key][0] += ev.count // steps
         top.append((ev.self_cpu_time_total / steps, ev.count / steps, ev.key))
     top.sort(reverse=True)
+    # which collective the step waits on: a scalar (the loss) or a gradient bucket, told apart by shape
+    waits = sorted(((ev.self_cpu_time_total / steps, ev.count / steps, ev.input_shapes)
+                    for ev in prof.key_averages(group_by_input_shape=True) if "wait" in ev.key.lower()
+                    and ev.key not in ("aten::barrier", "c10d::barrier")), reverse=True)
     return {"groups": dict(by_group), "collectives": {k: v[0] for k, v in colls.items()}, "top": top[:18],
-            "total_us": sum(by_group.values())}
+            "total_us": sum(by_group.values()), "waits": waits[:6]}
 
 
-def _worker(rank, world, plans, models, meshes, steps, warmup, kinds) -> dict:
+def _worker(rank, world, plans, models, meshes, steps, warmup, kinds, opt_kind="fused") -> dict:
     results = {}
-    for mk, mesh_key, variants in rs.step_variants(plans, models, meshes, kinds, "fused",
+    for mk, mesh_key, variants in rs.step_variants(plans, models, meshes, kinds, opt_kind,
                                                    handwritten=("torch-ddp", "torch-fsdp2")):
         times = rs.round_robin(variants, steps, warmup)
         for name, step in variants.items():
@@ -103,6 +109,9 @@ def report(results: dict, models, meshes) -> list[str]:
             for name, r in rows.items():
                 out.append(f"top self-CPU events of {name} (ms/step, calls/step): " + "; ".join(
                     f"{k} {t / 1e3:.1f} ({c:.0f})" for t, c, k in r["top"][:10]))
+                if r.get("waits"):
+                    out.append(f"waits of {name} by input shape (ms/step, calls/step): " + "; ".join(
+                        f"{shapes} {t / 1e3:.1f} ({c:.0f})" for t, c, shapes in r["waits"]))
                 out.append("")
     return out
 
@@ -114,13 +123,16 @@ def main(argv=None) -> int:
     parser.add_argument("--kinds", default="ddp,fsdp,solved")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--optimizer", choices=sorted(rs.OPTIMIZERS), default="fused")
     args = parser.parse_args(argv)
     models, meshes, kinds = args.models.split(","), args.meshes.split(","), tuple(args.kinds.split(","))
     load_before = load_average()
     t = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
-        plans = rs.make_plans(models, meshes, Path(tmp), 8.0, kinds=kinds)
-        results = spawn(4, _worker, (plans, models, meshes, args.steps, args.warmup, kinds), Path(tmp) / "ranks",
+        plans = rs.make_plans(models, meshes, Path(tmp), 8.0, kinds=kinds,
+                              optimizer_impl="fused" if args.optimizer == "fused" else "auto")
+        results = spawn(4, _worker, (plans, models, meshes, args.steps, args.warmup, kinds, args.optimizer),
+                        Path(tmp) / "ranks",
                         timeout=None, collective_timeout_s=900)[0]
     print(f"load average before {load_before}, after {load_average()}; {time.perf_counter() - t:.0f} s")
     print("\n".join(report(results, models, meshes)))

@@ -2,7 +2,8 @@
 
 4 gloo ranks on loopback (one thread each), meshes ``2x2`` and ``4``, per model
 (MLP ``mlp.small`` shrunk, LLaMA ``llama3.tiny`` widened so that compute is
-not negligible):
+not negligible; ``--models unseen``: a transformer written outside the
+examples, ``benchmarks/common/unseen_model.py``, not in the default run):
 
 * the solver's plan (``solve_prepared(prep)``, default memory limit of the
   ``cpu-gloo`` profile) and the expert baselines through autoshard's runtime
@@ -81,12 +82,18 @@ MODELS = {
     "mlp": ("mlp.small", {"dim": 512, "hidden_dim": 2048, "n_layers": 4, "batch_size": 64}),
     "llama3": ("llama3.tiny", {"dim": 256, "n_layers": 2, "n_heads": 8, "n_kv_heads": 4, "vocab_size": 2048,
                                "multiple_of": 64, "max_seq_len": 128, "batch_size": 8, "seq_len": 64}),
+    # a transformer written outside the examples, as a user would (issue 54 item 4): not in the default run
+    "unseen": ("benchmarks.common.unseen_model:transformer", {"dim": 256, "n_layers": 2, "vocab_size": 2048,
+                                                              "batch_size": 16, "seq_len": 64}),
 }
 TP_PLANS = {
     "mlp": {"layers.*.w1": "col", "layers.*.w2": "row"},
     "llama3": {"layers.*.attention.wq": "col", "layers.*.attention.wk": "col", "layers.*.attention.wv": "col",
                "layers.*.attention.wo": "row", "layers.*.feed_forward.w1": "col",
                "layers.*.feed_forward.w3": "col", "layers.*.feed_forward.w2": "row"},
+    # qkv is fused: its column split hands each rank a mix of q/k/v columns, the kernels and collectives
+    # of a permuted split (a timing baseline, not the model's numbers)
+    "unseen": {"layers.*.qkv": "col", "layers.*.proj": "row", "layers.*.fc": "col", "layers.*.out": "row"},
 }
 AUTOSHARD = ("solved", "ddp", "fsdp", "tp", "fsdp+tp")
 CORRECTIONS: dict[tuple[str, str], dict] = {}
@@ -229,6 +236,9 @@ def _torch_tp(mk, mesh_key, opt_kind):
         for layer in model.layers:
             layer.attention.n_heads //= tp_mesh.size()
             layer.attention.n_kv_heads //= tp_mesh.size()
+    if mk == "unseen":
+        for layer in model.layers:
+            layer.n_heads //= tp_mesh.size()
     dp = mesh.size() // tp_mesh.size()
     dp_group = mesh.get_group("dp") if dp > 1 else None
     coord = mesh.get_coordinate()

@@ -26,7 +26,7 @@ import numpy as np
 from costmodel.shard_shapes import ShardShapeError, as_placements, check_placements
 from costmodel.mesh import MeshSpec
 from costmodel.placements import Partial, Placement, StridedShard, format_placements
-from costmodel import redistribute_classes
+from costmodel import redistribute_classes, redistribute_disk
 from costmodel.redistribute_classes import ops_mask, tensor_table
 from costmodel.redistribute_search import PlannerError, canonical, search_graph, shared_edges
 from costmodel.redistribute_steps import RedistributePlan, RedistributeStep
@@ -149,6 +149,11 @@ def redistribute_costs(
     >>> redistribute_costs([pp("S(0)")], [pp("R"), None], MeshSpec((4,)), (64, 64), 4, load("h100-sxm-80gb"))[0][1]
     0.0
     """
+    store = redistribute_disk.active_store()  # tables of earlier processes (costmodel.redistribute_disk)
+    if store is not None:
+        cached = store.get(mesh, profile, fuse, shape, itemsize, srcs, dsts)
+        if cached is not None:
+            return cached
     shape_t = tuple(int(s) for s in shape)
 
     def prepared(items: Sequence[Sequence[Placement] | None], name: str) -> list[tuple | None]:
@@ -197,6 +202,8 @@ def redistribute_costs(
         dist = table_of.distance_rows(mask, [state_id(src_p[a][0]) for a in rows])
         for part_rows, cols in parts:
             table[np.ix_(part_rows, cols)] = dist[np.ix_([row_of[a] for a in part_rows], [goals[b] for b in cols])]
+    if store is not None:
+        store.put(mesh, profile, fuse, shape, itemsize, srcs, dsts, table)
     return table.tolist()
 
 

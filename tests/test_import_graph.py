@@ -49,8 +49,10 @@ below. Why each layer sits where it does (from the imports as they are):
 17. entry points: the ``autoshard`` package face (public names, imported lazily),
     ``autoshard.cli``, every ``__main__`` and ``solver.cli``.
 
-One import runs up, named in :data:`UPWARD_EXCEPTIONS` with its reason; the test
-fails as soon as it is gone, so the list cannot outlive it.
+No import runs up, and none is excused: where a lower layer needs something
+of a higher one, the higher layer hands it down (the DTensor fallback in the
+rules takes the check a derived rule must pass from its caller; the library's
+check is ``autoshard.validation.validator.check_derived_rule``).
 """
 
 from __future__ import annotations
@@ -136,12 +138,6 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 """Layers, low to high (module docstring); a module's layer is its longest matching prefix,
 except that command-line modules are entry points wherever they live (:func:`_is_cli`)."""
 
-UPWARD_EXCEPTIONS = {
-    ("autoshard.rules.dtensor_fallback", "autoshard.validation.validator"):
-        "a rule derived from DTensor at solve time is validated before it is adopted "
-        "(the validation package's docstring); imported inside the function that derives it",
-}
-
 
 def layer_of(module: str) -> int:
     """Index in :data:`LAYERS` of ``module`` (ValueError when no layer claims it)."""
@@ -190,12 +186,11 @@ def test_every_subcommand_lives_in_the_cli_package():
 
 
 def test_rule_families_import_no_validation_module():
-    """The rules are what the solver uses; their validation runs them, never the other way. The
-    DTensor fallback is the exception the validation package's docstring names: it validates a
-    rule it derives before adopting it."""
+    """The rules are what the solver uses; their validation runs them, never the other way (the
+    DTensor fallback is given its check by its caller)."""
     graph = import_graph()
     bad = sorted(f"{a} (line {d['line']}) -> {b}" for a, b, d in graph.edges(data=True)
-                 if (a == "autoshard.rules" or a.startswith("autoshard.rules.")) and a != "autoshard.rules.dtensor_fallback"
+                 if (a == "autoshard.rules" or a.startswith("autoshard.rules."))
                  and (b == "autoshard.validation" or b.startswith("autoshard.validation.")))
     assert not bad, "rule modules importing the validation:\n" + "\n".join(bad)
 
@@ -224,12 +219,6 @@ def test_no_module_imports_a_layer_above_its_own():
     names = [name for name, _ in LAYERS]
     bad = sorted(f"{a} ({names[layer_of(a)]}, line {d['line']}) -> {b} ({names[layer_of(b)]})"
                  for a, b, d in graph.edges(data=True)
-                 if layer_of(b) > layer_of(a) and (a, b) not in UPWARD_EXCEPTIONS)
+                 if layer_of(b) > layer_of(a))
     assert not bad, "imports from a lower layer to a higher one:\n" + "\n".join(bad)
 
-
-def test_every_upward_exception_is_still_an_import():
-    graph = import_graph()
-    gone = [f"{a} -> {b}" for a, b in UPWARD_EXCEPTIONS if not graph.has_edge(a, b)]
-    assert not gone, "exceptions no import needs any more (remove them):\n" + "\n".join(gone)
-    assert all(layer_of(b) > layer_of(a) for a, b in UPWARD_EXCEPTIONS)

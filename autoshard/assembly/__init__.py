@@ -6,6 +6,8 @@
 - :mod:`autoshard.assembly.from_graph`: what the assembler needs from a traced model's strategy graph.
 - :mod:`autoshard.assembly.buckets`: which edges run in buckets, their latency share and routes,
   and the gradient bucket cap chosen by the simulated step.
+- :mod:`autoshard.assembly.step_program`: the plan's step program, built from the graph and the choice
+  (what the planner prices and the runtime runs).
 - :mod:`autoshard.assembly.tidy_states`: recomputation states that change nothing, set back to keep.
 - :mod:`autoshard.assembly.graph_memo`: per-graph values computed once.
 """

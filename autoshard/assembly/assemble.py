@@ -40,20 +40,23 @@ from typing import Any, Mapping, Sequence
 
 from costmodel.buckets.grouping import GATHER_CAPS, group_buckets, group_gathers
 from costmodel.mesh import MeshSpec
+from costmodel.overlap import StepSimulation
 from hw_profiles import HardwareProfile
 from solver import Problem
 from solver.solution import Solution
 
 from autoshard.assembly.buckets import EdgeRoutes, choose_gradient_buckets, reschedule
 from autoshard.assembly.request import AssemblyGraph, AssemblyNode, Placements, placement_text
+from autoshard.assembly.step_program import StepDataflow, names_dataflow, step_dataflow
 from autoshard.graph.states import RECOMPUTE, keep_choice, state_of
 from autoshard.program.memory import exact_timeline, param_view_roots, peak_with_extra, timeline_peak
 from autoshard.assembly.tidy_states import tidy_states
 from autoshard.program.reservation import plan_reservation
 from autoshard.program.shared_copies import share_copies
+from autoshard.program.actions import StepProgram, simulate_program
 from autoshard.plan.format import Estimate, Fingerprint, Plan, PlanNode, Redistribution, SolverReport
 from autoshard.program.schedule import (VIEW_OPS, Schedule, build_schedule, gather_blocks, leaf_gathers, leaf_views,
-                                     module_block, prefetch_intervals, simulate_schedule, gathered_bytes)
+                                     module_block, prefetch_intervals, gathered_bytes)
 
 __all__ = ["assemble_plan", "memory_timeline", "PREFETCH_DEPTHS", "BLOCK_GATHERS", "StepPricing", "step_pricing",
            "price_schedule"]
@@ -110,6 +113,22 @@ class StepPricing:
     block-wise gather buckets (``autoshard.program.schedule.gather_blocks``)."""
     skew_s: float = 0.0
     """The ranks' drift at a collective (the profile's ``overlap.skew_s``, ``costmodel.overlap``)."""
+    dataflow: StepDataflow | None = None
+    """What the step program reads from the graph (``autoshard.assembly.step_program``); None: the op
+    nodes by name alone (``names_dataflow``), which prices the same."""
+
+    def program(self, schedule: Schedule, redistributions: Sequence[Redistribution],
+                 gathers: Sequence[Any] = ()) -> StepProgram:
+        """The step program of the plan under ``schedule``: what the runtime runs and the planner prices."""
+        dataflow = self.dataflow or names_dataflow(self.node_names)
+        return dataflow.program(schedule, redistributions, gathers)
+
+    def simulate(self, schedule: Schedule, redistributions: Sequence[Redistribution], buckets: Sequence[Any],
+                 gathers: Sequence[Any] = ()) -> StepSimulation:
+        """The simulated step (``autoshard.program.actions.simulate_program``) of the plan's step program."""
+        return simulate_program(self.program(schedule, redistributions, gathers), self.op_compute_s,
+                                redistributions, buckets, gathers=gathers, tail_s=self.tail_s,
+                                contention=self.contention, skew_s=self.skew_s)
 
 
 def step_pricing(graph: AssemblyGraph, problem: Problem, choice: Sequence[int]) -> StepPricing:
@@ -127,7 +146,8 @@ def step_pricing(graph: AssemblyGraph, problem: Problem, choice: Sequence[int]) 
                   if graph.nodes[i].target in VIEW_OPS and len(reads.get(i, ())) == 1)
     return StepPricing(tuple(graph.nodes[i].name for i in ops), compute, max(0.0, tail), tuple(times),
                        graph.profile.contention, problem.memory_limit, views,
-                       tuple(sorted({n.region for n in graph.nodes if n.region})), graph.profile.skew_s)
+                       tuple(sorted({n.region for n in graph.nodes if n.region})), graph.profile.skew_s,
+                       step_dataflow(graph, choice))
 
 
 def price_schedule(pricing: StepPricing, redistributions: Sequence[Redistribution], buckets: Sequence[Any],
@@ -161,8 +181,7 @@ def price_schedule(pricing: StepPricing, redistributions: Sequence[Redistributio
         for depth in depths:
             schedule = build_schedule(pricing.node_names, redistributions, buckets, prefetch=depth, gathers=gathers,
                                       leaf_views=views)
-            sim = simulate_schedule(schedule, pricing.op_compute_s, redistributions, buckets, tail_s=pricing.tail_s,
-                                    contention=pricing.contention, gathers=gathers, skew_s=pricing.skew_s)
+            sim = pricing.simulate(schedule, redistributions, buckets, gathers)
             if best is not None and not sim.step_s < best[1].step_s * (1 - PREFETCH_GAIN):
                 continue  # not faster enough: its peak (the costly part) cannot change the choice
             extra = [(pricing.times[i], pricing.times[w], float(b))
@@ -245,11 +264,7 @@ def assemble_plan(
         params[fqn] = text = chosen(i)
         for alias in graph.param_aliases.get(fqn, ()):
             params[alias] = text
-    nodes = tuple(
-        PlanNode(n.name, n.target, tuple(placement_text(p) for p in n.strategies[k].output_placements),
-                 tuple(placement_text(p) for p in n.strategies[k].input_placements), n.region)
-        for n, k in zip(graph.nodes, choice) if n.kind == "op"
-    )
+    nodes = _plan_nodes(graph, choice)
     gap = None
     if solution.lower_bound is not None and solution.cost:
         gap = max(0.0, (solution.cost - solution.lower_bound) / solution.cost)
@@ -276,6 +291,16 @@ def assemble_plan(
         recompute=tuple(graph.nodes[i].name for i in sorted(recomputed)),
         gather_buckets=gathers,
         schedule=schedule,
+    )
+
+
+def _plan_nodes(graph: AssemblyGraph, choice: Sequence[int]) -> tuple[PlanNode, ...]:
+    """The plan's op nodes: each one's chosen placements, region and exchange (None: a local op)."""
+    return tuple(
+        PlanNode(n.name, n.target, tuple(placement_text(p) for p in n.strategies[k].output_placements),
+                 tuple(placement_text(p) for p in n.strategies[k].input_placements), n.region,
+                 getattr(n.strategies[k], "exchange", None))
+        for n, k in zip(graph.nodes, choice) if n.kind == "op"
     )
 
 

@@ -39,8 +39,8 @@ under the rest of the backward; its cap (25 MiB) trades the call latency a
 bucket pays (fewer, larger buckets pay it less often) against the overlap
 (smaller buckets start earlier, and only the last one waits after the
 backward). That trade-off depends on the interconnect and on the compute left
-after each gradient, which the plan's schedule simulation
-(``autoshard.program.schedule.simulate_schedule``, ``costmodel.overlap``) prices. So
+after each gradient, which the simulation of the plan's step program
+(``autoshard.program.actions.simulate_program``, ``costmodel.overlap``) prices. So
 instead of a fixed cap the assembler groups the gradients with every cap of
 
     caps = GRADIENT_CAPS U {B}     (B: the graph's bucket_bytes, what the solver priced)
@@ -75,7 +75,7 @@ from costmodel.redistribute import plan_redistribute
 from costmodel.redistribute_steps import COLLECTIVE_STEPS, RedistributePlan
 from hw_profiles import HardwareProfile
 
-from autoshard.program.schedule import VIEW_OPS, Schedule, build_schedule, leaf_views, simulate_schedule
+from autoshard.program.schedule import VIEW_OPS, Schedule, build_schedule, leaf_views
 
 __all__ = ["LEAF_KINDS", "GRADIENT_CAPS", "gather_edges", "EdgeRoutes", "reschedule", "choose_gradient_buckets"]
 
@@ -157,9 +157,7 @@ def reschedule(pricing: Any, redistributions: Sequence[Any], buckets: Sequence[A
     """``schedule`` (its prefetch depth and leaf views) rebuilt for ``redistributions``, and its simulation."""
     schedule = build_schedule(pricing.node_names, redistributions, buckets, prefetch=schedule.prefetch,
                               gathers=gathers, leaf_views=schedule.leaf_views)
-    return schedule, simulate_schedule(schedule, pricing.op_compute_s, redistributions, buckets,
-                                       tail_s=pricing.tail_s, contention=pricing.contention, gathers=gathers,
-                                       skew_s=pricing.skew_s)
+    return schedule, pricing.simulate(schedule, redistributions, buckets, gathers)
 
 
 def choose_gradient_buckets(
@@ -188,8 +186,7 @@ def choose_gradient_buckets(
             continue
         seen.add(key)
         schedule = build_schedule(pricing.node_names, redistributions, buckets, leaf_views=views)
-        sim = simulate_schedule(schedule, pricing.op_compute_s, redistributions, buckets, tail_s=pricing.tail_s,
-                                contention=pricing.contention, skew_s=pricing.skew_s)
+        sim = pricing.simulate(schedule, redistributions, buckets)
         if best is None or sim.step_s < best[0] * (1 - 1e-9):
             best = (sim.step_s, candidate, buckets)
     assert best is not None  # at least one candidate was tried

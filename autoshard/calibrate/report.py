@@ -68,9 +68,10 @@ def _pct(value: float) -> str:
     return "-" if math.isnan(value) else f"{value:.0%}"
 
 
-def markdown_report(items: Sequence[CheckItem], *, header: Sequence[str] = ()) -> str:
-    """The report as markdown: header lines, summary against the targets, per
-    kind, the machine's drift, then every item.
+def markdown_report(items: Sequence[CheckItem], *, header: Sequence[str] = (), scope: Sequence[str] = ()) -> str:
+    """The report as markdown: header lines, summary against the targets, which
+    check applies (``scope``: ``check_scope.scope_lines``), per kind, the
+    machine's drift, then every item.
 
     >>> from autoshard.calibrate.heldout import CheckItem
     >>> text = markdown_report([CheckItem("compute", "matmul", "mm", "synthetic", 1.1e-3, 1e-3)])
@@ -87,6 +88,8 @@ def markdown_report(items: Sequence[CheckItem], *, header: Sequence[str] = ()) -
         lines.append(f"| {category} | {s.items} | {_pct(s.median)} | {_pct(s.p90)} | {s.bias:+.0%} | "
                      f"< {t_med:.0%} / < {t_p90:.0%} | {met} |" if s.items else
                      f"| {category} | 0 | - | - | - | < {t_med:.0%} / < {t_p90:.0%} | - |")
+    if scope:
+        lines += ["", "## Which check applies", "", *scope]
     lines += ["", "## Per kind", "", "| category | kind | items | median error | p90 error | bias |",
               "|---|---|---:|---:|---:|---:|"]
     for category in TARGETS:

@@ -23,6 +23,7 @@ from costmodel.mesh import MeshSpec
 from hw_profiles import HardwareProfile
 
 from autoshard.calibrate import fit as fitting
+from autoshard.calibrate.check_scope import kernel_profile, scope_lines
 from autoshard.calibrate.heldout import (DEFAULT_MODEL, CheckItem, collective_check_items, compute_check_items,
                                          model_ops, reference_check_items, synthetic_ops)
 from autoshard.calibrate.measure_collectives import CollectiveSample, Groups, collective_items, default_mesh
@@ -305,12 +306,15 @@ def check(job: Job, options: Options, profile: HardwareProfile) -> list[CheckIte
     device_type = "cuda" if job.is_cuda else "cpu"  # the ops timed are the ones a plan runs on this device
     specs = synthetic_ops(options.mode, device_type)
     model_spec, overrides = options.model or ((DEFAULT_MODEL[0], {}) if options.mode == "tiny" else DEFAULT_MODEL)
-    specs += model_ops(model_spec, overrides, profile, device_type)
+    # ops timed alone are priced alone: a correction's step figures are a whole step's costs
+    # (check_scope), judged by whole-step prediction, not added to each isolated op
+    priced = kernel_profile(profile)
+    specs += model_ops(model_spec, overrides, priced, device_type)
     mesh = _mesh(job, options)
     groups = Groups(job, mesh) if job.world > 1 else None
-    items = reference_check_items(job, profile, groups) + compute_check_items(specs, profile)
+    items = reference_check_items(job, priced, groups) + compute_check_items(specs, priced)
     if groups:
-        items += collective_check_items(groups, options.mode, profile)
+        items += collective_check_items(groups, options.mode, priced)
     started = time.time()
     rounds = MODE_ROUNDS[options.mode]
     monitor = monitor_for(job, options.threads)
@@ -345,7 +349,7 @@ def check(job: Job, options: Options, profile: HardwareProfile) -> list[CheckIte
         if calib.ranks and calib.ranks != job.world:
             header.append(f"- WARNING: the profile was measured on {calib.ranks} rank(s), this check runs {job.world}: "
                           "compute contention differs")
-        text = markdown_report(results, header=header)
+        text = markdown_report(results, header=header, scope=scope_lines(profile, results))
         print(text)
         if options.report:
             from solver.io import write_text_atomic

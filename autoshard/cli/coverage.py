@@ -73,8 +73,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def load_registry(*, dtensor_fallback: bool = False) -> RuleLookup:
     """The rule registry to check against (tests replace this function)."""
     from autoshard.rules import load_rules
+    from autoshard.validation.validator import check_derived_rule
 
-    return load_rules(dtensor_fallback=dtensor_fallback)
+    return load_rules(dtensor_fallback=check_derived_rule if dtensor_fallback else None)
 
 
 def run(args: argparse.Namespace) -> int:

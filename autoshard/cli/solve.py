@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import replace
 from typing import Any
 
 from autoshard.cli.values import parse_bytes
@@ -198,12 +199,17 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from costmodel.redistribute_disk import use_folder
+
     from autoshard.cli.solve_report import dump_problem, print_baselines
+    from autoshard.plan.cache_folder import tables_folder
     from autoshard.plan.explain import explain_text
     from autoshard.search.solve import InfeasibleMemoryError, prepare, solve_prepared
 
     options = solve_options(args, limit, pins)
     model, inputs = load_model(args.model, overrides, paths=paths)
+    # redistribution tables priced by earlier solves on this machine: ~2.5 s of a tiny model's run
+    tables = use_folder(tables_folder())
     console = Console(stderr=True)
     # on a terminal only: piped into a log, rich's final render is a stray empty line on stderr
     bar = Progress(TextColumn("{task.description:<7}"), BarColumn(), TextColumn("{task.fields[detail]}"),
@@ -218,6 +224,14 @@ def run(args: argparse.Namespace) -> int:
         detail = f"{done:.0f}/{total:.0f} ops" if phase == "build" else (f"{done:.1f} s" if phase == "solve" else "")
         bar.update(tasks[phase], completed=done, total=total or 1, detail=detail)
 
+    from autoshard.runtime.pipeline_api import pipeline_for
+    from autoshard.plan.pipeline_section import PipelineError
+
+    try:  # a pp dim: the pipeline first, so that bad input stops before the solve (nothing written)
+        pipeline = pipeline_for(model, inputs, mesh.shape, mesh.dim_names, options)
+    except PipelineError as exc:
+        print(f"autoshard solve: {exc}", file=sys.stderr)
+        return 2
     try:
         started = time.perf_counter()  # --time-limit bounds trace to written plan
         prep = prepare(model, inputs, mesh.shape, mesh.dim_names, options, progress=progress)
@@ -231,6 +245,10 @@ def run(args: argparse.Namespace) -> int:
             dump_problem(prep, plan, options, args.dump_problem)
     finally:
         bar.stop()
+        tables.flush()  # what this solve priced, for the next one (the tables are right even after an error)
+        use_folder(None)  # in-process callers (tests, notebooks) go on without it
+    if pipeline is not None:
+        plan = replace(plan, pipeline=pipeline)
     if args.output:
         plan.save(args.output)
     print(explain_text(plan))

@@ -19,7 +19,7 @@ from dataclasses import replace
 from typing import Any, Callable, Mapping
 
 import numpy as np
-import torch
+import torch  # noqa: F401 - the doctests' name
 import torch.fx as fx
 
 from costmodel.compute import op_time_s
@@ -37,7 +37,8 @@ from autoshard.graph.regions import RegionAnalysis
 from autoshard.graph.strategy_graph import GraphEdge, GraphNode
 from autoshard.graph.tied_memory import InputCopy, TiedMemory
 from autoshard.graph.ties import UnionFind
-from autoshard.rules import OpStrategy, RuleError, RuleRegistry, TensorMeta, op_name
+from autoshard.rules import OpCall, OpStrategy, RuleError, RuleRegistry, TensorMeta, op_name
+from autoshard.rules.registry import describe_call as rules_describe_call
 from autoshard.trace import TracedGraph
 
 __all__ = ["GraphBuildError", "BuildState", "Restrict", "describe_call"]
@@ -50,29 +51,16 @@ class GraphBuildError(ValueError):
     """A rule failed on one call of the graph; the message is one line naming the node, the op and the call."""
 
 
-_DTYPE_SHORT = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16", torch.float64: "f64",
-                torch.int64: "i64", torch.int32: "i32", torch.int16: "i16", torch.int8: "i8", torch.uint8: "u8",
-                torch.bool: "b8"}
-
-
 def describe_call(op: Any, args: tuple, kwargs: Mapping[str, Any]) -> str:
-    """``aten.index_select.default(f32[8, 4], 0, i64[])``: an op's call with tensors as dtype and shape.
+    """``aten.index_select.default(f32[8, 4], 0, i64[])``: an op's call with tensors as
+    dtype and shape, in the rules' wording (:func:`autoshard.rules.registry.describe_call`)
+    with short dtype names.
 
     >>> describe_call(torch.ops.aten.index_select.default,
     ...               (TensorMeta((8, 4), torch.float32), 0, TensorMeta((), torch.int64)), {})
     'aten.index_select.default(f32[8, 4], 0, i64[])'
     """
-
-    def one(value: Any) -> str:
-        if isinstance(value, TensorMeta):
-            return f"{_DTYPE_SHORT.get(value.dtype, str(value.dtype).replace('torch.', ''))}{list(value.shape)}"
-        if isinstance(value, (list, tuple)):
-            inner = ", ".join(one(v) for v in value)
-            return f"[{inner}]" if isinstance(value, list) else f"({inner}{',' if len(value) == 1 else ''})"
-        return repr(value)
-
-    parts = [one(a) for a in args] + [f"{k}={one(v)}" for k, v in kwargs.items()]
-    return f"{op_name(op)}({', '.join(parts)})"
+    return rules_describe_call(OpCall(op, tuple(args), kwargs, (), ()), short_dtypes=True)
 
 
 def _dtype_key(metas: tuple[TensorMeta | None, ...]) -> str:

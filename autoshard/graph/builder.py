@@ -70,7 +70,7 @@ from __future__ import annotations
 
 import operator
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 
 import numpy as np
@@ -78,6 +78,8 @@ import torch
 import torch.fx as fx
 
 from costmodel.buckets.grouping import DEFAULT_BUCKET_BYTES, bucket_share, dtype_itemsize
+from costmodel.compute import op_time_s
+from costmodel.expert_parallel import DEFAULT_IMBALANCE
 from costmodel.mesh import MeshSpec
 from hw_profiles import HardwareProfile
 
@@ -94,6 +96,7 @@ from autoshard.graph.strategy_graph import NODE_KINDS, BuildStats, GraphEdge, Gr
 from autoshard.graph.tied_memory import TiedMemory
 from autoshard.graph.ties import repeated_groups
 from autoshard.rules import OpStrategy, RuleRegistry, TensorMeta, load_rules
+from autoshard.rules.experts import exchange_strategy_price
 from autoshard.trace import TracedGraph, tensor_arg_nodes
 
 __all__ = ["NODE_KINDS", "GraphBuildError", "GraphNode", "GraphEdge", "BuildStats", "StrategyGraph", "build_graph"]
@@ -114,6 +117,7 @@ def build_graph(
     recompute: bool = True,
     gather: str = "reader",
     reduce_dtype: str | None = None,
+    expert_imbalance: float = DEFAULT_IMBALANCE,
 ) -> StrategyGraph:
     """The strategy graph of ``traced`` on ``mesh`` priced with ``profile`` (module docstring).
 
@@ -130,8 +134,12 @@ def build_graph(
     gets none either way); ``gather``: when parameter copies are held
     (``autoshard.graph.copies``: ``reader``, as autoshard's runtime gathers,
     or ``fsdp2``, as FSDP2 does: then gradients are also reduced per unit,
-    in ``reduce_dtype`` when given, ``costmodel.buckets.grouping``).
+    in ``reduce_dtype`` when given, ``costmodel.buckets.grouping``);
+    ``expert_imbalance``: the busiest expert-parallel rank's routed tokens over the mean,
+    which prices a strategy with an exchange (:func:`_price_exchanges`).
     """
+    if not expert_imbalance >= 1.0:
+        raise ValueError(f"expert_imbalance: {expert_imbalance} is below 1 (the busiest rank gets at least the mean)")
     rules = rules or load_rules()
     optimizer = optimizer or OptimizerMemory()
     b = BuildState(traced, mesh, profile, rules, optimizer, allow_uneven, restrict)
@@ -148,7 +156,7 @@ def build_graph(
             src, _ = b.read(node.args[0].name)
             b.producer[node.name] = (src, int(node.args[1]))
         elif isinstance(node.meta.get("val"), (torch.Tensor, tuple, list)):  # else no tensor made (symbolic sizes)
-            _add_op(b, walk, node)
+            _add_op(b, walk, node, expert_imbalance)
             done += 1
             if on_progress is not None and done % 64 == 0:
                 on_progress(done, total_ops)
@@ -245,12 +253,13 @@ def _add_leaf(b: BuildState, walk: _Walk, node: fx.Node) -> None:
     b.producer[node.name] = (i, 0)
 
 
-def _add_op(b: BuildState, walk: _Walk, node: fx.Node) -> None:
+def _add_op(b: BuildState, walk: _Walk, node: fx.Node, expert_imbalance: float = DEFAULT_IMBALANCE) -> None:
     """Step 2c: an op node, its input edges, and the copies a redistribution of each input holds."""
     liveness, analysis = walk.liveness, b.analysis
     owner = liveness.owner[node.name]
     i = b.op_node(node, liveness.intervals[owner] if owner == node.name else (liveness.time[node.name],) * 2,
                   owns_memory=owner == node.name)
+    _price_exchanges(b, i, node, expert_imbalance)
     b.fx_index[node.name] = i
     b.producer[node.name] = (i, 0)
     view = is_view_op(node.target)
@@ -270,6 +279,34 @@ def _add_op(b: BuildState, walk: _Walk, node: fx.Node) -> None:
         b.copy_live.append(live[0])
         b.copy_live_recomputed.append(live[1])
     b.tied.input_copies(i, copies, lives)
+
+
+def _price_exchanges(b: BuildState, i: int, node: fx.Node, imbalance: float) -> None:
+    """Strategies with an exchange are not local ops: their price is the exchange's
+    (``autoshard.rules.experts.exchange_strategy_price``: compute at the imbalanced load
+    plus the exchanges on the strategy's mesh dim), not the rule's compute on local shards.
+    A recomputed state runs the forward, exchanges included, twice."""
+    n = b.nodes[i]
+    if all(s.exchange is None for s in n.strategies):
+        return  # every non-MoE node: its price untouched
+    info = b.traced.nodes[node.name]
+    call = b.rules.op_call(info.op, info.args, info.kwargs, out_meta=info.outputs)
+    dtype = str(info.inputs[0].dtype) if info.inputs else "torch.float32"
+    base = len(n.strategies) // max(1, len(n.states))
+    compute = np.array(n.compute_s, dtype=np.float64)  # a copy: the array may be shared by signature
+    for j, s in enumerate(n.strategies):
+        if s.exchange is None:
+            continue
+        work, exchange_s = exchange_strategy_price(call, s, mesh=b.mesh, profile=b.profile, imbalance=imbalance)
+        try:
+            seconds = op_time_s(work.kind, flops=work.flops, bytes_accessed=work.bytes_accessed, dtype=dtype,
+                                profile=b.profile)
+        except ValueError:  # a dtype the profile has no peak for: price as fp32, as ops are
+            seconds = op_time_s(work.kind, flops=work.flops, bytes_accessed=work.bytes_accessed,
+                                dtype="torch.float32", profile=b.profile)
+        again = 2.0 if n.states and n.states[j // base] == RECOMPUTE else 1.0
+        compute[j] = again * (b.profile.device.step_op_s + seconds + exchange_s)
+    b.nodes[i] = replace(n, compute_s=compute)
 
 
 def _same_placement(s: OpStrategy) -> Any:

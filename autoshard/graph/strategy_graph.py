@@ -139,3 +139,8 @@ class StrategyGraph:
     times: Mapping[str, int] = dataclasses.field(default_factory=dict)
     """fx node name -> its time on the graph's time axis (``live`` intervals use it; with regions,
     it has a recomputation phase before each region's ``t_rc``)."""
+
+    def has_exchanges(self) -> bool:
+        """Whether some op node offers a strategy with an exchange (expert parallelism), which
+        ``expert_imbalance`` priced (``autoshard.graph.builder``)."""
+        return any(s.exchange is not None for n in self.nodes if n.kind == "op" for s in n.strategies)

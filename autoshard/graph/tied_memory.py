@@ -27,6 +27,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from costmodel.buckets.grouping import bucket_window
 from costmodel.placements import Partial
 
 from autoshard.graph.copies import BUCKET_BOUND_FACTOR, copy_possible, fsdp2_payload_ends, fsdp2_reduction
@@ -169,7 +170,8 @@ class TiedMemory:
         """Bucket bounds on each gradient producer, given as (node, time, full bytes)
         in the order buckets form (``autoshard.graph.copies``): ``payload`` at its
         time, and ``waiting`` (twice its partial output: waiting, and its part of
-        the payload) until the last gradient that can share its bucket is made.
+        the payload) until the last gradient that can share its bucket is made
+        (``costmodel.buckets.grouping.bucket_window``).
         ``units`` (one per producer: FSDP2's reductions, ``costmodel.buckets.grouping`` and
         ``autoshard.program.memory``): a unit reduces at ``R_u``, one past the later
         of its last gradient and its backward's end (``backward_end``), and holds its
@@ -201,21 +203,8 @@ class TiedMemory:
                 self._add(i, "payload", BOUND, (r, payload_end[r]), scale * memory)
                 continue
             self._add(i, "payload", BOUND, (t, t + 1), memory)
-            last = _bucket_window_end(times, sizes, j, cap)
+            first, end = bucket_window(sizes, j, cap)
+            last = max(times[first:end + 1])
             if last > t:
                 self._add(i, "waiting", BOUND, (t + 1, last + 1), BUCKET_BOUND_FACTOR * memory)
 
-
-def _bucket_window_end(times: Sequence[int], sizes: Sequence[float], j: int, cap: int) -> int:
-    """The latest time a gradient that can share gradient ``j``'s bucket is made: the
-    buckets are runs of consecutive gradients of at most ``cap`` bytes (``costmodel.buckets.grouping``)."""
-    if cap <= 0:
-        return times[j]
-    last = times[j]
-    for step in (-1, 1):
-        total, k = sizes[j], j + step
-        while 0 <= k < len(times) and total + sizes[k] <= cap:
-            total += sizes[k]
-            last = max(last, times[k])
-            k += step
-    return last

@@ -19,9 +19,10 @@ from collections import Counter
 from autoshard.figures import save_figure
 from autoshard.plan.format import Plan
 from autoshard.plan.layout_report import layouts_table
+from autoshard.plan.explain_pipeline import pipeline_lines
 from autoshard.sizes import byte_unit, format_bytes
 
-__all__ = ["explain_text", "recompute_lines", "plot_memory"]
+__all__ = ["explain_text", "recompute_lines", "expert_parallel_lines", "plot_memory"]
 
 
 def _ms(s: float) -> str:
@@ -63,6 +64,8 @@ def explain_text(plan: Plan, *, top: int = 10, params_limit: int = 40) -> str:
     if e.memory_limit_bytes is not None:
         lines.append(f"| memory limit | {format_bytes(e.memory_limit_bytes)} ({'fits' if e.fits else 'DOES NOT FIT'}) |")
     lines += recompute_lines(plan)
+    lines += expert_parallel_lines(plan)
+    lines += pipeline_lines(plan)
     lines += ["", "| parameter | placement |", "|---|---|"]
     names = sorted(plan.params)
     for name in names[:params_limit]:
@@ -88,6 +91,29 @@ def explain_text(plan: Plan, *, top: int = 10, params_limit: int = 40) -> str:
                          f"| {len(b.members)} | {format_bytes(b.bytes)} | {_ms(b.cost_s)} |")
     lines += layouts_table(plan.options)
     return "\n".join(lines)
+
+
+def expert_parallel_lines(plan: Plan) -> list[str]:
+    """The ops run expert-parallel (``PlanNode.exchange``): mesh dim, degree (its ranks) and the
+    load imbalance they were priced at; none for a plan without them.
+
+    >>> # | experts (autoshard.experts.default) | model.layers.0 | 0 (ep) | 4 | 1.25 |
+    """
+    nodes = [n for n in plan.nodes if n.exchange is not None]
+    if not nodes:
+        return []
+    fp = plan.fingerprint
+    imbalance = plan.options.get("expert_imbalance", "?")
+    lines = ["", f"expert parallel: {len(nodes)} ops exchange tokens with their experts' ranks "
+             f"(all-to-all of run-time sizes), priced at load imbalance {imbalance}",
+             "", "| op | block | mesh dim | degree | imbalance |", "|---|---|---|---:|---:|"]
+    for n in nodes:
+        kind, dim = n.exchange
+        name = fp.dim_names[dim] if dim < len(fp.dim_names) else ""
+        degree = fp.mesh_shape[dim] if dim < len(fp.mesh_shape) else "?"
+        lines.append(f"| {n.name} ({n.op}) | {n.region or '-'} | {dim}{f' ({name})' if name else ''} | {degree} "
+                     f"| {imbalance} |")
+    return lines
 
 
 def recompute_lines(plan: Plan) -> list[str]:

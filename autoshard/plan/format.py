@@ -4,7 +4,7 @@ Human-readable, diffable, versioned JSON (never pickled), as in docs/formats.md:
 ``fingerprint``, per-parameter and per-input placements, per-node strategies,
 every redistribution with its collective steps, the estimate and the solver's
 report. Extra keys (``buffers``, ``constants``, ``param_aliases``, ``options``,
-``baseline``, ``buckets``, ``schedule``) carry what the runtime and
+``baseline``, ``buckets``, ``schedule``, ``pipeline``) carry what the runtime and
 ``autoshard explain`` need; ``constants`` (the placements of the tensors the
 forward makes from Python data, ``autoshard.trace.TracedGraph.constants``) is
 written only when the graph has some, so plans of other models are unchanged.
@@ -43,6 +43,7 @@ from costmodel.buckets.grouping import Bucket, GatherBucket
 from costmodel.redistribute_steps import RedistributeStep, StepError
 from hw_profiles.json_input import parse_json
 
+from autoshard.plan.pipeline_section import PipelineError, PipelineSection
 from autoshard.program.schedule import Schedule, ScheduleError, check_schedule
 
 __all__ = ["FORMAT", "ASSEMBLY_FORMAT", "REQUEST_FORMAT", "PlanError", "Fingerprint", "PlanNode", "Redistribution", "Estimate", "SolverReport", "Plan",
@@ -141,6 +142,10 @@ def recompute_problem(op: str) -> str | None:
     return None
 
 
+EXCHANGE_KINDS = ("expert_dispatch",)
+"""Exchanges a plan node may be run with (``autoshard.rules.core.OpStrategy.exchange``)."""
+
+
 @dataclass(frozen=True, slots=True)
 class PlanNode:
     """The strategy chosen for one op node: placements of its outputs and inputs."""
@@ -151,12 +156,17 @@ class PlanNode:
     inputs: tuple[str | None, ...]
     region: str | None = None
     """The checkpoint region (repeated block, ``layers.3``) whose forward it belongs to; None: none."""
+    exchange: tuple[str, int] | None = None
+    """None: a local op. Otherwise ``(kind, mesh_dim)``: the runtime runs the op with that
+    exchange over the mesh dim's process group (``expert_dispatch``: ``autoshard.runtime.expert_ops``)."""
 
     def to_dict(self) -> dict[str, Any]:
         out = self.out[0] if len(self.out) == 1 else list(self.out)
         data = {"name": self.name, "op": self.op, "out": out, "in": list(self.inputs)}
         if self.region is not None:
             data["region"] = self.region
+        if self.exchange is not None:
+            data["exchange"] = {"kind": self.exchange[0], "mesh_dim": self.exchange[1]}
         return data
 
     @classmethod
@@ -171,7 +181,14 @@ class PlanNode:
         region = data.get("region")
         if region is not None and not isinstance(region, str):
             raise PlanError(f"{where}.region: expected a module path string, got {region!r}")
-        return cls(str(_need(data, "name", where)), str(_need(data, "op", where)), outs, ins, region)
+        exchange = data.get("exchange")
+        if exchange is not None:
+            if (not isinstance(exchange, Mapping) or exchange.get("kind") not in EXCHANGE_KINDS
+                    or not isinstance(exchange.get("mesh_dim"), int) or exchange["mesh_dim"] < 0):
+                raise PlanError(f"{where}.exchange: expected {{kind: one of {', '.join(EXCHANGE_KINDS)}, "
+                                f"mesh_dim: a mesh dim}}, got {exchange!r}")
+            exchange = (exchange["kind"], exchange["mesh_dim"])
+        return cls(str(_need(data, "name", where)), str(_need(data, "op", where)), outs, ins, region, exchange)
 
 
 @dataclass(frozen=True, slots=True)
@@ -372,6 +389,9 @@ class Plan:
     schedule: Schedule | None = None
     """Issue and wait position of every collective (``autoshard.program.schedule``);
     None in plans written before schedules (the runtime then builds the default one)."""
+    pipeline: PipelineSection | None = None
+    """The pipeline stages, microbatches and torch schedule (``autoshard.plan.pipeline_section``);
+    None: one stage (plans without a ``pipeline`` dim, and plans written before it)."""
 
     def to_dict(self) -> dict[str, Any]:
         data = {
@@ -391,6 +411,7 @@ class Plan:
             "recompute": list(self.recompute),
             **({"gather_buckets": [g.to_dict() for g in self.gather_buckets]} if self.gather_buckets else {}),
             **({"schedule": self.schedule.to_dict()} if self.schedule is not None else {}),
+            **({"pipeline": self.pipeline.to_dict()} if self.pipeline is not None else {}),
         }
         if self.constants:  # absent for graphs without constants: their plans stay as they were
             data["constants"] = dict(self.constants)
@@ -422,14 +443,16 @@ class Plan:
                 gather_buckets=tuple(_from_object(GatherBucket, g, f"gather_buckets[{i}]")
                                      for i, g in enumerate(data.get("gather_buckets", []))),
                 schedule=None if data.get("schedule") is None else Schedule.from_dict(data["schedule"]),
+                pipeline=None if data.get("pipeline") is None else PipelineSection.from_dict(data["pipeline"]),
             )
+            _check_pipeline_mesh(plan)
             plan = replace(plan, recompute=_recompute_list(data.get("recompute", []), plan.nodes))
             _check_gathers(plan)
             if plan.schedule is not None:
                 check_schedule(plan.schedule, [n.name for n in plan.nodes], plan.redistributions, plan.buckets,
                                gathers=plan.gather_buckets)
             return plan
-        except ScheduleError as exc:
+        except (ScheduleError, PipelineError) as exc:
             raise PlanError(str(exc)) from None
         except (TypeError, ValueError, AttributeError) as exc:
             if isinstance(exc, PlanError):
@@ -465,6 +488,18 @@ class Plan:
         diffs = self.fingerprint.differences(here, allow_profile_change=allow_profile_change)
         if diffs:
             raise PlanError("plan does not match: " + "; ".join(diffs))
+
+
+def _check_pipeline_mesh(plan: Plan) -> None:
+    """The pipeline section's mesh dim is one of the plan's, of its ``n_ranks``."""
+    pipe, fp = plan.pipeline, plan.fingerprint
+    if pipe is None:
+        return
+    if pipe.mesh_dim not in fp.dim_names:
+        raise PlanError(f"pipeline.mesh_dim: {pipe.mesh_dim!r} is not a dim of the plan's mesh {list(fp.dim_names)}")
+    size = fp.mesh_shape[fp.dim_names.index(pipe.mesh_dim)]
+    if size != pipe.n_ranks:
+        raise PlanError(f"pipeline.n_ranks: {pipe.n_ranks}, but mesh dim {pipe.mesh_dim!r} has {size} ranks")
 
 
 def _recompute_list(data: Any, nodes: tuple[PlanNode, ...]) -> tuple[str, ...]:

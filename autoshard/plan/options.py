@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from costmodel.buckets.grouping import DEFAULT_BUCKET_BYTES, dtype_itemsize
+from costmodel.expert_parallel import DEFAULT_IMBALANCE
 from hw_profiles import HardwareProfile
 from solver.backends import DEFAULT_BACKEND
 
@@ -59,7 +60,7 @@ PLAN_GAP = 1e-6
 time is below the cost model's own accuracy by orders of magnitude."""
 
 BUILD_FIELDS = ("profile", "optimizer", "optimizer_impl", "mixed_precision", "allow_uneven", "search", "bucket_bytes",
-                "recompute", "gather", "reduce_dtype", "device_type", "profile_correction")
+                "recompute", "gather", "reduce_dtype", "device_type", "profile_correction", "expert_imbalance")
 """The options that decide the strategy graph (:func:`~autoshard.search.solve.prepare` reads
 these; the solve reads the others, and ``recompute`` too)."""
 
@@ -123,6 +124,11 @@ class SolveOptions:
     ``MixedPrecisionPolicy.reduce_dtype``; torchtitan's ``float32``): a unit's gradients are
     cast into one buffer of that dtype, which the memory and the collective carry. None:
     the gradients' own dtype."""
+    expert_imbalance: float = DEFAULT_IMBALANCE
+    """The busiest expert-parallel rank's routed tokens over the mean (>= 1; 1.25: a load-balanced
+    router, ``costmodel.expert_parallel``): prices the expert-parallel strategies of MoE layers
+    (compute at that load, exchanges that size). Recorded in ``plan.options`` only for a graph
+    that has such strategies."""
     expandable_segments: bool = False
     """The plan runs with ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` (torchtitan's
     launcher sets it): ``estimate.reserved_bytes`` replays that allocator
@@ -169,6 +175,9 @@ class SolveOptions:
                 raise ValueError("reduce_dtype: priced only as FSDP2 reduces (gather='fsdp2'); autoshard's "
                                  "runtime reduces gradients in their own dtype")
             dtype_itemsize(self.reduce_dtype)  # ValueError naming the dtypes it knows
+        if not (isinstance(self.expert_imbalance, (int, float)) and 1.0 <= self.expert_imbalance < math.inf):
+            raise ValueError(f"expert_imbalance: must be a number >= 1 (busiest rank's tokens over the mean), "
+                             f"got {self.expert_imbalance!r}")
         if self.overlap_rounds < 0:
             raise ValueError(f"overlap_rounds: must be 0 or more, got {self.overlap_rounds}")
         object.__setattr__(self, "pins", dict(self.pins or {}))

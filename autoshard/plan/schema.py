@@ -35,6 +35,7 @@ from solver.solution import Status
 
 from autoshard.plan.format import ASSEMBLY_FORMAT, REQUEST_FORMAT
 from autoshard.plan.format import FORMAT as PLAN_FORMAT
+from autoshard.plan.pipeline_section import PIPELINE_SCHEMA
 
 __all__ = ["PLACEMENT", "PLAN_SCHEMA", "PLAN_REQUEST_SCHEMA"]
 
@@ -117,6 +118,9 @@ _NODE = {
         },
         "region": {"type": "string",
                    "description": "The repeated block (checkpoint region) whose forward the op belongs to."},
+        "exchange": {"type": "object", "required": ["kind", "mesh_dim"], "additionalProperties": False,
+                     "properties": {"kind": {"enum": ["expert_dispatch"]}, "mesh_dim": {"type": "integer", "minimum": 0}},
+                     "description": "Only for a strategy that is not a local op: the exchange the runtime runs it with (expert_dispatch: expert parallelism, autoshard.runtime.expert_ops) and the mesh dim of its process group."},
     },
     "additionalProperties": False,
 }
@@ -300,6 +304,8 @@ PLAN_SCHEMA: dict[str, Any] = {
                            "description": "Parameter (leaf) all-gathers issued as one collective each."},
         "schedule": {**_SCHEDULE, "description": "Where each collective is issued and waited (per rank, the same "
                                                  "on every rank)."},
+        "pipeline": {**PIPELINE_SCHEMA, "description": "Pipeline stages, microbatches and torch schedule; absent: "
+                                                        "one stage."},
     },
     "additionalProperties": False,
     "$defs": {"placement": PLACEMENT},

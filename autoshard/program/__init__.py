@@ -8,6 +8,8 @@ plan file records it (``plan.schedule``) and the runtime interprets it
 
 - :mod:`autoshard.program.actions`: the step as typed actions (compute, issue, wait, recompute,
   free) with every value's lifetime, built once; the runtime interprets it.
+- :mod:`autoshard.program.live_bytes`: the bytes a rank holds, replayed from its program (what the runtime
+  measures).
 - :mod:`autoshard.program.schedule`: where each collective is issued and waited.
 - :mod:`autoshard.program.memory`: the exact memory timeline of the chosen placements.
 - :mod:`autoshard.program.shared_copies`: one redistributed copy for several readers.

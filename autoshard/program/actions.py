@@ -5,9 +5,13 @@ that step is written down, so that both read the same object instead of two
 derivations of it. A :class:`StepProgram` is a pure function of what the plan
 file records (the op order, the schedule, the recomputation and its regions)
 and of the graph's dataflow (which values each node reads), built by
-:func:`build_step_program`. The runtime passes the names of its fx graph
-(``autoshard.runtime.execute`` interprets the result); nothing here knows
-torch.
+:func:`build_step_program`, from the same inputs on both sides: the planner
+passes its assembled graph and the solver's choice
+(``autoshard.assembly.step_program``) and prices the result, the runtime its fx
+graph (``autoshard.runtime.binding``; ``autoshard.runtime.execute`` interprets
+the result), each value named as the plan names it (an op by its node, a leaf by
+its plan node, output ``k`` of a multi-output op :func:`tuple_value`, its tuple
+access placed just after it); nothing here knows torch.
 
 **Nodes.** ``v_0 .. v_{M-1}``: the joint graph's op nodes and tuple accesses
 (``getitem`` of a multi-output op) in graph order; the op nodes alone, in
@@ -66,11 +70,12 @@ and views that hold no memory). :attr:`StepProgram.lifetimes` lists every life a
 (``autoshard.program.schedule.simulate_schedule``) of its ``Issue`` actions in
 program order at their positions, each op's compute at its ``Compute``'s.
 
-**Memory.** :func:`live_bytes_timeline` replays the actions with a byte size per
+**Memory.** ``autoshard.program.live_bytes.live_bytes_timeline`` replays the actions with a byte size per
 storage and gives the bytes held after each action and the peak, counting what
 ``autoshard.runtime.live_bytes`` counts: the leaves all step, every value from
-its making to its free (a view holds its base's storage), and at each compute
-its inputs and outputs together.
+its making to its free (a view holds its base's storage), at each compute
+its inputs and outputs together, and each redistributed copy (``HeldCopy``)
+from its ``Wait`` (or its first reader) to its last reader.
 
 >>> from autoshard.program.schedule import Schedule
 >>> nodes = [ProgramNode("mm", ("x", "w")), ProgramNode("relu", ("mm",)), ProgramNode("sum", ("relu",))]
@@ -81,7 +86,7 @@ its inputs and outputs together.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Collection, Mapping, Sequence, Union
 
 from costmodel.overlap import StepSimulation
@@ -89,11 +94,22 @@ from costmodel.overlap import StepSimulation
 from autoshard.program.schedule import Schedule, ScheduleItem, simulate_schedule
 
 __all__ = ["ProgramNode", "Compute", "Issue", "Wait", "Recompute", "Free", "Action", "RecomputePhase",
-           "RecomputeError", "Lifetime", "StepProgram", "build_step_program", "recompute_phases", "free_points",
-           "live_bytes_timeline", "simulate_program"]
+           "RecomputeError", "Lifetime", "StepProgram", "ProgramFrame", "program_frame", "build_step_program",
+           "program_of", "recompute_phases", "free_points",
+           "simulate_program", "tuple_value"]
 
 COMPUTE_STREAM = "compute"
 COMM_STREAM = "comm"
+
+
+def tuple_value(op: str, output: int) -> str:
+    """The name of output ``output`` of a multi-output op ``op``: its tuple access, as both the planner
+    (``autoshard.assembly.step_program``) and the runtime (``autoshard.runtime.binding``) name it.
+
+    >>> tuple_value("native_layer_norm", 2)
+    'native_layer_norm[2]'
+    """
+    return f"{op}[{output}]"
 
 
 class RecomputeError(ValueError):
@@ -202,20 +218,50 @@ class Lifetime:
 
 @dataclass(frozen=True, slots=True)
 class StepProgram:
-    """One rank's training step (module docstring)."""
+    """One rank's training step (module docstring): a frame (:func:`program_frame`) under a
+    schedule. Its actions, their positions and the lifetimes are made from these when first read
+    (pricing reads only :meth:`issued`, which needs none of them)."""
 
-    nodes: tuple[ProgramNode, ...]
+    frame: "ProgramFrame"
     schedule: Schedule
-    actions: tuple[Action, ...]
-    phases: tuple[RecomputePhase, ...]
-    lifetimes: tuple[Lifetime, ...]
-    leaf_views: frozenset[str]
-    """Nodes computed before position 0 (``Schedule.leaf_views``)."""
-    positions: tuple[int, ...]
-    """The schedule position of each action: ``Issue(x)`` at ``x.issue``, ``Wait(x)`` at ``x.wait``,
-    ``Compute`` of op node ``p`` at ``p`` (a tuple access at the next op's, a leaf view at 0), a phase
-    at its ``t_rc``'s, a ``Free`` at its action's: where the overlap simulation prices each
-    (``autoshard.program.schedule.schedule_transfers``)."""
+    item_reads: tuple[tuple[tuple, tuple[str, ...]], ...] = ()
+    """(``ScheduleItem.key``, the values its issue reads), for the items that read any."""
+    _made: list = field(default_factory=list, compare=False, repr=False)
+
+    @property
+    def nodes(self) -> tuple[ProgramNode, ...]:
+        return self.frame.nodes
+
+    @property
+    def phases(self) -> tuple[RecomputePhase, ...]:
+        return self.frame.phases
+
+    @property
+    def leaf_views(self) -> frozenset[str]:
+        """Nodes computed before position 0 (``Schedule.leaf_views``)."""
+        return frozenset(self.schedule.leaf_views)
+
+    @property
+    def actions(self) -> tuple[Action, ...]:
+        return self._make()[0]
+
+    @property
+    def positions(self) -> tuple[int, ...]:
+        """The schedule position of each action: ``Issue(x)`` at ``x.issue``, ``Wait(x)`` at ``x.wait``,
+        ``Compute`` of op node ``p`` at ``p`` (a tuple access at the next op's, a leaf view at 0), a phase
+        at its ``t_rc``'s, a ``Free`` at its action's: where the overlap simulation prices each
+        (``autoshard.program.schedule.schedule_transfers``)."""
+        return self._make()[1]
+
+    @property
+    def lifetimes(self) -> tuple[Lifetime, ...]:
+        return self._make()[2]
+
+    def issued(self) -> list[ScheduleItem]:
+        """The schedule items in the order the program issues them (the simulation's ``timings``
+        order): the ``Issue`` actions' items, found without making the actions."""
+        issues, _ = _by_position(self.schedule)
+        return [x for p in sorted(issues) if 0 <= p <= self.schedule.positions for x in issues[p]]
 
     def frees_after(self) -> dict[str, tuple[str, ...]]:
         """First-pass node -> the values freed right after it (what an evaluation pass, which
@@ -225,6 +271,22 @@ class StepProgram:
             if isinstance(action, Free) and isinstance(before, Compute):
                 out[before.node] = action.values
         return out
+
+    def _make(self) -> tuple[tuple[Action, ...], tuple[int, ...], tuple[Lifetime, ...]]:
+        if not self._made:
+            actions, positions = _actions(self.frame, self.schedule, dict(self.item_reads))
+            self._made.append((tuple(actions), tuple(positions), _lifetimes(actions)))
+        return self._made[0]
+
+
+def _by_position(schedule: Schedule) -> tuple[dict[int, list[ScheduleItem]], dict[int, list[ScheduleItem]]]:
+    """Position -> the items issued there, and those waited there, in schedule order."""
+    issues: dict[int, list[ScheduleItem]] = {}
+    waits: dict[int, list[ScheduleItem]] = {}
+    for item in schedule.items:
+        issues.setdefault(item.issue, []).append(item)
+        waits.setdefault(item.wait, []).append(item)
+    return issues, waits
 
 
 def recompute_phases(nodes: Sequence[ProgramNode], recompute: Sequence[str], regions: Mapping[str, str],
@@ -284,40 +346,67 @@ def recompute_phases(nodes: Sequence[ProgramNode], recompute: Sequence[str], reg
             for at, (names, ops) in sorted(at_once.items())]
 
 
-def free_points(nodes: Sequence[ProgramNode], phases: Sequence[RecomputePhase], keep: Collection[str],
-                issues: Sequence[tuple[str, int]]) -> dict[tuple[int, ...], list[str]]:
-    """Where each value dies (module docstring, Lifetimes): point ``(i, 2)`` or ``(i, 0, j)`` ->
-    the values freed after it. ``issues``: (value, node index whose position issues a collective
-    reading it)."""
+@dataclass(frozen=True, slots=True)
+class ProgramFrame:
+    """What a step program takes from the graph whatever the schedule: the nodes, the recomputation
+    phases, the kept values, and each life's last read by a node (module docstring, Lifetimes).
+    Built once by :func:`program_frame`, it gives the program of any schedule (:func:`program_of`)."""
+
+    nodes: tuple[ProgramNode, ...]
+    phases: tuple[RecomputePhase, ...]
+    keep: frozenset[str]
+    last_reads: Mapping[tuple[str, int], tuple[int, ...]]
+    """(value, life: 0 first pass, 1 recomputed) -> its last read by a node (or where a life without reads ends)."""
+    second_from: Mapping[str, int]
+    """Recomputed value -> node index of its phase."""
+    index: Mapping[str, int]
+
+
+def program_frame(nodes: Sequence[ProgramNode], *, recompute: Sequence[str] = (),
+                  regions: Mapping[str, str] | None = None, backward: Collection[str] = frozenset(),
+                  keep: Collection[str] = frozenset()) -> ProgramFrame:
+    """The :class:`ProgramFrame` of ``nodes`` (arguments as :func:`build_step_program`'s)."""
+    phases = recompute_phases(nodes, recompute, regions or {}, backward) if recompute else []
+    keep = frozenset(keep)
     index = {n.name: i for i, n in enumerate(nodes)}
-    second_from: dict[str, int] = {}  # recomputed value -> node index of its phase
+    second_from: dict[str, int] = {}
     made_again: dict[str, tuple[int, ...]] = {}
     for phase in phases:
         for j, k in enumerate(phase.ops):
             second_from[nodes[k].name] = phase.at
             made_again[nodes[k].name] = (phase.at, 0, j)
-    last: dict[tuple[str, int], tuple[int, ...]] = {}  # (value, life: 0 first pass, 1 recomputed) -> last read
-
-    def read(value: str, point: tuple[int, ...]) -> None:
-        if value in keep:
-            return
-        key = (value, 1 if value in second_from and point[0] >= second_from[value] else 0)
-        if key not in last or point > last[key]:
-            last[key] = point
-
+    last: dict[tuple[str, int], tuple[int, ...]] = {}
     for i, n in enumerate(nodes):
         for u in n.reads:
-            read(u, (i, 2))
+            _read(last, keep, second_from, u, (i, 2))
     for phase in phases:
         for j, k in enumerate(phase.ops):
             for u in nodes[k].reads:
-                read(u, (phase.at, 0, j))
-    for value, i in issues:
-        read(value, (i, 1))
+                _read(last, keep, second_from, u, (phase.at, 0, j))
     for value, made in made_again.items():  # a life without reads ends where it starts
         if value not in keep:
             last.setdefault((value, 0), (index[value], 2))
             last.setdefault((value, 1), made)
+    return ProgramFrame(tuple(nodes), tuple(phases), keep, last, second_from, index)
+
+
+def _read(last: dict[tuple[str, int], tuple[int, ...]], keep: Collection[str], second_from: Mapping[str, int],
+          value: str, point: tuple[int, ...]) -> None:
+    if value in keep:
+        return
+    key = (value, 1 if value in second_from and point[0] >= second_from[value] else 0)
+    if key not in last or point > last[key]:
+        last[key] = point
+
+
+def free_points(frame: ProgramFrame, issues: Sequence[tuple[str, int]]) -> dict[tuple[int, ...], list[str]]:
+    """Where each value dies (module docstring, Lifetimes): point ``(i, 2)`` or ``(i, 0, j)`` ->
+    the values freed after it. ``issues``: (value, node index whose position issues a collective
+    reading it)."""
+    last = dict(frame.last_reads)
+    for value, i in issues:
+        _read(last, frame.keep, frame.second_from, value, (i, 1))
+    index = frame.index
     out: dict[tuple[int, ...], list[str]] = {}
     for (value, _), point in sorted(last.items(), key=lambda kv: (kv[1], index.get(kv[0][0], -1))):
         out.setdefault((point[0], 2) if point[1] == 1 else point, []).append(value)
@@ -342,23 +431,40 @@ def build_step_program(nodes: Sequence[ProgramNode], schedule: Schedule, *, reco
     >>> [str(a) for a in p.actions]
     ['compute a', 'free in', 'issue edge:a:c:0', 'compute b', 'wait edge:a:c:0', 'compute c', 'free a, b']
     """
-    ops = [n.name for n in nodes if n.of_tuple is None]
-    if schedule.positions != len(ops):
-        raise ValueError(f"schedule.positions: {schedule.positions}, the program has {len(ops)} op nodes")
-    phases = recompute_phases(nodes, recompute, regions or {}, backward) if recompute else []
+    frame = program_frame(nodes, recompute=recompute, regions=regions, backward=backward, keep=keep)
+    return program_of(frame, schedule, item_reads)
+
+
+def program_of(frame: ProgramFrame, schedule: Schedule,
+               item_reads: Mapping[tuple, Sequence[str]] | None = None) -> StepProgram:
+    """:func:`build_step_program` of a frame already built: the programs of several schedules of one
+    graph share its work.
+
+    >>> from autoshard.program.schedule import Schedule
+    >>> frame = program_frame([ProgramNode("a", ("x",)), ProgramNode("b", ("a",))], keep={"b"})
+    >>> [str(a) for a in program_of(frame, Schedule(2, 0, ())).actions]
+    ['compute a', 'free x', 'compute b', 'free a']
+    """
+    n_ops = sum(n.of_tuple is None for n in frame.nodes)
+    if schedule.positions != n_ops:
+        raise ValueError(f"schedule.positions: {schedule.positions}, the program has {n_ops} op nodes")
+    reads = tuple((x.key, tuple(item_reads[x.key])) for x in schedule.items if item_reads and item_reads.get(x.key))
+    return StepProgram(frame, schedule, reads)
+
+
+def _actions(frame: ProgramFrame, schedule: Schedule,
+             item_reads: Mapping[tuple, Sequence[str]]) -> tuple[list[Action], list[int]]:
+    """The program's actions and their positions (module docstring)."""
+    nodes, phases = frame.nodes, frame.phases
     position_of: dict[int, int] = {}  # schedule position -> index of its op node
     for i, n in enumerate(nodes):
         if n.of_tuple is None:
             position_of[len(position_of)] = i
-    issues: dict[int, list[ScheduleItem]] = {}
-    waits: dict[int, list[ScheduleItem]] = {}
-    for item in schedule.items:
-        issues.setdefault(item.issue, []).append(item)
-        waits.setdefault(item.wait, []).append(item)
-    n_ops = len(ops)
-    reads = [(value, position_of[p]) for p, group in issues.items() if p < n_ops for x in group
-             for value in (item_reads or {}).get(x.key, ())]
-    frees = free_points(nodes, phases, keep, reads)
+    issues, waits = _by_position(schedule)
+    n_ops = len(position_of)
+    reads = [(value, position_of[p]) for p, group in issues.items() if 0 <= p < n_ops for x in group
+             for value in item_reads.get(x.key, ())]
+    frees = free_points(frame, reads)
     hoisted = frozenset(schedule.leaf_views)
     actions: list[Action] = [Compute(n.name) for n in nodes if n.name in hoisted]
     positions = [0] * len(actions)
@@ -392,8 +498,7 @@ def build_step_program(nodes: Sequence[ProgramNode], schedule: Schedule, *, reco
         add(Issue(x), n_ops)
     for x in waits.get(n_ops, ()):
         add(Wait(x), n_ops)
-    return StepProgram(tuple(nodes), schedule, tuple(actions), tuple(phases), _lifetimes(actions), hoisted,
-                       tuple(positions))
+    return actions, positions
 
 
 def simulate_program(program: StepProgram, op_compute_s: Sequence[float], redistributions: Sequence[Any],
@@ -406,9 +511,8 @@ def simulate_program(program: StepProgram, op_compute_s: Sequence[float], redist
     >>> simulate_program(p, [2.0], (), ()).step_s
     2.0
     """
-    issued = [a.item for a in program.actions if isinstance(a, Issue)]
     return simulate_schedule(program.schedule, op_compute_s, redistributions, buckets, gathers=gathers,
-                             issued=issued, **options)
+                             issued=program.issued(), **options)
 
 
 def _lifetimes(actions: Sequence[Action]) -> tuple[Lifetime, ...]:
@@ -424,70 +528,3 @@ def _lifetimes(actions: Sequence[Action]) -> tuple[Lifetime, ...]:
                 out.append(Lifetime(value, made, t, again))
     out += [Lifetime(v, made, len(actions), again) for v, (made, again) in open_.items()]
     return tuple(sorted(out, key=lambda life: (life.made, life.freed, life.value)))
-
-
-Storages = Mapping[str, Sequence[tuple[str, int]]]
-"""Value -> (storage key, bytes) of each storage it holds: a view shares its base's key, a
-multi-output node holds one per output, a tuple access its element's."""
-
-
-def live_bytes_timeline(program: StepProgram, storages: Storages, leaves: Sequence[str]) -> tuple[list[int], int]:
-    """Bytes held after each action, and the step's peak (module docstring, Memory).
-
-    ``leaves``: the values held all step (parameters, buffers, the batch, constants, the
-    tangent). Redistributed copies are not replayed: for a plan without redistributions this
-    is what ``autoshard.runtime.live_bytes`` measures.
-
-    >>> from autoshard.program.schedule import Schedule
-    >>> p = build_step_program([ProgramNode("a", ("x",)), ProgramNode("b", ("a",))], Schedule(2, 0, ()), keep={"b"})
-    >>> live_bytes_timeline(p, {"x": [("x", 8)], "a": [("a", 8)], "b": [("b", 4)]}, ["x"])
-    ([16, 16, 20, 12], 20)
-    """
-    refs: dict[str, list[int]] = {}
-    now = peak = 0
-
-    def hold(value: str) -> None:
-        nonlocal now
-        for key, nbytes in storages.get(value, ()):
-            if not nbytes:
-                continue
-            ref = refs.setdefault(key, [0, nbytes])
-            now += nbytes if not ref[0] else 0
-            ref[0] += 1
-
-    def release(value: str) -> None:
-        nonlocal now
-        for key, nbytes in storages.get(value, ()):
-            ref = refs.get(key)
-            if ref is not None:
-                ref[0] -= 1
-                if not ref[0]:
-                    del refs[key]
-                    now -= ref[1]
-
-    for value in leaves:  # the caller's and the environment's: counted once, never released
-        hold(value)
-        hold(value)
-    peak = now
-    env = set(leaves)  # the values the program holds by name
-    reads = {n.name: n.reads for n in program.nodes}
-    tuple_of = {n.name for n in program.nodes if n.of_tuple is not None}
-    levels = []
-    for action in program.actions:
-        if isinstance(action, (Compute, Recompute)):
-            if action.node not in tuple_of:  # an op: its inputs and outputs exist together
-                extra = {key: b for v in (*reads[action.node], action.node) for key, b in storages.get(v, ())
-                         if key not in refs}
-                peak = max(peak, now + sum(extra.values()))
-            if action.node in env:  # made again: the new value replaces the old
-                release(action.node)
-            hold(action.node)
-            env.add(action.node)
-        elif isinstance(action, Free):
-            for value in action.values:
-                if value in env:
-                    env.discard(value)
-                    release(value)
-        peak = max(peak, now)
-        levels.append(now)
-    return levels, peak

@@ -13,6 +13,7 @@ True
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
 
 from autoshard.rules.core import (
     COMPUTE_KINDS,
@@ -31,6 +32,9 @@ from autoshard.rules.core import (
     to_meta,
 )
 from autoshard.rules.registry import NamedRule, Rule, RuleError, RuleRegistry, SampleInput, op_name
+
+if TYPE_CHECKING:
+    from autoshard.rules.dtensor_fallback import RuleCheck
 
 __all__ = [
     "FAMILIES",
@@ -78,19 +82,24 @@ FAMILIES: tuple[str, ...] = (
 """Family modules under ``autoshard.rules``, each with ``register(registry)``."""
 
 
-def load_rules(*, dtensor_fallback: bool = False) -> RuleRegistry:
+def load_rules(*, dtensor_fallback: RuleCheck | None = None) -> RuleRegistry:
     """A fresh registry with every family's rules.
 
     ``dtensor_fallback``: for ops with no rule of ours, derive one from
-    PyTorch's DTensor single-dim strategies, validated numerically before use
-    and logged (:mod:`autoshard.rules.dtensor_fallback`). Off by default.
+    PyTorch's DTensor single-dim strategies, adopted only when it passes this
+    check and logged (:mod:`autoshard.rules.dtensor_fallback`; the rules never
+    import their validation, so the caller hands the check down:
+    ``autoshard.validation.validator.check_derived_rule``). Off by default.
     """
+    if dtensor_fallback is not None and not callable(dtensor_fallback):
+        raise TypeError("load_rules: dtensor_fallback is the check a derived rule must pass "
+                        f"(autoshard.validation.validator.check_derived_rule), got {dtensor_fallback!r}")
     registry = RuleRegistry()
     for family in FAMILIES:
         module = importlib.import_module(f"autoshard.rules.{family}")
         module.register(registry)
-    if dtensor_fallback:
+    if dtensor_fallback is not None:
         from autoshard.rules.dtensor_fallback import DTensorFallback
 
-        registry.set_fallback(DTensorFallback(registry))
+        registry.set_fallback(DTensorFallback(registry, dtensor_fallback))
     return registry

@@ -176,6 +176,11 @@ class OpStrategy:
 
     output_placements: tuple[tuple[Placement, ...] | None, ...]
     input_placements: tuple[tuple[Placement, ...] | None, ...]
+    exchange: tuple[str, int] | None = None
+    """None: a local op on each rank's shards (every rule's strategies). Otherwise
+    ``(kind, mesh_dim)``: not a local op, the runtime runs it with the exchange
+    ``kind`` over the process group of ``mesh_dim`` (``"expert_dispatch"``:
+    :mod:`autoshard.runtime.expert_ops`); validation does not run it on shards."""
 
     def __str__(self) -> str:
         def one(ps: tuple[Placement, ...] | None) -> str:
@@ -183,7 +188,8 @@ class OpStrategy:
 
         outs = ", ".join(one(p) for p in self.output_placements)
         ins = ", ".join(one(p) for p in self.input_placements)
-        return f"{outs} <- {ins}"
+        text = f"{outs} <- {ins}"
+        return text if self.exchange is None else f"{text} [{self.exchange[0]}@{self.exchange[1]}]"
 
 
 COMPUTE_KINDS = ("matmul", "elementwise", "reduction", "attention", "attention_backward", "copy", "view")

@@ -1,5 +1,5 @@
 """Optional fallback: rules derived from PyTorch DTensor's single-dim strategies,
-for ops that have no rule of ours (``load_rules(dtensor_fallback=True)``).
+for ops that have no rule of ours (``load_rules(dtensor_fallback=check)``).
 
 DTensor's built-in expansion is made for run-time dispatch: it fills shard
 placeholders only with the shard kinds already present in the inputs and
@@ -8,20 +8,24 @@ strategy function of an op and convert its result to our
 :class:`~autoshard.rules.core.SingleDimStrategy` list; our own expansion
 (:mod:`autoshard.rules.expand`) then enumerates the N-D strategies.
 
-Before a derived rule is used it is run through the same validator as ours
-(:func:`autoshard.validation.validator.validate_rule`), on random tensors of the
-shapes of the first call that needs it (at most ``max_numel`` elements per
-tensor; larger calls are validated on nothing and the op stays replicated),
-on meshes ``(2,)`` and ``(2, 2)``. A rule with any failing strategy is
-rejected as a whole and the op keeps the replicate-only strategy. Every
-adoption and rejection is logged (warning), and the registry counts each
-enumeration that used a derived rule (``RuleRegistry.fallback_uses``).
+Before a derived rule is used it passes a check, a :data:`RuleCheck` its caller
+gives: the rules sit below their validation and never import it, so the layer
+above hands the check down. The library's is
+:func:`autoshard.validation.validator.check_derived_rule` (the same validator as
+ours, on meshes ``(2,)`` and ``(2, 2)``), run on random tensors of the shapes of
+the first call that needs the rule (its samples; at most ``max_numel`` elements
+per tensor: larger calls are validated on nothing and the op stays replicated).
+A rule with any failing strategy is rejected as a whole and the op keeps the
+replicate-only strategy. Every adoption and rejection is logged (warning), and
+the registry counts each enumeration that used a derived rule
+(``RuleRegistry.fallback_uses``).
 
 Every private torch API this needs is touched in this module only.
 
 >>> import torch
 >>> from autoshard.rules import load_rules, TensorMeta
->>> rules = load_rules(dtensor_fallback=True)
+>>> from autoshard.validation.validator import check_derived_rule
+>>> rules = load_rules(dtensor_fallback=check_derived_rule)
 >>> x = TensorMeta((4, 8), torch.float32)
 >>> len(rules.strategies(torch.ops.aten.hypot.default, (x, x), {}, (2,))) > 1
 True
@@ -30,7 +34,7 @@ True
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Callable, Protocol, Sequence
 
 import torch
 from torch._ops import OpOverload
@@ -41,9 +45,28 @@ from autoshard.rules.compute import elementwise
 from autoshard.rules.core import OpCall, S, SingleDimStrategy, TensorMeta
 from autoshard.rules.registry import Rule, RuleRegistry, SampleInput, op_name
 
-__all__ = ["DTensorFallback", "dtensor_single_dim_ops"]
+__all__ = ["CheckReport", "DTensorFallback", "RuleCheck", "dtensor_single_dim_ops"]
 
 log = logging.getLogger(__name__)
+
+
+class CheckReport(Protocol):
+    """What a check of a derived rule says (``autoshard.validation.validator.RuleReport`` is one)."""
+
+    @property
+    def ok(self) -> bool: ...
+
+    @property
+    def failures(self) -> Sequence[Any]:
+        """The failing strategies, the first one logged as the reason of a rejection."""
+
+    @property
+    def strategies_checked(self) -> int: ...
+
+
+RuleCheck = Callable[[Rule, RuleRegistry], CheckReport]
+"""A check a derived rule must pass before it is used: ``check(rule, registry)``, the rule's
+``samples`` drawing the call that asked for it (module docstring)."""
 
 
 def _strategy_table() -> dict[OpOverload, Any]:
@@ -116,15 +139,15 @@ def _materialize(obj: Any, gen: torch.Generator) -> Any:
 
 
 class DTensorFallback:
-    """Derives, validates and caches rules for ops without one of ours.
+    """Derives, checks and caches rules for ops without one of ours.
 
-    ``registry.set_fallback(DTensorFallback(registry))`` (``load_rules`` does it).
+    ``registry.set_fallback(DTensorFallback(registry, check))`` (``load_rules`` does it).
     """
 
-    def __init__(self, registry: RuleRegistry, *, max_numel: int = 1 << 16, cases: int = 2) -> None:
+    def __init__(self, registry: RuleRegistry, check: RuleCheck, *, max_numel: int = 1 << 16) -> None:
         self.registry = registry
+        self.check = check
         self.max_numel = max_numel
-        self.cases = cases
         self._rules: dict[OpOverload, Rule | None] = {}
         self.rejected: dict[OpOverload, str] = {}
         """Ops whose derived rule was not used, and why."""
@@ -174,11 +197,7 @@ class DTensorFallback:
             uneven=bool(getattr(info, "allow_uneven_sharding", False)),
             note="derived from DTensor's single-dim strategy",
         )
-        from autoshard.validation.validator import MeshCase, validate_rule
-
-        report = validate_rule(
-            rule, self.registry, cases=self.cases, mesh_cases=(MeshCase((2,), (4,)), MeshCase((2, 2), (4,)))
-        )
+        report = self.check(rule, self.registry)
         if not report.ok:
             self.rejected[op] = str(report.failures[0])
             log.warning("%s: DTensor-derived rule rejected by the validator: %s", op_name(op), self.rejected[op])

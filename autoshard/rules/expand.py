@@ -46,7 +46,7 @@ Pruning, and why the optimum of the strategy graph is kept:
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -58,6 +58,8 @@ from autoshard.rules.rule import Rule, RuleError, op_name
 
 __all__ = [
     "expand_rule",
+    "register_exchange",
+    "expand_exchanges",
     "replicate_only",
     "local_call",
     "fill_placeholders",
@@ -355,7 +357,77 @@ def expand_rule(
             return memo[key]
 
         results = _walk(mesh_shape, metas, options_at, uneven)
-    return _assemble(results, len(call.outputs), len(call.inputs))
+    local = _assemble(results, len(call.outputs), len(call.inputs))
+    provider = _EXCHANGES.get(rule.single_dim)
+    if provider is None:
+        return local
+    return local + expand_exchanges(rule, call, mesh_shape, *provider(call))
+
+
+ExchangeProvider = Callable[[OpCall], tuple[list[tuple[SingleDimStrategy, str]], list[SingleDimStrategy]]]
+"""A rule's strategies that are not local ops: ``call -> ([(single-dim strategy, exchange kind)],
+companions)``, the companions the local single-dim strategies allowed on the other mesh dims."""
+
+_EXCHANGES: dict[Callable[..., Any], ExchangeProvider] = {}
+
+
+def register_exchange(single_dim: Callable[..., Any], provider: ExchangeProvider) -> None:
+    """Offer ``provider``'s exchange strategies with every expansion of the rule whose
+    single-dim function is ``single_dim`` (``autoshard.rules.experts``: expert parallelism)."""
+    _EXCHANGES[single_dim] = provider
+
+
+def expand_exchanges(rule: Rule, call: OpCall, mesh_shape: tuple[int, ...],
+                     exchanges: Sequence[tuple[SingleDimStrategy, str]],
+                     companions: Sequence[SingleDimStrategy]) -> tuple[OpStrategy, ...]:
+    """The N-D strategies with one exchange: each exchange strategy on one mesh dim of size > 1
+    (tagged ``(kind, mesh_dim)``), all-replicate or a companion on every other dim; even splits only.
+
+    An exchange runs over one mesh dim's process group, so only one dim carries it; the
+    companions (a token split) are local ops on the other dims' shards.
+    """
+    metas = list(call.outputs) + list(call.inputs)
+    n_out, n_in = len(call.outputs), len(call.inputs)
+    others = fill_placeholders(rule, call, list(companions), (None,))  # all-replicate first
+    out: dict[OpStrategy, None] = {}
+    for single, kind in exchanges:
+        for opt in fill_placeholders(rule, call, [single], (None,))[1:]:
+            for dim, size in enumerate(mesh_shape):
+                if size == 1:
+                    continue
+                per_dim = [[opt] if i == dim else (others if m > 1 else others[:1])
+                           for i, m in enumerate(mesh_shape)]
+                for chosen in _product(mesh_shape, metas, per_dim):
+                    cols = list(zip(*chosen))
+                    outs = tuple(None if cols[j][0] is None else tuple(cols[j]) for j in range(n_out))
+                    ins = tuple(None if cols[n_out + j][0] is None else tuple(cols[n_out + j]) for j in range(n_in))
+                    out.setdefault(OpStrategy(outs, ins, (kind, dim)), None)
+    return tuple(out)
+
+
+def _product(mesh: tuple[int, ...], metas: Sequence[TensorMeta | None],
+             per_dim: Sequence[Sequence[Option]]) -> list[tuple[Option, ...]]:
+    """The product of ``per_dim`` options that split every tensor evenly (policy (b), even)."""
+    results: list[tuple[Option, ...]] = []
+
+    def rec(i: int, sizes: list[Sizes | None], chosen: tuple[Option, ...]) -> None:
+        if i == len(mesh):
+            results.append(chosen)
+            return
+        for opt in per_dim[i]:
+            new = list(sizes)
+            for t, p in enumerate(opt):
+                if p is None or isinstance(p, (Replicate, Partial)):
+                    continue
+                split = None if new[t] is None else _split(new[t], p, mesh[i], False)  # type: ignore[arg-type]
+                if split is None:
+                    break
+                new[t] = split
+            else:
+                rec(i + 1, new, chosen + (opt,))
+
+    rec(0, _start_sizes(metas), ())
+    return results
 
 
 def replicate_only(call: OpCall, mesh_shape: tuple[int, ...]) -> OpStrategy:

@@ -35,13 +35,18 @@ expert and come back, an all-to-all of run-time split sizes
 (:mod:`autoshard.runtime.expert_dispatch`, run by
 :mod:`autoshard.runtime.expert_ops`). Run as a local op on shards it would
 route to the wrong experts, so it is not among the strategies above: it is
-described here as data (:func:`expert_parallel_strategies`, marked
-``exchange="expert_dispatch"``) and priced by :func:`expert_parallel_price`
-(``costmodel.expert_parallel``: compute at the busiest rank's load, the four
-token exchanges and two count exchanges, default imbalance 1.25 until a solve
-option carries it). It joins a solve once the strategy graph accepts a
-strategy with an exchange and the step program runs it (the hook is
-``autoshard.runtime.expert_ops.run_expert_op``).
+described as data (:func:`expert_parallel_strategies` and its backward's,
+marked ``exchange="expert_dispatch"``) and offered by
+``autoshard.rules.expand.expand_exchanges`` on every mesh dim that divides E
+and T (the token split, or all-replicate, on the other dims), each N-D
+strategy tagged ``OpStrategy.exchange = ("expert_dispatch", mesh_dim)``. The
+strategy graph prices it with :func:`exchange_strategy_price`
+(``costmodel.expert_parallel``: compute at the busiest rank's load, this
+direction's token and count exchanges, at the solve option
+``expert_imbalance``, default 1.25); the plan records the exchange per node
+and the runtime's op caller runs it with
+``autoshard.runtime.expert_ops.run_expert_op``. Validation skips it (the
+runtime's equivalence tests check it).
 
 >>> import torch
 >>> from autoshard.rules.core import TensorMeta
@@ -67,13 +72,14 @@ from costmodel.mesh import MeshSpec
 from costmodel.placements import Shard, StridedShard
 from hw_profiles import HardwareProfile
 from autoshard.rules.compute import io_bytes
-from autoshard.rules.core import OpCall, OpCompute, P, R, S, SingleDimStrategy
+from autoshard.rules.core import OpCall, OpCompute, OpStrategy, P, R, S, SingleDimStrategy
+from autoshard.rules.expand import local_call, register_exchange
 from autoshard.rules.registry import RuleRegistry, SampleInput
 from autoshard.rules.samples import Sampler
 
 __all__ = ["EXPERTS", "EXPERTS_BACKWARD", "EXPERTS_MODULE", "EXCHANGE", "ExchangeStrategy", "experts_rule",
            "experts_backward_rule", "experts_compute", "experts_backward_compute", "expert_parallel_strategies",
-           "expert_parallel_price", "register"]
+           "expert_parallel_backward_strategies", "expert_parallel_price", "exchange_strategy_price", "register"]
 
 EXPERTS = "autoshard.experts.default"
 EXPERTS_BACKWARD = "autoshard.experts_backward.default"
@@ -158,6 +164,26 @@ def expert_parallel_strategies(call: OpCall, *, ranks: int) -> list[ExchangeStra
     return [ExchangeStrategy(SingleDimStrategy(S(0), (S(0), S(0), S(0), S(0), S(0))), EXCHANGE)]
 
 
+def expert_parallel_backward_strategies(call: OpCall, *, ranks: int) -> list[ExchangeStrategy]:
+    """The backward's expert-parallel strategy: every input and output on its first dim (the
+    token-shaped ones on T, the experts and their gradients on E), the forward's mesh dim."""
+    if not _well_formed(call, 1) or _shapes(call, 1)[4] % ranks:
+        return []
+    return [ExchangeStrategy(SingleDimStrategy((S(0),) * 4, (S(0),) * 6), EXCHANGE)]
+
+
+def _forward_exchanges(call: OpCall) -> tuple[list[tuple[SingleDimStrategy, str]], list[SingleDimStrategy]]:
+    # expand.expand_exchanges checks that the mesh dim divides E and T; the token split may
+    # run on the other mesh dims (tokens are routed independently)
+    ep = [(s.strategy, s.exchange) for s in expert_parallel_strategies(call, ranks=1)]
+    return ep, experts_rule(call)[:1]
+
+
+def _backward_exchanges(call: OpCall) -> tuple[list[tuple[SingleDimStrategy, str]], list[SingleDimStrategy]]:
+    ep = [(s.strategy, s.exchange) for s in expert_parallel_backward_strategies(call, ranks=1)]
+    return ep, experts_backward_rule(call)[:1]
+
+
 def expert_parallel_price(call: OpCall, *, mesh_dims: Sequence[int], mesh: MeshSpec, profile: HardwareProfile,
                           imbalance: float = DEFAULT_IMBALANCE) -> tuple[OpCompute, ExpertExchangePrice]:
     """The forward call (global shapes) with its experts on ``mesh_dims``: the busiest rank's expert
@@ -173,6 +199,30 @@ def expert_parallel_price(call: OpCall, *, mesh_dims: Sequence[int], mesh: MeshS
     weights = (call.inputs[3].nbytes + call.inputs[4].nbytes) // ranks
     flops = _expert_flops(imbalance * local_tokens, k, dim, h)
     return OpCompute("matmul", flops, float(weights + price.buffer_bytes)), price
+
+
+def exchange_strategy_price(call: OpCall, strategy: OpStrategy, *, mesh: MeshSpec, profile: HardwareProfile,
+                            imbalance: float = DEFAULT_IMBALANCE) -> tuple[OpCompute, float]:
+    """An expert-parallel strategy of a forward or backward call (global shapes) priced as it
+    runs: the busiest rank's expert compute at ``imbalance`` times its mean load (this rank's
+    tokens after every mesh dim's split, the experts of its ep group), the dispatched buffers
+    as bytes accessed, and the seconds of this direction's exchanges (half of the step's
+    ``costmodel.expert_parallel`` exchanges: dispatch, combine and one counts exchange).
+
+    >>> # compute, exchange_s = exchange_strategy_price(call, strategy, mesh=mesh, profile=profile)
+    """
+    if strategy.exchange is None:
+        raise ValueError(f"{strategy}: not an exchange strategy")
+    first = 1 if len(call.inputs) == 6 else 0
+    local = local_call(call, strategy, tuple(mesh.shape))
+    tokens, k, dim, h, _ = _shapes(local, first)
+    experts = _shapes(call, first)[4]
+    price = expert_exchange_price(tokens=tokens, top_k=k, dim=dim, itemsize=call.inputs[first].itemsize,
+                                  num_experts=experts, mesh_dims=(strategy.exchange[1],), mesh=mesh,
+                                  profile=profile, imbalance=imbalance)
+    weights = local.inputs[first + 3].nbytes + local.inputs[first + 4].nbytes
+    flops = (3 if first else 1) * _expert_flops(imbalance * tokens, k, dim, h)
+    return OpCompute("matmul", flops, float(weights + price.buffer_bytes)), price.step_s / 2
 
 
 def _forward_samples(sampler: Sampler) -> Iterator[SampleInput]:
@@ -200,3 +250,5 @@ def register(registry: RuleRegistry) -> None:
          extremes=False)(experts_rule)
     rule(EXPERTS_BACKWARD, compute=experts_backward_compute, samples=_backward_samples, defined_by=EXPERTS_MODULE,
          extremes=False)(experts_backward_rule)
+    register_exchange(experts_rule, _forward_exchanges)
+    register_exchange(experts_backward_rule, _backward_exchanges)

@@ -101,13 +101,35 @@ def _replicate_from_schema(op: OpOverload, args_meta: Sequence[Any], kwargs: Map
     return OpStrategy((rep,) * n_out, (rep,) * n_in)
 
 
-def describe_call(call: OpCall) -> str:
-    """``aten.index_select.default(float32[], 0, int64[1])``: an op and its argument metadata."""
+_DTYPE_SHORT = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16", torch.float64: "f64",
+                torch.int64: "i64", torch.int32: "i32", torch.int16: "i16", torch.int8: "i8", torch.uint8: "u8",
+                torch.bool: "b8"}
 
-    def one(o: Any) -> str:
-        if isinstance(o, (list, tuple)):
-            return "[" + ", ".join(one(x) for x in o) + "]"
-        return str(o) if isinstance(o, TensorMeta) else repr(o)
+
+def describe_call(call: OpCall, *, short_dtypes: bool = False) -> str:
+    """One op call in one line for error messages (the one wording of a call: the rules'
+    errors, the validator's findings, the strategy graph's build errors): tensors as
+    dtype and shape, lists and tuples and keywords as Python writes them;
+    ``short_dtypes`` writes ``f32`` for ``float32`` (``autoshard.graph.build_state``).
+    ``call``: anything with an ``op``, ``args`` and ``kwargs`` (an :class:`OpCall`).
+
+    >>> call = OpCall(torch.ops.aten.index_select.default, (TensorMeta((8, 4), torch.float32), 0,
+    ...               TensorMeta((1,), torch.int64)), {}, (), ())
+    >>> describe_call(call)
+    'aten.index_select.default(float32[8, 4], 0, int64[1])'
+    >>> describe_call(call, short_dtypes=True)
+    'aten.index_select.default(f32[8, 4], 0, i64[1])'
+    """
+
+    def one(value: Any) -> str:
+        if isinstance(value, TensorMeta):
+            if not short_dtypes:
+                return str(value)
+            return f"{_DTYPE_SHORT.get(value.dtype, str(value.dtype).replace('torch.', ''))}{list(value.shape)}"
+        if isinstance(value, (list, tuple)):
+            inner = ", ".join(one(v) for v in value)
+            return f"[{inner}]" if isinstance(value, list) else f"({inner}{',' if len(value) == 1 else ''})"
+        return repr(value)
 
     parts = [one(a) for a in call.args] + [f"{k}={one(v)}" for k, v in call.kwargs.items()]
     return f"{op_name(call.op)}({', '.join(parts)})"

@@ -57,6 +57,7 @@ from autoshard.plan.options import SolveOptions, profile_for_device, solve_optio
 from autoshard.search.solve import prepare, solve_prepared
 from autoshard.runtime.devices import mesh_device
 from autoshard.runtime.module import ShardedModule
+from autoshard.runtime.pipeline_stages import PipelineRun
 from autoshard.runtime.rank_agreement import MeshSizeError, RankSetupError, agree, broadcast_plan, comm_device
 from autoshard.trace import TracedGraph, trace_joint
 
@@ -146,7 +147,7 @@ def autoshard(
     compile: bool = False,
     plain_replicated: bool = True,
     **changes: Any,
-) -> ShardedModule:
+) -> ShardedModule | PipelineRun:
     """``model`` sharded on ``mesh`` by a plan solved on rank 0 (module docstring).
 
     ``example_inputs``: the whole batch (shapes and dtypes of every step).
@@ -172,6 +173,12 @@ def autoshard(
     ``plain_replicated``: parameters stay plain tensors when the plan replicates
     every one (data parallel, a mesh of one), as DDP keeps them (``ShardedModule``).
 
+    A mesh with a dim named ``pp`` returns a
+    :class:`~autoshard.runtime.pipeline_stages.PipelineRun` instead
+    (:mod:`autoshard.runtime.pipeline_api`): ``run.step(**batch)`` returns the
+    loss on the last stage's ranks, None elsewhere; the optimizer steps
+    ``run.parameters()``.
+
     Raises :class:`MeshSizeError` when the mesh is not the whole job,
     :class:`~autoshard.plan.format.PlanError` for a plan of another model,
     mesh or profile, :class:`RankSetupError` on the ranks where another rank
@@ -181,18 +188,7 @@ def autoshard(
     >>> # sharded.plan.fingerprint.mesh_shape
     >>> # (2, 2)
     """
-    if not dist.is_initialized():
-        raise RuntimeError("autoshard: no process group: call torch.distributed.init_process_group on every rank "
-                           "first (or use autoshard.solve offline)")
-    if example_inputs is None:
-        raise TypeError("autoshard: example_inputs is required (the whole batch of one step)")
-    if "profile" in changes and changes["profile"] is None:  # the keyword form's "no profile given"
-        del changes["profile"]
-    device_default = options is None and "profile" not in changes
-    opts = solve_options(options, changes)
-    if opts.reduce_dtype is not None:
-        raise ValueError(f"reduce_dtype={opts.reduce_dtype!r}: a plan priced as FSDP2 reduces; autoshard's runtime "
-                         "reduces gradients in their own dtype (use autoshard.solve to compare)")
+    opts, device_default = _call_options(example_inputs, options, changes)
     if mesh is None:  # the plan chooses the mesh
         from autoshard.runtime.mesh_choice import autoshard_on_chosen_mesh
 
@@ -204,6 +200,10 @@ def autoshard(
     if devices is not None or devices_per_node is not None:
         raise TypeError("autoshard: devices / devices_per_node choose a mesh: pass them with mesh=None, not with a mesh")
     mesh_spec, opts = _whole_job_mesh(mesh, opts, device_default)
+    if "pp" in mesh_spec.dim_names:  # pipeline stages: a PipelineRun to step (autoshard.runtime.pipeline_api)
+        from autoshard.runtime.pipeline_api import autoshard_pipeline
+
+        return autoshard_pipeline(model, mesh, example_inputs, opts, plan=plan)
     cache = cache_folder(cache_dir)
     device = comm_device()
     if plan is None:
@@ -226,6 +226,25 @@ def autoshard(
                             plain_replicated=plain_replicated)
     sharded.plan_source = source
     return sharded
+
+
+def _call_options(example_inputs: Any, options: SolveOptions | None, changes: dict[str, Any]
+                  ) -> tuple[SolveOptions, bool]:
+    """The call's solve options, and whether the profile is the mesh device's default (none asked);
+    the errors of a call that cannot run (no process group, no inputs, a reduce dtype)."""
+    if not dist.is_initialized():
+        raise RuntimeError("autoshard: no process group: call torch.distributed.init_process_group on every rank "
+                           "first (or use autoshard.solve offline)")
+    if example_inputs is None:
+        raise TypeError("autoshard: example_inputs is required (the whole batch of one step)")
+    if "profile" in changes and changes["profile"] is None:  # the keyword form's "no profile given"
+        del changes["profile"]
+    device_default = options is None and "profile" not in changes
+    opts = solve_options(options, changes)
+    if opts.reduce_dtype is not None:
+        raise ValueError(f"reduce_dtype={opts.reduce_dtype!r}: a plan priced as FSDP2 reduces; autoshard's runtime "
+                         "reduces gradients in their own dtype (use autoshard.solve to compare)")
+    return opts, device_default
 
 
 def _correct_here(opts: SolveOptions) -> SolveOptions:

@@ -45,7 +45,7 @@ from costmodel.redistribute_steps import COLLECTIVE_STEPS, RedistributeStep
 
 from autoshard.graph.node_ids import LOSS, TANGENT, tensor_node
 from autoshard.plan.format import Plan, Redistribution
-from autoshard.program.actions import ProgramNode
+from autoshard.program.actions import ProgramNode, tuple_value
 from autoshard.program.schedule import VIEW_OPS, Schedule, ScheduleItem, build_schedule
 from autoshard.rules import RuleRegistry, op_name
 from autoshard.rules.core import TensorMeta
@@ -196,14 +196,39 @@ class PlanBinding:
         """``ScheduleItem.key`` -> what its issue runs."""
         self._check_leaf_views()
 
+    def value_name(self, node: fx.Node) -> str:
+        """The plan's name of the value ``node`` makes: an op's node name, a leaf's plan node
+        (``param:<fqn>``, ``tangent``, ...), a tuple access ``op[k]`` (``autoshard.program.actions.tuple_value``)."""
+        if node.op == "call_function" and node.target is operator.getitem:
+            return tuple_value(self.value_name(node.args[0]), int(node.args[1]))
+        produced = self._produced.get(node)
+        return produced[0] if produced is not None and node.op != "call_function" else node.name
+
     def program_nodes(self) -> list[ProgramNode]:
-        """The graph's dataflow by name, for ``autoshard.program.actions.build_step_program``."""
-        return [ProgramNode(b.node.name, tuple(u.name for u in b.node.all_input_nodes),
-                            b.node.args[0].name if b.op is operator.getitem else None) for b in self.ops]
+        """The graph's dataflow by plan name, for ``autoshard.program.actions.build_step_program``:
+        the ops in graph order, each followed by its tuple accesses by output (one per output that
+        is read), as the planner builds it (``autoshard.assembly.step_program``)."""
+        accesses: dict[str, set[int]] = {}
+        for b in self.ops:
+            if b.op is operator.getitem and b.node.users:
+                accesses.setdefault(self.value_name(b.node.args[0]), set()).add(int(b.node.args[1]))
+        out: list[ProgramNode] = []
+
+        def with_accesses(name: str) -> None:  # an element that is a tuple again: its accesses after it
+            for k in sorted(accesses.get(name, ())):
+                out.append(ProgramNode(tuple_value(name, k), (name,), name))
+                with_accesses(tuple_value(name, k))
+
+        for b in self.ops:
+            if b.op is not operator.getitem:
+                name = b.node.name
+                out.append(ProgramNode(name, tuple(dict.fromkeys(self.value_name(u) for u in b.node.all_input_nodes))))
+                with_accesses(name)
+        return out
 
     def item_reads(self) -> dict[tuple, tuple[str, ...]]:
         """``ScheduleItem.key`` -> the values its issue reads (a redistribution's producer, a gather's members')."""
-        return {key: tuple(m.source.name for m in ((x.edge,) if x.edge is not None else x.members))
+        return {key: tuple(self.value_name(m.source) for m in ((x.edge,) if x.edge is not None else x.members))
                 for key, x in self.scheduled.items()}
 
     def mesh_dim_sets(self) -> list[tuple[int, ...]]:

@@ -27,7 +27,7 @@ its buffer's placement. Evaluation (``forward_only``) runs the first pass of
 what the loss and buffer updates need, every redistribution at its reader,
 waited at once. The runner counts the tensor bytes it holds
 (``autoshard.runtime.live_bytes``): ``last_step_peak_bytes``, which
-``autoshard.program.actions.live_bytes_timeline`` predicts from the program.
+``autoshard.program.live_bytes.live_bytes_timeline`` predicts from the program.
 
 From the second training step on, the runner does not interpret: the first
 step checked every shape and fixed every op's localized arguments, and the
@@ -126,10 +126,14 @@ class JointRunner:
         self.loss_edge, self.grad_edges, self.buffer_edges, self.buckets = (b.loss_edge, b.grad_edges,
                                                                             b.buffer_edges, b.buckets)
         self.calls = OpCaller(b)
-        self._ops = {op.node.name: op for op in b.ops}
-        self._nodes = {op.node.name: op.node for op in b.ops} | {
-            n.name: n for n in traced.graph_module.graph.nodes if n.op == "placeholder"} | {
-            n.name: n for n in b.constants}
+        self._ops: dict[str, OpBinding] = {}
+        self._nodes: dict[str, list[fx.Node]] = {}
+        """The program's value name -> the fx nodes holding it (a tuple access the graph repeats: several)."""
+        for op in b.ops:
+            self._ops.setdefault(b.value_name(op.node), op)
+        for node in (*(op.node for op in b.ops), *(n for n in traced.graph_module.graph.nodes
+                                                   if n.op == "placeholder"), *b.constants):
+            self._nodes.setdefault(b.value_name(node), []).append(node)
         self.program = self._build_program()
         """This rank's step program (``autoshard.program.actions``)."""
         self._forward: list[OpBinding] | None = None
@@ -137,7 +141,8 @@ class JointRunner:
     def _build_program(self) -> StepProgram:
         """The step program of the bound plan; recomputed random ops replay their first draw's state."""
         b, plan = self.binding, self.plan
-        keep = {e.source.name for e in (self.loss_edge, *self.grad_edges.values(), *self.buffer_edges.values())}
+        keep = {b.value_name(e.source) for e in (self.loss_edge, *self.grad_edges.values(),
+                                                 *self.buffer_edges.values())}
         recompute: dict[str, Any] = {}
         if plan.recompute:
             from autoshard.graph.regions import backward_nodes, check_recompute
@@ -147,7 +152,7 @@ class JointRunner:
             except ValueError as exc:
                 raise RuntimeLoadError(f"plan: {exc}") from None
             backward = backward_nodes(self.traced.graph_module.graph, self.traced.tangent)
-            recompute = {"recompute": plan.recompute, "backward": {n.name for n in backward},
+            recompute = {"recompute": plan.recompute, "backward": {b.value_name(n) for n in backward},
                          "regions": {n.name: n.region for n in plan.nodes if n.region is not None}}
         try:
             program = build_step_program(b.program_nodes(), b.schedule, keep=keep, item_reads=b.item_reads(),
@@ -229,7 +234,8 @@ class JointRunner:
                         self._wait(self.binding.scheduled[item.key], pending.pop(item.key).finish(), ready)
                     case Free(values=values):
                         for value in values:
-                            env.pop(self._nodes[value], None)
+                            for node in self._nodes[value]:
+                                env.pop(node, None)
             result = self._sinks(env, ready)
         self.calls.set_comm(None, None)
         return result
@@ -238,7 +244,7 @@ class JointRunner:
                  reuse: Reuse) -> None:
         node = b.node
         if b.op is operator.getitem:
-            env[node] = env[node.args[0]][int(node.args[1])]
+            self._access(b, env)
             return
         if b.replay_rng:  # its recomputation replays this draw
             device = self.calls.device_of(b, env)
@@ -249,7 +255,7 @@ class JointRunner:
         """A recomputed op again, its redistributed inputs again (waited at once, recorded at ``at``)."""
         node = b.node
         if b.op is operator.getitem:
-            env[node] = env[node.args[0]][int(node.args[1])]
+            self._access(b, env)
             return
         ready: dict[Any, Any] = TrackedDict(live) if live is not None else {}
         for e in b.edges:
@@ -267,6 +273,12 @@ class JointRunner:
         else:
             env[node] = self.calls.run(b, env, ready, live)
         self.calls.set_comm(None, None)
+
+    def _access(self, b: OpBinding, env: dict[fx.Node, Any]) -> None:
+        """A tuple access: its element, for every fx node that takes it (the program's one value)."""
+        value = env[b.node.args[0]][int(b.node.args[1])]
+        for node in self._nodes[self.binding.value_name(b.node)]:
+            env[node] = value
 
     def _issue(self, what: Scheduled, env: Mapping[fx.Node, Any]) -> PendingStep:
         """Run the item's steps up to its last collective and leave that one in flight."""
@@ -342,11 +354,13 @@ class JointRunner:
             for b in self._forward:
                 node = b.node
                 if b.op is operator.getitem:
-                    env[node] = env[node.args[0]][int(node.args[1])]
+                    if node not in env:  # a repeated tuple access was set with its first
+                        self._access(b, env)
                 else:
                     env[node] = self.calls.run(b, env, {}, None, reuse)
-                for dead in self._forward_frees.get(node.name, ()):
-                    env.pop(self._nodes[dead], None)
+                for dead in self._forward_frees.get(self.binding.value_name(node), ()):
+                    for alias in self._nodes[dead]:
+                        env.pop(alias, None)
             loss = self.calls.redistribute(env[self.loss_edge.source], self.loss_edge)
             updates = {fqn: self.calls.redistribute(env[e.source], e) for fqn, e in self.buffer_edges.items()}
         self.calls.set_comm(None, None)

@@ -61,7 +61,26 @@ from autoshard.trace.experts import (
 from costmodel.expert_parallel import measured_imbalance
 
 __all__ = ["ExpertOpError", "expert_parallel_forward", "expert_parallel_backward", "run_expert_op",
-           "measure_imbalance"]
+           "measure_imbalance", "ALL_TO_ALLS", "planned_all_to_alls"]
+
+ALL_TO_ALLS = {"autoshard.experts.default": 3, "autoshard.experts_backward.default": 5}
+"""All-to-alls one call issues on its group: forward: the counts, the dispatch, the combine;
+backward: the counts, the paired rows, the routing weights, the input gradients, the
+routing weights' gradients."""
+
+
+def planned_all_to_alls(plan: Any) -> int:
+    """The all-to-alls one step of ``plan`` issues on each rank for its exchanges (a recomputed
+    forward exchanges again).
+
+    >>> from types import SimpleNamespace as N
+    >>> planned_all_to_alls(N(nodes=[N(name="e", op="autoshard.experts.default", exchange=("expert_dispatch", 0))],
+    ...                       recompute=()))
+    3
+    """
+    again = set(getattr(plan, "recompute", ()) or ())
+    return sum(ALL_TO_ALLS[n.op] * (2 if n.name in again else 1) for n in plan.nodes
+               if getattr(n, "exchange", None) is not None)
 
 
 class ExpertOpError(ValueError):

@@ -24,7 +24,7 @@ optimizer state (``autoshard.program.memory``).
 24
 
 :func:`program_storages` gives the same count's inputs for the step program's
-own replay (``autoshard.program.actions.live_bytes_timeline``): the storages each
+own replay (``autoshard.program.live_bytes.live_bytes_timeline``): the storages each
 value of the bound plan holds, from the plan's placements and the ops' alias
 annotations (a view op's output is its input's storage), without running anything.
 """
@@ -40,7 +40,9 @@ import torch.fx as fx
 
 from costmodel.shard_shapes import local_shape
 
-__all__ = ["LiveBytes", "TrackedDict", "program_storages"]
+from autoshard.program.live_bytes import HeldCopy
+
+__all__ = ["LiveBytes", "TrackedDict", "program_storages", "program_copies"]
 
 
 def _storages(value: Any) -> Iterator[tuple[int, int]]:
@@ -129,6 +131,8 @@ class TrackedDict(dict):
 
 def _aliases(op: Any) -> list[bool]:
     """Per output: whether the op returns a view of an input (its schema's alias annotation)."""
+    if op is torch.ops.aten._unsafe_view.default:  # no alias annotation, yet a view of its input (as run here)
+        return [True]
     schema = getattr(op, "_schema", None)
     if schema is None:
         return []
@@ -136,9 +140,9 @@ def _aliases(op: Any) -> list[bool]:
 
 
 def program_storages(binding: Any, leaves: Mapping[fx.Node, torch.Tensor]) -> dict[str, list[tuple[str, int]]]:
-    """Value name -> (storage key, bytes) of each storage it holds on this rank, for
-    ``autoshard.program.actions.live_bytes_timeline``: a leaf its tensor's storage; an op
-    output its local bytes (the plan's placement), or its first tensor input's storage
+    """Value name (the plan's: ``PlanBinding.value_name``) -> (storage key, bytes) of each storage
+    it holds on this rank, for ``autoshard.program.live_bytes.live_bytes_timeline``: a leaf its
+    tensor's storage; an op output its local bytes (the plan's placement), or its first tensor input's storage
     when the op's schema says it returns a view; a tuple access its element's.
     ``binding``: an ``autoshard.runtime.binding.PlanBinding``; ``leaves``: the step's leaf
     tensors (parameters, buffers, inputs, tangent, constants).
@@ -146,16 +150,17 @@ def program_storages(binding: Any, leaves: Mapping[fx.Node, torch.Tensor]) -> di
     >>> # storages = program_storages(runner.binding, leaves)
     """
     outputs: dict[str, list[list[tuple[str, int]]]] = {}
+    name_of = binding.value_name
     for node, value in leaves.items():
         storage = value.untyped_storage()
-        outputs[node.name] = [[(f"leaf@{storage.data_ptr()}", storage.nbytes())]]
+        outputs[name_of(node)] = [[(f"leaf@{storage.data_ptr()}", storage.nbytes())]]
     for b in binding.ops:
-        name = b.node.name
+        name = name_of(b.node)
         if b.op is operator.getitem:
             outputs[name] = [outputs[b.node.args[0].name][int(b.node.args[1])]]
             continue
         alias = _aliases(b.op)
-        first = outputs.get(b.edges[0].source.name, [[]]) if b.edges else [[]]
+        first = outputs.get(name_of(b.edges[0].source), [[]]) if b.edges else [[]]
         per_output = []
         for k, (meta, placements) in enumerate(zip(b.out_global, b.out_placements)):
             if meta is None:
@@ -169,3 +174,60 @@ def program_storages(binding: Any, leaves: Mapping[fx.Node, torch.Tensor]) -> di
                 per_output.append([(f"{name}#{k}", math.prod(shape) * itemsize)])
         outputs[name] = per_output
     return {name: [key for out in outs for key in out] for name, outs in outputs.items()}
+
+
+def _copy_bytes(binding: Any, edge: Any) -> int:
+    """Bytes of the storage an edge's redistributed copy holds: its last step's output, this
+    rank's shard of the tensor in the edge's target placement (0: a local slice along the
+    first dim, a view of its input)."""
+    last = edge.steps[-1]
+    if last.collective == "local_slice" and not last.split_factor and last.tensor_dim == 0:
+        return 0
+    meta = edge.source.meta["val"]
+    shape = local_shape(tuple(edge.global_shape), tuple(last.dst), binding.mesh_shape, binding.coord)
+    return math.prod(shape) * meta.dtype.itemsize
+
+
+def program_copies(binding: Any) -> tuple[list[HeldCopy], dict[str, list[tuple[str, int]]]]:
+    """The redistributed copies the runner holds (``copies``, ``remade`` of
+    ``autoshard.program.live_bytes.live_bytes_timeline``): a scheduled edge's (a gather bucket
+    member's) from its wait, any other edge's at its reader, each to its last reader (an earlier
+    reader's copy that later readers reuse, to the last of them; a sink's to the end); a gradient
+    bucket's flat buffer from its wait to the end; a recomputed op's redistributed inputs again
+    at its recomputation. Each copy holds its last step's output (``_copy_bytes``), as the
+    runtime's steps make it for shards that divide evenly.
+    ``binding``: an ``autoshard.runtime.binding.PlanBinding``.
+
+    >>> # copies, remade = program_copies(runner.binding)
+    """
+    made_by = {x.edge.key: key for key, x in binding.scheduled.items() if x.edge is not None}
+    made_by.update((m.key, key) for key, x in binding.scheduled.items() for m in x.members)
+    readers: dict[tuple, list[str]] = {}
+    for b in binding.ops:
+        for e in b.edges:
+            if e.steps:
+                readers.setdefault(e.reuses or e.key, []).append(e.key[1])
+    copies, remade = [], {}
+    for b in binding.ops:
+        for e in b.edges:
+            if e.steps:
+                remade.setdefault(b.node.name, []).append((f"again:{e.key}", _copy_bytes(binding, e)))
+            if e.steps and e.reuses is None:
+                copies.append(HeldCopy(f"copy:{e.key}", _copy_bytes(binding, e), tuple(readers[e.key]),
+                                       made_by.get(e.key)))
+    sinks = [binding.loss_edge, *binding.grad_edges.values(), *binding.buffer_edges.values()]
+    copies += [HeldCopy(f"copy:{e.key}", _copy_bytes(binding, e), (), made_by[e.key])
+               for e in sinks if e.key in made_by]  # the others are redistributed after the step's last action
+    for key, x in binding.scheduled.items():
+        if x.bucket is not None:
+            bucket, fqns = binding.buckets[x.bucket]
+            edges = [binding.grad_edges[f] for f in fqns]
+            if bucket.collective == "all_reduce":  # one flat buffer, reduced in place: the members view it
+                nbytes = sum(math.prod(local_shape(tuple(e.global_shape), tuple(e.steps[0].src),
+                                                   binding.mesh_shape, binding.coord))
+                             * e.source.meta["val"].dtype.itemsize for e in edges)
+                copies.append(HeldCopy(f"bucket:{x.bucket}", nbytes, (), key))
+            else:
+                copies += [HeldCopy(f"bucket:{x.bucket}:{e.key}", _copy_bytes(binding, e), (), key) for e in edges]
+    return copies, remade
+

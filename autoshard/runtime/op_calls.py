@@ -9,7 +9,10 @@ arguments are made local by the rule's ``localize`` (view sizes, factory
 shapes: the same call the rule validator makes) at the first run and kept as
 a template (``autoshard.runtime.templates``); every local output's shape is
 checked against the plan's placement, and an op that fails raises naming the
-node, the op and the rank's coordinate. ``LiveBytes.touch`` counts the op's
+node, the op and the rank's coordinate. A node whose plan strategy has an
+exchange is not a local op: ``expert_dispatch`` runs
+:func:`autoshard.runtime.expert_ops.run_expert_op` on the local tensors over
+the process group of the strategy's mesh dim (``Comm.group``). ``LiveBytes.touch`` counts the op's
 inputs and outputs together (``autoshard.runtime.live_bytes``).
 
 >>> # caller = OpCaller(binding)
@@ -23,6 +26,7 @@ from typing import Any, Mapping, Sequence
 
 import torch
 import torch.fx as fx
+from torch._subclasses.fake_tensor import is_fake
 
 from costmodel.shard_shapes import local_shape
 from costmodel.redistribute_steps import RedistributeStep
@@ -32,6 +36,7 @@ from autoshard.rules.calls import bind_args, replace_tensors
 from autoshard.rules.core import OpCall, TensorMeta, to_meta
 from autoshard.runtime.binding import Edge, OpBinding, PlanBinding, fmt_placements
 from autoshard.runtime.devices import on_device
+from autoshard.runtime.expert_ops import run_expert_op
 from autoshard.runtime.live_bytes import LiveBytes
 from autoshard.runtime.random_ops import run_random
 from autoshard.runtime.steps import run_step
@@ -52,6 +57,8 @@ class OpCaller:
         self.binding = binding
         self.mesh_shape, self.coord, self.device = binding.mesh_shape, binding.coord, binding.device
         self.comm = binding.comm
+        # node name -> (exchange kind, mesh dim): the nodes that are not local ops
+        self.exchanges = {n.name: n.exchange for n in binding.plan.nodes if getattr(n, "exchange", None)}
 
     def set_comm(self, edge: tuple[str, str, int] | None, positions: tuple[int, int] | None) -> None:
         """Label the collectives run from now on (a tracing comm records them with their edge and positions)."""
@@ -123,19 +130,8 @@ class OpCaller:
             if live is not None:
                 live.touch([*locals_, result])
             return result
-        if b.call is not None:
-            args, kwargs = b.call.fill(locals_)
-        else:
-            args, kwargs = self._first_args(b, env, locals_)
-        try:
-            result = op(*args, **kwargs)
-        except (RuntimeError, ValueError) as exc:  # fake tensors (tracing the step) raise ValueError
-            if op in (aten.view.default, aten._unsafe_view.default) and "view" in str(exc):
-                # a collective or a slice left the local tensor non-contiguous
-                result = aten.reshape.default(*args, **kwargs)
-            else:
-                raise RuntimeError(f"{node.name} ({op_name(op)}) failed on local shards at coordinate "
-                                   f"{self.coord}: {exc}") from exc
+        exchange = self.exchanges.get(node.name)
+        result = self._exchange(b, exchange, locals_) if exchange is not None else self._local(b, env, locals_)
         flat = list(result) if isinstance(result, (tuple, list)) else [result]
         for k, (got, want) in enumerate(zip(flat, b.out_local)):
             if want is not None and isinstance(got, torch.Tensor) and tuple(got.shape) != want.shape:
@@ -145,6 +141,50 @@ class OpCaller:
             live.touch([*locals_, result])
         return result
 
+    def _exchange(self, b: OpBinding, exchange: tuple[str, int], locals_: list[torch.Tensor]) -> Any:
+        """The op run with its exchange over the mesh dim's group (module docstring)."""
+        kind, mesh_dim = exchange
+        if kind != "expert_dispatch":
+            raise RuntimeError(f"{b.node.name} ({op_name(b.op)}): the plan's exchange {kind!r} is not one this "
+                               f"runtime runs (expert_dispatch)")
+        if self.comm is None or not hasattr(self.comm, "group"):
+            raise RuntimeError(f"{b.node.name} ({op_name(b.op)}): an expert_dispatch exchange needs the mesh's "
+                               f"process groups (this runtime has none)")
+        if any(is_fake(t) for t in locals_):
+            # split sizes known only at run time: tracing the step (autoshard.runtime.program)
+            # stops here, before any exchange is issued, and the runner interprets the step
+            raise RuntimeError(f"{b.node.name} ({op_name(b.op)}): an expert_dispatch exchange has run-time split "
+                               f"sizes, which a traced step graph cannot hold")
+        self._out_local(b)
+        tensors = iter(locals_)
+        args = tuple(next(tensors) if isinstance(a, fx.Node) else a for a in b.node.args)
+        return run_expert_op(b.op, args, group=self.comm.group((mesh_dim,)))
+
+    def _local(self, b: OpBinding, env: Mapping[fx.Node, Any], locals_: list[torch.Tensor]) -> Any:
+        """The op itself on this rank's local tensors."""
+        node, op = b.node, b.op
+        if b.call is not None:
+            args, kwargs = b.call.fill(locals_)
+        else:
+            args, kwargs = self._first_args(b, env, locals_)
+        try:
+            return op(*args, **kwargs)
+        except (RuntimeError, ValueError) as exc:  # fake tensors (tracing the step) raise ValueError
+            if op in (aten.view.default, aten._unsafe_view.default) and "view" in str(exc):
+                # a collective or a slice left the local tensor non-contiguous
+                return aten.reshape.default(*args, **kwargs)
+            raise RuntimeError(f"{node.name} ({op_name(op)}) failed on local shards at coordinate "
+                               f"{self.coord}: {exc}") from exc
+
+    def _out_local(self, b: OpBinding) -> None:
+        """This rank's output shapes, once (they never change)."""
+        if b.out_local is None:
+            b.out_local = tuple(
+                None if (meta is None or pl is None) else TensorMeta(local_shape(meta.shape, pl, self.mesh_shape,
+                                                                                 self.coord), meta.dtype)
+                for meta, pl in zip(b.out_global, b.out_placements)
+            )
+
     def _first_args(self, b: OpBinding, env: Mapping[fx.Node, Any], locals_: list[torch.Tensor]) -> tuple[tuple, dict]:
         """The op's local arguments built from the graph node (the rule's ``localize``
         makes shape arguments local); kept as a template for the next runs."""
@@ -152,12 +192,7 @@ class OpCaller:
         args, kwargs = fx.node.map_arg((tuple(node.args), dict(node.kwargs)), lambda n: env[n])
         args, kwargs = on_device((args, kwargs), self.device)  # the graph says "cuda", this rank has cuda:k
         args, kwargs = replace_tensors(op, args, kwargs, locals_)
-        if b.out_local is None:
-            b.out_local = tuple(
-                None if (meta is None or pl is None) else TensorMeta(local_shape(meta.shape, pl, self.mesh_shape,
-                                                                                 self.coord), meta.dtype)
-                for meta, pl in zip(b.out_global, b.out_placements)
-            )
+        self._out_local(b)
         if b.localize is not None:
             call = OpCall(op, to_meta(args), to_meta(kwargs), tuple(TensorMeta.of(t) for t in locals_), b.out_local,
                           bind_args(op, args, kwargs))

@@ -29,6 +29,12 @@ positions: those of the traced step) to ``MeshComm.records`` when it runs, so
 the trace of a graph step is the trace of what that graph issues. A compiled
 graph has no Python between kernels and records nothing.
 
+Plans with an exchange (expert parallelism: ``PlanNode.exchange``) are not
+traced: the exchange's split sizes are known only at run time, so the op
+caller (``autoshard.runtime.op_calls``) stops the trace at the first such op,
+on fake tensors, before any exchange is issued; the runner then interprets
+every step (the fallback it takes for any step that cannot be traced).
+
 >>> # graph = trace_step(step_fn, example_flat, comm)    # step_fn(*flat) -> list of tensors
 >>> # outputs = graph(*flat)
 """

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import dataclass
 from typing import Any, Generator, Protocol, Sequence
 
 import torch
@@ -42,7 +43,8 @@ from costmodel.placements import Placement, StridedShard
 from costmodel.redistribute_steps import COLLECTIVE_STEPS, LOCAL_STEPS, RedistributeStep
 
 __all__ = ["Comm", "StepRuntimeError", "PendingStep", "member_index", "member_coords", "step_phases", "run_step",
-           "bucket_phases", "run_bucket", "gather_phases", "check_step_runnable"]
+           "bucket_phases", "run_bucket", "gather_phases", "PackedBucket", "pack_bucket", "issue_bucket",
+           "unpack_bucket", "pack_gather", "unpack_gather", "check_step_runnable"]
 
 
 class StepRuntimeError(ValueError):
@@ -348,6 +350,18 @@ def run_bucket(
     return _drive(bucket_phases(xs, steps, mesh_shape, coord, comm), comm)
 
 
+@dataclass(frozen=True, slots=True)
+class PackedBucket:
+    """A bucket's flat buffer and what unpacking it needs (:func:`pack_bucket`, :func:`pack_gather`)."""
+
+    kind: str  # "all_reduce", "reduce_scatter" or "all_gather"
+    dims: tuple[int, ...]
+    op: str | None
+    group: int
+    buffer: torch.Tensor
+    layouts: tuple[Any, ...]  # per member: its shape (all_reduce), (d, n, c, rest) or (buf, extents, c)
+
+
 def bucket_phases(
     xs: Sequence[torch.Tensor],
     steps: Sequence[RedistributeStep],
@@ -357,7 +371,16 @@ def bucket_phases(
 ) -> Phases:
     """Several gradients' one-step reductions (``costmodel.buckets.grouping``) as ONE
     collective on a flat buffer; returns what :func:`run_step` returns for each
-    (a generator: it yields after issuing, as :func:`step_phases`).
+    (a generator: it yields after issuing, as :func:`step_phases`):
+    :func:`pack_bucket`, :func:`issue_bucket`, then :func:`unpack_bucket`.
+    """
+    packed = pack_bucket(xs, steps, mesh_shape, coord)
+    return unpack_bucket(packed, (yield issue_bucket(packed, comm)), mesh_shape, coord)
+
+
+def pack_bucket(xs: Sequence[torch.Tensor], steps: Sequence[RedistributeStep], mesh_shape: Sequence[int],
+                coord: Sequence[int]) -> PackedBucket:
+    """A gradient bucket's flat buffer.
 
     all_reduce: the members flattened and concatenated. reduce_scatter: each
     member padded on its scattered dim as :func:`run_step` pads it, that dim
@@ -370,19 +393,12 @@ def bucket_phases(
     for st in steps:
         if (st.collective, tuple(st.mesh_dims), st.reduce_op) != (kind, dims, op):
             raise StepRuntimeError(f"bucket: {st.describe()} differs from {first.describe()}")
+    group = math.prod(mesh_shape[d] for d in dims)
     if kind == "all_reduce":
         flat = torch.cat([x.reshape(-1) for x in xs])  # DDP's one copy into its bucket
-        reduce = getattr(comm, "all_reduce_owned", comm.all_reduce)  # flat is ours: in place where the comm can
-        reduced = yield reduce(flat, op, dims, _nbytes(flat))
-        out, offset = [], 0
-        for x in xs:
-            out.append(reduced[offset: offset + x.numel()].view(x.shape))
-            offset += x.numel()
-        return out
+        return PackedBucket(kind, dims, op, group, flat, tuple(tuple(x.shape) for x in xs))
     if kind != "reduce_scatter":
         raise StepRuntimeError(f"bucket: {kind} steps are not bucketed")
-    group = math.prod(mesh_shape[d] for d in dims)
-    q = member_index(coord, mesh_shape, dims)
     rows, layouts = [], []
     for x, st in zip(xs, steps):
         d = st.tensor_dim
@@ -391,14 +407,37 @@ def bucket_phases(
         moved = _pad_dim(x, d, c * group).movedim(d, 0).contiguous()
         layouts.append((d, n, c, tuple(moved.shape[1:])))
         rows.append(moved.reshape(group, -1) if c else moved.new_zeros(group, 0))
-    buf = torch.cat(rows, dim=1).contiguous()
-    piece = (yield comm.reduce_scatter(buf, op, dims, _nbytes(buf))).reshape(-1)
+    return PackedBucket(kind, dims, op, group, torch.cat(rows, dim=1).contiguous(), tuple(layouts))
+
+
+def issue_bucket(packed: PackedBucket, comm: Comm) -> torch.Tensor:
+    """The packed buffer's one collective, issued (its pending result)."""
+    buf = packed.buffer
+    if packed.kind == "all_reduce":
+        reduce = getattr(comm, "all_reduce_owned", comm.all_reduce)  # buf is ours: in place where the comm can
+        return reduce(buf, packed.op, packed.dims, _nbytes(buf))
+    if packed.kind == "reduce_scatter":
+        return comm.reduce_scatter(buf, packed.op, packed.dims, _nbytes(buf))
+    return comm.all_gather(buf, packed.dims, _nbytes(buf) * packed.group)
+
+
+def unpack_bucket(packed: PackedBucket, reduced: torch.Tensor, mesh_shape: Sequence[int],
+                  coord: Sequence[int]) -> list[torch.Tensor]:
+    """Each member's result from its gradient bucket's waited collective."""
     out, offset = [], 0
-    for d, n, c, rest in layouts:
+    if packed.kind == "all_reduce":
+        for shape in packed.layouts:
+            numel = math.prod(shape)
+            out.append(reduced[offset: offset + numel].view(shape))
+            offset += numel
+        return out
+    piece = reduced.reshape(-1)
+    q = member_index(coord, mesh_shape, packed.dims)
+    for d, n, c, rest in packed.layouts:
         numel = c * math.prod(rest)
         chunk = piece[offset: offset + numel].view(c, *rest)
         offset += numel
-        size = chunk_sizes(n, group)[q] if n else 0
+        size = chunk_sizes(n, packed.group)[q] if n else 0
         out.append(chunk[:size].movedim(0, d).contiguous())
     return out
 
@@ -413,12 +452,18 @@ def gather_phases(
 ) -> Phases:
     """Several leaves' one-step all_gathers (``costmodel.buckets.grouping`` gather
     buckets) as ONE all_gather on a flat buffer; returns what :func:`run_step`
-    returns for each (a generator that yields after issuing).
+    returns for each (a generator that yields after issuing):
+    :func:`pack_gather`, :func:`issue_bucket`, then :func:`unpack_gather`.
+    """
+    packed = pack_gather(xs, steps, global_shapes, mesh_shape, coord)
+    return unpack_gather(packed, (yield issue_bucket(packed, comm)), steps)
 
-    Each member's buffer is what its own step would send (``[c_m, ...]``),
-    flattened; the buffers are concatenated. The result holds every member's
-    concatenation in member order, ``[G, sum]``: member m's columns, viewed as
-    ``[G * c_m, ...]``, are what its own all_gather returns.
+
+def pack_gather(xs: Sequence[torch.Tensor], steps: Sequence[RedistributeStep],
+                global_shapes: Sequence[Sequence[int]], mesh_shape: Sequence[int],
+                coord: Sequence[int]) -> PackedBucket:
+    """A gather bucket's flat buffer: each member's buffer is what its own step
+    would send (``[c_m, ...]``), flattened; the buffers are concatenated.
     """
     first = steps[0]
     dims = tuple(first.mesh_dims)
@@ -432,11 +477,21 @@ def gather_phases(
                   for c in member_coords(coord, mesh_shape, dims)]
         prepared.append(_gather_buffer(x, st, shapes))
     flat = torch.cat([buf.reshape(-1) for buf, _, _ in prepared])
-    gathered = (yield comm.all_gather(flat, dims, _nbytes(flat) * group)).view(group, -1)
+    return PackedBucket("all_gather", dims, None, group, flat, tuple(prepared))
+
+
+def unpack_gather(packed: PackedBucket, gathered: torch.Tensor,
+                  steps: Sequence[RedistributeStep]) -> list[torch.Tensor]:
+    """Each member's all_gather result from the waited flat one: the result holds
+    every member's concatenation in member order, ``[G, sum]``; member m's
+    columns, viewed as ``[G * c_m, ...]``, are what its own all_gather returns.
+    """
+    group = packed.group
+    rows = gathered.view(group, -1)
     out, offset = [], 0
-    for (buf, extents, c), st in zip(prepared, steps):
+    for (buf, extents, c), st in zip(packed.layouts, steps):
         n = buf.numel()
-        piece = gathered[:, offset: offset + n].reshape(group * c, *buf.shape[1:])
+        piece = rows[:, offset: offset + n].reshape(group * c, *buf.shape[1:])
         offset += n
         out.append(_gather_finish(piece, st, extents, c, group))
     return out

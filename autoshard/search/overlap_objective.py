@@ -62,7 +62,7 @@ from solver.problem import Edge
 
 from autoshard.assembly.assemble import step_pricing
 from autoshard.assembly.request import AssemblyGraph
-from autoshard.program.schedule import simulate_schedule
+from autoshard.program.actions import simulate_program
 
 __all__ = ["MIN_OVERLAP_GAIN", "LEAF_KINDS", "overlap_worthwhile", "edge_slack", "exposed_matrix", "overlap_problem"]
 
@@ -83,13 +83,14 @@ def edge_slack(graph: AssemblyGraph, problem: Problem, choice: Sequence[int], pl
     ``plan``'s simulated schedule (module docstring); ``plan`` is the plan of ``choice``."""
     pricing = step_pricing(graph, problem, choice)
     schedule = plan.schedule
-    sim = simulate_schedule(schedule, pricing.op_compute_s, plan.redistributions, plan.buckets,
-                            tail_s=pricing.tail_s, contention=pricing.contention, gathers=plan.gather_buckets,
-                            skew_s=pricing.skew_s)
+    program = pricing.program(schedule, plan.redistributions, plan.gather_buckets)
+    sim = simulate_program(program, pricing.op_compute_s, plan.redistributions, plan.buckets,
+                           tail_s=pricing.tail_s, contention=pricing.contention, gathers=plan.gather_buckets,
+                           skew_s=pricing.skew_s)
     reached = sim.reached_s
     n = len(pricing.node_names)
     pos = {name: i for i, name in enumerate(pricing.node_names)}
-    timing = {item.key: sim.timings[k] for k, item in enumerate(schedule.items)}
+    timing = {item.key: sim.timings[k] for k, item in enumerate(program.issued())}
     bucket_of = {m: b for b, bucket in enumerate(plan.buckets) for m in bucket.members}
     gather_of = {tuple(m): g for g, bucket in enumerate(plan.gather_buckets) for m in bucket.members}
 

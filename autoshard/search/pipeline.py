@@ -67,12 +67,13 @@ from costmodel.pipeline_schedules import SCHEDULE_NAMES, build_schedule
 from costmodel.pipeline_simulate import PipelineSimulation, StageCost, simulate_pipeline
 from costmodel.stage_cuts import StageCuts, cut_stages, stage_in_flight
 
+from autoshard.plan.pipeline_section import PipelineSection, build_pipeline_section
 from autoshard.search.pipeline_blocks import BlockPricing
 
 __all__ = [
     "PipelineLayout", "PipelineCandidate", "PipelinePlan", "pipeline_layouts", "layout_lower_bound_s",
     "price_pipeline", "search_pipeline", "microbatch_counts", "model_flops_per_token", "best_plan",
-    "DEFAULT_SCHEDULES", "V_OF",
+    "DEFAULT_SCHEDULES", "V_OF", "pipeline_section",
 ]
 
 DEFAULT_SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
@@ -173,6 +174,8 @@ class PipelinePlan:
     candidates: tuple[PipelineCandidate, ...]
     search_s: float
     """Wall seconds of the search, block pricing included."""
+    stage_seconds: tuple[tuple[float, float], ...] = ()
+    """Per stage: (forward, backward) of one microbatch, as priced."""
 
     @property
     def gap(self) -> float:
@@ -383,4 +386,37 @@ def search_pipeline(
         lower_bound_s=cand.n_microbatches * work / pp,  # (f)
         tokens_per_gpu_s=tokens / (cand.step_s * gpus),
         tflops_per_gpu=flops_per_token * tokens / (cand.step_s * gpus) / 1e12,
-        candidates=tuple(candidates), search_s=time.perf_counter() - started)
+        candidates=tuple(candidates), search_s=time.perf_counter() - started,
+        stage_seconds=tuple((c.forward_s, c.full_backward_s or c.backward_input_s + c.backward_weight_s)
+                            for c in _stage_costs(pricing, cut, cand.send_s)))
+
+
+def pipeline_section(
+    plan: PipelinePlan,
+    *,
+    batch: int,
+    seq_len: int,
+    dim: int,
+    block_paths: Sequence[str],
+    leading: Sequence[str] = (),
+    trailing: Sequence[str] = (),
+    itemsize: int = 2,
+    data_parallel: str = "fsdp",
+) -> PipelineSection:
+    """The plan file's ``pipeline`` section (``autoshard.plan.pipeline_section``) of the chosen
+    candidate: its cuts over ``block_paths`` (``autoshard.trace.repeated_blocks``), ``leading``
+    (embedding) on the first stage and ``trailing`` (norm, head) on the last, the send bytes as
+    :func:`search_pipeline` priced them (a microbatch's boundary activation over ``dp x tp``).
+
+    >>> # pipeline_section(search_pipeline(...), batch=256, seq_len=8192, dim=16384,
+    >>> #                  block_paths=[f"layers.{i}" for i in range(126)], leading=("tok_embeddings",))
+    """
+    pp_at = plan.dim_names.index("pp") if "pp" in plan.dim_names else 0
+    others = math.prod(s for i, s in enumerate(plan.mesh_shape) if i != pp_at)
+    send = batch // plan.n_microbatches * seq_len * dim * itemsize // others
+    return build_pipeline_section(
+        schedule=plan.schedule, n_ranks=plan.pp, n_microbatches=plan.n_microbatches, batch_size=batch,
+        block_paths=block_paths, cuts=plan.cuts, leading=leading, trailing=trailing,
+        stages_per_rank=plan.stages_per_rank, mesh_dim=plan.dim_names[pp_at], send_bytes=send,
+        data_parallel=data_parallel, stage_seconds=plan.stage_seconds, rank_peak_bytes=plan.rank_memory_bytes,
+        step_s=plan.step_s, bubble_fraction=plan.bubble_fraction)

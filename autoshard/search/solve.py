@@ -171,6 +171,7 @@ def prepare(
         traced, mesh, prof, optimizer=opt_memory, ties=True, allow_uneven=allow_uneven,
         on_progress=(lambda d, t: progress("build", d, t)) if progress else None, restrict=restrict,
         bucket_bytes=bucket_bytes, recompute=recompute != "none", gather=gather, reduce_dtype=opts.reduce_dtype,
+        expert_imbalance=opts.expert_imbalance,
     )
     t2 = time.perf_counter()
     return Prepared(
@@ -179,9 +180,9 @@ def prepare(
         # optimizer_impl as priced (``auto`` resolved for the profile's device): the runtime's user
         # builds that optimizer to get the step the plan predicts
         options={"optimizer": optimizer, "optimizer_impl": optimizer_impl, "mixed_precision": mixed_precision,
-                 "allow_uneven": allow_uneven,
-                 "search": mode, "bucket_bytes": int(bucket_bytes), "recompute_states": recompute != "none",
+                 "allow_uneven": allow_uneven, "search": mode, "bucket_bytes": int(bucket_bytes), "recompute_states": recompute != "none",
                  "gather": gather, **({"reduce_dtype": opts.reduce_dtype} if opts.reduce_dtype else {}),
+                 **({"expert_imbalance": opts.expert_imbalance} if graph.has_exchanges() else {}),
                  "profile_correction": correction},
     )
 

@@ -4,6 +4,10 @@ The first stage of the pipeline (docs/architecture.md). Its modules:
 
 - :mod:`autoshard.trace.joint`: :func:`trace_joint` and the :class:`TracedGraph` every
   later stage reads (op rules, the strategy graph, the runtime).
+- :mod:`autoshard.trace.run`: the joint graph run on real tensors (:func:`run_joint`) and
+  its calls' tensor arguments.
+- :mod:`autoshard.trace.blocks`: a model's repeated blocks (one rule; all of them, and
+  the largest stack of interchangeable ones that stamping copies).
 - :mod:`autoshard.trace.compat`: what real model libraries need from a trace (the
   "being traced" signal, module labels on nodes, one-line errors); with ``joint``, the
   only place that calls torch's private tracing APIs for the trace itself.
@@ -16,9 +20,9 @@ The first stage of the pipeline (docs/architecture.md). Its modules:
 - :mod:`autoshard.trace.model_spec`: ``MODULE:FACTORY`` model specs, looked up and
   loaded with one-line errors (torch-free).
 
-The public names of ``joint`` and ``compat`` are exported here and imported on first
-use, so ``from autoshard.trace.model_spec import ...`` (every command's flag checks)
-does not pay for importing torch.
+The public names of ``joint`` and ``run``, and ``repeated_blocks``, are exported here and
+imported on first use, so ``from autoshard.trace.model_spec import ...`` (every
+command's flag checks) does not pay for importing torch.
 
 >>> from autoshard.trace import trace_joint   # doctest: +SKIP
 >>> traced = trace_joint(model, example_inputs)   # doctest: +SKIP
@@ -26,21 +30,25 @@ does not pay for importing torch.
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
-__all__ = [
-    "TensorMeta", "NodeInfo", "TracedGraph", "JointResult", "TraceError", "DataDependentError",
-    "trace_joint", "traced_ops", "run_joint", "placeholder_values", "tensor_arg_nodes", "constant_value",
-    "repeated_blocks", "DEFAULT_DECOMPOSITIONS",
-]
+_HOMES = {
+    "joint": ("TensorMeta", "NodeInfo", "TracedGraph", "TraceError", "DataDependentError", "trace_joint",
+              "traced_ops", "DEFAULT_DECOMPOSITIONS"),
+    "run": ("JointResult", "run_joint", "placeholder_values", "tensor_arg_nodes", "constant_value"),
+    "blocks": ("repeated_blocks",),
+}
+"""Module of ``autoshard.trace`` -> the public names exported from it here."""
+
+__all__ = [name for names in _HOMES.values() for name in names]
 
 
 def __getattr__(name: str) -> Any:
     # Lazy: the torch-free model_spec is imported through this package too.
-    if name in __all__:
-        from autoshard.trace import joint
-
-        return getattr(joint, name)
+    for module, names in _HOMES.items():
+        if name in names:
+            return getattr(importlib.import_module(f"autoshard.trace.{module}"), name)
     raise AttributeError(f"module 'autoshard.trace' has no attribute {name!r}")
 
 

@@ -50,7 +50,7 @@ from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicO
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
 __all__ = ["TraceError", "DataDependentError", "library_tracing", "data_dependent_error", "meta_attribute_error",
-           "module_annotations", "MODULE_KEY", "node_module"]
+           "module_annotations", "MODULE_KEY", "node_module", "has_no_values"]
 
 MODULE_KEY = "autoshard_module"
 """Key of the module path in a node's ``meta["custom"]`` (:func:`module_annotations`)."""
@@ -132,6 +132,15 @@ def node_module(node: Any) -> str | None:
     """The module path :func:`module_annotations` put on an fx node (None: none)."""
     custom = node.meta.get("custom")
     return custom.get(MODULE_KEY) if isinstance(custom, dict) else None
+
+
+def has_no_values(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` holds shapes only: a meta or fake tensor (a trace's constant made from one).
+
+    >>> has_no_values(torch.ones(2)), has_no_values(torch.ones(2, device="meta"))
+    (False, True)
+    """
+    return tensor.is_meta or isinstance(tensor, _fake_tensor.FakeTensor)
 
 
 def data_dependent_error(exc: BaseException) -> DataDependentError | None:

@@ -24,8 +24,8 @@ a real tensor it reads that is neither a parameter, a buffer nor an input (a
 plain attribute), is no input of the graph; the trace stores its value on the graph module as an
 attribute (``_tensor_constant0``) read by a ``get_attr`` node.
 :attr:`TracedGraph.constants` lists them by that name; they are leaves of the
-graph like buffers (never a gradient), and :func:`constant_value` gives the
-stored tensor.
+graph like buffers (never a gradient), and
+:func:`autoshard.trace.run.constant_value` gives the stored tensor.
 
 Parameters are identified by object, not by module path: a parameter that
 two modules share (tied embeddings, ``lm_head.weight = wte.weight``) is one
@@ -72,9 +72,10 @@ from torch import nn
 from torch._functorch._aot_autograd import descriptors as aot_desc
 from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
 from torch._ops import OpOverload
-from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 from autoshard.rules.core import TensorMeta, to_meta
+from autoshard.trace.blocks import repeated_blocks
 from autoshard.trace.canonical import canonical_order
 from autoshard.trace.compat import (
     DataDependentError,
@@ -91,9 +92,8 @@ from autoshard.trace.stand_ins import cuda_stand_ins
 from autoshard.trace.experts import expert_stand_ins
 
 __all__ = [
-    "TensorMeta", "NodeInfo", "TracedGraph", "JointResult", "TraceError", "DataDependentError",
-    "trace_joint", "traced_ops", "run_joint", "placeholder_values", "tensor_arg_nodes", "constant_value",
-    "repeated_blocks", "DEFAULT_DECOMPOSITIONS",
+    "TensorMeta", "NodeInfo", "TracedGraph", "TraceError", "DataDependentError", "trace_joint", "traced_ops",
+    "DEFAULT_DECOMPOSITIONS",
 ]
 
 aten = torch.ops.aten
@@ -133,7 +133,8 @@ class TracedGraph:
     """
 
     graph_module: fx.GraphModule
-    """The joint graph, called as ``graph_module(primals, [tangent])`` (see :func:`run_joint`)."""
+    """The joint graph, called as ``graph_module(primals, [tangent])``
+    (see :func:`autoshard.trace.run.run_joint`)."""
 
     nodes: Mapping[str, NodeInfo]
     """Every ``call_function`` node, in graph order."""
@@ -177,7 +178,7 @@ class TracedGraph:
 
     blocks: tuple[str, ...] = ()
     """Module paths of the model's repeated blocks, in model order
-    (:func:`repeated_blocks`): the recomputation regions."""
+    (:func:`autoshard.trace.blocks.repeated_blocks`): the recomputation regions."""
 
     @property
     def loss_meta(self) -> TensorMeta:
@@ -376,160 +377,6 @@ def _slot_names(params: Iterable[str], buffers: Iterable[str]) -> dict[str, str]
     """Slot -> FQN: ``p<i>`` for the i-th distinct parameter, ``b<i>`` for the i-th buffer
     (the descriptor targets of a trace; slot names cannot contain dots)."""
     return {f"p{i}": name for i, name in enumerate(params)} | {f"b{i}": name for i, name in enumerate(buffers)}
-
-
-def repeated_blocks(model: nn.Module) -> tuple[str, ...]:
-    """Paths of the model's repeated blocks: the children of every
-    ``nn.ModuleList`` / ``nn.Sequential`` (the root included) with at least two
-    children that hold parameters, outermost containers only (a block's own
-    lists are inside the block), in model order. Transformer layers
-    (``layers.0``, ``model.layers.0``) are blocks; a model without such a list
-    has none.
-
-    >>> from examples.models import llama3
-    >>> repeated_blocks(llama3.tiny(device="meta")[0])
-    ('layers.0', 'layers.1')
-    """
-    blocks: list[str] = []
-    for name, module in model.named_modules():
-        if not isinstance(module, (nn.ModuleList, nn.Sequential)):
-            continue
-        if any(name == b or name.startswith(b + ".") for b in blocks):
-            continue
-        children = [(child, m) for child, m in module.named_children() if any(True for _ in m.parameters())]
-        if len(children) >= 2:
-            blocks.extend(f"{name}.{child}" if name else child for child, _ in children)
-    return tuple(blocks)
-
-
-@dataclass(frozen=True, slots=True)
-class JointResult:
-    """What one run of the joint graph computes."""
-
-    loss: torch.Tensor
-    """The scalar loss."""
-
-    grads: Mapping[str, torch.Tensor | None]
-    """Parameter FQN -> gradient."""
-
-    buffer_updates: Mapping[str, torch.Tensor]
-    """Buffer FQN -> new value (copy it into the buffer to finish the step)."""
-
-
-def run_joint(
-    traced: TracedGraph,
-    values: Mapping[str, torch.Tensor],
-    inputs: Sequence[torch.Tensor] | Mapping[str, torch.Tensor],
-) -> JointResult:
-    """Run the joint graph on real tensors: ``values`` maps parameter and buffer FQNs
-    to tensors (``dict(model.named_parameters())`` and buffers, with or without
-    ``remove_duplicate=False``: a shared tensor may come under any of its
-    paths), ``inputs`` are the forward's arguments, in order or by name. The
-    loss tangent is 1.
-
-    >>> from examples.models import mlp
-    >>> model, inputs = mlp.tiny()
-    >>> result = run_joint(trace_joint(model, inputs), dict(model.named_parameters()), inputs)
-    >>> torch.allclose(result.loss, model(*inputs))
-    True
-    """
-    # flat in, flat out: the module's own calling convention nests them in pytrees
-    with torch.no_grad():
-        outputs = fx.Interpreter(traced.graph_module).run(
-            *placeholder_values(traced, values, inputs), enable_io_processing=False
-        )
-    output_node = next(n for n in traced.graph_module.graph.nodes if n.op == "output")
-    result = {node: value for node, value in zip(output_node.args[0], outputs) if isinstance(node, fx.Node)}
-    return JointResult(
-        loss=result[traced.loss],
-        grads={fqn: None if node is None else result[node] for fqn, node in traced.grads.items()},
-        buffer_updates={fqn: result[node] for fqn, node in traced.buffer_updates.items()},
-    )
-
-
-def placeholder_values(
-    traced: TracedGraph,
-    values: Mapping[str, torch.Tensor],
-    inputs: Sequence[torch.Tensor] | Mapping[str, torch.Tensor],
-) -> list[torch.Tensor]:
-    """The joint graph's placeholders bound to real tensors, in graph order:
-    parameters and buffers from ``values`` (by FQN or any alias), the forward's
-    ``inputs`` (in order or by name), and 1 for the loss tangent.
-
-    >>> from examples.models import mlp
-    >>> model, inputs = mlp.tiny()
-    >>> len(placeholder_values(trace_joint(model, inputs), dict(model.named_parameters()), inputs))
-    11
-    """
-    aliases = {**traced.param_aliases, **traced.buffer_aliases}
-    by_node: dict[fx.Node, torch.Tensor] = {}
-    for fqn, node in {**traced.params, **traced.buffers}.items():
-        name = next((n for n in (fqn, *aliases.get(fqn, ())) if n in values), None)
-        if name is None:
-            raise ValueError(f"values: missing tensor for {fqn!r}")
-        by_node[node] = values[name].detach()
-    if isinstance(inputs, Mapping):
-        if sorted(inputs) != sorted(traced.inputs):
-            raise ValueError(f"inputs: expected tensors named {', '.join(traced.inputs)}, got {', '.join(inputs)}")
-        inputs = [inputs[name] for name in traced.inputs]
-    if len(inputs) != len(traced.inputs):
-        raise ValueError(f"inputs: expected {len(traced.inputs)} tensors ({', '.join(traced.inputs)}), got {len(inputs)}")
-    by_node.update(zip(traced.inputs.values(), inputs))
-    by_node[traced.tangent] = torch.ones((), dtype=traced.loss.meta["val"].dtype)
-    return [by_node[node] for node in traced.graph_module.graph.nodes if node.op == "placeholder"]
-
-
-def constant_value(traced: TracedGraph, name: str) -> torch.Tensor:
-    """The tensor stored for constant ``name`` of :attr:`TracedGraph.constants`
-    (the value the forward made from Python data, on the device it was made on).
-    Raises :class:`TraceError` when the constant has no values (made from a
-    meta tensor: shapes are known, values are not).
-
-    >>> import torch
-    >>> class Pick(torch.nn.Module):
-    ...     def __init__(self):
-    ...         super().__init__()
-    ...         self.w = torch.nn.Parameter(torch.ones(4, 3))
-    ...     def forward(self, x):
-    ...         return (x @ self.w)[:, [0, 2]].sum()
-    >>> traced = trace_joint(Pick(), (torch.ones(2, 4),))
-    >>> [(name, constant_value(traced, name).tolist()) for name in traced.constants]
-    [('_tensor_constant0', [0, 2])]
-    """
-    if name not in traced.constants:
-        raise KeyError(f"no tensor constant {name!r} in the graph (constants: {', '.join(traced.constants) or 'none'})")
-    value = getattr(traced.graph_module, traced.constants[name].target)
-    if isinstance(value, FakeTensor) or value.is_meta:
-        raise TraceError(f"tensor constant {name} has no values (it was made from a meta or fake tensor): "
-                         "trace the model with real tensors to run it")
-    return value
-
-
-def tensor_arg_nodes(node: fx.Node) -> list[fx.Node]:
-    """The fx nodes of a call's tensor arguments, in the rules' input order
-    (positional args, then kwargs in schema order; ``autoshard.rules.calls``),
-    so that position i is the rules' input i.
-
-    >>> from examples.models import mlp
-    >>> traced = trace_joint(*mlp.tiny(device="meta"))
-    >>> addmm = next(n for n in traced.graph_module.graph.nodes if n.target is aten.addmm.default)
-    >>> len(tensor_arg_nodes(addmm))
-    3
-    """
-
-    def walk(obj: Any, out: list[fx.Node]) -> None:
-        if isinstance(obj, fx.Node) and isinstance(obj.meta.get("val"), torch.Tensor):
-            out.append(obj)
-        elif isinstance(obj, (list, tuple)):
-            for item in obj:
-                walk(item, out)
-
-    found: list[fx.Node] = []
-    walk(node.args, found)
-    names = [a.name for a in node.target._schema.arguments] if isinstance(node.target, OpOverload) else []
-    for name in sorted(node.kwargs, key=lambda n: names.index(n) if n in names else len(names)):
-        walk(node.kwargs[name], found)
-    return found
 
 
 def _input_names(model: nn.Module, count: int) -> list[str]:

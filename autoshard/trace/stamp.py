@@ -44,10 +44,19 @@ storing the branch in an attribute. Only planning uses stamped graphs
 model and checks the plan's graph hash, so a stamped graph that differed from
 the real one would be refused as "a plan for another model", never run.
 
+Which stack is stamped, :mod:`autoshard.trace.blocks` says (the one rule of a
+model's repeated blocks: :func:`~autoshard.trace.blocks.find_stack`, the largest
+of at least :data:`STAMP_MIN_BLOCKS` interchangeable ones); this module cuts,
+copies and checks.
+
 >>> from examples.models import llama3
 >>> model, inputs = llama3.tiny(device="meta", n_layers=8)
->>> find_stack(model).keys[:3]
-('0', '1', '2')
+>>> stack = find_stack(model, STAMP_MIN_BLOCKS)
+>>> with truncated(model, stack, TEMPLATE_BLOCKS):
+...     len(model.layers)
+3
+>>> len(model.layers)
+8
 """
 
 from __future__ import annotations
@@ -67,12 +76,12 @@ import torch.utils._pytree as pytree
 from torch import nn
 from torch._functorch._aot_autograd import descriptors as aot_desc
 
+from autoshard.trace.blocks import Stack, find_stack
 from autoshard.trace.compat import MODULE_KEY, node_module
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Stack", "StampError", "STAMP_MIN_BLOCKS", "find_stack", "truncated", "stamp", "graph_difference",
-           "stamped_joint", "NodeNames"]
+__all__ = ["StampError", "STAMP_MIN_BLOCKS", "truncated", "stamp", "graph_difference", "stamped_joint", "NodeNames"]
 
 STAMP_MIN_BLOCKS = 8
 """Fewest blocks a stack is stamped from: tracing 3 and 4 blocks (the template and
@@ -86,100 +95,6 @@ _SUFFIX = re.compile(r"^(.*?)_(\d+)$")
 
 class StampError(ValueError):
     """The graph cannot be stamped from the template (the model is then traced whole)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Stack:
-    """A container of interchangeable blocks at ``path`` (its children ``keys``, in order)."""
-
-    path: str
-    keys: tuple[str, ...]
-
-    def prefix(self, index: int) -> str:
-        """Module path of block ``index``."""
-        return f"{self.path}.{self.keys[index]}"
-
-
-def find_stack(model: nn.Module, min_blocks: int = STAMP_MIN_BLOCKS) -> Stack | None:
-    """The largest non-root ``ModuleList`` / ``ModuleDict`` / ``Sequential`` of at
-    least ``min_blocks`` interchangeable children (:func:`block_signature`), or None."""
-    best: tuple[int, Stack] | None = None
-    for path, module in model.named_modules():
-        if not path or not isinstance(module, (nn.ModuleList, nn.ModuleDict, nn.Sequential)):
-            continue
-        children = list(module.named_children())
-        if len(children) < min_blocks or any(not any(True for _ in m.parameters()) for _, m in children):
-            continue
-        first = block_signature(children[0][1])
-        if first is None or not all(_same_but_index(first, block_signature(m), i)
-                                    for i, (_, m) in enumerate(children[1:], start=1)):
-            continue
-        size = sum(p.numel() for p in module.parameters())
-        if best is None or size > best[0]:
-            best = (size, Stack(path, tuple(key for key, _ in children)))
-    return None if best is None else best[1]
-
-
-_TORCH_STATE = frozenset({"_parameters", "_buffers", "_modules", "training", "_non_persistent_buffers_set"})
-
-
-def _same_but_index(first: tuple[Any, ...], other: tuple[Any, ...] | None, index: int) -> bool:
-    """Whether block ``index``'s signature is block 0's but for ints equal to the block's index."""
-    if other is None or len(other) != len(first):
-        return False
-    return all(a == b or (len(a) == 2 and a[0] == b[0] and type(a[1]) is int and type(b[1]) is int
-                          and a[1] == 0 and b[1] == index)
-               for a, b in zip(first, other))
-
-
-def block_signature(block: nn.Module) -> tuple[Any, ...] | None:
-    """What a block's trace depends on: module classes, parameter shapes, and plain
-    attributes (one config object shared by the blocks compares by identity). None
-    when the block cannot be stamped (hooks, buffers, tensor attributes)."""
-    out: list[Any] = []
-    for path, module in block.named_modules():
-        if module._buffers or _has_hooks(module):
-            return None
-        out.append((path, type(module)))
-        for name, p in module.named_parameters(recurse=False):
-            out.append((name, tuple(p.shape), p.dtype, p.requires_grad))
-        for key, value in sorted(vars(module).items()):
-            if key in _TORCH_STATE or key.startswith("_forward") or key.startswith("_backward") \
-                    or key.startswith("_state_dict") or key.startswith("_load_state_dict"):
-                continue
-            plain = _plain(value)
-            if plain is _UNCOMPARABLE:
-                return None
-            out.append((key, plain))
-    return tuple(out)
-
-
-_UNCOMPARABLE = object()
-
-
-def _plain(value: Any) -> Any:
-    """``value`` as a comparable key (objects by identity: one config shared by all blocks)."""
-    if value is None or isinstance(value, (bool, int, float, str, torch.dtype, torch.device)):
-        return value
-    if isinstance(value, (tuple, list)):
-        items = tuple(_plain(v) for v in value)
-        return _UNCOMPARABLE if any(v is _UNCOMPARABLE for v in items) else (type(value), items)
-    if isinstance(value, torch.Tensor):
-        return _UNCOMPARABLE  # a tensor attribute becomes a constant of the graph
-    if isinstance(value, nn.Module) and not any(True for _ in value.parameters()) \
-            and not any(True for _ in value.buffers()) and not _has_hooks(value):
-        # a stateless module held outside ``_modules`` (the ``kernels`` package's per-block ``Func``
-        # wrappers of one function): what it computes is its class
-        return ("module", type(value))
-    if type(value) is dict:  # a per-block dict of shared objects (transformers' ``_kernel_funcs``) by content
-        items = tuple((_plain(k), _plain(v)) for k, v in value.items())
-        return _UNCOMPARABLE if any(_UNCOMPARABLE in item for item in items) else (dict, items)
-    return ("id", id(value))
-
-
-def _has_hooks(module: nn.Module) -> bool:
-    return any(getattr(module, name, None) for name in (
-        "_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks"))
 
 
 @contextlib.contextmanager
@@ -607,7 +522,7 @@ def stamped_joint(model: nn.Module, trace: Callable[[], Any], slots_of: Callable
     or None where stamping does not apply or its check fails (the reason is logged).
     ``trace()`` traces ``model`` as it is at the call (a record with ``graph_module`` and
     ``slot_names``, the descriptor targets' FQNs); ``slots_of(model)``: those FQNs without tracing."""
-    stack = find_stack(model)
+    stack = find_stack(model, STAMP_MIN_BLOCKS)
     if stack is None:
         return None
     try:

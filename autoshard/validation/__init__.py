@@ -6,9 +6,10 @@ uses at solve time; their validation is a test bench that runs them (it imports
 torch's OpInfo database, draws random tensors, compares within error bounds).
 A rule carries only what the bench needs from it (its ``samples`` generator,
 :mod:`autoshard.rules.samples`, and its ``error_bound``,
-:mod:`autoshard.rules.error_bounds`); rule families never import this package.
-The one library module that does is :mod:`autoshard.rules.dtensor_fallback`:
-a rule derived from DTensor at solve time is validated before it is adopted.
+:mod:`autoshard.rules.error_bounds`); no rules module imports this package.
+A rule derived from DTensor at solve time (:mod:`autoshard.rules.dtensor_fallback`)
+is checked before it is adopted by the check its caller hands down,
+:func:`autoshard.validation.validator.check_derived_rule`.
 
 Modules, from the core outwards:
 

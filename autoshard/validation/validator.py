@@ -77,6 +77,8 @@ __all__ = [
     "distribute",
     "check_strategy",
     "validate_rule",
+    "DERIVED_RULE_MESH_CASES",
+    "check_derived_rule",
     "validate_registry",
     "format_reports",
     "select_ops",
@@ -438,7 +440,8 @@ def _check_sample(
     except Exception as exc:  # noqa: BLE001 - rule errors are reported, not raised
         report.failures.append(Failure(mc.mesh_shape, "-", desc, f"enumeration failed: {type(exc).__name__}: {_first_line(exc)}"))
         return
-    chosen = list(strategies)
+    # a strategy with an exchange (expert parallelism) is not a local op: the runtime's equivalence test checks it
+    chosen = [s for s in strategies if s.exchange is None]
     # inf - inf is NaN: a sum of pieces meets an infinite (or overflowing)
     # factor once per piece, which the unsharded op meets once, and an
     # average of finfo.min overflows in its sum. Sum and avg partials are
@@ -495,6 +498,26 @@ def select_ops(registry: RuleRegistry, patterns: Sequence[str] = (), families: S
             raise ValueError(f"--op: no registered rule matches {pattern!r}")
         chosen.extend(op for op in hits if op not in chosen)
     return chosen
+
+
+DERIVED_RULE_MESH_CASES: tuple[MeshCase, ...] = (MeshCase((2,), (4,)), MeshCase((2, 2), (4,)))
+"""The meshes a rule derived at solve time is checked on: the smallest 1-D and 2-D ones, since
+the check runs in the middle of a solve, on the shapes of the call that asked for the rule."""
+
+
+def check_derived_rule(rule: Rule, registry: RuleRegistry, *, cases: int = 2) -> RuleReport:
+    """The check a rule derived at solve time passes before it is used
+    (:data:`autoshard.rules.dtensor_fallback.RuleCheck`): :func:`validate_rule` on
+    ``cases`` of :data:`DERIVED_RULE_MESH_CASES`.
+
+    >>> import torch
+    >>> from autoshard.rules import TensorMeta, load_rules
+    >>> rules = load_rules(dtensor_fallback=check_derived_rule)
+    >>> x = TensorMeta((4, 8), torch.float32)   # hypot: no rule of ours, DTensor's passes the check
+    >>> len(rules.strategies(torch.ops.aten.hypot.default, (x, x), {}, (2,))) > 1
+    True
+    """
+    return validate_rule(rule, registry, cases=cases, mesh_cases=DERIVED_RULE_MESH_CASES)
 
 
 def validate_registry(

@@ -38,6 +38,28 @@ estimate is then recomputed from the real buckets (:func:`group_buckets`),
 so the plan reports what will run even where the solver's objective was an
 approximation.
 
+**The window of a gradient's bucket.** The memory model (``autoshard.graph.tied_memory``)
+holds a gradient until its bucket's last member is made, before it knows the buckets; it
+needs, for gradient ``j`` of a sequence with bytes ``s_0 .. s_{n-1}``, a range of positions
+that contains every bucket :func:`group_buckets` can form with ``j`` in it.
+:func:`bucket_window` gives ``[a_j, b_j]``, the widest range on each side of ``j`` alone:
+
+    a_j = min { a <= j : s_a + ... + s_j <= B },   b_j = max { b >= j : s_j + ... + s_b <= B }
+
+(``[j, j]`` where ``s_j > B`` or ``B <= 0``). Why it contains every bucket: a bucket of the
+rule above is a run ``[a, b]`` of consecutive gradients and, having two members or more,
+its bytes sum to at most ``B`` (a member joins only while the sum stays within ``B``; one
+alone may pass it, and a bucket of one is left out). With ``a <= j <= b`` and bytes not
+negative, ``s_a + ... + s_j <= B`` and ``s_j + ... + s_b <= B``, so ``a_j <= a`` and
+``b <= b_j``. The window may be wider than any one bucket (each side is bounded alone,
+not knowing where the rule starts ``j``'s bucket). The containment holds for the
+sequence the buckets form over: one reduction kind and the bytes its steps carry, or
+bytes no larger than those (a smaller ``s`` only widens the window). Outside that, a
+real bucket can reach past the window: one of one kind skips gradients of another, and
+the strategy graph gives each gradient's unsharded bytes, of which a step on a mesh
+that also shards the gradient carries a part. The plan's timeline counts the real
+buckets (``autoshard.graph.copies``).
+
 **The copies a bucket adds.** One flat buffer means copies a member's own
 step does not make, on the compute stream (the rank's thread), each priced as
 a local copy of bytes no cache holds (``costmodel.compute.cold_copy_time_s``:
@@ -94,8 +116,8 @@ from costmodel.redistribute_steps import RedistributePlan, RedistributeStep
 from hw_profiles import HardwareProfile
 
 __all__ = ["DEFAULT_BUCKET_BYTES", "GATHER_CAPS", "Bucket", "GatherBucket", "bucket_share", "bucketable_step",
-           "gatherable_step", "amortized_cost_s", "group_buckets", "group_gathers", "bucket_copy_bytes",
-           "gather_copy_bytes", "dtype_itemsize"]
+           "gatherable_step", "amortized_cost_s", "group_buckets", "bucket_window", "group_gathers",
+           "bucket_copy_bytes", "gather_copy_bytes", "dtype_itemsize"]
 
 DEFAULT_BUCKET_BYTES = 25 * 2**20
 """DDP's default bucket cap."""
@@ -239,6 +261,26 @@ def group_buckets(
     if units is not None:
         return tuple(sorted(buckets, key=lambda b: max(order[m] for m in b.members)))
     return tuple(sorted(buckets, key=lambda b: order[b.members[0]]))
+
+
+def bucket_window(sizes: Sequence[float], j: int, cap: float = DEFAULT_BUCKET_BYTES) -> tuple[int, int]:
+    """``(a, b)``: no bucket :func:`group_buckets` can form with gradient ``j`` in it starts
+    before ``a`` or ends after ``b``, ``sizes`` the gradients' bytes in the order buckets
+    form (module docstring: the window of a gradient's bucket); ``(j, j)`` with ``cap <= 0``.
+
+    >>> bucket_window([10, 10, 30, 10], 1, cap=40)   # 10 + 10 <= 40 on the left, 10 + 30 on the right
+    (0, 2)
+    """
+    if cap <= 0:
+        return j, j
+    ends = []
+    for step in (-1, 1):
+        total, k = sizes[j], j
+        while 0 <= k + step < len(sizes) and total + sizes[k + step] <= cap:
+            k += step
+            total += sizes[k]
+        ends.append(k)
+    return ends[0], ends[1]
 
 
 _ITEMSIZE = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1}

@@ -11,7 +11,7 @@ MODULES = [
     "autoshard.calibrate", "autoshard.calibrate.timing", "autoshard.calibrate.measure_compute",
     "autoshard.calibrate.measure_collectives", "autoshard.calibrate.fit", "autoshard.calibrate.output",
     "autoshard.calibrate.heldout", "autoshard.calibrate.report", "autoshard.calibrate.runner",
-    "autoshard.calibrate.launch", "autoshard.calibrate.measure_overlap",
+    "autoshard.calibrate.launch", "autoshard.calibrate.measure_overlap", "autoshard.calibrate.check_scope",
 ]
 
 

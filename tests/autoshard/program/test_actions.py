@@ -12,7 +12,8 @@ from __future__ import annotations
 import pytest
 
 from autoshard.program.actions import (Compute, Free, Issue, Lifetime, ProgramNode, Recompute, RecomputeError,
-                                       Wait, build_step_program, live_bytes_timeline)
+                                       Wait, build_step_program)
+from autoshard.program.live_bytes import HeldCopy, live_bytes_timeline
 from autoshard.program.schedule import Schedule, ScheduleItem
 
 NODES = (ProgramNode("mm", ("x", "w")), ProgramNode("relu", ("mm",)), ProgramNode("sum", ("relu",)),
@@ -77,6 +78,18 @@ def test_the_replayed_bytes_follow_the_actions():
     assert peak == 195
     levels, peak = live_bytes_timeline(_program(recompute=["relu"]), STORAGES, LEAVES)
     assert levels == [111, 111, 151, 151, 191, 195, 155, 195, 155, 195, 155, 165, 125, 125, 125]
+
+
+def test_a_redistributed_copy_is_held_from_its_wait_to_its_last_reader():
+    """w's gathered copy (60 bytes) from the gather's wait through mm (the peak: 111 + 60 + mm's 40),
+    freed after mm; the reduced gradient (10 bytes) from its wait to the end (its reader is a sink)."""
+    copies = [HeldCopy("w@mm", 60, ("mm",), GATHER.key), HeldCopy("w@grad", 10, ("grad:w",), REDUCE.key)]
+    levels, peak = live_bytes_timeline(_program(), STORAGES, LEAVES, copies=copies)
+    assert levels == [111, 171, 151, 151, 191, 151, 155, 195, 155, 165, 125, 125, 135]
+    assert peak == 211
+    made_at_reader = [HeldCopy("w@mm", 60, ("mm",))]  # not scheduled: made at mm, counted with it alone
+    levels, peak = live_bytes_timeline(_program(), STORAGES, LEAVES, copies=made_at_reader)
+    assert levels[:3] == [111, 111, 151] and peak == 211
 
 
 def test_a_view_holds_its_base_storage_once():

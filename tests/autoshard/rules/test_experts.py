@@ -30,7 +30,7 @@ def registry():
 
 
 def test_forward_has_replicate_tokens_tp_columns_and_linear_strategies(registry) -> None:
-    labels = [str(s) for s in registry.strategies(EXPERTS, FORWARD_ARGS, {}, (2,))]
+    labels = [str(s) for s in registry.strategies(EXPERTS, FORWARD_ARGS, {}, (2,)) if s.exchange is None]
     assert labels == [
         "R <- R, R, R, R, R",
         "S(0) <- S(0), S(0), S(0), R, R",
@@ -40,12 +40,37 @@ def test_forward_has_replicate_tokens_tp_columns_and_linear_strategies(registry)
         "P(sum) <- R, R, R, R, P(sum)",
     ]
     assert not any("S(1), S(2)" in label for label in labels)  # a plain S(1) of [gate; up] would mix the halves
-    assert len(registry.strategies(EXPERTS, FORWARD_ARGS, {}, (2, 2))) == 36
+    assert len([s for s in registry.strategies(EXPERTS, FORWARD_ARGS, {}, (2, 2)) if s.exchange is None]) == 36
+
+
+def test_expert_parallel_offered_on_every_mesh_dim_that_divides_experts_and_tokens(registry) -> None:
+    # (2, 4): 8 experts and 16 tokens divide on both dims; the other dim replicates or splits tokens
+    ep = [s for s in registry.strategies(EXPERTS, FORWARD_ARGS, {}, (2, 4)) if s.exchange is not None]
+    assert sorted({s.exchange for s in ep}) == [(EXCHANGE, 0), (EXCHANGE, 1)]
+    assert "RS(0) <- RS(0), RS(0), RS(0), RS(0), RS(0) [expert_dispatch@1]" in [str(s) for s in ep]
+    assert "S(0)S(0) <- S(0)S(0), S(0)S(0), S(0)S(0), RS(0), RS(0) [expert_dispatch@1]" in [str(s) for s in ep]
+    for s in ep:  # the experts split on E on the exchange's dim, on no other
+        dim = s.exchange[1]
+        assert [str(p[dim]) for p in s.input_placements[3:]] == ["S(0)", "S(0)"]
+        assert all(str(p[d]) == "R" for p in s.input_placements[3:] for d in range(2) if d != dim)
+    # 8 experts do not divide over 3 ranks; a size-1 dim carries no exchange
+    assert not [s for s in registry.strategies(EXPERTS, FORWARD_ARGS, {}, (3,)) if s.exchange is not None]
+    assert {s.exchange for s in registry.strategies(EXPERTS, FORWARD_ARGS, {}, (1, 2)) if s.exchange} == {
+        (EXCHANGE, 1)}
+    backward = [s for s in registry.strategies(BACKWARD, (TensorMeta((16, 32), F32), *FORWARD_ARGS), {}, (4,))
+                if s.exchange is not None]
+    assert [str(s) for s in backward] == [
+        "S(0), S(0), S(0), S(0) <- S(0), S(0), S(0), S(0), S(0), S(0) [expert_dispatch@0]"]
+
+
+def test_non_moe_strategies_carry_no_exchange(registry) -> None:
+    x = TensorMeta((8, 8), F32)
+    assert all(s.exchange is None for s in registry.strategies(torch.ops.aten.mm.default, (x, x), {}, (2, 2)))
 
 
 def test_backward_strategies_and_compute(registry) -> None:
     args = (TensorMeta((16, 32), F32), *FORWARD_ARGS)
-    assert len(registry.strategies(BACKWARD, args, {}, (2,))) == 5
+    assert len([s for s in registry.strategies(BACKWARD, args, {}, (2,)) if s.exchange is None]) == 5
     fwd, bwd = registry.compute_kind(EXPERTS, FORWARD_ARGS), registry.compute_kind(BACKWARD, args)
     assert fwd.flops == 16 * 2 * 6 * 32 * 12 and bwd.flops == 3 * fwd.flops
 
@@ -83,3 +108,22 @@ def test_expert_parallel_price_is_the_busiest_rank_and_the_exchanges(registry) -
                                           mesh_dims=(1,), mesh=mesh, profile=profile)
     balanced, _ = expert_parallel_price(call, mesh_dims=(1,), mesh=mesh, profile=profile, imbalance=1.0)
     assert balanced.flops < compute.flops
+
+
+def test_exchange_strategy_price_uses_the_tokens_left_after_every_mesh_dim(registry) -> None:
+    from autoshard.rules.experts import exchange_strategy_price
+
+    call = registry.op_call(EXPERTS, FORWARD_ARGS, {})
+    mesh, profile = MeshSpec((2, 4)), load("h100-sxm-80gb")
+    ep = [s for s in registry.strategies(EXPERTS, FORWARD_ARGS, {}, (2, 4)) if s.exchange == (EXCHANGE, 1)]
+    by_tokens = {str(s.input_placements[0][0]): s for s in ep}  # tokens replicated or split on dim 0
+    whole, _ = exchange_strategy_price(call, by_tokens["R"], mesh=mesh, profile=profile)
+    split, exchange_s = exchange_strategy_price(call, by_tokens["S(0)"], mesh=mesh, profile=profile)
+    assert whole.flops == pytest.approx(1.25 * (16 // 4) * 2 * 6 * 32 * 12)
+    assert split.flops == pytest.approx(whole.flops / 2)
+    step = expert_exchange_price(tokens=16 // 8, top_k=2, dim=32, itemsize=4, num_experts=8, mesh_dims=(1,),
+                                 mesh=mesh, profile=profile)
+    assert exchange_s == pytest.approx(step.step_s / 2)  # this direction's half of the step's exchanges
+    with pytest.raises(ValueError, match="not an exchange strategy"):
+        exchange_strategy_price(call, registry.strategies(EXPERTS, FORWARD_ARGS, {}, (2, 4))[0], mesh=mesh,
+                                profile=profile)

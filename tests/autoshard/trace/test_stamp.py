@@ -11,7 +11,8 @@ from torch import nn
 
 from autoshard.plan.fingerprint import graph_hash
 from autoshard.trace import trace_joint
-from autoshard.trace.stamp import find_stack, graph_difference, truncated
+from autoshard.trace.blocks import find_stack
+from autoshard.trace.stamp import STAMP_MIN_BLOCKS, graph_difference, truncated
 from examples.models import llama3, mlp
 
 STAMPED = "blocks stamped from 3"
@@ -82,17 +83,18 @@ def test_a_block_that_branches_on_its_index_fails_the_check_and_is_traced_whole(
 
 
 def test_only_interchangeable_blocks_of_a_deep_enough_stack_are_a_stack():
-    assert find_stack(_Stacked(8)) is not None and find_stack(_Stacked(8)).keys == tuple(map(str, range(8)))
-    assert find_stack(_Stacked(7)) is None  # tracing 3 + 4 blocks would cost as much as 7
-    assert find_stack(_Stacked(8, width={5: 0})) is None  # one block without a bias
+    stack = find_stack(_Stacked(8), STAMP_MIN_BLOCKS)
+    assert stack is not None and stack.keys == tuple(map(str, range(8)))
+    assert find_stack(_Stacked(7), STAMP_MIN_BLOCKS) is None  # tracing 3 + 4 blocks would cost as much as 7
+    assert find_stack(_Stacked(8, width={5: 0}), STAMP_MIN_BLOCKS) is None  # one block without a bias
     different = _Stacked(8)
     different.blocks[6].branch_at = 2  # an attribute other than the block's index
-    assert find_stack(different) is None
+    assert find_stack(different, STAMP_MIN_BLOCKS) is None
 
 
 def test_the_model_is_restored_after_a_truncated_trace_even_on_error():
     model = _Stacked(8)
-    stack = find_stack(model)
+    stack = find_stack(model, STAMP_MIN_BLOCKS)
     container = model.blocks
     with pytest.raises(RuntimeError), truncated(model, stack, 3):
         assert len(model.blocks) == 3 and model.blocks[2] is container[2]

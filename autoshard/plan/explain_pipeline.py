@@ -1,0 +1,91 @@
+"""``autoshard explain``'s pipeline lines: stages, schedule, microbatches and the bubble.
+
+For a plan with a ``pipeline`` section (``autoshard.plan.pipeline_section``):
+one row per stage (its rank on the pipeline dim, its blocks, its modules, and where the
+search priced them, the forward and backward of one microbatch and its rank's peak
+memory), then the schedule, the microbatches and the bubble: the idle share of the
+busiest rank's step, simulated by ``costmodel.pipeline_simulate`` over the schedule's
+per-rank orders with the stage times the section records (without them, one time unit
+per block forward and two backward: the bubble of the cut's balance alone, said so).
+
+>>> from autoshard.plan.pipeline_section import build_pipeline_section
+>>> s = build_pipeline_section(schedule="1F1B", n_ranks=2, n_microbatches=4, batch_size=8,
+...                            block_paths=("layers.0", "layers.1"), cuts=(1,))
+>>> round(simulated_bubble(s)[0], 3)
+0.2
+"""
+
+from __future__ import annotations
+
+from costmodel.pipeline_schedules import build_schedule
+from costmodel.pipeline_simulate import StageCost, simulate_pipeline
+
+from autoshard.plan.format import Plan
+from autoshard.sizes import format_bytes
+from autoshard.plan.pipeline_section import PipelineSection
+
+__all__ = ["pipeline_lines", "simulated_bubble"]
+
+_MODULES_SHOWN = 4
+"""Module paths listed per stage before ``...``: a 126-block stage stays one row."""
+
+
+def _priced(section: PipelineSection) -> bool:
+    return all(st.forward_s is not None and st.backward_s is not None for st in section.stages)
+
+
+def simulated_bubble(section: PipelineSection) -> tuple[float, bool]:
+    """(bubble fraction of the section's schedule simulated with its stage times, whether those
+    times were priced) (module docstring)."""
+    priced = _priced(section)
+    costs = []
+    for st in section.stages:
+        if priced:
+            fwd, bwd = float(st.forward_s), float(st.backward_s)  # type: ignore[arg-type]
+        else:
+            fwd, bwd = float(st.end_block - st.first_block), 2.0 * (st.end_block - st.first_block)
+        costs.append(StageCost(forward_s=fwd, backward_input_s=bwd / 2, backward_weight_s=bwd / 2,
+                               full_backward_s=bwd))
+    schedule = build_schedule(section.schedule, n_ranks=section.n_ranks, n_microbatches=section.n_microbatches,
+                              stages_per_rank=section.stages_per_rank)
+    return simulate_pipeline(schedule, costs).bubble_fraction, priced
+
+
+def _modules(paths: tuple[str, ...]) -> str:
+    if len(paths) <= _MODULES_SHOWN:
+        return ", ".join(paths)
+    return f"{', '.join(paths[:2])}, ... ({len(paths) - 3} more), {paths[-1]}"
+
+
+def pipeline_lines(plan: Plan) -> list[str]:
+    """The plan's pipeline as a table and a summary line; none for a plan of one stage.
+
+    >>> # | stage | rank (pp) | blocks | modules | forward / µbatch | backward / µbatch | rank peak |
+    """
+    s = plan.pipeline
+    if s is None:
+        return []
+    lines = ["", f"pipeline: {s.n_stages} stages on {s.n_ranks} ranks of {s.mesh_dim} ({s.stages_per_rank} per rank), "
+             f"each stage {s.data_parallel} over the other mesh dims (the runtime runs that layout, not the per-op "
+             "placements below)",
+             "", f"| stage | rank ({s.mesh_dim}) | blocks | modules | forward / microbatch | backward / microbatch "
+             "| rank peak |", "|---:|---:|---|---|---:|---:|---:|"]
+    for st in s.stages:
+        def ms(x: float | None) -> str:
+            return "-" if x is None else f"{x * 1e3:.3f} ms"
+        peak = "-" if st.peak_bytes is None else format_bytes(st.peak_bytes)
+        lines.append(f"| {st.index} | {st.rank} | {st.first_block}-{st.end_block - 1} | {_modules(st.modules)} "
+                     f"| {ms(st.forward_s)} | {ms(st.backward_s)} | {peak} |")
+    bubble, priced = simulated_bubble(s)
+    summary = (f"schedule {s.schedule}, {s.n_microbatches} microbatches of {s.batch_size // s.n_microbatches} "
+               f"sequences (batch {s.batch_size}), bubble {bubble:.1%} "
+               + ("(simulated with the priced stage times" if priced else "(simulated from the block counts: "
+                  "not priced"))
+    if s.bubble_fraction is not None:
+        summary += f"; the search's, sends included: {s.bubble_fraction:.1%}"
+    summary += ")"
+    if s.step_s is not None:
+        summary += f"; priced step {s.step_s * 1e3:.3f} ms"
+    if s.send_bytes:
+        summary += f"; {format_bytes(s.send_bytes)} sent per boundary per microbatch"
+    return [*lines, "", summary]

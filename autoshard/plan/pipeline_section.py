@@ -1,0 +1,305 @@
+"""The plan's ``pipeline`` section: which stages run which modules, and how torch schedules them.
+
+A plan for a mesh with a pipeline dim (``pp``) records, besides the placements, the
+pipeline the search chose (``autoshard.search.pipeline``): ``p`` ranks along the
+``mesh_dim``, ``v`` stages per rank (``K = p v`` stages), the schedule as
+``torch.distributed.pipelining.schedules.get_schedule_class`` spells it, ``m``
+microbatches of the global batch, and per stage the repeated blocks it runs
+(``[first_block, end_block)`` of the model's ``repeated_blocks``) and its module paths
+in forward order: the embedding (the modules before the blocks) on stage 0, the
+final norm, head and loss (the modules after them) on stage ``K - 1``, where the cut
+put them. ``send_bytes`` is what one rank sends across one stage boundary for one
+microbatch (the activation forward, its gradient backward), as the search priced it;
+``data_parallel`` is how each stage runs over its data-parallel sub-mesh
+(``"fsdp"``: ``fully_shard``; ``"replicate"``: torch's ``replicate``). The runtime runs
+each stage with that data-parallel layout, not with the plan's per-op placements (the
+stage sub-mesh's solve, which priced it): autoshard's interpreter runs whole-graph step
+programs, not the per-microbatch stage calls of torch's schedules.
+
+Optional, as the search priced them (absent in hand-written sections): per stage
+``forward_s`` / ``backward_s`` (one microbatch) and ``peak_bytes`` (its rank's peak
+memory, the microbatches in flight counted); the section's ``step_s`` and
+``bubble_fraction`` (``costmodel.pipeline_simulate``).
+
+Versioned (``version``) and optional: plans without the section load as before and
+describe one stage. :data:`PIPELINE_SCHEMA` is its JSON Schema (draft 2020-12), part of
+``autoshard.plan.schema.PLAN_SCHEMA``. Torch-free, as the plan format is.
+
+>>> s = build_pipeline_section(schedule="1F1B", n_ranks=2, n_microbatches=4, batch_size=8,
+...                            block_paths=("layers.0", "layers.1"), cuts=(1,),
+...                            leading=("tok_embeddings",), trailing=("norm", "output"))
+>>> [st.modules for st in s.stages]
+[('tok_embeddings', 'layers.0'), ('layers.1', 'norm', 'output')]
+>>> PipelineSection.from_dict(s.to_dict()) == s
+True
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from costmodel.pipeline_schedules import SCHEDULE_NAMES, stage_to_rank
+
+__all__ = ["PIPELINE_VERSION", "DATA_PARALLEL", "PipelineError", "PipelineStagePlan", "PipelineSection",
+           "build_pipeline_section", "check_section", "V_SHAPED", "PIPELINE_SCHEMA"]
+
+PIPELINE_VERSION = 1
+DATA_PARALLEL = ("fsdp", "replicate")
+"""How a stage runs over its data-parallel sub-mesh: ``fully_shard`` or ``replicate`` (torch's, FSDP2-based)."""
+V_SHAPED = frozenset({"ZBVZeroBubble", "DualPipeV"})
+"""Schedules whose stages sit on the ranks in a V (rank ``r`` holds stages ``r`` and ``2p - 1 - r``)."""
+
+
+class PipelineError(ValueError):
+    """A pipeline section that cannot be built or read (one line naming the field)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineStagePlan:
+    """One stage: its rank on the pipeline dim, its blocks and its module paths."""
+
+    index: int
+    rank: int
+    """Coordinate along the pipeline mesh dim."""
+    first_block: int
+    end_block: int
+    """One past its last block."""
+    modules: tuple[str, ...]
+    """Module paths the stage runs, in forward order (blocks and, on the ends, the embedding / head)."""
+    forward_s: float | None = None
+    """Priced forward of one microbatch (None: not priced)."""
+    backward_s: float | None = None
+    """Priced backward of one microbatch, recomputation included (None: not priced)."""
+    peak_bytes: float | None = None
+    """Priced peak memory of the stage's rank (None: not priced)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        priced = {k: v for k, v in (("forward_s", self.forward_s), ("backward_s", self.backward_s),
+                                    ("peak_bytes", self.peak_bytes)) if v is not None}
+        return {"index": self.index, "rank": self.rank, "blocks": [self.first_block, self.end_block],
+                "modules": list(self.modules), **priced}
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineSection:
+    """The pipeline of a plan (module docstring)."""
+
+    mesh_dim: str
+    schedule: str
+    """A name of ``torch.distributed.pipelining.schedules.get_schedule_class``."""
+    n_ranks: int
+    """``p``: the size of the pipeline mesh dim."""
+    stages_per_rank: int
+    n_microbatches: int
+    batch_size: int
+    """Global batch (sequences) the plan is for; ``n_microbatches`` divides it."""
+    stages: tuple[PipelineStagePlan, ...]
+    send_bytes: int = 0
+    """Bytes one rank sends across a boundary for one microbatch (0: not priced)."""
+    data_parallel: str = "fsdp"
+    step_s: float | None = None
+    """Priced step (None: not priced)."""
+    bubble_fraction: float | None = None
+    """Priced bubble: idle share of the busiest rank's step (None: not priced)."""
+
+    @property
+    def n_stages(self) -> int:
+        return len(self.stages)
+
+    def stages_of_rank(self, rank: int) -> tuple[PipelineStagePlan, ...]:
+        """The stages on coordinate ``rank`` of the pipeline dim, lowest index first."""
+        return tuple(s for s in self.stages if s.rank == rank)
+
+    def planned_sends(self, stage: int) -> tuple[int, int]:
+        """(activation sends, gradient sends) stage ``stage`` issues per step: ``m`` across each
+        boundary it has with a stage on another rank (V-shaped turns stay on one rank)."""
+        m, k = self.n_microbatches, self.n_stages
+        rank = self.stages[stage].rank
+        fwd = m if stage < k - 1 and self.stages[stage + 1].rank != rank else 0
+        bwd = m if stage > 0 and self.stages[stage - 1].rank != rank else 0
+        return fwd, bwd
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"version": PIPELINE_VERSION, "mesh_dim": self.mesh_dim, "schedule": self.schedule,
+                "n_ranks": self.n_ranks, "stages_per_rank": self.stages_per_rank,
+                "n_microbatches": self.n_microbatches, "batch_size": self.batch_size,
+                "send_bytes": self.send_bytes, "data_parallel": self.data_parallel,
+                **{k: v for k, v in (("step_s", self.step_s), ("bubble_fraction", self.bubble_fraction))
+                   if v is not None},
+                "stages": [s.to_dict() for s in self.stages]}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "PipelineSection":
+        if not isinstance(data, Mapping):
+            raise PipelineError("pipeline: expected an object")
+        version = data.get("version", PIPELINE_VERSION)
+        if version != PIPELINE_VERSION:
+            raise PipelineError(f"pipeline.version: this autoshard reads version {PIPELINE_VERSION}, got {version!r}")
+        try:
+            stages = tuple(PipelineStagePlan(int(s["index"]), int(s["rank"]), int(s["blocks"][0]), int(s["blocks"][1]),
+                                             tuple(str(p) for p in s["modules"]), _number(s, "forward_s"),
+                                             _number(s, "backward_s"), _number(s, "peak_bytes"))
+                           for s in data["stages"])
+            section = cls(str(data["mesh_dim"]), str(data["schedule"]), int(data["n_ranks"]),
+                          int(data["stages_per_rank"]), int(data["n_microbatches"]), int(data["batch_size"]), stages,
+                          int(data.get("send_bytes", 0)), str(data.get("data_parallel", "fsdp")),
+                          _number(data, "step_s"), _number(data, "bubble_fraction"))
+        except KeyError as exc:
+            raise PipelineError(f"pipeline: missing {exc.args[0]!r}") from None
+        except (TypeError, ValueError, IndexError) as exc:
+            raise PipelineError(f"pipeline: malformed ({exc})") from None
+        check_section(section)
+        return section
+
+
+def _number(data: Mapping[str, Any], key: str) -> float | None:
+    """An optional priced figure: a number, or None when absent."""
+    value = data.get(key)
+    return None if value is None else float(value)
+
+
+def _check_schedule_shape(schedule: str, n_ranks: int, v: int, m: int, batch: int) -> None:
+    if schedule not in SCHEDULE_NAMES:
+        raise PipelineError(f"pipeline.schedule: {schedule!r} is not a schedule torch offers; valid names: "
+                            f"{', '.join(SCHEDULE_NAMES)}")
+    if n_ranks < 1 or v < 1 or m < 1:
+        raise PipelineError(f"pipeline: n_ranks ({n_ranks}), stages_per_rank ({v}) and n_microbatches ({m}) "
+                            "must be >= 1")
+    if schedule in ("GPipe", "1F1B") and v != 1:
+        raise PipelineError(f"pipeline.stages_per_rank: {schedule} runs one stage per rank, got {v}")
+    if schedule in V_SHAPED and v != 2:
+        raise PipelineError(f"pipeline.stages_per_rank: {schedule} runs two stages per rank, got {v}")
+    if batch < 1 or batch % m:
+        raise PipelineError(f"pipeline.n_microbatches: {m} microbatches do not divide the batch of {batch} sequences")
+
+
+def check_section(section: PipelineSection) -> None:
+    """Raise :class:`PipelineError` unless the section is one torch can run: a schedule it offers,
+    ``m`` dividing the batch, ``K = p v`` stages in index order on the schedule's ranks, each with
+    at least one block, the blocks contiguous and every module in one stage."""
+    s = section
+    _check_schedule_shape(s.schedule, s.n_ranks, s.stages_per_rank, s.n_microbatches, s.batch_size)
+    if s.data_parallel not in DATA_PARALLEL:
+        raise PipelineError(f"pipeline.data_parallel: {s.data_parallel!r}; valid: {', '.join(DATA_PARALLEL)}")
+    k = s.n_ranks * s.stages_per_rank
+    if len(s.stages) != k:
+        raise PipelineError(f"pipeline.stages: {len(s.stages)} stages, expected n_ranks x stages_per_rank = {k}")
+    ranks = stage_to_rank(s.n_ranks, k, v_shape=s.schedule in V_SHAPED)
+    seen: set[str] = set()
+    for i, st in enumerate(s.stages):
+        if st.index != i or st.rank != ranks[i]:
+            raise PipelineError(f"pipeline.stages[{i}]: index {st.index} on rank {st.rank}, expected stage {i} on "
+                                f"rank {ranks[i]} ({s.schedule})")
+        if st.end_block <= st.first_block or (i and st.first_block != s.stages[i - 1].end_block) \
+                or (i == 0 and st.first_block != 0):
+            raise PipelineError(f"pipeline.stages[{i}]: blocks [{st.first_block}, {st.end_block}) are empty or not "
+                                "contiguous with the previous stage's")
+        twice = seen.intersection(st.modules)
+        if twice:
+            raise PipelineError(f"pipeline.stages[{i}]: module {sorted(twice)[0]!r} is in two stages")
+        seen.update(st.modules)
+
+
+def build_pipeline_section(
+    *,
+    schedule: str,
+    n_ranks: int,
+    n_microbatches: int,
+    batch_size: int,
+    block_paths: Sequence[str],
+    cuts: Sequence[int],
+    leading: Sequence[str] = (),
+    trailing: Sequence[str] = (),
+    stages_per_rank: int = 1,
+    mesh_dim: str = "pp",
+    send_bytes: int = 0,
+    data_parallel: str = "fsdp",
+    stage_seconds: Sequence[tuple[float, float]] = (),
+    rank_peak_bytes: Sequence[float] = (),
+    step_s: float | None = None,
+    bubble_fraction: float | None = None,
+) -> PipelineSection:
+    """The section of ``K = n_ranks * stages_per_rank`` stages cut at ``cuts`` (the first block of
+    every stage but the first, ``K - 1`` of them, as ``costmodel.stage_cuts.StageCuts.cuts``):
+    ``leading`` (the modules before the blocks: the embedding) go to stage 0, ``trailing`` (after
+    them: final norm, head) to stage ``K - 1``. The priced figures, when given: ``stage_seconds``
+    (forward, backward) per stage, ``rank_peak_bytes`` per rank of the pipeline dim, ``step_s`` and
+    ``bubble_fraction``. Bad input raises :class:`PipelineError`, one line.
+
+    >>> build_pipeline_section(schedule="1F1B", n_ranks=4, n_microbatches=4, batch_size=8,
+    ...                        block_paths=("l.0", "l.1"), cuts=(1, 1, 1))
+    Traceback (most recent call last):
+    ...
+    autoshard.plan.pipeline_section.PipelineError: pipeline: 4 stages need at least 4 blocks; the model has 2 (3 block boundaries at most: 1 inner)
+    """
+    _check_schedule_shape(schedule, n_ranks, stages_per_rank, n_microbatches, batch_size)
+    k, n = n_ranks * stages_per_rank, len(block_paths)
+    if k > n:
+        raise PipelineError(f"pipeline: {k} stages need at least {k} blocks; the model has {n} "
+                            f"({n + 1} block boundaries at most: {max(0, n - 1)} inner)")
+    bounds = (0, *cuts, n)
+    if len(cuts) != k - 1 or any(a >= b for a, b in zip(bounds, bounds[1:])):
+        raise PipelineError(f"pipeline.cuts: {list(cuts)} is not {k - 1} increasing block indices inside 1..{n - 1}")
+    ranks = stage_to_rank(n_ranks, k, v_shape=schedule in V_SHAPED)
+    if stage_seconds and len(stage_seconds) != k or rank_peak_bytes and len(rank_peak_bytes) != n_ranks:
+        raise PipelineError(f"pipeline: {len(stage_seconds)} stage times / {len(rank_peak_bytes)} rank peaks for "
+                            f"{k} stages on {n_ranks} ranks")
+    stages = tuple(PipelineStagePlan(
+        i, ranks[i], bounds[i], bounds[i + 1],
+        (*(leading if i == 0 else ()), *block_paths[bounds[i]:bounds[i + 1]], *(trailing if i == k - 1 else ())),
+        *(stage_seconds[i] if stage_seconds else (None, None)),
+        float(rank_peak_bytes[ranks[i]]) if rank_peak_bytes else None)
+        for i in range(k))
+    section = PipelineSection(mesh_dim, schedule, n_ranks, stages_per_rank, n_microbatches, batch_size, stages,
+                              int(send_bytes), data_parallel, step_s, bubble_fraction)
+    check_section(section)
+    return section
+
+
+# -- JSON Schema of the section -------------------------------------------------------------
+
+_COUNT = {"type": "integer", "minimum": 1}
+_INDEX = {"type": "integer", "minimum": 0}
+
+_STAGE = {
+    "type": "object",
+    "required": ["index", "rank", "blocks", "modules"],
+    "properties": {
+        "index": _INDEX,
+        "rank": {**_INDEX, "description": "Coordinate along the pipeline mesh dim."},
+        "blocks": {"type": "array", "prefixItems": [_INDEX, _INDEX], "minItems": 2, "maxItems": 2,
+                   "description": "[first, end) of the model's repeated blocks this stage runs."},
+        "modules": {"type": "array", "items": {"type": "string"}, "minItems": 1,
+                    "description": "Module paths in forward order (embedding on stage 0, head on the last)."},
+        "forward_s": {"type": "number", "minimum": 0, "description": "Priced forward of one microbatch."},
+        "backward_s": {"type": "number", "minimum": 0, "description": "Priced backward of one microbatch."},
+        "peak_bytes": {"type": "number", "minimum": 0, "description": "Priced peak memory of the stage's rank."},
+    },
+    "additionalProperties": False,
+}
+
+PIPELINE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["mesh_dim", "schedule", "n_ranks", "stages_per_rank", "n_microbatches", "batch_size", "stages"],
+    "properties": {
+        "version": {"const": PIPELINE_VERSION},
+        "mesh_dim": {"type": "string", "description": "The pipeline dim of the plan's mesh (pp)."},
+        "schedule": {"enum": list(SCHEDULE_NAMES),
+                     "description": "torch.distributed.pipelining.schedules.get_schedule_class name."},
+        "n_ranks": _COUNT,
+        "stages_per_rank": _COUNT,
+        "n_microbatches": _COUNT,
+        "batch_size": {**_COUNT, "description": "Global batch (sequences); n_microbatches divides it."},
+        "send_bytes": {"type": "integer", "minimum": 0,
+                       "description": "Bytes one rank sends across a boundary per microbatch (0: not priced)."},
+        "data_parallel": {"enum": list(DATA_PARALLEL),
+                          "description": "How each stage runs over its data-parallel sub-mesh."},
+        "step_s": {"type": "number", "minimum": 0, "description": "Priced step."},
+        "bubble_fraction": {"type": "number", "minimum": 0, "maximum": 1,
+                            "description": "Priced idle share of the busiest rank's step."},
+        "stages": {"type": "array", "items": _STAGE, "minItems": 1},
+    },
+    "additionalProperties": False,
+}
+"""Schema of the ``pipeline`` section."""

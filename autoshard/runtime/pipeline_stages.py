@@ -1,0 +1,402 @@
+"""Pipeline stages from the plan's ``pipeline`` section, run by torch's schedule classes.
+
+Given the model, a ``DeviceMesh`` with the section's pipeline dim (``pp``) and
+``plan.pipeline`` (:class:`autoshard.plan.pipeline_section.PipelineSection`),
+:func:`build_pipeline` builds, on each rank, one
+``torch.distributed.pipelining.PipelineStage`` per stage the section puts on this
+rank's ``pp`` coordinate, and the schedule ``get_schedule_class(section.schedule)``
+(``ScheduleGPipe``, ``Schedule1F1B``, ``ScheduleInterleaved1F1B``, ...): torch sends the
+activations and gradients across stage boundaries and orders the microbatches.
+Each stage runs data-parallel over the mesh's other dims (its dp sub-mesh) with
+FSDP2 ``fully_shard`` (each block, then the stage) or torch's ``replicate``, as
+``section.data_parallel`` says.
+
+**How a stage is cut out of the model** (manual splitting, as torchtitan does, without
+editing the model's forward). A stage is a shallow copy of the model whose modules
+outside the stage are swapped: on a stage other than the first, the modules before
+the blocks (the embedding) return the activation received from the previous stage;
+blocks of other stages pass their first argument through; on a stage other than the
+last, the forward stops at the output of its last block (a forward hook raises it to
+the stage's ``forward``, which returns it), so the final norm, head and loss run on
+the last stage only. Parameter names stay the model's (``layers.1.attention.wq.weight``).
+What this assumes of the model (true of the example LLaMA and of torchtitan's): the
+stream between blocks is one tensor, made by the modules before the blocks from the
+model's inputs and passed by each block as its first argument; the forward returns the
+scalar loss; no parameter is shared between stages (a tied embedding and head on
+different stages is refused). Every rank steps with the same keyword inputs (its dp
+shard of the batch): the first stage reads the tokens, the last the labels, and the
+forward's own bookkeeping (``seq = tokens.shape[1]``) runs on every stage.
+
+**What this does not run (yet).** Inside a stage, autoshard's own per-stage placements
+(the stage sub-mesh's solve: tensor parallelism, per-tensor sharding, its collective
+schedule) are not run: ``autoshard.runtime.execute`` interprets the whole joint
+graph's step program, which cannot be split into the per-microbatch forward and
+backward calls a ``PipelineStage`` makes. A stage runs the eager module with the dp
+layout torch offers (``fully_shard`` / ``replicate`` over every non-pipeline dim).
+
+**Stepping it** (a training loop)::
+
+    run = build_pipeline(model, mesh, plan.pipeline)
+    optimizer = torch.optim.AdamW(run.parameters())
+    for tokens, labels in batches:                  # this rank's dp shard, on every pp rank
+        optimizer.zero_grad()
+        loss = run.step(tokens=tokens, labels=labels)   # the mean loss on the last stage's ranks, else None
+        optimizer.step()
+
+>>> from autoshard.plan.pipeline_section import build_pipeline_section
+>>> from examples.models import llama3
+>>> model, _ = llama3.tiny(device="meta")
+>>> model_parts(model)
+ModelParts(leading=('tok_embeddings',), blocks=('layers.0', 'layers.1'), trailing=('norm', 'output'))
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import torch
+from torch import nn
+
+from autoshard.plan.pipeline_section import PipelineError, PipelineSection
+from autoshard.trace.blocks import repeated_blocks
+
+__all__ = ["ModelParts", "SendRecord", "PipelineRun", "model_parts", "check_model", "build_stage_module",
+           "build_pipeline"]
+
+
+@dataclass(frozen=True, slots=True)
+class ModelParts:
+    """The modules (with parameters) before the repeated blocks, the blocks, and after them."""
+
+    leading: tuple[str, ...]
+    blocks: tuple[str, ...]
+    trailing: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SendRecord:
+    """One point-to-point send a stage issued (:attr:`PipelineRun.sends`)."""
+
+    stage: int
+    kind: str
+    """``activation`` (forward, to the next stage) or ``gradient`` (backward, to the previous)."""
+    peer: int
+    """Global rank it went to."""
+    nbytes: int
+
+
+def model_parts(model: nn.Module) -> ModelParts:
+    """The model's repeated blocks (``autoshard.trace.blocks.repeated_blocks``) and the modules
+    holding parameters before and after their container, in registration order.
+    Raises :class:`PipelineError` for a model without repeated blocks."""
+    blocks = repeated_blocks(model)
+    if not blocks:
+        raise PipelineError("pipeline: the model has no repeated blocks (an nn.ModuleList of layers) to cut stages at")
+    container = blocks[0].rpartition(".")[0]
+    leading: list[str] = []
+    trailing: list[str] = []
+    seen = [False]
+
+    def walk(module: nn.Module, prefix: str) -> None:
+        for name, child in module.named_children():
+            path = f"{prefix}{name}"
+            if path == container:
+                seen[0] = True
+            elif container.startswith(path + "."):
+                walk(child, path + ".")
+            elif any(True for _ in child.parameters()):
+                (trailing if seen[0] else leading).append(path)
+
+    walk(model, "")
+    if any(True for _ in model.parameters(recurse=False)):
+        raise PipelineError("pipeline: the model's root holds parameters of its own; they belong to no stage")
+    return ModelParts(tuple(leading), blocks, tuple(trailing))
+
+
+class _StageExit(Exception):
+    """Carries the last block's output out of the model's forward (module docstring)."""
+
+    def __init__(self, output: Any) -> None:
+        super().__init__("stage output")
+        self.output = output
+
+
+class _Box:
+    """The activation a stage received, for its :class:`_Received` modules to return."""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value: torch.Tensor | None = None
+
+
+class _Received(nn.Module):
+    """Stands for the modules before the blocks on a later stage: returns the received activation."""
+
+    def __init__(self, box: _Box) -> None:
+        super().__init__()
+        self.box = box
+
+    def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        if self.box.value is None:
+            raise RuntimeError("pipeline stage: no activation was received for this forward")
+        return self.box.value
+
+
+class _PassThrough(nn.Module):
+    """Stands for a block of another stage: returns its first argument."""
+
+    def forward(self, x: Any, *args: Any, **kwargs: Any) -> Any:
+        return x
+
+
+def _stage_class(cls: type) -> type:
+    """A subclass of the model's class whose forward takes the received activation positionally and
+    the model's inputs as keywords, and returns the stage's output (module docstring)."""
+    model_forward = cls.forward
+
+    def forward(self: nn.Module, *received: torch.Tensor, **inputs: Any) -> Any:
+        box = self._pipeline_box
+        box.value = received[0] if received else None
+        try:
+            return model_forward(self, **inputs)
+        except _StageExit as exit_:
+            out = exit_.output
+            return out[0] if isinstance(out, tuple) else out  # blocks returning (hidden, ...)
+        except AttributeError as exc:
+            if "'_Received'" in str(exc) or "'_PassThrough'" in str(exc):  # e.g. a head tied to the embedding
+                raise PipelineError(f"pipeline: a stage's forward reads a module of another stage ({exc}); "
+                                    "weights shared across stages are not supported") from None
+            raise
+        finally:
+            box.value = None
+
+    return type(f"PipelineStage{cls.__name__}", (cls,), {"forward": forward})
+
+
+def _shallow_copy(module: nn.Module) -> nn.Module:
+    """A new module object sharing ``module``'s children, parameters and buffers, with dicts of its own."""
+    new = copy.copy(module)
+    for key, value in vars(module).items():
+        if isinstance(value, dict):
+            new.__dict__[key] = value.copy()
+    return new
+
+
+def _set_module(root: nn.Module, path: str, module: nn.Module, copied: set[int]) -> None:
+    """Put ``module`` at ``path`` of ``root``, copying the containers on the way (the model keeps its own)."""
+    *parents, last = path.split(".")
+    parent = root
+    for name in parents:
+        child = parent._modules[name]
+        if id(child) not in copied:
+            child = _shallow_copy(child)
+            copied.add(id(child))
+            parent._modules[name] = child
+        parent = child
+    parent._modules[last] = module
+
+
+def check_model(model: nn.Module, section: PipelineSection) -> ModelParts:
+    """The model's parts, after checking that ``section`` fits it: its stages run all of the model's
+    blocks, and every parameter is in the modules of exactly one stage (no tied weights across
+    stages). Raises :class:`PipelineError`, one line.
+
+    >>> from autoshard.plan.pipeline_section import build_pipeline_section
+    >>> from examples.models import llama3
+    >>> model, _ = llama3.tiny(device="meta")
+    >>> check_model(model, build_pipeline_section(schedule="GPipe", n_ranks=2, n_microbatches=2, batch_size=2,
+    ...             block_paths=("layers.0", "layers.1", "layers.2"), cuts=(1,)))
+    Traceback (most recent call last):
+    ...
+    autoshard.plan.pipeline_section.PipelineError: pipeline.stages: they run 3 blocks, the model has 2
+    """
+    parts = model_parts(model)
+    if section.stages[-1].end_block != len(parts.blocks):
+        raise PipelineError(f"pipeline.stages: they run {section.stages[-1].end_block} blocks, the model has "
+                            f"{len(parts.blocks)}")
+    _check_no_shared_parameters(model, section)
+    return parts
+
+
+def _check_no_shared_parameters(model: nn.Module, section: PipelineSection) -> None:
+    owner = {path: st.index for st in section.stages for path in st.modules}
+    stages_of: dict[int, set[int]] = {}
+    names: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        path = next((m for m in owner if name.startswith(m + ".")), None)
+        if path is None:
+            raise PipelineError(f"pipeline: parameter {name!r} is in no stage's modules")
+        stages_of.setdefault(id(p), set()).add(owner[path])
+        names.setdefault(id(p), []).append(name)
+    for pid, stages in stages_of.items():
+        if len(stages) > 1:
+            raise PipelineError(f"pipeline: parameter shared by stages {sorted(stages)} ({', '.join(names[pid])}); "
+                                "tied weights across stages are not supported")
+
+
+def build_stage_module(model: nn.Module, section: PipelineSection, stage: int, parts: ModelParts | None = None, *,
+                       data_parallel: Callable[[nn.Module, list[nn.Module]], None] | None = None) -> nn.Module:
+    """Stage ``stage`` of ``model`` (module docstring): shares the model's parameters, names them as
+    the model does; its forward takes the received activation (none on stage 0) and the model's
+    keyword inputs. ``data_parallel(stage_module, its blocks)`` wraps it before the hook that stops
+    the forward at its last block is added (FSDP's post-forward hooks must run before that one).
+
+    >>> # s0, s1 = (build_stage_module(model, section, k) for k in (0, 1))
+    >>> # s1(s0(tokens=t, labels=l), tokens=t, labels=l) == model(t, l)
+    """
+    parts = parts or model_parts(model)
+    st = section.stages[stage]
+    last = section.n_stages - 1
+    box = _Box()
+    root = _shallow_copy(model)
+    root.__class__ = _stage_class(type(model))
+    root._pipeline_box = box
+    copied = {id(root)}
+    if stage > 0:
+        for path in parts.leading:
+            _set_module(root, path, _Received(box), copied)
+    kept = set(parts.blocks[st.first_block:st.end_block])
+    for path in parts.blocks:
+        if path not in kept:
+            _set_module(root, path, _PassThrough(), copied)
+    if stage < last:
+        for path in parts.trailing:
+            _set_module(root, path, _PassThrough(), copied)
+    if data_parallel is not None:
+        data_parallel(root, [root.get_submodule(p) for p in parts.blocks[st.first_block:st.end_block]])
+    if stage < last:
+        root.get_submodule(parts.blocks[st.end_block - 1]).register_forward_hook(_raise_output)
+    return root
+
+
+def _apply_data_parallel(stage_module: nn.Module, blocks: list[nn.Module], kind: str, dp_mesh: Any) -> None:
+    if kind == "fsdp":
+        from torch.distributed.fsdp import fully_shard
+
+        for block in blocks:  # one unit per block: its weights gathered only around it, as torchtitan does
+            fully_shard(block, mesh=dp_mesh)
+        fully_shard(stage_module, mesh=dp_mesh)
+    else:
+        from torch.distributed._composable.replicate_with_fsdp import replicate
+
+        replicate(stage_module, mesh=dp_mesh)
+
+
+def _model_loss(output: torch.Tensor, target: Any) -> torch.Tensor:
+    """The schedule's loss: the model's forward already returns it (the target is unused)."""
+    return output
+
+
+def _recording(stage: Any, kind: str, get_ops: Callable[[int], list], log: list[SendRecord]) -> Callable[[int], list]:
+    def get(chunk: int) -> list:
+        ops = get_ops(chunk)
+        log.extend(SendRecord(stage.stage_index, kind, int(op.peer), op.tensor.numel() * op.tensor.element_size())
+                   for op in ops)
+        return ops
+    return get
+
+
+class PipelineRun:
+    """This rank's stages and torch's schedule over them (module docstring: stepping it)."""
+
+    def __init__(self, section: PipelineSection, stage_modules: list[nn.Module], stages: list[Any], schedule: Any,
+                 sends: list[SendRecord]) -> None:
+        self.section = section
+        self.stage_modules = stage_modules
+        """This rank's stage modules (the model's parameters, names unchanged; DTensors under FSDP)."""
+        self.stages = stages
+        """This rank's ``torch.distributed.pipelining.PipelineStage`` objects."""
+        self.schedule = schedule
+        """torch's schedule object (``ScheduleGPipe``, ``Schedule1F1B``, ...)."""
+        self.sends = sends
+        """The sends of the last :meth:`step` (filled when built with ``record_sends``)."""
+
+    @property
+    def has_last_stage(self) -> bool:
+        return any(s.is_last for s in self.stages)
+
+    def parameters(self) -> Iterator[nn.Parameter]:
+        """This rank's parameters (for its optimizer)."""
+        for module in self.stage_modules:
+            yield from module.parameters()
+
+    def named_parameters(self) -> Iterator[tuple[str, nn.Parameter]]:
+        """This rank's parameters under the model's names."""
+        for module in self.stage_modules:
+            yield from module.named_parameters()
+
+    def step(self, **inputs: torch.Tensor) -> torch.Tensor | None:
+        """One forward and backward of this rank's dp shard of the batch (the model's keyword inputs,
+        the same on every pp rank), in ``n_microbatches`` microbatches; gradients accumulated on
+        the parameters, scaled to the mean over microbatches. Returns the mean loss on the ranks of
+        the last stage, None elsewhere."""
+        if not inputs:
+            raise ValueError("PipelineRun.step: pass the model's inputs as keywords (tokens=..., labels=...)")
+        first = next(iter(inputs.values()))
+        m = self.section.n_microbatches
+        if first.shape[0] % m:
+            raise ValueError(f"PipelineRun.step: {m} microbatches do not divide this rank's batch of "
+                             f"{first.shape[0]} sequences")
+        self.sends.clear()
+        losses: list[torch.Tensor] = []
+        self.schedule.step(target=first, losses=losses, return_outputs=False, **inputs)
+        return torch.stack([loss.detach() for loss in losses]).mean() if self.has_last_stage else None
+
+
+def build_pipeline(model: nn.Module, mesh: Any, section: PipelineSection, *, record_sends: bool = False,
+                   device: torch.device | None = None) -> PipelineRun:
+    """This rank's :class:`PipelineRun` of ``section`` on ``mesh`` (module docstring). ``mesh`` has
+    ``section.mesh_dim`` of ``section.n_ranks``; its other dims are the stages' data parallelism.
+    The model's parameters are shared (and sharded in place under FSDP), not copied.
+
+    >>> # run = build_pipeline(model, init_device_mesh("cpu", (2, 2), mesh_dim_names=("pp", "dp")), plan.pipeline)
+    """
+    from torch.distributed.pipelining import PipelineStage
+    from torch.distributed.pipelining.schedules import PipelineScheduleSingle, get_schedule_class
+
+    parts = check_model(model, section)
+    names = tuple(mesh.mesh_dim_names or ())
+    if section.mesh_dim not in names:
+        raise PipelineError(f"pipeline.mesh_dim: {section.mesh_dim!r} is not a dim of the mesh {list(names)}")
+    pp_mesh = mesh[section.mesh_dim]
+    if pp_mesh.size() != section.n_ranks:
+        raise PipelineError(f"pipeline.n_ranks: {section.n_ranks}, but mesh dim {section.mesh_dim!r} has "
+                            f"{pp_mesh.size()} ranks")
+    dp_names = tuple(n for n in names if n != section.mesh_dim)
+    if len(dp_names) > 1:  # tensor parallelism inside a stage is autoshard's per-stage solve: not run here
+        raise PipelineError(f"pipeline: mesh {list(names)}: a stage runs data parallelism over one dim; "
+                            f"{list(dp_names)} inside a stage is not supported yet")
+    device = device or (torch.device("cpu") if mesh.device_type == "cpu"
+                        else torch.device(mesh.device_type, torch.cuda.current_device()))
+    rank = pp_mesh.get_local_rank()
+    dp_mesh = mesh[dp_names[0]] if dp_names else None
+    sends: list[SendRecord] = []
+    modules, stages = [], []
+    for st in section.stages_of_rank(rank):
+        wrap = None
+        if dp_mesh is not None and dp_mesh.size() > 1:
+            def wrap(module: nn.Module, blocks: list[nn.Module]) -> None:
+                _apply_data_parallel(module, blocks, section.data_parallel, dp_mesh)
+        module = build_stage_module(model, section, st.index, parts, data_parallel=wrap)
+        stage = PipelineStage(module, st.index, section.n_stages, device, group=pp_mesh.get_group())
+        if record_sends:
+            stage.get_fwd_send_ops = _recording(stage, "activation", stage.get_fwd_send_ops, sends)
+            stage.get_bwd_send_ops = _recording(stage, "gradient", stage.get_bwd_send_ops, sends)
+        modules.append(module)
+        stages.append(stage)
+    try:
+        schedule_cls = get_schedule_class(section.schedule)
+    except ValueError as exc:
+        raise PipelineError(f"pipeline.schedule: {exc}") from None
+    if issubclass(schedule_cls, PipelineScheduleSingle):
+        schedule = schedule_cls(stages[0], n_microbatches=section.n_microbatches, loss_fn=_model_loss)
+    else:
+        schedule = schedule_cls(stages, n_microbatches=section.n_microbatches, loss_fn=_model_loss)
+    return PipelineRun(section, modules, stages, schedule, sends)
+
+
+def _raise_output(module: nn.Module, args: Any, output: Any) -> None:
+    raise _StageExit(output)

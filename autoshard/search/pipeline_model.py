@@ -1,0 +1,183 @@
+"""The pipeline of a model instance on a mesh with a ``pp`` dim: search it, write the section.
+
+:func:`choose_pipeline` runs :func:`autoshard.search.pipeline.search_pipeline` for one
+model instance (not a factory): the block pricing of a microbatch
+(:func:`autoshard.search.pipeline_blocks.price_blocks`) solves the model cut down to
+``L_1 = 1`` and ``L_2 = 2`` of its repeated blocks (a shallow copy whose block container
+keeps its first ``L`` blocks, the same modules, nothing copied) at the microbatch's rows
+of the example inputs, on the stage sub-mesh (the mesh without the ``pp`` dim). The
+answer is the chosen :class:`~autoshard.search.pipeline.PipelinePlan` and the plan
+file's :class:`~autoshard.plan.pipeline_section.PipelineSection`, with each stage's
+priced time and its rank's peak memory recorded.
+
+Where the pieces come from (the caller gives them: the runtime's
+``autoshard.runtime.pipeline_stages.model_parts`` finds them): ``block_paths`` the
+repeated blocks, ``leading`` / ``trailing`` the modules before and after them.
+
+Bad input raises :class:`~autoshard.plan.pipeline_section.PipelineError`, one line: a
+mesh without the pipeline dim, fewer blocks than stages, a microbatch count that does
+not divide the batch, no candidate that fits the memory limit.
+
+>>> # section, chosen = choose_pipeline(model, (tokens, labels), (2, 2), ("pp", "dp"),
+>>> #                                   block_paths=parts.blocks, leading=parts.leading, trailing=parts.trailing)
+>>> # section.schedule, section.n_microbatches, chosen.bubble_fraction
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import Any, Mapping, Sequence
+
+import torch
+from torch import nn
+
+from autoshard.plan.pipeline_section import PipelineError, PipelineSection
+from autoshard.search.pipeline import PipelineLayout, PipelinePlan, pipeline_section, search_pipeline
+from autoshard.search.pipeline_blocks import BlockPricing, price_blocks
+
+__all__ = ["PIPELINE_DIM", "RUNTIME_SCHEDULES", "choose_pipeline", "truncated_model", "microbatch_inputs", "stage_sub_mesh"]
+
+PIPELINE_DIM = "pp"
+"""The mesh dim name that asks for pipeline stages."""
+
+RUNTIME_SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B")
+"""Schedules searched by default: those the runtime is shown to train as one device with
+(tests/autoshard/runtime/test_pipeline_gloo.py). ``InterleavedZeroBubble`` under FSDP gave
+the right first loss but a second one 7 % off on gloo (its split weight gradient): left
+out until that is fixed; ``schedules=`` still prices it."""
+
+
+def stage_sub_mesh(mesh_shape: Sequence[int], dim_names: Sequence[str]) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """The mesh one stage runs on: every dim but ``pp``.
+
+    >>> stage_sub_mesh((2, 4, 2), ("pp", "dp", "tp"))
+    ((4, 2), ('dp', 'tp'))
+    """
+    if PIPELINE_DIM not in dim_names:
+        raise PipelineError(f"mesh dims {','.join(dim_names)}: no {PIPELINE_DIM!r} dim to cut stages along")
+    at = list(dim_names).index(PIPELINE_DIM)
+    shape = tuple(int(s) for i, s in enumerate(mesh_shape) if i != at)
+    names = tuple(n for i, n in enumerate(dim_names) if i != at)
+    return (shape or (1,)), (names or ("dp",))
+
+
+def truncated_model(model: nn.Module, block_paths: Sequence[str], n_blocks: int) -> nn.Module:
+    """A shallow copy of ``model`` whose block container holds its first ``n_blocks`` blocks
+    (the same module objects: nothing is copied or allocated)."""
+    container_path = block_paths[0].rpartition(".")[0]
+    root = copy.copy(model)
+    root._modules = dict(model._modules)
+    parent, original = root, model
+    names = container_path.split(".") if container_path else []
+    for name in names[:-1]:  # copy the path down to the container so the original is untouched
+        child = copy.copy(original._modules[name])
+        child._modules = dict(original._modules[name]._modules)
+        parent._modules[name] = child
+        parent, original = child, original._modules[name]
+    container = original._modules[names[-1]] if names else original
+    keys = [p.rpartition(".")[2] for p in block_paths]
+    kept = type(container)([container._modules[k] for k in keys[:n_blocks]]) if isinstance(container, nn.ModuleList) \
+        else None
+    if kept is None:
+        raise PipelineError(f"pipeline: blocks under {container_path!r} are not an nn.ModuleList")
+    if names:
+        parent._modules[names[-1]] = kept
+        return root
+    return kept
+
+
+def microbatch_inputs(inputs: Sequence[Any] | Mapping[str, Any], rows: int) -> Any:
+    """The first ``rows`` sequences of every batched tensor input (dim 0)."""
+    def cut(x: Any) -> Any:
+        return x[:rows] if isinstance(x, torch.Tensor) and x.dim() > 0 else x
+    if isinstance(inputs, Mapping):
+        return {k: cut(v) for k, v in inputs.items()}
+    return tuple(cut(x) for x in inputs)
+
+
+def _first_tensor(inputs: Sequence[Any] | Mapping[str, Any]) -> torch.Tensor:
+    values = inputs.values() if isinstance(inputs, Mapping) else inputs
+    for x in values:
+        if isinstance(x, torch.Tensor) and x.dim() >= 1:
+            return x
+    raise PipelineError("pipeline: the example inputs have no batched tensor (batch on dim 0)")
+
+
+def _hidden(model: nn.Module, block_paths: Sequence[str]) -> tuple[int, int]:
+    """(hidden size, bytes per element) of the stream between blocks: the last dim and dtype
+    of the first block's first parameter of rank >= 1 whose last dim is shared by the most."""
+    block = model.get_submodule(block_paths[0])
+    dims: dict[int, int] = {}
+    itemsize = 4
+    for p in block.parameters():
+        if p.dim() >= 1:
+            dims[p.shape[-1]] = dims.get(p.shape[-1], 0) + 1
+            itemsize = p.element_size()
+    if not dims:
+        raise PipelineError(f"pipeline: block {block_paths[0]} has no parameters to size its activations")
+    return max(dims, key=lambda d: (dims[d], d)), itemsize
+
+
+def choose_pipeline(
+    model: nn.Module,
+    inputs: Sequence[Any] | Mapping[str, Any],
+    mesh_shape: Sequence[int],
+    dim_names: Sequence[str],
+    *,
+    block_paths: Sequence[str],
+    leading: Sequence[str] = (),
+    trailing: Sequence[str] = (),
+    profile: Any = "cpu-gloo",
+    time_limit: float = 30.0,
+    schedules: Sequence[str] = RUNTIME_SCHEDULES,
+    microbatches: Sequence[int] | None = None,
+    memory_limit: float | None = None,
+    recompute: str = "auto",
+    data_parallel: str = "fsdp",
+) -> tuple[PipelineSection, PipelinePlan]:
+    """The searched pipeline of ``model`` on the mesh (module docstring): the section and the
+    priced choice. ``time_limit`` bounds each block-pricing solve; ``memory_limit`` (bytes per
+    device) defaults to the profile's usable memory.
+
+    >>> # choose_pipeline(model, (tokens, labels), (2, 2), ("pp", "dp"), block_paths=("layers.0", "layers.1"))
+    """
+    from hw_profiles import HardwareProfile, load
+
+    prof = profile if isinstance(profile, HardwareProfile) else load(str(profile))
+    sub_shape, sub_names = stage_sub_mesh(mesh_shape, dim_names)
+    pp = int(mesh_shape[list(dim_names).index(PIPELINE_DIM)])
+    n_blocks = len(block_paths)
+    if n_blocks < 2:
+        raise PipelineError(f"pipeline: the model has {n_blocks} repeated block(s); pricing a stage needs at least 2")
+    if pp > n_blocks:
+        raise PipelineError(f"pipeline: pp={pp} stages exceed the model's {n_blocks} blocks")
+    first = _first_tensor(inputs)
+    batch, seq_len = int(first.shape[0]), int(first.shape[1]) if first.dim() > 1 else 1
+    dim, itemsize = _hidden(model, block_paths)
+    tp = math.prod(s for s, n in zip(sub_shape, sub_names) if n == "tp")
+    layout = PipelineLayout(pp, math.prod(sub_shape) // tp, tp)
+    prof_name = getattr(prof, "name", None) or str(profile)
+    pricings: dict[int, BlockPricing] = {}
+
+    def factory(n_layers: int, batch_size: int, **_: Any) -> tuple[nn.Module, Any]:
+        return truncated_model(model, block_paths, n_layers), microbatch_inputs(inputs, batch_size)
+
+    def price_at(micro_batch: int) -> BlockPricing:
+        if micro_batch not in pricings:
+            pricings[micro_batch] = price_blocks(factory, {}, sub_shape, sub_names, micro_batch=micro_batch,
+                                                 depths=(1, 2), recompute=recompute, profile=prof_name,
+                                                 time_limit=time_limit)
+        return pricings[micro_batch]
+
+    try:
+        chosen = search_pipeline(price_at, n_blocks=n_blocks, batch=batch, seq_len=seq_len, dim=dim, layout=layout,
+                                 profile=prof, flops_per_token=0.0, schedules=schedules, microbatches=microbatches,
+                                 memory_limit_bytes=memory_limit, itemsize=itemsize)
+    except PipelineError:
+        raise
+    except ValueError as exc:  # the search's one-line refusals, as the section's error
+        raise PipelineError(f"pipeline: {exc}") from None
+    section = pipeline_section(chosen, batch=batch, seq_len=seq_len, dim=dim, block_paths=block_paths,
+                               leading=leading, trailing=trailing, itemsize=itemsize, data_parallel=data_parallel)
+    return section, chosen

@@ -1,0 +1,198 @@
+"""A model's repeated blocks: the one place that says which submodules are its
+layers (transformer blocks), read from the module tree, not from the graph.
+
+The rule: a model's blocks are the children of its block containers
+(``nn.ModuleList``, ``nn.Sequential``, ``nn.ModuleDict``) that hold
+parameters; :func:`containers` walks the tree once and lists every such
+container with its children. Two views read that walk:
+
+- :func:`repeated_blocks`, every block of the model, for recomputation regions
+  (``TracedGraph.blocks``) and pipeline stage cuts: the parameter-holding
+  children of each ``ModuleList`` / ``Sequential`` (the root included) that has
+  at least two, outermost containers only (a block's own lists are inside the
+  block), in model order. The blocks need not be alike.
+- :func:`find_stack`, the one stack a trace may stamp
+  (:mod:`autoshard.trace.stamp`): the largest (by parameters) non-root
+  container, ``ModuleDict`` included, of at least ``min_blocks`` children that
+  all hold parameters and are interchangeable (:func:`block_signature`: the
+  same classes, shapes and attributes, a block's own index aside).
+
+The difference between the two, said once: ``repeated_blocks`` takes any two or
+more parameter-holding children of the outermost lists (``ModuleDict`` not
+counted, the root counted); ``find_stack`` asks for a non-root stack of
+interchangeable blocks, nested or not, and keeps the largest.
+
+>>> from examples.models import llama3
+>>> model = llama3.tiny(device="meta", n_layers=8)[0]
+>>> repeated_blocks(model)[:2], find_stack(model, min_blocks=8).path
+(('layers.0', 'layers.1'), 'layers')
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["Container", "Stack", "containers", "repeated_blocks", "find_stack", "block_signature"]
+
+_CONTAINERS = (nn.ModuleList, nn.Sequential, nn.ModuleDict)
+
+
+@dataclass(frozen=True, slots=True)
+class Container:
+    """One block container of a model: its path (``""``: the root) and its children, in order."""
+
+    path: str
+    module: nn.Module
+    children: tuple[tuple[str, nn.Module], ...]
+
+    def holders(self) -> tuple[tuple[str, nn.Module], ...]:
+        """The children that hold parameters (the blocks)."""
+        return tuple((key, m) for key, m in self.children if _holds_parameters(m))
+
+    def block_path(self, key: str) -> str:
+        """Module path of child ``key``."""
+        return f"{self.path}.{key}" if self.path else key
+
+
+@dataclass(frozen=True, slots=True)
+class Stack:
+    """A container of interchangeable blocks at ``path`` (its children ``keys``, in order)."""
+
+    path: str
+    keys: tuple[str, ...]
+
+    def prefix(self, index: int) -> str:
+        """Module path of block ``index``."""
+        return f"{self.path}.{self.keys[index]}"
+
+
+def containers(model: nn.Module) -> Iterator[Container]:
+    """Every ``ModuleList`` / ``Sequential`` / ``ModuleDict`` of ``model`` (the root
+    included), in ``named_modules`` order.
+
+    >>> from examples.models import mlp
+    >>> [c.path for c in containers(mlp.tiny(device="meta")[0])]
+    ['layers']
+    """
+    for path, module in model.named_modules():
+        if isinstance(module, _CONTAINERS):
+            yield Container(path, module, tuple(module.named_children()))
+
+
+def repeated_blocks(model: nn.Module) -> tuple[str, ...]:
+    """Paths of the model's repeated blocks (the module docstring's first view):
+    transformer layers (``layers.0``, ``model.layers.0``) are blocks; a model
+    without such a list has none.
+
+    >>> from examples.models import llama3
+    >>> repeated_blocks(llama3.tiny(device="meta")[0])
+    ('layers.0', 'layers.1')
+    """
+    blocks: list[str] = []
+    for container in containers(model):
+        if isinstance(container.module, nn.ModuleDict):
+            continue
+        if any(container.path == b or container.path.startswith(b + ".") for b in blocks):
+            continue
+        holders = container.holders()
+        if len(holders) >= 2:
+            blocks.extend(container.block_path(key) for key, _ in holders)
+    return tuple(blocks)
+
+
+def find_stack(model: nn.Module, min_blocks: int) -> Stack | None:
+    """The largest non-root container of at least ``min_blocks`` interchangeable
+    children (the module docstring's second view), or None.
+
+    >>> from examples.models import llama3
+    >>> find_stack(llama3.tiny(device="meta", n_layers=4)[0], min_blocks=4).keys
+    ('0', '1', '2', '3')
+    """
+    best: tuple[int, Stack] | None = None
+    for container in containers(model):
+        children = container.children
+        if not container.path or len(children) < min_blocks or len(container.holders()) != len(children):
+            continue
+        first = block_signature(children[0][1])
+        if first is None or not all(_same_but_index(first, block_signature(m), i)
+                                    for i, (_, m) in enumerate(children[1:], start=1)):
+            continue
+        size = sum(p.numel() for p in container.module.parameters())
+        if best is None or size > best[0]:
+            best = (size, Stack(container.path, tuple(key for key, _ in children)))
+    return None if best is None else best[1]
+
+
+def _holds_parameters(module: nn.Module) -> bool:
+    return any(True for _ in module.parameters())
+
+
+_TORCH_STATE = frozenset({"_parameters", "_buffers", "_modules", "training", "_non_persistent_buffers_set"})
+
+
+def _same_but_index(first: tuple[Any, ...], other: tuple[Any, ...] | None, index: int) -> bool:
+    """Whether block ``index``'s signature is block 0's but for ints equal to the block's index."""
+    if other is None or len(other) != len(first):
+        return False
+    return all(a == b or (len(a) == 2 and a[0] == b[0] and type(a[1]) is int and type(b[1]) is int
+                          and a[1] == 0 and b[1] == index)
+               for a, b in zip(first, other))
+
+
+def block_signature(block: nn.Module) -> tuple[Any, ...] | None:
+    """What a block's trace depends on: module classes, parameter shapes, and plain
+    attributes (one config object shared by the blocks compares by identity). None
+    when the block cannot be stamped (hooks, buffers, tensor attributes).
+
+    >>> block_signature(nn.Linear(2, 3))[:2]
+    (('', <class 'torch.nn.modules.linear.Linear'>), ('weight', (3, 2), torch.float32, True))
+    """
+    out: list[Any] = []
+    for path, module in block.named_modules():
+        if module._buffers or _has_hooks(module):
+            return None
+        out.append((path, type(module)))
+        for name, p in module.named_parameters(recurse=False):
+            out.append((name, tuple(p.shape), p.dtype, p.requires_grad))
+        for key, value in sorted(vars(module).items()):
+            if key in _TORCH_STATE or key.startswith("_forward") or key.startswith("_backward") \
+                    or key.startswith("_state_dict") or key.startswith("_load_state_dict"):
+                continue
+            plain = _plain(value)
+            if plain is _UNCOMPARABLE:
+                return None
+            out.append((key, plain))
+    return tuple(out)
+
+
+_UNCOMPARABLE = object()
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as a comparable key (objects by identity: one config shared by all blocks)."""
+    if value is None or isinstance(value, (bool, int, float, str, torch.dtype, torch.device)):
+        return value
+    if isinstance(value, (tuple, list)):
+        items = tuple(_plain(v) for v in value)
+        return _UNCOMPARABLE if any(v is _UNCOMPARABLE for v in items) else (type(value), items)
+    if isinstance(value, torch.Tensor):
+        return _UNCOMPARABLE  # a tensor attribute becomes a constant of the graph
+    if isinstance(value, nn.Module) and not any(True for _ in value.parameters()) \
+            and not any(True for _ in value.buffers()) and not _has_hooks(value):
+        # a stateless module held outside ``_modules`` (the ``kernels`` package's per-block ``Func``
+        # wrappers of one function): what it computes is its class
+        return ("module", type(value))
+    if type(value) is dict:  # a per-block dict of shared objects (transformers' ``_kernel_funcs``) by content
+        items = tuple((_plain(k), _plain(v)) for k, v in value.items())
+        return _UNCOMPARABLE if any(_UNCOMPARABLE in item for item in items) else (dict, items)
+    return ("id", id(value))
+
+
+def _has_hooks(module: nn.Module) -> bool:
+    return any(getattr(module, name, None) for name in (
+        "_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks"))

@@ -1,0 +1,75 @@
+"""``autoshard solve`` on a mesh with a ``pp`` dim writes the searched pipeline section; bad input is one line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from autoshard.plan.format import Plan
+
+pytestmark = pytest.mark.slow
+
+
+def _solve(tmp_path, kwargs: dict, mesh: str, dims: str):
+    out = tmp_path / "plan.json"
+    done = subprocess.run([sys.executable, "-m", "autoshard.cli", "solve", "examples.models.llama3:tiny",
+                           "--kwargs", json.dumps(kwargs), "--mesh", mesh, "--dims", dims, "--profile", "cpu-gloo",
+                           "--time-limit", "10", "-o", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    return done, out
+
+
+def test_a_pp_mesh_writes_the_searched_section_and_explain_shows_it(tmp_path):
+    done, out = _solve(tmp_path, {"batch_size": 8}, "2x2", "pp,dp")
+    assert done.returncode == 0, done.stderr
+    plan = Plan.load(out)
+    section = plan.pipeline
+    assert section is not None and section.n_ranks == 2 and section.mesh_dim == "pp"
+    assert section.schedule in ("GPipe", "1F1B", "Interleaved1F1B") and 8 % section.n_microbatches == 0
+    assert [s.modules[0] for s in section.stages] == ["tok_embeddings", "layers.1"]
+    assert all(s.forward_s and s.backward_s and s.peak_bytes for s in section.stages)
+    assert f"schedule {section.schedule}, {section.n_microbatches} microbatches" in done.stdout
+
+
+@pytest.mark.parametrize("kwargs, mesh, message", [
+    ({"batch_size": 2}, "2x2", "no microbatch count: batch 2"),
+    ({"batch_size": 8}, "4x1", "pp=4 stages exceed the model's 2 blocks"),
+])
+def test_bad_pipeline_input_is_one_line_nonzero_and_nothing_written(tmp_path, kwargs, mesh, message):
+    done, out = _solve(tmp_path, kwargs, mesh, "pp,dp")
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode != 0 and len(lines) == 1 and message in lines[0], done.stderr
+    assert not out.exists()
+
+
+FLAT = """
+import torch
+from torch import nn
+
+
+class Flat(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.proj(x).pow(2).mean()
+
+
+def tiny():
+    return Flat(), (torch.randn(8, 8),)
+"""
+
+
+def test_a_model_without_repeated_blocks_is_one_line(tmp_path):
+    (tmp_path / "flat_model.py").write_text(FLAT)
+    out = tmp_path / "plan.json"
+    done = subprocess.run([sys.executable, "-m", "autoshard.cli", "solve", "flat_model:tiny", "--path", str(tmp_path),
+                           "--mesh", "2x1", "--dims", "pp,dp", "--profile", "cpu-gloo", "-o", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode != 0 and len(lines) == 1 and "no repeated blocks" in lines[0], done.stderr
+    assert not out.exists()

@@ -1,0 +1,82 @@
+"""The solve chooses expert parallelism where its price pays and not where it does not.
+
+A Mixtral with eight large experts (d 1024, h 4096) on 4 H100s: replicated or
+FSDP experts pay a gradient reduction or gathers of ~200 MB per step, the
+expert-parallel strategy (``autoshard.rules.experts``, priced by
+``costmodel.expert_parallel`` at the load imbalance option) keeps each rank's
+two experts and pays four token all-to-alls: the solve picks it for both the
+forward and the backward experts node, the plan records the exchange and the
+imbalance, and ``explain`` shows it. The tiny Mixtral (d 64): its exchanges'
+latency costs more than its experts' compute, so no exchange is chosen.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from autoshard.plan.explain import explain_text
+from autoshard.plan.format import Plan
+from autoshard.search.solve import prepare, solve_prepared
+from examples.models import hf, mlp
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="needs transformers")
+
+BIG = {"hidden_size": 1024, "intermediate_size": 4096, "num_local_experts": 8, "num_hidden_layers": 1,
+       "batch_size": 4, "seq_len": 64, "device": "meta"}
+SOLVE = {"profile": "h100-sxm-80gb", "device_type": "cpu", "time_limit": 10, "recompute": "none"}
+
+
+def _experts(plan: Plan) -> list:
+    return [n for n in plan.nodes if n.op.startswith("autoshard.experts")]
+
+
+@pytest.fixture(scope="module")
+def big():
+    model, inputs = hf.hf_mixtral(**BIG)
+    return prepare(model, inputs, (4,), ("ep",), **SOLVE)
+
+
+def test_many_large_experts_on_four_ranks_run_expert_parallel(big) -> None:
+    plan = solve_prepared(big, time_limit=10)
+    nodes = _experts(plan)
+    assert [n.op for n in nodes] == ["autoshard.experts.default", "autoshard.experts_backward.default"]
+    assert all(n.exchange == ("expert_dispatch", 0) for n in nodes)
+    assert all(p.startswith("S(0)") for p in nodes[0].inputs[3:])  # each rank holds its 2 of the 8 experts
+    assert plan.options["expert_imbalance"] == 1.25
+    again = Plan.from_dict(plan.to_dict())
+    assert [n.exchange for n in _experts(again)] == [n.exchange for n in nodes]
+    text = explain_text(plan)
+    assert "expert parallel: 2 ops" in text
+    assert "| experts (autoshard.experts.default) | - | 0 (ep) | 4 | 1.25 |" in text
+
+
+def test_the_imbalance_option_prices_the_exchange_strategy(big) -> None:
+    def ep_price(prep) -> float:
+        node = next(n for n in prep.graph.nodes if n.target == "autoshard.experts.default")
+        return max(c for s, c in zip(node.strategies, node.compute_s) if s.exchange is not None)
+
+    model, inputs = hf.hf_mixtral(**BIG)
+    skewed = prepare(model, inputs, (4,), ("ep",), **SOLVE, expert_imbalance=3.0)
+    assert ep_price(skewed) > 1.5 * ep_price(big)
+    assert skewed.options["expert_imbalance"] == 3.0
+    with pytest.raises(ValueError, match=r"^expert_imbalance: must be a number >= 1"):
+        prepare(model, inputs, (4,), ("ep",), **SOLVE, expert_imbalance=0.5)
+
+
+def test_tiny_experts_do_not_pay_for_the_exchange() -> None:
+    model, inputs = hf.hf_mixtral(num_hidden_layers=1)
+    prep = prepare(model, inputs, (4,), ("ep",), **SOLVE)
+    node = next(n for n in prep.graph.nodes if n.target == "autoshard.experts.default")
+    assert any(s.exchange is not None for s in node.strategies)  # offered, and priced above the local ones
+    plan = solve_prepared(prep, time_limit=10)
+    assert all(n.exchange is None for n in _experts(plan))
+    assert "expert parallel" not in explain_text(plan)
+
+
+def test_a_model_without_experts_records_no_imbalance() -> None:
+    model, inputs = mlp.tiny(device="meta")
+    prep = prepare(model, inputs, (4,), ("dp",), **SOLVE)
+    assert "expert_imbalance" not in prep.options
+    assert all(n.exchange is None for n in solve_prepared(prep, time_limit=10).nodes)
