@@ -299,7 +299,7 @@ def _plan_nodes(graph: AssemblyGraph, choice: Sequence[int]) -> tuple[PlanNode, 
     return tuple(
         PlanNode(n.name, n.target, tuple(placement_text(p) for p in n.strategies[k].output_placements),
                  tuple(placement_text(p) for p in n.strategies[k].input_placements), n.region,
-                 getattr(n.strategies[k], "exchange", None))
+                 n.strategies[k].exchange)
         for n, k in zip(graph.nodes, choice) if n.kind == "op"
     )
 

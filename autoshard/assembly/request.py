@@ -30,7 +30,7 @@ from costmodel.placements import Placement, PlacementParseError, parse_placement
 from hw_profiles import HardwareProfile, load_dict
 from solver import Problem
 
-from autoshard.plan.format import ASSEMBLY_FORMAT, REQUEST_FORMAT, Fingerprint, PlanError
+from autoshard.plan.format import ASSEMBLY_FORMAT, EXCHANGE_KINDS, REQUEST_FORMAT, Fingerprint, PlanError
 
 __all__ = ["AssemblyError", "StrategyPlacements", "AssemblyNode", "AssemblyEdge", "AssemblyGraph", "PlanRequest",
            "placement_text"]
@@ -54,6 +54,8 @@ class StrategyPlacements:
 
     output_placements: tuple[Placements | None, ...]
     input_placements: tuple[Placements | None, ...]
+    exchange: tuple[str, int] | None = None
+    """``(kind, mesh_dim)`` of a strategy that is not a local op (``OpStrategy.exchange``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,8 +122,7 @@ class AssemblyGraph:
             key = id(node.strategies)
             if key not in list_index:
                 list_index[key] = len(lists)
-                lists.append([[[placement_text(p) for p in s.output_placements],
-                               [placement_text(p) for p in s.input_placements]] for s in node.strategies])
+                lists.append([_strategy_entry(s) for s in node.strategies])
             entry = {"name": node.name, "kind": node.kind, "target": node.target, "strategies": list_index[key]}
             if node.states:
                 entry["states"] = list(node.states)
@@ -250,12 +251,31 @@ def _strategy_list(raw: Any, where: str, parsed: dict[str | None, Placements | N
         raise AssemblyError(f"{where}: expected a list of strategies")
     out = []
     for k, strategy in enumerate(raw):
-        if not (isinstance(strategy, list) and len(strategy) == 2 and all(isinstance(s, list) for s in strategy)):
-            raise AssemblyError(f"{where}[{k}]: expected [[outputs...], [inputs...]]")
-        outs, ins = strategy
+        if not (isinstance(strategy, list) and len(strategy) in (2, 3)
+                and all(isinstance(s, list) for s in strategy[:2])):
+            raise AssemblyError(f"{where}[{k}]: expected [[outputs...], [inputs...]] (and an exchange)")
+        outs, ins = strategy[:2]
+        exchange = None
+        if len(strategy) == 3:
+            raw_exchange = strategy[2]
+            if (not isinstance(raw_exchange, dict) or raw_exchange.get("kind") not in EXCHANGE_KINDS
+                    or type(raw_exchange.get("mesh_dim")) is not int
+                    or not 0 <= raw_exchange["mesh_dim"] < mesh_dims):
+                raise AssemblyError(f"{where}[{k}][2]: expected an exchange {{kind: one of "
+                                    f"{', '.join(EXCHANGE_KINDS)}, mesh_dim: 0..{mesh_dims - 1}}}")
+            exchange = (raw_exchange["kind"], raw_exchange["mesh_dim"])
         out.append(StrategyPlacements(tuple(one(t, f"{where}[{k}]") for t in outs),
-                                      tuple(one(t, f"{where}[{k}]") for t in ins)))
+                                      tuple(one(t, f"{where}[{k}]") for t in ins), exchange))
     return tuple(out)
+
+
+def _strategy_entry(strategy: Any) -> list[Any]:
+    """A strategy's JSON form: ``[[outputs], [inputs]]``, then its exchange where it has one."""
+    entry: list[Any] = [[placement_text(p) for p in strategy.output_placements],
+                        [placement_text(p) for p in strategy.input_placements]]
+    if strategy.exchange is not None:
+        entry.append({"kind": strategy.exchange[0], "mesh_dim": strategy.exchange[1]})
+    return entry
 
 
 @dataclass(frozen=True, slots=True, eq=False)

@@ -80,3 +80,27 @@ def test_a_model_without_experts_records_no_imbalance() -> None:
     prep = prepare(model, inputs, (4,), ("dp",), **SOLVE)
     assert "expert_imbalance" not in prep.options
     assert all(n.exchange is None for n in solve_prepared(prep, time_limit=10).nodes)
+
+
+def test_the_plan_service_path_keeps_the_exchange(big) -> None:
+    """A plan assembled from the request's JSON (what ``autoshard serve`` receives) records the same
+    exchanges as the local plan: the request's strategy lists carry them."""
+    import json
+
+    from autoshard.assembly.assemble import assemble_plan
+    from autoshard.assembly.from_graph import plan_from_solution, plan_request
+    from autoshard.assembly.request import PlanRequest
+    from autoshard.graph.problem import to_problem
+    from solver import Problem
+    from solver import solve as solve_problem
+
+    problem = to_problem(big.graph, memory_limit=big.graph.profile.device.memory_bytes)
+    solution = solve_problem(problem, time_limit=10)
+    local = plan_from_solution(big.graph, problem, solution, fingerprint=big.fingerprint, options=big.options)
+    body = json.loads(json.dumps(plan_request(big.graph, problem, fingerprint=big.fingerprint, options=big.options,
+                                              timings={}, solve={"time_limit": 10})))
+    request = PlanRequest.from_dict(body["autoshard"])
+    remote = assemble_plan(request.assembly, Problem.from_dict(body), solution, fingerprint=request.fingerprint,
+                           options=request.options)
+    assert any(n.exchange is not None for n in _experts(local))
+    assert [n.exchange for n in _experts(remote)] == [n.exchange for n in _experts(local)]
