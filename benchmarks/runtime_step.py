@@ -37,6 +37,7 @@ one process, stepped in turn (the runtime's own overhead).
 
     python benchmarks/runtime_step.py -o benchmarks/results/runtime_step.md   # ~10 min on 2 cores
     python benchmarks/runtime_step.py --models mlp --meshes 4 --steps 5 --no-compile
+    python benchmarks/runtime_step.py --models unseen --meshes 4 --kinds ddp --handwritten torch-ddp --no-one-rank
     python benchmarks/runtime_step.py --calibrate-first    # price with a profile measured now, on this host
 
 Predictions are only as good as the profile: ``--profile`` names the one to
@@ -306,11 +307,13 @@ def _machine_speed(rank: int, world: int) -> float:
 
 
 def _worker(rank: int, world: int, plans: dict, models: list[str], meshes: list[str], steps: int, warmup: int,
-            opt_kind: str, compile_: bool, device: str = "cpu") -> dict:
+            opt_kind: str, compile_: bool, device: str = "cpu",
+            handwritten: tuple[str, ...] = tuple(HANDWRITTEN)) -> dict:
     global DEVICE
     DEVICE = device  # a spawned process imports this module afresh
     results = {}
-    for mk, mesh_key, variants in step_variants(plans, models, meshes, AUTOSHARD, opt_kind, compile_=compile_):
+    for mk, mesh_key, variants in step_variants(plans, models, meshes, AUTOSHARD, opt_kind, handwritten,
+                                                compile_=compile_):
         speed = _machine_speed(rank, world)  # a row measured minutes after the correction: did the machine drift?
         results[(mk, mesh_key, "_reference_step")] = (speed, speed)
         for name, value in round_robin(variants, steps, warmup).items():
@@ -341,12 +344,17 @@ def _one_rank(rank: int, world: int, plans: dict, models: list[str], steps: int,
 
 
 def measure_all(plans: dict, models: list[str], meshes: list[str], tmp: Path, *, steps: int, warmup: int,
-                opt_kind: str, compile_: bool, device: str = "cpu", world: int = 4) -> tuple[dict, dict]:
-    """Every variant of every (model, mesh) on ``world`` spawned gloo ranks, then the one-rank
-    comparison (``plans`` must hold each model's ``ddp`` plan on mesh ``1``): ``(measured, one)``
-    as :func:`_report` reads them. ``device="cuda"``: every rank's tensors on GPU 0."""
-    measured = gloo.spawn(world, _worker, (plans, models, meshes, steps, warmup, opt_kind, compile_, device),
-                          tmp / "ranks", timeout=None, device=device, collective_timeout_s=900)[0]
+                opt_kind: str, compile_: bool, device: str = "cpu", world: int = 4,
+                handwritten: tuple[str, ...] = tuple(HANDWRITTEN), one_rank: bool = True) -> tuple[dict, dict]:
+    """Every variant of every (model, mesh) on ``world`` spawned gloo ranks (the autoshard plans in
+    ``plans``, the ``handwritten`` ones), then the one-rank comparison unless ``one_rank`` is False
+    (``plans`` must hold each model's ``ddp`` plan on mesh ``1``): ``(measured, one)`` as
+    :func:`_report` reads them. ``device="cuda"``: every rank's tensors on GPU 0."""
+    measured = gloo.spawn(world, _worker, (plans, models, meshes, steps, warmup, opt_kind, compile_, device,
+                                           handwritten), tmp / "ranks", timeout=None, device=device,
+                          collective_timeout_s=900)[0]
+    if not one_rank:
+        return measured, {}
     one = gloo.spawn(1, _one_rank, (plans, models, steps, warmup, opt_kind, device), tmp / "one", timeout=None,
                      device=device, collective_timeout_s=900)[0]
     return measured, one
@@ -414,9 +422,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile-correction", choices=("off", "here", "remeasure", "calibrate"), default="off",
                         help="correct the profile for this host before pricing (solve option profile_correction)")
     parser.add_argument("--no-compile", action="store_true", help="leave out the compile=True rows")
+    parser.add_argument("--kinds", default=",".join(AUTOSHARD),
+                        help="autoshard plans to step (a subset of solved,ddp,fsdp,tp,fsdp+tp: a shorter run)")
+    parser.add_argument("--handwritten", default=",".join(HANDWRITTEN),
+                        help="hand-written variants to step (a subset of torch-ddp,torch-fsdp2,torch-tp)")
+    parser.add_argument("--no-one-rank", action="store_true", help="leave out the one-rank comparison")
     parser.add_argument("-o", "--output", help="also write the report (markdown) to this file")
     args = parser.parse_args(argv)
     models, meshes = args.models.split(","), args.meshes.split(",")
+    kinds, handwritten = tuple(args.kinds.split(",")), tuple(args.handwritten.split(","))
+    unknown = sorted((set(kinds) - set(AUTOSHARD)) | (set(handwritten) - set(HANDWRITTEN)))
+    if unknown or not handwritten:
+        parser.error(f"--kinds / --handwritten: unknown {', '.join(unknown)}" if unknown else
+                     "--handwritten: name at least one")
     world = 4
     start = time.perf_counter()
     load_before = load_average()
@@ -432,12 +450,15 @@ def main(argv: list[str] | None = None) -> int:
             for ranks in (world, 1):
                 corrected_profile(load(PROFILE), ranks=ranks, mode="remeasure")
             fix = "here"
-        plans = make_plans(models, meshes, Path(tmp), args.time_limit, optimizer_impl=impl, correction=fix)
-        plans.update(make_plans(models, ["1"], Path(tmp), args.time_limit, kinds=("ddp",), optimizer_impl=impl,
-                                correction=fix))
+        plans = make_plans(models, meshes, Path(tmp), args.time_limit, kinds=kinds, optimizer_impl=impl,
+                           correction=fix)
+        if not args.no_one_rank:
+            plans.update(make_plans(models, ["1"], Path(tmp), args.time_limit, kinds=("ddp",), optimizer_impl=impl,
+                                    correction=fix))
         planned = time.perf_counter() - start
         measured, one = measure_all(plans, models, meshes, Path(tmp), steps=args.steps, warmup=args.warmup,
-                                    opt_kind=args.optimizer, compile_=not args.no_compile)
+                                    opt_kind=args.optimizer, compile_=not args.no_compile and "solved" in kinds,
+                                    handwritten=handwritten, one_rank=not args.no_one_rank)
     lines = _report(args, argv, models, meshes, plans, measured, one, planned, time.perf_counter() - start,
                     load_before, load_average(), profile_line)
     text = "\n".join(lines) + "\n"
@@ -497,7 +518,8 @@ def _report(args, argv, models, meshes, plans, measured, one, planned, total, lo
             errors = [abs(p / m - 1) for p, m in zip(pred, meas)]
             rho = spearman(pred, meas)
             get = lambda n: measured.get((mk, mesh_key, n), (math.nan, math.nan))  # noqa: E731
-            fastest_name, fastest = min(((n, get(n)[0]) for n in HANDWRITTEN), key=lambda t: t[1])
+            fastest_name, fastest = min(((n, get(n)[0]) for n in HANDWRITTEN if (mk, mesh_key, n) in measured),
+                                        key=lambda t: t[1], default=("-", math.nan))
             summary.append((mk, mesh_key, rho, statistics.median(errors) if errors else math.nan, get("as-solved")[0],
                             fastest_name, fastest, get("as-ddp"), get("torch-ddp"), get("as-fsdp"),
                             get("torch-fsdp2"), get("as-solved+compile")[0]))
@@ -515,7 +537,7 @@ def _report(args, argv, models, meshes, plans, measured, one, planned, total, lo
     out += ["", "### One rank (no communication): the DDP plan on a mesh of 1 vs eager PyTorch", "",
             "| model | eager step ms | autoshard step ms | ratio | eager fwd+bwd ms | autoshard fwd+bwd ms | ratio |",
             "|---|---:|---:|---:|---:|---:|---:|"]
-    for mk in models:
+    for mk in (m for m in models if m in one):  # none with --no-one-rank
         e, a = one[mk]["eager"], one[mk]["autoshard"]
         out.append(f"| {mk} | {e[0] * 1e3:.2f} | {a[0] * 1e3:.2f} | {a[0] / e[0]:.3f} | {e[1] * 1e3:.2f} | "
                    f"{a[1] * 1e3:.2f} | {a[1] / e[1]:.3f} |")

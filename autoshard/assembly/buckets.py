@@ -49,7 +49,12 @@ instead of a fixed cap the assembler groups the gradients with every cap of
 the cap would be passed), schedules each grouping as the runtime runs it (a
 bucket issued right after its last member gradient, waited before the
 optimizer step), and keeps the one with the shortest simulated step (ties: the
-larger cap, fewer calls). ``B = 0`` turns buckets off, as before. The solver's
+larger cap, fewer calls). Then the same caps with DDP's smaller first bucket
+(``FIRST_CAPS``: 1 MiB; ``group_buckets(first_cap=...)``): the first gradients
+the backward makes leave at once and their reduction runs under the rest of the
+backward, for one more call latency; such a grouping replaces the best so far only
+where its step simulates shorter, so plans change only where that is priced faster.
+``B = 0`` turns buckets off, as before. The solver's
 edge prices amortise latency over ``B``-sized buckets (``costmodel.buckets.grouping``):
 an approximation the plan's estimate corrects, since it simulates the buckets
 chosen here.
@@ -64,7 +69,7 @@ chosen here.
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 from costmodel.buckets.grouping import (GATHER_CAPS, Bucket, bucket_share, bucketable_step, gatherable_step,
@@ -77,12 +82,16 @@ from hw_profiles import HardwareProfile
 
 from autoshard.program.schedule import VIEW_OPS, Schedule, build_schedule, leaf_views
 
-__all__ = ["LEAF_KINDS", "GRADIENT_CAPS", "gather_edges", "EdgeRoutes", "reschedule", "choose_gradient_buckets"]
+__all__ = ["LEAF_KINDS", "GRADIENT_CAPS", "FIRST_CAPS", "BucketCaps", "gather_edges", "EdgeRoutes", "reschedule",
+           "candidate_caps", "choose_gradient_buckets"]
 
 LEAF_KINDS = ("param", "input", "buffer")
 
 GRADIENT_CAPS = (2**20, 4 * 2**20, 16 * 2**20, 25 * 2**20, 64 * 2**20)
 """Gradient bucket caps (bytes) the assembler tries beside the graph's own."""
+
+FIRST_CAPS = (2**20,)
+"""First-bucket caps (bytes) the assembler tries below each cap: DDP's ``dist._DEFAULT_FIRST_BUCKET_BYTES``."""
 
 
 def gather_edges(kinds: Sequence[str], targets: Sequence[str], edges: Sequence[tuple[int, int]]) -> list[int]:
@@ -160,6 +169,28 @@ def reschedule(pricing: Any, redistributions: Sequence[Any], buckets: Sequence[A
     return schedule, pricing.simulate(schedule, redistributions, buckets, gathers)
 
 
+@dataclass(frozen=True, slots=True)
+class BucketCaps:
+    """The caps a gradient grouping was formed with (``costmodel.buckets.grouping.group_buckets``)."""
+
+    cap: int
+    """Bytes a bucket may hold; 0: no buckets."""
+    first_cap: int | None = None
+    """Bytes the first bucket of each reduction kind may hold; None: ``cap``."""
+
+
+def candidate_caps(cap: int) -> list[BucketCaps]:
+    """The groupings :func:`choose_gradient_buckets` simulates, in the order ties keep:
+    every cap of ``GRADIENT_CAPS`` and ``cap`` alone, larger first (fewer calls), then each
+    with a first cap of ``FIRST_CAPS`` below it (module docstring).
+
+    >>> [(c.first_cap, c.cap >> 20) for c in candidate_caps(25 * 2**20)][-2:]
+    [(1048576, 16), (1048576, 4)]
+    """
+    caps = sorted(set(GRADIENT_CAPS) | {int(cap)}, reverse=True)
+    return [BucketCaps(c) for c in caps] + [BucketCaps(c, f) for f in FIRST_CAPS for c in caps if f < c]
+
+
 def choose_gradient_buckets(
     grads: Sequence[tuple[str, str, Sequence[Any]]],
     pricing: Any,
@@ -168,21 +199,23 @@ def choose_gradient_buckets(
     mesh: MeshSpec,
     profile: HardwareProfile,
     cap: int,
-) -> tuple[tuple[Bucket, ...], int]:
-    """(buckets, cap) with the shortest simulated step (module docstring).
+) -> tuple[tuple[Bucket, ...], BucketCaps]:
+    """(buckets, their caps) with the shortest simulated step (module docstring).
 
     ``grads``: ``(sink, dtype, steps)`` of the gradient redistributions in the
     order the backward makes them; ``pricing``: the plan's
-    ``autoshard.assembly.assemble.StepPricing``; ``redistributions``: the plan's."""
+    ``autoshard.assembly.assemble.StepPricing``; ``redistributions``: the plan's.
+    A candidate replaces an earlier one only when it simulates faster, so a
+    first cap is taken only where its step is priced shorter."""
     if cap <= 0:
-        return (), 0
-    best: tuple[float, int, tuple[Bucket, ...]] | None = None
+        return (), BucketCaps(0)
+    best: tuple[float, BucketCaps, tuple[Bucket, ...]] | None = None
     seen: set[tuple] = set()
     views = leaf_views(pricing.view_candidates, redistributions)
-    for candidate in sorted(set(GRADIENT_CAPS) | {int(cap)}, reverse=True):  # larger first: ties keep it
-        buckets = group_buckets(grads, mesh, profile, candidate)
+    for candidate in candidate_caps(cap):
+        buckets = group_buckets(grads, mesh, profile, candidate.cap, first_cap=candidate.first_cap)
         key = tuple(b.members for b in buckets)
-        if key in seen:  # the same grouping as a larger cap: same step
+        if key in seen:  # the same grouping as an earlier candidate: same step
             continue
         seen.add(key)
         schedule = build_schedule(pricing.node_names, redistributions, buckets, leaf_views=views)

@@ -224,11 +224,15 @@ def run(args: argparse.Namespace) -> int:
         detail = f"{done:.0f}/{total:.0f} ops" if phase == "build" else (f"{done:.1f} s" if phase == "solve" else "")
         bar.update(tasks[phase], completed=done, total=total or 1, detail=detail)
 
-    from autoshard.runtime.pipeline_api import pipeline_for
     from autoshard.plan.pipeline_section import PipelineError
+    from autoshard.search.pipeline_model import PIPELINE_DIM
 
+    pipeline = None
     try:  # a pp dim: the pipeline first, so that bad input stops before the solve (nothing written)
-        pipeline = pipeline_for(model, inputs, mesh.shape, mesh.dim_names, options)
+        if PIPELINE_DIM in mesh.dim_names:  # else the runtime package (25 modules) is not needed here
+            from autoshard.runtime.pipeline_api import pipeline_for
+
+            pipeline = pipeline_for(model, inputs, mesh.shape, mesh.dim_names, options)
     except PipelineError as exc:
         print(f"autoshard solve: {exc}", file=sys.stderr)
         return 2

@@ -87,17 +87,22 @@ from autoshard.graph.build_state import BuildState, GraphBuildError, Restrict
 from autoshard.graph.copies import copy_intervals, param_gather_schedule
 from autoshard.graph.liveness import alias_ends, compute_liveness, is_view_op
 from autoshard.graph.memory import OptimizerMemory, local_bytes
-from autoshard.graph.node_ids import LOSS, TANGENT, TensorId
+from autoshard.graph.node_ids import LOSS, TANGENT, MemoryPieceId, TensorId
 from autoshard.graph.placements import replicated
 from autoshard.graph.recompute import reader_span
 from autoshard.graph.regions import RegionAnalysis, analyse_regions
 from autoshard.graph.states import RECOMPUTE
 from autoshard.graph.strategy_graph import NODE_KINDS, BuildStats, GraphEdge, GraphNode, StrategyGraph
-from autoshard.graph.tied_memory import TiedMemory
+from autoshard.graph.tied_memory import BOUND, TiedMemory
 from autoshard.graph.ties import repeated_groups
 from autoshard.rules import OpStrategy, RuleRegistry, TensorMeta, load_rules
-from autoshard.rules.experts import exchange_strategy_price
+from autoshard.rules.context_parallel import KINDS as CONTEXT_KINDS
+from autoshard.rules.context_parallel import gathered_kv_bytes
+from autoshard.rules.expand import exchange_pricer
 from autoshard.trace import TracedGraph, tensor_arg_nodes
+
+_EXCHANGE_PART = 99
+"""Part number of an exchange's temporaries among its op's ``in`` bounds (those count from 0 by interval)."""
 
 __all__ = ["NODE_KINDS", "GraphBuildError", "GraphNode", "GraphEdge", "BuildStats", "StrategyGraph", "build_graph"]
 
@@ -279,16 +284,20 @@ def _add_op(b: BuildState, walk: _Walk, node: fx.Node, expert_imbalance: float =
         b.copy_live.append(live[0])
         b.copy_live_recomputed.append(live[1])
     b.tied.input_copies(i, copies, lives)
+    _exchange_temporaries(b, i, node, liveness.time[node.name])
 
 
 def _price_exchanges(b: BuildState, i: int, node: fx.Node, imbalance: float) -> None:
-    """Strategies with an exchange are not local ops: their price is the exchange's
-    (``autoshard.rules.experts.exchange_strategy_price``: compute at the imbalanced load
-    plus the exchanges on the strategy's mesh dim), not the rule's compute on local shards.
-    A recomputed state runs the forward, exchanges included, twice."""
+    """Strategies with an exchange are not local ops: their price is the exchange's, from the
+    price function its kind registered (``autoshard.rules.expand.exchange_pricer``; experts:
+    ``autoshard.rules.experts.exchange_strategy_price``, compute at the imbalanced load plus the
+    exchanges on the strategy's mesh dim; context parallelism:
+    ``autoshard.rules.context_parallel.context_exchange_price``, the simulated gather and
+    chunks), not the rule's compute on local shards. A recomputed state runs the forward,
+    exchanges included, twice."""
     n = b.nodes[i]
     if all(s.exchange is None for s in n.strategies):
-        return  # every non-MoE node: its price untouched
+        return  # every node without an exchange: its price untouched
     info = b.traced.nodes[node.name]
     call = b.rules.op_call(info.op, info.args, info.kwargs, out_meta=info.outputs)
     dtype = str(info.inputs[0].dtype) if info.inputs else "torch.float32"
@@ -297,16 +306,41 @@ def _price_exchanges(b: BuildState, i: int, node: fx.Node, imbalance: float) -> 
     for j, s in enumerate(n.strategies):
         if s.exchange is None:
             continue
-        work, exchange_s = exchange_strategy_price(call, s, mesh=b.mesh, profile=b.profile, imbalance=imbalance)
         try:
-            seconds = op_time_s(work.kind, flops=work.flops, bytes_accessed=work.bytes_accessed, dtype=dtype,
-                                profile=b.profile)
-        except ValueError:  # a dtype the profile has no peak for: price as fp32, as ops are
-            seconds = op_time_s(work.kind, flops=work.flops, bytes_accessed=work.bytes_accessed,
-                                dtype="torch.float32", profile=b.profile)
+            pricer = exchange_pricer(s.exchange[0])
+        except KeyError as exc:
+            raise GraphBuildError(f"graph: node {node.name}: {exc.args[0]}") from None
+        work, exchange_s = pricer(call, s, mesh=b.mesh, profile=b.profile, imbalance=imbalance)
+        seconds = 0.0 if work is None else _work_time_s(work, dtype, b.profile)
         again = 2.0 if n.states and n.states[j // base] == RECOMPUTE else 1.0
         compute[j] = again * (b.profile.device.step_op_s + seconds + exchange_s)
     b.nodes[i] = replace(n, compute_s=compute)
+
+
+def _exchange_temporaries(b: BuildState, i: int, node: fx.Node, time: int) -> None:
+    """What a context-parallel exchange holds beside its op while it runs (the gathered K/V,
+    ``autoshard.rules.context_parallel.gathered_kv_bytes``): a tied memory-only bound over the
+    op's time, so the memory limit sees it. A bound, as a reader's input copies are: the
+    assembler does not count it into the plan's memory."""
+    n = b.nodes[i]
+    if all(s.exchange is None or s.exchange[0] not in CONTEXT_KINDS for s in n.strategies):
+        return
+    info = b.traced.nodes[node.name]
+    call = b.rules.op_call(info.op, info.args, info.kwargs, out_meta=info.outputs)
+    memory = np.array([gathered_kv_bytes(call, s, b.mesh.shape) for s in n.strategies], dtype=np.float64)
+    name = str(MemoryPieceId("in", n.name, _EXCHANGE_PART))
+    j = b.add(GraphNode(name, "memory", BOUND, n.strategies, np.zeros(len(n.strategies)), memory, (time, time + 1),
+                        (), f"memory|exchange|{n.signature}", n.states, n.region))
+    b.union.union(i, j)
+
+
+def _work_time_s(work: Any, dtype: str, profile: HardwareProfile) -> float:
+    """An exchange's ``OpCompute`` in seconds (fp32 where the profile has no peak for ``dtype``, as ops are)."""
+    try:
+        return op_time_s(work.kind, flops=work.flops, bytes_accessed=work.bytes_accessed, dtype=dtype, profile=profile)
+    except ValueError:
+        return op_time_s(work.kind, flops=work.flops, bytes_accessed=work.bytes_accessed, dtype="torch.float32",
+                         profile=profile)
 
 
 def _same_placement(s: OpStrategy) -> Any:

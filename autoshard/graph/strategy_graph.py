@@ -141,6 +141,7 @@ class StrategyGraph:
     it has a recomputation phase before each region's ``t_rc``)."""
 
     def has_exchanges(self) -> bool:
-        """Whether some op node offers a strategy with an exchange (expert parallelism), which
-        ``expert_imbalance`` priced (``autoshard.graph.builder``)."""
-        return any(s.exchange is not None for n in self.nodes if n.kind == "op" for s in n.strategies)
+        """Whether some op node offers a strategy with an expert-parallel exchange, which
+        ``expert_imbalance`` priced (``autoshard.graph.builder``; context-parallel ones do not read it)."""
+        return any(s.exchange is not None and s.exchange[0] == "expert_dispatch"
+                   for n in self.nodes if n.kind == "op" for s in n.strategies)

@@ -22,7 +22,7 @@ from autoshard.plan.layout_report import layouts_table
 from autoshard.plan.explain_pipeline import pipeline_lines
 from autoshard.sizes import byte_unit, format_bytes
 
-__all__ = ["explain_text", "recompute_lines", "expert_parallel_lines", "plot_memory"]
+__all__ = ["explain_text", "recompute_lines", "expert_parallel_lines", "context_parallel_lines", "plot_memory"]
 
 
 def _ms(s: float) -> str:
@@ -65,6 +65,7 @@ def explain_text(plan: Plan, *, top: int = 10, params_limit: int = 40) -> str:
         lines.append(f"| memory limit | {format_bytes(e.memory_limit_bytes)} ({'fits' if e.fits else 'DOES NOT FIT'}) |")
     lines += recompute_lines(plan)
     lines += expert_parallel_lines(plan)
+    lines += context_parallel_lines(plan)
     lines += pipeline_lines(plan)
     lines += ["", "| parameter | placement |", "|---|---|"]
     names = sorted(plan.params)
@@ -99,7 +100,7 @@ def expert_parallel_lines(plan: Plan) -> list[str]:
 
     >>> # | experts (autoshard.experts.default) | model.layers.0 | 0 (ep) | 4 | 1.25 |
     """
-    nodes = [n for n in plan.nodes if n.exchange is not None]
+    nodes = [n for n in plan.nodes if n.exchange is not None and n.exchange[0] == "expert_dispatch"]
     if not nodes:
         return []
     fp = plan.fingerprint
@@ -113,6 +114,33 @@ def expert_parallel_lines(plan: Plan) -> list[str]:
         degree = fp.mesh_shape[dim] if dim < len(fp.mesh_shape) else "?"
         lines.append(f"| {n.name} ({n.op}) | {n.region or '-'} | {dim}{f' ({name})' if name else ''} | {degree} "
                      f"| {imbalance} |")
+    return lines
+
+
+_CONTEXT_KINDS = {"context_gather": "K/V all-gathered, contiguous rows",
+                  "context_gather_balanced": "K/V all-gathered, causal head-and-tail chunks"}
+
+
+def context_parallel_lines(plan: Plan) -> list[str]:
+    """The attention ops split along the sequence (``PlanNode.exchange`` of a context kind):
+    exchange kind, mesh dim and degree (the CP group's ranks); none for a plan without them.
+
+    >>> # | _scaled_dot_product_flash_attention_for_cpu (aten...) | layers.0 | context_gather | 1 (cp) | 2 |
+    """
+    nodes = [n for n in plan.nodes if n.exchange is not None and n.exchange[0] in _CONTEXT_KINDS]
+    if not nodes:
+        return []
+    fp = plan.fingerprint
+    kinds = sorted({n.exchange[0] for n in nodes})
+    lines = ["", f"context parallel: {len(nodes)} attention ops split along the sequence "
+             f"({'; '.join(f'{k}: {_CONTEXT_KINDS[k]}' for k in kinds)})",
+             "", "| op | block | kind | mesh dim | degree |", "|---|---|---|---|---:|"]
+    for n in nodes:
+        kind, dim = n.exchange
+        name = fp.dim_names[dim] if dim < len(fp.dim_names) else ""
+        degree = fp.mesh_shape[dim] if dim < len(fp.mesh_shape) else "?"
+        lines.append(f"| {n.name} ({n.op}) | {n.region or '-'} | {kind} | {dim}{f' ({name})' if name else ''} "
+                     f"| {degree} |")
     return lines
 
 

@@ -88,4 +88,9 @@ def pipeline_lines(plan: Plan) -> list[str]:
         summary += f"; priced step {s.step_s * 1e3:.3f} ms"
     if s.send_bytes:
         summary += f"; {format_bytes(s.send_bytes)} sent per boundary per microbatch"
-    return [*lines, "", summary]
+    tail = [""] + [summary]
+    if s.tensor_parallel:
+        styles = [style for _, style in s.tensor_parallel]
+        tail.append(f"tensor parallel inside the stages (torch's parallelize_module on tp): "
+                    f"{styles.count('colwise')} linears split by column, {styles.count('rowwise')} by row")
+    return [*lines, *tail]

@@ -21,6 +21,12 @@ Optional, as the search priced them (absent in hand-written sections): per stage
 memory, the microbatches in flight counted); the section's ``step_s`` and
 ``bubble_fraction`` (``costmodel.pipeline_simulate``).
 
+Optional ``tensor_parallel``: inside each stage, the plan's column / row layout of the
+blocks' linear layers on the ``tp`` mesh dim (module path -> ``"colwise"`` or
+``"rowwise"``: weight ``S(0)`` or ``S(1)`` on ``tp``), run with torch's
+``parallelize_module`` (``autoshard.runtime.pipeline_tp``); every other tensor is
+replicated over ``tp``. Empty: no tensor parallelism inside a stage.
+
 Versioned (``version``) and optional: plans without the section load as before and
 describe one stage. :data:`PIPELINE_SCHEMA` is its JSON Schema (draft 2020-12), part of
 ``autoshard.plan.schema.PLAN_SCHEMA``. Torch-free, as the plan format is.
@@ -39,14 +45,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from costmodel.pipeline_schedules import SCHEDULE_NAMES, stage_to_rank
+from costmodel.pipeline_schedules import SCHEDULE_NAMES, build_schedule, stage_to_rank
 
-__all__ = ["PIPELINE_VERSION", "DATA_PARALLEL", "PipelineError", "PipelineStagePlan", "PipelineSection",
-           "build_pipeline_section", "check_section", "V_SHAPED", "PIPELINE_SCHEMA"]
+__all__ = ["PIPELINE_VERSION", "DATA_PARALLEL", "TENSOR_PARALLEL_STYLES", "PipelineError", "PipelineStagePlan",
+           "PipelineSection", "build_pipeline_section", "check_section", "V_SHAPED", "PIPELINE_SCHEMA"]
 
 PIPELINE_VERSION = 1
 DATA_PARALLEL = ("fsdp", "replicate")
 """How a stage runs over its data-parallel sub-mesh: ``fully_shard`` or ``replicate`` (torch's, FSDP2-based)."""
+TENSOR_PARALLEL_STYLES = ("colwise", "rowwise")
+"""How a linear layer is split over ``tp``: its output features (weight ``S(0)``) or its input features (``S(1)``)."""
 V_SHAPED = frozenset({"ZBVZeroBubble", "DualPipeV"})
 """Schedules whose stages sit on the ranks in a V (rank ``r`` holds stages ``r`` and ``2p - 1 - r``)."""
 
@@ -102,6 +110,8 @@ class PipelineSection:
     """Priced step (None: not priced)."""
     bubble_fraction: float | None = None
     """Priced bubble: idle share of the busiest rank's step (None: not priced)."""
+    tensor_parallel: tuple[tuple[str, str], ...] = ()
+    """(linear module path, ``colwise`` / ``rowwise``) inside the stages, on mesh dim ``tp`` (module docstring)."""
 
     @property
     def n_stages(self) -> int:
@@ -127,6 +137,7 @@ class PipelineSection:
                 "send_bytes": self.send_bytes, "data_parallel": self.data_parallel,
                 **{k: v for k, v in (("step_s", self.step_s), ("bubble_fraction", self.bubble_fraction))
                    if v is not None},
+                **({"tensor_parallel": dict(self.tensor_parallel)} if self.tensor_parallel else {}),
                 "stages": [s.to_dict() for s in self.stages]}
 
     @classmethod
@@ -144,7 +155,8 @@ class PipelineSection:
             section = cls(str(data["mesh_dim"]), str(data["schedule"]), int(data["n_ranks"]),
                           int(data["stages_per_rank"]), int(data["n_microbatches"]), int(data["batch_size"]), stages,
                           int(data.get("send_bytes", 0)), str(data.get("data_parallel", "fsdp")),
-                          _number(data, "step_s"), _number(data, "bubble_fraction"))
+                          _number(data, "step_s"), _number(data, "bubble_fraction"),
+                          tuple((str(k), str(v)) for k, v in dict(data.get("tensor_parallel", {})).items()))
         except KeyError as exc:
             raise PipelineError(f"pipeline: missing {exc.args[0]!r}") from None
         except (TypeError, ValueError, IndexError) as exc:
@@ -174,12 +186,22 @@ def _check_schedule_shape(schedule: str, n_ranks: int, v: int, m: int, batch: in
         raise PipelineError(f"pipeline.n_microbatches: {m} microbatches do not divide the batch of {batch} sequences")
 
 
+def _check_torch_accepts(schedule: str, n_ranks: int, v: int, m: int) -> None:
+    """What torch's schedule class refuses at construction (1F1B: m >= p, DualPipeV: m >= 2p, the
+    interleaved ones: m a multiple of max(1, m // p)), as costmodel's schedule builder mirrors it."""
+    try:
+        build_schedule(schedule, n_ranks=n_ranks, n_microbatches=m, stages_per_rank=v)
+    except ValueError as exc:
+        raise PipelineError(f"pipeline.n_microbatches: {exc}") from None
+
+
 def check_section(section: PipelineSection) -> None:
     """Raise :class:`PipelineError` unless the section is one torch can run: a schedule it offers,
     ``m`` dividing the batch, ``K = p v`` stages in index order on the schedule's ranks, each with
     at least one block, the blocks contiguous and every module in one stage."""
     s = section
     _check_schedule_shape(s.schedule, s.n_ranks, s.stages_per_rank, s.n_microbatches, s.batch_size)
+    _check_torch_accepts(s.schedule, s.n_ranks, s.stages_per_rank, s.n_microbatches)
     if s.data_parallel not in DATA_PARALLEL:
         raise PipelineError(f"pipeline.data_parallel: {s.data_parallel!r}; valid: {', '.join(DATA_PARALLEL)}")
     k = s.n_ranks * s.stages_per_rank
@@ -199,6 +221,12 @@ def check_section(section: PipelineSection) -> None:
         if twice:
             raise PipelineError(f"pipeline.stages[{i}]: module {sorted(twice)[0]!r} is in two stages")
         seen.update(st.modules)
+    for path, style in s.tensor_parallel:
+        if style not in TENSOR_PARALLEL_STYLES:
+            raise PipelineError(f"pipeline.tensor_parallel[{path!r}]: {style!r}; valid: "
+                                f"{', '.join(TENSOR_PARALLEL_STYLES)}")
+        if not any(path.startswith(m + ".") for st in s.stages for m in st.modules):
+            raise PipelineError(f"pipeline.tensor_parallel: {path!r} is in no stage's modules")
 
 
 def build_pipeline_section(
@@ -219,6 +247,7 @@ def build_pipeline_section(
     rank_peak_bytes: Sequence[float] = (),
     step_s: float | None = None,
     bubble_fraction: float | None = None,
+    tensor_parallel: Sequence[tuple[str, str]] = (),
 ) -> PipelineSection:
     """The section of ``K = n_ranks * stages_per_rank`` stages cut at ``cuts`` (the first block of
     every stage but the first, ``K - 1`` of them, as ``costmodel.stage_cuts.StageCuts.cuts``):
@@ -241,6 +270,7 @@ def build_pipeline_section(
     bounds = (0, *cuts, n)
     if len(cuts) != k - 1 or any(a >= b for a, b in zip(bounds, bounds[1:])):
         raise PipelineError(f"pipeline.cuts: {list(cuts)} is not {k - 1} increasing block indices inside 1..{n - 1}")
+    _check_torch_accepts(schedule, n_ranks, stages_per_rank, n_microbatches)
     ranks = stage_to_rank(n_ranks, k, v_shape=schedule in V_SHAPED)
     if stage_seconds and len(stage_seconds) != k or rank_peak_bytes and len(rank_peak_bytes) != n_ranks:
         raise PipelineError(f"pipeline: {len(stage_seconds)} stage times / {len(rank_peak_bytes)} rank peaks for "
@@ -252,7 +282,8 @@ def build_pipeline_section(
         float(rank_peak_bytes[ranks[i]]) if rank_peak_bytes else None)
         for i in range(k))
     section = PipelineSection(mesh_dim, schedule, n_ranks, stages_per_rank, n_microbatches, batch_size, stages,
-                              int(send_bytes), data_parallel, step_s, bubble_fraction)
+                              int(send_bytes), data_parallel, step_s, bubble_fraction,
+                              tuple((str(p), str(v)) for p, v in tensor_parallel))
     check_section(section)
     return section
 
@@ -298,6 +329,9 @@ PIPELINE_SCHEMA: dict[str, Any] = {
         "step_s": {"type": "number", "minimum": 0, "description": "Priced step."},
         "bubble_fraction": {"type": "number", "minimum": 0, "maximum": 1,
                             "description": "Priced idle share of the busiest rank's step."},
+        "tensor_parallel": {"type": "object", "additionalProperties": {"enum": list(TENSOR_PARALLEL_STYLES)},
+                            "description": "Linear module path -> colwise / rowwise on mesh dim tp, "
+                                           "inside the stages."},
         "stages": {"type": "array", "items": _STAGE, "minItems": 1},
     },
     "additionalProperties": False,

@@ -6,8 +6,8 @@ the caching allocator's replay: :mod:`autoshard.program.reservation`), the
 plan file records it (``plan.schedule``) and the runtime interprets it
 (``autoshard.runtime.execute``). Torch-free.
 
-- :mod:`autoshard.program.actions`: the step as typed actions (compute, issue, wait, recompute,
-  free) with every value's lifetime, built once; the runtime interprets it.
+- :mod:`autoshard.program.actions`: the step as typed actions (compute, issue, wait, a bucket's
+  pack and unpack, recompute, free) with every value's lifetime, built once; the runtime interprets it.
 - :mod:`autoshard.program.live_bytes`: the bytes a rank holds, replayed from its program (what the runtime
   measures).
 - :mod:`autoshard.program.schedule`: where each collective is issued and waited.

@@ -24,9 +24,13 @@ after the last). ``reads(v)``: the values ``v`` reads (leaves included).
 
 * ``Compute(v)``: run ``v`` (first pass). Stream: compute.
 * ``Issue(x)`` / ``Wait(x)``: a schedule item's collectives start on the
-  communication stream / join the compute stream. A bucket's packing runs
-  at its issue and its unpacking at its wait, both on the compute stream
-  (what ``schedule_transfers`` prices).
+  communication stream / join the compute stream.
+* ``Pack(x)`` / ``Unpack(x)``: a gradient or gather bucket's flat buffer is
+  made from its members just before ``Issue(x)`` / split back into the
+  members' values just after ``Wait(x)``, on the compute stream (the copies
+  ``costmodel.buckets.grouping`` prices as the bucket's ``pack_s`` and
+  ``unpack_s``; ``schedule_transfers`` adds them to the op before the issue
+  and to the op after the wait). An edge's item has neither.
 * ``Recompute(v, region, position)``: run ``v`` again in its region's
   recomputation phase; its redistributed inputs are redistributed again and
   waited at once, recorded at schedule ``position``.
@@ -39,12 +43,12 @@ phase whose ``t_rc`` is ``v_i`` (if any), the order is
 .. math::
 
    [\,Compute(h) : h \in H\,] \; \Vert \; \mathop{\Vert}_{i=0}^{M-1} \Big(
-   Phase(i) \;\Vert\; [Issue(x) : x.issue = pos(i)] \;\Vert\; [Wait(x) : x.wait = pos(i)]
+   Phase(i) \;\Vert\; [Pack(x)?\, Issue(x) : x.issue = pos(i)] \;\Vert\; [Wait(x)\, Unpack(x)? : x.wait = pos(i)]
    \;\Vert\; Compute(v_i) \;\Vert\; Free(D_i) \Big) \;\Vert\; Issue/Wait\ \text{at}\ N
 
 (issues and waits only before op nodes, ``Compute(v_i)`` omitted for
-``v_i \in H``). ``Phase(i)`` is ``Recompute(u_j) \Vert Free(D_{i,j})`` over the
-phase's ops ``u_j`` in forward order.
+``v_i \in H``; ``Pack``/``Unpack`` only for a bucket's item). ``Phase(i)`` is
+``Recompute(u_j) \Vert Free(D_{i,j})`` over the phase's ops ``u_j`` in forward order.
 
 **Recomputation** (the plan's ``recompute``; pricing in
 ``autoshard.graph.regions``): region R's phase runs once, just before
@@ -68,7 +72,9 @@ and views that hold no memory). :attr:`StepProgram.lifetimes` lists every life a
 
 **Time.** :func:`simulate_program` prices the program: the overlap simulation
 (``autoshard.program.schedule.simulate_schedule``) of its ``Issue`` actions in
-program order at their positions, each op's compute at its ``Compute``'s.
+program order at their positions, each op's compute at its ``Compute``'s, a
+``Pack``'s and an ``Unpack``'s copies on the compute stream beside the ops
+around them (the bucket's ``pack_s``, ``unpack_s``).
 
 **Memory.** ``autoshard.program.live_bytes.live_bytes_timeline`` replays the actions with a byte size per
 storage and gives the bytes held after each action and the peak, counting what
@@ -93,7 +99,7 @@ from costmodel.overlap import StepSimulation
 
 from autoshard.program.schedule import Schedule, ScheduleItem, simulate_schedule
 
-__all__ = ["ProgramNode", "Compute", "Issue", "Wait", "Recompute", "Free", "Action", "RecomputePhase",
+__all__ = ["ProgramNode", "Compute", "Issue", "Wait", "Pack", "Unpack", "Recompute", "Free", "Action", "RecomputePhase",
            "RecomputeError", "Lifetime", "StepProgram", "ProgramFrame", "program_frame", "build_step_program",
            "program_of", "recompute_phases", "free_points",
            "simulate_program", "tuple_value"]
@@ -174,6 +180,28 @@ class Wait:
 
 
 @dataclass(frozen=True, slots=True)
+class Pack:
+    """Copy a bucket's members into its flat buffer (just before its ``Issue``)."""
+
+    item: ScheduleItem
+    stream: ClassVar[str] = COMPUTE_STREAM
+
+    def __str__(self) -> str:
+        return f"pack {_item(self.item)}"
+
+
+@dataclass(frozen=True, slots=True)
+class Unpack:
+    """Split a bucket's waited flat buffer into its members' values (just after its ``Wait``)."""
+
+    item: ScheduleItem
+    stream: ClassVar[str] = COMPUTE_STREAM
+
+    def __str__(self) -> str:
+        return f"unpack {_item(self.item)}"
+
+
+@dataclass(frozen=True, slots=True)
 class Free:
     """Drop ``values`` (their last read was the action before)."""
 
@@ -184,7 +212,7 @@ class Free:
         return "free " + ", ".join(self.values)
 
 
-Action = Union[Compute, Recompute, Issue, Wait, Free]
+Action = Union[Compute, Recompute, Issue, Wait, Pack, Unpack, Free]
 
 
 def _item(item: ScheduleItem) -> str:
@@ -247,7 +275,8 @@ class StepProgram:
 
     @property
     def positions(self) -> tuple[int, ...]:
-        """The schedule position of each action: ``Issue(x)`` at ``x.issue``, ``Wait(x)`` at ``x.wait``,
+        """The schedule position of each action: ``Issue(x)`` and ``Pack(x)`` at ``x.issue``, ``Wait(x)`` and
+        ``Unpack(x)`` at ``x.wait``,
         ``Compute`` of op node ``p`` at ``p`` (a tuple access at the next op's, a leaf view at 0), a phase
         at its ``t_rc``'s, a ``Free`` at its action's: where the overlap simulation prices each
         (``autoshard.program.schedule.schedule_transfers``)."""
@@ -477,6 +506,16 @@ def _actions(frame: ProgramFrame, schedule: Schedule,
         if frees.get(point):
             add(Free(tuple(frees[point])), at)
 
+    def collectives(at: int) -> None:
+        for x in issues.get(at, ()):
+            if x.edge is None:  # a bucket: its flat buffer first
+                add(Pack(x), at)
+            add(Issue(x), at)
+        for x in waits.get(at, ()):
+            add(Wait(x), at)
+            if x.edge is None:
+                add(Unpack(x), at)
+
     by_at = {ph.at: ph for ph in phases}
     ops_before = 0
     for i, n in enumerate(nodes):
@@ -486,18 +525,12 @@ def _actions(frame: ProgramFrame, schedule: Schedule,
                 add(Recompute(nodes[k].name, phase.region, phase.position), phase.position)
                 free((i, 0, j), phase.position)
         if n.of_tuple is None:
-            for x in issues.get(ops_before, ()):
-                add(Issue(x), ops_before)
-            for x in waits.get(ops_before, ()):
-                add(Wait(x), ops_before)
+            collectives(ops_before)
         if n.name not in hoisted:  # a leaf view's reads are leaves or views: nothing to free
             add(Compute(n.name), ops_before)
             free((i, 2), ops_before)
         ops_before += n.of_tuple is None
-    for x in issues.get(n_ops, ()):
-        add(Issue(x), n_ops)
-    for x in waits.get(n_ops, ()):
-        add(Wait(x), n_ops)
+    collectives(n_ops)
     return actions, positions
 
 

@@ -6,8 +6,8 @@ Memory) and gives the bytes held after each action and the peak, counting what
 ``autoshard.runtime.live_bytes`` counts while the runtime interprets the same program:
 the leaves all step, every value from its making to its free (a view holds its base's
 storage), at each compute its inputs and outputs together, and each redistributed copy
-(:class:`HeldCopy`) from the ``Wait`` that makes it (or its first reader) to its last
-reader. A test checks the runtime's measured peak against this replay, to the byte, on
+(:class:`HeldCopy`) from the ``Wait`` that makes it (a bucket's member: from the bucket's
+``Unpack``; or from its first reader) to its last reader. A test checks the runtime's measured peak against this replay, to the byte, on
 one rank and on two.
 
 >>> from autoshard.program.actions import ProgramNode, build_step_program
@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from autoshard.program.actions import Compute, Free, Recompute, StepProgram, Wait
+from autoshard.program.actions import Compute, Free, Recompute, StepProgram, Unpack, Wait
 
 __all__ = ["Storages", "HeldCopy", "live_bytes_timeline"]
 
@@ -34,7 +34,8 @@ multi-output node holds one per output, a tuple access its element's."""
 @dataclass(frozen=True, slots=True)
 class HeldCopy:
     """A redistributed copy the step holds (module docstring): made by the ``Wait`` of
-    ``made_by`` (a ``ScheduleItem.key``), or at the ``Compute`` of its first reader (None), and
+    ``made_by`` (a ``ScheduleItem.key``; a bucket's ``Unpack``, which splits the waited buffer into
+    its members), or at the ``Compute`` of its first reader (None), and
     freed after the ``Compute`` of its last reader (held to the end if none of ``readers`` is
     computed: a gradient bucket's, a sink's)."""
 
@@ -130,7 +131,7 @@ def live_bytes_timeline(program: StepProgram, storages: Storages, leaves: Sequen
                 release(action.node)
             hold(action.node)
             env.add(action.node)
-        elif isinstance(action, Wait):
+        elif isinstance(action, Unpack) or (isinstance(action, Wait) and action.item.edge is not None):
             for c in waited.get(action.item.key, ()):
                 hold_key(c.storage, c.nbytes)
         elif isinstance(action, Free):

@@ -15,8 +15,9 @@ Attention on ``q [B, H, L, E]``, ``k, v [B, H, S, E]`` (the CPU flash kernel):
   the split query rows: ``P(sum)``;
 * the backward is linear in ``grad_out`` for fixed q, k, v, out, logsumexp.
 
-Key-length (context-parallel) splits need a ring of exchanges, not a local
-kernel: not a rule.
+Sequence (context-parallel) splits of causal attention need the keys and
+values of other ranks, not a local kernel: they are exchange strategies,
+offered beside these rules by ``autoshard.rules.context_parallel``.
 
 >>> import torch
 >>> from autoshard.rules.core import OpCall, TensorMeta
@@ -32,6 +33,7 @@ from typing import Any
 import torch
 
 from autoshard.rules.compute import attention_compute, elementwise
+from autoshard.rules.context_parallel import register_context_parallel
 from autoshard.rules.core import P, P_AVG, R, OpCall, S, SingleDimStrategy, TensorMeta
 from autoshard.rules.registry import RuleRegistry, SampleInput
 from autoshard.rules.samples import Sampler
@@ -165,3 +167,4 @@ def register(registry: RuleRegistry) -> None:
          samples=_sdpa_samples)(sdpa_rule)
     rule(aten._scaled_dot_product_flash_attention_for_cpu_backward.default, compute=attention_compute(backward=True),
          samples=_sdpa_backward_samples)(sdpa_backward_rule)
+    register_context_parallel(sdpa_rule, sdpa_backward_rule)  # sequence splits: exchange strategies

@@ -8,7 +8,8 @@ flash's unused and debug tensors) are tiny and replicated. Query rows are
 not split here: the flash backward takes the sequence lengths as numbers
 (``max_q``), which a row split would leave at the global length, and the
 efficient kernel pads its logsumexp's rows to a multiple of 32, so a row
-split of it is not the local kernel's.
+split of it is not the local kernel's. Sequence splits with the keys and
+values gathered run as exchanges (``autoshard.rules.context_parallel``).
 
 No CPU kernel runs them, so each rule has a CPU reference for the validator
 (numerical shard simulation): the CPU flash kernel, with the CUDA kernels'
@@ -29,6 +30,7 @@ from typing import Any
 import torch
 
 from autoshard.rules.compute import attention_compute
+from autoshard.rules.context_parallel import register_context_parallel
 from autoshard.rules.core import P, P_AVG, R, OpCall, S, SingleDimStrategy, TensorMeta
 from autoshard.rules.registry import RuleRegistry, SampleInput
 from autoshard.rules.samples import Sampler
@@ -168,3 +170,4 @@ def register(registry: RuleRegistry) -> None:
          reference=efficient_reference)(cuda_sdpa_rule)
     rule(aten._scaled_dot_product_efficient_attention_backward.default, compute=backward,
          samples=_efficient_backward_samples, reference=efficient_backward_reference)(cuda_sdpa_backward_rule)
+    register_context_parallel(cuda_sdpa_rule, cuda_sdpa_backward_rule)  # sequence splits: exchange strategies

@@ -59,6 +59,8 @@ from autoshard.rules.rule import Rule, RuleError, op_name
 __all__ = [
     "expand_rule",
     "register_exchange",
+    "register_exchange_price",
+    "exchange_pricer",
     "expand_exchanges",
     "replicate_only",
     "local_call",
@@ -358,30 +360,68 @@ def expand_rule(
 
         results = _walk(mesh_shape, metas, options_at, uneven)
     local = _assemble(results, len(call.outputs), len(call.inputs))
-    provider = _EXCHANGES.get(rule.single_dim)
-    if provider is None:
+    entry = _EXCHANGES.get(rule.single_dim)
+    if entry is None:
         return local
-    return local + expand_exchanges(rule, call, mesh_shape, *provider(call))
+    provider, admits = entry
+    return local + expand_exchanges(rule, call, mesh_shape, *provider(call), admits=admits)
 
 
 ExchangeProvider = Callable[[OpCall], tuple[list[tuple[SingleDimStrategy, str]], list[SingleDimStrategy]]]
 """A rule's strategies that are not local ops: ``call -> ([(single-dim strategy, exchange kind)],
 companions)``, the companions the local single-dim strategies allowed on the other mesh dims."""
 
-_EXCHANGES: dict[Callable[..., Any], ExchangeProvider] = {}
+ExchangeAdmits = Callable[[OpCall, str, int], bool]
+"""``(call, exchange kind, ranks of the mesh dim) -> bool``: whether the exchange is exact on a
+mesh dim of that size beyond the even split of its tensors (context parallelism's load-balanced
+chunks need ``2 ranks`` to divide the sequence)."""
+
+ExchangePricer = Callable[..., tuple[Any, float]]
+"""``(call, strategy, *, mesh, profile, imbalance) -> (work, seconds)``: an exchange strategy of a
+call (global shapes) priced as it runs; ``work`` (an ``OpCompute`` the strategy graph prices with
+``costmodel.compute``, or None) plus ``seconds`` that ``work`` does not cover."""
+
+_EXCHANGES: dict[Callable[..., Any], tuple[ExchangeProvider, ExchangeAdmits | None]] = {}
+_EXCHANGE_PRICES: dict[str, ExchangePricer] = {}
 
 
-def register_exchange(single_dim: Callable[..., Any], provider: ExchangeProvider) -> None:
+def register_exchange(single_dim: Callable[..., Any], provider: ExchangeProvider, *,
+                      admits: ExchangeAdmits | None = None) -> None:
     """Offer ``provider``'s exchange strategies with every expansion of the rule whose
-    single-dim function is ``single_dim`` (``autoshard.rules.experts``: expert parallelism)."""
-    _EXCHANGES[single_dim] = provider
+    single-dim function is ``single_dim`` (``autoshard.rules.experts``: expert parallelism;
+    ``autoshard.rules.context_parallel``: sequence-split attention), on the mesh dims
+    ``admits`` accepts (every dim of size > 1 when None)."""
+    _EXCHANGES[single_dim] = (provider, admits)
+
+
+def register_exchange_price(kind: str, pricer: ExchangePricer) -> None:
+    """Price every strategy with exchange ``kind`` with ``pricer`` (``autoshard.graph.builder``
+    looks it up by kind: :func:`exchange_pricer`)."""
+    _EXCHANGE_PRICES[kind] = pricer
+
+
+def exchange_pricer(kind: str) -> ExchangePricer:
+    """The price function registered for exchange ``kind``.
+
+    >>> exchange_pricer("no_such_exchange")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    KeyError: "exchange kind 'no_such_exchange' has no price function (registered: ...)"
+    """
+    pricer = _EXCHANGE_PRICES.get(kind)
+    if pricer is None:
+        known = ", ".join(sorted(_EXCHANGE_PRICES)) or "none"
+        raise KeyError(f"exchange kind {kind!r} has no price function (registered: {known})")
+    return pricer
 
 
 def expand_exchanges(rule: Rule, call: OpCall, mesh_shape: tuple[int, ...],
                      exchanges: Sequence[tuple[SingleDimStrategy, str]],
-                     companions: Sequence[SingleDimStrategy]) -> tuple[OpStrategy, ...]:
+                     companions: Sequence[SingleDimStrategy], *,
+                     admits: ExchangeAdmits | None = None) -> tuple[OpStrategy, ...]:
     """The N-D strategies with one exchange: each exchange strategy on one mesh dim of size > 1
-    (tagged ``(kind, mesh_dim)``), all-replicate or a companion on every other dim; even splits only.
+    that ``admits`` accepts (tagged ``(kind, mesh_dim)``), all-replicate or a companion on every
+    other dim; even splits only.
 
     An exchange runs over one mesh dim's process group, so only one dim carries it; the
     companions (a token split) are local ops on the other dims' shards.
@@ -393,7 +433,7 @@ def expand_exchanges(rule: Rule, call: OpCall, mesh_shape: tuple[int, ...],
     for single, kind in exchanges:
         for opt in fill_placeholders(rule, call, [single], (None,))[1:]:
             for dim, size in enumerate(mesh_shape):
-                if size == 1:
+                if size == 1 or (admits is not None and not admits(call, kind, size)):
                     continue
                 per_dim = [[opt] if i == dim else (others if m > 1 else others[:1])
                            for i, m in enumerate(mesh_shape)]

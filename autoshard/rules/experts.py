@@ -38,12 +38,15 @@ route to the wrong experts, so it is not among the strategies above: it is
 described as data (:func:`expert_parallel_strategies` and its backward's,
 marked ``exchange="expert_dispatch"``) and offered by
 ``autoshard.rules.expand.expand_exchanges`` on every mesh dim that divides E
-and T (the token split, or all-replicate, on the other dims), each N-D
+and T (on the other dims: all-replicate, the token split, or the h split
+inside every expert, tensor parallel, whose output is a partial sum), each N-D
 strategy tagged ``OpStrategy.exchange = ("expert_dispatch", mesh_dim)``. The
 strategy graph prices it with :func:`exchange_strategy_price`
 (``costmodel.expert_parallel``: compute at the busiest rank's load, this
-direction's token and count exchanges, at the solve option
-``expert_imbalance``, default 1.25); the plan records the exchange per node
+direction's token and count exchanges as the runtime issues them, at the
+solve option ``expert_imbalance``, default 1.25); the dispatched tokens at
+capacity, a temporary of the op, are :func:`exchange_strategy_memory`
+(not yet added to the node's memory by ``autoshard.graph.builder``); the plan records the exchange per node
 and the runtime's op caller runs it with
 ``autoshard.runtime.expert_ops.run_expert_op``. Validation skips it (the
 runtime's equivalence tests check it).
@@ -73,13 +76,14 @@ from costmodel.placements import Shard, StridedShard
 from hw_profiles import HardwareProfile
 from autoshard.rules.compute import io_bytes
 from autoshard.rules.core import OpCall, OpCompute, OpStrategy, P, R, S, SingleDimStrategy
-from autoshard.rules.expand import local_call, register_exchange
+from autoshard.rules.expand import local_call, register_exchange, register_exchange_price
 from autoshard.rules.registry import RuleRegistry, SampleInput
 from autoshard.rules.samples import Sampler
 
 __all__ = ["EXPERTS", "EXPERTS_BACKWARD", "EXPERTS_MODULE", "EXCHANGE", "ExchangeStrategy", "experts_rule",
            "experts_backward_rule", "experts_compute", "experts_backward_compute", "expert_parallel_strategies",
-           "expert_parallel_backward_strategies", "expert_parallel_price", "exchange_strategy_price", "register"]
+           "expert_parallel_backward_strategies", "expert_parallel_price", "exchange_strategy_price",
+           "exchange_strategy_memory", "register"]
 
 EXPERTS = "autoshard.experts.default"
 EXPERTS_BACKWARD = "autoshard.experts_backward.default"
@@ -173,15 +177,17 @@ def expert_parallel_backward_strategies(call: OpCall, *, ranks: int) -> list[Exc
 
 
 def _forward_exchanges(call: OpCall) -> tuple[list[tuple[SingleDimStrategy, str]], list[SingleDimStrategy]]:
-    # expand.expand_exchanges checks that the mesh dim divides E and T; the token split may
-    # run on the other mesh dims (tokens are routed independently)
+    # expand.expand_exchanges checks that the mesh dim divides E and T. On the other mesh dims:
+    # the token split (tokens are routed independently) or the h split inside every expert
+    # (tensor parallel: each rank of a tp group dispatches the same tokens over its own ep
+    # group to the same experts' h slices; the output is a partial sum, as the local rule's)
     ep = [(s.strategy, s.exchange) for s in expert_parallel_strategies(call, ranks=1)]
-    return ep, experts_rule(call)[:1]
+    return ep, experts_rule(call)[:2]
 
 
 def _backward_exchanges(call: OpCall) -> tuple[list[tuple[SingleDimStrategy, str]], list[SingleDimStrategy]]:
     ep = [(s.strategy, s.exchange) for s in expert_parallel_backward_strategies(call, ranks=1)]
-    return ep, experts_backward_rule(call)[:1]
+    return ep, experts_backward_rule(call)[:2]
 
 
 def expert_parallel_price(call: OpCall, *, mesh_dims: Sequence[int], mesh: MeshSpec, profile: HardwareProfile,
@@ -201,28 +207,53 @@ def expert_parallel_price(call: OpCall, *, mesh_dims: Sequence[int], mesh: MeshS
     return OpCompute("matmul", flops, float(weights + price.buffer_bytes)), price
 
 
-def exchange_strategy_price(call: OpCall, strategy: OpStrategy, *, mesh: MeshSpec, profile: HardwareProfile,
-                            imbalance: float = DEFAULT_IMBALANCE) -> tuple[OpCompute, float]:
-    """An expert-parallel strategy of a forward or backward call (global shapes) priced as it
-    runs: the busiest rank's expert compute at ``imbalance`` times its mean load (this rank's
-    tokens after every mesh dim's split, the experts of its ep group), the dispatched buffers
-    as bytes accessed, and the seconds of this direction's exchanges (half of the step's
-    ``costmodel.expert_parallel`` exchanges: dispatch, combine and one counts exchange).
-
-    >>> # compute, exchange_s = exchange_strategy_price(call, strategy, mesh=mesh, profile=profile)
-    """
+def _exchange_price(call: OpCall, strategy: OpStrategy, mesh: MeshSpec, profile: HardwareProfile,
+                    imbalance: float) -> tuple[int, OpCall, ExpertExchangePrice]:
+    """(position of ``hidden``, the local call, the layer's exchange price) of an exchange strategy."""
     if strategy.exchange is None:
         raise ValueError(f"{strategy}: not an exchange strategy")
     first = 1 if len(call.inputs) == 6 else 0
     local = local_call(call, strategy, tuple(mesh.shape))
-    tokens, k, dim, h, _ = _shapes(local, first)
+    tokens, k, dim, _, _ = _shapes(local, first)
     experts = _shapes(call, first)[4]
     price = expert_exchange_price(tokens=tokens, top_k=k, dim=dim, itemsize=call.inputs[first].itemsize,
                                   num_experts=experts, mesh_dims=(strategy.exchange[1],), mesh=mesh,
-                                  profile=profile, imbalance=imbalance)
+                                  profile=profile, imbalance=imbalance,
+                                  weight_itemsize=call.inputs[first + 2].itemsize)
+    return first, local, price
+
+
+def exchange_strategy_price(call: OpCall, strategy: OpStrategy, *, mesh: MeshSpec, profile: HardwareProfile,
+                            imbalance: float = DEFAULT_IMBALANCE) -> tuple[OpCompute, float]:
+    """An expert-parallel strategy of a forward or backward call (global shapes) priced as it
+    runs: the busiest rank's expert compute at ``imbalance`` times its mean load (this rank's
+    tokens after every mesh dim's split, the experts of its ep group, their h slice under a
+    tensor-parallel companion), the dispatched buffers as bytes accessed, and the seconds of
+    this direction's exchanges (``costmodel.expert_parallel``: the forward's dispatch and
+    combine, or the backward's token-and-gradient rows, routing weights and the two returns;
+    each with its counts exchange).
+
+    >>> # compute, exchange_s = exchange_strategy_price(call, strategy, mesh=mesh, profile=profile)
+    """
+    first, local, price = _exchange_price(call, strategy, mesh, profile, imbalance)
+    tokens, k, dim, h, _ = _shapes(local, first)
     weights = local.inputs[first + 3].nbytes + local.inputs[first + 4].nbytes
     flops = (3 if first else 1) * _expert_flops(imbalance * tokens, k, dim, h)
-    return OpCompute("matmul", flops, float(weights + price.buffer_bytes)), price.step_s / 2
+    held = price.backward_temp_bytes if first else price.forward_temp_bytes
+    return OpCompute("matmul", flops, float(weights + held)), price.backward_s if first else price.forward_s
+
+
+def exchange_strategy_memory(call: OpCall, strategy: OpStrategy, *, mesh: MeshSpec, profile: HardwareProfile,
+                             imbalance: float = DEFAULT_IMBALANCE) -> int:
+    """Bytes an expert-parallel strategy's exchange holds on the busiest rank while the op runs:
+    the dispatched tokens at capacity (``imbalance`` times the mean), the experts' outputs, and
+    the copies sent and returned (``ExpertExchangePrice.forward_temp_bytes`` /
+    ``backward_temp_bytes``); a temporary of the op, freed when it returns.
+
+    >>> # extra = exchange_strategy_memory(call, strategy, mesh=mesh, profile=profile)
+    """
+    first, _, price = _exchange_price(call, strategy, mesh, profile, imbalance)
+    return price.backward_temp_bytes if first else price.forward_temp_bytes
 
 
 def _forward_samples(sampler: Sampler) -> Iterator[SampleInput]:
@@ -252,3 +283,4 @@ def register(registry: RuleRegistry) -> None:
          extremes=False)(experts_backward_rule)
     register_exchange(experts_rule, _forward_exchanges)
     register_exchange(experts_backward_rule, _backward_exchanges)
+    register_exchange_price(EXCHANGE, exchange_strategy_price)

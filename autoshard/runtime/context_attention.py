@@ -38,14 +38,12 @@ and its ``_backward`` (they return and take the logsumexp, take GQA keys as
 they are, a float mask in the query's dtype, and a given out/lse in the
 backward). ``kernel="math"`` (any device, the default off the CPU): the same
 computation written with matmuls and ``logsumexp`` in float32 (float64 for
-float64 inputs; the tests check it on CPU like the fused one). The CUDA
-fused kernels return the logsumexp too and take it back in their backward:
-``aten._scaled_dot_product_flash_attention`` / ``_backward`` (bf16/fp16, no
-mask: the ``causal`` and ``full`` parts; GQA keys expanded to ``H`` heads, dK
-summed back) and ``aten._scaled_dot_product_efficient_attention`` /
-``_backward`` (``compute_log_sumexp=True``; ``attn_bias`` for the ``masked``
-parts; its lse is padded to a multiple of 32 rows); wiring them is one more
-entry in :data:`KERNELS`, to be checked on a GPU (none was at hand).
+float64 inputs; the tests check it on CPU like the fused one). ``flash`` and
+``efficient``: the CUDA fused kernels, which return the logsumexp too and take
+it back in their backward (``autoshard.runtime.context_cuda``: bf16/fp16 parts
+without a mask on flash, GQA keys expanded; the others on the efficient kernel
+with ``attn_bias``); checked on CUDA fake tensors (shapes, devices, no host
+sync), not yet on a GPU.
 
 **Padding.** ``key_padding`` (a ``[B, S]`` mask of real tokens) travels in the same
 gather buffer as K and V and joins every part's mask; a query row that sees no
@@ -66,39 +64,22 @@ is the sum over the group of local sums over the global token count.
 >>> shard_positions(8, cp=2, rank=1).tolist()
 [2, 3, 4, 5]
 
-Design note: how this becomes a strategy the solver chooses (issue 56).
+**Plan nodes** (``autoshard.runtime.context_ops``: ``context_attention_forward``,
+``context_attention_backward``, which run a plan's ``context_gather`` exchanges): the
+forward and the backward attention node each as one call, with no state between them (the
+backward gathers K/V again), on the plan's contiguous sequence split (DTensor ``Shard(2)``).
+An explicit attention mask comes with its query rows local and its key columns whole (each
+part takes its columns; Hugging Face's padding and sliding-window masks). With
+``load_balanced=True`` the query rows (in the backward also ``grad_out``, ``out``, ``lse``)
+move to the head-and-tail layout and back by an all-to-all (``autoshard.runtime.context_comm``),
+while K/V stay contiguous (:attr:`CPConfig.keys_contiguous`).
 
-* Rule (``autoshard/rules/attention.py``): a strategy on a ``cp`` mesh dim with
-  ``q, k, v`` all ``S(2)`` (sequence) and the output and logsumexp ``S(2)``,
-  allowed for causal attention too, because the op is no longer the local
-  kernel but this exchange; its compute is the busiest rank's parts
-  (``price_context_attention(...).forward_compute_s``) and the backward's
-  ``dK, dV`` come back ``S(2)`` (the reduce-scatter is inside the op, not a
-  ``P`` placement). The sequence split must be the load-balanced order where
-  chosen: inputs are permuted once at the data loader (``sequence_shard``).
-* Step program (``autoshard/program/``): a K/V exchange action (issue the
-  gather, the local parts, wait, the remote parts; in the backward the
-  reduce-scatter beside the local parts) so the schedule and ``costmodel.overlap``
-  see it as a transfer with its issue and wait positions, and the collective
-  trace records it (here it goes straight to ``_c10d_functional``, unrecorded).
-* Solver and mesh search: a ``cp`` mesh dim name in the solve (``--dims dp,cp,tp``)
-  and the factorizations of ``autoshard/search/mesh_search.py``; the edge
-  costs of ``S(seq)`` on ``cp`` are the usual redistributions.
-* Trace: RoPE positions must be traced as inputs (or buffers read at
-  positions) so the runtime can give each rank its ``shard_positions``; models
-  that build ``arange(S)`` inside the forward need a rule for ``arange`` on a
-  sequence split. HF models' 4-D masks (``create_causal_mask``) must be
-  recognised as causal/sliding-window/padding and replaced by the flags here.
-* Ring: ``autoshard.runtime.context_ring.ring_attention`` passes the K/V blocks
-  around instead (two blocks of memory, not ``cp``); the strategy would carry
-  the variant ``costmodel.context_parallel.best_context_attention`` picks.
-* Missing here: the CUDA fused kernels (see Kernels; the ``math`` kernel runs on
-  CUDA meanwhile, unmeasured), dropout inside attention, the collective trace.
+Still missing: dropout inside attention; the CUDA kernels' numbers on a GPU.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import torch
@@ -106,6 +87,9 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives  # noqa: F401 - registers the _c10d_functional ops
 
 from costmodel.context_parallel import AttentionPart, ChunkLayout, attention_parts, offset_range
+
+from autoshard.runtime import context_comm
+from autoshard.runtime.context_cuda import CUDA_KERNELS
 
 __all__ = ["KERNELS", "CPConfig", "context_attention", "to_load_balanced", "from_load_balanced",
            "load_balanced_index", "sequence_shard", "shard_positions"]
@@ -192,8 +176,11 @@ def _scores(q, k, causal, mask, scale):
     s = torch.matmul(q.view(b, k.shape[1], groups, length, d), k.unsqueeze(2).transpose(-1, -2)) * scale
     if causal:
         s = s.masked_fill(torch.ones(length, k.shape[2], dtype=torch.bool, device=q.device).triu(1), float("-inf"))
-    if mask is not None:  # [L, S] or [B, 1, L, S]: broadcast over the head groups
-        s = s + (mask.unsqueeze(2) if mask.dim() == 4 else mask)
+    if mask is not None:  # [L, S], [B, 1, L, S] (broadcast over the head groups) or [B, H, L, S]
+        if mask.dim() == 4 and mask.shape[1] > 1:
+            s = s + mask.view(mask.shape[0], k.shape[1], groups, *mask.shape[2:])
+        else:
+            s = s + (mask.unsqueeze(2) if mask.dim() == 4 else mask)
     return s
 
 
@@ -232,7 +219,8 @@ class _Kernel:
     backward: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 
 
-KERNELS = {"cpu": _Kernel(_cpu_forward, _cpu_backward), "math": _Kernel(_math_forward, _math_backward)}
+KERNELS = {"cpu": _Kernel(_cpu_forward, _cpu_backward), "math": _Kernel(_math_forward, _math_backward),
+           **{name: _Kernel(*pair) for name, pair in CUDA_KERNELS.items()}}
 """Attention kernels by name (module docstring: which aten op each calls)."""
 
 
@@ -259,10 +247,24 @@ class CPConfig:
     """A key padding mask comes with the keys (gathered with them)."""
     ring: bool = False
     """Parts grouped by the owner of their keys (``autoshard.runtime.context_ring``), not by locality."""
+    keys_contiguous: bool = False
+    """K/V are held in the contiguous order (rank ``r``: chunks ``2r, 2r + 1`` of a load-balanced
+    layout's ``2 cp``) while the queries are in ``layout``'s: a plan node's balanced exchange."""
+
+    def key_owner(self, chunk: int) -> tuple[int, int]:
+        """(rank, slot) holding the keys of global chunk ``chunk``."""
+        if self.keys_contiguous and self.layout.load_balanced:
+            return divmod(chunk, 2)
+        return self.layout.owner_of(chunk)
 
     def parts(self) -> tuple[AttentionPart, ...]:
-        return attention_parts(self.layout, self.rank, self.seq_len, causal=self.causal, window=self.window,
-                               group_by="owner" if self.ring else "locality")
+        parts = attention_parts(self.layout, self.rank, self.seq_len, causal=self.causal, window=self.window,
+                                group_by="owner" if self.ring else "locality")
+        if not (self.keys_contiguous and self.layout.load_balanced):
+            return parts
+        # locality by where the keys are, not by the queries' layout
+        parts = [replace(p, local=all(self.key_owner(g)[0] == self.rank for g in p.key_chunks)) for p in parts]
+        return tuple(sorted(parts, key=lambda p: not p.local))
 
 
 def _split(flat: torch.Tensor, shapes: tuple[torch.Size, ...], cp: int) -> tuple[torch.Tensor, ...]:
@@ -271,7 +273,7 @@ def _split(flat: torch.Tensor, shapes: tuple[torch.Size, ...], cp: int) -> tuple
     views, start = [], 0
     for shape in shapes:
         n = shape.numel()
-        views.append(rows[:, start:start + n].view(cp, *shape))
+        views.append(rows.narrow(1, start, n).view(cp, *shape))
         start += n
     return tuple(views)
 
@@ -287,12 +289,14 @@ class _Blocks:
         """Per tensor, everyone's blocks indexed by owner: the gathered ``[cp, ...]``, or the
         ring's ``{owner: block}`` of the block in hand."""
         self._pending: torch.Tensor | None = None
+        self.mask: torch.Tensor | None = None
+        """An explicit additive mask ``[B|1, H|1, rows|1, L]``: this rank's query rows, every key."""
 
     def issue(self) -> None:
         """Issue the all-gather (every rank must, even one that needs no remote key)."""
         if self.config.layout.cp > 1:
             flat = torch.cat([t.reshape(-1) for t in self.local])
-            self._pending = _OPS.all_gather_into_tensor(flat, self.config.layout.cp, self.config.group_name)
+            self._pending = context_comm.issue("all_gather", flat, self.config.layout.cp, self.config.group_name)
 
     def arrive(self) -> None:
         """Wait for the gather issued last, if any."""
@@ -305,19 +309,36 @@ class _Blocks:
         """Tensor ``which`` (0: K, 1: V, 2: padding) of the part's key chunks, concatenated along the sequence."""
         pieces = []
         for g in part.key_chunks:
-            owner, slot = self.config.layout.owner_of(g)
-            t = self.local[which] if owner == self.config.rank else self.everyone[which][owner]
-            pieces.append(t[:, :, slot * self.c:(slot + 1) * self.c])
+            owner, slot = self.config.key_owner(g)
+            t = self.local[which] if owner == self.config.rank else _of_owner(self.everyone[which], owner)
+            pieces.append(t.narrow(2, slot * self.c, self.c))
         return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=2)
+
+
+def dense(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in contiguous memory (``Tensor.contiguous`` itself fails on a CUDA fake tensor on a
+    CPU-only torch, which the CUDA checks run on).
+
+    >>> dense(torch.zeros(2, 3).t()).is_contiguous()
+    True
+    """
+    return t if t.is_contiguous() else t.clone(memory_format=torch.contiguous_format)
+
+
+def _of_owner(everyone: Any, owner: int) -> torch.Tensor:
+    """Owner ``owner``'s block of a gathered ``[cp, ...]`` tensor or of the ring's ``{owner: block}``."""
+    return everyone[owner] if isinstance(everyone, dict) else everyone.select(0, owner)
 
 
 def _mask(part: AttentionPart, blocks: _Blocks, dtype: torch.dtype, device: Any
           ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """(additive float mask, rows that see some key) of a part: ``[c, n c]`` from the positions
-    (a ``masked`` part), ``[B, 1, c, n c]`` with key padding (every part); (None, None) for a
-    ``full`` or ``causal`` part without padding (the kernel's own flag does it)."""
+    (a ``masked`` part), ``[B, 1, c, n c]`` with key padding (every part), the explicit mask's
+    rows and columns of the part added (every part); (None, None) for a ``full`` or ``causal``
+    part without either (the kernel's own flag does it)."""
     config, c = blocks.config, blocks.c
-    if part.mode != "masked" and not config.padded:
+    explicit = blocks.mask
+    if part.mode != "masked" and not config.padded and explicit is None:
         return None, None
     lo, hi = offset_range(config.causal, config.window)
     queries = torch.arange(part.query_chunk * c, (part.query_chunk + 1) * c, device=device)
@@ -326,8 +347,15 @@ def _mask(part: AttentionPart, blocks: _Blocks, dtype: torch.dtype, device: Any
     visible = (offset >= lo) & (offset <= hi)
     if config.padded:
         visible = visible & (blocks.chunks(2, part) != 0).unsqueeze(2)  # [B, 1, 1, n c]
-    additive = torch.zeros(visible.shape, dtype=dtype, device=device).masked_fill(~visible, float("-inf"))
-    return additive, visible.any(dim=-1)
+    additive = torch.zeros(visible.shape, dtype=dtype, device=device).masked_fill(visible.logical_not(), float("-inf"))
+    if explicit is None:
+        return additive, visible.any(dim=-1)
+    if explicit.shape[2] > 1:  # rows of this query chunk; else one row for all
+        slot = _slot(part, config)
+        explicit = explicit.narrow(2, slot * c, c)
+    columns = [explicit.narrow(3, g * c, c) for g in part.key_chunks]
+    additive = additive + (columns[0] if len(columns) == 1 else torch.cat(columns, dim=-1))
+    return additive, (additive != float("-inf")).any(dim=-1)
 
 
 def _slot(part: AttentionPart, config: CPConfig) -> int:
@@ -359,10 +387,10 @@ def _forward(q: torch.Tensor, blocks: _Blocks) -> tuple[torch.Tensor, torch.Tens
             blocks.arrive()
         slot = _slot(part, config)
         mask, reached = _mask(part, blocks, q.dtype, q.device)
-        out, lse = kernel.forward(q[:, :, slot * c:(slot + 1) * c], blocks.chunks(0, part), blocks.chunks(1, part),
+        out, lse = kernel.forward(q.narrow(2, slot * c, c), blocks.chunks(0, part), blocks.chunks(1, part),
                                   part.mode == "causal" and mask is None, mask, config.scale)
         if reached is not None:  # the fused kernel gives a row with no key lse 0 (and out 0)
-            lse = lse.masked_fill(~reached, float("-inf"))
+            lse = lse.masked_fill(reached.logical_not(), float("-inf"))
         acc[slot] = _merge(acc[slot], out, lse)
     blocks.arrive()
     return torch.cat([a[0] for a in acc], dim=2).to(q.dtype), torch.cat([a[1] for a in acc], dim=2)
@@ -401,13 +429,13 @@ def _backward(dout: torch.Tensor, q: torch.Tensor, out: torch.Tensor, lse: torch
                 blocks.arrive()
             _part_backward(kernel, part, dout, q, out, lse, blocks, dq, local_grads if part.local else remote_grads)
         if i == scatter_after and cp > 1:
-            pending_scatter = _OPS.reduce_scatter_tensor(buffer.view(-1), "sum", cp, config.group_name)
+            pending_scatter = context_comm.issue("reduce_scatter", buffer.view(-1), "sum", cp, config.group_name)
     blocks.arrive()
     dk, dv = local_grads
     if pending_scatter is not None:
         arrived = _OPS.wait_tensor(pending_scatter)
-        dk += arrived[:k.numel()].view(k.shape)
-        dv += arrived[k.numel():].view(v.shape)
+        dk += arrived.narrow(0, 0, k.numel()).view(k.shape)
+        dv += arrived.narrow(0, k.numel(), v.numel()).view(v.shape)
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
@@ -417,18 +445,19 @@ def _part_backward(kernel: _Kernel, part: AttentionPart, dout: torch.Tensor, q: 
     (this rank's ``[B, H_kv, S, D]`` for local parts; for remote ones indexed by owner first:
     the ``[cp, ...]`` buffer, or the ring's ``{owner: block}``)."""
     config, c = blocks.config, blocks.c
-    rows = slice(_slot(part, config) * c, (_slot(part, config) + 1) * c)
+    start = _slot(part, config) * c
     mask, _ = _mask(part, blocks, q.dtype, q.device)
-    dq_p, dk_p, dv_p = kernel.backward(dout[:, :, rows].contiguous(), q[:, :, rows], blocks.chunks(0, part),
-                                       blocks.chunks(1, part), out[:, :, rows].contiguous(),
-                                       lse[:, :, rows].contiguous(), part.mode == "causal" and mask is None, mask,
-                                       config.scale)
-    dq[:, :, rows] += dq_p
+    # narrow, not indexing: a CUDA fake tensor on a CPU-only torch cannot be indexed
+    dq_p, dk_p, dv_p = kernel.backward(dense(dout.narrow(2, start, c)), q.narrow(2, start, c),
+                                       blocks.chunks(0, part), blocks.chunks(1, part),
+                                       dense(out.narrow(2, start, c)), dense(lse.narrow(2, start, c)),
+                                       part.mode == "causal" and mask is None, mask, config.scale)
+    dq.narrow(2, start, c).add_(dq_p)
     for j, g in enumerate(part.key_chunks):
-        owner, slot = config.layout.owner_of(g)
+        owner, slot = config.key_owner(g)
         for grad, whole in zip((dk_p, dv_p), into):
-            target = whole if part.local else whole[owner]
-            target[:, :, slot * c:(slot + 1) * c] += grad[:, :, j * c:(j + 1) * c]
+            target = whole if part.local else _of_owner(whole, owner)
+            target.narrow(2, slot * c, c).add_(grad.narrow(2, j * c, c))
 
 
 class _ContextAttention(torch.autograd.Function):
@@ -449,7 +478,7 @@ class _ContextAttention(torch.autograd.Function):
         blocks = _Blocks(tuple(rest[:ctx.n_local]), ctx.config)
         if rest[ctx.n_local:]:
             blocks.everyone = tuple(rest[ctx.n_local:])
-        dq, dk, dv = _backward(dout.contiguous(), q, out, lse, blocks)
+        dq, dk, dv = _backward(dense(dout), q, out, lse, blocks)
         return dq, dk, dv, None, None
 
 
@@ -523,3 +552,4 @@ def _setup(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: 
         padding = key_padding.to(device=k.device, dtype=k.dtype).unsqueeze(1)  # travels in K's gather buffer
     offset_range(bool(causal), window)  # checks the window
     return group, cp, layout, kernel, padding
+

@@ -15,14 +15,18 @@ local tensors (``autoshard.runtime.op_calls``: its inputs redistributed,
 waited or reused, its non-tensor arguments localized, its local output shapes
 checked), ``Issue`` runs a schedule item's collectives but the last and leaves
 that one in flight (``autoshard.runtime.steps``), ``Wait`` finishes it (and
-its local steps after it) into the values its reader reads, ``Recompute`` runs
+its local steps after it) into the values its reader reads, ``Pack`` copies a
+bucket's members into its flat buffer (``steps.pack_bucket``, ``pack_gather``)
+before the bucket's ``Issue`` sends that buffer in one collective, ``Unpack``
+splits the waited buffer into the members' values (``steps.unpack_bucket``,
+``unpack_gather``), ``Recompute`` runs
 a recomputed op again with its redistributed inputs redistributed again and
 waited at once (a recomputed random op replays the random state of its first
 draw: ``autoshard.runtime.random_ops``), ``Free`` drops values after their
 last read. The compute goes on while a collective is in flight. The sinks get
 their redistributions after the last action: the loss ends replicated, each
-gradient in its parameter's placement (a bucket's members from its one
-collective, ``autoshard.runtime.steps.bucket_phases``), each buffer update in
+gradient in its parameter's placement (a bucket's members from its
+``Unpack``), each buffer update in
 its buffer's placement. Evaluation (``forward_only``) runs the first pass of
 what the loss and buffer updates need, every redistribution at its reader,
 waited at once. The runner counts the tensor bytes it holds
@@ -54,8 +58,8 @@ from costmodel.shard_shapes import local_shape
 
 from autoshard.graph.node_ids import tensor_node
 from autoshard.plan.format import Plan, PlanError
-from autoshard.program.actions import (Compute, Free, Issue, RecomputeError, Recompute, StepProgram, Wait,
-                                       build_step_program)
+from autoshard.program.actions import (Compute, Free, Issue, Pack, RecomputeError, Recompute, StepProgram, Unpack,
+                                       Wait, build_step_program)
 from autoshard.rules import RuleRegistry, load_rules
 from autoshard.runtime.binding import (Edge, OpBinding, PlanBinding, RuntimeLoadError, Scheduled, fmt_placements,
                                        placements_of)
@@ -64,7 +68,8 @@ from autoshard.runtime.op_calls import OpCaller, Reuse
 from autoshard.runtime.program import StepGraph, compile_step, trace_step
 from autoshard.runtime.random_ops import get_rng_state, set_rng_state
 from autoshard.runtime.shards import local_slice
-from autoshard.runtime.steps import Comm, PendingStep, bucket_phases, gather_phases, step_phases
+from autoshard.runtime.steps import (Comm, PackedBucket, PendingStep, issue_bucket, pack_bucket, pack_gather,
+                                     step_phases, unpack_bucket, unpack_gather, wait_collective)
 from autoshard.trace import JointResult, TracedGraph
 
 __all__ = ["RuntimeLoadError", "JointRunner", "local_slice", "placements_of"]
@@ -218,6 +223,8 @@ class JointRunner:
         """One step by the program (module docstring); ``live`` (with ``env`` a ``TrackedDict``
         on it) counts the bytes held."""
         pending: dict[tuple, PendingStep] = {}
+        packed: dict[tuple, PackedBucket] = {}  # a bucket's flat buffer, from its Pack to its Unpack
+        flat: dict[tuple, torch.Tensor] = {}  # its collective's result, pending from the Issue, waited at the Wait
         ready: dict[Any, Any] = TrackedDict(live) if live is not None else {}
         shared: dict[Any, Any] = TrackedDict(live) if live is not None else {}  # copies later readers reuse
         reuse: Reuse = (shared, {})
@@ -228,10 +235,21 @@ class JointRunner:
                         self._compute(self._ops[name], env, ready, live, reuse)
                     case Recompute(node=name, position=at):
                         self._recompute(self._ops[name], env, live, at)
+                    case Pack(item=item):
+                        packed[item.key] = self._pack(self.binding.scheduled[item.key], env)
+                    case Issue(item=item) if item.edge is None:
+                        self.calls.set_comm(self._bucket_label(self.binding.scheduled[item.key]),
+                                            (item.issue, item.wait))
+                        flat[item.key] = issue_bucket(packed[item.key], self.comm)
                     case Issue(item=item):
                         pending[item.key] = self._issue(self.binding.scheduled[item.key], env)
+                    case Wait(item=item) if item.edge is None:
+                        flat[item.key] = wait_collective(flat[item.key], self.comm)
                     case Wait(item=item):
                         self._wait(self.binding.scheduled[item.key], pending.pop(item.key).finish(), ready)
+                    case Unpack(item=item):
+                        self._unpack(self.binding.scheduled[item.key], packed.pop(item.key), flat.pop(item.key),
+                                     ready)
                     case Free(values=values):
                         for value in values:
                             for node in self._nodes[value]:
@@ -280,24 +298,39 @@ class JointRunner:
         for node in self._nodes[self.binding.value_name(b.node)]:
             env[node] = value
 
-    def _issue(self, what: Scheduled, env: Mapping[fx.Node, Any]) -> PendingStep:
-        """Run the item's steps up to its last collective and leave that one in flight."""
-        item, calls, value_of = what.item, self.calls, self.calls.value
+    def _bucket_edges(self, what: Scheduled) -> list[Edge]:
+        """A gather bucket's member edges, or a gradient bucket's gradients' edges."""
+        return list(what.members) if what.members else [self.grad_edges[f] for f in self.buckets[what.bucket][1]]
+
+    def _bucket_label(self, what: Scheduled) -> tuple[str, str, int]:
+        """How a tracing comm records a bucket's collective (``OpCaller.set_comm``)."""
         if what.members:
-            bucket = self.plan.gather_buckets[what.gather]
-            calls.set_comm(("gather", ",".join(f"{m[0]}>{m[1]}>{m[2]}" for m in bucket.members), 0),
-                           (item.issue, item.wait))
-            return PendingStep(gather_phases([value_of(env, e.source) for e in what.members],
-                                             [e.steps[0] for e in what.members], [e.global_shape for e in what.members],
-                                             self.mesh_shape, self.coord, self.comm), self.comm)
-        if what.edge is None:
-            bucket, fqns = self.buckets[what.bucket]
-            edges = [self.grad_edges[f] for f in fqns]
-            calls.set_comm(("bucket", ",".join(bucket.members), 0), (item.issue, item.wait))
-            return PendingStep(bucket_phases([value_of(env, e.source) for e in edges], [e.steps[0] for e in edges],
-                                             self.mesh_shape, self.coord, self.comm), self.comm)
+            members = self.plan.gather_buckets[what.gather].members
+            return ("gather", ",".join(f"{m[0]}>{m[1]}>{m[2]}" for m in members), 0)
+        return ("bucket", ",".join(self.buckets[what.bucket][0].members), 0)
+
+    def _pack(self, what: Scheduled, env: Mapping[fx.Node, Any]) -> PackedBucket:
+        """A bucket's flat buffer from its members' values (``Pack``)."""
+        edges = self._bucket_edges(what)
+        values, steps = [self.calls.value(env, e.source) for e in edges], [e.steps[0] for e in edges]
+        if what.members:
+            return pack_gather(values, steps, [e.global_shape for e in edges], self.mesh_shape, self.coord)
+        return pack_bucket(values, steps, self.mesh_shape, self.coord)
+
+    def _unpack(self, what: Scheduled, packed: PackedBucket, done: torch.Tensor, ready: dict[Any, Any]) -> None:
+        """A bucket's members' values from its waited flat buffer (``Unpack``), ready for their readers."""
+        if what.members:
+            values = unpack_gather(packed, done, [e.steps[0] for e in what.members])
+            for member, value in zip(what.members, values):
+                ready[member.key] = value
+        else:
+            ready[("bucket", what.bucket)] = unpack_bucket(packed, done, self.mesh_shape, self.coord)
+
+    def _issue(self, what: Scheduled, env: Mapping[fx.Node, Any]) -> PendingStep:
+        """Run an edge's steps up to its last collective and leave that one in flight."""
+        item, calls = what.item, self.calls
         e = what.edge
-        value = value_of(env, e.source)
+        value = calls.value(env, e.source)
         if what.head:
             calls.set_comm(e.key, (item.issue, item.issue))
             value = calls.run_steps(value, e, what.head)
@@ -306,14 +339,8 @@ class JointRunner:
                            self.comm)
 
     def _wait(self, what: Scheduled, done: Any, ready: dict[Any, Any]) -> None:
-        """A finished item's values, ready for their readers (an edge's local steps after its collective run now)."""
-        if what.members:
-            for member, value in zip(what.members, done):
-                ready[member.key] = value
-        elif what.edge is None:
-            ready[("bucket", what.bucket)] = done
-        else:
-            ready[what.edge.key] = self.calls.run_steps(done, what.edge, what.tail)
+        """A finished edge's value, ready for its reader (its local steps after its collective run now)."""
+        ready[what.edge.key] = self.calls.run_steps(done, what.edge, what.tail)
 
     def _sinks(self, env: Mapping[fx.Node, Any], ready: dict[Any, Any]) -> JointResult:
         """The loss, the gradients (a bucket's from its collective) and the buffer updates."""

@@ -27,9 +27,11 @@ and the copy's routing weight in a second, small exchange; the expert rank
 computes the expert gradients of its experts (whole: every copy routed to them
 arrived), each copy's input gradient and its output ``y`` (the routing
 weight's gradient is ``<grad_out, y>``), and sends back the copies' input
-gradients and those scalars. Per step: four token exchanges (the backward
-dispatch twice as wide) and two counts exchanges, as
-``costmodel.expert_parallel`` prices them.
+gradients and those scalars. Per step: three all-to-alls forward (counts,
+rows ``d`` wide, back) and five backward (counts, rows ``2 d`` wide, routing
+weights, input gradients, weights' gradients), each priced on its own by
+``costmodel.expert_parallel.exchange_bytes`` (a gloo test counts the bytes
+each one carries against it).
 
 Experts that receive no copy on a rank compute nothing and get zero gradients,
 as on one device. :func:`measure_imbalance` is the runtime's measured

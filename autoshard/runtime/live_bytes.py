@@ -190,10 +190,10 @@ def _copy_bytes(binding: Any, edge: Any) -> int:
 
 def program_copies(binding: Any) -> tuple[list[HeldCopy], dict[str, list[tuple[str, int]]]]:
     """The redistributed copies the runner holds (``copies``, ``remade`` of
-    ``autoshard.program.live_bytes.live_bytes_timeline``): a scheduled edge's (a gather bucket
-    member's) from its wait, any other edge's at its reader, each to its last reader (an earlier
-    reader's copy that later readers reuse, to the last of them; a sink's to the end); a gradient
-    bucket's flat buffer from its wait to the end; a recomputed op's redistributed inputs again
+    ``autoshard.program.live_bytes.live_bytes_timeline``): a scheduled edge's from its wait (a gather
+    bucket member's from the bucket's unpack), any other edge's at its reader, each to its last reader
+    (an earlier reader's copy that later readers reuse, to the last of them; a sink's to the end); a
+    gradient bucket's flat buffer from its unpack to the end; a recomputed op's redistributed inputs again
     at its recomputation. Each copy holds its last step's output (``_copy_bytes``), as the
     runtime's steps make it for shards that divide evenly.
     ``binding``: an ``autoshard.runtime.binding.PlanBinding``.

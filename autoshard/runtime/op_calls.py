@@ -11,8 +11,11 @@ a template (``autoshard.runtime.templates``); every local output's shape is
 checked against the plan's placement, and an op that fails raises naming the
 node, the op and the rank's coordinate. A node whose plan strategy has an
 exchange is not a local op: ``expert_dispatch`` runs
-:func:`autoshard.runtime.expert_ops.run_expert_op` on the local tensors over
-the process group of the strategy's mesh dim (``Comm.group``). ``LiveBytes.touch`` counts the op's
+:func:`autoshard.runtime.expert_ops.run_expert_op`, ``context_gather`` and
+``context_gather_balanced`` :func:`autoshard.runtime.context_ops.run_context_op`,
+on the local tensors over the process group of the strategy's mesh dim
+(``Comm.group``); neither runs on fake tensors, so a plan with exchanges is
+interpreted, not traced (``autoshard.runtime.program``). ``LiveBytes.touch`` counts the op's
 inputs and outputs together (``autoshard.runtime.live_bytes``).
 
 >>> # caller = OpCaller(binding)
@@ -22,7 +25,7 @@ inputs and outputs together (``autoshard.runtime.live_bytes``).
 from __future__ import annotations
 
 import operator
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import torch
 import torch.fx as fx
@@ -35,6 +38,7 @@ from autoshard.rules import op_name
 from autoshard.rules.calls import bind_args, replace_tensors
 from autoshard.rules.core import OpCall, TensorMeta, to_meta
 from autoshard.runtime.binding import Edge, OpBinding, PlanBinding, fmt_placements
+from autoshard.runtime.context_ops import CONTEXT_KINDS, run_context_op
 from autoshard.runtime.devices import on_device
 from autoshard.runtime.expert_ops import run_expert_op
 from autoshard.runtime.live_bytes import LiveBytes
@@ -144,21 +148,26 @@ class OpCaller:
     def _exchange(self, b: OpBinding, exchange: tuple[str, int], locals_: list[torch.Tensor]) -> Any:
         """The op run with its exchange over the mesh dim's group (module docstring)."""
         kind, mesh_dim = exchange
-        if kind != "expert_dispatch":
+        if kind != "expert_dispatch" and kind not in CONTEXT_KINDS:
             raise RuntimeError(f"{b.node.name} ({op_name(b.op)}): the plan's exchange {kind!r} is not one this "
-                               f"runtime runs (expert_dispatch)")
+                               f"runtime runs (expert_dispatch, {', '.join(CONTEXT_KINDS)})")
         if self.comm is None or not hasattr(self.comm, "group"):
-            raise RuntimeError(f"{b.node.name} ({op_name(b.op)}): an expert_dispatch exchange needs the mesh's "
+            raise RuntimeError(f"{b.node.name} ({op_name(b.op)}): a {kind} exchange needs the mesh's "
                                f"process groups (this runtime has none)")
         if any(is_fake(t) for t in locals_):
-            # split sizes known only at run time: tracing the step (autoshard.runtime.program)
-            # stops here, before any exchange is issued, and the runner interprets the step
-            raise RuntimeError(f"{b.node.name} ({op_name(b.op)}): an expert_dispatch exchange has run-time split "
-                               f"sizes, which a traced step graph cannot hold")
+            # expert split sizes are known only at run time, and a context exchange's collectives
+            # are its own (not the plan's): tracing the step (autoshard.runtime.program) stops
+            # here, before any exchange is issued, and the runner interprets the step
+            raise RuntimeError(f"{b.node.name} ({op_name(b.op)}): a {kind} exchange is interpreted, not held "
+                               f"in a traced step graph")
         self._out_local(b)
         tensors = iter(locals_)
-        args = tuple(next(tensors) if isinstance(a, fx.Node) else a for a in b.node.args)
-        return run_expert_op(b.op, args, group=self.comm.group((mesh_dim,)))
+        group = self.comm.group((mesh_dim,))
+        if kind == "expert_dispatch":
+            args = tuple(next(tensors) if isinstance(a, fx.Node) else a for a in b.node.args)
+            return run_expert_op(b.op, args, group=group)
+        args, kwargs = _with_locals(b.node, tensors)
+        return run_context_op(b.op, args, kwargs, kind=kind, group=group)
 
     def _local(self, b: OpBinding, env: Mapping[fx.Node, Any], locals_: list[torch.Tensor]) -> Any:
         """The op itself on this rank's local tensors."""
@@ -201,3 +210,20 @@ class OpCaller:
             b.call = CallTemplate.make(args, kwargs, locals_)
             b.slow = b.call is None
         return args, kwargs
+
+
+def _with_locals(node: fx.Node, tensors: Iterator[torch.Tensor]) -> tuple[tuple, dict]:
+    """The node's arguments with its tensor arguments replaced by ``tensors``, taken in the
+    rules' input order (positional, then keyword in schema order: ``trace.run.tensor_arg_nodes``)."""
+    def local(value: Any) -> Any:
+        if not isinstance(value, fx.Node):
+            return value
+        traced = value.meta.get("val")
+        # a non-tensor node (flash attention's max_q, an int) keeps its traced value
+        return next(tensors) if isinstance(traced, torch.Tensor) else traced
+
+    names = [a.name for a in node.target._schema.arguments]
+    args = tuple(local(a) for a in node.args)
+    kwargs = {name: local(node.kwargs[name])
+              for name in sorted(node.kwargs, key=lambda n: names.index(n) if n in names else len(names))}
+    return args, kwargs

@@ -8,8 +8,11 @@ microbatch count and torch schedule the search prices fastest), broadcasts it as
 (:func:`autoshard.runtime.pipeline_stages.build_pipeline`). If any rank fails, every
 rank raises (as :func:`autoshard.runtime.rank_agreement.agree`).
 
-Each stage runs data-parallel over the mesh's other dims (FSDP2 ``fully_shard`` or
-``replicate``, as the section's ``data_parallel`` says), not with the per-op placements
+Each stage runs data-parallel over the mesh's ``dp`` dim (FSDP2 ``fully_shard`` or
+``replicate``, as the section's ``data_parallel`` says) and, on a ``tp`` dim, torch's
+tensor parallelism with the column/row split of the linears that the given plan's
+placements say (``autoshard.runtime.pipeline_tp``; a searched section without a plan
+has no such layout, and a ``tp`` dim is refused then), not with the per-op placements
 of the stage sub-mesh's solve: autoshard's interpreter runs whole-graph step programs,
 not the per-microbatch stage calls a ``PipelineStage`` makes.
 
@@ -42,6 +45,7 @@ from autoshard.plan.format import Plan
 from autoshard.plan.options import SolveOptions
 from autoshard.plan.pipeline_section import PipelineError, PipelineSection
 from autoshard.runtime.pipeline_stages import PipelineRun, build_pipeline, model_parts
+from autoshard.runtime.pipeline_tp import with_plan_layout
 from autoshard.runtime.rank_agreement import ERROR_CODE, RankSetupError, agree, broadcast_bytes, comm_device
 from autoshard.search.pipeline_model import PIPELINE_DIM, choose_pipeline
 
@@ -77,7 +81,8 @@ def rank0_section(model: nn.Module, example_inputs: Sequence[torch.Tensor] | Map
         given = plan if isinstance(plan, Plan) else Plan.load(plan)
         if given.pipeline is None:
             raise PipelineError("plan: no pipeline section for a mesh with a 'pp' dim")
-        return given.pipeline
+        # tp inside the stages: the column/row split of the plan's own placements
+        return with_plan_layout(given.pipeline, model, given.params, given.fingerprint.dim_names)
     section = pipeline_for(model, example_inputs, mesh_shape, dim_names, options)
     if section is None:
         raise PipelineError(f"mesh dims {','.join(dim_names)}: no {PIPELINE_DIM!r} dim to cut stages along")

@@ -7,9 +7,15 @@ Given the model, a ``DeviceMesh`` with the section's pipeline dim (``pp``) and
 rank's ``pp`` coordinate, and the schedule ``get_schedule_class(section.schedule)``
 (``ScheduleGPipe``, ``Schedule1F1B``, ``ScheduleInterleaved1F1B``, ...): torch sends the
 activations and gradients across stage boundaries and orders the microbatches.
-Each stage runs data-parallel over the mesh's other dims (its dp sub-mesh) with
-FSDP2 ``fully_shard`` (each block, then the stage) or torch's ``replicate``, as
-``section.data_parallel`` says.
+Each stage runs data-parallel over the mesh's ``dp`` dim (its dp sub-mesh) with
+FSDP2 ``fully_shard`` (each block, then the stage; gathered from the first
+microbatch's forward to the last backward, which the zero-bubble schedules' split
+weight gradients need) or torch's ``replicate``, as ``section.data_parallel`` says;
+on a ``tp`` dim, first torch's tensor parallelism with the section's column/row
+split of the blocks' linears (``autoshard.runtime.pipeline_tp``). Every schedule of
+``costmodel.pipeline_schedules.SCHEDULE_NAMES`` runs, the V-shaped ones
+(``ZBVZeroBubble``, ``DualPipeV``: rank ``r`` holds stages ``r`` and ``2p - 1 - r``)
+included.
 
 **How a stage is cut out of the model** (manual splitting, as torchtitan does, without
 editing the model's forward). A stage is a shallow copy of the model whose modules
@@ -25,14 +31,17 @@ model's inputs and passed by each block as its first argument; the forward retur
 scalar loss; no parameter is shared between stages (a tied embedding and head on
 different stages is refused). Every rank steps with the same keyword inputs (its dp
 shard of the batch): the first stage reads the tokens, the last the labels, and the
-forward's own bookkeeping (``seq = tokens.shape[1]``) runs on every stage.
+forward's own bookkeeping (``seq = tokens.shape[1]``; a Hugging Face model's position ids,
+rotary tables and causal mask) runs on every stage. The last stage's output is the
+loss: the forward's scalar, or the ``loss`` of the output object it returns.
 
 **What this does not run (yet).** Inside a stage, autoshard's own per-stage placements
-(the stage sub-mesh's solve: tensor parallelism, per-tensor sharding, its collective
-schedule) are not run: ``autoshard.runtime.execute`` interprets the whole joint
-graph's step program, which cannot be split into the per-microbatch forward and
-backward calls a ``PipelineStage`` makes. A stage runs the eager module with the dp
-layout torch offers (``fully_shard`` / ``replicate`` over every non-pipeline dim).
+(the stage sub-mesh's solve: per-op tensor parallelism, per-tensor sharding, its
+collective schedule) are not run, only the column/row split of the linears above:
+``autoshard.runtime.execute`` interprets the whole joint graph's step program, which
+cannot be split into the per-microbatch forward and backward calls a ``PipelineStage``
+makes. A stage runs the eager module with the layouts torch offers (``fully_shard`` /
+``replicate`` over ``dp``, ``parallelize_module`` over ``tp``).
 
 **Stepping it** (a training loop)::
 
@@ -54,12 +63,13 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping
 
 import torch
 from torch import nn
 
 from autoshard.plan.pipeline_section import PipelineError, PipelineSection
+from autoshard.runtime.pipeline_tp import TP_DIM, apply_tensor_parallel
 from autoshard.trace.blocks import repeated_blocks
 
 __all__ = ["ModelParts", "SendRecord", "PipelineRun", "model_parts", "check_model", "build_stage_module",
@@ -161,7 +171,7 @@ def _stage_class(cls: type) -> type:
         box = self._pipeline_box
         box.value = received[0] if received else None
         try:
-            return model_forward(self, **inputs)
+            return _loss_of(model_forward(self, **inputs))
         except _StageExit as exit_:
             out = exit_.output
             return out[0] if isinstance(out, tuple) else out  # blocks returning (hidden, ...)
@@ -174,6 +184,18 @@ def _stage_class(cls: type) -> type:
             box.value = None
 
     return type(f"PipelineStage{cls.__name__}", (cls,), {"forward": forward})
+
+
+def _loss_of(output: Any) -> Any:
+    """The last stage's output for torch's schedule: the loss. A Hugging Face model returns an output
+    object (a Mapping) whose ``loss`` is it; the schedule needs the tensor alone."""
+    if isinstance(output, torch.Tensor):
+        return output
+    loss = output.get("loss") if isinstance(output, Mapping) else getattr(output, "loss", None)
+    if not isinstance(loss, torch.Tensor):
+        raise PipelineError(f"pipeline: the model's forward returned {type(output).__name__} without a loss tensor; "
+                            "the last stage needs the training loss (pass the labels)")
+    return loss
 
 
 def _shallow_copy(module: nn.Module) -> nn.Module:
@@ -276,13 +298,37 @@ def _apply_data_parallel(stage_module: nn.Module, blocks: list[nn.Module], kind:
     if kind == "fsdp":
         from torch.distributed.fsdp import fully_shard
 
-        for block in blocks:  # one unit per block: its weights gathered only around it, as torchtitan does
-            fully_shard(block, mesh=dp_mesh)
-        fully_shard(stage_module, mesh=dp_mesh)
+        # One unit per block, kept gathered from a microbatch's forward to the step's last backward
+        # (torchtitan's default under a pipeline): no per-microbatch all-gathers, and the zero-bubble
+        # schedules need it, since their weight-gradient pass (torch's stage_backward_weight) finds the
+        # parameters in the autograd graph through module.parameters(); after a reshard those are the
+        # sharded DTensors, which the graph never saw, and the weight gradients were lost.
+        for block in blocks:
+            fully_shard(block, mesh=dp_mesh, reshard_after_forward=False)
+        fully_shard(stage_module, mesh=dp_mesh, reshard_after_forward=False)
     else:
         from torch.distributed._composable.replicate_with_fsdp import replicate
 
         replicate(stage_module, mesh=dp_mesh)
+
+
+def _stage_wrapper(section: PipelineSection, stage: int, tp_mesh: Any, dp_mesh: Any
+                   ) -> Callable[[nn.Module, list[nn.Module]], None] | None:
+    """What wraps stage ``stage``'s module: tensor parallelism first (its parameters become ``tp``
+    DTensors), then FSDP2 / replicate over dp, which shards those over dp (2-D, as torchtitan does)."""
+    if tp_mesh is None and dp_mesh is None:
+        return None
+
+    def wrap(module: nn.Module, blocks: list[nn.Module]) -> None:
+        if tp_mesh is not None:
+            apply_tensor_parallel(module, section, stage, tp_mesh)
+        if dp_mesh is not None:
+            _apply_data_parallel(module, blocks, section.data_parallel, dp_mesh)
+    return wrap
+
+
+def _shape_of(mesh: Any) -> tuple[int, ...]:
+    return tuple(int(s) for s in mesh.shape)
 
 
 def _model_loss(output: torch.Tensor, target: Any) -> torch.Tensor:
@@ -303,8 +349,10 @@ class PipelineRun:
     """This rank's stages and torch's schedule over them (module docstring: stepping it)."""
 
     def __init__(self, section: PipelineSection, stage_modules: list[nn.Module], stages: list[Any], schedule: Any,
-                 sends: list[SendRecord]) -> None:
+                 sends: list[SendRecord], model: nn.Module | None = None) -> None:
         self.section = section
+        self.model = model
+        """The model the stages were cut from (they share its parameter objects; for checkpoints)."""
         self.stage_modules = stage_modules
         """This rank's stage modules (the model's parameters, names unchanged; DTensors under FSDP)."""
         self.stages = stages
@@ -335,7 +383,9 @@ class PipelineRun:
         the last stage, None elsewhere."""
         if not inputs:
             raise ValueError("PipelineRun.step: pass the model's inputs as keywords (tokens=..., labels=...)")
-        first = next(iter(inputs.values()))
+        first = next((v for v in inputs.values() if isinstance(v, torch.Tensor) and v.dim() > 0), None)
+        if first is None:
+            raise ValueError("PipelineRun.step: no batched tensor among the inputs (the batch is on dim 0)")
         m = self.section.n_microbatches
         if first.shape[0] % m:
             raise ValueError(f"PipelineRun.step: {m} microbatches do not divide this rank's batch of "
@@ -365,21 +415,23 @@ def build_pipeline(model: nn.Module, mesh: Any, section: PipelineSection, *, rec
     if pp_mesh.size() != section.n_ranks:
         raise PipelineError(f"pipeline.n_ranks: {section.n_ranks}, but mesh dim {section.mesh_dim!r} has "
                             f"{pp_mesh.size()} ranks")
-    dp_names = tuple(n for n in names if n != section.mesh_dim)
-    if len(dp_names) > 1:  # tensor parallelism inside a stage is autoshard's per-stage solve: not run here
+    dp_names = tuple(n for n in names if n not in (section.mesh_dim, TP_DIM))
+    if len(dp_names) > 1:  # one data-parallel dim (FSDP2's 2-D HSDP is not wired yet)
         raise PipelineError(f"pipeline: mesh {list(names)}: a stage runs data parallelism over one dim; "
                             f"{list(dp_names)} inside a stage is not supported yet")
+    tp_mesh = mesh[TP_DIM] if TP_DIM in names and mesh[TP_DIM].size() > 1 else None
+    if (tp_mesh is not None) != bool(section.tensor_parallel):
+        raise PipelineError(f"pipeline.tensor_parallel: mesh {list(names)} {_shape_of(mesh)} and a section with "
+                            f"{len(section.tensor_parallel)} split linear layers: a {TP_DIM!r} dim of more than one "
+                            "rank needs the plan's column/row layout, and the layout needs that dim")
     device = device or (torch.device("cpu") if mesh.device_type == "cpu"
                         else torch.device(mesh.device_type, torch.cuda.current_device()))
     rank = pp_mesh.get_local_rank()
-    dp_mesh = mesh[dp_names[0]] if dp_names else None
+    dp_mesh = mesh[dp_names[0]] if dp_names and mesh[dp_names[0]].size() > 1 else None
     sends: list[SendRecord] = []
     modules, stages = [], []
     for st in section.stages_of_rank(rank):
-        wrap = None
-        if dp_mesh is not None and dp_mesh.size() > 1:
-            def wrap(module: nn.Module, blocks: list[nn.Module]) -> None:
-                _apply_data_parallel(module, blocks, section.data_parallel, dp_mesh)
+        wrap = _stage_wrapper(section, st.index, tp_mesh, dp_mesh)
         module = build_stage_module(model, section, st.index, parts, data_parallel=wrap)
         stage = PipelineStage(module, st.index, section.n_stages, device, group=pp_mesh.get_group())
         if record_sends:
@@ -395,7 +447,7 @@ def build_pipeline(model: nn.Module, mesh: Any, section: PipelineSection, *, rec
         schedule = schedule_cls(stages[0], n_microbatches=section.n_microbatches, loss_fn=_model_loss)
     else:
         schedule = schedule_cls(stages, n_microbatches=section.n_microbatches, loss_fn=_model_loss)
-    return PipelineRun(section, modules, stages, schedule, sends)
+    return PipelineRun(section, modules, stages, schedule, sends, model)
 
 
 def _raise_output(module: nn.Module, args: Any, output: Any) -> None:

@@ -22,9 +22,14 @@ yields once, right after issuing its collective (the buffer prepared, the
 result pending), and is resumed with the waited result to finish the step
 (trim, reorder); a local step yields nothing. :func:`run_step` drives it at
 once; the runtime resumes it where the plan's schedule waits
-(:class:`PendingStep`). :func:`bucket_phases` does the same for a gradient
-bucket. A :class:`Comm` may return results already complete (then it has no
-``wait``) or pending until ``comm.wait(result)``.
+(:class:`PendingStep`). A gradient or gather bucket is not a generator: its
+phases are the step program's own actions (``autoshard.program.actions``),
+``Pack`` (:func:`pack_bucket`, :func:`pack_gather`: the flat buffer), ``Issue``
+(:func:`issue_bucket`: its one collective), ``Wait`` (:func:`wait_collective`)
+and ``Unpack`` (:func:`unpack_bucket`, :func:`unpack_gather`: each member's
+value); :func:`run_bucket` and :func:`run_gather` run the four at once. A
+:class:`Comm` may return results already complete (then it has no ``wait``) or
+pending until ``comm.wait(result)``.
 
 >>> # y = run_step(x, step, global_shape, mesh_shape, coord, comm)
 """
@@ -43,7 +48,7 @@ from costmodel.placements import Placement, StridedShard
 from costmodel.redistribute_steps import COLLECTIVE_STEPS, LOCAL_STEPS, RedistributeStep
 
 __all__ = ["Comm", "StepRuntimeError", "PendingStep", "member_index", "member_coords", "step_phases", "run_step",
-           "bucket_phases", "run_bucket", "gather_phases", "PackedBucket", "pack_bucket", "issue_bucket",
+           "run_bucket", "run_gather", "PackedBucket", "pack_bucket", "issue_bucket", "wait_collective",
            "unpack_bucket", "pack_gather", "unpack_gather", "check_step_runnable"]
 
 
@@ -190,10 +195,20 @@ Phases = Generator[torch.Tensor, torch.Tensor, Any]
 waited result; returns the finished value (module docstring)."""
 
 
-def _finish(gen: Phases, comm: Any, pending: torch.Tensor) -> Any:
+def wait_collective(pending: torch.Tensor, comm: Any) -> torch.Tensor:
+    """The result of a collective ``comm`` issued (``pending``), waited: a comm without ``wait``
+    returns complete results.
+
+    >>> wait_collective(torch.ones(2), object()).tolist()
+    [1.0, 1.0]
+    """
     wait = getattr(comm, "wait", None)
+    return wait(pending) if wait is not None else pending
+
+
+def _finish(gen: Phases, comm: Any, pending: torch.Tensor) -> Any:
     try:
-        gen.send(wait(pending) if wait is not None else pending)
+        gen.send(wait_collective(pending, comm))
     except StopIteration as done:
         return done.value
     raise StepRuntimeError("a step issued two collectives")  # pragma: no cover - every step yields once
@@ -208,7 +223,7 @@ def _drive(gen: Phases, comm: Any) -> Any:
 
 
 class PendingStep:
-    """A step (or bucket) whose collective is issued and not yet waited: :meth:`finish` waits and finishes it."""
+    """A step whose collective is issued and not yet waited: :meth:`finish` waits and finishes it."""
 
     __slots__ = ("_gen", "_comm", "_pending", "_value", "_done")
 
@@ -346,8 +361,12 @@ def run_bucket(
     coord: Sequence[int],
     comm: Comm,
 ) -> list[torch.Tensor]:
-    """:func:`bucket_phases` with its collective waited at once."""
-    return _drive(bucket_phases(xs, steps, mesh_shape, coord, comm), comm)
+    """Several gradients' one-step reductions (``costmodel.buckets.grouping``) as ONE
+    collective on a flat buffer, waited at once; returns what :func:`run_step` returns for
+    each: :func:`pack_bucket`, :func:`issue_bucket`, :func:`wait_collective`, :func:`unpack_bucket`.
+    """
+    packed = pack_bucket(xs, steps, mesh_shape, coord)
+    return unpack_bucket(packed, wait_collective(issue_bucket(packed, comm), comm), mesh_shape, coord)
 
 
 @dataclass(frozen=True, slots=True)
@@ -360,22 +379,6 @@ class PackedBucket:
     group: int
     buffer: torch.Tensor
     layouts: tuple[Any, ...]  # per member: its shape (all_reduce), (d, n, c, rest) or (buf, extents, c)
-
-
-def bucket_phases(
-    xs: Sequence[torch.Tensor],
-    steps: Sequence[RedistributeStep],
-    mesh_shape: Sequence[int],
-    coord: Sequence[int],
-    comm: Comm,
-) -> Phases:
-    """Several gradients' one-step reductions (``costmodel.buckets.grouping``) as ONE
-    collective on a flat buffer; returns what :func:`run_step` returns for each
-    (a generator: it yields after issuing, as :func:`step_phases`):
-    :func:`pack_bucket`, :func:`issue_bucket`, then :func:`unpack_bucket`.
-    """
-    packed = pack_bucket(xs, steps, mesh_shape, coord)
-    return unpack_bucket(packed, (yield issue_bucket(packed, comm)), mesh_shape, coord)
 
 
 def pack_bucket(xs: Sequence[torch.Tensor], steps: Sequence[RedistributeStep], mesh_shape: Sequence[int],
@@ -442,21 +445,21 @@ def unpack_bucket(packed: PackedBucket, reduced: torch.Tensor, mesh_shape: Seque
     return out
 
 
-def gather_phases(
+def run_gather(
     xs: Sequence[torch.Tensor],
     steps: Sequence[RedistributeStep],
     global_shapes: Sequence[Sequence[int]],
     mesh_shape: Sequence[int],
     coord: Sequence[int],
     comm: Comm,
-) -> Phases:
+) -> list[torch.Tensor]:
     """Several leaves' one-step all_gathers (``costmodel.buckets.grouping`` gather
-    buckets) as ONE all_gather on a flat buffer; returns what :func:`run_step`
-    returns for each (a generator that yields after issuing):
-    :func:`pack_gather`, :func:`issue_bucket`, then :func:`unpack_gather`.
+    buckets) as ONE all_gather on a flat buffer, waited at once; returns what
+    :func:`run_step` returns for each: :func:`pack_gather`, :func:`issue_bucket`,
+    :func:`wait_collective`, :func:`unpack_gather`.
     """
     packed = pack_gather(xs, steps, global_shapes, mesh_shape, coord)
-    return unpack_gather(packed, (yield issue_bucket(packed, comm)), steps)
+    return unpack_gather(packed, wait_collective(issue_bucket(packed, comm), comm), steps)
 
 
 def pack_gather(xs: Sequence[torch.Tensor], steps: Sequence[RedistributeStep],

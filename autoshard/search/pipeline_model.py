@@ -41,11 +41,10 @@ __all__ = ["PIPELINE_DIM", "RUNTIME_SCHEDULES", "choose_pipeline", "truncated_mo
 PIPELINE_DIM = "pp"
 """The mesh dim name that asks for pipeline stages."""
 
-RUNTIME_SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B")
+RUNTIME_SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
 """Schedules searched by default: those the runtime is shown to train as one device with
-(tests/autoshard/runtime/test_pipeline_gloo.py). ``InterleavedZeroBubble`` under FSDP gave
-the right first loss but a second one 7 % off on gloo (its split weight gradient): left
-out until that is fixed; ``schedules=`` still prices it."""
+(tests/autoshard/runtime/test_pipeline_gloo.py), the zero-bubble ones (split input / weight
+backward) and the V-shaped ones included."""
 
 
 def stage_sub_mesh(mesh_shape: Sequence[int], dim_names: Sequence[str]) -> tuple[tuple[int, ...], tuple[str, ...]]:

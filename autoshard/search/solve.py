@@ -35,10 +35,10 @@ from autoshard.search.baselines import applicable_baselines, baseline_allowed, b
 from autoshard.assembly.from_graph import plan_from_solution
 from autoshard.plan.fingerprint import make_fingerprint
 from autoshard.plan.format import Plan
-from autoshard.search.gather_objective import gather_amortized_problem
 from autoshard.search.overlap_objective import edge_slack, overlap_problem, overlap_worthwhile
 from autoshard.plan.options import NO_MEMORY_LIMIT, PLAN_GAP, SolveOptions, solve_options
 from autoshard.search.pins import resolve_pins
+from autoshard.search.pinned_problem import PinnedProblems
 from autoshard.search.portfolio import (BASELINE_POLICIES, baseline_options, baselines_beside, baselines_instead,
                                       own_seconds, recompute_policies, with_expert_baselines)
 from autoshard.search.prepared import Prepared
@@ -253,7 +253,8 @@ def _solve_once(prep: Prepared, opts: SolveOptions, *, progress: Progress | None
     start = time.perf_counter()  # before the problem is made: its gathers' pricing is part of the call
     time_limit = _solve_share(time_limit, prep, started)
     end = start + time_limit  # every stage below ends by then: solve, overlap rounds, expert layouts, hint
-    problem = _pinned_problem(graph, opts, problem_limit, recompute)
+    pinned = PinnedProblems(graph, opts)  # each policy's problem built once (search/pinned_problem.py)
+    problem = pinned(problem_limit, recompute)
 
     def on_event(event: dict[str, Any]) -> None:
         if progress:
@@ -276,7 +277,7 @@ def _solve_once(prep: Prepared, opts: SolveOptions, *, progress: Progress | None
                                                 backend, progress)
         else:
             # the problem under a fixed policy
-            under = lambda policy, memory_limit: _pinned_problem(graph, opts, memory_limit, policy)  # noqa: E731
+            under = lambda policy, memory_limit: pinned(memory_limit, policy)  # noqa: E731
             # with a server, the recomputation search's solves run there and the plan is assembled here
             answer = _solve_local(graph, problem, recompute, _left(deadline) * first, backend, on_event,
                                   under, problem_limit, solve=None if server is None else server_solver(server))
@@ -373,23 +374,6 @@ def _assembly_reserve(time_limit: float, prep: Prepared) -> float:
     limit: :data:`ASSEMBLY_SHARE` of the limit, or :data:`ASSEMBLY_PER_BUILD` of the graph's build
     time where that is more (a short limit on a graph whose assembly takes longer)."""
     return max(ASSEMBLY_SHARE * time_limit, ASSEMBLY_PER_BUILD * float(prep.timings.get("build_s", 0.0)))
-
-
-def _pinned_problem(graph: StrategyGraph, opts: SolveOptions, memory_limit: float | None, recompute: str) -> Any:
-    """The solver's problem of ``graph`` under ``opts``' pins (the baseline's under the user's),
-    the baseline's op layout, ties and ``recompute``; parameter gathers priced as the runtime
-    buckets them."""
-    all_pins: dict[str, str] = {}
-    allowed = None
-    if opts.baseline is not None:
-        all_pins.update(baseline_pins(graph, opts.baseline, opts.tp_table))
-        allowed = baseline_allowed(graph, opts.baseline)
-    all_pins.update(opts.pins)
-    problem = to_problem(graph, memory_limit=memory_limit, pins=resolve_pins(graph, all_pins), ties=opts.ties,
-                         recompute=recompute, allowed=allowed)
-    if getattr(graph, "bucket_bytes", 0) > 0:  # the runtime gathers parameters in buckets too
-        problem = gather_amortized_problem(graph, problem)
-    return problem
 
 
 def _assembled(prep: Prepared, problem: Any, solution: Any, options: Mapping[str, Any]) -> Plan:

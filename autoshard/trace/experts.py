@@ -68,8 +68,6 @@ ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 }
 """``config.hidden_act`` names the op computes (``act(gate) * up``)."""
 
-_warned: set[str] = set()
-
 
 def _activation_grad(activation: str, gate: torch.Tensor) -> torch.Tensor:
     """``act'(gate)``, written out: the kernels run below autograd (a custom op's body)."""
@@ -267,7 +265,7 @@ def _interface() -> Any:
     return ALL_EXPERTS_FUNCTIONS
 
 
-def _chooser(original: Callable[[str, Callable], Callable]) -> Callable[[str, Callable], Callable]:
+def _chooser(original: Callable[[str, Callable], Callable], warned: set[str]) -> Callable[[str, Callable], Callable]:
     def _autoshard_get_interface(experts_implementation: str, default: Callable) -> Callable:
         chosen = original(experts_implementation, default)
         if experts_implementation == "eager":  # asked for by name: kept (it reads routing values, see trace.compat)
@@ -278,8 +276,8 @@ def _chooser(original: Callable[[str, Callable], Callable]) -> Callable[[str, Ca
             if reason is None and not kwargs and len(args) == 3:
                 return autoshard_experts_forward(module, *args)
             name = type(module).__qualname__
-            if name not in _warned:  # once per class: the solve's log, not a flood per layer
-                _warned.add(name)
+            if name not in warned:  # once per class and trace: the solve's log, not a flood per layer
+                warned.add(name)
                 log.warning("%s: experts kept as traced (%s), no expert-parallel strategy for it", name,
                             reason or "unexpected arguments")
             return chosen(module, *args, **kwargs)
@@ -301,7 +299,7 @@ def expert_stand_ins() -> Iterator[None]:
         return
     had_own = "get_interface" in vars(interface)
     original = interface.get_interface
-    interface.get_interface = _chooser(original)
+    interface.get_interface = _chooser(original, set())
     try:
         yield
     finally:

@@ -21,6 +21,13 @@ default, DDP's figure) — a gradient larger than ``B`` is a bucket of its own.
 A bucket issues one collective on its members' concatenated payload; its cost
 is that collective's time at the summed bytes.
 
+**The first bucket.** DDP caps its first bucket lower (``dist._DEFAULT_FIRST_BUCKET_BYTES``,
+1 MiB) than the rest: the first gradients the backward makes then leave at once and their
+reduction runs under the rest of the backward, where one large bucket would wait for the
+last gradient. ``first_cap`` ``F`` does the same per reduction kind: that kind's buckets
+close at ``F`` until the first one closes, at ``B`` after (a first gradient larger than
+``F`` goes alone, issued as soon as it is made).
+
 **Pricing in the solver.** A bucket's cost is not a sum over edges (the
 latency ``L`` is paid once per bucket), but the solver prices edges
 independently. The gradient edge is therefore priced with its latency
@@ -52,7 +59,9 @@ its bytes sum to at most ``B`` (a member joins only while the sum stays within `
 alone may pass it, and a bucket of one is left out). With ``a <= j <= b`` and bytes not
 negative, ``s_a + ... + s_j <= B`` and ``s_j + ... + s_b <= B``, so ``a_j <= a`` and
 ``b <= b_j``. The window may be wider than any one bucket (each side is bounded alone,
-not knowing where the rule starts ``j``'s bucket). The containment holds for the
+not knowing where the rule starts ``j``'s bucket). With a first cap ``F`` the same holds
+with ``max(B, F)`` for ``B``: a bucket of two or more sums to at most its own limit, ``F``
+or ``B``. The containment holds for the
 sequence the buckets form over: one reduction kind and the bytes its steps carry, or
 bytes no larger than those (a smaller ``s`` only widens the window). Outside that, a
 real bucket can reach past the window: one of one kind skips gradients of another, and
@@ -207,6 +216,7 @@ def group_buckets(
     profile: HardwareProfile,
     cap: int = DEFAULT_BUCKET_BYTES,
     *,
+    first_cap: int | None = None,
     units: Mapping[str, str] | None = None,
     reduce_dtype: str | None = None,
 ) -> tuple[Bucket, ...]:
@@ -214,6 +224,8 @@ def group_buckets(
 
     Items that cannot join a bucket (module docstring) are left out, as are
     buckets of one member (nothing to fuse). ``cap <= 0`` turns bucketing off.
+    ``first_cap`` (module docstring: the first bucket) caps the first bucket of
+    each reduction kind instead of ``cap``; None: ``cap``.
     ``units`` (sink -> FSDP2 unit) groups by unit instead of by ``cap``, one
     member included, and ``reduce_dtype`` casts the payload (module docstring:
     FSDP2's reductions).
@@ -221,13 +233,17 @@ def group_buckets(
     >>> from costmodel.placements import parse_placements as pp
     >>> from hw_profiles import load
     >>> st = RedistributeStep("all_reduce", (0,), 4096, 1e-3, pp("P(sum)"), pp("R"), reduce_op="sum")
-    >>> [b.members for b in group_buckets([("grad:a", "f32", [st]), ("grad:b", "f32", [st])], MeshSpec((2,)), load("cpu-gloo"))]
-    [('grad:a', 'grad:b')]
+    >>> items = [(f"grad:{n}", "f32", [st]) for n in "abc"]
+    >>> [b.members for b in group_buckets(items, MeshSpec((2,)), load("cpu-gloo"))]
+    [('grad:a', 'grad:b', 'grad:c')]
+    >>> [b.members for b in group_buckets(items, MeshSpec((2,)), load("cpu-gloo"), first_cap=4096)]  # a alone, early
+    [('grad:b', 'grad:c')]
     """
     if cap <= 0 and units is None:
         return ()
     open_: dict[tuple, list[tuple[str, int, bool]]] = {}
     closed: list[tuple[tuple, list[tuple[str, int, bool]]]] = []
+    past_first: set[tuple] = set()  # kinds whose first bucket is closed: ``cap`` from then on
     for name, dtype, steps in items:
         step = bucketable_step(steps)
         if step is None:
@@ -235,8 +251,10 @@ def group_buckets(
         key = (step.collective, tuple(step.mesh_dims), step.reduce_op, dtype,
                None if units is None else units.get(name, ""))
         members = open_.setdefault(key, [])
-        if units is None and members and sum(b for _, b, _ in members) + step.bytes > cap:
+        limit = cap if first_cap is None or key in past_first else first_cap
+        if units is None and members and sum(b for _, b, _ in members) + step.bytes > limit:
             closed.append((key, members))
+            past_first.add(key)
             members = open_[key] = []
         # a reduce_scatter member scattered on a dim other than 0 is moved to the front (runtime.steps)
         members.append((name, int(step.bytes), step.collective == "reduce_scatter" and bool(step.tensor_dim)))
@@ -263,16 +281,22 @@ def group_buckets(
     return tuple(sorted(buckets, key=lambda b: order[b.members[0]]))
 
 
-def bucket_window(sizes: Sequence[float], j: int, cap: float = DEFAULT_BUCKET_BYTES) -> tuple[int, int]:
+def bucket_window(sizes: Sequence[float], j: int, cap: float = DEFAULT_BUCKET_BYTES, *,
+                  first_cap: float | None = None) -> tuple[int, int]:
     """``(a, b)``: no bucket :func:`group_buckets` can form with gradient ``j`` in it starts
-    before ``a`` or ends after ``b``, ``sizes`` the gradients' bytes in the order buckets
-    form (module docstring: the window of a gradient's bucket); ``(j, j)`` with ``cap <= 0``.
+    before ``a`` or ends after ``b`` (with the same ``cap`` and ``first_cap``), ``sizes`` the
+    gradients' bytes in the order buckets form (module docstring: the window of a gradient's
+    bucket); ``(j, j)`` with ``cap <= 0``.
 
     >>> bucket_window([10, 10, 30, 10], 1, cap=40)   # 10 + 10 <= 40 on the left, 10 + 30 on the right
+    (0, 2)
+    >>> bucket_window([10, 10, 30, 10], 1, cap=20, first_cap=40)   # the first bucket may hold 40
     (0, 2)
     """
     if cap <= 0:
         return j, j
+    if first_cap is not None:  # a bucket of two or more holds at most its own limit, the larger of the two
+        cap = max(cap, first_cap)
     ends = []
     for step in (-1, 1):
         total, k = sizes[j], j
@@ -404,7 +428,7 @@ def bucket_copy_bytes(kind: str, members: Sequence[tuple[float, bool]], group: i
                       ) -> tuple[list[float], list[float]]:
     """(packing, unpacking) copies of a gradient bucket, bytes each: ``members`` are
     ``(step bytes, moved)``, ``moved`` for a reduce_scatter member on a dim other than 0
-    (module docstring; ``autoshard.runtime.steps.bucket_phases`` makes them).
+    (module docstring; ``autoshard.runtime.steps.pack_bucket`` and ``unpack_bucket`` make them).
 
     >>> bucket_copy_bytes("reduce_scatter", [(64, False), (32, True)], 2)
     ([96, 32], [16.0])
@@ -415,7 +439,7 @@ def bucket_copy_bytes(kind: str, members: Sequence[tuple[float, bool]], group: i
 
 def gather_copy_bytes(members: Sequence[float], group: int) -> tuple[list[float], list[float]]:
     """(packing, unpacking) copies of a gather bucket of members gathering ``members`` bytes
-    each (module docstring; ``autoshard.runtime.steps.gather_phases`` makes them).
+    each (module docstring; ``autoshard.runtime.steps.pack_gather`` and ``unpack_gather`` make them).
 
     >>> gather_copy_bytes([64, 32], 4)
     ([24.0], [64, 32])

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from costmodel.collectives import collective_time_s
-from costmodel.expert_parallel import (DEFAULT_IMBALANCE, ExpertParallelError, expert_exchange_price,
-                                       measured_imbalance)
+from costmodel.expert_parallel import (DEFAULT_IMBALANCE, ExchangeBytes, ExpertParallelError, exchange_bytes,
+                                       expert_exchange_price, measured_imbalance)
 from costmodel.mesh import MeshSpec
 from hw_profiles import load
 
@@ -16,18 +16,33 @@ def h100():
     return load("h100-sxm-80gb")
 
 
-def test_four_token_exchanges_and_two_count_exchanges_at_the_busiest_load(h100):
+def test_each_all_to_all_of_the_runtime_at_the_busiest_load(h100):
+    """Forward: counts, dispatch, combine; backward: counts, token-and-gradient rows (2d),
+    routing weights, input gradients, weights' gradients: each priced on its own."""
     mesh = MeshSpec((8, 8))
     price = expert_exchange_price(tokens=8192, top_k=2, dim=4096, itemsize=2, num_experts=64, mesh_dims=(1,),
-                                  mesh=mesh, profile=h100, imbalance=1.5)
-    nbytes = int(1.5 * 8192 * 2 * 4096 * 2)
-    exchange = collective_time_s("all_to_all", nbytes, (1,), mesh, h100)
-    counts = collective_time_s("all_to_all", 64 * 8, (1,), mesh, h100)
+                                  mesh=mesh, profile=h100, imbalance=1.5, weight_itemsize=4)
+    rows = 1.5 * 8192 * 2
+    nbytes = int(rows * 4096 * 2)
+
+    def t(b: float) -> float:
+        return collective_time_s("all_to_all", int(b), (1,), mesh, h100)
+
+    counts = t(64 * 8)
     assert price.ep_ranks == 8
     assert price.bytes_per_exchange == nbytes
-    assert price.exchange_s == exchange
-    assert price.step_s == pytest.approx(4 * exchange + 2 * counts)
+    assert price.exchange_s == t(nbytes)
+    assert price.forward_s == pytest.approx(counts + 2 * t(nbytes))
+    assert price.backward_s == pytest.approx(counts + t(2 * nbytes) + t(rows * 4) + t(nbytes) + t(rows * 4))
+    assert price.step_s == pytest.approx(price.forward_s + price.backward_s)
+    assert price.backward_s > price.forward_s
     assert price.buffer_bytes == 2 * nbytes
+    sent = 8192 * 2 * 4096 * 2
+    assert price.forward_temp_bytes == 2 * nbytes + 2 * sent
+    assert price.backward_temp_bytes == 4 * nbytes + 3 * sent
+    assert exchange_bytes(tokens=8192, top_k=2, dim=4096, itemsize=2, num_experts=64, weight_itemsize=4,
+                          imbalance=1.5) == ExchangeBytes((512, nbytes, nbytes),
+                                                          (512, 2 * nbytes, int(rows * 4), nbytes, int(rows * 4)))
 
 
 def test_more_imbalance_costs_more_and_across_nodes_more_than_inside(h100):

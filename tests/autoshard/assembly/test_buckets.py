@@ -12,7 +12,7 @@ import pytest
 
 import autoshard.assembly.buckets as buckets_module
 from autoshard.assembly.assemble import StepPricing
-from autoshard.assembly.buckets import GRADIENT_CAPS, choose_gradient_buckets
+from autoshard.assembly.buckets import BucketCaps, candidate_caps, choose_gradient_buckets
 from autoshard.plan.format import Redistribution
 from autoshard.program.schedule import build_schedule, simulate_schedule
 from autoshard.search.solve import prepare, solve_prepared
@@ -86,17 +86,18 @@ def _simulated(pricing, redistributions, buckets):
 
 def test_no_buckets_when_the_graph_has_none():
     pricing, redistributions, grads = _plan(0.0)
-    assert choose_gradient_buckets(grads, pricing, redistributions, mesh=MESH, profile=GLOO, cap=0) == ((), 0)
+    assert choose_gradient_buckets(grads, pricing, redistributions, mesh=MESH, profile=GLOO, cap=0) == ((), BucketCaps(0))
 
 
-@pytest.mark.parametrize("backward_s", [0.0, 0.5])
-def test_the_chosen_cap_simulates_no_slower_than_any_other(backward_s):
+@pytest.mark.parametrize("backward_s", [0.0, 0.5, (0.0, 0.5, 0.0, 0.0)])
+def test_the_chosen_caps_simulate_no_slower_than_any_other_candidate(backward_s):
     pricing, redistributions, grads = _plan(backward_s)
-    buckets, cap = choose_gradient_buckets(grads, pricing, redistributions, mesh=MESH, profile=GLOO, cap=25 * 2**20)
-    assert buckets == group_buckets(grads, MESH, GLOO, cap)
+    buckets, caps = choose_gradient_buckets(grads, pricing, redistributions, mesh=MESH, profile=GLOO, cap=25 * 2**20)
+    assert buckets == group_buckets(grads, MESH, GLOO, caps.cap, first_cap=caps.first_cap)
     best = _simulated(pricing, redistributions, buckets)
-    for other in GRADIENT_CAPS:
-        assert best <= _simulated(pricing, redistributions, group_buckets(grads, MESH, GLOO, other)) * (1 + 1e-9)
+    for other in candidate_caps(25 * 2**20):
+        grouping = group_buckets(grads, MESH, GLOO, other.cap, first_cap=other.first_cap)
+        assert best <= _simulated(pricing, redistributions, grouping) * (1 + 1e-9)
 
 
 def test_no_compute_left_to_hide_under_takes_one_bucket_and_long_backward_ops_take_small_ones():
@@ -108,11 +109,37 @@ def test_no_compute_left_to_hide_under_takes_one_bucket_and_long_backward_ops_ta
                                            cap=25 * 2**20)
     assert len(buckets) == 1 and len(buckets[0].members) == 4
     buckets, cap = choose_gradient_buckets(grads, pricing, redistributions, mesh=MESH, profile=GLOO, cap=25 * 2**20)
-    assert [b.members for b in buckets] == [("grad:w1", "grad:w2"), ("grad:w3", "grad:w4")]
+    assert max(b.bytes for b in buckets) < 32 * 2**20
+    # two calls either way, and the first gradient alone (1 MiB first bucket) packs no copy of its own:
+    # 24 MiB packed beats the two 16 MiB buckets' 32
+    assert [b.members for b in buckets] == [("grad:w2", "grad:w3", "grad:w4")] and cap.first_cap == 2**20
     # b2 and b3 outlast a reduction, b4 takes no time: the pair (w1, w2) hides under b3, the pair
     # (w3, w4) shows; 25 MiB (w1..w3 after b3) shows three reductions, one per gradient two and two latencies
     pricing, redistributions, grads = _plan((0.5, 0.5, 0.5, 0.0))
     buckets, cap = choose_gradient_buckets(grads, pricing, redistributions, mesh=MESH, profile=FREE_COPIES,
                                            cap=25 * 2**20)
-    assert cap == 16 * 2**20
+    assert cap == BucketCaps(16 * 2**20)
     assert [b.members for b in buckets] == [("grad:w1", "grad:w2"), ("grad:w3", "grad:w4")]
+
+
+
+def test_a_first_bucket_is_taken_only_where_its_reduction_hides_under_the_rest_of_the_backward():
+    # b2 is long: w1 alone (DDP's 1 MiB first bucket) reduces under it, then w2..w4 in one call
+    pricing, redistributions, grads = _plan((0.0, 0.5, 0.0, 0.0))
+    buckets, caps = choose_gradient_buckets(grads, pricing, redistributions, mesh=MESH, profile=FREE_COPIES,
+                                            cap=25 * 2**20)
+    assert caps.first_cap == 2**20
+    assert [b.members for b in buckets] == [("grad:w2", "grad:w3", "grad:w4")]
+    plain = min(_simulated(pricing, redistributions, group_buckets(grads, MESH, FREE_COPIES, c.cap))
+                for c in candidate_caps(25 * 2**20) if c.first_cap is None)
+    assert _simulated(pricing, redistributions, buckets) < plain
+    # where a collective beside compute slows it as much as it runs (contention 1) hiding gains nothing
+    contended = dataclasses.replace(pricing, contention=1.0)
+    _, caps = choose_gradient_buckets(grads, contended, redistributions, mesh=MESH, profile=FREE_COPIES,
+                                      cap=25 * 2**20)
+    assert caps.first_cap is None
+    # nothing runs after the gradients: nothing to hide, the extra call is not taken
+    pricing, redistributions, grads = _plan(0.0)
+    _, caps = choose_gradient_buckets(grads, pricing, redistributions, mesh=MESH, profile=FREE_COPIES,
+                                      cap=25 * 2**20)
+    assert caps.first_cap is None

@@ -80,3 +80,15 @@ def test_the_cli_explain_prints_the_pipeline(pp_plan, tmp_path):
                          timeout=120)
     assert out.returncode == 0, out.stderr
     assert "pipeline: 2 stages on 2 ranks of pp" in out.stdout and "bubble" in out.stdout
+
+
+def test_explain_counts_the_column_and_row_split_linears_of_a_stage_layout():
+    section = build_pipeline_section(schedule="1F1B", n_ranks=2, n_microbatches=4, batch_size=8,
+                                     block_paths=("layers.0", "layers.1"), cuts=(1,),
+                                     tensor_parallel=(("layers.0.wq", "colwise"), ("layers.0.wk", "colwise"),
+                                                      ("layers.1.wo", "rowwise")))
+    lines = pipeline_lines(type("P", (), {"pipeline": section})())
+    assert lines[-1].endswith("2 linears split by column, 1 by row")
+    plain = build_pipeline_section(schedule="1F1B", n_ranks=2, n_microbatches=4, batch_size=8,
+                                   block_paths=("layers.0", "layers.1"), cuts=(1,))
+    assert not any("tensor parallel" in line for line in pipeline_lines(type("P", (), {"pipeline": plain})()))

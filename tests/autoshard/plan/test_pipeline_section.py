@@ -130,3 +130,14 @@ def test_the_search_choice_becomes_the_section() -> None:
     # the head's backward on the last stage: the cut leaves it fewer blocks
     assert chosen.cuts == (3,) and section.stages[-1].modules == ("layers.3", "norm", "output")
     assert section.send_bytes == 8 // chosen.n_microbatches * 16 * 64 * 4 // 2
+
+
+@pytest.mark.parametrize("over, message", [
+    ({"n_ranks": 4, "cuts": (1, 2, 3), "n_microbatches": 2}, r"1F1B needs n_microbatches >= n_ranks"),
+    ({"schedule": "DualPipeV", "stages_per_rank": 2, "cuts": (1, 2, 3), "n_microbatches": 2},
+     r"DualPipeV needs n_microbatches >= 2 \* n_ranks"),
+])
+def test_microbatch_counts_torchs_schedule_class_refuses_get_one_line(over, message):
+    with pytest.raises(PipelineError, match=r"^pipeline.n_microbatches: " + message) as info:
+        _section(**over)
+    assert "\n" not in str(info.value)

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from autoshard.program.actions import (Compute, Free, Issue, Lifetime, ProgramNode, Recompute, RecomputeError,
-                                       Wait, build_step_program)
+from autoshard.program.actions import (Compute, Free, Issue, Lifetime, Pack, ProgramNode, Recompute, RecomputeError,
+                                       Unpack, Wait, build_step_program)
 from autoshard.program.live_bytes import HeldCopy, live_bytes_timeline
 from autoshard.program.schedule import Schedule, ScheduleItem
 
@@ -60,6 +60,29 @@ def test_a_recomputed_value_has_two_lives_and_its_input_lives_until_the_phase():
     assert p.positions[7] == 3  # the phase: at t_rc's position, before relu_bw
     lives = [life for life in p.lifetimes if life.value == "relu"]
     assert lives == [Lifetime("relu", 4, 6, False), Lifetime("relu", 7, 10, True)]
+
+
+def test_a_bucket_packs_just_before_its_issue_and_unpacks_just_after_its_wait():
+    """The same step with w gathered by a gather bucket and the gradient reduced by a gradient
+    bucket: each bucket's Pack comes right before its Issue and its Unpack right after its Wait,
+    at their positions, on the compute stream; the values' lives and bytes are those of the
+    edges' program, each action index shifted by the bucket actions before it."""
+    gather, reduce = ScheduleItem(0, 0, gather=0), ScheduleItem(5, 5, bucket=0)
+    p = build_step_program(NODES, Schedule(5, 1, (gather, reduce)), keep=KEEP,
+                           item_reads={gather.key: ("w",), reduce.key: ("mm_bw",)})
+    assert p.actions == (
+        Pack(gather), Issue(gather), Wait(gather), Unpack(gather), Compute("mm"), Free(("w",)),
+        Compute("relu"), Free(("mm",)), Compute("sum"), Compute("relu_bw"), Free(("tangent", "relu")),
+        Compute("mm_bw"), Free(("x", "relu_bw")), Pack(reduce), Issue(reduce), Wait(reduce), Unpack(reduce))
+    assert [str(a) for a in p.actions[:4]] == ["pack gather:0", "issue gather:0", "wait gather:0", "unpack gather:0"]
+    assert [a.stream for a in p.actions[:4]] == ["compute", "comm", "comm", "compute"]
+    assert p.positions == (0, 0, 0, 0, 0, 0, 1, 1, 2, 3, 3, 4, 4, 5, 5, 5, 5)
+    assert p.issued() == [gather, reduce]
+    assert Lifetime("relu", 6, 10, False) in p.lifetimes  # 4 -> 8 in the edges' program, after 2 bucket actions
+    copies = [HeldCopy("w@mm", 60, ("mm",), gather.key)]
+    levels, peak = live_bytes_timeline(p, STORAGES, LEAVES, copies=copies)
+    assert levels == [111, 111, 111, 171, 151, 151, 191, 151, 155, 195, 155, 165, 125, 125, 125, 125, 125]
+    assert peak == 211  # as with the gather edge, but the copy exists from the unpack, through mm
 
 
 def test_an_issue_keeps_what_it_reads_until_its_position():

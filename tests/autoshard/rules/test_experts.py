@@ -22,6 +22,7 @@ BACKWARD = torch.ops.autoshard.experts_backward.default
 HIDDEN, INDEX, WEIGHTS = TensorMeta((16, 32), F32), TensorMeta((16, 2), torch.int64), TensorMeta((16, 2), F32)
 GATE_UP, DOWN = TensorMeta((8, 24, 32), F32), TensorMeta((8, 32, 12), F32)
 FORWARD_ARGS = (HIDDEN, INDEX, WEIGHTS, GATE_UP, DOWN, "silu")
+BACKWARD_ARGS = (HIDDEN, *FORWARD_ARGS)
 
 
 @pytest.fixture(scope="module")
@@ -49,10 +50,11 @@ def test_expert_parallel_offered_on_every_mesh_dim_that_divides_experts_and_toke
     assert sorted({s.exchange for s in ep}) == [(EXCHANGE, 0), (EXCHANGE, 1)]
     assert "RS(0) <- RS(0), RS(0), RS(0), RS(0), RS(0) [expert_dispatch@1]" in [str(s) for s in ep]
     assert "S(0)S(0) <- S(0)S(0), S(0)S(0), S(0)S(0), RS(0), RS(0) [expert_dispatch@1]" in [str(s) for s in ep]
-    for s in ep:  # the experts split on E on the exchange's dim, on no other
+    for s in ep:  # the experts split on E on the exchange's dim; on the other, whole or h split
         dim = s.exchange[1]
         assert [str(p[dim]) for p in s.input_placements[3:]] == ["S(0)", "S(0)"]
-        assert all(str(p[d]) == "R" for p in s.input_placements[3:] for d in range(2) if d != dim)
+        other = [str(p[1 - dim]) for p in s.input_placements[3:]]
+        assert other in (["R", "R"], ["_S(1,sf=2)", "S(2)"])
     # 8 experts do not divide over 3 ranks; a size-1 dim carries no exchange
     assert not [s for s in registry.strategies(EXPERTS, FORWARD_ARGS, {}, (3,)) if s.exchange is not None]
     assert {s.exchange for s in registry.strategies(EXPERTS, FORWARD_ARGS, {}, (1, 2)) if s.exchange} == {
@@ -115,7 +117,8 @@ def test_exchange_strategy_price_uses_the_tokens_left_after_every_mesh_dim(regis
 
     call = registry.op_call(EXPERTS, FORWARD_ARGS, {})
     mesh, profile = MeshSpec((2, 4)), load("h100-sxm-80gb")
-    ep = [s for s in registry.strategies(EXPERTS, FORWARD_ARGS, {}, (2, 4)) if s.exchange == (EXCHANGE, 1)]
+    ep = [s for s in registry.strategies(EXPERTS, FORWARD_ARGS, {}, (2, 4)) if s.exchange == (EXCHANGE, 1)
+          and str(s.input_placements[3][0]) == "R"]  # whole experts on dim 0
     by_tokens = {str(s.input_placements[0][0]): s for s in ep}  # tokens replicated or split on dim 0
     whole, _ = exchange_strategy_price(call, by_tokens["R"], mesh=mesh, profile=profile)
     split, exchange_s = exchange_strategy_price(call, by_tokens["S(0)"], mesh=mesh, profile=profile)
@@ -123,7 +126,36 @@ def test_exchange_strategy_price_uses_the_tokens_left_after_every_mesh_dim(regis
     assert split.flops == pytest.approx(whole.flops / 2)
     step = expert_exchange_price(tokens=16 // 8, top_k=2, dim=32, itemsize=4, num_experts=8, mesh_dims=(1,),
                                  mesh=mesh, profile=profile)
-    assert exchange_s == pytest.approx(step.step_s / 2)  # this direction's half of the step's exchanges
+    assert exchange_s == pytest.approx(step.forward_s)  # the forward's counts, dispatch and combine
+    backward = [s for s in registry.strategies(BACKWARD, BACKWARD_ARGS, {}, (2, 4)) if s.exchange == (EXCHANGE, 1)
+                and str(s.input_placements[0][0]) == "S(0)"]
+    _, backward_s = exchange_strategy_price(registry.op_call(BACKWARD, BACKWARD_ARGS, {}), backward[0], mesh=mesh,
+                                            profile=profile)
+    assert backward_s == pytest.approx(step.backward_s) and backward_s > exchange_s  # rows 2d wide, and back
     with pytest.raises(ValueError, match="not an exchange strategy"):
         exchange_strategy_price(call, registry.strategies(EXPERTS, FORWARD_ARGS, {}, (2, 4))[0], mesh=mesh,
                                 profile=profile)
+
+
+def test_expert_parallel_beside_tensor_parallel_splits_every_experts_h(registry) -> None:
+    """On a second mesh dim the exchange strategy may split each expert's h (tensor parallel):
+    gate and up sliced alike (``_S(1,sf=2)``), ``down`` on h, the output a partial sum; the
+    price computes the h slice only."""
+    from autoshard.rules.experts import exchange_strategy_memory, exchange_strategy_price
+
+    mesh, profile = MeshSpec((2, 2)), load("h100-sxm-80gb")
+    ep_tp = [s for s in registry.strategies(EXPERTS, FORWARD_ARGS, {}, (2, 2)) if s.exchange == (EXCHANGE, 0)
+             and str(s.output_placements[0][1]) == "P(sum)"]
+    assert [str(s) for s in ep_tp] == [
+        "S(0)P(sum) <- S(0)R, S(0)R, S(0)R, S(0)_S(1,sf=2), S(0)S(2) [expert_dispatch@0]"]
+    token_split = next(s for s in registry.strategies(EXPERTS, FORWARD_ARGS, {}, (2, 2))
+                       if s.exchange == (EXCHANGE, 0) and str(s.output_placements[0][1]) == "R")
+    call = registry.op_call(EXPERTS, FORWARD_ARGS, {})
+    sliced, _ = exchange_strategy_price(call, ep_tp[0], mesh=mesh, profile=profile)
+    whole, _ = exchange_strategy_price(call, token_split, mesh=mesh, profile=profile)
+    assert sliced.flops == pytest.approx(whole.flops / 2)  # h / 2 per rank, the same tokens
+    assert exchange_strategy_memory(call, ep_tp[0], mesh=mesh, profile=profile) == (2 * 1.25 + 2) * 8 * 2 * 32 * 4
+    backward = [str(s) for s in registry.strategies(BACKWARD, BACKWARD_ARGS, {}, (2, 2))
+                if s.exchange == (EXCHANGE, 0) and str(s.output_placements[2][1]) == "_S(1,sf=2)"]
+    assert backward == ["S(0)P(sum), S(0)P(sum), S(0)_S(1,sf=2), S(0)S(2) <- S(0)R, S(0)R, S(0)R, S(0)R, "
+                        "S(0)_S(1,sf=2), S(0)S(2) [expert_dispatch@0]"]

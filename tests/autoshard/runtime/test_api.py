@@ -141,8 +141,7 @@ def api_jobs(rank: int, world: int, tmp: str, limit: float, other_plan: str, fai
             return call
 
         # every way the runner issues a step (at once, left in flight, in a bucket)
-        for module, name in ((op_calls, "run_step"), (execute, "step_phases"), (execute, "gather_phases"),
-                             (execute, "bucket_phases")):
+        for module, name in ((op_calls, "run_step"), (execute, "step_phases"), (execute, "issue_bucket")):
             setattr(module, name, failing(getattr(module, name)))
     t0 = time.monotonic()
     err = _error(lambda: victim(*inputs).backward())

@@ -13,7 +13,7 @@ from costmodel.buckets.grouping import bucket_copy_bytes, gather_copy_bytes
 from costmodel.placements import parse_placements as pp
 from costmodel.redistribute_steps import RedistributeStep
 
-from autoshard.runtime.steps import _drive, bucket_phases, gather_phases
+from autoshard.runtime.steps import run_bucket, run_gather
 
 GROUP = 2
 
@@ -60,10 +60,10 @@ class _Comm:
         return self._unrecorded(lambda: (x * GROUP).reshape(GROUP, -1)[0].clone())
 
 
-def _run(phases_of):
+def _run(run):
     allocations = _Allocations()
     with allocations:
-        out = _drive(phases_of(_Comm(allocations)), None)
+        out = run(_Comm(allocations))
     return sorted(allocations.sizes), out
 
 
@@ -73,7 +73,7 @@ def test_a_gather_bucket_allocates_what_is_priced_its_shards_packed_then_each_me
     steps = [RedistributeStep("all_gather", (0,), 4 * s[0] * s[1], 0.0, pp("S(0)"), pp("R"), tensor_dim=0)
              for s in shapes]
     shards = [torch.randn(s[0] // GROUP, s[1]) for s in shapes]
-    sizes, out = _run(lambda comm: gather_phases(shards, steps, shapes, (GROUP,), (0,), comm))
+    sizes, out = _run(lambda comm: run_gather(shards, steps, shapes, (GROUP,), (0,), comm))
     assert [tuple(o.shape) for o in out] == shapes
     pack, unpack = gather_copy_bytes([st.bytes for st in steps], GROUP)
     assert sizes == sorted(int(b) for b in pack + unpack)
@@ -87,7 +87,7 @@ def test_a_gradient_bucket_allocates_what_is_priced(kind, dims):
     steps = [RedistributeStep(kind, (0,), 4 * s[0] * s[1], 0.0, pp("P(sum)"), pp(p), tensor_dim=d, reduce_op="sum")
              for s, p, d in zip(shapes, dst, dims)]
     grads = [torch.randn(s) for s in shapes]
-    sizes, out = _run(lambda comm: bucket_phases(grads, steps, (GROUP,), (0,), comm))
+    sizes, out = _run(lambda comm: run_bucket(grads, steps, (GROUP,), (0,), comm))
     assert len(out) == len(shapes)
     pack, unpack = bucket_copy_bytes(kind, [(st.bytes, bool(d)) for st, d in zip(steps, dims)], GROUP)
     assert sizes == sorted(int(b) for b in pack + unpack)

@@ -156,7 +156,7 @@ BAD_CALLS = {
     "heads": (dict(q=(2, 3, 8, 8)), "context_attention: k's 2 heads do not divide q's 3 (GQA)"),
     "odd chunk": (dict(q=(2, 4, 7, 8), k=(2, 2, 7, 8), v=(2, 2, 7, 8)),
                   "q's seq_local 7 does not split into 2 equal chunks"),
-    "kernel": (dict(kernel="flash"), "context_attention: kernel 'flash' is not one of cpu, math"),
+    "kernel": (dict(kernel="ring"), "context_attention: kernel 'ring' is not one of cpu, math, flash, efficient"),
     "padding": (dict(key_padding=(2, 5)), "key_padding must be [batch, seq_local] = [2, 8], got [2, 5]"),
     "window": (dict(window=0), "window: must be a positive int or None, got 0"),
 }

@@ -1,13 +1,15 @@
 """Pipeline stages from a plan's ``pipeline`` section on gloo ranks, against one device.
 
-One spawn of 4 ranks runs every job: the example LLaMA (tiny, fp32) cut into stages by
+One spawn of 4 ranks runs every job (GPipe, 1F1B, Interleaved1F1B, InterleavedZeroBubble,
+ZBVZeroBubble, DualPipeV): the example LLaMA (tiny, fp32) cut into stages by
 ``build_pipeline_section``, run by ``autoshard.runtime.pipeline_stages.build_pipeline``
 with torch's schedule class, each stage FSDP-sharded (or replicated) over its dp
 sub-mesh; two AdamW steps. After each step the loss (last stage, averaged over dp)
 and every parameter's gradient (each stage's, gathered over dp) equal the one-device
 model's on the whole batch; every parameter has a gradient on exactly one stage; the
 sends each rank issued are the plan's: ``m`` activations per boundary forward, ``m``
-gradients backward, each of the plan's ``send_bytes``. One job runs what the pipeline
+gradients backward, each of the plan's ``send_bytes`` (none across a V-shaped schedule's turn,
+where both stages are on one rank). One job runs what the pipeline
 search chose (``search_pipeline`` over the tiny LLaMA's block pricing on the ``cpu-gloo``
 profile, GPipe and 1F1B, 2 or 4 microbatches), through ``pipeline_section``.
 """
@@ -26,6 +28,8 @@ pytestmark = pytest.mark.slow
 TINY = {"batch_size": 8}
 DEEP = {"batch_size": 8, "n_layers": 8}
 """Eight blocks: four ranks x two stages each (interleaved)."""
+FOUR = {"batch_size": 8, "n_layers": 4}
+"""Four blocks: two ranks x two stages each (interleaved zero-bubble, and the V-shaped schedules)."""
 SEQ, DIM, ITEMSIZE = 16, 64, 4
 STEPS = 2
 
@@ -50,6 +54,12 @@ JOBS = {
                                                                  data_parallel="replicate"), TINY),
     "interleaved-pp4-v2-m4": ((4,), ("pp",), _section("Interleaved1F1B", 4, 4, (1, 2, 3, 4, 5, 6, 7), DEEP, v=2,
                                                      dp=1), DEEP),
+    # Split backward (input gradients, then weight gradients) under FSDP: the weight pass must see the
+    # gathered parameters the forward used; V-shaped: rank r holds stages r and 3 - r.
+    "interleaved-zb-pp2-v2-dp2-m4": ((2, 2), ("pp", "dp"), _section("InterleavedZeroBubble", 2, 4, (1, 2, 3), FOUR,
+                                                                    v=2), FOUR),
+    "zbv-pp2-dp2-m4": ((2, 2), ("pp", "dp"), _section("ZBVZeroBubble", 2, 4, (1, 2, 3), FOUR, v=2), FOUR),
+    "dualpipev-pp2-dp2-m4": ((2, 2), ("pp", "dp"), _section("DualPipeV", 2, 4, (1, 2, 3), FOUR, v=2), FOUR),
 }
 
 

@@ -11,7 +11,9 @@ recomputation phase that runs elsewhere, or a view counted as a copy, each shows
 With redistributions the replay holds each redistributed copy where the runner does
 (``program_copies``: from its wait or its reader to its last reader, a bucket's to the end),
 so on two ranks (DDP: a redistributed loss and a gradient bucket, on an MLP and on a
-llama with selective recomputation) the two are equal too.
+llama with selective recomputation; FSDP: gather buckets and reduce-scatter buckets, whose
+members exist from their bucket's ``Unpack``, with and without full recomputation) the two
+are equal too.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import pytest
 import torch
 from threadcomm import run_threads
 
-from autoshard.program.actions import Recompute
+from autoshard.program.actions import Recompute, Unpack
 from autoshard.program.live_bytes import live_bytes_timeline
 from autoshard.runtime.execute import JointRunner, local_slice, placements_of
 from autoshard.runtime.live_bytes import program_copies, program_storages
@@ -30,9 +32,9 @@ from examples.models import llama3, mlp
 PROFILE = "cpu-gloo"
 
 
-def _measured_and_predicted(model, inputs, mesh, recompute):
+def _measured_and_predicted(model, inputs, mesh, recompute, baseline="ddp"):
     prep = prepare(model, inputs, mesh, ("dp",), profile=PROFILE)
-    plan = solve_prepared(prep, baseline="ddp", recompute=recompute, time_limit=10)
+    plan = solve_prepared(prep, baseline=baseline, recompute=recompute, time_limit=10)
     traced, n = prep.traced, len(mesh)
 
     def rank(coord, comm):
@@ -51,7 +53,7 @@ def _measured_and_predicted(model, inputs, mesh, recompute):
         _, peak = live_bytes_timeline(runner.program, program_storages(runner.binding, leaves),
                                       [runner.binding.value_name(node) for node in leaves], copies=copies,
                                       remade=remade)
-        return runner.last_step_peak_bytes, peak, runner.program, len(plan.redistributions)
+        return runner.last_step_peak_bytes, peak, runner.program, len(plan.redistributions), plan
 
     return run_threads(mesh, rank)
 
@@ -59,7 +61,8 @@ def _measured_and_predicted(model, inputs, mesh, recompute):
 @pytest.mark.parametrize("name, recompute", [("mlp", "none"), ("mlp", "full"), ("llama", "selective")])
 def test_one_rank_holds_exactly_the_bytes_its_program_predicts(name, recompute):
     model, inputs = mlp.tiny(n_layers=3) if name == "mlp" else llama3.tiny(batch_size=2, seq_len=16)
-    ((measured, predicted, program, redistributions),) = _measured_and_predicted(model, inputs, (1,), recompute).values()
+    ((measured, predicted, program, redistributions, _),) = _measured_and_predicted(model, inputs, (1,),
+                                                                                    recompute).values()
     assert redistributions == 0
     assert (recompute == "none") == (not any(isinstance(a, Recompute) for a in program.actions))
     assert measured == predicted
@@ -69,6 +72,16 @@ def test_one_rank_holds_exactly_the_bytes_its_program_predicts(name, recompute):
 def test_with_redistributions_two_ranks_hold_exactly_the_bytes_their_program_predicts(name, recompute):
     model, inputs = mlp.tiny(n_layers=3) if name == "mlp" else llama3.tiny(batch_size=2, seq_len=16)
     results = _measured_and_predicted(model, inputs, (2,), recompute)
-    for measured, predicted, _, redistributions in results.values():
+    for measured, predicted, _, redistributions, _ in results.values():
         assert redistributions > 0
+        assert measured == predicted
+
+
+@pytest.mark.parametrize("recompute", ["none", "full"])
+def test_with_gather_and_gradient_buckets_two_ranks_hold_exactly_the_bytes_their_program_predicts(recompute):
+    model, inputs = mlp.tiny(n_layers=3)
+    results = _measured_and_predicted(model, inputs, (2,), recompute, baseline="fsdp")
+    for measured, predicted, program, _, plan in results.values():
+        assert plan.gather_buckets and plan.buckets, "FSDP on an MLP of three layers gathers and reduces in buckets"
+        assert any(isinstance(a, Unpack) and a.item.gather is not None for a in program.actions)
         assert measured == predicted

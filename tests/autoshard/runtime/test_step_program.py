@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 from threadcomm import run_threads
 
-from autoshard.program.actions import Compute, Issue, Recompute, Wait, simulate_program
+from autoshard.program.actions import Compute, Issue, Pack, Recompute, Unpack, Wait, simulate_program
 from autoshard.program.schedule import build_schedule, schedule_transfers, simulate_schedule
 from autoshard.runtime.execute import JointRunner, local_slice, placements_of
 from autoshard.search.solve import prepare, solve_prepared
@@ -103,3 +103,35 @@ def test_the_interpreter_issues_the_collectives_in_the_programs_order(solved):
             if key in wanted and (not seen or seen[-1] != key):
                 seen.append(key)
         assert seen == order
+
+
+def test_the_interpreter_packs_a_bucket_at_its_pack_and_unpacks_it_at_its_unpack(solved, monkeypatch):
+    """A bucket's flat buffer is made by its ``Pack``, right before its one collective is recorded
+    (nothing issued between), and split into its members by its ``Unpack``, after that collective."""
+    model, inputs, traced, plan = solved
+    calls: list[tuple] = []  # (coord, "pack" | "unpack", item key, collectives recorded so far)
+    pack, unpack = JointRunner._pack, JointRunner._unpack
+
+    def packing(self, what, env):
+        calls.append((self.coord, "pack", what.item.key, len(self.comm.trace)))
+        return pack(self, what, env)
+
+    def unpacking(self, what, packed, done, ready):
+        calls.append((self.coord, "unpack", what.item.key, len(self.comm.trace)))
+        return unpack(self, what, packed, done, ready)
+
+    monkeypatch.setattr(JointRunner, "_pack", packing)
+    monkeypatch.setattr(JointRunner, "_unpack", unpacking)
+    for coord, (runner, trace) in _runners(model, inputs, traced, plan, run=True).items():
+        buckets = [a.item for a in runner.program.actions if isinstance(a, Pack)]
+        assert buckets, "a plan without buckets would make this test vacuous"
+        assert [a.item for a in runner.program.actions if isinstance(a, Unpack)] == sorted(
+            buckets, key=lambda x: (x.wait, buckets.index(x)))
+        mine = [c[1:] for c in calls if c[0] == coord]
+        assert sorted(k for kind, k, _ in mine if kind == "pack") == sorted(x.key for x in buckets)
+        for item in buckets:
+            (packed_at,) = [n for kind, k, n in mine if kind == "pack" and k == item.key]
+            (unpacked_at,) = [n for kind, k, n in mine if kind == "unpack" and k == item.key]
+            edge, *_, issue, wait = trace[packed_at]  # the next collective recorded is the bucket's
+            assert (tuple(edge), (issue, wait)) == (_label(plan, item), (item.issue, item.wait))
+            assert unpacked_at > packed_at

@@ -301,8 +301,8 @@ def test_a_sharded_tensor_constant_is_sliced_per_rank_and_the_step_matches_one_d
         JointRunner(prep.traced, replace(plan, constants={}), mesh, (0,), comm=object())
 def test_a_gather_bucket_gives_each_member_what_its_own_all_gather_gives_in_one_collective():
     """Uneven shards on several tensor dims, one flattened group: the flat layout of
-    ``gather_phases`` hands every member exactly its own all_gather's result."""
-    from autoshard.runtime.steps import _drive, gather_phases
+    ``run_gather`` hands every member exactly its own all_gather's result."""
+    from autoshard.runtime.steps import run_gather
 
     mesh = (2, 2)
     S = parse_placements
@@ -313,8 +313,8 @@ def test_a_gather_bucket_gives_each_member_what_its_own_all_gather_gives_in_one_
     expected = [simulate.apply_step(x, step, mesh) for x, step in zip(inputs, steps)]
 
     def rank(coord, comm):
-        gen_ = gather_phases([x[coord] for x in inputs], steps, [c[0] for c in cases], mesh, coord, comm)
-        return _drive(gen_, comm), list(comm.records)
+        return run_gather([x[coord] for x in inputs], steps, [c[0] for c in cases], mesh, coord, comm), \
+            list(comm.records)
 
     for coord, (outs, records) in run_threads(mesh, rank).items():
         assert [(k, d) for k, d, _ in records] == [("all_gather", (0, 1))]  # one collective for all four

@@ -104,3 +104,50 @@ def test_the_plan_service_path_keeps_the_exchange(big) -> None:
                            options=request.options)
     assert any(n.exchange is not None for n in _experts(local))
     assert [n.exchange for n in _experts(remote)] == [n.exchange for n in _experts(local)]
+
+
+@pytest.mark.slow  # two searches of two layouts each: ~25 CPU s
+def test_the_mesh_search_chooses_expert_parallelism_where_it_pays() -> None:
+    """Over every layout of 4 devices (4, 2x2), the search keeps a plan whose experts run
+    expert-parallel for the large Mixtral, and none for the tiny one, whose exchanges' latency
+    costs more than its experts' compute or gradient reduction."""
+    from autoshard.search.mesh_search import search_mesh
+
+    found = {}
+    for label, kwargs in (("large", BIG), ("tiny", {"num_hidden_layers": 1, "device": "meta"})):
+        model, inputs = hf.hf_mixtral(**kwargs)
+        # the whole search's time: both layouts built and solved even on a loaded machine
+        plan = search_mesh(model, inputs, 4, 4, jobs=1, cache_dir=False, **{**SOLVE, "time_limit": 300})
+        assert len(plan.options["mesh_search"]["layouts"]) == 2
+        found[label] = {n.exchange for n in _experts(plan)}
+    assert found["large"] and None not in found["large"]
+    assert found["tiny"] == {None}
+
+
+def test_a_pinned_expert_split_the_mesh_does_not_divide_is_one_line() -> None:
+    """4 experts on a mesh dim of 3: no expert-parallel strategy is offered, and a pin asking for
+    the split names the tensor, its shape and the mesh in one line."""
+    from autoshard.search.pins import PinError
+
+    model, inputs = hf.hf_mixtral(num_hidden_layers=1, device="meta", batch_size=3)
+    prep = prepare(model, inputs, (3,), ("ep",), **SOLVE)
+    node = next(n for n in prep.graph.nodes if n.target == "autoshard.experts.default")
+    assert all(s.exchange is None for s in node.strategies)
+    with pytest.raises(PinError) as err:
+        solve_prepared(prep, pins={"*.experts.gate_up_proj": "S(0)"}, time_limit=10)
+    message = str(err.value)
+    assert "\n" not in message and "gate_up_proj" in message and "cannot take S(0) on mesh 3" in message
+
+
+def test_a_routing_the_dispatch_does_not_recognise_falls_back_and_says_so(caplog) -> None:
+    """Experts whose activation the op does not cover keep transformers' own code (sort, histc,
+    grouped matmuls): the solve plans it with today's placements, no experts node, no exchange,
+    and the log says once which class was kept and why."""
+    import logging
+
+    model, inputs = hf.hf_mixtral(num_hidden_layers=1, hidden_act="tanh", device="meta")
+    with caplog.at_level(logging.WARNING, logger="autoshard.trace.experts"):
+        plan = solve_prepared(prepare(model, inputs, (4,), ("ep",), **SOLVE), time_limit=10)
+    assert not _experts(plan) and all(n.exchange is None for n in plan.nodes)
+    lines = [r.getMessage() for r in caplog.records if "MixtralExperts" in r.getMessage()]
+    assert lines == ["MixtralExperts: experts kept as traced (activation 'tanh'), no expert-parallel strategy for it"]

@@ -78,3 +78,41 @@ def test_a_bucket_of_one_kind_can_skip_another_kind_past_the_window():
     assert bucket.members == ("grad:a", "grad:c")
     assert bucket_window([10, 100, 10], 0, cap=40) == (0, 0)  # over all gradients: a alone
     assert bucket_window([10, 10], 0, cap=40) == (0, 1)  # over the all_reduce gradients: a and c
+
+
+def test_every_bucket_lies_inside_each_members_window_with_a_first_cap():
+    rng = random.Random(54)
+    formed = 0
+    for _ in range(400):
+        sizes, times, cap = _random_sequence(rng)
+        first_cap = rng.choice([0, 1, rng.randint(2, 200), rng.randint(200, 5000)])
+        names = [f"grad:g{i}" for i in range(len(sizes))]
+        items = [(name, "float32", [_all_reduce(b)]) for name, b in zip(names, sizes)]
+        position = {name: i for i, name in enumerate(names)}
+        for bucket in group_buckets(items, MESH, GLOO, cap, first_cap=first_cap):
+            formed += 1
+            members = [position[m] for m in bucket.members]
+            for j in members:
+                first, last = bucket_window(sizes, j, cap, first_cap=first_cap)
+                assert first <= min(members) and max(members) <= last, (sizes, cap, first_cap, bucket.members, j)
+                assert max(times[first:last + 1]) >= max(times[m] for m in members)
+    assert formed > 100
+
+
+def test_the_first_cap_closes_only_the_first_bucket_of_each_kind():
+    reduce_scatter = RedistributeStep("reduce_scatter", (0,), 10, 1e-3, pp("P(sum)"), pp("S(0)"),
+                                      tensor_dim=0, reduce_op="sum")
+    items = [(f"grad:a{i}", "float32", [_all_reduce(10)]) for i in range(6)]
+    items += [(f"grad:r{i}", "float32", [reduce_scatter]) for i in range(3)]
+    buckets = group_buckets(items, MESH, GLOO, cap=30, first_cap=20)
+    # a5 and r2 are left alone (a bucket of one is no bucket); each kind starts with a 20-byte bucket
+    assert [b.members for b in buckets] == [("grad:a0", "grad:a1"), ("grad:a2", "grad:a3", "grad:a4"),
+                                            ("grad:r0", "grad:r1")]
+    assert [b.members for b in group_buckets(items, MESH, GLOO, cap=30)][0] == ("grad:a0", "grad:a1", "grad:a2")
+
+
+def test_a_first_gradient_past_the_first_cap_goes_alone():
+    items = [("grad:head", "float32", [_all_reduce(200)])]
+    items += [(f"grad:g{i}", "float32", [_all_reduce(10)]) for i in range(3)]
+    (bucket,) = group_buckets(items, MESH, GLOO, cap=1000, first_cap=100)
+    assert bucket.members == ("grad:g0", "grad:g1", "grad:g2")

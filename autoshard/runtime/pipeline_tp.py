@@ -1,0 +1,144 @@
+"""Tensor parallelism inside a pipeline stage: the plan's column / row layout, run by torch's ``parallelize_module``.
+
+A plan for a mesh ``(pp, dp, tp)`` places each parameter per mesh dim; on ``tp`` a
+linear layer's weight ``S(0)`` splits its output features (torch's ``ColwiseParallel``)
+and ``S(1)`` its input features (``RowwiseParallel``). :func:`tensor_parallel_from_params`
+reads that layout for the linear layers of the model's repeated blocks into the
+pipeline section's ``tensor_parallel`` field; :func:`apply_tensor_parallel` runs it on
+one stage module before FSDP2 shards the stage over its dp sub-mesh (2-D parameters:
+``Shard`` over dp of a ``tp`` DTensor, as torchtitan composes them).
+
+**What this runs and what it does not.** It is torch's tensor parallelism with the
+plan's column / row choice per linear layer, not the plan's per-op placements: every
+activation between the linear layers is what ``ColwiseParallel`` / ``RowwiseParallel``
+leave (a column-split output stays local, the row-split output is all-reduced to
+replicated), and every other parameter (embedding, norms, head) is replicated over
+``tp``, whatever the plan chose for it. The boundary activation each stage sends is
+the whole (replicated over ``tp``) hidden state, so each ``tp`` rank sends what the
+section's ``send_bytes`` counts times ``tp`` when the search priced it sequence-split.
+A column split of an attention's projections gives each ``tp`` rank ``1/tp`` of its
+heads: an attention that reshapes with ``-1`` heads (Hugging Face's ``view(*shape, -1,
+head_dim)``) needs nothing more; one that reshapes with its head-count attributes
+(:data:`HEAD_COUNT_ATTRS`, as the example LLaMA and older torchtitan models do) gets
+them divided by ``tp`` in place, as torchtitan did for its TP (the model is sharded in
+place anyway: its parameters become DTensors).
+
+>>> tensor_parallel_from_params({"layers.0.wq.weight": "RS(0)", "layers.0.wo.weight": "RS(1)",
+...                              "layers.0.norm.weight": "RR"}, ("dp", "tp"), ("layers.0.wq", "layers.0.wo"))
+(('layers.0.wq', 'colwise'), ('layers.0.wo', 'rowwise'))
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+from torch import nn
+
+from autoshard.plan.pipeline_section import PipelineError, PipelineSection
+
+__all__ = ["TP_DIM", "HEAD_COUNT_ATTRS", "tensor_parallel_from_params", "block_linears", "with_plan_layout",
+           "apply_tensor_parallel"]
+
+TP_DIM = "tp"
+"""The mesh dim a stage's tensor parallelism runs on."""
+HEAD_COUNT_ATTRS = ("n_heads", "n_kv_heads", "num_heads", "num_key_value_heads")
+"""Integer attributes of a module with column-split children that count its heads (divided by ``tp``)."""
+
+
+def block_linears(model: nn.Module, block_paths: Sequence[str]) -> tuple[str, ...]:
+    """Paths of the ``nn.Linear`` modules inside the repeated blocks, in registration order."""
+    out = []
+    for block in block_paths:
+        for name, module in model.get_submodule(block).named_modules():
+            if isinstance(module, nn.Linear):
+                out.append(f"{block}.{name}")
+    return tuple(out)
+
+
+def tensor_parallel_from_params(params: Mapping[str, str], dim_names: Sequence[str], linears: Sequence[str], *,
+                                mesh_dim: str = TP_DIM) -> tuple[tuple[str, str], ...]:
+    """The column / row layout of ``linears`` in a plan's parameter placements (``Plan.params``:
+    name -> one placement per mesh dim of ``dim_names``): ``colwise`` where the weight is
+    ``S(0)`` on ``mesh_dim``, ``rowwise`` where ``S(1)``; replicated linears are left out.
+    A weight split otherwise on ``mesh_dim`` raises :class:`PipelineError`, one line."""
+    from costmodel.placements import PlacementParseError, Replicate, Shard, parse_placements
+
+    names = tuple(dim_names)
+    if mesh_dim not in names:
+        raise PipelineError(f"pipeline.tensor_parallel: the plan's mesh dims {list(names)} have no {mesh_dim!r}")
+    at = names.index(mesh_dim)
+    layout = []
+    for path in linears:
+        text = params.get(f"{path}.weight")
+        if text is None:
+            raise PipelineError(f"pipeline.tensor_parallel: the plan places no parameter {path}.weight")
+        try:
+            placements = parse_placements(text)
+        except PlacementParseError as exc:
+            raise PipelineError(f"pipeline.tensor_parallel: {path}.weight: {exc}") from None
+        if len(placements) != len(names):
+            raise PipelineError(f"pipeline.tensor_parallel: {path}.weight is placed {text!r}, not one placement per "
+                                f"mesh dim of {list(names)}")
+        p = placements[at]
+        if type(p) is Shard and p.dim in (0, 1):
+            layout.append((path, "colwise" if p.dim == 0 else "rowwise"))
+        elif not isinstance(p, Replicate):
+            raise PipelineError(f"pipeline.tensor_parallel: {path}.weight is {text!r}; a stage runs a linear split "
+                                f"S(0) or S(1) on {mesh_dim!r}, or replicated")
+    return tuple(layout)
+
+
+def with_plan_layout(section: PipelineSection, model: nn.Module, params: Mapping[str, str],
+                     dim_names: Sequence[str]) -> PipelineSection:
+    """``section`` with its ``tensor_parallel`` read from a plan's parameter placements (``Plan.params``
+    on the plan's mesh dims ``dim_names``) for the linears of ``model``'s blocks, when it has none
+    and the plan's mesh has a ``tp`` dim; else ``section`` itself.
+
+    >>> # run = build_pipeline(model, mesh, with_plan_layout(plan.pipeline, model, plan.params, dims))
+    """
+    import dataclasses
+
+    from autoshard.plan.pipeline_section import check_section
+    from autoshard.trace.blocks import repeated_blocks
+
+    if section.tensor_parallel or TP_DIM not in tuple(dim_names):
+        return section
+    layout = tensor_parallel_from_params(params, dim_names, block_linears(model, repeated_blocks(model)))
+    section = dataclasses.replace(section, tensor_parallel=layout)
+    check_section(section)
+    return section
+
+
+def apply_tensor_parallel(stage_module: nn.Module, section: PipelineSection, stage: int, tp_mesh: Any) -> int:
+    """Split the linear layers of stage ``stage``'s modules over ``tp_mesh`` as ``section.tensor_parallel``
+    says (torch's ``ColwiseParallel`` / ``RowwiseParallel``, parameters becoming ``tp`` DTensors in
+    place). Returns how many layers it split."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    mine = section.stages[stage].modules
+    plan = {path: ColwiseParallel() if style == "colwise" else RowwiseParallel()
+            for path, style in section.tensor_parallel if any(path.startswith(m + ".") for m in mine)}
+    for path in plan:
+        if not isinstance(stage_module.get_submodule(path), nn.Linear):
+            raise PipelineError(f"pipeline.tensor_parallel: {path!r} is not an nn.Linear")
+    if plan:
+        _localize_head_counts(stage_module, [p for p, style in plan.items() if isinstance(style, ColwiseParallel)],
+                              tp_mesh.size())
+        parallelize_module(stage_module, tp_mesh, plan)
+    return len(plan)
+
+
+def _localize_head_counts(stage_module: nn.Module, column_paths: list[str], tp: int) -> None:
+    """Divide the :data:`HEAD_COUNT_ATTRS` of each parent of a column-split linear by ``tp`` (module
+    docstring); a count ``tp`` does not divide raises :class:`PipelineError`, one line."""
+    parents = {path.rpartition(".")[0] for path in column_paths}
+    for parent in sorted(parents):
+        module = stage_module.get_submodule(parent)
+        for attr in HEAD_COUNT_ATTRS:
+            count = getattr(module, attr, None)
+            if type(count) is not int:
+                continue
+            if count % tp:
+                raise PipelineError(f"pipeline.tensor_parallel: {parent}.{attr} = {count} heads do not split over "
+                                    f"{tp} tp ranks")
+            setattr(module, attr, count // tp)
