@@ -96,9 +96,7 @@ from autoshard.graph.strategy_graph import NODE_KINDS, BuildStats, GraphEdge, Gr
 from autoshard.graph.tied_memory import BOUND, TiedMemory
 from autoshard.graph.ties import repeated_groups
 from autoshard.rules import OpStrategy, RuleRegistry, TensorMeta, load_rules
-from autoshard.rules.context_parallel import KINDS as CONTEXT_KINDS
-from autoshard.rules.context_parallel import gathered_kv_bytes
-from autoshard.rules.expand import exchange_pricer
+from autoshard.rules.expand import exchange_memory, exchange_pricer
 from autoshard.trace import TracedGraph, tensor_arg_nodes
 
 _EXCHANGE_PART = 99
@@ -318,16 +316,18 @@ def _price_exchanges(b: BuildState, i: int, node: fx.Node, imbalance: float) -> 
 
 
 def _exchange_temporaries(b: BuildState, i: int, node: fx.Node, time: int) -> None:
-    """What a context-parallel exchange holds beside its op while it runs (the gathered K/V,
-    ``autoshard.rules.context_parallel.gathered_kv_bytes``): a tied memory-only bound over the
-    op's time, so the memory limit sees it. A bound, as a reader's input copies are: the
-    assembler does not count it into the plan's memory."""
+    """What an exchange holds beside its op while it runs (the function its kind registered,
+    ``autoshard.rules.expand.exchange_memory``; context parallelism: the gathered K/V): a tied
+    memory-only bound over the op's time, so the memory limit sees it. A bound, as a reader's
+    input copies are: the assembler does not count it into the plan's memory."""
     n = b.nodes[i]
-    if all(s.exchange is None or s.exchange[0] not in CONTEXT_KINDS for s in n.strategies):
+    held = [None if s.exchange is None else exchange_memory(s.exchange[0]) for s in n.strategies]
+    if all(f is None for f in held):
         return
     info = b.traced.nodes[node.name]
     call = b.rules.op_call(info.op, info.args, info.kwargs, out_meta=info.outputs)
-    memory = np.array([gathered_kv_bytes(call, s, b.mesh.shape) for s in n.strategies], dtype=np.float64)
+    memory = np.array([0 if f is None else f(call, s, b.mesh.shape) for f, s in zip(held, n.strategies)],
+                      dtype=np.float64)
     name = str(MemoryPieceId("in", n.name, _EXCHANGE_PART))
     j = b.add(GraphNode(name, "memory", BOUND, n.strategies, np.zeros(len(n.strategies)), memory, (time, time + 1),
                         (), f"memory|exchange|{n.signature}", n.states, n.region))

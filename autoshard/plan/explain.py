@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections import Counter
 
 from autoshard.figures import save_figure
-from autoshard.plan.format import Plan
+from autoshard.plan.format import Fingerprint, Plan
 from autoshard.plan.layout_report import layouts_table
 from autoshard.plan.explain_pipeline import pipeline_lines
 from autoshard.sizes import byte_unit, format_bytes
@@ -109,12 +109,16 @@ def expert_parallel_lines(plan: Plan) -> list[str]:
              f"(all-to-all of run-time sizes), priced at load imbalance {imbalance}",
              "", "| op | block | mesh dim | degree | imbalance |", "|---|---|---|---:|---:|"]
     for n in nodes:
-        kind, dim = n.exchange
-        name = fp.dim_names[dim] if dim < len(fp.dim_names) else ""
-        degree = fp.mesh_shape[dim] if dim < len(fp.mesh_shape) else "?"
-        lines.append(f"| {n.name} ({n.op}) | {n.region or '-'} | {dim}{f' ({name})' if name else ''} | {degree} "
-                     f"| {imbalance} |")
+        dim, degree = _exchange_dim(fp, n.exchange[1])
+        lines.append(f"| {n.name} ({n.op}) | {n.region or '-'} | {dim} | {degree} | {imbalance} |")
     return lines
+
+
+def _exchange_dim(fp: Fingerprint, dim: int) -> tuple[str, int | str]:
+    """An exchange's mesh dim as a table shows it (``1 (cp)``) and its degree (``?`` past the mesh)."""
+    name = fp.dim_names[dim] if dim < len(fp.dim_names) else ""
+    degree = fp.mesh_shape[dim] if dim < len(fp.mesh_shape) else "?"
+    return f"{dim}{f' ({name})' if name else ''}", degree
 
 
 _CONTEXT_KINDS = {"context_gather": "K/V all-gathered, contiguous rows",
@@ -136,11 +140,8 @@ def context_parallel_lines(plan: Plan) -> list[str]:
              f"({'; '.join(f'{k}: {_CONTEXT_KINDS[k]}' for k in kinds)})",
              "", "| op | block | kind | mesh dim | degree |", "|---|---|---|---|---:|"]
     for n in nodes:
-        kind, dim = n.exchange
-        name = fp.dim_names[dim] if dim < len(fp.dim_names) else ""
-        degree = fp.mesh_shape[dim] if dim < len(fp.mesh_shape) else "?"
-        lines.append(f"| {n.name} ({n.op}) | {n.region or '-'} | {kind} | {dim}{f' ({name})' if name else ''} "
-                     f"| {degree} |")
+        dim, degree = _exchange_dim(fp, n.exchange[1])
+        lines.append(f"| {n.name} ({n.op}) | {n.region or '-'} | {n.exchange[0]} | {dim} | {degree} |")
     return lines
 
 

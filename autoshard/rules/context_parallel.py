@@ -261,8 +261,8 @@ def register_context_parallel(forward_rule: Callable[[OpCall], list[SingleDimStr
                               backward_rule: Callable[[OpCall], list[SingleDimStrategy]]) -> None:
     """Offer context-parallel strategies with the expansions of an attention rule pair
     (``autoshard.rules.attention``, ``autoshard.rules.cuda_attention`` call it from their
-    ``register``) and register the kinds' price function."""
+    ``register``) and register the kinds' price and temporary-bytes functions."""
     for rule in (forward_rule, backward_rule):
         register_exchange(rule, provider(rule), admits=admits)
     for kind in KINDS:
-        register_exchange_price(kind, context_exchange_price)
+        register_exchange_price(kind, context_exchange_price, memory=gathered_kv_bytes)

@@ -61,6 +61,7 @@ __all__ = [
     "register_exchange",
     "register_exchange_price",
     "exchange_pricer",
+    "exchange_memory",
     "expand_exchanges",
     "replicate_only",
     "local_call",
@@ -381,8 +382,13 @@ ExchangePricer = Callable[..., tuple[Any, float]]
 call (global shapes) priced as it runs; ``work`` (an ``OpCompute`` the strategy graph prices with
 ``costmodel.compute``, or None) plus ``seconds`` that ``work`` does not cover."""
 
+ExchangeMemory = Callable[[OpCall, OpStrategy, tuple[int, ...]], int]
+"""``(call, strategy, mesh shape) -> bytes``: what a rank holds beside the op while the
+exchange runs (context parallelism: the gathered K/V)."""
+
 _EXCHANGES: dict[Callable[..., Any], tuple[ExchangeProvider, ExchangeAdmits | None]] = {}
 _EXCHANGE_PRICES: dict[str, ExchangePricer] = {}
+_EXCHANGE_MEMORY: dict[str, ExchangeMemory] = {}
 
 
 def register_exchange(single_dim: Callable[..., Any], provider: ExchangeProvider, *,
@@ -394,10 +400,18 @@ def register_exchange(single_dim: Callable[..., Any], provider: ExchangeProvider
     _EXCHANGES[single_dim] = (provider, admits)
 
 
-def register_exchange_price(kind: str, pricer: ExchangePricer) -> None:
-    """Price every strategy with exchange ``kind`` with ``pricer`` (``autoshard.graph.builder``
-    looks it up by kind: :func:`exchange_pricer`)."""
+def register_exchange_price(kind: str, pricer: ExchangePricer, *, memory: ExchangeMemory | None = None) -> None:
+    """Price every strategy with exchange ``kind`` with ``pricer``, and the bytes it holds while it
+    runs with ``memory`` (none when None) (``autoshard.graph.builder`` looks both up by kind:
+    :func:`exchange_pricer`, :func:`exchange_memory`)."""
     _EXCHANGE_PRICES[kind] = pricer
+    if memory is not None:
+        _EXCHANGE_MEMORY[kind] = memory
+
+
+def exchange_memory(kind: str) -> ExchangeMemory | None:
+    """The temporary-bytes function registered for exchange ``kind`` (None: it holds nothing extra)."""
+    return _EXCHANGE_MEMORY.get(kind)
 
 
 def exchange_pricer(kind: str) -> ExchangePricer:
