@@ -331,9 +331,24 @@ def _shape_of(mesh: Any) -> tuple[int, ...]:
     return tuple(int(s) for s in mesh.shape)
 
 
-def _model_loss(output: torch.Tensor, target: Any) -> torch.Tensor:
-    """The schedule's loss: the model's forward already returns it (the target is unused)."""
-    return output
+class _MicrobatchLoss:
+    """The schedule's ``loss_fn``, called on the last stage with the model's loss of a microbatch and
+    that microbatch's rows of the step's ``target``. Unweighted, the model's loss as it is (torch then
+    scales every gradient by ``1/m``: the mean over microbatches). Weighted
+    (:meth:`PipelineRun.step`'s ``loss_weights``), ``target`` holds each row's share
+    ``m * s * w_r / W`` and a microbatch's loss is scaled by its rows' sum, so that after torch's
+    ``1/m`` (and FSDP's mean over ``s`` dp ranks) microbatch ``i`` counts ``W_i / W``: a mean over
+    tokens, not over microbatches, when ``w`` counts each row's label tokens."""
+
+    __slots__ = ("weighted",)
+
+    def __init__(self) -> None:
+        self.weighted = False
+
+    def __call__(self, output: torch.Tensor, target: Any) -> torch.Tensor:
+        if not self.weighted:
+            return output
+        return output * float(target.sum())  # target is on the host: no device sync
 
 
 def _recording(stage: Any, kind: str, get_ops: Callable[[int], list], log: list[SendRecord]) -> Callable[[int], list]:
@@ -349,8 +364,11 @@ class PipelineRun:
     """This rank's stages and torch's schedule over them (module docstring: stepping it)."""
 
     def __init__(self, section: PipelineSection, stage_modules: list[nn.Module], stages: list[Any], schedule: Any,
-                 sends: list[SendRecord], model: nn.Module | None = None) -> None:
+                 sends: list[SendRecord], model: nn.Module | None = None, *,
+                 loss_fn: _MicrobatchLoss | None = None, dp_size: int = 1) -> None:
         self.section = section
+        self._loss_fn = loss_fn or _MicrobatchLoss()
+        self._dp_size = dp_size
         self.model = model
         """The model the stages were cut from (they share its parameter objects; for checkpoints)."""
         self.stage_modules = stage_modules
@@ -376,11 +394,20 @@ class PipelineRun:
         for module in self.stage_modules:
             yield from module.named_parameters()
 
-    def step(self, **inputs: torch.Tensor) -> torch.Tensor | None:
+    def step(self, *, loss_weights: torch.Tensor | None = None, loss_weight_total: float | None = None,
+             **inputs: torch.Tensor) -> torch.Tensor | None:
         """One forward and backward of this rank's dp shard of the batch (the model's keyword inputs,
         the same on every pp rank), in ``n_microbatches`` microbatches; gradients accumulated on
         the parameters, scaled to the mean over microbatches. Returns the mean loss on the ranks of
-        the last stage, None elsewhere."""
+        the last stage, None elsewhere.
+
+        A model whose loss is a mean over label tokens (``-100`` labels not counted) gives a
+        different mean per microbatch when microbatches count different numbers of tokens; the
+        mean of those means is not the batch's. ``loss_weights`` (one weight per row of this
+        rank's batch, e.g. each row's label tokens) weights microbatch ``i`` by its rows' sum
+        ``W_i`` over ``W``: ``W`` is this rank's sum, or ``loss_weight_total`` (the sum over every
+        dp rank's rows), with which the dp mean of the gradients and of the returned losses is the
+        whole batch's token mean, as on one device. Every microbatch must weigh more than zero."""
         if not inputs:
             raise ValueError("PipelineRun.step: pass the model's inputs as keywords (tokens=..., labels=...)")
         first = next((v for v in inputs.values() if isinstance(v, torch.Tensor) and v.dim() > 0), None)
@@ -390,10 +417,27 @@ class PipelineRun:
         if first.shape[0] % m:
             raise ValueError(f"PipelineRun.step: {m} microbatches do not divide this rank's batch of "
                              f"{first.shape[0]} sequences")
+        target = first if loss_weights is None else self._row_shares(loss_weights, loss_weight_total, first.shape[0])
         self.sends.clear()
         losses: list[torch.Tensor] = []
-        self.schedule.step(target=first, losses=losses, return_outputs=False, **inputs)
+        self._loss_fn.weighted = loss_weights is not None
+        self.schedule.step(target=target, losses=losses, return_outputs=False, **inputs)
         return torch.stack([loss.detach() for loss in losses]).mean() if self.has_last_stage else None
+
+
+    def _row_shares(self, weights: Any, total: float | None, rows: int) -> torch.Tensor:
+        """Each row's ``m * s * w_r / W`` (:class:`_MicrobatchLoss`), on the host."""
+        w = torch.as_tensor(weights, dtype=torch.float64, device="cpu").reshape(-1)
+        if w.numel() != rows:
+            raise ValueError(f"PipelineRun.step: loss_weights has {w.numel()} entries for a batch of {rows} rows")
+        m = self.section.n_microbatches
+        per_microbatch = w.reshape(m, -1).sum(dim=1)
+        if bool((per_microbatch <= 0).any()):
+            raise ValueError("PipelineRun.step: loss_weights: a microbatch weighs nothing (its loss would be 0/0); "
+                             f"per microbatch: {per_microbatch.tolist()}")
+        whole = float(w.sum()) if total is None else float(total)
+        share = 1 if total is None else self._dp_size
+        return w * (m * share / whole)
 
 
 def build_pipeline(model: nn.Module, mesh: Any, section: PipelineSection, *, record_sends: bool = False,
@@ -443,11 +487,13 @@ def build_pipeline(model: nn.Module, mesh: Any, section: PipelineSection, *, rec
         schedule_cls = get_schedule_class(section.schedule)
     except ValueError as exc:
         raise PipelineError(f"pipeline.schedule: {exc}") from None
+    loss_fn = _MicrobatchLoss()
     if issubclass(schedule_cls, PipelineScheduleSingle):
-        schedule = schedule_cls(stages[0], n_microbatches=section.n_microbatches, loss_fn=_model_loss)
+        schedule = schedule_cls(stages[0], n_microbatches=section.n_microbatches, loss_fn=loss_fn)
     else:
-        schedule = schedule_cls(stages, n_microbatches=section.n_microbatches, loss_fn=_model_loss)
-    return PipelineRun(section, modules, stages, schedule, sends, model)
+        schedule = schedule_cls(stages, n_microbatches=section.n_microbatches, loss_fn=loss_fn)
+    return PipelineRun(section, modules, stages, schedule, sends, model, loss_fn=loss_fn,
+                       dp_size=dp_mesh.size() if dp_mesh is not None else 1)
 
 
 def _raise_output(module: nn.Module, args: Any, output: Any) -> None:
