@@ -12,6 +12,11 @@ schedule, ``m`` and ``v`` priced, the fastest that fits. (Free stage placements 
 used here: a stage solved alone, without the pipeline's microbatches in flight, keeps its
 optimizer state replicated where it fits, and then no pipeline of it fits.)
 
+A row with ``engine`` options (torchtitan's: Float8 linears, float8 FSDP all-gathers, async TP)
+reprices each depth's solved stage plan with them (:func:`engine_figures`,
+``autoshard.assembly.engine_pricing``) before the per-block split; the bf16 pricing of the
+same plans is shown beside it.
+
 Predicted tokens/s/GPU = global batch x sequence / (step x GPUs) (torchtitan's ``tps``);
 TFLOPs/GPU = ``6 N + 12 L d t`` FLOPs per token (torchtitan's count, no recomputation) x
 tokens / (step x GPUs), as the Llama 3 paper's figure is read here.
@@ -47,6 +52,11 @@ N_LAYERS = 126
 DIM = 16384
 
 
+TT_ENGINE = ("float8_linears", "float8_all_gather", "async_tp")
+"""torchtitan's 405B rows: torch.compile + Float8 linears (torchao tensorwise; float8 FSDP all-gather, an
+ASSUMPTION from torchtitan's docs/float8.md and its 405B config of the time: Table 5 does not list it) + async TP."""
+
+
 @dataclass(frozen=True, slots=True)
 class PipelineRun:
     """One published run (or autoshard's own search, ``schedule=None``) and how it ran."""
@@ -69,17 +79,20 @@ class PipelineRun:
     titan_loss: bool = True
     recompute: str = "full"
     """The stages' activation recomputation policy (``autoshard.graph.recompute_policy``)."""
+    engine: tuple[str, ...] = ()
+    """The engine features the run used, priced (:data:`ENGINE_OPTIONS`; empty: bf16, autoshard's runtime)."""
 
 
 RUNS = (
     PipelineRun("tt-405b-1f1b", "torchtitan 405B, FSDP 8 x TP 8 x PP 8, 1F1B", "h100-sxm-96gb-500w", 512, 256,
                 (8, 8, 8), "1F1B", 32, 1, 100.0, None,
                 TT_2412 + "; global batch 256 = local 32 per dp rank, microbatch 1 sequence (m = 32), full AC",
-                "torch.compile, Float8 linears (torchao) and async TP were on; priced bf16, TP collectives exposed"),
+                "torch.compile's fusions outside the float8 casts; float8 all-gather is an ASSUMPTION",
+                engine=TT_ENGINE),
     PipelineRun("tt-405b-interleaved", "torchtitan 405B, FSDP 8 x TP 8 x PP 8, Interleaved 1F1B (v = 2)",
                 "h100-sxm-96gb-500w", 512, 256, (8, 8, 8), "Interleaved1F1B", 32, 2, 128.0, None,
                 TT_2412 + "; v = 2 stages per rank is an ASSUMPTION (the table does not give it)",
-                "as the 1F1B row"),
+                "as the 1F1B row", engine=TT_ENGINE),
     PipelineRun("meta-405b-8k", "Llama 3 405B, 8,192 GPUs, TP 8 x PP 16 x DP 64", "h100-sxm-80gb", 8192, 2048,
                 (16, 64, 8), "Interleaved1F1B", 32, 2, None, 430.0,
                 LLAMA3_PAPER + " row 1; 16M tokens = 2048 x 8192, batch per DP 32: m = 32 of 1 sequence per dp rank"
@@ -131,55 +144,129 @@ def _flops_per_token() -> float:
 NOTES = """\
 **What differs, and why.**
 
-- *Priced bf16, TP collectives exposed.* torchtitan's 405B rows ran torch.compile, Float8 linears
-  (torchao) and async TP; the Llama 3 paper's rows ran bf16 with Meta's own overlap of TP
-  communication. The prediction prices each stage's plan as autoshard's runtime runs it: the
-  TP all-gathers and reduce-scatters of a block wait for their producers and the next op waits
-  for them (the plan's two-stream simulation), so the exposed part is paid on every microbatch.
-  The what-if column hides each block's exposed communication under the block's own compute
-  (``pipeline_blocks.hide_exposed``: async TP's best case); it bounds what overlap can give,
-  and is not a prediction of an async-TP runtime autoshard does not have.
-- *Float8 is not priced.* The profile has fp8 GEMM efficiencies, but the traced model's
-  linears are bf16 and torchao's casts and scales are not in the trace; the torchtitan 8B
-  table shows Float8 at +28 % tokens/s over compile alone, which the bf16 prediction does not
-  include.
+- *Engine options* (``autoshard.plan.options.EngineOptions``, docs/engine_options.md): torchtitan's
+  405B rows ran torch.compile, Float8 linears (torchao, tensorwise) and async TP. Their prediction
+  reprices each stage's solved plan with ``float8_linears`` (the block linears' three matmuls at
+  the profile's fp8 peak and curve, casts and ``amax`` as memory-bound ops), ``float8_all_gather``
+  (FSDP's weight gathers in float8: an ASSUMPTION, Table 5 does not list it) and ``async_tp``
+  (single TP all-gathers / reduce-scatters beside a block matmul run as collective matmuls of
+  ``tp`` chunks); the "bf16, TP exposed" column is the same plan priced as autoshard's runtime
+  runs it. The Llama 3 paper's rows ran bf16 (no option; their own TP overlap is not published).
+- *What async TP cannot hide here*: the stage plans (``fsdp+tp`` pinned) reach their layout with
+  all-reduces on ``tp`` and multi-step redistributions (all-to-all, permute, all-gather) that
+  torch's async TP does not fuse; the what-if column (each block's exposed communication hidden
+  under its compute, ``pipeline_blocks.hide_exposed``) bounds what a plan with torchtitan's
+  sequence-parallel layout could gain.
 - *Full recomputation.* torchtitan ran full AC; the Llama 3 paper trained at 8K tokens without
   activation checkpointing thanks to memory balancing the cost model does not have (the
   ``-noac`` row: no stage cut fits 80 GB; its time is priced with the memory check off). The
   full-AC prediction pays about a third more compute.
-- *Interleaved slower than 1F1B at these shapes*: its ranks hold more microbatches in flight,
-  so the memory constraint of the cut (each of a rank's ``v`` stages within ``M / v``) forces
-  unequal stages; torchtitan balanced its stages by hand.
+- *Interleaved slower than 1F1B at these shapes*: the cut gives each of a rank's ``v`` stages
+  ``M / v`` (``costmodel.stage_cuts`` (c)), stricter than the rank's sum the final check uses, and
+  the early virtual stages hold 16 microbatches against 8 for the late ones, so the cut is
+  uneven (4-8 blocks then 9-12); with no limit the even cut (8 blocks) prices 56.1 s bf16 (44.2
+  s with the engine options) against 68.3 s (54.1 s), but its exact rank peak (94.8 GiB) does not
+  fit either: each block saves 0.48 GiB per microbatch in these plans, against the 32 MiB input a
+  sequence-parallel block keeps under full AC in torchtitan.
 - *Microbatching* as stated per row (ASSUMPTIONS where the source does not publish it).
 - The bound gap is ``1 - LB / step`` with ``LB = m * work / p`` (perfect balance, no bubble):
   what the schedule, the sends and the tail cost above it.
 """
 
 
+ENGINE_OPTIONS = ("float8_linears", "float8_all_gather", "async_tp")
+"""``PipelineRun.engine`` names (``autoshard.plan.options.EngineOptions``)."""
+
+
+def engine_figures(prep: Any, plan: Any, depth: int, engine: Any) -> Any:
+    """``pipeline_blocks.plan_figures`` of ``plan`` with its step repriced under ``engine``
+    (``autoshard.assembly.engine_pricing``): forward and backward from the repriced op times
+    (async TP's collective matmuls inside them), the recomputation scaled, the exposed rest
+    ``X' = step' - F' - B' - O``; state and memory as solved."""
+    from dataclasses import replace
+
+    from autoshard.assembly.engine_pricing import reprice
+    from autoshard.search.pipeline_blocks import _forward_end, plan_figures
+
+    fig = plan_figures(prep, plan, depth)
+    if not engine.any:
+        return fig
+    step = reprice(prep.graph, plan, engine)
+    end = _forward_end(prep.graph, plan)
+    fwd = sum(step.op_compute_s[: end + 1])
+    bwd = sum(step.op_compute_s[end + 1:]) + step.recompute_s
+    return replace(fig, forward_s=fwd, backward_s=bwd, exposed_s=max(0.0, step.step_s - fwd - bwd - fig.optimizer_s),
+                   step_s=step.step_s)
+
+
+def price_blocks_engines(factory, mesh_shape, *, micro_batch: int, engines: tuple, recompute: str, profile: str,
+                         time_limit: float, prepare_options: dict) -> dict:
+    """``pipeline_blocks.price_blocks`` (``fsdp+tp`` pinned, depths 2 and 4) for each of ``engines``
+    from the same two solves: engine -> ``BlockPricing``."""
+    from autoshard.search.pipeline_blocks import BlockPricing, _block_of, _extras
+    from autoshard.search.solve import prepare, solve_prepared
+
+    started, depths = time.perf_counter(), (2, 4)
+    figures: dict[Any, list] = {e: [] for e in engines}
+    for depth in depths:
+        model, inputs = factory(n_layers=depth, batch_size=micro_batch)
+        prep = prepare(model, inputs, tuple(mesh_shape), ("dp", "tp"), profile=profile,
+                       recompute="auto" if recompute != "none" else "none", **prepare_options)
+        plan = solve_prepared(prep, baseline="fsdp+tp", recompute=recompute, memory_limit=math.inf,
+                              time_limit=time_limit)
+        for e in engines:
+            figures[e].append(engine_figures(prep, plan, depth, e))
+    out = {}
+    for e, (lo, hi) in figures.items():
+        block, reduction, optimizer = _block_of(lo, hi)
+        first, last, extra_reduction, extra_optimizer, transient = _extras(lo, block, reduction, optimizer)
+        exposed = max(0.0, (hi.exposed_s - lo.exposed_s) / (hi.n_blocks - lo.n_blocks))
+        out[e] = BlockPricing(micro_batch, block, reduction, optimizer, first, last, extra_reduction, extra_optimizer,
+                              transient, (lo, hi), time.perf_counter() - started, exposed)
+    return out
+
+
 class _Pricer:
-    """Block pricings, one per (profile, sub-mesh, microbatch, layout policy), reused across rows."""
+    """Block pricings, one per (profile, sub-mesh, microbatch, layout policy, engine), reused across rows."""
 
     def __init__(self, time_limit: float) -> None:
         self.cache: dict[tuple, Any] = {}
         self.time_limit = time_limit
 
-    def at(self, run: PipelineRun, dp: int, tp: int, pinned: bool):
+    def at(self, run: PipelineRun, dp: int, tp: int, pinned: bool, engine: Any = None):
+        from autoshard.plan.options import EngineOptions
         from autoshard.search.pipeline_blocks import price_blocks
+
+        engine = engine if engine is not None else EngineOptions()
 
         def price(micro_batch: int):
             key = (run.profile, dp, tp, micro_batch, pinned, run.titan_loss, run.recompute)
-            if key not in self.cache:
+            if (key, engine) not in self.cache:
                 t0 = time.perf_counter()
                 opts = {"mixed_precision": True}
                 if pinned:  # FSDP2 as torchtitan runs it: block-wise gathers, fp32 reductions
                     opts.update(gather="fsdp2", reduce_dtype="float32")
-                self.cache[key] = price_blocks(
-                    _factory(run.titan_loss), {}, (dp, tp), ("dp", "tp"), micro_batch=micro_batch,
-                    depths=(2, 4), baseline="fsdp+tp" if pinned else None, recompute=run.recompute, profile=run.profile,
-                    time_limit=self.time_limit, prepare_options=opts)
+                    engines = tuple(dict.fromkeys((EngineOptions(), run_engine(run), engine)))
+                    for e, pricing in price_blocks_engines(
+                            _factory(run.titan_loss), (dp, tp), micro_batch=micro_batch, engines=engines,
+                            recompute=run.recompute, profile=run.profile, time_limit=self.time_limit,
+                            prepare_options=opts).items():
+                        self.cache[(key, e)] = pricing
+                else:
+                    self.cache[(key, engine)] = price_blocks(
+                        _factory(run.titan_loss), {}, (dp, tp), ("dp", "tp"), micro_batch=micro_batch,
+                        depths=(2, 4), baseline=None, recompute=run.recompute, profile=run.profile,
+                        time_limit=self.time_limit, prepare_options=opts)
                 print(f"  priced {key}: {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
-            return self.cache[key]
+            return self.cache[(key, engine)]
         return price
+
+
+def run_engine(run: PipelineRun) -> Any:
+    """The row's ``EngineOptions``."""
+    from autoshard.plan.options import EngineOptions
+
+    return EngineOptions(**{name: True for name in run.engine})
 
 
 def run_one(run: PipelineRun, pricer: _Pricer, flops: float) -> dict:
@@ -196,21 +283,23 @@ def run_one(run: PipelineRun, pricer: _Pricer, flops: float) -> dict:
     if run.layout is not None:
         layout = PipelineLayout(*run.layout)
         price = pricer.at(run, layout.dp, layout.tp, True)
+        priced = pricer.at(run, layout.dp, layout.tp, True, run_engine(run))
         pinned = dict(layout=layout, schedules=(run.schedule,), microbatches=(run.n_microbatches,),
                       stages_per_rank=(run.stages_per_rank,), **common)
+        over: dict[str, Any] = {}
         try:
-            plan = search_pipeline(price, **pinned)
-            hidden = search_pipeline(lambda mb: hide_exposed(price(mb)), **pinned)
+            plan = search_pipeline(priced, **pinned)
         except ValueError as exc:
             if run.recompute != "none":
                 return {"error": str(exc).splitlines()[0][:200], "wall_s": time.perf_counter() - t0}
             # as published, but over the memory: its time still says what the recomputation costs
-            unlimited = {**pinned, "memory_limit_bytes": math.inf}
-            plan = search_pipeline(price, **unlimited)
-            hidden = search_pipeline(lambda mb: hide_exposed(price(mb)), **unlimited)
-            return {"plan": plan, "hidden": hidden, "wall_s": time.perf_counter() - t0, "layouts": 1, "pruned": 0,
-                    "over_memory": str(exc).splitlines()[0][:120]}
-        return {"plan": plan, "hidden": hidden, "wall_s": time.perf_counter() - t0, "layouts": 1, "pruned": 0}
+            pinned = {**pinned, "memory_limit_bytes": math.inf}
+            over = {"over_memory": str(exc).splitlines()[0][:120]}
+            plan = search_pipeline(priced, **pinned)
+        bf16 = plan if not run.engine else search_pipeline(price, **pinned)
+        hidden = search_pipeline(lambda mb: hide_exposed(price(mb)), **pinned)
+        return {"plan": plan, "bf16": bf16, "hidden": hidden, "wall_s": time.perf_counter() - t0, "layouts": 1,
+                "pruned": 0, **over}
     peak = profile.device.peak_flops_for("bf16")
     bound = layout_lower_bound_s(flops * run.batch * SEQ, run.gpus, peak)
     layouts = [l for l in pipeline_layouts(run.gpus, 8) if l.tp == 8 and l.pp in AUTO_PP[run.gpus]]
@@ -237,11 +326,21 @@ def _pct(predicted: float, published: float) -> str:
     return f"{100 * (predicted - published) / published:+.1f} %"
 
 
+def _beside(p: Any, run: PipelineRun) -> str:
+    """``tokens/s/GPU, TFLOPs/GPU, error`` of another pricing of the row."""
+    if p is None:
+        return "-"
+    err = "" if run.layout is None else ", " + (_pct(p.tokens_per_gpu_s, run.published_tps) if run.published_tps
+                                               else _pct(p.tflops_per_gpu, run.published_tflops))
+    return f"{p.tokens_per_gpu_s:.1f}, {p.tflops_per_gpu:.0f}{err}"
+
+
 def table(rows: list[tuple[PipelineRun, dict]]) -> str:
     lines = ["| run | GPUs | layout (pp x dp x tp) | schedule, m, v | step s | bubble | tokens/s/GPU (published) "
-             "| tokens/s/GPU (predicted) | TFLOPs/GPU (published) | TFLOPs/GPU (predicted) | error "
-             "| what-if TP hidden: tokens/s/GPU, TFLOPs/GPU, error | busiest rank GiB | bound gap | wall s |",
-             "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|"]
+             "| tokens/s/GPU (predicted) | TFLOPs/GPU (published) | TFLOPs/GPU (predicted) | error | engine options "
+             "| bf16, TP exposed: tokens/s/GPU, TFLOPs/GPU, error "
+             "| what-if TP hidden (bf16): tokens/s/GPU, TFLOPs/GPU, error | busiest rank GiB | bound gap | wall s |",
+             "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|---|---:|---:|---:|"]
     for run, r in rows:
         if "error" in r:
             lines.append(f"| {run.key} | {run.gpus} | error: {r['error']} |")
@@ -251,11 +350,8 @@ def table(rows: list[tuple[PipelineRun, dict]]) -> str:
             err = _pct(p.tokens_per_gpu_s, run.published_tps)
         else:
             err = _pct(p.tflops_per_gpu, run.published_tflops)
-        h = r.get("hidden")
-        what_if = "-" if h is None else (
-            f"{h.tokens_per_gpu_s:.1f}, {h.tflops_per_gpu:.0f}, "
-            + (_pct(h.tokens_per_gpu_s, run.published_tps) if run.published_tps
-               else _pct(h.tflops_per_gpu, run.published_tflops)))
+        what_if, bf16 = (_beside(r.get(k), run) for k in ("hidden", "bf16"))
+        engine = ", ".join(run.engine) or "none (bf16)"
         pub_tps = f"{run.published_tps:.0f}" if run.published_tps else "-"
         pub_tf = f"{run.published_tflops:.0f}" if run.published_tflops else "-"
         if run.layout is None:
@@ -268,7 +364,7 @@ def table(rows: list[tuple[PipelineRun, dict]]) -> str:
             f"| {run.key}{over} | {run.gpus} | {' x '.join(map(str, p.mesh_shape))} "
             f"| {p.schedule}, {p.n_microbatches}, "
             f"{p.stages_per_rank} | {p.step_s:.2f} | {p.bubble_fraction:.3f} | {pub_tps} | {p.tokens_per_gpu_s:.1f} "
-            f"| {pub_tf} | {p.tflops_per_gpu:.0f} | {err} | {what_if} | {max(p.rank_memory_bytes) / 2**30:.1f} "
+            f"| {pub_tf} | {p.tflops_per_gpu:.0f} | {err} | {engine} | {bf16} | {what_if} | {max(p.rank_memory_bytes) / 2**30:.1f} "
             f"| {p.gap:.3f} "
             f"| {r['wall_s']:.0f} |")
     return "\n".join(lines)

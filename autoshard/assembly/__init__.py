@@ -10,4 +10,6 @@
   (what the planner prices and the runtime runs).
 - :mod:`autoshard.assembly.tidy_states`: recomputation states that change nothing, set back to keep.
 - :mod:`autoshard.assembly.graph_memo`: per-graph values computed once.
+- :mod:`autoshard.assembly.engine_pricing`: a solved plan repriced with engine features autoshard's runtime
+  does not run (torchao float8 linears, async TP), for predicting published runs.
 """

@@ -38,7 +38,7 @@ from solver.backends import DEFAULT_BACKEND
 
 __all__ = ["SolveOptions", "solve_options", "DEFAULT_PROFILE", "DEFAULT_CPU_PROFILE", "DEFAULT_TIME_LIMIT_S",
            "DEFAULT_SEARCH_TIME_LIMIT_S", "DEFAULT_BACKEND", "NO_MEMORY_LIMIT", "BUILD_FIELDS", "PLAN_GAP", "OVERLAP_ROUNDS", "profile_for_device",
-           "PROFILE_CORRECTIONS"]
+           "PROFILE_CORRECTIONS", "EngineOptions", "refuse_engine_options"]
 
 DEFAULT_PROFILE = "h100-sxm-80gb"
 """The hardware profile priced when none is given (off a CPU mesh)."""
@@ -225,3 +225,84 @@ def profile_for_device(device_type: str) -> str:
     ('cpu-gloo', 'h100-sxm-80gb')
     """
     return DEFAULT_CPU_PROFILE if device_type == "cpu" else DEFAULT_PROFILE
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineOptions:
+    """Engine features a plan's step is priced with besides autoshard's runtime: what torchtitan's
+    large runs turn on (``autoshard.assembly.engine_pricing`` prices them; docs/api.md).
+
+    **Priced only.** autoshard's runtime runs neither (no float8 casts, no symmetric-memory
+    collective matmuls, on gloo or CUDA): a plan repriced with any of them records it in
+    ``plan.options["engine"]`` and the runtime refuses it (:func:`refuse_engine_options`), as it
+    refuses a plan priced with FSDP2's ``reduce_dtype``. All default off.
+
+    >>> EngineOptions(float8_linears=True, float8_all_gather=True).to_dict()
+    {'float8_linears': True, 'float8_all_gather': True, 'async_tp': False}
+    >>> EngineOptions(float8_all_gather=True)
+    Traceback (most recent call last):
+    ...
+    ValueError: float8_all_gather: needs float8_linears (torchao gathers Float8Linear weights in float8)
+    """
+
+    float8_linears: bool = False
+    """The repeated blocks' linear layers as torchao's ``Float8Linear`` (tensorwise dynamic
+    scaling): their three matmuls in fp8 at the profile's fp8 peak and efficiency, the
+    ``amax`` and casts as memory-bound ops (``costmodel.float8``)."""
+    float8_all_gather: bool = False
+    """FSDP gathers those weights in float8 (torchao's ``enable_fsdp_float8_all_gather``):
+    half the bytes of a bf16 gather, the cast made on the shard before it."""
+    async_tp: bool = False
+    """torch's micro-pipelined async TP: a ``tp`` all-gather feeding a matmul, or a ``tp``
+    reduce-scatter of a matmul's output, run as one collective matmul of ``tp`` chunks
+    (``costmodel.async_tp``)."""
+
+    def __post_init__(self) -> None:
+        for name in ("float8_linears", "float8_all_gather", "async_tp"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}: must be true or false, got {getattr(self, name)!r}")
+        if self.float8_all_gather and not self.float8_linears:
+            raise ValueError("float8_all_gather: needs float8_linears (torchao gathers Float8Linear weights in float8)")
+
+    @property
+    def any(self) -> bool:
+        """Whether any feature is on (a plan priced so cannot run on autoshard's runtime)."""
+        return self.float8_linears or self.async_tp
+
+    def to_dict(self) -> dict[str, bool]:
+        return {"float8_linears": self.float8_linears, "float8_all_gather": self.float8_all_gather,
+                "async_tp": self.async_tp}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "EngineOptions":
+        """From ``plan.options["engine"]`` (``ValueError`` naming an unknown key).
+
+        >>> EngineOptions.from_dict({"async_tp": True}).async_tp
+        True
+        """
+        if not isinstance(data, Mapping):
+            raise ValueError(f"engine: expected an object of options, got {data!r}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        for key in data:
+            if key not in known:
+                raise ValueError(f"engine.{key}: unknown engine option (known: {', '.join(sorted(known))})")
+        return cls(**dict(data))
+
+
+def refuse_engine_options(options: Mapping[str, Any]) -> None:
+    """Raise a one-line ``ValueError`` when ``plan.options`` records engine features autoshard's
+    runtime does not run (:class:`EngineOptions`: priced only).
+
+    >>> refuse_engine_options({"engine": {"float8_linears": False}})
+    >>> refuse_engine_options({"engine": {"async_tp": True}})
+    Traceback (most recent call last):
+    ...
+    ValueError: plan: priced with async_tp (torchtitan's engine features); autoshard's runtime runs bf16 linears and waits for each TP collective: price the plan without them to run it
+    """
+    engine = options.get("engine")
+    if engine is None:
+        return
+    on = [k for k, v in EngineOptions.from_dict(engine).to_dict().items() if v]
+    if on:
+        raise ValueError(f"plan: priced with {', '.join(on)} (torchtitan's engine features); autoshard's runtime "
+                         "runs bf16 linears and waits for each TP collective: price the plan without them to run it")

@@ -78,6 +78,7 @@ from costmodel.placements import Partial, Placement, Replicate, Shard, StridedSh
 
 from autoshard.graph.node_ids import tensor_node
 from autoshard.plan.format import Plan
+from autoshard.plan.options import refuse_engine_options
 from autoshard.runtime.collectives import CollectiveRecord, MeshComm
 from autoshard.runtime.devices import mesh_device
 from autoshard.runtime.execute import JointRunner, RuntimeLoadError, placements_of
@@ -203,6 +204,7 @@ class ShardedModule(nn.Module):
         if plan.options.get("reduce_dtype"):  # priced as FSDP2 reduces: not what this runtime runs
             raise ValueError(f"plan: priced with reduce_dtype={plan.options['reduce_dtype']!r} (as FSDP2 reduces); "
                              "autoshard's runtime reduces gradients in their own dtype")
+        refuse_engine_options(plan.options)  # float8 linears, async TP: priced only
         if tuple(mesh.shape) != tuple(plan.fingerprint.mesh_shape):
             raise ValueError(f"mesh: the plan is for mesh {tuple(plan.fingerprint.mesh_shape)}, here {tuple(mesh.shape)}")
         coord = mesh.get_coordinate()
