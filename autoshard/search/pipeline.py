@@ -293,7 +293,8 @@ def price_pipeline(
     try:  # (a)
         cut = cut_stages([pricing.block] * n_blocks, pp * v, first_extra=pricing.first_extra,
                          last_extra=pricing.last_extra, in_flight=held,
-                         memory_limit_bytes=None if math.isinf(budget) else max(0, int(budget)), stages_per_rank=v)
+                         memory_limit_bytes=None if math.isinf(budget) else max(0, int(budget)), stages_per_rank=v,
+                         stage_ranks=sched.stage_ranks)
     except ValueError as exc:
         return refused(str(exc))
     costs = _stage_costs(pricing, cut, send_s if pp > 1 else 0.0)

@@ -121,3 +121,51 @@ def test_refusals_name_why():
         cut_stages([unit] * 4, 2, in_flight=(1,))
     with pytest.raises(ValueError, match="must be >= 0"):
         BlockCost(-1.0, 1.0, 0, 0)
+
+
+def _rank_sums(cut, in_flight, stage_ranks, first, last):
+    sums: dict[int, int] = {}
+    for k, st in enumerate(cut.stages):
+        sums[stage_ranks[k]] = sums.get(stage_ranks[k], 0) + st.memory_bytes
+    return sums
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_proportional_shares_keep_every_rank_within_its_memory_and_never_cut_worse(seed):
+    # interleaved-like: p ranks, v stages each, stage k on rank k % p; the proportional shares are
+    # a second sufficient split of each rank's memory, kept only when its bottleneck is smaller
+    rng = random.Random(1000 + seed)
+    p, v = rng.randint(1, 3), rng.randint(1, 3)
+    k_stages = p * v
+    n = rng.randint(k_stages, k_stages + 5)
+    blocks = _random_blocks(rng, n)
+    first, last = _random_blocks(rng, 2)
+    ranks = [k % p for k in range(k_stages)]
+    in_flight = sorted((rng.randint(1, k_stages + 1) for _ in range(k_stages)), reverse=True)
+    limit = rng.randint(100, 600)
+    kw = dict(first_extra=first, last_extra=last, in_flight=in_flight, memory_limit_bytes=limit, stages_per_rank=v)
+    try:
+        equal = cut_stages(blocks, k_stages, **kw)
+    except ValueError:
+        equal = None
+    try:
+        shared = cut_stages(blocks, k_stages, stage_ranks=ranks, **kw)
+    except ValueError:
+        assert equal is None, "the proportional split may only add cuts, never lose the equal one"
+        return
+    assert all(total <= limit for total in _rank_sums(shared, in_flight, ranks, first, last).values())
+    if equal is not None:
+        assert shared.bottleneck_s <= equal.bottleneck_s
+
+
+def test_proportional_shares_give_early_interleaved_stages_the_memory_they_hold():
+    # 2 ranks x 2 stages, the early stages hold more microbatches: equal shares (60 B per stage)
+    # allow 1, 2, 3, 6 blocks; the rank's own sum allows 2 blocks on every stage
+    unit = BlockCost(1.0, 1.0, 0, 10)
+    held, ranks = (4, 3, 2, 1), (0, 1, 0, 1)
+    equal = cut_stages([unit] * 8, 4, in_flight=held, memory_limit_bytes=120, stages_per_rank=2)
+    shared = cut_stages([unit] * 8, 4, in_flight=held, memory_limit_bytes=120, stages_per_rank=2, stage_ranks=ranks)
+    assert equal.bottleneck_s == 6.0 and shared.bottleneck_s == 4.0
+    assert shared.cuts == (2, 4, 6)
+    with pytest.raises(ValueError, match="stage_ranks needs 4 ranks"):
+        cut_stages([unit] * 8, 4, stage_ranks=(0, 1))
