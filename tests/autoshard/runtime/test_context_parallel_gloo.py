@@ -20,15 +20,14 @@ import importlib.util
 from collections import Counter
 
 import pytest
-import torch
+from equivalence import assert_steps_match_one_device
 from gloo_ranks import planned_collectives_issued, spawn
 
-from costmodel.mesh import MeshSpec
-from hw_profiles import load
-
 from autoshard.graph.builder import build_graph
+from autoshard.graph.restrict import seeded_restriction
+from autoshard.plan.options import SolveOptions
 from autoshard.runtime.context_ops import planned_context_collectives
-from autoshard.search.solve import prepare, solve_prepared
+from autoshard.search.solve import SEED_SHARE, prepare, solve_prepared
 from benchmarks.common.models import load as load_model
 
 pytestmark = [pytest.mark.slow]
@@ -40,6 +39,15 @@ MESH, NAMES = (2, 2), ("cp", "tp")
 JOBS = [("llama3.tiny", "context_gather"), ("llama3.tiny", "context_gather_balanced")]
 if importlib.util.find_spec("transformers") is not None:
     JOBS += [("hf.hf_llama", "context_gather"), ("hf.hf_mistral", "context_gather"), ("hf.hf_gemma3", "context_gather")]
+# one decoder layer where a second is the same op again (the runtime is per op); Gemma 3 keeps its
+# two: a sliding-window layer and a full one
+OVERRIDES = {"llama3.tiny": {"n_layers": 1}, "hf.hf_llama": {"num_hidden_layers": 1},
+             "hf.hf_mistral": {"num_hidden_layers": 1}}
+
+
+def attention_layers(factory: str) -> int:
+    """Decoder layers of ``factory`` as this test builds it."""
+    return 1 if factory in OVERRIDES else 2
 
 
 def only_context_parallel(kind: str, mesh_dim: int = 0):
@@ -51,66 +59,58 @@ def only_context_parallel(kind: str, mesh_dim: int = 0):
     return restrict
 
 
+def beside_seed(cp_only, kept):
+    """Restrict: the attention nodes by ``cp_only``, every other node by the seed's ``kept``."""
+    def restrict(node, strategies):
+        return cp_only(node, strategies) if str(node.target).startswith(ATTENTION) else kept(node, strategies)
+    return restrict
+
+
 def forced_plan(factory: str, kind: str, mesh_shape=MESH, names=NAMES, mesh_dim: int = 0, overrides=None):
+    """The solver's plan with the attention nodes restricted (:func:`only_context_parallel`); on a
+    mesh of 3 dims every other node keeps the seeded search's strategies, as ``prepare`` does there
+    (their full enumeration took 128 of this test's 139 s on 2x2x2; the checks read the attention
+    nodes and the plan as solved, whichever strategies the rest keeps)."""
     model, inputs = load_model(factory, overrides)
-    prep = prepare(model, inputs, mesh_shape, names, profile=PROFILE, device_type="cpu", recompute="none")
-    graph = build_graph(prep.traced, MeshSpec(mesh_shape, names), load(PROFILE), optimizer=prep.graph.optimizer,
-                        recompute=False, restrict=only_context_parallel(kind, mesh_dim))
+    memo: dict = {}
+    seeded = len(mesh_shape) >= 3
+    prep = prepare(model, inputs, mesh_shape, names, profile=PROFILE, device_type="cpu", recompute="none",
+                   search="seeded" if seeded else "full", seed_memo=memo)
+    restrict = only_context_parallel(kind, mesh_dim)
+    if seeded:
+        kept, _ = seeded_restriction(prep.traced, prep.graph.mesh, prep.graph.profile, optimizer=prep.graph.optimizer,
+                                     time_limit=SEED_SHARE * SolveOptions().time_limit, memo=memo)
+        restrict = beside_seed(restrict, kept)
+    graph = build_graph(prep.traced, prep.graph.mesh, prep.graph.profile, optimizer=prep.graph.optimizer,
+                        recompute=False, restrict=restrict)
     return solve_prepared(dataclasses.replace(prep, graph=graph), time_limit=10)
 
 
 def run_jobs(rank: int, world: int, meshes) -> dict:
-    """Two SGD steps of each job, sharded and on one device (SGD: the second step's gradients
-    compare at the first's tolerance); per step the exchange collectives by (kind, mesh dim)."""
-    import copy
-
+    """Two SGD steps of each job, sharded and on one device (``equivalence.sgd_steps``); per step
+    the exchange collectives as (kind, mesh dim)."""
+    from equivalence import sgd_steps
     from torch.distributed.device_mesh import init_device_mesh
 
-    from autoshard.runtime import context_comm, local_slice, shard
-    from autoshard.runtime.execute import placements_of
-    from benchmarks.common.equivalence import local_of
-    from benchmarks.common.models import loss_of
+    from autoshard.runtime import context_comm
+    from benchmarks.common.models import load as load_model
 
-    issued: list[tuple[str, str]] = []
+    issued: list[tuple[str, int]] = []
+    dim_of: dict[str, int] = {}
     plain = context_comm.issue
 
     def counting(kind, tensor, *args):
-        issued.append((kind, args[-1]))  # the group's name comes last
+        issued.append((kind, dim_of[args[-1]]))  # the group's name comes last
         return plain(kind, tensor, *args)
 
     context_comm.issue = counting  # the one function every context exchange's collective goes through
     out = {}
     for (mesh_shape, names), jobs in meshes:
         mesh = init_device_mesh("cpu", mesh_shape, mesh_dim_names=names)
-        coord = tuple(mesh.get_coordinate())
-        dim_of = {mesh.get_group(d).group_name: d for d in range(len(mesh_shape))}
+        dim_of.update({mesh.get_group(d).group_name: d for d in range(len(mesh_shape))})
         for job in jobs:
             model, inputs = load_model(job["factory"], job.get("overrides"))
-            reference = copy.deepcopy(model)
-            sharded = shard(model, mesh, job["plan"], inputs, trace_collectives=True)
-            opt = torch.optim.SGD(sharded.parameters(), lr=LR)
-            ref_opt = torch.optim.SGD(reference.parameters(), lr=LR)
-            steps = []
-            for _ in range(STEPS):
-                issued.clear()
-                loss = loss_of(sharded, inputs)
-                loss.backward()
-                ref_loss = loss_of(reference, inputs)
-                ref_loss.backward()
-                ref_params = dict(reference.named_parameters())
-                grads = {name: (local_of(p.grad).clone(), local_slice(
-                    ref_params[name].grad, placements_of(sharded.plan.params[name], len(mesh_shape)), mesh_shape,
-                    coord)) for name, p in sharded.named_parameters()}
-                steps.append({"loss": loss.detach().clone(), "ref_loss": ref_loss.detach().clone(), "grads": grads,
-                              "exchanges": Counter((kind, dim_of[group]) for kind, group in issued),
-                              "trace": [(r.kind, r.mesh_dims, r.nbytes, r.group_ranks, r.edge, r.issue, r.wait)
-                                        for r in sharded.collective_trace]})
-                opt.step()
-                ref_opt.step()
-                opt.zero_grad()
-                ref_opt.zero_grad()
-            out[job["label"]] = {"steps": steps, "trace": steps[0]["trace"],
-                                 "graph": sharded._runner.step_graph is not None}
+            out[job["label"]] = sgd_steps(model, inputs, mesh, job["plan"], steps=STEPS, lr=LR, issued=issued)
     context_comm.issue = plain
     return out
 
@@ -125,10 +125,10 @@ def run(tmp_path_factory):
     plans, jobs = {}, []
     for factory, kind in JOBS:
         label = label_of(factory, kind)
-        plan = plans[label] = forced_plan(factory, kind)
+        plan = plans[label] = forced_plan(factory, kind, overrides=OVERRIDES.get(factory))
         path = tmp / f"{label}.json"
         plan.save(path)
-        jobs.append({"label": label, "factory": factory, "plan": str(path)})
+        jobs.append({"label": label, "factory": factory, "plan": str(path), "overrides": OVERRIDES.get(factory)})
     results = spawn(4, run_jobs, ([((MESH, NAMES), jobs)],), tmp / "ranks", timeout=900)
     return plans, results
 
@@ -140,16 +140,11 @@ def assert_equal_one_device(plan, results, label, kind, n_attention_layers, mesh
     assert all(n.exchange == (kind, mesh_dim) for n in cp_nodes)
     planned = planned_context_collectives(plan)
     assert planned[("all_gather", mesh_dim)] == 2 * n_attention_layers  # forward and backward gather K/V
-    for rank, res in enumerate(results):
-        steps = res[label]["steps"]
-        assert len(steps) == STEPS
-        for k, step in enumerate(steps):
-            torch.testing.assert_close(step["loss"], step["ref_loss"], rtol=1e-4, atol=1e-6)
-            assert step["grads"]
-            for name, (got, want) in step["grads"].items():
-                torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5,
-                                           msg=lambda m, name=name: f"step {k + 1} rank {rank} {name}: {m}")
-            assert step["exchanges"] == planned, f"step {k + 1} rank {rank}"
+
+    def exchanges_are_planned(rank: int, job: dict, step: dict) -> None:
+        assert Counter(step["issued"]) == planned, f"rank {rank}: {Counter(step['issued'])}"
+
+    assert_steps_match_one_device(results, label, steps=STEPS, grad_atol=1e-5, check_step=exchanges_are_planned)
     planned_collectives_issued(plan, results, label)
     assert not any(res[label]["graph"] for res in results)  # exchanges: interpreted, never traced
 
@@ -158,6 +153,7 @@ def assert_equal_one_device(plan, results, label, kind, n_attention_layers, mesh
 def test_context_parallel_plan_equals_one_device(run, factory, kind) -> None:
     plans, results = run
     label = label_of(factory, kind)
-    assert_equal_one_device(plans[label], results, label, kind, n_attention_layers=2)
+    layers = attention_layers(factory)
+    assert_equal_one_device(plans[label], results, label, kind, n_attention_layers=layers)
     moves = planned_context_collectives(plans[label])[("all_to_all", 0)]
-    assert moves == (8 if kind == "context_gather_balanced" else 0)  # 2 per node, 2 layers x 2 nodes
+    assert moves == (4 * layers if kind == "context_gather_balanced" else 0)  # 2 per node, 2 nodes a layer

@@ -24,7 +24,8 @@ import importlib.util
 
 import pytest
 import torch
-from gloo_ranks import planned_collectives_issued, spawn
+from equivalence import assert_steps_match_one_device
+from gloo_ranks import planned_collectives_issued
 
 from costmodel.placements import StridedShard
 
@@ -81,17 +82,14 @@ def _forced_plan(factory: str):
 
 
 def _rank(rank: int, world: int, jobs) -> dict:
-    """Two SGD steps of each job, sharded and on one device; every all-to-all of the exchanges
-    counted with the ranks of its group."""
-    import copy
-
+    """Two SGD steps of each job, sharded and on one device (``equivalence.sgd_steps``); every
+    all-to-all of the exchanges counted with the ranks of its group."""
     import torch.distributed as dist
+    from equivalence import sgd_steps
     from torch.distributed.device_mesh import init_device_mesh
 
-    from autoshard.runtime import expert_dispatch, local_slice, shard
-    from autoshard.runtime.execute import placements_of
-    from benchmarks.common.equivalence import local_of
-    from benchmarks.common.models import loss_of
+    from autoshard.runtime import expert_dispatch
+    from benchmarks.common.models import load as load_model
 
     issued: list[tuple[int, ...]] = []
     exchange = expert_dispatch._all_to_all
@@ -102,47 +100,18 @@ def _rank(rank: int, world: int, jobs) -> dict:
 
     expert_dispatch._all_to_all = counting  # the one function every exchange of the runtime goes through
     mesh = init_device_mesh("cpu", MESH, mesh_dim_names=NAMES)
-    coord = tuple(mesh.get_coordinate())
     out = {}
     for job in jobs:
         model, inputs = load_model(job["factory"], ONE_LAYER)
-        reference = copy.deepcopy(model)
-        sharded = shard(model, mesh, job["plan"], inputs, trace_collectives=True)
-        opt = torch.optim.SGD(sharded.parameters(), lr=LR)
-        ref_opt = torch.optim.SGD(reference.parameters(), lr=LR)
-        steps = []
-        for _ in range(STEPS):
-            issued.clear()
-            loss = loss_of(sharded, inputs)
-            loss.backward()
-            ref_loss = loss_of(reference, inputs)
-            ref_loss.backward()
-            ref_params = dict(reference.named_parameters())
-            grads = {name: (local_of(p.grad).clone(), local_slice(
-                ref_params[name].grad, placements_of(sharded.plan.params[name], len(MESH)), MESH, coord))
-                for name, p in sharded.named_parameters()}
-            steps.append({"loss": loss.detach().clone(), "ref_loss": ref_loss.detach().clone(), "grads": grads,
-                          "all_to_alls": list(issued),
-                          "trace": [(r.kind, r.mesh_dims, r.nbytes, r.group_ranks, r.edge, r.issue, r.wait)
-                                    for r in sharded.collective_trace]})
-            for o in (opt, ref_opt):
-                o.step()
-                o.zero_grad()
-        out[job["label"]] = {"steps": steps, "trace": steps[0]["trace"], "coord": coord}
+        out[job["label"]] = sgd_steps(model, inputs, mesh, job["plan"], steps=STEPS, lr=LR, issued=issued)
     return out
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("ep8")
-    plans, jobs = {}, []
-    for factory in FACTORIES:
-        plan = plans[factory] = _forced_plan(factory)
-        path = tmp / f"{factory}.json"
-        plan.save(path)
-        jobs.append({"label": factory, "factory": f"hf.{factory}", "plan": str(path)})
-    results = spawn(8, _rank, (jobs,), tmp / "ranks", timeout=600)
-    return plans, results
+def run(ranks_2x2x2):
+    """The plans and results of the spawn this test shares with ``test_context_parallel_gloo8``
+    and ``test_pipeline_tp_gloo`` (``ranks_2x2x2.py``)."""
+    return ranks_2x2x2
 
 
 def _ep_group(coord: tuple[int, ...]) -> tuple[int, ...]:
@@ -160,17 +129,12 @@ def test_dp_ep_tp_plan_equals_one_device(run, factory) -> None:
     assert all(n.op.startswith("autoshard.experts") for n in ep)
     forward = [n for n in ep if n.op == "autoshard.experts.default"]
     assert forward and all(n.inputs[3] == "RS(0)_S(1,sf=2)" and n.out[0].endswith("P(sum)") for n in forward)
-    for rank, res in enumerate(results):
-        steps = res[factory]["steps"]
-        assert len(steps) == STEPS
-        for k, step in enumerate(steps):
-            torch.testing.assert_close(step["loss"], step["ref_loss"], rtol=1e-4, atol=1e-6)
-            assert step["grads"]
-            for name, (got, want) in step["grads"].items():
-                torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6,
-                                           msg=lambda m, name=name: f"step {k + 1} rank {rank} {name}: {m}")
-            # each step: the plan's exchanges, every one on this rank's ep group
-            assert len(step["all_to_alls"]) == planned_all_to_alls(plan)
-            assert set(step["all_to_alls"]) == {_ep_group(res[factory]["coord"])}
+
+    def exchanges_are_planned(rank: int, job: dict, step: dict) -> None:
+        # each step: the plan's exchanges, every one on this rank's ep group
+        assert len(step["issued"]) == planned_all_to_alls(plan), f"rank {rank}"
+        assert set(step["issued"]) == {_ep_group(job["coord"])}, f"rank {rank}"
+
+    assert_steps_match_one_device(results, factory, steps=STEPS, check_step=exchanges_are_planned)
     planned_collectives_issued(plan, results, factory)
     assert planned_all_to_alls(plan) == 8 * len(ep) // 2  # 3 forward + 5 backward per MoE layer

@@ -15,8 +15,8 @@ over dp) and every gradient equal the one-device model's after each step.
 from __future__ import annotations
 
 import pytest
-import torch
-from gloo_ranks import spawn, whole
+from equivalence import assert_pipeline_matches_one_device
+from gloo_ranks import spawn
 
 from examples.models import hf
 
@@ -27,7 +27,7 @@ KW = {"batch_size": 8}
 
 
 def run_hf(rank: int, world: int) -> dict:
-    import torch.distributed as dist
+    from equivalence import pipeline_steps
     from torch.distributed.device_mesh import init_device_mesh
 
     from autoshard.plan.pipeline_section import build_pipeline_section
@@ -41,27 +41,7 @@ def run_hf(rank: int, world: int) -> dict:
                                      trailing=parts.trailing)
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("pp", "dp"))
     run = build_pipeline(model, mesh, section)
-    ref_opt = torch.optim.AdamW(reference.parameters(), lr=1e-2)
-    opt = torch.optim.AdamW(run.parameters(), lr=1e-2)
-    dp = mesh["dp"]
-    share = inputs["input_ids"].shape[0] // dp.size()
-    rows = slice(dp.get_local_rank() * share, (dp.get_local_rank() + 1) * share)
-    steps = []
-    for _ in range(STEPS):
-        ref_opt.zero_grad()
-        ref_loss = reference(**inputs).loss
-        ref_loss.backward()
-        opt.zero_grad()
-        loss = run.step(**{k: v[rows] for k, v in inputs.items()})
-        if loss is not None:
-            dist.all_reduce(loss, group=dp.get_group())
-            loss = loss / dp.size()
-        steps.append({"loss": loss, "ref_loss": ref_loss.detach(),
-                      "grads": {n: whole(p.grad).clone() for n, p in run.named_parameters() if p.grad is not None},
-                      "params": [n for n, _ in run.named_parameters()],
-                      "ref_grads": {n: p.grad.clone() for n, p in reference.named_parameters()}})
-        ref_opt.step()
-        opt.step()
+    steps = pipeline_steps(run, reference, inputs, mesh["dp"], steps=STEPS)
     return {"parts": (parts.leading, parts.blocks, parts.trailing), "steps": steps}
 
 
@@ -78,15 +58,5 @@ def test_stages_cut_between_the_decoder_layers_with_the_embedding_first_and_the_
 
 
 def test_loss_and_every_gradient_equal_one_device_after_each_step(results):
-    holders = 0
-    for rank, res in enumerate(results):
-        for step, entry in enumerate(res["steps"]):
-            if entry["loss"] is not None:
-                holders += step == 0
-                torch.testing.assert_close(entry["loss"], entry["ref_loss"], rtol=1e-5, atol=1e-6)
-            assert entry["params"], f"rank {rank}: no parameters"
-            assert set(entry["grads"]) == set(entry["params"]), f"rank {rank}: a gradient is missing"
-            for name, grad in entry["grads"].items():
-                torch.testing.assert_close(grad, entry["ref_grads"][name], rtol=1e-4, atol=1e-6,
-                                           msg=lambda m, n=name, s=step: f"step {s} rank {rank} {n}: {m}")
-    assert holders == 2, "the loss is on the two dp ranks of the last stage"
+    # the loss is on the two dp ranks of the last stage
+    assert_pipeline_matches_one_device([res["steps"] for res in results], holders=2)

@@ -12,14 +12,14 @@ attention, which reshapes with its head counts, gets them divided by tp; inside 
 This is torch's tensor parallelism with the plan's column/row choice, not the plan's
 per-op placements (``autoshard.runtime.pipeline_tp`` says what differs). After each
 of two AdamW steps the loss (last stage, averaged over dp) and every gradient
-(gathered over dp and tp) equal the one-device model's.
+(gathered over dp and tp) equal the one-device model's. The 8 ranks are the ones the 8-rank
+context- and expert-parallel tests start too (``ranks_2x2x2.py``: one spawn for the three).
 """
 
 from __future__ import annotations
 
 import pytest
-import torch
-from gloo_ranks import spawn, whole
+from equivalence import assert_pipeline_matches_one_device
 
 from examples.models import hf, llama3
 
@@ -41,10 +41,6 @@ def build(label: str):
     return model, {"tokens": tokens, "labels": labels}
 
 
-def loss_of(output) -> torch.Tensor:
-    return output if isinstance(output, torch.Tensor) else output.loss
-
-
 def plan_params(model) -> dict[str, str]:
     """Placements a plan on (pp, dp, tp) could give: FSDP's S(0) on dp, Megatron's split on tp."""
     out = {}
@@ -63,7 +59,7 @@ def run_tp(rank: int, world: int) -> dict:
 
 
 def run_model(label: str, mesh) -> dict:
-    import torch.distributed as dist
+    from equivalence import pipeline_steps
     from torch.distributed.tensor import DTensor
 
     from autoshard.plan.pipeline_section import build_pipeline_section
@@ -78,34 +74,16 @@ def run_model(label: str, mesh) -> dict:
                                      block_paths=parts.blocks, cuts=(1,), leading=parts.leading,
                                      trailing=parts.trailing, tensor_parallel=layout)
     run = build_pipeline(model, mesh, section)
-    ref_opt = torch.optim.AdamW(reference.parameters(), lr=1e-2)
-    opt = torch.optim.AdamW(run.parameters(), lr=1e-2)
-    dp = mesh["dp"]
-    share = next(iter(inputs.values())).shape[0] // dp.size()
-    rows = slice(dp.get_local_rank() * share, (dp.get_local_rank() + 1) * share)
     split = {n: [str(p) for p in param.placements] for n, param in run.named_parameters() if isinstance(param, DTensor)}
-    steps = []
-    for _ in range(STEPS):
-        ref_opt.zero_grad()
-        ref_loss = loss_of(reference(**inputs))
-        ref_loss.backward()
-        opt.zero_grad()
-        loss = run.step(**{k: v[rows] for k, v in inputs.items()})
-        if loss is not None:
-            dist.all_reduce(loss, group=dp.get_group())
-            loss = loss / dp.size()
-        steps.append({"loss": loss, "ref_loss": ref_loss.detach(),
-                      "grads": {n: whole(p.grad).clone() for n, p in run.named_parameters() if p.grad is not None},
-                      "params": [n for n, _ in run.named_parameters()],
-                      "ref_grads": {n: p.grad.clone() for n, p in reference.named_parameters()}})
-        ref_opt.step()
-        opt.step()
+    steps = pipeline_steps(run, reference, inputs, mesh["dp"], steps=STEPS)
     return {"layout": dict(layout), "placements": split, "steps": steps}
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    return spawn(8, run_tp, (), tmp_path_factory.mktemp("pipeline-tp") / "ranks", timeout=420)
+def results(ranks_2x2x2):
+    """Every rank's results (``run_tp``'s under ``hf`` and ``llama3``) of the spawn this test shares
+    with the 8-rank context- and expert-parallel tests (``ranks_2x2x2.py``)."""
+    return ranks_2x2x2[1]
 
 
 def test_layout_is_megatrons_column_then_row_split_from_the_placements(results):
@@ -133,15 +111,5 @@ def test_split_linears_are_sharded_over_dp_and_tp_and_the_rest_over_dp_only(resu
 
 @pytest.mark.parametrize("label", MODELS)
 def test_loss_and_every_gradient_equal_one_device_after_each_step(results, label):
-    holders = 0
-    for rank, res in enumerate(results):
-        for step, entry in enumerate(res[label]["steps"]):
-            if entry["loss"] is not None:
-                holders += step == 0
-                torch.testing.assert_close(entry["loss"], entry["ref_loss"], rtol=1e-5, atol=1e-6)
-            assert entry["params"], f"rank {rank}: no parameters"
-            assert set(entry["grads"]) == set(entry["params"]), f"rank {rank}: a gradient is missing"
-            for name, grad in entry["grads"].items():
-                torch.testing.assert_close(grad, entry["ref_grads"][name], rtol=1e-4, atol=1e-6,
-                                           msg=lambda m, n=name, s=step: f"{label} step {s} rank {rank} {n}: {m}")
-    assert holders == 4, "the loss is on the four (dp x tp) ranks of the last stage"
+    # the loss is on the four (dp x tp) ranks of the last stage
+    assert_pipeline_matches_one_device([res[label]["steps"] for res in results], holders=4, label=label)
