@@ -146,8 +146,10 @@ def _first_difference(a: object, b: object, where: str = "") -> str | None:
     return None if a == b else f"{where}: {a!r} vs {b!r}"
 
 
-def compare(old: Path, new: Path) -> int:
-    """Compare the ``*.json`` files of two folders; 1 when any differs (or is missing)."""
+def compare(old: Path, new: Path, new_sections: tuple[str, ...] = ()) -> int:
+    """Compare the ``*.json`` files of two folders; 1 when any differs (or is missing).
+    ``new_sections``: top-level plan sections the new code adds (``program``): absent in an old
+    plan, they are dropped from the new one before comparing; everything else must still be equal."""
     names = sorted(p.name for p in old.glob("*.json"))
     if not names:
         print(f"{old}: no plans", file=sys.stderr)
@@ -164,6 +166,8 @@ def compare(old: Path, new: Path) -> int:
         if kind == "plan" and "mesh_search" in a.get("options", {}):
             kind = "searched plan"
         a, b = _drop(a, IGNORED[kind]), _drop(b, IGNORED[kind])
+        if kind != "problem":
+            b = {k: v for k, v in b.items() if not (k in new_sections and k not in a)}
         found = _first_difference(a, b)
         # bytes too: the same content serialised the same way (key order, number spelling)
         same_bytes = json.dumps(a, sort_keys=False) == json.dumps(b, sort_keys=False)
@@ -186,8 +190,13 @@ def main(argv: list[str] | None = None) -> int:
     c = sub.add_parser("compare", help="compare two folders")
     c.add_argument("old", type=Path)
     c.add_argument("new", type=Path)
+    c.add_argument("--new-section", action="append", default=[], metavar="KEY",
+                   help="a top-level plan section the new code adds (e.g. program): ignored where the old plan "
+                        "lacks it (repeatable)")
     args = parser.parse_args(argv)
-    return write(args.folder, args.only, args.time_limit) if args.command == "write" else compare(args.old, args.new)
+    if args.command == "write":
+        return write(args.folder, args.only, args.time_limit)
+    return compare(args.old, args.new, tuple(args.new_section))
 
 
 if __name__ == "__main__":

@@ -44,6 +44,7 @@ from costmodel.redistribute_steps import RedistributeStep, StepError
 from hw_profiles.json_input import parse_json
 
 from autoshard.plan.pipeline_section import PipelineError, PipelineSection
+from autoshard.plan.program_section import ProgramSection, ProgramSectionError, check_program_section
 from autoshard.program.schedule import Schedule, ScheduleError, check_schedule
 
 __all__ = ["FORMAT", "ASSEMBLY_FORMAT", "REQUEST_FORMAT", "PlanError", "Fingerprint", "PlanNode", "Redistribution", "Estimate", "SolverReport", "Plan",
@@ -392,6 +393,9 @@ class Plan:
     pipeline: PipelineSection | None = None
     """The pipeline stages, microbatches and torch schedule (``autoshard.plan.pipeline_section``);
     None: one stage (plans without a ``pipeline`` dim, and plans written before it)."""
+    program: ProgramSection | None = None
+    """One rank's step program, action by action (``autoshard.plan.program_section``): what the
+    estimate priced and the runtime runs; None in plans written before it (the runtime derives it)."""
 
     def to_dict(self) -> dict[str, Any]:
         data = {
@@ -412,6 +416,7 @@ class Plan:
             **({"gather_buckets": [g.to_dict() for g in self.gather_buckets]} if self.gather_buckets else {}),
             **({"schedule": self.schedule.to_dict()} if self.schedule is not None else {}),
             **({"pipeline": self.pipeline.to_dict()} if self.pipeline is not None else {}),
+            **({"program": self.program.to_dict()} if self.program is not None else {}),
         }
         if self.constants:  # absent for graphs without constants: their plans stay as they were
             data["constants"] = dict(self.constants)
@@ -444,6 +449,7 @@ class Plan:
                                      for i, g in enumerate(data.get("gather_buckets", []))),
                 schedule=None if data.get("schedule") is None else Schedule.from_dict(data["schedule"]),
                 pipeline=None if data.get("pipeline") is None else PipelineSection.from_dict(data["pipeline"]),
+                program=None if data.get("program") is None else ProgramSection.from_dict(data["program"]),
             )
             _check_pipeline_mesh(plan)
             plan = replace(plan, recompute=_recompute_list(data.get("recompute", []), plan.nodes))
@@ -451,8 +457,12 @@ class Plan:
             if plan.schedule is not None:
                 check_schedule(plan.schedule, [n.name for n in plan.nodes], plan.redistributions, plan.buckets,
                                gathers=plan.gather_buckets)
+            if plan.program is not None:
+                if plan.schedule is None:
+                    raise PlanError("program: recorded without the schedule whose collectives it names")
+                check_program_section(plan.program, [n.name for n in plan.nodes], plan.recompute, plan.schedule)
             return plan
-        except (ScheduleError, PipelineError) as exc:
+        except (ScheduleError, PipelineError, ProgramSectionError) as exc:
             raise PlanError(str(exc)) from None
         except (TypeError, ValueError, AttributeError) as exc:
             if isinstance(exc, PlanError):

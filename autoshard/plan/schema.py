@@ -266,6 +266,19 @@ _SOLVER = {
     "additionalProperties": False,
 }
 
+_PROGRAM = {
+    "type": "object",
+    "description": "One rank's step program in run order (docs/formats.md, Program); absent in plans written before it.",
+    "required": ["version", "actions"],
+    "properties": {
+        "version": {"const": 1},
+        "actions": {"type": "array", "items": {
+            "type": "string",
+            "pattern": r"^(compute \S+|recompute \S+ \S+ [0-9]+|(issue|wait|pack|unpack) [0-9]+|free \S+( \S+)*)$"}},
+    },
+    "additionalProperties": False,
+}
+
 PLAN_SCHEMA: dict[str, Any] = {
     "$schema": DRAFT,
     "title": PLAN_FORMAT,
@@ -306,6 +319,7 @@ PLAN_SCHEMA: dict[str, Any] = {
                                                  "on every rank)."},
         "pipeline": {**PIPELINE_SCHEMA, "description": "Pipeline stages, microbatches and torch schedule; absent: "
                                                         "one stage."},
+        "program": _PROGRAM,
     },
     "additionalProperties": False,
     "$defs": {"placement": PLACEMENT},

@@ -58,6 +58,7 @@ from costmodel.shard_shapes import local_shape
 
 from autoshard.graph.node_ids import tensor_node
 from autoshard.plan.format import Plan, PlanError
+from autoshard.plan.program_section import first_difference, recorded_actions
 from autoshard.program.actions import (Compute, Free, Issue, Pack, RecomputeError, Recompute, StepProgram, Unpack,
                                        Wait, build_step_program)
 from autoshard.rules import RuleRegistry, load_rules
@@ -164,6 +165,14 @@ class JointRunner:
                                          **recompute)
         except RecomputeError as exc:
             raise RuntimeLoadError(f"plan: {exc}") from None
+        if plan.program is not None:  # the recorded program is what runs: the derived one must be it
+            try:
+                differs = first_difference(recorded_actions(plan.program, b.schedule), program.actions)
+            except ValueError as exc:
+                raise RuntimeLoadError(f"plan: {exc}") from None
+            if differs is not None:
+                raise RuntimeLoadError(f"plan: program: the recorded step program is not this plan's on this model "
+                                       f"({differs}); was the plan edited by hand?")
         for action in program.actions:
             if isinstance(action, Recompute):
                 op = self._ops[action.node]
