@@ -47,10 +47,11 @@ from solver.solution import Solution
 
 from autoshard.assembly.buckets import EdgeRoutes, choose_gradient_buckets, reschedule
 from autoshard.assembly.request import AssemblyGraph, AssemblyNode, Placements, placement_text
-from autoshard.assembly.step_program import StepDataflow, names_dataflow, step_dataflow
+from autoshard.assembly.step_program import StepDataflow, memory_program, names_dataflow, step_dataflow
 from autoshard.graph.states import RECOMPUTE, keep_choice, state_of
 from autoshard.program.memory import exact_timeline, param_view_roots, peak_with_extra, timeline_peak
 from autoshard.assembly.tidy_states import tidy_states
+from autoshard.plan.program_section import program_section
 from autoshard.program.reservation import plan_reservation
 from autoshard.program.shared_copies import share_copies
 from autoshard.program.actions import StepProgram, simulate_program
@@ -235,7 +236,8 @@ def assemble_plan(
         comm += sum(b.cost_s for b in buckets) - sum(g[4] for g in grads if g[1] in members)
     # a parameter's views alias its one gathered copy, as FSDP2 gathers it (priced as FSDP2 runs)
     roots = param_view_roots(graph, VIEW_OPS) if fsdp2 else None
-    timeline, without = _timelines(graph, problem, choice, copies, buckets, bool(recomputed), roots)
+    timeline, without = _timelines(graph, problem, choice, copies, buckets, bool(recomputed), roots,
+                                   pricing.dataflow.memory_program())
     # priced as FSDP2 holds its gathers (autoshard.graph.copies): then run as FSDP2 does, a block ahead
     schedule, sim, peak, gathers = price_schedule(pricing, redistributions, buckets, timeline, mesh=graph.mesh,
                                                   profile=graph.profile, dtypes=dtypes, held=fsdp2,
@@ -291,6 +293,7 @@ def assemble_plan(
         recompute=tuple(graph.nodes[i].name for i in sorted(recomputed)),
         gather_buckets=gathers,
         schedule=schedule,
+        program=program_section(pricing.program(schedule, redistributions, gathers)),
     )
 
 
@@ -320,7 +323,8 @@ def _reserved(graph: AssemblyGraph, problem: Problem, choice: Sequence[int], cop
     else:
         extra = [(pricing.times[i], pricing.times[w], float(b))
                  for i, w, b in prefetch_intervals(schedule, redistributions, gathers, pricing.node_names)]
-    peaks = plan_reservation(graph, problem, choice, copies, buckets, mixed_precision=bool(options.get("mixed_precision")),
+    peaks = plan_reservation(graph, problem, choice, copies, buckets, program=pricing.dataflow.memory_program(),
+                             mixed_precision=bool(options.get("mixed_precision")),
                              extra=extra,
                              flat_gathers=flat, param_views=roots,
                              fsdp2_reductions=fsdp2, expandable_segments=bool(options.get("expandable_segments")),
@@ -347,18 +351,22 @@ def _flat_gathers(graph: AssemblyGraph, schedule: Schedule, gathers: Sequence[An
 
 
 def _timelines(graph: AssemblyGraph, problem: Problem, choice: Sequence[int], copies: Sequence[Any],
-               buckets: Sequence[Any], recomputed: bool, shared: Mapping[int, int] | None
+               buckets: Sequence[Any], recomputed: bool, shared: Mapping[int, int] | None, program: StepProgram
                ) -> tuple[tuple[tuple[int, float], ...], float | None]:
     """The plan's memory timeline, and the peak of the same placements with nothing recomputed
     (None when nothing is); ``shared`` (the parameter views, :func:`param_view_roots`): counted as
     FSDP2 runs (``autoshard.program.memory``: a parameter gathered once per pass whichever views
-    of it are read, FSDP2's reductions); None: as autoshard's runtime runs."""
+    of it are read, FSDP2's reductions); None: as autoshard's runtime runs. ``program``: the step
+    program of ``choice`` whose lives the timeline counts."""
     fsdp2 = shared is not None
-    timeline = exact_timeline(graph, problem, choice, copies, buckets, param_views=shared, fsdp2_reductions=fsdp2)
+    timeline = exact_timeline(graph, problem, choice, copies, buckets, program=program,
+                              param_views=shared, fsdp2_reductions=fsdp2)
     if not recomputed:
         return timeline, None
-    return timeline, timeline_peak(exact_timeline(graph, problem, keep_choice(graph, choice), copies, buckets,
-                                                  recomputed=False, param_views=shared, fsdp2_reductions=fsdp2))
+    keep = keep_choice(graph, choice)
+    return timeline, timeline_peak(exact_timeline(graph, problem, keep, copies, buckets, recomputed=False,
+                                                  program=memory_program(graph, keep), param_views=shared,
+                                                  fsdp2_reductions=fsdp2))
 
 
 def _gradient_buckets(graph: AssemblyGraph, pricing: StepPricing, grads: Sequence[tuple[Any, ...]],

@@ -43,7 +43,7 @@ from autoshard.graph.states import RECOMPUTE, state_of
 from autoshard.program.actions import ProgramFrame, ProgramNode, StepProgram, program_frame, program_of, tuple_value
 from autoshard.program.schedule import Schedule
 
-__all__ = ["SINK_KINDS", "StepDataflow", "step_dataflow", "names_dataflow"]
+__all__ = ["SINK_KINDS", "StepDataflow", "step_dataflow", "names_dataflow", "memory_program"]
 
 SINK_KINDS = ("loss", "grad", "buffer_update")
 """Node kinds whose inputs are the step's results (kept to the end)."""
@@ -65,6 +65,8 @@ class StepDataflow:
     frame: ProgramFrame | None = None
     """What the programs of every schedule share (``autoshard.program.actions.program_frame``;
     None: made at each :meth:`program`)."""
+    _memory: list = field(default_factory=list, compare=False, repr=False)
+    """:meth:`memory_program`, once made (the timeline and the allocator replay read its lives)."""
 
     def program(self, schedule: Schedule, redistributions: Sequence[Any], gathers: Sequence[Any] = ()) -> StepProgram:
         """The step program under ``schedule``; ``redistributions`` and ``gathers``: the plan's
@@ -84,6 +86,16 @@ class StepDataflow:
             else:
                 reads[item.key] = ()
         return program_of(self.frame or self.make_frame(), schedule, reads)
+
+    def memory_program(self) -> StepProgram:
+        """The program whose lifetimes the plan's memory timeline counts (``autoshard.program.memory``):
+        the step under no collective. Lives do not depend on the schedule: a collective reads a value
+        no later than the op reading its result (a bucket reads results kept anyway), and a value
+        is freed after its last read."""
+        if not self._memory:
+            positions = sum(n.of_tuple is None for n in self.nodes)
+            self._memory.append(program_of(self.frame or self.make_frame(), Schedule(positions, 0, ())))
+        return self._memory[0]
 
     def make_frame(self) -> ProgramFrame:
         """The program frame of this dataflow."""
@@ -143,3 +155,11 @@ def step_dataflow(graph: AssemblyGraph, choice: Sequence[int]) -> StepDataflow:
     regions = {n.name: n.region for n in nodes if n.kind == "op" and n.region is not None}
     flow = StepDataflow(tuple(program), frozenset(keep), recompute, regions, frozenset(backward), values)
     return replace(flow, frame=flow.make_frame())
+
+
+def memory_program(graph: AssemblyGraph, choice: Sequence[int]) -> StepProgram:
+    """The program of ``choice`` whose lives the memory timeline counts (:meth:`StepDataflow.memory_program`).
+
+    >>> # timeline = exact_timeline(graph, problem, choice, copies, buckets, program=memory_program(graph, choice))
+    """
+    return step_dataflow(graph, choice).memory_program()

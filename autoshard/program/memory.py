@@ -1,12 +1,47 @@
 """The plan's memory over the step, counted exactly for the chosen placements (torch-free).
 
-The integer program charges redistributed copies and gradient bucket
-payloads an upper bound (``autoshard.graph.copies``), because it cannot see
-which (producer, reader) pair it will choose. Once the choice is made, the
-assembler knows every pair, so the plan's timeline counts:
+**One timeline.** Every tensor an op makes is counted over the lives the step program gives it
+(:attr:`autoshard.program.actions.StepProgram.lifetimes`), the program the runtime interprets and
+whose replay (``autoshard.program.live_bytes``) the runtime's measured live bytes are checked
+against; nothing here re-derives a life from graph positions. A life ``[made, freed]`` (action
+indices) is put on the problem's time axis, which the plan's ``memory_timeline`` and the
+prefetch intervals use, as ``[tau(made), tau(freed) + 1)``, with ``tau`` the time of the last
+``Compute`` or ``Recompute`` at or before the action (:func:`_action_times`). Let ``S`` be an op's
+storage (the op's output with its views and tuple accesses, which own no memory) and ``m_S`` its
+bytes at the chosen strategy; ``S`` holds ``m_S`` over the union of its aliases' lives. Two
+choices make this count agree with the solver's intervals (``autoshard.graph.tied_memory``, C5 of
+``autoshard.graph.recompute``), and both follow the runtime:
 
-- every problem node at its chosen strategy over its interval, except the
-  ``bound`` memory nodes (``autoshard.graph.tied_memory``);
+(a) *A result read by a gradient sink* ends at its last reader ``r`` (``tau(r) + 1``; a life
+    without readers where it starts), and the sink node, in the parameter's placement, holds it
+    from there to the step's end. The program keeps it to the end; where the sink's bytes
+    equal ``m_S`` the two counts are one function of time,
+    ``m_S 1[made, r] + m_S 1(r, end] = m_S 1[made, end]`` (the allocator replay makes them one
+    tensor: ``autoshard.program.reservation``), and where they differ the tensor the optimizer
+    reads to the end is the reduced one, the sink's; the unreduced one is the bucket's
+    ``partial`` term until its issue. The loss and buffer updates are held to the end.
+(b) *A recomputation phase* is one schedule position in the program but a sequence of
+    actions, and the runtime frees a phase's temporaries between them, so each ``Recompute`` of
+    op ``v`` of region ``R`` gets its own time, the slot
+    ``s_v = t_rc(R) - |R| + j_v`` (``j_v``: ``v``'s index among ``R``'s forward ops, ``|R|``
+    their number, ``t_rc(R)`` the time of the phase's position: the slots
+    ``autoshard.graph.regions`` inserts); a ``Free`` in the phase ends a life at the slot of
+    the ``Recompute`` before it. One time for the whole phase would hold every temporary of
+    the phase at once, more than the runtime ever holds.
+
+With (a) and (b) every op storage lives, on the time axis, exactly where the solver's pieces
+put it, except where the solver over-estimates (a ``HOLD`` value kept to ``L_v``, the last slot of
+a reader that may be recomputed): at every time ``m_plan(S, t) <= m_solver(S, t)``, and the
+plan's level without the gradient buckets' terms is at most the solver's, whose interval bound
+is thus an upper bound of the program's timeline (checked on the zoo:
+``tests/autoshard/assembly/test_program_lifetimes.py``). The buckets' partial and payload terms
+below are counted past the solver's bound nodes (ViT tiny on 2x2: 673,532 B against 672,124 B).
+
+Beside the op storages the timeline counts:
+
+- every other problem node (leaves all step, sinks) at its chosen strategy over its
+  interval, except the ``memory`` nodes (the solver's ``bound`` copies and the ``piece`` nodes
+  the lives above replace);
 - a copy at the reader's placement for every edge whose chosen placements
   really differ, over the intervals the builder computed with
   ``autoshard.graph.copies.copy_intervals`` (those of a recomputed reader
@@ -15,9 +50,8 @@ assembler knows every pair, so the plan's timeline counts:
   the bucket's last member is made (the bucket issues then), and the
   concatenated payload at that time.
 
-So ``peak(plan) <= peak(program)``: a plan the program accepts fits. The
-same function with every state set to keep gives the peak without
-recomputation (what the plan's recomputation saves).
+The same function with every state set to keep, and the program of that choice, gives the peak
+without recomputation (what the plan's recomputation saves).
 
 >>> timeline_peak(((0, 5.0), (3, 9.0), (4, 2.0)))
 9.0
@@ -33,9 +67,10 @@ from costmodel.buckets.grouping import Bucket
 from costmodel.shard_shapes import max_local_numel
 
 from autoshard.graph.copies import fsdp2_payload_ends, fsdp2_reduction
+from autoshard.program.actions import Compute, Recompute, StepProgram
 
 __all__ = ["CopyEvent", "Span", "exact_spans", "exact_timeline", "param_view_roots", "timeline_peak",
-           "peak_with_extra"]
+           "peak_with_extra", "storage_spans"]
 
 CopyEvent = tuple[int, "tuple[Placement, ...]", bool]
 """(edge index, reader placement, reader recomputed) of a redistribution that happens."""
@@ -48,11 +83,12 @@ before its FSDP2 reduction). Kinds: a graph node's kind, ``copy``, ``partial``, 
 
 
 def exact_timeline(graph: Any, problem: Any, choice: Sequence[int], copies: Sequence[CopyEvent],
-                   buckets: Sequence[Bucket], *, recomputed: bool = True,
+                   buckets: Sequence[Bucket], *, program: StepProgram, recomputed: bool = True,
                    param_views: Mapping[int, int] | None = None,
                    fsdp2_reductions: bool = False) -> tuple[tuple[int, float], ...]:
     """(time, bytes live) at every change (module docstring); ``graph`` is an
-    ``AssemblyGraph``; ``recomputed=False`` counts copies as if no reader were recomputed;
+    ``AssemblyGraph``; ``program`` the step program of ``choice`` (its lives give every op
+    storage's: ``autoshard.assembly.step_program.memory_program``); ``recomputed=False`` counts copies as if no reader were recomputed;
     ``param_views`` (node -> the parameter node its view chain starts at, :func:`param_view_roots`):
     copies of one parameter over the same interval are one copy, the largest (FSDP2 gathers a
     unit's parameter once per pass, and the views its readers read alias it); ``fsdp2_reductions``:
@@ -65,7 +101,8 @@ def exact_timeline(graph: Any, problem: Any, choice: Sequence[int], copies: Sequ
     an over-count of at most a bucket's sinks.)"""
     always = 0.0
     events: dict[int, float] = {}
-    for start, end, amount, _, _ in exact_spans(graph, problem, choice, copies, buckets, recomputed=recomputed,
+    for start, end, amount, _, _ in exact_spans(graph, problem, choice, copies, buckets, program=program,
+                                                recomputed=recomputed,
                                                 param_views=param_views, fsdp2_reductions=fsdp2_reductions):
         if start is None:
             always += amount
@@ -80,7 +117,7 @@ def exact_timeline(graph: Any, problem: Any, choice: Sequence[int], copies: Sequ
 
 
 def exact_spans(graph: Any, problem: Any, choice: Sequence[int], copies: Sequence[CopyEvent],
-                buckets: Sequence[Bucket], *, recomputed: bool = True,
+                buckets: Sequence[Bucket], *, program: StepProgram, recomputed: bool = True,
                 param_views: Mapping[int, int] | None = None, fsdp2_reductions: bool = False) -> list[Span]:
     """The terms :func:`exact_timeline` sums, one per tensor (and its adjustments), in its order."""
     out: list[Span] = []
@@ -89,8 +126,12 @@ def exact_spans(graph: Any, problem: Any, choice: Sequence[int], copies: Sequenc
         if amount and start < end:
             out.append((start, end, amount, key, kind))
 
+    lives = storage_spans(graph, problem, choice, program)
     for i, (node, pnode, k) in enumerate(zip(graph.nodes, problem.nodes, choice)):
-        if node.kind == "memory" and node.target == "bound":
+        if node.kind == "op":  # its storage, over the program's lives of it
+            out.extend(lives.get(i, ()))
+            continue
+        if node.kind == "memory":  # the solver's bounds and pieces: the lives above count exactly
             continue
         m = float(pnode.memory_bytes[k])
         if pnode.live is None:
@@ -139,6 +180,103 @@ def exact_spans(graph: Any, problem: Any, choice: Sequence[int], copies: Sequenc
     payload_end = fsdp2_payload_ends(t for t, _, _ in issued) if fsdp2_reductions else {}
     for issue, nbytes, b in issued:  # the concatenated payload
         add(issue, payload_end.get(issue, issue + 1), nbytes, ("payload", b), "payload")
+    return out
+
+
+def _op_times(graph: Any, problem: Any) -> tuple[int, ...]:
+    """The time of each schedule position on the problem's time axis: the op nodes' times in graph
+    order, then the step's end (the optimizer update), ``N + 1`` entries."""
+    times = [problem.nodes[i].live[0] if problem.nodes[i].live is not None else 0
+             for i, n in enumerate(graph.nodes) if n.kind == "op"]
+    ends = [n.live[1] - 1 for n in problem.nodes if n.live is not None and n.live[1] > n.live[0]]
+    return (*times, max([t + 1 for t in times] + ends, default=0))
+
+
+def _action_times(graph: Any, program: StepProgram, times: Sequence[int]) -> list[int]:
+    """``tau``: the time of each action of ``program`` (module docstring): an op's ``Compute`` its
+    position's; a tuple access's (placed at the next op's position) the time just before that
+    op's, where the joint graph runs its tuple accesses, right after their op; a ``Recompute``
+    its op's slot (b); any other action that of the last of these before it (0 before the first)."""
+    index = {n.name: i for i, n in enumerate(graph.nodes)}
+    in_region: dict[str, list[tuple[int, str]]] = {}
+    for i, n in enumerate(graph.nodes if program.phases else ()):
+        if n.kind == "op" and n.region is not None:
+            in_region.setdefault(n.region, []).append((i, n.name))
+    slot: dict[str, int] = {}
+    for phase in program.phases:
+        at = index[program.nodes[phase.at].name]
+        for region in phase.region.split(","):
+            members = [name for i, name in in_region.get(region, ()) if i < at]  # R's forward ops
+            slot.update((m, times[phase.position] - len(members) + j) for j, m in enumerate(members))
+    of_tuple = {n.name: n.of_tuple for n in program.nodes if n.of_tuple is not None}
+    out, now = [], 0
+    for action, position in zip(program.actions, program.positions):
+        if isinstance(action, Compute):
+            now = times[position] if action.node not in of_tuple else max(now, times[position] - 1)
+        elif isinstance(action, Recompute):
+            now = slot[of_tuple.get(action.node, action.node)]
+        out.append(now)
+    return out
+
+
+def storage_spans(graph: Any, problem: Any, choice: Sequence[int], program: StepProgram) -> dict[int, list[Span]]:
+    """Op node -> the spans of its storage (module docstring): one per life of its own value or
+    of an alias of it, cut as (a) says, on the problem's time axis; an op the builder gives no
+    bytes at any strategy owns no storage (a view: ``autoshard.graph.liveness``; a zero-size
+    tensor counted with its input errs high) and its lives extend those of the storage it reads first.
+
+    >>> # lives = storage_spans(graph, problem, choice, memory_program(graph, choice))  # assembly.step_program
+    """
+    nodes = graph.nodes
+    index = {n.name: i for i, n in enumerate(nodes)}
+    first_input = {e.dst: e.src for e in graph.edges if e.dst_input == 0}
+    root: dict[str, int] = {}
+    for n in program.nodes:
+        i = index.get(n.of_tuple if n.of_tuple is not None else n.name)
+        if i is not None and n.of_tuple is None and i in first_input and not problem.nodes[i].memory_bytes[choice[i]] \
+                and not any(problem.nodes[i].memory_bytes):
+            i = root.get(nodes[first_input[i]].name, first_input[i])
+        root[n.name] = i
+    to_grad: set[int] = set()
+    held: set[int] = set()
+    for e in graph.edges:
+        kind = nodes[e.dst].kind
+        if kind == "grad" or kind == "loss" or kind == "buffer_update":
+            (to_grad if kind == "grad" else held).add(root.get(nodes[e.src].name, e.src))
+    times = _op_times(graph, problem)
+    tau = _action_times(graph, program, times)
+    actions = program.actions
+    last_read: dict[str, int] = {}
+    for t, action in enumerate(actions):
+        if isinstance(action, (Compute, Recompute)):
+            for value in program.nodes[program.frame.index[action.node]].reads:
+                last_read[value] = t
+    end = times[-1] + 1
+    out: dict[int, list[Span]] = {}
+    for life in program.lifetimes:
+        i = root.get(life.value)
+        if i is None or life.made < 0 or nodes[i].kind != "op":
+            continue
+        if life.freed < len(actions):
+            stop = tau[life.freed] + 1
+        elif i in to_grad and i not in held:  # (a): the sink holds it on
+            stop = tau[max(life.made, last_read.get(life.value, life.made))] + 1
+        else:
+            stop = end
+        out.setdefault(i, []).append((tau[life.made], stop, life.recomputed))
+    return {i: _union(i, spans, float(problem.nodes[i].memory_bytes[choice[i]])) for i, spans in out.items()}
+
+
+def _union(i: int, lives: Sequence[tuple[int, int, bool]], nbytes: float) -> list[Span]:
+    """A storage's first life and its recomputed one, each the union of its aliases' lives (an
+    alias is made after its base and read no later than the storage lives: they overlap)."""
+    out: list[Span] = []
+    for again in (False, True):
+        mine = [(s, e) for s, e, r in lives if r == again]
+        if mine and nbytes:
+            start, stop = min(s for s, _ in mine), max(e for _, e in mine)
+            if start < stop:
+                out.append((start, stop, nbytes, ("node", i), "op"))
     return out
 
 

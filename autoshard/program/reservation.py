@@ -3,7 +3,9 @@
 The plan's peak (``autoshard.program.memory``) counts live tensors, what
 ``torch.cuda.max_memory_allocated`` measures. A CUDA device must also hold
 what the caching allocator keeps (``max_memory_reserved``). This module
-turns the timeline's terms into allocations and frees and replays them through
+turns the timeline's terms (the same terms, so the op storages' lives are the step
+program's: one tensor per life of a storage, allocated at its making, freed after its last
+read) into allocations and frees and replays them through
 ``costmodel.allocator.CachingAllocator``:
 
 - tensors held all step (parameters, buffers) are allocated once, before the
@@ -53,6 +55,7 @@ from typing import Any, Mapping, Sequence
 from costmodel.allocator import AllocatorPeaks, CachingAllocator
 from costmodel.shard_shapes import max_local_numel
 
+from autoshard.program.actions import StepProgram
 from autoshard.program.memory import CopyEvent, Span, exact_spans
 
 __all__ = ["plan_reservation", "replay_spans", "state_splits", "REDUCE_SCATTER_STREAM", "ALL_GATHER_STREAM",
@@ -168,17 +171,18 @@ def replay_spans(spans: Sequence[Span], splits: Mapping[tuple, tuple[float, tupl
 
 
 def plan_reservation(graph: Any, problem: Any, choice: Sequence[int], copies: Sequence[CopyEvent],
-                     buckets: Sequence[Any], *, mixed_precision: bool = False,
+                     buckets: Sequence[Any], *, program: StepProgram, mixed_precision: bool = False,
                      extra: Sequence[tuple[int, int, float]] = (),
                      flat_gathers: Sequence[tuple[int, int, float]] = (), param_views: Mapping[int, int] | None = None,
                      fsdp2_reductions: bool = False, expandable_segments: bool = False,
                      capacity_bytes: float | None = None, steps: int = DEFAULT_STEPS) -> AllocatorPeaks:
     """The caching allocator's peaks for a plan (module docstring): ``graph`` an
-    ``AssemblyGraph``, the rest as ``exact_memory.exact_timeline`` takes them, ``extra``
+    ``AssemblyGraph``, the rest as ``autoshard.program.memory.exact_timeline`` takes them (``program``:
+    the step program whose lives the timeline counts), ``extra``
     (start, end, bytes) terms beside them (prefetched gathers held before their readers),
     ``flat_gathers`` FSDP2's flat all-gather outputs (a unit's gathered bytes, from the issue to
     the copy-out at the wait), on the all-gather stream."""
-    spans = exact_spans(graph, problem, choice, copies, buckets, param_views=param_views,
+    spans = exact_spans(graph, problem, choice, copies, buckets, program=program, param_views=param_views,
                         fsdp2_reductions=fsdp2_reductions)
     spans.extend((s, e, float(b), ("prefetch", k), "prefetch") for k, (s, e, b) in enumerate(extra))
     spans.extend((s, max(e, s + 1), float(b), ("flat_gather", k), "flat_gather")

@@ -15,7 +15,9 @@ from costmodel.placements import parse_placements as pp
 from costmodel.redistribute_steps import RedistributeStep
 from hw_profiles import load
 
+from autoshard.program.actions import ProgramNode, build_step_program
 from autoshard.program.memory import exact_timeline, param_view_roots, timeline_peak
+from autoshard.program.schedule import Schedule
 from autoshard.plan.options import SolveOptions
 
 RS = RedistributeStep("reduce_scatter", (0,), 4096, 1e-3, pp("P(sum)"), pp("S(0)"), reduce_op="sum", tensor_dim=0)
@@ -75,8 +77,10 @@ def test_a_parameters_copies_in_one_pass_count_once_as_fsdp2_gathers_it_once():
     graph, problem, copies = _graph_with_a_weight_read_twice()
     roots = param_view_roots(graph, {"aten.t.default"})
     assert roots == {0: 0, 1: 0}
-    per_reader = exact_timeline(graph, problem, [0] * 4, copies, ())
-    fsdp2 = exact_timeline(graph, problem, [0] * 4, copies, (), param_views=roots)
+    ops = [ProgramNode("t", ("param:w",)), ProgramNode("mm", ("param:w",)), ProgramNode("mm_1", ("t",))]
+    program = build_step_program(ops, Schedule(3, 0, ()), keep={"mm", "mm_1"})
+    per_reader = exact_timeline(graph, problem, [0] * 4, copies, (), program=program)
+    fsdp2 = exact_timeline(graph, problem, [0] * 4, copies, (), program=program, param_views=roots)
     assert timeline_peak(per_reader) == 32 + 2 * 64  # the runtime's per-reader gathers: two tensors
     assert timeline_peak(fsdp2) == 32 + 64  # FSDP2: one unsharded parameter, the transpose a view of it
 

@@ -156,7 +156,10 @@ def test_a_solved_plan_carries_a_checked_schedule_and_a_broken_one_is_refused(dp
     with pytest.raises(PlanError, match="is not scheduled"):
         Plan.from_dict(data)
     del data["schedule"]
-    assert Plan.from_dict(data).schedule is None  # a plan from before schedules still loads
+    with pytest.raises(PlanError, match="program: recorded without the schedule"):  # it names schedule items
+        Plan.from_dict(data)
+    del data["program"]
+    assert Plan.from_dict(data).schedule is None  # a plan from before schedules (and programs) still loads
 
 
 GATHERS = (__import__("costmodel.buckets.grouping", fromlist=["GatherBucket"]).GatherBucket(
