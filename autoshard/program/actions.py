@@ -255,6 +255,9 @@ class StepProgram:
     item_reads: tuple[tuple[tuple, tuple[str, ...]], ...] = ()
     """(``ScheduleItem.key``, the values its issue reads), for the items that read any."""
     _made: list = field(default_factory=list, compare=False, repr=False)
+    _memo: dict = field(default_factory=dict, compare=False, repr=False)
+    """What readers derive from this program once and ask for again (``autoshard.program.memory``:
+    the storage spans that the timeline and the allocator replay of one plan both count)."""
 
     @property
     def nodes(self) -> tuple[ProgramNode, ...]:

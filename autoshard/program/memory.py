@@ -227,6 +227,16 @@ def storage_spans(graph: Any, problem: Any, choice: Sequence[int], program: Step
 
     >>> # lives = storage_spans(graph, problem, choice, memory_program(graph, choice))  # assembly.step_program
     """
+    cached = program._memo.get("storage_spans")
+    key = (graph, problem, tuple(choice))
+    if cached is not None and cached[0][0] is graph and cached[0][1] is problem and cached[0][2] == key[2]:
+        return cached[1]  # the plan's timeline and its allocator replay both ask (read only)
+    spans = _storage_spans(graph, problem, choice, program)
+    program._memo["storage_spans"] = (key, spans)
+    return spans
+
+
+def _storage_spans(graph: Any, problem: Any, choice: Sequence[int], program: StepProgram) -> dict[int, list[Span]]:
     nodes = graph.nodes
     index = {n.name: i for i, n in enumerate(nodes)}
     first_input = {e.dst: e.src for e in graph.edges if e.dst_input == 0}
