@@ -54,7 +54,7 @@ DIM = 16384
 
 TT_ENGINE = ("float8_linears", "float8_all_gather", "async_tp")
 """torchtitan's 405B rows: torch.compile + Float8 linears (torchao tensorwise; float8 FSDP all-gather, an
-ASSUMPTION from torchtitan's docs/float8.md and its 405B config of the time: Table 5 does not list it) + async TP."""
+ASSUMPTION from torchtitan's float8 documentation (its docs folder) and its 405B config of the time: Table 5 does not list it) + async TP."""
 
 
 @dataclass(frozen=True, slots=True)

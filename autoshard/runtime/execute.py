@@ -36,7 +36,7 @@ waited at once. The runner counts the tensor bytes it holds
 From the second training step on, the runner does not interpret: the first
 step checked every shape and fixed every op's localized arguments, and the
 second traces this very loop on fake tensors into one fx graph of ATen ops
-and collectives (``autoshard.runtime.program``), which then runs as
+and collectives (``autoshard.runtime.traced_step``), which then runs as
 straight-line code (or compiled by inductor with ``compile=True``). A plan
 that recomputes a random op is interpreted every step, with one warning (a
 traced graph cannot restore a random state).
@@ -66,7 +66,7 @@ from autoshard.runtime.binding import (Edge, OpBinding, PlanBinding, RuntimeLoad
                                        placements_of)
 from autoshard.runtime.live_bytes import LiveBytes, TrackedDict
 from autoshard.runtime.op_calls import OpCaller, Reuse
-from autoshard.runtime.program import StepGraph, compile_step, trace_step
+from autoshard.runtime.traced_step import StepGraph, compile_step, trace_step
 from autoshard.runtime.random_ops import get_rng_state, set_rng_state
 from autoshard.runtime.shards import local_slice
 from autoshard.runtime.steps import (Comm, PackedBucket, PendingStep, issue_bucket, pack_bucket, pack_gather,
@@ -410,7 +410,7 @@ class JointRunner:
         return [result.loss, *(result.grads[f] for f in self.grad_edges), *result.buffer_updates.values()]
 
     def _trace(self, env: Mapping[fx.Node, Any]) -> StepGraph | None:
-        """The step as a graph (``autoshard.runtime.program``), compiled if asked;
+        """The step as a graph (``autoshard.runtime.traced_step``), compiled if asked;
         None (with a warning) when it cannot be traced: the runner then interprets."""
         replayed = [a.node for a in self.program.actions if isinstance(a, Recompute) and self._ops[a.node].replay_rng]
         if replayed:  # every rank has the same plan: all of them take this branch (no collective to agree)

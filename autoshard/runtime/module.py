@@ -37,7 +37,7 @@ What :class:`ShardedModule` does:
   :attr:`ShardedModule.collective_trace` (kind, mesh dims, bytes, group ranks,
   plan edge, schedule positions where it was issued and waited).
 * The per-rank step runs interpreted the first time (every shape checked),
-  then as one traced fx graph (``autoshard.runtime.program``);
+  then as one traced fx graph (``autoshard.runtime.traced_step``);
   ``compile=True`` compiles that graph with inductor (with a warning and the
   uncompiled graph where inductor cannot), ``graph=False`` interprets every
   step.

@@ -15,7 +15,7 @@ exchange is not a local op: ``expert_dispatch`` runs
 ``context_gather_balanced`` :func:`autoshard.runtime.context_ops.run_context_op`,
 on the local tensors over the process group of the strategy's mesh dim
 (``Comm.group``); neither runs on fake tensors, so a plan with exchanges is
-interpreted, not traced (``autoshard.runtime.program``). ``LiveBytes.touch`` counts the op's
+interpreted, not traced (``autoshard.runtime.traced_step``). ``LiveBytes.touch`` counts the op's
 inputs and outputs together (``autoshard.runtime.live_bytes``).
 
 >>> # caller = OpCaller(binding)
@@ -156,7 +156,7 @@ class OpCaller:
                                f"process groups (this runtime has none)")
         if any(is_fake(t) for t in locals_):
             # expert split sizes are known only at run time, and a context exchange's collectives
-            # are its own (not the plan's): tracing the step (autoshard.runtime.program) stops
+            # are its own (not the plan's): tracing the step (autoshard.runtime.traced_step) stops
             # here, before any exchange is issued, and the runner interprets the step
             raise RuntimeError(f"{b.node.name} ({op_name(b.op)}): a {kind} exchange is interpreted, not held "
                                f"in a traced step graph")

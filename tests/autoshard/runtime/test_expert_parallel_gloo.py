@@ -7,7 +7,7 @@ small, ``tests/autoshard/search/test_expert_parallel_solve.py``), on mesh (4,) (
 (2, 2) (Mixtral: tokens split on dim 0, ep 2 on dim 1). Through ``autoshard.runtime.shard``:
 the loss and every gradient shard equal the single-device run on each of two SGD steps (the
 second step after the update; a plan with exchanges is interpreted, not traced,
-``autoshard.runtime.program``); on every step each rank issues exactly the plan's all-to-alls
+``autoshard.runtime.traced_step``); on every step each rank issues exactly the plan's all-to-alls
 for its exchanges (``expert_ops.planned_all_to_alls``), and the plan's collectives.
 """
 

@@ -8,7 +8,7 @@ import importlib
 import pytest
 
 MODULES = ["autoshard.runtime.steps", "autoshard.runtime.execute", "autoshard.runtime.collectives",
-           "autoshard.runtime.module", "autoshard.runtime.templates", "autoshard.runtime.program",
+           "autoshard.runtime.module", "autoshard.runtime.templates", "autoshard.runtime.traced_step",
            "autoshard.runtime.shards", "autoshard.runtime.live_bytes", "autoshard.runtime.binding",
            "autoshard.runtime.op_calls", "autoshard.program.actions"]
 
