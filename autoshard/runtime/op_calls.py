@@ -29,7 +29,6 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import torch
 import torch.fx as fx
-from torch._subclasses.fake_tensor import is_fake
 
 from costmodel.shard_shapes import local_shape
 from costmodel.redistribute_steps import RedistributeStep
@@ -154,10 +153,11 @@ class OpCaller:
         if self.comm is None or not hasattr(self.comm, "group"):
             raise RuntimeError(f"{b.node.name} ({op_name(b.op)}): a {kind} exchange needs the mesh's "
                                f"process groups (this runtime has none)")
-        if any(is_fake(t) for t in locals_):
+        if _tracing():
             # expert split sizes are known only at run time, and a context exchange's collectives
             # are its own (not the plan's): tracing the step (autoshard.runtime.traced_step) stops
-            # here, before any exchange is issued, and the runner interprets the step
+            # here, before any exchange is issued, and the runner interprets the step (a step run on
+            # fake tensors, as the CUDA checks run it, is not a trace: its exchange runs)
             raise RuntimeError(f"{b.node.name} ({op_name(b.op)}): a {kind} exchange is interpreted, not held "
                                f"in a traced step graph")
         self._out_local(b)
@@ -210,6 +210,13 @@ class OpCaller:
             b.call = CallTemplate.make(args, kwargs, locals_)
             b.slow = b.call is None
         return args, kwargs
+
+
+def _tracing() -> bool:
+    """Whether ``make_fx`` is recording this op (``autoshard.runtime.traced_step``)."""
+    from torch.fx.experimental.proxy_tensor import get_proxy_mode
+
+    return get_proxy_mode() is not None
 
 
 def _with_locals(node: fx.Node, tensors: Iterator[torch.Tensor]) -> tuple[tuple, dict]:

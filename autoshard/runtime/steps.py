@@ -106,6 +106,13 @@ def member_coords(coord: Sequence[int], mesh_shape: Sequence[int], mesh_dims: Se
     return out
 
 
+def dense(x: torch.Tensor) -> torch.Tensor:
+    """``x.contiguous()``, the same tensor or copy: written as a clone because ``contiguous()`` of a
+    non-contiguous CUDA fake tensor on a CPU-only torch asks for a CUDA device guard and fails,
+    where the clone it stands for does not (the CUDA-fake runtime checks run that way)."""
+    return x if x.is_contiguous() else x.clone(memory_format=torch.contiguous_format)
+
+
 def _pad_dim(x: torch.Tensor, dim: int, size: int) -> torch.Tensor:
     """``x`` with zeros appended along ``dim`` up to ``size``."""
     extra = size - x.shape[dim]
@@ -334,7 +341,7 @@ def step_phases(
         if step.split_factor:
             positions = strided_positions(n, group, step.split_factor, q)
             return x.index_select(d, torch.as_tensor(positions, dtype=torch.long, device=x.device))
-        return x.narrow(d, chunk_offsets(n, group)[q], chunk_sizes(n, group)[q]).contiguous()
+        return dense(x.narrow(d, chunk_offsets(n, group)[q], chunk_sizes(n, group)[q]))
 
     if kind == "local_zero_fill":
         return x.clone() if q == 0 else torch.zeros_like(x)
@@ -345,11 +352,11 @@ def step_phases(
     if kind == "local_zero_pad":
         d = step.tensor_dim
         extents = [sh[d] for sh in shapes()]
-        shape = list(x.shape)
-        shape[d] = sum(extents)
-        out = x.new_zeros(shape)
-        out.narrow(d, sum(extents[:q]), extents[q]).copy_(x)
-        return out
+        before, after = list(x.shape), list(x.shape)
+        before[d], after[d] = sum(extents[:q]), sum(extents[q + 1:])
+        # one cat rather than a copy into a strided view of zeros: the same values, and a CUDA fake
+        # tensor on a CPU-only torch cannot copy into a strided view (the CUDA checks run that way)
+        return torch.cat([x.new_zeros(before), x, x.new_zeros(after)], dim=d)
 
     raise StepRuntimeError(f"{step.describe()}: unknown step kind {kind!r}")
 
