@@ -113,6 +113,25 @@ def dense(x: torch.Tensor) -> torch.Tensor:
     return x if x.is_contiguous() else x.clone(memory_format=torch.contiguous_format)
 
 
+def _take(x: torch.Tensor, dim: int, index: Sequence[int]) -> torch.Tensor:
+    """``x.index_select(dim, index)`` as a cat of the runs of consecutive indices (a strided shard's
+    positions are a few runs): no index tensor built from a Python list, which would be a host to
+    device copy every step on a GPU.
+
+    >>> _take(torch.arange(6), 0, [3, 4, 0, 1, 5]).tolist()
+    [3, 4, 0, 1, 5]
+    """
+    runs: list[tuple[int, int]] = []  # (first index, length)
+    for i in index:
+        if runs and runs[-1][0] + runs[-1][1] == i:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        else:
+            runs.append((i, 1))
+    if not runs:
+        return x.narrow(dim, 0, 0).clone()
+    return torch.cat([x.narrow(dim, start, length) for start, length in runs], dim=dim)
+
+
 def _pad_dim(x: torch.Tensor, dim: int, size: int) -> torch.Tensor:
     """``x`` with zeros appended along ``dim`` up to ``size``."""
     extra = size - x.shape[dim]
@@ -127,15 +146,17 @@ def _pad_to(x: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
     """``x`` zero-padded at the end of every dim up to ``shape``."""
     if tuple(x.shape) == tuple(shape):
         return x
-    out = x.new_zeros(tuple(shape))
-    out[tuple(slice(0, s) for s in x.shape)] = x
-    return out
+    for d, size in enumerate(shape):  # cats, not a copy into a strided view (CUDA fake tensors: dense)
+        x = _pad_dim(x, d, size)
+    return x
 
 
 def _trim(x: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
     if tuple(x.shape) == tuple(shape):
         return x
-    return x[tuple(slice(0, s) for s in shape)]
+    for d, size in enumerate(shape):
+        x = x.narrow(d, 0, size)
+    return x
 
 
 def _nbytes(x: torch.Tensor) -> int:
@@ -149,7 +170,7 @@ def _gather_buffer(x: torch.Tensor, step: RedistributeStep, member_shapes: Seque
     d = step.tensor_dim
     extents = [sh[d] for sh in member_shapes]
     c = max(extents)
-    return _pad_dim(x, d, c).movedim(d, 0).contiguous(), extents, c
+    return dense(_pad_dim(x, d, c).movedim(d, 0)), extents, c
 
 
 def _gather_finish(gathered: torch.Tensor, step: RedistributeStep, extents: Sequence[int], c: int,
@@ -158,7 +179,7 @@ def _gather_finish(gathered: torch.Tensor, step: RedistributeStep, extents: Sequ
     trimmed, the tensor dim moved back, a strided shard put in natural order."""
     d, dims, src = step.tensor_dim, tuple(step.mesh_dims), tuple(step.src)
     if c * group != sum(extents):
-        gathered = torch.cat([gathered[p * c: p * c + e] for p, e in enumerate(extents)], dim=0)
+        gathered = torch.cat([gathered.narrow(0, p * c, e) for p, e in enumerate(extents)], dim=0)
     out = gathered.movedim(0, d)
     placement = src[dims[0]] if src else None
     if isinstance(placement, StridedShard) and len(dims) == 1:
@@ -167,7 +188,7 @@ def _gather_finish(gathered: torch.Tensor, step: RedistributeStep, extents: Sequ
         inverse = [0] * extent
         for i, position in enumerate(order):
             inverse[position] = i
-        out = out.index_select(d, torch.as_tensor(inverse, dtype=torch.long, device=out.device))
+        out = _take(out, d, inverse)
     # Left strided where the gathered dim is not the first (a linear layer's weight gathered as its
     # transposed view t(w): the result is t(gathered w)): its readers take strides as they come
     # (matmuls read a transposed operand as it is; views of it become reshapes), and a contiguous
@@ -292,19 +313,19 @@ def step_phases(
         return _gather_finish(gathered, step, extents, c, group)
 
     if kind == "all_reduce":
-        buf = x.contiguous()
+        buf = dense(x)
         return (yield comm.all_reduce(buf, step.reduce_op, dims, _nbytes(buf)))
 
     if kind == "reduce_scatter":
         d = step.tensor_dim
         n = x.shape[d]
         c = -(-n // group) if n else 0
-        buf = _pad_dim(x, d, c * group).movedim(d, 0).contiguous()
+        buf = dense(_pad_dim(x, d, c * group).movedim(d, 0))
         if c == 0:  # nothing to scatter: every member keeps an empty chunk
-            return x.narrow(d, 0, 0).contiguous()
+            return dense(x.narrow(d, 0, 0))
         piece = yield comm.reduce_scatter(buf, step.reduce_op, dims, _nbytes(buf))
         size = chunk_sizes(n, group)[q]
-        return piece[:size].movedim(0, d).contiguous()
+        return dense(piece.narrow(0, 0, size).movedim(0, d))
 
     if kind == "all_to_all":
         s, d = step.split_tensor_dim, step.tensor_dim
@@ -318,10 +339,10 @@ def step_phases(
         block = [max(piece_shape(sh, r)[k] for sh in member_shapes for r in range(group)) for k in range(x.ndim)]
         n = x.shape[s]
         sizes, offsets = chunk_sizes(n, group), chunk_offsets(n, group)
-        send = torch.stack([_pad_to(x.narrow(s, offsets[p], sizes[p]), block) for p in range(group)]).contiguous()
+        send = torch.stack([_pad_to(x.narrow(s, offsets[p], sizes[p]), block) for p in range(group)])
         received = (yield comm.all_to_all(send, dims, _nbytes(send))).view(send.shape)
         parts = [_trim(received[p], piece_shape(member_shapes[p], q)) for p in range(group)]
-        return torch.cat(parts, dim=d).contiguous()
+        return torch.cat(parts, dim=d)
 
     if kind == "permute":
         a, b = dims
@@ -331,16 +352,16 @@ def step_phases(
         # member (i, j) -> index i*m + j; its local goes to the rank at (j, i)
         src_dst = [(p % m) * m + p // m for p in range(group)]
         sender = src_dst[q]  # the swap is its own inverse
-        buf = _pad_to(x, biggest).contiguous()
+        buf = dense(_pad_to(x, biggest))
         received = yield comm.permute(buf, src_dst, dims, _nbytes(buf))
-        return _trim(received.view(biggest), member_shapes[sender]).contiguous()
+        return dense(_trim(received.view(biggest), member_shapes[sender]))
 
     if kind == "local_slice":
         d = step.tensor_dim
         n = x.shape[d]
         if step.split_factor:
             positions = strided_positions(n, group, step.split_factor, q)
-            return x.index_select(d, torch.as_tensor(positions, dtype=torch.long, device=x.device))
+            return _take(x, d, positions)
         return dense(x.narrow(d, chunk_offsets(n, group)[q], chunk_sizes(n, group)[q]))
 
     if kind == "local_zero_fill":
@@ -414,10 +435,10 @@ def pack_bucket(xs: Sequence[torch.Tensor], steps: Sequence[RedistributeStep], m
         d = st.tensor_dim
         n = x.shape[d]
         c = -(-n // group) if n else 0
-        moved = _pad_dim(x, d, c * group).movedim(d, 0).contiguous()
+        moved = dense(_pad_dim(x, d, c * group).movedim(d, 0))
         layouts.append((d, n, c, tuple(moved.shape[1:])))
         rows.append(moved.reshape(group, -1) if c else moved.new_zeros(group, 0))
-    return PackedBucket(kind, dims, op, group, torch.cat(rows, dim=1).contiguous(), tuple(layouts))
+    return PackedBucket(kind, dims, op, group, torch.cat(rows, dim=1), tuple(layouts))
 
 
 def issue_bucket(packed: PackedBucket, comm: Comm) -> torch.Tensor:
@@ -438,17 +459,17 @@ def unpack_bucket(packed: PackedBucket, reduced: torch.Tensor, mesh_shape: Seque
     if packed.kind == "all_reduce":
         for shape in packed.layouts:
             numel = math.prod(shape)
-            out.append(reduced[offset: offset + numel].view(shape))
+            out.append(reduced.narrow(0, offset, numel).view(shape))
             offset += numel
         return out
     piece = reduced.reshape(-1)
     q = member_index(coord, mesh_shape, packed.dims)
     for d, n, c, rest in packed.layouts:
         numel = c * math.prod(rest)
-        chunk = piece[offset: offset + numel].view(c, *rest)
+        chunk = piece.narrow(0, offset, numel).view(c, *rest)
         offset += numel
         size = chunk_sizes(n, packed.group)[q] if n else 0
-        out.append(chunk[:size].movedim(0, d).contiguous())
+        out.append(dense(chunk.narrow(0, 0, size).movedim(0, d)))
     return out
 
 
@@ -501,7 +522,7 @@ def unpack_gather(packed: PackedBucket, gathered: torch.Tensor,
     out, offset = [], 0
     for (buf, extents, c), st in zip(packed.layouts, steps):
         n = buf.numel()
-        piece = rows[:, offset: offset + n].reshape(group * c, *buf.shape[1:])
+        piece = rows.narrow(1, offset, n).reshape(group * c, *buf.shape[1:])
         offset += n
         out.append(_gather_finish(piece, st, extents, c, group))
     return out
