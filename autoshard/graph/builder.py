@@ -282,7 +282,7 @@ def _add_op(b: BuildState, walk: _Walk, node: fx.Node, expert_imbalance: float =
         b.copy_live.append(live[0])
         b.copy_live_recomputed.append(live[1])
     b.tied.input_copies(i, copies, lives)
-    _exchange_temporaries(b, i, node, liveness.time[node.name])
+    _exchange_temporaries(b, i, node, liveness.time[node.name], expert_imbalance)
 
 
 def _price_exchanges(b: BuildState, i: int, node: fx.Node, imbalance: float) -> None:
@@ -315,9 +315,10 @@ def _price_exchanges(b: BuildState, i: int, node: fx.Node, imbalance: float) -> 
     b.nodes[i] = replace(n, compute_s=compute)
 
 
-def _exchange_temporaries(b: BuildState, i: int, node: fx.Node, time: int) -> None:
+def _exchange_temporaries(b: BuildState, i: int, node: fx.Node, time: int, imbalance: float) -> None:
     """What an exchange holds beside its op while it runs (the function its kind registered,
-    ``autoshard.rules.expand.exchange_memory``; context parallelism: the gathered K/V): a tied
+    ``autoshard.rules.expand.exchange_memory``; context parallelism: the gathered K/V; experts:
+    the dispatched tokens at the imbalanced capacity): a tied
     memory-only bound over the op's time, so the memory limit sees it. A bound, as a reader's
     input copies are: the assembler does not count it into the plan's memory."""
     n = b.nodes[i]
@@ -326,7 +327,8 @@ def _exchange_temporaries(b: BuildState, i: int, node: fx.Node, time: int) -> No
         return
     info = b.traced.nodes[node.name]
     call = b.rules.op_call(info.op, info.args, info.kwargs, out_meta=info.outputs)
-    memory = np.array([0 if f is None else f(call, s, b.mesh.shape) for f, s in zip(held, n.strategies)],
+    memory = np.array([0 if f is None else f(call, s, mesh=b.mesh, profile=b.profile, imbalance=imbalance)
+                       for f, s in zip(held, n.strategies)],
                       dtype=np.float64)
     name = str(MemoryPieceId("in", n.name, _EXCHANGE_PART))
     j = b.add(GraphNode(name, "memory", BOUND, n.strategies, np.zeros(len(n.strategies)), memory, (time, time + 1),

@@ -242,14 +242,15 @@ def context_exchange_price(call: OpCall, strategy: OpStrategy, *, mesh: MeshSpec
     return None, seconds
 
 
-def gathered_kv_bytes(call: OpCall, strategy: OpStrategy, mesh_shape: tuple[int, ...]) -> int:
+def gathered_kv_bytes(call: OpCall, strategy: OpStrategy, *, mesh: MeshSpec, **_: object) -> int:
     """Bytes a rank holds beside the op while its exchange runs: the gathered K/V (and in the
     backward the dK/dV buffer the reduce-scatter reads); 0 for a strategy without a CP exchange.
 
-    >>> # gathered_kv_bytes(call, strategy, (2, 4))
+    >>> # gathered_kv_bytes(call, strategy, mesh=MeshSpec((2, 4), ("dp", "cp")))
     """
     if strategy.exchange is None or strategy.exchange[0] not in KINDS:
         return 0
+    mesh_shape = tuple(mesh.shape)
     local = local_call(call, strategy, mesh_shape)
     names = call.tensor_names()
     cp = mesh_shape[strategy.exchange[1]]

@@ -382,9 +382,10 @@ ExchangePricer = Callable[..., tuple[Any, float]]
 call (global shapes) priced as it runs; ``work`` (an ``OpCompute`` the strategy graph prices with
 ``costmodel.compute``, or None) plus ``seconds`` that ``work`` does not cover."""
 
-ExchangeMemory = Callable[[OpCall, OpStrategy, tuple[int, ...]], int]
-"""``(call, strategy, mesh shape) -> bytes``: what a rank holds beside the op while the
-exchange runs (context parallelism: the gathered K/V)."""
+ExchangeMemory = Callable[..., int]
+"""``(call, strategy, *, mesh, profile, imbalance) -> bytes``: what a rank holds beside the op
+while the exchange runs (context parallelism: the gathered K/V; experts: the dispatched tokens at
+the imbalanced capacity), the pricer's arguments."""
 
 _EXCHANGES: dict[Callable[..., Any], tuple[ExchangeProvider, ExchangeAdmits | None]] = {}
 _EXCHANGE_PRICES: dict[str, ExchangePricer] = {}

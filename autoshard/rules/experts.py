@@ -46,7 +46,8 @@ strategy graph prices it with :func:`exchange_strategy_price`
 direction's token and count exchanges as the runtime issues them, at the
 solve option ``expert_imbalance``, default 1.25); the dispatched tokens at
 capacity, a temporary of the op, are :func:`exchange_strategy_memory`
-(not yet added to the node's memory by ``autoshard.graph.builder``); the plan records the exchange per node
+(a memory bound over the op's time in ``autoshard.graph.builder``, as context
+parallelism's gathered K/V); the plan records the exchange per node
 and the runtime's op caller runs it with
 ``autoshard.runtime.expert_ops.run_expert_op``. Validation skips it (the
 runtime's equivalence tests check it).
@@ -283,4 +284,4 @@ def register(registry: RuleRegistry) -> None:
          extremes=False)(experts_backward_rule)
     register_exchange(experts_rule, _forward_exchanges)
     register_exchange(experts_backward_rule, _backward_exchanges)
-    register_exchange_price(EXCHANGE, exchange_strategy_price)
+    register_exchange_price(EXCHANGE, exchange_strategy_price, memory=exchange_strategy_memory)

@@ -151,3 +151,22 @@ def test_a_routing_the_dispatch_does_not_recognise_falls_back_and_says_so(caplog
     assert not _experts(plan) and all(n.exchange is None for n in plan.nodes)
     lines = [r.getMessage() for r in caplog.records if "MixtralExperts" in r.getMessage()]
     assert lines == ["MixtralExperts: experts kept as traced (activation 'tanh'), no expert-parallel strategy for it"]
+
+
+def test_the_dispatched_tokens_are_a_memory_bound_at_the_experts_time(big) -> None:
+    from autoshard.rules import load_rules
+    from autoshard.rules.experts import exchange_strategy_memory
+
+    graph, rules = big.graph, load_rules()
+    for target in ("autoshard.experts.default", "autoshard.experts_backward.default"):
+        node = next(n for n in graph.nodes if n.target == target)
+        bound = graph.nodes[graph.index[f"memory:in:{node.name}:99"]]
+        assert bound.live[1] - bound.live[0] == 1
+        info = big.traced.nodes[node.name]
+        call = rules.op_call(info.op, info.args, info.kwargs, out_meta=info.outputs)
+        for j, s in enumerate(node.strategies):
+            if s.exchange is None:
+                assert bound.memory_bytes[j] == 0
+            else:
+                held = exchange_strategy_memory(call, s, mesh=graph.mesh, profile=graph.profile)
+                assert held > 0 and bound.memory_bytes[j] == held
