@@ -17,6 +17,16 @@ maps them to ``aten._fused_rms_norm`` and ``aten._fused_rms_norm_backward``
 (same arguments), whose sharding rules are ``autoshard.rules.normalization``'s.
 Calls without a weight keep torch's own path.
 
+**Attention with a narrower value head** (DeepSeek's multi-head latent attention: query and key
+heads of 192, value heads of 128). A CPU's SDPA has no fused kernel for it and decomposes into
+the math path (the ``[heads, seq, seq]`` scores and softmax kept for the backward: 8 GiB a
+sequence of 4,096 at 128 heads), which a GPU never runs: CUDA takes the memory-efficient kernel.
+While tracing for CUDA, such a call pads the value heads with zeros to the query's width, runs
+the fused attention and keeps the first ``Ev`` columns of its output, as Hugging Face's own
+flash-attention path for these models does: the padded columns of the output are zeros and get
+no gradient into ``value``, so the result and every gradient equal the unpadded call's. The
+graph then holds the flash kernel (``autoshard.trace.device``) at the query's head width.
+
 >>> with cuda_stand_ins():
 ...     torch.nn.functional.rms_norm is not _ORIGINAL_RMS_NORM
 True
@@ -35,6 +45,7 @@ __all__ = ["cuda_stand_ins", "STAND_INS"]
 
 aten = torch.ops.aten
 _ORIGINAL_RMS_NORM = F.rms_norm
+_ORIGINAL_SDPA = F.scaled_dot_product_attention
 
 
 @torch.library.custom_op("autoshard::fused_rms_norm", mutates_args=())
@@ -94,12 +105,21 @@ def _rms_norm(input: torch.Tensor, normalized_shape: Any, weight: torch.Tensor |
     return fused_rms_norm(input, list(normalized_shape), weight, eps)[0]
 
 
+def _sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    width, narrow = query.shape[-1], value.shape[-1]
+    if narrow >= width or key.shape[-1] != width:
+        return _ORIGINAL_SDPA(query, key, value, *args, **kwargs)
+    out = _ORIGINAL_SDPA(query, key, F.pad(value, (0, width - narrow)), *args, **kwargs)
+    return out[..., :narrow]
+
+
 @contextlib.contextmanager
 def cuda_stand_ins() -> Iterator[None]:
-    """While the block runs, ``F.rms_norm`` with a weight calls the stand-in (module
-    docstring); restored on exit, also on error."""
-    F.rms_norm = _rms_norm
+    """While the block runs, ``F.rms_norm`` with a weight calls the stand-in, and attention with
+    value heads narrower than the query's pads them (module docstring); restored on exit, also
+    on error."""
+    F.rms_norm, F.scaled_dot_product_attention = _rms_norm, _sdpa
     try:
         yield
     finally:
-        F.rms_norm = _ORIGINAL_RMS_NORM
+        F.rms_norm, F.scaled_dot_product_attention = _ORIGINAL_RMS_NORM, _ORIGINAL_SDPA
