@@ -56,8 +56,9 @@ from costmodel.stage_cuts import BlockCost
 
 __all__ = ["PlanFigures", "BlockPricing", "plan_figures", "price_blocks", "hide_exposed", "FIRST_STAGE_PARAMS"]
 
-FIRST_STAGE_PARAMS = ("tok_embeddings",)
-"""Top-level modules of the non-block parameters held by the first stage (the rest: the last)."""
+FIRST_STAGE_PARAMS = ("tok_embeddings", "embed_tokens")
+"""Modules of the non-block parameters held by the first stage (the rest: the last): ours and
+Hugging Face's embedding, at any depth (``model.embed_tokens``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +79,8 @@ class PlanFigures:
     """Of the other non-block parameters (final norm, output layer)."""
     peak_bytes: float
     step_s: float
+    exchanges: tuple[str, ...] = ()
+    """The plan's exchanges, ``kind@mesh dim``, each once (what a stage runs: expert or context parallel)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,10 +172,15 @@ def plan_figures(prep: Any, plan: Any, n_blocks: int, block_prefix: str = "layer
     reduction = sum(b.cost_s for b in plan.buckets if all(m.startswith("grad:") for m in b.members))
     state = _state_bytes(graph, plan)
     aliases = {a for names in plan.param_aliases.values() for a in names}
-    blocks = sum(v for k, v in state.items() if k.startswith(block_prefix) and k not in aliases)
-    first = sum(v for k, v in state.items() if k.split(".")[0] in FIRST_STAGE_PARAMS and k not in aliases)
+    # the block container at any depth: ours ``layers.3.``, Hugging Face's ``model.layers.3.``
+    in_block = lambda k: k.startswith(block_prefix) or f".{block_prefix}" in k  # noqa: E731
+    blocks = sum(v for k, v in state.items() if in_block(k) and k not in aliases)
+    first = sum(v for k, v in state.items() if not in_block(k) and k not in aliases
+                and any(part in FIRST_STAGE_PARAMS for part in k.split(".")[:-1]))
     last = sum(state.values()) - blocks - first - sum(state[a] for a in aliases if a in state)
-    return PlanFigures(n_blocks, fwd, bwd, opt, exposed, reduction, blocks, first, last, e.peak_memory_bytes, e.step_s)
+    exchanges = tuple(sorted({f"{n.exchange[0]}@{n.exchange[1]}" for n in plan.nodes if n.exchange}))
+    return PlanFigures(n_blocks, fwd, bwd, opt, exposed, reduction, blocks, first, last, e.peak_memory_bytes, e.step_s,
+                       exchanges)
 
 
 def hide_exposed(pricing: BlockPricing) -> BlockPricing:

@@ -1,0 +1,36 @@
+"""A Hugging Face model's block state is counted per block, its embedding on the first stage.
+
+``autoshard.search.pipeline_blocks.plan_figures`` splits a solved plan's parameter state into the
+repeated blocks, the first stage's embedding and the rest. Hugging Face nests both a level down
+(``model.layers.3.``, ``model.embed_tokens``): they once fell to "the rest", so a pipeline of an
+HF model priced its blocks as stateless and put the embedding on the last stage.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from autoshard.search.pipeline_blocks import plan_figures
+from autoshard.search.solve import prepare, solve_prepared
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="needs transformers")
+
+
+def test_hf_llama_blocks_and_embedding_are_placed_where_they_live() -> None:
+    from examples.models import hf
+
+    model, inputs = hf.hf_llama(num_hidden_layers=2, device="meta")
+    prep = prepare(model, inputs, (2,), ("dp",), profile="h100-sxm-80gb", recompute="none")
+    plan = solve_prepared(prep, time_limit=10)
+    fig = plan_figures(prep, plan, 2)
+    params = dict(model.named_parameters())
+    per_param = {n: p.numel() for n, p in params.items()}
+    # bytes per parameter element at the plan's placements: the embedding's (first) and the rest's
+    assert fig.state_bytes > 0 and fig.extra_state_first_bytes > 0
+    block_elems = sum(v for n, v in per_param.items() if n.startswith("model.layers."))
+    embed_elems = per_param["model.embed_tokens.weight"]
+    rest_elems = sum(per_param.values()) - block_elems - embed_elems
+    assert fig.extra_state_first_bytes / embed_elems == pytest.approx(fig.state_bytes / block_elems, rel=0.5)
+    assert fig.extra_state_last_bytes / max(1, rest_elems) < 2 * fig.state_bytes / block_elems
