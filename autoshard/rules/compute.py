@@ -44,6 +44,7 @@ __all__ = [
     "elementwise",
     "reduction",
     "copy",
+    "allocation",
     "view",
     "einsum_compute",
     "attention_compute",
@@ -101,6 +102,19 @@ def copy() -> ComputeFn:
 
     def compute(call: OpCall) -> OpCompute:
         return OpCompute("copy", 0.0, io_bytes(call))
+
+    return compute
+
+
+def allocation(*, written: bool) -> ComputeFn:
+    """A tensor made from nothing but sizes (``empty``, ``zeros``, ``new_full``, ``fill``): no
+    input is read, however large the tensor it takes its dtype and device from; ``written``: its
+    output is filled (zeros, ones, a value), else it is only allocated (``empty``: no kernel)."""
+
+    def compute(call: OpCall) -> OpCompute:
+        if not written:
+            return OpCompute("view", 0.0, 0.0)
+        return OpCompute("copy", 0.0, float(sum(m.nbytes for m in call.outputs if m is not None)))
 
     return compute
 

@@ -27,7 +27,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from autoshard.rules.compute import copy, elementwise
+from autoshard.rules.compute import allocation, elementwise
 from autoshard.rules.core import P, P_AVG, P_MAX, P_MIN, R, OpCall, S, SingleDimStrategy
 from autoshard.rules.registry import RuleRegistry, SampleInput
 from autoshard.rules.samples import Sampler
@@ -269,24 +269,26 @@ def _dropout_samples(sampler: Sampler):
 def register(registry: RuleRegistry) -> None:
     """Add the factory and random rules to ``registry``."""
     rule = registry.family("factory")
-    mem = copy()
+    # made from sizes: the output written (zeros, full, fill) or only allocated (empty); the tensor a
+    # new_* or *_like op takes its dtype from is not read
+    mem, empty = allocation(written=True), allocation(written=False)
     rule([aten.zeros.default, aten.ones.default], compute=mem, samples=_sized_samples(), localize=_localize_size(0))(
         sized_rule)
-    rule(aten.empty.memory_format, compute=mem, samples=_sized_samples(), localize=_localize_size(0),
+    rule(aten.empty.memory_format, compute=empty, samples=_sized_samples(), localize=_localize_size(0),
          contract=_shape_contract)(sized_rule)
     rule(aten.full.default, compute=mem, samples=_sized_samples((1.5,)), localize=_localize_size(0))(sized_rule)
-    rule(aten.empty_strided.default, compute=mem, samples=_empty_strided_samples, localize=_localize_size(0),
+    rule(aten.empty_strided.default, compute=empty, samples=_empty_strided_samples, localize=_localize_size(0),
          contract=_shape_contract)(sized_rule)
     rule([aten.new_zeros.default, aten.new_ones.default], compute=mem, samples=_new_samples(),
          localize=_localize_size(1))(sized_rule)
-    rule(aten.new_empty.default, compute=mem, samples=_new_samples(), localize=_localize_size(1),
+    rule(aten.new_empty.default, compute=empty, samples=_new_samples(), localize=_localize_size(1),
          contract=_shape_contract)(sized_rule)
     rule(aten.new_full.default, compute=mem, samples=_new_samples((2.0,)), localize=_localize_size(1))(sized_rule)
     rule([aten.zeros_like.default, aten.ones_like.default], compute=mem, samples=_like_samples())(like_rule)
     rule(aten.full_like.default, compute=mem, samples=_like_samples((-3.0,)))(like_rule)
     rule(aten.fill.Scalar, compute=mem, samples=_like_samples((0.5,)))(like_rule)
     rule(aten.fill.Tensor, compute=mem, samples=_fill_tensor_samples)(fill_tensor_rule)
-    rule(aten.empty_like.default, compute=mem, samples=_like_samples(), contract=_shape_contract)(like_rule)
+    rule(aten.empty_like.default, compute=empty, samples=_like_samples(), contract=_shape_contract)(like_rule)
     rule(aten.scalar_tensor.default, compute=mem, samples=_scalar_samples)(scalar_rule)
     rule(aten.arange.default, compute=mem, samples=_arange_samples("default"))(replicate_rule)
     rule(aten.arange.start, compute=mem, samples=_arange_samples("start"))(replicate_rule)

@@ -55,7 +55,7 @@ from typing import Iterator
 
 import torch
 
-from autoshard.rules.compute import copy, io_bytes
+from autoshard.rules.compute import allocation, io_bytes
 from autoshard.rules.core import OpCall, OpCompute, P, R, S, SingleDimStrategy
 from autoshard.rules.factory import sized_rule
 from autoshard.rules.matmul import grouped_mm_compute, grouped_mm_rule
@@ -149,5 +149,5 @@ def register(registry: RuleRegistry) -> None:
     rule(GROUPED_MM_FALLBACK_BACKWARD, compute=grouped_mm_backward_compute, samples=_backward_samples,
          defined_by=TRANSFORMERS_MOE_MODULE)(grouped_mm_backward_rule)
     if registry.rule_for(aten.new_empty_strided.default) is None:
-        rule(aten.new_empty_strided.default, compute=copy(), samples=_new_empty_strided_samples,
+        rule(aten.new_empty_strided.default, compute=allocation(written=False), samples=_new_empty_strided_samples,
              localize=_localize_strided, contract=_any_values)(sized_rule)

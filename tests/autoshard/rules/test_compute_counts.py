@@ -108,3 +108,15 @@ def test_pow_by_two_is_one_multiply_per_element():
     x = _m(4, 128, 256)
     assert _work(aten.pow.Tensor_Scalar, x, 2).flops == x.numel
     assert _work(aten.pow.Tensor_Scalar, x, 1.7).flops == 4 * x.numel
+
+
+def test_a_tensor_made_from_sizes_reads_nothing_and_an_empty_one_writes_nothing():
+    # the slice backward of a padded attention (new_empty of a 24 GiB tensor's shape) once priced
+    # as reading the tensor it takes its dtype from
+    big = _m(64, 64, 1024, 256)
+    assert _work(aten.new_empty.default, big, [64, 64, 1024, 192]).bytes_accessed == 0
+    assert _work(aten.new_empty_strided.default, big, [8, 8], [8, 1]).bytes_accessed == 0
+    assert _work(aten.empty_like.default, big).bytes_accessed == 0
+    assert _work(aten.new_zeros.default, big, [16, 32]).bytes_accessed == 16 * 32 * 4  # written once
+    assert _work(aten.zeros_like.default, big).bytes_accessed == big.nbytes
+    assert _work(aten.full.default, [4, 8], 1.5).bytes_accessed == 4 * 8 * 4
