@@ -13,6 +13,14 @@ while Python catches up. :class:`DeviceAudit` records, while it is active:
   (``aten._local_scalar_dense``, behind ``.item()``, ``float(t)``,
   ``.tolist()``) and copies from the device to the CPU.
 
+A host read a step cannot avoid (an all-to-all's run-time split sizes,
+``autoshard.runtime.expert_dispatch``) is declared with
+:func:`declared_host_sync`: every active audit records the declaration in
+``declared_syncs`` and takes at most one host sync inside it as the declared
+one; any further sync inside is a finding. A test counts the declarations
+against what the plan says a step reads (on fake tensors the read itself is
+replaced: fake tensors hold no values).
+
 It works on real tensors and on fake ones: the tests run a CUDA step on a
 CPU-only machine under ``FakeTensorMode`` with CUDA fake tensors, and
 ``benchmarks/gpu_check.py`` audits a real step on a GPU.
@@ -25,7 +33,8 @@ CPU-only machine under ``FakeTensorMode`` with CUDA fake tensors, and
 
 from __future__ import annotations
 
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -33,7 +42,7 @@ from torch.utils._pytree import tree_flatten
 
 from autoshard.trace.device import CPU_ONLY_OPS, CUDA_ONLY_OPS
 
-__all__ = ["DeviceAudit"]
+__all__ = ["DeviceAudit", "declared_host_sync"]
 
 aten = torch.ops.aten
 _COPIES = (aten._to_copy.default, aten.copy_.default, aten._copy_from.default, aten._copy_from_and_resize.default)
@@ -48,6 +57,15 @@ class DeviceAudit(TorchDispatchMode):
         self.off_device: list[str] = []
         self.wrong_kernel: list[str] = []
         self.host_syncs: list[str] = []
+        self.declared_syncs: list[str] = []
+
+    def __enter__(self) -> "DeviceAudit":
+        _ACTIVE.append(self)
+        return super().__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        _ACTIVE.remove(self)
+        super().__exit__(*exc)
 
     @property
     def problems(self) -> list[str]:
@@ -79,3 +97,25 @@ class DeviceAudit(TorchDispatchMode):
             if away:
                 self.off_device.append(f"{func} made a tensor on {away[0]}")
         return out
+
+
+_ACTIVE: list[DeviceAudit] = []
+"""The audits entered and not yet left (what :func:`declared_host_sync` reports to)."""
+
+
+@contextmanager
+def declared_host_sync(reason: str) -> Iterator[None]:
+    """Declare the one host read inside as the caller's (module docstring); a no-op without an audit.
+
+    >>> with DeviceAudit(torch.device("cpu")) as audit, declared_host_sync("split sizes"):
+    ...     _ = torch.ones(2).tolist()
+    >>> audit.declared_syncs
+    ['split sizes']
+    """
+    marks = [(audit, len(audit.host_syncs)) for audit in _ACTIVE]
+    try:
+        yield
+    finally:
+        for audit, mark in marks:
+            audit.declared_syncs.append(reason)
+            del audit.host_syncs[mark:mark + 1]  # the declared read; any after it stays a finding

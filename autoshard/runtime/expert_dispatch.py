@@ -22,27 +22,37 @@ expert; (5) a permutation regroups it by local expert, then by source.
 Combine runs (5), (4), (2), (1) backwards.
 
 The split sizes are known only at run time: step (3) is a collective whose
-result the host must read (``tolist``) to size step (4). On a GPU that is one
+result the host must read to size step (4). On a GPU that is one
 device-to-host synchronisation per dispatch, as in every all-to-all MoE
-implementation that does not pad to a fixed capacity; the step program
-prices it as the counts exchange (``costmodel.expert_parallel``).
+implementation that does not pad to a fixed capacity (torchtitan's too); the
+step program prices it as the counts exchange (``costmodel.expert_parallel``).
+It is the only one: the counts this rank sends, the copies whose expert index
+is out of range and the counts received are read together, in one call of
+``_host_counts``, declared to ``DeviceAudit`` (``declared_host_sync``); the
+rest of a layout is made on the rows' device (no ``bincount``, which sizes its
+output on the host, and no index built on the host).
 
 Experts that receive no token on a rank are fine: their ``tokens_per_expert``
-entry is 0, the grouped computation skips them, and their weights' gradients
-are zeros (as on one device, where an expert no token picked gets none).
+entry is 0, the grouped computation gives them an empty slice, and their
+weights' gradients are zeros (as on one device, where an expert no token
+picked gets none).
 
 Status: checked against one device on gloo
-(tests/autoshard/runtime/test_expert_dispatch.py). The routing of transformers'
-MoE models is recognised in the trace (``autoshard.trace.experts``), its
-expert-parallel strategy is described by ``autoshard.rules.experts``, and
-``autoshard.runtime.expert_ops`` runs the traced ops with this exchange; the
-step program's dispatch action (calling it) is not built yet. A caller whose
-experts may receive no row must keep their output on the autograd graph of
-the dispatched rows (an empty matmul does): otherwise that rank skips the
-combine's backward, and the other ranks wait in its all-to-all.
+(tests/autoshard/runtime/test_expert_dispatch.py) and run by the step program
+for the experts nodes whose strategy has the ``expert_dispatch`` exchange
+(``autoshard.runtime.expert_ops``, through ``runtime/op_calls.py``); on CUDA
+fake tensors every tensor a dispatch and a combine make is on the rows'
+device and the one host read is the declared one
+(tests/autoshard/runtime/test_expert_cuda_fake.py per op,
+test_expert_cuda_plan.py for a whole plan's steps). A CPU-only torch's CUDA
+fake tensors refuse Python indexing and ``copy_``, so this module and the
+experts kernels use ``narrow``, ``select``, ``cat`` and ``index_select``. A
+caller whose experts may receive no row must keep their output on the
+autograd graph of the dispatched rows (an empty matmul does): otherwise that
+rank skips the combine's backward, and the other ranks wait in its all-to-all.
 
 >>> # recv, layout = dispatch(routed, expert_of_copy, num_experts=8, group=ep_group)
->>> # out = combine(experts(recv, layout.tokens_per_expert), layout)
+>>> # out = combine(experts(recv, layout.expert_rows), layout)
 """
 
 from __future__ import annotations
@@ -52,6 +62,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from autoshard.runtime.device_audit import declared_host_sync
 
 __all__ = ["DispatchLayout", "dispatch", "combine", "ExpertDispatchError"]
 
@@ -74,6 +86,8 @@ class DispatchLayout:
     """Received rows (by source, then local expert) -> rows by local expert, then source."""
     tokens_per_expert: torch.Tensor
     """Rows this rank's experts process, per local expert (int64, on the rows' device)."""
+    expert_rows: tuple[int, ...]
+    """``tokens_per_expert`` on the host, read with the split sizes (reading it again would sync)."""
     group: Any
     """The expert-parallel process group."""
 
@@ -91,34 +105,54 @@ def _all_to_all(rows: torch.Tensor, out_splits: tuple[int, ...], in_splits: tupl
     return out
 
 
+def _host_counts(counts: torch.Tensor) -> list[int]:
+    """The one value a dispatch reads on the host: ``counts`` (int64, on the rows' device) as ints.
+
+    Every exchange's layout goes through here once (the module docstring's one sync); a test on
+    fake tensors, whose values do not exist, replaces it with counts its fake group could deliver.
+
+    >>> _host_counts(torch.tensor([2, 0, 1]))
+    [2, 0, 1]
+    """
+    return counts.tolist()
+
+
 def _layout(expert_of_copy: torch.Tensor, num_experts: int, group: Any) -> DispatchLayout:
     world = dist.get_world_size(group)
     if num_experts % world:
         raise ExpertDispatchError(f"num_experts: {num_experts} experts do not divide over {world} "
                                   "expert-parallel ranks")
-    local = num_experts // world
-    if expert_of_copy.numel() and (int(expert_of_copy.min()) < 0 or int(expert_of_copy.max()) >= num_experts):
-        raise ExpertDispatchError(f"expert_of_copy: expert indices must lie in [0, {num_experts})")
+    local, device = num_experts // world, expert_of_copy.device
     order = torch.sort(expert_of_copy, stable=True).indices
-    counts = torch.bincount(expert_of_copy, minlength=num_experts).to(torch.int64)  # [E]: copies per expert
+    # copies per expert, with a last bin for indices out of range: checked with the counts' one
+    # host read rather than by a read of their own (bincount would also size its output on the host)
+    valid = (expert_of_copy >= 0) & (expert_of_copy < num_experts)
+    binned = torch.where(valid, expert_of_copy, num_experts).to(torch.int64)  # scatter's index type
+    counts = torch.zeros(num_experts + 1, dtype=torch.int64, device=device).scatter_add_(
+        0, binned, torch.ones_like(binned))
     # counts[q * local + j]: copies this rank sends to expert j of rank q; after the exchange,
     # received[s * local + j]: copies rank s sends to this rank's expert j
-    received = _all_to_all(counts, (local,) * world, (local,) * world, group).view(world, local)
-    send_splits = tuple(int(x) for x in counts.view(world, local).sum(1).tolist())
-    per_source = received.tolist()  # the host sync of a run-time split (module docstring)
-    recv_splits = tuple(int(sum(row)) for row in per_source)
-    # regroup: arrival order is (source, local expert); the experts want (local expert, source)
+    received = _all_to_all(counts.narrow(0, 0, num_experts), (local,) * world, (local,) * world, group)
+    with declared_host_sync("expert dispatch: the all-to-all's run-time split sizes"):
+        values = _host_counts(torch.cat((counts, received)))
+    if values[num_experts]:
+        raise ExpertDispatchError(f"expert_of_copy: {values[num_experts]} expert indices outside [0, {num_experts})")
+    send_splits = tuple(sum(values[q * local:(q + 1) * local]) for q in range(world))
+    per_source = [values[num_experts + 1 + s * local:num_experts + 1 + (s + 1) * local] for s in range(world)]
+    recv_splits = tuple(sum(row) for row in per_source)
+    # regroup: arrival order is (source, local expert); the experts want (local expert, source).
+    # Runs of one arange made on the device: an index built on the host would be a copy each step
     starts, at = [], 0
     for row in per_source:
         starts.append([])
         for n in row:
             starts[-1].append(at)
             at += n
-    device = expert_of_copy.device
-    pieces = [torch.arange(starts[s][j], starts[s][j] + per_source[s][j], device=device)
-              for j in range(local) for s in range(world)]
-    regroup = torch.cat(pieces) if pieces else torch.empty(0, dtype=torch.int64, device=device)
-    return DispatchLayout(order, send_splits, recv_splits, regroup, received.sum(0).to(device), group)
+    arrival = torch.arange(at, device=device)
+    regroup = torch.cat([arrival.narrow(0, starts[s][j], per_source[s][j]) for j in range(local) for s in range(world)])
+    expert_rows = tuple(sum(per_source[s][j] for s in range(world)) for j in range(local))
+    return DispatchLayout(order, send_splits, recv_splits, regroup, received.view(world, local).sum(0),
+                          expert_rows, group)
 
 
 def _send(rows: torch.Tensor, layout: DispatchLayout) -> torch.Tensor:

@@ -33,10 +33,17 @@ weights, input gradients, weights' gradients), each priced on its own by
 ``costmodel.expert_parallel.exchange_bytes`` (a gloo test counts the bytes
 each one carries against it).
 
-Experts that receive no copy on a rank compute nothing and get zero gradients,
-as on one device. :func:`measure_imbalance` is the runtime's measured
-imbalance factor (the busiest rank's received copies over the mean) to price
-a plan again with.
+Experts that receive no copy on a rank compute on no row and get zero
+gradients, as on one device. Each call reads one value set on the host, its
+dispatch's split sizes (``HOST_SYNCS``, ``planned_host_syncs``: a step's count,
+which a ``DeviceAudit`` sees as ``declared_syncs``); the grouped experts take
+their row counts from that read, not from a second one. Checked on gloo
+against one device (tests/autoshard/runtime/test_expert_ops.py) and on CUDA
+fake tensors, every tensor on the device and no other host read
+(test_expert_cuda_fake.py per node, test_expert_cuda_plan.py a whole plan).
+
+:func:`measure_imbalance` is the runtime's measured imbalance factor (the
+busiest rank's received copies over the mean) to price a plan again with.
 
 >>> import torch
 >>> run_expert_op(torch.ops.aten.mm.default, (), group=None)
@@ -63,12 +70,23 @@ from autoshard.trace.experts import (
 from costmodel.expert_parallel import measured_imbalance
 
 __all__ = ["ExpertOpError", "expert_parallel_forward", "expert_parallel_backward", "run_expert_op",
-           "measure_imbalance", "ALL_TO_ALLS", "planned_all_to_alls"]
+           "measure_imbalance", "ALL_TO_ALLS", "planned_all_to_alls", "HOST_SYNCS", "planned_host_syncs"]
 
 ALL_TO_ALLS = {"autoshard.experts.default": 3, "autoshard.experts_backward.default": 5}
 """All-to-alls one call issues on its group: forward: the counts, the dispatch, the combine;
 backward: the counts, the paired rows, the routing weights, the input gradients, the
 routing weights' gradients."""
+
+HOST_SYNCS = {"autoshard.experts.default": 1, "autoshard.experts_backward.default": 1}
+"""Device-to-host reads one call makes: the split sizes of its one dispatch layout
+(``expert_dispatch._host_counts``); nothing else of the call reads a value on the host."""
+
+
+def _per_step(plan: Any, per_call: dict[str, int]) -> int:
+    again = set(getattr(plan, "recompute", ()) or ())
+    # a plan may hold other exchanges too (context parallelism's): only the experts' count here
+    return sum(per_call[n.op] * (2 if n.name in again else 1) for n in plan.nodes
+               if getattr(n, "exchange", None) is not None and n.op in per_call)
 
 
 def planned_all_to_alls(plan: Any) -> int:
@@ -80,9 +98,20 @@ def planned_all_to_alls(plan: Any) -> int:
     ...                       recompute=()))
     3
     """
-    again = set(getattr(plan, "recompute", ()) or ())
-    return sum(ALL_TO_ALLS[n.op] * (2 if n.name in again else 1) for n in plan.nodes
-               if getattr(n, "exchange", None) is not None)
+    return _per_step(plan, ALL_TO_ALLS)
+
+
+def planned_host_syncs(plan: Any) -> int:
+    """The device-to-host reads one step of ``plan`` makes on each rank for its exchanges: one per
+    exchange call, as a ``DeviceAudit`` counts them in ``declared_syncs``.
+
+    >>> from types import SimpleNamespace as N
+    >>> planned_host_syncs(N(nodes=[N(name="e", op="autoshard.experts.default", exchange=("expert_dispatch", 0)),
+    ...                             N(name="b", op="autoshard.experts_backward.default",
+    ...                               exchange=("expert_dispatch", 0))], recompute=()))
+    2
+    """
+    return _per_step(plan, HOST_SYNCS)
 
 
 class ExpertOpError(ValueError):
@@ -113,7 +142,7 @@ def expert_parallel_forward(hidden: torch.Tensor, top_k_index: torch.Tensor, top
     experts = gate_up_proj.shape[0] * dist.get_world_size(group)
     rows, layout = dispatch(hidden.repeat_interleave(k, dim=0), top_k_index.reshape(-1), num_experts=experts,
                             group=group)
-    done = grouped_expert_forward(rows, layout.tokens_per_expert.tolist(), gate_up_proj, down_proj, activation)
+    done = grouped_expert_forward(rows, list(layout.expert_rows), gate_up_proj, down_proj, activation)
     back = combine(done, layout).view(tokens, k, -1)
     return (back * top_k_weights.unsqueeze(-1).to(back.dtype)).sum(1).to(hidden.dtype)
 
@@ -137,9 +166,9 @@ def expert_parallel_backward(grad_out: torch.Tensor, hidden: torch.Tensor, top_k
         paired = torch.cat((hidden, grad_out.to(hidden.dtype)), dim=1).repeat_interleave(k, dim=0)
         rows = _send(paired.index_select(0, layout.order), layout)
         weights = _send(top_k_weights.reshape(-1, 1).index_select(0, layout.order), layout)
-        x_rows, g_rows = rows[:, :dim], rows[:, dim:]
+        x_rows, g_rows = rows.narrow(1, 0, dim), rows.narrow(1, dim, dim)  # not rows[:, :dim]: module docstring
         grad_rows, grad_gate_up, grad_down, y_rows = grouped_expert_backward(
-            x_rows, g_rows * weights.to(g_rows.dtype), layout.tokens_per_expert.tolist(), gate_up_proj, down_proj,
+            x_rows, g_rows * weights.to(g_rows.dtype), list(layout.expert_rows), gate_up_proj, down_proj,
             activation)
         grad_copies = _unsort(_return(grad_rows, layout), layout)
         grad_weight_rows = (g_rows * y_rows).sum(1, keepdim=True).to(top_k_weights.dtype)

@@ -94,8 +94,8 @@ def grouped_expert_forward(rows: torch.Tensor, tokens_per_expert: list[int], gat
         # an expert with no row computes on an empty slice: the output stays on the autograd
         # graph of ``rows`` even when no expert of this rank got a row, so an exchange's
         # backward (autoshard.runtime.expert_ops) runs on every rank, as the collective needs
-        gate, up = F.linear(rows[at:at + n], gate_up_proj[e]).chunk(2, dim=-1)
-        pieces.append(F.linear(act(gate) * up, down_proj[e]))
+        gate, up = F.linear(rows.narrow(0, at, n), gate_up_proj.select(0, e)).chunk(2, dim=-1)
+        pieces.append(F.linear(act(gate) * up, down_proj.select(0, e)))
         at += n
     if at != rows.shape[0]:
         raise ValueError(f"tokens_per_expert: {at} rows in all, rows has {rows.shape[0]}")
@@ -109,24 +109,26 @@ def grouped_expert_backward(rows: torch.Tensor, grad_out: torch.Tensor, tokens_p
     ``(grad_rows, grad_gate_up, grad_down, out)`` (``out`` recomputed, for the routing
     weights' gradient); experts without rows get zero gradients."""
     act = ACTIVATIONS[activation]
-    grad_rows, out = torch.zeros_like(rows), rows.new_zeros((rows.shape[0], down_proj.shape[1]))
-    grad_gate_up, grad_down = torch.zeros_like(gate_up_proj), torch.zeros_like(down_proj)
+    # pieces joined by cat and stack, not written into slices: a CPU-only torch's CUDA fake tensors
+    # refuse Python indexing and in-place copies (tests/autoshard/runtime/test_expert_cuda_plan.py);
+    # an expert with no row gets the zero gradient of an empty matmul
+    grad_rows, out, grad_gate_up, grad_down = [], [], [], []
     at = 0
     for e, n in enumerate(tokens_per_expert):
-        if n:
-            x, g = rows[at:at + n], grad_out[at:at + n]
-            gate, up = F.linear(x, gate_up_proj[e]).chunk(2, dim=-1)
-            activated = act(gate)
-            hidden = activated * up
-            out[at:at + n] = F.linear(hidden, down_proj[e])
-            grad_down[e] = g.t() @ hidden
-            grad_hidden = g @ down_proj[e]
-            grad_gate_up_rows = torch.cat((grad_hidden * up * _activation_grad(activation, gate),
-                                           grad_hidden * activated), dim=-1)
-            grad_gate_up[e] = grad_gate_up_rows.t() @ x
-            grad_rows[at:at + n] = grad_gate_up_rows @ gate_up_proj[e]
+        x, g = rows.narrow(0, at, n), grad_out.narrow(0, at, n)
+        gate_up, down = gate_up_proj.select(0, e), down_proj.select(0, e)
+        gate, up = F.linear(x, gate_up).chunk(2, dim=-1)
+        activated = act(gate)
+        hidden = activated * up
+        out.append(F.linear(hidden, down))
+        grad_down.append(g.t() @ hidden)
+        grad_hidden = g @ down
+        grad_gate_up_rows = torch.cat((grad_hidden * up * _activation_grad(activation, gate),
+                                       grad_hidden * activated), dim=-1)
+        grad_gate_up.append(grad_gate_up_rows.t() @ x)
+        grad_rows.append(grad_gate_up_rows @ gate_up)
         at += n
-    return grad_rows, grad_gate_up, grad_down, out
+    return torch.cat(grad_rows), torch.stack(grad_gate_up), torch.stack(grad_down), torch.cat(out)
 
 
 def _by_expert(top_k_index: torch.Tensor, experts: int) -> tuple[torch.Tensor, torch.Tensor, list[int]]:

@@ -50,7 +50,8 @@ def _rank(rank: int, world: int, p: dict[str, torch.Tensor]) -> dict[str, object
     w = p["weights"][rank * local:(rank + 1) * local].clone().requires_grad_()
     copies = x.repeat_interleave(TOP_K, dim=0)  # copy i: token i // k, its (i % k)-th expert
     rows, layout = dispatch(copies, p["picks"][rank].reshape(-1), num_experts=EXPERTS, group=dist.group.WORLD)
-    sizes = layout.tokens_per_expert.tolist()
+    sizes = list(layout.expert_rows)  # read on the host with the split sizes
+    assert layout.tokens_per_expert.tolist() == sizes
     outs = [chunk @ w[j] for j, chunk in enumerate(torch.split(rows, sizes))]
     back = combine(torch.cat(outs), layout).view(TOKENS, TOP_K, DIM)
     out = (back * p["gates"][rank].unsqueeze(-1)).sum(1)
@@ -83,14 +84,21 @@ def test_dispatch_and_combine_equal_one_device(world, tmp_path):
     assert measured_imbalance(received) >= 1.0
 
 
-def _bad_rank(rank: int, world: int) -> str:
-    try:
-        dispatch(torch.zeros(4, 2), torch.zeros(4, dtype=torch.int64), num_experts=3, group=dist.group.WORLD)
-    except ExpertDispatchError as exc:
-        return str(exc)
-    return "no error"
+def _bad_rank(rank: int, world: int) -> list[str]:
+    messages = []
+    # an expert count the group does not divide (refused before any exchange), then an index out of
+    # range on every rank (found in the counts' one host read, after their exchange)
+    for experts, index in ((3, torch.zeros(4, dtype=torch.int64)), (4, torch.tensor([0, 1, 7, -1]))):
+        try:
+            dispatch(torch.zeros(4, 2), index, num_experts=experts, group=dist.group.WORLD)
+            messages.append("no error")
+        except ExpertDispatchError as exc:
+            messages.append(str(exc))
+    return messages
 
 
-def test_an_expert_count_the_group_does_not_divide_is_named(tmp_path):
+def test_bad_expert_counts_and_indices_are_named_in_one_line(tmp_path):
     messages = spawn(2, _bad_rank, (), tmp_path / "ranks")
-    assert all("3 experts do not divide over 2" in m for m in messages)
+    for divide, index in messages:
+        assert divide == "num_experts: 3 experts do not divide over 2 expert-parallel ranks"
+        assert index == "expert_of_copy: 2 expert indices outside [0, 4)"
