@@ -7,11 +7,23 @@ expert as a SwiGLU. Experts are stored stacked, ``w1: (n_experts, dim,
 hidden)``, so expert parallelism is a shard of tensor dim 0.
 
 Tokens reach the experts through a fixed-capacity dispatch (as in GShard /
-Switch): each expert takes at most ``capacity = ceil(capacity_factor * tokens
-* top_k / n_experts)`` tokens, chosen in order, and overflow tokens skip it.
-Every shape is then known before the data is, which is what tracing on fake
-tensors needs (a gather by data-dependent index lists would not trace). A
-Switch-style load-balancing loss is added to the cross-entropy.
+Switch): the tokens are routed in ``n_groups`` independent groups (GShard's
+groups; one by default), and in each group an expert takes at most
+``capacity = ceil(capacity_factor * group_tokens * top_k / n_experts)`` tokens,
+chosen in order, and overflow tokens skip it. Every shape is then known before
+the data is, which is what tracing on fake tensors needs (a gather by
+data-dependent index lists would not trace). A Switch-style load-balancing loss
+is added to the cross-entropy.
+
+**Expert parallelism in this form.** The dispatched tokens are one tensor
+``expert_in[e, g, c, d]`` (expert, group, slot, feature). Groups split over a
+mesh dim (data parallelism: each rank routes its own groups) and experts split
+over the same dim meet in one change of that tensor's split from ``g`` to
+``e``, an all-to-all of fixed sizes (GShard's), and the experts' outputs go
+back by the reverse one: static placements, chosen and priced by the solver as
+any redistribution. Without groups (``n_groups = 1``) the dispatch tensors grow
+with the square of the tokens and the groups cannot split, so the tokens reach
+split experts by all-gathers and reductions instead.
 
 Factories: ``tiny`` (tests), ``small``.
 
@@ -69,6 +81,10 @@ class MoEConfig:
     aux_loss_coef: float = 0.01
     """Weight of the load-balancing loss added to the cross-entropy."""
 
+    n_groups: int = 1
+    """Routing groups (GShard): the tokens of a batch, in order, split into this many groups,
+    each routed with its own expert capacity; must divide the batch's tokens."""
+
     max_seq_len: int = 2048
     """Length of the RoPE tables (longest sequence)."""
 
@@ -79,7 +95,8 @@ class MoEConfig:
     """RoPE base frequency."""
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "n_experts", "expert_hidden_dim"):
+        for name in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "n_experts", "expert_hidden_dim",
+                     "n_groups"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not 1 <= self.top_k <= self.n_experts:
@@ -98,7 +115,9 @@ class MoEConfig:
 def route_top_k(
     logits: torch.Tensor, top_k: int, capacity: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Dispatch and combine tensors ``(tokens, experts, capacity)`` and router probabilities.
+    """Dispatch and combine tensors ``(..., tokens, experts, capacity)`` and router probabilities,
+    for router ``logits`` of shape ``(..., tokens, experts)`` (leading dims: routing groups, each
+    routed on its own).
 
     ``dispatch[t, e, c]`` is 1 when token t sits in slot c of expert e;
     ``combine`` is the same with the token's mixing weight for that expert.
@@ -111,16 +130,16 @@ def route_top_k(
     """
     n_experts = logits.shape[-1]
     top_logits, top_index = logits.topk(top_k, dim=-1)
-    weights = top_logits.softmax(dim=-1)  # (tokens, k): Mixtral mixes the chosen experts only
+    weights = top_logits.softmax(dim=-1)  # (..., tokens, k): Mixtral mixes the chosen experts only
     experts = torch.arange(n_experts, device=logits.device)
-    chosen = (top_index.unsqueeze(-1) == experts).to(logits.dtype)  # (tokens, k, experts)
+    chosen = (top_index.unsqueeze(-1) == experts).to(logits.dtype)  # (..., tokens, k, experts)
     # slot of each (token, choice) in its expert's buffer: a running count in choice-major order
-    by_choice = chosen.transpose(0, 1)
-    slot = (by_choice.flatten(0, 1).cumsum(dim=0).view_as(by_choice) - 1).transpose(0, 1)
+    by_choice = chosen.transpose(-3, -2)
+    slot = (by_choice.flatten(-3, -2).cumsum(dim=-2).view_as(by_choice) - 1).transpose(-3, -2)
     slots = torch.arange(capacity, device=logits.device, dtype=logits.dtype)
-    in_slot = (slot.unsqueeze(-1) == slots).to(logits.dtype) * chosen.unsqueeze(-1)  # (tokens, k, experts, capacity)
-    dispatch = in_slot.sum(dim=1)
-    combine = (in_slot * weights[:, :, None, None]).sum(dim=1)
+    in_slot = (slot.unsqueeze(-1) == slots).to(logits.dtype) * chosen.unsqueeze(-1)  # (..., tokens, k, experts, capacity)
+    dispatch = in_slot.sum(dim=-3)
+    combine = (in_slot * weights[..., None, None]).sum(dim=-3)
     return dispatch, combine, logits.softmax(dim=-1)
 
 
@@ -129,7 +148,7 @@ class MoEFeedForward(nn.Module):
 
     def __init__(self, config: MoEConfig) -> None:
         super().__init__()
-        self.top_k, self.capacity_factor = config.top_k, config.capacity_factor
+        self.top_k, self.capacity_factor, self.n_groups = config.top_k, config.capacity_factor, config.n_groups
         experts, dim, hidden = config.n_experts, config.dim, config.expert_hidden_dim
         self.router = nn.Linear(dim, experts, bias=False)
         self.w1 = nn.Parameter(torch.randn(experts, dim, hidden) / math.sqrt(dim))
@@ -139,17 +158,21 @@ class MoEFeedForward(nn.Module):
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Return the block output and its load-balancing loss."""
         tokens = x.flatten(0, -2)
-        n_tokens, n_experts = tokens.shape[0], self.w1.shape[0]
-        capacity = math.ceil(self.capacity_factor * n_tokens * self.top_k / n_experts)
-        dispatch, combine, probs = route_top_k(self.router(tokens), self.top_k, capacity)
-        expert_in = torch.einsum("tec,td->ecd", dispatch, tokens)
+        n_tokens, n_experts, groups = tokens.shape[0], self.w1.shape[0], self.n_groups
+        if n_tokens % groups:
+            raise ValueError(f"n_groups={groups} does not divide the batch's {n_tokens} tokens")
+        grouped = tokens.view(groups, n_tokens // groups, tokens.shape[-1])
+        capacity = math.ceil(self.capacity_factor * (n_tokens // groups) * self.top_k / n_experts)
+        dispatch, combine, probs = route_top_k(self.router(grouped), self.top_k, capacity)
+        # experts first: a split of the groups becomes a split of the experts in one all-to-all
+        expert_in = torch.einsum("gsec,gsd->egcd", dispatch, grouped).flatten(1, 2)
         hidden = F.silu(torch.bmm(expert_in, self.w1)) * torch.bmm(expert_in, self.w3)
-        expert_out = torch.bmm(hidden, self.w2)
-        out = torch.einsum("tec,ecd->td", combine, expert_out)
+        expert_out = torch.bmm(hidden, self.w2).view(n_experts, groups, capacity, -1)
+        out = torch.einsum("gsec,egcd->gsd", combine, expert_out)
         # Switch loss: n_experts * sum_e (share of tokens sent to e) * (mean router prob of e)
-        load = dispatch.sum(dim=(0, 2)) / (n_tokens * self.top_k)
-        aux_loss = n_experts * (load * probs.mean(dim=0)).sum()
-        return out.view_as(x), aux_loss
+        load = dispatch.sum(dim=(0, 1, 3)) / (n_tokens * self.top_k)
+        aux_loss = n_experts * (load * probs.mean(dim=(0, 1))).sum()
+        return out.reshape(x.shape), aux_loss
 
 
 class MoEBlock(nn.Module):

@@ -107,9 +107,10 @@ def test_moe_routing_respects_top_k_and_capacity():
     torch.testing.assert_close(probs.sum(dim=-1), torch.ones(tokens))
 
 
-def test_moe_with_ample_capacity_equals_dense_top_k_mixture():
-    # capacity_factor = n_experts: every expert could take every token, nothing overflows
-    model, _ = moe.tiny(n_layers=1, n_experts=4, capacity_factor=4.0)
+@pytest.mark.parametrize("groups", [1, 4])
+def test_moe_with_ample_capacity_equals_dense_top_k_mixture(groups):
+    # capacity_factor = n_experts: every expert could take every token, nothing overflows (in any group)
+    model, _ = moe.tiny(n_layers=1, n_experts=4, capacity_factor=4.0, n_groups=groups)
     block = model.layers[0].moe
     x = torch.randn(2, 16, 32)
     out, _ = block(x)
@@ -124,6 +125,18 @@ def test_moe_with_ample_capacity_equals_dense_top_k_mixture():
             hidden = torch.nn.functional.silu(flat[t] @ block.w1[e]) * (flat[t] @ block.w3[e])
             expected[t] += weights[t, j] * (hidden @ block.w2[e])
     torch.testing.assert_close(out.flatten(0, 1), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_moe_groups_route_on_their_own_and_must_divide_the_tokens():
+    torch.manual_seed(0)
+    model, _ = moe.tiny(n_layers=1, n_experts=4, n_groups=2, capacity_factor=0.5)
+    block, x = model.layers[0].moe, torch.randn(2, 16, 32)
+    out, _ = block(x)  # two groups of 16 tokens: each sequence, with its own capacity (tokens overflow)
+    block.n_groups = 1
+    torch.testing.assert_close(out, torch.cat([block(x[i:i + 1])[0] for i in range(2)]))
+    with pytest.raises(ValueError, match="n_groups=3 does not divide the batch's 32 tokens"):
+        block.n_groups = 3
+        block(x)
 
 
 def test_convnet_channels_override_accepts_a_json_list():

@@ -4,7 +4,13 @@ Tiny Hugging Face MoE models as given (Mixtral, Qwen3-MoE, DeepSeek-V3: 4 routed
 top-2, 32 tokens) solved with every experts node restricted to its expert-parallel
 strategies (``exchange="expert_dispatch"``: a plan the price would not choose for models this
 small, ``tests/autoshard/search/test_expert_parallel_solve.py``), on mesh (4,) (ep 4) and
-(2, 2) (Mixtral: tokens split on dim 0, ep 2 on dim 1). Through ``autoshard.runtime.shard``:
+(2, 2) (Mixtral: tokens split on dim 0, ep 2 on dim 1). And the einsum form
+(``examples/models/moe.py`` with GShard's routing groups: 8 experts, 4 groups of 16 tokens, one
+layer) on (4,): its groups and its experts split over the 4 ranks, the dispatched tokens
+``expert_in[e, g, c, d]`` changing their split from ``g`` to ``e`` in a fixed-size all-to-all and
+the experts' outputs back the same way, static placements the plan prices as redistributions
+(the solver alone, for experts this small, would gather the tokens instead: the restriction
+forces the split). Through ``autoshard.runtime.shard``:
 the loss and every gradient shard equal the single-device run on each of two SGD steps (the
 second step after the update; a plan with exchanges is interpreted, not traced,
 ``autoshard.runtime.traced_step``); on every step each rank issues exactly the plan's all-to-alls
@@ -38,6 +44,8 @@ JOBS = [("hf_mixtral", (4,), ("ep",)), ("hf_qwen3_moe", (4,), ("ep",)), ("hf_dee
 # one decoder layer where a second is the same op again (the runtime is per op); DeepSeek-V3 keeps
 # its two: its first layer is dense (first_k_dense_replace=1), the second the MoE one
 OVERRIDES = {"hf_mixtral": {"num_hidden_layers": 1}, "hf_qwen3_moe": {"num_hidden_layers": 1}}
+GSHARD = {"n_layers": 1, "n_experts": 8, "n_groups": 4, "batch_size": 4}
+"""The einsum form's job: ``moe.tiny`` with 8 experts and 4 routing groups of 16 tokens."""
 
 
 def _only_expert_parallel(node, strategies):
@@ -53,6 +61,25 @@ def _forced_plan(factory: str, mesh_shape, names):
     prep = prepare(model, inputs, mesh_shape, names, profile=PROFILE, device_type="cpu", recompute="none")
     graph = build_graph(prep.traced, MeshSpec(mesh_shape, names), load(PROFILE), optimizer=prep.graph.optimizer,
                         recompute=False, restrict=_only_expert_parallel)
+    return solve_prepared(dataclasses.replace(prep, graph=graph), time_limit=10)
+
+
+def _groups_and_experts_split(node, strategies):
+    """Restrict: every bmm over the 4 groups or the 8 experts (the einsums' and the experts' own,
+    forward and backward) keeps its strategies with every input split on that batch dim."""
+    if "bmm" not in str(node.target):
+        return strategies
+    lead = {a.meta["val"].shape[0] for a in node.args if hasattr(a, "meta") and "val" in a.meta}
+    if not lead & {GSHARD["n_experts"], GSHARD["n_groups"]}:
+        return strategies
+    return [s for s in strategies if all(str(p[0]) == "S(0)" for p in s.input_placements)] or strategies
+
+
+def _gshard_plan():
+    model, inputs = load_model("moe.tiny", GSHARD)
+    prep = prepare(model, inputs, (4,), ("ep",), profile=PROFILE, device_type="cpu", recompute="none")
+    graph = build_graph(prep.traced, MeshSpec((4,), ("ep",)), load(PROFILE), optimizer=prep.graph.optimizer,
+                        recompute=False, restrict=_groups_and_experts_split)
     return solve_prepared(dataclasses.replace(prep, graph=graph), time_limit=10)
 
 
@@ -94,6 +121,10 @@ def run(tmp_path_factory):
         plan.save(path)
         meshes.setdefault((mesh_shape, names), []).append(
             {"label": label, "factory": f"hf.{factory}", "plan": str(path), "overrides": OVERRIDES.get(factory)})
+    plans["gshard"] = _gshard_plan()
+    plans["gshard"].save(tmp / "gshard.json")
+    meshes[((4,), ("ep",))].append({"label": "gshard", "factory": "moe.tiny", "plan": str(tmp / "gshard.json"),
+                                    "overrides": GSHARD})
     results = spawn(4, _rank, (list(meshes.items()),), tmp / "ranks", timeout=600)
     return plans, results
 
@@ -112,3 +143,16 @@ def test_expert_parallel_plan_equals_one_device(run, label) -> None:
     planned_collectives_issued(plan, results, label)
     assert not any(res[label]["graph"] for res in results)  # run-time split sizes: interpreted, never traced
     assert planned_all_to_alls(plan) == 8 * len(ep) // 2  # 3 forward + 5 backward per MoE layer
+
+
+def test_einsum_form_runs_its_experts_split_with_fixed_size_all_to_alls(run) -> None:
+    plans, results = run
+    plan = plans["gshard"]
+    assert {plan.params[f"layers.0.moe.{w}"] for w in ("w1", "w2", "w3")} == {"S(0)"}  # 2 of the 8 experts a rank
+    moves = [s for r in plan.redistributions for s in r.steps if s.collective == "all_to_all"]
+    # forward: the dispatched tokens to their experts and the outputs back; backward: their gradients
+    assert len(moves) >= 4
+    assert_steps_match_one_device(results, "gshard", steps=STEPS)
+    issued = planned_collectives_issued(plan, results, "gshard")
+    assert sum(n for key, n in issued.items() if key[3] == "all_to_all") == len(moves)
+    assert not any(step["issued"] for res in results for step in res["gshard"]["steps"])  # no run-time splits
