@@ -19,14 +19,17 @@ graph order, which are the forward):
     (f) S = sum over parameters of the bytes of the parameter, its gradient and optimizer
             state at the chosen placement (the graph's param / grad / opt_temp nodes)
     (g) P = estimate.peak_memory_bytes
+    (h) K = the memory timeline's level at the loss op's time (graph.times)
 
 **Per block** (``Delta y = (y(L_2) - y(L_1)) / (L_2 - L_1)``): forward ``f = Delta F + Delta X
 Delta F / (Delta F + Delta B)``, backward ``b = Delta B + Delta X Delta B / (Delta F + Delta B)``
 (the exposed communication split as the compute is: TP's collectives are per op, in
-both passes), state ``s = Delta S``, saved activations per microbatch ``a = Delta P - s``
-(one more block adds its state and what its forward keeps for the backward; the
-peak's transient, one block's recomputed activations, is the same for any depth
-``>= L_1``), reduction ``g = Delta G``, optimizer ``o = Delta O``.
+both passes), state ``s = Delta S``, saved activations per microbatch ``a = Delta K - s`` with
+``K`` the live bytes when the loss is computed (one more block adds its state and
+what its forward keeps for the backward; ``Delta P - s`` where ``K`` is not known:
+equal when the peak is at the forward's end, but a peak in the backward, a
+recomputation's or an exchange's transient, is not what a microbatch in flight
+holds), reduction ``g = Delta G``, optimizer ``o = Delta O``.
 
 **Extras**: the rest of ``L_1``'s figures, ``y(L_1) - L_1 Delta y``. The embedding's and
 the head's compute and communication go to the last stage (the head, the loss and the
@@ -81,6 +84,9 @@ class PlanFigures:
     step_s: float
     exchanges: tuple[str, ...] = ()
     """The plan's exchanges, ``kind@mesh dim``, each once (what a stage runs: expert or context parallel)."""
+    forward_end_bytes: float = 0.0
+    """``K``: the live bytes when the loss is computed, what the forward keeps for the backward
+    with the state (0: not known)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,7 +186,19 @@ def plan_figures(prep: Any, plan: Any, n_blocks: int, block_prefix: str = "layer
     last = sum(state.values()) - blocks - first - sum(state[a] for a in aliases if a in state)
     exchanges = tuple(sorted({f"{n.exchange[0]}@{n.exchange[1]}" for n in plan.nodes if n.exchange}))
     return PlanFigures(n_blocks, fwd, bwd, opt, exposed, reduction, blocks, first, last, e.peak_memory_bytes, e.step_s,
-                       exchanges)
+                       exchanges, _live_at(plan.memory_timeline, graph.times.get(plan.nodes[end].name)))
+
+
+def _live_at(timeline: Sequence[tuple[int, float]], time: int | None) -> float:
+    """The live bytes of ``timeline`` (changes, in time order) at ``time`` (0 when unknown)."""
+    if time is None or not timeline:
+        return 0.0
+    level = 0.0
+    for t, nbytes in timeline:
+        if t > time:
+            break
+        level = nbytes
+    return float(level)
 
 
 def hide_exposed(pricing: BlockPricing) -> BlockPricing:
@@ -211,7 +229,11 @@ def _block_of(lo: PlanFigures, hi: PlanFigures) -> tuple[BlockCost, float, float
     f, b, x = max(0.0, d("forward_s")), max(0.0, d("backward_s")), max(0.0, d("exposed_s"))
     share = f / (f + b) if f + b > 0 else 0.5
     state = max(0.0, d("state_bytes"))
-    acts = max(0.0, d("peak_bytes") - state)
+    # what one more block keeps for its backward: the level when the loss is computed, where both
+    # depths know it (the peak's difference is that only when the peak is at the forward's end: a
+    # backward transient, or recomputation's, would stand for it)
+    kept = d("forward_end_bytes") if lo.forward_end_bytes and hi.forward_end_bytes else d("peak_bytes")
+    acts = max(0.0, kept - state)
     return BlockCost(f + x * share, b + x * (1 - share), int(state), int(acts)), max(0.0, d("reduction_s")), \
         max(0.0, d("optimizer_s"))
 
