@@ -58,14 +58,18 @@ def _ep_jobs(tmp: Path, plans: dict[str, Any]) -> list[dict[str, Any]]:
     """``test_expert_parallel_gloo8``'s jobs (none without transformers), as :func:`_cp_jobs`."""
     if importlib.util.find_spec("transformers") is None:  # the EP test is skipped then
         return []
-    from test_expert_parallel_gloo8 import FACTORIES, _forced_plan
+    from test_expert_parallel_gloo8 import FACTORIES, GSHARD, _forced_plan, gshard_plan, overrides_of
 
     jobs = []
     for factory in FACTORIES:
         plan = plans[factory] = _forced_plan(factory)
         path = tmp / f"{factory}.json"
         plan.save(path)
-        jobs.append({"label": factory, "factory": f"hf.{factory}", "plan": str(path)})
+        jobs.append({"label": factory, "factory": f"hf.{factory}", "plan": str(path),
+                     "overrides": overrides_of(factory)})
+    plans["gshard"] = gshard_plan()
+    plans["gshard"].save(tmp / "gshard.json")
+    jobs.append({"label": "gshard", "factory": "moe.tiny", "plan": str(tmp / "gshard.json"), "overrides": GSHARD})
     return jobs
 
 

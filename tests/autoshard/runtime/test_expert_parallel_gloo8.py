@@ -1,7 +1,8 @@
 """Expert parallelism beside data and tensor parallelism on 8 gloo ranks: mesh dp 2 x ep 2 x tp 2.
 
-Tiny Hugging Face MoE models as given (Mixtral and Qwen3-MoE: 4 routed experts, top-2,
-32 tokens; one layer, as test_gloo8.py runs its models) solved with every experts node
+Tiny Hugging Face MoE models as given (Mixtral, Qwen3-MoE and DeepSeek-V3: 4 routed experts,
+top-2, 32 tokens; one layer, as test_gloo8.py runs its models, DeepSeek two: its first is dense),
+and the einsum form (``examples/models/moe.py`` with 4 GShard routing groups), solved with every experts node
 restricted to the strategy this layout runs: tokens split on dp and ep, the experts split
 on E over ep (``exchange="expert_dispatch"`` on mesh dim 1) and each expert's h split over tp (``gate_up`` ``_S(1,sf=2)``, ``down``
 ``S(2)``; the output a partial sum over tp). The rest of the model is the solver's choice
@@ -43,8 +44,16 @@ PROFILE = "a100-sxm-80gb"
 MESH, NAMES = (2, 2, 2), ("dp", "ep", "tp")
 EP_DIM, TP_DIM = 1, 2
 STEPS, LR = 2, 0.1
-FACTORIES = ("hf_mixtral", "hf_qwen3_moe")
+FACTORIES = ("hf_mixtral", "hf_qwen3_moe", "hf_deepseek_v3")
 ONE_LAYER = {"num_hidden_layers": 1}  # the runtime is per op: a second identical layer adds time, no new op
+OVERRIDES = {"hf_deepseek_v3": {"num_hidden_layers": 2}}  # its first layer is dense (first_k_dense_replace=1)
+GSHARD = {"n_layers": 1, "n_experts": 8, "n_groups": 4, "batch_size": 4}
+"""The einsum form (``examples/models/moe.py``): 8 experts, 4 GShard routing groups of 16 tokens,
+its group einsums split over dp x ep and its experts over ep (the rest as the seeded search has it)."""
+
+
+def overrides_of(factory: str) -> dict:
+    return OVERRIDES.get(factory, ONE_LAYER)
 
 
 def _dp_ep_tp(node, strategies):
@@ -64,7 +73,7 @@ def _dp_ep_tp(node, strategies):
 def _forced_plan(factory: str):
     """The solver's plan with the experts nodes restricted (:func:`_dp_ep_tp`) and every other node
     to the seeded search's strategies (a 3-D mesh's full enumeration takes minutes)."""
-    model, inputs = load_model(f"hf.{factory}", ONE_LAYER)
+    model, inputs = load_model(f"hf.{factory}", overrides_of(factory))
     memo: dict = {}
     prep = prepare(model, inputs, MESH, NAMES, profile=PROFILE, device_type="cpu", recompute="none",
                    search="seeded", seed_memo=memo)
@@ -75,6 +84,40 @@ def _forced_plan(factory: str):
     def restrict(node, strategies):
         return _dp_ep_tp(node, strategies) if str(node.target).startswith("autoshard.experts") \
             else seeded(node, strategies)
+
+    graph = build_graph(prep.traced, graph.mesh, graph.profile, optimizer=graph.optimizer, recompute=False,
+                        restrict=restrict)
+    return solve_prepared(dataclasses.replace(prep, graph=graph), time_limit=10)
+
+
+def _groups_and_experts_on_ep(node, strategies):
+    """The einsum form: every bmm over the 4 groups or the 8 experts keeps its strategies with
+    every input split on that batch dim over ep (the rest of the model as the seeded search has it)."""
+    if "bmm" not in str(node.target):
+        return None
+    lead = {a.meta["val"].shape[0] for a in node.args if hasattr(a, "meta") and "val" in a.meta}
+    if not lead & {GSHARD["n_experts"], GSHARD["n_groups"]}:
+        return None
+    dims = (0, EP_DIM) if GSHARD["n_groups"] in lead else (EP_DIM,)  # the groups over dp x ep, experts over ep
+    kept = [s for s in strategies if all(str(p[d]) == "S(0)" for p in s.input_placements for d in dims)]
+    if not kept:
+        raise AssertionError(f"{node.name}: no strategy splits its batch dim on mesh dims {dims}")
+    return kept
+
+
+def gshard_plan():
+    """The einsum form's plan on dp x ep x tp (:func:`_groups_and_experts_on_ep`)."""
+    model, inputs = load_model("moe.tiny", GSHARD)
+    memo: dict = {}
+    prep = prepare(model, inputs, MESH, NAMES, profile=PROFILE, device_type="cpu", recompute="none",
+                   search="seeded", seed_memo=memo)
+    graph = prep.graph
+    seeded, _ = seeded_restriction(prep.traced, graph.mesh, graph.profile, optimizer=graph.optimizer,
+                                   time_limit=SEED_SHARE * SolveOptions().time_limit, memo=memo)
+
+    def restrict(node, strategies):
+        forced = _groups_and_experts_on_ep(node, strategies)
+        return seeded(node, strategies) if forced is None else forced
 
     graph = build_graph(prep.traced, graph.mesh, graph.profile, optimizer=graph.optimizer, recompute=False,
                         restrict=restrict)
@@ -102,7 +145,7 @@ def _rank(rank: int, world: int, jobs) -> dict:
     mesh = init_device_mesh("cpu", MESH, mesh_dim_names=NAMES)
     out = {}
     for job in jobs:
-        model, inputs = load_model(job["factory"], ONE_LAYER)
+        model, inputs = load_model(job["factory"], job.get("overrides", ONE_LAYER))
         out[job["label"]] = sgd_steps(model, inputs, mesh, job["plan"], steps=STEPS, lr=LR, issued=issued)
     return out
 
@@ -138,3 +181,19 @@ def test_dp_ep_tp_plan_equals_one_device(run, factory) -> None:
     assert_steps_match_one_device(results, factory, steps=STEPS, check_step=exchanges_are_planned)
     planned_collectives_issued(plan, results, factory)
     assert planned_all_to_alls(plan) == 8 * len(ep) // 2  # 3 forward + 5 backward per MoE layer
+
+
+def test_einsum_form_on_dp_ep_tp_splits_groups_and_experts_and_equals_one_device(run) -> None:
+    """The groups' einsums split over dp x ep, the experts over ep: the solver moves the tokens
+    between the two as its price says (at these sizes one gather and local slices beat an
+    all-to-all plus a gather; ``test_expert_parallel_gloo.py`` runs the all-to-all form)."""
+    from autoshard.runtime.execute import placements_of
+
+    plans, results = run
+    plan = plans["gshard"]
+    for w in ("w1", "w2", "w3"):  # each ep rank holds 4 of the 8 experts
+        assert str(placements_of(plan.params[f"layers.0.moe.{w}"], 3)[EP_DIM]) == "S(0)"
+    bmms = [n for n in plan.nodes if n.op == "aten.bmm.default"]
+    assert any(n.inputs[0].startswith("S(0)S(0)") for n in bmms)  # 4 groups: one per dp x ep rank
+    assert_steps_match_one_device(results, "gshard", steps=STEPS)
+    planned_collectives_issued(plan, results, "gshard")
