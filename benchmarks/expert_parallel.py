@@ -24,8 +24,9 @@ limit 80 GiB. Two plans priced by the same cost model on the same trace:
 2,048 H800s as pipeline 16 x expert 64 with ZeRO-1 data parallelism): ``--deepseek`` builds the
 model on meta and reports how far the plan gets (the trace of a 61-layer model stamped from three
 blocks, the experts' share of the parameters, whether a plan without pipeline stages can fit);
-it needs the pipeline stages in the solve (issue 55), which the expert-parallel solve does not
-have yet.
+``deepseek-pp`` plans the whole 61 layers on 2,048 GPUs as DeepSeek laid them out (pipeline 16
+x data 2 x expert 64, :data:`DEEPSEEK_PP`): the stages' placements solved on a ``2 x 64``
+sub-mesh, then the cuts, microbatches and schedule searched by the pipeline search.
 
 One plan per run (each stays within the 5 minutes a timed command may take on the shared
 2-core machine); each run merges its row into ``benchmarks/results/expert_parallel.json`` and
@@ -37,6 +38,7 @@ a guide (the runs shared the 2 cores with other work and were not serialized).
     python -m benchmarks.expert_parallel 8x8                # autoshard's plan on 8 x 8
     python -m benchmarks.expert_parallel 8x8 --layers 4 --no-write
     python -m benchmarks.expert_parallel deepseek
+    python -m benchmarks.expert_parallel deepseek-pp --microbatches 32   # 61 layers, pp 16 x dp 2 x ep 64
 """
 
 from __future__ import annotations
@@ -82,7 +84,7 @@ def _hf_causal_lm(config_name: str, model_name: str, fields: dict, batch: int, s
 
     from examples.models.factory import BuildOptions, build_example, random_tokens
 
-    config = getattr(transformers, config_name)(**fields, use_cache=False)
+    config = getattr(transformers, config_name)(**fields, use_cache=False, attn_implementation="sdpa")
     options = BuildOptions(batch_size=batch, seq_len=seq, device="meta", dtype="bfloat16")
     return build_example(options, lambda: getattr(transformers, model_name)(config), lambda gen: {
         "input_ids": random_tokens((batch, seq), config.vocab_size, gen),
@@ -214,6 +216,77 @@ def deepseek_v3_report(layers: int, solve_mesh: tuple[int, int] | None, time_lim
     return row
 
 
+DEEPSEEK_PP = {"pp": 16, "stage_mesh": (2, 64), "stage_dims": ("dp", "ep"), "batch": 4096, "seq": 4096}
+"""DeepSeek-V3's layout on 2,048 GPUs (pipeline 16 x expert 64, ZeRO-1 data parallelism over the
+other 2): each stage's 128 GPUs a ``dp 2 x ep 64`` sub-mesh. The global batch, 4,096 sequences of
+4,096 (16.8M tokens), is Llama 3's batch size; DeepSeek ramped to 15,360 sequences."""
+
+
+def _deepseek_blocks(n_layers: int, batch_size: int, **_: Any) -> tuple[Any, dict]:
+    """``n_layers`` MoE layers of DeepSeek-V3 (``first_k_dense_replace = 0``): the pipeline prices
+    every one of the 61 blocks as an MoE block, an upper bound for the 3 dense ones (their
+    feed-forward has 0.4B parameters against an MoE layer's 11.3B)."""
+    fields = {**DEEPSEEK_V3, "num_hidden_layers": n_layers, "first_k_dense_replace": 0}
+    return _hf_causal_lm("DeepseekV3Config", "DeepseekV3ForCausalLM", fields, batch_size, DEEPSEEK_PP["seq"])
+
+
+def deepseek_v3_pipeline(time_limit: float, recompute: str, microbatches: tuple[int, ...] | None) -> dict:
+    """The 671B on 2,048 GPUs with pipeline stages (:data:`DEEPSEEK_PP`): each stage's placements
+    (expert parallelism, its degree and dim, data parallelism of the rest) solved on the stage
+    sub-mesh from two depths of MoE blocks (2 and 3: under full recomputation a model of one block
+    recomputes nothing, so depth 1 is not a marginal block;
+    ``autoshard.search.pipeline_blocks.price_blocks``), then
+    the stage cuts, microbatch count and schedule searched (``autoshard.search.pipeline``) under
+    the profile's usable memory a GPU."""
+    from hw_profiles import load
+
+    from autoshard.search.pipeline import PipelineLayout, model_flops_per_token, search_pipeline
+    from autoshard.search.pipeline_blocks import price_blocks
+
+    cfg = DEEPSEEK_PP
+    model, _ = _deepseek_blocks(1, 1)
+    per_layer = sum(p.numel() for n, p in model.named_parameters() if ".layers." in n)
+    experts = sum(p.numel() for n, p in model.named_parameters() if ".mlp.experts." in n)
+    layers = DEEPSEEK_V3["num_hidden_layers"]
+    active = layers * (per_layer - experts * (1 - DEEPSEEK_V3["num_experts_per_tok"] / DEEPSEEK_V3["n_routed_experts"]))
+    flops = model_flops_per_token(int(active), layers, DEEPSEEK_V3["hidden_size"], cfg["seq"])
+    pricings: dict[int, Any] = {}
+
+    def price_at(micro_batch: int) -> Any:
+        if micro_batch not in pricings:
+            started = time.perf_counter()
+            pricings[micro_batch] = price_blocks(
+                _deepseek_blocks, {}, cfg["stage_mesh"], cfg["stage_dims"], micro_batch=micro_batch, depths=(2, 3),
+                recompute=recompute, profile=PROFILE, time_limit=time_limit,
+                prepare_options={"mixed_precision": True})
+            b = pricings[micro_batch].block
+            _say(f"deepseek-pp: blocks priced at {micro_batch} sequences in {time.perf_counter() - started:.0f} s: "
+                 f"a block {b.forward_s:.3f} + {b.backward_s:.3f} s, state {b.state_bytes / 2**30:.2f} GiB, "
+                 f"activations {b.activation_bytes / 2**30:.2f} GiB a microbatch, transient "
+                 f"{pricings[micro_batch].transient_bytes / 2**30:.2f} GiB")
+        return pricings[micro_batch]
+
+    layout = PipelineLayout(cfg["pp"], cfg["stage_mesh"][0] * cfg["stage_mesh"][1], 1)
+    profile = load(PROFILE)
+    usable = profile.device.usable_memory_bytes  # an 80 GB H100 less the allocator's headroom, the solve's default
+    plan = search_pipeline(price_at, n_blocks=layers, batch=cfg["batch"], seq_len=cfg["seq"],
+                           dim=DEEPSEEK_V3["hidden_size"], layout=layout, profile=profile, flops_per_token=flops,
+                           microbatches=microbatches, memory_limit_bytes=usable, itemsize=2)
+    block = next(iter(pricings.values())).block
+    return {"mesh": f"{cfg['pp']}x{cfg['stage_mesh'][0]}x{cfg['stage_mesh'][1]} (pp,dp,ep)",
+            "schedule": plan.schedule, "n_microbatches": plan.n_microbatches,
+            "stages_per_rank": plan.stages_per_rank, "cuts": list(plan.cuts), "step_s": round(plan.step_s, 3),
+            "bubble": round(plan.bubble_fraction, 3), "lower_bound_s": round(plan.lower_bound_s, 3),
+            "peak_gib_per_stage_rank": [round(b / 2**30, 2) for b in plan.rank_memory_bytes],
+            "memory_limit_gib": round(usable / 2**30, 2), "fits": max(plan.rank_memory_bytes) <= usable, "tokens_per_gpu_s": round(plan.tokens_per_gpu_s, 1),
+            "tflops_per_gpu": round(plan.tflops_per_gpu, 1), "recompute": recompute,
+            "block_forward_backward_s": [round(block.forward_s, 4), round(block.backward_s, 4)],
+            "block_state_gib": round(block.state_bytes / 2**30, 2),
+            "block_activation_gib": round(block.activation_bytes / 2**30, 3),
+            "stage_exchanges": sorted({x for p in pricings.values() for f in p.figures for x in f.exchanges}),
+            "search_s": round(plan.search_s, 1)}
+
+
 def write(rows: dict) -> str:
     """The results page (markdown) from every row measured so far."""
     lines = ["# Expert parallelism: Qwen3-30B-A3B on 64 H100s, DeepSeek-V3 on 2,048", "",
@@ -261,16 +334,22 @@ def main(argv: list[str] | None = None) -> None:
     from autoshard.trace import trace_joint
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    choices = ["titan", *("x".join(map(str, m)) for m, _ in MESHES), "deepseek"]
+    choices = ["titan", *("x".join(map(str, m)) for m, _ in MESHES), "deepseek", "deepseek-pp"]
     ap.add_argument("plan", choices=choices, help="torchtitan's layout, autoshard's plan on one mesh, or the "
                     "DeepSeek-V3 report")
     ap.add_argument("--layers", type=int, default=None, help="default: the model's own (48; DeepSeek-V3 61)")
     ap.add_argument("--time-limit", type=float, default=60.0)
     ap.add_argument("--solve-mesh", default=None, help="deepseek: also solve on this 2-D mesh (dp x ep), e.g. 32x64")
+    ap.add_argument("--recompute", default="auto", help="deepseek-pp: the stage solves' recomputation policy")
+    ap.add_argument("--microbatches", default=None, help="deepseek-pp: microbatch counts tried, e.g. 16,32")
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args(argv)
     start = time.perf_counter()
-    if args.plan == "deepseek":
+    if args.plan == "deepseek-pp":
+        counts = tuple(int(x) for x in args.microbatches.split(",")) if args.microbatches else None
+        key = f"deepseek:61:pp16x2x64:{args.recompute}"
+        row = deepseek_v3_pipeline(args.time_limit, args.recompute, counts)
+    elif args.plan == "deepseek":
         mesh = tuple(int(x) for x in args.solve_mesh.split("x")) if args.solve_mesh else None
         layers = args.layers or DEEPSEEK_V3["num_hidden_layers"]
         key, row = f"deepseek:{layers}:{args.solve_mesh or 'trace'}", deepseek_v3_report(layers, mesh, args.time_limit)
