@@ -70,7 +70,7 @@ from autoshard.trace.experts import (
 from costmodel.expert_parallel import measured_imbalance
 
 __all__ = ["ExpertOpError", "expert_parallel_forward", "expert_parallel_backward", "run_expert_op",
-           "measure_imbalance", "ALL_TO_ALLS", "planned_all_to_alls", "HOST_SYNCS", "planned_host_syncs"]
+           "measure_imbalance", "gathered_imbalance", "ALL_TO_ALLS", "planned_all_to_alls", "HOST_SYNCS", "planned_host_syncs"]
 
 ALL_TO_ALLS = {"autoshard.experts.default": 3, "autoshard.experts_backward.default": 5}
 """All-to-alls one call issues on its group: forward: the counts, the dispatch, the combine;
@@ -131,7 +131,7 @@ def _check(hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch
 
 def expert_parallel_forward(hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
                             gate_up_proj: torch.Tensor, down_proj: torch.Tensor, *, activation: str,
-                            group: Any) -> torch.Tensor:
+                            group: Any, received: list[int] | None = None) -> torch.Tensor:
     """``autoshard::experts`` on this rank's tokens with this rank's experts (``gate_up_proj``,
     ``down_proj``: the local ``E / G`` of them) over ``group``; differentiable (module docstring).
 
@@ -142,6 +142,8 @@ def expert_parallel_forward(hidden: torch.Tensor, top_k_index: torch.Tensor, top
     experts = gate_up_proj.shape[0] * dist.get_world_size(group)
     rows, layout = dispatch(hidden.repeat_interleave(k, dim=0), top_k_index.reshape(-1), num_experts=experts,
                             group=group)
+    if received is not None:  # this rank's experts' load, known from the split sizes (no extra read)
+        received.append(layout.received_rows)
     done = grouped_expert_forward(rows, list(layout.expert_rows), gate_up_proj, down_proj, activation)
     back = combine(done, layout).view(tokens, k, -1)
     return (back * top_k_weights.unsqueeze(-1).to(back.dtype)).sum(1).to(hidden.dtype)
@@ -176,18 +178,34 @@ def expert_parallel_backward(grad_out: torch.Tensor, hidden: torch.Tensor, top_k
     return (grad_copies.view(tokens, k, dim).sum(1), grad_weights.view(tokens, k), grad_gate_up, grad_down)
 
 
-def run_expert_op(op: Any, args: Sequence[Any], *, group: Any) -> Any:
+def run_expert_op(op: Any, args: Sequence[Any], *, group: Any, received: list[int] | None = None) -> Any:
     """The step program's hook: run the experts node ``op`` (forward or backward) with ``args``
     (this rank's local tensors, in the op's argument order) expert-parallel over ``group``;
-    returns what the op returns."""
+    returns what the op returns. A forward appends to ``received`` the routed copies this rank's
+    experts processed (:func:`gathered_imbalance` turns them into the measured imbalance)."""
     if op is EXPERTS_OP or op == EXPERTS_OP:
         *tensors, activation = args
-        return expert_parallel_forward(*tensors, activation=activation, group=group)
+        return expert_parallel_forward(*tensors, activation=activation, group=group, received=received)
     if op is EXPERTS_BACKWARD_OP or op == EXPERTS_BACKWARD_OP:
         *tensors, activation = args
         return expert_parallel_backward(*tensors, activation=activation, group=group)
     name = f"{op.namespace}.{op._opname}.{op._overloadname}" if hasattr(op, "_opname") else str(op)
     raise ExpertOpError(f"{name}: not an experts op (autoshard::experts or its backward)")
+
+
+def gathered_imbalance(received_rows: int, group: Any) -> float:
+    """The measured imbalance of one dispatch from each rank's ``received_rows`` (what
+    :func:`run_expert_op` recorded): the busiest rank's over the mean, over ``group`` (two
+    all-reduces of one number; a collective: every rank of the group calls it).
+
+    >>> # gathered_imbalance(rows, ep_group) -> e.g. 1.31
+    """
+    rows = torch.tensor([float(received_rows)] * 2, dtype=torch.float64)
+    most, total = rows[:1].clone(), rows[1:].clone()
+    dist.all_reduce(most, op=dist.ReduceOp.MAX, group=group)
+    dist.all_reduce(total, group=group)
+    mean = float(total) / dist.get_world_size(group)
+    return float(most) / mean if mean > 0 else 1.0
 
 
 def measure_imbalance(top_k_index: torch.Tensor, num_experts: int, group: Any) -> float:

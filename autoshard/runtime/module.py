@@ -340,6 +340,27 @@ class ShardedModule(nn.Module):
         """
         return self._runner.last_step_peak_bytes
 
+    def measured_expert_imbalance(self) -> dict[str, float]:
+        """Per expert-parallel experts node, the imbalance its routing had over the forwards run
+        so far: the busiest rank's routed copies over the mean, summed over the runs (1.0: even;
+        what the plan priced is ``plan.options["expert_imbalance"]``). A collective: every rank
+        calls it. Price the plan again with the number (``expert_imbalance=``) where it is far
+        from what was priced.
+
+        >>> # loss = sharded(*batch); loss.backward(); sharded.measured_expert_imbalance()
+        >>> # {'experts': 1.18}
+        """
+        from autoshard.runtime.expert_ops import gathered_imbalance
+
+        calls = self._runner.calls
+        out = {}
+        for name, rows in sorted(calls.expert_rows.items()):
+            if not rows:  # a backward node: its forward's load is the one reported
+                continue
+            mesh_dim = calls.exchanges[name][1]
+            out[name] = round(gathered_imbalance(sum(rows), calls.comm.group((mesh_dim,))), 4)
+        return out
+
     def step_loss_and_grads(self, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor | None]]:
         """The loss and every parameter's gradient (a DTensor in the parameter's
         placement; plain with :attr:`plain_parameters`), without autograd."""

@@ -62,6 +62,9 @@ class OpCaller:
         self.comm = binding.comm
         # node name -> (exchange kind, mesh dim): the nodes that are not local ops
         self.exchanges = {n.name: n.exchange for n in binding.plan.nodes if getattr(n, "exchange", None)}
+        # experts node -> routed copies this rank's experts processed, per forward run (the runtime's
+        # measured load: ``autoshard.runtime.module.ShardedModule.measured_expert_imbalance``)
+        self.expert_rows: dict[str, list[int]] = {}
 
     def set_comm(self, edge: tuple[str, str, int] | None, positions: tuple[int, int] | None) -> None:
         """Label the collectives run from now on (a tracing comm records them with their edge and positions)."""
@@ -165,7 +168,7 @@ class OpCaller:
         group = self.comm.group((mesh_dim,))
         if kind == "expert_dispatch":
             args = tuple(next(tensors) if isinstance(a, fx.Node) else a for a in b.node.args)
-            return run_expert_op(b.op, args, group=group)
+            return run_expert_op(b.op, args, group=group, received=self.expert_rows.setdefault(b.node.name, []))
         args, kwargs = _with_locals(b.node, tensors)
         return run_context_op(b.op, args, kwargs, kind=kind, group=group)
 

@@ -74,8 +74,10 @@ def sgd_steps(model: torch.nn.Module, inputs: Any, mesh: Any, plan: str, *, step
             opt.step()
             opt.zero_grad()
     # "trace": the first step's, as gloo_ranks.planned_collectives_issued reads it
+    experts = any(n.exchange and n.exchange[0] == "expert_dispatch" for n in sharded.plan.nodes)
     return {"steps": records, "trace": records[0]["trace"], "coord": coord,
-            "graph": sharded._runner.step_graph is not None}
+            "graph": sharded._runner.step_graph is not None,
+            "expert_imbalance": sharded.measured_expert_imbalance() if experts else None}
 
 
 def assert_steps_match_one_device(results: list[dict[str, Any]], label: str, *, steps: int,

@@ -16,7 +16,7 @@ import torch.distributed as dist
 pytest.importorskip("transformers")
 
 from autoshard.runtime.expert_ops import (  # noqa: E402
-    ExpertOpError, expert_parallel_backward, expert_parallel_forward, measure_imbalance, run_expert_op)
+    ExpertOpError, expert_parallel_backward, expert_parallel_forward, gathered_imbalance, measure_imbalance, run_expert_op)
 from autoshard.trace.experts import EXPERTS_BACKWARD_OP, EXPERTS_OP  # noqa: E402
 from examples.models import hf  # noqa: E402
 from tests.autoshard.runtime.gloo_ranks import spawn  # noqa: E402
@@ -57,14 +57,16 @@ def _rank(rank: int, world: int, p: dict[str, torch.Tensor]) -> dict[str, object
     mine = slice(rank * local, (rank + 1) * local)
     args = (p["hidden"][rank], p["index"][rank], p["weights"][rank], p["gate_up"][mine], p["down"][mine])
     group = dist.group.WORLD
-    out = run_expert_op(EXPERTS_OP, (*args, "silu"), group=group)
+    received: list[int] = []
+    out = run_expert_op(EXPERTS_OP, (*args, "silu"), group=group, received=received)
     grads = run_expert_op(EXPERTS_BACKWARD_OP, (p["grad_out"][rank], *args, "silu"), group=group)
     # the differentiable forward's autograd agrees with the backward op
     leaves = [t.clone().requires_grad_() for t in (args[0], args[2], args[3], args[4])]
     auto = expert_parallel_forward(leaves[0], args[1], leaves[1], leaves[2], leaves[3], activation="silu", group=group)
     auto.backward(p["grad_out"][rank])
     return {"out": out, "grads": grads, "autograd": [leaf.grad for leaf in leaves],
-            "imbalance": measure_imbalance(args[1], p["gate_up"].shape[0], group), "bad": _bad_input(group)}
+            "imbalance": measure_imbalance(args[1], p["gate_up"].shape[0], group), "bad": _bad_input(group),
+            "recorded": gathered_imbalance(sum(received), group), "received": received}
 
 
 def _bad_input(group) -> str:
@@ -98,6 +100,9 @@ def test_expert_parallel_ops_equal_one_device(world, tmp_path):
     assert torch.count_nonzero(results[owner]["grads"][2][j]) == 0  # no copy reached it: zero gradient
     per_rank = [sum(counts[r * local:(r + 1) * local]) for r in range(world)]
     assert results[0]["imbalance"] == pytest.approx(max(per_rank) * world / sum(per_rank))
+    # what the runtime records while it runs (the split sizes it already read) gives the same number
+    assert [r["received"] for r in results] == [[n] for n in per_rank]
+    assert all(r["recorded"] == pytest.approx(results[0]["imbalance"]) for r in results)
     assert all(r["bad"].startswith("activation: 'tanh'") and "\n" not in r["bad"] for r in results)
 
 

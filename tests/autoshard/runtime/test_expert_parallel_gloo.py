@@ -143,6 +143,17 @@ def test_expert_parallel_plan_equals_one_device(run, label) -> None:
     planned_collectives_issued(plan, results, label)
     assert not any(res[label]["graph"] for res in results)  # run-time split sizes: interpreted, never traced
     assert planned_all_to_alls(plan) == 8 * len(ep) // 2  # 3 forward + 5 backward per MoE layer
+    # the runtime's measured imbalance: one number per forward experts node, the same on every rank
+    # of an ep group (each group routes its own tokens)
+    ep_dim = ep[0].exchange[1]
+    forward = sorted(n.name for n in ep if n.op == "autoshard.experts.default")
+    by_group: dict[tuple, list[dict]] = {}
+    for res in results:
+        coord = res[label]["coord"]
+        by_group.setdefault(coord[:ep_dim] + coord[ep_dim + 1:], []).append(res[label]["expert_imbalance"])
+    for measured in by_group.values():
+        assert sorted(measured[0]) == forward and all(m == measured[0] for m in measured)
+        assert all(1.0 <= v <= plan.fingerprint.mesh_shape[ep_dim] for v in measured[0].values())
 
 
 def test_einsum_form_runs_its_experts_split_with_fixed_size_all_to_alls(run) -> None:
