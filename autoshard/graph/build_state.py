@@ -37,9 +37,10 @@ from autoshard.graph.regions import RegionAnalysis
 from autoshard.graph.strategy_graph import GraphEdge, GraphNode
 from autoshard.graph.tied_memory import InputCopy, TiedMemory
 from autoshard.graph.ties import UnionFind
+from autoshard.graph.token_splits import factors_signature, token_rows_needed, token_split_factors
 from autoshard.rules import OpCall, OpStrategy, RuleError, RuleRegistry, TensorMeta, op_name
 from autoshard.rules.registry import describe_call as rules_describe_call
-from autoshard.trace import TracedGraph
+from autoshard.trace import TracedGraph, tensor_arg_nodes
 
 __all__ = ["GraphBuildError", "BuildState", "Restrict", "describe_call"]
 
@@ -103,6 +104,8 @@ class BuildState:
         self.copy_live: list[tuple[tuple[int, int], ...]] = []
         self.copy_live_recomputed: list[tuple[tuple[int, int], ...]] = []
         self._view_cols: dict[int, np.ndarray] = {}
+        self._token_memo: dict[tuple[int, int], set[int]] = {}
+        self._token_rows: bool | None = None
 
     # -- nodes ---------------------------------------------------------------
     def add(self, node: GraphNode) -> int:
@@ -161,14 +164,16 @@ class BuildState:
         info = self.traced.nodes[node.name]
         start = time.perf_counter()
         try:
+            factors = self._token_factors(node)
             strategies = tuple(self.rules.strategies(
-                info.op, info.args, info.kwargs, self.mesh_shape, allow_uneven=self.allow_uneven, out_meta=info.outputs
-            ))
+                info.op, info.args, info.kwargs, self.mesh_shape, allow_uneven=self.allow_uneven, out_meta=info.outputs,
+                strided_factors=factors))
         except Exception as exc:  # any failure inside a rule: one line naming the call, not a traceback
             raise self.rule_failed(node, "enumerate its strategies", exc) from exc
         if self.rules.rule_for(info.op) is None:
             self.uncovered.add(op_name(info.op))
-        signature = f"{op_name(info.op)}|{info.args!r}|{info.kwargs!r}|{info.outputs!r}|{self.allow_uneven}"
+        signature = (f"{op_name(info.op)}|{info.args!r}|{info.kwargs!r}|{info.outputs!r}|{self.allow_uneven}"
+                     + factors_signature(factors))
         run, scalar = self._access(node, info)
         if run != float("inf") or scalar:  # contiguous tensor-only ops keep the signature they always had
             signature += f"|run={run:g}|scalar={scalar}"
@@ -206,6 +211,16 @@ class BuildState:
             self._memory_cache[(signature, owns_memory)] = memory
         self.seconds["compute"] += time.perf_counter() - start
         return strategies, compute, memory, signature
+
+    def _token_factors(self, node: fx.Node) -> tuple[int, ...]:
+        """Strided token-row splits the producers hand over (``autoshard.graph.token_splits``), on
+        meshes with a dim that does not divide the batch only (:func:`token_rows_needed`)."""
+        if self._token_rows is None:
+            self._token_rows = token_rows_needed(self.traced, self.mesh_shape)
+        if not self._token_rows:
+            return ()
+        reads = [self.producer[a.name] for a in tensor_arg_nodes(node) if a.name in self.producer]
+        return token_split_factors([(i, self.nodes[i].strategies, out) for i, out in reads], self._token_memo)
 
     def _access(self, node: fx.Node, info: Any) -> tuple[float, bool]:
         """(innermost run, scalar operand) of the node's kernel (``autoshard.graph.access``)."""

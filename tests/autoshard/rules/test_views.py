@@ -64,3 +64,17 @@ def test_complex_views_carry_no_max_or_min() -> None:
     freqs = TensorMeta((8, 4), torch.complex64)  # rotary embeddings
     assert _partials(rules.strategies(aten.view.default, (freqs, [1, 8, 1, 4]), {}, (2,))) == {"sum", "avg"}
     assert _partials(rules.strategies(aten._conj.default, (freqs,), {}, (2,))) == {"sum", "avg"}
+
+
+def test_flatten_of_fewer_sequences_than_ranks_gives_strided_token_rows() -> None:
+    # 2 sequences on 4 ranks: each rank holds a chunk of every sequence, rows strided by the batch
+    rules = load_rules()
+    tokens = TensorMeta((2, 16, 8), F32)
+    flat = rules.strategies(aten.view.default, (tokens, [32, 8]), {}, (4,))
+    assert {s.output_placements[0] for s in flat if s.input_placements[0] == (Shard(1),)} == {(StridedShard(0, 2),)}
+    # one sequence (or one per rank of an earlier mesh dim): the rows are contiguous again
+    one = rules.strategies(aten.view.default, (TensorMeta((1, 16, 8), F32), [16, 8]), {}, (4,))
+    assert any(s.input_placements[0] == (Shard(1),) and s.output_placements[0] == (Shard(0),) for s in one)
+    both = rules.strategies(aten.view.default, (tokens, [32, 8]), {}, (2, 4))
+    assert any(s.input_placements[0] == (Shard(0), Shard(1)) and s.output_placements[0] == (Shard(0), Shard(0))
+               for s in both)
