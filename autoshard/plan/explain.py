@@ -122,7 +122,8 @@ def _exchange_dim(fp: Fingerprint, dim: int) -> tuple[str, int | str]:
 
 
 _CONTEXT_KINDS = {"context_gather": "K/V all-gathered, contiguous rows",
-                  "context_gather_balanced": "K/V all-gathered, causal head-and-tail chunks"}
+                  "context_gather_balanced": "K/V all-gathered, causal head-and-tail chunks",
+                  "context_ring": "K/V passed around the ring, contiguous rows"}
 
 
 def context_parallel_lines(plan: Plan) -> list[str]:

@@ -143,7 +143,7 @@ def recompute_problem(op: str) -> str | None:
     return None
 
 
-EXCHANGE_KINDS = ("expert_dispatch", "context_gather", "context_gather_balanced")
+EXCHANGE_KINDS = ("expert_dispatch", "context_gather", "context_gather_balanced", "context_ring")
 """Exchanges a plan node may be run with (``autoshard.rules.core.OpStrategy.exchange``)."""
 
 

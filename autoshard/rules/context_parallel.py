@@ -39,6 +39,13 @@ check them.
   load-balanced head-and-tail chunk pair (chunks ``r`` and ``2 cp - 1 - r`` of
   ``2 cp``), the outputs moved back. Causal attention without a mask only, and
   only where ``2 cp`` divides the sequence.
+* ``"context_ring"``: the same placements, contiguous rows; inside the exchange
+  the K/V blocks pass around the CP ring one hop a step beside that step's
+  attention (``autoshard.runtime.context_ring``), two blocks held instead of
+  ``cp``; in the backward the blocks travel again with their dK/dV
+  accumulators. Without an explicit mask only (not yet with the balanced
+  layout: the ring's steps follow the keys' owners, the balanced queries'
+  parts another grouping).
 
 **Where it is exact** (else not offered): self-attention (``L == S``), no
 dropout, the sequence divisible by the CP degree (``2 cp`` for the balanced
@@ -55,14 +62,18 @@ work is what it prices with ``load_balanced=False``; the balanced kind is the
 load-balanced price plus the row moves (all-to-alls on the CP mesh dim: ``q``
 in and ``out``, ``logsumexp`` back in the forward; ``grad_out``, ``q``,
 ``out``, ``logsumexp`` in and ``grad_q`` back in the backward). With an
-explicit mask every pair is priced (a full mask). :func:`gathered_kv_bytes` is
-what the exchange holds beside the op (the gathered K/V).
+explicit mask every pair is priced (a full mask). The ring kind is the ring
+variant's price (each step's parts beside its pass). :func:`gathered_kv_bytes` is
+what the exchange holds beside the op (the gathered K/V; the ring's two blocks,
+four in the backward).
 
 >>> from autoshard.rules.calls import make_call
 >>> x = TensorMeta((1, 4, 64, 8), torch.float32)
 >>> call = make_call(torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default, (x, x, x, 0.0, True), {}, None)
->>> [(str(s), kind) for s, kind in context_exchanges(call)]
-[('S*(2), S*(2) <- S*(2), S*(2), S*(2)', 'context_gather'), ('S*(2), S*(2) <- S*(2), S*(2), S*(2)', 'context_gather_balanced')]
+>>> [kind for _, kind in context_exchanges(call)]
+['context_gather', 'context_gather_balanced', 'context_ring']
+>>> str(context_exchanges(call)[0][0])
+'S*(2), S*(2) <- S*(2), S*(2), S*(2)'
 """
 
 from __future__ import annotations
@@ -79,13 +90,17 @@ from autoshard.rules.core import OpCall, OpStrategy, R, S, SingleDimStrategy, Te
 from autoshard.rules.expand import ExchangeProvider, local_call, register_exchange, register_exchange_price
 
 __all__ = ["GATHER", "GATHER_BALANCED", "KINDS", "context_exchanges", "context_exchange_price",
-           "gathered_kv_bytes", "admits", "register_context_parallel"]
+           "gathered_kv_bytes", "admits", "register_context_parallel", "RING"]
 
 GATHER = "context_gather"
 """K/V all-gathered over the CP mesh dim, query rows where they are (contiguous chunks)."""
 GATHER_BALANCED = "context_gather_balanced"
 """As :data:`GATHER`, query rows moved to the causal head-and-tail chunk pairs inside the exchange."""
-KINDS = (GATHER, GATHER_BALANCED)
+RING = "context_ring"
+"""Query rows where they are (contiguous chunks); the K/V blocks passed around the CP ring, one hop a
+step beside that step's attention (``autoshard.runtime.context_ring``): two blocks held, not ``cp``.
+Without an explicit mask only."""
+KINDS = (GATHER, GATHER_BALANCED, RING)
 
 aten = torch.ops.aten
 _CPU = (aten._scaled_dot_product_flash_attention_for_cpu.default,
@@ -150,6 +165,8 @@ def context_exchanges(call: OpCall) -> list[tuple[SingleDimStrategy, str]]:
     kinds = [GATHER]
     if call.arg("is_causal", False) and _mask(call)[1] is None:
         kinds.append(GATHER_BALANCED)
+    if _mask(call)[1] is None:
+        kinds.append(RING)
     return [(single, kind) for kind in kinds]
 
 
@@ -195,12 +212,12 @@ def _attention_shape(call: OpCall, strategy: OpStrategy, mesh: MeshSpec) -> Atte
 
 
 def _priced(shape: AttentionShape, mesh: MeshSpec, mesh_dim: int, profile: HardwareProfile, causal: bool,
-            balanced: bool) -> ContextAttentionCost:
+            balanced: bool, variant: str = "all_gather") -> ContextAttentionCost:
     def price(dtype: str) -> ContextAttentionCost:
         return price_context_attention(AttentionShape(shape.batch, shape.heads, shape.kv_heads, shape.seq_len,
                                                       shape.head_dim, dtype, shape.itemsize),
                                        mesh=mesh, cp_mesh_dim=mesh_dim, profile=profile, causal=causal,
-                                       load_balanced=balanced, keep_gathered=False)
+                                       load_balanced=balanced, keep_gathered=False, variant=variant)
 
     try:
         return price(shape.dtype)
@@ -234,7 +251,7 @@ def context_exchange_price(call: OpCall, strategy: OpStrategy, *, mesh: MeshSpec
     shape = _attention_shape(call, strategy, mesh)
     causal = bool(call.arg("is_causal", False)) and _mask(call)[1] is None
     balanced = kind == GATHER_BALANCED
-    cost = _priced(shape, mesh, mesh_dim, profile, causal, balanced)
+    cost = _priced(shape, mesh, mesh_dim, profile, causal, balanced, "ring" if kind == RING else "all_gather")
     backward = call.op in _BACKWARD
     seconds = cost.backward_s if backward else cost.forward_s
     if balanced:
@@ -254,7 +271,10 @@ def gathered_kv_bytes(call: OpCall, strategy: OpStrategy, *, mesh: MeshSpec, **_
     local = local_call(call, strategy, mesh_shape)
     names = call.tensor_names()
     cp = mesh_shape[strategy.exchange[1]]
-    kv = sum(local.inputs[names.index(n)].nbytes for n in ("key", "value")) * cp
+    local_kv = sum(local.inputs[names.index(n)].nbytes for n in ("key", "value"))
+    if strategy.exchange[0] == RING:  # the block in hand and the one arriving; the backward's two dK/dV too
+        return 4 * local_kv if call.op in _BACKWARD else 2 * local_kv
+    kv = local_kv * cp
     return 2 * kv if call.op in _BACKWARD else kv
 
 

@@ -16,6 +16,9 @@ given the process group of that mesh dim):
 * ``context_gather_balanced``: the same, with the query rows (and in the backward ``grad_out``,
   ``out``, ``logsumexp``) moved to the causal head-and-tail layout and back by an all-to-all
   (``autoshard.runtime.context_comm``); causal attention only.
+* ``context_ring``: the same rows, the K/V blocks passed around the group's ring one hop a
+  step beside that step's parts (``autoshard.runtime.context_ring``); in the backward the
+  blocks travel again with their dK/dV accumulators. Without an explicit mask.
 
 An explicit ``attn_mask`` arrives split on its query rows (dim 2) with every key column, or with
 one row for all; the causal flag and scale are the node's; dropout must be 0.
@@ -42,13 +45,14 @@ import torch.distributed as dist
 from autoshard.runtime import context_comm
 from autoshard.runtime.context_attention import CPConfig, _backward, _Blocks, _forward, _setup, dense
 from autoshard.runtime.context_cuda import padded_lse_rows
+from autoshard.runtime.context_ring import _ring_backward, _ring_forward
 
 __all__ = ["CONTEXT_KINDS", "ContextOpError", "context_attention_forward", "context_attention_backward",
            "run_context_op", "collectives_of", "planned_context_collectives"]
 
 aten = torch.ops.aten
 
-CONTEXT_KINDS = ("context_gather", "context_gather_balanced")
+CONTEXT_KINDS = ("context_gather", "context_gather_balanced", "context_ring")
 """The exchange kinds this module runs."""
 
 _FLASH = "aten._scaled_dot_product_flash_attention.default"
@@ -68,11 +72,13 @@ class ContextOpError(ValueError):
 
 
 def _node_setup(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: Any, causal: bool,
-                scale: float | None, mask: torch.Tensor | None, load_balanced: bool, kernel: str | None
-                ) -> tuple[CPConfig, torch.Tensor | None]:
+                scale: float | None, mask: torch.Tensor | None, load_balanced: bool, kernel: str | None,
+                ring: bool = False) -> tuple[CPConfig, torch.Tensor | None]:
     """The config of one plan node's call (contiguous K/V) and its mask made additive in q's dtype."""
     if load_balanced and not causal:
         raise ContextOpError(f"{name}: the load-balanced layout is for causal attention only")
+    if ring and (load_balanced or mask is not None):
+        raise ContextOpError(f"{name}: the ring exchange runs contiguous rows without an explicit mask")
     group, cp, layout, kernel, _ = _setup(name, q, k, v, group, load_balanced, kernel, None, causal, None)
     seq_len = cp * q.shape[2]
     if mask is not None:
@@ -84,7 +90,7 @@ def _node_setup(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gr
             mask = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill(blocked, float("-inf"))
         mask = mask.to(q.dtype)
     config = CPConfig(group.group_name, dist.get_rank(group), layout, bool(causal), None, scale, kernel, False,
-                      seq_len, keys_contiguous=True)
+                      seq_len, ring=ring, keys_contiguous=True)
     return config, mask
 
 
@@ -94,7 +100,7 @@ def _rows_moved(mask: torch.Tensor | None) -> bool:
 
 def context_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: Any = None, *,
                               causal: bool, scale: float | None = None, mask: torch.Tensor | None = None,
-                              load_balanced: bool = False, kernel: str | None = None
+                              load_balanced: bool = False, kernel: str | None = None, ring: bool = False
                               ) -> tuple[torch.Tensor, torch.Tensor]:
     """A plan's forward attention node over the CP ``group``: ``(out, lse)``, this rank's rows of
     the whole sequence's attention; ``q, k, v`` (and ``mask``'s rows) are this rank's contiguous
@@ -106,14 +112,14 @@ def context_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         out, lse = context_attention_forward(q, k, v, group, causal=True, load_balanced=True)
     """
     config, mask = _node_setup("context_attention_forward", q, k, v, group, causal, scale, mask, load_balanced,
-                               kernel)
+                               kernel, ring)
     layout, moved = config.layout, _rows_moved(mask)
     if load_balanced and layout.cp > 1:
         q, *rest = context_comm.to_balanced([q, mask] if moved else [q], layout, config.rank, config.group_name)
         mask = rest[0] if moved else mask
     blocks = _Blocks((k, v), config)
     blocks.mask = mask
-    out, lse = _forward(q, blocks)
+    out, lse = (_ring_forward if ring else _forward)(q, blocks)
     # a row that sees no key: lse 0, as the fused kernels give it (not the merge's -inf)
     lse = lse.masked_fill(lse == float("-inf"), 0.0)
     if load_balanced and layout.cp > 1:
@@ -124,7 +130,7 @@ def context_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 def context_attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                out: torch.Tensor, lse: torch.Tensor, group: Any = None, *, causal: bool,
                                scale: float | None = None, mask: torch.Tensor | None = None,
-                               load_balanced: bool = False, kernel: str | None = None
+                               load_balanced: bool = False, kernel: str | None = None, ring: bool = False
                                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A plan's attention backward node over the CP ``group``: ``(dq, dk, dv)`` of this rank's
     rows, from this rank's rows of ``grad_out, q, k, v, out, lse`` (those
@@ -135,7 +141,7 @@ def context_attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Ten
         dq, dk, dv = context_attention_backward(dout, q, k, v, out, lse, group, causal=True, load_balanced=True)
     """
     config, mask = _node_setup("context_attention_backward", q, k, v, group, causal, scale, mask, load_balanced,
-                               kernel)
+                               kernel, ring)
     layout, moved = config.layout, _rows_moved(mask)
     if load_balanced and layout.cp > 1:
         dout, q, out, lse, *rest = context_comm.to_balanced([dout, q, out, lse, *([mask] if moved else [])], layout,
@@ -143,7 +149,7 @@ def context_attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Ten
         mask = rest[0] if moved else mask
     blocks = _Blocks((k, v), config)
     blocks.mask = mask
-    dq, dk, dv = _backward(dense(dout), q, dense(out), lse, blocks)
+    dq, dk, dv = (_ring_backward if ring else _backward)(dense(dout), q, dense(out), lse, blocks)
     if load_balanced and layout.cp > 1:
         (dq,) = context_comm.to_contiguous([dq], layout, config.rank, config.group_name)
     return dq, dk, dv
@@ -185,7 +191,8 @@ def run_context_op(op: Any, args: Sequence[Any], kwargs: Mapping[str, Any], *, k
         raise ContextOpError(f"{name}: dropout_p {a['dropout_p']} inside context-parallel attention is not "
                              "supported (it must be 0)")
     options = {"causal": bool(a["is_causal"]), "scale": a.get("scale"),
-               "mask": a.get("attn_mask", a.get("attn_bias")), "load_balanced": kind == "context_gather_balanced"}
+               "mask": a.get("attn_mask", a.get("attn_bias")), "load_balanced": kind == "context_gather_balanced",
+               "ring": kind == "context_ring"}
     if options["load_balanced"] and not options["causal"]:
         raise ContextOpError(f"{name}: exchange context_gather_balanced is for causal attention only "
                              "(the node's is_causal is False)")
@@ -218,15 +225,21 @@ def _forward_outputs(name: str, q: torch.Tensor, k: torch.Tensor, out: torch.Ten
 # ------------------------------------------------------------------ what a plan issues
 
 
-def collectives_of(op: str, kind: str) -> Counter:
+def collectives_of(op: str, kind: str, cp: int | None = None) -> Counter:
     """The collectives one call of the node ``op`` (its name in a plan) with exchange ``kind``
-    issues on its CP group, by kind (``context_comm.COLLECTIVES``).
+    issues on its CP group of ``cp`` ranks, by kind (``context_comm.COLLECTIVES``); a ring pass is
+    one all-to-all with one send and one receive: ``cp - 1`` of them forward (K/V), ``2 cp - 1``
+    backward (K/V and the dK/dV accumulators, one more hop to take them home).
 
     >>> dict(collectives_of("aten._scaled_dot_product_flash_attention_for_cpu_backward.default",
     ...                     "context_gather_balanced"))
     {'all_to_all': 2, 'all_gather': 1, 'reduce_scatter': 1}
     """
     moves = 2 if kind == "context_gather_balanced" else 0  # rows there and back
+    if kind == "context_ring" and (op in _FORWARD or op in _BACKWARD):
+        if cp is None:
+            raise ContextOpError(f"{op}: a ring exchange's passes depend on the group's size (cp)")
+        return Counter({"all_to_all": 2 * cp - 1 if op in _BACKWARD else cp - 1}) - Counter()
     if op in _FORWARD:
         return Counter({"all_to_all": moves, "all_gather": 1}) - Counter()
     if op in _BACKWARD:
@@ -255,6 +268,7 @@ def planned_context_collectives(plan: Any) -> Counter:
         if mesh_shape is not None and mesh_shape[exchange[1]] == 1:
             continue
         times = 2 if n.name in again else 1
-        for kind, count in collectives_of(n.op, exchange[0]).items():
+        cp = mesh_shape[exchange[1]] if mesh_shape is not None else None
+        for kind, count in collectives_of(n.op, exchange[0], cp).items():
             total[(kind, exchange[1])] += count * times
     return total

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from autoshard.runtime import context_comm
 from autoshard.runtime.context_attention import (KERNELS, CPConfig, _Blocks, _mask, _merge, _part_backward, _setup,
                                                  _slot, _split)
 
@@ -48,7 +49,7 @@ def _pass_on(flat: torch.Tensor, config: CPConfig) -> torch.Tensor:
     send, receive = [0] * cp, [0] * cp
     send[(rank + 1) % cp] = n
     receive[(rank - 1) % cp] = n
-    return _OPS.all_to_all_single(flat, receive, send, config.group_name)
+    return context_comm.issue("all_to_all", flat, receive, send, config.group_name)  # every CP collective's one door
 
 
 def _hold(blocks: _Blocks, flat: torch.Tensor, owner: int) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from autoshard.graph.builder import build_graph
-from autoshard.rules.context_parallel import GATHER, GATHER_BALANCED
+from autoshard.rules.context_parallel import GATHER, GATHER_BALANCED, RING
 from autoshard.trace import trace_joint
 from costmodel.collectives import collective_time_s
 from costmodel.context_parallel import AttentionShape, price_context_attention
@@ -77,3 +77,18 @@ def test_gathered_kv_is_a_memory_bound_at_the_ops_time_only_for_context_strategi
     backward = _attention(graph, True)
     k = _strategy(backward, GATHER, "RS(2)")  # gathered K/V and the dK/dV buffer of the reduce-scatter
     assert graph.nodes[graph.index[f"memory:in:{backward.name}:99"]].memory_bytes[k] == 4 * kv_local
+
+
+@pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward"])
+def test_ring_is_priced_as_its_passes_and_holds_two_blocks(graph, backward) -> None:
+    node = _attention(graph, backward)
+    j = _strategy(node, RING, "RS(2)")
+    shape = AttentionShape(batch=2, heads=4, kv_heads=4, seq_len=SEQ, head_dim=16, dtype="torch.float32", itemsize=4)
+    cost = price_context_attention(shape, mesh=MESH, cp_mesh_dim=1, profile=H100, causal=True,
+                                   load_balanced=False, keep_gathered=False, variant="ring")
+    assert node.compute_s[j] == pytest.approx(H100.device.step_op_s + (cost.backward_s if backward else cost.forward_s),
+                                              rel=1e-12)
+    kv_local = 2 * (2 * 4 * (SEQ // 2) * 16 * 4)  # K and V, this rank's rows
+    bound = graph.nodes[graph.index[f"memory:in:{node.name}:99"]]
+    # the block in hand and the one arriving (and the backward's two dK/dV accumulators), not cp blocks
+    assert bound.memory_bytes[j] == (4 if backward else 2) * kv_local

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from autoshard.rules import Rule, SingleDimStrategy, TensorMeta, load_rules
-from autoshard.rules.context_parallel import GATHER, GATHER_BALANCED, admits, context_exchanges
+from autoshard.rules.context_parallel import GATHER, GATHER_BALANCED, RING, admits, context_exchanges
 from autoshard.rules.expand import exchange_pricer
 from autoshard.validation.validator import validate_rule
 
@@ -35,11 +35,11 @@ def _cp(strategies) -> list[tuple[str, tuple[str, int]]]:
     return [(str(s), s.exchange) for s in strategies if s.exchange is not None]
 
 
-def test_causal_attention_offers_both_kinds_on_every_mesh_dim_with_batch_and_head_companions(registry) -> None:
+def test_causal_attention_offers_every_kind_on_every_mesh_dim_with_batch_and_head_companions(registry) -> None:
     call = registry.op_call(CPU, (*_qkv(16), 0.0, True), {})
     found = _cp(registry.strategies(CPU, call.args, call.kwargs, (2, 2), out_meta=call.outputs))
     kinds = {(kind, dim) for _, (kind, dim) in found}
-    assert kinds == {(GATHER, 0), (GATHER, 1), (GATHER_BALANCED, 0), (GATHER_BALANCED, 1)}
+    assert kinds == {(GATHER, 0), (GATHER, 1), (GATHER_BALANCED, 0), (GATHER_BALANCED, 1), (RING, 0), (RING, 1)}
     on_dim0 = sorted(text for text, ex in found if ex == (GATHER, 0))
     tag = " [context_gather@0]"
     assert on_dim0 == ["S(2)R, S(2)R <- S(2)R, S(2)R, S(2)R" + tag,
@@ -50,7 +50,7 @@ def test_causal_attention_offers_both_kinds_on_every_mesh_dim_with_batch_and_hea
 def test_no_context_split_where_the_sequence_does_not_divide(registry) -> None:
     call = registry.op_call(CPU, (*_qkv(12), 0.0, True), {})
     on_4 = _cp(registry.strategies(CPU, call.args, call.kwargs, (4,), out_meta=call.outputs))
-    assert {ex for _, ex in on_4} == {(GATHER, 0)}  # 12 rows on 4 ranks, but 8 chunks do not divide 12
+    assert {ex for _, ex in on_4} == {(GATHER, 0), (RING, 0)}  # 12 rows on 4 ranks, but 8 chunks do not divide 12
     odd = registry.op_call(CPU, (*_qkv(6), 0.0, True), {})
     assert _cp(registry.strategies(CPU, odd.args, odd.kwargs, (4,), out_meta=odd.outputs)) == []
     assert admits(call, GATHER_BALANCED, 3) and not admits(call, GATHER_BALANCED, 4)
@@ -79,7 +79,8 @@ def test_backward_splits_every_sequence_tensor_and_gradients(registry) -> None:
     call = registry.op_call(CPU_BACKWARD, (out, q, k, v, out, lse, 0.0, True), {})
     assert [(str(s), kind) for s, kind in context_exchanges(call)] == [
         ("S*(2), S*(2), S*(2) <- S*(2), S*(2), S*(2), S*(2), S*(2), S*(2)", GATHER),
-        ("S*(2), S*(2), S*(2) <- S*(2), S*(2), S*(2), S*(2), S*(2), S*(2)", GATHER_BALANCED)]
+        ("S*(2), S*(2), S*(2) <- S*(2), S*(2), S*(2), S*(2), S*(2), S*(2)", GATHER_BALANCED),
+        ("S*(2), S*(2), S*(2) <- S*(2), S*(2), S*(2), S*(2), S*(2), S*(2)", RING)]
 
 
 def test_cuda_kernels_keep_their_random_state_replicated(registry) -> None:
