@@ -55,7 +55,7 @@ def _pass_on(flat: torch.Tensor, config: CPConfig) -> torch.Tensor:
 def _hold(blocks: _Blocks, flat: torch.Tensor, owner: int) -> None:
     """Make the block in ``flat`` (owner ``owner``'s K, V, padding) the one the parts read."""
     views = _split(flat, tuple(t.shape for t in blocks.local), 1)
-    blocks.everyone = tuple({owner: view[0]} for view in views)
+    blocks.everyone = tuple({owner: view.select(0, 0)} for view in views)  # no indexing: CUDA fake tensors
 
 
 def _ring_forward(q: torch.Tensor, blocks: _Blocks) -> tuple[torch.Tensor, torch.Tensor]:
@@ -69,7 +69,7 @@ def _ring_forward(q: torch.Tensor, blocks: _Blocks) -> tuple[torch.Tensor, torch
         for part in (p for p in parts if p.step == step):
             slot = _slot(part, config)
             mask, reached = _mask(part, blocks, q.dtype, q.device)
-            out, lse = kernel.forward(q[:, :, slot * c:(slot + 1) * c], blocks.chunks(0, part),
+            out, lse = kernel.forward(q.narrow(2, slot * c, c), blocks.chunks(0, part),
                                       blocks.chunks(1, part), part.mode == "causal" and mask is None, mask,
                                       config.scale)
             if reached is not None:
@@ -97,7 +97,7 @@ def _ring_backward(dout: torch.Tensor, q: torch.Tensor, out: torch.Tensor, lse: 
         pending_kv = _pass_on(flat, config) if step < cp - 1 else None
         grads = torch.zeros(k.numel() + v.numel(), dtype=acc_dtype, device=k.device)
         owner = (rank - step) % cp
-        dk_block, dv_block = (view[0] for view in _split(grads, (k.shape, v.shape), 1))
+        dk_block, dv_block = (view.select(0, 0) for view in _split(grads, (k.shape, v.shape), 1))
         # _part_backward adds a remote part's dK/dV at [owner] of what it is given
         into = (dk_block, dv_block) if owner == rank else ({owner: dk_block}, {owner: dv_block})
         for part in (p for p in parts if p.step == step):
@@ -109,7 +109,8 @@ def _ring_backward(dout: torch.Tensor, q: torch.Tensor, out: torch.Tensor, lse: 
             flat = _OPS.wait_tensor(pending_kv)
             _hold(blocks, flat, (rank - step - 1) % cp)
     mine = _OPS.wait_tensor(pending_grads) if pending_grads is not None else grads
-    return dq.to(q.dtype), mine[:k.numel()].view(k.shape).to(k.dtype), mine[k.numel():].view(v.shape).to(v.dtype)
+    return (dq.to(q.dtype), mine.narrow(0, 0, k.numel()).view(k.shape).to(k.dtype),
+            mine.narrow(0, k.numel(), v.numel()).view(v.shape).to(v.dtype))
 
 
 class _RingAttention(torch.autograd.Function):

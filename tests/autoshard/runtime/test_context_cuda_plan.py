@@ -33,10 +33,12 @@ from examples.models import llama3
 CUDA = torch.device("cuda", 0)
 
 
-def _context_only(node, strategies):
-    if "attention" not in str(node.target):
-        return strategies
-    return [s for s in strategies if s.exchange == ("context_gather", 0)] or strategies
+def _context_only(kind):
+    def restrict(node, strategies):
+        if "attention" not in str(node.target):
+            return strategies
+        return [s for s in strategies if s.exchange == (kind, 0)] or strategies
+    return restrict
 
 
 @pytest.fixture()
@@ -46,13 +48,14 @@ def fake_group():
     dist.destroy_process_group()
 
 
-def test_a_context_parallel_plan_steps_on_cuda_fake_tensors_without_leaving_the_device(fake_group):
+@pytest.mark.parametrize("kind", ["context_gather", "context_ring"])
+def test_a_context_parallel_plan_steps_on_cuda_fake_tensors_without_leaving_the_device(fake_group, kind):
     model, inputs = llama3.tiny(device="meta", dtype="bfloat16", seq_len=64)
     prep = prepare(model, inputs, (2,), ("cp",), profile="h100-sxm-80gb", recompute="none")
     graph = build_graph(prep.traced, MeshSpec((2,), ("cp",)), load("h100-sxm-80gb"), optimizer=prep.graph.optimizer,
-                        recompute=False, restrict=_context_only)
+                        recompute=False, restrict=_context_only(kind))
     plan = solve_prepared(dataclasses.replace(prep, graph=graph), time_limit=10)
-    assert sum(n.exchange == ("context_gather", 0) for n in plan.nodes) == 4  # 2 layers, forward and backward
+    assert sum(n.exchange == (kind, 0) for n in plan.nodes) == 4  # 2 layers, forward and backward
     traced = prep.traced
 
     def local(value, text):
