@@ -7,6 +7,14 @@ memory), then the schedule, the microbatches and the bubble: the idle share of t
 busiest rank's step, simulated by ``costmodel.pipeline_simulate`` over the schedule's
 per-rank orders with the stage times the section records (without them, one time unit
 per block forward and two backward: the bubble of the cut's balance alone, said so).
+:func:`plot_schedule` draws that simulation's per-rank timeline (``autoshard explain
+--plot-schedule``): every forward, backward and weight-gradient action of every
+microbatch at its simulated start and end, the gaps between them the bubble. The
+search priced each stage with its input and weight backward halves of the backward
+(``autoshard.search.pipeline``), the point-to-point sends and the reductions and
+optimizer after the last microbatch; the section records the stage times, not the
+sends, so the timeline here is the compute part (the summary line gives the
+search's bubble with the sends beside it).
 
 >>> from autoshard.plan.pipeline_section import build_pipeline_section
 >>> s = build_pipeline_section(schedule="1F1B", n_ranks=2, n_microbatches=4, batch_size=8,
@@ -18,13 +26,13 @@ per block forward and two backward: the bubble of the cut's balance alone, said 
 from __future__ import annotations
 
 from costmodel.pipeline_schedules import build_schedule
-from costmodel.pipeline_simulate import StageCost, simulate_pipeline
+from costmodel.pipeline_simulate import PipelineSimulation, StageCost, simulate_pipeline
 
 from autoshard.plan.format import Plan
 from autoshard.sizes import format_bytes
 from autoshard.plan.pipeline_section import PipelineSection
 
-__all__ = ["pipeline_lines", "simulated_bubble"]
+__all__ = ["pipeline_lines", "simulated_bubble", "section_simulation", "plot_schedule"]
 
 _MODULES_SHOWN = 4
 """Module paths listed per stage before ``...``: a 126-block stage stays one row."""
@@ -37,6 +45,13 @@ def _priced(section: PipelineSection) -> bool:
 def simulated_bubble(section: PipelineSection) -> tuple[float, bool]:
     """(bubble fraction of the section's schedule simulated with its stage times, whether those
     times were priced) (module docstring)."""
+    sim, priced = section_simulation(section)
+    return sim.bubble_fraction, priced
+
+
+def section_simulation(section: PipelineSection) -> tuple[PipelineSimulation, bool]:
+    """The section's schedule simulated with its stage times (the search's split of each backward
+    into input and weight halves), and whether those times were priced (module docstring)."""
     priced = _priced(section)
     costs = []
     for st in section.stages:
@@ -48,7 +63,7 @@ def simulated_bubble(section: PipelineSection) -> tuple[float, bool]:
                                full_backward_s=bwd))
     schedule = build_schedule(section.schedule, n_ranks=section.n_ranks, n_microbatches=section.n_microbatches,
                               stages_per_rank=section.stages_per_rank)
-    return simulate_pipeline(schedule, costs).bubble_fraction, priced
+    return simulate_pipeline(schedule, costs), priced
 
 
 def _modules(paths: tuple[str, ...]) -> str:
@@ -94,3 +109,47 @@ def pipeline_lines(plan: Plan) -> list[str]:
         tail.append(f"tensor parallel inside the stages (torch's parallelize_module on tp): "
                     f"{styles.count('colwise')} linears split by column, {styles.count('rowwise')} by row")
     return [*lines, *tail]
+
+
+_COLOURS = {"F": "#4c72b0", "B": "#dd8452", "I": "#dd8452", "W": "#55a868"}
+_LABELS = {"F": "forward", "B": "backward", "I": "backward (input)", "W": "backward (weight)"}
+
+
+def plot_schedule(plan: Plan, path: str) -> None:
+    """Draw the pipeline's per-rank timeline (:func:`section_simulation`) into the PNG ``path``:
+    one row per rank of the pipeline dim, one box per action labelled ``stage:microbatch``, the
+    white gaps the bubble. ``ValueError`` for a plan without a pipeline section; needs matplotlib.
+
+    >>> # plot_schedule(Plan.load("plan.json"), "schedule.png")
+    """
+    if plan.pipeline is None:
+        raise ValueError("--plot-schedule: the plan has no pipeline section (solve it on a mesh with a 'pp' dim)")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    section = plan.pipeline
+    sim, priced = section_simulation(section)
+    scale, unit = (1e3, "ms") if priced else (1.0, "block units")
+    per_rank = len(sim.actions) / max(1, section.n_ranks)
+    fig, ax = plt.subplots(figsize=(min(40.0, max(8.0, 0.25 * per_rank)), 1.0 + 0.6 * section.n_ranks))
+    for timed in sim.actions:
+        kind = timed.action.kind.value
+        start, width = timed.start_s * scale, (timed.end_s - timed.start_s) * scale
+        ax.broken_barh([(start, width)], (timed.rank - 0.4, 0.8), facecolors=_COLOURS[kind], edgecolor="white")
+        if width > 0:
+            ax.text(start + width / 2, timed.rank, f"{timed.action.stage}:{timed.action.microbatch}", ha="center",
+                    va="center", fontsize=6, color="white", clip_on=True)
+    ax.set_yticks(range(section.n_ranks), [f"rank {r}" for r in range(section.n_ranks)])
+    ax.invert_yaxis()
+    ax.set_xlabel(f"time ({unit}); box = stage:microbatch")
+    ax.set_title(f"{section.schedule}: {section.n_stages} stages on {section.n_ranks} ranks, {section.n_microbatches} "
+                 f"microbatches, bubble {sim.bubble_fraction:.1%}" + ("" if priced else " (block counts, not priced)"))
+    kinds = sorted({t.action.kind.value for t in sim.actions}, key="FBIW".index)
+    ax.legend(handles=[Patch(color=_COLOURS[k], label=_LABELS[k]) for k in kinds], loc="upper left",
+              bbox_to_anchor=(1.0, 1.0), fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -119,7 +119,7 @@ def layouts_table(options: Mapping[str, Any]) -> list[str]:
     if not rows:
         return []
     search = options["mesh_search"]
-    front = {r.text for r in pareto_front(rows)}
+    front = {(r.shape, r.dim_names) for r in pareto_front(rows)}  # by names too: 4x4x4 is a dp,tp and a cp layout
     counts = {o: sum(r.outcome == o for r in rows) for o in OUTCOMES}
     head = (f"mesh search: {search.get('devices')} devices, {search.get('devices_per_node')} per node: "
             f"{len(rows)} layouts, " + ", ".join(f"{n} {o.replace('_', ' ')}" for o, n in counts.items() if n)
@@ -129,7 +129,7 @@ def layouts_table(options: Mapping[str, Any]) -> list[str]:
              "|---|---|---|---:|---:|---:|---|---:|---|"]
     for r in rows:
         mark = " **chosen**" if r.chosen else ""
-        note = "; ".join(x for x in (("Pareto" if r.text in front else ""), (f"portfolio {r.portfolio}"
+        note = "; ".join(x for x in (("Pareto" if (r.shape, r.dim_names) in front else ""), (f"portfolio {r.portfolio}"
                                      if r.portfolio else ""), ("cached" if r.cached else ""), r.reason) if x)
         peak = "-" if r.peak_memory_bytes is None else format_bytes(r.peak_memory_bytes)
         lines.append(f"| {r.text}{mark} | {','.join(r.dim_names)} | {r.outcome.replace('_', ' ')} | {_ms(r.step_s)} "

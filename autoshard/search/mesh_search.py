@@ -40,6 +40,10 @@ dims do not divide), not layouts that are merely slow to communicate. It
 costs a build (the solve is what it saves); a cached bound cuts a layout
 before it is built.
 
+Next to the dp / tp layouts, ``pp`` layouts (stages across nodes, priced by the
+pipeline search, cut by the matmul bound (p2)) and ``cp`` layouts (sequence inputs
+pinned on a ``cp`` dim, cut by the bound above): :mod:`autoshard.search.mesh_stages`.
+
 Parallel, resumable. Layouts are built and solved in ``jobs`` forked worker
 processes that inherit the one trace (Linux; elsewhere, or with ``jobs=1``,
 in this process, one after another). 3-D layouts seeded from the same
@@ -97,6 +101,9 @@ from autoshard.plan.layout_report import LayoutResult
 from autoshard.search.solve import InfeasibleMemoryError, prepare, solve_prepared
 from autoshard.search.mesh_layouts import (MeshLayout, check_devices, devices_per_node_of, enumerate_layouts,
                                     profile_for_nodes)
+from autoshard.search.mesh_stages import (ModelShape, context_layouts_for, layout_kind, merged_pins, model_shape,
+                                          name_context_dim, pipeline_bound_s, pipeline_layouts_for,
+                                          solve_pipeline_layout, take_turns)
 
 __all__ = ["MIN_SOLVE_S", "CUT_TOLERANCE", "SearchStatus", "NoLayoutError", "search_mesh", "layout_bound"]
 
@@ -186,6 +193,10 @@ class _Work:
     """Hands one finished layout to the search's process."""
     seed_memo: dict[Any, Any] = field(default_factory=dict)
     """Seeds of 3-D layouts by coarse mesh, per process (``prepare(seed_memo=)``)."""
+    model: Any = None
+    """The model and its example inputs: what a pp layout's pipeline search cuts into blocks."""
+    inputs: Any = None
+    shape: ModelShape | None = None
 
 
 _WORK: _Work | None = None
@@ -227,13 +238,18 @@ def _solve_layout(index: int, cached_bound: float | None) -> str:
                     reason=f"bound {cached_bound * 1e3:.3f} ms (cached) >= best {best * 1e3:.3f} ms")
     if t0 >= work.deadline:
         return done("skipped", reason="time limit reached before it started", bound_s=cached_bound)
+    if layout_kind(layout) == "pp":
+        return _solve_pipeline(layout, work, done, failed)
+    options = work.options
+    if layout_kind(layout) == "cp":  # the sequence split on cp; its own seed (the shared ones are unpinned)
+        options = options.with_changes(pins=merged_pins(options.pins, layout, work.shape))
     try:
         # a seed's share is of what each layout gets (the same for every layout: seeds are shared),
         # and never past the deadline
         each = min(work.time_limit, work.time_limit * work.jobs / len(work.layouts), work.deadline - t0)
-        prep = prepare(None, None, layout.shape, layout.dim_names, work.options.with_changes(time_limit=each),
-                       traced=work.traced, seed_memo=work.seed_memo)
-        bound = layout_bound(prep, work.options)
+        prep = prepare(None, None, layout.shape, layout.dim_names, options.with_changes(time_limit=each),
+                       traced=work.traced, seed_memo=work.seed_memo if options is work.options else None)
+        bound = layout_bound(prep, options)
     except Exception as exc:  # noqa: BLE001 - see failed()
         return failed(exc)
     best = work.incumbent.value
@@ -248,13 +264,37 @@ def _solve_layout(index: int, cached_bound: float | None) -> str:
     # with fewer layouts left than workers, a share would outlast the deadline: it ends there
     limit = min(work.time_limit, remaining * work.jobs / left, remaining)
     try:
-        plan = solve_prepared(prep, work.options.with_changes(time_limit=limit))
+        plan = solve_prepared(prep, options.with_changes(time_limit=limit))
     except InfeasibleMemoryError as exc:
         return done("no_fit", bound_s=bound, reason=_one_line(exc))
     except Exception as exc:  # noqa: BLE001 - see failed()
         return failed(exc, bound_s=bound)
     return done("solved", plan, step_s=plan.estimate.step_s, peak_memory_bytes=plan.estimate.peak_memory_bytes,
                 bound_s=bound, solver_status=plan.solver.status, portfolio=plan.options.get("portfolio"))
+
+
+def _solve_pipeline(layout: MeshLayout, work: _Work, done: Callable[..., str], failed: Callable[..., str]) -> str:
+    """A pp layout: cut by (p2), else priced by the pipeline search (``autoshard.search.mesh_stages``)."""
+    from autoshard.plan.pipeline_section import PipelineError
+
+    bound, best = pipeline_bound_s(work.shape, layout.devices, work.profile), work.incumbent.value
+    if bound >= best * (1 + CUT_TOLERANCE):
+        return done("cut", bound_s=bound, reason=f"matmul bound {bound * 1e3:.3f} ms >= best {best * 1e3:.3f} ms")
+    remaining = work.deadline - time.monotonic()
+    # its share of what is left (done() counts it as started: its share then goes to the others)
+    limit = min(work.time_limit, remaining * work.jobs / max(work.unsolved.value, 1), remaining)
+    try:
+        out = solve_pipeline_layout(work.model, work.inputs, work.traced, layout, work.options, time_limit=limit,
+                                    incumbent_s=best)
+    except (InfeasibleMemoryError, PipelineError) as exc:
+        return done("no_fit", bound_s=bound, reason=_one_line(exc))
+    except Exception as exc:  # noqa: BLE001 - see _solve_layout's failed()
+        return failed(exc, bound_s=bound)
+    if out.plan is None:  # priced, slower than the incumbent: no plan built
+        return done("cut", bound_s=bound, reason=f"pipeline ({out.schedule}) {out.step_s * 1e3:.3f} ms "
+                    f">= best {best * 1e3:.3f} ms")
+    return done("solved", out.plan, step_s=out.step_s, peak_memory_bytes=out.peak_memory_bytes, bound_s=bound,
+                solver_status=out.plan.solver.status, reason=f"pipeline {out.schedule}")
 
 
 def _one_line(exc: BaseException) -> str:
@@ -275,7 +315,7 @@ def _groups(todo: Sequence[int], layouts: Sequence[MeshLayout], search: str) -> 
     """The tasks: layouts seeded from the same coarse mesh together, the rest
     alone; larger tasks and more mesh dims first (the longest jobs first keep
     every worker busy to the end, and finer meshes split compute at least as
-    well, so a good plan is known early to cut with)."""
+    well, so a good plan is known early to cut with), the kinds taking turns."""
     from costmodel.mesh import MeshSpec
 
     from autoshard.graph.restrict import choose_search, coarse_groups, coarse_mesh
@@ -283,13 +323,14 @@ def _groups(todo: Sequence[int], layouts: Sequence[MeshLayout], search: str) -> 
     by_seed: dict[Any, list[int]] = {}
     for i in todo:
         shape = layouts[i].shape
-        if choose_search(shape, search) == "seeded":
+        if layout_kind(layouts[i]) == "plain" and choose_search(shape, search) == "seeded":
             coarse = coarse_mesh(MeshSpec(shape), coarse_groups(shape))
             key: Any = (coarse.shape, coarse.strides)
         else:
             key = i
         by_seed.setdefault(key, []).append(i)
-    return sorted(by_seed.values(), key=lambda g: (-len(g), -len(layouts[g[0]].shape), g[0]))
+    ordered = sorted(by_seed.values(), key=lambda g: (-len(g), -len(layouts[g[0]].shape), g[0]))
+    return take_turns(ordered, [layout_kind(layouts[g[0]]) for g in ordered])
 
 
 # ---------------------------------------------------------------------------------------------- search
@@ -314,6 +355,8 @@ def search_mesh(
     max_dims: int = 3,
     progress: Callable[[SearchStatus], None] | None = None,
     traced: Any = None,
+    pipeline: bool = True,
+    context: bool | None = None,
     **changes: Any,
 ) -> Plan:
     """The fastest plan over the mesh layouts of ``devices`` devices in nodes of
@@ -326,6 +369,9 @@ def search_mesh(
     ``time_limit`` is the whole search's. ``traced``: the model already traced
     (``trace_joint(model, example_inputs)``; ``model`` and ``example_inputs`` are then unused).
     ``jobs``: worker processes (default: the cores this process may use).
+    ``pipeline``: also try pp layouts (needs ``model``, not only ``traced``); ``context``: cp
+    layouts where the batch has fewer sequences than devices (None), always (True) or never (False)
+    (:mod:`autoshard.search.mesh_stages`).
     ``cache_dir``: layout cache folder (default
     :func:`autoshard.plan.cache_folder.default_cache_dir`; ``False``: no cache).
     Raises :class:`~autoshard.search.solve.InfeasibleMemoryError` when no layout
@@ -346,7 +392,7 @@ def search_mesh(
     opts = solve_options(options, changes)
     time_limit = opts.time_limit
     prof, node_size, layouts = _profile_and_layouts(opts, devices, node_size, max_dims)
-    total = len(layouts)
+    total = len(layouts)  # until the trace says which pp / cp layouts the model has
 
     def report(phase: str, done: int, best: LayoutResult | None = None, last: LayoutResult | None = None) -> None:
         if progress is not None:
@@ -356,6 +402,12 @@ def search_mesh(
     if traced is None:
         traced = trace_joint(model, example_inputs, target_device=opts.device_type or prof.device_type, stamp=True)
     trace_s = time.monotonic() - start
+    shape = model_shape(traced)
+    extra = [] if context is False else context_layouts_for(devices, node_size, shape, always=bool(context))
+    if pipeline and model is not None:
+        extra += pipeline_layouts_for(devices, node_size, n_blocks=shape.n_blocks)
+    layouts = (*layouts, *extra)
+    total = len(layouts)
     report("trace", 1)
 
     folder = cache_folder(cache_dir)
@@ -385,7 +437,8 @@ def search_mesh(
     if todo:
         _run(todo, _groups(todo, layouts, opts.search), cached_bounds, finished, jobs,
              _Work(traced, prof, layouts, opts.with_changes(profile=prof), start + time_limit, time_limit, 1,
-                   _Value(best.step_s()), _Value(len(todo)), finished))
+                   _Value(best.step_s()), _Value(len(todo)), finished, model=model, inputs=example_inputs,
+                   shape=shape))
     summary = {"devices": devices, "devices_per_node": node_size, "profile": prof.name, "jobs": jobs,
                "time_limit_s": time_limit, "trace_s": round(trace_s, 3)}
     return _chosen_plan(best, devices, summary, start)
@@ -475,7 +528,7 @@ def _chosen_plan(best: _Incumbent, devices: int, summary: dict[str, Any], start:
         if any(r.outcome == "no_fit" for r in rows):
             raise InfeasibleMemoryError(f"no layout of {devices} devices fits: {detail}")
         raise NoLayoutError(f"no layout of {devices} devices was solved: {detail}")
-    plan = Plan.from_dict(best.plan)
+    plan = name_context_dim(Plan.from_dict(best.plan))  # the dim of its sequence split named cp
     return replace(plan, options={**plan.options, "mesh_search": summary})
 
 

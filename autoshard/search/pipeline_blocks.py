@@ -273,7 +273,7 @@ def price_blocks(
     depths: tuple[int, int] = (2, 4),
     baseline: str | None = None,
     recompute: str = "auto",
-    profile: str = "h100-sxm-80gb",
+    profile: Any = "h100-sxm-80gb",
     time_limit: float = 60.0,
     prepare_options: Mapping[str, Any] | None = None,
     model_hook: Callable[[Any], None] | None = None,
@@ -284,7 +284,8 @@ def price_blocks(
     the published runs ran; ``None`` / ``auto``: autoshard's own choice, solved without a memory
     limit (the pipeline search checks each stage's memory). ``prepare_options``: more
     :func:`~autoshard.search.solve.prepare` options (``gather``, ``reduce_dtype``, ...);
-    ``model_hook`` changes each built model before the trace (a loss, a norm).
+    ``model_hook`` changes each built model before the trace (a loss, a norm). ``profile``: a name
+    or a ``HardwareProfile`` (the mesh search's, sized to its nodes).
 
     >>> # price_blocks(llama3.llama3_405b, {"seq_len": 8192, "dtype": "bfloat16"}, (8, 8), ("dp", "tp"),
     >>> #              micro_batch=8, baseline="fsdp+tp", recompute="full", profile="h100-sxm-96gb-500w")

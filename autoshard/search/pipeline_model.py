@@ -156,7 +156,6 @@ def choose_pipeline(
     dim, itemsize = _hidden(model, block_paths)
     tp = math.prod(s for s, n in zip(sub_shape, sub_names) if n == "tp")
     layout = PipelineLayout(pp, math.prod(sub_shape) // tp, tp)
-    prof_name = getattr(prof, "name", None) or str(profile)
     pricings: dict[int, BlockPricing] = {}
 
     def factory(n_layers: int, batch_size: int, **_: Any) -> tuple[nn.Module, Any]:
@@ -165,7 +164,7 @@ def choose_pipeline(
     def price_at(micro_batch: int) -> BlockPricing:
         if micro_batch not in pricings:
             pricings[micro_batch] = price_blocks(factory, {}, sub_shape, sub_names, micro_batch=micro_batch,
-                                                 depths=(1, 2), recompute=recompute, profile=prof_name,
+                                                 depths=(1, 2), recompute=recompute, profile=prof,
                                                  time_limit=time_limit)
         return pricings[micro_batch]
 

@@ -1,0 +1,333 @@
+r"""Pipeline (``pp``) and context-parallel (``cp``) layouts of the mesh search: which, pinned how, bounded how.
+
+:mod:`autoshard.search.mesh_search` solves the dp / tp layouts of
+:mod:`autoshard.search.mesh_layouts`; this module adds two kinds next to them
+and says how each is priced and cut.
+
+**pp layouts** (:func:`pipeline_layouts_for`): ``(pp, dp, tp)`` with ``pp``
+outermost, ``pp`` dividing the node count (every stage a set of whole nodes:
+the stage boundary's sends are what cross the slow links, as torchtitan and
+Megatron place it) and at most the model's repeated blocks (one block per
+stage at least), ``tp`` dividing the node size; dims of size 1 dropped but
+``pp``. On one node there are none: stages pay where a model's weights or a
+slow link need them, and inside a node dp / tp have the fast links (so the
+search on 8 GPUs in one node is today's). Priced by the pipeline search
+(:func:`autoshard.search.pipeline_model.choose_pipeline`: the stage sub-mesh
+solves of one and two blocks, stage cuts, microbatches, the schedules
+simulated), not by a solve of the whole mesh: the row's step is the
+pipeline's simulated step. The plan the search returns for a winning pp
+layout is the one ``autoshard solve --mesh ... --dims pp,...`` writes: the
+whole mesh's per-op placements and the ``pipeline`` section that the runtime
+runs.
+
+**cp layouts** (:func:`context_layouts_for`): ``(dp, cp, tp)`` consistent
+with the nodes, ``dp`` dividing the batch (whole sequences per dp rank: the
+sequence is the cp dim's to split), ``tp`` inside a node, at most two of the
+three of size > 1 (a 3-D mesh's solve is restricted by a coarse 2-D solve
+that knows nothing of the pin: measured on 8B at 131,072 tokens, ``2x16x2``
+``dp,cp,tp`` lost the sequence split and fit nowhere), only for a model with
+causal self-attention whose sequence ``S`` the balanced chunks divide
+(``2 cp | S``, as ``autoshard.rules.context_parallel`` offers it), and only
+where the batch has fewer sequences than devices (``B < N``: else every
+device can take whole sequences, the dp layouts reach that, and a second
+solve of each shape would halve every layout's time). A cp layout is the
+ordinary solve of its shape with the sequence inputs pinned
+(:func:`context_pins`): batch on ``dp`` where it divides, sequence on ``cp``,
+replicated on ``tp``. The solver may put context-parallel exchanges on any
+mesh dim of any layout; the pin starts it there (a time-limited solve, or the
+seeded restriction of a 3-D mesh, need not reach that region from the dp / tp
+layouts). Whichever layout wins, the mesh dim that carries the plan's
+context-parallel exchanges is named ``cp`` in the plan, a ``cp`` dim that
+carries none ``sp`` (:func:`name_context_dim`): names are labels, the solve
+decides what each dim carries.
+
+**Order.** The kinds take turns in the search's order (:func:`take_turns`):
+a search its deadline ends has tried some of each.
+
+**Bounds** (cut a layout before it is priced). A cp layout is an ordinary
+layout with pins, so it has the compute bound of
+:func:`autoshard.search.mesh_search.layout_bound` (pins honoured). A pp
+layout has no strategy graph of its own before its pricing, so it is cut by
+the matmul work, which no placement, stage cut or schedule removes:
+
+    (p1) F   = sum over the joint graph's matmuls (``mm``, ``addmm``, ``bmm``,
+               ``baddbmm``, forward and backward) of 2 m n k
+    (p2) LB  = F / (N * P),   P = the profile's largest peak but fp64's, and
+               fp8's only where the trace has fp8 matmuls (mixed precision may
+               run an fp32 model's matmuls in bf16: P covers every dtype a
+               matmul can be priced in)
+
+Every matmul is priced at ``F_i / (P_t e(F_i))`` with ``e <= 1``
+(``costmodel.compute``), sharding only adds work (replicated compute) or keeps
+it, recomputation only adds; so the sum of all ranks' busy time is at least
+``F / P`` and the busiest rank's, hence any stage's timeline and the step, at
+least ``F / (N P)``. It is weak (attention, vector ops and communication are
+left out) and cuts only layouts far from the incumbent.
+
+>>> [(l.text, ",".join(l.dim_names)) for l in pipeline_layouts_for(16, 8, n_blocks=4)]
+[('2x8', 'pp,dp'), ('2x4x2', 'pp,dp,tp'), ('2x2x4', 'pp,dp,tp'), ('2x8', 'pp,tp')]
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from autoshard.search.mesh_layouts import MeshLayout, _fits_nodes, _factorizations
+
+__all__ = ["ModelShape", "model_shape", "pipeline_layouts_for", "context_layouts_for", "context_pins",
+           "matmul_flops", "pipeline_bound_s", "layout_kind", "merged_pins", "name_context_dim", "pipeline_parts",
+           "PipelineOutcome", "solve_pipeline_layout", "take_turns"]
+
+_MATMULS = {"aten.mm.default": "mm", "aten.addmm.default": "addmm", "aten.bmm.default": "bmm",
+            "aten.baddbmm.default": "baddbmm"}
+_FP8 = ("torch.float8_e4m3fn", "torch.float8_e5m2")
+
+
+@dataclass(frozen=True, slots=True)
+class ModelShape:
+    """What the pp / cp gates read from one trace."""
+
+    n_blocks: int
+    """Repeated blocks (``traced.blocks``): the most stages a cut can make."""
+    batch: int
+    """Sequences of the batch (dim 0 of the inputs)."""
+    causal_seq: int | None
+    """The sequence of causal self-attention (``L == S``); None when the model has none."""
+    seq_inputs: tuple[tuple[str, int], ...]
+    """(input name, rank) of the inputs shaped ``[batch, causal_seq, ...]``: pinned on a cp layout."""
+    matmul_flops: float
+    """(p1)."""
+    matmul_flops_by_dtype: tuple[tuple[str, float], ...] = ()
+    """(torch dtype, FLOPs) of the matmuls: (p1) split by the peak (p2) divides it by."""
+
+
+def _shape(node: Any) -> tuple[int, ...] | None:
+    val = getattr(node, "meta", {}).get("val") if hasattr(node, "meta") else None
+    return tuple(int(s) for s in val.shape) if val is not None and hasattr(val, "shape") else None
+
+
+def _causal(node: Any) -> bool:
+    """``is_causal`` of a forward attention node (positional in the aten schemas)."""
+    if "is_causal" in node.kwargs:
+        return bool(node.kwargs["is_causal"])
+    at = 6 if "efficient" in str(node.target) else 4
+    return len(node.args) > at and node.args[at] is True
+
+
+def matmul_flops(traced: Any) -> tuple[tuple[str, float], ...]:
+    """(p1) by the matmuls' dtype: ``((dtype, FLOPs), ...)`` over the joint graph."""
+    by_dtype: dict[str, float] = {}
+    for node in traced.graph_module.graph.nodes:
+        kind = _MATMULS.get(str(node.target)) if node.op == "call_function" else None
+        if kind is None:
+            continue
+        out = node.meta.get("val")
+        a, b = (node.args[1], node.args[2]) if kind in ("addmm", "baddbmm") else (node.args[0], node.args[1])
+        sa, sb = _shape(a), _shape(b)
+        if out is None or sa is None or sb is None:
+            continue
+        flops = 2.0 * math.prod(sa) * sb[-1]  # (batch) m k times n
+        key = str(out.dtype)
+        by_dtype[key] = by_dtype.get(key, 0.0) + flops
+    return tuple(sorted(by_dtype.items()))
+
+
+def model_shape(traced: Any) -> ModelShape:
+    """The gates' view of a trace (:class:`ModelShape`)."""
+    seq = None
+    graph = traced.graph_module.graph
+    for node in graph.nodes:
+        name = str(node.target)
+        if node.op == "call_function" and "scaled_dot_product" in name and "backward" not in name:
+            q, k = _shape(node.args[0]), _shape(node.args[1])
+            if q and k and len(q) == 4 and q[2] == k[2] and _causal(node):
+                seq = q[2] if seq in (None, q[2]) else -1  # two sequence lengths: no one cp split
+    seq = None if seq == -1 else seq
+    by_name = {n.name: n for n in graph.nodes if n.op == "placeholder"}
+    batch, seq_inputs = 0, []
+    for name, node in traced.inputs.items():
+        shape = _shape(by_name.get(getattr(node, "name", str(node))))
+        if shape:
+            batch = max(batch, shape[0])
+            if seq is not None and len(shape) >= 2 and shape[1] == seq:
+                seq_inputs.append((name, len(shape)))
+    flops = matmul_flops(traced)
+    return ModelShape(len(traced.blocks), batch, seq, tuple(seq_inputs), sum(f for _, f in flops), flops)
+
+
+def layout_kind(layout: MeshLayout) -> str:
+    """``pp``, ``cp`` or ``plain`` (dp / tp)."""
+    return "pp" if "pp" in layout.dim_names else "cp" if "cp" in layout.dim_names else "plain"
+
+
+def pipeline_layouts_for(devices: int, devices_per_node: int, *, n_blocks: int) -> list[MeshLayout]:
+    """The pp layouts (module docstring): ``(pp, dp, tp)`` by ``pp``, then ``tp``; size-1 dims but pp dropped."""
+    node = min(devices_per_node, devices)
+    nodes = devices // node
+    out = []
+    for pp in range(2, min(nodes, n_blocks) + 1):
+        if nodes % pp:
+            continue
+        stage = devices // pp
+        for tp in range(1, node + 1):
+            if node % tp or stage % tp:
+                continue
+            dims = [("pp", pp), ("dp", stage // tp), ("tp", tp)]
+            kept = [(n, s) for n, s in dims if s > 1 or n == "pp"]
+            out.append(MeshLayout(tuple(s for _, s in kept), tuple(n for n, _ in kept)))
+    return out
+
+
+def context_layouts_for(devices: int, devices_per_node: int, shape: ModelShape, *,
+                        always: bool = False) -> list[MeshLayout]:
+    """The cp layouts (module docstring): ``(dp, cp, tp)`` with ``dp`` dividing the batch, ``2 cp``
+    the sequence, ``tp`` the node size, consistent with the nodes, at most two dims of size > 1;
+    size-1 dims but cp dropped.
+    ``always`` drops the ``B < N`` gate (not the attention one).
+
+    >>> s = ModelShape(n_blocks=2, batch=1, causal_seq=256, seq_inputs=(), matmul_flops=0.0)
+    >>> [(l.text, l.dim_names) for l in context_layouts_for(4, 8, s)]
+    [('4', ('cp',)), ('2x2', ('cp', 'tp'))]
+    """
+    seq = shape.causal_seq
+    if seq is None or devices < 2 or not (always or shape.batch < devices):
+        return []
+    node = min(devices_per_node, devices)
+    out = []
+    for dp in range(1, devices + 1):
+        for tp in range(1, node + 1):
+            cp, rest = divmod(devices, dp * tp)
+            if rest or cp < 2 or shape.batch % dp or node % tp or seq % (2 * cp):
+                continue
+            kept = [(n, s) for n, s in (("dp", dp), ("cp", cp), ("tp", tp)) if s > 1 or n == "cp"]
+            dims = tuple(s for _, s in kept)
+            if len(dims) < 3 and (devices <= node or _fits_nodes(dims, node)):
+                out.append(MeshLayout(dims, tuple(n for n, _ in kept)))
+    return out
+
+
+def context_pins(layout: MeshLayout, shape: ModelShape) -> dict[str, str]:
+    """The sequence inputs' pins of a cp layout: ``S(0)`` on dp where the batch divides, ``S(1)`` on cp, ``R`` else.
+
+    >>> s = ModelShape(2, 1, 256, (("tokens", 2),), 0.0)
+    >>> context_pins(MeshLayout((2, 2), ("dp", "cp")), s)
+    {'tokens': 'RS(1)'}
+    """
+    text = ""
+    for name, size in zip(layout.dim_names, layout.shape):
+        text += "S(1)" if name == "cp" else "S(0)" if name == "dp" and shape.batch % size == 0 else "R"
+    return {name: text for name, _ in shape.seq_inputs}
+
+
+def pipeline_bound_s(shape: ModelShape, devices: int, profile: Any) -> float:
+    """(p2): no pipeline of ``devices`` devices runs the step in less (module docstring).
+
+    >>> from hw_profiles import load
+    >>> s = ModelShape(2, 1, None, (), 2e15, (("torch.bfloat16", 2e15),))
+    >>> round(pipeline_bound_s(s, 2, load("h100-sxm-80gb")), 3)  # 1e15 FLOPs a device at 1049 TFLOP/s
+    0.953
+    """
+    fp8 = any(dtype in _FP8 for dtype, _ in shape.matmul_flops_by_dtype)
+    peak = max(flops for name, flops in profile.device.peak_flops if name != "fp64" and (fp8 or name != "fp8"))
+    return shape.matmul_flops / (devices * peak)
+
+
+def take_turns(groups: Sequence[Any], kinds: Sequence[str]) -> list[Any]:
+    """``groups`` reordered so that the kinds take turns (each kind's own order kept): a deadline
+    that ends the search then leaves no kind untried behind the others.
+
+    >>> take_turns(["a", "b", "c", "x", "p"], ["plain", "plain", "plain", "cp", "pp"])
+    ['a', 'x', 'p', 'b', 'c']
+    """
+    seen: dict[str, int] = {}
+    turns = []
+    for kind in kinds:
+        turns.append(seen.get(kind, 0))
+        seen[kind] = turns[-1] + 1
+    return [g for _, g in sorted(zip(turns, groups), key=lambda pair: pair[0])]
+
+
+def name_context_dim(plan: Any) -> Any:
+    """``plan`` with the mesh dim of its context-parallel exchanges named ``cp`` (when they all run
+    on one dim), and a ``cp`` dim that carries none (a cp layout whose solve kept attention local)
+    named ``sp``: its inputs are split along the sequence, its attention is not."""
+    from dataclasses import replace
+
+    dims = {n.exchange[1] for n in plan.nodes if n.exchange and n.exchange[0].startswith("context")}
+    names = list(plan.fingerprint.dim_names)
+    if "cp" in names and names.index("cp") not in dims:
+        names[names.index("cp")] = "sp"
+    if len(dims) == 1 and "cp" not in names:
+        names[next(iter(dims))] = "cp"
+    if tuple(names) == plan.fingerprint.dim_names:
+        return plan
+    return replace(plan, fingerprint=replace(plan.fingerprint, dim_names=tuple(names)))
+
+
+def merged_pins(user: Mapping[str, str], layout: MeshLayout, shape: ModelShape) -> dict[str, str]:
+    """A cp layout's pins under the user's: a pattern the user gave wins over the layout's."""
+    return {**context_pins(layout, shape), **dict(user)}
+
+
+def pipeline_parts(model: Any, blocks: Sequence[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(leading, trailing): the top-level modules holding parameters before and after the block
+    container (as ``autoshard.runtime.pipeline_stages.model_parts`` finds them, without the runtime)."""
+    container = blocks[0].rpartition(".")[0]
+    leading: list[str] = []
+    trailing: list[str] = []
+    seen = [False]
+
+    def walk(module: Any, prefix: str) -> None:
+        for name, child in module.named_children():
+            path = f"{prefix}{name}"
+            if path == container:
+                seen[0] = True
+            elif container.startswith(path + "."):
+                walk(child, path + ".")
+            elif any(True for _ in child.parameters()):
+                (trailing if seen[0] else leading).append(path)
+
+    walk(model, "")
+    return tuple(leading), tuple(trailing)
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineOutcome:
+    """A pp layout priced: its simulated step and busiest rank's memory, and the plan when it beat
+    the incumbent (None otherwise: a plan that cannot be chosen is not built)."""
+
+    step_s: float
+    peak_memory_bytes: float
+    schedule: str
+    plan: Any = None
+
+
+def solve_pipeline_layout(model: Any, inputs: Any, traced: Any, layout: MeshLayout, options: Any, *,
+                          time_limit: float, incumbent_s: float) -> PipelineOutcome:
+    """Price pp layout ``layout`` by the pipeline search; when it beats ``incumbent_s``, the plan
+    ``autoshard solve --mesh`` writes for it (the whole mesh's solve with the ``pipeline``
+    section). Raises ``PipelineError`` / ``InfeasibleMemoryError`` (one line) when nothing fits.
+
+    >>> # solve_pipeline_layout(model, inputs, traced, MeshLayout((2, 2), ("pp", "dp")), opts,
+    >>> #                       time_limit=30, incumbent_s=math.inf).step_s
+    """
+    from dataclasses import replace
+
+    from autoshard.search.pipeline_model import choose_pipeline
+    from autoshard.search.solve import prepare, solve_prepared
+
+    leading, trailing = pipeline_parts(model, traced.blocks)
+    # six block-pricing solves at most (two depths, three microbatch counts) share the layout's time
+    section, chosen = choose_pipeline(model, inputs, layout.shape, layout.dim_names, block_paths=traced.blocks,
+                                      leading=leading, trailing=trailing, profile=options.profile,
+                                      time_limit=max(1.0, time_limit / 8), memory_limit=options.memory_limit,
+                                      recompute=options.recompute)
+    peak = max(chosen.rank_memory_bytes, default=0.0)
+    if chosen.step_s >= incumbent_s:
+        return PipelineOutcome(chosen.step_s, peak, chosen.schedule)
+    prep = prepare(None, None, layout.shape, layout.dim_names, options.with_changes(time_limit=time_limit / 4),
+                   traced=traced)
+    plan = solve_prepared(prep, options.with_changes(time_limit=max(1.0, time_limit / 4)))
+    return PipelineOutcome(chosen.step_s, peak, chosen.schedule, replace(plan, pipeline=section))

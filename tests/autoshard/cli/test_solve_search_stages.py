@@ -1,0 +1,41 @@
+"""``autoshard solve --devices`` chooses pipeline stages where they pay, and ``explain`` draws them.
+
+Two H100s in nodes of one (every link the network): a LLaMA of 4 blocks of width 512 on 4
+sequences of 64 tokens. Any one-stage layout replicates or shards the weights across the
+network; two stages send one activation per microbatch. The CLI writes the pp plan with its
+pipeline section, and ``explain --plot-schedule`` draws that section's timeline.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from autoshard.plan.format import Plan
+
+KWARGS = {"device": "meta", "batch_size": 4, "seq_len": 64, "max_seq_len": 64, "dim": 512, "n_layers": 4,
+          "n_heads": 8, "n_kv_heads": 8, "vocab_size": 256}
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "autoshard.cli", *args], capture_output=True, text=True, timeout=300)
+
+
+def test_devices_over_a_slow_link_picks_stages_and_explain_draws_their_schedule(tmp_path) -> None:
+    pytest.importorskip("matplotlib")
+    path, png = tmp_path / "plan.json", tmp_path / "schedule.png"
+    out = _cli("solve", "examples.models.llama3:tiny", "--kwargs", json.dumps(KWARGS), "--devices", "2",
+               "--devices-per-node", "1", "--profile", "h100-sxm-80gb", "--time-limit", "30", "--jobs", "1",
+               "--no-cache", "-o", str(path))
+    assert out.returncode == 0, out.stderr
+    plan = Plan.load(path)
+    assert plan.fingerprint.dim_names == ("pp",) and plan.pipeline is not None
+    assert f"pipeline: {plan.pipeline.n_stages} stages on 2 ranks of pp" in out.stdout
+    rows = {tuple(r["dim_names"]): r for r in plan.options["mesh_search"]["layouts"]}
+    assert rows[("pp",)]["chosen"] and rows[("pp",)]["step_s"] < rows[("dp",)]["step_s"]
+    shown = _cli("explain", str(path), "--plot-schedule", str(png))
+    assert shown.returncode == 0, shown.stderr
+    assert png.read_bytes()[:4] == b"\x89PNG"
