@@ -152,22 +152,28 @@ NOTES = """\
   (single TP all-gathers / reduce-scatters beside a block matmul run as collective matmuls of
   ``tp`` chunks); the "bf16, TP exposed" column is the same plan priced as autoshard's runtime
   runs it. The Llama 3 paper's rows ran bf16 (no option; their own TP overlap is not published).
-- *What async TP cannot hide here*: the stage plans (``fsdp+tp`` pinned) reach their layout with
-  all-reduces on ``tp`` and multi-step redistributions (all-to-all, permute, all-gather) that
-  torch's async TP does not fuse; the what-if column (each block's exposed communication hidden
-  under its compute, ``pipeline_blocks.hide_exposed``) bounds what a plan with torchtitan's
-  sequence-parallel layout could gain.
+- *The ``fsdp+tp`` pins* (``autoshard.search.baselines``, 2026-12-05): FSDP splits a tensor dim
+  TP leaves whole (a column weight ``S(1)S(0)`` on ``dp x tp``, a row weight ``S(0)S(1)``), so
+  its gather over ``dp`` yields the TP shard in one ``all_gather``, as FSDP2 over a TP DTensor
+  does. The earlier pins (``S(0)S(0)``) reached the shard by ``all_to_all`` + ``permute`` +
+  ``all_gather`` each time (23 weight transfers of the 4-block stage at microbatch 8, 0.120 s of
+  its 0.313 s of communication), and reduced the column weights' gradients with a permute and
+  an all-to-all after the reduce-scatter. Re-solved with the new pins, the stage keeps the
+  block's input split on ``tp`` (32 MiB a block a microbatch under full AC, torchtitan's
+  figure; 256 MiB before), but its bf16 block time grows (0.0994 -> 0.1172 s, exposed
+  0.0368 -> 0.0587 s): the solver, whose objective sums the transfers without their overlap,
+  now reduces the row weights' gradients from ``P(sum)`` on both mesh dims (a 64-rank
+  reduce-scatter and an all-to-all: 0.046 s against 0.022 s), and every weight gather travels
+  in FSDP2's gather buckets (0.142 s against 0.046 s, the re-layouts outside them). The 1F1B
+  row pays it; the rows whose memory limited the cut (interleaved, autoshard's own) gain more
+  from the smaller activations.
+- *What async TP cannot hide here*: the all-reduces on ``tp`` and the multi-step gradient
+  reductions; the what-if column (each block's exposed communication hidden under its
+  compute, ``pipeline_blocks.hide_exposed``) bounds what hiding them could gain.
 - *Full recomputation.* torchtitan ran full AC; the Llama 3 paper trained at 8K tokens without
   activation checkpointing thanks to memory balancing the cost model does not have (the
   ``-noac`` row: no stage cut fits 80 GB; its time is priced with the memory check off). The
   full-AC prediction pays about a third more compute.
-- *Interleaved slower than 1F1B at these shapes*: the cut gives each of a rank's ``v`` stages
-  ``M / v`` (``costmodel.stage_cuts`` (c)), stricter than the rank's sum the final check uses, and
-  the early virtual stages hold 16 microbatches against 8 for the late ones, so the cut is
-  uneven (4-8 blocks then 9-12); with no limit the even cut (8 blocks) prices 56.1 s bf16 (44.2
-  s with the engine options) against 68.3 s (54.1 s), but its exact rank peak (94.8 GiB) does not
-  fit either: each block saves 0.48 GiB per microbatch in these plans, against the 32 MiB input a
-  sequence-parallel block keeps under full AC in torchtitan.
 - *Microbatching* as stated per row (ASSUMPTIONS where the source does not publish it).
 - The bound gap is ``1 - LB / step`` with ``LB = m * work / p`` (perfect balance, no bubble):
   what the schedule, the sends and the tail cost above it.

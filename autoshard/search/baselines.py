@@ -12,7 +12,19 @@ under our cost model, which is the fair comparison for a solved plan.
 - ``tp`` (Megatron): on the tensor-parallel mesh dim, column-parallel weights
   split on their output dim, row-parallel on their input dim (from a
   name-pattern table), the rest replicated; data parallel on the other dims.
-- ``fsdp+tp``: ``tp`` on the tensor-parallel mesh dim, FSDP on the others.
+- ``fsdp+tp``: ``tp`` on the tensor-parallel mesh dim, FSDP on the others, on
+  a tensor dim ``tp`` does not split where one divides: a column weight
+  ``(out, in)`` is ``S(1)S(0)`` on a ``(dp, tp)`` mesh, a row weight ``S(0)S(1)``.
+  So FSDP's all-gather over ``dp`` yields the TP shard a matmul reads, one
+  collective, as FSDP2 over a TP DTensor does (torchtitan stores the TP shard
+  FSDP-split on its dim 0, DTensor's ``_StridedShard(0, split_factor=tp)``).
+  Splitting the same dim, ``S(0)S(0)`` keeps dp-major chunks, and reaching
+  the TP shard ``RS(0)`` from it takes an all-to-all on ``tp`` and a permute
+  before the gather, every time the weight is gathered. The strided form
+  itself is not a parameter strategy the graph offers, and the redistribution
+  planner prices ``_S(0,sf=tp)S(0) -> RS(0)`` with two all-to-alls around the
+  gather; the gather on dim 1 pays only a local interleaving copy
+  (``relayout_s``) beside the same bytes on the wire.
 
 Sequence parallelism is not a separate baseline: its parameters are laid out
 as in ``tp``, and the activations it shards along the sequence are free
@@ -132,9 +144,12 @@ def _split(shape: tuple[int, ...], dims: list[int | None], mesh: tuple[int, ...]
     return "".join(parts)
 
 
-def _fsdp_dim(shape: tuple[int, ...], fixed: list[int | None], k: int, mesh: tuple[int, ...]) -> int | None:
-    """The first tensor dim FSDP can split on mesh dim ``k`` given the other mesh dims' choices."""
-    for d in range(len(shape)):
+def _fsdp_dim(shape: tuple[int, ...], fixed: list[int | None], k: int, mesh: tuple[int, ...],
+              avoid: int | None = None) -> int | None:
+    """The tensor dim FSDP splits on mesh dim ``k`` given the other mesh dims' choices: the first
+    that divides, tensor dim ``avoid`` (the one ``tp`` splits) last (module docstring, ``fsdp+tp``)."""
+    order = [d for d in range(len(shape)) if d != avoid] + ([avoid] if avoid is not None else [])
+    for d in order:
         trial = list(fixed)
         trial[k] = d
         if _split(shape, trial, mesh) is not None:
@@ -182,8 +197,9 @@ def baseline_pins(graph: StrategyGraph, name: str, table: Mapping[str, str | int
                 if dims[tp] >= len(shape) or _split(shape, dims, mesh) is None:
                     dims[tp] = None  # a bias of a row weight, or an uneven split: replicated
         if name in ("fsdp", "fsdp+tp"):
+            avoid = dims[tp] if tp is not None else None
             for k in data_dims:
-                dims[k] = _fsdp_dim(shape, dims, k, mesh)
+                dims[k] = _fsdp_dim(shape, dims, k, mesh, avoid)
         text = _split(shape, dims, mesh)
         pins[fqn] = text if text is not None else "R" * n
     for input_name, i in graph.inputs.items():

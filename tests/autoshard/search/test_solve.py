@@ -189,7 +189,7 @@ def test_baselines_place_parameters_as_the_experts_do(dp_mlp) -> None:
     tp = baseline_pins(graph, "tp")
     assert tp["layers.0.w1.weight"] == "RS(0)" and tp["layers.0.w2.weight"] == "RS(1)" and tp["x"] == "S(0)R"
     both = baseline_pins(graph, "fsdp+tp")
-    assert both["layers.0.w1.weight"] == "S(0)S(0)" and both["layers.0.w2.weight"] == "S(0)S(1)"
+    assert both["layers.0.w1.weight"] == "S(1)S(0)" and both["layers.0.w2.weight"] == "S(0)S(1)"
 
 
 def test_memory_limit_between_fsdp_and_ddp_peaks_makes_the_plan_shard_parameters(megatron_mlp) -> None:
