@@ -70,7 +70,7 @@ from torch import nn
 
 from autoshard.plan.pipeline_section import PipelineError, PipelineSection
 from autoshard.runtime.pipeline_tp import TP_DIM, apply_tensor_parallel
-from autoshard.trace.blocks import repeated_blocks
+from autoshard.trace.blocks import modules_around, repeated_blocks
 
 __all__ = ["ModelParts", "SendRecord", "PipelineRun", "model_parts", "check_model", "build_stage_module",
            "build_pipeline"]
@@ -104,25 +104,10 @@ def model_parts(model: nn.Module) -> ModelParts:
     blocks = repeated_blocks(model)
     if not blocks:
         raise PipelineError("pipeline: the model has no repeated blocks (an nn.ModuleList of layers) to cut stages at")
-    container = blocks[0].rpartition(".")[0]
-    leading: list[str] = []
-    trailing: list[str] = []
-    seen = [False]
-
-    def walk(module: nn.Module, prefix: str) -> None:
-        for name, child in module.named_children():
-            path = f"{prefix}{name}"
-            if path == container:
-                seen[0] = True
-            elif container.startswith(path + "."):
-                walk(child, path + ".")
-            elif any(True for _ in child.parameters()):
-                (trailing if seen[0] else leading).append(path)
-
-    walk(model, "")
+    leading, trailing = modules_around(model, blocks)
     if any(True for _ in model.parameters(recurse=False)):
         raise PipelineError("pipeline: the model's root holds parameters of its own; they belong to no stage")
-    return ModelParts(tuple(leading), blocks, tuple(trailing))
+    return ModelParts(leading, blocks, trailing)
 
 
 class _StageExit(Exception):

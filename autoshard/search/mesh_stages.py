@@ -74,7 +74,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from autoshard.search.mesh_layouts import MeshLayout, _fits_nodes, _factorizations
+from autoshard.search.mesh_layouts import MeshLayout, _fits_nodes
+from autoshard.trace.blocks import modules_around
 
 __all__ = ["ModelShape", "model_shape", "pipeline_layouts_for", "context_layouts_for", "context_pins",
            "matmul_flops", "pipeline_bound_s", "layout_kind", "merged_pins", "name_context_dim", "pipeline_parts",
@@ -273,24 +274,8 @@ def merged_pins(user: Mapping[str, str], layout: MeshLayout, shape: ModelShape) 
 
 def pipeline_parts(model: Any, blocks: Sequence[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(leading, trailing): the top-level modules holding parameters before and after the block
-    container (as ``autoshard.runtime.pipeline_stages.model_parts`` finds them, without the runtime)."""
-    container = blocks[0].rpartition(".")[0]
-    leading: list[str] = []
-    trailing: list[str] = []
-    seen = [False]
-
-    def walk(module: Any, prefix: str) -> None:
-        for name, child in module.named_children():
-            path = f"{prefix}{name}"
-            if path == container:
-                seen[0] = True
-            elif container.startswith(path + "."):
-                walk(child, path + ".")
-            elif any(True for _ in child.parameters()):
-                (trailing if seen[0] else leading).append(path)
-
-    walk(model, "")
-    return tuple(leading), tuple(trailing)
+    container (``autoshard.trace.blocks.modules_around``, as the runtime's ``model_parts`` finds them)."""
+    return modules_around(model, tuple(blocks))
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,7 +37,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["Container", "Stack", "containers", "repeated_blocks", "find_stack", "block_signature"]
+__all__ = ["Container", "Stack", "containers", "repeated_blocks", "find_stack", "block_signature", "modules_around"]
 
 _CONTAINERS = (nn.ModuleList, nn.Sequential, nn.ModuleDict)
 
@@ -126,6 +126,34 @@ def find_stack(model: nn.Module, min_blocks: int) -> Stack | None:
         if best is None or size > best[0]:
             best = (size, Stack(container.path, tuple(key for key, _ in children)))
     return None if best is None else best[1]
+
+
+def modules_around(model: nn.Module, blocks: tuple[str, ...] | list[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(leading, trailing): the modules holding parameters before and after the container of
+    ``blocks`` (paths of its children), in registration order, each the outermost such module
+    beside the container's path (what a pipeline puts on the first and last stage).
+
+    >>> model = nn.Sequential(nn.Embedding(4, 2), nn.ModuleList([nn.Linear(2, 2)] * 2), nn.Linear(2, 4))
+    >>> modules_around(model, ("1.0", "1.1"))
+    (('0',), ('2',))
+    """
+    container = blocks[0].rpartition(".")[0]
+    leading: list[str] = []
+    trailing: list[str] = []
+    seen = [False]
+
+    def walk(module: nn.Module, prefix: str) -> None:
+        for name, child in module.named_children():
+            path = f"{prefix}{name}"
+            if path == container:
+                seen[0] = True
+            elif container.startswith(path + "."):
+                walk(child, path + ".")
+            elif _holds_parameters(child):
+                (trailing if seen[0] else leading).append(path)
+
+    walk(model, "")
+    return tuple(leading), tuple(trailing)
 
 
 def _holds_parameters(module: nn.Module) -> bool:
