@@ -15,10 +15,8 @@ import dataclasses
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed.device_mesh import DeviceMesh
-from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from costmodel.mesh import MeshSpec
 from hw_profiles import load
@@ -42,10 +40,8 @@ def _context_only(kind):
 
 
 @pytest.fixture()
-def fake_group():
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+def fake_group(fake_world):
     yield DeviceMesh("cpu", [0, 1], mesh_dim_names=("cp",))
-    dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("kind", ["context_gather", "context_ring"])

@@ -31,15 +31,10 @@ ROUTINGS = {"uneven": (2, 0, 1, 1), "none-here": (0, 0, 1, 1)}  # proportions of
 
 
 @pytest.fixture(scope="module")
-def fake_group():
-    """A process group of 2 ranks whose collectives move nothing (``fake`` backend), as rank 0."""
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    if dist.is_initialized():
-        pytest.skip("a process group already exists in this process")
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=EP)
-    yield dist.group.WORLD
-    dist.destroy_process_group()
+def fake_group(fake_world):
+    """The fake 2-rank group of this folder's ``conftest.py``."""
+    assert dist.get_world_size(fake_world) == EP
+    return fake_world
 
 
 def _shapes(values) -> list[tuple]:

@@ -23,7 +23,6 @@ import torch
 import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed.device_mesh import DeviceMesh
-from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from fake_routing import fake_counts
 
@@ -53,12 +52,9 @@ def _only_expert_parallel(node, strategies):
 
 
 @pytest.fixture()
-def fake_group():
-    if dist.is_initialized():
-        pytest.skip("a process group already exists in this process")
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=EP)
+def fake_group(fake_world):
+    assert dist.get_world_size(fake_world) == EP
     yield DeviceMesh("cpu", list(range(EP)), mesh_dim_names=("ep",))
-    dist.destroy_process_group()
 
 
 def test_an_expert_parallel_plan_steps_on_cuda_fake_tensors_with_only_the_declared_syncs(fake_group, monkeypatch):

@@ -70,10 +70,10 @@ def _dp_ep_tp(node, strategies):
     return kept
 
 
-def _forced_plan(factory: str):
-    """The solver's plan with the experts nodes restricted (:func:`_dp_ep_tp`) and every other node
-    to the seeded search's strategies (a 3-D mesh's full enumeration takes minutes)."""
-    model, inputs = load_model(f"hf.{factory}", overrides_of(factory))
+def _seeded_plan(model, inputs, forced):
+    """The solver's plan with the nodes ``forced(node, strategies)`` answers for (not None)
+    restricted to its answer and every other node to the seeded search's strategies (a 3-D mesh's
+    full enumeration takes minutes)."""
     memo: dict = {}
     prep = prepare(model, inputs, MESH, NAMES, profile=PROFILE, device_type="cpu", recompute="none",
                    search="seeded", seed_memo=memo)
@@ -82,12 +82,19 @@ def _forced_plan(factory: str):
                                    time_limit=SEED_SHARE * SolveOptions().time_limit, memo=memo)
 
     def restrict(node, strategies):
-        return _dp_ep_tp(node, strategies) if str(node.target).startswith("autoshard.experts") \
-            else seeded(node, strategies)
+        kept = forced(node, strategies)
+        return seeded(node, strategies) if kept is None else kept
 
     graph = build_graph(prep.traced, graph.mesh, graph.profile, optimizer=graph.optimizer, recompute=False,
                         restrict=restrict)
     return solve_prepared(dataclasses.replace(prep, graph=graph), time_limit=10)
+
+
+def _forced_plan(factory: str):
+    """The plan with the experts nodes restricted (:func:`_dp_ep_tp`), the rest seeded."""
+    model, inputs = load_model(f"hf.{factory}", overrides_of(factory))
+    return _seeded_plan(model, inputs, lambda node, strategies: _dp_ep_tp(node, strategies)
+                        if str(node.target).startswith("autoshard.experts") else None)
 
 
 def _groups_and_experts_on_ep(node, strategies):
@@ -107,21 +114,7 @@ def _groups_and_experts_on_ep(node, strategies):
 
 def gshard_plan():
     """The einsum form's plan on dp x ep x tp (:func:`_groups_and_experts_on_ep`)."""
-    model, inputs = load_model("moe.tiny", GSHARD)
-    memo: dict = {}
-    prep = prepare(model, inputs, MESH, NAMES, profile=PROFILE, device_type="cpu", recompute="none",
-                   search="seeded", seed_memo=memo)
-    graph = prep.graph
-    seeded, _ = seeded_restriction(prep.traced, graph.mesh, graph.profile, optimizer=graph.optimizer,
-                                   time_limit=SEED_SHARE * SolveOptions().time_limit, memo=memo)
-
-    def restrict(node, strategies):
-        forced = _groups_and_experts_on_ep(node, strategies)
-        return seeded(node, strategies) if forced is None else forced
-
-    graph = build_graph(prep.traced, graph.mesh, graph.profile, optimizer=graph.optimizer, recompute=False,
-                        restrict=restrict)
-    return solve_prepared(dataclasses.replace(prep, graph=graph), time_limit=10)
+    return _seeded_plan(*load_model("moe.tiny", GSHARD), _groups_and_experts_on_ep)
 
 
 def _rank(rank: int, world: int, jobs) -> dict:
