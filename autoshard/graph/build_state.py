@@ -105,7 +105,7 @@ class BuildState:
         self.copy_live_recomputed: list[tuple[tuple[int, int], ...]] = []
         self._view_cols: dict[int, np.ndarray] = {}
         self._token_memo: dict[tuple[int, int], set[int]] = {}
-        self._token_rows: bool | None = None
+        self._token_rows = token_rows_needed(traced, mesh.shape)
 
     # -- nodes ---------------------------------------------------------------
     def add(self, node: GraphNode) -> int:
@@ -215,8 +215,6 @@ class BuildState:
     def _token_factors(self, node: fx.Node) -> tuple[int, ...]:
         """Strided token-row splits the producers hand over (``autoshard.graph.token_splits``), on
         meshes with a dim that does not divide the batch only (:func:`token_rows_needed`)."""
-        if self._token_rows is None:
-            self._token_rows = token_rows_needed(self.traced, self.mesh_shape)
         if not self._token_rows:
             return ()
         reads = [self.producer[a.name] for a in tensor_arg_nodes(node) if a.name in self.producer]

@@ -195,17 +195,15 @@ def run_expert_op(op: Any, args: Sequence[Any], *, group: Any, received: list[in
 
 def gathered_imbalance(received_rows: int, group: Any) -> float:
     """The measured imbalance of one dispatch from each rank's ``received_rows`` (what
-    :func:`run_expert_op` recorded): the busiest rank's over the mean, over ``group`` (two
-    all-reduces of one number; a collective: every rank of the group calls it).
+    :func:`run_expert_op` recorded): ``costmodel.expert_parallel.measured_imbalance`` of every
+    rank's count over ``group`` (one all-reduce; a collective: every rank of the group calls it).
 
     >>> # gathered_imbalance(rows, ep_group) -> e.g. 1.31
     """
-    rows = torch.tensor([float(received_rows)] * 2, dtype=torch.float64)
-    most, total = rows[:1].clone(), rows[1:].clone()
-    dist.all_reduce(most, op=dist.ReduceOp.MAX, group=group)
-    dist.all_reduce(total, group=group)
-    mean = float(total) / dist.get_world_size(group)
-    return float(most) / mean if mean > 0 else 1.0
+    rows = torch.zeros(dist.get_world_size(group), dtype=torch.int64)
+    rows[dist.get_rank(group)] = received_rows
+    dist.all_reduce(rows, group=group)
+    return measured_imbalance([int(n) for n in rows.tolist()])
 
 
 def measure_imbalance(top_k_index: torch.Tensor, num_experts: int, group: Any) -> float:

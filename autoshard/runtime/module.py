@@ -355,8 +355,6 @@ class ShardedModule(nn.Module):
         calls = self._runner.calls
         out = {}
         for name, rows in sorted(calls.expert_rows.items()):
-            if not rows:  # a backward node: its forward's load is the one reported
-                continue
             mesh_dim = calls.exchanges[name][1]
             out[name] = round(gathered_imbalance(sum(rows), calls.comm.group((mesh_dim,))), 4)
         return out

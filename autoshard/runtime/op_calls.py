@@ -44,6 +44,7 @@ from autoshard.runtime.live_bytes import LiveBytes
 from autoshard.runtime.random_ops import run_random
 from autoshard.runtime.steps import run_step
 from autoshard.runtime.templates import CallTemplate
+from autoshard.trace.experts import EXPERTS_OP
 
 __all__ = ["OpCaller", "Reuse"]
 
@@ -168,7 +169,9 @@ class OpCaller:
         group = self.comm.group((mesh_dim,))
         if kind == "expert_dispatch":
             args = tuple(next(tensors) if isinstance(a, fx.Node) else a for a in b.node.args)
-            return run_expert_op(b.op, args, group=group, received=self.expert_rows.setdefault(b.node.name, []))
+            # a forward records its experts' load (the backward dispatches the same copies again)
+            received = self.expert_rows.setdefault(b.node.name, []) if b.op == EXPERTS_OP else None
+            return run_expert_op(b.op, args, group=group, received=received)
         args, kwargs = _with_locals(b.node, tensors)
         return run_context_op(b.op, args, kwargs, kind=kind, group=group)
 
