@@ -53,8 +53,15 @@ DIM = 16384
 
 
 TT_ENGINE = ("float8_linears", "float8_all_gather", "async_tp")
-"""torchtitan's 405B rows: torch.compile + Float8 linears (torchao tensorwise; float8 FSDP all-gather, an
-ASSUMPTION from torchtitan's float8 documentation (its docs folder) and its 405B config of the time: Table 5 does not list it) + async TP."""
+"""torchtitan's 405B rows: torch.compile + Float8 linears (torchao tensorwise) with float8 FSDP all-gathers
+(``enable_fsdp_float8_all_gather = true`` in torchtitan's ``train_configs/llama3_405b.toml`` at 9dec370,
+the benchmark's commit; Table 5 itself does not list it) + async TP."""
+
+TT_DEFAULTS = ("torchtitan at 9dec370: `pipeline_parallel_microbatches` unset means one microbatch per pp rank "
+               "(torchtitan/parallelisms/pipelining_utils.py, build_pipeline_schedule), so local batch 32 runs as "
+               "m = 8 microbatches of 4 sequences; a multi-stage schedule without split points gets 2 stages a rank "
+               "(generate_split_points)")
+"""Where the torchtitan rows' microbatches and stages per rank come from (the table gives neither)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,14 +92,13 @@ class PipelineRun:
 
 RUNS = (
     PipelineRun("tt-405b-1f1b", "torchtitan 405B, FSDP 8 x TP 8 x PP 8, 1F1B", "h100-sxm-96gb-500w", 512, 256,
-                (8, 8, 8), "1F1B", 32, 1, 100.0, None,
-                TT_2412 + "; global batch 256 = local 32 per dp rank, microbatch 1 sequence (m = 32), full AC",
-                "torch.compile's fusions outside the float8 casts; float8 all-gather is an ASSUMPTION",
-                engine=TT_ENGINE),
+                (8, 8, 8), "1F1B", 8, 1, 100.0, None,
+                TT_2412 + "; global batch 256 = local 32 per dp rank, full AC; " + TT_DEFAULTS,
+                "torch.compile's fusions outside the float8 casts; torchtitan's generated cut (15 layers on "
+                "the first stage, 16 on most) priced as the balanced cut", engine=TT_ENGINE),
     PipelineRun("tt-405b-interleaved", "torchtitan 405B, FSDP 8 x TP 8 x PP 8, Interleaved 1F1B (v = 2)",
-                "h100-sxm-96gb-500w", 512, 256, (8, 8, 8), "Interleaved1F1B", 32, 2, 128.0, None,
-                TT_2412 + "; v = 2 stages per rank is an ASSUMPTION (the table does not give it)",
-                "as the 1F1B row", engine=TT_ENGINE),
+                "h100-sxm-96gb-500w", 512, 256, (8, 8, 8), "Interleaved1F1B", 8, 2, 128.0, None,
+                TT_2412 + "; " + TT_DEFAULTS, "as the 1F1B row", engine=TT_ENGINE),
     PipelineRun("meta-405b-8k", "Llama 3 405B, 8,192 GPUs, TP 8 x PP 16 x DP 64", "h100-sxm-80gb", 8192, 2048,
                 (16, 64, 8), "Interleaved1F1B", 32, 2, None, 430.0,
                 LLAMA3_PAPER + " row 1; 16M tokens = 2048 x 8192, batch per DP 32: m = 32 of 1 sequence per dp rank"
@@ -109,6 +115,9 @@ RUNS = (
     PipelineRun("meta-405b-16k", "Llama 3 405B, 16,384 GPUs, TP 8 x PP 16 x DP 128", "h100-sxm-80gb", 16384, 2048,
                 (16, 128, 8), "Interleaved1F1B", 16, 2, None, 400.0,
                 LLAMA3_PAPER + " row 2; batch per DP 16: m = 16, v = 2 (ASSUMPTION)", "as row 1", titan_loss=False),
+    PipelineRun("meta-405b-16k-noac", "the same, no activation checkpointing (as published)", "h100-sxm-80gb", 16384,
+                2048, (16, 128, 8), "Interleaved1F1B", 16, 2, None, 400.0, LLAMA3_PAPER + " row 2, section 3.3.2",
+                "as meta-405b-8k-noac", titan_loss=False, recompute="none"),
     PipelineRun("auto-405b-512", "autoshard's choice, 405B on 512 H100 96 GB, 256 x 8192", "h100-sxm-96gb-500w",
                 512, 256, None, None, None, None, 128.0, None, "target: >= 128 tokens/s/GPU, found in < 10 min",
                 "stage layouts fsdp+tp with full recomputation (module docstring); bf16, TP collectives exposed"),
@@ -144,37 +153,44 @@ def _flops_per_token() -> float:
 NOTES = """\
 **What differs, and why.**
 
+- *Data parallelism once a step* (``autoshard.assembly.param_comm``, 2026-12-05 20:00 UTC): a
+  stage gathers its weights across dp before its first forward and keeps them to its last
+  backward, its gradients accumulate unsharded in fp32 and are reduced after its last
+  microbatch (FSDP2 in a pipeline: torchtitan's ``reshard_after_forward=False`` with PP,
+  autoshard's pipeline runtime the same). Before, each microbatch paid the one-microbatch
+  plan's exposed gathers and reductions again (a 405B block at dp 8: 30 ms of gathers and
+  37 ms of reductions a microbatch beside 58 ms of compute), which put every row 25-70 % low;
+  the held copies are now in each block's state (2.4 GB a 405B block at tp 8).
+- *Microbatches.* torchtitan's rows at its benchmark commit ran its defaults: as many
+  microbatches as pp ranks (m = 8 of 4 sequences) and 2 stages a rank for interleaving
+  (source column). The bubbles that follow, 47 % and 30 %, are most of the gap between the
+  two rows (128 / 100 published, 140 / 105 predicted). The Llama 3 rows' m and v are
+  ASSUMPTIONS.
 - *Engine options* (``autoshard.plan.options.EngineOptions``, docs/engine_options.md): torchtitan's
-  405B rows ran torch.compile, Float8 linears (torchao, tensorwise) and async TP. Their prediction
-  reprices each stage's solved plan with ``float8_linears`` (the block linears' three matmuls at
-  the profile's fp8 peak and curve, casts and ``amax`` as memory-bound ops), ``float8_all_gather``
-  (FSDP's weight gathers in float8: an ASSUMPTION, Table 5 does not list it) and ``async_tp``
+  405B rows ran torch.compile, Float8 linears (torchao, tensorwise) with float8 FSDP
+  all-gathers (its 405B config) and async TP. Their prediction reprices each stage's solved
+  plan with ``float8_linears`` (the block linears' three matmuls at the profile's fp8 peak and
+  curve, casts and ``amax`` as memory-bound ops), ``float8_all_gather`` and ``async_tp``
   (single TP all-gathers / reduce-scatters beside a block matmul run as collective matmuls of
   ``tp`` chunks); the "bf16, TP exposed" column is the same plan priced as autoshard's runtime
-  runs it. The Llama 3 paper's rows ran bf16 (no option; their own TP overlap is not published).
-- *The ``fsdp+tp`` pins* (``autoshard.search.baselines``, 2026-12-05): FSDP splits a tensor dim
-  TP leaves whole (a column weight ``S(1)S(0)`` on ``dp x tp``, a row weight ``S(0)S(1)``), so
-  its gather over ``dp`` yields the TP shard in one ``all_gather``, as FSDP2 over a TP DTensor
-  does. The earlier pins (``S(0)S(0)``) reached the shard by ``all_to_all`` + ``permute`` +
-  ``all_gather`` each time (23 weight transfers of the 4-block stage at microbatch 8, 0.120 s of
-  its 0.313 s of communication), and reduced the column weights' gradients with a permute and
-  an all-to-all after the reduce-scatter. Re-solved with the new pins, the stage keeps the
-  block's input split on ``tp`` (32 MiB a block a microbatch under full AC, torchtitan's
-  figure; 256 MiB before), but its bf16 block time grows (0.0994 -> 0.1172 s, exposed
-  0.0368 -> 0.0587 s): the solver, whose objective sums the transfers without their overlap,
-  now reduces the row weights' gradients from ``P(sum)`` on both mesh dims (a 64-rank
-  reduce-scatter and an all-to-all: 0.046 s against 0.022 s), and every weight gather travels
-  in FSDP2's gather buckets (0.142 s against 0.046 s, the re-layouts outside them). The 1F1B
-  row pays it; the rows whose memory limited the cut (interleaved, autoshard's own) gain more
-  from the smaller activations.
-- *What async TP cannot hide here*: the all-reduces on ``tp`` and the multi-step gradient
-  reductions; the what-if column (each block's exposed communication hidden under its
-  compute, ``pipeline_blocks.hide_exposed``) bounds what hiding them could gain.
+  runs it. The once-a-step weight gathers and reductions keep their bf16 price (float8 gathers
+  would shrink them). The Llama 3 paper's rows ran bf16 (no option; their TP overlap is not
+  published).
+- *Memory.* Rows marked "does NOT fit" are priced with the memory check off: this memory
+  model keeps more a block a microbatch than torchtitan's block-wise checkpointing does
+  (the stage solve, run without a memory limit, keeps the ``tp``-gathered norm outputs its
+  recomputation reads: 1.07 GB a 405B block at 4 sequences a rank against the 134 MB block
+  input torchtitan keeps), so its busiest rank (190 GiB) is well above the 82.5 GiB measured.
+  The times are those of the layouts that ran.
+- *The ``fsdp+tp`` pins* (``autoshard.search.baselines``): FSDP splits a tensor dim TP leaves
+  whole (a column weight ``S(1)S(0)`` on ``dp x tp``, a row weight ``S(0)S(1)``), so its gather
+  over ``dp`` yields the TP shard in one ``all_gather``, as FSDP2 over a TP DTensor does.
+- *What async TP cannot hide here*: the all-reduces on ``tp``; the what-if column (each
+  block's exposed communication hidden under its compute, ``pipeline_blocks.hide_exposed``)
+  bounds what hiding them could gain.
 - *Full recomputation.* torchtitan ran full AC; the Llama 3 paper trained at 8K tokens without
-  activation checkpointing thanks to memory balancing the cost model does not have (the
-  ``-noac`` row: no stage cut fits 80 GB; its time is priced with the memory check off). The
-  full-AC prediction pays about a third more compute.
-- *Microbatching* as stated per row (ASSUMPTIONS where the source does not publish it).
+  activation checkpointing (the ``-noac`` rows, priced with the memory check off: its memory
+  balancing is not modelled). The full-AC rows pay the recomputation and its re-gathers.
 - The bound gap is ``1 - LB / step`` with ``LB = m * work / p`` (perfect balance, no bubble):
   what the schedule, the sends and the tail cost above it.
 """
@@ -201,15 +217,17 @@ def engine_figures(prep: Any, plan: Any, depth: int, engine: Any) -> Any:
     end = _forward_end(prep.graph, plan)
     fwd = sum(step.op_compute_s[: end + 1])
     bwd = sum(step.op_compute_s[end + 1:]) + step.recompute_s
-    return replace(fig, forward_s=fwd, backward_s=bwd, exposed_s=max(0.0, step.step_s - fwd - bwd - fig.optimizer_s),
-                   step_s=step.step_s)
+    # what the options change in the step beyond the compute changes the per-microbatch exposure;
+    # the parameters' collectives stay priced once a step as in the bf16 plan (float8 gathers would shrink them)
+    exposed = max(0.0, fig.exposed_s + (step.step_s - fig.step_s) - (fwd - fig.forward_s) - (bwd - fig.backward_s))
+    return replace(fig, forward_s=fwd, backward_s=bwd, exposed_s=exposed, step_s=step.step_s)
 
 
 def price_blocks_engines(factory, mesh_shape, *, micro_batch: int, engines: tuple, recompute: str, profile: str,
                          time_limit: float, prepare_options: dict) -> dict:
     """``pipeline_blocks.price_blocks`` (``fsdp+tp`` pinned, depths 2 and 4) for each of ``engines``
     from the same two solves: engine -> ``BlockPricing``."""
-    from autoshard.search.pipeline_blocks import BlockPricing, _block_of, _extras
+    from autoshard.search.pipeline_blocks import pricing_from_figures
     from autoshard.search.solve import prepare, solve_prepared
 
     started, depths = time.perf_counter(), (2, 4)
@@ -222,14 +240,8 @@ def price_blocks_engines(factory, mesh_shape, *, micro_batch: int, engines: tupl
                               time_limit=time_limit)
         for e in engines:
             figures[e].append(engine_figures(prep, plan, depth, e))
-    out = {}
-    for e, (lo, hi) in figures.items():
-        block, reduction, optimizer = _block_of(lo, hi)
-        first, last, extra_reduction, extra_optimizer, transient = _extras(lo, block, reduction, optimizer)
-        exposed = max(0.0, (hi.exposed_s - lo.exposed_s) / (hi.n_blocks - lo.n_blocks))
-        out[e] = BlockPricing(micro_batch, block, reduction, optimizer, first, last, extra_reduction, extra_optimizer,
-                              transient, (lo, hi), time.perf_counter() - started, exposed)
-    return out
+    return {e: pricing_from_figures(micro_batch, lo, hi, time.perf_counter() - started)
+            for e, (lo, hi) in figures.items()}
 
 
 class _Pricer:
@@ -296,9 +308,8 @@ def run_one(run: PipelineRun, pricer: _Pricer, flops: float) -> dict:
         try:
             plan = search_pipeline(priced, **pinned)
         except ValueError as exc:
-            if run.recompute != "none":
-                return {"error": str(exc).splitlines()[0][:200], "wall_s": time.perf_counter() - t0}
-            # as published, but over the memory: its time still says what the recomputation costs
+            # as published, but over this memory model's limit: its time is still the prediction of
+            # the layout that ran (the row says it does not fit here)
             pinned = {**pinned, "memory_limit_bytes": math.inf}
             over = {"over_memory": str(exc).splitlines()[0][:120]}
             plan = search_pipeline(priced, **pinned)

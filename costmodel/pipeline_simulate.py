@@ -14,7 +14,11 @@ starts at ``max(rank free, inputs here)``:
 - ``F(s, k)``: stage 0 has its input at 0; stage ``s > 0`` when ``F(s - 1, k)``'s activation arrived;
 - ``B(s, k)`` / ``I(s, k)``: after ``F(s, k)``; the last stage then has its loss; stage
   ``s < S - 1`` also needs ``B / I(s + 1, k)``'s gradient to have arrived;
-- ``W(s, k)``: after ``I(s, k)``.
+- ``W(s, k)``: after ``I(s, k)``;
+- every ``F(s, k)`` also after stage ``s``'s weight gathers (``weight_gather_s``): issued at the
+  step's start on the rank's communication stream, one stage's after another in the order of
+  the stages' first forward on that rank, and kept to the last backward (FSDP2 without
+  resharding between microbatches), so a stage that waits for its first activation hides them.
 
 A send leaves when its producer ends, on the directed link between the two ranks
 (``r -> r'``; both directions are separate links, NVLink and InfiniBand being
@@ -95,10 +99,12 @@ class StageCost:
     """Reduction of the stage's gradients across dp, after its last microbatch."""
     optimizer_s: float = 0.0
     """The stage's optimizer step."""
+    weight_gather_s: float = 0.0
+    """Gathering the stage's weights across dp, once a step, before its first forward."""
 
     def __post_init__(self) -> None:
         times = (self.forward_s, self.backward_input_s, self.backward_weight_s, self.send_activation_s,
-                 self.send_gradient_s, self.gradient_reduction_s, self.optimizer_s)
+                 self.send_gradient_s, self.gradient_reduction_s, self.optimizer_s, self.weight_gather_s)
         if any(t < 0 for t in times) or (self.full_backward_s is not None and self.full_backward_s < 0):
             raise ValueError(f"StageCost: times must be >= 0 seconds, got {self}")
         if self.activation_bytes < 0 or self.weight_grad_bytes < 0:
@@ -197,11 +203,13 @@ def simulate_pipeline(schedule: PipelineSchedule, stage_costs: Sequence[StageCos
     position = [0] * schedule.n_ranks
     timed: list[list[TimedAction]] = [[] for _ in range(schedule.n_ranks)]
     transfers: list[TimedTransfer] = []
+    gathered = _weights_gathered(schedule, stage_costs)
 
     def inputs_at(a: Action) -> float | None:
         """When ``a``'s inputs are on its rank; ``None`` while a producer has not run yet."""
         need: list[float | None] = []
         if a.kind is F:
+            need.append(gathered[a.stage])
             if a.stage > 0:
                 need.append(arrivals.get((TransferKind.ACTIVATION, a.stage, a.microbatch)))
         elif a.kind in (B, I):
@@ -262,6 +270,20 @@ def simulate_pipeline(schedule: PipelineSchedule, stage_costs: Sequence[StageCos
         actions=tuple(a for t in timed for a in t),
         transfers=tuple(transfers),
     )
+
+
+def _weights_gathered(schedule: PipelineSchedule, stage_costs: Sequence[StageCost]) -> list[float]:
+    """When each stage's weights are gathered: its rank's gathers back to back from 0, in the order
+    of the stages' first forward on the rank (module docstring, Rules)."""
+    done = [0.0] * schedule.n_stages
+    for order in schedule.orders:
+        clock, seen = 0.0, set()
+        for a in order:
+            if a.kind is F and a.stage not in seen:
+                seen.add(a.stage)
+                clock += stage_costs[a.stage].weight_gather_s
+                done[a.stage] = clock
+    return done
 
 
 def _rank_times(rank: int, timed: list[TimedAction], costs: Sequence[StageCost], pipeline_s: float) -> RankTimes:

@@ -12,4 +12,6 @@
 - :mod:`autoshard.assembly.graph_memo`: per-graph values computed once.
 - :mod:`autoshard.assembly.engine_pricing`: a solved plan repriced with engine features autoshard's runtime
   does not run (torchao float8 linears, async TP), for predicting published runs.
+- :mod:`autoshard.assembly.param_comm`: a solved plan's parameter communication apart from what a
+  microbatch repeats (a pipeline stage gathers its weights and reduces its gradients once a step).
 """

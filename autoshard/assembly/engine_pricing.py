@@ -54,7 +54,8 @@ from costmodel.float8 import cast_operands, float8_gather_bytes, float8_matmul
 from costmodel.overlap import Transfer, simulate
 from costmodel.shard_shapes import max_local_shape
 
-__all__ = ["EngineStep", "reprice", "repriced_plan", "BLOCK_MATMULS"]
+__all__ = ["EngineStep", "reprice", "repriced_plan", "BLOCK_MATMULS", "chosen_strategies", "param_of", "edge_links",
+           "grad_of", "simulate_moves"]
 
 BLOCK_MATMULS = ("aten.mm.default",)
 """The ops priced as a linear layer's matmuls (a LLaMA block's linears have no bias: ``mm``)."""
@@ -86,7 +87,7 @@ class _Matmul:
     """Whether operand A / B is a parameter (through views)."""
 
 
-def _chosen(graph: Any, plan: Any) -> list[tuple[Any, int]]:
+def chosen_strategies(graph: Any, plan: Any) -> list[tuple[Any, int]]:
     """(graph node, chosen strategy index) of every plan op node, in plan order."""
     from autoshard.assembly.assemble import placement_text
 
@@ -103,7 +104,7 @@ def _chosen(graph: Any, plan: Any) -> list[tuple[Any, int]]:
     return out
 
 
-def _param_of(graph: Any, index: int, reads: dict[int, list[Any]]) -> str | None:
+def param_of(graph: Any, index: int, reads: dict[int, list[Any]]) -> str | None:
     """The parameter FQN node ``index`` is (or views), else None."""
     for _ in range(8):  # a weight reaches its mm through a transpose and at most a few views
         node = graph.nodes[index]
@@ -115,7 +116,7 @@ def _param_of(graph: Any, index: int, reads: dict[int, list[Any]]) -> str | None
     return None
 
 
-def _links(graph: Any) -> tuple[dict[int, list[Any]], dict[int, list[Any]]]:
+def edge_links(graph: Any) -> tuple[dict[int, list[Any]], dict[int, list[Any]]]:
     """Edges by reader and by producer."""
     reads: dict[int, list[Any]] = {}
     feeds: dict[int, list[Any]] = {}
@@ -125,7 +126,7 @@ def _links(graph: Any) -> tuple[dict[int, list[Any]], dict[int, list[Any]]]:
     return reads, feeds
 
 
-def _grad_of(graph: Any, index: int, feeds: dict[int, list[Any]]) -> str | None:
+def grad_of(graph: Any, index: int, feeds: dict[int, list[Any]]) -> str | None:
     """The parameter whose gradient node ``index``'s output becomes (through views), else None."""
     frontier = [index]
     for _ in range(4):  # a weight gradient leaves its mm through a transpose and a view or two
@@ -145,7 +146,7 @@ def _block_matmuls(graph: Any, chosen: Sequence[tuple[Any, int]]) -> tuple[list[
     """The block linears' matmuls with their local shapes (forward: a block's ``mm``; input
     gradient: an ``mm`` reading a block weight; weight gradient: an ``mm`` whose output becomes
     a block weight's gradient), the block weights, and view op -> weight FQN."""
-    reads, feeds = _links(graph)
+    reads, feeds = edge_links(graph)
     mesh = graph.mesh.shape
     found = []
     for position, (node, k) in enumerate(chosen):
@@ -154,8 +155,8 @@ def _block_matmuls(graph: Any, chosen: Sequence[tuple[Any, int]]) -> tuple[list[
         i = graph.index[node.name]
         by_input = {e.dst_input: e for e in reads.get(i, ())}
         if 0 in by_input and 1 in by_input:
-            names = tuple(_param_of(graph, by_input[j].src, reads) for j in (0, 1))
-            found.append((position, node, k, by_input, names, _grad_of(graph, i, feeds)))
+            names = tuple(param_of(graph, by_input[j].src, reads) for j in (0, 1))
+            found.append((position, node, k, by_input, names, grad_of(graph, i, feeds)))
     weights = {n for _, node, _, _, names, _ in found if node.region >= 0 for n in names if n is not None}
     out, views = [], {}
     for position, node, k, by_input, names, grad in found:
@@ -282,7 +283,7 @@ def _fusions(graph: Any, plan: Any, transfers: Sequence[Transfer], matmuls: Sequ
         return []
     tp_dim = names.index("tp")
     tp = graph.mesh.shape[tp_dim]
-    reads, feeds = _links(graph)
+    reads, feeds = edge_links(graph)
     by_edge = {(r.tensor, r.to, r.input_index): r for r in plan.redistributions}
     mm_at = {plan.nodes[mm.position].name: mm for mm in matmuls}
     out: list[CollectiveMatmul] = []
@@ -327,20 +328,13 @@ def reprice(graph: Any, plan: Any, engine: EngineOptions) -> EngineStep:
     """
     if plan.schedule is None:
         raise ValueError("plan: has no schedule (a plan file older than the schedule): cannot reprice its step")
-    chosen = _chosen(graph, plan)
+    chosen = chosen_strategies(graph, plan)
     compute = [float(node.compute_s[k]) for node, k in chosen]
     transfers, local = schedule_transfers(plan.schedule, plan.redistributions, plan.buckets, plan.gather_buckets)
     tail = max(0.0, plan.estimate.compute_s - sum(compute))
-    contention, skew = graph.profile.contention, graph.profile.skew_s
 
     def run(ops: Sequence[float], moves: Sequence[Transfer]) -> float:
-        ops, extra = list(ops), 0.0
-        for p, seconds in local:
-            if p < len(ops):
-                ops[p] += seconds
-            else:
-                extra += seconds
-        return simulate(ops, moves, tail_s=tail + extra, contention=contention, skew_s=skew).step_s
+        return simulate_moves(graph.profile, ops, moves, local, tail)
 
     before = run(compute, transfers)
     matmuls, weights, views = _block_matmuls(graph, chosen)
@@ -362,6 +356,23 @@ def reprice(graph: Any, plan: Any, engine: EngineOptions) -> EngineStep:
     step = plan.estimate.step_s + (after - before) + (recompute - plan.estimate.recompute_s)
     return EngineStep(step, tuple(ops), recompute, len(matmuls) if engine.float8_linears else 0, len(fusions),
                       before)
+
+
+def simulate_moves(profile: Any, ops: Sequence[float], moves: Sequence[Transfer],
+                   local: Sequence[tuple[int, float]], tail_s: float) -> float:
+    """The simulated step (``costmodel.overlap.simulate``) of op times ``ops`` with the transfers
+    ``moves`` and the local steps ``local`` (``(position, seconds)`` on the compute stream, from
+    ``autoshard.program.schedule.schedule_transfers``) under ``profile``'s contention and skew.
+
+    >>> # simulate_moves(graph.profile, [1.0, 2.0], [], [(1, 0.5)], 0.0)   # 3.5
+    """
+    ops, extra = list(ops), 0.0
+    for p, seconds in local:
+        if p < len(ops):
+            ops[p] += seconds
+        else:
+            extra += seconds
+    return simulate(ops, moves, tail_s=tail_s + extra, contention=profile.contention, skew_s=profile.skew_s).step_s
 
 
 def _forward_end(graph: Any, chosen: Sequence[tuple[Any, int]]) -> int:

@@ -16,7 +16,8 @@ reduction ``g`` and optimizer ``o``, and the embedding / head extras).
                             I_k = W_k = B_k / 2,                  (the split backward: ASSUMPTION;
                                                                     W keeps all of a_k: an upper bound)
                             send_k = t_permute(bytes_mb, pp dim),   bytes_mb = B/m * seq * d * itemsize / (dp tp)
-                            G_k = sum g (+ extras), O_k = sum o (+ extras))
+                            G_k = sum g (+ extras), O_k = sum o (+ extras),
+                            weight gathers A_k = sum w (+ extras), once a step)
     (c) sim     = simulate_pipeline(schedule(p, m, v), [stage k])   (``costmodel.pipeline_simulate``)
     (d) memory_r = sum_{k on r} (sum s) + peak activation bytes of r (sim) + T   <= M
     (e) step    = sim.step_s
@@ -238,7 +239,8 @@ def _stage_costs(pricing: BlockPricing, cut: StageCuts, send_s: float) -> list[S
             forward_s=fwd, backward_input_s=bwd / 2, backward_weight_s=bwd / 2, full_backward_s=bwd,
             send_activation_s=send_s, send_gradient_s=send_s, activation_bytes=int(acts), weight_grad_bytes=int(acts),
             gradient_reduction_s=n * pricing.block_reduction_s + (pricing.extra_reduction_s if extras else 0.0),
-            optimizer_s=n * pricing.block_optimizer_s + (pricing.extra_optimizer_s if extras else 0.0)))
+            optimizer_s=n * pricing.block_optimizer_s + (pricing.extra_optimizer_s if extras else 0.0),
+            weight_gather_s=n * pricing.block_gather_s + (pricing.extra_gather_s if extras else 0.0)))
     return out
 
 

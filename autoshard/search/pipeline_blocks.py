@@ -14,10 +14,17 @@ graph order, which are the forward):
     (a) F = sum_{k in K_F} c_k(x_k)               forward compute
     (b) B = sum_{k not in K_F} c_k(x_k) + R        backward compute and the recomputation R (estimate.recompute_s)
     (c) O = estimate.compute_s - sum_k c_k(x_k)    optimizer step (compute_s = ops + the update)
-    (d) X = step_s - F - B - O                     exposed communication and local re-layouts of the step
-    (e) G = sum of the plan's gradient buckets' cost_s   gradient reduction across dp
+    (d) X = the exposed communication and local re-layouts that a microbatch repeats: the plan's
+            schedule simulated without the parameters' collectives, less its compute
+            (``autoshard.assembly.param_comm`` (a'))
+    (e) G = the gradient reductions' exposure, once a step (they overlap the last microbatch's
+            backward as they overlap this one's: param_comm (c))
+    (e') A = the weight gathers' exposure, once a step (a stage keeps its weights gathered from its
+            first forward to its last backward, as the pipeline runtime's FSDP2 does: param_comm (b))
     (f) S = sum over parameters of the bytes of the parameter, its gradient and optimizer
-            state at the chosen placement (the graph's param / grad / opt_temp nodes)
+            state at the chosen placement (the graph's param / grad / opt_temp nodes), plus the
+            gathered weights and their unsharded gradient accumulators held through the step
+            (param_comm (d))
     (g) P = estimate.peak_memory_bytes
     (h) K = the memory timeline's level at the loss op's time (graph.times)
 
@@ -29,7 +36,8 @@ both passes), state ``s = Delta S``, saved activations per microbatch ``a = Delt
 what its forward keeps for the backward; ``Delta P - s`` where ``K`` is not known:
 equal when the peak is at the forward's end, but a peak in the backward, a
 recomputation's or an exchange's transient, is not what a microbatch in flight
-holds), reduction ``g = Delta G``, optimizer ``o = Delta O``.
+holds), reduction ``g = Delta G``, weight gathers ``w = Delta A`` (paid before a stage's first
+forward), optimizer ``o = Delta O``.
 
 **Extras**: the rest of ``L_1``'s figures, ``y(L_1) - L_1 Delta y``. The embedding's and
 the head's compute and communication go to the last stage (the head, the loss and the
@@ -55,9 +63,12 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping, Sequence
 
+from autoshard.assembly.engine_pricing import chosen_strategies
+from autoshard.assembly.param_comm import param_comm
 from costmodel.stage_cuts import BlockCost
 
-__all__ = ["PlanFigures", "BlockPricing", "plan_figures", "price_blocks", "hide_exposed", "FIRST_STAGE_PARAMS"]
+__all__ = ["PlanFigures", "BlockPricing", "plan_figures", "price_blocks", "pricing_from_figures", "hide_exposed",
+           "FIRST_STAGE_PARAMS"]
 
 FIRST_STAGE_PARAMS = ("tok_embeddings", "embed_tokens")
 """Modules of the non-block parameters held by the first stage (the rest: the last): ours and
@@ -87,6 +98,12 @@ class PlanFigures:
     forward_end_bytes: float = 0.0
     """``K``: the live bytes when the loss is computed, what the forward keeps for the backward
     with the state (0: not known)."""
+    gather_s: float = 0.0
+    """``A``: the weight gathers' exposure, paid once a step (module docstring (e'))."""
+    held_bytes: float = 0.0
+    """The gathered weights and gradient accumulators held through the step, in ``state_bytes``."""
+    param_saving_s: float = 0.0
+    """``X_P``: the exposure of the parameters' collectives, left out of :attr:`exposed_s`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +130,10 @@ class BlockPricing:
     """Wall seconds of the solves (trace and build included)."""
     block_exposed_s: float = 0.0
     """``Delta X``: the exposed communication inside :attr:`block`'s forward and backward."""
+    block_gather_s: float = 0.0
+    """``w = Delta A``: one block's weight gathers, once a step."""
+    extra_gather_s: float = 0.0
+    """The non-block weights' gathers (embedding, head), once a step."""
 
     def step_of_model(self, n_blocks: int) -> float:
         """The single-stage, single-microbatch step of ``n_blocks`` blocks these costs give:
@@ -120,24 +141,6 @@ class BlockPricing:
         blocks = n_blocks * (self.block.forward_s + self.block.backward_s + self.block_optimizer_s)
         extras = sum(e.forward_s + e.backward_s for e in (self.first_extra, self.last_extra))
         return blocks + extras + self.extra_optimizer_s
-
-
-def _op_compute(graph: Any, plan: Any) -> list[float]:
-    """``c_k(x_k)`` of every op of ``plan``, in plan order: the strategy whose placements the plan lists."""
-    from autoshard.assembly.assemble import placement_text
-
-    out = []
-    for node in plan.nodes:
-        g = graph.nodes[graph.index[node.name]]
-        for k, s in enumerate(g.strategies):
-            if (tuple(placement_text(p) for p in s.output_placements) == node.out
-                    and tuple(placement_text(p) for p in s.input_placements) == node.inputs):
-                out.append(float(g.compute_s[k]))
-                break
-        else:  # the plan comes from this graph: a placement it lists is one of the node's strategies
-            raise ValueError(f"plan node {node.name}: placements {node.out} <- {node.inputs} "
-                             "are no strategy of the graph")
-    return out
 
 
 def _forward_end(graph: Any, plan: Any) -> int:
@@ -169,24 +172,27 @@ def _state_bytes(graph: Any, plan: Any) -> dict[str, float]:
 def plan_figures(prep: Any, plan: Any, n_blocks: int, block_prefix: str = "layers.") -> PlanFigures:
     """(a)-(g) of ``plan``, solved from ``prep`` (:func:`autoshard.search.solve.prepare`)."""
     graph, e = prep.graph, plan.estimate
-    compute = _op_compute(graph, plan)
+    compute = [float(node.compute_s[k]) for node, k in chosen_strategies(graph, plan)]
     end = _forward_end(graph, plan)
     fwd = sum(compute[: end + 1])
     bwd = sum(compute[end + 1:]) + e.recompute_s
     opt = max(0.0, e.compute_s - sum(compute))
-    exposed = max(0.0, e.step_s - fwd - bwd - opt)
-    reduction = sum(b.cost_s for b in plan.buckets if all(m.startswith("grad:") for m in b.members))
+    params = param_comm(graph, plan)
+    exposed = params.activation_exposed_s
     state = _state_bytes(graph, plan)
     aliases = {a for names in plan.param_aliases.values() for a in names}
     # the block container at any depth: ours ``layers.3.``, Hugging Face's ``model.layers.3.``
     in_block = lambda k: k.startswith(block_prefix) or f".{block_prefix}" in k  # noqa: E731
+    for fqn, held in params.held_by_param.items():
+        state[fqn] = state.get(fqn, 0.0) + held
     blocks = sum(v for k, v in state.items() if in_block(k) and k not in aliases)
     first = sum(v for k, v in state.items() if not in_block(k) and k not in aliases
                 and any(part in FIRST_STAGE_PARAMS for part in k.split(".")[:-1]))
     last = sum(state.values()) - blocks - first - sum(state[a] for a in aliases if a in state)
     exchanges = tuple(sorted({f"{n.exchange[0]}@{n.exchange[1]}" for n in plan.nodes if n.exchange}))
-    return PlanFigures(n_blocks, fwd, bwd, opt, exposed, reduction, blocks, first, last, e.peak_memory_bytes, e.step_s,
-                       exchanges, _live_at(plan.memory_timeline, graph.times.get(plan.nodes[end].name)))
+    return PlanFigures(n_blocks, fwd, bwd, opt, exposed, params.reduction_s, blocks, first, last, e.peak_memory_bytes,
+                       e.step_s, exchanges, _live_at(plan.memory_timeline, graph.times.get(plan.nodes[end].name)),
+                       params.gather_exposed_s, params.held_bytes, params.per_microbatch_saving_s)
 
 
 def _live_at(timeline: Sequence[tuple[int, float]], time: int | None) -> float:
@@ -222,8 +228,8 @@ def hide_exposed(pricing: BlockPricing) -> BlockPricing:
     return replace(pricing, block=block, block_exposed_s=left)
 
 
-def _block_of(lo: PlanFigures, hi: PlanFigures) -> tuple[BlockCost, float, float]:
-    """The per-block figures from two depths (module docstring, Per block)."""
+def _block_of(lo: PlanFigures, hi: PlanFigures) -> tuple[BlockCost, float, float, float]:
+    """(block, reduction, optimizer, weight gathers) per block from two depths (module docstring, Per block)."""
     n = hi.n_blocks - lo.n_blocks
     d = lambda name: (getattr(hi, name) - getattr(lo, name)) / n  # noqa: E731
     f, b, x = max(0.0, d("forward_s")), max(0.0, d("backward_s")), max(0.0, d("exposed_s"))
@@ -231,16 +237,18 @@ def _block_of(lo: PlanFigures, hi: PlanFigures) -> tuple[BlockCost, float, float
     state = max(0.0, d("state_bytes"))
     # what one more block keeps for its backward: the level when the loss is computed, where both
     # depths know it (the peak's difference is that only when the peak is at the forward's end: a
-    # backward transient, or recomputation's, would stand for it)
+    # backward transient, or recomputation's, would stand for it); the one-microbatch plan's
+    # levels hold the sharded state, not what a stage holds gathered through the step
     kept = d("forward_end_bytes") if lo.forward_end_bytes and hi.forward_end_bytes else d("peak_bytes")
-    acts = max(0.0, kept - state)
-    return BlockCost(f + x * share, b + x * (1 - share), int(state), int(acts)), max(0.0, d("reduction_s")), \
-        max(0.0, d("optimizer_s"))
+    acts = max(0.0, kept - (state - d("held_bytes")))
+    return (BlockCost(f + x * share, b + x * (1 - share), int(state), int(acts)), max(0.0, d("reduction_s")),
+            max(0.0, d("optimizer_s")), max(0.0, d("gather_s")))
 
 
 def _extras(lo: PlanFigures, block: BlockCost, reduction: float, optimizer: float) -> tuple[BlockCost, BlockCost,
                                                                                                 float, float, float]:
-    """(first, last, extra reduction, extra optimizer, transient) from the shallow depth's rest."""
+    """(first, last, extra reduction, extra optimizer, transient) from the shallow depth's rest; the
+    transient is the plan's peak above its sharded state and the blocks' activations."""
     n = lo.n_blocks
     x_blocks = block.forward_s + block.backward_s
     rest_f = lo.forward_s + lo.exposed_s * _share(lo) - n * block.forward_s
@@ -250,7 +258,7 @@ def _extras(lo: PlanFigures, block: BlockCost, reduction: float, optimizer: floa
     first = BlockCost(0.0, 0.0, int(lo.extra_state_first_bytes), 0)
     last = BlockCost(max(0.0, rest_f), max(0.0, rest_b), int(lo.extra_state_last_bytes), 0)
     transient = max(0.0, lo.peak_bytes - lo.state_bytes - lo.extra_state_first_bytes - lo.extra_state_last_bytes
-                    - n * block.activation_bytes)
+                    + lo.held_bytes - n * block.activation_bytes)
     return (first, last, max(0.0, lo.reduction_s - n * reduction), max(0.0, lo.optimizer_s - n * optimizer),
             transient)
 
@@ -308,9 +316,17 @@ def price_blocks(
         plan = solve_prepared(prep, baseline=baseline, recompute=recompute, memory_limit=math.inf,
                               time_limit=time_limit)
         figures.append(plan_figures(prep, plan, depth))
-    lo, hi = figures
-    block, reduction, optimizer = _block_of(lo, hi)
+    return pricing_from_figures(micro_batch, figures[0], figures[1], time.perf_counter() - started)
+
+
+def pricing_from_figures(micro_batch: int, lo: PlanFigures, hi: PlanFigures, solve_s: float) -> BlockPricing:
+    """:class:`BlockPricing` from the figures of two solved depths, ``lo.n_blocks < hi.n_blocks``
+    (module docstring, Per block and Extras).
+
+    >>> # pricing_from_figures(4, plan_figures(prep2, plan2, 2), plan_figures(prep4, plan4, 4), 12.0)
+    """
+    block, reduction, optimizer, gather = _block_of(lo, hi)
     first, last, extra_reduction, extra_optimizer, transient = _extras(lo, block, reduction, optimizer)
     exposed = max(0.0, (hi.exposed_s - lo.exposed_s) / (hi.n_blocks - lo.n_blocks))
     return BlockPricing(micro_batch, block, reduction, optimizer, first, last, extra_reduction, extra_optimizer,
-                        transient, tuple(figures), time.perf_counter() - started, exposed)
+                        transient, (lo, hi), solve_s, exposed, gather, max(0.0, lo.gather_s - lo.n_blocks * gather))

@@ -161,10 +161,14 @@ def choose_pipeline(
     def factory(n_layers: int, batch_size: int, **_: Any) -> tuple[nn.Module, Any]:
         return truncated_model(model, block_paths, n_layers), microbatch_inputs(inputs, batch_size)
 
+    # two depths whose blocks are alike: the last block's recomputation is never worth it (its
+    # backward follows its forward), so one block alone prices a block that keeps everything
+    depths = (2, 3) if n_blocks >= 3 else (1, 2)
+
     def price_at(micro_batch: int) -> BlockPricing:
         if micro_batch not in pricings:
             pricings[micro_batch] = price_blocks(factory, {}, sub_shape, sub_names, micro_batch=micro_batch,
-                                                 depths=(1, 2), recompute=recompute, profile=prof,
+                                                 depths=depths, recompute=recompute, profile=prof,
                                                  time_limit=time_limit)
         return pricings[micro_batch]
 

@@ -138,3 +138,20 @@ def test_refusals():
         simulate_pipeline(build_schedule("GPipe", n_ranks=2, n_microbatches=2), [StageCost(1.0, 1.0, 0.0)])
     with pytest.raises(ValueError, match="times must be >= 0"):
         StageCost(-1.0, 1.0, 0.0)
+
+
+def test_weight_gathers_delay_the_first_stage_and_hide_behind_the_fill() -> None:
+    """Each stage gathers its weights once, before its first forward, on its rank's communication
+    stream from the step's start: stage 0 waits for them, stage 1 gathers while stage 0 computes."""
+    from costmodel.pipeline_schedules import build_schedule
+
+    sched = build_schedule("1F1B", n_ranks=2, n_microbatches=2)
+    unit = StageCost(forward_s=1.0, backward_input_s=1.0, backward_weight_s=1.0)
+    gathered = StageCost(forward_s=1.0, backward_input_s=1.0, backward_weight_s=1.0, weight_gather_s=0.5)
+    base = simulate_pipeline(sched, [unit, unit]).step_s
+    both = simulate_pipeline(sched, [gathered, gathered])
+    assert both.step_s == pytest.approx(base + 0.5)
+    first = {(a.action.stage, a.action.microbatch): a.start_s for a in both.actions if a.action.kind.name == "FORWARD"}
+    assert first[0, 0] == pytest.approx(0.5) and first[1, 0] == pytest.approx(1.5)
+    # stage 1's gathers alone cost nothing: its first input arrives after them
+    assert simulate_pipeline(sched, [unit, gathered]).step_s == pytest.approx(base)

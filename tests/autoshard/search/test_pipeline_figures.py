@@ -59,3 +59,22 @@ def test_hf_llama_blocks_and_embedding_are_placed_where_they_live() -> None:
     rest_elems = sum(per_param.values()) - block_elems - embed_elems
     assert fig.extra_state_first_bytes / embed_elems == pytest.approx(fig.state_bytes / block_elems, rel=0.5)
     assert fig.extra_state_last_bytes / max(1, rest_elems) < 2 * fig.state_bytes / block_elems
+
+
+def test_an_fsdp_stage_holds_its_blocks_gathered_weights_and_gradients_through_the_step() -> None:
+    """A stage keeps its weights gathered from the first forward to the last backward and
+    accumulates unsharded gradients (FSDP2 in a pipeline): each block's state holds both beside
+    its shards, and the weight gathers are priced once a step, not in the block's time."""
+    from examples.models import llama3
+
+    from autoshard.search.pipeline_blocks import price_blocks
+
+    pricing = price_blocks(llama3.tiny, {"seq_len": 32}, (2,), ("dp",), micro_batch=4, depths=(2, 4),
+                           recompute="none", baseline="fsdp", profile="h100-sxm-80gb", time_limit=10)
+    model, _ = llama3.tiny(device="meta", n_layers=1)
+    block_bytes = sum(p.numel() * 4 for n, p in model.named_parameters() if n.startswith("layers."))
+    lo, hi = pricing.figures
+    held = (hi.held_bytes - lo.held_bytes) / (hi.n_blocks - lo.n_blocks)
+    assert held == pytest.approx(2 * block_bytes, rel=0.01)  # fp32 weights and fp32 gradients, unsharded
+    assert pricing.block.state_bytes >= held + block_bytes  # and the shards: weights, gradients, AdamW state
+    assert pricing.block_gather_s > 0
