@@ -101,9 +101,9 @@ from autoshard.plan.layout_report import LayoutResult
 from autoshard.search.solve import InfeasibleMemoryError, prepare, solve_prepared
 from autoshard.search.mesh_layouts import (MeshLayout, check_devices, devices_per_node_of, enumerate_layouts,
                                     profile_for_nodes)
-from autoshard.search.mesh_stages import (ModelShape, context_layouts_for, layout_kind, merged_pins, model_shape,
-                                          name_context_dim, pipeline_bound_s, pipeline_layouts_for,
-                                          solve_pipeline_layout, take_turns)
+from autoshard.search.mesh_stages import (ModelShape, context_layouts_for, held_memory_refusal, layout_kind,
+                                          merged_pins, model_shape, name_context_dim, pipeline_bound_s,
+                                          pipeline_layouts_for, solve_pipeline_layout, take_turns)
 
 __all__ = ["MIN_SOLVE_S", "CUT_TOLERANCE", "SearchStatus", "NoLayoutError", "search_mesh", "layout_bound"]
 
@@ -280,6 +280,9 @@ def _solve_pipeline(layout: MeshLayout, work: _Work, done: Callable[..., str], f
     bound, best = pipeline_bound_s(work.shape, layout.devices, work.profile), work.incumbent.value
     if bound >= best * (1 + CUT_TOLERANCE):
         return done("cut", bound_s=bound, reason=f"matmul bound {bound * 1e3:.3f} ms >= best {best * 1e3:.3f} ms")
+    refusal = held_memory_refusal(work.model, work.traced.blocks, layout, work.options, work.profile)
+    if refusal:
+        return done("no_fit", bound_s=bound, reason=refusal)
     remaining = work.deadline - time.monotonic()
     # its share of what is left (done() counts it as started: its share then goes to the others)
     limit = min(work.time_limit, remaining * work.jobs / max(work.unsolved.value, 1), remaining)

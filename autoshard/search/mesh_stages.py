@@ -64,6 +64,18 @@ it, recomputation only adds; so the sum of all ranks' busy time is at least
 least ``F / (N P)``. It is weak (attention, vector ops and communication are
 left out) and cuts only layouts far from the incumbent.
 
+A pp layout is also cut by the memory its stages must hold (:func:`pipeline_memory_bound_bytes`):
+a stage keeps its weights gathered across ``dp`` through the step and accumulates their
+gradients unsharded (FSDP2 in a pipeline; ``replicate`` holds more: the whole state), and
+the stages split the blocks' parameters at best evenly, so some rank holds at least
+
+    (p3) M_held = W (w + g) / (pp tp)
+
+with ``W`` the repeated blocks' parameter elements, ``w`` the itemsize they compute in
+(bf16 under mixed precision) and ``g`` their gradients' (fp32 under mixed precision).
+Sharded state, activations and the embedding only add; a layout whose (p3) exceeds the
+memory limit fits nowhere (405B on 512 GPUs: ``2 x 128 x 2`` needs 607 GB a rank).
+
 >>> [(l.text, ",".join(l.dim_names)) for l in pipeline_layouts_for(16, 8, n_blocks=4)]
 [('2x8', 'pp,dp'), ('2x4x2', 'pp,dp,tp'), ('2x2x4', 'pp,dp,tp'), ('2x8', 'pp,tp')]
 """
@@ -79,7 +91,8 @@ from autoshard.trace.blocks import modules_around
 
 __all__ = ["ModelShape", "model_shape", "pipeline_layouts_for", "context_layouts_for", "context_pins",
            "matmul_flops", "pipeline_bound_s", "layout_kind", "merged_pins", "name_context_dim", "pipeline_parts",
-           "PipelineOutcome", "solve_pipeline_layout", "take_turns"]
+           "PipelineOutcome", "solve_pipeline_layout", "take_turns", "pipeline_memory_bound_bytes",
+           "block_param_elems", "held_memory_refusal"]
 
 _MATMULS = {"aten.mm.default": "mm", "aten.addmm.default": "addmm", "aten.bmm.default": "bmm",
             "aten.baddbmm.default": "baddbmm"}
@@ -233,6 +246,51 @@ def pipeline_bound_s(shape: ModelShape, devices: int, profile: Any) -> float:
     fp8 = any(dtype in _FP8 for dtype, _ in shape.matmul_flops_by_dtype)
     peak = max(flops for name, flops in profile.device.peak_flops if name != "fp64" and (fp8 or name != "fp8"))
     return shape.matmul_flops / (devices * peak)
+
+
+def pipeline_memory_bound_bytes(block_elems: int, layout: MeshLayout, *, mixed_precision: bool,
+                                param_itemsize: int = 4) -> float:
+    """(p3): the least a rank of pp layout ``layout`` holds for ``block_elems`` repeated-block
+    parameter elements (module docstring).
+
+    >>> round(pipeline_memory_bound_bytes(405 * 10**9, MeshLayout((2, 128, 2), ("pp", "dp", "tp")),
+    ...                                   mixed_precision=True) / 1e9)
+    608
+    """
+    dims = dict(zip(layout.dim_names, layout.shape))
+    held = 2 + 4 if mixed_precision else 2 * param_itemsize
+    return float(block_elems) * held / (dims.get("pp", 1) * dims.get("tp", 1))
+
+
+def block_param_elems(model: Any, blocks: Sequence[str]) -> tuple[int, int]:
+    """(parameter elements of the repeated blocks ``blocks``, their largest itemsize) of ``model``.
+
+    >>> import torch
+    >>> block_param_elems(torch.nn.Sequential(torch.nn.Linear(2, 2)), ("0",))
+    (6, 4)
+    """
+    prefixes = tuple(b + "." for b in blocks)
+    elems, itemsize = 0, 1
+    for name, p in model.named_parameters():
+        if name.startswith(prefixes):
+            elems += p.numel()
+            itemsize = max(itemsize, p.element_size())
+    return elems, itemsize
+
+
+def held_memory_refusal(model: Any, blocks: Sequence[str], layout: MeshLayout, options: Any,
+                        profile: Any) -> str | None:
+    """Why pp layout ``layout`` fits nowhere by (p3), or None when the bound leaves room.
+
+    >>> # held_memory_refusal(model, traced.blocks, MeshLayout((2, 128, 2), ("pp", "dp", "tp")), opts, profile)
+    """
+    elems, itemsize = block_param_elems(model, blocks)
+    held = pipeline_memory_bound_bytes(elems, layout, mixed_precision=options.mixed_precision,
+                                       param_itemsize=itemsize)
+    limit = profile.device.usable_memory_bytes if options.memory_limit is None else options.memory_limit
+    if held <= limit:
+        return None
+    return f"held weights and gradients bound {held / 2**30:.1f} GiB a rank > memory limit {limit / 2**30:.1f} GiB"
 
 
 def take_turns(groups: Sequence[Any], kinds: Sequence[str]) -> list[Any]:

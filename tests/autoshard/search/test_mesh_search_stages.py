@@ -17,8 +17,9 @@ from hw_profiles import load as load_profile
 
 from autoshard.search.mesh_layouts import MeshLayout, enumerate_layouts
 from autoshard.search.mesh_search import search_mesh
-from autoshard.search.mesh_stages import (ModelShape, context_layouts_for, context_pins, model_shape,
-                                          pipeline_bound_s, pipeline_layouts_for)
+from autoshard.search.mesh_stages import (ModelShape, block_param_elems, context_layouts_for, context_pins,
+                                          model_shape, pipeline_bound_s, pipeline_layouts_for,
+                                          pipeline_memory_bound_bytes)
 from autoshard.trace import trace_joint
 from examples.models import llama3, mlp
 
@@ -137,3 +138,23 @@ def test_the_matmul_bound_is_below_the_priced_pipeline_step(layout: MeshLayout) 
     assert priced.plan is None  # slower than an incumbent of 0 s: priced, no plan built
     bound = pipeline_bound_s(model_shape(traced), layout.devices, load_profile("h100-sxm-80gb"))
     assert 0 < bound <= priced.step_s
+    # and the held-state bound (p3) is below the busiest rank the pricing found
+    elems, itemsize = block_param_elems(model, traced.blocks)
+    assert 0 < pipeline_memory_bound_bytes(elems, layout, mixed_precision=False,
+                                           param_itemsize=itemsize) <= priced.peak_memory_bytes
+
+
+def test_a_pp_layout_whose_held_weights_exceed_the_limit_is_refused_unpriced() -> None:
+    from autoshard.plan.options import solve_options
+    from autoshard.search.mesh_stages import held_memory_refusal
+
+    model, inputs = llama3.tiny(device="meta", batch_size=8, seq_len=64, max_seq_len=64, dim=256, n_layers=4)
+    traced = trace_joint(model, inputs, target_device="cpu")
+    elems, _ = block_param_elems(model, traced.blocks)
+    layout, profile = MeshLayout((2, 2), ("pp", "dp")), load_profile("h100-sxm-80gb")
+    held = elems * 4 * 2 / 2  # fp32 weights and gradients, half the blocks a stage
+    for limit, refused in ((held * 0.9, True), (held * 1.1, False)):
+        options = solve_options(None, {"profile": "h100-sxm-80gb", "device_type": "cpu", "memory_limit": limit})
+        why = held_memory_refusal(model, traced.blocks, layout, options, profile)
+        assert (why is not None) == refused
+        assert why is None or "held weights and gradients bound" in why
