@@ -20,13 +20,19 @@ layout pinned: mesh ``f x c`` (``fsdp``, ``cp``), every parameter sharded on its
 ``cp`` (the inputs pinned), every attention
 node forced to the balanced CP exchange on ``cp`` (torchtitan's load balancer), ``recompute=
 "full"``; profile ``h100-sxm-96gb-500w`` in bf16 (Float8 is not priced: its linear layers run
-faster there than here), and autoshard's own plan for the same 8 GPUs and batch beside it.
+faster there than here), and autoshard's own plan for the same 8 GPUs and batch beside it. The
+pinned layout is priced twice: with autoshard's balanced all-gather exchange as its runtime runs
+it, and with that exchange priced as torch's own context parallelism ran it for torchtitan
+(``costmodel.context_parallel_torch``: torch ``1963fc8``'s ring loop, one SDPA call per step,
+fp32 merges and dK/dV passes, K/V by ``--rotate``, torchtitan's default ``all_gather``; no row
+moves, the inputs being reordered once).
 
 Writes ``benchmarks/results/context_parallel.md``. Not a test.
 
     python -m benchmarks.context_parallel                  # the 8B target on every mesh of MESHES
     python -m benchmarks.context_parallel --meshes 8x8 --layers 4
     python -m benchmarks.context_parallel --titan 2        # torchtitan's Table 2 row 2 (none given: all)
+    python -m benchmarks.context_parallel --titan 3 --rotate all_to_all   # torch's CP with the all-to-all rotater
 """
 
 from __future__ import annotations
@@ -137,12 +143,15 @@ def only_context_parallel_on(dim: int):
     return keep
 
 
-def titan_row(fsdp: int, cp: int, seq: int, published: float, time_limit: float, layers: int = 32) -> dict:
-    """One Table 2 row: the pinned layout and autoshard's own plan (module docstring)."""
+def titan_row(fsdp: int, cp: int, seq: int, published: float, time_limit: float, layers: int = 32,
+              rotate: str = "all_gather") -> dict:
+    """One Table 2 row: the pinned layout (priced as autoshard runs it and as torch ran it) and
+    autoshard's own plan (module docstring)."""
     from costmodel.mesh import MeshSpec
     from hw_profiles import load
 
     from autoshard.graph.builder import build_graph
+    from autoshard.rules.context_parallel import priced_as_torch
     from autoshard.search.solve import prepare, solve_prepared
     from autoshard.trace import trace_joint
 
@@ -157,21 +166,26 @@ def titan_row(fsdp: int, cp: int, seq: int, published: float, time_limit: float,
     row: dict = {"fsdp": fsdp, "cp": cp, "seq": seq, "published": published, "layers": layers}
     prep = prepare(None, None, mesh, names, traced=traced, profile=TITAN_PROFILE, mixed_precision=True,
                    recompute="full")
-    graph = prep.graph
+    graph = torch_graph = prep.graph
     if cp > 1:
-        restrict = only_context_parallel_on(len(mesh) - 1)
-        graph = build_graph(traced, MeshSpec(mesh, names), load(TITAN_PROFILE), optimizer=prep.graph.optimizer,
-                            recompute=True, restrict=restrict)
+        def build() -> Any:
+            return build_graph(traced, MeshSpec(mesh, names), load(TITAN_PROFILE), optimizer=prep.graph.optimizer,
+                               recompute=True, restrict=only_context_parallel_on(len(mesh) - 1))
+        graph = build()
+        with priced_as_torch(rotate):
+            torch_graph = build()
     # FSDP over every rank (torchtitan shards over dp_shard x cp), the batch on fsdp, each sequence on cp
     pins = {name: "S(0)" * len(mesh) for name, i in graph.params.items()
             if graph.nodes[i].outputs[0].shape[0] % (fsdp * cp) == 0}
     pins.update(tokens=batch, labels=batch)
-    try:
-        pinned = solve_prepared(dataclasses.replace(prep, graph=graph), pins=pins, recompute="full",
-                                memory_limit=1e30, time_limit=time_limit)
-        row["pinned"] = {**_row(pinned, flops, 8), "tps_gpu": round(fsdp * seq / pinned.estimate.step_s / 8, 1)}
-    except ValueError as exc:
-        row["pinned"] = {"error": str(exc).splitlines()[0][:200]}
+    row["rotate"] = rotate
+    for key, pinned_graph in (("pinned", graph), ("pinned_torch", torch_graph))[:2 if cp > 1 else 1]:  # CP 1: no CP
+        try:
+            pinned = solve_prepared(dataclasses.replace(prep, graph=pinned_graph), pins=pins, recompute="full",
+                                    memory_limit=1e30, time_limit=time_limit)
+            row[key] = {**_row(pinned, flops, 8), "tps_gpu": round(fsdp * seq / pinned.estimate.step_s / 8, 1)}
+        except ValueError as exc:
+            row[key] = {"error": str(exc).splitlines()[0][:200]}
     own = prepare(None, None, mesh, names, traced=traced, profile=TITAN_PROFILE, mixed_precision=True,
                   recompute="auto")
     try:
@@ -181,6 +195,13 @@ def titan_row(fsdp: int, cp: int, seq: int, published: float, time_limit: float,
         row["own"] = {"error": str(exc).splitlines()[0][:200]}
     row["wall_s"] = round(time.perf_counter() - start, 1)
     return row
+
+
+def _titan_cell(p: dict, published: float) -> str:
+    """``tok/s/GPU (error %)`` of a pinned price, its error line, or a dash where not run."""
+    if "tps_gpu" not in p:
+        return p.get("error", "-")
+    return f"{p['tps_gpu']} ({100 * (p['tps_gpu'] - published) / published:+.1f} %)"
 
 
 def _now() -> str:
@@ -207,15 +228,19 @@ def write(result: dict | None, titan: list[dict] | None) -> str:
         lines.append("")
     if titan:
         lines += ["## torchtitan Table 2 (8 H100 96 GB 500 W), layouts pinned", "",
-                  "| FSDP x CP | seq | published tok/s/GPU | pinned tok/s/GPU (error) | autoshard's plan tok/s/GPU "
-                  "| CP chosen |", "|---|---:|---:|---|---:|---|"]
+                  "Pinned tok/s/GPU (error against the published), the layout's CP attention priced as autoshard's "
+                  "balanced all-gather exchange runs it, and as torch's `context_parallel` ran it for torchtitan "
+                  "(K/V rotater in brackets).", "",
+                  "| FSDP x CP | seq | published tok/s/GPU | pinned, autoshard's exchange | pinned, torch's CP "
+                  "| autoshard's plan tok/s/GPU | CP chosen |", "|---|---:|---:|---|---|---:|---|"]
         for r in titan:
-            p, o = r["pinned"], r["own"]
-            error = 100 * (p["tps_gpu"] - r["published"]) / r["published"] if "tps_gpu" in p else 0.0
-            pinned = p.get("error") or f"{p['tps_gpu']} ({error:+.1f} %)"
+            o = r["own"]
+            cells = [_titan_cell(r.get(key, {}), r["published"]) for key in ("pinned", "pinned_torch")]
+            if "pinned_torch" in r and r["cp"] > 1:
+                cells[1] += f" [{r.get('rotate', 'all_gather')}]"
             own = o.get("error") or o["tps_gpu"]
-            lines.append(f"| {r['fsdp']} x {r['cp']} | {r['seq']} | {r['published']} | {pinned} | {own} "
-                         f"| {', '.join(o.get('cp', [])) or 'none'} |")
+            lines.append(f"| {r['fsdp']} x {r['cp']} | {r['seq']} | {r['published']} | {cells[0]} | {cells[1]} "
+                         f"| {own} | {', '.join(o.get('cp', [])) or 'none'} |")
         lines.append("")
     return "\n".join(lines)
 
@@ -233,6 +258,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--time-limit", type=float, default=60.0)
     parser.add_argument("--titan", type=int, nargs="*", default=None,
                         help="torchtitan's Table 2 rows (indices into TITAN_ROWS; none given: all) instead of the 8B target")
+    parser.add_argument("--rotate", choices=("all_gather", "all_to_all"), default="all_gather",
+                        help="torch's K/V rotater for the Table 2 rows priced as torch ran them (torchtitan's default: "
+                        "all_gather)")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args(argv)
     meshes = MESHES
@@ -247,7 +275,8 @@ def main(argv: list[str] | None = None) -> int:
     result, titan = saved.get("target"), saved.get("titan")
     if args.titan is not None:
         picked = [TITAN_ROWS[k] for k in (args.titan or range(len(TITAN_ROWS))) if 0 <= k < len(TITAN_ROWS)]
-        fresh = [titan_row(*row, time_limit=args.time_limit, layers=args.layers) for row in picked]
+        fresh = [titan_row(*row, time_limit=args.time_limit, layers=args.layers, rotate=args.rotate)
+                 for row in picked]
         done = {(r["fsdp"], r["cp"]) for r in fresh}
         titan = sorted([r for r in titan or [] if (r["fsdp"], r["cp"]) not in done] + fresh, key=lambda r: r["seq"])
     else:  # each case replaces its own row: the cases run one command each (5 minutes a timed command)

@@ -46,16 +46,22 @@ first: that compute overlaps the gather) or by *owner* for the ring.
   K and V (one buffer: ``cp`` times ``2 B H_kv (L/cp) D`` bytes of output) on
   the CP mesh dim, issued before the local parts and waited before the first
   remote part; backward = the parts again (``attention_backward`` kind, 2.5x
-  the FLOPs), remote parts first, then the ``reduce_scatter`` of dK/dV (same
-  bytes) issued and run beside the local parts. Without ``keep_gathered`` the
+  the FLOPs), remote parts first, then the ``reduce_scatter`` of dK/dV (in the
+  runtime's fp32 accumulators: twice the bytes of 16-bit K/V) issued and run
+  beside the local parts. Without ``keep_gathered`` the
   backward gathers K/V again (beside its local parts) and the reduce-scatter
   runs exposed at the end.
 * ring: ``cp`` steps; step ``j`` computes against the keys of rank
   ``r - j (mod cp)`` while the ``permute`` of the K/V block in hand to rank
   ``r + 1`` runs beside it (``cp - 1`` of them). Backward: the K/V block
-  travels again and the dK/dV accumulator follows one step behind (issued when
-  its step's compute ends, waited at the end of the next step), then one last
-  hop home.
+  travels again and the fp32 dK/dV accumulator follows one step behind (issued
+  when its step's compute ends, waited at the end of the next step), then one
+  last hop home.
+
+The runtime's memory-bound work is priced beside the kernels as ``elementwise``
+ops at its bytes: each part's merge into the fp32 accumulator by logsumexp, the
+backward's fp32 dQ/dK/dV accumulation, the conversions back
+(:func:`_part_traffic`, :func:`_rank_traffic_s`).
 
 Both go through :func:`costmodel.overlap.simulate` with the profile's
 contention, so the overlap is the same two-stream model as the rest of the
@@ -64,8 +70,8 @@ step. Kernel times are :func:`costmodel.compute.op_time_s` of kind
 ``autoshard.rules.compute.attention_compute`` counts them), so the cost of
 cutting the work into smaller calls is priced too. Memory per rank: the
 gathered K/V (``cp`` blocks; kept to the backward with ``keep_gathered``) and
-the dK/dV buffer the reduce-scatter reads (``cp`` blocks); the ring holds two
-K/V blocks (and two dK/dV blocks in the backward).
+the fp32 dK/dV buffer the reduce-scatter reads (``cp`` blocks); the ring holds two
+K/V blocks (and two fp32 dK/dV blocks in the backward).
 
 >>> from hw_profiles import load
 >>> from costmodel.mesh import MeshSpec
@@ -310,7 +316,8 @@ class ContextAttentionCost:
     held_kv_bytes: int
     """Of those, what stays from the forward to the backward (the gathered K/V with ``keep_gathered``)."""
     backward_buffer_bytes: int
-    """Extra memory per rank in the backward: gathered K/V plus the dK/dV buffer (all-gather), or the ring's blocks."""
+    """Extra memory per rank in the backward: gathered K/V plus the fp32 dK/dV buffer (all-gather), or the
+    ring's blocks (the K/V arriving, two fp32 dK/dV accumulators)."""
 
     @property
     def step_s(self) -> float:
@@ -338,6 +345,72 @@ def _part_times(shape: AttentionShape, parts: Sequence[AttentionPart], c: int, p
     return times
 
 
+def accumulator_itemsize(itemsize: int) -> int:
+    """Bytes per element of the runtime's merge and dQ/dK/dV accumulators: fp32 for 16-bit inputs
+    (``autoshard.runtime.context_attention``), else the inputs' own.
+
+    >>> accumulator_itemsize(2), accumulator_itemsize(8)
+    (4, 8)
+    """
+    return max(4, itemsize)
+
+
+def _part_traffic(shape: AttentionShape, parts: Sequence[AttentionPart], c: int, profile: HardwareProfile,
+                  backward: bool) -> list[float]:
+    """Seconds of the memory-bound ops the runtime runs beside each part's kernel (elements of one
+    query chunk ``X = B H c D``, of one key chunk ``K = B H_kv c D``; ``s`` input bytes, ``a``
+    accumulator bytes; a ``.to`` between them reads ``s`` and writes ``a``):
+
+    * forward: the key chunks of a multi-chunk part concatenated (K and V, ``4 n K s``); the merge
+      (``_merge``): the part's out converted (``(s + a) X``, none for ``a == s``), then for every
+      part after a chunk's first ``acc * w_acc + out * w_new`` (``7 a X``: two products of read 1,
+      write 1 and a sum of read 2, write 1; the ``lse`` terms are ``D`` times smaller and left out);
+    * backward: ``dout`` and ``out`` rows copied dense (``4 s X``), the key chunks concatenated,
+      ``dq += dq_p`` and ``dk, dv += ...`` into the fp32 accumulators (``(2 a + s)`` per element).
+    """
+    def mem(nbytes: float) -> float:
+        return op_time_s("elementwise", flops=0.0, bytes_accessed=nbytes, dtype="torch.float32", profile=profile)
+
+    s, a = shape.itemsize, accumulator_itemsize(shape.itemsize)
+    x = float(shape.batch * shape.heads * c * shape.head_dim)
+    k = float(shape.batch * shape.kv_heads * c * shape.head_dim)
+    convert = 0.0 if a == s else (s + a) * x
+    times, merged = [], set()
+    for part in parts:
+        n = len(part.key_chunks)
+        cat = 4 * n * k * s if n > 1 else 0.0
+        if backward:
+            times.append(mem(4 * s * x + cat + (2 * a + s) * (x + 2 * n * k)))
+            continue
+        first = part.query_chunk not in merged
+        merged.add(part.query_chunk)
+        times.append(mem(cat + convert + (0.0 if first else 7 * a * x)))
+    return times
+
+
+def _rank_traffic_s(shape: AttentionShape, layout: ChunkLayout, profile: HardwareProfile, variant: str
+                    ) -> tuple[float, float]:
+    """(forward, backward) seconds of one rank's memory-bound ops outside the parts: the forward's
+    ``torch.cat`` of the merged chunks and its conversion back; the backward's fp32 zeros (dQ, the
+    local dK/dV, the ``[cp, ...]`` dK/dV buffer or the ring's per-step one), the arrived dK/dV
+    added (all-gather) or the ring's arriving accumulators added, and the conversions back (the
+    ``torch.cat`` of this rank's K and V before a gather or pass, ``2 s`` per element, left out)."""
+    def mem(nbytes: float) -> float:
+        return op_time_s("elementwise", flops=0.0, bytes_accessed=nbytes, dtype="torch.float32", profile=profile)
+
+    s, a = shape.itemsize, accumulator_itemsize(shape.itemsize)
+    rows = shape.seq_len // layout.cp
+    x = float(shape.batch * shape.heads * rows * shape.head_dim)
+    kv = 2.0 * shape.batch * shape.kv_heads * rows * shape.head_dim
+    convert = 0.0 if a == s else (s + a)
+    forward = mem(2 * a * x + convert * x)
+    if variant == "ring":  # zeros of dq and of a dK/dV block a step; each arriving accumulator added
+        backward = mem(a * (x + layout.cp * kv) + 3 * a * kv * (layout.cp - 1) + convert * (x + kv))
+    else:  # zeros of dq, local dK/dV and the buffer; the reduce-scatter's dK/dV added
+        backward = mem(a * (x + kv + layout.cp * kv) + 3 * a * kv + convert * (x + kv))
+    return forward, backward
+
+
 def _step_bounds(parts: Sequence[AttentionPart], cp: int) -> list[int]:
     """Position of the first part of each ring step ``0 .. cp`` (``parts`` are in step order)."""
     return [sum(1 for p in parts if p.step < j) for j in range(cp + 1)]
@@ -359,16 +432,17 @@ def _all_gather_rank(parts: Sequence[AttentionPart], fwd: list[float], bwd: list
 
 
 def _ring_rank(parts: Sequence[AttentionPart], fwd: list[float], bwd: list[float], cp: int, pass_s: float,
-               contention: float) -> tuple[float, float]:
-    """(forward, backward) seconds of one rank on the ring (module docstring)."""
+               grad_pass_s: float, contention: float) -> tuple[float, float]:
+    """(forward, backward) seconds of one rank on the ring (module docstring); ``grad_pass_s``:
+    one hop of the fp32 dK/dV accumulator."""
     bounds = _step_bounds(parts, cp)
     n = len(parts)
     forward = simulate(fwd, [Transfer(bounds[j], bounds[j + 1], (pass_s,)) for j in range(cp - 1)],
                        contention=contention).step_s
     # K/V (with dK/dV's accumulator one step behind) travel during step j; the last accumulator goes home at the end
     transfers = [Transfer(bounds[j], bounds[j + 1], (pass_s,)) for j in range(cp - 1)]
-    transfers += [Transfer(bounds[j + 1], bounds[min(j + 2, cp)], (pass_s,)) for j in range(cp - 1)]
-    transfers.append(Transfer(n, n, (pass_s,)))
+    transfers += [Transfer(bounds[j + 1], bounds[min(j + 2, cp)], (grad_pass_s,)) for j in range(cp - 1)]
+    transfers.append(Transfer(n, n, (grad_pass_s,)))
     backward = simulate(bwd, sorted(transfers, key=lambda t: (t.issue, t.wait)), contention=contention).step_s
     return forward, backward
 
@@ -395,30 +469,39 @@ def price_context_attention(shape: AttentionShape, *, mesh: MeshSpec, cp_mesh_di
     local_kv = 2 * shape.batch * shape.kv_heads * (shape.seq_len // cp) * shape.head_dim * shape.itemsize
     dims = (cp_mesh_dim,)
     group_by = "owner" if variant == "ring" else "locality"
+    # dK/dV travel as the runtime accumulates them: fp32 for 16-bit inputs
+    grad_kv = local_kv * accumulator_itemsize(shape.itemsize) // shape.itemsize
     gather_s = collective_time_s("all_gather", cp * local_kv, dims, mesh, profile)
-    scatter_s = collective_time_s("reduce_scatter", cp * local_kv, dims, mesh, profile)
+    scatter_s = collective_time_s("reduce_scatter", cp * grad_kv, dims, mesh, profile)
     pass_s = collective_time_s("permute", local_kv, dims, mesh, profile)
+    grad_pass_s = collective_time_s("permute", grad_kv, dims, mesh, profile)
     contention = profile.contention
     pairs, fwd_c, bwd_c, fwd_s, bwd_s = [], [], [], [], []
     for rank in range(cp):
         parts = attention_parts(layout, rank, shape.seq_len, causal=causal, window=window, group_by=group_by)
-        fwd, bwd = _part_times(shape, parts, c, profile, False), _part_times(shape, parts, c, profile, True)
+        fwd = [k + m for k, m in zip(_part_times(shape, parts, c, profile, False),
+                                     _part_traffic(shape, parts, c, profile, False))]
+        bwd = [k + m for k, m in zip(_part_times(shape, parts, c, profile, True),
+                                     _part_traffic(shape, parts, c, profile, True))]
         if variant == "ring":
-            f, b = _ring_rank(parts, fwd, bwd, cp, pass_s, contention)
+            f, b = _ring_rank(parts, fwd, bwd, cp, pass_s, grad_pass_s, contention)
         else:
             f, b = _all_gather_rank(parts, fwd, bwd, gather_s, scatter_s, contention, keep_gathered)
+        # before the first part and after the last: compute-stream time outside the overlap
+        f_rest, b_rest = _rank_traffic_s(shape, layout, profile, variant)
+        f, b = f + f_rest, b + b_rest
         pairs.append(sum(p.pairs for p in parts))
-        fwd_c.append(sum(fwd))
-        bwd_c.append(sum(bwd))
+        fwd_c.append(sum(fwd) + f_rest)
+        bwd_c.append(sum(bwd) + b_rest)
         fwd_s.append(f)
         bwd_s.append(b)
     if variant == "ring":  # K/V in hand and arriving; in the backward also two dK/dV accumulators
-        forward_comm, backward_comm = (cp - 1) * pass_s, (cp - 1) * pass_s + cp * pass_s
-        kv_bytes, held, backward_bytes = local_kv, 0, 3 * local_kv
+        forward_comm, backward_comm = (cp - 1) * pass_s, (cp - 1) * pass_s + cp * grad_pass_s
+        kv_bytes, held, backward_bytes = local_kv, 0, local_kv + 2 * grad_kv
     else:  # the gathered K/V, and in the backward the [cp, ...] dK/dV buffer beside it
         forward_comm = gather_s
         backward_comm = scatter_s + (0.0 if keep_gathered else gather_s)
-        kv_bytes, backward_bytes = cp * local_kv, 2 * cp * local_kv
+        kv_bytes, backward_bytes = cp * local_kv, cp * (local_kv + grad_kv)
         held = cp * local_kv if keep_gathered and cp > 1 else 0
     return ContextAttentionCost(variant, load_balanced, tuple(pairs), max(fwd_c), max(bwd_c), forward_comm,
                                 backward_comm, max(fwd_s), max(bwd_s), kv_bytes, held, backward_bytes)

@@ -64,8 +64,11 @@ in and ``out``, ``logsumexp`` back in the forward; ``grad_out``, ``q``,
 ``out``, ``logsumexp`` in and ``grad_q`` back in the backward). With an
 explicit mask every pair is priced (a full mask). The ring kind is the ring
 variant's price (each step's parts beside its pass). :func:`gathered_kv_bytes` is
-what the exchange holds beside the op (the gathered K/V; the ring's two blocks,
-four in the backward).
+what the exchange holds beside the op (the gathered K/V and, in the backward, the
+fp32 dK/dV buffer; the ring's two blocks, and two fp32 dK/dV blocks in the backward).
+Inside :func:`priced_as_torch` the balanced kind is priced as torch's own
+``context_parallel`` runs it instead (``costmodel.context_parallel_torch``): for
+pricing a published torchtitan layout as it ran, never for a plan this runtime runs.
 
 >>> from autoshard.rules.calls import make_call
 >>> x = TensorMeta((1, 4, 64, 8), torch.float32)
@@ -78,19 +81,23 @@ four in the backward).
 
 from __future__ import annotations
 
-from typing import Callable
+import contextlib
+from typing import Callable, Iterator
 
 import torch
 
 from costmodel.collectives import collective_time_s
-from costmodel.context_parallel import AttentionShape, ContextAttentionCost, price_context_attention
+from costmodel.context_parallel import (AttentionShape, ContextAttentionCost, accumulator_itemsize,
+                                        price_context_attention)
+from costmodel.context_parallel_torch import ROTATE_METHODS, price_torch_context_attention
 from costmodel.mesh import MeshSpec
 from hw_profiles import HardwareProfile
 from autoshard.rules.core import OpCall, OpStrategy, R, S, SingleDimStrategy, TensorMeta
 from autoshard.rules.expand import ExchangeProvider, local_call, register_exchange, register_exchange_price
 
 __all__ = ["GATHER", "GATHER_BALANCED", "KINDS", "context_exchanges", "context_exchange_price",
-           "gathered_kv_bytes", "admits", "register_context_parallel", "RING"]
+           "gathered_kv_bytes", "admits", "register_context_parallel", "RING", "torch_exchange_price",
+           "priced_as_torch"]
 
 GATHER = "context_gather"
 """K/V all-gathered over the CP mesh dim, query rows where they are (contiguous chunks)."""
@@ -248,6 +255,8 @@ def context_exchange_price(call: OpCall, strategy: OpStrategy, *, mesh: MeshSpec
     if strategy.exchange is None or strategy.exchange[0] not in KINDS:
         raise ValueError(f"{strategy}: not a context-parallel strategy")
     kind, mesh_dim = strategy.exchange
+    if kind == GATHER_BALANCED and _TORCH_ROTATE:  # inside priced_as_torch
+        return torch_exchange_price(call, strategy, mesh=mesh, profile=profile, rotate=_TORCH_ROTATE[-1])
     shape = _attention_shape(call, strategy, mesh)
     causal = bool(call.arg("is_causal", False)) and _mask(call)[1] is None
     balanced = kind == GATHER_BALANCED
@@ -261,7 +270,8 @@ def context_exchange_price(call: OpCall, strategy: OpStrategy, *, mesh: MeshSpec
 
 def gathered_kv_bytes(call: OpCall, strategy: OpStrategy, *, mesh: MeshSpec, **_: object) -> int:
     """Bytes a rank holds beside the op while its exchange runs: the gathered K/V (and in the
-    backward the dK/dV buffer the reduce-scatter reads); 0 for a strategy without a CP exchange.
+    backward the dK/dV buffer the reduce-scatter reads, in the runtime's fp32 accumulators for
+    16-bit K/V); 0 for a strategy without a CP exchange.
 
     >>> # gathered_kv_bytes(call, strategy, mesh=MeshSpec((2, 4), ("dp", "cp")))
     """
@@ -271,11 +281,12 @@ def gathered_kv_bytes(call: OpCall, strategy: OpStrategy, *, mesh: MeshSpec, **_
     local = local_call(call, strategy, mesh_shape)
     names = call.tensor_names()
     cp = mesh_shape[strategy.exchange[1]]
+    key = local.inputs[names.index("key")]
     local_kv = sum(local.inputs[names.index(n)].nbytes for n in ("key", "value"))
+    grad_kv = local_kv * accumulator_itemsize(key.itemsize) // key.itemsize  # dK/dV as the runtime accumulates them
     if strategy.exchange[0] == RING:  # the block in hand and the one arriving; the backward's two dK/dV too
-        return 4 * local_kv if call.op in _BACKWARD else 2 * local_kv
-    kv = local_kv * cp
-    return 2 * kv if call.op in _BACKWARD else kv
+        return 2 * local_kv + 2 * grad_kv if call.op in _BACKWARD else 2 * local_kv
+    return cp * (local_kv + grad_kv) if call.op in _BACKWARD else cp * local_kv
 
 
 def register_context_parallel(forward_rule: Callable[[OpCall], list[SingleDimStrategy]],
@@ -287,3 +298,52 @@ def register_context_parallel(forward_rule: Callable[[OpCall], list[SingleDimStr
         register_exchange(rule, provider(rule), admits=admits)
     for kind in KINDS:
         register_exchange_price(kind, context_exchange_price, memory=gathered_kv_bytes)
+
+
+def torch_exchange_price(call: OpCall, strategy: OpStrategy, *, mesh: MeshSpec, profile: HardwareProfile,
+                         imbalance: float = 1.0, rotate: str = "all_gather") -> tuple[None, float]:
+    """The balanced kind priced as torch's ``context_parallel`` runs it
+    (``costmodel.context_parallel_torch``): its ring loop's per-step calls, fp32 merges and dK/dV
+    passes, K/V exchanged by ``rotate``; no row moves (torch reorders the inputs once). For
+    pricing a published torchtitan layout (:func:`priced_as_torch`); ``imbalance`` is unused.
+
+    >>> # _, seconds = torch_exchange_price(call, strategy, mesh=mesh, profile=profile)
+    """
+    if strategy.exchange is None or strategy.exchange[0] != GATHER_BALANCED:
+        raise ValueError(f"{strategy}: not a balanced context-parallel strategy")
+    shape = _attention_shape(call, strategy, mesh)
+    try:
+        cost = price_torch_context_attention(shape, mesh=mesh, cp_mesh_dim=strategy.exchange[1], profile=profile,
+                                             rotate=rotate)
+    except ValueError:  # a dtype the profile has no peak for: priced as fp32, as other ops are
+        if shape.dtype == "torch.float32":
+            raise
+        shape = AttentionShape(shape.batch, shape.heads, shape.kv_heads, shape.seq_len, shape.head_dim,
+                               "torch.float32", shape.itemsize)
+        cost = price_torch_context_attention(shape, mesh=mesh, cp_mesh_dim=strategy.exchange[1], profile=profile,
+                                             rotate=rotate)
+    return None, cost.backward_s if call.op in _BACKWARD else cost.forward_s
+
+
+_TORCH_ROTATE: list[str] = []
+"""The K/V rotater of each :func:`priced_as_torch` block entered and not left (innermost last);
+a flag :func:`context_exchange_price` reads, not a swapped registration, because loading the
+rules (every graph build does) registers the kinds' prices again."""
+
+
+@contextlib.contextmanager
+def priced_as_torch(rotate: str = "all_gather") -> Iterator[None]:
+    """Within the block, :func:`context_exchange_price` prices :data:`GATHER_BALANCED` as torch's
+    own context parallelism (:func:`torch_exchange_price`, K/V by ``rotate``): a published
+    torchtitan layout pinned as it ran. Left, the balanced kind is autoshard's exchange again.
+
+    >>> with priced_as_torch():
+    ...     pass  # build_graph(...) here prices the balanced kind as torch runs it
+    """
+    if rotate not in ROTATE_METHODS:
+        raise ValueError(f"rotate: {rotate!r} is not one of {', '.join(ROTATE_METHODS)}")
+    _TORCH_ROTATE.append(rotate)
+    try:
+        yield
+    finally:
+        _TORCH_ROTATE.pop()

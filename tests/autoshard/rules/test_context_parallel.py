@@ -6,8 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 
+from costmodel.context_parallel import AttentionShape
+from costmodel.context_parallel_torch import price_torch_context_attention
+from costmodel.mesh import MeshSpec
+from hw_profiles import load as load_profile
+
 from autoshard.rules import Rule, SingleDimStrategy, TensorMeta, load_rules
-from autoshard.rules.context_parallel import GATHER, GATHER_BALANCED, RING, admits, context_exchanges
+from autoshard.rules.context_parallel import (GATHER, GATHER_BALANCED, RING, admits, context_exchanges,
+                                              gathered_kv_bytes, priced_as_torch)
 from autoshard.rules.expand import exchange_pricer
 from autoshard.validation.validator import validate_rule
 
@@ -130,3 +136,42 @@ def test_cuda_backwards_split_every_sequence_tensor(registry) -> None:
                                               TensorMeta((2,), torch.uint64), TensorMeta((), torch.uint64)), {})
     assert [str(s) for s, _ in context_exchanges(flash)][0] == (
         "S*(2), S*(2), S*(2) <- S*(2), S*(2), S*(2), S*(2), S*(2), S*(2), R, R")
+
+
+def _exchange_strategy(registry, op, args, kind, mesh_shape):
+    call = registry.op_call(op, args, {})
+    found = [s for s in registry.strategies(op, call.args, call.kwargs, mesh_shape, out_meta=call.outputs)
+             if s.exchange == (kind, 0)]
+    return call, found[0]
+
+
+def test_the_backward_holds_fp32_dk_dv_beside_the_gathered_kv(registry) -> None:
+    # bf16, 4 ranks: one rank's K and V are 2 x (2 x 4 x 4 x 8) x 2 bytes = 1024; the runtime
+    # accumulates dK/dV in fp32, so the reduce-scatter's [4, ...] buffer is 4 x 2048 beside 4 x 1024 gathered
+    q = TensorMeta((2, 4, 16, 8), torch.bfloat16)
+    lse = TensorMeta((2, 4, 16), F32)
+    mesh = MeshSpec((4,))
+    fwd_call, fwd = _exchange_strategy(registry, CPU, (q, q, q, 0.0, True), GATHER, (4,))
+    bwd_call, bwd = _exchange_strategy(registry, CPU_BACKWARD, (q, q, q, q, q, lse, 0.0, True), GATHER, (4,))
+    assert gathered_kv_bytes(fwd_call, fwd, mesh=mesh) == 4 * 1024
+    assert gathered_kv_bytes(bwd_call, bwd, mesh=mesh) == 4 * 1024 + 4 * 2048
+    ring_call, ring = _exchange_strategy(registry, CPU_BACKWARD, (q, q, q, q, q, lse, 0.0, True), RING, (4,))
+    assert gathered_kv_bytes(ring_call, ring, mesh=mesh) == 2 * 1024 + 2 * 2048
+
+
+def test_priced_as_torch_prices_the_balanced_kind_as_torch_runs_it_and_restores_it(registry) -> None:
+    q = TensorMeta((1, 4, 64, 8), torch.bfloat16)
+    call, strategy = _exchange_strategy(registry, CPU, (q, q, q, 0.0, True), GATHER_BALANCED, (4,))
+    mesh, profile = MeshSpec((4,)), load_profile("h100-sxm-80gb")
+    price = exchange_pricer(GATHER_BALANCED)
+    _, ours = price(call, strategy, mesh=mesh, profile=profile)
+    with priced_as_torch("all_to_all"):
+        load_rules()  # every graph build loads the rules, which register the kinds' prices again
+        _, seconds = exchange_pricer(GATHER_BALANCED)(call, strategy, mesh=mesh, profile=profile)
+    shape = AttentionShape(batch=1, heads=4, kv_heads=4, seq_len=64, head_dim=8, dtype="torch.bfloat16")
+    torch_cost = price_torch_context_attention(shape, mesh=mesh, cp_mesh_dim=0, profile=profile, rotate="all_to_all")
+    assert seconds == torch_cost.forward_s != ours
+    assert exchange_pricer(GATHER_BALANCED)(call, strategy, mesh=mesh, profile=profile)[1] == ours  # left: ours again
+    with pytest.raises(ValueError, match="rotate: 'ring' is not one of all_gather, all_to_all"):
+        with priced_as_torch("ring"):
+            pass
