@@ -5,20 +5,21 @@ r"""Pipeline (``pp``) and context-parallel (``cp``) layouts of the mesh search: 
 and says how each is priced and cut.
 
 **pp layouts** (:func:`pipeline_layouts_for`): ``(pp, dp, tp)`` with ``pp``
-outermost, ``pp`` dividing the node count (every stage a set of whole nodes:
-the stage boundary's sends are what cross the slow links, as torchtitan and
-Megatron place it) and at most the model's repeated blocks (one block per
-stage at least), ``tp`` dividing the node size; dims of size 1 dropped but
-``pp``. On one node there are none: stages pay where a model's weights or a
-slow link need them, and inside a node dp / tp have the fast links (so the
-search on 8 GPUs in one node is today's). Priced by the pipeline search
-(:func:`autoshard.search.pipeline_model.choose_pipeline`: the stage sub-mesh
-solves of one and two blocks, stage cuts, microbatches, the schedules
-simulated), not by a solve of the whole mesh: the row's step is the
-pipeline's simulated step. The plan the search returns for a winning pp
-layout is the one ``autoshard solve --mesh ... --dims pp,...`` writes: the
-whole mesh's per-op placements and the ``pipeline`` section that the runtime
-runs.
+outermost, ``pp`` dividing the node count (every stage a set of whole nodes: the
+stage boundary's sends are what cross the slow links, as torchtitan and Megatron
+place it) and at most the model's repeated blocks (one block per stage at
+least), ``tp`` dividing the node size; dims of size 1 dropped but ``pp``; by
+``pp``, then ``tp`` descending: the fewest stages first (the least bubble), and
+of those the ones whose stages hold the least (p3 below), which a deadline then
+reaches for a model too large for the rest. On one node there are none: stages
+pay where a model's weights or a slow link need them, and inside a node dp / tp
+have the fast links (so the search on 8 GPUs in one node is today's). Priced by
+the pipeline search (:func:`autoshard.search.pipeline_model.choose_pipeline`:
+the stage sub-mesh solves of two and three blocks, stage cuts, microbatches, the
+schedules simulated), not by a solve of the whole mesh: the row's step is the
+pipeline's simulated step. The plan the search returns for a winning pp layout
+is the one ``autoshard solve --mesh ... --dims pp,...`` writes: the whole mesh's
+per-op placements and the ``pipeline`` section that the runtime runs.
 
 **cp layouts** (:func:`context_layouts_for`): ``(dp, cp, tp)`` consistent
 with the nodes, ``dp`` dividing the batch (whole sequences per dp rank: the
@@ -77,7 +78,7 @@ Sharded state, activations and the embedding only add; a layout whose (p3) excee
 memory limit fits nowhere (405B on 512 GPUs: ``2 x 128 x 2`` needs 607 GB a rank).
 
 >>> [(l.text, ",".join(l.dim_names)) for l in pipeline_layouts_for(16, 8, n_blocks=4)]
-[('2x8', 'pp,dp'), ('2x4x2', 'pp,dp,tp'), ('2x2x4', 'pp,dp,tp'), ('2x8', 'pp,tp')]
+[('2x8', 'pp,tp'), ('2x2x4', 'pp,dp,tp'), ('2x4x2', 'pp,dp,tp'), ('2x8', 'pp,dp')]
 """
 
 from __future__ import annotations
@@ -177,7 +178,8 @@ def layout_kind(layout: MeshLayout) -> str:
 
 
 def pipeline_layouts_for(devices: int, devices_per_node: int, *, n_blocks: int) -> list[MeshLayout]:
-    """The pp layouts (module docstring): ``(pp, dp, tp)`` by ``pp``, then ``tp``; size-1 dims but pp dropped."""
+    """The pp layouts (module docstring): ``(pp, dp, tp)`` by ``pp``, then ``tp`` descending; size-1
+    dims but pp dropped."""
     node = min(devices_per_node, devices)
     nodes = devices // node
     out = []
@@ -190,8 +192,8 @@ def pipeline_layouts_for(devices: int, devices_per_node: int, *, n_blocks: int) 
                 continue
             dims = [("pp", pp), ("dp", stage // tp), ("tp", tp)]
             kept = [(n, s) for n, s in dims if s > 1 or n == "pp"]
-            out.append(MeshLayout(tuple(s for _, s in kept), tuple(n for n, _ in kept)))
-    return out
+            out.append(((pp, -tp), MeshLayout(tuple(s for _, s in kept), tuple(n for n, _ in kept))))
+    return [layout for _, layout in sorted(out, key=lambda pair: pair[0])]
 
 
 def context_layouts_for(devices: int, devices_per_node: int, shape: ModelShape, *,

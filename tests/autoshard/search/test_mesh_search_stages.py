@@ -38,8 +38,9 @@ def _check_bounds(plan) -> None:
 
 def test_pipeline_layouts_span_whole_nodes_and_leave_a_block_per_stage() -> None:
     texts = [(lay.text, lay.dim_names) for lay in pipeline_layouts_for(32, 8, n_blocks=2)]
-    assert texts == [("2x16", ("pp", "dp")), ("2x8x2", ("pp", "dp", "tp")), ("2x4x4", ("pp", "dp", "tp")),
-                     ("2x2x8", ("pp", "dp", "tp"))]  # pp 4 would leave a stage without a block
+    # the fewest stages first, the most tp of those (the least a stage holds); pp 4 would leave a stage without a block
+    assert texts == [("2x2x8", ("pp", "dp", "tp")), ("2x4x4", ("pp", "dp", "tp")), ("2x8x2", ("pp", "dp", "tp")),
+                     ("2x16", ("pp", "dp"))]
     assert {lay.shape[0] for lay in pipeline_layouts_for(32, 8, n_blocks=32)} == {2, 4}  # 4 nodes: pp | 4
     assert pipeline_layouts_for(8, 8, n_blocks=32) == []  # one node: no stages
 
