@@ -8,8 +8,9 @@ same minute, each aten op of that step (recorded by a ``TorchDispatchMode``) is 
 alone as the calibration times ops (``autoshard.calibrate.timing.measure``: all ranks
 at once, in lockstep, trials of >= 10 ms). Steps are timed before and after (median of
 7, each the slowest rank's, ``benchmarks.common.timing.time_rounds``). Printed: the steps, the sum of the ops
-alone, step / sum, the minor page faults per step and the bytes of the step's op
-outputs above a few sizes.
+alone, step / sum, the minor page faults per step, the bytes of the step's op
+outputs above a few sizes, rank 0's main-thread CPU in a step against the CPU its ops
+take alone (every rank looping over each op at once), and the ops alone by aten op.
 
 ``--keep-memory`` starts the ranks with glibc told to keep its memory
 (``MALLOC_MMAP_THRESHOLD_=32 MiB``, ``MALLOC_TRIM_THRESHOLD_`` and ``MALLOC_TOP_PAD_``
@@ -19,7 +20,8 @@ what is left of the excess is not the allocator's.
     python benchmarks/step_vs_ops.py --model mlp
     python benchmarks/step_vs_ops.py --model llama3 --keep-memory
 
-Findings: ``benchmarks/results/profile_correction.md``.
+Findings: ``benchmarks/results/profile_correction.md``; the CPU comparison (a step's ops cost
+1.8-2.7x their CPU alone, ~95 us per MiB they touch): ``benchmarks/results/calibration.md``.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ if __name__ == "__main__" and not __package__:
 import argparse
 import os
 import resource
+import time
 import tempfile
 from pathlib import Path
 
@@ -87,11 +90,29 @@ def _worker(rank: int, world: int, model_key: str) -> dict | None:
     settings = Settings(warmup=1, trials=3, min_trial_s=0.01)
     alone = [measure(job, lambda f=f, a=a, k=k: f(*a, **k), settings).seconds for f, a, k in rec.ops]
     after, _ = steps(7)
+    cpu_alone = []  # this rank's own CPU per call of each op, every rank looping at once
+    for f, a, k in rec.ops:
+        f(*a, **k)
+        c, reps = time.thread_time(), 0
+        w = time.perf_counter()
+        while time.perf_counter() - w < 0.005:
+            f(*a, **k)
+            reps += 1
+        cpu_alone.append((time.thread_time() - c) / reps)
+    c, w = time.thread_time(), time.perf_counter()
+    for _ in range(7):
+        step()
+    step_cpu, step_wall = (time.thread_time() - c) / 7, (time.perf_counter() - w) / 7
     if rank != 0:
         return None
     above = {a: sum(b for b in rec.out_bytes if b >= a) for a in (2**17, 2**20, 2**22, 2**25)}
+    by_op: dict[str, list[float]] = {}
+    for (f, _, _), t in zip(rec.ops, alone):
+        by_op.setdefault(str(f), [0, 0.0])
+        by_op[str(f)][0] += 1
+        by_op[str(f)][1] += t
     return {"before": before, "after": after, "alone": sum(alone), "ops": len(rec.ops), "faults": faults,
-            "above": above}
+            "above": above, "by_op": by_op, "cpu_alone": sum(cpu_alone), "step_cpu": step_cpu, "step_wall": step_wall}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -113,6 +134,10 @@ def main(argv: list[str] | None = None) -> int:
           f"excess per op {(step - d['alone']) / d['ops'] * 1e6:.0f} us")
     print(f"  minor page faults per step {d['faults']:.0f} ({d['faults'] * 4096 / 2**20:.1f} MiB); op outputs per step "
           + ", ".join(f">= {k // 1024} KiB: {v / 2**20:.1f} MiB" for k, v in ((int(k), v) for k, v in d["above"].items())))
+    print(f"  rank 0 CPU: step {d['step_cpu'] * 1e3:.1f} ms (wall {d['step_wall'] * 1e3:.1f}), its ops alone "
+          f"{d['cpu_alone'] * 1e3:.1f} ms: in-step / alone {d['step_cpu'] / d['cpu_alone']:.2f}")
+    top = sorted(d["by_op"].items(), key=lambda kv: -kv[1][1])[:12]
+    print("  ops alone by aten op (calls, ms): " + "; ".join(f"{k} {n} {t * 1e3:.2f}" for k, (n, t) in top))
     return 0
 
 

@@ -51,7 +51,18 @@ points, log-linear between them and flat beyond. Applied to the profile
   timed alone on the same machine; ``(step - sum) / n``, at least 0, is what an
   op costs inside a step beyond its own time (cold tensors, the allocator, the
   dispatch between different ops). The strategy graph adds it to every op of a
-  step; an op priced alone (``costmodel.compute.op_time_s``) does not pay it.
+  step; an op priced alone (``costmodel.compute.op_time_s``) does not pay it;
+* ``step_byte_s`` (seconds per byte, with ``step_op_s``): where the ``step`` family
+  holds reference steps of different working sets, each with the bytes its ops
+  access ``B_j`` and its ops ``n_j``, the excess is split into a part per op and a
+  part per byte: ``t_j - sum_j = a n_j + b B_j`` solved on the steps of the fewest
+  and the most bytes per op (``step_op_s = a``, ``step_byte_s = b``; ``a < 0``: ``a = 0``
+  and ``b`` the cold step's excess per byte; ``b < 0``: the per-op figure alone). Why per byte: an op timed
+  again and again finds its operands in cache, an op of a step finds them cold (the
+  previous ops touched other tensors); measured on the 2-core VM, 4 ranks, the ops of
+  a LLaMA and an MLP step cost 1.8x and 2.7x their CPU alone: about 95 us of CPU per
+  MiB they touch on both models, while per op the two excesses differ 8x (39 and
+  300 us). One step (or steps without bytes): ``step_op_s`` alone, as before.
 
 If every op of a family is ``k`` times slower on the machine, the corrected
 profile prices it ``k`` times slower: tests check that synthetic times from a
@@ -97,6 +108,9 @@ class ReferenceTime:
     """Collectives: the part of :attr:`predicted_s` the profile's latency terms make (the rest
     is bandwidth); None where not recorded (then the smallest message gives the latency ratio,
     the largest the bandwidth ratio)."""
+    bytes_accessed: float | None = None
+    """The ``step`` family: the bytes the reference step's ops access (as the rules price
+    them); None where not recorded (then the step gives ``step_op_s`` alone)."""
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:
@@ -106,15 +120,18 @@ class ReferenceTime:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "ReferenceTime":
-        latency = data.get("latency_s")
+        latency, nbytes = data.get("latency_s"), data.get("bytes_accessed")
         return cls(str(data["label"]), str(data["family"]), float(data["size"]), float(data["predicted_s"]),
-                   float(data["measured_s"]), None if latency is None else float(latency))
+                   float(data["measured_s"]), None if latency is None else float(latency),
+                   None if nbytes is None else float(nbytes))
 
     def to_dict(self) -> dict[str, Any]:
         out = {"label": self.label, "family": self.family, "size": self.size, "predicted_s": self.predicted_s,
                "measured_s": self.measured_s}
         if self.latency_s is not None:
             out["latency_s"] = self.latency_s
+        if self.bytes_accessed is not None:
+            out["bytes_accessed"] = self.bytes_accessed
         return out
 
 
@@ -168,12 +185,40 @@ def family_ratios(times: Sequence[ReferenceTime]) -> dict[str, float]:
     if by_kind:  # the figures every collective kind without references of its own takes: all_reduce's
         kind = "all_reduce" if "all_reduce" in by_kind else next(iter(by_kind))
         out["collective_alpha"], out["collective_beta"] = out[f"{kind}_alpha"], out[f"{kind}_beta"]
-    if steps:  # seconds, not a ratio: what an op costs in a step beyond its time alone
-        out["step_op_s"] = statistics.median(max(0.0, (t.measured_s - t.predicted_s) / t.size) for t in steps)
+    if steps:  # seconds, not ratios: what an op, and a byte it touches, cost in a step beyond the op alone
+        out.update(_step_figures(steps))
     in_step = [t for t in times if t.family == "collective_step"]
     if in_step:  # seconds per collective: what a gap of compute then a collective take beyond the two alone
         out["skew_s"] = statistics.median(max(0.0, (t.measured_s - t.predicted_s) / t.size) for t in in_step)
     return out
+
+
+def _step_figures(steps: Sequence[ReferenceTime]) -> dict[str, float]:
+    """``step_op_s`` and, from reference steps of different bytes per op, ``step_byte_s``
+    (module docstring): ``excess_j = a n_j + b B_j`` solved on the steps of the fewest and the
+    most bytes per op. Where that gives ``a < 0`` (the excess grows faster than the bytes: the
+    cache-resident step's bytes are partly warm) ``b`` is the coldest step's excess per byte, the
+    regime of a real step, whose working set is far beyond the caches, and ``a = 0``.
+
+    >>> s = [ReferenceTime("small", "step", 40, 1e-3, 1e-3 + 40 * 1e-5 + 1e6 * 1e-10, bytes_accessed=1e6),
+    ...      ReferenceTime("cold", "step", 40, 5e-3, 5e-3 + 40 * 1e-5 + 6e7 * 1e-10, bytes_accessed=6e7)]
+    >>> {k: round(v, 12) for k, v in _step_figures(s).items()}
+    {'step_op_s': 1e-05, 'step_byte_s': 1e-10}
+    """
+    per_op = [max(0.0, (t.measured_s - t.predicted_s) / t.size) for t in steps]
+    sized = sorted((t for t in steps if t.bytes_accessed), key=lambda t: t.bytes_accessed / t.size)
+    if len(sized) < 2 or sized[0].bytes_accessed / sized[0].size == sized[-1].bytes_accessed / sized[-1].size:
+        return {"step_op_s": statistics.median(per_op)}
+    warm, cold = sized[0], sized[-1]
+    excess = [max(0.0, t.measured_s - t.predicted_s) for t in (warm, cold)]
+    det = warm.size * cold.bytes_accessed - cold.size * warm.bytes_accessed
+    a = (excess[0] * cold.bytes_accessed - excess[1] * warm.bytes_accessed) / det
+    b = (warm.size * excess[1] - cold.size * excess[0]) / det
+    if a < 0:  # the per-byte part alone, as the cold step measures it
+        a, b = 0.0, excess[1] / cold.bytes_accessed
+    elif b < 0:  # the per-op part alone
+        a, b = statistics.median(per_op), 0.0
+    return {"step_op_s": a, "step_byte_s": b}
 
 
 def _latency_bandwidth_ratios(items: Sequence[ReferenceTime]) -> tuple[float, float]:
@@ -236,7 +281,8 @@ class ProfileCorrection:
 
     def summary(self) -> dict[str, float]:
         """The ratios, rounded (what ``plan.options["profile_correction"]`` shows)."""
-        return {f: (round(r, 4) if f != "step_op_s" else float(f"{r:.4g}")) for f, r in sorted(self.ratios.items())}
+        return {f: (round(r, 4) if f not in ("step_op_s", "step_byte_s") else float(f"{r:.4g}"))
+                for f, r in sorted(self.ratios.items())}
 
     def apply(self, profile: HardwareProfile) -> HardwareProfile:
         """``profile`` with its figures scaled by the ratios (module docstring);
@@ -266,7 +312,8 @@ class ProfileCorrection:
             peak_flops=tuple((k, v / matmul) for k, v in dev.peak_flops),
             memory_bandwidth_Bps=bandwidth, fresh_pages=fresh,
             efficiency=dataclasses.replace(eff, vector=vector, vector_by_op=by_op, memory=memory_eff))
-        new_dev = dataclasses.replace(new_dev, step_op_s=r.get("step_op_s", dev.step_op_s))
+        new_dev = dataclasses.replace(new_dev, step_op_s=r.get("step_op_s", dev.step_op_s),
+                                      step_byte_s=r.get("step_byte_s", dev.step_byte_s))
         def scaled(kind: str, f: Any) -> Any:
             alpha = r.get(f"{kind}_alpha", r.get("collective_alpha", 1.0))
             beta = r.get(f"{kind}_beta", r.get("collective_beta", 1.0))

@@ -59,6 +59,11 @@ load unchanged and price as before):
   time alone (seconds; a profile correction measures it on the machine at
   hand, ``hw_profiles.correction``); the strategy graph adds it to every op
   of a step (default 0);
+* ``device.step_byte_s``: what a byte an op reads or writes costs inside a
+  training step beyond its time alone (seconds per byte: a step's ops find
+  their operands cold, an op timed again and again finds them in cache; a
+  profile correction measures it); added to every op of a step with its
+  bytes (default 0);
 * ``device.allocator_headroom``: what the framework's allocator reserves beyond
   the live tensors, as a fraction of them (PyTorch's caching allocator rounds
   and fragments: ``max_memory_reserved`` over ``max_memory_allocated``); the
@@ -285,6 +290,10 @@ class DeviceSpec:
     step_op_s: float = 0.0
     """What an op costs inside a training step beyond its time alone (seconds; a
     profile correction measures it, ``hw_profiles.correction``); 0: nothing."""
+    step_byte_s: float = 0.0
+    """What each byte an op accesses costs inside a training step beyond its time alone
+    (seconds per byte: operands cold in a step, warm when timed alone; a profile
+    correction measures it); 0: nothing."""
 
     @property
     def usable_memory_bytes(self) -> float:
@@ -326,6 +335,7 @@ class DeviceSpec:
             fresh_pages=None if data.get("fresh_pages") is None else FreshPages.from_dict(data["fresh_pages"]),
             allocator_headroom=float(data.get("allocator_headroom", 0.0)),
             step_op_s=float(data.get("step_op_s", 0.0)),
+            step_byte_s=float(data.get("step_byte_s", 0.0)),
         )
 
     def source(self, field: str) -> "str | Citation | None":
@@ -351,6 +361,8 @@ class DeviceSpec:
             out["allocator_headroom"] = self.allocator_headroom
         if self.step_op_s:  # written only when given: profiles without it keep their fingerprints
             out["step_op_s"] = self.step_op_s
+        if self.step_byte_s:
+            out["step_byte_s"] = self.step_byte_s
         out["efficiency"] = self.efficiency.to_dict()
         if self.sources:
             out["sources"] = {k: v.to_dict() if isinstance(v, Citation) else v for k, v in self.sources}

@@ -163,6 +163,7 @@ SCHEMA: dict[str, Any] = {
                 "launch_scalar_s": {**_LIMITS["seconds"], "maximum": 1.0},
                 "allocator_headroom": {"type": "number", "minimum": 0, "maximum": 1},
                 "step_op_s": {**_LIMITS["seconds"], "maximum": 1.0},
+                "step_byte_s": {**_LIMITS["seconds"], "maximum": 1e-6},
                 "fresh_pages": {
                     "type": "object",
                     "required": ["above_bytes", "Bps"],

@@ -43,7 +43,8 @@ STEP_CHECK = ("python benchmarks/runtime_step.py --profile-correction here --no-
 
 def step_figures(profile: HardwareProfile) -> dict[str, float]:
     """The profile's step figures that are set (``step_op_s``, ``skew_s``; none: ``{}``)."""
-    figures = {"step_op_s": profile.device.step_op_s, "skew_s": profile.skew_s}
+    figures = {"step_op_s": profile.device.step_op_s, "step_byte_s": profile.device.step_byte_s,
+               "skew_s": profile.skew_s}
     return {k: v for k, v in figures.items() if v}
 
 
@@ -62,7 +63,8 @@ def kernel_profile(profile: HardwareProfile) -> HardwareProfile:
     overlap = profile.overlap
     if overlap is not None and overlap.skew_s:
         overlap = dataclasses.replace(overlap, skew_s=0.0)
-    return dataclasses.replace(profile, device=dataclasses.replace(profile.device, step_op_s=0.0), overlap=overlap)
+    return dataclasses.replace(profile, device=dataclasses.replace(profile.device, step_op_s=0.0, step_byte_s=0.0),
+                               overlap=overlap)
 
 
 def with_step_overhead(items: Sequence[CheckItem], step_op_s: float) -> list[CheckItem]:
@@ -92,7 +94,8 @@ def scope_lines(profile: HardwareProfile, items: Sequence[CheckItem]) -> list[st
         return lines + ["", "This profile has no step figures (`step_op_s`, `skew_s`): the held-out errors above are "
                         "its whole check at op level; how well it prices a whole step is measured by "
                         f"`{STEP_CHECK}`."]
-    shown = ", ".join(f"`{k}` {v * 1e6:.1f} us" for k, v in figures.items())
+    shown = ", ".join(f"`{k}` {v * 2**20 * 1e6:.1f} us per MiB" if k == "step_byte_s" else f"`{k}` {v * 1e6:.1f} us"
+                      for k, v in figures.items())
     lines += ["", f"This profile also carries **step figures** ({shown}): costs of a whole training step beyond "
               "its ops timed alone (a profile correction measures them on a reference step and on collective "
               "pairs). They are **not** in the prices above (the check prices ops with them removed), and "

@@ -12,7 +12,7 @@ edit), is reported in one warning line and measured again; never an error.
 
 >>> key = machine_key("cpu-gloo@sha256:ab", ranks=4)
 >>> sorted(key)
-['cores', 'cpu', 'profile', 'ranks', 'torch']
+['cores', 'cpu', 'profile', 'ranks', 'reference', 'timing', 'torch']
 >>> len(key_name(key))
 16
 """
@@ -31,7 +31,11 @@ from hw_profiles.correction import ProfileCorrection
 if TYPE_CHECKING:
     from hw_profiles import HardwareProfile
 
-__all__ = ["cache_dir", "machine_key", "key_name", "load_cached", "save_cached", "load_cached_profile",
+REFERENCE_SET = 2
+"""Version of the reference set a correction times (``first_use``); a cached correction of another is
+measured again. 2: two reference steps, cache-resident and cold (``step_byte_s``), 2026-12-05."""
+
+__all__ = ["REFERENCE_SET", "cache_dir", "machine_key", "key_name", "load_cached", "save_cached", "load_cached_profile",
            "save_cached_profile"]
 
 
@@ -54,7 +58,7 @@ def machine_key(profile_fingerprint: str, *, ranks: int) -> dict[str, Any]:
     from autoshard.calibrate.timing import PROTOCOL
 
     return {"cpu": cpu_model(), "cores": host_cores(), "torch": torch.__version__, "ranks": int(ranks),
-            "profile": profile_fingerprint, "timing": PROTOCOL}
+            "profile": profile_fingerprint, "timing": PROTOCOL, "reference": REFERENCE_SET}
 
 
 def key_name(key: Mapping[str, Any]) -> str:

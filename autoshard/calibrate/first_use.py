@@ -7,9 +7,10 @@ result per machine).
 The reference set is small and fixed: a launch (1-element add), two GEMMs
 (128^3 and 512^3 fp32), elementwise adds over a cache-resident and a
 DRAM-sized working set, a copy, a reduction, two vector-bound ops (silu,
-softmax), a reference step (``autoshard.calibrate.reference_step``: the same
-ops as a small MLP's forward and backward, against those ops timed alone:
-what an op costs in a step beyond its time alone) and, where the job has
+softmax), two reference steps (``autoshard.calibrate.reference_step``: the same
+ops as a small MLP's forward and backward, one cache-resident and one whose operands
+are cold in the step, against those ops timed alone: what an op, and a byte it
+touches, cost in a step beyond its time alone) and, where the job has
 ranks, all_reduces of 64 KiB, 1 MiB and 16 MiB, all_gathers and reduce_scatters
 of 1 MiB and 16 MiB over all of them, and eight pairs of a gap of compute and an
 all_reduce back to back (how late a collective starts after the ranks computed
@@ -59,7 +60,7 @@ from hw_profiles.correction import ProfileCorrection, ReferenceTime
 
 from autoshard.calibrate.correction_cache import load_cached, machine_key, save_cached
 from autoshard.calibrate.load import FOREIGN_THRESHOLD, monitor_for
-from autoshard.calibrate.reference_step import reference_step
+from autoshard.calibrate.reference_step import COLD, SMALL, reference_step, step_bytes
 from autoshard.calibrate.timing import Job, Settings, measure
 from autoshard.plan.options import PROFILE_CORRECTIONS
 
@@ -87,6 +88,9 @@ all_gather's output, reduce_scatter's input) over all the job's ranks: each kind
 bandwidth ratios are fitted over its sizes (``hw_profiles.correction``). The largest is 16 MiB:
 on 4 gloo ranks sharing 2 cores a collective of 4 MiB is still mostly latency (~5 ms of ~8), and
 a fit whose largest message was 4 MiB priced a 16 MiB all_reduce at 11 ms (measured: 30 ms)."""
+STEP_SIZES = (SMALL, COLD)
+"""The reference steps (layers, width, batch): one cache-resident, one whose operands are cold in the
+step (``autoshard.calibrate.reference_step``); their excesses give ``step_op_s`` and ``step_byte_s``."""
 IN_STEP_PAIRS = 8
 """(gap of compute, all_reduce) pairs of the ``collective_step`` reference."""
 GAP_OPS = 8
@@ -218,8 +222,10 @@ def measure_correction(job: Job, profile: HardwareProfile, key: dict[str, Any]) 
         args = op.make()
         priced.append((op.label, *_price(op, args, profile)))
         calls.append(lambda op=op, args=args: op.op(*args))
-    step, parts, ops = reference_step()
-    calls += [lambda: step()] + [fn for fn, _ in parts]
+    steps = [(size, *reference_step(size)) for size in STEP_SIZES]  # (size, step, parts, ops)
+    for _, step, parts, _ in steps:
+        calls += [lambda step=step: step()] + [fn for fn, _ in parts]
+    n_step_calls = sum(1 + len(parts) for _, _, parts, _ in steps)
     n_colls = 0
     if job.world > 1:
         mesh = MeshSpec((job.world,))
@@ -234,7 +240,7 @@ def measure_correction(job: Job, profile: HardwareProfile, key: dict[str, Any]) 
         calls += _in_step_calls()
     n = len(reference_ops())
     settings = [SETTINGS] * len(calls)
-    settings[n:n + 1 + len(parts)] = [STEP_SETTINGS] * (1 + len(parts))  # the reference step and its ops
+    settings[n:n + n_step_calls] = [STEP_SETTINGS] * n_step_calls  # the reference steps and their ops
     if n_colls:
         settings[-3:] = [STEP_SETTINGS] * 3  # the skew pairs and their parts
     seconds, typical = _interleaved(job, calls, settings)
@@ -242,13 +248,16 @@ def measure_correction(job: Job, profile: HardwareProfile, key: dict[str, Any]) 
     if monitor is not None:
         monitor.stop()
         load["foreign_load"] = monitor.record().foreign_load
-    step_s, alone = typical[n], seconds[n + 1:n + 1 + len(parts)]
-    rest = seconds[:n] + seconds[n + 1 + len(parts):n + 1 + len(parts) + n_colls]
+    rest = seconds[:n] + seconds[n + n_step_calls:n + n_step_calls + n_colls]
     times = tuple(ReferenceTime(label, family, size, predicted, measured, *latency)
                   for (label, family, size, predicted, *latency), measured in zip(priced, rest))
-    # the step against its own ops timed alone, in the same rounds (no profile in between)
-    times += (ReferenceTime(f"reference step ({ops} ops)", "step", float(ops),
-                            sum(t * count for t, (_, count) in zip(alone, parts)), step_s),)
+    at = n
+    for size, _, parts, ops in steps:  # each step against its own ops timed alone, in the same rounds
+        step_s, alone = typical[at], seconds[at + 1:at + 1 + len(parts)]
+        times += (ReferenceTime(f"reference step {'x'.join(map(str, size))} ({ops} ops)", "step", float(ops),
+                                sum(t * count for t, (_, count) in zip(alone, parts)), step_s,
+                                bytes_accessed=step_bytes(size)),)
+        at += 1 + len(parts)
     if n_colls:  # (gap, all_reduce) pairs back to back against the two timed alone: the ranks' skew
         pairs, gap_s, ar_s = typical[-3:]  # a difference of typical times: the skew a step meets
         times += (ReferenceTime(f"{IN_STEP_PAIRS} x ({GAP_OPS} x (mm 128x512x512, mul, add) + all_reduce "

@@ -15,13 +15,24 @@ op). That excess is a cost per op of a step, not of any op alone.
 The reference step here is a small MLP's forward and backward written as aten
 calls (matmuls, relu, its backward, the weight gradients; the activations kept
 for the backward, the gradients freed at the end, as a step does), run as one
-call on every rank at once; its ops are also timed alone. The excess per op,
-``(step - sum of the ops alone) / ops``, is what :class:`~hw_profiles.correction.ProfileCorrection`
-calls ``step_op_s`` and the strategy graph adds to every op of a step
-(``autoshard.graph.builder``).
+call on every rank at once; its ops are also timed alone. It runs in two sizes:
+:data:`SMALL` (its whole working set in a core's cache) and :data:`COLD` (16
+layers of 512: 16 MiB of weights a rank, each op's operands small enough to stay
+in cache when the op is timed alone, the step's far beyond it, as in the plans'
+steps). Why two: measured in the plans' steps (``benchmarks/step_parts.py``,
+``benchmarks/step_vs_ops.py``, 2026-12-05, 4 ranks on 2 cores) the ops cost
+1.8x (LLaMA) and 2.7x (MLP) the CPU they cost alone, about 95 us per MiB they
+touch on both models but 39 and 300 us per op: the excess grows with the bytes
+(operands cold in a step), which a cache-resident reference step cannot see
+(1.28x). The two steps' excesses, ``step - sum of its ops alone``, are split into
+a part per op and a part per byte (:class:`~hw_profiles.correction.ProfileCorrection`:
+``step_op_s``, ``step_byte_s``), which the strategy graph adds to every op of a
+step (``autoshard.graph.build_state``).
 
 >>> step, parts, ops = reference_step()
 >>> ops == sum(count for _, count in parts)
+True
+>>> step_bytes(SMALL) < step_bytes(COLD) / 4
 True
 """
 
@@ -31,17 +42,49 @@ from typing import Any, Callable
 
 import torch
 
-__all__ = ["reference_step", "LAYERS", "WIDTH", "BATCH"]
+__all__ = ["reference_step", "step_bytes", "LAYERS", "WIDTH", "BATCH", "SMALL", "COLD"]
 
 aten = torch.ops.aten
 LAYERS, WIDTH, BATCH = 8, 256, 64
 """Layers, width and batch of the reference MLP: ops of the sizes of the benchmark models' (0.1-1 ms)."""
+SMALL = (LAYERS, WIDTH, BATCH)
+"""The cache-resident reference step (2 MiB of weights a rank)."""
+COLD = (16, 512, 64)
+"""The reference step whose working set leaves the caches between an op and its next call
+(16 MiB of weights a rank; each op's operands ~1.3 MiB, within a core's 2 MiB L2 when timed alone)."""
 
 
-def reference_step() -> tuple[Callable[[], Any], list[tuple[Callable[[], Any], int]], int]:
-    """(the step as one call, [(one of its ops alone, how many times the step runs it)], ops per step)."""
-    weights = [torch.randn(WIDTH, WIDTH) / WIDTH**0.5 for _ in range(LAYERS)]
-    x = torch.randn(BATCH, WIDTH)
+def _bytes_of(ops: list[tuple[Any, tuple, int]]) -> float:
+    """The bytes the ops access, as the rules price them (``autoshard.rules``)."""
+    from autoshard.rules import load_rules
+    from autoshard.rules.core import to_meta
+
+    rules = load_rules()
+    return float(sum(count * rules.compute_kind(op, to_meta(args), {}).bytes_accessed for op, args, count in ops))
+
+
+def _part_calls(layers: int, width: int, batch: int) -> list[tuple[Any, tuple, int]]:
+    """(op, arguments, how many times the step runs it) of the reference step's ops alone."""
+    x, w = torch.randn(batch, width), torch.randn(width, width) / width**0.5
+    a = x @ w
+    return [(aten.mm.default, (x, w), layers), (aten.relu.default, (a,), layers), (aten.ones_like.default, (a,), 1),
+            (aten.threshold_backward.default, (a, a, 0.0), layers),
+            (aten.mm.default, (aten.t.default(x), a), layers),   # weight gradients (t: a view)
+            (aten.mm.default, (a, aten.t.default(w)), layers)]   # input gradients
+
+
+def step_bytes(size: tuple[int, int, int] = SMALL) -> float:
+    """Bytes the reference step of ``size`` (layers, width, batch) accesses, as the rules price them."""
+    return _bytes_of(_part_calls(*size))
+
+
+def reference_step(size: tuple[int, int, int] = SMALL
+                   ) -> tuple[Callable[[], Any], list[tuple[Callable[[], Any], int]], int]:
+    """(the step as one call, [(one of its ops alone, how many times the step runs it)], ops per step)
+    of the reference MLP of ``size`` (layers, width, batch)."""
+    layers, width, batch = size
+    weights = [torch.randn(width, width) / width**0.5 for _ in range(layers)]
+    x = torch.randn(batch, width)
 
     def step() -> list[torch.Tensor]:
         acts, outs = [], [x]
@@ -51,19 +94,11 @@ def reference_step() -> tuple[Callable[[], Any], list[tuple[Callable[[], Any], i
             outs.append(aten.relu.default(a))
         g = aten.ones_like.default(outs[-1])
         grads = []
-        for i in reversed(range(LAYERS)):  # backward
+        for i in reversed(range(layers)):  # backward
             g = aten.threshold_backward.default(g, acts[i], 0.0)
             grads.append(aten.mm.default(aten.t.default(outs[i]), g))
             g = aten.mm.default(g, aten.t.default(weights[i]))
         return grads  # freed by the caller, as gradients set to None after the update
 
-    a = x @ weights[0]
-    parts = [
-        (lambda: aten.mm.default(x, weights[0]), LAYERS),                        # forward matmuls
-        (lambda: aten.relu.default(a), LAYERS),
-        (lambda: aten.ones_like.default(a), 1),
-        (lambda: aten.threshold_backward.default(a, a, 0.0), LAYERS),
-        (lambda: aten.mm.default(aten.t.default(x), a), LAYERS),                 # weight gradients (t: a view)
-        (lambda: aten.mm.default(a, aten.t.default(weights[0])), LAYERS),        # input gradients
-    ]
+    parts = [(lambda op=op, args=args: op(*args), count) for op, args, count in _part_calls(layers, width, batch)]
     return step, parts, sum(count for _, count in parts)

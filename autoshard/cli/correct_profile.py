@@ -74,6 +74,8 @@ def run(args: argparse.Namespace) -> int:
     for family, ratio in record["ratios"].items():
         if family == "step_op_s":  # seconds, not a ratio
             print(f"  step: {ratio * 1e6:.1f} us per op beyond the op alone")
+        elif family == "step_byte_s":  # seconds per byte
+            print(f"  step: {ratio * 2**20 * 1e6:.1f} us per MiB an op touches beyond the op alone (cold operands)")
         elif family == "skew_s":  # seconds too
             print(f"  skew: a collective starts up to {ratio * 1e3:.2f} ms late after compute since the last one")
         else:

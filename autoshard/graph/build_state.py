@@ -241,9 +241,11 @@ class BuildState:
                                            out_meta=info.outputs)
         outputs = [local_bytes(m, p, self.mesh_shape) for m, p in zip(info.outputs, strategy.output_placements)
                    if m is not None]  # what the op allocates on a rank (fresh pages, costmodel.compute)
-        # an op of a step pays, beyond its time alone, the step's own per-op cost (measured by a
-        # profile correction, hw_profiles.correction; 0 otherwise); a view runs no kernel
-        in_step = self.profile.device.step_op_s if work.kind != "view" else 0.0
+        # an op of a step pays, beyond its time alone, the step's own cost per op and per byte it
+        # touches, cold in a step (measured by a profile correction, hw_profiles.correction; 0
+        # otherwise); a view runs no kernel
+        device = self.profile.device
+        in_step = device.step_op_s + device.step_byte_s * work.bytes_accessed if work.kind != "view" else 0.0
         try:
             return in_step + op_time_s(work.kind, flops=work.flops, bytes_accessed=work.bytes_accessed, dtype=dtype,
                                        profile=self.profile, run_elems=run, scalar_operand=scalar,

@@ -122,10 +122,11 @@ def test_a_real_measurement_on_one_process(tmp_path) -> None:
     # measured either way; beside other work (a busy CI host) it says so and is not cached
     assert record["source"] in ("measured", "measured under foreign load, not cached")
     ratios = dict(record["ratios"])
-    step_op_s = ratios.pop("step_op_s")
+    step_op_s, step_byte_s = ratios.pop("step_op_s"), ratios.pop("step_byte_s")
     assert set(ratios) == {"launch", "matmul", "memory", "vector"}
     assert all(0.01 < r < 100 for r in ratios.values())
     assert 0.0 <= step_op_s < 0.01 and profile.device.step_op_s == pytest.approx(step_op_s, rel=1e-3)
+    assert 0.0 <= step_byte_s < 1e-8 and profile.device.step_byte_s == pytest.approx(step_byte_s, rel=1e-3)
     assert profile.name == "cpu-gloo+corrected"
 
 
@@ -151,6 +152,25 @@ def test_every_op_of_a_step_pays_the_step_cost_and_views_do_not() -> None:
                 assert cb == pytest.approx(ca + 1e-3)
                 paid += 1
     assert paid > 0 and free > 0  # the tiny MLP has both (mm, t / view)
+
+
+def test_every_op_of_a_step_pays_for_the_bytes_it_touches() -> None:
+    """``step_byte_s`` adds the op's bytes (as the rules price them) times it to each op of a step: an
+    op of many bytes pays more than an op of few (a per-op figure could not tell them apart)."""
+    from autoshard.search.solve import prepare
+    from examples.models import mlp
+
+    model, inputs = mlp.tiny()
+    base = prepare(model, inputs, (1,), profile="cpu-gloo", recompute="none")
+    per_byte = 1e-9
+    stepped = dataclasses.replace(BASE, device=dataclasses.replace(BASE.device, step_byte_s=per_byte))
+    more = prepare(model, inputs, (1,), profile=stepped, recompute="none", traced=base.traced)
+    extra = sorted({round((cb - ca) / per_byte) for a, b in zip(base.graph.nodes, more.graph.nodes)
+                    if a.kind == "op" for ca, cb in zip(a.compute_s, b.compute_s)})
+    assert extra[0] == 0 and len(extra) > 2  # views pay nothing; the ops pay by their bytes, unequally
+    mm = next(n for n in more.graph.nodes if n.target == "aten.mm.default")
+    a, b = mm.outputs[0].shape  # the bytes of mm's output at least (its inputs too)
+    assert (mm.compute_s[0] - base.graph.nodes[more.graph.nodes.index(mm)].compute_s[0]) / per_byte >= a * b * 4
 
 
 def test_calibrate_measures_this_machine_once_then_corrects_that_profile(tmp_path, monkeypatch,
