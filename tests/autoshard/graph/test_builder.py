@@ -228,3 +228,26 @@ def test_a_failing_rule_is_one_line_naming_the_node_the_op_and_the_call(failing,
     assert message.startswith("graph: node addmm (aten.addmm.default): the sharding rule failed to " + what)
     assert "aten.addmm.default(f32[32], f32[8, 16], f32[16, 32])" in message
     assert "on mesh 2x2: ZeroDivisionError: deliberately broken over two lines" in message
+
+
+def test_an_expert_exchange_pays_the_steps_cost_per_byte_its_compute_touches() -> None:
+    """A profile correction's per-byte cost of an op in a step (``step_byte_s``) is charged to the
+    expert-parallel strategies' compute as to every other op (their price is the exchange's own)."""
+    import dataclasses
+
+    from costmodel.mesh import MeshSpec
+    from hw_profiles import load
+
+    from autoshard.graph.builder import build_graph
+    from autoshard.trace import trace_joint
+    from benchmarks.common.models import load as load_model
+
+    pytest.importorskip("transformers")
+    traced = trace_joint(*load_model("hf.hf_mixtral", {"num_hidden_layers": 1}, device="meta"))
+    base = load("h100-sxm-80gb")
+    costly = dataclasses.replace(base, device=dataclasses.replace(base.device, step_byte_s=1e-9))
+    graphs = [build_graph(traced, MeshSpec((2,), ("ep",)), p, recompute=False) for p in (base, costly)]
+    paid = [(n0.compute_s[j], n1.compute_s[j]) for n0, n1 in zip(graphs[0].nodes, graphs[1].nodes)
+            for j, s in enumerate(n0.strategies) if s.exchange is not None and s.exchange[0] == "expert_dispatch"]
+    priced = [(before, after) for before, after in paid if before > 0]  # the experts ops (not their followers)
+    assert priced and all(after > before for before, after in priced)
