@@ -360,6 +360,7 @@ def solve_pipeline_layout(model: Any, inputs: Any, traced: Any, layout: MeshLayo
     """
     from dataclasses import replace
 
+    from autoshard.plan.options import NO_MEMORY_LIMIT
     from autoshard.search.pipeline_model import choose_pipeline
     from autoshard.search.solve import prepare, solve_prepared
 
@@ -372,7 +373,11 @@ def solve_pipeline_layout(model: Any, inputs: Any, traced: Any, layout: MeshLayo
     peak = max(chosen.rank_memory_bytes, default=0.0)
     if chosen.step_s >= incumbent_s:
         return PipelineOutcome(chosen.step_s, peak, chosen.schedule)
-    prep = prepare(None, None, layout.shape, layout.dim_names, options.with_changes(time_limit=time_limit / 4),
-                   traced=traced)
-    plan = solve_prepared(prep, options.with_changes(time_limit=max(1.0, time_limit / 4)))
+    # the stages run from the pipeline section (FSDP2 / torch TP over each stage's sub-mesh), whose
+    # memory per rank the pipeline search checked; the whole mesh's per-op placements are the plan's
+    # record, not what runs (runtime/pipeline_stages), so their memory must not refuse the layout
+    # (405B on 4x16x8: no flat placement fits, its stages do)
+    flat = options.with_changes(time_limit=max(1.0, time_limit / 4), memory_limit=NO_MEMORY_LIMIT)
+    prep = prepare(None, None, layout.shape, layout.dim_names, flat, traced=traced)
+    plan = solve_prepared(prep, flat)
     return PipelineOutcome(chosen.step_s, peak, chosen.schedule, replace(plan, pipeline=section))
