@@ -46,25 +46,15 @@ ISSUES = ("allreduce", "all_reduce", "allgather", "all_gather", "reduce_scatter"
 OPTIMIZER = ("adam", "_foreach", "lerp", "addcdiv", "addcmul")
 
 
-def _placement_texts(strategy: Any) -> tuple[tuple[str | None, ...], tuple[str | None, ...]]:
-    from autoshard.assembly.assemble import placement_text
-
-    return (tuple(placement_text(p) for p in strategy.output_placements),
-            tuple(placement_text(p) for p in strategy.input_placements))
-
-
 def predicted_parts(graph: Any, plan: Any) -> dict[str, Any]:
     """Predicted seconds per aten op (each op node at the plan's strategy) and the estimate's parts."""
-    by_name = {n.name: n for n in graph.nodes}
+    from autoshard.assembly.engine_pricing import chosen_strategies
+
     per_op: dict[str, float] = collections.defaultdict(float)
     counts: dict[str, int] = collections.defaultdict(int)
-    for node in plan.nodes:
-        g = by_name[node.name]
-        for k, strategy in enumerate(g.strategies):
-            if _placement_texts(strategy) == (tuple(node.out), tuple(node.inputs)):
-                per_op[node.op] += float(g.compute_s[k])
-                counts[node.op] += 1
-                break
+    for node, (g, k) in zip(plan.nodes, chosen_strategies(graph, plan)):
+        per_op[node.op] += float(g.compute_s[k])
+        counts[node.op] += 1
     est = plan.estimate
     ops = sum(per_op.values())
     return {"per_op": dict(per_op), "counts": dict(counts), "ops_s": ops, "step_s": est.step_s,

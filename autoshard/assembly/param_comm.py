@@ -46,7 +46,7 @@ unsharded gradient accumulators.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from autoshard.assembly.engine_pricing import chosen_strategies, edge_links, grad_of, param_of, simulate_moves
 from autoshard.program.schedule import VIEW_OPS, schedule_transfers
@@ -93,7 +93,8 @@ def _classify(graph: Any, plan: Any) -> tuple[set[tuple[str, str, int]], set[tup
     return weights, grads, of_param
 
 
-def _held_bytes(plan: Any, weights: set[tuple[str, str, int]], of_param: dict[str, str]) -> dict[str, float]:
+def _held_bytes(plan: Any, weights: set[tuple[str, str, int]], of_param: dict[str, str],
+                grad_buckets: set[int]) -> dict[str, float]:
     """(d): the gathered weights and their unsharded gradient accumulators."""
     gathered: dict[str, int] = {}
     for r in plan.redistributions:
@@ -103,22 +104,24 @@ def _held_bytes(plan: Any, weights: set[tuple[str, str, int]], of_param: dict[st
             name = of_param[r.tensor]
             gathered[name] = min(gathered.get(name, int(steps[0].bytes)), int(steps[0].bytes))
     gather_dtypes = {b.dtype for b in plan.gather_buckets}
-    grad_dtypes = {b.dtype for b in plan.buckets if all(m.startswith("grad:") for m in b.members)}
+    grad_dtypes = {plan.buckets[i].dtype for i in grad_buckets}
     ratio = 1.0
     if len(gather_dtypes) == 1 and len(grad_dtypes) == 1:  # else: one dtype for both (no mixed precision known)
         ratio = dtype_itemsize(grad_dtypes.pop()) / dtype_itemsize(gather_dtypes.pop())
     return {name: float(nbytes) * (1.0 + ratio) for name, nbytes in gathered.items()}
 
 
-def param_comm(graph: Any, plan: Any) -> ParamComm:
-    """(a)-(d) of ``plan`` solved on ``graph`` (``prep.graph``) (module docstring).
+def param_comm(graph: Any, plan: Any, compute: Sequence[float] | None = None) -> ParamComm:
+    """(a)-(d) of ``plan`` solved on ``graph`` (``prep.graph``) (module docstring); ``compute``: the
+    plan's op times in plan order where the caller has them (``engine_pricing.chosen_strategies``).
 
     >>> # param_comm(prep.graph, plan).held_bytes   # 0 for a plan with no weight gathers
     """
     if plan.schedule is None:
         raise ValueError("plan: has no schedule (a plan file older than the schedule): cannot split its communication")
     weights, grads, of_param = _classify(graph, plan)
-    compute = [float(node.compute_s[k]) for node, k in chosen_strategies(graph, plan)]
+    if compute is None:
+        compute = [float(node.compute_s[k]) for node, k in chosen_strategies(graph, plan)]
     tail = max(0.0, plan.estimate.compute_s - sum(compute))
     weight_gathers = {i for i, b in enumerate(plan.gather_buckets)
                       if b.members and all(tuple(m) in weights for m in b.members)}
@@ -143,5 +146,6 @@ def param_comm(graph: Any, plan: Any) -> ParamComm:
     gathers, reductions = step_with(True, False), step_with(False, True)
     bare = simulate_moves(graph.profile, compute, [], [], tail)
     items = plan.schedule.items
-    return ParamComm(max(0.0, every - none), max(0.0, none - bare), max(0.0, gathers - none), max(0.0, reductions - none),
-                     _held_bytes(plan, weights, of_param), sum(map(is_weight, items)), sum(map(is_grad, items)))
+    return ParamComm(max(0.0, every - none), max(0.0, none - bare), max(0.0, gathers - none),
+                     max(0.0, reductions - none), _held_bytes(plan, weights, of_param, grad_buckets),
+                     sum(map(is_weight, items)), sum(map(is_grad, items)))

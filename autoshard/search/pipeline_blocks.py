@@ -102,8 +102,6 @@ class PlanFigures:
     """``A``: the weight gathers' exposure, paid once a step (module docstring (e'))."""
     held_bytes: float = 0.0
     """The gathered weights and gradient accumulators held through the step, in ``state_bytes``."""
-    param_saving_s: float = 0.0
-    """``X_P``: the exposure of the parameters' collectives, left out of :attr:`exposed_s`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,7 +175,7 @@ def plan_figures(prep: Any, plan: Any, n_blocks: int, block_prefix: str = "layer
     fwd = sum(compute[: end + 1])
     bwd = sum(compute[end + 1:]) + e.recompute_s
     opt = max(0.0, e.compute_s - sum(compute))
-    params = param_comm(graph, plan)
+    params = param_comm(graph, plan, compute)
     exposed = params.activation_exposed_s
     state = _state_bytes(graph, plan)
     aliases = {a for names in plan.param_aliases.values() for a in names}
@@ -192,7 +190,7 @@ def plan_figures(prep: Any, plan: Any, n_blocks: int, block_prefix: str = "layer
     exchanges = tuple(sorted({f"{n.exchange[0]}@{n.exchange[1]}" for n in plan.nodes if n.exchange}))
     return PlanFigures(n_blocks, fwd, bwd, opt, exposed, params.reduction_s, blocks, first, last, e.peak_memory_bytes,
                        e.step_s, exchanges, _live_at(plan.memory_timeline, graph.times.get(plan.nodes[end].name)),
-                       params.gather_exposed_s, params.held_bytes, params.per_microbatch_saving_s)
+                       params.gather_exposed_s, params.held_bytes)
 
 
 def _live_at(timeline: Sequence[tuple[int, float]], time: int | None) -> float:
