@@ -295,6 +295,19 @@ class DeviceSpec:
     (seconds per byte: operands cold in a step, warm when timed alone; a profile
     correction measures it); 0: nothing."""
 
+    def in_step_s(self, bytes_accessed: float = 0.0) -> float:
+        """What an op accessing ``bytes_accessed`` bytes costs inside a training step beyond its
+        time alone: :attr:`step_op_s` plus :attr:`step_byte_s` a byte (the strategy graph charges
+        every op of a step this; views none).
+
+        >>> import dataclasses
+        >>> from hw_profiles import load
+        >>> device = dataclasses.replace(load("cpu-gloo").device, step_op_s=1e-5, step_byte_s=1e-10)
+        >>> round(device.in_step_s(1e6), 12)
+        0.00011
+        """
+        return self.step_op_s + self.step_byte_s * bytes_accessed
+
     @property
     def usable_memory_bytes(self) -> float:
         """Live tensor bytes that fit the device once the allocator's headroom is

@@ -244,8 +244,7 @@ class BuildState:
         # an op of a step pays, beyond its time alone, the step's own cost per op and per byte it
         # touches, cold in a step (measured by a profile correction, hw_profiles.correction; 0
         # otherwise); a view runs no kernel
-        device = self.profile.device
-        in_step = device.step_op_s + device.step_byte_s * work.bytes_accessed if work.kind != "view" else 0.0
+        in_step = self.profile.device.in_step_s(work.bytes_accessed) if work.kind != "view" else 0.0
         try:
             return in_step + op_time_s(work.kind, flops=work.flops, bytes_accessed=work.bytes_accessed, dtype=dtype,
                                        profile=self.profile, run_elems=run, scalar_operand=scalar,

@@ -311,9 +311,7 @@ def _price_exchanges(b: BuildState, i: int, node: fx.Node, imbalance: float) -> 
         work, exchange_s = pricer(call, s, mesh=b.mesh, profile=b.profile, imbalance=imbalance)
         seconds = 0.0 if work is None else _work_time_s(work, dtype, b.profile)
         again = 2.0 if n.states and n.states[j // base] == RECOMPUTE else 1.0
-        # the step's own cost of an op as build_state charges every op: per op and per byte it touches
-        in_step = b.profile.device.step_op_s + (0.0 if work is None else b.profile.device.step_byte_s
-                                                * work.bytes_accessed)
+        in_step = b.profile.device.in_step_s(0.0 if work is None else work.bytes_accessed)
         compute[j] = again * (in_step + seconds + exchange_s)
     b.nodes[i] = replace(n, compute_s=compute)
 

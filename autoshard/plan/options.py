@@ -182,6 +182,15 @@ class SolveOptions:
             raise ValueError(f"overlap_rounds: must be 0 or more, got {self.overlap_rounds}")
         object.__setattr__(self, "pins", dict(self.pins or {}))
 
+    def memory_limit_bytes(self, profile: HardwareProfile) -> float:
+        """The memory limit in bytes: :attr:`memory_limit`, or ``profile``'s usable memory when None.
+
+        >>> from hw_profiles import load
+        >>> SolveOptions(memory_limit=2**30).memory_limit_bytes(load("cpu-gloo"))
+        1073741824.0
+        """
+        return float(profile.device.usable_memory_bytes if self.memory_limit is None else self.memory_limit)
+
     def with_changes(self, **changes: Any) -> SolveOptions:
         """A copy with ``changes`` (``TypeError`` naming an unknown option)."""
         return dataclasses.replace(self, **changes) if changes else self

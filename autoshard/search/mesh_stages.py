@@ -289,7 +289,7 @@ def held_memory_refusal(model: Any, blocks: Sequence[str], layout: MeshLayout, o
     elems, itemsize = block_param_elems(model, blocks)
     held = pipeline_memory_bound_bytes(elems, layout, mixed_precision=options.mixed_precision,
                                        param_itemsize=itemsize)
-    limit = profile.device.usable_memory_bytes if options.memory_limit is None else options.memory_limit
+    limit = options.memory_limit_bytes(profile)
     if held <= limit:
         return None
     return f"held weights and gradients bound {held / 2**30:.1f} GiB a rank > memory limit {limit / 2**30:.1f} GiB"

@@ -234,7 +234,7 @@ def solve_prepared(
     end = time.perf_counter() + _solve_share(opts.time_limit, prep, started)
     plan = _solve_once(prep, opts, progress=progress, started=started, peak_hint=peak_hint)
     device = float(prep.graph.profile.device.memory_bytes)
-    limit = float(prep.graph.profile.device.usable_memory_bytes if opts.memory_limit is None else opts.memory_limit)
+    limit = opts.memory_limit_bytes(prep.graph.profile)
     if opts.allow_over_reservation or not fit_reservation or limit == NO_MEMORY_LIMIT:
         _warn_if_reserved_over(plan, device)
         return plan
@@ -248,7 +248,7 @@ def _solve_once(prep: Prepared, opts: SolveOptions, *, progress: Progress | None
     server = opts.server
     graph = prep.graph
     recompute = parse_policy(opts.recompute)
-    limit = float(graph.profile.device.usable_memory_bytes if opts.memory_limit is None else opts.memory_limit)
+    limit = opts.memory_limit_bytes(graph.profile)
     problem_limit = None if limit == NO_MEMORY_LIMIT else limit
     start = time.perf_counter()  # before the problem is made: its gathers' pricing is part of the call
     time_limit = _solve_share(time_limit, prep, started)
@@ -542,7 +542,7 @@ def compare_baselines(
     past it has no plan (its error says so)."""
     opts = solve_options(options, changes)
     deadline = time.perf_counter() + opts.time_limit
-    limit = float(prep.graph.profile.device.usable_memory_bytes if opts.memory_limit is None else opts.memory_limit)
+    limit = opts.memory_limit_bytes(prep.graph.profile)
     if policies is None:
         policies = recompute_policies(prep) if prep.options.get("recompute_states", True) else ["none"]
     out = []
