@@ -99,6 +99,7 @@ from costmodel.overlap import Transfer, simulate
 
 __all__ = [
     "VARIANTS",
+    "memory_op_s",
     "ContextParallelError",
     "ChunkLayout",
     "AttentionPart",
@@ -345,6 +346,17 @@ def _part_times(shape: AttentionShape, parts: Sequence[AttentionPart], c: int, p
     return times
 
 
+def memory_op_s(nbytes: float, profile: HardwareProfile) -> float:
+    """Seconds of a memory-bound op (a copy, a conversion, an accumulation) accessing ``nbytes``
+    bytes: what the runtime's merges and accumulators around the attention kernels cost.
+
+    >>> from hw_profiles import load
+    >>> memory_op_s(2e9, load("h100-sxm-80gb")) > memory_op_s(1e9, load("h100-sxm-80gb"))
+    True
+    """
+    return op_time_s("elementwise", flops=0.0, bytes_accessed=nbytes, dtype="torch.float32", profile=profile)
+
+
 def accumulator_itemsize(itemsize: int) -> int:
     """Bytes per element of the runtime's merge and dQ/dK/dV accumulators: fp32 for 16-bit inputs
     (``autoshard.runtime.context_attention``), else the inputs' own.
@@ -368,9 +380,6 @@ def _part_traffic(shape: AttentionShape, parts: Sequence[AttentionPart], c: int,
     * backward: ``dout`` and ``out`` rows copied dense (``4 s X``), the key chunks concatenated,
       ``dq += dq_p`` and ``dk, dv += ...`` into the fp32 accumulators (``(2 a + s)`` per element).
     """
-    def mem(nbytes: float) -> float:
-        return op_time_s("elementwise", flops=0.0, bytes_accessed=nbytes, dtype="torch.float32", profile=profile)
-
     s, a = shape.itemsize, accumulator_itemsize(shape.itemsize)
     x = float(shape.batch * shape.heads * c * shape.head_dim)
     k = float(shape.batch * shape.kv_heads * c * shape.head_dim)
@@ -380,11 +389,11 @@ def _part_traffic(shape: AttentionShape, parts: Sequence[AttentionPart], c: int,
         n = len(part.key_chunks)
         cat = 4 * n * k * s if n > 1 else 0.0
         if backward:
-            times.append(mem(4 * s * x + cat + (2 * a + s) * (x + 2 * n * k)))
+            times.append(memory_op_s(4 * s * x + cat + (2 * a + s) * (x + 2 * n * k), profile))
             continue
         first = part.query_chunk not in merged
         merged.add(part.query_chunk)
-        times.append(mem(cat + convert + (0.0 if first else 7 * a * x)))
+        times.append(memory_op_s(cat + convert + (0.0 if first else 7 * a * x), profile))
     return times
 
 
@@ -395,19 +404,17 @@ def _rank_traffic_s(shape: AttentionShape, layout: ChunkLayout, profile: Hardwar
     local dK/dV, the ``[cp, ...]`` dK/dV buffer or the ring's per-step one), the arrived dK/dV
     added (all-gather) or the ring's arriving accumulators added, and the conversions back (the
     ``torch.cat`` of this rank's K and V before a gather or pass, ``2 s`` per element, left out)."""
-    def mem(nbytes: float) -> float:
-        return op_time_s("elementwise", flops=0.0, bytes_accessed=nbytes, dtype="torch.float32", profile=profile)
-
     s, a = shape.itemsize, accumulator_itemsize(shape.itemsize)
     rows = shape.seq_len // layout.cp
     x = float(shape.batch * shape.heads * rows * shape.head_dim)
     kv = 2.0 * shape.batch * shape.kv_heads * rows * shape.head_dim
     convert = 0.0 if a == s else (s + a)
-    forward = mem(2 * a * x + convert * x)
+    forward = memory_op_s(2 * a * x + convert * x, profile)
     if variant == "ring":  # zeros of dq and of a dK/dV block a step; each arriving accumulator added
-        backward = mem(a * (x + layout.cp * kv) + 3 * a * kv * (layout.cp - 1) + convert * (x + kv))
+        backward = memory_op_s(a * (x + layout.cp * kv) + 3 * a * kv * (layout.cp - 1) + convert * (x + kv),
+                               profile)
     else:  # zeros of dq, local dK/dV and the buffer; the reduce-scatter's dK/dV added
-        backward = mem(a * (x + kv + layout.cp * kv) + 3 * a * kv + convert * (x + kv))
+        backward = memory_op_s(a * (x + kv + layout.cp * kv) + 3 * a * kv + convert * (x + kv), profile)
     return forward, backward
 
 

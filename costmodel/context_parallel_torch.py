@@ -56,7 +56,7 @@ from hw_profiles import HardwareProfile
 from costmodel.collectives import collective_time_s
 from costmodel.compute import op_time_s
 from costmodel.context_parallel import (BACKWARD_FLOPS_FACTOR, AttentionShape, ChunkLayout, ContextAttentionCost,
-                                        ContextParallelError)
+                                        ContextParallelError, memory_op_s)
 from costmodel.mesh import MeshSpec
 from costmodel.overlap import Transfer, simulate
 
@@ -144,17 +144,14 @@ class _Sizes:
 def _forward_ops(sizes: _Sizes, steps: tuple[TorchStep, ...], kernels: list[float], profile: HardwareProfile,
                  ) -> tuple[list[float], list[int], list[int]]:
     """(op seconds, position of each step's kernel, position of each step's K/V ``cat`` or kernel)."""
-    def mem(nbytes: float) -> float:
-        return op_time_s("elementwise", flops=0.0, bytes_accessed=nbytes, dtype="torch.float32", profile=profile)
-
     q, a, kv_bytes = sizes.q, sizes.acc, 2 * sizes.kv * sizes.item
-    ops = [mem(2 * kv_bytes)]  # key.contiguous(), value.contiguous()
+    ops = [memory_op_s(2 * kv_bytes, profile)]  # key.contiguous(), value.contiguous()
     kernel_at, step_at = [], []
     cp = len(steps)
     for step, kernel in zip(steps, kernels):
         step_at.append(len(ops))
         if step.step < cp - 1:
-            ops.append(mem(2 * kv_bytes))  # torch.cat([key.flatten(), value.flatten()])
+            ops.append(memory_op_s(2 * kv_bytes, profile))  # torch.cat([key.flatten(), value.flatten()])
         kernel_at.append(len(ops))
         ops.append(kernel)
         rows = q / 2 if step.partial else q
@@ -162,26 +159,24 @@ def _forward_ops(sizes: _Sizes, steps: tuple[TorchStep, ...], kernels: list[floa
             merge = sizes.convert(q)  # the first result, converted, is the accumulator
         else:  # convert; out - out_b; sigmoid(.) * that; out - that: three fp32 passes of read 2, write 1
             merge = sizes.convert(rows) + 8 * rows * a + (2 * q * a if step.partial else 0.0)
-        ops.append(mem(merge))
-    ops.append(mem(sizes.convert(q)))  # results(): out back to the input dtype
+        ops.append(memory_op_s(merge, profile))
+    ops.append(memory_op_s(sizes.convert(q), profile))  # results(): out back to the input dtype
     return ops, kernel_at, step_at
 
 
 def _backward_ops(sizes: _Sizes, steps: tuple[TorchStep, ...], kernels: list[float], profile: HardwareProfile,
                   ) -> tuple[list[float], list[int], list[int], list[int]]:
     """(op seconds, kernel positions, dK/dV accumulation positions, dQ positions)."""
-    def mem(nbytes: float) -> float:
-        return op_time_s("elementwise", flops=0.0, bytes_accessed=nbytes, dtype="torch.float32", profile=profile)
-
     q, kv, a, s = sizes.q, sizes.kv, sizes.acc, sizes.item
     add = 2 * a + s  # acc += grad: read both, write the accumulator
     kv_bytes = 2 * kv * s
-    ops = [mem((q + 2 * kv) * a + 2 * kv_bytes)]  # zeros_like(q, k, v) in fp32; K/V .contiguous()
+    # zeros_like(q, k, v) in fp32; K/V .contiguous()
+    ops = [memory_op_s((q + 2 * kv) * a + 2 * kv_bytes, profile)]
     kernel_at, acc_at, dq_at = [], [], []
     cp = len(steps)
     for step, kernel in zip(steps, kernels):
         if step.step < cp - 1:
-            ops.append(mem(2 * kv_bytes))  # torch.cat of K and V for the rotater
+            ops.append(memory_op_s(2 * kv_bytes, profile))  # torch.cat of K and V for the rotater
         kernel_at.append(len(ops))
         ops.append(kernel)
         if step.step == 0 or step.partial:  # whole dK, dV += this step's
@@ -189,10 +184,11 @@ def _backward_ops(sizes: _Sizes, steps: tuple[TorchStep, ...], kernels: list[flo
         else:  # _partial_update(add=True) of the head half, then its cat
             kv_acc = 2 * (kv / 2 * add + 2 * kv * a)
         acc_at.append(len(ops))
-        ops.append(mem(kv_acc + 2 * (2 * kv * a)))  # and the cat of dK, dV for the pass
+        ops.append(memory_op_s(kv_acc + 2 * (2 * kv * a), profile))  # and the cat of dK, dV for the pass
         dq_at.append(len(ops))
-        ops.append(mem(q / 2 * add + 2 * q * a if step.partial else q * add))
-    ops.append(mem(sizes.convert(q) + sizes.convert(2 * kv)))  # dQ, dK/dV back to the input dtype
+        ops.append(memory_op_s(q / 2 * add + 2 * q * a if step.partial else q * add, profile))
+    # dQ, dK/dV back to the input dtype
+    ops.append(memory_op_s(sizes.convert(q) + sizes.convert(2 * kv), profile))
     return ops, kernel_at, acc_at, dq_at
 
 
