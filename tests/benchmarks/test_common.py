@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import operator
+import time
 
 import pytest
 import torch
@@ -56,4 +57,10 @@ def test_spawn_returns_every_rank_in_order_and_raises_a_rank_error(tmp_path):
     with pytest.raises(Exception, match="math domain error"):  # rank 0's log(0, 2), with its traceback
         spawn(2, math.log, (), tmp_path / "err")
     with pytest.raises(TimeoutError, match="2 ranks did not finish within 0 s"):
-        spawn(2, operator.add, (), tmp_path / "slow", timeout=0.01)
+        spawn(2, sleeping, (30.0,), tmp_path / "slow", timeout=0.01)
+
+
+def sleeping(rank: int, world: int, seconds: float) -> None:
+    """A rank that outlives the job's timeout (a rank started from the fork server is ready in well
+    under the spawn's first second: a plain one would finish before the timeout is looked at)."""
+    time.sleep(seconds)

@@ -30,11 +30,11 @@ from typing import Any, Callable
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from autoshard.search.solve import prepare, solve_prepared
 from autoshard.runtime.process_group import destroy_process_groups, init_process_group
 from examples.models import mlp
+from benchmarks.common.gloo import as_caller, start_ranks
 from gloo_ranks import whole
 
 pytestmark = pytest.mark.slow
@@ -47,7 +47,8 @@ SETUP_TIMEOUT_S = 90.0
 
 
 def _entry(rank: int, world: int, fn: Callable[..., Any], init_file: str, out_dir: str, pg_timeout: float,
-           args: tuple) -> None:
+           args: tuple, env: dict[str, str], cwd: str) -> None:
+    as_caller(env, cwd)
     torch.set_num_threads(1)
     init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
                        timeout=timedelta(seconds=pg_timeout))
@@ -63,8 +64,7 @@ def spawn_ranks(world: int, fn: Callable[..., Any], args: tuple, tmp: Path, *, p
     """``fn(rank, world, *args)`` on ``world`` gloo ranks whose process group times
     out after ``pg_timeout`` seconds; the job is killed after ``timeout``."""
     tmp.mkdir(parents=True, exist_ok=True)
-    ctx = mp.start_processes(_entry, args=(world, fn, str(tmp / "store"), str(tmp), pg_timeout, args), nprocs=world,
-                             join=False, start_method="spawn")
+    ctx = start_ranks(_entry, (world, fn, str(tmp / "store"), str(tmp), pg_timeout, args), world)
     deadline = time.monotonic() + timeout
     try:
         while not ctx.join(timeout=1.0):

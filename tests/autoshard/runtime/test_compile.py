@@ -88,7 +88,9 @@ def test_compiled_step_gives_the_eager_losses_and_parameters(plan_path, monkeypa
 def test_without_a_cxx_compiler_it_warns_once_and_runs_uncompiled(plan_path, monkeypatch):
     monkeypatch.setenv("CXX", "/nonexistent")
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(plan_path / "empty-cache"))  # no compiled artifact to reuse
-    results = spawn(2, compile_jobs, (str(plan_path / "fsdp.json"),), plan_path / "nocxx", timeout=200)
+    # fresh interpreters: inductor reads CXX when it is imported, which the fork server's ranks already did
+    results = spawn(2, compile_jobs, (str(plan_path / "fsdp.json"),), plan_path / "nocxx", timeout=200,
+                    start_method="spawn")
     for res in results:
         assert not res["compile"]["compiled"]
         assert len(res["warnings"]) == 1 and "compile=True" in res["warnings"][0]
