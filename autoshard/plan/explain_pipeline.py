@@ -14,7 +14,8 @@ search priced each stage with its input and weight backward halves of the backwa
 (``autoshard.search.pipeline``), the point-to-point sends and the reductions and
 optimizer after the last microbatch; the section records the stage times, not the
 sends, so the timeline here is the compute part (the summary line gives the
-search's bubble with the sends beside it).
+search's bubble with the sends beside it). A line says what the stages recompute
+(the section's ``recompute``: nothing, or each block's forward before its backward).
 
 >>> from autoshard.plan.pipeline_section import build_pipeline_section
 >>> s = build_pipeline_section(schedule="1F1B", n_ranks=2, n_microbatches=4, batch_size=8,
@@ -34,6 +35,9 @@ from autoshard.plan.pipeline_section import PipelineSection
 
 __all__ = ["pipeline_lines", "simulated_bubble", "section_simulation", "plot_schedule"]
 
+_RECOMPUTE_SAYS = {"none": "each block keeps what its backward reads",
+                   "full": "each block's forward again before its backward, keeping only its input"}
+"""What each of ``pipeline_section.RECOMPUTE_POLICIES`` does, for the recompute line."""
 _MODULES_SHOWN = 4
 """Module paths listed per stage before ``...``: a 126-block stage stays one row."""
 
@@ -103,7 +107,7 @@ def pipeline_lines(plan: Plan) -> list[str]:
         summary += f"; priced step {s.step_s * 1e3:.3f} ms"
     if s.send_bytes:
         summary += f"; {format_bytes(s.send_bytes)} sent per boundary per microbatch"
-    tail = [""] + [summary]
+    tail = ["", summary, f"recompute: {s.recompute} ({_RECOMPUTE_SAYS[s.recompute]})"]
     if s.tensor_parallel:
         styles = [style for _, style in s.tensor_parallel]
         tail.append(f"tensor parallel inside the stages (torch's parallelize_module on tp): "

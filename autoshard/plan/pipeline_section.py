@@ -21,6 +21,10 @@ Optional, as the search priced them (absent in hand-written sections): per stage
 memory, the microbatches in flight counted); the section's ``step_s`` and
 ``bubble_fraction`` (``costmodel.pipeline_simulate``).
 
+Optional ``recompute``: ``"none"`` (each block keeps what its backward reads) or
+``"full"`` (activation checkpointing per block: a block keeps its input and runs its forward
+again just before its backward, as torchtitan's full AC). Absent: ``"none"``.
+
 Optional ``tensor_parallel``: inside each stage, the plan's column / row layout of the
 blocks' linear layers on the ``tp`` mesh dim (module path -> ``"colwise"`` or
 ``"rowwise"``: weight ``S(0)`` or ``S(1)`` on ``tp``), run with torch's
@@ -48,13 +52,16 @@ from typing import Any, Mapping, Sequence
 from costmodel.pipeline_schedules import SCHEDULE_NAMES, build_schedule, stage_to_rank
 
 __all__ = ["PIPELINE_VERSION", "DATA_PARALLEL", "TENSOR_PARALLEL_STYLES", "PipelineError", "PipelineStagePlan",
-           "PipelineSection", "build_pipeline_section", "check_section", "V_SHAPED", "PIPELINE_SCHEMA"]
+           "PipelineSection", "build_pipeline_section", "check_section", "V_SHAPED", "PIPELINE_SCHEMA",
+           "RECOMPUTE_POLICIES"]
 
 PIPELINE_VERSION = 1
 DATA_PARALLEL = ("fsdp", "replicate")
 """How a stage runs over its data-parallel sub-mesh: ``fully_shard`` or ``replicate`` (torch's, FSDP2-based)."""
 TENSOR_PARALLEL_STYLES = ("colwise", "rowwise")
 """How a linear layer is split over ``tp``: its output features (weight ``S(0)``) or its input features (``S(1)``)."""
+RECOMPUTE_POLICIES = ("none", "full")
+"""What a stage recomputes: nothing, or every block's forward (activation checkpointing per block)."""
 V_SHAPED = frozenset({"ZBVZeroBubble", "DualPipeV"})
 """Schedules whose stages sit on the ranks in a V (rank ``r`` holds stages ``r`` and ``2p - 1 - r``)."""
 
@@ -112,6 +119,8 @@ class PipelineSection:
     """Priced bubble: idle share of the busiest rank's step (None: not priced)."""
     tensor_parallel: tuple[tuple[str, str], ...] = ()
     """(linear module path, ``colwise`` / ``rowwise``) inside the stages, on mesh dim ``tp`` (module docstring)."""
+    recompute: str = "none"
+    """One of :data:`RECOMPUTE_POLICIES` (module docstring)."""
 
     @property
     def n_stages(self) -> int:
@@ -135,6 +144,7 @@ class PipelineSection:
                 "n_ranks": self.n_ranks, "stages_per_rank": self.stages_per_rank,
                 "n_microbatches": self.n_microbatches, "batch_size": self.batch_size,
                 "send_bytes": self.send_bytes, "data_parallel": self.data_parallel,
+                **({"recompute": self.recompute} if self.recompute != "none" else {}),
                 **{k: v for k, v in (("step_s", self.step_s), ("bubble_fraction", self.bubble_fraction))
                    if v is not None},
                 **({"tensor_parallel": dict(self.tensor_parallel)} if self.tensor_parallel else {}),
@@ -156,7 +166,8 @@ class PipelineSection:
                           int(data["stages_per_rank"]), int(data["n_microbatches"]), int(data["batch_size"]), stages,
                           int(data.get("send_bytes", 0)), str(data.get("data_parallel", "fsdp")),
                           _number(data, "step_s"), _number(data, "bubble_fraction"),
-                          tuple((str(k), str(v)) for k, v in dict(data.get("tensor_parallel", {})).items()))
+                          tuple((str(k), str(v)) for k, v in dict(data.get("tensor_parallel", {})).items()),
+                          str(data.get("recompute", "none")))
         except KeyError as exc:
             raise PipelineError(f"pipeline: missing {exc.args[0]!r}") from None
         except (TypeError, ValueError, IndexError) as exc:
@@ -204,6 +215,8 @@ def check_section(section: PipelineSection) -> None:
     _check_torch_accepts(s.schedule, s.n_ranks, s.stages_per_rank, s.n_microbatches)
     if s.data_parallel not in DATA_PARALLEL:
         raise PipelineError(f"pipeline.data_parallel: {s.data_parallel!r}; valid: {', '.join(DATA_PARALLEL)}")
+    if s.recompute not in RECOMPUTE_POLICIES:
+        raise PipelineError(f"pipeline.recompute: {s.recompute!r}; valid: {', '.join(RECOMPUTE_POLICIES)}")
     k = s.n_ranks * s.stages_per_rank
     if len(s.stages) != k:
         raise PipelineError(f"pipeline.stages: {len(s.stages)} stages, expected n_ranks x stages_per_rank = {k}")
@@ -248,6 +261,7 @@ def build_pipeline_section(
     step_s: float | None = None,
     bubble_fraction: float | None = None,
     tensor_parallel: Sequence[tuple[str, str]] = (),
+    recompute: str = "none",
 ) -> PipelineSection:
     """The section of ``K = n_ranks * stages_per_rank`` stages cut at ``cuts`` (the first block of
     every stage but the first, ``K - 1`` of them, as ``costmodel.stage_cuts.StageCuts.cuts``):
@@ -283,7 +297,7 @@ def build_pipeline_section(
         for i in range(k))
     section = PipelineSection(mesh_dim, schedule, n_ranks, stages_per_rank, n_microbatches, batch_size, stages,
                               int(send_bytes), data_parallel, step_s, bubble_fraction,
-                              tuple((str(p), str(v)) for p, v in tensor_parallel))
+                              tuple((str(p), str(v)) for p, v in tensor_parallel), recompute)
     check_section(section)
     return section
 
@@ -329,6 +343,8 @@ PIPELINE_SCHEMA: dict[str, Any] = {
         "step_s": {"type": "number", "minimum": 0, "description": "Priced step."},
         "bubble_fraction": {"type": "number", "minimum": 0, "maximum": 1,
                             "description": "Priced idle share of the busiest rank's step."},
+        "recompute": {"enum": list(RECOMPUTE_POLICIES),
+                      "description": "none, or full: every block's forward recomputed before its backward."},
         "tensor_parallel": {"type": "object", "additionalProperties": {"enum": list(TENSOR_PARALLEL_STYLES)},
                             "description": "Linear module path -> colwise / rowwise on mesh dim tp, "
                                            "inside the stages."},

@@ -14,7 +14,10 @@ tensor parallelism with the column/row split of the linears that the given plan'
 placements say (``autoshard.runtime.pipeline_tp``; a searched section without a plan
 has no such layout, and a ``tp`` dim is refused then), not with the per-op placements
 of the stage sub-mesh's solve: autoshard's interpreter runs whole-graph step programs,
-not the per-microbatch stage calls a ``PipelineStage`` makes.
+not the per-microbatch stage calls a ``PipelineStage`` makes. Where the section says
+``recompute`` "full" (the search priced the stages with activation checkpointing), each
+block's forward runs again before its backward
+(:func:`autoshard.runtime.pipeline_stages.recompute_blocks`).
 
 **Stepping it**: ``run.step(**batch)`` takes this rank's data-parallel shard of the batch
 as the model's keyword inputs (the same on every ``pp`` rank), runs the schedule's

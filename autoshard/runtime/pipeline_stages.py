@@ -35,6 +35,16 @@ forward's own bookkeeping (``seq = tokens.shape[1]``; a Hugging Face model's pos
 rotary tables and causal mask) runs on every stage. The last stage's output is the
 loss: the forward's scalar, or the ``loss`` of the output object it returns.
 
+**Recomputation** (``section.recompute == "full"``: torchtitan's full activation
+checkpointing): each block of a stage keeps only its input and runs its forward again
+just before its backward (:func:`recompute_blocks`: non-reentrant ``torch.utils.checkpoint``,
+the random state restored, so dropout draws the same mask), applied before tensor
+parallelism and FSDP2 wrap the stage, with parameter names unchanged. Forwards per block
+and microbatch: 2 with a full backward (GPipe, 1F1B, interleaved); 3 on the zero-bubble
+schedules' stages that split the backward (torch computes the input and the weight
+gradients in separate autograd calls, each recomputing the block once), 2 on their first
+stage (its split backward runs whole in the weight pass).
+
 **What this does not run (yet).** Inside a stage, autoshard's own per-stage placements
 (the stage sub-mesh's solve: per-op tensor parallelism, per-tensor sharding, its
 collective schedule) are not run, only the column/row split of the linears above:
@@ -73,7 +83,7 @@ from autoshard.runtime.pipeline_tp import TP_DIM, apply_tensor_parallel
 from autoshard.trace.blocks import modules_around, repeated_blocks
 
 __all__ = ["ModelParts", "SendRecord", "PipelineRun", "model_parts", "check_model", "build_stage_module",
-           "build_pipeline"]
+           "recompute_blocks", "build_pipeline"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,11 +282,73 @@ def build_stage_module(model: nn.Module, section: PipelineSection, stage: int, p
     if stage < last:
         for path in parts.trailing:
             _set_module(root, path, _PassThrough(), copied)
+    blocks = [root.get_submodule(p) for p in parts.blocks[st.first_block:st.end_block]]
+    if section.recompute == "full":
+        recompute_blocks(blocks)  # before TP and FSDP wrap them, the order torchtitan applies AC and FSDP in
     if data_parallel is not None:
-        data_parallel(root, [root.get_submodule(p) for p in parts.blocks[st.first_block:st.end_block]])
+        data_parallel(root, blocks)
     if stage < last:
         root.get_submodule(parts.blocks[st.end_block - 1]).register_forward_hook(_raise_output)
     return root
+
+
+def recompute_blocks(blocks: list[nn.Module]) -> int:
+    """Run each of ``blocks`` under full activation checkpointing (torchtitan's full AC): its forward
+    keeps only its inputs and runs again, with the random state it first ran with (dropout draws
+    the same mask), just before its backward. The block's class becomes a subclass whose forward
+    runs the block's own forward through non-reentrant ``torch.utils.checkpoint``, in place, as
+    FSDP2 swaps classes: no wrapper module, so parameter names and state-dict keys stay the
+    model's (a checkpoint saved without recomputation loads with it, and back), and the hooks
+    FSDP2 and a stage put on the block run once, outside the recomputation. Returns how many
+    blocks it changed (a block already checkpointed is left as it is).
+
+    >>> from examples.models import llama3
+    >>> model, _ = llama3.tiny(device="meta")
+    >>> recompute_blocks(list(model.layers)), type(model.layers[0]).__name__, recompute_blocks([model.layers[0]])
+    (2, 'CheckpointedTransformerBlock', 0)
+    """
+    classes: dict[type, type] = {}
+    changed = 0
+    for block in blocks:
+        cls = type(block)
+        if getattr(cls, "_pipeline_full_recompute", False):
+            continue
+        if cls not in classes:
+            classes[cls] = _checkpointed_class(cls)
+        block.__class__ = classes[cls]
+        changed += 1
+    return changed
+
+
+def _checkpointed_class(cls: type) -> type:
+    from torch.utils.checkpoint import checkpoint
+
+    block_forward = cls.forward
+
+    def forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        if not torch.is_grad_enabled():  # no backward to recompute for
+            return block_forward(self, *args, **kwargs)
+        return checkpoint(block_forward, self, *args, use_reentrant=False, preserve_rng_state=True, **kwargs)
+
+    return type(f"Checkpointed{cls.__name__}", (cls,), {"forward": forward, "_pipeline_full_recompute": True})
+
+
+def _recompute_once_per_weight_pass(stage: Any) -> None:
+    """Run stage ``stage``'s weight-gradient pass (the zero-bubble schedules' ``W``) under one
+    ``torch.utils.checkpoint.GraphExecGroup``. torch's pass (``stage_backward_weight``) makes one
+    ``autograd.grad`` call per parameter group, and a checkpointed block recomputes its forward
+    in every backward call that reads it: 9 times for a LLaMA block's 9 weights. Under one group
+    each block recomputes once for the whole pass (and once in the input-gradient pass before it:
+    the two passes read the same saved tensors, which one group forbids)."""
+    from torch.utils.checkpoint import GraphExecGroup  # torch >= 2.10; autoshard asks for 2.11
+
+    weight_pass = stage.backward_weight_one_chunk
+
+    def backward_weight_one_chunk(*args: Any, **kwargs: Any) -> Any:
+        with GraphExecGroup():
+            return weight_pass(*args, **kwargs)
+
+    stage.backward_weight_one_chunk = backward_weight_one_chunk
 
 
 def _apply_data_parallel(stage_module: nn.Module, blocks: list[nn.Module], kind: str, dp_mesh: Any) -> None:
@@ -463,6 +535,8 @@ def build_pipeline(model: nn.Module, mesh: Any, section: PipelineSection, *, rec
         wrap = _stage_wrapper(section, st.index, tp_mesh, dp_mesh)
         module = build_stage_module(model, section, st.index, parts, data_parallel=wrap)
         stage = PipelineStage(module, st.index, section.n_stages, device, group=pp_mesh.get_group())
+        if section.recompute == "full":
+            _recompute_once_per_weight_pass(stage)
         if record_sends:
             stage.get_fwd_send_ops = _recording(stage, "activation", stage.get_fwd_send_ops, sends)
             stage.get_bwd_send_ops = _recording(stage, "gradient", stage.get_bwd_send_ops, sends)

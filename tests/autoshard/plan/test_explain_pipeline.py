@@ -92,3 +92,21 @@ def test_explain_counts_the_column_and_row_split_linears_of_a_stage_layout():
     plain = build_pipeline_section(schedule="1F1B", n_ranks=2, n_microbatches=4, batch_size=8,
                                    block_paths=("layers.0", "layers.1"), cuts=(1,))
     assert not any("tensor parallel" in line for line in pipeline_lines(type("P", (), {"pipeline": plain})()))
+
+
+@pytest.mark.parametrize("policy, says", [
+    ("full", "recompute: full (each block's forward again before its backward, keeping only its input)"),
+    ("none", "recompute: none (each block keeps what its backward reads)"),
+])
+def test_explain_says_what_the_stages_recompute(policy, says):
+    section = build_pipeline_section(schedule="1F1B", n_ranks=2, n_microbatches=4, batch_size=8,
+                                     block_paths=("layers.0", "layers.1"), cuts=(1,), recompute=policy)
+    lines = pipeline_lines(type("P", (), {"pipeline": section})())
+    assert [line for line in lines if line.startswith("recompute:")] == [says]
+
+
+def test_every_recompute_policy_has_its_explain_line():
+    from autoshard.plan.explain_pipeline import _RECOMPUTE_SAYS
+    from autoshard.plan.pipeline_section import RECOMPUTE_POLICIES
+
+    assert set(_RECOMPUTE_SAYS) == set(RECOMPUTE_POLICIES)

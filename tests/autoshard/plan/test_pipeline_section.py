@@ -77,6 +77,7 @@ def test_schedule_names_are_the_ones_torch_offers() -> None:
     ({"schedule": "ZeroBubbleMagic"}, r"'ZeroBubbleMagic' is not a schedule torch offers; valid names: GPipe"),
     ({"cuts": (4,)}, r"pipeline.cuts"),
     ({"data_parallel": "ddp"}, r"data_parallel"),
+    ({"recompute": "selective"}, r"^pipeline.recompute: 'selective'; valid: none, full$"),
 ])
 def test_bad_input_gets_one_line_naming_it(over, message) -> None:
     with pytest.raises(PipelineError, match=message) as err:
@@ -141,3 +142,29 @@ def test_microbatch_counts_torchs_schedule_class_refuses_get_one_line(over, mess
     with pytest.raises(PipelineError, match=r"^pipeline.n_microbatches: " + message) as info:
         _section(**over)
     assert "\n" not in str(info.value)
+
+
+def test_recompute_full_round_trips_in_the_plan_file_and_the_schema_accepts_it(pp_plan, tmp_path) -> None:
+    plan = replace(pp_plan, pipeline=_section(recompute="full"))
+    path = tmp_path / "plan.json"
+    plan.save(path)
+    data = json.loads(path.read_text())
+    jsonschema.Draft202012Validator(PLAN_SCHEMA).validate(data)
+    assert data["pipeline"]["recompute"] == "full"
+    assert Plan.load(path).pipeline.recompute == "full" and Plan.load(path) == plan
+
+
+def test_a_section_without_recompute_is_written_without_it_and_reads_as_none(pp_plan) -> None:
+    data = pp_plan.to_dict()
+    assert pp_plan.pipeline.recompute == "none" and "recompute" not in data["pipeline"]
+    assert Plan.from_dict(data).pipeline.recompute == "none"
+
+
+def test_a_hand_edited_recompute_is_refused_by_the_schema_and_at_load_in_one_line(pp_plan) -> None:
+    data = json.loads(json.dumps(pp_plan.to_dict()))
+    data["pipeline"]["recompute"] = "every:2"
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.Draft202012Validator(PLAN_SCHEMA).validate(data)
+    with pytest.raises(PlanError, match=r"pipeline.recompute: 'every:2'; valid: none, full") as err:
+        Plan.from_dict(data)
+    assert "\n" not in str(err.value)

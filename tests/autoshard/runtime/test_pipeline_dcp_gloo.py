@@ -5,7 +5,8 @@ runs three AdamW steps uninterrupted (losses ``L0, L1, L2``). A pipeline of 2 st
 (1F1B, 2 microbatches, FSDP over dp 2) takes step 0 and saves its parameters and AdamW
 state with ``dcp.save`` (``autoshard.runtime.pipeline_checkpoint.pipeline_state_dict``).
 Two fresh models with other weights load that checkpoint: a pipeline of 4 stages on a
-``pp`` mesh of 4 (one block each, 4 microbatches) and the plain model on every rank (torch's
+``pp`` mesh of 4 (one block each, 4 microbatches, recomputing each block's forward: the
+section's ``recompute`` "full", saved without it) and the plain model on every rank (torch's
 ``get_state_dict`` with the flattened optimizer layout). Each then takes steps 1 and 2:
 their losses equal ``L1, L2`` (only the right weights and optimizer moments give them).
 """
@@ -24,7 +25,7 @@ KW = {"batch_size": 8, "n_layers": 4}
 LR = 1e-2
 
 
-def _pipeline(mesh_shape, names, cuts, seed, m):
+def _pipeline(mesh_shape, names, cuts, seed, m, recompute="none"):
     from torch.distributed.device_mesh import init_device_mesh
 
     from autoshard.plan.pipeline_section import build_pipeline_section
@@ -34,7 +35,7 @@ def _pipeline(mesh_shape, names, cuts, seed, m):
     parts = model_parts(model)
     section = build_pipeline_section(schedule="1F1B", n_ranks=mesh_shape[0], n_microbatches=m, batch_size=8,
                                      block_paths=parts.blocks, cuts=cuts, leading=parts.leading,
-                                     trailing=parts.trailing)
+                                     trailing=parts.trailing, recompute=recompute)
     mesh = init_device_mesh("cpu", mesh_shape, mesh_dim_names=names)
     run = build_pipeline(model, mesh, section)
     return run, torch.optim.AdamW(run.parameters(), lr=LR), mesh
@@ -81,7 +82,7 @@ def dcp_pipeline(rank: int, world: int, ckpt: str) -> dict:
     saved_loss = _step(run, opt, mesh, tokens, labels)
     dcp.save(pipeline_state_dict(run, opt), checkpoint_id=ckpt)
 
-    run4, opt4, mesh4 = _pipeline((4,), ("pp",), (1, 2, 3), seed=1, m=4)  # other weights
+    run4, opt4, mesh4 = _pipeline((4,), ("pp",), (1, 2, 3), seed=1, m=4, recompute="full")  # other weights
     state = pipeline_state_dict(run4, opt4)
     dcp.load(state, checkpoint_id=ckpt)
     load_pipeline_state_dict(run4, opt4, state)

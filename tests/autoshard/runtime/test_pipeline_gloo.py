@@ -9,12 +9,18 @@ and every parameter's gradient (each stage's, gathered over dp) equal the one-de
 model's on the whole batch; every parameter has a gradient on exactly one stage; the
 sends each rank issued are the plan's: ``m`` activations per boundary forward, ``m``
 gradients backward, each of the plan's ``send_bytes`` (none across a V-shaped schedule's turn,
-where both stages are on one rank). One job runs what the pipeline
+where both stages are on one rank). Two jobs recompute (the section's ``recompute`` "full":
+each block's forward again before its backward), 1F1B and ZBV (its split backward); on
+every job each block runs its forward as often per step as the schedule's actions say
+(:func:`_block_forwards`: once per microbatch, plus once per backward pass that reads it
+under recomputation), so the recomputing jobs cannot pass without recomputing. One job runs what the pipeline
 search chose (``search_pipeline`` over the tiny LLaMA's block pricing on the ``cpu-gloo``
 profile, GPipe and 1F1B, 2 or 4 microbatches), through ``pipeline_section``.
 """
 
 from __future__ import annotations
+
+from collections import Counter
 
 import pytest
 import torch
@@ -35,7 +41,7 @@ STEPS = 2
 
 
 def _section(schedule: str, n_ranks: int, m: int, cuts: tuple[int, ...], kwargs: dict, v: int = 1,
-             dp: int = 2, data_parallel: str = "fsdp") -> PipelineSection:
+             dp: int = 2, data_parallel: str = "fsdp", recompute: str = "none") -> PipelineSection:
     model, _ = llama3.tiny(device="meta", **kwargs)
     from autoshard.runtime.pipeline_stages import model_parts
 
@@ -44,7 +50,7 @@ def _section(schedule: str, n_ranks: int, m: int, cuts: tuple[int, ...], kwargs:
     return build_pipeline_section(schedule=schedule, n_ranks=n_ranks, n_microbatches=m, batch_size=batch,
                                   block_paths=parts.blocks, cuts=cuts, leading=parts.leading, trailing=parts.trailing,
                                   stages_per_rank=v, send_bytes=batch // (m * dp) * SEQ * DIM * ITEMSIZE,
-                                  data_parallel=data_parallel)
+                                  data_parallel=data_parallel, recompute=recompute)
 
 
 JOBS = {
@@ -60,6 +66,9 @@ JOBS = {
                                                                     v=2), FOUR),
     "zbv-pp2-dp2-m4": ((2, 2), ("pp", "dp"), _section("ZBVZeroBubble", 2, 4, (1, 2, 3), FOUR, v=2), FOUR),
     "dualpipev-pp2-dp2-m4": ((2, 2), ("pp", "dp"), _section("DualPipeV", 2, 4, (1, 2, 3), FOUR, v=2), FOUR),
+    "1f1b-pp2-dp2-m4-recompute": ((2, 2), ("pp", "dp"), _section("1F1B", 2, 4, (1,), TINY, recompute="full"), TINY),
+    "zbv-pp2-dp2-m4-recompute": ((2, 2), ("pp", "dp"), _section("ZBVZeroBubble", 2, 4, (1, 2, 3), FOUR, v=2,
+                                                                recompute="full"), FOUR),
 }
 
 
@@ -92,7 +101,7 @@ def run_jobs(rank: int, world: int, jobs: dict) -> dict:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    from autoshard.runtime.pipeline_stages import build_pipeline
+    from autoshard.runtime.pipeline_stages import build_pipeline, model_parts
 
     out = {}
     for label, (shape, names, section_dict, kwargs) in jobs.items():
@@ -101,6 +110,10 @@ def run_jobs(rank: int, world: int, jobs: dict) -> dict:
         model, _ = llama3.tiny(**kwargs)
         ref_opt = torch.optim.AdamW(reference.parameters(), lr=1e-2)
         mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
+        forwards: Counter = Counter()  # a block's first child runs in its forward and in its recomputation
+        for index, path in enumerate(model_parts(model).blocks):
+            first_child = next(iter(model.get_submodule(path).children()))
+            first_child.register_forward_pre_hook(lambda *_, i=index: forwards.update([i]))
         run = build_pipeline(model, mesh, section, record_sends=True)
         opt = torch.optim.AdamW(run.parameters(), lr=1e-2)
         dp = mesh["dp"] if "dp" in names else None
@@ -113,6 +126,7 @@ def run_jobs(rank: int, world: int, jobs: dict) -> dict:
             ref_loss = reference(tokens, labels)
             ref_loss.backward()
             opt.zero_grad()
+            forwards.clear()
             loss = run.step(tokens=tokens[rows], labels=labels[rows])
             if loss is not None and dp is not None:
                 dist.all_reduce(loss, group=dp.get_group())
@@ -121,6 +135,7 @@ def run_jobs(rank: int, world: int, jobs: dict) -> dict:
             ref_grads = {name: p.grad.clone() for name, p in reference.named_parameters()}
             steps.append({"loss": loss, "ref_loss": ref_loss.detach(), "grads": grads, "ref_grads": ref_grads,
                           "sends": [(s.stage, s.kind, s.nbytes) for s in run.sends],
+                          "block_forwards": dict(forwards),
                           "stages": [s.index for s in section.stages_of_rank(mesh[section.mesh_dim].get_local_rank())],
                           "params": [name for name, _ in run.named_parameters()],
                           "stage_params": {st.stage_index: [n for n, _ in mod.named_parameters()]
@@ -190,3 +205,32 @@ def test_sends_each_rank_issues_are_the_plans(run, label):
                 fwd, bwd = section.planned_sends(stage)
                 want += [(stage, "activation", section.send_bytes)] * fwd + [(stage, "gradient", section.send_bytes)] * bwd
             assert sorted(entry["sends"]) == sorted(want), f"{label} rank {rank} step {step}"
+
+
+def _block_forwards(section: PipelineSection, stage: int) -> int:
+    """How many times per step each block of ``stage`` runs its forward, from the schedule's actions:
+    once per microbatch (``F``); recomputing, once more per backward call that reads the block: a
+    full backward ``B``, a weight pass ``W`` (one for all its parameter groups) and an input pass
+    ``I``, which torch skips on the first stage (its whole backward runs in the ``W``)."""
+    from costmodel.pipeline_schedules import build_schedule
+
+    schedule = build_schedule(section.schedule, n_ranks=section.n_ranks, n_microbatches=section.n_microbatches,
+                              stages_per_rank=section.stages_per_rank)
+    kinds = Counter(a.kind.value for order in schedule.orders for a in order if a.stage == stage)
+    if section.recompute == "none":
+        return kinds["F"]
+    return kinds["F"] + kinds["B"] + kinds["W"] + (kinds["I"] if stage > 0 else 0)
+
+
+@pytest.mark.parametrize("label", LABELS)
+def test_each_block_runs_its_forward_as_often_as_the_schedule_and_recomputation_say(run, label):
+    jobs, results = run
+    section = jobs[label][2]
+    for rank, res in enumerate(results):
+        for step in range(1, STEPS):  # step 0 adds torch's metadata inference (a forward and backward on meta)
+            entry = res[label][step]
+            want = {block: _block_forwards(section, stage) for stage in entry["stages"]
+                    for block in range(section.stages[stage].first_block, section.stages[stage].end_block)}
+            assert entry["block_forwards"] == want, f"{label} rank {rank} step {step}"
+    if section.recompute == "full":  # each block twice per microbatch at least: the forward and its recomputation
+        assert min(_block_forwards(section, st.index) for st in section.stages) == 2 * section.n_microbatches

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import copy
+from collections import Counter
+
 import pytest
 import torch
 from torch import nn
@@ -78,3 +81,89 @@ def test_step_refuses_a_batch_the_microbatches_do_not_divide() -> None:
     run = PipelineRun(_section(model, (1,), n_microbatches=4, batch_size=8), [], [], None, [])
     with pytest.raises(ValueError, match="4 microbatches do not divide this rank's batch of 6 sequences"):
         run.step(tokens=torch.zeros(6, 16, dtype=torch.long))
+
+
+def _chained_step(model: nn.Module, section, tokens, labels) -> tuple[torch.Tensor, Counter, Counter]:
+    """Loss of the section's stages chained in one process, backwarded; each block's forwards (its first
+    child's calls, recomputations included) after the forward and after the backward."""
+    parts = model_parts(model)
+    calls: Counter = Counter()
+    for path in parts.blocks:
+        next(iter(model.get_submodule(path).children())).register_forward_pre_hook(
+            lambda *_, p=path: calls.update([p]))
+    stages = [build_stage_module(model, section, k) for k in range(section.n_stages)]
+    x = stages[0](tokens=tokens, labels=labels)
+    for stage in stages[1:]:
+        x = stage(x, tokens=tokens, labels=labels)
+    after_forward = Counter(calls)
+    x.backward()
+    return x.detach(), after_forward, calls
+
+
+def test_full_recompute_runs_each_blocks_forward_again_in_the_backward_with_the_same_gradients() -> None:
+    plain, (tokens, labels) = llama3.tiny(n_layers=3, batch_size=4)
+    loss, forward_calls, calls = _chained_step(plain, _section(plain, (1, 2), n_ranks=3), tokens, labels)
+    assert forward_calls == calls == {"layers.0": 1, "layers.1": 1, "layers.2": 1}
+    model, _ = llama3.tiny(n_layers=3, batch_size=4)
+    section = _section(model, (1, 2), n_ranks=3, recompute="full")
+    recomputed, forward_calls, calls = _chained_step(model, section, tokens, labels)
+    assert forward_calls == {"layers.0": 1, "layers.1": 1, "layers.2": 1}
+    assert calls == {"layers.0": 2, "layers.1": 2, "layers.2": 2}  # each forward again, in the backward
+    torch.testing.assert_close(recomputed, loss)
+    grads = dict(plain.named_parameters())
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, grads[name].grad, msg=name)
+
+
+def test_full_recompute_keeps_every_parameter_name_and_state_dict_key() -> None:
+    # a checkpoint saved by a plan without recomputation loads in one with it, and back: same keys
+    plain, _ = llama3.tiny(device="meta", n_layers=3)
+    model, _ = llama3.tiny(device="meta", n_layers=3)
+    for k in range(3):
+        without = build_stage_module(plain, _section(plain, (1, 2), n_ranks=3), k)
+        with_ = build_stage_module(model, _section(model, (1, 2), n_ranks=3, recompute="full"), k)
+        assert [n for n, _ in with_.named_parameters()] == [n for n, _ in without.named_parameters()]
+        assert list(with_.state_dict()) == list(without.state_dict())
+    assert type(model.layers[0]).__name__ == "CheckpointedTransformerBlock"
+    assert list(model.state_dict()) == list(plain.state_dict())
+
+
+class _DropoutBlock(nn.Module):
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(dim, dim)
+        self.dropout = nn.Dropout(0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.dropout(torch.tanh(self.linear(x)))
+
+
+class _DropoutNet(nn.Module):
+    """Embedding, two blocks with dropout, head and loss: the stream between blocks is one tensor."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(16, 8)
+        self.layers = nn.ModuleList(_DropoutBlock(8) for _ in range(2))
+        self.head = nn.Linear(8, 16)
+
+    def forward(self, tokens: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens)
+        for layer in self.layers:
+            x = layer(x)
+        return nn.functional.cross_entropy(self.head(x).flatten(0, 1), labels.flatten())
+
+
+def test_full_recompute_draws_the_same_dropout_masks_as_the_forward() -> None:
+    torch.manual_seed(0)
+    reference = _DropoutNet()
+    model = copy.deepcopy(reference)
+    tokens, labels = torch.randint(0, 16, (4, 6)), torch.randint(0, 16, (4, 6))
+    torch.manual_seed(1)
+    reference(tokens, labels).backward()
+    torch.manual_seed(1)
+    _, _, calls = _chained_step(model, _section(model, (1,), recompute="full"), tokens, labels)
+    assert calls == {"layers.0": 2, "layers.1": 2}
+    grads = dict(reference.named_parameters())
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, grads[name].grad, msg=name)
