@@ -7,8 +7,11 @@ the microbatch's batch, per-block costs from two depths (``pipeline_blocks``), t
 stage cuts and the named schedule simulated at the published ``pp``, ``m`` and ``v``.
 Beside it, autoshard's own choice: the pipeline layouts of the same GPUs (``pp`` across
 nodes, ``tp`` 8 inside; :data:`AUTO_PP`), layouts whose FLOPs bound cannot beat the best
-found cut, each stage priced with the ``fsdp+tp`` layout and full recomputation, every
-schedule, ``m`` and ``v`` priced, the fastest that fits. (Free stage placements are not
+found cut, each stage priced with the ``fsdp+tp`` layout without recomputation and, where
+that is memory-bound, with full recomputation (``autoshard.search.pipeline``, Recomputation:
+what the stage runtime runs), every schedule, ``m`` and ``v`` priced, the fastest that fits.
+Under full recomputation a block keeps its input sequence-split over ``tp``
+(``autoshard.search.pipeline_blocks``, Full recomputation), as torchtitan's runs keep it. (Free stage placements are not
 used here: a stage solved alone, without the pipeline's microbatches in flight, keeps its
 optimizer state replicated where it fits, and then no pipeline of it fits.)
 
@@ -120,7 +123,7 @@ RUNS = (
                 "as meta-405b-8k-noac", titan_loss=False, recompute="none"),
     PipelineRun("auto-405b-512", "autoshard's choice, 405B on 512 H100 96 GB, 256 x 8192", "h100-sxm-96gb-500w",
                 512, 256, None, None, None, None, 128.0, None, "target: >= 128 tokens/s/GPU, found in < 10 min",
-                "stage layouts fsdp+tp with full recomputation (module docstring); bf16, TP collectives exposed"),
+                "stage layouts fsdp+tp, no or full recomputation (module docstring); bf16, TP collectives exposed"),
     PipelineRun("auto-405b-16k", "autoshard's choice, 405B on 16,384 H100 80 GB, 2048 x 8192", "h100-sxm-80gb",
                 16384, 2048, None, None, None, None, None, 400.0, "target: >= 400 TFLOPs/GPU, found in < 15 min",
                 "as auto-405b-512", titan_loss=False),
@@ -176,12 +179,13 @@ NOTES = """\
   runs it. The once-a-step weight gathers and reductions keep their bf16 price (float8 gathers
   would shrink them). The Llama 3 paper's rows ran bf16 (no option; their TP overlap is not
   published).
-- *Memory.* Rows marked "does NOT fit" are priced with the memory check off: this memory
-  model keeps more a block a microbatch than torchtitan's block-wise checkpointing does
-  (the stage solve, run without a memory limit, keeps the ``tp``-gathered norm outputs its
-  recomputation reads: 1.07 GB a 405B block at 4 sequences a rank against the 134 MB block
-  input torchtitan keeps), so its busiest rank (190 GiB) is well above the 82.5 GiB measured.
-  The times are those of the layouts that ran.
+- *Memory.* Rows marked "does NOT fit" are priced with the memory check off. Under full
+  recomputation a block keeps its input sequence-split over ``tp`` (``pipeline_blocks``, Full
+  recomputation; 2026-12-05 23:30 UTC): 134 MB a 405B block at 4 sequences a rank, as
+  torchtitan's runs keep it, where the stage solve, run without a memory limit, kept it
+  replicated (1.07 GB); the torchtitan rows' busiest rank went from 190 GiB to 78 GiB (82.5
+  GiB measured). The no-AC rows keep every block's activations as the solve lays them out
+  (no sequence parallelism counted) and do not fit.
 - *The ``fsdp+tp`` pins* (``autoshard.search.baselines``): FSDP splits a tensor dim TP leaves
   whole (a column weight ``S(1)S(0)`` on ``dp x tp``, a row weight ``S(0)S(1)``), so its gather
   over ``dp`` yields the TP shard in one ``all_gather``, as FSDP2 over a TP DTensor does.
@@ -240,7 +244,8 @@ def price_blocks_engines(factory, mesh_shape, *, micro_batch: int, engines: tupl
                               time_limit=time_limit)
         for e in engines:
             figures[e].append(engine_figures(prep, plan, depth, e))
-    return {e: pricing_from_figures(micro_batch, lo, hi, time.perf_counter() - started)
+    return {e: pricing_from_figures(micro_batch, lo, hi, time.perf_counter() - started,
+                                    checkpointed=recompute == "full")
             for e, (lo, hi) in figures.items()}
 
 
@@ -251,14 +256,16 @@ class _Pricer:
         self.cache: dict[tuple, Any] = {}
         self.time_limit = time_limit
 
-    def at(self, run: PipelineRun, dp: int, tp: int, pinned: bool, engine: Any = None):
+    def at(self, run: PipelineRun, dp: int, tp: int, pinned: bool, engine: Any = None, recompute: str | None = None):
+        """``price(micro_batch)`` of ``run``'s stages, with the row's recomputation or ``recompute``."""
         from autoshard.plan.options import EngineOptions
         from autoshard.search.pipeline_blocks import price_blocks
 
         engine = engine if engine is not None else EngineOptions()
+        policy = run.recompute if recompute is None else recompute
 
         def price(micro_batch: int):
-            key = (run.profile, dp, tp, micro_batch, pinned, run.titan_loss, run.recompute)
+            key = (run.profile, dp, tp, micro_batch, pinned, run.titan_loss, policy)
             if (key, engine) not in self.cache:
                 t0 = time.perf_counter()
                 opts = {"mixed_precision": True}
@@ -267,13 +274,13 @@ class _Pricer:
                     engines = tuple(dict.fromkeys((EngineOptions(), run_engine(run), engine)))
                     for e, pricing in price_blocks_engines(
                             _factory(run.titan_loss), (dp, tp), micro_batch=micro_batch, engines=engines,
-                            recompute=run.recompute, profile=run.profile, time_limit=self.time_limit,
+                            recompute=policy, profile=run.profile, time_limit=self.time_limit,
                             prepare_options=opts).items():
                         self.cache[(key, e)] = pricing
                 else:
                     self.cache[(key, engine)] = price_blocks(
                         _factory(run.titan_loss), {}, (dp, tp), ("dp", "tp"), micro_batch=micro_batch,
-                        depths=(2, 4), baseline=None, recompute=run.recompute, profile=run.profile,
+                        depths=(2, 4), baseline=None, recompute=policy, profile=run.profile,
                         time_limit=self.time_limit, prepare_options=opts)
                 print(f"  priced {key}: {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
             return self.cache[(key, engine)]
@@ -303,7 +310,7 @@ def run_one(run: PipelineRun, pricer: _Pricer, flops: float) -> dict:
         price = pricer.at(run, layout.dp, layout.tp, True)
         priced = pricer.at(run, layout.dp, layout.tp, True, run_engine(run))
         pinned = dict(layout=layout, schedules=(run.schedule,), microbatches=(run.n_microbatches,),
-                      stages_per_rank=(run.stages_per_rank,), **common)
+                      stages_per_rank=(run.stages_per_rank,), recompute=run.recompute, **common)
         over: dict[str, Any] = {}
         try:
             plan = search_pipeline(priced, **pinned)
@@ -325,16 +332,18 @@ def run_one(run: PipelineRun, pricer: _Pricer, flops: float) -> dict:
         if plans and bound >= min(p.step_s for p in plans):  # (g): cannot beat the best
             pruned += 1
             continue
-        try:
-            plans.append(search_pipeline(pricer.at(run, layout.dp, layout.tp, True), layout=layout, **common))
+        try:  # both stage policies (autoshard.search.pipeline, Recomputation): full where none is memory-bound
+            plans.append(search_pipeline(pricer.at(run, layout.dp, layout.tp, True, recompute="none"), layout=layout,
+                                         price_full=pricer.at(run, layout.dp, layout.tp, True, recompute="full"),
+                                         **common))
         except ValueError as exc:
             errors.append(f"{layout.mesh_shape}: {str(exc).splitlines()[0][:160]}")
     if not plans:
         return {"error": "; ".join(errors), "wall_s": time.perf_counter() - t0}
     best = best_plan(plans)
     layout = PipelineLayout(*best.mesh_shape)
-    price = pricer.at(run, layout.dp, layout.tp, True)
-    hidden = search_pipeline(lambda mb: hide_exposed(price(mb)), layout=layout, **common)
+    price = pricer.at(run, layout.dp, layout.tp, True, recompute=best.recompute)
+    hidden = search_pipeline(lambda mb: hide_exposed(price(mb)), layout=layout, recompute=best.recompute, **common)
     return {"plan": best, "hidden": hidden, "all": plans, "wall_s": time.perf_counter() - t0, "layouts": len(layouts),
             "pruned": pruned, "errors": errors, "bound_s": bound}
 
@@ -353,7 +362,8 @@ def _beside(p: Any, run: PipelineRun) -> str:
 
 
 def table(rows: list[tuple[PipelineRun, dict]]) -> str:
-    lines = ["| run | GPUs | layout (pp x dp x tp) | schedule, m, v | step s | bubble | tokens/s/GPU (published) "
+    lines = ["| run | GPUs | layout (pp x dp x tp) | schedule, m, v, recompute | step s | bubble "
+             "| tokens/s/GPU (published) "
              "| tokens/s/GPU (predicted) | TFLOPs/GPU (published) | TFLOPs/GPU (predicted) | error | engine options "
              "| bf16, TP exposed: tokens/s/GPU, TFLOPs/GPU, error "
              "| what-if TP hidden (bf16): tokens/s/GPU, TFLOPs/GPU, error | busiest rank GiB | bound gap | wall s |",
@@ -380,7 +390,8 @@ def table(rows: list[tuple[PipelineRun, dict]]) -> str:
         lines.append(
             f"| {run.key}{over} | {run.gpus} | {' x '.join(map(str, p.mesh_shape))} "
             f"| {p.schedule}, {p.n_microbatches}, "
-            f"{p.stages_per_rank} | {p.step_s:.2f} | {p.bubble_fraction:.3f} | {pub_tps} | {p.tokens_per_gpu_s:.1f} "
+            f"{p.stages_per_rank}, {p.recompute} | {p.step_s:.2f} | {p.bubble_fraction:.3f} | {pub_tps} "
+            f"| {p.tokens_per_gpu_s:.1f} "
             f"| {pub_tf} | {p.tflops_per_gpu:.0f} | {err} | {engine} | {bf16} | {what_if} | {max(p.rank_memory_bytes) / 2**30:.1f} "
             f"| {p.gap:.3f} "
             f"| {r['wall_s']:.0f} |")
@@ -397,10 +408,13 @@ def details(rows: list[tuple[PipelineRun, dict]]) -> str:
             out.append(f"{run.key}: {r['layouts']} layouts, {r['pruned']} cut by the FLOPs bound "
                        f"({r['bound_s']:.2f} s), errors: {r['errors'] or 'none'}; per layout:")
             for p in r["all"]:
+                full_at = sorted({c.n_microbatches for c in p.candidates if c.recompute == "full"})
                 out.append(f"- {' x '.join(map(str, p.mesh_shape))}: {p.schedule} m={p.n_microbatches} "
-                           f"v={p.stages_per_rank}: {p.step_s:.2f} s, {p.tokens_per_gpu_s:.1f} tokens/s/GPU, "
+                           f"v={p.stages_per_rank} recompute={p.recompute}: {p.step_s:.2f} s, "
+                           f"{p.tokens_per_gpu_s:.1f} tokens/s/GPU, "
                            f"{p.tflops_per_gpu:.0f} TFLOPs/GPU, {max(p.rank_memory_bytes) / 2**30:.1f} GiB, "
-                           f"{sum(math.isfinite(c.step_s) for c in p.candidates)}/{len(p.candidates)} candidates fit")
+                           f"{sum(math.isfinite(c.step_s) for c in p.candidates)}/{len(p.candidates)} candidates fit, "
+                           f"full priced at m = {full_at}")
     return "\n".join(out)
 
 

@@ -16,7 +16,8 @@ pay where a model's weights or a slow link need them, and inside a node dp / tp
 have the fast links (so the search on 8 GPUs in one node is today's). Priced by
 the pipeline search (:func:`autoshard.search.pipeline_model.choose_pipeline`:
 the stage sub-mesh solves of two and three blocks, stage cuts, microbatches, the
-schedules simulated), not by a solve of the whole mesh: the row's step is the
+schedules simulated, the stages' recomputation ``none`` or ``full``, both searched unless
+the options pin one: :func:`stage_recompute`), not by a solve of the whole mesh: the row's step is the
 pipeline's simulated step. The plan the search returns for a winning pp layout
 is the one ``autoshard solve --mesh ... --dims pp,...`` writes: the whole mesh's
 per-op placements and the ``pipeline`` section that the runtime runs.
@@ -93,7 +94,7 @@ from autoshard.trace.blocks import modules_around
 __all__ = ["ModelShape", "model_shape", "pipeline_layouts_for", "context_layouts_for", "context_pins",
            "matmul_flops", "pipeline_bound_s", "layout_kind", "merged_pins", "name_context_dim", "pipeline_parts",
            "PipelineOutcome", "solve_pipeline_layout", "take_turns", "pipeline_memory_bound_bytes",
-           "block_param_elems", "held_memory_refusal"]
+           "block_param_elems", "held_memory_refusal", "stage_recompute"]
 
 _MATMULS = {"aten.mm.default": "mm", "aten.addmm.default": "addmm", "aten.bmm.default": "bmm",
             "aten.baddbmm.default": "baddbmm"}
@@ -338,6 +339,18 @@ def pipeline_parts(model: Any, blocks: Sequence[str]) -> tuple[tuple[str, ...], 
     return modules_around(model, tuple(blocks))
 
 
+def stage_recompute(policy: str) -> str:
+    """The pipeline stages' policy for the solve's ``recompute`` (``autoshard.graph.recompute_policy``):
+    ``none`` and ``full`` as they are; ``auto``, ``selective`` and ``every:K`` search both
+    (``auto``): the stage runtime (FSDP2 / torch TP per stage) checkpoints whole blocks or none,
+    never per op, so a per-op or per-K policy is not one it can run.
+
+    >>> stage_recompute("full"), stage_recompute("selective"), stage_recompute("every:2")
+    ('full', 'auto', 'auto')
+    """
+    return policy if policy in ("none", "full") else "auto"
+
+
 @dataclass(frozen=True, slots=True)
 class PipelineOutcome:
     """A pp layout priced: its simulated step and busiest rank's memory, and the plan when it beat
@@ -365,11 +378,14 @@ def solve_pipeline_layout(model: Any, inputs: Any, traced: Any, layout: MeshLayo
     from autoshard.search.solve import prepare, solve_prepared
 
     leading, trailing = pipeline_parts(model, traced.blocks)
-    # six block-pricing solves at most (two depths, three microbatch counts) share the layout's time
+    policy = stage_recompute(options.recompute)
+    # six block-pricing solves a policy at most (two depths, three microbatch counts) share the
+    # layout's time with the record solve (two shares)
+    solves = 6 * (2 if policy == "auto" else 1)
     section, chosen = choose_pipeline(model, inputs, layout.shape, layout.dim_names, block_paths=traced.blocks,
                                       leading=leading, trailing=trailing, profile=options.profile,
-                                      time_limit=max(1.0, time_limit / 8), memory_limit=options.memory_limit,
-                                      recompute=options.recompute)
+                                      time_limit=max(1.0, time_limit / (solves + 2)), memory_limit=options.memory_limit,
+                                      recompute=policy)
     peak = max(chosen.rank_memory_bytes, default=0.0)
     if chosen.step_s >= incumbent_s:
         return PipelineOutcome(chosen.step_s, peak, chosen.schedule)

@@ -34,6 +34,32 @@ where the schedule allows (``ZBVZeroBubble``, ``DualPipeV``: 2; ``GPipe``,
 ``1F1B``: 1); the candidate with the least (e) among those whose (d) holds.
 Ties: the first in schedule-list, then ``m``, then ``v`` order.
 
+**Recomputation** (what the pipeline runtime runs inside a stage: FSDP2 / torch TP, each block
+either keeping what its backward reads, ``none``, or checkpointed, ``full``: it keeps its input
+and runs its forward again before its backward; ``pipeline_blocks``, Full recomputation). Each
+policy ``r`` has its own pricing at each ``m`` (two solves each), its own saved activations
+``a_r`` in (d), and ``b_full = b_none + the recomputation``. Both policies searched:
+
+    (R1) price ``none`` at every ``m`` and every ``(schedule, v)``;
+    (R2) price ``full`` at ``m`` only where some ``none`` candidate at ``m`` is memory-bound (refused
+         by the limit, or its cut's bottleneck above the cut without a limit) and its bound
+             LB_full(m) = m W_none(m) / p  <  the best fitting step so far
+         (``W`` one microbatch's forward and backward over all blocks and extras: (f)), the
+         ``m`` of the smallest bound first;
+    (R3) the fastest fitting candidate of either policy; a ``full`` one replaces the incumbent
+         only when strictly faster, so a tie keeps ``none``.
+
+Why (R2) loses nothing the price would pick, under two ASSUMPTIONS. Per block, ``full`` does
+the forward of ``none`` and a backward no shorter (the recomputation only adds: ``f_full >=
+f_none``, ``b_full >= b_none``, the two solves' placements alike; (A1) of
+``autoshard.search.recompute_search``), so ``W_full(m) >= W_none(m)`` and (f) for ``full``
+is at least ``LB_full(m)``: a full candidate at an ``m`` whose bound reaches the incumbent
+cannot beat it. Where no none candidate at ``m`` is memory-bound, each none candidate runs
+the cut without a limit, and full, with the same cut order (alike blocks), larger stage times
+and the same sends, simulates no faster (each action of the simulation starts at the latest end
+of what it waits for: the step grows with every stage time). Cost: two solves per ``m``
+for ``none``, two more per ``m`` that (R2) lets through; pinning one policy prices it alone.
+
 **Bound.** For one candidate, every rank's busy time is a lower bound on its step,
 and the busiest rank's is at least the average:
 
@@ -68,13 +94,13 @@ from costmodel.pipeline_schedules import SCHEDULE_NAMES, build_schedule
 from costmodel.pipeline_simulate import PipelineSimulation, StageCost, simulate_pipeline
 from costmodel.stage_cuts import StageCuts, cut_stages, stage_in_flight
 
-from autoshard.plan.pipeline_section import PipelineSection, build_pipeline_section
+from autoshard.plan.pipeline_section import RECOMPUTE_POLICIES, PipelineSection, build_pipeline_section
 from autoshard.search.pipeline_blocks import BlockPricing
 
 __all__ = [
     "PipelineLayout", "PipelineCandidate", "PipelinePlan", "pipeline_layouts", "layout_lower_bound_s",
     "price_pipeline", "search_pipeline", "microbatch_counts", "model_flops_per_token", "best_plan",
-    "DEFAULT_SCHEDULES", "V_OF", "pipeline_section",
+    "DEFAULT_SCHEDULES", "V_OF", "pipeline_section", "RECOMPUTE_POLICIES",
 ]
 
 DEFAULT_SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
@@ -146,6 +172,10 @@ class PipelineCandidate:
     """Per rank of the ``pp`` dim: (d)."""
     send_s: float = 0.0
     """One boundary send (activation or gradient) of one microbatch."""
+    recompute: str = "none"
+    """The stages' recomputation policy it was priced with (:data:`RECOMPUTE_POLICIES`)."""
+    memory_bound: bool = False
+    """The memory limit refused it or slowed its cut (its bottleneck above the cut without a limit): (R2)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +207,8 @@ class PipelinePlan:
     """Wall seconds of the search, block pricing included."""
     stage_seconds: tuple[tuple[float, float], ...] = ()
     """Per stage: (forward, backward) of one microbatch, as priced."""
+    recompute: str = "none"
+    """The stages' recomputation policy (:data:`RECOMPUTE_POLICIES`): ``none`` or ``full``."""
 
     @property
     def gap(self) -> float:
@@ -264,9 +296,13 @@ def price_pipeline(
     stages_per_rank: int = 1,
     send_s: float = 0.0,
     memory_limit_bytes: float | None = None,
+    recompute: str = "none",
+    unlimited_bottleneck_s: Callable[[int], float] | None = None,
 ) -> tuple[PipelineCandidate, StageCuts | None, PipelineSimulation | None]:
-    """(a)-(e) of one candidate; ``pricing`` at ``batch / n_microbatches`` sequences per microbatch.
-    A candidate that does not fit comes back with ``step_s = inf`` and ``why``; bad input raises
+    """(a)-(e) of one candidate; ``pricing`` at ``batch / n_microbatches`` sequences per microbatch,
+    of the stages run with recomputation policy ``recompute`` (recorded on the candidate);
+    ``unlimited_bottleneck_s(K)``: the bottleneck of ``K`` stages cut without a limit, when the
+    caller has it (the same for every schedule of a pricing: no ``h_k`` without memory). A candidate that does not fit comes back with ``step_s = inf`` and ``why``; bad input raises
     ``ValueError`` naming it.
 
     >>> from autoshard.search.pipeline_blocks import BlockCost, BlockPricing
@@ -283,22 +319,30 @@ def price_pipeline(
                          f"not batch {batch} / n_microbatches {m}")
     limit = math.inf if memory_limit_bytes is None else float(memory_limit_bytes)
 
-    def refused(why: str) -> tuple[PipelineCandidate, None, None]:
-        return PipelineCandidate(schedule, m, v, math.inf, 0.0, math.inf, why, (), send_s), None, None
+    def refused(why: str, memory: bool) -> tuple[PipelineCandidate, None, None]:
+        return PipelineCandidate(schedule, m, v, math.inf, 0.0, math.inf, why, (), send_s, recompute, memory), \
+            None, None
 
     try:
         sched = build_schedule(schedule, n_ranks=pp, n_microbatches=m, stages_per_rank=v)
     except ValueError as exc:  # the schedule's own rule (m >= p, rounds): this (m, v) is not one of its orders
-        return refused(str(exc))
+        return refused(str(exc), False)
     held = stage_in_flight(sched)
     budget = limit - pricing.transient_bytes
-    try:  # (a)
-        cut = cut_stages([pricing.block] * n_blocks, pp * v, first_extra=pricing.first_extra,
-                         last_extra=pricing.last_extra, in_flight=held,
-                         memory_limit_bytes=None if math.isinf(budget) else max(0, int(budget)), stages_per_rank=v,
-                         stage_ranks=sched.stage_ranks)
+
+    def cut_within(budget: float) -> StageCuts:  # (a)
+        return cut_stages([pricing.block] * n_blocks, pp * v, first_extra=pricing.first_extra,
+                          last_extra=pricing.last_extra, in_flight=held,
+                          memory_limit_bytes=None if math.isinf(budget) else max(0, int(budget)), stages_per_rank=v,
+                          stage_ranks=sched.stage_ranks)
+
+    try:
+        cut = cut_within(budget)
     except ValueError as exc:
-        return refused(str(exc))
+        return refused(str(exc), True)
+    # (R2): did the limit slow the cut? (the cut without a limit is cheap beside a block solve)
+    free = unlimited_bottleneck_s or (lambda k: cut_within(math.inf).bottleneck_s)
+    slowed = not math.isinf(budget) and cut.bottleneck_s > free(pp * v) * (1 + 1e-9)
     costs = _stage_costs(pricing, cut, send_s if pp > 1 else 0.0)
     sim = simulate_pipeline(sched, costs)  # (c)
     state = [0.0] * pp
@@ -308,9 +352,38 @@ def price_pipeline(
     peak = max(memory)
     if peak > limit:
         why = f"rank memory {peak / 2**30:.1f} GiB > limit {limit / 2**30:.1f} GiB"
-        return PipelineCandidate(schedule, m, v, math.inf, sim.bubble_fraction, peak, why, tuple(memory), send_s), \
-            cut, sim
-    return PipelineCandidate(schedule, m, v, sim.step_s, sim.bubble_fraction, peak, "", tuple(memory), send_s), cut, sim
+        return PipelineCandidate(schedule, m, v, math.inf, sim.bubble_fraction, peak, why, tuple(memory), send_s,
+                                 recompute, True), cut, sim
+    return PipelineCandidate(schedule, m, v, sim.step_s, sim.bubble_fraction, peak, "", tuple(memory), send_s,
+                             recompute, slowed), cut, sim
+
+
+def _search_space(batch: int, layout: PipelineLayout, n_blocks: int, schedules: Sequence[str],
+                  microbatches: Sequence[int] | None, stages_per_rank: Sequence[int] | None,
+                  recompute: str) -> tuple[tuple[int, ...], list[int]]:
+    """The ``m`` and ``v`` :func:`search_pipeline` tries; ``ValueError`` naming a bad one."""
+    for name in schedules:
+        if name not in SCHEDULE_NAMES:
+            raise ValueError(f"unknown pipeline schedule {name!r}; valid names: {', '.join(SCHEDULE_NAMES)}")
+    if recompute not in RECOMPUTE_POLICIES:
+        raise ValueError(f"recompute: {recompute!r} is not a stage policy; valid: {', '.join(RECOMPUTE_POLICIES)}")
+    counts = tuple(microbatches) if microbatches is not None else microbatch_counts(batch, layout.pp, layout.dp)
+    for m in counts:
+        if m < 1 or batch % m:
+            raise ValueError(f"n_microbatches={m} does not divide the batch of {batch} sequences")
+    if not counts:
+        raise ValueError(f"no microbatch count: batch {batch} has no multiple-of-pp={layout.pp} split with "
+                         f"dp={layout.dp} dividing each microbatch")
+    allowed_v = [v for v in (stages_per_rank or (1, 2, 4)) if layout.pp * v <= n_blocks]
+    if not allowed_v:
+        raise ValueError(f"pp={layout.pp} stages exceed the model's {n_blocks} blocks")
+    return counts, allowed_v
+
+
+def _work_s(pricing: BlockPricing, n_blocks: int) -> float:
+    """One microbatch's forward and backward over every block and the extras: (f) without ``m / p``."""
+    return n_blocks * (pricing.block.forward_s + pricing.block.backward_s) + sum(
+        e.forward_s + e.backward_s for e in (pricing.first_extra, pricing.last_extra))
 
 
 def search_pipeline(
@@ -328,10 +401,14 @@ def search_pipeline(
     stages_per_rank: Sequence[int] | None = None,
     memory_limit_bytes: float | None = None,
     itemsize: int = 2,
+    recompute: str = "none",
+    price_full: Callable[[int], BlockPricing] | None = None,
 ) -> PipelinePlan:
     """The fastest fitting candidate of ``layout`` (module docstring, Search). ``price_at(micro_batch)``
     gives the block pricing of microbatches of ``micro_batch`` sequences on the stage sub-mesh
-    (:func:`autoshard.search.pipeline_blocks.price_blocks`; called once per ``m``);
+    (:func:`autoshard.search.pipeline_blocks.price_blocks`; called once per ``m``) with the stages'
+    recomputation policy ``recompute``; ``price_full``, with ``recompute="none"``, the same under
+    full recomputation, priced only where (R2) leaves it a chance;
     ``profile`` a ``hw_profiles.HardwareProfile`` (sends, memory); ``memory_limit_bytes``
     defaults to its usable memory. ``stages_per_rank`` narrows :data:`V_OF`.
 
@@ -339,59 +416,74 @@ def search_pipeline(
     >>> #                 n_blocks=126, batch=256, seq_len=8192, dim=16384, layout=PipelineLayout(8, 8, 8), ...)
     """
     started = time.perf_counter()
-    for name in schedules:
-        if name not in SCHEDULE_NAMES:
-            raise ValueError(f"unknown pipeline schedule {name!r}; valid names: {', '.join(SCHEDULE_NAMES)}")
+    counts, allowed_v = _search_space(batch, layout, n_blocks, schedules, microbatches, stages_per_rank, recompute)
+    if price_full is not None and recompute != "none":
+        raise ValueError(f"price_full: the second policy is full; recompute={recompute!r} must then be 'none'")
     pp, dp, tp = layout.pp, layout.dp, layout.tp
-    counts = tuple(microbatches) if microbatches is not None else microbatch_counts(batch, pp, dp)
-    for m in counts:
-        if m < 1 or batch % m:
-            raise ValueError(f"n_microbatches={m} does not divide the batch of {batch} sequences")
-    if not counts:
-        raise ValueError(f"no microbatch count: batch {batch} has no multiple-of-pp={pp} split with dp={dp} "
-                         "dividing each microbatch")
-    allowed_v = [v for v in (stages_per_rank or (1, 2, 4)) if pp * v <= n_blocks]
-    if not allowed_v:
-        raise ValueError(f"pp={pp} stages exceed the model's {n_blocks} blocks")
     limit = profile.device.usable_memory_bytes if memory_limit_bytes is None else memory_limit_bytes
     mesh = MeshSpec(layout.mesh_shape, layout.dim_names)
-    best = None
-    candidates = []
-    for m in counts:
-        pricing = price_at(batch // m)
+    best: list = []
+    candidates: list[PipelineCandidate] = []
+
+    def try_all(pricing: BlockPricing, m: int, policy: str) -> None:
         # sequence-parallel boundary: each rank sends its dp x tp share of the microbatch's activation
         send = collective_time_s("permute", batch // m * seq_len * dim * itemsize / (dp * tp), (0,), mesh, profile)
+        free: dict[int, float] = {}
+
+        def unlimited(k: int) -> float:
+            if k not in free:
+                free[k] = cut_stages([pricing.block] * n_blocks, k, first_extra=pricing.first_extra,
+                                     last_extra=pricing.last_extra).bottleneck_s
+            return free[k]
         for name in schedules:
             for v in V_OF.get(name, (1,)):
                 if v not in allowed_v:
                     continue
                 cand, cut, sim = price_pipeline(pricing, n_blocks=n_blocks, batch=batch, pp=pp, schedule=name,
                                                 n_microbatches=m, stages_per_rank=v, send_s=send,
-                                                memory_limit_bytes=limit)
+                                                memory_limit_bytes=limit, recompute=policy,
+                                                unlimited_bottleneck_s=unlimited)
                 candidates.append(cand)
-                if cand.step_s < (best[0].step_s if best else math.inf):
-                    best = (cand, cut, sim, pricing)
-    if best is None:
+                if cand.step_s < (best[0].step_s if best else math.inf):  # (R3): strictly faster only
+                    best[:] = [cand, cut, sim, pricing]
+
+    first = {}
+    for m in counts:  # (R1)
+        first[m] = price_at(batch // m)
+        try_all(first[m], m, recompute)
+    if price_full is not None:  # (R2), the smallest bound first
+        for m in sorted(counts, key=lambda m: m * _work_s(first[m], n_blocks)):
+            bound = m * _work_s(first[m], n_blocks) / pp
+            if bound < (best[0].step_s if best else math.inf) and any(
+                    c.memory_bound for c in candidates if c.n_microbatches == m and c.recompute == "none"):
+                try_all(price_full(batch // m), m, "full")
+    if not best:
         least = min((c.peak_bytes for c in candidates), default=math.inf)
         why = next((c.why for c in candidates if c.why), "")
+        tried = ", ".join(sorted({c.recompute for c in candidates}))
         raise ValueError(f"layout {'x'.join(map(str, layout.mesh_shape))} (pp,dp,tp): no pipeline candidate fits "
-                         f"{limit / 2**30:.1f} GiB (least rank memory {least / 2**30:.1f} GiB; first refusal: {why})")
-    cand, cut, sim, pricing = best
-    work = n_blocks * (pricing.block.forward_s + pricing.block.backward_s) + sum(
-        e.forward_s + e.backward_s for e in (pricing.first_extra, pricing.last_extra))
-    gpus = pp * dp * tp
-    tokens = batch * seq_len
+                         f"{limit / 2**30:.1f} GiB with recompute {tried} (least rank memory {least / 2**30:.1f} GiB; "
+                         f"first refusal: {why})")
+    return _chosen(best, candidates, layout, batch * seq_len, flops_per_token, n_blocks, started)
+
+
+def _chosen(best: Sequence, candidates: Sequence[PipelineCandidate], layout: PipelineLayout, tokens: int,
+            flops_per_token: float, n_blocks: int, started: float) -> PipelinePlan:
+    """The :class:`PipelinePlan` of the best candidate ``(candidate, cut, simulation, pricing)``."""
+    cand, cut, _, pricing = best
+    gpus = layout.pp * layout.dp * layout.tp
     return PipelinePlan(
-        pp=pp, mesh_shape=layout.mesh_shape, dim_names=layout.dim_names, schedule=cand.schedule,
+        pp=layout.pp, mesh_shape=layout.mesh_shape, dim_names=layout.dim_names, schedule=cand.schedule,
         n_microbatches=cand.n_microbatches, stages_per_rank=cand.stages_per_rank, cuts=cut.cuts,
         stage_step_s=tuple(s.time_s for s in cut.stages), rank_memory_bytes=cand.rank_memory_bytes,
         step_s=cand.step_s, bubble_fraction=cand.bubble_fraction,
-        lower_bound_s=cand.n_microbatches * work / pp,  # (f)
+        lower_bound_s=cand.n_microbatches * _work_s(pricing, n_blocks) / layout.pp,  # (f)
         tokens_per_gpu_s=tokens / (cand.step_s * gpus),
         tflops_per_gpu=flops_per_token * tokens / (cand.step_s * gpus) / 1e12,
         candidates=tuple(candidates), search_s=time.perf_counter() - started,
         stage_seconds=tuple((c.forward_s, c.full_backward_s or c.backward_input_s + c.backward_weight_s)
-                            for c in _stage_costs(pricing, cut, cand.send_s)))
+                            for c in _stage_costs(pricing, cut, cand.send_s)),
+        recompute=cand.recompute)
 
 
 def pipeline_section(
@@ -422,4 +514,4 @@ def pipeline_section(
         block_paths=block_paths, cuts=plan.cuts, leading=leading, trailing=trailing,
         stages_per_rank=plan.stages_per_rank, mesh_dim=plan.dim_names[pp_at], send_bytes=send,
         data_parallel=data_parallel, stage_seconds=plan.stage_seconds, rank_peak_bytes=plan.rank_memory_bytes,
-        step_s=plan.step_s, bubble_fraction=plan.bubble_fraction)
+        step_s=plan.step_s, bubble_fraction=plan.bubble_fraction, recompute=plan.recompute)

@@ -27,6 +27,9 @@ graph order, which are the forward):
             (param_comm (d))
     (g) P = estimate.peak_memory_bytes
     (h) K = the memory timeline's level at the loss op's time (graph.times)
+    (h') O = sum over blocks of the bytes per rank of the block's output (its last forward op) at the
+            chosen placement; O_sp = the same with each output replicated over the mesh dim ``tp``
+            counted split along the sequence (``/ tp``)
 
 **Per block** (``Delta y = (y(L_2) - y(L_1)) / (L_2 - L_1)``): forward ``f = Delta F + Delta X
 Delta F / (Delta F + Delta B)``, backward ``b = Delta B + Delta X Delta B / (Delta F + Delta B)``
@@ -39,12 +42,30 @@ recomputation's or an exchange's transient, is not what a microbatch in flight
 holds), reduction ``g = Delta G``, weight gathers ``w = Delta A`` (paid before a stage's first
 forward), optimizer ``o = Delta O``.
 
+**Full recomputation** (``recompute="full"``, activation checkpointing per block as torchtitan's
+full AC and the pipeline runtime run it): a block keeps only its input, the previous block's
+output, and runs its forward again before its backward; (C5) of ``autoshard.graph.recompute``
+prices exactly that, the region output kept and every other member recomputed. A solve
+without a memory limit has no reason to keep that input split, so it keeps it as its residual
+adds leave it, replicated over ``tp`` (405B at ``tp`` 8, 4 sequences a rank: 1.07 GB a block
+instead of 134 MB). A stage is priced running its residual stream sequence-split between blocks
+(torch's sequence parallelism, torchtitan's plan; the send between stages is priced so already;
+ASSUMPTION for autoshard's own stage runtime, which replicates it over ``tp`` today:
+``autoshard.runtime.pipeline_tp``), so
+
+    a_full = a - (O - O_sp) / L_2        (of the deeper plan: the blocks are alike)
+
+the same tensor at ``1 / tp`` of the bytes; the time stands (the solve's all-reduce on ``tp``
+moves the bytes of the reduce-scatter and all-gather that sequence parallelism runs instead),
+and the transient ``T`` below keeps the solve's ``a`` (the peak it is taken from held the
+replicated copies).
+
 **Extras**: the rest of ``L_1``'s figures, ``y(L_1) - L_1 Delta y``. The embedding's and
 the head's compute and communication go to the last stage (the head, the loss and the
 final norm dominate them: the embedding is a gather), their state by parameter:
 ``tok_embeddings`` to the first stage, the rest to the last. The transient
-``T = P(L_1) - S(L_1) - L_1 a`` (the head's logits, one block's recomputation, gathered
-copies) is added to every stage's memory: an upper bound for the stages without the head.
+``T = P(L_1) - S(L_1) - L_1 a``, ``a`` as solved (the head's logits, one block's recomputation,
+gathered copies), is added to every stage's memory: an upper bound for the stages without the head.
 
 Why it keeps the per-block costs exact under the cost model: the blocks are
 identical (stamped in the trace, tied in the solve), so a pinned layout prices every
@@ -102,6 +123,11 @@ class PlanFigures:
     """``A``: the weight gathers' exposure, paid once a step (module docstring (e'))."""
     held_bytes: float = 0.0
     """The gathered weights and gradient accumulators held through the step, in ``state_bytes``."""
+    block_output_bytes: float = 0.0
+    """``O``: the blocks' outputs (each block's last forward op) per rank, at the solved placements (h')."""
+    block_output_split_bytes: float = 0.0
+    """``O_sp``: the same outputs split along the sequence over ``tp`` where the solve left them
+    replicated there (h')."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,7 +196,8 @@ def _state_bytes(graph: Any, plan: Any) -> dict[str, float]:
 def plan_figures(prep: Any, plan: Any, n_blocks: int, block_prefix: str = "layers.") -> PlanFigures:
     """(a)-(g) of ``plan``, solved from ``prep`` (:func:`autoshard.search.solve.prepare`)."""
     graph, e = prep.graph, plan.estimate
-    compute = [float(node.compute_s[k]) for node, k in chosen_strategies(graph, plan)]
+    chosen = chosen_strategies(graph, plan)
+    compute = [float(node.compute_s[k]) for node, k in chosen]
     end = _forward_end(graph, plan)
     fwd = sum(compute[: end + 1])
     bwd = sum(compute[end + 1:]) + e.recompute_s
@@ -188,9 +215,32 @@ def plan_figures(prep: Any, plan: Any, n_blocks: int, block_prefix: str = "layer
                 and any(part in FIRST_STAGE_PARAMS for part in k.split(".")[:-1]))
     last = sum(state.values()) - blocks - first - sum(state[a] for a in aliases if a in state)
     exchanges = tuple(sorted({f"{n.exchange[0]}@{n.exchange[1]}" for n in plan.nodes if n.exchange}))
+    outputs, split = _block_outputs(graph, chosen)
     return PlanFigures(n_blocks, fwd, bwd, opt, exposed, params.reduction_s, blocks, first, last, e.peak_memory_bytes,
                        e.step_s, exchanges, _live_at(plan.memory_timeline, graph.times.get(plan.nodes[end].name)),
-                       params.gather_exposed_s, params.held_bytes)
+                       params.gather_exposed_s, params.held_bytes, outputs, split)
+
+
+def _block_outputs(graph: Any, chosen: Sequence[tuple[Any, int]]) -> tuple[float, float]:
+    """(h'): ``(O, O_sp)``, the bytes per rank of every block's output (its region's last forward
+    op) at the chosen placement, and split along the sequence over the mesh dim ``tp`` where the
+    plan replicates it there (torch's sequence parallelism between blocks, as torchtitan runs).
+    ``(0, 0)`` without regions (a graph built without recomputation)."""
+    from costmodel.placements import Replicate
+
+    regions = getattr(graph, "regions", ())
+    names = list(getattr(graph.mesh, "dim_names", ()))
+    tp = graph.mesh.shape[names.index("tp")] if "tp" in names else 1
+    last_ops = {r.members[-1] for r in regions if r.members}
+    outputs = split = 0.0
+    for node, k in chosen:
+        if node.name not in last_ops:
+            continue
+        nbytes = float(node.memory_bytes[k])
+        on_tp = node.strategies[k].output_placements[0][names.index("tp")] if tp > 1 else None
+        outputs += nbytes
+        split += nbytes / tp if isinstance(on_tp, Replicate) else nbytes
+    return outputs, split
 
 
 def _live_at(timeline: Sequence[tuple[int, float]], time: int | None) -> float:
@@ -226,8 +276,10 @@ def hide_exposed(pricing: BlockPricing) -> BlockPricing:
     return replace(pricing, block=block, block_exposed_s=left)
 
 
-def _block_of(lo: PlanFigures, hi: PlanFigures) -> tuple[BlockCost, float, float, float]:
-    """(block, reduction, optimizer, weight gathers) per block from two depths (module docstring, Per block)."""
+def _block_of(lo: PlanFigures, hi: PlanFigures, checkpointed: bool = False) -> tuple[BlockCost, float, float, float,
+                                                                                   float]:
+    """(block, reduction, optimizer, weight gathers, saved activations as solved) per block from two
+    depths (module docstring, Per block); ``checkpointed``: the block's kept input sequence-split (h')."""
     n = hi.n_blocks - lo.n_blocks
     d = lambda name: (getattr(hi, name) - getattr(lo, name)) / n  # noqa: E731
     f, b, x = max(0.0, d("forward_s")), max(0.0, d("backward_s")), max(0.0, d("exposed_s"))
@@ -239,14 +291,18 @@ def _block_of(lo: PlanFigures, hi: PlanFigures) -> tuple[BlockCost, float, float
     # levels hold the sharded state, not what a stage holds gathered through the step
     kept = d("forward_end_bytes") if lo.forward_end_bytes and hi.forward_end_bytes else d("peak_bytes")
     acts = max(0.0, kept - (state - d("held_bytes")))
-    return (BlockCost(f + x * share, b + x * (1 - share), int(state), int(acts)), max(0.0, d("reduction_s")),
-            max(0.0, d("optimizer_s")), max(0.0, d("gather_s")))
+    # (h') a block's share of the deeper plan's outputs: a one-block plan has no checkpoint region (O = 0)
+    excess = (hi.block_output_bytes - hi.block_output_split_bytes) / hi.n_blocks
+    saved = max(0.0, acts - excess) if checkpointed else acts
+    return (BlockCost(f + x * share, b + x * (1 - share), int(state), int(saved)), max(0.0, d("reduction_s")),
+            max(0.0, d("optimizer_s")), max(0.0, d("gather_s")), acts)
 
 
-def _extras(lo: PlanFigures, block: BlockCost, reduction: float, optimizer: float) -> tuple[BlockCost, BlockCost,
-                                                                                                float, float, float]:
+def _extras(lo: PlanFigures, block: BlockCost, reduction: float, optimizer: float,
+            solved_acts: float) -> tuple[BlockCost, BlockCost, float, float, float]:
     """(first, last, extra reduction, extra optimizer, transient) from the shallow depth's rest; the
-    transient is the plan's peak above its sharded state and the blocks' activations."""
+    transient is the plan's peak above its sharded state and the blocks' activations as solved
+    (``solved_acts`` a block)."""
     n = lo.n_blocks
     x_blocks = block.forward_s + block.backward_s
     rest_f = lo.forward_s + lo.exposed_s * _share(lo) - n * block.forward_s
@@ -256,7 +312,7 @@ def _extras(lo: PlanFigures, block: BlockCost, reduction: float, optimizer: floa
     first = BlockCost(0.0, 0.0, int(lo.extra_state_first_bytes), 0)
     last = BlockCost(max(0.0, rest_f), max(0.0, rest_b), int(lo.extra_state_last_bytes), 0)
     transient = max(0.0, lo.peak_bytes - lo.state_bytes - lo.extra_state_first_bytes - lo.extra_state_last_bytes
-                    + lo.held_bytes - n * block.activation_bytes)
+                    + lo.held_bytes - n * solved_acts)
     return (first, last, max(0.0, lo.reduction_s - n * reduction), max(0.0, lo.optimizer_s - n * optimizer),
             transient)
 
@@ -283,6 +339,7 @@ def price_blocks(
     time_limit: float = 60.0,
     prepare_options: Mapping[str, Any] | None = None,
     model_hook: Callable[[Any], None] | None = None,
+    traces: dict[tuple[int, int], Any] | None = None,
 ) -> BlockPricing:
     """:class:`BlockPricing` of ``factory(**overrides, n_layers=L, batch_size=micro_batch)`` on
     ``mesh_shape`` from solves at the two ``depths`` (module docstring). ``baseline`` pins a
@@ -291,7 +348,9 @@ def price_blocks(
     limit (the pipeline search checks each stage's memory). ``prepare_options``: more
     :func:`~autoshard.search.solve.prepare` options (``gather``, ``reduce_dtype``, ...);
     ``model_hook`` changes each built model before the trace (a loss, a norm). ``profile``: a name
-    or a ``HardwareProfile`` (the mesh search's, sized to its nodes).
+    or a ``HardwareProfile`` (the mesh search's, sized to its nodes). ``traces``: traced depths
+    ``(depth, micro_batch) -> TracedGraph`` shared between calls of one factory and profile (the
+    trace does not depend on the recomputation policy: the two policies' solves trace once).
 
     >>> # price_blocks(llama3.llama3_405b, {"seq_len": 8192, "dtype": "bfloat16"}, (8, 8), ("dp", "tp"),
     >>> #              micro_batch=8, baseline="fsdp+tp", recompute="full", profile="h100-sxm-96gb-500w")
@@ -306,25 +365,33 @@ def price_blocks(
     started = time.perf_counter()
     figures = []
     for depth in depths:
-        model, inputs = factory(**{**overrides, "n_layers": depth, "batch_size": micro_batch})
-        if model_hook is not None:
-            model_hook(model)
-        prep = prepare(model, inputs, tuple(mesh_shape), tuple(dim_names), profile=profile,
+        traced = None if traces is None else traces.get((depth, micro_batch))
+        model, inputs = None, None
+        if traced is None:
+            model, inputs = factory(**{**overrides, "n_layers": depth, "batch_size": micro_batch})
+            if model_hook is not None:
+                model_hook(model)
+        prep = prepare(model, inputs, tuple(mesh_shape), tuple(dim_names), profile=profile, traced=traced,
                        recompute="auto" if recompute != "none" else "none", **dict(prepare_options or {}))
+        if traces is not None:
+            traces[depth, micro_batch] = prep.traced
         plan = solve_prepared(prep, baseline=baseline, recompute=recompute, memory_limit=math.inf,
                               time_limit=time_limit)
         figures.append(plan_figures(prep, plan, depth))
-    return pricing_from_figures(micro_batch, figures[0], figures[1], time.perf_counter() - started)
+    return pricing_from_figures(micro_batch, figures[0], figures[1], time.perf_counter() - started,
+                                checkpointed=recompute == "full")
 
 
-def pricing_from_figures(micro_batch: int, lo: PlanFigures, hi: PlanFigures, solve_s: float) -> BlockPricing:
+def pricing_from_figures(micro_batch: int, lo: PlanFigures, hi: PlanFigures, solve_s: float, *,
+                         checkpointed: bool = False) -> BlockPricing:
     """:class:`BlockPricing` from the figures of two solved depths, ``lo.n_blocks < hi.n_blocks``
-    (module docstring, Per block and Extras).
+    (module docstring, Per block and Extras); ``checkpointed``: the depths were solved with full
+    recomputation, whose kept block input is priced sequence-split (h').
 
     >>> # pricing_from_figures(4, plan_figures(prep2, plan2, 2), plan_figures(prep4, plan4, 4), 12.0)
     """
-    block, reduction, optimizer, gather = _block_of(lo, hi)
-    first, last, extra_reduction, extra_optimizer, transient = _extras(lo, block, reduction, optimizer)
+    block, reduction, optimizer, gather, solved_acts = _block_of(lo, hi, checkpointed)
+    first, last, extra_reduction, extra_optimizer, transient = _extras(lo, block, reduction, optimizer, solved_acts)
     exposed = max(0.0, (hi.exposed_s - lo.exposed_s) / (hi.n_blocks - lo.n_blocks))
     return BlockPricing(micro_batch, block, reduction, optimizer, first, last, extra_reduction, extra_optimizer,
                         transient, (lo, hi), solve_s, exposed, gather, max(0.0, lo.gather_s - lo.n_blocks * gather))

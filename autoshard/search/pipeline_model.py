@@ -3,9 +3,11 @@
 :func:`choose_pipeline` runs :func:`autoshard.search.pipeline.search_pipeline` for one
 model instance (not a factory): the block pricing of a microbatch
 (:func:`autoshard.search.pipeline_blocks.price_blocks`) solves the model cut down to
-``L_1 = 1`` and ``L_2 = 2`` of its repeated blocks (a shallow copy whose block container
+``L_1 = 2`` and ``L_2 = 3`` of its repeated blocks (1 and 2 for a model of two) (a shallow copy whose block container
 keeps its first ``L`` blocks, the same modules, nothing copied) at the microbatch's rows
-of the example inputs, on the stage sub-mesh (the mesh without the ``pp`` dim). The
+of the example inputs, on the stage sub-mesh (the mesh without the ``pp`` dim), once per
+recomputation policy the search prices (``none`` and ``full``: what the stage runtime runs;
+``autoshard.search.pipeline``, Recomputation). The
 answer is the chosen :class:`~autoshard.search.pipeline.PipelinePlan` and the plan
 file's :class:`~autoshard.plan.pipeline_section.PipelineSection`, with each stage's
 priced time and its rank's peak memory recorded.
@@ -27,12 +29,12 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 from torch import nn
 
-from autoshard.plan.pipeline_section import PipelineError, PipelineSection
+from autoshard.plan.pipeline_section import RECOMPUTE_POLICIES, PipelineError, PipelineSection
 from autoshard.search.pipeline import PipelineLayout, PipelinePlan, pipeline_section, search_pipeline
 from autoshard.search.pipeline_blocks import BlockPricing, price_blocks
 
@@ -137,12 +139,18 @@ def choose_pipeline(
 ) -> tuple[PipelineSection, PipelinePlan]:
     """The searched pipeline of ``model`` on the mesh (module docstring): the section and the
     priced choice. ``time_limit`` bounds each block-pricing solve; ``memory_limit`` (bytes per
-    device) defaults to the profile's usable memory.
+    device) defaults to the profile's usable memory. ``recompute``: the stages' policy,
+    ``none`` or ``full`` (:data:`~autoshard.plan.pipeline_section.RECOMPUTE_POLICIES`), or
+    ``auto``: both searched (``autoshard.search.pipeline``, Recomputation); anything else is a
+    one-line :class:`PipelineError`.
 
     >>> # choose_pipeline(model, (tokens, labels), (2, 2), ("pp", "dp"), block_paths=("layers.0", "layers.1"))
     """
     from hw_profiles import HardwareProfile, load
 
+    if recompute not in ("auto", *RECOMPUTE_POLICIES):
+        raise PipelineError(f"pipeline: recompute {recompute!r} is not a stage policy; valid: auto, "
+                            f"{', '.join(RECOMPUTE_POLICIES)}")
     prof = profile if isinstance(profile, HardwareProfile) else load(str(profile))
     sub_shape, sub_names = stage_sub_mesh(mesh_shape, dim_names)
     pp = int(mesh_shape[list(dim_names).index(PIPELINE_DIM)])
@@ -156,26 +164,31 @@ def choose_pipeline(
     dim, itemsize = _hidden(model, block_paths)
     tp = math.prod(s for s, n in zip(sub_shape, sub_names) if n == "tp")
     layout = PipelineLayout(pp, math.prod(sub_shape) // tp, tp)
-    pricings: dict[int, BlockPricing] = {}
+    pricings: dict[tuple[int, str], BlockPricing] = {}
+    traces: dict[tuple[int, int], Any] = {}  # one trace a depth and microbatch for both policies
 
     def factory(n_layers: int, batch_size: int, **_: Any) -> tuple[nn.Module, Any]:
         return truncated_model(model, block_paths, n_layers), microbatch_inputs(inputs, batch_size)
 
-    # two depths whose blocks are alike: the last block's recomputation is never worth it (its
-    # backward follows its forward), so one block alone prices a block that keeps everything
+    # the marginal block an inner one where there are three: the last block's backward follows its
+    # forward at once, which no inner block of a stage sees
     depths = (2, 3) if n_blocks >= 3 else (1, 2)
 
-    def price_at(micro_batch: int) -> BlockPricing:
-        if micro_batch not in pricings:
-            pricings[micro_batch] = price_blocks(factory, {}, sub_shape, sub_names, micro_batch=micro_batch,
-                                                 depths=depths, recompute=recompute, profile=prof,
-                                                 time_limit=time_limit)
-        return pricings[micro_batch]
+    def pricer(policy: str) -> Callable[[int], BlockPricing]:
+        def price_at(micro_batch: int) -> BlockPricing:
+            if (micro_batch, policy) not in pricings:
+                pricings[micro_batch, policy] = price_blocks(
+                    factory, {}, sub_shape, sub_names, micro_batch=micro_batch, depths=depths, recompute=policy,
+                    profile=prof, time_limit=time_limit, traces=traces)
+            return pricings[micro_batch, policy]
+        return price_at
 
+    base = "none" if recompute == "auto" else recompute
     try:
-        chosen = search_pipeline(price_at, n_blocks=n_blocks, batch=batch, seq_len=seq_len, dim=dim, layout=layout,
-                                 profile=prof, flops_per_token=0.0, schedules=schedules, microbatches=microbatches,
-                                 memory_limit_bytes=memory_limit, itemsize=itemsize)
+        chosen = search_pipeline(pricer(base), n_blocks=n_blocks, batch=batch, seq_len=seq_len, dim=dim,
+                                 layout=layout, profile=prof, flops_per_token=0.0, schedules=schedules,
+                                 microbatches=microbatches, memory_limit_bytes=memory_limit, itemsize=itemsize,
+                                 recompute=base, price_full=pricer("full") if recompute == "auto" else None)
     except PipelineError:
         raise
     except ValueError as exc:  # the search's one-line refusals, as the section's error
