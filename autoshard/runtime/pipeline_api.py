@@ -50,7 +50,7 @@ from autoshard.plan.pipeline_section import PipelineError, PipelineSection
 from autoshard.runtime.pipeline_stages import PipelineRun, build_pipeline, model_parts
 from autoshard.runtime.pipeline_tp import with_plan_layout
 from autoshard.runtime.rank_agreement import ERROR_CODE, RankSetupError, agree, broadcast_bytes, comm_device
-from autoshard.search.pipeline_model import PIPELINE_DIM, choose_pipeline
+from autoshard.search.pipeline_model import PIPELINE_DIM, choose_pipeline, stage_recompute
 
 __all__ = ["autoshard_pipeline", "rank0_section", "pipeline_for"]
 
@@ -72,7 +72,8 @@ def pipeline_for(model: nn.Module, inputs: Sequence[Any] | Mapping[str, Any], me
     parts = model_parts(model)
     section, _ = choose_pipeline(model, inputs, tuple(mesh_shape), tuple(dim_names), block_paths=parts.blocks,
                                  leading=parts.leading, trailing=parts.trailing, profile=options.profile,
-                                 time_limit=options.time_limit, memory_limit=options.memory_limit)
+                                 time_limit=options.time_limit, memory_limit=options.memory_limit,
+                                 recompute=stage_recompute(options.recompute))
     return section
 
 

@@ -17,8 +17,8 @@ have the fast links (so the search on 8 GPUs in one node is today's). Priced by
 the pipeline search (:func:`autoshard.search.pipeline_model.choose_pipeline`:
 the stage sub-mesh solves of two and three blocks, stage cuts, microbatches, the
 schedules simulated, the stages' recomputation ``none`` or ``full``, both searched unless
-the options pin one: :func:`stage_recompute`), not by a solve of the whole mesh: the row's step is the
-pipeline's simulated step. The plan the search returns for a winning pp layout
+the options pin one: :func:`autoshard.search.pipeline_model.stage_recompute`), not by a
+solve of the whole mesh: the row's step is the pipeline's simulated step. The plan the search returns for a winning pp layout
 is the one ``autoshard solve --mesh ... --dims pp,...`` writes: the whole mesh's
 per-op placements and the ``pipeline`` section that the runtime runs.
 
@@ -94,7 +94,7 @@ from autoshard.trace.blocks import modules_around
 __all__ = ["ModelShape", "model_shape", "pipeline_layouts_for", "context_layouts_for", "context_pins",
            "matmul_flops", "pipeline_bound_s", "layout_kind", "merged_pins", "name_context_dim", "pipeline_parts",
            "PipelineOutcome", "solve_pipeline_layout", "take_turns", "pipeline_memory_bound_bytes",
-           "block_param_elems", "held_memory_refusal", "stage_recompute"]
+           "block_param_elems", "held_memory_refusal"]
 
 _MATMULS = {"aten.mm.default": "mm", "aten.addmm.default": "addmm", "aten.bmm.default": "bmm",
             "aten.baddbmm.default": "baddbmm"}
@@ -339,18 +339,6 @@ def pipeline_parts(model: Any, blocks: Sequence[str]) -> tuple[tuple[str, ...], 
     return modules_around(model, tuple(blocks))
 
 
-def stage_recompute(policy: str) -> str:
-    """The pipeline stages' policy for the solve's ``recompute`` (``autoshard.graph.recompute_policy``):
-    ``none`` and ``full`` as they are; ``auto``, ``selective`` and ``every:K`` search both
-    (``auto``): the stage runtime (FSDP2 / torch TP per stage) checkpoints whole blocks or none,
-    never per op, so a per-op or per-K policy is not one it can run.
-
-    >>> stage_recompute("full"), stage_recompute("selective"), stage_recompute("every:2")
-    ('full', 'auto', 'auto')
-    """
-    return policy if policy in ("none", "full") else "auto"
-
-
 @dataclass(frozen=True, slots=True)
 class PipelineOutcome:
     """A pp layout priced: its simulated step and busiest rank's memory, and the plan when it beat
@@ -374,7 +362,7 @@ def solve_pipeline_layout(model: Any, inputs: Any, traced: Any, layout: MeshLayo
     from dataclasses import replace
 
     from autoshard.plan.options import NO_MEMORY_LIMIT
-    from autoshard.search.pipeline_model import choose_pipeline
+    from autoshard.search.pipeline_model import choose_pipeline, stage_recompute
     from autoshard.search.solve import prepare, solve_prepared
 
     leading, trailing = pipeline_parts(model, traced.blocks)

@@ -13,8 +13,10 @@ reduction ``g`` and optimizer ``o``, and the embedding / head extras).
     (a) cuts    = cut_stages(blocks, K, extras, h = stage_in_flight(schedule), M - T)
                   (``costmodel.stage_cuts``: DP over block boundaries, least slowest stage)
     (b) stage k = StageCost(F_k = sum f + [k = K-1] f^last + a2a_k, B_k = sum b + ...,
-                            I_k = W_k = B_k / 2,                  (the split backward: ASSUMPTION;
-                                                                    W keeps all of a_k: an upper bound)
+                            I_k = W_k = (B_k - R_k) / 2 + R_k,    (the split backward: ASSUMPTION;
+                                                                    W keeps all of a_k: an upper bound;
+                                                                    R_k the stage's recomputation, run
+                                                                    in both halves: _stage_costs)
                             send_k = t_permute(bytes_mb, pp dim),   bytes_mb = B/m * seq * d * itemsize / (dp tp)
                             G_k = sum g (+ extras), O_k = sum o (+ extras),
                             weight gathers A_k = sum w (+ extras), once a step)
@@ -257,7 +259,12 @@ def best_plan(plans: Sequence[PipelinePlan]) -> PipelinePlan:
 
 
 def _stage_costs(pricing: BlockPricing, cut: StageCuts, send_s: float) -> list[StageCost]:
-    """(b): one :class:`StageCost` per stage of ``cut``."""
+    """(b): one :class:`StageCost` per stage of ``cut``. A split backward (the zero-bubble
+    schedules' ``I`` and ``W``) of checkpointed blocks recomputes each block in both halves, as
+    the stage runtime runs them (torch's input and weight passes are separate autograd calls,
+    each replaying the checkpoint: ``autoshard.runtime.pipeline_stages``, Recomputation):
+    ``I = W = (B - R) / 2 + R`` with ``R`` the stage's recomputation, one more ``R`` than the
+    full backward ``B``."""
     k_last = len(cut.stages) - 1
     blk = pricing.block
     out = []
@@ -267,8 +274,10 @@ def _stage_costs(pricing: BlockPricing, cut: StageCuts, send_s: float) -> list[S
         fwd = n * blk.forward_s + sum(e.forward_s for e in extras)
         bwd = n * blk.backward_s + sum(e.backward_s for e in extras)
         acts = n * blk.activation_bytes + sum(e.activation_bytes for e in extras)
+        redo = min(bwd, n * pricing.block_recompute_s)
+        half = (bwd - redo) / 2 + redo
         out.append(StageCost(
-            forward_s=fwd, backward_input_s=bwd / 2, backward_weight_s=bwd / 2, full_backward_s=bwd,
+            forward_s=fwd, backward_input_s=half, backward_weight_s=half, full_backward_s=bwd,
             send_activation_s=send_s, send_gradient_s=send_s, activation_bytes=int(acts), weight_grad_bytes=int(acts),
             gradient_reduction_s=n * pricing.block_reduction_s + (pricing.extra_reduction_s if extras else 0.0),
             optimizer_s=n * pricing.block_optimizer_s + (pricing.extra_optimizer_s if extras else 0.0),

@@ -128,6 +128,8 @@ class PlanFigures:
     block_output_split_bytes: float = 0.0
     """``O_sp``: the same outputs split along the sequence over ``tp`` where the solve left them
     replicated there (h')."""
+    recompute_s: float = 0.0
+    """``R``: the recomputation inside (b) (``estimate.recompute_s``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +160,9 @@ class BlockPricing:
     """``w = Delta A``: one block's weight gathers, once a step."""
     extra_gather_s: float = 0.0
     """The non-block weights' gathers (embedding, head), once a step."""
+    block_recompute_s: float = 0.0
+    """``Delta R``: one block's recomputation, inside :attr:`block`'s backward (the zero-bubble
+    schedules' split backward runs it twice: ``autoshard.search.pipeline._stage_costs``)."""
 
     def step_of_model(self, n_blocks: int) -> float:
         """The single-stage, single-microbatch step of ``n_blocks`` blocks these costs give:
@@ -218,7 +223,7 @@ def plan_figures(prep: Any, plan: Any, n_blocks: int, block_prefix: str = "layer
     outputs, split = _block_outputs(graph, chosen)
     return PlanFigures(n_blocks, fwd, bwd, opt, exposed, params.reduction_s, blocks, first, last, e.peak_memory_bytes,
                        e.step_s, exchanges, _live_at(plan.memory_timeline, graph.times.get(plan.nodes[end].name)),
-                       params.gather_exposed_s, params.held_bytes, outputs, split)
+                       params.gather_exposed_s, params.held_bytes, outputs, split, e.recompute_s)
 
 
 def _block_outputs(graph: Any, chosen: Sequence[tuple[Any, int]]) -> tuple[float, float]:
@@ -394,4 +399,5 @@ def pricing_from_figures(micro_batch: int, lo: PlanFigures, hi: PlanFigures, sol
     first, last, extra_reduction, extra_optimizer, transient = _extras(lo, block, reduction, optimizer, solved_acts)
     exposed = max(0.0, (hi.exposed_s - lo.exposed_s) / (hi.n_blocks - lo.n_blocks))
     return BlockPricing(micro_batch, block, reduction, optimizer, first, last, extra_reduction, extra_optimizer,
-                        transient, (lo, hi), solve_s, exposed, gather, max(0.0, lo.gather_s - lo.n_blocks * gather))
+                        transient, (lo, hi), solve_s, exposed, gather, max(0.0, lo.gather_s - lo.n_blocks * gather),
+                        max(0.0, (hi.recompute_s - lo.recompute_s) / (hi.n_blocks - lo.n_blocks)))

@@ -38,7 +38,8 @@ from autoshard.plan.pipeline_section import RECOMPUTE_POLICIES, PipelineError, P
 from autoshard.search.pipeline import PipelineLayout, PipelinePlan, pipeline_section, search_pipeline
 from autoshard.search.pipeline_blocks import BlockPricing, price_blocks
 
-__all__ = ["PIPELINE_DIM", "RUNTIME_SCHEDULES", "choose_pipeline", "truncated_model", "microbatch_inputs", "stage_sub_mesh"]
+__all__ = ["PIPELINE_DIM", "RUNTIME_SCHEDULES", "choose_pipeline", "stage_recompute", "truncated_model",
+           "microbatch_inputs", "stage_sub_mesh"]
 
 PIPELINE_DIM = "pp"
 """The mesh dim name that asks for pipeline stages."""
@@ -47,6 +48,18 @@ RUNTIME_SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B", "InterleavedZeroBubble"
 """Schedules searched by default: those the runtime is shown to train as one device with
 (tests/autoshard/runtime/test_pipeline_gloo.py), the zero-bubble ones (split input / weight
 backward) and the V-shaped ones included."""
+
+
+def stage_recompute(policy: str) -> str:
+    """The pipeline stages' policy for the solve's ``recompute`` (``autoshard.graph.recompute_policy``):
+    ``none`` and ``full`` as they are; ``auto``, ``selective`` and ``every:K`` search both
+    (``auto``): the stage runtime (FSDP2 / torch TP per stage) checkpoints whole blocks or none,
+    never per op, so a per-op or per-K policy is not one it can run.
+
+    >>> stage_recompute("full"), stage_recompute("selective"), stage_recompute("every:2")
+    ('full', 'auto', 'auto')
+    """
+    return policy if policy in ("none", "full") else "auto"
 
 
 def stage_sub_mesh(mesh_shape: Sequence[int], dim_names: Sequence[str]) -> tuple[tuple[int, ...], tuple[str, ...]]:

@@ -16,7 +16,7 @@ from costmodel.stage_cuts import BlockCost
 from hw_profiles import load as load_profile
 
 from autoshard.plan.pipeline_section import PipelineError
-from autoshard.search.mesh_stages import stage_recompute
+from autoshard.search.pipeline_model import stage_recompute
 from autoshard.search.pipeline import PipelineLayout, pipeline_section, search_pipeline
 from autoshard.search.pipeline_blocks import BlockPricing
 
@@ -176,3 +176,21 @@ def test_the_kept_input_is_priced_split_and_the_transient_keeps_the_solved_copie
     plain, kept = (pricing_from_figures(4, fig(2), fig(3), 0.0, checkpointed=c) for c in (False, True))
     assert (plain.block.activation_bytes, kept.block.activation_bytes) == (800, 500)
     assert plain.transient_bytes == kept.transient_bytes == 50.0
+
+
+def test_a_split_backward_of_checkpointed_blocks_recomputes_in_both_halves() -> None:
+    """The zero-bubble schedules' input and weight passes each replay a checkpointed block (the
+    runtime counts 3 forwards a block): I = W = (B - R) / 2 + R a stage, one R more than the
+    full backward; without recomputation the halves stay B / 2."""
+    from dataclasses import replace
+
+    from costmodel.stage_cuts import cut_stages
+    from autoshard.search.pipeline import _stage_costs
+
+    plain = _pricing(4, 1.0, 3.0, 10)
+    redone = replace(plain, block_recompute_s=1.0)
+    cut = cut_stages([plain.block] * 4, 2, first_extra=plain.first_extra, last_extra=plain.last_extra)
+    for pricing, half in ((plain, 3.0), (redone, 4.0)):  # two blocks a stage: B = 6, R = 2
+        for st in _stage_costs(pricing, cut, 0.0):
+            assert st.full_backward_s == 6.0
+            assert st.backward_input_s == st.backward_weight_s == half
