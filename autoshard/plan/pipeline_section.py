@@ -31,6 +31,13 @@ blocks' linear layers on the ``tp`` mesh dim (module path -> ``"colwise"`` or
 ``parallelize_module`` (``autoshard.runtime.pipeline_tp``); every other tensor is
 replicated over ``tp``. Empty: no tensor parallelism inside a stage.
 
+Optional ``sequence_parallel`` (with ``tensor_parallel`` only): the residual stream between
+the blocks is split along the sequence over ``tp`` (torch's sequence parallelism, as
+torchtitan runs its TP: column-split linears all-gather their input from ``Shard(1)``,
+row-split ones reduce-scatter their output to ``Shard(1)``, the blocks' norms run
+``SequenceParallel``), so each ``tp`` rank sends ``1/tp`` of the boundary activation, as
+``send_bytes`` prices it. Absent: false (the residual stream replicated over ``tp``).
+
 Versioned (``version``) and optional: plans without the section load as before and
 describe one stage. :data:`PIPELINE_SCHEMA` is its JSON Schema (draft 2020-12), part of
 ``autoshard.plan.schema.PLAN_SCHEMA``. Torch-free, as the plan format is.
@@ -121,6 +128,8 @@ class PipelineSection:
     """(linear module path, ``colwise`` / ``rowwise``) inside the stages, on mesh dim ``tp`` (module docstring)."""
     recompute: str = "none"
     """One of :data:`RECOMPUTE_POLICIES` (module docstring)."""
+    sequence_parallel: bool = False
+    """The residual stream between blocks split along the sequence over ``tp`` (module docstring)."""
 
     @property
     def n_stages(self) -> int:
@@ -148,6 +157,7 @@ class PipelineSection:
                 **{k: v for k, v in (("step_s", self.step_s), ("bubble_fraction", self.bubble_fraction))
                    if v is not None},
                 **({"tensor_parallel": dict(self.tensor_parallel)} if self.tensor_parallel else {}),
+                **({"sequence_parallel": True} if self.sequence_parallel else {}),
                 "stages": [s.to_dict() for s in self.stages]}
 
     @classmethod
@@ -157,6 +167,7 @@ class PipelineSection:
         version = data.get("version", PIPELINE_VERSION)
         if version != PIPELINE_VERSION:
             raise PipelineError(f"pipeline.version: this autoshard reads version {PIPELINE_VERSION}, got {version!r}")
+        sequence_parallel = _flag(data, "sequence_parallel")
         try:
             stages = tuple(PipelineStagePlan(int(s["index"]), int(s["rank"]), int(s["blocks"][0]), int(s["blocks"][1]),
                                              tuple(str(p) for p in s["modules"]), _number(s, "forward_s"),
@@ -167,7 +178,7 @@ class PipelineSection:
                           int(data.get("send_bytes", 0)), str(data.get("data_parallel", "fsdp")),
                           _number(data, "step_s"), _number(data, "bubble_fraction"),
                           tuple((str(k), str(v)) for k, v in dict(data.get("tensor_parallel", {})).items()),
-                          str(data.get("recompute", "none")))
+                          str(data.get("recompute", "none")), sequence_parallel)
         except KeyError as exc:
             raise PipelineError(f"pipeline: missing {exc.args[0]!r}") from None
         except (TypeError, ValueError, IndexError) as exc:
@@ -180,6 +191,14 @@ def _number(data: Mapping[str, Any], key: str) -> float | None:
     """An optional priced figure: a number, or None when absent."""
     value = data.get(key)
     return None if value is None else float(value)
+
+
+def _flag(data: Mapping[str, Any], key: str) -> bool:
+    """An optional boolean: absent is false; anything but a JSON boolean raises, one line."""
+    value = data.get(key, False)
+    if type(value) is not bool:
+        raise PipelineError(f"pipeline.{key}: expected true or false, got {value!r}")
+    return value
 
 
 def _check_schedule_shape(schedule: str, n_ranks: int, v: int, m: int, batch: int) -> None:
@@ -240,6 +259,9 @@ def check_section(section: PipelineSection) -> None:
                                 f"{', '.join(TENSOR_PARALLEL_STYLES)}")
         if not any(path.startswith(m + ".") for st in s.stages for m in st.modules):
             raise PipelineError(f"pipeline.tensor_parallel: {path!r} is in no stage's modules")
+    if s.sequence_parallel and not s.tensor_parallel:
+        raise PipelineError("pipeline.sequence_parallel: true needs a tensor_parallel layout to split the "
+                            "sequence over tp")
 
 
 def build_pipeline_section(
@@ -262,6 +284,7 @@ def build_pipeline_section(
     bubble_fraction: float | None = None,
     tensor_parallel: Sequence[tuple[str, str]] = (),
     recompute: str = "none",
+    sequence_parallel: bool = False,
 ) -> PipelineSection:
     """The section of ``K = n_ranks * stages_per_rank`` stages cut at ``cuts`` (the first block of
     every stage but the first, ``K - 1`` of them, as ``costmodel.stage_cuts.StageCuts.cuts``):
@@ -297,7 +320,8 @@ def build_pipeline_section(
         for i in range(k))
     section = PipelineSection(mesh_dim, schedule, n_ranks, stages_per_rank, n_microbatches, batch_size, stages,
                               int(send_bytes), data_parallel, step_s, bubble_fraction,
-                              tuple((str(p), str(v)) for p, v in tensor_parallel), recompute)
+                              tuple((str(p), str(v)) for p, v in tensor_parallel), recompute,
+                              bool(sequence_parallel))
     check_section(section)
     return section
 
@@ -348,6 +372,9 @@ PIPELINE_SCHEMA: dict[str, Any] = {
         "tensor_parallel": {"type": "object", "additionalProperties": {"enum": list(TENSOR_PARALLEL_STYLES)},
                             "description": "Linear module path -> colwise / rowwise on mesh dim tp, "
                                            "inside the stages."},
+        "sequence_parallel": {"type": "boolean",
+                              "description": "Residual stream between blocks split along the sequence over tp "
+                                             "(written only when true)."},
         "stages": {"type": "array", "items": _STAGE, "minItems": 1},
     },
     "additionalProperties": False,

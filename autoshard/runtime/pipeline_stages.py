@@ -12,7 +12,9 @@ FSDP2 ``fully_shard`` (each block, then the stage; gathered from the first
 microbatch's forward to the last backward, which the zero-bubble schedules' split
 weight gradients need) or torch's ``replicate``, as ``section.data_parallel`` says;
 on a ``tp`` dim, first torch's tensor parallelism with the section's column/row
-split of the blocks' linears (``autoshard.runtime.pipeline_tp``). Every schedule of
+split of the blocks' linears (``autoshard.runtime.pipeline_tp``; with the section's
+``sequence_parallel``, the residual stream between blocks split along the sequence over
+``tp``: ``autoshard.runtime.pipeline_sp``). Every schedule of
 ``costmodel.pipeline_schedules.SCHEDULE_NAMES`` runs, the V-shaped ones
 (``ZBVZeroBubble``, ``DualPipeV``: rank ``r`` holds stages ``r`` and ``2p - 1 - r``)
 included.
@@ -378,7 +380,7 @@ def _stage_wrapper(section: PipelineSection, stage: int, tp_mesh: Any, dp_mesh: 
 
     def wrap(module: nn.Module, blocks: list[nn.Module]) -> None:
         if tp_mesh is not None:
-            apply_tensor_parallel(module, section, stage, tp_mesh)
+            apply_tensor_parallel(module, section, stage, tp_mesh, blocks=blocks)
         if dp_mesh is not None:
             _apply_data_parallel(module, blocks, section.data_parallel, dp_mesh)
     return wrap

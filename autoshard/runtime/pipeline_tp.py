@@ -13,9 +13,13 @@ plan's column / row choice per linear layer, not the plan's per-op placements: e
 activation between the linear layers is what ``ColwiseParallel`` / ``RowwiseParallel``
 leave (a column-split output stays local, the row-split output is all-reduced to
 replicated), and every other parameter (embedding, norms, head) is replicated over
-``tp``, whatever the plan chose for it. The boundary activation each stage sends is
-the whole (replicated over ``tp``) hidden state, so each ``tp`` rank sends what the
-section's ``send_bytes`` counts times ``tp`` when the search priced it sequence-split.
+``tp``, whatever the plan chose for it. Without ``section.sequence_parallel`` the
+boundary activation each stage sends is the whole (replicated over ``tp``) hidden state,
+``tp`` times what the search prices for a sequence-split one. With it
+(``autoshard.runtime.pipeline_sp``), the residual stream between the blocks is split
+along the sequence over ``tp`` as torchtitan runs its TP (row-split outputs
+reduce-scattered, the blocks' norms ``SequenceParallel``), and each ``tp`` rank sends
+``1/tp`` of the activation, the section's ``send_bytes``.
 A column split of an attention's projections gives each ``tp`` rank ``1/tp`` of its
 heads: an attention that reshapes with ``-1`` heads (Hugging Face's ``view(*shape, -1,
 head_dim)``) needs nothing more; one that reshapes with its head-count attributes
@@ -92,7 +96,8 @@ def with_plan_layout(section: PipelineSection, model: nn.Module, params: Mapping
                      dim_names: Sequence[str]) -> PipelineSection:
     """``section`` with its ``tensor_parallel`` read from a plan's parameter placements (``Plan.params``
     on the plan's mesh dims ``dim_names``) for the linears of ``model``'s blocks, when it has none
-    and the plan's mesh has a ``tp`` dim; else ``section`` itself.
+    and the plan's mesh has a ``tp`` dim; else ``section`` itself. A section with full recomputation
+    then runs sequence parallel (``sequence_parallel``), as the search priced its blocks.
 
     >>> # run = build_pipeline(model, mesh, with_plan_layout(plan.pipeline, model, plan.params, dims))
     """
@@ -104,28 +109,57 @@ def with_plan_layout(section: PipelineSection, model: nn.Module, params: Mapping
     if section.tensor_parallel or TP_DIM not in tuple(dim_names):
         return section
     layout = tensor_parallel_from_params(params, dim_names, block_linears(model, repeated_blocks(model)))
-    section = dataclasses.replace(section, tensor_parallel=layout)
+    # the search prices a checkpointed block's kept input sequence-split over tp
+    # (autoshard.search.pipeline_blocks (h')): such stages run sequence parallel
+    section = dataclasses.replace(section, tensor_parallel=layout, sequence_parallel=section.sequence_parallel or (
+        section.recompute == "full" and bool(layout)))
     check_section(section)
     return section
 
 
-def apply_tensor_parallel(stage_module: nn.Module, section: PipelineSection, stage: int, tp_mesh: Any) -> int:
+def apply_tensor_parallel(stage_module: nn.Module, section: PipelineSection, stage: int, tp_mesh: Any, *,
+                          blocks: Sequence[nn.Module] = ()) -> int:
     """Split the linear layers of stage ``stage``'s modules over ``tp_mesh`` as ``section.tensor_parallel``
     says (torch's ``ColwiseParallel`` / ``RowwiseParallel``, parameters becoming ``tp`` DTensors in
-    place). Returns how many layers it split."""
+    place). With ``section.sequence_parallel``, the residual stream between the stage's ``blocks``
+    is split along the sequence (``autoshard.runtime.pipeline_sp``). Returns how many layers it split.
+
+    >>> # apply_tensor_parallel(stage_module, section, 0, mesh["tp"], blocks=[stage_module.layers[0]])
+    """
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
+    from autoshard.runtime.pipeline_sp import add_sequence_hooks, sequence_parallel_plan
+
     mine = section.stages[stage].modules
-    plan = {path: ColwiseParallel() if style == "colwise" else RowwiseParallel()
-            for path, style in section.tensor_parallel if any(path.startswith(m + ".") for m in mine)}
-    for path in plan:
+    layout = {path: style for path, style in section.tensor_parallel if any(path.startswith(m + ".") for m in mine)}
+    for path in layout:
         if not isinstance(stage_module.get_submodule(path), nn.Linear):
             raise PipelineError(f"pipeline.tensor_parallel: {path!r} is not an nn.Linear")
-    if plan:
-        _localize_head_counts(stage_module, [p for p, style in plan.items() if isinstance(style, ColwiseParallel)],
-                              tp_mesh.size())
-        parallelize_module(stage_module, tp_mesh, plan)
-    return len(plan)
+    if not layout:
+        return 0
+    if section.sequence_parallel and not blocks:
+        raise PipelineError(f"pipeline.sequence_parallel: stage {stage} was given no blocks to split")
+    columns = [p for p, style in layout.items() if style == "colwise"]
+    _localize_head_counts(stage_module, columns, tp_mesh.size())
+    if section.sequence_parallel:
+        plan = sequence_parallel_plan(stage_module, layout, blocks)
+        add_sequence_hooks(stage_module, columns, blocks, received=_received_modules(stage_module, section, stage),
+                           last=stage == section.n_stages - 1, tp_mesh=tp_mesh)
+    else:
+        plan = {p: ColwiseParallel() if style == "colwise" else RowwiseParallel() for p, style in layout.items()}
+    parallelize_module(stage_module, tp_mesh, plan)
+    return len(layout)
+
+
+def _received_modules(stage_module: nn.Module, section: PipelineSection, stage: int) -> list[nn.Module]:
+    """On a stage after the first, the modules standing for the ones before the blocks (the
+    embedding: they return the received activation); none on stage 0. Those are stage 0's
+    modules ahead of its blocks (its last ``end_block - first_block`` modules)."""
+    if stage == 0:
+        return []
+    first = section.stages[0]
+    n_blocks = first.end_block - first.first_block
+    return [stage_module.get_submodule(p) for p in first.modules[:len(first.modules) - n_blocks]]
 
 
 def _localize_head_counts(stage_module: nn.Module, column_paths: list[str], tp: int) -> None:

@@ -168,3 +168,34 @@ def test_a_hand_edited_recompute_is_refused_by_the_schema_and_at_load_in_one_lin
     with pytest.raises(PlanError, match=r"pipeline.recompute: 'every:2'; valid: none, full") as err:
         Plan.from_dict(data)
     assert "\n" not in str(err.value)
+
+
+TP = (("layers.0.wq", "colwise"), ("layers.0.wo", "rowwise"))
+
+
+def test_sequence_parallel_round_trips_in_the_plan_file_and_is_written_only_when_true(pp_plan, tmp_path) -> None:
+    plan = replace(pp_plan, pipeline=_section(tensor_parallel=TP, sequence_parallel=True))
+    path = tmp_path / "plan.json"
+    plan.save(path)
+    data = json.loads(path.read_text())
+    jsonschema.Draft202012Validator(PLAN_SCHEMA).validate(data)
+    assert data["pipeline"]["sequence_parallel"] is True
+    assert Plan.load(path).pipeline.sequence_parallel is True and Plan.load(path) == plan
+    plain = replace(pp_plan, pipeline=_section(tensor_parallel=TP)).to_dict()
+    assert "sequence_parallel" not in plain["pipeline"]
+    assert Plan.from_dict(plain).pipeline.sequence_parallel is False
+
+
+def test_sequence_parallel_without_a_tensor_parallel_layout_is_refused_in_one_line() -> None:
+    with pytest.raises(PipelineError, match=r"^pipeline.sequence_parallel: true needs a tensor_parallel layout"):
+        _section(sequence_parallel=True)
+
+
+def test_a_hand_edited_sequence_parallel_that_is_no_boolean_is_refused_naming_it(pp_plan) -> None:
+    data = json.loads(json.dumps(replace(pp_plan, pipeline=_section(tensor_parallel=TP)).to_dict()))
+    data["pipeline"]["sequence_parallel"] = "yes"
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.Draft202012Validator(PLAN_SCHEMA).validate(data)
+    with pytest.raises(PlanError, match=r"pipeline.sequence_parallel: expected true or false, got 'yes'") as err:
+        Plan.from_dict(data)
+    assert "\n" not in str(err.value)

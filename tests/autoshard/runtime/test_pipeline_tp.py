@@ -92,6 +92,21 @@ def test_a_plans_section_without_a_layout_gets_the_plans_column_row_split_on_a_t
                                        ("layers.1.attention.wq", "colwise"), ("layers.1.attention.wo", "rowwise"))
     assert with_plan_layout(_section(()), model, params, ("pp", "dp")) == _section(())
     assert with_plan_layout(section, model, {}, DIMS) is section  # a section's own layout is kept
+    assert not section.sequence_parallel
+
+
+def test_a_plans_section_with_full_recomputation_runs_its_tp_sequence_parallel():
+    """The search prices a checkpointed block's kept input sequence-split over tp: the stages run so."""
+    import dataclasses
+
+    from autoshard.runtime.pipeline_tp import with_plan_layout
+
+    model, _ = llama3.tiny(device="meta")
+    params = {name: ("RRS(0)" if ".wq." in name else "RRS(1)" if ".wo." in name else "RRR")
+              for name, _ in model.named_parameters()}
+    full = dataclasses.replace(_section(()), recompute="full")
+    assert with_plan_layout(full, model, params, DIMS).sequence_parallel
+    assert not with_plan_layout(full, model, params, ("pp", "dp")).sequence_parallel  # no tp: nothing to split
 
 
 @pytest.mark.parametrize("name", ["autoshard.runtime.pipeline_tp", "autoshard.runtime.pipeline_stages"])

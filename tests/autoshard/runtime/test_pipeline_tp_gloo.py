@@ -12,7 +12,9 @@ attention, which reshapes with its head counts, gets them divided by tp; inside 
 This is torch's tensor parallelism with the plan's column/row choice, not the plan's
 per-op placements (``autoshard.runtime.pipeline_tp`` says what differs). After each
 of two AdamW steps the loss (last stage, averaged over dp) and every gradient
-(gathered over dp and tp) equal the one-device model's. The 8 ranks are the ones the 8-rank
+(gathered over dp and tp) equal the one-device model's; so do the example LLaMA's with the
+section's ``sequence_parallel`` (the residual stream split along the sequence over tp), whose
+sends are the local sequence shard. The 8 ranks are the ones the 8-rank
 context- and expert-parallel tests start too (``ranks_2x2x2.py``: one spawn for the three).
 """
 
@@ -55,10 +57,11 @@ def run_tp(rank: int, world: int) -> dict:
     from torch.distributed.device_mesh import init_device_mesh
 
     mesh = init_device_mesh("cpu", *MESH[:1], mesh_dim_names=MESH[1])
-    return {label: run_model(label, mesh) for label in MODELS}
+    return {**{label: run_model(label, mesh) for label in MODELS},
+            "llama3_sp": run_model("llama3", mesh, sequence_parallel=True)}
 
 
-def run_model(label: str, mesh) -> dict:
+def run_model(label: str, mesh, *, sequence_parallel: bool = False) -> dict:
     from equivalence import pipeline_steps
     from torch.distributed.tensor import DTensor
 
@@ -72,11 +75,12 @@ def run_model(label: str, mesh) -> dict:
     layout = tensor_parallel_from_params(plan_params(model), MESH[1], block_linears(model, parts.blocks))
     section = build_pipeline_section(schedule="1F1B", n_ranks=2, n_microbatches=2, batch_size=8,
                                      block_paths=parts.blocks, cuts=(1,), leading=parts.leading,
-                                     trailing=parts.trailing, tensor_parallel=layout)
-    run = build_pipeline(model, mesh, section)
+                                     trailing=parts.trailing, tensor_parallel=layout,
+                                     sequence_parallel=sequence_parallel)
+    run = build_pipeline(model, mesh, section, record_sends=sequence_parallel)
     split = {n: [str(p) for p in param.placements] for n, param in run.named_parameters() if isinstance(param, DTensor)}
     steps = pipeline_steps(run, reference, inputs, mesh["dp"], steps=STEPS)
-    return {"layout": dict(layout), "placements": split, "steps": steps}
+    return {"layout": dict(layout), "placements": split, "steps": steps, "sends": [s.nbytes for s in run.sends]}
 
 
 @pytest.fixture(scope="module")
@@ -113,3 +117,14 @@ def test_split_linears_are_sharded_over_dp_and_tp_and_the_rest_over_dp_only(resu
 def test_loss_and_every_gradient_equal_one_device_after_each_step(results, label):
     # the loss is on the four (dp x tp) ranks of the last stage
     assert_pipeline_matches_one_device([res[label]["steps"] for res in results], holders=4, label=label)
+
+
+def test_sequence_parallel_under_fsdp_matches_one_device_and_sends_one_tp_th_of_the_activation(results):
+    # the example LLaMA with the section's sequence_parallel (autoshard.runtime.pipeline_sp), FSDP over dp:
+    # the blocks' norms are tp DTensors (replicated) sharded over dp, and each send is the local
+    # sequence shard (micro_batch 2, seq 16 / tp, dim 64, fp32), half the replicated activation
+    assert_pipeline_matches_one_device([res["llama3_sp"]["steps"] for res in results], holders=4, label="llama3_sp")
+    for res in results:
+        norms = {n: p for n, p in res["llama3_sp"]["placements"].items() if "layers." in n and n.endswith("norm.weight")}
+        assert len(norms) == 2 and all(p == ["S(0)", "R"] for p in norms.values()), norms
+        assert res["llama3_sp"]["sends"] and set(res["llama3_sp"]["sends"]) == {2 * 8 * 64 * 4}

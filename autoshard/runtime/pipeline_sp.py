@@ -1,0 +1,209 @@
+"""Sequence parallelism inside a pipeline stage: the residual stream split along the sequence over ``tp``.
+
+With ``section.sequence_parallel`` (and a ``tensor_parallel`` layout), a stage runs torch's
+tensor parallelism as torchtitan runs its TP, not as Megatron's first paper did: between
+the blocks' attention and feed-forward, each ``tp`` rank holds its ``1/tp`` of the sequence,
+``(batch, seq/tp, dim)``, which is what the pipeline search prices
+(``autoshard.search.pipeline_blocks``, "Full recomputation"): a block keeps its input
+sequence-split and each ``tp`` rank sends ``1/tp`` of the boundary activation.
+
+What :func:`sequence_parallel_plan` and :func:`add_sequence_hooks` set up, per stage:
+
+- the parent of each column-split linear (the attention, the feed-forward) all-gathers its
+  hidden-state input from ``Shard(1)`` (a forward pre-hook, torchtitan's
+  ``PrepareModuleInput``): one gather per attention and per feed-forward, not one per linear,
+  because an attention reads the sequence length from its input (``batch, seq, _ = x.shape``)
+  and a per-linear gather would leave that ``seq/tp``. The hidden state is the parent's first
+  positional argument, else its ``hidden_states`` keyword (Hugging Face's attention);
+- column-split linears run ``ColwiseParallel()`` on that replicated input; row-split ones
+  ``RowwiseParallel(output_layouts=Shard(1))``: a reduce-scatter to the sequence shard
+  where the plain TP all-reduces;
+- every norm inside a block (``nn.LayerNorm``, ``nn.RMSNorm``, any module whose class name
+  ends in ``Norm``: Hugging Face's ``LlamaRMSNorm``) runs ``SequenceParallel()`` on its
+  sequence shard: its weight a replicated ``tp`` DTensor, so its gradient is summed over
+  ``tp``;
+- the stage boundaries: on the first stage, the first block's input (the embedding's
+  output, replicated) is cut to this rank's rows of the sequence (its gradient all-gathered
+  back, so the replicated embedding gets the whole one); on a later stage, what stands for
+  the embedding returns the received shard placed at this rank's rows of zeros of the whole
+  sequence (the model's own bookkeeping between the embedding and the blocks, a Hugging
+  Face model's position ids and causal mask, reads the sequence length from it), which the
+  first block narrows back, with no communication; on the last stage, the last block's
+  output is all-gathered for the final norm and head (replicated, as before). Every send
+  between stages then carries ``(micro_batch, seq/tp, dim)``.
+
+The gathers and cuts are DTensor redistributions (``Shard(1)`` <-> ``Replicate()``), so
+autograd runs their adjoints (reduce-scatter, all-gather, slice) and every gradient equals
+the one-device one. The sequence length must divide by ``tp`` for the sends to be the
+priced ``1/tp`` (torch splits an uneven one unevenly).
+
+>>> is_norm(nn.RMSNorm(8)), is_norm(nn.Linear(8, 8))
+(True, False)
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+from torch import nn
+
+from autoshard.plan.pipeline_section import PipelineError
+
+__all__ = ["SEQUENCE_DIM", "is_norm", "block_norms", "sequence_parallel_plan", "add_sequence_hooks"]
+
+SEQUENCE_DIM = 1
+"""The tensor dim of the residual stream ``(batch, seq, dim)`` split over ``tp``."""
+
+
+def is_norm(module: nn.Module) -> bool:
+    """A normalization layer: ``nn.LayerNorm``, ``nn.RMSNorm`` or a class named ``...Norm``."""
+    return isinstance(module, (nn.LayerNorm, nn.RMSNorm)) or type(module).__name__.endswith("Norm")
+
+
+def block_norms(stage_module: nn.Module, blocks: Sequence[nn.Module]) -> tuple[str, ...]:
+    """Paths (in ``stage_module``) of the norms inside ``blocks``, outermost only.
+
+    >>> # block_norms(stage, [stage.layers[0]]) == ("layers.0.attention_norm", "layers.0.ffn_norm")
+    """
+    ids = {id(b) for b in blocks}
+    out: list[str] = []
+    for path, module in stage_module.named_modules():
+        if id(module) not in ids:
+            continue
+        for name, child in module.named_modules():
+            if name and is_norm(child) and not any(f"{path}.{name}".startswith(p + ".") for p in out):
+                out.append(f"{path}.{name}")
+    return tuple(out)
+
+
+def sequence_parallel_plan(stage_module: nn.Module, layout: dict[str, str], blocks: Sequence[nn.Module]
+                           ) -> dict[str, Any]:
+    """The ``parallelize_module`` plan of a sequence-parallel stage: ``layout`` (path -> colwise /
+    rowwise, this stage's linears) with row-split outputs reduce-scattered to ``Shard(1)``, and the
+    blocks' norms under ``SequenceParallel``."""
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel
+
+    plan: dict[str, Any] = {path: ColwiseParallel() if style == "colwise"
+                            else RowwiseParallel(output_layouts=Shard(SEQUENCE_DIM))
+                            for path, style in layout.items()}
+    for path in block_norms(stage_module, blocks):
+        plan[path] = SequenceParallel(sequence_dim=SEQUENCE_DIM, use_local_output=True)
+    return plan
+
+
+def add_sequence_hooks(stage_module: nn.Module, column_paths: Sequence[str], blocks: Sequence[nn.Module], *,
+                       received: Sequence[nn.Module], last: bool, tp_mesh: Any) -> None:
+    """Register the gathers and cuts of the module docstring: a sequence all-gather before each
+    parent of ``column_paths``; before the first of ``blocks``, the cut (stage 0: ``received``
+    empty) or the narrowing of the padded received shard (a later stage: ``received`` are the
+    modules standing for the embedding, whose output is padded to the whole sequence); the
+    all-gather after the last block when ``last``. A parent that is a block itself (its residual
+    stream would be gathered) raises :class:`PipelineError`, one line."""
+    block_ids = {id(b) for b in blocks}
+    for parent in sorted({p.rpartition(".")[0] for p in column_paths}):
+        module = stage_module.get_submodule(parent)
+        if id(module) in block_ids:
+            raise PipelineError(f"pipeline.sequence_parallel: {parent!r} is a block with column-split linears as "
+                                "direct children; the sequence is gathered at their parent (the attention, the "
+                                "feed-forward), which must be inside the block")
+        module.register_forward_pre_hook(_gather_input_hook(tp_mesh, parent), with_kwargs=True)
+    for module in received:
+        module.register_forward_hook(_pad_received_hook(tp_mesh))
+    if blocks:
+        blocks[0].register_forward_pre_hook(_cut_input_hook(tp_mesh, received=bool(received)), with_kwargs=True)
+    if last and blocks:
+        blocks[-1].register_forward_hook(_gather_output_hook(tp_mesh))
+
+
+def _resplit(x: Any, tp_mesh: Any, src: Any, dst: Any) -> Any:
+    """``x`` (this rank's local tensor, laid out ``src`` over ``tp``) laid out ``dst``, as a local
+    tensor; a DTensor redistribution so that autograd runs its adjoint backward."""
+    from torch.distributed.tensor import DTensor
+
+    return DTensor.from_local(x, tp_mesh, [src], run_check=False).redistribute(tp_mesh, [dst]).to_local()
+
+
+def _gather(x: Any, tp_mesh: Any) -> Any:
+    from torch.distributed.tensor import Replicate, Shard
+
+    return _resplit(x, tp_mesh, Shard(SEQUENCE_DIM), Replicate())
+
+
+def _gather_input_hook(tp_mesh: Any, where: str):
+    """Pre-hook: the module's hidden state (first positional argument, else ``hidden_states``) gathered."""
+    def hook(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        if args and isinstance(args[0], torch.Tensor):
+            return (_gather(args[0], tp_mesh), *args[1:]), kwargs
+        if isinstance(kwargs.get("hidden_states"), torch.Tensor):
+            return args, {**kwargs, "hidden_states": _gather(kwargs["hidden_states"], tp_mesh)}
+        raise PipelineError(f"pipeline.sequence_parallel: {where!r} takes no hidden state (a first positional "
+                            "tensor or a hidden_states keyword) to gather along the sequence")
+    return hook
+
+
+def _cut(x: Any, tp_mesh: Any, received: bool) -> Any:
+    """This rank's rows of the sequence of ``x``: on stage 0 a redistribution from ``Replicate``
+    (its backward all-gathers, so the replicated embedding gets the whole gradient); on a later
+    stage a narrowing of the padded received shard (:func:`_pad_received_hook`; local both ways)."""
+    from torch.distributed.tensor import Replicate, Shard
+
+    tp, seq = tp_mesh.size(), x.shape[SEQUENCE_DIM]
+    if seq % tp:
+        raise PipelineError(f"pipeline.sequence_parallel: a sequence of {seq} does not split over {tp} tp ranks")
+    if received:
+        return x.narrow(SEQUENCE_DIM, tp_mesh.get_local_rank() * (seq // tp), seq // tp)
+    return _resplit(x, tp_mesh, Replicate(), Shard(SEQUENCE_DIM))
+
+
+def _cut_input_hook(tp_mesh: Any, *, received: bool):
+    """Pre-hook on a stage's first block: its hidden state cut to this rank's rows of the sequence."""
+
+    def hook(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        if args:
+            return (_cut(args[0], tp_mesh, received), *args[1:]), kwargs
+        if "hidden_states" not in kwargs:
+            raise PipelineError("pipeline.sequence_parallel: the first block takes no hidden state (a first "
+                                "positional argument or a hidden_states keyword) to split along the sequence")
+        return args, {**kwargs, "hidden_states": _cut(kwargs["hidden_states"], tp_mesh, received)}
+    return hook
+
+
+def _pad_received_hook(tp_mesh: Any):
+    """Forward hook on what stands for the embedding on a later stage: the received shard
+    ``(b, seq/tp, d)`` placed at this rank's rows of zeros ``(b, seq, d)``, so that the model's
+    bookkeeping between the embedding and the blocks (a Hugging Face model's position ids and
+    causal mask from the embedding's sequence length) sees the whole sequence; no communication,
+    and the first block narrows it back (:func:`_cut`)."""
+
+    def hook(module: nn.Module, args: tuple, output: Any) -> Any:
+        tp, rank = tp_mesh.size(), tp_mesh.get_local_rank()
+        shard = _ContiguousGrad.apply(output)
+        parts = [shard if k == rank else output.new_zeros(output.shape) for k in range(tp)]
+        return torch.cat(parts, dim=SEQUENCE_DIM)
+    return hook
+
+
+class _ContiguousGrad(torch.autograd.Function):
+    """Identity whose backward makes the gradient contiguous: the gradient of the padded received
+    shard is a strided slice, and torch's pipeline sends it back (and the previous stage allocates
+    its receive buffer with its strides; gloo receives into contiguous tensors only)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return grad.contiguous()
+
+
+def _gather_output_hook(tp_mesh: Any):
+    """Forward hook on the last stage's last block: its output (or first output) gathered for the head."""
+
+    def hook(module: nn.Module, args: tuple, output: Any) -> Any:
+        if isinstance(output, tuple):
+            return (_gather(output[0], tp_mesh), *output[1:])
+        return _gather(output, tp_mesh)
+    return hook

@@ -1,0 +1,103 @@
+"""Sequence parallelism inside pipeline stages: 4 gloo ranks, pp 2 x tp 2, against one device.
+
+The example LLaMA (``examples.models.llama3.tiny``) and Hugging Face's ``LlamaForCausalLM``
+as given (``examples.models.hf.hf_llama``), fp32, 2 blocks, batch 8 x 16, hidden 64, cut
+between their blocks into two stages (1F1B, 2 microbatches), with Megatron's column / row
+split of their linears on ``tp`` (read from plan-style placements, as
+``test_pipeline_tp_gloo.py`` does), run with the section's ``sequence_parallel`` (the
+residual stream ``(batch, seq/tp, dim)`` on each tp rank, ``autoshard.runtime.pipeline_sp``),
+and the example LLaMA once more without it (replicated over tp), all in one spawn. After
+each of two AdamW steps the loss and every gradient equal the one-device model's; the sends
+each rank records are the section's ``send_bytes`` (priced at ``1/tp`` of the activation)
+with sequence parallelism, ``tp`` times that without.
+"""
+
+from __future__ import annotations
+
+import pytest
+from equivalence import assert_pipeline_matches_one_device
+from gloo_ranks import spawn
+from test_pipeline_tp_gloo import build, plan_params
+
+pytestmark = pytest.mark.slow
+
+STEPS = 2
+BATCH, SEQ, DIM, MICROBATCHES, TP = 8, 16, 64, 2, 2
+MESH = ((2, 1, 2), ("pp", "dp", "tp"))  # dp of 1: every rank steps the whole batch
+SP_SEND_BYTES = BATCH // MICROBATCHES * SEQ // TP * DIM * 4  # fp32 (micro_batch, seq/tp, dim)
+JOBS = {"llama3_sp": ("llama3", True, "none"), "llama3_replicated": ("llama3", False, "none"),
+        "hf_sp": ("hf", True, "none"), "llama3_sp_full": ("llama3", True, "full")}
+"""label -> (model, sequence_parallel, recompute); ``build`` makes the models at batch 8 x 16. The
+search runs sequence parallelism with full recomputation (what it prices split: a checkpointed
+block's kept input, ``autoshard.search.pipeline_blocks`` (h'))."""
+
+
+def section_of(model, sequence_parallel: bool, recompute: str = "none"):
+    """The two-stage section of ``model`` with its tp layout, priced sequence-split when ``sequence_parallel``."""
+    from autoshard.plan.pipeline_section import build_pipeline_section
+    from autoshard.runtime.pipeline_stages import model_parts
+    from autoshard.runtime.pipeline_tp import block_linears, tensor_parallel_from_params
+
+    parts = model_parts(model)
+    layout = tensor_parallel_from_params(plan_params(model), MESH[1], block_linears(model, parts.blocks))
+    return build_pipeline_section(schedule="1F1B", n_ranks=2, n_microbatches=MICROBATCHES, batch_size=BATCH,
+                                  block_paths=parts.blocks, cuts=(1,), leading=parts.leading,
+                                  trailing=parts.trailing, tensor_parallel=layout,
+                                  send_bytes=SP_SEND_BYTES if sequence_parallel else SP_SEND_BYTES * TP,
+                                  sequence_parallel=sequence_parallel, recompute=recompute)
+
+
+def run_sp(rank: int, world: int) -> dict:
+    """Per mode: each step's loss and gradients against one device, the sends of each step and the
+    sends the section plans for this rank's stages."""
+    from equivalence import pipeline_steps
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from autoshard.runtime.pipeline_stages import build_pipeline
+
+    mesh = init_device_mesh("cpu", MESH[0], mesh_dim_names=MESH[1])
+    out = {}
+    for label, (name, sequence_parallel, recompute) in JOBS.items():
+        reference, inputs = build(name)
+        model, _ = build(name)
+        section = section_of(model, sequence_parallel, recompute)
+        run = build_pipeline(model, mesh, section, record_sends=True)
+        sends: list[list[tuple]] = []
+        run_step = run.step
+
+        def step(run_step=run_step, run=run, sends=sends, **inputs):  # keep each step's sends: the next clears them
+            loss = run_step(**inputs)
+            sends.append(sorted((s.stage, s.kind, s.nbytes) for s in run.sends))
+            return loss
+
+        run.step = step
+        steps = pipeline_steps(run, reference, inputs, mesh["dp"], steps=STEPS)
+        planned = []
+        for st in section.stages_of_rank(mesh["pp"].get_local_rank()):
+            fwd, bwd = section.planned_sends(st.index)
+            planned += [(st.index, "activation", section.send_bytes)] * fwd
+            planned += [(st.index, "gradient", section.send_bytes)] * bwd
+        out[label] = {"steps": steps, "sends": sends, "planned": sorted(planned)}
+    return out
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    return spawn(4, run_sp, (), tmp_path_factory.mktemp("u4_sp") / "ranks", timeout=300)
+
+
+@pytest.mark.parametrize("label", ["llama3_sp", "hf_sp", "llama3_sp_full"])
+def test_sequence_parallel_loss_and_every_gradient_equal_one_device_after_each_step(results, label):
+    # the loss is on the two tp ranks of the last stage
+    assert_pipeline_matches_one_device([res[label]["steps"] for res in results], holders=2, label=label)
+
+
+def test_sequence_parallel_sends_are_the_priced_send_bytes_one_tp_th_of_the_replicated_ones(results):
+    for rank, res in enumerate(results):
+        sp, replicated = res["llama3_sp"], res["llama3_replicated"]
+        assert sp["planned"], f"rank {rank}: no stage boundary"
+        assert all(nbytes == SP_SEND_BYTES for _, _, nbytes in sp["planned"])
+        for step in range(STEPS):
+            assert sp["sends"][step] == sp["planned"], f"rank {rank} step {step}"
+            assert replicated["sends"][step] == replicated["planned"], f"rank {rank} step {step}"
+            assert [n * TP for *_, n in sp["sends"][step]] == [n for *_, n in replicated["sends"][step]]
