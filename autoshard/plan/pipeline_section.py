@@ -60,7 +60,7 @@ from costmodel.pipeline_schedules import SCHEDULE_NAMES, build_schedule, stage_t
 
 __all__ = ["PIPELINE_VERSION", "DATA_PARALLEL", "TENSOR_PARALLEL_STYLES", "PipelineError", "PipelineStagePlan",
            "PipelineSection", "build_pipeline_section", "check_section", "V_SHAPED", "PIPELINE_SCHEMA",
-           "RECOMPUTE_POLICIES"]
+           "RECOMPUTE_POLICIES", "tensor_parallel_from_params"]
 
 PIPELINE_VERSION = 1
 DATA_PARALLEL = ("fsdp", "replicate")
@@ -262,6 +262,39 @@ def check_section(section: PipelineSection) -> None:
     if s.sequence_parallel and not s.tensor_parallel:
         raise PipelineError("pipeline.sequence_parallel: true needs a tensor_parallel layout to split the "
                             "sequence over tp")
+
+
+def tensor_parallel_from_params(params: Mapping[str, str], dim_names: Sequence[str], linears: Sequence[str], *,
+                                mesh_dim: str = "tp") -> tuple[tuple[str, str], ...]:
+    """The column / row layout of ``linears`` in a plan's parameter placements (``Plan.params``:
+    name -> one placement per mesh dim of ``dim_names``): ``colwise`` where the weight is
+    ``S(0)`` on ``mesh_dim``, ``rowwise`` where ``S(1)``; replicated linears are left out.
+    A weight split otherwise on ``mesh_dim`` raises :class:`PipelineError`, one line."""
+    from costmodel.placements import PlacementParseError, Replicate, Shard, parse_placements
+
+    names = tuple(dim_names)
+    if mesh_dim not in names:
+        raise PipelineError(f"pipeline.tensor_parallel: the plan's mesh dims {list(names)} have no {mesh_dim!r}")
+    at = names.index(mesh_dim)
+    layout = []
+    for path in linears:
+        text = params.get(f"{path}.weight")
+        if text is None:
+            raise PipelineError(f"pipeline.tensor_parallel: the plan places no parameter {path}.weight")
+        try:
+            placements = parse_placements(text)
+        except PlacementParseError as exc:
+            raise PipelineError(f"pipeline.tensor_parallel: {path}.weight: {exc}") from None
+        if len(placements) != len(names):
+            raise PipelineError(f"pipeline.tensor_parallel: {path}.weight is placed {text!r}, not one placement per "
+                                f"mesh dim of {list(names)}")
+        p = placements[at]
+        if type(p) is Shard and p.dim in (0, 1):
+            layout.append((path, "colwise" if p.dim == 0 else "rowwise"))
+        elif not isinstance(p, Replicate):
+            raise PipelineError(f"pipeline.tensor_parallel: {path}.weight is {text!r}; a stage runs a linear split "
+                                f"S(0) or S(1) on {mesh_dim!r}, or replicated")
+    return tuple(layout)
 
 
 def build_pipeline_section(

@@ -38,7 +38,8 @@ from typing import Any, Mapping, Sequence
 
 from torch import nn
 
-from autoshard.plan.pipeline_section import PipelineError, PipelineSection
+from autoshard.plan.pipeline_section import PipelineError, PipelineSection, tensor_parallel_from_params
+from autoshard.trace.blocks import block_linears
 
 __all__ = ["TP_DIM", "HEAD_COUNT_ATTRS", "tensor_parallel_from_params", "block_linears", "with_plan_layout",
            "apply_tensor_parallel"]
@@ -47,49 +48,6 @@ TP_DIM = "tp"
 """The mesh dim a stage's tensor parallelism runs on."""
 HEAD_COUNT_ATTRS = ("n_heads", "n_kv_heads", "num_heads", "num_key_value_heads")
 """Integer attributes of a module with column-split children that count its heads (divided by ``tp``)."""
-
-
-def block_linears(model: nn.Module, block_paths: Sequence[str]) -> tuple[str, ...]:
-    """Paths of the ``nn.Linear`` modules inside the repeated blocks, in registration order."""
-    out = []
-    for block in block_paths:
-        for name, module in model.get_submodule(block).named_modules():
-            if isinstance(module, nn.Linear):
-                out.append(f"{block}.{name}")
-    return tuple(out)
-
-
-def tensor_parallel_from_params(params: Mapping[str, str], dim_names: Sequence[str], linears: Sequence[str], *,
-                                mesh_dim: str = TP_DIM) -> tuple[tuple[str, str], ...]:
-    """The column / row layout of ``linears`` in a plan's parameter placements (``Plan.params``:
-    name -> one placement per mesh dim of ``dim_names``): ``colwise`` where the weight is
-    ``S(0)`` on ``mesh_dim``, ``rowwise`` where ``S(1)``; replicated linears are left out.
-    A weight split otherwise on ``mesh_dim`` raises :class:`PipelineError`, one line."""
-    from costmodel.placements import PlacementParseError, Replicate, Shard, parse_placements
-
-    names = tuple(dim_names)
-    if mesh_dim not in names:
-        raise PipelineError(f"pipeline.tensor_parallel: the plan's mesh dims {list(names)} have no {mesh_dim!r}")
-    at = names.index(mesh_dim)
-    layout = []
-    for path in linears:
-        text = params.get(f"{path}.weight")
-        if text is None:
-            raise PipelineError(f"pipeline.tensor_parallel: the plan places no parameter {path}.weight")
-        try:
-            placements = parse_placements(text)
-        except PlacementParseError as exc:
-            raise PipelineError(f"pipeline.tensor_parallel: {path}.weight: {exc}") from None
-        if len(placements) != len(names):
-            raise PipelineError(f"pipeline.tensor_parallel: {path}.weight is placed {text!r}, not one placement per "
-                                f"mesh dim of {list(names)}")
-        p = placements[at]
-        if type(p) is Shard and p.dim in (0, 1):
-            layout.append((path, "colwise" if p.dim == 0 else "rowwise"))
-        elif not isinstance(p, Replicate):
-            raise PipelineError(f"pipeline.tensor_parallel: {path}.weight is {text!r}; a stage runs a linear split "
-                                f"S(0) or S(1) on {mesh_dim!r}, or replicated")
-    return tuple(layout)
 
 
 def with_plan_layout(section: PipelineSection, model: nn.Module, params: Mapping[str, str],

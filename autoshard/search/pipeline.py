@@ -506,11 +506,15 @@ def pipeline_section(
     trailing: Sequence[str] = (),
     itemsize: int = 2,
     data_parallel: str = "fsdp",
+    tensor_parallel: Sequence[tuple[str, str]] = (),
 ) -> PipelineSection:
     """The plan file's ``pipeline`` section (``autoshard.plan.pipeline_section``) of the chosen
     candidate: its cuts over ``block_paths`` (``autoshard.trace.repeated_blocks``), ``leading``
     (embedding) on the first stage and ``trailing`` (norm, head) on the last, the send bytes as
-    :func:`search_pipeline` priced them (a microbatch's boundary activation over ``dp x tp``).
+    :func:`search_pipeline` priced them (a microbatch's boundary activation over ``dp x tp``);
+    ``tensor_parallel`` the stages' column / row split of the blocks' linears on ``tp``
+    (``autoshard.search.pipeline_model.stage_tensor_parallel``), run sequence parallel where the
+    stages recompute (a checkpointed block's kept input is priced sequence-split: ``pipeline_blocks`` (h')).
 
     >>> # pipeline_section(search_pipeline(...), batch=256, seq_len=8192, dim=16384,
     >>> #                  block_paths=[f"layers.{i}" for i in range(126)], leading=("tok_embeddings",))
@@ -523,4 +527,7 @@ def pipeline_section(
         block_paths=block_paths, cuts=plan.cuts, leading=leading, trailing=trailing,
         stages_per_rank=plan.stages_per_rank, mesh_dim=plan.dim_names[pp_at], send_bytes=send,
         data_parallel=data_parallel, stage_seconds=plan.stage_seconds, rank_peak_bytes=plan.rank_memory_bytes,
-        step_s=plan.step_s, bubble_fraction=plan.bubble_fraction, recompute=plan.recompute)
+        step_s=plan.step_s, bubble_fraction=plan.bubble_fraction, recompute=plan.recompute,
+        tensor_parallel=tensor_parallel,
+        # a checkpointed block's kept input is priced sequence-split over tp (pipeline_blocks (h'))
+        sequence_parallel=plan.recompute == "full" and bool(tensor_parallel))

@@ -163,6 +163,9 @@ class BlockPricing:
     block_recompute_s: float = 0.0
     """``Delta R``: one block's recomputation, inside :attr:`block`'s backward (the zero-bubble
     schedules' split backward runs it twice: ``autoshard.search.pipeline._stage_costs``)."""
+    params: tuple[tuple[str, str], ...] = ()
+    """The deeper solve's parameter placements (``Plan.params``: FQN of the cut-down model,
+    placement text on the stage sub-mesh): where the stages' tensor-parallel layout is read."""
 
     def step_of_model(self, n_blocks: int) -> float:
         """The single-stage, single-microbatch step of ``n_blocks`` blocks these costs give:
@@ -368,7 +371,7 @@ def price_blocks(
     if micro_batch < 1:
         raise ValueError(f"micro_batch must be >= 1 sequence, got {micro_batch}")
     started = time.perf_counter()
-    figures = []
+    figures, plan = [], None
     for depth in depths:
         traced = None if traces is None else traces.get((depth, micro_batch))
         model, inputs = None, None
@@ -383,8 +386,9 @@ def price_blocks(
         plan = solve_prepared(prep, baseline=baseline, recompute=recompute, memory_limit=math.inf,
                               time_limit=time_limit)
         figures.append(plan_figures(prep, plan, depth))
-    return pricing_from_figures(micro_batch, figures[0], figures[1], time.perf_counter() - started,
-                                checkpointed=recompute == "full")
+    pricing = pricing_from_figures(micro_batch, figures[0], figures[1], time.perf_counter() - started,
+                                   checkpointed=recompute == "full")
+    return replace(pricing, params=tuple(sorted(plan.params.items())))
 
 
 def pricing_from_figures(micro_batch: int, lo: PlanFigures, hi: PlanFigures, solve_s: float, *,

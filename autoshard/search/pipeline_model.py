@@ -34,11 +34,14 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 from torch import nn
 
-from autoshard.plan.pipeline_section import RECOMPUTE_POLICIES, PipelineError, PipelineSection
+from autoshard.plan.pipeline_section import (RECOMPUTE_POLICIES, PipelineError, PipelineSection,
+                                             tensor_parallel_from_params)
 from autoshard.search.pipeline import PipelineLayout, PipelinePlan, pipeline_section, search_pipeline
 from autoshard.search.pipeline_blocks import BlockPricing, price_blocks
+from autoshard.trace.blocks import block_linears
 
-__all__ = ["PIPELINE_DIM", "RUNTIME_SCHEDULES", "choose_pipeline", "stage_recompute", "truncated_model",
+__all__ = ["PIPELINE_DIM", "RUNTIME_SCHEDULES", "choose_pipeline", "stage_recompute", "stage_tensor_parallel",
+           "truncated_model",
            "microbatch_inputs", "stage_sub_mesh"]
 
 PIPELINE_DIM = "pp"
@@ -206,6 +209,52 @@ def choose_pipeline(
         raise
     except ValueError as exc:  # the search's one-line refusals, as the section's error
         raise PipelineError(f"pipeline: {exc}") from None
+    pricing = pricings[batch // chosen.n_microbatches, chosen.recompute]
     section = pipeline_section(chosen, batch=batch, seq_len=seq_len, dim=dim, block_paths=block_paths,
-                               leading=leading, trailing=trailing, itemsize=itemsize, data_parallel=data_parallel)
+                               leading=leading, trailing=trailing, itemsize=itemsize, data_parallel=data_parallel,
+                               tensor_parallel=stage_tensor_parallel(pricing, model, block_paths, sub_names))
     return section, chosen
+
+
+def stage_tensor_parallel(pricing: BlockPricing, model: nn.Module, block_paths: Sequence[str],
+                          sub_names: Sequence[str]) -> tuple[tuple[str, str], ...]:
+    """The column / row split on ``tp`` of every block's linears, as the stage sub-mesh's solve
+    (``pricing.params``, its deeper depth) placed the first block's: the blocks are alike (tied in
+    the solve), so each runs the first one's layout. Empty without a ``tp`` dim or placements, and
+    where the solve's split is not one torch's ``ColwiseParallel`` / ``RowwiseParallel`` can run
+    (:func:`_column_then_row`): the stages then replicate over ``tp``.
+
+    >>> # stage_tensor_parallel(pricing, model, [f"layers.{i}" for i in range(4)], ("dp", "tp"))
+    """
+    if "tp" not in tuple(sub_names) or not pricing.params:
+        return ()
+    first = block_paths[0]
+    linears = block_linears(model, [first])
+    layout = tensor_parallel_from_params(dict(pricing.params), sub_names, linears)
+    if not _column_then_row(model, linears, dict(layout)):
+        return ()
+    inside = [(path[len(first) + 1:], style) for path, style in layout]
+    return tuple((f"{block}.{rel}", style) for block in block_paths for rel, style in inside)
+
+
+def _column_then_row(model: nn.Module, linears: Sequence[str], styles: Mapping[str, str]) -> bool:
+    """Whether each module holding split linears (an attention, a feed-forward) splits by columns
+    the projections that read the block's stream and by rows the one projection that writes back
+    to it (Megatron's pairing: each column one's input features the row one's output features):
+    the only split whose activations torch's column and row styles leave right for the next
+    linear (a column-split output projection would take the heads' shard as its whole input). A
+    module none of whose linears is split is left out."""
+    parents: dict[str, list[str]] = {}
+    for path in linears:
+        parents.setdefault(path.rpartition(".")[0], []).append(path)
+    for paths in parents.values():
+        rows = [p for p in paths if styles.get(p) == "rowwise"]
+        cols = [p for p in paths if styles.get(p) == "colwise"]
+        if not rows and not cols:
+            continue
+        if len(rows) != 1 or len(cols) != len(paths) - 1:
+            return False
+        stream = model.get_submodule(rows[0]).out_features
+        if any(model.get_submodule(p).in_features != stream for p in cols):
+            return False
+    return True

@@ -30,14 +30,15 @@ interchangeable blocks, nested or not, and keeps the largest.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-__all__ = ["Container", "Stack", "containers", "repeated_blocks", "find_stack", "block_signature", "modules_around"]
+__all__ = ["Container", "Stack", "containers", "repeated_blocks", "find_stack", "block_signature", "modules_around",
+           "block_linears"]
 
 _CONTAINERS = (nn.ModuleList, nn.Sequential, nn.ModuleDict)
 
@@ -224,3 +225,13 @@ def _plain(value: Any) -> Any:
 def _has_hooks(module: nn.Module) -> bool:
     return any(getattr(module, name, None) for name in (
         "_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks"))
+
+
+def block_linears(model: nn.Module, block_paths: Sequence[str]) -> tuple[str, ...]:
+    """Paths of the ``nn.Linear`` modules inside the repeated blocks, in registration order."""
+    out = []
+    for block in block_paths:
+        for name, module in model.get_submodule(block).named_modules():
+            if isinstance(module, nn.Linear):
+                out.append(f"{block}.{name}")
+    return tuple(out)
