@@ -39,7 +39,7 @@ from typing import Any, Mapping, Sequence
 from torch import nn
 
 from autoshard.plan.pipeline_section import PipelineError, PipelineSection, tensor_parallel_from_params
-from autoshard.trace.blocks import block_linears
+from autoshard.trace.blocks import block_linears, column_then_row
 
 __all__ = ["TP_DIM", "HEAD_COUNT_ATTRS", "tensor_parallel_from_params", "block_linears", "with_plan_layout",
            "apply_tensor_parallel"]
@@ -54,7 +54,8 @@ def with_plan_layout(section: PipelineSection, model: nn.Module, params: Mapping
                      dim_names: Sequence[str]) -> PipelineSection:
     """``section`` with its ``tensor_parallel`` read from a plan's parameter placements (``Plan.params``
     on the plan's mesh dims ``dim_names``) for the linears of ``model``'s blocks, when it has none
-    and the plan's mesh has a ``tp`` dim; else ``section`` itself. A section with full recomputation
+    and the plan's mesh has a ``tp`` dim and splits them as torch's column / row styles can run
+    (``autoshard.trace.blocks.column_then_row``); else ``section`` itself. A section with full recomputation
     then runs sequence parallel (``sequence_parallel``), as the search priced its blocks.
 
     >>> # run = build_pipeline(model, mesh, with_plan_layout(plan.pipeline, model, plan.params, dims))
@@ -66,7 +67,10 @@ def with_plan_layout(section: PipelineSection, model: nn.Module, params: Mapping
 
     if section.tensor_parallel or TP_DIM not in tuple(dim_names):
         return section
-    layout = tensor_parallel_from_params(params, dim_names, block_linears(model, repeated_blocks(model)))
+    linears = block_linears(model, repeated_blocks(model))
+    layout = tensor_parallel_from_params(params, dim_names, linears)
+    if not column_then_row(model, linears, dict(layout)):  # torch's styles cannot run it: replicated over tp
+        return section
     # the search prices a checkpointed block's kept input sequence-split over tp
     # (autoshard.search.pipeline_blocks (h')): such stages run sequence parallel
     section = dataclasses.replace(section, tensor_parallel=layout, sequence_parallel=section.sequence_parallel or (

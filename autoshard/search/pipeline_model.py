@@ -38,7 +38,7 @@ from autoshard.plan.pipeline_section import (RECOMPUTE_POLICIES, PipelineError, 
                                              tensor_parallel_from_params)
 from autoshard.search.pipeline import PipelineLayout, PipelinePlan, pipeline_section, search_pipeline
 from autoshard.search.pipeline_blocks import BlockPricing, price_blocks
-from autoshard.trace.blocks import block_linears
+from autoshard.trace.blocks import block_linears, column_then_row
 
 __all__ = ["PIPELINE_DIM", "RUNTIME_SCHEDULES", "choose_pipeline", "stage_recompute", "stage_tensor_parallel",
            "truncated_model",
@@ -222,7 +222,7 @@ def stage_tensor_parallel(pricing: BlockPricing, model: nn.Module, block_paths: 
     (``pricing.params``, its deeper depth) placed the first block's: the blocks are alike (tied in
     the solve), so each runs the first one's layout. Empty without a ``tp`` dim or placements, and
     where the solve's split is not one torch's ``ColwiseParallel`` / ``RowwiseParallel`` can run
-    (:func:`_column_then_row`): the stages then replicate over ``tp``.
+    (:func:`autoshard.trace.blocks.column_then_row`): the stages then replicate over ``tp``.
 
     >>> # stage_tensor_parallel(pricing, model, [f"layers.{i}" for i in range(4)], ("dp", "tp"))
     """
@@ -231,30 +231,7 @@ def stage_tensor_parallel(pricing: BlockPricing, model: nn.Module, block_paths: 
     first = block_paths[0]
     linears = block_linears(model, [first])
     layout = tensor_parallel_from_params(dict(pricing.params), sub_names, linears)
-    if not _column_then_row(model, linears, dict(layout)):
+    if not column_then_row(model, linears, dict(layout)):
         return ()
     inside = [(path[len(first) + 1:], style) for path, style in layout]
     return tuple((f"{block}.{rel}", style) for block in block_paths for rel, style in inside)
-
-
-def _column_then_row(model: nn.Module, linears: Sequence[str], styles: Mapping[str, str]) -> bool:
-    """Whether each module holding split linears (an attention, a feed-forward) splits by columns
-    the projections that read the block's stream and by rows the one projection that writes back
-    to it (Megatron's pairing: each column one's input features the row one's output features):
-    the only split whose activations torch's column and row styles leave right for the next
-    linear (a column-split output projection would take the heads' shard as its whole input). A
-    module none of whose linears is split is left out."""
-    parents: dict[str, list[str]] = {}
-    for path in linears:
-        parents.setdefault(path.rpartition(".")[0], []).append(path)
-    for paths in parents.values():
-        rows = [p for p in paths if styles.get(p) == "rowwise"]
-        cols = [p for p in paths if styles.get(p) == "colwise"]
-        if not rows and not cols:
-            continue
-        if len(rows) != 1 or len(cols) != len(paths) - 1:
-            return False
-        stream = model.get_submodule(rows[0]).out_features
-        if any(model.get_submodule(p).in_features != stream for p in cols):
-            return False
-    return True

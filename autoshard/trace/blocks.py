@@ -30,7 +30,7 @@ interchangeable blocks, nested or not, and keeps the largest.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,7 +38,7 @@ import torch
 from torch import nn
 
 __all__ = ["Container", "Stack", "containers", "repeated_blocks", "find_stack", "block_signature", "modules_around",
-           "block_linears"]
+           "block_linears", "column_then_row"]
 
 _CONTAINERS = (nn.ModuleList, nn.Sequential, nn.ModuleDict)
 
@@ -235,3 +235,26 @@ def block_linears(model: nn.Module, block_paths: Sequence[str]) -> tuple[str, ..
             if isinstance(module, nn.Linear):
                 out.append(f"{block}.{name}")
     return tuple(out)
+
+
+def column_then_row(model: nn.Module, linears: Sequence[str], styles: Mapping[str, str]) -> bool:
+    """Whether each module holding split linears (an attention, a feed-forward) splits by columns
+    the projections that read the block's stream and by rows the one projection that writes back
+    to it (Megatron's pairing: each column one's input features the row one's output features):
+    the only split whose activations torch's column and row styles leave right for the next
+    linear (a column-split output projection would take the heads' shard as its whole input). A
+    module none of whose linears is split is left out."""
+    parents: dict[str, list[str]] = {}
+    for path in linears:
+        parents.setdefault(path.rpartition(".")[0], []).append(path)
+    for paths in parents.values():
+        rows = [p for p in paths if styles.get(p) == "rowwise"]
+        cols = [p for p in paths if styles.get(p) == "colwise"]
+        if not rows and not cols:
+            continue
+        if len(rows) != 1 or len(cols) != len(paths) - 1:
+            return False
+        stream = model.get_submodule(rows[0]).out_features
+        if any(model.get_submodule(p).in_features != stream for p in cols):
+            return False
+    return True

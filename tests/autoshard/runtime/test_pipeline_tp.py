@@ -81,18 +81,33 @@ def test_a_module_without_head_counts_is_left_alone():
     assert not hasattr(block, "n_heads")
 
 
+def _megatron(model, **change: str) -> dict[str, str]:
+    """Plan placements on (pp, dp, tp): q/k/v and w1/w3 split by columns on tp, wo and w2 by rows."""
+    split = {"wq": "S(0)", "wk": "S(0)", "wv": "S(0)", "wo": "S(1)", "w1": "S(0)", "w3": "S(0)", "w2": "S(1)", **change}
+    return {name: "RR" + split.get(name.rsplit(".", 2)[-2], "R") for name, _ in model.named_parameters()}
+
+
 def test_a_plans_section_without_a_layout_gets_the_plans_column_row_split_on_a_tp_mesh():
     from autoshard.runtime.pipeline_tp import with_plan_layout
 
     model, _ = llama3.tiny(device="meta")
-    params = {name: ("RRS(0)" if ".wq." in name else "RRS(1)" if ".wo." in name else "RRR")
-              for name, _ in model.named_parameters()}
-    section = with_plan_layout(_section(()), model, params, DIMS)
-    assert section.tensor_parallel == (("layers.0.attention.wq", "colwise"), ("layers.0.attention.wo", "rowwise"),
-                                       ("layers.1.attention.wq", "colwise"), ("layers.1.attention.wo", "rowwise"))
-    assert with_plan_layout(_section(()), model, params, ("pp", "dp")) == _section(())
+    section = with_plan_layout(_section(()), model, _megatron(model), DIMS)
+    assert dict(section.tensor_parallel) == {f"layers.{i}.{m}": style for i in (0, 1) for m, style in (
+        ("attention.wq", "colwise"), ("attention.wk", "colwise"), ("attention.wv", "colwise"),
+        ("attention.wo", "rowwise"), ("feed_forward.w1", "colwise"), ("feed_forward.w2", "rowwise"),
+        ("feed_forward.w3", "colwise"))}
+    assert with_plan_layout(_section(()), model, _megatron(model), ("pp", "dp")) == _section(())
     assert with_plan_layout(section, model, {}, DIMS) is section  # a section's own layout is kept
     assert not section.sequence_parallel
+
+
+@pytest.mark.parametrize("change", [{"wk": "R", "wv": "R"}, {"wo": "S(0)"}, {"w1": "S(1)", "w2": "S(0)"}],
+                         ids=["kv-replicated", "output-by-columns", "rows-read-the-stream"])
+def test_a_plans_split_torchs_column_and_row_styles_cannot_run_stays_replicated_over_tp(change):
+    from autoshard.runtime.pipeline_tp import with_plan_layout
+
+    model, _ = llama3.tiny(device="meta")
+    assert with_plan_layout(_section(()), model, _megatron(model, **change), DIMS) == _section(())
 
 
 def test_a_plans_section_with_full_recomputation_runs_its_tp_sequence_parallel():
@@ -102,11 +117,9 @@ def test_a_plans_section_with_full_recomputation_runs_its_tp_sequence_parallel()
     from autoshard.runtime.pipeline_tp import with_plan_layout
 
     model, _ = llama3.tiny(device="meta")
-    params = {name: ("RRS(0)" if ".wq." in name else "RRS(1)" if ".wo." in name else "RRR")
-              for name, _ in model.named_parameters()}
     full = dataclasses.replace(_section(()), recompute="full")
-    assert with_plan_layout(full, model, params, DIMS).sequence_parallel
-    assert not with_plan_layout(full, model, params, ("pp", "dp")).sequence_parallel  # no tp: nothing to split
+    assert with_plan_layout(full, model, _megatron(model), DIMS).sequence_parallel
+    assert not with_plan_layout(full, model, _megatron(model), ("pp", "dp")).sequence_parallel  # no tp: nothing to split
 
 
 @pytest.mark.parametrize("name", ["autoshard.runtime.pipeline_tp", "autoshard.runtime.pipeline_stages"])
