@@ -12,6 +12,20 @@ in dtype ``t`` on a device with peak ``P[t]`` FLOP/s and bandwidth ``W`` B/s:
   (``efficiency.matmul_by_dtype``: bf16 and fp8 GEMMs saturate at other sizes
   than fp32 ones), else ``efficiency.matmul``; the backward of fused attention
   uses ``efficiency.attention_backward`` where given, else ``attention``.
+* a GEMM (``matmul``) also pays ``c * B`` inside its compute term, where ``c``
+  is the profile's ``device.matmul_byte_s`` (0 where absent)::
+
+      compute = F / (P[t] * e_k(F)) + c * B
+
+  The kernel packs its operands into panels, a cost per byte, not per FLOP, so
+  the FLOP rate a GEMM reaches is ``1 / (1 + I_0 / I)`` of its FLOP term's with
+  ``I = F / B`` its arithmetic intensity and ``I_0 = c * P[t] * e_k(F)``: square
+  GEMMs (``I`` = 85 FLOP/B at 512^3 fp32) barely notice it, thin ones do
+  (``16 x 512 x 2048``: ``I`` = 7.7). Measured on a 2-core Xeon VM, one thread,
+  FLOP rate over the 512^3 one's: ``I`` 3.9 / 7.7 / 14.8 / 27.7 / 41 ->
+  0.54 / 0.66-0.83 / 0.82 / 0.90 / 0.93, which ``I_0`` = 2.6 gives as
+  0.60 / 0.75 / 0.85 / 0.91 / 0.94 (``benchmarks/results/calibration.md``).
+  Fused attention does not pay it (its operands are not packed that way).
 * ``e_run(r)`` (elementwise, reduction, copy): the profile's ``run`` curve at
   the op's innermost contiguous run of ``r`` elements (``r`` = infinity, the
   default, is a contiguous op: factor 1). Transposed or strided operands, a
@@ -199,6 +213,8 @@ def op_time_s(
         except KeyError as exc:
             raise ComputeError(f"dtype: {exc.args[0]}") from None
         compute_s = flops / (peak * efficiency(_curve(profile, kind, dtype), flops)) if flops else 0.0
+        if kind == "matmul":  # packing: per operand byte (module docstring)
+            compute_s += device.matmul_byte_s * bytes_accessed
         return max(compute_s, memory_s) + launch
     if kind == "copy":
         compute_s = 0.0

@@ -63,6 +63,16 @@ points, log-linear between them and flat beyond. Applied to the profile
   a LLaMA and an MLP step cost 1.8x and 2.7x their CPU alone: about 95 us of CPU per
   MiB they touch on both models, while per op the two excesses differ 8x (39 and
   300 us). One step (or steps without bytes): ``step_op_s`` alone, as before.
+* ``matmul_byte_s`` (seconds per byte, added to the profile's own) with ``r_matmul``:
+  where the references hold thin GEMMs (family ``matmul_thin``, ``16 x 512 x 2048`` and
+  ``16 x 2048 x 512``) beside the square ones, each GEMM with the bytes it accesses ``B_i``, the two are the
+  least-squares fit, in relative error, of ``t_i - L_m ~ r_matmul (p_i - L_p) + c B_i``
+  (``c = matmul_byte_s``, at least 0; else ``c = 0`` and the median ratio). A GEMM packs
+  its operands into panels, a cost per byte (``costmodel.compute``:
+  ``compute = F / (P e(F)) + matmul_byte_s * B``): a thin GEMM (arithmetic intensity 7.7
+  FLOP/B in fp32) runs at 0.66-0.83 of a square one's FLOP rate, which the median ratio
+  of square GEMMs alone cannot see, and which scaling the peak by would price square
+  GEMMs slow.
 
 If every op of a family is ``k`` times slower on the machine, the corrected
 profile prices it ``k`` times slower: tests check that synthetic times from a
@@ -86,7 +96,7 @@ from hw_profiles.profile import FreshPages, HardwareProfile, Overlap
 __all__ = ["FAMILIES", "FORMAT", "ReferenceTime", "ProfileCorrection", "family_ratios", "memory_points", "ratio_curve"]
 
 FORMAT = "autoshard.profile_correction/1"
-FAMILIES = ("launch", "matmul", "memory", "vector", "collective", "step", "collective_step")
+FAMILIES = ("launch", "matmul", "matmul_thin", "memory", "vector", "collective", "step", "collective_step")
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,10 +197,40 @@ def family_ratios(times: Sequence[ReferenceTime]) -> dict[str, float]:
         out["collective_alpha"], out["collective_beta"] = out[f"{kind}_alpha"], out[f"{kind}_beta"]
     if steps:  # seconds, not ratios: what an op, and a byte it touches, cost in a step beyond the op alone
         out.update(_step_figures(steps))
+    out.pop("matmul_thin", None)
+    gemms = [(t.predicted_s - launch_p, t.bytes_accessed, t.measured_s - launch_m) for t in times
+             if t.family in ("matmul", "matmul_thin") and t.bytes_accessed]
+    if any(t.family == "matmul_thin" for t in times) and len(gemms) >= 2:
+        out["matmul"], out["matmul_byte_s"] = _gemm_fit(gemms, out.get("matmul", 1.0))
     in_step = [t for t in times if t.family == "collective_step"]
     if in_step:  # seconds per collective: what a gap of compute then a collective take beyond the two alone
         out["skew_s"] = statistics.median(max(0.0, (t.measured_s - t.predicted_s) / t.size) for t in in_step)
     return out
+
+
+def _gemm_fit(gemms: Sequence[tuple[float, float, float]], fallback: float) -> tuple[float, float]:
+    """``(r_matmul, matmul_byte_s)``: the least-squares fit, in relative error, of
+    ``t_i ~ r p_i + c B_i`` over the GEMM references ``(p_i, B_i, t_i)`` (price of the FLOP
+    term, bytes, measured time; launch floors off both), ``c >= 0`` (else ``c = 0`` and
+    ``r`` = ``fallback``, the median ratio).
+
+    >>> g = [(1e-4, 2e5, 1.2e-4 + 4e-6), (5e-3, 3e6, 6e-3 + 6e-5), (6e-4, 4.4e6, 7.2e-4 + 8.8e-5)]
+    >>> tuple(round(v, 14) for v in _gemm_fit(g, 1.0))
+    (1.2, 2e-11)
+    """
+    w = [1.0 / t**2 for _, _, t in gemms]
+    spp = sum(wi * p * p for wi, (p, _, _) in zip(w, gemms))
+    spb = sum(wi * p * b for wi, (p, b, _) in zip(w, gemms))
+    sbb = sum(wi * b * b for wi, (_, b, _) in zip(w, gemms))
+    spt = sum(wi * p * t for wi, (p, _, t) in zip(w, gemms))
+    sbt = sum(wi * b * t for wi, (_, b, t) in zip(w, gemms))
+    det = spp * sbb - spb * spb
+    if det <= 0:
+        return fallback, 0.0
+    r, c = (spt * sbb - sbt * spb) / det, (spp * sbt - spb * spt) / det
+    if c < 0 or r <= 0:  # no cost per byte shows: the FLOP term alone, as before
+        return fallback, 0.0
+    return r, c
 
 
 def _step_figures(steps: Sequence[ReferenceTime]) -> dict[str, float]:
@@ -281,7 +321,7 @@ class ProfileCorrection:
 
     def summary(self) -> dict[str, float]:
         """The ratios, rounded (what ``plan.options["profile_correction"]`` shows)."""
-        return {f: (round(r, 4) if f not in ("step_op_s", "step_byte_s") else float(f"{r:.4g}"))
+        return {f: (round(r, 4) if f not in ("step_op_s", "step_byte_s", "matmul_byte_s") else float(f"{r:.4g}"))
                 for f, r in sorted(self.ratios.items())}
 
     def apply(self, profile: HardwareProfile) -> HardwareProfile:
@@ -313,7 +353,8 @@ class ProfileCorrection:
             memory_bandwidth_Bps=bandwidth, fresh_pages=fresh,
             efficiency=dataclasses.replace(eff, vector=vector, vector_by_op=by_op, memory=memory_eff))
         new_dev = dataclasses.replace(new_dev, step_op_s=r.get("step_op_s", dev.step_op_s),
-                                      step_byte_s=r.get("step_byte_s", dev.step_byte_s))
+                                      step_byte_s=r.get("step_byte_s", dev.step_byte_s),
+                                      matmul_byte_s=dev.matmul_byte_s + r.get("matmul_byte_s", 0.0))
         def scaled(kind: str, f: Any) -> Any:
             alpha = r.get(f"{kind}_alpha", r.get("collective_alpha", 1.0))
             beta = r.get(f"{kind}_beta", r.get("collective_beta", 1.0))

@@ -64,6 +64,11 @@ load unchanged and price as before):
   their operands cold, an op timed again and again finds them in cache; a
   profile correction measures it); added to every op of a step with its
   bytes (default 0);
+* ``device.matmul_byte_s``: what a byte a GEMM reads or writes costs beyond its
+  FLOPs (seconds per byte: packing operands into the kernel's panels; thin
+  GEMMs, ``16 x 512 x 2048``, run at 0.66-0.83 of a square one's FLOP rate on
+  one CPU core); ``costmodel.compute`` adds it times the GEMM's bytes; a
+  profile correction measures it (default 0);
 * ``device.allocator_headroom``: what the framework's allocator reserves beyond
   the live tensors, as a fraction of them (PyTorch's caching allocator rounds
   and fragments: ``max_memory_reserved`` over ``max_memory_allocated``); the
@@ -294,6 +299,10 @@ class DeviceSpec:
     """What each byte an op accesses costs inside a training step beyond its time alone
     (seconds per byte: operands cold in a step, warm when timed alone; a profile
     correction measures it); 0: nothing."""
+    matmul_byte_s: float = 0.0
+    """What each byte a GEMM reads or writes costs beyond its FLOPs (seconds per byte:
+    packing its operands into the kernel's panels, which thin GEMMs amortise over few
+    FLOPs; ``costmodel.compute``; a profile correction measures it); 0: nothing."""
 
     def in_step_s(self, bytes_accessed: float = 0.0) -> float:
         """What an op accessing ``bytes_accessed`` bytes costs inside a training step beyond its
@@ -349,6 +358,7 @@ class DeviceSpec:
             allocator_headroom=float(data.get("allocator_headroom", 0.0)),
             step_op_s=float(data.get("step_op_s", 0.0)),
             step_byte_s=float(data.get("step_byte_s", 0.0)),
+            matmul_byte_s=float(data.get("matmul_byte_s", 0.0)),
         )
 
     def source(self, field: str) -> "str | Citation | None":
@@ -376,6 +386,8 @@ class DeviceSpec:
             out["step_op_s"] = self.step_op_s
         if self.step_byte_s:
             out["step_byte_s"] = self.step_byte_s
+        if self.matmul_byte_s:
+            out["matmul_byte_s"] = self.matmul_byte_s
         out["efficiency"] = self.efficiency.to_dict()
         if self.sources:
             out["sources"] = {k: v.to_dict() if isinstance(v, Citation) else v for k, v in self.sources}

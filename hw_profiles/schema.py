@@ -164,6 +164,7 @@ SCHEMA: dict[str, Any] = {
                 "allocator_headroom": {"type": "number", "minimum": 0, "maximum": 1},
                 "step_op_s": {**_LIMITS["seconds"], "maximum": 1.0},
                 "step_byte_s": {**_LIMITS["seconds"], "maximum": 1e-6},
+                "matmul_byte_s": {**_LIMITS["seconds"], "maximum": 1e-6},
                 "fresh_pages": {
                     "type": "object",
                     "required": ["above_bytes", "Bps"],

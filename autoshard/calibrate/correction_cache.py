@@ -31,9 +31,10 @@ from hw_profiles.correction import ProfileCorrection
 if TYPE_CHECKING:
     from hw_profiles import HardwareProfile
 
-REFERENCE_SET = 2
+REFERENCE_SET = 4
 """Version of the reference set a correction times (``first_use``); a cached correction of another is
-measured again. 2: two reference steps, cache-resident and cold (``step_byte_s``), 2026-12-05."""
+measured again. 2: two reference steps, cache-resident and cold (``step_byte_s``), 2026-12-05.
+3: a thin GEMM (``matmul_byte_s``), 4: two thin GEMMs, 2026-12-06."""
 
 __all__ = ["REFERENCE_SET", "cache_dir", "machine_key", "key_name", "load_cached", "save_cached", "load_cached_profile",
            "save_cached_profile"]

@@ -4,8 +4,9 @@ runs them), against what the profile predicts for the same ops
 (``hw_profiles.correction`` has the math; ``correction_cache`` keeps the
 result per machine).
 
-The reference set is small and fixed: a launch (1-element add), two GEMMs
-(128^3 and 512^3 fp32), elementwise adds over a cache-resident and a
+The reference set is small and fixed: a launch (1-element add), two square GEMMs
+(128^3 and 512^3 fp32) and two thin ones (16 x 512 x 2048 and 16 x 2048 x 512: the
+cost per byte a GEMM packs, ``device.matmul_byte_s``), elementwise adds over a cache-resident and a
 DRAM-sized working set, a copy, a reduction, two vector-bound ops (silu,
 softmax), two reference steps (``autoshard.calibrate.reference_step``: the same
 ops as a small MLP's forward and backward, one cache-resident and one whose operands
@@ -37,6 +38,7 @@ four sharing two cores).
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import logging
@@ -97,6 +99,8 @@ GAP_OPS = 8
 """GEMM + mul + add triples in a gap (128 x 512 x 512 each: ~10 ms on 4 ranks sharing 2 cores, longer
 than a scheduler slice, so that the measured skew is the most a step's collective pays)."""
 IN_STEP_BYTES = 2**19
+THIN_GEMMS = ("mm 16x512x2048", "mm 16x2048x512")
+"""The thin reference GEMMs' labels: family ``matmul_thin`` (``hw_profiles.correction``)."""
 aten = torch.ops.aten
 log = logging.getLogger(__name__)
 
@@ -121,6 +125,11 @@ def reference_ops() -> list[RefOp]:
         RefOp("add 1", aten.add.Tensor, lambda: (torch.ones(1), torch.ones(1))),
         RefOp("mm 128x128x128", aten.mm.default, lambda: (_t(128, 128)(), _t(128, 128)())),
         RefOp("mm 512x512x512", aten.mm.default, lambda: (_t(512, 512)(), _t(512, 512)())),
+        # thin: a data-parallel shard's rows (the benchmark MLP's 16 a rank); packing per byte shows.
+        # Two orientations: on 4 ranks sharing 2 cores one 16-row shape ran 1.3x another of the same
+        # FLOPs and bytes (benchmarks/gemm_shapes.py); the fit takes their mean behaviour
+        RefOp(THIN_GEMMS[0], aten.mm.default, lambda: (_t(16, 512)(), _t(512, 2048)())),
+        RefOp(THIN_GEMMS[1], aten.mm.default, lambda: (_t(16, 2048)(), _t(2048, 512)())),
         RefOp("add 65536", aten.add.Tensor, lambda: (_t(65536)(), _t(65536)())),
         RefOp("add 4194304", aten.add.Tensor, lambda: (_t(4194304)(), _t(4194304)())),
         # a copy into a kept buffer: a clone would time the allocator's page faults, not the stream
@@ -144,13 +153,23 @@ def _price(op: RefOp, args: tuple, profile: HardwareProfile) -> tuple[str, float
     if op.label == "add 1":
         return "launch", 1.0, predicted
     if work.kind == "matmul":
-        return "matmul", work.flops, predicted
+        return ("matmul_thin" if op.label in THIN_GEMMS else "matmul"), work.flops, predicted
     vector_only = op_time_s(work.kind, flops=work.flops, bytes_accessed=0.0, dtype="fp32", profile=profile,
                             op=str(op.op))
     memory_only = op_time_s(work.kind, flops=0.0, bytes_accessed=work.bytes_accessed, dtype="fp32", profile=profile)
     if vector_only > memory_only:  # the vector term bounds it in this profile
         return "vector", work.flops, predicted
     return "memory", work.bytes_accessed, predicted
+
+
+def _gemm_bytes() -> dict[str, float]:
+    """The bytes each reference GEMM accesses, as the rules price them, by label."""
+    from autoshard.rules import load_rules
+    from autoshard.rules.core import to_meta
+
+    rules = load_rules()
+    return {op.label: float(rules.compute_kind(op.op, to_meta(op.make()), {}).bytes_accessed)
+            for op in reference_ops() if op.op is aten.mm.default}
 
 
 def _interleaved(job: Job, calls: list[Callable[[], Any]], settings: list[Settings]
@@ -251,6 +270,9 @@ def measure_correction(job: Job, profile: HardwareProfile, key: dict[str, Any]) 
     rest = seconds[:n] + seconds[n + n_step_calls:n + n_step_calls + n_colls]
     times = tuple(ReferenceTime(label, family, size, predicted, measured, *latency)
                   for (label, family, size, predicted, *latency), measured in zip(priced, rest))
+    gemm_bytes = _gemm_bytes()  # the GEMM fit splits FLOPs from bytes (``hw_profiles.correction``)
+    times = tuple(dataclasses.replace(t, bytes_accessed=gemm_bytes[t.label]) if t.label in gemm_bytes else t
+                  for t in times)
     at = n
     for size, _, parts, ops in steps:  # each step against its own ops timed alone, in the same rounds
         step_s, alone = typical[at], seconds[at + 1:at + 1 + len(parts)]

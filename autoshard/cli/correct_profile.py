@@ -76,6 +76,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"  step: {ratio * 1e6:.1f} us per op beyond the op alone")
         elif family == "step_byte_s":  # seconds per byte
             print(f"  step: {ratio * 2**20 * 1e6:.1f} us per MiB an op touches beyond the op alone (cold operands)")
+        elif family == "matmul_byte_s":  # seconds per byte
+            print(f"  matmul: {ratio * 2**20 * 1e6:.1f} us per MiB a GEMM packs beyond its FLOPs")
         elif family == "skew_s":  # seconds too
             print(f"  skew: a collective starts up to {ratio * 1e3:.2f} ms late after compute since the last one")
         else:

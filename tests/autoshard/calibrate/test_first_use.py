@@ -123,6 +123,8 @@ def test_a_real_measurement_on_one_process(tmp_path) -> None:
     assert record["source"] in ("measured", "measured under foreign load, not cached")
     ratios = dict(record["ratios"])
     step_op_s, step_byte_s = ratios.pop("step_op_s"), ratios.pop("step_byte_s")
+    matmul_byte_s = ratios.pop("matmul_byte_s")  # the thin GEMM's cost per byte packed
+    assert 0.0 <= matmul_byte_s < 1e-8 and profile.device.matmul_byte_s == pytest.approx(matmul_byte_s, rel=1e-3)
     assert set(ratios) == {"launch", "matmul", "memory", "vector"}
     assert all(0.01 < r < 100 for r in ratios.values())
     assert 0.0 <= step_op_s < 0.01 and profile.device.step_op_s == pytest.approx(step_op_s, rel=1e-3)
