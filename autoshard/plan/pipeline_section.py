@@ -60,7 +60,7 @@ from costmodel.pipeline_schedules import SCHEDULE_NAMES, build_schedule, stage_t
 
 __all__ = ["PIPELINE_VERSION", "DATA_PARALLEL", "TENSOR_PARALLEL_STYLES", "PipelineError", "PipelineStagePlan",
            "PipelineSection", "build_pipeline_section", "check_section", "V_SHAPED", "PIPELINE_SCHEMA",
-           "RECOMPUTE_POLICIES", "tensor_parallel_from_params"]
+           "RECOMPUTE_POLICIES", "tensor_parallel_from_params", "priced_sequence_parallel"]
 
 PIPELINE_VERSION = 1
 DATA_PARALLEL = ("fsdp", "replicate")
@@ -295,6 +295,17 @@ def tensor_parallel_from_params(params: Mapping[str, str], dim_names: Sequence[s
             raise PipelineError(f"pipeline.tensor_parallel: {path}.weight is {text!r}; a stage runs a linear split "
                                 f"S(0) or S(1) on {mesh_dim!r}, or replicated")
     return tuple(layout)
+
+
+def priced_sequence_parallel(recompute: str, tensor_parallel: Sequence[tuple[str, str]]) -> bool:
+    """Whether stages with this recomputation policy and tp layout run sequence parallel: the
+    pipeline search prices a checkpointed block's kept input sequence-split over ``tp``
+    (``autoshard.search.pipeline_blocks`` (h')), so a ``full`` section with a layout runs so.
+
+    >>> priced_sequence_parallel("full", (("l.0.wq", "colwise"),)), priced_sequence_parallel("none", ())
+    (True, False)
+    """
+    return recompute == "full" and bool(tensor_parallel)
 
 
 def build_pipeline_section(

@@ -131,15 +131,23 @@ def _gather(x: Any, tp_mesh: Any) -> Any:
     return _resplit(x, tp_mesh, Shard(SEQUENCE_DIM), Replicate())
 
 
+def _on_hidden_state(args: tuple, kwargs: dict, change: Any, refusal: str) -> tuple[tuple, dict]:
+    """A pre-hook's ``(args, kwargs)`` with the hidden state (the first positional tensor, else the
+    ``hidden_states`` keyword: Hugging Face's) replaced by ``change(it)``; ``refusal`` (one line)
+    raised as :class:`PipelineError` when there is none."""
+    if args and isinstance(args[0], torch.Tensor):
+        return (change(args[0]), *args[1:]), kwargs
+    if isinstance(kwargs.get("hidden_states"), torch.Tensor):
+        return args, {**kwargs, "hidden_states": change(kwargs["hidden_states"])}
+    raise PipelineError(refusal)
+
+
 def _gather_input_hook(tp_mesh: Any, where: str):
-    """Pre-hook: the module's hidden state (first positional argument, else ``hidden_states``) gathered."""
+    """Pre-hook: the module's hidden state gathered along the sequence."""
     def hook(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-        if args and isinstance(args[0], torch.Tensor):
-            return (_gather(args[0], tp_mesh), *args[1:]), kwargs
-        if isinstance(kwargs.get("hidden_states"), torch.Tensor):
-            return args, {**kwargs, "hidden_states": _gather(kwargs["hidden_states"], tp_mesh)}
-        raise PipelineError(f"pipeline.sequence_parallel: {where!r} takes no hidden state (a first positional "
-                            "tensor or a hidden_states keyword) to gather along the sequence")
+        return _on_hidden_state(args, kwargs, lambda x: _gather(x, tp_mesh),
+                                f"pipeline.sequence_parallel: {where!r} takes no hidden state (a first positional "
+                                "tensor or a hidden_states keyword) to gather along the sequence")
     return hook
 
 
@@ -161,12 +169,9 @@ def _cut_input_hook(tp_mesh: Any, *, received: bool):
     """Pre-hook on a stage's first block: its hidden state cut to this rank's rows of the sequence."""
 
     def hook(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-        if args:
-            return (_cut(args[0], tp_mesh, received), *args[1:]), kwargs
-        if "hidden_states" not in kwargs:
-            raise PipelineError("pipeline.sequence_parallel: the first block takes no hidden state (a first "
-                                "positional argument or a hidden_states keyword) to split along the sequence")
-        return args, {**kwargs, "hidden_states": _cut(kwargs["hidden_states"], tp_mesh, received)}
+        return _on_hidden_state(args, kwargs, lambda x: _cut(x, tp_mesh, received),
+                                "pipeline.sequence_parallel: the first block takes no hidden state (a first "
+                                "positional tensor or a hidden_states keyword) to split along the sequence")
     return hook
 
 

@@ -38,7 +38,8 @@ from typing import Any, Mapping, Sequence
 
 from torch import nn
 
-from autoshard.plan.pipeline_section import PipelineError, PipelineSection, tensor_parallel_from_params
+from autoshard.plan.pipeline_section import (PipelineError, PipelineSection, priced_sequence_parallel,
+                                             tensor_parallel_from_params)
 from autoshard.trace.blocks import block_linears, column_then_row
 
 __all__ = ["TP_DIM", "HEAD_COUNT_ATTRS", "tensor_parallel_from_params", "block_linears", "with_plan_layout",
@@ -71,10 +72,8 @@ def with_plan_layout(section: PipelineSection, model: nn.Module, params: Mapping
     layout = tensor_parallel_from_params(params, dim_names, linears)
     if not column_then_row(model, linears, dict(layout)):  # torch's styles cannot run it: replicated over tp
         return section
-    # the search prices a checkpointed block's kept input sequence-split over tp
-    # (autoshard.search.pipeline_blocks (h')): such stages run sequence parallel
-    section = dataclasses.replace(section, tensor_parallel=layout, sequence_parallel=section.sequence_parallel or (
-        section.recompute == "full" and bool(layout)))
+    section = dataclasses.replace(section, tensor_parallel=layout, sequence_parallel=section.sequence_parallel
+                                  or priced_sequence_parallel(section.recompute, layout))
     check_section(section)
     return section
 

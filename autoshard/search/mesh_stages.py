@@ -18,8 +18,8 @@ the pipeline search (:func:`autoshard.search.pipeline_model.choose_pipeline`:
 the stage sub-mesh solves of two and three blocks, stage cuts, microbatches, the
 schedules simulated, the stages' recomputation ``none`` or ``full``, both searched unless
 the options pin one: :func:`autoshard.search.pipeline_model.stage_recompute`), not by a
-solve of the whole mesh: the row's step is the pipeline's simulated step. The plan the search returns for a winning pp layout
-is the one ``autoshard solve --mesh ... --dims pp,...`` writes: the whole mesh's
+solve of the whole mesh: the row's step is the pipeline's simulated step. The plan the
+search returns for a winning pp layout is the one ``autoshard solve --mesh ... --dims pp,...`` writes: the whole mesh's
 per-op placements and the ``pipeline`` section that the runtime runs.
 
 **cp layouts** (:func:`context_layouts_for`): ``(dp, cp, tp)`` consistent

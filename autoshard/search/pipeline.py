@@ -96,7 +96,8 @@ from costmodel.pipeline_schedules import SCHEDULE_NAMES, build_schedule
 from costmodel.pipeline_simulate import PipelineSimulation, StageCost, simulate_pipeline
 from costmodel.stage_cuts import StageCuts, cut_stages, stage_in_flight
 
-from autoshard.plan.pipeline_section import RECOMPUTE_POLICIES, PipelineSection, build_pipeline_section
+from autoshard.plan.pipeline_section import (RECOMPUTE_POLICIES, PipelineSection, build_pipeline_section,
+                                             priced_sequence_parallel)
 from autoshard.search.pipeline_blocks import BlockPricing
 
 __all__ = [
@@ -528,6 +529,4 @@ def pipeline_section(
         stages_per_rank=plan.stages_per_rank, mesh_dim=plan.dim_names[pp_at], send_bytes=send,
         data_parallel=data_parallel, stage_seconds=plan.stage_seconds, rank_peak_bytes=plan.rank_memory_bytes,
         step_s=plan.step_s, bubble_fraction=plan.bubble_fraction, recompute=plan.recompute,
-        tensor_parallel=tensor_parallel,
-        # a checkpointed block's kept input is priced sequence-split over tp (pipeline_blocks (h'))
-        sequence_parallel=plan.recompute == "full" and bool(tensor_parallel))
+        tensor_parallel=tensor_parallel, sequence_parallel=priced_sequence_parallel(plan.recompute, tensor_parallel))

@@ -3,12 +3,11 @@
 :func:`choose_pipeline` runs :func:`autoshard.search.pipeline.search_pipeline` for one
 model instance (not a factory): the block pricing of a microbatch
 (:func:`autoshard.search.pipeline_blocks.price_blocks`) solves the model cut down to
-``L_1 = 2`` and ``L_2 = 3`` of its repeated blocks (1 and 2 for a model of two) (a shallow copy whose block container
-keeps its first ``L`` blocks, the same modules, nothing copied) at the microbatch's rows
-of the example inputs, on the stage sub-mesh (the mesh without the ``pp`` dim), once per
-recomputation policy the search prices (``none`` and ``full``: what the stage runtime runs;
-``autoshard.search.pipeline``, Recomputation). The
-answer is the chosen :class:`~autoshard.search.pipeline.PipelinePlan` and the plan
+``L_1 = 2`` and ``L_2 = 3`` of its repeated blocks (1 and 2 for a model of two; a shallow
+copy whose block container keeps its first ``L`` blocks, the same modules, nothing copied)
+at the microbatch's rows of the example inputs, on the stage sub-mesh (the mesh without the
+``pp`` dim), once per recomputation policy the search prices (``none`` and ``full``: what
+the stage runtime runs; ``autoshard.search.pipeline``, Recomputation). The answer is the chosen :class:`~autoshard.search.pipeline.PipelinePlan` and the plan
 file's :class:`~autoshard.plan.pipeline_section.PipelineSection`, with each stage's
 priced time and its rank's peak memory recorded.
 
@@ -41,8 +40,7 @@ from autoshard.search.pipeline_blocks import BlockPricing, price_blocks
 from autoshard.trace.blocks import block_linears, column_then_row
 
 __all__ = ["PIPELINE_DIM", "RUNTIME_SCHEDULES", "choose_pipeline", "stage_recompute", "stage_tensor_parallel",
-           "truncated_model",
-           "microbatch_inputs", "stage_sub_mesh"]
+           "truncated_model", "microbatch_inputs", "stage_sub_mesh"]
 
 PIPELINE_DIM = "pp"
 """The mesh dim name that asks for pipeline stages."""
@@ -62,7 +60,7 @@ def stage_recompute(policy: str) -> str:
     >>> stage_recompute("full"), stage_recompute("selective"), stage_recompute("every:2")
     ('full', 'auto', 'auto')
     """
-    return policy if policy in ("none", "full") else "auto"
+    return policy if policy in RECOMPUTE_POLICIES else "auto"
 
 
 def stage_sub_mesh(mesh_shape: Sequence[int], dim_names: Sequence[str]) -> tuple[tuple[int, ...], tuple[str, ...]]:
