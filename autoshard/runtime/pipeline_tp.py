@@ -70,7 +70,7 @@ def with_plan_layout(section: PipelineSection, model: nn.Module, params: Mapping
         return section
     linears = block_linears(model, repeated_blocks(model))
     layout = tensor_parallel_from_params(params, dim_names, linears)
-    if not column_then_row(model, linears, dict(layout)):  # torch's styles cannot run it: replicated over tp
+    if not column_then_row(model, linears, dict(layout)):  # torch's styles cannot run it: refused when built
         return section
     section = dataclasses.replace(section, tensor_parallel=layout, sequence_parallel=section.sequence_parallel
                                   or priced_sequence_parallel(section.recompute, layout))

@@ -220,7 +220,8 @@ def stage_tensor_parallel(pricing: BlockPricing, model: nn.Module, block_paths: 
     (``pricing.params``, its deeper depth) placed the first block's: the blocks are alike (tied in
     the solve), so each runs the first one's layout. Empty without a ``tp`` dim or placements, and
     where the solve's split is not one torch's ``ColwiseParallel`` / ``RowwiseParallel`` can run
-    (:func:`autoshard.trace.blocks.column_then_row`): the stages then replicate over ``tp``.
+    (:func:`autoshard.trace.blocks.column_then_row`): the stage runtime then refuses a ``tp`` dim of
+    more than one rank in one line (it runs no other split).
 
     >>> # stage_tensor_parallel(pricing, model, [f"layers.{i}" for i in range(4)], ("dp", "tp"))
     """
