@@ -11,6 +11,8 @@ reduction ``g`` and optimizer ``o``, and the embedding / head extras).
 **One candidate** ``(schedule, m, v)`` (:func:`price_pipeline`):
 
     (a) cuts    = cut_stages(blocks, K, extras, h = stage_in_flight(schedule), M - T)
+                  (the head's state with ``T_head``, the head's transient above ``T``: counted once,
+                  on the last stage: ``pipeline_blocks``, Transients)
                   (``costmodel.stage_cuts``: DP over block boundaries, least slowest stage)
     (b) stage k = StageCost(F_k = sum f + [k = K-1] f^last + a2a_k, B_k = sum b + ...,
                             I_k = W_k = (B_k - R_k) / 2 + R_k,    (the split backward: ASSUMPTION;
@@ -21,7 +23,7 @@ reduction ``g`` and optimizer ``o``, and the embedding / head extras).
                             G_k = sum g (+ extras), O_k = sum o (+ extras),
                             weight gathers A_k = sum w (+ extras), once a step)
     (c) sim     = simulate_pipeline(schedule(p, m, v), [stage k])   (``costmodel.pipeline_simulate``)
-    (d) memory_r = sum_{k on r} (sum s) + peak activation bytes of r (sim) + T   <= M
+    (d) memory_r = sum_{k on r} (sum s) + [r holds stage K-1] T_head + peak activation bytes of r (sim) + T  <= M
     (e) step    = sim.step_s
 
 The send is one point-to-point permute of the boundary activation (and of its
@@ -87,7 +89,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Mapping, Sequence
 
 from costmodel.collectives import collective_time_s
@@ -339,10 +341,13 @@ def price_pipeline(
         return refused(str(exc), False)
     held = stage_in_flight(sched)
     budget = limit - pricing.transient_bytes
+    # the head's transient once, with the last stage's state: cut and (d) both see it there only
+    last_extra = replace(pricing.last_extra, state_bytes=pricing.last_extra.state_bytes
+                         + int(pricing.head_transient_bytes))
 
     def cut_within(budget: float) -> StageCuts:  # (a)
         return cut_stages([pricing.block] * n_blocks, pp * v, first_extra=pricing.first_extra,
-                          last_extra=pricing.last_extra, in_flight=held,
+                          last_extra=last_extra, in_flight=held,
                           memory_limit_bytes=None if math.isinf(budget) else max(0, int(budget)), stages_per_rank=v,
                           stage_ranks=sched.stage_ranks)
 

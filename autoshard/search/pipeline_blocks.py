@@ -63,9 +63,37 @@ replicated copies).
 **Extras**: the rest of ``L_1``'s figures, ``y(L_1) - L_1 Delta y``. The embedding's and
 the head's compute and communication go to the last stage (the head, the loss and the
 final norm dominate them: the embedding is a gather), their state by parameter:
-``tok_embeddings`` to the first stage, the rest to the last. The transient
-``T = P(L_1) - S(L_1) - L_1 a``, ``a`` as solved (the head's logits, one block's recomputation,
-gathered copies), is added to every stage's memory: an upper bound for the stages without the head.
+``tok_embeddings`` to the first stage, the rest to the last.
+
+**Transients** (:func:`_transients`): what a plan's activations hold at time ``t`` beyond the
+forward's saved ones,
+
+    tau(t) = sum of the op storages live at t (the solver's intervals, at the chosen placements;
+             a recomputed op's again from its region's recomputation phase to its last reader)
+           + the activations' redistributed copies live at t (the graph's copy intervals)
+           - the saved ones: storages live at the loss and made before the head,
+
+split by where ``t`` lies: the head's times ``H`` (after the blocks' last forward op, before their
+first backward op; module paths from the trace) and the rest, the blocks' (their forward,
+backward and recomputation temporaries, the gradients of one op before they are accumulated):
+
+    (t1) T_blk  = max_{t not in H} tau(t)     (both depths; the larger)   added to every stage
+    (t2) T_head = max_{t in H} tau(t)   of L_1; T_head - T_blk (when positive) added to the
+         stage that holds the head only, as the last stage's state (counted once, not per
+         microbatch in flight)
+
+Not in ``tau``: the parameters' gathered copies, the gradients' unreduced partials and reduction
+payloads. A stage holds its weights gathered and its gradients accumulated through the step
+(``S``: param_comm (d)) and reduces once, after its last microbatch's backward, so the
+one-microbatch plan's per-block gathers, partials and payloads are counted there, not again
+beside the activations. The solver's intervals hold a storage at least as long as the step
+program does (``autoshard.program.memory``), so ``tau`` bounds the program's level from above:
+on the 405B stage (``tp`` 8, one sequence a rank) it equals the exact timeline's op and
+activation-copy terms, ``T_blk`` 1.29 GB without recomputation, 2.23 GB with full, ``T_head``
+5.27 GB (the head's unreduced weight gradient, 4.2 GB, and the logits).
+Without module paths (figures built by hand), ``T = P(L_1) - S_0(L_1) - L_1 a`` (``S_0 = S -
+held`` the sharded state, ``a`` as solved: the one-microbatch plan's peak above them, the head's
+logits included) is added to every stage.
 
 Why it keeps the per-block costs exact under the cost model: the blocks are
 identical (stamped in the trace, tied in the solve), so a pinned layout prices every
@@ -130,6 +158,11 @@ class PlanFigures:
     replicated there (h')."""
     recompute_s: float = 0.0
     """``R``: the recomputation inside (b) (``estimate.recompute_s``)."""
+    head_transient_bytes: float = 0.0
+    """(t2) ``T_head``: the most the activations hold beyond the saved ones at the head's times (0
+    with :attr:`block_transient_bytes`: not known)."""
+    block_transient_bytes: float = 0.0
+    """(t1) ``T_blk``: the same at every other time (a block's forward, backward, recomputation)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,7 +182,7 @@ class BlockPricing:
     extra_reduction_s: float
     extra_optimizer_s: float
     transient_bytes: float
-    """``T``: added to every stage's memory."""
+    """``T`` (``T_blk`` where the figures know it): added to every stage's memory."""
     figures: tuple[PlanFigures, ...]
     """The solved depths' figures, shallowest first."""
     solve_s: float
@@ -166,6 +199,8 @@ class BlockPricing:
     params: tuple[tuple[str, str], ...] = ()
     """The deeper solve's parameter placements (``Plan.params``: FQN of the cut-down model,
     placement text on the stage sub-mesh): where the stages' tensor-parallel layout is read."""
+    head_transient_bytes: float = 0.0
+    """(t2) ``T_head - T_blk`` when positive: added to the memory of the stage holding the head only."""
 
     def step_of_model(self, n_blocks: int) -> float:
         """The single-stage, single-microbatch step of ``n_blocks`` blocks these costs give:
@@ -224,9 +259,92 @@ def plan_figures(prep: Any, plan: Any, n_blocks: int, block_prefix: str = "layer
     last = sum(state.values()) - blocks - first - sum(state[a] for a in aliases if a in state)
     exchanges = tuple(sorted({f"{n.exchange[0]}@{n.exchange[1]}" for n in plan.nodes if n.exchange}))
     outputs, split = _block_outputs(graph, chosen)
+    head, other = _transients(getattr(prep, "traced", None), graph, plan, chosen, end)
     return PlanFigures(n_blocks, fwd, bwd, opt, exposed, params.reduction_s, blocks, first, last, e.peak_memory_bytes,
                        e.step_s, exchanges, _live_at(plan.memory_timeline, graph.times.get(plan.nodes[end].name)),
-                       params.gather_exposed_s, params.held_bytes, outputs, split, e.recompute_s)
+                       params.gather_exposed_s, params.held_bytes, outputs, split, e.recompute_s, head, other)
+
+
+def _transients(traced: Any, graph: Any, plan: Any, chosen: Sequence[tuple[Any, int]],
+                end: int) -> tuple[float, float]:
+    """(t2), (t1): ``(T_head, T_blk)`` of ``plan`` (module docstring, Transients); ``(0, 0)`` where
+    the trace has no module paths or blocks."""
+    paths, blocks = getattr(traced, "module_paths", None) or {}, getattr(traced, "blocks", ())
+    t_loss = graph.times.get(plan.nodes[end].name)
+    if not paths or not blocks or t_loss is None:
+        return 0.0, 0.0
+    in_block = lambda p: p is not None and any(p == b or p.startswith(b + ".") for b in blocks)  # noqa: E731
+    block_times = [t for name, t in graph.times.items() if in_block(paths.get(name))]
+    forward, backward = [t for t in block_times if t <= t_loss], [t for t in block_times if t > t_loss]
+    if not forward or not backward:
+        return 0.0, 0.0
+    head_from, head_to = max(forward) + 1, min(backward)  # H = [head_from, head_to)
+    spans = _activation_spans(graph, chosen, set(getattr(plan, "recompute", ())), head_from, t_loss)
+    head = other = 0.0
+    for t in sorted({s for s, _, _ in spans}):
+        tau = sum(b for s, e, b in spans if s <= t < e)
+        if head_from <= t < head_to:
+            head = max(head, tau)
+        else:
+            other = max(other, tau)
+    return head, other
+
+
+def _activation_spans(graph: Any, chosen: Sequence[tuple[Any, int]], recomputed: set[str], head_from: int,
+                      t_loss: int) -> list[tuple[int, int, float]]:
+    """``(start, end, bytes)`` of what ``tau`` sums: every op storage at its chosen placement over
+    its live interval (the solver's, at least the program's), a recomputed one again from its
+    region's recomputation phase to its last reader, and every activation's redistributed copy
+    (a parameter's and a gradient's are held through the step: ``S``), less the saved ones
+    (``kept``: live at the loss, made before the head). ``recomputed``: the plan's recomputed ops
+    (``Plan.recompute``; a chosen strategy names placements, not the state)."""
+    from autoshard.program.memory import param_view_roots
+    from autoshard.program.schedule import VIEW_OPS
+    from costmodel.shard_shapes import max_local_numel
+
+    choice = {graph.index[node.name]: k for node, k in chosen}
+    readers: dict[int, list[int]] = {}
+    for e in graph.edges:
+        readers.setdefault(e.src, []).append(e.dst)
+    phase = {r.index: r.phase_start for r in getattr(graph, "regions", ())}
+    out = []
+    for i, k in choice.items():
+        node, nbytes = graph.nodes[i], float(graph.nodes[i].memory_bytes[k])
+        if not nbytes or node.live is None:
+            continue
+        again = node.name in recomputed
+        if again or not (node.live[0] < head_from and node.live[0] <= t_loss < node.live[1]):
+            out.append((node.live[0], node.live[1], nbytes))
+        if again and node.region in phase:
+            out.append((phase[node.region], _last_read(graph, i, readers) + 1, nbytes))
+    roots = param_view_roots(graph, VIEW_OPS)
+    for j, e in enumerate(graph.edges):
+        if e.src not in choice or e.dst not in choice or e.src in roots:
+            continue
+        made = graph.nodes[e.src].strategies[choice[e.src]].output_placements[e.src_output]
+        read = graph.nodes[e.dst].strategies[choice[e.dst]].input_placements[e.dst_input]
+        if made is None or read is None or made == read:  # a non-tensor argument, or no copy
+            continue
+        again = graph.nodes[e.dst].name in recomputed and graph.copy_live_recomputed
+        lives = (graph.copy_live_recomputed[j] if again else graph.copy_live[j]) if graph.copy_live else ()
+        nbytes = float(max_local_numel(e.tensor.shape, read, graph.mesh.shape) * e.tensor.dtype.itemsize)
+        out.extend((s, t, nbytes) for s, t in lives)
+    return out
+
+
+def _last_read(graph: Any, i: int, readers: Mapping[int, list[int]]) -> int:
+    """The time of the last op reading node ``i``'s storage, through its views."""
+    from autoshard.graph.liveness import is_view_name
+
+    last, todo, seen = graph.nodes[i].live[0], [i], {i}
+    while todo:
+        for j in readers.get(todo.pop(), ()):
+            node = graph.nodes[j]
+            last = max(last, graph.times.get(node.name, last))
+            if node.kind == "op" and is_view_name(node.target) and j not in seen:
+                seen.add(j)
+                todo.append(j)
+    return last
 
 
 def _block_outputs(graph: Any, chosen: Sequence[tuple[Any, int]]) -> tuple[float, float]:
@@ -325,6 +443,15 @@ def _extras(lo: PlanFigures, block: BlockCost, reduction: float, optimizer: floa
             transient)
 
 
+def _split_transient(lo: PlanFigures, hi: PlanFigures, peak_rule: float) -> tuple[float, float]:
+    """``(T, head)``: (t1) for every stage and (t2)'s excess for the head's, where both depths know
+    their transients; else ``peak_rule`` (the peak's) for every stage and nothing more."""
+    if not any(f.head_transient_bytes or f.block_transient_bytes for f in (lo, hi)):
+        return peak_rule, 0.0
+    blocks = max(0.0, lo.block_transient_bytes, hi.block_transient_bytes)
+    return blocks, max(0.0, lo.head_transient_bytes - blocks)
+
+
 def _share(fig: PlanFigures) -> float:
     total = fig.forward_s + fig.backward_s
     return fig.forward_s / total if total > 0 else 0.5
@@ -348,6 +475,7 @@ def price_blocks(
     prepare_options: Mapping[str, Any] | None = None,
     model_hook: Callable[[Any], None] | None = None,
     traces: dict[tuple[int, int], Any] | None = None,
+    tp_table: Mapping[str, str | int] | None = None,
 ) -> BlockPricing:
     """:class:`BlockPricing` of ``factory(**overrides, n_layers=L, batch_size=micro_batch)`` on
     ``mesh_shape`` from solves at the two ``depths`` (module docstring). ``baseline`` pins a
@@ -359,6 +487,8 @@ def price_blocks(
     or a ``HardwareProfile`` (the mesh search's, sized to its nodes). ``traces``: traced depths
     ``(depth, micro_batch) -> TracedGraph`` shared between calls of one factory and profile (the
     trace does not depend on the recomputation policy: the two policies' solves trace once).
+    ``tp_table``: the tensor-parallel table of a ``tp`` / ``fsdp+tp`` ``baseline`` (default: the shipped
+    table that matches; ``autoshard.search.pipeline_model`` passes the split its stage runtime runs).
 
     >>> # price_blocks(llama3.llama3_405b, {"seq_len": 8192, "dtype": "bfloat16"}, (8, 8), ("dp", "tp"),
     >>> #              micro_batch=8, baseline="fsdp+tp", recompute="full", profile="h100-sxm-96gb-500w")
@@ -384,7 +514,7 @@ def price_blocks(
         if traces is not None:
             traces[depth, micro_batch] = prep.traced
         plan = solve_prepared(prep, baseline=baseline, recompute=recompute, memory_limit=math.inf,
-                              time_limit=time_limit)
+                              time_limit=time_limit, tp_table=tp_table)
         figures.append(plan_figures(prep, plan, depth))
     pricing = pricing_from_figures(micro_batch, figures[0], figures[1], time.perf_counter() - started,
                                    checkpointed=recompute == "full")
@@ -400,8 +530,10 @@ def pricing_from_figures(micro_batch: int, lo: PlanFigures, hi: PlanFigures, sol
     >>> # pricing_from_figures(4, plan_figures(prep2, plan2, 2), plan_figures(prep4, plan4, 4), 12.0)
     """
     block, reduction, optimizer, gather, solved_acts = _block_of(lo, hi, checkpointed)
-    first, last, extra_reduction, extra_optimizer, transient = _extras(lo, block, reduction, optimizer, solved_acts)
+    first, last, extra_reduction, extra_optimizer, peak_rule = _extras(lo, block, reduction, optimizer, solved_acts)
+    transient, head = _split_transient(lo, hi, peak_rule)
     exposed = max(0.0, (hi.exposed_s - lo.exposed_s) / (hi.n_blocks - lo.n_blocks))
     return BlockPricing(micro_batch, block, reduction, optimizer, first, last, extra_reduction, extra_optimizer,
                         transient, (lo, hi), solve_s, exposed, gather, max(0.0, lo.gather_s - lo.n_blocks * gather),
-                        max(0.0, (hi.recompute_s - lo.recompute_s) / (hi.n_blocks - lo.n_blocks)))
+                        max(0.0, (hi.recompute_s - lo.recompute_s) / (hi.n_blocks - lo.n_blocks)),
+                        head_transient_bytes=head)
