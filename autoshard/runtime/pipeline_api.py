@@ -11,8 +11,8 @@ rank raises (as :func:`autoshard.runtime.rank_agreement.agree`).
 Each stage runs data-parallel over the mesh's ``dp`` dim (FSDP2 ``fully_shard`` or
 ``replicate``, as the section's ``data_parallel`` says) and, on a ``tp`` dim, torch's
 tensor parallelism with the column/row split of the linears that the given plan's
-placements say (``autoshard.runtime.pipeline_tp``; a searched section without a plan
-has no such layout, and a ``tp`` dim is refused then), not with the per-op placements
+placements say (``autoshard.runtime.pipeline_tp``; without a plan, the split the search
+pinned and priced: ``autoshard.search.pipeline_model``, A ``tp`` dim), not with the per-op placements
 of the stage sub-mesh's solve: autoshard's interpreter runs whole-graph step programs,
 not the per-microbatch stage calls a ``PipelineStage`` makes. Where the section says
 ``recompute`` "full" (the search priced the stages with activation checkpointing), each

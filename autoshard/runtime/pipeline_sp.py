@@ -18,6 +18,14 @@ What :func:`sequence_parallel_plan` and :func:`add_sequence_hooks` set up, per s
 - column-split linears run ``ColwiseParallel()`` on that replicated input; row-split ones
   ``RowwiseParallel(output_layouts=Shard(1))``: a reduce-scatter to the sequence shard
   where the plain TP all-reduces;
+- a module inside a block whose linears the layout leaves replicated (an attention whose K/V
+  heads do not split over ``tp``: ``autoshard.trace.blocks.megatron_split``) runs on the
+  gathered sequence too, and its output is cut back to this rank's rows (a redistribution
+  from ``Replicate``: its backward all-gathers, so the module's replicated weights get the
+  whole gradient on every rank); without it the module would see this rank's rows of the
+  sequence alone (an attention over part of the sequence: wrong, and silently so). Such a
+  module holding a norm of the block, or a block all of whose linears are replicated, is
+  refused in one line (its norm would run on the whole sequence under ``SequenceParallel``);
 - every norm inside a block (``nn.LayerNorm``, ``nn.RMSNorm``, any module whose class name
   ends in ``Norm``: Hugging Face's ``LlamaRMSNorm``) runs ``SequenceParallel()`` on its
   sequence shard: its weight a replicated ``tp`` DTensor, so its gradient is summed over
@@ -50,7 +58,8 @@ from torch import nn
 
 from autoshard.plan.pipeline_section import PipelineError
 
-__all__ = ["SEQUENCE_DIM", "is_norm", "block_norms", "sequence_parallel_plan", "add_sequence_hooks"]
+__all__ = ["SEQUENCE_DIM", "is_norm", "block_norms", "replicated_parents", "sequence_parallel_plan",
+           "add_sequence_hooks"]
 
 SEQUENCE_DIM = 1
 """The tensor dim of the residual stream ``(batch, seq, dim)`` split over ``tp``."""
@@ -77,6 +86,39 @@ def block_norms(stage_module: nn.Module, blocks: Sequence[nn.Module]) -> tuple[s
     return tuple(out)
 
 
+def replicated_parents(stage_module: nn.Module, layout: dict[str, str], blocks: Sequence[nn.Module]
+                       ) -> tuple[str, ...]:
+    """Paths (in ``stage_module``) of the modules inside ``blocks`` that hold ``nn.Linear`` children
+    none of which ``layout`` splits (module docstring: run on the gathered sequence). A block itself
+    among them, or one holding a norm, raises :class:`PipelineError`, one line.
+
+    >>> # replicated_parents(stage, {"layers.0.mlp.up": "colwise", ...}, [stage.layers[0]]) == ("layers.0.attn",)
+    """
+    ids = {id(b) for b in blocks}
+    norms = block_norms(stage_module, blocks)
+    columns = {p.rpartition(".")[0] for p, style in layout.items() if style == "colwise"}
+    out: list[str] = []
+    for path, module in stage_module.named_modules():
+        if id(module) not in ids:
+            continue
+        parents: dict[str, bool] = {}
+        for name, child in module.named_modules():
+            if name and isinstance(child, nn.Linear):
+                parent = f"{path}.{name}".rpartition(".")[0]
+                parents[parent] = parents.get(parent, False) or f"{path}.{name}" in layout
+        for parent, split in sorted(parents.items(), key=lambda item: item[0].count(".")):  # outer first
+            # inside a module that gathers the sequence already, a second gather would double it
+            if split or any(parent.startswith(g + ".") for g in (*columns, *out)):
+                continue
+            if parent == path or any(n.startswith(parent + ".") for n in norms) \
+                    or any(c.startswith(parent + ".") for c in columns):
+                raise PipelineError(f"pipeline.sequence_parallel: {parent!r} holds linears the layout leaves "
+                                    "replicated beside the block's residual stream, a norm or split linears; it "
+                                    "cannot run on the gathered sequence")
+            out.append(parent)
+    return tuple(out)
+
+
 def sequence_parallel_plan(stage_module: nn.Module, layout: dict[str, str], blocks: Sequence[nn.Module]
                            ) -> dict[str, Any]:
     """The ``parallelize_module`` plan of a sequence-parallel stage: ``layout`` (path -> colwise /
@@ -94,9 +136,10 @@ def sequence_parallel_plan(stage_module: nn.Module, layout: dict[str, str], bloc
 
 
 def add_sequence_hooks(stage_module: nn.Module, column_paths: Sequence[str], blocks: Sequence[nn.Module], *,
-                       received: Sequence[nn.Module], last: bool, tp_mesh: Any) -> None:
+                       received: Sequence[nn.Module], last: bool, tp_mesh: Any, replicated: Sequence[str] = ()) -> None:
     """Register the gathers and cuts of the module docstring: a sequence all-gather before each
-    parent of ``column_paths``; before the first of ``blocks``, the cut (stage 0: ``received``
+    parent of ``column_paths``; before each of ``replicated`` (:func:`replicated_parents`) that
+    gather and after it the cut back to this rank's rows; before the first of ``blocks``, the cut (stage 0: ``received``
     empty) or the narrowing of the padded received shard (a later stage: ``received`` are the
     modules standing for the embedding, whose output is padded to the whole sequence); the
     all-gather after the last block when ``last``. A parent that is a block itself (its residual
@@ -109,6 +152,10 @@ def add_sequence_hooks(stage_module: nn.Module, column_paths: Sequence[str], blo
                                 "direct children; the sequence is gathered at their parent (the attention, the "
                                 "feed-forward), which must be inside the block")
         module.register_forward_pre_hook(_gather_input_hook(tp_mesh, parent), with_kwargs=True)
+    for parent in replicated:
+        module = stage_module.get_submodule(parent)
+        module.register_forward_pre_hook(_gather_input_hook(tp_mesh, parent), with_kwargs=True)
+        module.register_forward_hook(_cut_output_hook(tp_mesh))
     for module in received:
         module.register_forward_hook(_pad_received_hook(tp_mesh))
     if blocks:
@@ -202,6 +249,19 @@ class _ContiguousGrad(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
         return grad.contiguous()
+
+
+def _cut_output_hook(tp_mesh: Any):
+    """Forward hook on a replicated module run on the gathered sequence: its output (or first
+    output: Hugging Face's attention returns its weights beside it) cut to this rank's rows."""
+    from torch.distributed.tensor import Replicate, Shard
+
+    def hook(module: nn.Module, args: tuple, output: Any) -> Any:
+        cut = lambda x: _resplit(x, tp_mesh, Replicate(), Shard(SEQUENCE_DIM))  # noqa: E731
+        if isinstance(output, tuple):
+            return (cut(output[0]), *output[1:])
+        return cut(output)
+    return hook
 
 
 def _gather_output_hook(tp_mesh: Any):

@@ -89,7 +89,7 @@ def apply_tensor_parallel(stage_module: nn.Module, section: PipelineSection, sta
     """
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-    from autoshard.runtime.pipeline_sp import add_sequence_hooks, sequence_parallel_plan
+    from autoshard.runtime.pipeline_sp import add_sequence_hooks, replicated_parents, sequence_parallel_plan
 
     mine = section.stages[stage].modules
     layout = {path: style for path, style in section.tensor_parallel if any(path.startswith(m + ".") for m in mine)}
@@ -105,7 +105,8 @@ def apply_tensor_parallel(stage_module: nn.Module, section: PipelineSection, sta
     if section.sequence_parallel:
         plan = sequence_parallel_plan(stage_module, layout, blocks)
         add_sequence_hooks(stage_module, columns, blocks, received=_received_modules(stage_module, section, stage),
-                           last=stage == section.n_stages - 1, tp_mesh=tp_mesh)
+                           last=stage == section.n_stages - 1, tp_mesh=tp_mesh,
+                           replicated=replicated_parents(stage_module, layout, blocks))
     else:
         plan = {p: ColwiseParallel() if style == "colwise" else RowwiseParallel() for p, style in layout.items()}
     parallelize_module(stage_module, tp_mesh, plan)

@@ -26,6 +26,14 @@ under our cost model, which is the fair comparison for a solved plan.
   gather; the gather on dim 1 pays only a local interleaving copy
   (``relayout_s``) beside the same bytes on the wire.
 
+On the tensor-parallel mesh dim, ``tp`` and ``fsdp+tp`` also run their ops as Megatron does
+(:func:`baseline_allowed` given the layout's pins): every op that reads a weight split on that
+dim (through its views: the transpose a linear reads) reads it as placed there. So a column
+linear multiplies the whole input by its weight's shard and a row linear its input's shard by its
+own, as torch's ``ColwiseParallel`` / ``RowwiseParallel`` run them; without this the solver could
+gather the split weights on ``tp`` and run every matmul replicated (a small model on a slow link
+does), which is no tensor parallelism and not what a TP runtime runs.
+
 Sequence parallelism is not a separate baseline: its parameters are laid out
 as in ``tp``, and the activations it shards along the sequence are free
 here, so the ``tp`` row already takes them where they pay.
@@ -61,7 +69,7 @@ import logging
 from typing import Iterator, Mapping
 
 import numpy as np
-from costmodel.placements import Replicate
+from costmodel.placements import Replicate, parse_placements
 
 from autoshard.graph.builder import StrategyGraph
 from autoshard.graph.liveness import is_view_name
@@ -70,7 +78,7 @@ from autoshard.search.pins import resolve_pins
 log = logging.getLogger(__name__)
 
 __all__ = ["BASELINES", "TP_TABLES", "BaselineError", "baseline_pins", "tp_table_for", "applicable_baselines",
-           "baseline_allowed", "baseline_seed_pins", "data_dims"]
+           "baseline_allowed", "baseline_seed_pins", "data_dims", "tensor_parallel_reads"]
 
 BASELINES = ("ddp", "fsdp", "tp", "fsdp+tp")
 
@@ -236,13 +244,62 @@ def data_dims(graph: StrategyGraph, name: str) -> list[int]:
     return [k for k in range(graph.mesh.ndim) if k != tp and graph.mesh.shape[k] > 1]
 
 
-def baseline_allowed(graph: StrategyGraph, name: str) -> dict[int, np.ndarray]:
+def baseline_allowed(graph: StrategyGraph, name: str, pins: Mapping[str, str] | None = None) -> dict[int, np.ndarray]:
     """Op node -> the strategies that run it data parallel on the layout's data
     mesh dims (module docstring); nodes the rule would leave without a strategy
     (a loss reduction that wants a replicated scalar) and views are unrestricted.
+    With the layout's ``pins`` (:func:`baseline_pins`), ``tp`` and ``fsdp+tp`` also read their
+    tp-split weights as placed on the tensor-parallel dim (:func:`tensor_parallel_reads`).
 
     >>> # to_problem(graph, pins=..., allowed=baseline_allowed(graph, "fsdp"))
     """
+    out = _data_parallel_allowed(graph, name)
+    if pins is not None and name in ("tp", "fsdp+tp"):
+        for i, mask in tensor_parallel_reads(graph, pins).items():
+            both = out[i] & mask if i in out else mask
+            if both.any():  # never a node without a strategy: left as the data-parallel rule has it
+                out[i] = both
+    return out
+
+
+def tensor_parallel_reads(graph: StrategyGraph, pins: Mapping[str, str]) -> dict[int, np.ndarray]:
+    """Op node -> the strategies that read each parameter pinned split on the tensor-parallel mesh
+    dim (exact names of ``pins``, as :func:`baseline_pins` writes them) as pinned on that dim,
+    following views (a view's allowed outputs are what its readers may read). Nodes with no such
+    read are left out; a node whose every strategy would be refused keeps its mask all False (the
+    caller drops it)."""
+    tp = _tp_dim(graph)
+    readers: dict[int, list] = {}
+    for e in graph.edges:
+        readers.setdefault(e.src, []).append(e)
+    out: dict[int, np.ndarray] = {}
+    frontier: list[tuple[int, int, frozenset]] = []
+    for fqn, text in pins.items():
+        i = graph.params.get(fqn)
+        if i is None:
+            continue
+        on_tp = parse_placements(text)[tp]
+        if not isinstance(on_tp, Replicate):
+            frontier.append((i, 0, frozenset({on_tp})))
+    while frontier:
+        src, output, placed = frontier.pop()
+        for e in readers.get(src, ()):
+            node = graph.nodes[e.dst]
+            if e.src_output != output or node.kind != "op":
+                continue
+            mask = np.array([s.input_placements[e.dst_input] is None
+                             or s.input_placements[e.dst_input][tp] in placed for s in node.strategies], dtype=bool)
+            out[e.dst] = out[e.dst] & mask if e.dst in out else mask
+            if is_view_name(node.target):
+                after = frozenset(s.output_placements[0][tp] for s, ok in zip(node.strategies, mask)
+                                  if ok and s.output_placements and s.output_placements[0] is not None)
+                if after:
+                    frontier.append((e.dst, 0, after))
+    return out
+
+
+def _data_parallel_allowed(graph: StrategyGraph, name: str) -> dict[int, np.ndarray]:
+    """:func:`baseline_allowed` on the data mesh dims alone."""
     dims = data_dims(graph, name)
     if not dims:
         return {}

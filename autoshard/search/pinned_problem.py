@@ -42,8 +42,9 @@ def pinned_problem(graph: StrategyGraph, opts: SolveOptions, memory_limit: float
     all_pins: dict[str, str] = {}
     allowed = None
     if opts.baseline is not None:
-        all_pins.update(baseline_pins(graph, opts.baseline, opts.tp_table))
-        allowed = baseline_allowed(graph, opts.baseline)
+        layout = baseline_pins(graph, opts.baseline, opts.tp_table)
+        all_pins.update(layout)
+        allowed = baseline_allowed(graph, opts.baseline, layout)
     all_pins.update(opts.pins)
     problem = to_problem(graph, memory_limit=memory_limit, pins=resolve_pins(graph, all_pins), ties=opts.ties,
                          recompute=recompute, allowed=allowed)

@@ -15,9 +15,26 @@ Where the pieces come from (the caller gives them: the runtime's
 ``autoshard.runtime.pipeline_stages.model_parts`` finds them): ``block_paths`` the
 repeated blocks, ``leading`` / ``trailing`` the modules before and after them.
 
+**A ``tp`` dim** (of more than one rank): the stage runtime runs tensor parallelism as torch's
+column / row styles of Megatron's split of the blocks' linears and nothing else
+(``autoshard.runtime.pipeline_tp``), so the stage solves price that split, pinned: the layout
+``tp`` (``fsdp+tp`` where the stages run FSDP over a ``dp`` dim; ``autoshard.search.baselines``)
+with the table of :func:`autoshard.trace.blocks.megatron_split` (found from the linears' shapes,
+Hugging Face's grouped-query ``q/k/v`` included; every other parameter replicated on ``tp``, as
+the runtime leaves it), each matmul reading its weight's shard where it lies on ``tp``
+(``baselines.tensor_parallel_reads``: no weight gathered on ``tp``, as torch's styles run). A free
+solve may choose a split the runtime cannot run (a tiny model's solve on a slow link replicates
+every linear), and its price would be of a plan nothing runs. The section's layout
+(:func:`stage_tensor_parallel`) is read back from the pinned solve, so the priced split is the one
+that runs. Partial: the other activations stay the solver's choice under that layout (the layout
+at its best, as every expert layout is priced): the replicated modules (embedding, norms, head, an
+attention whose K/V heads do not split over ``tp``) may be priced with work split over ``tp`` that
+the runtime runs replicated.
+
 Bad input raises :class:`~autoshard.plan.pipeline_section.PipelineError`, one line: a
 mesh without the pipeline dim, fewer blocks than stages, a microbatch count that does
-not divide the batch, no candidate that fits the memory limit.
+not divide the batch, no candidate that fits the memory limit, a ``tp`` dim over blocks
+whose linears have no Megatron split.
 
 >>> # section, chosen = choose_pipeline(model, (tokens, labels), (2, 2), ("pp", "dp"),
 >>> #                                   block_paths=parts.blocks, leading=parts.leading, trailing=parts.trailing)
@@ -37,7 +54,7 @@ from autoshard.plan.pipeline_section import (RECOMPUTE_POLICIES, PipelineError, 
                                              tensor_parallel_from_params)
 from autoshard.search.pipeline import PipelineLayout, PipelinePlan, pipeline_section, search_pipeline
 from autoshard.search.pipeline_blocks import BlockPricing, price_blocks
-from autoshard.trace.blocks import block_linears, column_then_row
+from autoshard.trace.blocks import block_linears, column_then_row, megatron_table
 
 __all__ = ["PIPELINE_DIM", "RUNTIME_SCHEDULES", "choose_pipeline", "stage_recompute", "stage_tensor_parallel",
            "truncated_model", "microbatch_inputs", "stage_sub_mesh"]
@@ -178,6 +195,13 @@ def choose_pipeline(
     dim, itemsize = _hidden(model, block_paths)
     tp = math.prod(s for s, n in zip(sub_shape, sub_names) if n == "tp")
     layout = PipelineLayout(pp, math.prod(sub_shape) // tp, tp)
+    baseline, table = None, None
+    if tp > 1:  # the split the stage runtime runs, pinned (module docstring, A ``tp`` dim)
+        table = megatron_table(model, block_paths, tp)
+        if not table:
+            raise PipelineError(f"pipeline: a 'tp' dim of {tp} ranks, but the blocks' nn.Linear layers have no "
+                                f"Megatron column/row split over it (autoshard.trace.blocks.megatron_split)")
+        baseline = "fsdp+tp" if data_parallel == "fsdp" and len(sub_shape) > 1 else "tp"
     pricings: dict[tuple[int, str], BlockPricing] = {}
     traces: dict[tuple[int, int], Any] = {}  # one trace a depth and microbatch for both policies
 
@@ -193,7 +217,7 @@ def choose_pipeline(
             if (micro_batch, policy) not in pricings:
                 pricings[micro_batch, policy] = price_blocks(
                     factory, {}, sub_shape, sub_names, micro_batch=micro_batch, depths=depths, recompute=policy,
-                    profile=prof, time_limit=time_limit, traces=traces)
+                    profile=prof, time_limit=time_limit, traces=traces, baseline=baseline, tp_table=table)
             return pricings[micro_batch, policy]
         return price_at
 
@@ -218,10 +242,12 @@ def stage_tensor_parallel(pricing: BlockPricing, model: nn.Module, block_paths: 
                           sub_names: Sequence[str]) -> tuple[tuple[str, str], ...]:
     """The column / row split on ``tp`` of every block's linears, as the stage sub-mesh's solve
     (``pricing.params``, its deeper depth) placed the first block's: the blocks are alike (tied in
-    the solve), so each runs the first one's layout. Empty without a ``tp`` dim or placements, and
-    where the solve's split is not one torch's ``ColwiseParallel`` / ``RowwiseParallel`` can run
-    (:func:`autoshard.trace.blocks.column_then_row`): the stage runtime then refuses a ``tp`` dim of
-    more than one rank in one line (it runs no other split).
+    the solve), so each runs the first one's layout. On a ``tp`` dim of more than one rank the
+    search solves the stages with Megatron's split pinned (:func:`choose_pipeline`), so what this
+    reads back is the split that was priced, the one torch's ``ColwiseParallel`` /
+    ``RowwiseParallel`` run. Empty without a ``tp`` dim or placements, and where the solve's split
+    is not one those styles can run (:func:`autoshard.trace.blocks.column_then_row`; a solve not
+    pinned so): the stage runtime then refuses a ``tp`` dim of more than one rank in one line.
 
     >>> # stage_tensor_parallel(pricing, model, [f"layers.{i}" for i in range(4)], ("dp", "tp"))
     """

@@ -569,9 +569,9 @@ def problem_request(prep: Prepared, plan: Plan, options: SolveOptions) -> dict[s
     ``autoshard solve --dump-problem`` writes."""
     from autoshard.assembly.from_graph import plan_request
 
-    all_pins = dict(baseline_pins(prep.graph, options.baseline)) if options.baseline else {}
-    all_pins.update(options.pins)
-    allowed = baseline_allowed(prep.graph, options.baseline) if options.baseline else None
+    layout = dict(baseline_pins(prep.graph, options.baseline, options.tp_table)) if options.baseline else {}
+    all_pins = {**layout, **options.pins}
+    allowed = baseline_allowed(prep.graph, options.baseline, layout) if options.baseline else None
     # (A1) of autoshard.search.recompute_search: an `auto` plan solved without recomputation came from `none`'s problem
     recompute = "none" if plan.options.get("recompute_pruned") else options.recompute
     problem = to_problem(prep.graph, memory_limit=plan.estimate.memory_limit_bytes,

@@ -22,6 +22,10 @@ more parameter-holding children of the outermost lists (``ModuleDict`` not
 counted, the root counted); ``find_stack`` asks for a non-root stack of
 interchangeable blocks, nested or not, and keeps the largest.
 
+Tensor parallelism inside the blocks reads the same tree: :func:`column_then_row` says whether
+a column / row split of the blocks' linears is Megatron's pairing (the one torch's styles run),
+and :func:`megatron_split` finds that pairing from the linears' shapes, whatever they are named.
+
 >>> from examples.models import llama3
 >>> model = llama3.tiny(device="meta", n_layers=8)[0]
 >>> repeated_blocks(model)[:2], find_stack(model, min_blocks=8).path
@@ -38,7 +42,8 @@ import torch
 from torch import nn
 
 __all__ = ["Container", "Stack", "containers", "repeated_blocks", "find_stack", "block_signature", "modules_around",
-           "block_linears", "column_then_row"]
+           "block_linears", "column_then_row", "megatron_split", "megatron_table",
+           "HEAD_DIM_ATTR"]
 
 _CONTAINERS = (nn.ModuleList, nn.Sequential, nn.ModuleDict)
 
@@ -258,3 +263,78 @@ def column_then_row(model: nn.Module, linears: Sequence[str], styles: Mapping[st
         if any(model.get_submodule(p).in_features != stream for p in cols):
             return False
     return True
+
+
+HEAD_DIM_ATTR = "head_dim"
+"""Integer attribute of an attention module: the features of one head (Hugging Face's attentions,
+the example LLaMA's, torchtitan's): a column split must give each rank whole heads."""
+
+
+def megatron_split(model: nn.Module, linears: Sequence[str], tp: int = 1) -> tuple[tuple[str, str], ...]:
+    """Megatron's column / row split of ``linears`` over ``tp`` ranks, from the module tree alone:
+    in each module holding two or more of them, the one that writes back to the block's stream
+    (``rowwise``) is the linear whose output features are every other one's input features (the
+    last registered such where several are: a square ``q`` beside a square ``o``; modules register
+    their output projection last, as torch's ``MultiheadAttention``, Hugging Face's ``o_proj`` /
+    ``down_proj`` and torchtitan's ``wo``), and the others read the stream (``colwise``). So Hugging
+    Face's grouped-query ``q/k/v`` (their output features differ) pair as the example LLaMA's do.
+
+    A module is left out (its linears replicated; :func:`column_then_row` allows that) where no
+    linear pairs so, or where a column split over ``tp`` would not give each rank whole heads (its
+    :data:`HEAD_DIM_ATTR` times ``tp`` not dividing a column linear's output features: a
+    grouped-query K/V of fewer heads than ``tp``), or ``tp`` would not divide every split dim.
+
+    >>> block = nn.Module()
+    >>> block.mlp = nn.Module()
+    >>> block.mlp.up, block.mlp.gate, block.mlp.down = nn.Linear(4, 8), nn.Linear(4, 8), nn.Linear(8, 4)
+    >>> megatron_split(block, ["mlp.up", "mlp.gate", "mlp.down"], tp=2)
+    (('mlp.up', 'colwise'), ('mlp.gate', 'colwise'), ('mlp.down', 'rowwise'))
+    """
+    parents: dict[str, list[str]] = {}
+    for path in linears:
+        parents.setdefault(path.rpartition(".")[0], []).append(path)
+    out: list[tuple[str, str]] = []
+    for parent, paths in parents.items():
+        if len(paths) < 2:
+            continue
+        mods = {p: model.get_submodule(p) for p in paths}
+        writers = [p for p in paths if all(mods[q].in_features == mods[p].out_features for q in paths if q != p)]
+        if not writers:
+            continue
+        row = writers[-1]
+        columns = [p for p in paths if p != row]
+        head_dim = getattr(model.get_submodule(parent), HEAD_DIM_ATTR, None)
+        unit = tp * (head_dim if type(head_dim) is int and head_dim > 0 else 1)
+        if any(mods[p].out_features % unit for p in columns) or mods[row].in_features % tp:
+            continue
+        out.extend((p, "rowwise" if p == row else "colwise") for p in paths)
+    return tuple(out)
+
+
+def megatron_table(model: nn.Module, block_paths: Sequence[str], tp: int) -> dict[str, str]:
+    """:func:`megatron_split` of the first block's linears as name patterns over every block, in the
+    form of ``autoshard.search.baselines``' tensor-parallel tables (``col``: weight and bias split on
+    their output features; ``row``: the weight on its input features, its bias replicated): what a
+    stage solve pins on ``tp`` so that it prices the split the stage runtime runs. Every other
+    parameter (embedding, norms, head) is in no row: replicated on ``tp``, as the runtime leaves it.
+    Empty where the blocks' linears have no such split.
+
+    >>> block = nn.Module()
+    >>> block.mlp = nn.Module()
+    >>> block.mlp.up, block.mlp.down = nn.Linear(4, 8), nn.Linear(8, 4)
+    >>> model = nn.Module()
+    >>> model.layers = nn.ModuleList([block])
+    >>> megatron_table(model, ["layers.0"], tp=2)
+    {'layers.*.mlp.up.weight': 'col', 'layers.*.mlp.up.bias': 'col', 'layers.*.mlp.down.weight': 'row'}
+    """
+    first = block_paths[0]
+    container = first.rpartition(".")[0]
+    stem = f"{container}.*." if container else "*."
+    table: dict[str, str] = {}
+    for path, style in megatron_split(model, block_linears(model, [first]), tp):
+        rel = path[len(first) + 1:]
+        linear = model.get_submodule(path)
+        table[f"{stem}{rel}.weight"] = "col" if style == "colwise" else "row"
+        if style == "colwise" and linear.bias is not None:
+            table[f"{stem}{rel}.bias"] = "col"
+    return table
