@@ -12,8 +12,10 @@ One configuration per call (each its own process, so its peak RSS is its own):
 - ``8b-8``: LLaMA-3 8B, 8 sequences of 2048 on 8 H100 80 GB (one node): the layouts of today
   (no pp on one node, no cp with a sequence per GPU).
 
-Prints one JSON line (the search's wall and CPU seconds, the outcome counts, the chosen layout,
-its step, tokens/s/GPU and MFU) and the table of every layout. Not a test.
+Prints one JSON line (the search's wall and CPU seconds, ``found_s``: the seconds after which
+the chosen layout's plan was in hand (the search then goes on to its deadline with the other
+layouts), the outcome counts, the chosen layout, its step, tokens/s/GPU and MFU) and the table of
+every layout. ``--verbose`` logs each layout as it ends. Not a test.
 
     python -m benchmarks.mesh_stages 8b-long --time-limit 240
 """
@@ -62,8 +64,14 @@ def run(config: str, time_limit: float, jobs: int | None, pipeline: bool | None,
     t0 = time.perf_counter()
     cpu0 = _cpu_s()
     limit = {} if cfg["memory_limit"] is None else {"memory_limit": cfg["memory_limit"]}  # None: the profile's
+    found: dict[tuple, float] = {}  # (shape, dims) of each layout that became the best -> when
+
+    def progress(status) -> None:
+        if status.best is not None:
+            found.setdefault((status.best.shape, status.best.dim_names), time.perf_counter() - t0)
+
     plan = search_mesh(model, inputs, cfg["devices"], PER_NODE, profile=cfg["profile"], time_limit=time_limit,
-                       jobs=jobs, cache_dir=False, mixed_precision=True, **limit,
+                       jobs=jobs, cache_dir=False, mixed_precision=True, progress=progress, **limit,
                        pipeline=cfg["pipeline"] if pipeline is None else pipeline,
                        context=cfg["context"] if context is None else context)
     wall, cpu = time.perf_counter() - t0, _cpu_s() - cpu0
@@ -72,7 +80,9 @@ def run(config: str, time_limit: float, jobs: int | None, pipeline: bool | None,
     seq, batch = cfg["overrides"]["seq_len"], cfg["overrides"]["batch_size"]
     tokens_per_gpu_s = batch * seq / (chosen["step_s"] * cfg["devices"])
     mfu = flops_per_token(model, seq) * tokens_per_gpu_s / PEAK_BF16
+    found_s = found.get((tuple(chosen["shape"]), tuple(chosen["dim_names"])))
     return {"config": config, "wall_s": round(wall, 1), "cpu_s": round(cpu, 1), "time_limit_s": time_limit,
+            "found_s": None if found_s is None else round(found_s, 1),
             "load": [round(x, 1) for x in (*load_before, *os.getloadavg())], "layouts": len(rows),
             **{o: sum(r["outcome"] == o for r in rows) for o in ("solved", "cut", "no_fit", "skipped", "error")},
             "chosen": "x".join(map(str, chosen["shape"])) + f" ({','.join(plan.fingerprint.dim_names)})",
@@ -95,10 +105,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, help="worker processes (default: the cores)")
     parser.add_argument("--pp", action=argparse.BooleanOptionalAction, default=None, help="try pp layouts")
     parser.add_argument("--cp", action=argparse.BooleanOptionalAction, default=None, help="try cp layouts")
+    parser.add_argument("--verbose", action="store_true", help="log each layout as it ends")
     args = parser.parse_args(argv)
     import logging
 
-    logging.basicConfig(level=logging.ERROR)
+    logging.basicConfig(level=logging.ERROR, format="%(asctime)s %(name)s %(message)s")
+    if args.verbose:
+        logging.getLogger("autoshard.search.mesh_search").setLevel(logging.INFO)
     try:
         row = run(args.config, args.time_limit, args.jobs, args.pp, args.cp)
     except ValueError as exc:  # no layout fits / none solved: the search's one line

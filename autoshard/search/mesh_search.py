@@ -43,6 +43,10 @@ before it is built.
 Next to the dp / tp layouts, ``pp`` layouts (stages across nodes, priced by the
 pipeline search, cut by the matmul bound (p2)) and ``cp`` layouts (sequence inputs
 pinned on a ``cp`` dim, cut by the bound above): :mod:`autoshard.search.mesh_stages`.
+Before its build, a dp / tp / cp layout is refused (``no_fit``) when the memory every plan
+holds, its parameters, gradients and optimizer state spread over all its devices (m1), exceeds the
+limit; and where the model's blocks do not fit one node (``mesh_stages.pipeline_first``) the pp
+layouts go first, priced in a minute each where a plain 405B layout's build takes minutes.
 
 Parallel, resumable. Layouts are built and solved in ``jobs`` forked worker
 processes that inherit the one trace (Linux; elsewhere, or with ``jobs=1``,
@@ -103,7 +107,8 @@ from autoshard.search.mesh_layouts import (MeshLayout, check_devices, devices_pe
                                     profile_for_nodes)
 from autoshard.search.mesh_stages import (ModelShape, context_layouts_for, held_memory_refusal, layout_kind,
                                           merged_pins, model_shape, name_context_dim, pipeline_bound_s,
-                                          pipeline_layouts_for, solve_pipeline_layout, take_turns)
+                                          pipeline_first, pipeline_layouts_for, plain_memory_refusal,
+                                          solve_pipeline_layout, take_turns)
 
 __all__ = ["MIN_SOLVE_S", "CUT_TOLERANCE", "SearchStatus", "NoLayoutError", "search_mesh", "layout_bound"]
 
@@ -222,6 +227,8 @@ def _solve_layout(index: int, cached_bound: float | None) -> str:
                 work.unsolved.value -= 1
         result = LayoutResult(layout.shape, layout.dim_names, outcome, seconds=round(time.monotonic() - t0, 3),
                               **fields)
+        if outcome == "solved":  # this worker's next layout cuts with it before the search's process hears of it
+            work.incumbent.value = min(work.incumbent.value, result.step_s)
         return json.dumps({"result": result.to_dict(), "plan": None if plan is None else plan.to_dict(),
                            "time_limit_s": limit}, allow_nan=False)
 
@@ -240,13 +247,16 @@ def _solve_layout(index: int, cached_bound: float | None) -> str:
         return done("skipped", reason="time limit reached before it started", bound_s=cached_bound)
     if layout_kind(layout) == "pp":
         return _solve_pipeline(layout, work, done, failed)
+    refusal = plain_memory_refusal(work.traced, layout, work.options, work.profile)
+    if refusal:  # (m1), mesh_stages: no plan of this device count fits, whatever its build would say
+        return done("no_fit", reason=refusal)
     options = work.options
     if layout_kind(layout) == "cp":  # the sequence split on cp; its own seed (the shared ones are unpinned)
         options = options.with_changes(pins=merged_pins(options.pins, layout, work.shape))
     try:
         # a seed's share is of what each layout gets (the same for every layout: seeds are shared),
         # and never past the deadline
-        each = min(work.time_limit, work.time_limit * work.jobs / len(work.layouts), work.deadline - t0)
+        each = min(_seed_time_limit(work), work.deadline - t0)
         prep = prepare(None, None, layout.shape, layout.dim_names, options.with_changes(time_limit=each),
                        traced=work.traced, seed_memo=work.seed_memo if options is work.options else None)
         bound = layout_bound(prep, options)
@@ -288,16 +298,23 @@ def _solve_pipeline(layout: MeshLayout, work: _Work, done: Callable[..., str], f
     limit = min(work.time_limit, remaining * work.jobs / max(work.unsolved.value, 1), remaining)
     try:
         out = solve_pipeline_layout(work.model, work.inputs, work.traced, layout, work.options, time_limit=limit,
-                                    incumbent_s=best)
+                                    incumbent_s=lambda: work.incumbent.value, seed_memo=work.seed_memo,
+                                    seed_time_limit=_seed_time_limit(work))
     except (InfeasibleMemoryError, PipelineError) as exc:
         return done("no_fit", bound_s=bound, reason=_one_line(exc))
     except Exception as exc:  # noqa: BLE001 - see _solve_layout's failed()
         return failed(exc, bound_s=bound)
     if out.plan is None:  # priced, slower than the incumbent: no plan built
         return done("cut", bound_s=bound, reason=f"pipeline ({out.schedule}) {out.step_s * 1e3:.3f} ms "
-                    f">= best {best * 1e3:.3f} ms")
+                    f">= best {work.incumbent.value * 1e3:.3f} ms")
     return done("solved", out.plan, step_s=out.step_s, peak_memory_bytes=out.peak_memory_bytes, bound_s=bound,
                 solver_status=out.plan.solver.status, reason=f"pipeline {out.schedule}")
+
+
+def _seed_time_limit(work: _Work) -> float:
+    """The time limit a layout's build gets for its seed: the same for every layout of the search,
+    so that the layouts (and the pp layouts' record solves) with one coarse mesh share its seed."""
+    return min(work.time_limit, work.time_limit * work.jobs / len(work.layouts))
 
 
 def _one_line(exc: BaseException) -> str:
@@ -314,11 +331,13 @@ class _Value:
         return contextlib.nullcontext()
 
 
-def _groups(todo: Sequence[int], layouts: Sequence[MeshLayout], search: str) -> list[list[int]]:
+def _groups(todo: Sequence[int], layouts: Sequence[MeshLayout], search: str,
+            pp_first: bool = False) -> list[list[int]]:
     """The tasks: layouts seeded from the same coarse mesh together, the rest
     alone; larger tasks and more mesh dims first (the longest jobs first keep
     every worker busy to the end, and finer meshes split compute at least as
-    well, so a good plan is known early to cut with), the kinds taking turns."""
+    well, so a good plan is known early to cut with), the kinds taking turns;
+    ``pp_first``: every pp layout before the others (``mesh_stages.pipeline_first``)."""
     from costmodel.mesh import MeshSpec
 
     from autoshard.graph.restrict import choose_search, coarse_groups, coarse_mesh
@@ -333,6 +352,10 @@ def _groups(todo: Sequence[int], layouts: Sequence[MeshLayout], search: str) -> 
             key = i
         by_seed.setdefault(key, []).append(i)
     ordered = sorted(by_seed.values(), key=lambda g: (-len(g), -len(layouts[g[0]].shape), g[0]))
+    if pp_first:  # the pp layouts in their own order (the fewest stages first), then the rest taking turns
+        first = sorted((g for g in ordered if layout_kind(layouts[g[0]]) == "pp"), key=lambda g: g[0])
+        rest = [g for g in ordered if layout_kind(layouts[g[0]]) != "pp"]
+        return first + take_turns(rest, [layout_kind(layouts[g[0]]) for g in rest])
     return take_turns(ordered, [layout_kind(layouts[g[0]]) for g in ordered])
 
 
@@ -406,9 +429,7 @@ def search_mesh(
         traced = trace_joint(model, example_inputs, target_device=opts.device_type or prof.device_type, stamp=True)
     trace_s = time.monotonic() - start
     shape = model_shape(traced)
-    extra = [] if context is False else context_layouts_for(devices, node_size, shape, always=bool(context))
-    if pipeline and model is not None:
-        extra += pipeline_layouts_for(devices, node_size, n_blocks=shape.n_blocks)
+    extra, pp_first = _stage_layouts(model, traced, shape, devices, node_size, opts, prof, pipeline, context)
     layouts = (*layouts, *extra)
     total = len(layouts)
     report("trace", 1)
@@ -435,16 +456,29 @@ def search_mesh(
             cache.put(result_keys[i], {"result": row.to_dict(), "plan": data["plan"], "budget_s": share_all,
                                        "time_limit_s": data["time_limit_s"], "solver_status": row.solver_status})
         _WORK.incumbent.value = best.step_s()
+        log.info("mesh search: %s %s %s after %.1f s (%.1f s on it)%s", row.text, ",".join(row.dim_names), row.outcome,
+                 time.monotonic() - start, row.seconds or 0.0, f": {row.reason}" if row.reason else "")
         report("layouts", sum(r is not None for r in best.results), best.row(), row)
 
     if todo:
-        _run(todo, _groups(todo, layouts, opts.search), cached_bounds, finished, jobs,
+        _run(todo, _groups(todo, layouts, opts.search, pp_first), cached_bounds, finished, jobs,
              _Work(traced, prof, layouts, opts.with_changes(profile=prof), start + time_limit, time_limit, 1,
                    _Value(best.step_s()), _Value(len(todo)), finished, model=model, inputs=example_inputs,
                    shape=shape))
     summary = {"devices": devices, "devices_per_node": node_size, "profile": prof.name, "jobs": jobs,
                "time_limit_s": time_limit, "trace_s": round(trace_s, 3)}
     return _chosen_plan(best, devices, summary, start)
+
+
+def _stage_layouts(model: Any, traced: Any, shape: ModelShape, devices: int, node_size: int, opts: SolveOptions,
+                   prof: Any, pipeline: bool, context: bool | None) -> tuple[list[MeshLayout], bool]:
+    """The cp and pp layouts of the trace (``mesh_stages``), and whether the pp ones go first
+    (``mesh_stages.pipeline_first``)."""
+    extra = [] if context is False else context_layouts_for(devices, node_size, shape, always=bool(context))
+    if not (pipeline and model is not None):
+        return extra, False
+    staged = pipeline_layouts_for(devices, node_size, n_blocks=shape.n_blocks)
+    return extra + staged, bool(staged) and pipeline_first(model, traced.blocks, node_size, opts, prof)
 
 
 class _Incumbent:

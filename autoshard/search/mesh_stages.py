@@ -78,6 +78,30 @@ with ``W`` the repeated blocks' parameter elements, ``w`` the itemsize they comp
 Sharded state, activations and the embedding only add; a layout whose (p3) exceeds the
 memory limit fits nowhere (405B on 512 GPUs: ``2 x 128 x 2`` needs 607 GB a rank).
 
+**Plain layouts before their build** (:func:`state_memory_bound_bytes`). Every parameter with a
+gradient keeps, through the step, its value, its optimizer state (the fp32 master copy and
+moments under mixed precision, ``s`` bytes an element) and, from its backward to the optimizer
+step, its gradient (``g`` bytes an element); at the optimizer step all of them are live, and
+every input is held the whole step. The graph prices a tensor at its largest local shard, at
+least ``1/N`` of it on ``N`` devices, whatever the placement. So any plan's peak is at least
+
+    (m1) M_state = ( sum_params n_p (min(w_p + s, f) + g_p) + sum_inputs bytes ) / N
+
+with ``w_p`` the parameter's itemsize and ``f`` the bytes FSDP2 holds an element under mixed
+precision (its fp32 shard and state, ``OptimizerMemory.fsdp2_shard_bytes``: the graph charges that
+where gathers are priced as FSDP2 holds them). Activations, transients and the optimizer step's
+temporary only add. A layout whose (m1) exceeds the memory limit fits nowhere and is refused
+before its build. It is weak by design (405B on 512 GPUs: 11 GB a rank, no plain layout
+refused); it refuses the hopeless device counts in a second instead of a build each.
+
+**Order when stages pay** (:func:`pipeline_first`). When the repeated blocks' weights and
+gradients do not fit one node's memory, spread over its ``K`` devices (the (p3) figure at ``pp``
+1, ``tp`` K: ``W (w + g) / K`` over the limit), a plain layout must shard the weights across
+nodes and move them over the slow links every step, the traffic stages cut by ``pp``. There the
+pp layouts (priced from two- and three-block solves, seconds to a minute each) go before the
+plain ones (a build of the whole model each: minutes on 405B); elsewhere the kinds take turns.
+An order, not a cut: every layout is still tried while time is left.
+
 >>> [(l.text, ",".join(l.dim_names)) for l in pipeline_layouts_for(16, 8, n_blocks=4)]
 [('2x8', 'pp,tp'), ('2x2x4', 'pp,dp,tp'), ('2x4x2', 'pp,dp,tp'), ('2x8', 'pp,dp')]
 """
@@ -86,7 +110,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from autoshard.search.mesh_layouts import MeshLayout, _fits_nodes
 from autoshard.trace.blocks import modules_around
@@ -94,7 +118,8 @@ from autoshard.trace.blocks import modules_around
 __all__ = ["ModelShape", "model_shape", "pipeline_layouts_for", "context_layouts_for", "context_pins",
            "matmul_flops", "pipeline_bound_s", "layout_kind", "merged_pins", "name_context_dim", "pipeline_parts",
            "PipelineOutcome", "solve_pipeline_layout", "take_turns", "pipeline_memory_bound_bytes",
-           "block_param_elems", "held_memory_refusal"]
+           "block_param_elems", "held_memory_refusal", "state_memory_bound_bytes", "plain_memory_refusal",
+           "pipeline_first"]
 
 _MATMULS = {"aten.mm.default": "mm", "aten.addmm.default": "addmm", "aten.bmm.default": "bmm",
             "aten.baddbmm.default": "baddbmm"}
@@ -296,6 +321,71 @@ def held_memory_refusal(model: Any, blocks: Sequence[str], layout: MeshLayout, o
     return f"held weights and gradients bound {held / 2**30:.1f} GiB a rank > memory limit {limit / 2**30:.1f} GiB"
 
 
+def state_memory_bound_bytes(traced: Any, devices: int, options: Any, profile: Any) -> float:
+    """(m1): the least any plan of ``traced`` on ``devices`` devices holds on its busiest rank, from
+    the trace alone (module docstring); ``options`` gives the optimizer and mixed precision.
+
+    >>> from examples.models import mlp
+    >>> from autoshard.trace import trace_joint
+    >>> from autoshard.plan.options import SolveOptions
+    >>> from hw_profiles import load
+    >>> t, opts, gloo = trace_joint(*mlp.tiny(device="meta")), SolveOptions(), load("cpu-gloo")
+    >>> state_memory_bound_bytes(t, 2, opts, gloo) == 2 * state_memory_bound_bytes(t, 4, opts, gloo)
+    True
+    """
+    from autoshard.graph.memory import OptimizerMemory, optimizer_implementation
+
+    optimizer = OptimizerMemory(options.optimizer, options.mixed_precision,
+                                optimizer_implementation(options.optimizer_impl, profile))
+    total = 0.0
+    for fqn, node in traced.params.items():
+        val = node.meta.get("val")
+        if val is None:
+            continue
+        grad = traced.grads.get(fqn)
+        held = val.element_size() + optimizer.state_bytes(val.dtype)
+        if optimizer.mixed_precision:  # the graph may price it as FSDP2 holds it: never more than that
+            held = min(held, optimizer.fsdp2_shard_bytes())
+        gval = grad.meta.get("val") if grad is not None else None
+        total += val.numel() * (held + (gval.element_size() if gval is not None else 0))
+    for node in traced.inputs.values():
+        val = getattr(node, "meta", {}).get("val")
+        if val is not None and hasattr(val, "numel"):
+            total += val.numel() * val.element_size()
+    return total / max(int(devices), 1)
+
+
+def plain_memory_refusal(traced: Any, layout: MeshLayout, options: Any, profile: Any) -> str | None:
+    """Why layout ``layout`` fits nowhere by (m1), before its build, or None when the bound leaves room.
+
+    >>> # plain_memory_refusal(traced, MeshLayout((2, 4), ("dp", "tp")), opts, profile)
+    """
+    held = state_memory_bound_bytes(traced, layout.devices, options, profile)
+    limit = options.memory_limit_bytes(profile)
+    if held <= limit:
+        return None
+    return (f"parameters, gradients and optimizer state bound {held / 2**30:.1f} GiB a rank > memory limit "
+            f"{limit / 2**30:.1f} GiB (refused before its build)")
+
+
+def pipeline_first(model: Any, blocks: Sequence[str], devices_per_node: int, options: Any, profile: Any) -> bool:
+    """True when the pp layouts go before the plain ones (module docstring, Order when stages pay):
+    the repeated blocks' weights and gradients over one node's devices exceed the memory limit.
+
+    >>> import torch
+    >>> from autoshard.plan.options import SolveOptions
+    >>> from hw_profiles import load
+    >>> pipeline_first(torch.nn.Sequential(torch.nn.Linear(4, 4)), ("0",), 8, SolveOptions(), load("cpu-gloo"))
+    False
+    """
+    if model is None or not blocks:
+        return False
+    elems, itemsize = block_param_elems(model, blocks)
+    node = MeshLayout((1, max(int(devices_per_node), 1)), ("pp", "tp"))
+    held = pipeline_memory_bound_bytes(elems, node, mixed_precision=options.mixed_precision, param_itemsize=itemsize)
+    return held > options.memory_limit_bytes(profile)
+
+
 def take_turns(groups: Sequence[Any], kinds: Sequence[str]) -> list[Any]:
     """``groups`` reordered so that the kinds take turns (each kind's own order kept): a deadline
     that ends the search then leaves no kind untried behind the others.
@@ -351,10 +441,20 @@ class PipelineOutcome:
 
 
 def solve_pipeline_layout(model: Any, inputs: Any, traced: Any, layout: MeshLayout, options: Any, *,
-                          time_limit: float, incumbent_s: float) -> PipelineOutcome:
+                          time_limit: float, incumbent_s: float | Callable[[], float],
+                          seed_memo: dict[Any, Any] | None = None,
+                          seed_time_limit: float | None = None) -> PipelineOutcome:
     """Price pp layout ``layout`` by the pipeline search; when it beats ``incumbent_s``, the plan
     ``autoshard solve --mesh`` writes for it (the whole mesh's solve with the ``pipeline``
     section). Raises ``PipelineError`` / ``InfeasibleMemoryError`` (one line) when nothing fits.
+    ``incumbent_s`` may be a function, read once the layout is priced: a search's best may have
+    improved during the pricing (405B: a record solve, 3 minutes, saved where it had).
+
+    ``seed_memo`` / ``seed_time_limit``: the mesh search's seeds of 3-D meshes and the one time
+    limit it builds them with, so that a record solve and the plain layouts with the same coarse
+    mesh build that seed once a worker (405B on 512 GPUs: ``4x16x8`` and the plain ``2x32x8``,
+    ``4x16x8`` seed from ``64x8``; the seed's build and solve took 154 s of the record's 165 s build;
+    ``8x8x8`` seeds from ``8x64``, ``16x4x8`` from ``16x32``: pp layouts rarely share one).
 
     >>> # solve_pipeline_layout(model, inputs, traced, MeshLayout((2, 2), ("pp", "dp")), opts,
     >>> #                       time_limit=30, incumbent_s=math.inf).step_s
@@ -375,13 +475,14 @@ def solve_pipeline_layout(model: Any, inputs: Any, traced: Any, layout: MeshLayo
                                       time_limit=max(1.0, time_limit / (solves + 2)), memory_limit=options.memory_limit,
                                       recompute=policy)
     peak = max(chosen.rank_memory_bytes, default=0.0)
-    if chosen.step_s >= incumbent_s:
+    if chosen.step_s >= (incumbent_s() if callable(incumbent_s) else incumbent_s):
         return PipelineOutcome(chosen.step_s, peak, chosen.schedule)
     # the stages run from the pipeline section (FSDP2 / torch TP over each stage's sub-mesh), whose
     # memory per rank the pipeline search checked; the whole mesh's per-op placements are the plan's
     # record, not what runs (runtime/pipeline_stages), so their memory must not refuse the layout
     # (405B on 4x16x8: no flat placement fits, its stages do)
     flat = options.with_changes(time_limit=max(1.0, time_limit / 4), memory_limit=NO_MEMORY_LIMIT)
-    prep = prepare(None, None, layout.shape, layout.dim_names, flat, traced=traced)
+    built = flat if seed_time_limit is None else flat.with_changes(time_limit=seed_time_limit)
+    prep = prepare(None, None, layout.shape, layout.dim_names, built, traced=traced, seed_memo=seed_memo)
     plan = solve_prepared(prep, flat)
     return PipelineOutcome(chosen.step_s, peak, chosen.schedule, replace(plan, pipeline=section))

@@ -159,3 +159,32 @@ def test_a_pp_layout_whose_held_weights_exceed_the_limit_is_refused_unpriced() -
         why = held_memory_refusal(model, traced.blocks, layout, options, profile)
         assert (why is not None) == refused
         assert why is None or "held weights and gradients bound" in why
+
+
+def test_a_pp_layout_reads_the_search_best_after_its_pricing_not_before(monkeypatch) -> None:
+    # the best may improve while a layout is priced (405B: a minute); read before, a slower layout
+    # would build its record (minutes) for nothing
+    from types import SimpleNamespace
+
+    from autoshard.plan.options import solve_options
+    from autoshard.search import pipeline_model
+    from autoshard.search.mesh_stages import solve_pipeline_layout
+
+    model, inputs = llama3.tiny(device="meta", batch_size=8, seq_len=64, max_seq_len=64, dim=256, n_layers=4)
+    traced = trace_joint(model, inputs, target_device="cpu")
+    events = []
+
+    def priced(*args, **kwargs):
+        events.append("priced")
+        return None, SimpleNamespace(step_s=2.0, rank_memory_bytes=(1.0,), schedule="1F1B")
+
+    def best() -> float:
+        events.append("best read")
+        return 1.0  # improved to below this layout's 2.0 during its pricing
+
+    monkeypatch.setattr(pipeline_model, "choose_pipeline", priced)
+    options = solve_options(None, {"profile": "h100-sxm-80gb", "device_type": "cpu"})
+    out = solve_pipeline_layout(model, inputs, traced, MeshLayout((2, 2), ("pp", "dp")), options, time_limit=8,
+                                incumbent_s=best)
+    assert events == ["priced", "best read"]
+    assert out.plan is None and out.step_s == 2.0  # no record built
