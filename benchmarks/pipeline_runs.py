@@ -20,12 +20,20 @@ reprices each depth's solved stage plan with them (:func:`engine_figures`,
 ``autoshard.assembly.engine_pricing``) before the per-block split; the bf16 pricing of the
 same plans is shown beside it.
 
+A row with ``cp > 1`` (Llama 3's long-context row, issue 56) has the stage sub-mesh ``dp x cp x tp``,
+priced by ``benchmarks.pipeline_context`` (the ``fsdp+tp`` pins with the sequence on ``cp``, Llama 3's
+balanced all-gather CP exchange, what-ifs for Meta's variant); the schedule then sees ``dp x cp``
+in the data-parallel place (each rank sends ``1 / (dp cp tp)`` of a microbatch's activations).
+
 Predicted tokens/s/GPU = global batch x sequence / (step x GPUs) (torchtitan's ``tps``);
 TFLOPs/GPU = ``6 N + 12 L d t`` FLOPs per token (torchtitan's count, no recomputation) x
-tokens / (step x GPUs), as the Llama 3 paper's figure is read here.
+tokens / (step x GPUs), as the Llama 3 paper's figure is read here (the paper does not say how
+it counts; at 131,072 tokens attention's term is 57 % of the count, and counting it causal,
+``6 L d t``, gives 29 % less: both are shown for the cp row).
 
-    python -m benchmarks.pipeline_runs                    # every row, table on stdout
+    python -m benchmarks.pipeline_runs                    # every row but the long-context one, table on stdout
     python -m benchmarks.pipeline_runs --only tt-405b-1f1b
+    python -m benchmarks.pipeline_runs --only meta-405b-128k   # Llama 3's 131,072-token row (issue 56)
     python -m benchmarks.pipeline_runs -o benchmarks/results/pipeline_runs.md
 """
 
@@ -35,6 +43,7 @@ if __name__ == "__main__" and not __package__:
     import _as_module  # noqa: F401 - `python benchmarks/pipeline_runs.py`: re-executed as the module
 
 import argparse
+import functools
 import math
 import os
 import platform
@@ -46,6 +55,7 @@ from types import MethodType
 from typing import Any
 
 from benchmarks.common.models import load
+from benchmarks.pipeline_context import context_what_ifs, price_context_blocks
 
 TT_2412 = ("https://github.com/pytorch/torchtitan/blob/main/benchmarks/llama3_h100_202412_torchtitan.md"
            " Table 5 (torchtitan 9dec370, 2024-12)")
@@ -76,9 +86,9 @@ class PipelineRun:
     profile: str
     gpus: int
     batch: int
-    """Global batch, sequences of :data:`SEQ`."""
+    """Global batch, sequences of :attr:`seq` tokens."""
     layout: tuple[int, int, int] | None
-    """(pp, dp, tp); None: autoshard searches the layouts."""
+    """(pp, dp, tp), ``dp`` the data-parallel degree alone (``cp`` apart); None: autoshard searches the layouts."""
     schedule: str | None
     n_microbatches: int | None
     stages_per_rank: int | None
@@ -91,6 +101,16 @@ class PipelineRun:
     """The stages' activation recomputation policy (``autoshard.graph.recompute_policy``)."""
     engine: tuple[str, ...] = ()
     """The engine features the run used, priced (:data:`ENGINE_OPTIONS`; empty: bf16, autoshard's runtime)."""
+    cp: int = 1
+    """Context-parallel degree: the stage sub-mesh is ``dp x cp x tp`` (``benchmarks.pipeline_context``)."""
+    seq: int = SEQ
+    """Tokens a sequence."""
+
+    @property
+    def layout_text(self) -> str:
+        """``pp x dp x tp``, with ``cp`` between ``dp`` and ``tp`` where the run splits the sequence."""
+        pp, dp, tp = self.layout or (0, 0, 0)
+        return f"{pp} x {dp} x {tp}" if self.cp == 1 else f"{pp} x {dp} x cp {self.cp} x {tp}"
 
 
 RUNS = (
@@ -121,6 +141,24 @@ RUNS = (
     PipelineRun("meta-405b-16k-noac", "the same, no activation checkpointing (as published)", "h100-sxm-80gb", 16384,
                 2048, (16, 128, 8), "Interleaved1F1B", 16, 2, None, 400.0, LLAMA3_PAPER + " row 2, section 3.3.2",
                 "as meta-405b-8k-noac", titan_loss=False, recompute="none"),
+    PipelineRun("meta-405b-128k", "Llama 3 405B long context, 16,384 GPUs, TP 8 x CP 16 x PP 16 x DP 8",
+                "h100-sxm-80gb", 16384, 128, (16, 8, 8), "Interleaved1F1B", 16, 2, None, 380.0,
+                LLAMA3_PAPER + " row 3 (issue 56): sequences of 131,072 tokens, 16M tokens = 128 sequences; DP 8 = "
+                "16,384 / (TP 8 x CP 16 x PP 16), batch per DP 16: m = 16 of 1 sequence per dp rank; v = 2 "
+                "(ASSUMPTION, as row 2); CP as section 3.3.2 ran it: K/V all-gathered over the CP group, each "
+                "sequence in 2 CP chunks, rank r holding chunks r and 2 CP - 1 - r; full AC an ASSUMPTION (the "
+                "paper names training without activation checkpointing for the 8K stage only); FSDP over dp x cp "
+                "(ASSUMPTION, as torchtitan shards)",
+                "as row 1; the K/V gathered after their expansion to the query heads (the example's attention; "
+                "Meta gathers the 8 GQA heads: 16x fewer bytes); the balanced layout's query-row moves on every "
+                "attention (Meta reorders the sequence once); memory: the held weights counted after their first "
+                "FSDP gather, still split over cp (about 18 GB a rank uncounted); see the issue 56 section of the "
+                "results",
+                titan_loss=False, cp=16, seq=131072),
+    PipelineRun("meta-405b-128k-noac", "the same, no activation checkpointing (as the 8K stage ran)", "h100-sxm-80gb",
+                16384, 128, (16, 8, 8), "Interleaved1F1B", 16, 2, None, 380.0,
+                LLAMA3_PAPER + " row 3; whether the 128K stage checkpointed is not published",
+                "as meta-405b-128k and meta-405b-8k-noac", titan_loss=False, recompute="none", cp=16, seq=131072),
     PipelineRun("auto-405b-512", "autoshard's choice, 405B on 512 H100 96 GB, 256 x 8192", "h100-sxm-96gb-500w",
                 512, 256, None, None, None, None, 128.0, None, "target: >= 128 tokens/s/GPU, found in < 10 min",
                 "stage layouts fsdp+tp, no or full recomputation (module docstring); bf16, TP collectives exposed"),
@@ -133,10 +171,10 @@ AUTO_PP = {512: (4, 8, 16), 16384: (8, 16, 32)}
 """pp degrees autoshard's own rows try, by GPUs (tp 8 within a node, dp the rest)."""
 
 
-def _factory(titan_loss: bool):
+def _factory(titan_loss: bool, seq: int = SEQ):
     def build(**overrides: Any):
-        model, inputs = load("llama3.llama3_405b", {**overrides, "seq_len": SEQ, "dtype": "bfloat16",
-                                                    "device": "meta"})
+        model, inputs = load("llama3.llama3_405b", {**overrides, "seq_len": seq, "max_seq_len": max(seq, SEQ),
+                                                    "dtype": "bfloat16", "device": "meta"})
         if titan_loss:
             from benchmarks.published_runs import _titan_forward
 
@@ -145,12 +183,19 @@ def _factory(titan_loss: bool):
     return build
 
 
-def _flops_per_token() -> float:
+@functools.cache
+def _block_params() -> int:
+    """The 405B model's parameters outside the embedding (``N`` of :func:`_flops_per_token`)."""
+    model, _ = load("llama3.llama3_405b", {"n_layers": N_LAYERS, "device": "meta"})
+    return sum(p.numel() for n, p in model.named_parameters() if "tok_embeddings" not in n)
+
+
+def _flops_per_token(seq: int = SEQ) -> float:
+    """torchtitan's count at ``seq`` tokens (module docstring): attention's ``12 L d t`` is at its
+    whole length, the causal mask not discounted."""
     from autoshard.search.pipeline import model_flops_per_token
 
-    model, _ = load("llama3.llama3_405b", {"n_layers": N_LAYERS, "device": "meta"})
-    params = sum(p.numel() for n, p in model.named_parameters() if "tok_embeddings" not in n)
-    return model_flops_per_token(params, N_LAYERS, DIM, SEQ)
+    return model_flops_per_token(_block_params(), N_LAYERS, DIM, seq)
 
 
 NOTES = """\
@@ -183,8 +228,9 @@ NOTES = """\
   recomputation a block keeps its input sequence-split over ``tp`` (``pipeline_blocks``, Full
   recomputation; 2026-12-05 23:30 UTC): 134 MB a 405B block at 4 sequences a rank, as
   torchtitan's runs keep it, where the stage solve, run without a memory limit, kept it
-  replicated (1.07 GB); the torchtitan rows' busiest rank went from 190 GiB to 78 GiB (82.5
-  GiB measured). The no-AC rows keep every block's activations as the solve lays them out
+  replicated (1.07 GB); the torchtitan rows' busiest rank went from 190 GiB to 78 GiB, and to
+  69-71 GiB once the head's transient was charged to the last stage only (``pipeline_blocks``,
+  Transients; 82.5 GiB measured, the allocator's reserve and NCCL buffers included). The no-AC rows keep every block's activations as the solve lays them out
   (no sequence parallelism counted) and do not fit.
 - *The ``fsdp+tp`` pins* (``autoshard.search.baselines``): FSDP splits a tensor dim TP leaves
   whole (a column weight ``S(1)S(0)`` on ``dp x tp``, a row weight ``S(0)S(1)``), so its gather
@@ -197,6 +243,9 @@ NOTES = """\
   balancing is not modelled). The full-AC rows pay the recomputation and its re-gathers.
 - The bound gap is ``1 - LB / step`` with ``LB = m * work / p`` (perfect balance, no bubble):
   what the schedule, the sends and the tail cost above it.
+- *Long context* (``meta-405b-128k``, issue 56; run with ``--only``): stages on ``dp x cp x tp`` with
+  Llama 3's balanced all-gather CP on ``cp`` (module docstring); its details list where a block's
+  time goes and what-ifs (Meta's GQA gather without row moves, ``v = 4``, no recomputation).
 """
 
 
@@ -254,7 +303,17 @@ class _Pricer:
 
     def __init__(self, time_limit: float) -> None:
         self.cache: dict[tuple, Any] = {}
+        self.attention: dict[tuple, dict] = {}
+        """The cp stages' attention as priced (``pipeline_context.price_context_blocks``), by pricing key."""
         self.time_limit = time_limit
+
+    @staticmethod
+    def key(run: PipelineRun, dp: int, tp: int, micro_batch: int, pinned: bool, policy: str) -> tuple:
+        return (run.profile, dp, tp, micro_batch, pinned, run.titan_loss, policy, run.cp, run.seq)
+
+    def attention_at(self, run: PipelineRun, dp: int, tp: int, micro_batch: int) -> dict:
+        """A cp row's attention as its pinned stages priced it (after ``at(...)(micro_batch)``)."""
+        return self.attention[self.key(run, dp, tp, micro_batch, True, run.recompute)]
 
     def at(self, run: PipelineRun, dp: int, tp: int, pinned: bool, engine: Any = None, recompute: str | None = None):
         """``price(micro_batch)`` of ``run``'s stages, with the row's recomputation or ``recompute``."""
@@ -265,11 +324,15 @@ class _Pricer:
         policy = run.recompute if recompute is None else recompute
 
         def price(micro_batch: int):
-            key = (run.profile, dp, tp, micro_batch, pinned, run.titan_loss, policy)
+            key = self.key(run, dp, tp, micro_batch, pinned, policy)
             if (key, engine) not in self.cache:
                 t0 = time.perf_counter()
                 opts = {"mixed_precision": True}
-                if pinned:  # FSDP2 as torchtitan runs it: block-wise gathers, fp32 reductions
+                if run.cp > 1:  # bf16 only (the Llama 3 rows): no engine options to reprice
+                    self.cache[(key, engine)], self.attention[key] = price_context_blocks(
+                        _factory(run.titan_loss, run.seq), (dp, run.cp, tp), micro_batch=micro_batch,
+                        recompute=policy, profile=run.profile, time_limit=self.time_limit)
+                elif pinned:  # FSDP2 as torchtitan runs it: block-wise gathers, fp32 reductions
                     opts.update(gather="fsdp2", reduce_dtype="float32")
                     engines = tuple(dict.fromkeys((EngineOptions(), run_engine(run), engine)))
                     for e, pricing in price_blocks_engines(
@@ -304,11 +367,15 @@ def run_one(run: PipelineRun, pricer: _Pricer, flops: float) -> dict:
 
     profile = load_profile(run.profile)
     t0 = time.perf_counter()
-    common = dict(n_blocks=N_LAYERS, batch=run.batch, seq_len=SEQ, dim=DIM, profile=profile, flops_per_token=flops)
+    common = dict(n_blocks=N_LAYERS, batch=run.batch, seq_len=run.seq, dim=DIM, profile=profile,
+                  flops_per_token=flops)
     if run.layout is not None:
-        layout = PipelineLayout(*run.layout)
-        price = pricer.at(run, layout.dp, layout.tp, True)
-        priced = pricer.at(run, layout.dp, layout.tp, True, run_engine(run))
+        pp, dp, tp = run.layout
+        # the schedule sees dp x cp where it reads dp: a rank's share of a send is 1 / (dp cp tp) of the
+        # microbatch's activations (split along the sequence too), and the GPUs are pp dp cp tp
+        layout = PipelineLayout(pp, dp * run.cp, tp)
+        price = pricer.at(run, dp, tp, True)
+        priced = pricer.at(run, dp, tp, True, run_engine(run))
         pinned = dict(layout=layout, schedules=(run.schedule,), microbatches=(run.n_microbatches,),
                       stages_per_rank=(run.stages_per_rank,), recompute=run.recompute, **common)
         over: dict[str, Any] = {}
@@ -322,6 +389,9 @@ def run_one(run: PipelineRun, pricer: _Pricer, flops: float) -> dict:
             plan = search_pipeline(priced, **pinned)
         bf16 = plan if not run.engine else search_pipeline(price, **pinned)
         hidden = search_pipeline(lambda mb: hide_exposed(price(mb)), **pinned)
+        if run.cp > 1:
+            mb = run.batch // run.n_microbatches
+            over["context"] = context_what_ifs(run, price(mb), pricer.attention_at(run, dp, tp, mb), pinned)
         return {"plan": plan, "bf16": bf16, "hidden": hidden, "wall_s": time.perf_counter() - t0, "layouts": 1,
                 "pruned": 0, **over}
     peak = profile.device.peak_flops_for("bf16")
@@ -387,8 +457,9 @@ def table(rows: list[tuple[PipelineRun, dict]]) -> str:
                           else p.tflops_per_gpu >= run.published_tflops) else "missed")
             pub_tps, pub_tf = "-", "-"
         over = " (does NOT fit: memory not checked)" if r.get("over_memory") else ""
+        shape = run.layout_text if run.layout is not None else " x ".join(map(str, p.mesh_shape))
         lines.append(
-            f"| {run.key}{over} | {run.gpus} | {' x '.join(map(str, p.mesh_shape))} "
+            f"| {run.key}{over} | {run.gpus} | {shape} "
             f"| {p.schedule}, {p.n_microbatches}, "
             f"{p.stages_per_rank}, {p.recompute} | {p.step_s:.2f} | {p.bubble_fraction:.3f} | {pub_tps} "
             f"| {p.tokens_per_gpu_s:.1f} "
@@ -398,10 +469,57 @@ def table(rows: list[tuple[PipelineRun, dict]]) -> str:
     return "\n".join(lines)
 
 
+def causal_flops_per_token(seq: int) -> float:
+    """``6 N + 6 L d t``: attention's FLOPs under the causal mask (half of ``12 L d t``), what the
+    kernels compute."""
+    return _flops_per_token(seq) - 6.0 * N_LAYERS * DIM * seq
+
+
+def context_details(run: PipelineRun, r: dict) -> list[str]:
+    """Where a cp row's step goes and its what-ifs (``pipeline_context.context_what_ifs``), as text lines."""
+    c, p = r["context"], r["plan"]
+    blk, att = c["block"], c["attention"]
+    ms = lambda x: f"{1e3 * x:.1f} ms"  # noqa: E731
+    causal = causal_flops_per_token(run.seq) / _flops_per_token(run.seq)
+    lines = [f"{run.key}: one block, one microbatch (1 sequence per dp rank: {run.seq // run.cp} tokens a CP rank), "
+             f"the busiest rank; attention exchanges {', '.join(att['exchanges'])}:",
+             f"- block forward {ms(blk.forward_s)}, backward {ms(blk.backward_s)} (recomputation "
+             f"{ms(c['block_recompute_s'])} and exposed communication {ms(c['block_exposed_s'])} inside them)",
+             f"- its attention as the plan prices it: forward {ms(att['forward_s'])}, backward {ms(att['backward_s'])}"
+             " (K/V gathers, dK/dV reduce-scatter, row moves inside)"]
+    for name, what in (("expanded", "the K/V expanded to the query heads, as traced"),
+                       ("gqa", "the 8 GQA K/V heads, as Meta gathers them")):
+        a = c["costs"][name]
+        # the busiest rank's kernels: 4 B H D FLOPs a visible pair forward, 2.5 times that backward
+        batch = run.batch // run.n_microbatches // run.layout[1]
+        flops = 4 * batch * (128 // run.layout[2]) * 128 * max(a.forward_pairs_by_rank)
+        lines.append(f"- costmodel, {what}: kernels at {flops / a.forward_compute_s / 1e12:.0f} / "
+                     f"{2.5 * flops / a.backward_compute_s / 1e12:.0f} TFLOP/s forward / backward")
+        lines.append(f"- costmodel, {what}: forward {ms(a.forward_s)} (kernels {ms(a.forward_compute_s)}, K/V "
+                     f"all-gather {ms(a.forward_comm_s)}), backward {ms(a.backward_s)} (kernels "
+                     f"{ms(a.backward_compute_s)}, gather + reduce-scatter {ms(a.backward_comm_s)}), exposed "
+                     f"{ms(a.exposed_comm_s)}")
+    lines.append(f"- step {p.step_s:.2f} s, bubble {p.bubble_fraction:.3f}, bound gap {p.gap:.3f}; TFLOPs/GPU "
+                 f"{p.tflops_per_gpu:.0f} counted as torchtitan counts ({_flops_per_token(run.seq) / 1e12:.2f} "
+                 f"TFLOP a token), {p.tflops_per_gpu * causal:.0f} with causal attention's half "
+                 f"({causal_flops_per_token(run.seq) / 1e12:.2f})")
+    lines.append(f"- what-ifs (memory not checked; meta_cp: attention as Meta's CP, d_f {ms(c['d_f'])}, d_b "
+                 f"{ms(c['d_b'])}; v4: 4 stages a rank; noac: no recomputation; bwd_eff: the attention's backward "
+                 "kernels at the forward's FLOP rate):")
+    for key, q in c["what_if"].items():
+        lines.append(f"  - {key}: step {q.step_s:.2f} s, bubble {q.bubble_fraction:.3f}, "
+                     f"{q.tflops_per_gpu:.0f} TFLOPs/GPU ({_pct(q.tflops_per_gpu, run.published_tflops)}), "
+                     f"{q.tflops_per_gpu * causal:.0f} causal")
+    return lines
+
+
 def details(rows: list[tuple[PipelineRun, dict]]) -> str:
     out = ["| run | source | what the prediction does not price |", "|---|---|---|"]
     for run, r in rows:
         out.append(f"| {run.key} | {run.source} | {run.not_modeled} |")
+    for run, r in rows:
+        if "context" in r:
+            out += [""] + context_details(run, r)
     for run, r in rows:
         if run.layout is None and "plan" in r:
             out.append("")
@@ -432,12 +550,14 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"error: --only: unknown run {unknown[0]!r} (known: {', '.join(by_key)})", file=sys.stderr)
         return 2
-    runs = [by_key[k] for k in args.only] if args.only else list(RUNS)
-    pricer, flops = _Pricer(args.time_limit), _flops_per_token()
+    # the long-context rows run when named: their stage solves trace 131,072-token sequences on 3-D sub-meshes
+    runs = [by_key[k] for k in args.only] if args.only else [r for r in RUNS if r.cp == 1]
+    pricer = _Pricer(args.time_limit)
     rows = []
     for run in runs:
         # autoshard's own search prices its stages afresh: its wall time is the whole search's
-        rows.append((run, run_one(run, pricer if run.layout is not None else _Pricer(args.time_limit), flops)))
+        rows.append((run, run_one(run, pricer if run.layout is not None else _Pricer(args.time_limit),
+                                  _flops_per_token(run.seq))))
         print(f"done {run.key}: {rows[-1][1].get('wall_s', 0):.0f} s", file=sys.stderr, flush=True)
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     text = (f"`python -m benchmarks.pipeline_runs{' --only ' + ' '.join(args.only) if args.only else ''}`, "

@@ -27,10 +27,12 @@ only the transfers ``Q`` of the plan; ``T`` all of them, ``G_w`` the weight gath
     (c) reduction_s           = S(T \ P ∪ G_r) - S(T \ P)   the gradient reductions' exposure (``G_r``),
                                                       paid once a step: they overlap the last
                                                       microbatch's backward as they overlap this one's
-    (d) held_bytes            = sum_p g_p (1 + r)      g_p parameter p's bytes after its first
-                                                      all_gather (the least over its edges: FSDP's
-                                                      unsharded parameter; a later gather, over
-                                                      ``tp`` say, is a transient of one op), r = the
+    (d) held_bytes            = sum_p g_p (1 + r)      g_p parameter p's bytes after its
+                                                      all_gathers on the data dims, every mesh dim
+                                                      but ``tp`` (the least over its edges: FSDP's
+                                                      unsharded parameter, gathered over ``dp`` and
+                                                      ``cp`` where it is sharded over both; a gather
+                                                      over ``tp`` is a transient of one op), r = the
                                                       gradients' itemsize over the gathered one
                                                       (fp32 / bf16 = 2)
 
@@ -96,13 +98,16 @@ def _classify(graph: Any, plan: Any) -> tuple[set[tuple[str, str, int]], set[tup
 def _held_bytes(plan: Any, weights: set[tuple[str, str, int]], of_param: dict[str, str],
                 grad_buckets: set[int]) -> dict[str, float]:
     """(d): the gathered weights and their unsharded gradient accumulators."""
+    names = tuple(getattr(getattr(plan, "fingerprint", None), "dim_names", ()) or ())
+    tp = {i for i, n in enumerate(names) if n == "tp"}
     gathered: dict[str, int] = {}
     for r in plan.redistributions:
         edge = (r.tensor, r.to, r.input_index)
-        steps = [s for s in r.steps if s.collective == "all_gather"]
+        steps = [s for s in r.steps if s.collective == "all_gather" and not tp & set(s.mesh_dims)]
         if edge in weights and steps:
-            name = of_param[r.tensor]
-            gathered[name] = min(gathered.get(name, int(steps[0].bytes)), int(steps[0].bytes))
+            # a step's bytes are its gathered output: the largest is the parameter after every data-dim gather
+            name, nbytes = of_param[r.tensor], max(int(s.bytes) for s in steps)
+            gathered[name] = min(gathered.get(name, nbytes), nbytes)
     gather_dtypes = {b.dtype for b in plan.gather_buckets}
     grad_dtypes = {plan.buckets[i].dtype for i in grad_buckets}
     ratio = 1.0

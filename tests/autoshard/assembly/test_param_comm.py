@@ -60,3 +60,24 @@ def test_exposures_are_differences_of_one_simulation(baseline: str) -> None:
     assert (pc.gather_exposed_s > 0) == (baseline == "fsdp")
     if baseline == "ddp":
         assert pc.per_microbatch_saving_s == pytest.approx(pc.reduction_s)
+
+
+
+def test_a_weight_gathered_over_two_data_dims_in_two_steps_is_held_whole() -> None:
+    """FSDP over ``dp`` and ``cp`` (a context-parallel stage shards over both, as torchtitan's
+    ``dp_shard x cp``) where the gathers run as two steps: the weight is held as both leave it,
+    not as the first does (16 of 64 bytes here); a gather over ``tp`` is one op's transient."""
+    from types import SimpleNamespace as NS
+
+    from autoshard.assembly.param_comm import _held_bytes
+
+    def gather(dims, nbytes):
+        return NS(collective="all_gather", mesh_dims=dims, bytes=nbytes)
+
+    edge = ("param:w", "mm", 1)
+    plan = NS(fingerprint=NS(dim_names=("dp", "cp", "tp")), gather_buckets=[NS(dtype="bfloat16")],
+              buckets=[NS(dtype="float32")],
+              redistributions=[NS(tensor="param:w", to="mm", input_index=1,
+                                  steps=(gather((0,), 16), gather((1,), 64), gather((2,), 512)))])
+    held = _held_bytes(plan, {edge}, {"param:w": "w"}, {0})
+    assert held == {"w": 64 * (1 + 2)}  # bf16 weight, fp32 gradient accumulator

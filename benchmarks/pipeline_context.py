@@ -1,0 +1,243 @@
+"""The long-context stage of ``benchmarks.pipeline_runs``: a pipeline stage on a ``dp x cp x tp``
+sub-mesh, priced with Llama 3's context parallelism (issue 56).
+
+``pipeline_blocks.price_blocks`` prices a ``dp x tp`` stage with a baseline's pins; a ``cp`` stage
+needs more than those pins say: the ``fsdp+tp`` parameter pins (FSDP over ``dp`` and ``cp``), the
+inputs pinned ``S(0)S(1)R`` (batch on ``dp``, each sequence on ``cp``, as
+``autoshard.search.mesh_stages.context_pins`` pins a cp layout), every attention node forced to
+the balanced all-gather CP exchange on ``cp`` (:func:`balanced_context_only`), and the 3-D graph
+restricted around two 2-D seeds (:func:`context_restriction`). The exchange is priced as
+autoshard runs it (``autoshard.rules.context_parallel``): K/V gathered as the attention reads them,
+after the example's expansion to the query heads, and the query rows moved to their head-and-tail
+chunks and back on every call; :func:`context_what_ifs` prices Meta's variant beside it (the GQA
+heads gathered, the sequence reordered once) and the other parts of the gap one at a time.
+Partial: benchmark code, not the search's; the general piece (``price_blocks`` with pins and a
+restriction for an extra sub-mesh dim) is not in ``autoshard.search`` yet.
+
+>>> # pricing, attention = price_context_blocks(factory, (8, 16, 8), micro_batch=8, recompute="full",
+>>> #                                           profile="h100-sxm-80gb", time_limit=60)
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from dataclasses import replace
+from typing import Any
+
+CONTEXT_NAMES = ("dp", "cp", "tp")
+SEQUENCE_INPUTS = ("tokens", "labels")
+"""The inputs shaped ``[batch, seq]``: pinned ``S(0)S(1)R`` on a ``dp x cp x tp`` stage (batch on dp,
+each sequence on cp), as ``autoshard.search.mesh_stages.context_pins`` pins a cp layout."""
+
+
+def fsdp_tp_param_pins(graph: Any) -> dict[str, str]:
+    """The ``fsdp+tp`` baseline's parameter pins on ``graph``'s mesh (``autoshard.search.baselines``):
+    TP on ``tp``, FSDP over every other mesh dim (``dp`` and ``cp``, as torchtitan shards over
+    ``dp_shard x cp``). Its input pins are left out: a microbatch of one sequence per dp rank does
+    not split over ``dp x cp``, and a cp stage pins its inputs along the sequence instead."""
+    from types import SimpleNamespace
+
+    from autoshard.search.baselines import baseline_pins
+
+    return baseline_pins(SimpleNamespace(mesh=graph.mesh, params=graph.params, nodes=graph.nodes, inputs={}),
+                         "fsdp+tp")
+
+
+def balanced_context_only(mesh_dim: int):
+    """A ``build_graph`` restriction: every attention node runs the balanced all-gather CP exchange
+    (``context_gather_balanced``, Llama 3's head-and-tail chunks) on ``mesh_dim``; a node without one
+    is an error, not a silent fallback (the row would then price no CP)."""
+    from autoshard.rules.context_parallel import GATHER_BALANCED
+
+    def keep(node: Any, strategies: Any) -> Any:
+        if "scaled_dot_product" not in str(node.target):
+            return strategies
+        kept = tuple(s for s in strategies if s.exchange == (GATHER_BALANCED, mesh_dim))
+        if not kept:
+            raise ValueError(f"{node.name}: no balanced context-parallel strategy on mesh dim {mesh_dim}")
+        return kept
+    return keep
+
+
+def _build(traced: Any, mesh: Any, profile: Any, restrict: Any = None) -> Any:
+    """The strategy graph as ``prepare`` builds a pinned stage's (AdamW, bf16 with fp32 master and
+    state, FSDP2's block-wise gathers with fp32 reductions, recomputation states)."""
+    from autoshard.graph.builder import build_graph
+    from autoshard.graph.memory import OptimizerMemory, optimizer_implementation
+
+    optimizer = OptimizerMemory("adamw", True, optimizer_implementation("auto", profile))
+    return build_graph(traced, mesh, profile, optimizer=optimizer, ties=True, restrict=restrict, recompute=True,
+                       gather="fsdp2", reduce_dtype="float32")
+
+
+def _seed(graph: Any, pins: dict, policy: str, time_limit: float) -> list[int]:
+    """The chosen strategy per node of ``graph`` under ``pins`` and the ``fsdp+tp`` data-parallel op layout."""
+    from solver import solve as solve_problem
+
+    from autoshard.graph.problem import to_problem
+    from autoshard.search.baselines import baseline_allowed
+    from autoshard.search.pins import resolve_pins
+
+    found = solve_problem(to_problem(graph, pins=resolve_pins(graph, pins), recompute=policy,
+                                     allowed=baseline_allowed(graph, "fsdp+tp")), time_limit=time_limit)
+    if not found.choice:
+        raise ValueError(f"cp stage seed on {graph.mesh.shape}: no solution ({found.status})")
+    return list(found.choice)
+
+
+def context_restriction(traced: Any, mesh: Any, profile: Any, policy: str, time_limit: float) -> Any:
+    """The ``dp x cp x tp`` stage's search space (``autoshard.graph.restrict``, seeded search, with
+    seeds of our choosing): per op, any single-dim choice the two 2-D solves below made on either
+    of their dims, or replicate, on each of the three mesh dims; attention forced to the balanced
+    CP exchange on ``cp`` (:func:`balanced_context_only`). Seeds: ``cp x tp`` with the sequence
+    pinned on ``cp`` and CP attention there (the sequence splits, the CP exchange, TP's splits),
+    and ``dp x tp`` with the ``fsdp+tp`` baseline (the batch splits). A 3-D mesh is too big to
+    enumerate (``autoshard.graph.restrict``), and the default seed, a free solve of a merged
+    2-D mesh, keeps no CP exchange on the cp dim to pin."""
+    from costmodel.mesh import MeshSpec
+
+    from autoshard.graph.restrict import SeededRestriction, dim_choice
+    from autoshard.search.baselines import baseline_pins
+
+    dp, cp, tp = mesh.shape
+    on_cp = _build(traced, MeshSpec((cp, tp), ("cp", "tp")), profile, balanced_context_only(0))
+    seq_pins = {**fsdp_tp_param_pins(on_cp), **{name: "S(1)R" for name in SEQUENCE_INPUTS}}
+    on_dp = _build(traced, MeshSpec((dp, tp), ("dp", "tp")), profile)
+    allowed: dict[str, set] = {}
+    signature_of: dict[str, str] = {}
+    for graph, choice in ((on_cp, _seed(on_cp, seq_pins, policy, time_limit)),
+                          (on_dp, _seed(on_dp, baseline_pins(on_dp, "fsdp+tp"), policy, time_limit))):
+        for node, k in zip(graph.nodes, choice):
+            if node.kind != "op":
+                continue
+            # a restricted node's signature carries its kept list's digest; the fine build asks by the plain one
+            plain = re.sub(r"\|kept:[0-9a-f]+", "", node.signature)
+            signature_of[node.name] = plain
+            for d in range(2):
+                c = dim_choice(node.strategies[k], d)
+                if any(key not in (None, "R") for key in c):
+                    allowed.setdefault(plain, set()).add(c)
+    seeded = SeededRestriction({k: frozenset(v) for k, v in allowed.items()}, signature_of)
+    only_cp = balanced_context_only(CONTEXT_NAMES.index("cp"))
+    return lambda node, strategies: only_cp(node, seeded(node, strategies))
+
+
+def context_stage(factory: Any, mesh_shape: tuple[int, int, int], *, depth: int, micro_batch: int, recompute: str,
+                  profile: str, time_limit: float) -> tuple[Any, Any]:
+    """``(prepared, plan)``: one stage of ``depth`` blocks on the ``dp x cp x tp`` sub-mesh, solved with
+    the ``fsdp+tp`` parameter pins and the inputs pinned ``S(0)S(1)R`` (batch on dp, sequence on cp;
+    ``RS(1)R`` for ``dp`` 1)."""
+    from costmodel.mesh import MeshSpec
+    from hw_profiles import load as load_profile
+
+    from autoshard.plan.fingerprint import make_fingerprint
+    from autoshard.search.prepared import Prepared
+    from autoshard.search.solve import solve_prepared
+    from autoshard.trace import trace_joint
+
+    prof = load_profile(profile)
+    mesh = MeshSpec(tuple(mesh_shape), CONTEXT_NAMES)
+    model, inputs = factory(n_layers=depth, batch_size=micro_batch)
+    t0 = time.perf_counter()
+    traced = trace_joint(model, inputs, target_device=prof.device_type, stamp=True)
+    t1 = time.perf_counter()
+    graph = _build(traced, mesh, prof, context_restriction(traced, mesh, prof, recompute, time_limit))
+    prep = Prepared(traced=traced, graph=graph, fingerprint=make_fingerprint(traced, mesh.shape, mesh.dim_names, prof),
+                    timings={"trace_s": round(t1 - t0, 4), "build_s": round(time.perf_counter() - t1, 4)},
+                    options={"optimizer": "adamw", "mixed_precision": True, "allow_uneven": False,
+                             "search": "seeded", "bucket_bytes": 0, "recompute_states": True, "gather": "fsdp2",
+                             "reduce_dtype": "float32"})
+    batch = "S(0)" if mesh_shape[0] > 1 else "R"
+    pins = {**fsdp_tp_param_pins(graph), **{name: batch + "S(1)R" for name in SEQUENCE_INPUTS}}
+    plan = solve_prepared(prep, pins=pins, recompute=recompute, memory_limit=math.inf, time_limit=time_limit)
+    return prep, plan
+
+
+def price_context_blocks(factory: Any, mesh_shape: tuple[int, int, int], *, micro_batch: int, recompute: str,
+                         profile: str, time_limit: float) -> tuple[Any, dict]:
+    """``(BlockPricing, attention)`` of a ``dp x cp x tp`` stage (:func:`context_stage` at depths 2
+    and 4; what ``pipeline_blocks.price_blocks`` does on a ``dp x tp`` stage, whose pins it cannot
+    express: the ``fsdp+tp`` baseline's input pins need the batch to split over ``dp x cp``);
+    ``attention``: one block's attention nodes as the deeper plan prices them, forward and backward
+    seconds (the exchange's gathers and row moves inside)."""
+    from autoshard.assembly.engine_pricing import chosen_strategies
+    from autoshard.search.pipeline_blocks import plan_figures, pricing_from_figures
+
+    started, figures, plan, prep, depths = time.perf_counter(), [], None, None, (2, 4)
+    for depth in depths:
+        prep, plan = context_stage(factory, mesh_shape, depth=depth, micro_batch=micro_batch, recompute=recompute,
+                                   profile=profile, time_limit=time_limit)
+        figures.append(plan_figures(prep, plan, depth))
+        if not any(e.startswith("context_gather_balanced@1") for e in figures[-1].exchanges):
+            raise ValueError(f"cp stage at depth {depth}: no balanced CP attention on cp ({figures[-1].exchanges})")
+    pricing = pricing_from_figures(micro_batch, figures[0], figures[1], time.perf_counter() - started,
+                                   checkpointed=recompute == "full")
+    attention = {"forward_s": 0.0, "backward_s": 0.0, "exchanges": figures[-1].exchanges}
+    for node, k in chosen_strategies(prep.graph, plan):
+        if "scaled_dot_product" in node.name:
+            attention["backward_s" if "backward" in node.name else "forward_s"] += float(node.compute_s[k]) / depths[-1]
+    return replace(pricing, params=tuple(sorted(plan.params.items()))), attention
+
+
+def context_attention_costs(run: Any, micro_batch: int) -> dict[str, Any]:
+    """One layer's CP attention of ``run`` on one CP group, priced by ``costmodel.context_parallel``
+    as the exchange prices it (balanced, all-gather, K/V gathered again in the backward): with the
+    K/V heads the traced attention reads (expanded to the query heads: the gather autoshard prices)
+    and with the model's 8 GQA heads (the gather Meta ran, section 3.3.2); row moves not included."""
+    from costmodel.context_parallel import AttentionShape, price_context_attention
+    from costmodel.mesh import MeshSpec
+    from hw_profiles import load as load_profile
+
+    pp, dp, tp = run.layout
+    mesh, prof = MeshSpec((dp, run.cp, tp), CONTEXT_NAMES), load_profile(run.profile)
+    heads, kv_heads = 128 // tp, max(1, 8 // tp)  # the 405B's 128 query / 8 K/V heads over tp
+    return {name: price_context_attention(AttentionShape(micro_batch // dp, heads, kv, run.seq, 128), mesh=mesh,
+                                          cp_mesh_dim=1, profile=prof, keep_gathered=False)
+            for name, kv in (("expanded", heads), ("gqa", kv_heads))}
+
+
+WHAT_IFS = (("meta_cp", 2, False), ("v4", 4, False), ("noac", 2, True), ("meta_cp+v4", 4, False),
+            ("meta_cp+v4+noac", 4, True), ("meta_cp+v4+noac+bwd_eff", 4, True))
+"""The cp row's what-ifs: (name, stages a rank, recomputation dropped); ``meta_cp`` in a name: the
+attention priced as Meta ran it, ``bwd_eff``: its backward kernels at the forward's FLOP rate
+(:func:`context_what_ifs`)."""
+
+
+def context_what_ifs(run: Any, pricing: Any, attention: dict, pinned: dict) -> dict[str, Any]:
+    """Where a cp row's step goes, and what-ifs that change one thing at a time (the issue 56
+    section), memory not checked. ``meta_cp``: each block's attention as Meta ran it
+    (:func:`context_attention_costs`' GQA gather, no row moves: the sequence reordered once), the
+    forward less ``d_f = a_f - g_f`` and the backward less ``d_b = a_b - g_b`` (``a`` as the plan
+    prices the attention nodes, ``g`` the GQA price) and, under full AC, less ``d_f`` again (the
+    recomputed forward); ``noac``: the backward less the block's recomputation ``R`` (what it
+    would run without activation checkpointing, as the 8K rows ran; ``R`` holds the recomputed
+    attention at the plan's price, so ``meta_cp+noac`` drops ``d_f`` from it only once); ``v4``:
+    4 stages a rank (the paper does not publish its interleaving); ``bwd_eff``: the GQA attention's
+    backward kernels at the forward kernels' FLOP rate, less ``max(0, g_bc - 2.5 g_fc)`` (``g_fc``,
+    ``g_bc`` the kernels alone; the profile's backward efficiency is a quick 3-point calibration held
+    constant above 2e10 FLOPs, at 18 % of peak against the forward's 31 %)."""
+    from costmodel.stage_cuts import BlockCost
+
+    from autoshard.search.pipeline import search_pipeline
+
+    costs = context_attention_costs(run, pricing.micro_batch)
+    gqa = costs["gqa"]
+    d_f = max(0.0, attention["forward_s"] - gqa.forward_s)
+    d_b = max(0.0, attention["backward_s"] - gqa.backward_s)
+    blk, redo = pricing.block, pricing.block_recompute_s
+    out: dict[str, Any] = {"attention": attention, "costs": costs, "d_f": d_f, "d_b": d_b, "block": blk,
+                           "block_exposed_s": pricing.block_exposed_s, "block_recompute_s": redo, "what_if": {}}
+    for name, v, noac in WHAT_IFS:
+        meta = "meta_cp" in name
+        f = blk.forward_s - (d_f if meta else 0.0)
+        b = blk.backward_s - (redo if noac else 0.0) - (d_b if meta else 0.0)
+        b -= d_f if meta and not noac and run.recompute == "full" else 0.0
+        b -= max(0.0, gqa.backward_compute_s - 2.5 * gqa.forward_compute_s) if "bwd_eff" in name else 0.0
+        block = replace(pricing, block=BlockCost(f, max(0.0, b), blk.state_bytes, blk.activation_bytes),
+                        block_recompute_s=0.0 if noac else redo)
+        what = {**pinned, "stages_per_rank": (v,), "memory_limit_bytes": math.inf,
+                "recompute": "none" if noac else pinned["recompute"]}
+        out["what_if"][name] = search_pipeline(lambda mb, block=block: block, **what)
+    return out
