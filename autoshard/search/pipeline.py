@@ -476,9 +476,10 @@ def search_pipeline(
         least = min((c.peak_bytes for c in candidates), default=math.inf)
         why = next((c.why for c in candidates if c.why), "")
         tried = ", ".join(sorted({c.recompute for c in candidates}))
+        # a candidate no cut fits has no rank memory to show (inf): its refusal says why
+        least_text = f"least rank memory {least / 2**30:.1f} GiB; " if math.isfinite(least) else "no cut fits; "
         raise ValueError(f"layout {'x'.join(map(str, layout.mesh_shape))} (pp,dp,tp): no pipeline candidate fits "
-                         f"{limit / 2**30:.1f} GiB with recompute {tried} (least rank memory {least / 2**30:.1f} GiB; "
-                         f"first refusal: {why})")
+                         f"{limit / 2**30:.1f} GiB with recompute {tried} ({least_text}first refusal: {why})")
     return _chosen(best, candidates, layout, batch * seq_len, flops_per_token, n_blocks, started)
 
 

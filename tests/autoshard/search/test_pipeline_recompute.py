@@ -56,6 +56,10 @@ def test_full_is_chosen_exactly_when_none_does_not_fit_a_limit_full_fits() -> No
     assert {c.recompute for c in chosen.candidates} == {"none", "full"}
     with pytest.raises(ValueError, match="no pipeline candidate fits .* with recompute full, none"):
         _search(_peak(full) - 1, price_full=FULL)
+    # a limit no cut of the blocks fits leaves no rank memory to show: the message says so, not "inf"
+    with pytest.raises(ValueError, match=r"\(no cut fits; first refusal: ") as refused:
+        _search(1.0, price_full=FULL)
+    assert "inf" not in str(refused.value)
 
 
 def test_a_tie_keeps_none() -> None:
