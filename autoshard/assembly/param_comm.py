@@ -98,8 +98,7 @@ def _classify(graph: Any, plan: Any) -> tuple[set[tuple[str, str, int]], set[tup
 def _held_bytes(plan: Any, weights: set[tuple[str, str, int]], of_param: dict[str, str],
                 grad_buckets: set[int]) -> dict[str, float]:
     """(d): the gathered weights and their unsharded gradient accumulators."""
-    names = tuple(getattr(getattr(plan, "fingerprint", None), "dim_names", ()) or ())
-    tp = {i for i, n in enumerate(names) if n == "tp"}
+    tp = {i for i, n in enumerate(plan.fingerprint.dim_names) if n == "tp"}
     gathered: dict[str, int] = {}
     for r in plan.redistributions:
         edge = (r.tensor, r.to, r.input_index)

@@ -268,10 +268,10 @@ def tensor_parallel_reads(graph: StrategyGraph, pins: Mapping[str, str]) -> dict
     following views (a view's allowed outputs are what its readers may read). Nodes with no such
     read are left out; a node whose every strategy would be refused keeps its mask all False (the
     caller drops it)."""
+    from autoshard.assembly.engine_pricing import edge_links
+
     tp = _tp_dim(graph)
-    readers: dict[int, list] = {}
-    for e in graph.edges:
-        readers.setdefault(e.src, []).append(e)
+    _, readers = edge_links(graph)  # edges by producer
     out: dict[int, np.ndarray] = {}
     frontier: list[tuple[int, int, frozenset]] = []
     for fqn, text in pins.items():

@@ -32,20 +32,23 @@ from autoshard.search.baselines import baseline_allowed, baseline_pins
 from autoshard.search.gather_objective import gather_amortized_problem
 from autoshard.search.pins import resolve_pins
 
-__all__ = ["PinnedProblems", "pinned_problem"]
+__all__ = ["PinnedProblems", "pinned_problem", "pins_and_layout"]
+
+
+def pins_and_layout(graph: StrategyGraph, opts: SolveOptions) -> tuple[dict[str, str], Any]:
+    """``(pins, allowed)`` of a solve under ``opts``: the baseline's pins under the user's, and the
+    baseline's op layout (``baselines.baseline_allowed`` given its pins; None without a baseline)."""
+    if opts.baseline is None:
+        return dict(opts.pins), None
+    layout = dict(baseline_pins(graph, opts.baseline, opts.tp_table))
+    return {**layout, **opts.pins}, baseline_allowed(graph, opts.baseline, layout)
 
 
 def pinned_problem(graph: StrategyGraph, opts: SolveOptions, memory_limit: float | None, recompute: str) -> Any:
     """The solver's problem of ``graph`` under ``opts``' pins (the baseline's under the user's),
     the baseline's op layout, ties and ``recompute``; parameter gathers priced as the runtime
     buckets them."""
-    all_pins: dict[str, str] = {}
-    allowed = None
-    if opts.baseline is not None:
-        layout = baseline_pins(graph, opts.baseline, opts.tp_table)
-        all_pins.update(layout)
-        allowed = baseline_allowed(graph, opts.baseline, layout)
-    all_pins.update(opts.pins)
+    all_pins, allowed = pins_and_layout(graph, opts)
     problem = to_problem(graph, memory_limit=memory_limit, pins=resolve_pins(graph, all_pins), ties=opts.ties,
                          recompute=recompute, allowed=allowed)
     if getattr(graph, "bucket_bytes", 0) > 0:  # the runtime gathers parameters in buckets too

@@ -112,7 +112,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping, Sequence
 
-from autoshard.assembly.engine_pricing import chosen_strategies
+from autoshard.assembly.engine_pricing import chosen_strategies, edge_links
 from autoshard.assembly.param_comm import param_comm
 from costmodel.stage_cuts import BlockCost
 
@@ -303,9 +303,7 @@ def _activation_spans(graph: Any, chosen: Sequence[tuple[Any, int]], recomputed:
     from costmodel.shard_shapes import max_local_numel
 
     choice = {graph.index[node.name]: k for node, k in chosen}
-    readers: dict[int, list[int]] = {}
-    for e in graph.edges:
-        readers.setdefault(e.src, []).append(e.dst)
+    _, readers = edge_links(graph)  # edges by producer
     phase = {r.index: r.phase_start for r in getattr(graph, "regions", ())}
     out = []
     for i, k in choice.items():
@@ -332,13 +330,14 @@ def _activation_spans(graph: Any, chosen: Sequence[tuple[Any, int]], recomputed:
     return out
 
 
-def _last_read(graph: Any, i: int, readers: Mapping[int, list[int]]) -> int:
+def _last_read(graph: Any, i: int, readers: Mapping[int, list[Any]]) -> int:
     """The time of the last op reading node ``i``'s storage, through its views."""
     from autoshard.graph.liveness import is_view_name
 
     last, todo, seen = graph.nodes[i].live[0], [i], {i}
     while todo:
-        for j in readers.get(todo.pop(), ()):
+        for e in readers.get(todo.pop(), ()):
+            j = e.dst
             node = graph.nodes[j]
             last = max(last, graph.times.get(node.name, last))
             if node.kind == "op" and is_view_name(node.target) and j not in seen:

@@ -31,14 +31,14 @@ from autoshard.graph.memory import OptimizerMemory, optimizer_implementation
 from autoshard.graph.problem import to_problem
 from autoshard.graph.recompute_policy import parse_policy
 from autoshard.graph.restrict import choose_search, seeded_restriction
-from autoshard.search.baselines import applicable_baselines, baseline_allowed, baseline_pins
+from autoshard.search.baselines import applicable_baselines
 from autoshard.assembly.from_graph import plan_from_solution
 from autoshard.plan.fingerprint import make_fingerprint
 from autoshard.plan.format import Plan
 from autoshard.search.overlap_objective import edge_slack, overlap_problem, overlap_worthwhile
 from autoshard.plan.options import NO_MEMORY_LIMIT, PLAN_GAP, SolveOptions, solve_options
 from autoshard.search.pins import resolve_pins
-from autoshard.search.pinned_problem import PinnedProblems
+from autoshard.search.pinned_problem import PinnedProblems, pins_and_layout
 from autoshard.search.portfolio import (BASELINE_POLICIES, baseline_options, baselines_beside, baselines_instead,
                                       own_seconds, recompute_policies, with_expert_baselines)
 from autoshard.search.prepared import Prepared
@@ -569,9 +569,7 @@ def problem_request(prep: Prepared, plan: Plan, options: SolveOptions) -> dict[s
     ``autoshard solve --dump-problem`` writes."""
     from autoshard.assembly.from_graph import plan_request
 
-    layout = dict(baseline_pins(prep.graph, options.baseline, options.tp_table)) if options.baseline else {}
-    all_pins = {**layout, **options.pins}
-    allowed = baseline_allowed(prep.graph, options.baseline, layout) if options.baseline else None
+    all_pins, allowed = pins_and_layout(prep.graph, options)
     # (A1) of autoshard.search.recompute_search: an `auto` plan solved without recomputation came from `none`'s problem
     recompute = "none" if plan.options.get("recompute_pruned") else options.recompute
     problem = to_problem(prep.graph, memory_limit=plan.estimate.memory_limit_bytes,

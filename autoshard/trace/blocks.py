@@ -249,10 +249,7 @@ def column_then_row(model: nn.Module, linears: Sequence[str], styles: Mapping[st
     the only split whose activations torch's column and row styles leave right for the next
     linear (a column-split output projection would take the heads' shard as its whole input). A
     module none of whose linears is split is left out."""
-    parents: dict[str, list[str]] = {}
-    for path in linears:
-        parents.setdefault(path.rpartition(".")[0], []).append(path)
-    for paths in parents.values():
+    for paths in _by_parent(linears).values():
         rows = [p for p in paths if styles.get(p) == "rowwise"]
         cols = [p for p in paths if styles.get(p) == "colwise"]
         if not rows and not cols:
@@ -263,6 +260,14 @@ def column_then_row(model: nn.Module, linears: Sequence[str], styles: Mapping[st
         if any(model.get_submodule(p).in_features != stream for p in cols):
             return False
     return True
+
+
+def _by_parent(linears: Sequence[str]) -> dict[str, list[str]]:
+    """Linear paths grouped by the module holding them (the attention, the feed-forward), in order."""
+    parents: dict[str, list[str]] = {}
+    for path in linears:
+        parents.setdefault(path.rpartition(".")[0], []).append(path)
+    return parents
 
 
 HEAD_DIM_ATTR = "head_dim"
@@ -290,11 +295,8 @@ def megatron_split(model: nn.Module, linears: Sequence[str], tp: int = 1) -> tup
     >>> megatron_split(block, ["mlp.up", "mlp.gate", "mlp.down"], tp=2)
     (('mlp.up', 'colwise'), ('mlp.gate', 'colwise'), ('mlp.down', 'rowwise'))
     """
-    parents: dict[str, list[str]] = {}
-    for path in linears:
-        parents.setdefault(path.rpartition(".")[0], []).append(path)
     out: list[tuple[str, str]] = []
-    for parent, paths in parents.items():
+    for parent, paths in _by_parent(linears).items():
         if len(paths) < 2:
             continue
         mods = {p: model.get_submodule(p) for p in paths}
