@@ -8,9 +8,12 @@ global batch 4 x 131,072 tokens, parameters bf16 with an fp32 master copy and fp
 traced once for CUDA kernels (32 layers stamped from 3) and solved on each mesh of
 :data:`MESHES` (inner dims inside a node of 8). The solver chooses per attention node whether
 to split it along the sequence (``context_gather`` / ``context_gather_balanced`` on one mesh
-dim, ``autoshard.rules.context_parallel``) with every other placement. MFU counts the model
-FLOPs as the issue does: ``6 N`` per token (``N`` every parameter) plus causal attention's
-``6 x layers x dim x seq`` per token, over 989 TFLOP/s per H100 (the datasheet's dense bf16).
+dim, K/V gathered inside the exchange, or ``context_whole_kv`` / ``context_whole_kv_balanced``,
+K/V gathered and dK/dV reduce-scattered by the graph where the solver puts them, before the GQA
+expansion where the graph lets it; ``autoshard.rules.context_parallel``) with every other
+placement. MFU counts the model FLOPs as the issue does: ``6 N`` per token (``N`` every
+parameter) plus causal attention's ``6 x layers x dim x seq`` per token, over 989 TFLOP/s per
+H100 (the datasheet's dense bf16).
 
 **torchtitan's Table 2** (pytorch/torchtitan, its December 2024 H100 benchmark page; LLaMA-3.1 8B on 8
 H100s of 96 GB at 500 W, local batch 1, full activation checkpointing, compile + Float8): FSDP

@@ -5,12 +5,14 @@ sub-mesh, priced with Llama 3's context parallelism (issue 56).
 needs more than those pins say: the ``fsdp+tp`` parameter pins (FSDP over ``dp`` and ``cp``), the
 inputs pinned ``S(0)S(1)R`` (batch on ``dp``, each sequence on ``cp``, as
 ``autoshard.search.mesh_stages.context_pins`` pins a cp layout), every attention node forced to
-the balanced all-gather CP exchange on ``cp`` (:func:`balanced_context_only`), and the 3-D graph
-restricted around two 2-D seeds (:func:`context_restriction`). The exchange is priced as
-autoshard runs it (``autoshard.rules.context_parallel``): K/V gathered as the attention reads them,
-after the example's expansion to the query heads, and the query rows moved to their head-and-tail
-chunks and back on every call; :func:`context_what_ifs` prices Meta's variant beside it (the GQA
-heads gathered, the sequence reordered once) and the other parts of the gap one at a time.
+a balanced CP exchange on ``cp`` (:func:`balanced_context_only`: the solver's choice of the
+all-gather one, ``context_gather_balanced``, or the whole-K/V one, ``context_whole_kv_balanced``,
+whose K/V gather and dK/dV reduce-scatter are the graph's, placeable before the example's GQA
+expansion, issue 56), and the 3-D graph restricted around two 2-D seeds
+(:func:`context_restriction`). The exchange is priced as autoshard runs it
+(``autoshard.rules.context_parallel``), the query rows moved to their head-and-tail chunks and
+back on every call; :func:`context_what_ifs` prices Meta's variant beside it (the GQA heads
+gathered, the sequence reordered once) and the other parts of the gap one at a time.
 Partial: benchmark code, not the search's; the general piece (``price_blocks`` with pins and a
 restriction for an extra sub-mesh dim) is not in ``autoshard.search`` yet.
 
@@ -45,16 +47,20 @@ def fsdp_tp_param_pins(graph: Any) -> dict[str, str]:
                          "fsdp+tp")
 
 
+BALANCED_KINDS = ("context_gather_balanced", "context_whole_kv_balanced")
+"""The CP exchanges with Llama 3's head-and-tail chunks (``autoshard.rules.context_parallel``)."""
+
+
 def balanced_context_only(mesh_dim: int):
-    """A ``build_graph`` restriction: every attention node runs the balanced all-gather CP exchange
-    (``context_gather_balanced``, Llama 3's head-and-tail chunks) on ``mesh_dim``; a node without one
-    is an error, not a silent fallback (the row would then price no CP)."""
-    from autoshard.rules.context_parallel import GATHER_BALANCED
+    """A ``build_graph`` restriction: every attention node runs a balanced CP exchange (Llama 3's
+    head-and-tail chunks: :data:`BALANCED_KINDS`, K/V gathered inside the exchange or by the graph)
+    on ``mesh_dim``; a node without one is an error, not a silent fallback (the row would then
+    price no CP)."""
 
     def keep(node: Any, strategies: Any) -> Any:
         if "scaled_dot_product" not in str(node.target):
             return strategies
-        kept = tuple(s for s in strategies if s.exchange == (GATHER_BALANCED, mesh_dim))
+        kept = tuple(s for s in strategies if s.exchange in {(kind, mesh_dim) for kind in BALANCED_KINDS})
         if not kept:
             raise ValueError(f"{node.name}: no balanced context-parallel strategy on mesh dim {mesh_dim}")
         return kept
@@ -72,16 +78,18 @@ def _build(traced: Any, mesh: Any, profile: Any, restrict: Any = None) -> Any:
                        gather="fsdp2", reduce_dtype="float32")
 
 
-def _seed(graph: Any, pins: dict, policy: str, time_limit: float) -> list[int]:
-    """The chosen strategy per node of ``graph`` under ``pins`` and the ``fsdp+tp`` data-parallel op layout."""
+def _seed(graph: Any, pins: dict, policy: str, time_limit: float, free: bool = False) -> list[int]:
+    """The chosen strategy per node of ``graph`` under ``pins`` and the ``fsdp+tp`` data-parallel op
+    layout (``free``: any op layout)."""
     from solver import solve as solve_problem
 
     from autoshard.graph.problem import to_problem
     from autoshard.search.baselines import baseline_allowed
     from autoshard.search.pins import resolve_pins
 
-    found = solve_problem(to_problem(graph, pins=resolve_pins(graph, pins), recompute=policy,
-                                     allowed=baseline_allowed(graph, "fsdp+tp")), time_limit=time_limit)
+    allowed = None if free else baseline_allowed(graph, "fsdp+tp")
+    found = solve_problem(to_problem(graph, pins=resolve_pins(graph, pins), recompute=policy, allowed=allowed),
+                          time_limit=time_limit)
     if not found.choice:
         raise ValueError(f"cp stage seed on {graph.mesh.shape}: no solution ({found.status})")
     return list(found.choice)
@@ -93,7 +101,9 @@ def context_restriction(traced: Any, mesh: Any, profile: Any, policy: str, time_
     of their dims, or replicate, on each of the three mesh dims; attention forced to the balanced
     CP exchange on ``cp`` (:func:`balanced_context_only`). Seeds: ``cp x tp`` with the sequence
     pinned on ``cp`` and CP attention there (the sequence splits, the CP exchange, TP's splits),
-    and ``dp x tp`` with the ``fsdp+tp`` baseline (the batch splits). A 3-D mesh is too big to
+    solved twice: with the ``fsdp+tp`` data-parallel op layout, and free (the whole-K/V exchange
+    needs its K/V chain replicated and its dK/dV chain partial on ``cp``, which the data-parallel
+    layout refuses); and ``dp x tp`` with the ``fsdp+tp`` baseline (the batch splits). A 3-D mesh is too big to
     enumerate (``autoshard.graph.restrict``), and the default seed, a free solve of a merged
     2-D mesh, keeps no CP exchange on the cp dim to pin."""
     from costmodel.mesh import MeshSpec
@@ -108,6 +118,7 @@ def context_restriction(traced: Any, mesh: Any, profile: Any, policy: str, time_
     allowed: dict[str, set] = {}
     signature_of: dict[str, str] = {}
     for graph, choice in ((on_cp, _seed(on_cp, seq_pins, policy, time_limit)),
+                          (on_cp, _seed(on_cp, seq_pins, policy, time_limit, free=True)),
                           (on_dp, _seed(on_dp, baseline_pins(on_dp, "fsdp+tp"), policy, time_limit))):
         for node, k in zip(graph.nodes, choice):
             if node.kind != "op":
@@ -161,7 +172,8 @@ def price_context_blocks(factory: Any, mesh_shape: tuple[int, int, int], *, micr
     and 4; what ``pipeline_blocks.price_blocks`` does on a ``dp x tp`` stage, whose pins it cannot
     express: the ``fsdp+tp`` baseline's input pins need the batch to split over ``dp x cp``);
     ``attention``: one block's attention nodes as the deeper plan prices them, forward and backward
-    seconds (the exchange's gathers and row moves inside)."""
+    seconds (the exchange's row moves inside, and its gathers for ``context_gather_balanced``; the
+    whole-K/V kind's gather and reduce-scatter are the graph's, in the block's time, not here)."""
     from autoshard.assembly.engine_pricing import chosen_strategies
     from autoshard.search.pipeline_blocks import plan_figures, pricing_from_figures
 
@@ -170,7 +182,7 @@ def price_context_blocks(factory: Any, mesh_shape: tuple[int, int, int], *, micr
         prep, plan = context_stage(factory, mesh_shape, depth=depth, micro_batch=micro_batch, recompute=recompute,
                                    profile=profile, time_limit=time_limit)
         figures.append(plan_figures(prep, plan, depth))
-        if not any(e.startswith("context_gather_balanced@1") for e in figures[-1].exchanges):
+        if not any(e in (f"{kind}@1" for kind in BALANCED_KINDS) for e in figures[-1].exchanges):
             raise ValueError(f"cp stage at depth {depth}: no balanced CP attention on cp ({figures[-1].exchanges})")
     pricing = pricing_from_figures(micro_batch, figures[0], figures[1], time.perf_counter() - started,
                                    checkpointed=recompute == "full")

@@ -63,6 +63,16 @@ ops at its bytes: each part's merge into the fp32 accumulator by logsumexp, the
 backward's fp32 dQ/dK/dV accumulation, the conversions back
 (:func:`_part_traffic`, :func:`_rank_traffic_s`).
 
+**Whole K/V** (:func:`price_whole_kv_attention`, the plan's ``context_whole_kv`` kinds): K and V
+arrive whole on every rank of the CP group (the graph gathers them, before the GQA expansion
+where the solver places it) and dK/dV leave as partial sums (the graph reduce-scatters them,
+after the expansion's backward sum). The exchange is then compute only: each local query chunk
+in at most two kernel calls (:func:`whole_kv_parts`: the causal diagonal block, and every
+earlier key chunk in one unmasked call, a contiguous slice of the whole K/V, no copy); the
+merge and accumulator traffic as above; no collective (the balanced layout's row moves are the
+rule's, ``autoshard.rules.context_parallel``). Memory beside the op: the backward's dK/dV
+accumulators of the whole sequence, ``cp`` blocks at the accumulator's itemsize.
+
 Both go through :func:`costmodel.overlap.simulate` with the profile's
 contention, so the overlap is the same two-stream model as the rest of the
 step. Kernel times are :func:`costmodel.compute.op_time_s` of kind
@@ -110,6 +120,8 @@ __all__ = [
     "attention_parts",
     "price_context_attention",
     "best_context_attention",
+    "whole_kv_parts",
+    "price_whole_kv_attention",
 ]
 
 VARIANTS = ("all_gather", "ring")
@@ -368,7 +380,7 @@ def accumulator_itemsize(itemsize: int) -> int:
 
 
 def _part_traffic(shape: AttentionShape, parts: Sequence[AttentionPart], c: int, profile: HardwareProfile,
-                  backward: bool) -> list[float]:
+                  backward: bool, concatenated: bool = True) -> list[float]:
     """Seconds of the memory-bound ops the runtime runs beside each part's kernel (elements of one
     query chunk ``X = B H c D``, of one key chunk ``K = B H_kv c D``; ``s`` input bytes, ``a``
     accumulator bytes; a ``.to`` between them reads ``s`` and writes ``a``):
@@ -379,6 +391,8 @@ def _part_traffic(shape: AttentionShape, parts: Sequence[AttentionPart], c: int,
       write 1 and a sum of read 2, write 1; the ``lse`` terms are ``D`` times smaller and left out);
     * backward: ``dout`` and ``out`` rows copied dense (``4 s X``), the key chunks concatenated,
       ``dq += dq_p`` and ``dk, dv += ...`` into the fp32 accumulators (``(2 a + s)`` per element).
+
+    ``concatenated=False``: a part's key chunks are one slice of whole K/V (no concatenation).
     """
     s, a = shape.itemsize, accumulator_itemsize(shape.itemsize)
     x = float(shape.batch * shape.heads * c * shape.head_dim)
@@ -387,7 +401,7 @@ def _part_traffic(shape: AttentionShape, parts: Sequence[AttentionPart], c: int,
     times, merged = [], set()
     for part in parts:
         n = len(part.key_chunks)
-        cat = 4 * n * k * s if n > 1 else 0.0
+        cat = 4 * n * k * s if n > 1 and concatenated else 0.0
         if backward:
             times.append(memory_op_s(4 * s * x + cat + (2 * a + s) * (x + 2 * n * k), profile))
             continue
@@ -529,3 +543,64 @@ def best_context_attention(shape: AttentionShape, *, mesh: MeshSpec, cp_mesh_dim
     costs = [price_context_attention(shape, mesh=mesh, cp_mesh_dim=cp_mesh_dim, profile=profile, causal=causal,
                                      window=window, load_balanced=load_balanced, variant=v) for v in VARIANTS]
     return min(costs, key=lambda cost: cost.step_s)
+
+
+def whole_kv_parts(layout: ChunkLayout, rank: int, seq_len: int, *, causal: bool) -> tuple[AttentionPart, ...]:
+    """The kernel calls of ``rank`` with the whole K/V in hand (module docstring, Whole K/V): per
+    local query chunk ``q``, causal: the diagonal block with the kernel's causal flag and, for
+    ``q > 0``, key chunks ``0 .. q - 1`` in one unmasked call; not causal: every key chunk in one
+    call. Key chunks of a part are consecutive, so each part reads one slice of K/V.
+
+    >>> [(p.query_chunk, p.key_chunks, p.mode) for p in whole_kv_parts(ChunkLayout(2), 0, 8, causal=True)]
+    [(0, (0,), 'causal'), (3, (3,), 'causal'), (3, (0, 1, 2), 'full')]
+    """
+    c = layout.chunk_len(seq_len)
+    parts = []
+    for q in layout.chunks_of(rank):
+        if not causal:
+            parts.append(AttentionPart(q, tuple(range(layout.n_chunks)), "full", layout.n_chunks * c * c, True, 0))
+            continue
+        parts.append(AttentionPart(q, (q,), "causal", c * (c + 1) // 2, True, 0))
+        if q > 0:
+            parts.append(AttentionPart(q, tuple(range(q)), "full", q * c * c, True, 0))
+    return tuple(parts)
+
+
+def price_whole_kv_attention(shape: AttentionShape, *, mesh: MeshSpec, cp_mesh_dim: int, profile: HardwareProfile,
+                             causal: bool = True, load_balanced: bool = True) -> ContextAttentionCost:
+    """Price one CP attention with whole K/V in and partial dK/dV out (module docstring, Whole
+    K/V): the slowest rank's kernels and memory-bound work, no communication. ``shape`` is the
+    global attention; ``kv_heads`` the heads of the K/V the op takes (after any expansion).
+
+    >>> from hw_profiles import load
+    >>> shape = AttentionShape(batch=1, heads=8, kv_heads=8, seq_len=8192, head_dim=128)
+    >>> cost = price_whole_kv_attention(shape, mesh=MeshSpec((4,)), cp_mesh_dim=0, profile=load("h100-sxm-80gb"))
+    >>> cost.forward_comm_s, cost.kv_buffer_bytes, cost.backward_buffer_bytes  # fp32 dK, dV of 8192 tokens
+    (0.0, 0, 67108864)
+    """
+    if not 0 <= cp_mesh_dim < len(mesh.shape):
+        raise ContextParallelError(f"cp_mesh_dim: {cp_mesh_dim} is not a mesh dim of a {len(mesh.shape)}-D mesh")
+    cp = mesh.shape[cp_mesh_dim]
+    layout = ChunkLayout(cp, load_balanced)
+    c = layout.chunk_len(shape.seq_len)
+    s, a = shape.itemsize, accumulator_itemsize(shape.itemsize)
+    x = float(shape.batch * shape.heads * (shape.seq_len // cp) * shape.head_dim)
+    whole_kv = 2.0 * shape.batch * shape.kv_heads * shape.seq_len * shape.head_dim
+    convert = 0.0 if a == s else (s + a)
+    # outside the parts: the forward's cat of the merged chunks and its conversion back; the
+    # backward's zeros of dQ and of the whole dK/dV, and their conversions to the graph's dtype
+    f_rest = memory_op_s(2 * a * x + convert * x, profile)
+    b_rest = memory_op_s(a * (x + whole_kv) + convert * (x + whole_kv), profile)
+    pairs, fwd_c, bwd_c = [], [], []
+    for rank in range(cp):
+        parts = whole_kv_parts(layout, rank, shape.seq_len, causal=causal)
+        fwd = [k + m for k, m in zip(_part_times(shape, parts, c, profile, False),
+                                     _part_traffic(shape, parts, c, profile, False, concatenated=False))]
+        bwd = [k + m for k, m in zip(_part_times(shape, parts, c, profile, True),
+                                     _part_traffic(shape, parts, c, profile, True, concatenated=False))]
+        pairs.append(sum(p.pairs for p in parts))
+        fwd_c.append(sum(fwd) + f_rest)
+        bwd_c.append(sum(bwd) + b_rest)
+    grad_bytes = int(whole_kv) * a
+    return ContextAttentionCost("whole_kv", load_balanced, tuple(pairs), max(fwd_c), max(bwd_c), 0.0, 0.0,
+                                max(fwd_c), max(bwd_c), 0, 0, grad_bytes)

@@ -123,7 +123,9 @@ def _exchange_dim(fp: Fingerprint, dim: int) -> tuple[str, int | str]:
 
 _CONTEXT_KINDS = {"context_gather": "K/V all-gathered, contiguous rows",
                   "context_gather_balanced": "K/V all-gathered, causal head-and-tail chunks",
-                  "context_ring": "K/V passed around the ring, contiguous rows"}
+                  "context_ring": "K/V passed around the ring, contiguous rows",
+                  "context_whole_kv": "K/V whole (gathered by the plan), contiguous rows",
+                  "context_whole_kv_balanced": "K/V whole (gathered by the plan), causal head-and-tail chunks"}
 
 
 def context_parallel_lines(plan: Plan) -> list[str]:

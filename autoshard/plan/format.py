@@ -143,7 +143,8 @@ def recompute_problem(op: str) -> str | None:
     return None
 
 
-EXCHANGE_KINDS = ("expert_dispatch", "context_gather", "context_gather_balanced", "context_ring")
+EXCHANGE_KINDS = ("expert_dispatch", "context_gather", "context_gather_balanced", "context_ring", "context_whole_kv",
+                  "context_whole_kv_balanced")
 """Exchanges a plan node may be run with (``autoshard.rules.core.OpStrategy.exchange``)."""
 
 

@@ -119,8 +119,8 @@ _NODE = {
         "region": {"type": "string",
                    "description": "The repeated block (checkpoint region) whose forward the op belongs to."},
         "exchange": {"type": "object", "required": ["kind", "mesh_dim"], "additionalProperties": False,
-                     "properties": {"kind": {"enum": ["expert_dispatch", "context_gather", "context_gather_balanced", "context_ring"]}, "mesh_dim": {"type": "integer", "minimum": 0}},
-                     "description": "Only for a strategy that is not a local op: the exchange the runtime runs it with (expert_dispatch: expert parallelism, autoshard.runtime.expert_ops; context_gather, context_gather_balanced: attention split along the sequence with K/V gathered; context_ring: with the K/V blocks passed around the ring, autoshard.rules.context_parallel) and the mesh dim of its process group."},
+                     "properties": {"kind": {"enum": ["expert_dispatch", "context_gather", "context_gather_balanced", "context_ring", "context_whole_kv", "context_whole_kv_balanced"]}, "mesh_dim": {"type": "integer", "minimum": 0}},
+                     "description": "Only for a strategy that is not a local op: the exchange the runtime runs it with (expert_dispatch: expert parallelism, autoshard.runtime.expert_ops; context_gather, context_gather_balanced: attention split along the sequence with K/V gathered; context_ring: with the K/V blocks passed around the ring; context_whole_kv, context_whole_kv_balanced: K/V taken whole and dK/dV left partial, the collectives being the plan's own redistributions, autoshard.rules.context_parallel) and the mesh dim of its process group."},
     },
     "additionalProperties": False,
 }

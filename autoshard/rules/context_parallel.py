@@ -46,6 +46,24 @@ check them.
   accumulators. Without an explicit mask only (not yet with the balanced
   layout: the ring's steps follow the keys' owners, the balanced queries'
   parts another grouping).
+* ``"context_whole_kv"`` (Llama 3's CP: K/V gathered before the GQA expansion): ``query``
+  ``S(2)``, ``key``, ``value`` ``R`` (whole) on the CP mesh dim, the mask as above -> ``out``,
+  ``logsumexp`` ``S(2)``; backward: ``grad_out``, ``query``, ``out``, ``logsumexp`` ``S(2)``,
+  ``key``, ``value`` ``R`` -> ``grad_q`` ``S(2)``, ``grad_k``, ``grad_v`` ``P(sum)``. The exchange
+  itself moves nothing: the K/V all-gather and the dK/dV reduce-scatter are the graph's
+  redistributions, priced and placed by the solver like any other, so they can sit before the
+  model's K/V head expansion (``unsqueeze``/``expand``/``clone``/``view`` carry ``R``) and after
+  its backward's ``sum`` (``P(sum)`` in, ``P(sum)`` out): ``H / H_kv`` times fewer bytes than
+  gathering the expanded K/V inside the exchange. Partial: an edge into a view takes its input
+  as it comes (``autoshard.graph.copies``), so only a tensor with a non-view reader before the
+  expansion is gathered there: K (RoPE's products) is, V (only views between its projection and
+  the expand) is gathered after the expansion today. Each rank computes its
+  query rows against the whole K/V and leaves its dK/dV share of every key row; in 16-bit dtypes
+  that share is rounded to the graph's dtype before the graph sums it over the CP ranks
+  (``autoshard.runtime.context_ops``).
+* ``"context_whole_kv_balanced"``: the same placements, the query rows moved to the causal
+  head-and-tail chunk pairs inside the exchange as ``"context_gather_balanced"`` moves them.
+  Causal attention without a mask only, where ``2 cp`` divides the sequence.
 
 **Where it is exact** (else not offered): self-attention (``L == S``), no
 dropout, the sequence divisible by the CP degree (``2 cp`` for the balanced
@@ -69,12 +87,15 @@ fp32 dK/dV buffer; the ring's two blocks, and two fp32 dK/dV blocks in the backw
 Inside :func:`priced_as_torch` the balanced kind is priced as torch's own
 ``context_parallel`` runs it instead (``costmodel.context_parallel_torch``): for
 pricing a published torchtitan layout as it ran, never for a plan this runtime runs.
+The whole-K/V kinds are ``costmodel.context_parallel.price_whole_kv_attention``: the attention
+parts alone (no collective; balanced or not as above), plus the balanced kind's row moves;
+beside the op the backward's dK/dV accumulators of the whole sequence (fp32 for 16-bit K/V).
 
 >>> from autoshard.rules.calls import make_call
 >>> x = TensorMeta((1, 4, 64, 8), torch.float32)
 >>> call = make_call(torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default, (x, x, x, 0.0, True), {}, None)
 >>> [kind for _, kind in context_exchanges(call)]
-['context_gather', 'context_gather_balanced', 'context_ring']
+['context_gather', 'context_gather_balanced', 'context_ring', 'context_whole_kv', 'context_whole_kv_balanced']
 >>> str(context_exchanges(call)[0][0])
 'S*(2), S*(2) <- S*(2), S*(2), S*(2)'
 """
@@ -88,16 +109,16 @@ import torch
 
 from costmodel.collectives import collective_time_s
 from costmodel.context_parallel import (AttentionShape, ContextAttentionCost, accumulator_itemsize,
-                                        price_context_attention)
+                                        price_context_attention, price_whole_kv_attention)
 from costmodel.context_parallel_torch import ROTATE_METHODS, price_torch_context_attention
 from costmodel.mesh import MeshSpec
 from hw_profiles import HardwareProfile
-from autoshard.rules.core import OpCall, OpStrategy, R, S, SingleDimStrategy, TensorMeta
+from autoshard.rules.core import P, OpCall, OpStrategy, R, S, SingleDimStrategy, TensorMeta
 from autoshard.rules.expand import ExchangeProvider, local_call, register_exchange, register_exchange_price
 
 __all__ = ["GATHER", "GATHER_BALANCED", "KINDS", "context_exchanges", "context_exchange_price",
            "gathered_kv_bytes", "admits", "register_context_parallel", "RING", "torch_exchange_price",
-           "priced_as_torch"]
+           "priced_as_torch", "WHOLE_KV", "WHOLE_KV_BALANCED", "WHOLE_KV_KINDS"]
 
 GATHER = "context_gather"
 """K/V all-gathered over the CP mesh dim, query rows where they are (contiguous chunks)."""
@@ -107,7 +128,13 @@ RING = "context_ring"
 """Query rows where they are (contiguous chunks); the K/V blocks passed around the CP ring, one hop a
 step beside that step's attention (``autoshard.runtime.context_ring``): two blocks held, not ``cp``.
 Without an explicit mask only."""
-KINDS = (GATHER, GATHER_BALANCED, RING)
+WHOLE_KV = "context_whole_kv"
+"""K/V whole (``R``) on the CP mesh dim, dK/dV partial: the gather and reduce-scatter are the graph's."""
+WHOLE_KV_BALANCED = "context_whole_kv_balanced"
+"""As :data:`WHOLE_KV`, query rows moved to the causal head-and-tail chunk pairs inside the exchange."""
+WHOLE_KV_KINDS = (WHOLE_KV, WHOLE_KV_BALANCED)
+KINDS = (GATHER, GATHER_BALANCED, RING) + WHOLE_KV_KINDS
+_BALANCED = (GATHER_BALANCED, WHOLE_KV_BALANCED)
 
 aten = torch.ops.aten
 _CPU = (aten._scaled_dot_product_flash_attention_for_cpu.default,
@@ -144,16 +171,18 @@ def _exact(call: OpCall) -> bool:
     return True
 
 
-def _placements(call: OpCall) -> SingleDimStrategy:
-    """The exchange's single-dim placements (module docstring, the contract)."""
+def _placements(call: OpCall, whole_kv: bool = False) -> SingleDimStrategy:
+    """The exchange's single-dim placements (module docstring, the contract); ``whole_kv``: K/V
+    ``R`` in, dK/dV ``P(sum)`` out."""
     name, mask = _mask(call)
     rows = None if mask is None else (R if mask.shape[-2] == 1 else S(mask.ndim - 2))
     backward = call.op in _BACKWARD
     grad_out = "grad_out_" if call.op is _EFFICIENT[1] else "grad_out"
-    split = ("query", "key", "value") + ((grad_out, "out", "logsumexp") if backward else ())
+    split = ("query",) + (() if whole_kv else ("key", "value")) + ((grad_out, "out", "logsumexp") if backward else ())
     ins = call.place(R, **{n: S(2) for n in split}, **({name: rows} if mask is not None else {}))
     if backward:
-        outs = (S(2),) * 3 + ((None,) if call.op is _EFFICIENT[1] else ())
+        grads = (S(2), P, P) if whole_kv else (S(2),) * 3
+        outs = grads + ((None,) if call.op is _EFFICIENT[1] else ())
     elif call.op is _FLASH[0]:  # cum_seq_q/k, max_q/k are no tensors; rng state, unused, debug mask
         outs = (S(2), S(2), None, None, None, None, R, R, R)
     elif call.op is _EFFICIENT[0]:  # philox seed and offset
@@ -168,13 +197,12 @@ def context_exchanges(call: OpCall) -> list[tuple[SingleDimStrategy, str]]:
     not exact (module docstring). The balanced kind only for causal attention without a mask."""
     if call.op not in _CPU + _FLASH + _EFFICIENT or not _exact(call):
         return []
-    single = _placements(call)
-    kinds = [GATHER]
-    if call.arg("is_causal", False) and _mask(call)[1] is None:
-        kinds.append(GATHER_BALANCED)
+    single, whole = _placements(call), _placements(call, whole_kv=True)
+    balanced = bool(call.arg("is_causal", False)) and _mask(call)[1] is None
+    found = [(single, GATHER)] + ([(single, GATHER_BALANCED)] if balanced else [])
     if _mask(call)[1] is None:
-        kinds.append(RING)
-    return [(single, kind) for kind in kinds]
+        found.append((single, RING))
+    return found + [(whole, WHOLE_KV)] + ([(whole, WHOLE_KV_BALANCED)] if balanced else [])
 
 
 def admits(call: OpCall, kind: str, ranks: int) -> bool:
@@ -189,7 +217,7 @@ def admits(call: OpCall, kind: str, ranks: int) -> bool:
     (True, False, True)
     """
     length = call.bound["query"].shape[2]
-    if kind == GATHER_BALANCED and length % (2 * ranks):
+    if kind in _BALANCED and length % (2 * ranks):
         return False
     if call.op in _EFFICIENT and (length % ranks or (length // ranks) % _LSE_ROWS):
         return False
@@ -221,9 +249,12 @@ def _attention_shape(call: OpCall, strategy: OpStrategy, mesh: MeshSpec) -> Atte
 def _priced(shape: AttentionShape, mesh: MeshSpec, mesh_dim: int, profile: HardwareProfile, causal: bool,
             balanced: bool, variant: str = "all_gather") -> ContextAttentionCost:
     def price(dtype: str) -> ContextAttentionCost:
-        return price_context_attention(AttentionShape(shape.batch, shape.heads, shape.kv_heads, shape.seq_len,
-                                                      shape.head_dim, dtype, shape.itemsize),
-                                       mesh=mesh, cp_mesh_dim=mesh_dim, profile=profile, causal=causal,
+        typed = AttentionShape(shape.batch, shape.heads, shape.kv_heads, shape.seq_len, shape.head_dim, dtype,
+                               shape.itemsize)
+        if variant == "whole_kv":
+            return price_whole_kv_attention(typed, mesh=mesh, cp_mesh_dim=mesh_dim, profile=profile, causal=causal,
+                                            load_balanced=balanced)
+        return price_context_attention(typed, mesh=mesh, cp_mesh_dim=mesh_dim, profile=profile, causal=causal,
                                        load_balanced=balanced, keep_gathered=False, variant=variant)
 
     try:
@@ -259,8 +290,9 @@ def context_exchange_price(call: OpCall, strategy: OpStrategy, *, mesh: MeshSpec
         return torch_exchange_price(call, strategy, mesh=mesh, profile=profile, rotate=_TORCH_ROTATE[-1])
     shape = _attention_shape(call, strategy, mesh)
     causal = bool(call.arg("is_causal", False)) and _mask(call)[1] is None
-    balanced = kind == GATHER_BALANCED
-    cost = _priced(shape, mesh, mesh_dim, profile, causal, balanced, "ring" if kind == RING else "all_gather")
+    balanced = kind in _BALANCED
+    cost = _priced(shape, mesh, mesh_dim, profile, causal, balanced,
+                   "whole_kv" if kind in WHOLE_KV_KINDS else "ring" if kind == RING else "all_gather")
     backward = call.op in _BACKWARD
     seconds = cost.backward_s if backward else cost.forward_s
     if balanced:
@@ -271,7 +303,9 @@ def context_exchange_price(call: OpCall, strategy: OpStrategy, *, mesh: MeshSpec
 def gathered_kv_bytes(call: OpCall, strategy: OpStrategy, *, mesh: MeshSpec, **_: object) -> int:
     """Bytes a rank holds beside the op while its exchange runs: the gathered K/V (and in the
     backward the dK/dV buffer the reduce-scatter reads, in the runtime's fp32 accumulators for
-    16-bit K/V); 0 for a strategy without a CP exchange.
+    16-bit K/V); for the whole-K/V kinds only the backward's dK/dV accumulators of the whole
+    sequence (the whole K/V and the partial dK/dV are graph tensors); 0 for a strategy without
+    a CP exchange.
 
     >>> # gathered_kv_bytes(call, strategy, mesh=MeshSpec((2, 4), ("dp", "cp")))
     """
@@ -284,6 +318,8 @@ def gathered_kv_bytes(call: OpCall, strategy: OpStrategy, *, mesh: MeshSpec, **_
     key = local.inputs[names.index("key")]
     local_kv = sum(local.inputs[names.index(n)].nbytes for n in ("key", "value"))
     grad_kv = local_kv * accumulator_itemsize(key.itemsize) // key.itemsize  # dK/dV as the runtime accumulates them
+    if strategy.exchange[0] in WHOLE_KV_KINDS:  # local K/V are whole here
+        return grad_kv if call.op in _BACKWARD else 0
     if strategy.exchange[0] == RING:  # the block in hand and the one arriving; the backward's two dK/dV too
         return 2 * local_kv + 2 * grad_kv if call.op in _BACKWARD else 2 * local_kv
     return cp * (local_kv + grad_kv) if call.op in _BACKWARD else cp * local_kv

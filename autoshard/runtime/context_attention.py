@@ -72,7 +72,10 @@ An explicit attention mask comes with its query rows local and its key columns w
 part takes its columns; Hugging Face's padding and sliding-window masks). With
 ``load_balanced=True`` the query rows (in the backward also ``grad_out``, ``out``, ``lse``)
 move to the head-and-tail layout and back by an all-to-all (``autoshard.runtime.context_comm``),
-while K/V stay contiguous (:attr:`CPConfig.keys_contiguous`).
+while K/V stay contiguous (:attr:`CPConfig.keys_contiguous`). With whole K/V (:attr:`CPConfig.whole_kv`,
+the plan's ``context_whole_kv`` kinds) nothing is gathered: each query chunk runs against slices of
+the whole K/V in at most two calls (``costmodel.context_parallel.whole_kv_parts``), and the backward
+returns dK/dV of every key row, this rank's share of a sum the plan reduce-scatters.
 
 Still missing: dropout inside attention; the CUDA kernels' numbers on a GPU.
 """
@@ -86,7 +89,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives  # noqa: F401 - registers the _c10d_functional ops
 
-from costmodel.context_parallel import AttentionPart, ChunkLayout, attention_parts, offset_range
+from costmodel.context_parallel import AttentionPart, ChunkLayout, attention_parts, offset_range, whole_kv_parts
 
 from autoshard.runtime import context_comm
 from autoshard.runtime.context_cuda import CUDA_KERNELS
@@ -250,6 +253,9 @@ class CPConfig:
     keys_contiguous: bool = False
     """K/V are held in the contiguous order (rank ``r``: chunks ``2r, 2r + 1`` of a load-balanced
     layout's ``2 cp``) while the queries are in ``layout``'s: a plan node's balanced exchange."""
+    whole_kv: bool = False
+    """K/V are the whole sequence on every rank (a plan's ``context_whole_kv`` kinds): no exchange of
+    keys, the parts :func:`costmodel.context_parallel.whole_kv_parts`."""
 
     def key_owner(self, chunk: int) -> tuple[int, int]:
         """(rank, slot) holding the keys of global chunk ``chunk``."""
@@ -258,6 +264,8 @@ class CPConfig:
         return self.layout.owner_of(chunk)
 
     def parts(self) -> tuple[AttentionPart, ...]:
+        if self.whole_kv:
+            return whole_kv_parts(self.layout, self.rank, self.seq_len, causal=self.causal)
         parts = attention_parts(self.layout, self.rank, self.seq_len, causal=self.causal, window=self.window,
                                 group_by="owner" if self.ring else "locality")
         if not (self.keys_contiguous and self.layout.load_balanced):
@@ -313,6 +321,47 @@ class _Blocks:
             t = self.local[which] if owner == self.config.rank else _of_owner(self.everyone[which], owner)
             pieces.append(t.narrow(2, slot * self.c, self.c))
         return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=2)
+
+
+class _WholeBlocks(_Blocks):
+    """K and V of the whole sequence on this rank (``CPConfig.whole_kv``): nothing to gather; a
+    part's key chunks, consecutive, are one slice."""
+
+    def issue(self) -> None:
+        pass
+
+    def arrive(self) -> None:
+        pass
+
+    def chunks(self, which: int, part: AttentionPart) -> torch.Tensor:
+        return self.local[which].narrow(2, part.key_chunks[0] * self.c, len(part.key_chunks) * self.c)
+
+
+def _whole_backward(dout: torch.Tensor, q: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, blocks: _WholeBlocks
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dQ of this rank's rows and this rank's share of dK/dV of every key row (a partial sum over
+    the CP group), no collective; accumulated in fp32 for 16-bit inputs, returned in the inputs'
+    dtype (``autoshard.runtime.context_ops`` says what that rounding costs)."""
+    config, c = blocks.config, blocks.c
+    kernel = KERNELS[config.kernel]
+    k, v = blocks.local[0], blocks.local[1]
+    acc_dtype = torch.float32 if k.dtype in (torch.float16, torch.bfloat16) else k.dtype
+    dq = torch.zeros(q.shape, dtype=acc_dtype, device=q.device)
+    dk = torch.zeros(k.shape, dtype=acc_dtype, device=k.device)
+    dv = torch.zeros(v.shape, dtype=acc_dtype, device=v.device)
+    lse = lse.masked_fill(lse == float("-inf"), float("inf"))  # rows that see no key: P = 0, not nan
+    for part in config.parts():
+        start = _slot(part, config) * c
+        mask, _ = _mask(part, blocks, q.dtype, q.device)
+        dq_p, dk_p, dv_p = kernel.backward(dense(dout.narrow(2, start, c)), q.narrow(2, start, c),
+                                           blocks.chunks(0, part), blocks.chunks(1, part),
+                                           dense(out.narrow(2, start, c)), dense(lse.narrow(2, start, c)),
+                                           part.mode == "causal" and mask is None, mask, config.scale)
+        dq.narrow(2, start, c).add_(dq_p)
+        keys = (part.key_chunks[0] * c, len(part.key_chunks) * c)
+        dk.narrow(2, *keys).add_(dk_p)
+        dv.narrow(2, *keys).add_(dv_p)
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
 def dense(t: torch.Tensor) -> torch.Tensor:

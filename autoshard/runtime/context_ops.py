@@ -19,6 +19,19 @@ given the process group of that mesh dim):
 * ``context_ring``: the same rows, the K/V blocks passed around the group's ring one hop a
   step beside that step's parts (``autoshard.runtime.context_ring``); in the backward the
   blocks travel again with their dK/dV accumulators. Without an explicit mask.
+* ``context_whole_kv``: K/V arrive whole (the plan gathered them, before the model's GQA
+  expansion where the solver put it); the forward computes this rank's rows, the backward
+  returns dQ of its rows and its share of dK/dV of every key row, a partial sum the plan
+  reduce-scatters (after the expansion's backward sum). No collective here.
+  ``context_whole_kv_balanced``: the same with the query rows moved as in
+  ``context_gather_balanced``. **Precision**: each rank accumulates its dK/dV share in fp32 (over
+  its parts) but hands it over in the graph's dtype, and the plan's reduce-scatter sums the
+  ``cp`` shares in that dtype (NCCL reduces bf16 in bf16, each hop's partial sum rounded). The
+  gather kinds reduce-scatter fp32 accumulators and round once. With ``u = 2^-8`` (bf16's unit
+  roundoff) dK/dV then carry up to ``2 cp - 1`` roundings instead of one: at most ``(2 cp - 1) u``
+  of the largest share's magnitude, about ``sqrt(2 cp - 1) u / sqrt(3)`` RMS for independent
+  roundings: 0.4 % for cp 2, 1.3 % for cp 16, against 0.2 % (one rounding). fp16 the same with
+  ``u = 2^-11``; fp32 graphs differ only in summation order. Not measured on a GPU yet.
 
 An explicit ``attn_mask`` arrives split on its query rows (dim 2) with every key column, or with
 one row for all; the causal flag and scale are the node's; dropout must be 0.
@@ -43,7 +56,8 @@ import torch
 import torch.distributed as dist
 
 from autoshard.runtime import context_comm
-from autoshard.runtime.context_attention import CPConfig, _backward, _Blocks, _forward, _setup, dense
+from autoshard.runtime.context_attention import (CPConfig, _backward, _Blocks, _forward, _setup, _whole_backward,
+                                                 _WholeBlocks, dense)
 from autoshard.runtime.context_cuda import padded_lse_rows
 from autoshard.runtime.context_ring import _ring_backward, _ring_forward
 
@@ -52,7 +66,8 @@ __all__ = ["CONTEXT_KINDS", "ContextOpError", "context_attention_forward", "cont
 
 aten = torch.ops.aten
 
-CONTEXT_KINDS = ("context_gather", "context_gather_balanced", "context_ring")
+CONTEXT_KINDS = ("context_gather", "context_gather_balanced", "context_ring", "context_whole_kv",
+                 "context_whole_kv_balanced")
 """The exchange kinds this module runs."""
 
 _FLASH = "aten._scaled_dot_product_flash_attention.default"
@@ -73,12 +88,20 @@ class ContextOpError(ValueError):
 
 def _node_setup(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: Any, causal: bool,
                 scale: float | None, mask: torch.Tensor | None, load_balanced: bool, kernel: str | None,
-                ring: bool = False) -> tuple[CPConfig, torch.Tensor | None]:
-    """The config of one plan node's call (contiguous K/V) and its mask made additive in q's dtype."""
+                ring: bool = False, whole_kv: bool = False) -> tuple[CPConfig, torch.Tensor | None]:
+    """The config of one plan node's call (contiguous K/V, or whole with ``whole_kv``) and its
+    mask made additive in q's dtype."""
     if load_balanced and not causal:
         raise ContextOpError(f"{name}: the load-balanced layout is for causal attention only")
     if ring and (load_balanced or mask is not None):
         raise ContextOpError(f"{name}: the ring exchange runs contiguous rows without an explicit mask")
+    if whole_kv:
+        cp = dist.get_world_size(group if group is not None else dist.group.WORLD)
+        if k.dim() != 4 or v.dim() != 4 or q.dim() != 4 or k.shape[2] != cp * q.shape[2] or v.shape[2] != k.shape[2]:
+            raise ContextOpError(f"{name}: whole K/V must be [batch, heads, {cp} x q's rows, head_dim], "
+                                 f"got k {list(k.shape)}, v {list(v.shape)}, q {list(q.shape)}")
+        # the checks _setup runs see one rank's rows of K/V, as the gathering exchanges get them
+        k, v = k.narrow(2, 0, q.shape[2]), v.narrow(2, 0, q.shape[2])
     group, cp, layout, kernel, _ = _setup(name, q, k, v, group, load_balanced, kernel, None, causal, None)
     seq_len = cp * q.shape[2]
     if mask is not None:
@@ -90,7 +113,7 @@ def _node_setup(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gr
             mask = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill(blocked, float("-inf"))
         mask = mask.to(q.dtype)
     config = CPConfig(group.group_name, dist.get_rank(group), layout, bool(causal), None, scale, kernel, False,
-                      seq_len, ring=ring, keys_contiguous=True)
+                      seq_len, ring=ring, keys_contiguous=True, whole_kv=whole_kv)
     return config, mask
 
 
@@ -100,24 +123,25 @@ def _rows_moved(mask: torch.Tensor | None) -> bool:
 
 def context_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: Any = None, *,
                               causal: bool, scale: float | None = None, mask: torch.Tensor | None = None,
-                              load_balanced: bool = False, kernel: str | None = None, ring: bool = False
-                              ) -> tuple[torch.Tensor, torch.Tensor]:
+                              load_balanced: bool = False, kernel: str | None = None, ring: bool = False,
+                              whole_kv: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """A plan's forward attention node over the CP ``group``: ``(out, lse)``, this rank's rows of
     the whole sequence's attention; ``q, k, v`` (and ``mask``'s rows) are this rank's contiguous
-    rows (module docstring, Plan nodes). ``mask``: boolean (True: attend) or additive,
-    ``[B|1, H|1, seq_local|1, seq]``; ``load_balanced``: compute the causal head-and-tail chunks.
+    rows (module docstring, Plan nodes), ``k, v`` the whole sequence with ``whole_kv``. ``mask``:
+    boolean (True: attend) or additive, ``[B|1, H|1, seq_local|1, seq]``; ``load_balanced``:
+    compute the causal head-and-tail chunks.
 
     Example, on each rank of a CP group of 2 (``q, k, v``: rank ``r``'s half of the sequence)::
 
         out, lse = context_attention_forward(q, k, v, group, causal=True, load_balanced=True)
     """
     config, mask = _node_setup("context_attention_forward", q, k, v, group, causal, scale, mask, load_balanced,
-                               kernel, ring)
+                               kernel, ring, whole_kv)
     layout, moved = config.layout, _rows_moved(mask)
     if load_balanced and layout.cp > 1:
         q, *rest = context_comm.to_balanced([q, mask] if moved else [q], layout, config.rank, config.group_name)
         mask = rest[0] if moved else mask
-    blocks = _Blocks((k, v), config)
+    blocks = (_WholeBlocks if whole_kv else _Blocks)((k, v), config)
     blocks.mask = mask
     out, lse = (_ring_forward if ring else _forward)(q, blocks)
     # a row that sees no key: lse 0, as the fused kernels give it (not the merge's -inf)
@@ -130,26 +154,29 @@ def context_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 def context_attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                out: torch.Tensor, lse: torch.Tensor, group: Any = None, *, causal: bool,
                                scale: float | None = None, mask: torch.Tensor | None = None,
-                               load_balanced: bool = False, kernel: str | None = None, ring: bool = False
-                               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                               load_balanced: bool = False, kernel: str | None = None, ring: bool = False,
+                               whole_kv: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A plan's attention backward node over the CP ``group``: ``(dq, dk, dv)`` of this rank's
     rows, from this rank's rows of ``grad_out, q, k, v, out, lse`` (those
     :func:`context_attention_forward` gave); K/V are gathered again and dK/dV reduce-scattered.
+    With ``whole_kv``: ``k, v`` whole, ``dk, dv`` this rank's share of every key row (module
+    docstring), nothing exchanged but the balanced layout's rows.
 
     Example, after the forward above::
 
         dq, dk, dv = context_attention_backward(dout, q, k, v, out, lse, group, causal=True, load_balanced=True)
     """
     config, mask = _node_setup("context_attention_backward", q, k, v, group, causal, scale, mask, load_balanced,
-                               kernel, ring)
+                               kernel, ring, whole_kv)
     layout, moved = config.layout, _rows_moved(mask)
     if load_balanced and layout.cp > 1:
         dout, q, out, lse, *rest = context_comm.to_balanced([dout, q, out, lse, *([mask] if moved else [])], layout,
                                                             config.rank, config.group_name)
         mask = rest[0] if moved else mask
-    blocks = _Blocks((k, v), config)
+    blocks = (_WholeBlocks if whole_kv else _Blocks)((k, v), config)
     blocks.mask = mask
-    dq, dk, dv = (_ring_backward if ring else _backward)(dense(dout), q, dense(out), lse, blocks)
+    run = _whole_backward if whole_kv else _ring_backward if ring else _backward
+    dq, dk, dv = run(dense(dout), q, dense(out), lse, blocks)
     if load_balanced and layout.cp > 1:
         (dq,) = context_comm.to_contiguous([dq], layout, config.rank, config.group_name)
     return dq, dk, dv
@@ -191,10 +218,10 @@ def run_context_op(op: Any, args: Sequence[Any], kwargs: Mapping[str, Any], *, k
         raise ContextOpError(f"{name}: dropout_p {a['dropout_p']} inside context-parallel attention is not "
                              "supported (it must be 0)")
     options = {"causal": bool(a["is_causal"]), "scale": a.get("scale"),
-               "mask": a.get("attn_mask", a.get("attn_bias")), "load_balanced": kind == "context_gather_balanced",
-               "ring": kind == "context_ring"}
+               "mask": a.get("attn_mask", a.get("attn_bias")), "load_balanced": kind.endswith("_balanced"),
+               "ring": kind == "context_ring", "whole_kv": kind.startswith("context_whole_kv")}
     if options["load_balanced"] and not options["causal"]:
-        raise ContextOpError(f"{name}: exchange context_gather_balanced is for causal attention only "
+        raise ContextOpError(f"{name}: exchange {kind} is for causal attention only "
                              "(the node's is_causal is False)")
     if name in _FORWARD:
         q = a["query"]
@@ -234,8 +261,12 @@ def collectives_of(op: str, kind: str, cp: int | None = None) -> Counter:
     >>> dict(collectives_of("aten._scaled_dot_product_flash_attention_for_cpu_backward.default",
     ...                     "context_gather_balanced"))
     {'all_to_all': 2, 'all_gather': 1, 'reduce_scatter': 1}
+    >>> dict(collectives_of("aten._scaled_dot_product_flash_attention_for_cpu_backward.default", "context_whole_kv"))
+    {}
     """
-    moves = 2 if kind == "context_gather_balanced" else 0  # rows there and back
+    moves = 2 if kind.endswith("_balanced") else 0  # rows there and back
+    if kind.startswith("context_whole_kv") and (op in _FORWARD or op in _BACKWARD):
+        return Counter({"all_to_all": moves}) - Counter()  # K/V came whole, dK/dV leave partial: the plan's
     if kind == "context_ring" and (op in _FORWARD or op in _BACKWARD):
         if cp is None:
             raise ContextOpError(f"{op}: a ring exchange's passes depend on the group's size (cp)")

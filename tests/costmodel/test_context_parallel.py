@@ -273,3 +273,48 @@ def test_bad_shapes_are_one_error_naming_the_field():
         ChunkLayout(4).chunk_len(100)
     with pytest.raises(ContextParallelError, match="cp: must be a positive int"):
         ChunkLayout(0)
+
+
+# ------------------------------------------------------------------ whole K/V (the graph gathers and reduces)
+
+
+@pytest.mark.parametrize("cp,balanced,causal", [(2, True, True), (4, True, True), (4, False, True), (3, False, False)])
+def test_whole_kv_parts_cover_every_visible_pair_once_in_consecutive_key_slices(cp, balanced, causal):
+    layout, seq = ChunkLayout(cp, balanced), 8 * cp
+    c = layout.chunk_len(seq)
+    for rank in range(cp):
+        seen = set()
+        for part in context_parallel.whole_kv_parts(layout, rank, seq, causal=causal):
+            keys = part.key_chunks
+            assert keys == tuple(range(keys[0], keys[0] + len(keys)))  # one slice of K/V, no concatenation
+            assert part.mode in ("causal", "full") and part.local
+            for k in keys:
+                assert (part.query_chunk, k) not in seen
+                seen.add((part.query_chunk, k))
+            assert part.pairs == sum(visible_pairs(part.query_chunk * c, k * c, c, causal=causal) for k in keys)
+        visible = {(q, k) for q in layout.chunks_of(rank) for k in range(layout.n_chunks)
+                   if visible_pairs(q * c, k * c, c, causal=causal)}
+        assert seen == visible
+
+
+def test_whole_kv_price_is_the_kernels_alone_with_no_collective_and_whole_fp32_dk_dv_beside():
+    shape = AttentionShape(batch=1, heads=32, kv_heads=32, seq_len=65536, head_dim=128)
+    mesh = MeshSpec((8,))
+    whole = context_parallel.price_whole_kv_attention(shape, mesh=mesh, cp_mesh_dim=0, profile=H100)
+    gather = price_context_attention(shape, mesh=mesh, cp_mesh_dim=0, profile=H100, keep_gathered=False)
+    assert whole.variant == "whole_kv" and whole.forward_comm_s == whole.backward_comm_s == 0.0
+    assert (whole.forward_s, whole.backward_s) == (whole.forward_compute_s, whole.backward_compute_s)
+    assert whole.forward_pairs_by_rank == gather.forward_pairs_by_rank  # the same work, balanced
+    assert whole.step_s < gather.step_s  # what the gather and reduce-scatter add, and the cat of key chunks
+    assert whole.kv_buffer_bytes == whole.held_kv_bytes == 0
+    assert whole.backward_buffer_bytes == 2 * 32 * 65536 * 128 * 4  # dK and dV of every key row, fp32
+
+
+def test_whole_kv_without_load_balancing_prices_the_last_rank_slowest():
+    shape = AttentionShape(batch=1, heads=8, kv_heads=8, seq_len=32768, head_dim=128)
+    flat = context_parallel.price_whole_kv_attention(shape, mesh=MeshSpec((4,)), cp_mesh_dim=0, profile=H100,
+                                                     load_balanced=False)
+    lb = context_parallel.price_whole_kv_attention(shape, mesh=MeshSpec((4,)), cp_mesh_dim=0, profile=H100)
+    assert flat.forward_pairs_by_rank == tuple(sorted(flat.forward_pairs_by_rank))
+    assert len(set(lb.forward_pairs_by_rank)) == 1
+    assert flat.forward_s > lb.forward_s and flat.backward_s > lb.backward_s

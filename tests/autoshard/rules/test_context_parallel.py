@@ -12,8 +12,8 @@ from costmodel.mesh import MeshSpec
 from hw_profiles import load as load_profile
 
 from autoshard.rules import Rule, SingleDimStrategy, TensorMeta, load_rules
-from autoshard.rules.context_parallel import (GATHER, GATHER_BALANCED, RING, admits, context_exchanges,
-                                              gathered_kv_bytes, priced_as_torch)
+from autoshard.rules.context_parallel import (GATHER, GATHER_BALANCED, RING, WHOLE_KV, WHOLE_KV_BALANCED, admits,
+                                              context_exchanges, gathered_kv_bytes, priced_as_torch)
 from autoshard.rules.expand import exchange_pricer
 from autoshard.validation.validator import validate_rule
 
@@ -45,7 +45,8 @@ def test_causal_attention_offers_every_kind_on_every_mesh_dim_with_batch_and_hea
     call = registry.op_call(CPU, (*_qkv(16), 0.0, True), {})
     found = _cp(registry.strategies(CPU, call.args, call.kwargs, (2, 2), out_meta=call.outputs))
     kinds = {(kind, dim) for _, (kind, dim) in found}
-    assert kinds == {(GATHER, 0), (GATHER, 1), (GATHER_BALANCED, 0), (GATHER_BALANCED, 1), (RING, 0), (RING, 1)}
+    assert kinds == {(kind, dim) for kind in (GATHER, GATHER_BALANCED, RING, WHOLE_KV, WHOLE_KV_BALANCED)
+                     for dim in (0, 1)}
     on_dim0 = sorted(text for text, ex in found if ex == (GATHER, 0))
     tag = " [context_gather@0]"
     assert on_dim0 == ["S(2)R, S(2)R <- S(2)R, S(2)R, S(2)R" + tag,
@@ -56,7 +57,8 @@ def test_causal_attention_offers_every_kind_on_every_mesh_dim_with_batch_and_hea
 def test_no_context_split_where_the_sequence_does_not_divide(registry) -> None:
     call = registry.op_call(CPU, (*_qkv(12), 0.0, True), {})
     on_4 = _cp(registry.strategies(CPU, call.args, call.kwargs, (4,), out_meta=call.outputs))
-    assert {ex for _, ex in on_4} == {(GATHER, 0), (RING, 0)}  # 12 rows on 4 ranks, but 8 chunks do not divide 12
+    # 12 rows on 4 ranks, but 8 chunks do not divide 12: no balanced kind
+    assert {ex for _, ex in on_4} == {(GATHER, 0), (RING, 0), (WHOLE_KV, 0)}
     odd = registry.op_call(CPU, (*_qkv(6), 0.0, True), {})
     assert _cp(registry.strategies(CPU, odd.args, odd.kwargs, (4,), out_meta=odd.outputs)) == []
     assert admits(call, GATHER_BALANCED, 3) and not admits(call, GATHER_BALANCED, 4)
@@ -72,11 +74,11 @@ def test_not_offered_where_inexact_cross_attention_or_dropout(registry) -> None:
 def test_a_mask_splits_its_query_rows_and_keeps_keys_whole_and_no_balanced_kind(registry) -> None:
     rows = registry.op_call(CPU, (*_qkv(16), 0.0, False), {"attn_mask": TensorMeta((2, 1, 16, 16), F32)})
     assert [(str(s), k) for s, k in context_exchanges(rows)] == [
-        ("S*(2), S*(2) <- S*(2), S*(2), S*(2), S*(2)", GATHER)]
+        ("S*(2), S*(2) <- S*(2), S*(2), S*(2), S*(2)", GATHER), ("S*(2), S*(2) <- S*(2), R, R, S*(2)", WHOLE_KV)]
     broadcast = registry.op_call(CPU, (*_qkv(16), 0.0, False), {"attn_mask": TensorMeta((1, 1, 1, 16), F32)})
-    assert [str(s) for s, _ in context_exchanges(broadcast)] == ["S*(2), S*(2) <- S*(2), S*(2), S*(2), R"]
+    assert [str(s) for s, _ in context_exchanges(broadcast)][0] == "S*(2), S*(2) <- S*(2), S*(2), S*(2), R"
     flat = registry.op_call(CPU, (*_qkv(16), 0.0, False), {"attn_mask": TensorMeta((16, 16), F32)})
-    assert [str(s) for s, _ in context_exchanges(flat)] == ["S*(2), S*(2) <- S*(2), S*(2), S*(2), S*(0)"]
+    assert [str(s) for s, _ in context_exchanges(flat)][0] == "S*(2), S*(2) <- S*(2), S*(2), S*(2), S*(0)"
 
 
 def test_backward_splits_every_sequence_tensor_and_gradients(registry) -> None:
@@ -86,7 +88,9 @@ def test_backward_splits_every_sequence_tensor_and_gradients(registry) -> None:
     assert [(str(s), kind) for s, kind in context_exchanges(call)] == [
         ("S*(2), S*(2), S*(2) <- S*(2), S*(2), S*(2), S*(2), S*(2), S*(2)", GATHER),
         ("S*(2), S*(2), S*(2) <- S*(2), S*(2), S*(2), S*(2), S*(2), S*(2)", GATHER_BALANCED),
-        ("S*(2), S*(2), S*(2) <- S*(2), S*(2), S*(2), S*(2), S*(2), S*(2)", RING)]
+        ("S*(2), S*(2), S*(2) <- S*(2), S*(2), S*(2), S*(2), S*(2), S*(2)", RING),
+        ("S*(2), P(sum), P(sum) <- S*(2), S*(2), R, R, S*(2), S*(2)", WHOLE_KV),
+        ("S*(2), P(sum), P(sum) <- S*(2), S*(2), R, R, S*(2), S*(2)", WHOLE_KV_BALANCED)]
 
 
 def test_cuda_kernels_keep_their_random_state_replicated(registry) -> None:

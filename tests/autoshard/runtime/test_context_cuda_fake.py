@@ -3,7 +3,8 @@
 A CPU-only torch cannot run a CUDA kernel, but ``FakeTensorMode`` runs the kernels' shape
 functions on CUDA fake tensors and refuses tensors on two devices. Each CUDA attention node a
 plan may hold (flash in bf16 with GQA, causal, contiguous and load-balanced; efficient in fp32
-with a Hugging Face mask split on its query rows, its logsumexp padded to 32 rows) runs through
+with a Hugging Face mask split on its query rows, its logsumexp padded to 32 rows; whole K/V for
+the ``context_whole_kv`` kinds) runs through
 ``run_context_op`` on a fake process group of 2 ranks (collectives are their shape functions)
 inside ``DeviceAudit``: every output has the local op's shape, dtype and device, no op runs a
 CPU-only kernel or makes a tensor off the device, and nothing reads a value on the host.
@@ -27,7 +28,10 @@ CASES = {
     "flash-bf16-balanced": ("flash", torch.bfloat16, 4, "context_gather_balanced", None),
     "efficient-fp32-mask": ("efficient", torch.float32, 4, "context_gather", "rows"),
     "efficient-fp32-padding": ("efficient", torch.float32, 4, "context_gather", "broadcast"),
+    "flash-bf16-whole-kv-balanced": ("flash", torch.bfloat16, 2, "context_whole_kv_balanced", None),
+    "efficient-fp32-whole-kv-mask": ("efficient", torch.float32, 4, "context_whole_kv", "rows"),
 }
+"""``context_whole_kv*``: K/V of the whole sequence in, dK/dV of every key row out."""
 
 
 @pytest.fixture(scope="module")
@@ -41,9 +45,11 @@ def _empty(shape, dtype) -> torch.Tensor:
     return torch.empty(shape, dtype=dtype, device=CUDA)
 
 
-def _nodes(kernel: str, dtype: torch.dtype, kv_heads: int, mask_kind: str | None):
-    """(forward op, its args, kwargs, its local-op outputs; backward op, args builder, local-op outputs)."""
-    q, k = _empty((2, 4, ROWS, 16), dtype), _empty((2, kv_heads, ROWS, 16), dtype)
+def _nodes(kernel: str, dtype: torch.dtype, kv_heads: int, mask_kind: str | None, whole: bool = False):
+    """(forward op, its args, kwargs, its local-op outputs; backward op, args builder, local-op outputs);
+    ``whole``: K/V of the whole sequence (``CP`` ranks' rows)."""
+    keys = CP * ROWS if whole else ROWS
+    q, k = _empty((2, 4, ROWS, 16), dtype), _empty((2, kv_heads, keys, 16), dtype)
     if kernel == "flash":
         fwd = aten._scaled_dot_product_flash_attention.default
         args, kwargs = (q, k, k, 0.0, True), {"scale": None}
@@ -52,7 +58,7 @@ def _nodes(kernel: str, dtype: torch.dtype, kv_heads: int, mask_kind: str | None
     mask = _empty((2, 1, ROWS if mask_kind == "rows" else 1, CP * ROWS), dtype)
     fwd = aten._scaled_dot_product_efficient_attention.default
     args = (q, k, k, mask, True, 0.0, False)
-    local = fwd(q, k, k, mask.expand(2, 4, ROWS, CP * ROWS).narrow(3, 0, ROWS), True, 0.0, False)
+    local = fwd(q, k, k, mask.expand(2, 4, ROWS, CP * ROWS).narrow(3, 0, keys), True, 0.0, False)
     return fwd, args, {"scale": None}, local
 
 
@@ -73,7 +79,7 @@ def _shape(x):
 def test_cuda_node_runs_its_cuda_kernels_on_the_device_without_host_sync(fake_group, case) -> None:
     kernel, dtype, kv_heads, kind, mask_kind = CASES[case]
     with FakeTensorMode(allow_non_fake_inputs=True):
-        fwd, args, kwargs, local = _nodes(kernel, dtype, kv_heads, mask_kind)
+        fwd, args, kwargs, local = _nodes(kernel, dtype, kv_heads, mask_kind, kind.startswith("context_whole_kv"))
         with DeviceAudit(CUDA) as audit:
             out = run_context_op(fwd, args, kwargs, kind=kind, group=fake_group)
             bwd, bwd_args = _backward(kernel, args, out)

@@ -1,8 +1,10 @@
 """A whole context-parallel plan steps on CUDA fake tensors: every tensor on the device, no host sync.
 
-The example LLaMA in bf16, its attention nodes restricted to the ``context_gather`` exchange on a
-mesh of 2 (``cp``), solved for the H100 profile, then run by the runtime for two steps on CUDA
-fake tensors (a CPU-only torch, a fake process group), under ``DeviceAudit``: no tensor made off
+The example LLaMA in bf16, its attention nodes restricted to one exchange kind on a mesh of 2
+(``cp``: ``context_gather``, ``context_ring``, or ``context_whole_kv_balanced``, whole K/V in and
+partial dK/dV out with the rows moved to the head-and-tail layout), solved for the H100 profile,
+then run by the runtime for two steps on CUDA fake tensors (a CPU-only torch, a fake process
+group), under ``DeviceAudit``: no tensor made off
 the device, no CPU kernel, no host sync. The exchange's kernels are CUDA flash attention's, the
 redistributions those of a sequence split (slices and pads along a non-leading dim, a strided
 shard's reorder), which a CPU-only torch's CUDA fake tensors used to refuse. The per-node CUDA
@@ -44,7 +46,7 @@ def fake_group(fake_world):
     yield DeviceMesh("cpu", [0, 1], mesh_dim_names=("cp",))
 
 
-@pytest.mark.parametrize("kind", ["context_gather", "context_ring"])
+@pytest.mark.parametrize("kind", ["context_gather", "context_ring", "context_whole_kv_balanced"])
 def test_a_context_parallel_plan_steps_on_cuda_fake_tensors_without_leaving_the_device(fake_group, kind):
     model, inputs = llama3.tiny(device="meta", dtype="bfloat16", seq_len=64)
     prep = prepare(model, inputs, (2,), ("cp",), profile="h100-sxm-80gb", recompute="none")

@@ -37,7 +37,14 @@ CASES = {
     "window-additive-lowest": {"causal": False, "mask": "window-lowest"},
     "balanced-window": {"kind": "context_gather_balanced", "mask": "window"},
     "float32-padding": {"dtype": torch.float32, "causal": False, "mask": "padding-window"},
+    "whole-kv-causal-gqa": {"kind": "context_whole_kv"},
+    "whole-kv-window-rows-split": {"kind": "context_whole_kv", "causal": False, "mask": "window"},
+    "whole-kv-padding-broadcast": {"kind": "context_whole_kv", "causal": False, "mask": "padding"},
+    "whole-kv-balanced": {"kind": "context_whole_kv_balanced", "scale": 0.3},
+    "whole-kv-balanced-float32": {"kind": "context_whole_kv_balanced", "dtype": torch.float32},
 }
+"""``context_whole_kv*``: K/V go in whole, dK/dV come out as this rank's share; the test sums the
+shares over the ranks (the plan's reduce-scatter) before comparing them with the whole dK/dV."""
 TOLERANCE = {torch.float64: 1e-11, torch.float32: 2e-5}
 
 
@@ -67,6 +74,8 @@ def _additive(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | N
 
 
 def _case(rank: int, world: int, options: dict[str, Any]) -> dict[str, Any]:
+    import torch.distributed as dist
+
     from autoshard.runtime import context_comm
 
     o = DEFAULTS | options
@@ -85,6 +94,9 @@ def _case(rank: int, world: int, options: dict[str, Any]) -> dict[str, Any]:
     def mine(t: torch.Tensor) -> torch.Tensor:
         return t.chunk(world, dim=2)[rank] if t.shape[2] > 1 else t
 
+    whole_kv = o["kind"].startswith("context_whole_kv")
+    kv = (k, v) if whole_kv else (mine(k), mine(v))
+
     issued: list[str] = []
     plain = context_comm.issue
 
@@ -95,16 +107,22 @@ def _case(rank: int, world: int, options: dict[str, Any]) -> dict[str, Any]:
     context_comm.issue = counting
     try:
         local_mask = None if mask is None else mine(mask)
-        out, lse = run_context_op(FORWARD, (mine(q), mine(k), mine(v), 0.0, causal),
+        out, lse = run_context_op(FORWARD, (mine(q), *kv, 0.0, causal),
                                   {"attn_mask": local_mask, "scale": scale}, kind=o["kind"], group=None)
         forward_issued = list(issued)
-        grads = run_context_op(BACKWARD, (mine(dout), mine(q), mine(k), mine(v), out, lse, 0.0, causal),
+        grads = run_context_op(BACKWARD, (mine(dout), mine(q), *kv, out, lse, 0.0, causal),
                                {"attn_mask": local_mask, "scale": scale}, kind=o["kind"], group=None)
     finally:
         context_comm.issue = plain
     errors = {"out": (out - mine(ref_out)).abs().max().item(), "lse": (lse - mine(ref_lse)).abs().max().item()}
     for name, got, want in zip(("dq", "dk", "dv"), grads, ref):
-        errors[name] = (got - mine(want)).abs().max().item()
+        if whole_kv and name != "dq":  # this rank's share of every key row: summed as the plan would
+            assert got.shape == want.shape, (name, got.shape)
+            got = got.clone()
+            dist.all_reduce(got)
+            errors[name] = (got - want).abs().max().item()
+        else:
+            errors[name] = (got - mine(want)).abs().max().item()
     return {"errors": errors, "forward_issued": forward_issued, "backward_issued": issued[len(forward_issued):]}
 
 
@@ -114,6 +132,7 @@ BAD_CALLS = {
                             "context_gather_balanced is for causal attention only"),
     "mask-keys": (dict(mask=(2, 1, 4, 6)), "mask must be [batch, heads, seq_local or 1, seq]"),
     "kind": (dict(kind="ring"), "exchange 'ring' is not one of context_gather, context_gather_balanced"),
+    "whole-kv-rows": (dict(kind="context_whole_kv"), "whole K/V must be [batch, heads, "),
 }
 
 
@@ -155,7 +174,9 @@ def test_each_node_issues_the_collectives_counted_for_its_exchange(ranks, case) 
         got = result[case]
         assert sorted(got["forward_issued"]) == sorted(collectives_of(str(FORWARD), kind).elements())
         assert sorted(got["backward_issued"]) == sorted(collectives_of(str(BACKWARD), kind).elements())
-    assert ("all_to_all" in ranks[0][case]["forward_issued"]) == (kind == "context_gather_balanced")
+    assert ("all_to_all" in ranks[0][case]["forward_issued"]) == kind.endswith("_balanced")
+    if kind.startswith("context_whole_kv"):  # K/V came whole, dK/dV leave partial: nothing gathered here
+        assert not {"all_gather", "reduce_scatter"} & set(ranks[0][case]["backward_issued"])
 
 
 @pytest.mark.parametrize("name", sorted(BAD_CALLS))

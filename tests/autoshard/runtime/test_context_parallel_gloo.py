@@ -6,12 +6,14 @@ their attention takes an explicit mask, split on its query rows),
 solved on mesh (2, 2) ``cp, tp`` with every attention node (forward and backward) restricted to its
 context-parallel strategies on mesh dim 0 (``exchange=("context_gather", 0)``, contiguous rows, or
 ``"context_gather_balanced"``, the causal head-and-tail layout, or ``"context_ring"``, K/V passed
-around the ring: plans the price would not choose
-for models this small). Through ``autoshard.runtime.shard``: the loss and every gradient shard
+around the ring, or ``"context_whole_kv"`` / ``"context_whole_kv_balanced"``, K/V ``R`` in and dK/dV
+``P(sum)`` out, so the plan's own redistributions gather and reduce-scatter them: plans the price
+would not choose for models this small). Through ``autoshard.runtime.shard``: the loss and every gradient shard
 equal the single-device run on each of two SGD steps (a plan with exchanges is interpreted, not
 traced); on every step each rank issues exactly the plan's collectives for its redistributions
 and, for its attention nodes, the all-gathers, reduce-scatters and all-to-alls
-``context_ops.planned_context_collectives`` counts, each on the CP mesh dim's group.
+``context_ops.planned_context_collectives`` counts (for the whole-K/V kinds only the balanced
+row moves), each on the CP mesh dim's group.
 """
 
 from __future__ import annotations
@@ -37,7 +39,9 @@ PROFILE = "a100-sxm-80gb"
 STEPS, LR = 2, 0.1
 ATTENTION = "aten._scaled_dot_product_flash_attention_for_cpu"
 MESH, NAMES = (2, 2), ("cp", "tp")
-JOBS = [("llama3.tiny", "context_gather"), ("llama3.tiny", "context_gather_balanced"), ("llama3.tiny", "context_ring")]
+JOBS = [("llama3.tiny", "context_gather"), ("llama3.tiny", "context_gather_balanced"), ("llama3.tiny", "context_ring"),
+        ("llama3.tiny", "context_whole_kv"), ("llama3.tiny", "context_whole_kv_balanced")]
+WHOLE_KV_KINDS = ("context_whole_kv", "context_whole_kv_balanced")
 if importlib.util.find_spec("transformers") is not None:
     # (no HF ring job: traced for a CPU, their attention keeps its explicit causal mask, which the
     # ring does not take; traced for CUDA the mask becomes is_causal and the ring is offered)
@@ -145,6 +149,9 @@ def assert_equal_one_device(plan, results, label, kind, n_attention_layers, mesh
     if kind == "context_ring":  # cp - 1 passes of K/V forward; 2 cp - 1 of K/V and dK/dV backward
         cp = plan.fingerprint.mesh_shape[mesh_dim]
         assert planned == Counter({("all_to_all", mesh_dim): (3 * cp - 2) * n_attention_layers})
+    elif kind.startswith("context_whole_kv"):  # K/V came whole, dK/dV leave partial: only the balanced row moves
+        moves = 4 * n_attention_layers if kind.endswith("_balanced") else 0
+        assert planned == Counter({("all_to_all", mesh_dim): moves}) - Counter()
     else:
         assert planned[("all_gather", mesh_dim)] == 2 * n_attention_layers  # forward and backward gather K/V
 
@@ -164,4 +171,7 @@ def test_context_parallel_plan_equals_one_device(run, factory, kind) -> None:
     assert_equal_one_device(plans[label], results, label, kind, n_attention_layers=layers)
     moves = planned_context_collectives(plans[label])[("all_to_all", 0)]
     if kind != "context_ring":
-        assert moves == (4 * layers if kind == "context_gather_balanced" else 0)  # 2 per node, 2 nodes a layer
+        assert moves == (4 * layers if kind.endswith("_balanced") else 0)  # 2 per node, 2 nodes a layer
+    if kind in WHOLE_KV_KINDS:  # dK/dV leave the backward partial on the cp dim
+        backward = [n for n in plans[label].nodes if n.exchange and "backward" in n.op]
+        assert backward and all(n.out[i].startswith("P(sum)") for n in backward for i in (1, 2))
