@@ -11,7 +11,10 @@ found cut, each stage priced with the ``fsdp+tp`` layout without recomputation a
 that is memory-bound, with full recomputation (``autoshard.search.pipeline``, Recomputation:
 what the stage runtime runs), every schedule, ``m`` and ``v`` priced, the fastest that fits.
 Under full recomputation a block keeps its input sequence-split over ``tp``
-(``autoshard.search.pipeline_blocks``, Full recomputation), as torchtitan's runs keep it. (Free stage placements are not
+(``autoshard.search.pipeline_blocks``, Full recomputation), as torchtitan's runs keep it; without,
+its residual stream (``pipeline_blocks`` (h'')), as the stage runtime runs a ``tp`` layout. The
+``fsdp+tp`` table splits the embedding and the head over the vocabulary on ``tp``, as torchtitan and
+the stage runtime (``autoshard.runtime.pipeline_tp``) run them. (Free stage placements are not
 used here: a stage solved alone, without the pipeline's microbatches in flight, keeps its
 optimizer state replicated where it fits, and then no pipeline of it fits.)
 
@@ -230,8 +233,11 @@ NOTES = """\
   torchtitan's runs keep it, where the stage solve, run without a memory limit, kept it
   replicated (1.07 GB); the torchtitan rows' busiest rank went from 190 GiB to 78 GiB, and to
   69-71 GiB once the head's transient was charged to the last stage only (``pipeline_blocks``,
-  Transients; 82.5 GiB measured, the allocator's reserve and NCCL buffers included). The no-AC rows keep every block's activations as the solve lays them out
-  (no sequence parallelism counted) and do not fit.
+  Transients; 82.5 GiB measured, the allocator's reserve and NCCL buffers included). Without
+  recomputation a block keeps its residual stream (its input and mid-residual) sequence-split
+  over ``tp`` too (``pipeline_blocks`` (h''), 2026-12-06: the stage runtime runs sequence
+  parallelism with any ``tp`` layout): 67 MB where the solve kept 537 MB whole, a 405B block at
+  one sequence a rank; the no-AC rows still do not fit.
 - *The ``fsdp+tp`` pins* (``autoshard.search.baselines``): FSDP splits a tensor dim TP leaves
   whole (a column weight ``S(1)S(0)`` on ``dp x tp``, a row weight ``S(0)S(1)``), so its gather
   over ``dp`` yields the TP shard in one ``all_gather``, as FSDP2 over a TP DTensor does.
@@ -294,7 +300,7 @@ def price_blocks_engines(factory, mesh_shape, *, micro_batch: int, engines: tupl
         for e in engines:
             figures[e].append(engine_figures(prep, plan, depth, e))
     return {e: pricing_from_figures(micro_batch, lo, hi, time.perf_counter() - started,
-                                    checkpointed=recompute == "full")
+                                    checkpointed=recompute == "full", sequence_split=recompute == "none")
             for e, (lo, hi) in figures.items()}
 
 
@@ -486,7 +492,8 @@ def context_details(run: PipelineRun, r: dict) -> list[str]:
              f"- block forward {ms(blk.forward_s)}, backward {ms(blk.backward_s)} (recomputation "
              f"{ms(c['block_recompute_s'])} and exposed communication {ms(c['block_exposed_s'])} inside them)",
              f"- its attention as the plan prices it: forward {ms(att['forward_s'])}, backward {ms(att['backward_s'])}"
-             " (K/V gathers, dK/dV reduce-scatter, row moves inside)"]
+             " (row moves inside; K/V gathers and dK/dV reduce-scatters inside for the context_gather kinds, "
+             "the plan's own collectives outside it for the whole-K/V kinds)"]
     for name, what in (("expanded", "the K/V expanded to the query heads, as traced"),
                        ("gqa", "the 8 GQA K/V heads, as Meta gathers them")):
         a = c["costs"][name]

@@ -28,8 +28,10 @@ again just before its backward, as torchtitan's full AC). Absent: ``"none"``.
 Optional ``tensor_parallel``: inside each stage, the plan's column / row layout of the
 blocks' linear layers on the ``tp`` mesh dim (module path -> ``"colwise"`` or
 ``"rowwise"``: weight ``S(0)`` or ``S(1)`` on ``tp``), run with torch's
-``parallelize_module`` (``autoshard.runtime.pipeline_tp``); every other tensor is
-replicated over ``tp``. Empty: no tensor parallelism inside a stage.
+``parallelize_module`` (``autoshard.runtime.pipeline_tp``); beside it the embedding and the
+head are split over the vocabulary where ``tp`` divides it (``autoshard.trace.blocks.vocab_split``,
+not listed here: the rule decides), every other tensor is replicated over ``tp``. Empty: no tensor
+parallelism inside a stage.
 
 Optional ``sequence_parallel`` (with ``tensor_parallel`` only): the residual stream between
 the blocks is split along the sequence over ``tp`` (torch's sequence parallelism, as
@@ -298,14 +300,19 @@ def tensor_parallel_from_params(params: Mapping[str, str], dim_names: Sequence[s
 
 
 def priced_sequence_parallel(recompute: str, tensor_parallel: Sequence[tuple[str, str]]) -> bool:
-    """Whether stages with this recomputation policy and tp layout run sequence parallel: the
-    pipeline search prices a checkpointed block's kept input sequence-split over ``tp``
-    (``autoshard.search.pipeline_blocks`` (h')), so a ``full`` section with a layout runs so.
+    """Whether stages with this recomputation policy and tp layout run sequence parallel: wherever
+    there is a layout to run, as torchtitan's TP does. The pipeline search prices the blocks' kept
+    residual stream sequence-split over ``tp`` under either policy (``autoshard.search.pipeline_blocks``
+    (h'): a checkpointed block's kept input; (h''): without recomputation, the block's input and
+    mid-residual and the norms' saved statistics), so the stages run so; ``recompute`` no longer
+    changes the answer and stays for the callers that pass it.
 
-    >>> priced_sequence_parallel("full", (("l.0.wq", "colwise"),)), priced_sequence_parallel("none", ())
+    >>> priced_sequence_parallel("none", (("l.0.wq", "colwise"),)), priced_sequence_parallel("full", ())
     (True, False)
     """
-    return recompute == "full" and bool(tensor_parallel)
+    if recompute not in RECOMPUTE_POLICIES:
+        raise PipelineError(f"pipeline.recompute: {recompute!r}; valid: {', '.join(RECOMPUTE_POLICIES)}")
+    return bool(tensor_parallel)
 
 
 def build_pipeline_section(

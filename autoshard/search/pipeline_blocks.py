@@ -30,6 +30,16 @@ graph order, which are the forward):
     (h') O = sum over blocks of the bytes per rank of the block's output (its last forward op) at the
             chosen placement; O_sp = the same with each output replicated over the mesh dim ``tp``
             counted split along the sequence (``/ tp``)
+    (h'') Q = sum over the storages kept for the backward (live at the loss, not recomputed) of the ops
+            on the blocks' residual stream, in bytes per rank at the chosen placement; Q_sp = the same
+            with each one replicated over ``tp`` counted ``/ tp``. On the stream: made inside a block
+            (module paths from the trace) but outside the modules holding its linear layers (the
+            attention, the feed-forward: the stage runtime gathers the sequence for them), and read by
+            none of those modules (through views): the block's residual adds (its input and
+            mid-residual, which its norms' backward reads) and the norms' statistics where the
+            trace keeps them apart from the norm's output (an unfused RMSNorm), not a norm's output
+            that a column-split linear reads (torch's sequence parallelism keeps the gathered copy
+            of that one, whole)
 
 **Per block** (``Delta y = (y(L_2) - y(L_1)) / (L_2 - L_1)``): forward ``f = Delta F + Delta X
 Delta F / (Delta F + Delta B)``, backward ``b = Delta B + Delta X Delta B / (Delta F + Delta B)``
@@ -49,9 +59,8 @@ prices exactly that, the region output kept and every other member recomputed. A
 without a memory limit has no reason to keep that input split, so it keeps it as its residual
 adds leave it, replicated over ``tp`` (405B at ``tp`` 8, 4 sequences a rank: 1.07 GB a block
 instead of 134 MB). A stage is priced running its residual stream sequence-split between blocks
-(torch's sequence parallelism, torchtitan's plan; the send between stages is priced so already;
-ASSUMPTION for autoshard's own stage runtime, which replicates it over ``tp`` today:
-``autoshard.runtime.pipeline_tp``), so
+(torch's sequence parallelism, torchtitan's plan, and the stage runtime's with a ``tp`` layout:
+``autoshard.runtime.pipeline_sp``; the send between stages is priced so already), so
 
     a_full = a - (O - O_sp) / L_2        (of the deeper plan: the blocks are alike)
 
@@ -59,6 +68,17 @@ the same tensor at ``1 / tp`` of the bytes; the time stands (the solve's all-red
 moves the bytes of the reduce-scatter and all-gather that sequence parallelism runs instead),
 and the transient ``T`` below keeps the solve's ``a`` (the peak it is taken from held the
 replicated copies).
+
+**No recomputation, sequence parallel** (``recompute="none"``, the stage runtime's sequence
+parallelism under a ``tp`` layout): the same holds for every tensor a block keeps on its residual
+stream (h''), its input and mid-residual, which its norms read, and the norms' statistics:
+
+    a_sp = a - (Delta Q - Delta Q_sp)
+
+(a Delta of the two depths, as ``a`` is). What the stream does not hold stands: the norms'
+outputs the column-split linears keep gathered, and everything inside the attention and the
+feed-forward (405B at ``tp`` 8, one sequence a rank: the input and mid-residual, 2 x 268 MB
+whole, 2 x 34 MB split).
 
 **Extras**: the rest of ``L_1``'s figures, ``y(L_1) - L_1 Delta y``. The embedding's and
 the head's compute and communication go to the last stage (the head, the loss and the
@@ -163,6 +183,10 @@ class PlanFigures:
     with :attr:`block_transient_bytes`: not known)."""
     block_transient_bytes: float = 0.0
     """(t1) ``T_blk``: the same at every other time (a block's forward, backward, recomputation)."""
+    stream_saved_bytes: float = 0.0
+    """(h'') ``Q``: the saved tensors of the blocks' residual stream per rank, at the solved placements."""
+    stream_saved_split_bytes: float = 0.0
+    """(h'') ``Q_sp``: the same, split along the sequence over ``tp`` where the solve left them replicated there."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,10 +283,13 @@ def plan_figures(prep: Any, plan: Any, n_blocks: int, block_prefix: str = "layer
     last = sum(state.values()) - blocks - first - sum(state[a] for a in aliases if a in state)
     exchanges = tuple(sorted({f"{n.exchange[0]}@{n.exchange[1]}" for n in plan.nodes if n.exchange}))
     outputs, split = _block_outputs(graph, chosen)
-    head, other = _transients(getattr(prep, "traced", None), graph, plan, chosen, end)
+    traced = getattr(prep, "traced", None)
+    head, other = _transients(traced, graph, plan, chosen, end)
+    stream, stream_split = _stream_saved(traced, graph, plan, chosen, end)
     return PlanFigures(n_blocks, fwd, bwd, opt, exposed, params.reduction_s, blocks, first, last, e.peak_memory_bytes,
                        e.step_s, exchanges, _live_at(plan.memory_timeline, graph.times.get(plan.nodes[end].name)),
-                       params.gather_exposed_s, params.held_bytes, outputs, split, e.recompute_s, head, other)
+                       params.gather_exposed_s, params.held_bytes, outputs, split, e.recompute_s, head, other,
+                       stream, stream_split)
 
 
 def _transients(traced: Any, graph: Any, plan: Any, chosen: Sequence[tuple[Any, int]],
@@ -368,6 +395,55 @@ def _block_outputs(graph: Any, chosen: Sequence[tuple[Any, int]]) -> tuple[float
     return outputs, split
 
 
+def _stream_saved(traced: Any, graph: Any, plan: Any, chosen: Sequence[tuple[Any, int]],
+                  end: int) -> tuple[float, float]:
+    """(h''): ``(Q, Q_sp)``, the bytes per rank of what the blocks keep for their backward on their
+    residual stream (module docstring), at the chosen placement and split along the sequence over
+    ``tp`` where the plan replicates it there. ``(0, 0)`` without module paths, blocks or ``tp``."""
+    from autoshard.graph.liveness import is_view_name
+    from costmodel.placements import Replicate
+
+    paths, blocks = getattr(traced, "module_paths", None) or {}, getattr(traced, "blocks", ())
+    names = list(getattr(graph.mesh, "dim_names", ()))
+    t_loss = graph.times.get(plan.nodes[end].name)
+    if not paths or not blocks or "tp" not in names or t_loss is None:
+        return 0.0, 0.0
+    at, tp = names.index("tp"), graph.mesh.shape[names.index("tp")]
+    inside = lambda p, roots: p is not None and any(p == r or p.startswith(r + ".") for r in roots)  # noqa: E731
+    # the modules the stage runtime runs on the gathered sequence (autoshard.runtime.pipeline_sp): the
+    # parents of the blocks' linear layers (an attention, a feed-forward), split over tp or not
+    gathered = {fqn.rsplit(".", 2)[0] for fqn, i in graph.params.items()
+                if fqn.endswith(".weight") and inside(fqn, blocks) and graph.nodes[i].outputs
+                and graph.nodes[i].outputs[0] is not None and len(graph.nodes[i].outputs[0].shape) == 2}
+    recomputed = set(getattr(plan, "recompute", ()))
+    _, readers = edge_links(graph)
+
+    def read_gathered(i: int) -> bool:
+        todo, seen = [i], {i}
+        while todo:
+            for e in readers.get(todo.pop(), ()):
+                node = graph.nodes[e.dst]
+                if inside(paths.get(node.name), gathered):
+                    return True
+                if node.kind == "op" and is_view_name(node.target) and e.dst not in seen:
+                    seen.add(e.dst)
+                    todo.append(e.dst)
+        return False
+
+    whole = split = 0.0
+    for node, k in chosen:
+        nbytes, path = float(node.memory_bytes[k]), paths.get(node.name)
+        if not nbytes or node.live is None or node.name in recomputed or not node.live[0] <= t_loss < node.live[1]:
+            continue
+        if not inside(path, blocks) or inside(path, gathered) or read_gathered(graph.index[node.name]):
+            continue
+        made = node.strategies[k].output_placements
+        on_tp = made[0][at] if made and made[0] is not None else None
+        whole += nbytes
+        split += nbytes / tp if isinstance(on_tp, Replicate) else nbytes
+    return whole, split
+
+
 def _live_at(timeline: Sequence[tuple[int, float]], time: int | None) -> float:
     """The live bytes of ``timeline`` (changes, in time order) at ``time`` (0 when unknown)."""
     if time is None or not timeline:
@@ -401,10 +477,11 @@ def hide_exposed(pricing: BlockPricing) -> BlockPricing:
     return replace(pricing, block=block, block_exposed_s=left)
 
 
-def _block_of(lo: PlanFigures, hi: PlanFigures, checkpointed: bool = False) -> tuple[BlockCost, float, float, float,
-                                                                                   float]:
+def _block_of(lo: PlanFigures, hi: PlanFigures, checkpointed: bool = False,
+              sequence_split: bool = False) -> tuple[BlockCost, float, float, float, float]:
     """(block, reduction, optimizer, weight gathers, saved activations as solved) per block from two
-    depths (module docstring, Per block); ``checkpointed``: the block's kept input sequence-split (h')."""
+    depths (module docstring, Per block); ``checkpointed``: the block's kept input sequence-split (h');
+    ``sequence_split`` (without recomputation): its kept residual stream sequence-split (h'')."""
     n = hi.n_blocks - lo.n_blocks
     d = lambda name: (getattr(hi, name) - getattr(lo, name)) / n  # noqa: E731
     f, b, x = max(0.0, d("forward_s")), max(0.0, d("backward_s")), max(0.0, d("exposed_s"))
@@ -418,7 +495,12 @@ def _block_of(lo: PlanFigures, hi: PlanFigures, checkpointed: bool = False) -> t
     acts = max(0.0, kept - (state - d("held_bytes")))
     # (h') a block's share of the deeper plan's outputs: a one-block plan has no checkpoint region (O = 0)
     excess = (hi.block_output_bytes - hi.block_output_split_bytes) / hi.n_blocks
-    saved = max(0.0, acts - excess) if checkpointed else acts
+    if checkpointed:
+        saved = max(0.0, acts - excess)
+    elif sequence_split:  # (h'') one more block's stream tensors, as the saved activations are (a Delta)
+        saved = max(0.0, acts - max(0.0, d("stream_saved_bytes") - d("stream_saved_split_bytes")))
+    else:
+        saved = acts
     return (BlockCost(f + x * share, b + x * (1 - share), int(state), int(saved)), max(0.0, d("reduction_s")),
             max(0.0, d("optimizer_s")), max(0.0, d("gather_s")), acts)
 
@@ -516,19 +598,21 @@ def price_blocks(
                               time_limit=time_limit, tp_table=tp_table)
         figures.append(plan_figures(prep, plan, depth))
     pricing = pricing_from_figures(micro_batch, figures[0], figures[1], time.perf_counter() - started,
-                                   checkpointed=recompute == "full")
+                                   checkpointed=recompute == "full", sequence_split=recompute == "none")
     return replace(pricing, params=tuple(sorted(plan.params.items())))
 
 
 def pricing_from_figures(micro_batch: int, lo: PlanFigures, hi: PlanFigures, solve_s: float, *,
-                         checkpointed: bool = False) -> BlockPricing:
+                         checkpointed: bool = False, sequence_split: bool = False) -> BlockPricing:
     """:class:`BlockPricing` from the figures of two solved depths, ``lo.n_blocks < hi.n_blocks``
     (module docstring, Per block and Extras); ``checkpointed``: the depths were solved with full
-    recomputation, whose kept block input is priced sequence-split (h').
+    recomputation, whose kept block input is priced sequence-split (h'); ``sequence_split``: solved
+    without, the blocks' kept residual stream priced sequence-split (h''), as the stage runtime
+    runs a ``tp`` layout (``autoshard.plan.pipeline_section.priced_sequence_parallel``).
 
     >>> # pricing_from_figures(4, plan_figures(prep2, plan2, 2), plan_figures(prep4, plan4, 4), 12.0)
     """
-    block, reduction, optimizer, gather, solved_acts = _block_of(lo, hi, checkpointed)
+    block, reduction, optimizer, gather, solved_acts = _block_of(lo, hi, checkpointed, sequence_split)
     first, last, extra_reduction, extra_optimizer, peak_rule = _extras(lo, block, reduction, optimizer, solved_acts)
     transient, head = _split_transient(lo, hi, peak_rule)
     exposed = max(0.0, (hi.exposed_s - lo.exposed_s) / (hi.n_blocks - lo.n_blocks))

@@ -24,7 +24,8 @@ interchangeable blocks, nested or not, and keeps the largest.
 
 Tensor parallelism inside the blocks reads the same tree: :func:`column_then_row` says whether
 a column / row split of the blocks' linears is Megatron's pairing (the one torch's styles run),
-and :func:`megatron_split` finds that pairing from the linears' shapes, whatever they are named.
+and :func:`megatron_split` finds that pairing from the linears' shapes, whatever they are named;
+:func:`vocab_split` says which embedding and output head are split over the vocabulary beside them.
 
 >>> from examples.models import llama3
 >>> model = llama3.tiny(device="meta", n_layers=8)[0]
@@ -42,7 +43,7 @@ import torch
 from torch import nn
 
 __all__ = ["Container", "Stack", "containers", "repeated_blocks", "find_stack", "block_signature", "modules_around",
-           "block_linears", "column_then_row", "megatron_split", "megatron_table",
+           "block_linears", "column_then_row", "megatron_split", "megatron_table", "vocab_split",
            "HEAD_DIM_ATTR"]
 
 _CONTAINERS = (nn.ModuleList, nn.Sequential, nn.ModuleDict)
@@ -313,13 +314,39 @@ def megatron_split(model: nn.Module, linears: Sequence[str], tp: int = 1) -> tup
     return tuple(out)
 
 
+def vocab_split(model: nn.Module, block_paths: Sequence[str], tp: int) -> tuple[tuple[str, str], ...]:
+    """The modules around the blocks split over the vocabulary on ``tp`` beside Megatron's split of
+    the blocks, as torchtitan splits them: ``(path, "embedding")`` for an ``nn.Embedding`` before
+    the blocks, ``(path, "head")`` for an ``nn.Linear`` after them (the output head), each where
+    ``tp`` divides its vocabulary (``num_embeddings``, ``out_features``); both weights ``S(0)`` on
+    ``tp``. A head tied to the embedding (one weight) is left out with it: splitting one module
+    would untie them. One rule for the stage solve's pins (:func:`megatron_table`) and the stage
+    runtime (``autoshard.runtime.pipeline_tp``), so that the head is priced as it runs.
+
+    >>> model = nn.Sequential(nn.Embedding(8, 4), nn.ModuleList([nn.Linear(4, 4)] * 2), nn.Linear(4, 8))
+    >>> vocab_split(model, ("1.0", "1.1"), tp=2), vocab_split(model, ("1.0", "1.1"), tp=3)
+    ((('0', 'embedding'), ('2', 'head')), ())
+    """
+    if tp < 2 or not block_paths:
+        return ()
+    leading, trailing = modules_around(model, tuple(block_paths))
+    out = [(p, "embedding") for p in leading
+           if isinstance(m := model.get_submodule(p), nn.Embedding) and m.num_embeddings % tp == 0]
+    out += [(p, "head") for p in trailing
+            if isinstance(m := model.get_submodule(p), nn.Linear) and m.out_features % tp == 0]
+    params = lambda paths: {id(p) for path in paths for p in model.get_submodule(path).parameters()}  # noqa: E731
+    shared = params(leading) & params(trailing)
+    return tuple((path, kind) for path, kind in out if not shared & params((path,)))
+
+
 def megatron_table(model: nn.Module, block_paths: Sequence[str], tp: int) -> dict[str, str]:
     """:func:`megatron_split` of the first block's linears as name patterns over every block, in the
     form of ``autoshard.search.baselines``' tensor-parallel tables (``col``: weight and bias split on
     their output features; ``row``: the weight on its input features, its bias replicated): what a
-    stage solve pins on ``tp`` so that it prices the split the stage runtime runs. Every other
-    parameter (embedding, norms, head) is in no row: replicated on ``tp``, as the runtime leaves it.
-    Empty where the blocks' linears have no such split.
+    stage solve pins on ``tp`` so that it prices the split the stage runtime runs. The embedding
+    and the head of :func:`vocab_split` are ``col`` (their weights ``S(0)``: the vocabulary split);
+    every other parameter (norms, an embedding or head ``tp`` does not divide) is in no row:
+    replicated on ``tp``, as the runtime leaves it. Empty where the blocks' linears have no such split.
 
     >>> block = nn.Module()
     >>> block.mlp = nn.Module()
@@ -339,4 +366,9 @@ def megatron_table(model: nn.Module, block_paths: Sequence[str], tp: int) -> dic
         table[f"{stem}{rel}.weight"] = "col" if style == "colwise" else "row"
         if style == "colwise" and linear.bias is not None:
             table[f"{stem}{rel}.bias"] = "col"
+    if table:
+        for path, kind in vocab_split(model, block_paths, tp):
+            table[f"{path}.weight"] = "col"
+            if kind == "head" and model.get_submodule(path).bias is not None:
+                table[f"{path}.bias"] = "col"
     return table

@@ -98,7 +98,7 @@ def test_a_plans_section_without_a_layout_gets_the_plans_column_row_split_on_a_t
         ("feed_forward.w3", "colwise"))}
     assert with_plan_layout(_section(()), model, _megatron(model), ("pp", "dp")) == _section(())
     assert with_plan_layout(section, model, {}, DIMS) is section  # a section's own layout is kept
-    assert not section.sequence_parallel
+    assert section.recompute == "none" and section.sequence_parallel  # priced sequence-split without recompute too
 
 
 @pytest.mark.parametrize("change", [{"wk": "R", "wv": "R"}, {"wo": "S(0)"}, {"w1": "S(1)", "w2": "S(0)"}],
@@ -111,7 +111,8 @@ def test_a_plans_split_torchs_column_and_row_styles_cannot_run_stays_replicated_
 
 
 def test_a_plans_section_with_full_recomputation_runs_its_tp_sequence_parallel():
-    """The search prices a checkpointed block's kept input sequence-split over tp: the stages run so."""
+    """The search prices a checkpointed block's kept input sequence-split over tp: the stages run so
+    (as without recomputation: the test above)."""
     import dataclasses
 
     from autoshard.runtime.pipeline_tp import with_plan_layout

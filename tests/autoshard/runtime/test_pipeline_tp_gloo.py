@@ -32,6 +32,8 @@ KW = {"batch_size": 8}
 MESH = ((2, 2, 2), ("pp", "dp", "tp"))
 COLUMN = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "wq", "wk", "wv", "w1", "w3")
 ROW = ("o_proj", "down_proj", "wo", "w2")
+VOCAB = ("tok_embeddings", "embed_tokens", "output", "lm_head")
+"""The embedding and the head: split over the vocabulary on tp beside the layout (``trace.blocks.vocab_split``)."""
 MODELS = ("hf", "llama3")
 
 
@@ -99,13 +101,13 @@ def test_layout_is_megatrons_column_then_row_split_from_the_placements(results):
 
 
 @pytest.mark.parametrize("label", MODELS)
-def test_split_linears_are_sharded_over_dp_and_tp_and_the_rest_over_dp_only(results, label):
+def test_split_linears_embedding_and_head_are_sharded_over_dp_and_tp_and_the_rest_over_dp_only(results, label):
     for res in results:
         placements = res[label]["placements"]
         assert placements, "FSDP makes every parameter a DTensor"
         for name, p in placements.items():
             module = name.rsplit(".", 2)[-2]
-            if module in COLUMN:  # dim 0 split over tp, then its tp shard over dp (torch writes it strided)
+            if module in COLUMN or module in VOCAB:  # dim 0 split over tp, its tp shard over dp (torch: strided)
                 assert len(p) == 2 and "S(0" in p[0] and p[1] == "S(0)", (name, p)
             elif module in ROW:
                 assert p == ["S(0)", "S(1)"], (name, p)

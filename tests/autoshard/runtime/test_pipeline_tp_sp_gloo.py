@@ -9,7 +9,13 @@ residual stream ``(batch, seq/tp, dim)`` on each tp rank, ``autoshard.runtime.pi
 and the example LLaMA once more without it (replicated over tp), all in one spawn. After
 each of two AdamW steps the loss and every gradient equal the one-device model's; the sends
 each rank records are the section's ``send_bytes`` (priced at ``1/tp`` of the activation)
-with sequence parallelism, ``tp`` times that without.
+with sequence parallelism, ``tp`` times that without. The sequence-parallel sections without
+recomputation come from the plan's placements by ``with_plan_layout``, as a searched plan's do:
+the rule that prices a stage sequence-split without recomputation too
+(``pipeline_section.priced_sequence_parallel``) is the one that runs here. In every mode the
+embedding and the head are split over the vocabulary on tp (``trace.blocks.vocab_split``), the
+head's logits gathered whole: the example LLaMA reads its head's weight without calling the head
+(``F.linear(x, self.output.weight)``), Hugging Face's model calls its ``lm_head``.
 """
 
 from __future__ import annotations
@@ -27,24 +33,31 @@ MESH = ((2, 1, 2), ("pp", "dp", "tp"))  # dp of 1: every rank steps the whole ba
 SP_SEND_BYTES = BATCH // MICROBATCHES * SEQ // TP * DIM * 4  # fp32 (micro_batch, seq/tp, dim)
 JOBS = {"llama3_sp": ("llama3", True, "none"), "llama3_replicated": ("llama3", False, "none"),
         "hf_sp": ("hf", True, "none"), "llama3_sp_full": ("llama3", True, "full")}
+VOCAB_MODULES = {"tok_embeddings": "embedding", "embed_tokens": "embedding", "output": "head", "lm_head": "head"}
+VOCAB = 256
+"""Both tiny models' vocabulary; the embedding is on stage 0 (pp rank 0), the head on stage 1."""
 """label -> (model, sequence_parallel, recompute); ``build`` makes the models at batch 8 x 16. The
 search runs sequence parallelism with full recomputation (what it prices split: a checkpointed
 block's kept input, ``autoshard.search.pipeline_blocks`` (h'))."""
 
 
 def section_of(model, sequence_parallel: bool, recompute: str = "none"):
-    """The two-stage section of ``model`` with its tp layout, priced sequence-split when ``sequence_parallel``."""
+    """The two-stage section of ``model`` with its tp layout, priced sequence-split when
+    ``sequence_parallel``: without recomputation, the layout and the split as ``with_plan_layout``
+    reads them from the plan's placements (module docstring)."""
     from autoshard.plan.pipeline_section import build_pipeline_section
     from autoshard.runtime.pipeline_stages import model_parts
-    from autoshard.runtime.pipeline_tp import block_linears, tensor_parallel_from_params
+    from autoshard.runtime.pipeline_tp import block_linears, tensor_parallel_from_params, with_plan_layout
 
     parts = model_parts(model)
     layout = tensor_parallel_from_params(plan_params(model), MESH[1], block_linears(model, parts.blocks))
-    return build_pipeline_section(schedule="1F1B", n_ranks=2, n_microbatches=MICROBATCHES, batch_size=BATCH,
-                                  block_paths=parts.blocks, cuts=(1,), leading=parts.leading,
-                                  trailing=parts.trailing, tensor_parallel=layout,
-                                  send_bytes=SP_SEND_BYTES if sequence_parallel else SP_SEND_BYTES * TP,
-                                  sequence_parallel=sequence_parallel, recompute=recompute)
+    by_rule = sequence_parallel and recompute == "none"
+    section = build_pipeline_section(schedule="1F1B", n_ranks=2, n_microbatches=MICROBATCHES, batch_size=BATCH,
+                                     block_paths=parts.blocks, cuts=(1,), leading=parts.leading,
+                                     trailing=parts.trailing, tensor_parallel=() if by_rule else layout,
+                                     send_bytes=SP_SEND_BYTES if sequence_parallel else SP_SEND_BYTES * TP,
+                                     sequence_parallel=sequence_parallel and not by_rule, recompute=recompute)
+    return with_plan_layout(section, model, plan_params(model), MESH[1]) if by_rule else section
 
 
 def run_sp(rank: int, world: int) -> dict:
@@ -77,7 +90,11 @@ def run_sp(rank: int, world: int) -> dict:
             fwd, bwd = section.planned_sends(st.index)
             planned += [(st.index, "activation", section.send_bytes)] * fwd
             planned += [(st.index, "gradient", section.send_bytes)] * bwd
-        out[label] = {"steps": steps, "sends": sends, "planned": sorted(planned)}
+        vocab = {VOCAB_MODULES[n.split(".")[-2]]: ([str(p) for p in param.placements], tuple(param.to_local().shape))
+                 for n, param in run.named_parameters() if n.split(".")[-2] in VOCAB_MODULES}
+        out[label] = {"steps": steps, "sends": sends, "planned": sorted(planned),
+                      "sequence_parallel": section.sequence_parallel, "layout": len(section.tensor_parallel),
+                      "vocab": vocab, "pp": mesh["pp"].get_local_rank()}
     return out
 
 
@@ -90,6 +107,23 @@ def results(tmp_path_factory):
 def test_sequence_parallel_loss_and_every_gradient_equal_one_device_after_each_step(results, label):
     # the loss is on the two tp ranks of the last stage
     assert_pipeline_matches_one_device([res[label]["steps"] for res in results], holders=2, label=label)
+
+
+@pytest.mark.parametrize("label", list(JOBS))
+def test_the_embedding_and_the_head_are_split_over_the_vocabulary_on_tp(results, label):
+    # weight (vocab, dim) Shard(0) on tp: each rank holds vocab / tp rows (the loss equality above
+    # holds with it: the head's logits gathered whole)
+    for res in results:
+        kind = "embedding" if res[label]["pp"] == 0 else "head"
+        placements, local = res[label]["vocab"][kind]
+        assert placements == ["S(0)"] and local == (VOCAB // TP, DIM), (label, kind, res[label]["vocab"])
+
+
+@pytest.mark.parametrize("label", ["llama3_sp", "hf_sp"])
+def test_a_plans_tp_layout_without_recomputation_runs_sequence_parallel(results, label):
+    # with_plan_layout gave these sections their layout (14 linears) and, without recomputation, the split
+    assert all(res[label]["sequence_parallel"] and res[label]["layout"] == 14 for res in results)
+    assert not any(res["llama3_replicated"]["sequence_parallel"] for res in results)
 
 
 def test_sequence_parallel_sends_are_the_priced_send_bytes_one_tp_th_of_the_replicated_ones(results):

@@ -17,13 +17,16 @@ from autoshard.trace.blocks import megatron_table, repeated_blocks
 from examples.models import hf
 
 
-def _block_weight_reads(graph, table) -> set[str]:
-    """Names of the block weights split on tp and of their views (what a TP runtime never gathers)."""
+def _block_weight_reads(graph, table, *, blocks_only: bool = True) -> set[str]:
+    """Names of the block weights split on tp and of their views (what a TP runtime never gathers).
+    The table's block rows are its patterns; its exact names, the embedding and the head (the
+    vocabulary split), count with ``blocks_only=False``."""
     import fnmatch
 
     from autoshard.graph.liveness import is_view_name
 
-    split = [i for fqn, i in graph.params.items() if any(fnmatch.fnmatchcase(fqn, p) for p in table)]
+    split = [i for fqn, i in graph.params.items()
+             if any(fnmatch.fnmatchcase(fqn, p) for p in table if "*" in p or not blocks_only)]
     names, frontier = set(), list(split)
     while frontier:
         i = frontier.pop()
@@ -66,7 +69,7 @@ def test_each_matmul_reading_a_split_weight_may_read_it_only_as_it_lies_on_tp(hf
     graph = prep.graph
     table = megatron_table(model, repeated_blocks(model), 2)
     reads = tensor_parallel_reads(graph, baseline_pins(graph, "tp", table))
-    weights = _block_weight_reads(graph, table)
+    weights = _block_weight_reads(graph, table, blocks_only=False)
     matmuls = 0
     for i, mask in reads.items():
         node = graph.nodes[i]
@@ -79,8 +82,9 @@ def test_each_matmul_reading_a_split_weight_may_read_it_only_as_it_lies_on_tp(hf
         assert len(allowed) == 1 and isinstance(next(s.input_placements[at][0] for s, ok in
                                                      zip(node.strategies, mask) if ok), Shard)
         assert refused and not refused & allowed
-    # forward and input-gradient matmuls of 7 linears in each of 2 blocks
-    assert matmuls == 2 * 7 * 2
+    # forward and input-gradient matmuls of 7 linears in each of 2 blocks, and of the head (split
+    # over the vocabulary); the embedding's lookup is no matmul
+    assert matmuls == 2 * 7 * 2 + 2
 
 
 class _Lone(nn.Module):

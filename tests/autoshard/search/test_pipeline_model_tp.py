@@ -1,5 +1,5 @@
 """The searched pipeline section's tensor parallelism: the stage solve's column / row split of
-the first block's linears, run by every block, and sequence parallel where the stages recompute."""
+the first block's linears, run by every block, and sequence parallel wherever it has one."""
 
 from __future__ import annotations
 
@@ -47,11 +47,11 @@ def test_no_tp_dim_or_no_placements_is_no_layout() -> None:
     assert stage_tensor_parallel(_pricing({}), model, BLOCKS, ("dp", "tp")) == ()
 
 
-def test_the_section_runs_tp_sequence_parallel_only_with_full_recomputation() -> None:
+def test_the_section_runs_tp_sequence_parallel_under_either_recomputation_policy_and_not_without_a_layout() -> None:
     from autoshard.search.pipeline import PipelinePlan, pipeline_section
 
     layout = (("layers.0.attention.wq", "colwise"), ("layers.0.attention.wo", "rowwise"))
-    for policy, sp in (("none", False), ("full", True)):
+    for policy, layout, sp in (("none", layout, True), ("full", layout, True), ("none", (), False)):
         plan = PipelinePlan(pp=2, mesh_shape=(2, 1, 2), dim_names=("pp", "dp", "tp"), schedule="1F1B",
                             n_microbatches=2, stages_per_rank=1, cuts=(1,), stage_step_s=(1.0, 1.0),
                             rank_memory_bytes=(1.0, 1.0), step_s=1.0, bubble_fraction=0.0, lower_bound_s=1.0,

@@ -1,5 +1,6 @@
 """Megatron's column / row split of a block's linears, found from their shapes (whatever they are
-named): what a pipeline stage on a ``tp`` dim runs and its stage solve pins."""
+named), and the vocabulary split of the embedding and the head beside it: what a pipeline stage on a
+``tp`` dim runs and its stage solve pins."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import fnmatch
 from torch import nn
 
 from autoshard.trace.blocks import (block_linears, column_then_row, megatron_split, megatron_table,
-                                    repeated_blocks)
+                                    repeated_blocks, vocab_split)
 from examples.models import hf, llama3
 
 
@@ -74,4 +75,18 @@ def test_the_table_names_every_blocks_linears_with_column_biases_split_and_row_b
             == "row"
         assert kinds[f"model.layers.{i}.self_attn.o_proj.bias"] is None  # added once after the reduction
         assert kinds[f"model.layers.{i}.input_layernorm.weight"] is None
-    assert kinds["model.embed_tokens.weight"] is None and kinds["lm_head.weight"] is None  # replicated on tp
+    # the embedding and the head split over the vocabulary (vocab_split), the final norm replicated
+    assert kinds["model.embed_tokens.weight"] == kinds["lm_head.weight"] == "col"
+    assert kinds["model.norm.weight"] is None
+
+
+def test_the_vocabulary_split_is_the_embedding_before_and_the_linear_head_after_the_blocks_tp_divides() -> None:
+    model, _ = hf.hf_llama(device="meta")  # vocab 256
+    blocks = repeated_blocks(model)
+    assert vocab_split(model, blocks, 2) == (("model.embed_tokens", "embedding"), ("lm_head", "head"))
+    assert vocab_split(model, blocks, 3) == () and vocab_split(model, blocks, 1) == ()
+    lone = nn.Sequential(nn.Embedding(8, 4), nn.ModuleList([nn.Linear(4, 4), nn.Linear(4, 4)]), nn.Linear(4, 8))
+    assert vocab_split(lone, ("1.0", "1.1"), 2) == (("0", "embedding"), ("2", "head"))
+    assert megatron_table(lone, ("1.0", "1.1"), 2) == {}  # no split of the blocks: none of the vocabulary either
+    lone[2].weight = lone[0].weight  # a head tied to the embedding: splitting one would untie them
+    assert vocab_split(lone, ("1.0", "1.1"), 2) == ()
