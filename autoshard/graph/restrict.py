@@ -43,6 +43,24 @@ The restriction (coarse to fine). Let the fine mesh have dims ``0..n-1``.
    ``Sigma``), so every node has a strategy any neighbour can reach.
    Leaves (parameters, inputs, buffers) and sinks are not restricted: their
    lists are small and any layout of a parameter is reachable by the ops.
+5. *The memory-light seed.* One more coarse solve seeds ``Sigma``: every
+   parameter pinned to its lightest strategy (the least memory on the busiest
+   rank: fully sharded where its shape allows; ties to the cheaper update, then
+   the first), no memory limit. The seeds above may all hold every weight whole
+   (the plan solved under the limit, when the coarse problem has none within it
+   or within its time, is solved without one; the limit the seed is given need
+   not be the fine solve's): then the ops that read a parameter (a view such as
+   ``t``, which keeps its input's copy from the forward to the backward) keep
+   only strategies that read it whole, whatever the parameter's own placement,
+   and the fine solve's memory that no choice avoids is every weight on every
+   rank (405B on 512 GPUs: 1.1 TB a rank, a "no plan fits" that was the
+   restriction's, not the layout's). Pinned sharded, the coarse solve makes the
+   views read the shards as they lie (a view reading its producer's placement
+   exactly is the only pairing the copy rule leaves it) and the readers gather
+   for their own time only, as FSDP does; its choices join ``Sigma``, so the
+   fine graph keeps that layout and its mixes with the other seeds'. A hint,
+   not a guarantee: it bounds what the parameters and their views hold, not
+   every activation's layout.
 
 Why it is reasonable. The coarse problem is the fine problem with the two
 dims of a group forced to agree; where they should agree (the usual case: both
@@ -71,6 +89,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+import numpy as np
 import torch.fx as fx
 
 from costmodel.mesh import MeshSpec
@@ -85,11 +104,17 @@ from autoshard.graph.strategy_graph import StrategyGraph
 from autoshard.rules import OpStrategy
 
 __all__ = ["SEARCH_MODES", "choose_search", "coarse_groups", "coarse_mesh", "dim_choice",
-           "SeededRestriction", "SeedInfo", "seeded_restriction"]
+           "SeededRestriction", "SeedInfo", "seeded_restriction", "light_pins", "lightest_ops",
+           "LIGHT_SEED_SHARE"]
 
 log = logging.getLogger(__name__)
 
 SEARCH_MODES = ("auto", "full", "seeded")
+
+LIGHT_SEED_SHARE = 0.2
+"""The least share of the seed's time limit the memory-light seed gets (step 5), after the others:
+a seed may then take up to this much more than its limit (the solve after it is handed what is left
+of the caller's deadline)."""
 
 ChoiceKey = tuple[Any, ...]
 """A single-dim choice up to split factors: one key per output, then per input."""
@@ -190,6 +215,57 @@ class SeededRestriction:
         return kept
 
 
+def light_pins(graph: StrategyGraph) -> dict[int, int]:
+    """Every parameter node of ``graph`` pinned to its lightest strategy: the least memory,
+    then the cheapest update, then the first (module docstring, step 5). Equal strategy lists
+    get equal choices, so tied parameters (repeated layers) stay consistent."""
+    pins = {}
+    for i, node in enumerate(graph.nodes):
+        if node.kind in ("param", "input") and len(node.strategies):
+            pins[i] = min(range(len(node.strategies)),
+                          key=lambda k: (float(node.memory_bytes[k]), float(node.compute_s[k]), k))
+    return pins
+
+
+def lightest_ops(graph: StrategyGraph) -> dict[int, int]:
+    """Op node -> its lightest strategy: the least memory of the node and of the memory pieces
+    tied to it (its input copies' bounds, its exchange's temporaries: ``autoshard.graph.tied_memory``,
+    which give them the op's strategy list), summed over their intervals; then the cheapest, then
+    the first (module docstring, step 5)."""
+    from autoshard.graph.node_ids import MemoryPieceId, parse
+
+    held = {i: np.array(n.memory_bytes, dtype=np.float64) for i, n in enumerate(graph.nodes) if n.kind == "op"}
+    for n in graph.nodes:
+        if n.kind != "memory":
+            continue
+        piece = parse(n.name)
+        owner = graph.index.get(piece.owner) if isinstance(piece, MemoryPieceId) else None
+        if owner in held and len(n.memory_bytes) == len(held[owner]):
+            held[owner] += n.memory_bytes
+    return {i: min(range(len(m)), key=lambda k: (float(m[k]), float(graph.nodes[i].compute_s[k]), k))
+            for i, m in held.items() if len(m)}
+
+
+def _allowed_choices(graph: StrategyGraph, seeds: Sequence[Sequence[int]],
+                     ngroups: int) -> tuple[dict[str, set[ChoiceKey]], dict[str, str]]:
+    """``Sigma`` by signature (module docstring, step 3; replicate left out: always allowed) from the
+    coarse ``seeds`` and every op's lightest strategy (step 5), and each op node's signature."""
+    allowed: dict[str, set[ChoiceKey]] = {}
+    signature_of: dict[str, str] = {}
+    picks = [(i, k) for seed in seeds for i, k in enumerate(seed)] + list(lightest_ops(graph).items())
+    for i, k in picks:
+        node = graph.nodes[i]
+        if node.kind != "op":
+            continue
+        signature_of[node.name] = node.signature
+        keys = allowed.setdefault(node.signature, set())
+        for d in range(ngroups):
+            c = dim_choice(node.strategies[k], d)
+            if not _is_replicate(c):
+                keys.add(c)
+    return allowed, signature_of
+
+
 def _mesh_ndim(strategy: OpStrategy) -> int:
     for ps in (*strategy.output_placements, *strategy.input_placements):
         if ps is not None:
@@ -214,7 +290,7 @@ class SeedInfo:
     coarse_status: str
     coarse_strategies_mean: float
     seeds: int
-    """Coarse solutions seeded from (the plan, then each baseline that solved)."""
+    """Coarse solutions seeded from (the plan, each baseline that solved, the memory-light one)."""
     memory_relaxed: bool
     """True when the coarse problem had no plan under the memory limit and was
     solved without one (the seed is then only a layout hint)."""
@@ -244,7 +320,8 @@ def seeded_restriction(
     the plan's by 0.001 %, for four more coarse solves). A parameter, not an
     import: which pins to try is the search's concern, and the graph layer
     imports nothing above it. Every coarse solve ends within ``time_limit`` of the
-    first one's start: the seed's solves share it.
+    first one's start (the seed's solves share it), but the memory-light seed (module docstring,
+    step 5), which gets at least :data:`LIGHT_SEED_SHARE` of it after the others.
     ``memo``: a dict kept by the caller across calls on the same ``traced``;
     fine meshes with the same coarse mesh (``2x4x8`` and ``4x2x8`` both seed
     from ``8x8``) then share one coarse build and solve (the seed is a function
@@ -287,19 +364,18 @@ def seeded_restriction(
                               time_limit=time_limit, start_time=t1)
         if found.choice:
             seeds.append(found.choice)
+    # the first solve may have taken the whole share (a time-limited coarse solve runs to its end):
+    # the light seed gets at least its own part of it, else it would rarely run where it is needed
+    t_light = time.perf_counter()
+    light = solve_problem(to_problem(graph, memory_limit=None, pins=light_pins(graph)), backend=backend,
+                          time_limit=max(time_limit - (t_light - t1), LIGHT_SEED_SHARE * time_limit),
+                          start_time=t_light)
+    if light.choice:
+        seeds.append(light.choice)
+    else:
+        log.info("seeded search: no memory-light coarse seed (%s)", light.status.value)
     t2 = time.perf_counter()
-    allowed: dict[str, set[ChoiceKey]] = {}
-    signature_of: dict[str, str] = {}
-    for seed in seeds:
-        for node, choice in zip(graph.nodes, seed):
-            if node.kind != "op":
-                continue
-            signature_of[node.name] = node.signature
-            keys = allowed.setdefault(node.signature, set())
-            for d in range(len(groups_t)):
-                c = dim_choice(node.strategies[choice], d)
-                if not _is_replicate(c):
-                    keys.add(c)
+    allowed, signature_of = _allowed_choices(graph, seeds, len(groups_t))
     counts = [len(n.strategies) for n in graph.nodes if n.kind == "op"]
     info = SeedInfo(
         coarse_shape=coarse.shape, groups=groups_t,

@@ -45,7 +45,12 @@ pipeline search, cut by the matmul bound (p2)) and ``cp`` layouts (sequence inpu
 pinned on a ``cp`` dim, cut by the bound above): :mod:`autoshard.search.mesh_stages`.
 Before its build, a dp / tp / cp layout is refused (``no_fit``) when the memory every plan
 holds, its parameters, gradients and optimizer state spread over all its devices (m1), exceeds the
-limit; and where the model's blocks do not fit one node (``mesh_stages.pipeline_first``) the pp
+limit, and cut when the work every plan of ``N`` devices computes, each op's FLOPs and bytes spread
+over all of them at the profile's best rates (c2), is no faster than the best (it is the same for
+every layout of the search: it cuts only against a pp plan, whose step the pipeline search prices;
+405B on 512: 16.7 s, below the pp plans' 31-33 s, so it cuts none there; the 54.8 s that cut the 3-D
+plain layouts after their builds bound their built graphs, per-strategy prices no trace-level bound
+reaches); and where the model's blocks do not fit one node (``mesh_stages.pipeline_first``) the pp
 layouts go first, priced in a minute each where a plain 405B layout's build takes minutes.
 
 Parallel, resumable. Layouts are built and solved in ``jobs`` forked worker
@@ -108,7 +113,7 @@ from autoshard.search.mesh_layouts import (MeshLayout, check_devices, devices_pe
 from autoshard.search.mesh_stages import (ModelShape, context_layouts_for, held_memory_refusal, layout_kind,
                                           merged_pins, model_shape, name_context_dim, pipeline_bound_s,
                                           pipeline_first, pipeline_layouts_for, plain_memory_refusal,
-                                          solve_pipeline_layout, take_turns)
+                                          solve_pipeline_layout, take_turns, work_bound_s)
 
 __all__ = ["MIN_SOLVE_S", "CUT_TOLERANCE", "SearchStatus", "NoLayoutError", "search_mesh", "layout_bound"]
 
@@ -202,6 +207,8 @@ class _Work:
     """The model and its example inputs: what a pp layout's pipeline search cuts into blocks."""
     inputs: Any = None
     shape: ModelShape | None = None
+    work_bound_s: float = 0.0
+    """(c2) of the trace on the search's device count (``mesh_stages.work_bound_s``): the same for every layout."""
 
 
 _WORK: _Work | None = None
@@ -250,6 +257,9 @@ def _solve_layout(index: int, cached_bound: float | None) -> str:
     refusal = plain_memory_refusal(work.traced, layout, work.options, work.profile)
     if refusal:  # (m1), mesh_stages: no plan of this device count fits, whatever its build would say
         return done("no_fit", reason=refusal)
+    if work.work_bound_s >= best * (1 + CUT_TOLERANCE):  # (c2), mesh_stages: no plan of N devices is faster
+        return done("cut", bound_s=work.work_bound_s, reason=f"work bound {work.work_bound_s * 1e3:.3f} ms >= best "
+                    f"{best * 1e3:.3f} ms (before its build)")
     options = work.options
     if layout_kind(layout) == "cp":  # the sequence split on cp; its own seed (the shared ones are unpinned)
         options = options.with_changes(pins=merged_pins(options.pins, layout, work.shape))
@@ -259,7 +269,7 @@ def _solve_layout(index: int, cached_bound: float | None) -> str:
         each = min(_seed_time_limit(work), work.deadline - t0)
         prep = prepare(None, None, layout.shape, layout.dim_names, options.with_changes(time_limit=each),
                        traced=work.traced, seed_memo=work.seed_memo if options is work.options else None)
-        bound = layout_bound(prep, options)
+        bound = max(layout_bound(prep, options), work.work_bound_s)  # both bound every plan of the layout
     except Exception as exc:  # noqa: BLE001 - see failed()
         return failed(exc)
     best = work.incumbent.value
@@ -332,12 +342,15 @@ class _Value:
 
 
 def _groups(todo: Sequence[int], layouts: Sequence[MeshLayout], search: str,
-            pp_first: bool = False) -> list[list[int]]:
+            pp_first: bool = False, node_size: int | None = None) -> list[list[int]]:
     """The tasks: layouts seeded from the same coarse mesh together, the rest
     alone; larger tasks and more mesh dims first (the longest jobs first keep
     every worker busy to the end, and finer meshes split compute at least as
-    well, so a good plan is known early to cut with), the kinds taking turns;
-    ``pp_first``: every pp layout before the others (``mesh_stages.pipeline_first``)."""
+    well, so a good plan is known early to cut with), then the innermost dim nearest
+    the node size (``node_size``: the fast links carry that dim whole); the kinds taking
+    turns, and the plain layouts' mesh-dim counts too (405B: the 2-D layouts were all skipped at
+    the deadline behind the 3-D groups); ``pp_first``: every pp layout before the others
+    (``mesh_stages.pipeline_first``)."""
     from costmodel.mesh import MeshSpec
 
     from autoshard.graph.restrict import choose_search, coarse_groups, coarse_mesh
@@ -351,12 +364,19 @@ def _groups(todo: Sequence[int], layouts: Sequence[MeshLayout], search: str,
         else:
             key = i
         by_seed.setdefault(key, []).append(i)
-    ordered = sorted(by_seed.values(), key=lambda g: (-len(g), -len(layouts[g[0]].shape), g[0]))
+    def inner_gap(g: list[int]) -> float:
+        return abs(math.log(layouts[g[0]].shape[-1] / node_size)) if node_size else 0.0
+
+    def turn(g: list[int]) -> str:
+        kind = layout_kind(layouts[g[0]])
+        return f"{kind}{len(layouts[g[0]].shape)}" if kind == "plain" else kind
+
+    ordered = sorted(by_seed.values(), key=lambda g: (-len(g), -len(layouts[g[0]].shape), inner_gap(g), g[0]))
     if pp_first:  # the pp layouts in their own order (the fewest stages first), then the rest taking turns
         first = sorted((g for g in ordered if layout_kind(layouts[g[0]]) == "pp"), key=lambda g: g[0])
         rest = [g for g in ordered if layout_kind(layouts[g[0]]) != "pp"]
-        return first + take_turns(rest, [layout_kind(layouts[g[0]]) for g in rest])
-    return take_turns(ordered, [layout_kind(layouts[g[0]]) for g in ordered])
+        return first + take_turns(rest, [turn(g) for g in rest])
+    return take_turns(ordered, [turn(g) for g in ordered])
 
 
 # ---------------------------------------------------------------------------------------------- search
@@ -461,13 +481,21 @@ def search_mesh(
         report("layouts", sum(r is not None for r in best.results), best.row(), row)
 
     if todo:
-        _run(todo, _groups(todo, layouts, opts.search, pp_first), cached_bounds, finished, jobs,
+        _run(todo, _groups(todo, layouts, opts.search, pp_first, node_size), cached_bounds, finished, jobs,
              _Work(traced, prof, layouts, opts.with_changes(profile=prof), start + time_limit, time_limit, 1,
                    _Value(best.step_s()), _Value(len(todo)), finished, model=model, inputs=example_inputs,
-                   shape=shape))
+                   shape=shape, work_bound_s=_work_bound(traced, devices, prof, layouts, todo)))
     summary = {"devices": devices, "devices_per_node": node_size, "profile": prof.name, "jobs": jobs,
                "time_limit_s": time_limit, "trace_s": round(trace_s, 3)}
     return _chosen_plan(best, devices, summary, start)
+
+
+def _work_bound(traced: Any, devices: int, prof: HardwareProfile, layouts: Sequence[MeshLayout],
+                todo: Sequence[int]) -> float:
+    """(c2) when a plain or cp layout is left to cut with it (405B: 0.6 s of walking the trace), else 0."""
+    if not any(layout_kind(layouts[i]) != "pp" for i in todo):
+        return 0.0
+    return work_bound_s(traced, devices, prof)
 
 
 def _stage_layouts(model: Any, traced: Any, shape: ModelShape, devices: int, node_size: int, opts: SolveOptions,

@@ -94,6 +94,31 @@ temporary only add. A layout whose (m1) exceeds the memory limit fits nowhere an
 before its build. It is weak by design (405B on 512 GPUs: 11 GB a rank, no plain layout
 refused); it refuses the hopeless device counts in a second instead of a build each.
 
+**Plain and cp layouts before their build: the work bound** (:func:`work_bound_s`). Every op of
+the trace runs, under any strategy, on local shards: its busiest rank does at least ``1/N`` of
+the op's FLOPs ``F_o`` and touches at least ``1/N`` of its bytes ``B_o`` (a shard is at least the
+average; replication, uneven splits and recomputation only add). The graph prices it
+(``costmodel.compute.op_time_s`` plus ``device.in_step_s``) at no less than
+
+    (c1) t_o = max( F_o / (N P_k e_k),  B_o / (N W e_W) ) + c_m B_o / N + l + s_op + s_B B_o / N
+
+with ``P_k e_k`` the largest FLOP rate any dtype and efficiency point of the op's kind reaches
+(matmul and attention kinds: the (p2) peak times the largest point of any matmul / attention
+curve; vector kinds: the fp32 peak times the op's vector fraction or the best memory
+efficiency; copies: no FLOP term), ``W e_W`` the best memory rate, ``c_m`` the GEMM's byte cost
+(matmuls only), ``l`` the smaller launch floor, ``s_op``, ``s_B`` the profile's in-step costs;
+views are free. Every factor is the best case of the one the graph uses (efficiencies at most
+their largest point, ``run`` efficiency at most 1, fresh pages at least 0), so each op node's
+cheapest strategy costs at least ``t_o``, and with the module bound of
+:mod:`autoshard.search.mesh_search` (``step >= sum_v min_k c_v(k)``)
+
+    (c2) LB_work = sum_o t_o  <=  sum_v min_k c_v(k)  <=  step
+
+of every plan on every layout of ``N`` devices, from the trace alone: it depends on ``N`` only,
+so a search computes it once. Parameters' optimizer updates and communication are left out
+(valid, weaker). It cuts a plain or cp layout before its build when ``LB_work >= best (1 + tol)``
+(405B on 512: the plain layouts' builds took 11-150 s each before their built bound cut them).
+
 **Order when stages pay** (:func:`pipeline_first`). When the repeated blocks' weights and
 gradients do not fit one node's memory, spread over its ``K`` devices (the (p3) figure at ``pp``
 1, ``tp`` K: ``W (w + g) / K`` over the limit), a plain layout must shard the weights across
@@ -109,6 +134,7 @@ An order, not a cut: every layout is still tried while time is left.
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
@@ -119,7 +145,7 @@ __all__ = ["ModelShape", "model_shape", "pipeline_layouts_for", "context_layouts
            "matmul_flops", "pipeline_bound_s", "layout_kind", "merged_pins", "name_context_dim", "pipeline_parts",
            "PipelineOutcome", "solve_pipeline_layout", "take_turns", "pipeline_memory_bound_bytes",
            "block_param_elems", "held_memory_refusal", "state_memory_bound_bytes", "plain_memory_refusal",
-           "pipeline_first"]
+           "pipeline_first", "work_bound_s"]
 
 _MATMULS = {"aten.mm.default": "mm", "aten.addmm.default": "addmm", "aten.bmm.default": "bmm",
             "aten.baddbmm.default": "baddbmm"}
@@ -272,8 +298,68 @@ def pipeline_bound_s(shape: ModelShape, devices: int, profile: Any) -> float:
     0.953
     """
     fp8 = any(dtype in _FP8 for dtype, _ in shape.matmul_flops_by_dtype)
-    peak = max(flops for name, flops in profile.device.peak_flops if name != "fp64" and (fp8 or name != "fp8"))
-    return shape.matmul_flops / (devices * peak)
+    return shape.matmul_flops / (devices * _matmul_peak(profile, fp8))
+
+
+def _matmul_peak(profile: Any, fp8: bool) -> float:
+    """The (p2) peak: the largest but fp64's, and fp8's only where the trace has fp8 matmuls."""
+    return max(flops for name, flops in profile.device.peak_flops if name != "fp64" and (fp8 or name != "fp8"))
+
+
+def work_bound_s(traced: Any, devices: int, profile: Any, *, rules: Any = None) -> float:
+    """(c2): no plan of ``traced`` on ``devices`` devices computes for less on its busiest rank,
+    from the trace alone (module docstring); ``rules``: the registry the graph is built with
+    (default ``autoshard.rules.load_rules()``).
+
+    >>> from examples.models import mlp
+    >>> from autoshard.trace import trace_joint
+    >>> from hw_profiles import load
+    >>> t, h100 = trace_joint(*mlp.tiny(device="meta")), load("h100-sxm-80gb")
+    >>> work_bound_s(t, 2, h100) > work_bound_s(t, 4, h100) > 0
+    True
+    """
+    from autoshard.rules import load_rules
+
+    rules = rules or load_rules()
+    device = profile.device
+    eff = device.efficiency
+    n = max(int(devices), 1)
+    fp8 = any(str(getattr(m, "dtype", "")) in _FP8 for info in traced.nodes.values() for m in info.inputs if m)
+    peak = _matmul_peak(profile, fp8)
+    matmul_best = max(f for curve in (eff.matmul, *(c for _, c in eff.matmul_by_dtype)) for _, f in curve)
+    # each kind's curve as costmodel.compute._curve picks it (matmul's where the profile has none)
+    tensor_rate = {kind: peak * min(1.0, max((f for _, f in curve), default=matmul_best))
+                   for kind, curve in (("matmul", ()), ("attention", eff.attention),
+                                       ("attention_backward", eff.attention_backward or eff.attention))}
+    memory_rate = device.memory_bandwidth_Bps * min(1.0, max(f for _, f in eff.memory_curve))
+    try:
+        vector_peak = device.peak_flops_for("fp32")
+    except KeyError:
+        vector_peak = max(v for _, v in device.peak_flops)
+    launch = min(device.launch_s, device.launch_s if device.launch_scalar_s is None else device.launch_scalar_s)
+    total = 0.0
+    for node in traced.graph_module.graph.nodes:
+        # the op nodes the graph builder makes (a getitem is an alias of its tuple's output)
+        info = traced.nodes.get(node.name) if node.op == "call_function" and node.target is not operator.getitem else None
+        if info is None:
+            continue
+        try:
+            work = rules.compute_kind(info.op, info.args, info.kwargs, out_meta=info.outputs)
+        except Exception:  # noqa: BLE001 - an op the rules cannot describe bounds nothing (0 is valid)
+            continue
+        if work.kind == "view":
+            continue
+        flops, nbytes = work.flops / n, work.bytes_accessed / n
+        if work.kind in tensor_rate:
+            flop_s = flops / tensor_rate[work.kind]
+        elif work.kind == "copy":
+            flop_s = 0.0
+        else:  # vector units: the op's own fraction, else the best memory efficiency (op_time_s)
+            fraction = eff.vector_fraction(str(info.op)) or min(1.0, max(f for _, f in eff.memory_curve))
+            flop_s = flops / (vector_peak * fraction)
+        packing = device.matmul_byte_s * nbytes if work.kind == "matmul" else 0.0
+        total += max(flop_s + packing, nbytes / memory_rate) + launch + device.in_step_s(nbytes)
+    return total
 
 
 def pipeline_memory_bound_bytes(block_elems: int, layout: MeshLayout, *, mixed_precision: bool,

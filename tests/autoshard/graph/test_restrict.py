@@ -126,8 +126,9 @@ def test_prepare_seeds_3d_meshes() -> None:
     prep = prepare(*mlp.tiny(device="meta", batch_size=64), (2, 2, 2), time_limit=40)  # the seed: a quarter
     assert prep.options["search"] == "seeded"
     assert "seed_build_s" in prep.timings
-    # a handful of single-dim choices per mesh dim survive, not the hundreds of the full product
-    assert prep.graph.stats.strategies_max <= 64
+    # a handful of single-dim choices per mesh dim survive (the seeds' and the memory-light ones'),
+    # not the hundreds of the full product
+    assert prep.graph.stats.strategies_max <= 100
     plan = solve_prepared(prep, time_limit=10)
     assert plan.estimate.step_s > 0
 
