@@ -520,8 +520,9 @@ def pipeline_section(
     (embedding) on the first stage and ``trailing`` (norm, head) on the last, the send bytes as
     :func:`search_pipeline` priced them (a microbatch's boundary activation over ``dp x tp``);
     ``tensor_parallel`` the stages' column / row split of the blocks' linears on ``tp``
-    (``autoshard.search.pipeline_model.stage_tensor_parallel``), run sequence parallel where the
-    stages recompute (a checkpointed block's kept input is priced sequence-split: ``pipeline_blocks`` (h')).
+    (``autoshard.search.pipeline_model.stage_tensor_parallel``), run sequence parallel with a tp
+    layout under either recomputation policy (a checkpointed block's kept input and a kept block's
+    residual stream are priced sequence-split: ``pipeline_blocks`` (h'), (h'')).
 
     >>> # pipeline_section(search_pipeline(...), batch=256, seq_len=8192, dim=16384,
     >>> #                  block_paths=[f"layers.{i}" for i in range(126)], leading=("tok_embeddings",))
