@@ -172,6 +172,12 @@ def _math_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+def _accumulator_dtype(dtype: torch.dtype) -> torch.dtype:
+    """What dQ/dK/dV accumulate in across parts: fp32 for 16-bit inputs (``costmodel.context_parallel.
+    accumulator_itemsize`` prices the same), the inputs' own dtype otherwise."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
 def _scores(q, k, causal, mask, scale):
     """``QK^T * scale`` with the mask added, GQA keys shared by their query heads: ``[B, H_kv, G, L, S]``."""
     b, h, length, d = q.shape
@@ -345,19 +351,13 @@ def _whole_backward(dout: torch.Tensor, q: torch.Tensor, out: torch.Tensor, lse:
     config, c = blocks.config, blocks.c
     kernel = KERNELS[config.kernel]
     k, v = blocks.local[0], blocks.local[1]
-    acc_dtype = torch.float32 if k.dtype in (torch.float16, torch.bfloat16) else k.dtype
+    acc_dtype = _accumulator_dtype(k.dtype)
     dq = torch.zeros(q.shape, dtype=acc_dtype, device=q.device)
     dk = torch.zeros(k.shape, dtype=acc_dtype, device=k.device)
     dv = torch.zeros(v.shape, dtype=acc_dtype, device=v.device)
     lse = lse.masked_fill(lse == float("-inf"), float("inf"))  # rows that see no key: P = 0, not nan
     for part in config.parts():
-        start = _slot(part, config) * c
-        mask, _ = _mask(part, blocks, q.dtype, q.device)
-        dq_p, dk_p, dv_p = kernel.backward(dense(dout.narrow(2, start, c)), q.narrow(2, start, c),
-                                           blocks.chunks(0, part), blocks.chunks(1, part),
-                                           dense(out.narrow(2, start, c)), dense(lse.narrow(2, start, c)),
-                                           part.mode == "causal" and mask is None, mask, config.scale)
-        dq.narrow(2, start, c).add_(dq_p)
+        dk_p, dv_p = _kernel_backward(kernel, part, dout, q, out, lse, blocks, dq)
         keys = (part.key_chunks[0] * c, len(part.key_chunks) * c)
         dk.narrow(2, *keys).add_(dk_p)
         dv.narrow(2, *keys).add_(dv_p)
@@ -460,7 +460,7 @@ def _backward(dout: torch.Tensor, q: torch.Tensor, out: torch.Tensor, lse: torch
         order = local + remote
     else:
         order = remote + local
-    acc_dtype = torch.float32 if k.dtype in (torch.float16, torch.bfloat16) else k.dtype
+    acc_dtype = _accumulator_dtype(k.dtype)
     buffer = torch.zeros(cp, k.numel() + v.numel(), dtype=acc_dtype, device=k.device)
     remote_grads = _split(buffer, (k.shape, v.shape), cp)
     local_grads = (torch.zeros(k.shape, dtype=acc_dtype, device=k.device),
@@ -488,11 +488,11 @@ def _backward(dout: torch.Tensor, q: torch.Tensor, out: torch.Tensor, lse: torch
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
-def _part_backward(kernel: _Kernel, part: AttentionPart, dout: torch.Tensor, q: torch.Tensor, out: torch.Tensor,
-                   lse: torch.Tensor, blocks: _Blocks, dq: torch.Tensor, into: tuple[Any, ...]) -> None:
-    """One part's kernel backward with the merged out/lse; dQ into ``dq``, dK/dV into ``into``
-    (this rank's ``[B, H_kv, S, D]`` for local parts; for remote ones indexed by owner first:
-    the ``[cp, ...]`` buffer, or the ring's ``{owner: block}``)."""
+def _kernel_backward(kernel: _Kernel, part: AttentionPart, dout: torch.Tensor, q: torch.Tensor, out: torch.Tensor,
+                     lse: torch.Tensor, blocks: Any, dq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One part's kernel backward on its query rows and key chunks: dQ added into ``dq``, the
+    part's dK/dV returned (where they go is the caller's: the gathered layout's owners, or the
+    whole K/V's rows)."""
     config, c = blocks.config, blocks.c
     start = _slot(part, config) * c
     mask, _ = _mask(part, blocks, q.dtype, q.device)
@@ -502,6 +502,16 @@ def _part_backward(kernel: _Kernel, part: AttentionPart, dout: torch.Tensor, q: 
                                        dense(out.narrow(2, start, c)), dense(lse.narrow(2, start, c)),
                                        part.mode == "causal" and mask is None, mask, config.scale)
     dq.narrow(2, start, c).add_(dq_p)
+    return dk_p, dv_p
+
+
+def _part_backward(kernel: _Kernel, part: AttentionPart, dout: torch.Tensor, q: torch.Tensor, out: torch.Tensor,
+                   lse: torch.Tensor, blocks: _Blocks, dq: torch.Tensor, into: tuple[Any, ...]) -> None:
+    """One part's kernel backward with the merged out/lse; dQ into ``dq``, dK/dV into ``into``
+    (this rank's ``[B, H_kv, S, D]`` for local parts; for remote ones indexed by owner first:
+    the ``[cp, ...]`` buffer, or the ring's ``{owner: block}``)."""
+    config, c = blocks.config, blocks.c
+    dk_p, dv_p = _kernel_backward(kernel, part, dout, q, out, lse, blocks, dq)
     for j, g in enumerate(part.key_chunks):
         owner, slot = config.key_owner(g)
         for grad, whole in zip((dk_p, dv_p), into):

@@ -35,8 +35,8 @@ import torch
 import torch.distributed as dist
 
 from autoshard.runtime import context_comm
-from autoshard.runtime.context_attention import (KERNELS, CPConfig, _Blocks, _mask, _merge, _part_backward, _setup,
-                                                 _slot, _split)
+from autoshard.runtime.context_attention import (KERNELS, CPConfig, _accumulator_dtype, _Blocks, _mask, _merge,
+                                                 _part_backward, _setup, _slot, _split)
 
 __all__ = ["ring_attention"]
 
@@ -87,7 +87,7 @@ def _ring_backward(dout: torch.Tensor, q: torch.Tensor, out: torch.Tensor, lse: 
     kernel, cp, rank = KERNELS[config.kernel], config.layout.cp, config.rank
     k, v = blocks.local[0], blocks.local[1]
     parts = config.parts()
-    acc_dtype = torch.float32 if k.dtype in (torch.float16, torch.bfloat16) else k.dtype
+    acc_dtype = _accumulator_dtype(k.dtype)
     dq = torch.zeros(q.shape, dtype=acc_dtype, device=q.device)
     lse = lse.masked_fill(lse == float("-inf"), float("inf"))  # rows that see no key: P = 0, not nan
     flat = torch.cat([t.reshape(-1) for t in blocks.local])
