@@ -139,6 +139,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 from autoshard.search.mesh_layouts import MeshLayout, _fits_nodes
+from autoshard.sizes import format_bytes
 from autoshard.trace.blocks import modules_around
 
 __all__ = ["ModelShape", "model_shape", "pipeline_layouts_for", "context_layouts_for", "context_pins",
@@ -404,7 +405,7 @@ def held_memory_refusal(model: Any, blocks: Sequence[str], layout: MeshLayout, o
     limit = options.memory_limit_bytes(profile)
     if held <= limit:
         return None
-    return f"held weights and gradients bound {held / 2**30:.1f} GiB a rank > memory limit {limit / 2**30:.1f} GiB"
+    return f"held weights and gradients bound {format_bytes(held)} a rank > memory limit {format_bytes(limit)}"
 
 
 def state_memory_bound_bytes(traced: Any, devices: int, options: Any, profile: Any) -> float:
@@ -450,8 +451,8 @@ def plain_memory_refusal(traced: Any, layout: MeshLayout, options: Any, profile:
     limit = options.memory_limit_bytes(profile)
     if held <= limit:
         return None
-    return (f"parameters, gradients and optimizer state bound {held / 2**30:.1f} GiB a rank > memory limit "
-            f"{limit / 2**30:.1f} GiB (refused before its build)")
+    return (f"parameters, gradients and optimizer state bound {format_bytes(held)} a rank > memory limit "
+            f"{format_bytes(limit)} (refused before its build)")
 
 
 def pipeline_first(model: Any, blocks: Sequence[str], devices_per_node: int, options: Any, profile: Any) -> bool:

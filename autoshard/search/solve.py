@@ -162,7 +162,10 @@ def prepare(
     mode = choose_search(mesh.shape, opts.search)
     restrict, seed_timings = None, {}
     if mode == "seeded":
+        # the coarse solves under the user's limit, not the device's: a seed that fits only a larger
+        # device keeps the fine mesh's strategies near a plan this limit refuses
         restrict, seed = seeded_restriction(traced, mesh, prof, optimizer=opt_memory, allow_uneven=allow_uneven,
+                                            memory_limit=opts.memory_limit,
                                             time_limit=SEED_SHARE * opts.time_limit, backend=opts.backend,
                                             memo=seed_memo)
         seed_timings = {"seed_build_s": seed.seconds["build"], "seed_solve_s": seed.seconds["solve"]}

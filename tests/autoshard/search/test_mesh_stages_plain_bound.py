@@ -16,6 +16,7 @@ from autoshard.search.mesh_layouts import enumerate_layouts
 from autoshard.search.mesh_search import _groups, search_mesh
 from autoshard.search.mesh_stages import (block_param_elems, pipeline_first, pipeline_layouts_for,
                                           plain_memory_refusal, state_memory_bound_bytes)
+from autoshard.sizes import format_bytes
 from autoshard.trace import trace_joint
 from examples.models import llama3, mlp
 
@@ -71,7 +72,9 @@ def test_layouts_over_the_state_bound_are_refused_before_their_build(monkeypatch
     assert built == []  # every layout of 4 devices refused by (m1): nothing built
     for layout in enumerate_layouts(4, 4):
         under = base.with_changes(memory_limit=bound * 0.99)
-        assert "refused before its build" in plain_memory_refusal(traced, layout, under, profile)
+        why = plain_memory_refusal(traced, layout, under, profile)
+        # a tiny model's bound reads in its own unit (KiB / MiB), not as "0.0 GiB"
+        assert "refused before its build" in why and format_bytes(bound) in why, why
         assert plain_memory_refusal(traced, layout, base.with_changes(memory_limit=bound * 1.01), profile) is None
 
 
