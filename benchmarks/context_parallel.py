@@ -30,12 +30,21 @@ it, and with that exchange priced as torch's own context parallelism ran it for 
 fp32 merges and dK/dV passes, K/V by ``--rotate``, torchtitan's default ``all_gather``; no row
 moves, the inputs being reordered once).
 
+**dK/dV rounding of the whole-K/V kinds** (``--rounding``): a CPU simulation of what the
+``context_whole_kv`` kinds do to bf16 dK/dV, with the runtime's own part loop
+(``autoshard.runtime.context_attention._kernel_backward`` over ``CPConfig.parts``, the CPU flash
+kernel): each of ``cp`` ranks accumulates its share in fp32 and hands it over in bf16, and the
+plan's reduce-scatter adds the shares hop by hop in bf16 (a ring: ``2 cp - 1`` roundings),
+against the gather kinds' one rounding of the fp32 sum; errors against a float64 reference on
+the same bf16 inputs (:func:`rounding_errors`).
+
 Writes ``benchmarks/results/context_parallel.md``. Not a test.
 
     python -m benchmarks.context_parallel                  # the 8B target on every mesh of MESHES
     python -m benchmarks.context_parallel --meshes 8x8 --layers 4
     python -m benchmarks.context_parallel --titan 2        # torchtitan's Table 2 row 2 (none given: all)
     python -m benchmarks.context_parallel --titan 3 --rotate all_to_all   # torch's CP with the all-to-all rotater
+    python -m benchmarks.context_parallel --rounding       # bf16 dK/dV of the whole-K/V kinds, cp 2-16 (~1 min)
 """
 
 from __future__ import annotations
@@ -200,6 +209,100 @@ def titan_row(fsdp: int, cp: int, seq: int, published: float, time_limit: float,
     return row
 
 
+ROUNDING_CPS = (1, 2, 4, 8, 16)
+ROUNDING_SHAPE = (1, 4, 2048, 64)
+"""``[batch, heads, seq, head_dim]`` of the rounding simulation: 64 rows a chunk at cp 16, balanced."""
+
+
+def whole_kv_shares(dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, cp: int, *,
+                    load_balanced: bool = True) -> list[list[Any]]:
+    """Each rank's fp32 ``[dK, dV]`` share of a whole-K/V kind's backward on ``cp`` ranks, as
+    ``context_attention._whole_backward`` accumulates it before handing it over in the inputs'
+    dtype (the CPU kernel; every tensor whole, each rank's rows taken here)."""
+    import torch
+
+    from costmodel.context_parallel import ChunkLayout
+
+    from autoshard.runtime.context_attention import KERNELS, CPConfig, _kernel_backward, _WholeBlocks, sequence_shard
+
+    layout, shares = ChunkLayout(cp, load_balanced), []
+    for rank in range(cp):
+        config = CPConfig("", rank, layout, True, None, None, "cpu", False, q.shape[2], whole_kv=True)
+        blocks = _WholeBlocks((k, v), config)
+        mine = [sequence_shard(t, cp, rank, dim=2, load_balanced=load_balanced) for t in (dout, q, out, lse)]
+        dq = torch.zeros(mine[1].shape, dtype=torch.float32)
+        acc = [torch.zeros(k.shape, dtype=torch.float32) for _ in range(2)]
+        for part in config.parts():
+            grads = _kernel_backward(KERNELS["cpu"], part, *mine, blocks, dq)
+            keys = (part.key_chunks[0] * blocks.c, len(part.key_chunks) * blocks.c)
+            for whole, grad in zip(acc, grads):
+                whole.narrow(2, *keys).add_(grad)
+        shares.append(acc)
+    return shares
+
+
+def rounding_errors(cp: int, shape: tuple[int, int, int, int] = ROUNDING_SHAPE, *, dtype: Any = None,
+                    load_balanced: bool = True, seed: int = 0) -> dict[str, dict[str, float]]:
+    """Causal attention's dK and dV (module docstring, dK/dV rounding) on ``cp`` ranks of the
+    whole-K/V kinds: ``{"dk": {...}, "dv": {...}}`` with the relative RMS (``rms_*``) and the
+    largest error over the largest magnitude (``max_*``), for ``once`` (the fp32 shares summed,
+    one rounding: the gather kinds) and ``hops`` (each share rounded, then summed a hop at a time
+    in ``dtype``: the whole-K/V kinds with the plan's reduce-scatter), against float64."""
+    import torch
+
+    from autoshard.runtime.context_attention import _math_backward, _math_forward
+
+    dtype = dtype or torch.bfloat16
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v, dout = (torch.randn(*shape, generator=gen).to(dtype) for _ in range(4))
+    wide = [t.double() for t in (q, k, v, dout)]
+    out64, lse64 = _math_forward(*wide[:3], True, None, None)
+    _, *refs = _math_backward(wide[3], *wide[:3], out64, lse64, True, None, None)
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default(q, k, v, 0.0, True)
+    shares = whole_kv_shares(dout, q, k, v, out, lse, cp, load_balanced=load_balanced)
+    result = {}
+    for name, i, ref in (("dk", 0, refs[0]), ("dv", 1, refs[1])):
+        once = sum(share[i] for share in shares).to(dtype)
+        hops = shares[0][i].to(dtype)
+        for share in shares[1:]:  # a ring reduce-scatter: each hop's partial sum lands in dtype
+            hops = (hops.float() + share[i].to(dtype).float()).to(dtype)
+        row = {}
+        for key, got in (("once", once), ("hops", hops)):
+            diff = got.double() - ref
+            row[f"rms_{key}"] = float(diff.norm() / ref.norm())
+            row[f"max_{key}"] = float(diff.abs().max() / ref.abs().max())
+        result[name] = row
+    return result
+
+
+def rounding_table(cps: tuple[int, ...] = ROUNDING_CPS) -> list[dict]:
+    """:func:`rounding_errors` in bf16 for each of ``cps``, and in fp32 at the largest."""
+    import torch
+
+    rows = [{"cp": cp, "dtype": "bf16", **rounding_errors(cp)} for cp in cps]
+    return rows + [{"cp": cps[-1], "dtype": "fp32", **rounding_errors(cps[-1], dtype=torch.float32)}]
+
+
+def _rounding_lines(rows: list[dict]) -> list[str]:
+    shape = "x".join(map(str, ROUNDING_SHAPE))
+    lines = ["## dK/dV rounding of the whole-K/V kinds (CPU simulation)", "",
+             f"Causal attention {shape} (batch x heads x seq x head_dim), balanced layout, random normal inputs "
+             "rounded to the dtype; error against float64 on the same inputs: relative RMS, and largest error over "
+             "the largest magnitude. *One rounding*: the fp32 shares summed, then rounded (the gather kinds); "
+             "*2 cp - 1 roundings*: each share handed over in the dtype and summed a hop at a time in it (the "
+             "whole-K/V kinds' reduce-scatter). cp 1 is the kernel alone.", "",
+             "| cp | dtype | dK RMS: one / 2cp-1 | dK max: one / 2cp-1 | dV RMS: one / 2cp-1 | dV max: one / 2cp-1 |",
+             "|---:|---|---|---|---|---|"]
+
+    def pct(row: dict, kind: str) -> str:
+        return f"{100 * row[kind + '_once']:.3g} / {100 * row[kind + '_hops']:.3g} %"
+
+    for r in rows:
+        lines.append(f"| {r['cp']} | {r['dtype']} | {pct(r['dk'], 'rms')} | {pct(r['dk'], 'max')} "
+                     f"| {pct(r['dv'], 'rms')} | {pct(r['dv'], 'max')} |")
+    return lines + [""]
+
+
 def _titan_cell(p: dict, published: float) -> str:
     """``tok/s/GPU (error %)`` of a pinned price, its error line, or a dash where not run."""
     if "tps_gpu" not in p:
@@ -211,7 +314,7 @@ def _now() -> str:
     return f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M}"
 
 
-def write(result: dict | None, titan: list[dict] | None) -> str:
+def write(result: dict | None, titan: list[dict] | None, rounding: list[dict] | None = None) -> str:
     """The results page (markdown)."""
     lines = ["# Context parallelism: LLaMA-3 8B at 131,072 tokens on 64 H100s", "",
              f"Written by `python -m benchmarks.context_parallel` on {_now()} UTC, load {os.getloadavg()[0]:.1f} "
@@ -245,6 +348,8 @@ def write(result: dict | None, titan: list[dict] | None) -> str:
             lines.append(f"| {r['fsdp']} x {r['cp']} | {r['seq']} | {r['published']} | {cells[0]} | {cells[1]} "
                          f"| {own} | {', '.join(o.get('cp', [])) or 'none'} |")
         lines.append("")
+    if rounding:
+        lines += _rounding_lines(rounding)
     return "\n".join(lines)
 
 
@@ -264,6 +369,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rotate", choices=("all_gather", "all_to_all"), default="all_gather",
                         help="torch's K/V rotater for the Table 2 rows priced as torch ran them (torchtitan's default: "
                         "all_gather)")
+    parser.add_argument("--rounding", action="store_true",
+                        help="simulate the whole-K/V kinds' bf16 dK/dV rounding at cp 1-16 (CPU) instead")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args(argv)
     meshes = MESHES
@@ -275,8 +382,10 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--meshes: {', '.join(unknown)} not among {', '.join(sorted(known))}")
         meshes = tuple(case for case in MESHES if _case(case) in wanted)
     saved = json.loads(DATA.read_text()) if DATA.exists() and not args.no_write else {}
-    result, titan = saved.get("target"), saved.get("titan")
-    if args.titan is not None:
+    result, titan, rounding = saved.get("target"), saved.get("titan"), saved.get("rounding")
+    if args.rounding:
+        rounding = rounding_table()
+    elif args.titan is not None:
         picked = [TITAN_ROWS[k] for k in (args.titan or range(len(TITAN_ROWS))) if 0 <= k < len(TITAN_ROWS)]
         fresh = [titan_row(*row, time_limit=args.time_limit, layers=args.layers, rotate=args.rotate)
                  for row in picked]
@@ -288,11 +397,11 @@ def main(argv: list[str] | None = None) -> int:
         kept = [r for r in (result or {}).get("rows", []) if (r["mesh"], r["pins"]) not in keys
                 and (result or {}).get("layers") == fresh["layers"]]
         result = {**fresh, "rows": kept + fresh["rows"]}
-    text = write(result, titan)
+    text = write(result, titan, rounding)
     print(text)
     if not args.no_write:
         RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        DATA.write_text(json.dumps({"target": result, "titan": titan}, indent=1) + "\n")
+        DATA.write_text(json.dumps({"target": result, "titan": titan, "rounding": rounding}, indent=1) + "\n")
         RESULTS.write_text(text + "\n")
     return 0
 

@@ -28,7 +28,12 @@ Why these six families: ``costmodel.compute`` prices an op as
   over all of them (``efficiency.vector``, for the ops not measured);
 * ``attention``: the backend's fused scaled-dot-product attention, forward
   and backward, causal as in decoder LLMs, for the attention curves (the
-  backward has its own: ``attention_backward``);
+  backward has its own: ``attention_backward``); on a GPU also one long
+  sequence (:data:`LONG_ATTENTION`: 8,192 and 32,768 tokens, 32 heads of
+  128, as an 8B model trains at long context), since a curve is held flat
+  beyond its last point and flash attention at long sequences runs far
+  nearer its peak than the short shapes say (the CPU skips them: seconds a
+  call there, and no CPU plan runs such sequences);
 * ``access``: the layouts of a decoder's joint graph whose innermost
   contiguous run is ``r`` elements (:data:`ACCESS_PATTERNS`: transposed and
   strided copies, cat of a strided half, broadcasts inside the row, clones of
@@ -62,13 +67,20 @@ import torch.nn.functional as F
 from autoshard.calibrate.timing import Job, Settings, measure
 
 __all__ = ["MODES", "ComputeSample", "Item", "compute_items", "reference_items", "primary_dtype", "available_bytes",
-           "LAUNCH_SCALAR_OPS", "vector_op_name"]
+           "LAUNCH_SCALAR_OPS", "vector_op_name", "LONG_ATTENTION"]
 
 MODES = ("full", "quick", "tiny")
 
 aten = torch.ops.aten
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "tf32": torch.float32}
+
+LONG_ATTENTION = {"full": (8192, 16384, 32768, 65536), "quick": (8192, 32768)}
+"""Sequence lengths of the long attention samples per mode, on a GPU only: one causal sequence
+of :data:`LONG_HEADS` heads of :data:`LONG_HEAD_DIM` in the primary dtype (bf16), forward and
+backward. At 32,768 tokens a call is ~9 TFLOP forward and ~22 TFLOP backward: tens of ms on
+an H100, so ``--quick`` spends well under a second on each."""
+LONG_HEADS, LONG_HEAD_DIM = 32, 128
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,6 +193,7 @@ def _sizes(mode: str, job: Job) -> dict:
         sizes["dtype"] = [s * scale for s in sizes["dtype"]]
         sizes["memory"] = sizes["memory"] + [sizes["memory"][-1] * 4, sizes["memory"][-1] * 16]
         sizes["attention"] = [(bh, s * scale, d) for bh, s, d in sizes["attention"]]
+    sizes["attention_long"] = _long_attention(mode, job)
     fresh = {"full": [2**22, 2**23 - 2**10, 2**23, 2**24, 2**25], "quick": [2**23 - 2**10, 2**23, 2**24]}
     sizes["fresh"] = [] if job.is_cuda else fresh.get(mode, [])  # GPU caching allocators keep their pages
     budget = available_bytes(job)
@@ -189,6 +202,18 @@ def _sizes(mode: str, job: Job) -> dict:
     sizes["vector"] = [n for n in sizes["vector"] if 2 * 4 * n <= budget]
     sizes["access"] = [n for n in sizes["access"] if 4 * 4 * n <= budget]
     return sizes
+
+
+def _long_attention(mode: str, job: Job) -> list[tuple[int, int, int]]:
+    """``(heads, seq, head_dim)`` of the long single-sequence attention samples of ``mode``:
+    on a GPU only, and only those whose backward's tensors (q, k, v, out, its gradient and
+    three input gradients, ~8 of them) fit a quarter of the free device memory."""
+    if not job.is_cuda:
+        return []
+    itemsize = _DTYPES[primary_dtype(job)].itemsize
+    budget = available_bytes(job)
+    return [(LONG_HEADS, s, LONG_HEAD_DIM) for s in LONG_ATTENTION.get(mode, ())
+            if 8 * LONG_HEADS * s * LONG_HEAD_DIM * itemsize <= budget]
 
 
 _LAUNCH_OPS = {
@@ -310,8 +335,15 @@ def _vector_item(op: str, numel: int) -> Item:
     return Item(f"vector {op} {numel}", 0.1 + numel / 5e8, run)
 
 
-def _attention_item(batch_heads: int, seq: int, head_dim: int, dtype: str, backward: bool) -> Item:
-    batch, heads = max(1, batch_heads // 8), min(batch_heads, 8)
+def _attention_item(batch_heads: int, seq: int, head_dim: int, dtype: str, backward: bool,
+                    heads: int | None = None) -> Item:
+    """Causal SDPA on ``batch_heads`` (batch x heads) rows of ``seq`` x ``head_dim``: 8 heads a
+    batch row, or ``heads`` a row when given (one long sequence: ``heads == batch_heads``)."""
+    one_sequence = heads is not None
+    if heads is None:
+        batch, heads = max(1, batch_heads // 8), min(batch_heads, 8)
+    else:
+        batch = max(1, batch_heads // heads)
     torch_dtype = _DTYPES[dtype]
     pairs = seq * (seq + 1) / 2  # causal: autoshard.rules.compute.attention_compute counts the pairs it computes
     fwd_flops = 4.0 * batch * heads * pairs * head_dim
@@ -342,7 +374,10 @@ def _attention_item(batch_heads: int, seq: int, head_dim: int, dtype: str, backw
         op = "sdpa_bwd" if backward else "sdpa_fwd"
         return [ComputeSample("attention", op, shape, dtype, flops, nbytes, t.seconds, t.spread)]
 
-    return Item(f"attention {'bwd' if backward else 'fwd'} {shape}", 0.1 + flops / 1e10, run)
+    label = f"attention {'bwd' if backward else 'fwd'} {shape}"
+    if one_sequence:  # a GPU's long sequence: tens of ms a call, averaged over the call
+        return Item(label, 0.5 + flops / 2e14, run, repeat=False)
+    return Item(label, 0.1 + flops / 1e10, run)
 
 
 ACCESS_PATTERNS = {
@@ -452,6 +487,8 @@ def compute_items(job: Job, mode: str) -> list[Item]:
         items += [_vector_item(op, numel) for op in _VECTOR_OPS]
     for bh, seq, head_dim in sizes["attention"]:
         items += [_attention_item(bh, seq, head_dim, dtype, False), _attention_item(bh, seq, head_dim, dtype, True)]
+    for heads, seq, head_dim in sizes["attention_long"]:
+        items += [_attention_item(heads, seq, head_dim, dtype, backward, heads=heads) for backward in (False, True)]
     for numel in sizes["access"]:
         for pattern, (_, runs) in ACCESS_PATTERNS.items():
             if mode == "tiny":

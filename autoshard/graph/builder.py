@@ -43,7 +43,8 @@ per state (keep / hold / recompute), priced as they would run
 
 Edges: one per (reader, tensor input), matrix from ``autoshard.graph.edges``;
 on an edge into a view, a redistribution is allowed only where the view
-cannot read the producer's placement as it is (``autoshard.graph.copies``).
+cannot read the producer's placement as it is, except into a growing view
+(``expand``), whose input is the cheaper side to copy (``autoshard.graph.copies``).
 
 Ties: the parameter/sink pairs always; repeated layers
 (``autoshard.graph.ties``) when ``ties=True``.
@@ -84,7 +85,7 @@ from costmodel.mesh import MeshSpec
 from hw_profiles import HardwareProfile
 
 from autoshard.graph.build_state import BuildState, GraphBuildError, Restrict
-from autoshard.graph.copies import copy_intervals, param_gather_schedule
+from autoshard.graph.copies import copy_intervals, growing_view, param_gather_schedule
 from autoshard.graph.liveness import alias_ends, compute_liveness, is_view_op
 from autoshard.graph.memory import OptimizerMemory, local_bytes
 from autoshard.graph.node_ids import LOSS, TANGENT, MemoryPieceId, TensorId
@@ -266,6 +267,7 @@ def _add_op(b: BuildState, walk: _Walk, node: fx.Node, expert_imbalance: float =
     b.fx_index[node.name] = i
     b.producer[node.name] = (i, 0)
     view = is_view_op(node.target)
+    as_it_comes = view and not _grows(b, node)  # copies.view_copy_rule; a growing view's copy may come before it
     span = reader_span(analysis, node.name, liveness.time[node.name], walk.alias_end[node.name] if view else None,
                        _forward_end(analysis, node.name))
     recomputed = RECOMPUTE in b.nodes[i].states
@@ -273,7 +275,7 @@ def _add_op(b: BuildState, walk: _Walk, node: fx.Node, expert_imbalance: float =
     for position, arg in enumerate(tensor_arg_nodes(node)):
         src, out = b.read(arg.name)
         copies.append(b.edge(src, out, i, position, lambda s, position=position: s.input_placements[position],
-                             view=view, src_fx=b.nodes[src].name if b.nodes[src].kind == "op" else None))
+                             view=as_it_comes, src_fx=b.nodes[src].name if b.nodes[src].kind == "op" else None))
         live = (copy_intervals(span, False), copy_intervals(span, True) if recomputed else ())
         if walk.param_copy_live is not None and liveness.owner[arg.name] in walk.param_copy_live.params:
             gathered = (walk.param_copy_live(node.name),)  # a parameter's gather, on the schedule asked for
@@ -283,6 +285,15 @@ def _add_op(b: BuildState, walk: _Walk, node: fx.Node, expert_imbalance: float =
         b.copy_live_recomputed.append(live[1])
     b.tied.input_copies(i, copies, lives)
     _exchange_temporaries(b, i, node, liveness.time[node.name], expert_imbalance)
+
+
+def _grows(b: BuildState, node: fx.Node) -> bool:
+    """Whether view ``node``'s output has more elements than its first tensor input
+    (``autoshard.graph.copies.growing_view``: ``expand``)."""
+    info = b.traced.nodes.get(node.name)
+    if info is None or not info.inputs or not info.outputs or info.outputs[0] is None:
+        return False
+    return growing_view(info.inputs[0].numel, info.outputs[0].numel)
 
 
 def _price_exchanges(b: BuildState, i: int, node: fx.Node, imbalance: float) -> None:

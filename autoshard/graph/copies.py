@@ -45,6 +45,20 @@ happens at the view's readers, where the copy is short-lived (FSDP's
 for the backward). Only producer strategies with no exact match keep their
 redistribution into the view, and only those count in its bound.
 
+A *growing* view (:func:`growing_view`: its output has more elements than
+its input; ``expand``, an overlapping ``unfold`` or ``as_strided``) is the
+exception: it reads each input element several times, so a redistribution
+after it moves the repeated elements (GQA's ``repeat_kv`` expands K/V to
+the query heads: ``heads / kv_heads`` times the bytes of one all-gather
+before it) and its edge has no such rule: the copy may be made on the
+input. It is still an alias - of the copy when one is made - so the copy
+lives as a view reader's does (``[t_v, A_v)``) and the view itself owns
+no memory (``autoshard.graph.liveness``): the expanded bytes are never
+counted, as they are never materialised (the reader that needs them
+contiguous, the ``clone`` of a ``reshape``, owns them). Its bound counts
+the input's bytes wherever some producer strategy needs a copy; those are
+the small side of the view.
+
 **Gather schedules.** :data:`GATHER_SCHEDULES` names when a copy of a
 *parameter* (a redistribution whose source storage is a parameter) exists:
 
@@ -84,7 +98,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-__all__ = ["ReaderSpan", "copy_intervals", "BUCKET_BOUND_FACTOR", "view_copy_rule", "copy_possible",
+__all__ = ["ReaderSpan", "copy_intervals", "BUCKET_BOUND_FACTOR", "view_copy_rule", "growing_view", "copy_possible",
            "GATHER_SCHEDULES", "UnitSpans", "unit_spans", "fsdp2_interval", "ParamGathers", "param_gather_schedule",
            "fsdp2_reduction", "fsdp2_payload_ends"]
 
@@ -229,6 +243,17 @@ def view_copy_rule(matrix: np.ndarray, src: Sequence[object], dst: Sequence[obje
     out[matched[:, None] & ~exact] = np.inf
     copies = ((~matched[:, None]) & np.isfinite(matrix) & (matrix > 0)).any(axis=0)
     return out, copies
+
+
+def growing_view(input_numel: int, output_numel: int) -> bool:
+    """Whether a view op with an input of ``input_numel`` elements and an output of
+    ``output_numel`` reads its input repeatedly (``expand``): then its edge takes a copy
+    on the input, not after the view (module docstring, "Views").
+
+    >>> growing_view(2 * 4 * 8, 2 * 16 * 8), growing_view(64, 64), growing_view(64, 8)
+    (True, False, False)
+    """
+    return output_numel > input_numel
 
 
 def copy_possible(matrix: np.ndarray) -> np.ndarray:

@@ -54,10 +54,10 @@ check them.
   redistributions, priced and placed by the solver like any other, so they can sit before the
   model's K/V head expansion (``unsqueeze``/``expand``/``clone``/``view`` carry ``R``) and after
   its backward's ``sum`` (``P(sum)`` in, ``P(sum)`` out): ``H / H_kv`` times fewer bytes than
-  gathering the expanded K/V inside the exchange. Partial: an edge into a view takes its input
-  as it comes (``autoshard.graph.copies``), so only a tensor with a non-view reader before the
-  expansion is gathered there: K (RoPE's products) is, V (only views between its projection and
-  the expand) is gathered after the expansion today. Each rank computes its
+  gathering the expanded K/V inside the exchange. An edge into a view takes its input as it
+  comes, except into a growing view (``expand``, ``autoshard.graph.copies``): so K (after
+  RoPE's products) and V (only views between its projection and the expand) can both be
+  gathered at the K/V heads' bytes, on the ``expand``'s input. Each rank computes its
   query rows against the whole K/V and leaves its dK/dV share of every key row; in 16-bit dtypes
   that share is rounded to the graph's dtype before the graph sums it over the CP ranks
   (``autoshard.runtime.context_ops``).

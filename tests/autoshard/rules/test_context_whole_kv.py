@@ -166,10 +166,6 @@ def test_dk_dv_are_reduce_scattered_after_the_expansions_sum_at_kv_heads_bytes(s
     assert scatters and set(scatters) == {KV_BYTES}
 
 
-@pytest.mark.xfail(strict=True, reason="autoshard/graph: an edge into a view takes its input as it comes "
-                   "(graph.copies.view_copy_rule), so V, with only views between its projection and the "
-                   "expansion, is gathered after the expand at the query heads' bytes; issue 56's report "
-                   "proposes exempting growing views (expand)")
 def test_v_is_gathered_before_its_expansion_at_its_own_heads_bytes(solved) -> None:
     plan, chains = solved
     gathers = _steps(plan, "all_gather", "to", chains["v"])
