@@ -18,19 +18,14 @@ row moves), each on the CP mesh dim's group.
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 from collections import Counter
 
 import pytest
 from equivalence import assert_steps_match_one_device
-from gloo_ranks import planned_collectives_issued, spawn
+from gloo_ranks import planned_collectives_issued, restricted_plan, spawn
 
-from autoshard.graph.builder import build_graph
-from autoshard.graph.restrict import seeded_restriction
-from autoshard.plan.options import SolveOptions
 from autoshard.runtime.context_ops import planned_context_collectives
-from autoshard.search.solve import SEED_SHARE, prepare, solve_prepared
 from benchmarks.common.models import load as load_model
 
 pytestmark = [pytest.mark.slow]
@@ -77,20 +72,13 @@ def forced_plan(factory: str, kind: str, mesh_shape=MESH, names=NAMES, mesh_dim:
     """The solver's plan with the attention nodes restricted (:func:`only_context_parallel`); on a
     mesh of 3 dims every other node keeps the seeded search's strategies, as ``prepare`` does there
     (their full enumeration took 128 of this test's 139 s on 2x2x2; the checks read the attention
-    nodes and the plan as solved, whichever strategies the rest keeps)."""
+    nodes and the plan as solved, whichever strategies the rest keeps). The graph is built once
+    (``gloo_ranks.restricted_plan``)."""
     model, inputs = load_model(factory, overrides)
-    memo: dict = {}
-    seeded = len(mesh_shape) >= 3
-    prep = prepare(model, inputs, mesh_shape, names, profile=PROFILE, device_type="cpu", recompute="none",
-                   search="seeded" if seeded else "full", seed_memo=memo)
-    restrict = only_context_parallel(kind, mesh_dim)
-    if seeded:
-        kept, _ = seeded_restriction(prep.traced, prep.graph.mesh, prep.graph.profile, optimizer=prep.graph.optimizer,
-                                     time_limit=SEED_SHARE * SolveOptions().time_limit, memo=memo)
-        restrict = beside_seed(restrict, kept)
-    graph = build_graph(prep.traced, prep.graph.mesh, prep.graph.profile, optimizer=prep.graph.optimizer,
-                        recompute=False, restrict=restrict)
-    return solve_prepared(dataclasses.replace(prep, graph=graph), time_limit=10)
+    cp_only = only_context_parallel(kind, mesh_dim)
+    return restricted_plan(model, inputs, mesh_shape, names,
+                           lambda seeded: cp_only if seeded is None else beside_seed(cp_only, seeded),
+                           profile=PROFILE)
 
 
 def run_jobs(rank: int, world: int, meshes) -> dict:

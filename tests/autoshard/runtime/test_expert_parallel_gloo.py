@@ -19,19 +19,13 @@ for its exchanges (``expert_ops.planned_all_to_alls``), and the plan's collectiv
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 
 import pytest
 from equivalence import assert_steps_match_one_device
-from gloo_ranks import planned_collectives_issued, spawn
+from gloo_ranks import planned_collectives_issued, restricted_plan, spawn
 
-from costmodel.mesh import MeshSpec
-from hw_profiles import load
-
-from autoshard.graph.builder import build_graph
 from autoshard.runtime.expert_ops import planned_all_to_alls
-from autoshard.search.solve import prepare, solve_prepared
 from benchmarks.common.models import load as load_model
 
 pytestmark = [pytest.mark.slow,
@@ -58,10 +52,7 @@ def _only_expert_parallel(node, strategies):
 
 def _forced_plan(factory: str, mesh_shape, names):
     model, inputs = load_model(f"hf.{factory}", OVERRIDES.get(factory))
-    prep = prepare(model, inputs, mesh_shape, names, profile=PROFILE, device_type="cpu", recompute="none")
-    graph = build_graph(prep.traced, MeshSpec(mesh_shape, names), load(PROFILE), optimizer=prep.graph.optimizer,
-                        recompute=False, restrict=_only_expert_parallel)
-    return solve_prepared(dataclasses.replace(prep, graph=graph), time_limit=10)
+    return restricted_plan(model, inputs, mesh_shape, names, lambda _: _only_expert_parallel, profile=PROFILE)
 
 
 def _groups_and_experts_split(node, strategies):
@@ -77,10 +68,7 @@ def _groups_and_experts_split(node, strategies):
 
 def _gshard_plan():
     model, inputs = load_model("moe.tiny", GSHARD)
-    prep = prepare(model, inputs, (4,), ("ep",), profile=PROFILE, device_type="cpu", recompute="none")
-    graph = build_graph(prep.traced, MeshSpec((4,), ("ep",)), load(PROFILE), optimizer=prep.graph.optimizer,
-                        recompute=False, restrict=_groups_and_experts_split)
-    return solve_prepared(dataclasses.replace(prep, graph=graph), time_limit=10)
+    return restricted_plan(model, inputs, (4,), ("ep",), lambda _: _groups_and_experts_split, profile=PROFILE)
 
 
 def _rank(rank: int, world: int, meshes) -> dict:

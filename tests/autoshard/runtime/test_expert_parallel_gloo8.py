@@ -20,21 +20,16 @@ plan's other collectives.
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 
 import pytest
 import torch
 from equivalence import assert_steps_match_one_device
-from gloo_ranks import planned_collectives_issued
+from gloo_ranks import planned_collectives_issued, restricted_plan
 
 from costmodel.placements import StridedShard
 
-from autoshard.graph.builder import build_graph
-from autoshard.graph.restrict import seeded_restriction
-from autoshard.plan.options import SolveOptions
 from autoshard.runtime.expert_ops import planned_all_to_alls
-from autoshard.search.solve import SEED_SHARE, prepare, solve_prepared
 from benchmarks.common.models import load as load_model
 
 pytestmark = [pytest.mark.slow,
@@ -73,21 +68,14 @@ def _dp_ep_tp(node, strategies):
 def _seeded_plan(model, inputs, forced):
     """The solver's plan with the nodes ``forced(node, strategies)`` answers for (not None)
     restricted to its answer and every other node to the seeded search's strategies (a 3-D mesh's
-    full enumeration takes minutes)."""
-    memo: dict = {}
-    prep = prepare(model, inputs, MESH, NAMES, profile=PROFILE, device_type="cpu", recompute="none",
-                   search="seeded", seed_memo=memo)
-    graph = prep.graph
-    seeded, _ = seeded_restriction(prep.traced, graph.mesh, graph.profile, optimizer=graph.optimizer,
-                                   time_limit=SEED_SHARE * SolveOptions().time_limit, memo=memo)
+    full enumeration takes minutes); the graph built once (``gloo_ranks.restricted_plan``)."""
+    def restrict_of(seeded):
+        def restrict(node, strategies):
+            kept = forced(node, strategies)
+            return seeded(node, strategies) if kept is None else kept
+        return restrict
 
-    def restrict(node, strategies):
-        kept = forced(node, strategies)
-        return seeded(node, strategies) if kept is None else kept
-
-    graph = build_graph(prep.traced, graph.mesh, graph.profile, optimizer=graph.optimizer, recompute=False,
-                        restrict=restrict)
-    return solve_prepared(dataclasses.replace(prep, graph=graph), time_limit=10)
+    return restricted_plan(model, inputs, MESH, NAMES, restrict_of, profile=PROFILE, search="seeded")
 
 
 def _forced_plan(factory: str):
