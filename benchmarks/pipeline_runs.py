@@ -237,7 +237,11 @@ NOTES = """\
   recomputation a block keeps its residual stream (its input and mid-residual) sequence-split
   over ``tp`` too (``pipeline_blocks`` (h''), 2026-12-06: the stage runtime runs sequence
   parallelism with any ``tp`` layout): 67 MB where the solve kept 537 MB whole, a 405B block at
-  one sequence a rank; the no-AC rows still do not fit.
+  one sequence a rank. Its attention's and feed-forward's gathered inputs (the norms' outputs) are
+  kept as their sequence shards and all-gathered again in the backward, as Megatron-LM's sequence
+  parallelism and the stage runtime run them (``pipeline_blocks`` (h'''), 2026-12-06 09:00 UTC):
+  2 x 235 MB less a block, 1.4 ms more of exposed tp all-gathers (the no-AC rows 138 / 104 GiB,
+  407 / 341 TFLOPs/GPU, from 217 / 159 GiB and 421 / 353); they still do not fit.
 - *The ``fsdp+tp`` pins* (``autoshard.search.baselines``): FSDP splits a tensor dim TP leaves
   whole (a column weight ``S(1)S(0)`` on ``dp x tp``, a row weight ``S(0)S(1)``), so its gather
   over ``dp`` yields the TP shard in one ``all_gather``, as FSDP2 over a TP DTensor does.
@@ -246,7 +250,11 @@ NOTES = """\
   bounds what hiding them could gain.
 - *Full recomputation.* torchtitan ran full AC; the Llama 3 paper trained at 8K tokens without
   activation checkpointing (the ``-noac`` rows, priced with the memory check off: its memory
-  balancing is not modelled). The full-AC rows pay the recomputation and its re-gathers.
+  balancing is not modelled). The full-AC rows pay the recomputation and its activations'
+  collectives again, not the weights' gathers: a stage holds its weights gathered through the
+  step, so its recomputed forward reads them as they are (``pipeline_blocks`` (b) ``R_w``,
+  2026-12-06 09:00 UTC; the solve priced an FSDP gather per recomputed weight read: a 405B block at
+  dp 128 recomputed in 27 ms instead of 9.7 ms: the full-AC rows gain 6-36 %).
 - The bound gap is ``1 - LB / step`` with ``LB = m * work / p`` (perfect balance, no bubble):
   what the schedule, the sends and the tail cost above it.
 - *Long context* (``meta-405b-128k``, issue 56; run with ``--only``): stages on ``dp x cp x tp`` with
@@ -262,7 +270,8 @@ ENGINE_OPTIONS = ("float8_linears", "float8_all_gather", "async_tp")
 def engine_figures(prep: Any, plan: Any, depth: int, engine: Any) -> Any:
     """``pipeline_blocks.plan_figures`` of ``plan`` with its step repriced under ``engine``
     (``autoshard.assembly.engine_pricing``): forward and backward from the repriced op times
-    (async TP's collective matmuls inside them), the recomputation scaled, the exposed rest
+    (async TP's collective matmuls inside them), the recomputation scaled (less the held weights'
+    re-gathers, as ``plan_figures`` takes them out), the exposed rest
     ``X' = step' - F' - B' - O``; state and memory as solved."""
     from dataclasses import replace
 
@@ -275,7 +284,10 @@ def engine_figures(prep: Any, plan: Any, depth: int, engine: Any) -> Any:
     step = reprice(prep.graph, plan, engine)
     end = _forward_end(prep.graph, plan)
     fwd = sum(step.op_compute_s[: end + 1])
-    bwd = sum(step.op_compute_s[end + 1:]) + step.recompute_s
+    # the recomputation's weight re-gathers a stage does not run (pipeline_blocks (b) R_w), as repriced
+    held_again = plan.estimate.recompute_s - fig.recompute_s
+    scale = step.recompute_s / plan.estimate.recompute_s if plan.estimate.recompute_s > 0 else 1.0
+    bwd = sum(step.op_compute_s[end + 1:]) + step.recompute_s - held_again * scale
     # what the options change in the step beyond the compute changes the per-microbatch exposure;
     # the parameters' collectives stay priced once a step as in the bf16 plan (float8 gathers would shrink them)
     exposed = max(0.0, fig.exposed_s + (step.step_s - fig.step_s) - (fwd - fig.forward_s) - (bwd - fig.backward_s))

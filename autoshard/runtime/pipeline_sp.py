@@ -40,6 +40,19 @@ What :func:`sequence_parallel_plan` and :func:`add_sequence_hooks` set up, per s
   output is all-gathered for the final norm and head (replicated, as before). Every send
   between stages then carries ``(micro_batch, seq/tp, dim)``.
 
+**Re-gathering in the backward** (``regather``: blocks without recomputation, as the pipeline
+search prices them: ``autoshard.search.pipeline_blocks`` (h''')): the column-split linears keep
+their input for the weight gradient, which is the gathered hidden state, ``tp`` times the shard
+it was gathered from. As Megatron-LM's sequence parallelism does, the gathered copy is not kept:
+saved-tensor hooks around the gathering module's forward (pushed by its pre-hook, popped by a
+forward hook) pack every saved view of the gathered storage as a reference to the shard, and
+the backward all-gathers the shard again at the first unpack, once for all the linears reading
+it (the attention's ``wq``, ``wk``, ``wv``), and drops the copy after the last. What the block
+keeps is the shard (``1/tp`` of the bytes); the backward runs one more all-gather per gathering
+module in each backward pass through it (a zero-bubble schedule's input and weight passes each
+unpack the linears' saved inputs: two; its first stage, whose input needs no gradient, runs no
+input pass through its blocks: one).
+
 The gathers and cuts are DTensor redistributions (``Shard(1)`` <-> ``Replicate()``), so
 autograd runs their adjoints (reduce-scatter, all-gather, slice) and every gradient equals
 the one-device one. The sequence length must divide by ``tp`` for the sends to be the
@@ -136,14 +149,17 @@ def sequence_parallel_plan(stage_module: nn.Module, layout: dict[str, str], bloc
 
 
 def add_sequence_hooks(stage_module: nn.Module, column_paths: Sequence[str], blocks: Sequence[nn.Module], *,
-                       received: Sequence[nn.Module], last: bool, tp_mesh: Any, replicated: Sequence[str] = ()) -> None:
+                       received: Sequence[nn.Module], last: bool, tp_mesh: Any, replicated: Sequence[str] = (),
+                       regather: bool = False) -> None:
     """Register the gathers and cuts of the module docstring: a sequence all-gather before each
     parent of ``column_paths``; before each of ``replicated`` (:func:`replicated_parents`) that
     gather and after it the cut back to this rank's rows; before the first of ``blocks``, the cut (stage 0: ``received``
     empty) or the narrowing of the padded received shard (a later stage: ``received`` are the
     modules standing for the embedding, whose output is padded to the whole sequence); the
     all-gather after the last block when ``last``. A parent that is a block itself (its residual
-    stream would be gathered) raises :class:`PipelineError`, one line."""
+    stream would be gathered) raises :class:`PipelineError`, one line. ``regather`` (blocks without
+    recomputation): each gathered input is kept as its sequence shard for the backward and
+    all-gathered again there (module docstring, Re-gathering in the backward)."""
     block_ids = {id(b) for b in blocks}
     for parent in sorted({p.rpartition(".")[0] for p in column_paths}):
         module = stage_module.get_submodule(parent)
@@ -151,10 +167,10 @@ def add_sequence_hooks(stage_module: nn.Module, column_paths: Sequence[str], blo
             raise PipelineError(f"pipeline.sequence_parallel: {parent!r} is a block with column-split linears as "
                                 "direct children; the sequence is gathered at their parent (the attention, the "
                                 "feed-forward), which must be inside the block")
-        module.register_forward_pre_hook(_gather_input_hook(tp_mesh, parent), with_kwargs=True)
+        _add_gather(module, tp_mesh, parent, regather)
     for parent in replicated:
         module = stage_module.get_submodule(parent)
-        module.register_forward_pre_hook(_gather_input_hook(tp_mesh, parent), with_kwargs=True)
+        _add_gather(module, tp_mesh, parent, regather)
         module.register_forward_hook(_cut_output_hook(tp_mesh))
     for module in received:
         module.register_forward_hook(_pad_received_hook(tp_mesh))
@@ -189,13 +205,106 @@ def _on_hidden_state(args: tuple, kwargs: dict, change: Any, refusal: str) -> tu
     raise PipelineError(refusal)
 
 
-def _gather_input_hook(tp_mesh: Any, where: str):
-    """Pre-hook: the module's hidden state gathered along the sequence."""
+def _add_gather(module: nn.Module, tp_mesh: Any, where: str, regather: bool) -> None:
+    """The gather before ``module`` and, with ``regather``, the saved-tensor hooks around its forward."""
+    module.register_forward_pre_hook(_gather_input_hook(tp_mesh, where, regather), with_kwargs=True)
+    if regather:
+        module.register_forward_hook(_pop_regather_hook, always_call=True)
+
+
+def _gather_input_hook(tp_mesh: Any, where: str, regather: bool = False):
+    """Pre-hook: the module's hidden state gathered along the sequence; with ``regather`` (and a
+    backward to come) the saved-tensor hooks that keep the gathered copy as its shard pushed for
+    the module's forward (popped by :func:`_pop_regather_hook`)."""
     def hook(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-        return _on_hidden_state(args, kwargs, lambda x: _gather(x, tp_mesh),
-                                f"pipeline.sequence_parallel: {where!r} takes no hidden state (a first positional "
-                                "tensor or a hidden_states keyword) to gather along the sequence")
+        seen: list[tuple[Any, Any]] = []
+
+        def change(x: Any) -> Any:
+            whole = _gather(x, tp_mesh)
+            seen.append((x, whole))
+            return whole
+        out = _on_hidden_state(args, kwargs, change,
+                               f"pipeline.sequence_parallel: {where!r} takes no hidden state (a first positional "
+                               "tensor or a hidden_states keyword) to gather along the sequence")
+        if regather and torch.is_grad_enabled() and seen:
+            shard, whole = seen[0]
+            hooks = torch.autograd.graph.saved_tensors_hooks(*_regather_hooks(_Regather(shard, whole, tp_mesh)))
+            hooks.__enter__()
+            module.__dict__.setdefault("_pipeline_regather", []).append(hooks)
+        return out
     return hook
+
+
+def _pop_regather_hook(module: nn.Module, args: tuple, output: Any) -> None:
+    """Forward hook (always called): the saved-tensor hooks :func:`_gather_input_hook` pushed, popped."""
+    stack = module.__dict__.get("_pipeline_regather")
+    if stack:
+        stack.pop().__exit__(None, None, None)
+
+
+class _Regather:
+    """One gathered input kept as its sequence shard (module docstring, Re-gathering in the backward):
+    the shard (detached: the saved tensors referring to it must not hold its graph), the gathered
+    storage's address and size, and the copy gathered again in the backward, shared by the ``packs``
+    saved views of it and dropped after the last of them is unpacked (once a backward pass that reads
+    them: a pass that unpacks them again gathers again)."""
+
+    def __init__(self, shard: Any, whole: Any, tp_mesh: Any) -> None:
+        self.shard, self.mesh = shard.detach(), tp_mesh
+        storage = whole.untyped_storage()
+        self.address, self.nbytes = storage.data_ptr(), storage.nbytes()
+        self.packs = self.left = 0
+        self.whole: Any = None
+
+    def take(self) -> Any:
+        """The gathered copy, gathered again at the first unpack of a pass."""
+        if self.whole is None:
+            with torch.no_grad():
+                self.whole = _gather(self.shard, self.mesh)
+            if self.whole.untyped_storage().nbytes() != self.nbytes:  # a torch whose gather lays out otherwise
+                raise PipelineError("pipeline.sequence_parallel: the backward's re-gather does not reproduce the "
+                                    "forward's gathered storage")
+        whole = self.whole
+        self.left -= 1
+        if self.left <= 0:
+            self.whole, self.left = None, self.packs
+        return whole
+
+
+class _Packed:
+    """A saved view of a gathered input: its record and its geometry (and DTensor spec) on that storage."""
+
+    __slots__ = ("record", "spec", "size", "stride", "offset")
+
+    def __init__(self, record: _Regather, spec: Any, local: Any) -> None:
+        self.record, self.spec = record, spec
+        self.size, self.stride, self.offset = local.size(), local.stride(), local.storage_offset()
+
+
+def _regather_hooks(record: _Regather):
+    """``(pack, unpack)``: a saved tensor on the gathered storage (the column-split linears' input, a
+    DTensor view of it) packed as a :class:`_Packed` and rebuilt from the re-gathered copy; every
+    other saved tensor passes as it is."""
+    from torch.distributed.tensor import DTensor
+
+    def pack(t: Any) -> Any:
+        local = t._local_tensor if isinstance(t, DTensor) else t
+        if not isinstance(local, torch.Tensor) or local.untyped_storage().data_ptr() != record.address:
+            return t
+        record.packs += 1
+        record.left += 1
+        return _Packed(record, t._spec if isinstance(t, DTensor) else None, local)
+
+    def unpack(p: Any) -> Any:
+        if not isinstance(p, _Packed):
+            return p
+        local = p.record.take().as_strided(p.size, p.stride, p.offset)
+        if p.spec is None:
+            return local
+        with torch.no_grad():
+            return DTensor.from_local(local, p.spec.mesh, p.spec.placements, run_check=False,
+                                      shape=p.spec.shape, stride=p.spec.stride)
+    return pack, unpack
 
 
 def _cut(x: Any, tp_mesh: Any, received: bool) -> Any:

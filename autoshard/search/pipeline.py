@@ -17,8 +17,9 @@ reduction ``g`` and optimizer ``o``, and the embedding / head extras).
     (b) stage k = StageCost(F_k = sum f + [k = K-1] f^last + a2a_k, B_k = sum b + ...,
                             I_k = W_k = (B_k - R_k) / 2 + R_k,    (the split backward: ASSUMPTION;
                                                                     W keeps all of a_k: an upper bound;
-                                                                    R_k the stage's recomputation, run
-                                                                    in both halves: _stage_costs)
+                                                                    R_k the stage's recomputation and its
+                                                                    re-gathers (h'''), run in both halves:
+                                                                    _stage_costs)
                             send_k = t_permute(bytes_mb, pp dim),   bytes_mb = B/m * seq * d * itemsize / (dp tp)
                             G_k = sum g (+ extras), O_k = sum o (+ extras),
                             weight gathers A_k = sum w (+ extras), once a step)
@@ -267,7 +268,10 @@ def _stage_costs(pricing: BlockPricing, cut: StageCuts, send_s: float) -> list[S
     the stage runtime runs them (torch's input and weight passes are separate autograd calls,
     each replaying the checkpoint: ``autoshard.runtime.pipeline_stages``, Recomputation):
     ``I = W = (B - R) / 2 + R`` with ``R`` the stage's recomputation, one more ``R`` than the
-    full backward ``B``."""
+    full backward ``B``. A kept block's gathered inputs (``pipeline_blocks`` (h''')) are gathered
+    again in each pass too, ``E`` in ``R``: each pass's autograd node of a linear unpacks its saved
+    input, though the input pass reads only the weight (the first stage, whose input needs no
+    gradient, has no input pass through its blocks: over-priced there by ``E``)."""
     k_last = len(cut.stages) - 1
     blk = pricing.block
     out = []
@@ -277,7 +281,7 @@ def _stage_costs(pricing: BlockPricing, cut: StageCuts, send_s: float) -> list[S
         fwd = n * blk.forward_s + sum(e.forward_s for e in extras)
         bwd = n * blk.backward_s + sum(e.backward_s for e in extras)
         acts = n * blk.activation_bytes + sum(e.activation_bytes for e in extras)
-        redo = min(bwd, n * pricing.block_recompute_s)
+        redo = min(bwd, n * (pricing.block_recompute_s + pricing.block_regather_s))
         half = (bwd - redo) / 2 + redo
         out.append(StageCost(
             forward_s=fwd, backward_input_s=half, backward_weight_s=half, full_backward_s=bwd,

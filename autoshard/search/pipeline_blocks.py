@@ -12,7 +12,11 @@ split into a per-block part and the rest, the embedding and the loss head.
 graph order, which are the forward):
 
     (a) F = sum_{k in K_F} c_k(x_k)               forward compute
-    (b) B = sum_{k not in K_F} c_k(x_k) + R        backward compute and the recomputation R (estimate.recompute_s)
+    (b) B = sum_{k not in K_F} c_k(x_k) + R - R_w  backward compute and the recomputation R (estimate.recompute_s)
+            less R_w, the recomputed ops' weight re-gathers on the data dims (the steps on mesh dims
+            other than ``tp`` of the redistributions from a parameter into a recomputed op): a stage
+            keeps its weights gathered through the step (e'), so its recomputation reads them as
+            they are, as FSDP2 without resharding after the forward runs it
     (c) O = estimate.compute_s - sum_k c_k(x_k)    optimizer step (compute_s = ops + the update)
     (d) X = the exposed communication and local re-layouts that a microbatch repeats: the plan's
             schedule simulated without the parameters' collectives, less its compute
@@ -38,8 +42,13 @@ graph order, which are the forward):
             none of those modules (through views): the block's residual adds (its input and
             mid-residual, which its norms' backward reads) and the norms' statistics where the
             trace keeps them apart from the norm's output (an unfused RMSNorm), not a norm's output
-            that a column-split linear reads (torch's sequence parallelism keeps the gathered copy
-            of that one, whole)
+            that a column-split linear reads (that one is (h'''))
+    (h''') N = sum over the same saved storages, made inside a block outside its gathering modules (the
+            modules holding its linear layers) and read by one of them (a norm's output, the
+            attention's and the feed-forward's input), of their bytes per rank; N_sp = the same with
+            each one replicated over ``tp`` counted ``/ tp``; E = sum over those replicated over ``tp``
+            of one all-gather on ``tp`` of their bytes (``costmodel.collectives``); N_max the largest
+            of those, whole
 
 **Per block** (``Delta y = (y(L_2) - y(L_1)) / (L_2 - L_1)``): forward ``f = Delta F + Delta X
 Delta F / (Delta F + Delta B)``, backward ``b = Delta B + Delta X Delta B / (Delta F + Delta B)``
@@ -75,10 +84,19 @@ stream (h''), its input and mid-residual, which its norms read, and the norms' s
 
     a_sp = a - (Delta Q - Delta Q_sp)
 
-(a Delta of the two depths, as ``a`` is). What the stream does not hold stands: the norms'
-outputs the column-split linears keep gathered, and everything inside the attention and the
-feed-forward (405B at ``tp`` 8, one sequence a rank: the input and mid-residual, 2 x 268 MB
-whole, 2 x 34 MB split).
+(a Delta of the two depths, as ``a`` is). The gathering modules' inputs (h''') are kept as
+their sequence shards too and all-gathered again in the backward, as Megatron-LM's sequence
+parallelism does and the stage runtime runs it (``autoshard.runtime.pipeline_sp``, Re-gathering in
+the backward: the copy is rebuilt once for all the linears reading it and dropped after them):
+
+    a_sp = a - (Delta Q - Delta Q_sp) - (Delta N - Delta N_sp)
+    b_sp = b + Delta E                 (one more all-gather per gathering module, exposed)
+    T_sp = T + N_max                   (the re-gathered copy, held while its module's backward runs)
+
+and a zero-bubble schedule's split backward runs ``Delta E`` in both passes, as the recomputation
+(``autoshard.search.pipeline._stage_costs``). What stands: everything inside the attention and the
+feed-forward. (405B at ``tp`` 8, one sequence a rank: the input, the mid-residual and the two
+norms' outputs, 4 x 268 MB whole, 4 x 34 MB split; ``E`` two all-gathers of 268 MB, 1.4 ms.)
 
 **Extras**: the rest of ``L_1``'s figures, ``y(L_1) - L_1 Delta y``. The embedding's and
 the head's compute and communication go to the last stage (the head, the loss and the
@@ -187,6 +205,16 @@ class PlanFigures:
     """(h'') ``Q``: the saved tensors of the blocks' residual stream per rank, at the solved placements."""
     stream_saved_split_bytes: float = 0.0
     """(h'') ``Q_sp``: the same, split along the sequence over ``tp`` where the solve left them replicated there."""
+    gathered_saved_bytes: float = 0.0
+    """(h''') ``N``: the saved inputs of the blocks' gathering modules (the norms' outputs the column-split
+    linears read) per rank, at the solved placements."""
+    gathered_saved_split_bytes: float = 0.0
+    """(h''') ``N_sp``: the same, split along the sequence over ``tp`` where the solve left them replicated there."""
+    regather_s: float = 0.0
+    """(h''') ``E``: one all-gather on ``tp`` of each of the ``N`` storages replicated there."""
+    regather_max_bytes: float = 0.0
+    """(h''') the largest of the ``N`` storages replicated over ``tp``, whole: the re-gathered copy a
+    block's backward holds."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,6 +253,9 @@ class BlockPricing:
     placement text on the stage sub-mesh): where the stages' tensor-parallel layout is read."""
     head_transient_bytes: float = 0.0
     """(t2) ``T_head - T_blk`` when positive: added to the memory of the stage holding the head only."""
+    block_regather_s: float = 0.0
+    """``Delta E`` (h'''): one block's re-gathers inside :attr:`block`'s backward, without recomputation
+    (a zero-bubble schedule's split backward runs them in both passes, as the recomputation)."""
 
     def step_of_model(self, n_blocks: int) -> float:
         """The single-stage, single-microbatch step of ``n_blocks`` blocks these costs give:
@@ -267,7 +298,8 @@ def plan_figures(prep: Any, plan: Any, n_blocks: int, block_prefix: str = "layer
     compute = [float(node.compute_s[k]) for node, k in chosen]
     end = _forward_end(graph, plan)
     fwd = sum(compute[: end + 1])
-    bwd = sum(compute[end + 1:]) + e.recompute_s
+    held_again = _held_regathers_s(graph, plan)  # (b) R_w
+    bwd = sum(compute[end + 1:]) + e.recompute_s - held_again
     opt = max(0.0, e.compute_s - sum(compute))
     params = param_comm(graph, plan, compute)
     exposed = params.activation_exposed_s
@@ -285,11 +317,35 @@ def plan_figures(prep: Any, plan: Any, n_blocks: int, block_prefix: str = "layer
     outputs, split = _block_outputs(graph, chosen)
     traced = getattr(prep, "traced", None)
     head, other = _transients(traced, graph, plan, chosen, end)
-    stream, stream_split = _stream_saved(traced, graph, plan, chosen, end)
+    stream, stream_split, gathered, gathered_split, regather, largest = _stream_saved(traced, graph, plan, chosen,
+                                                                                     end)
     return PlanFigures(n_blocks, fwd, bwd, opt, exposed, params.reduction_s, blocks, first, last, e.peak_memory_bytes,
                        e.step_s, exchanges, _live_at(plan.memory_timeline, graph.times.get(plan.nodes[end].name)),
-                       params.gather_exposed_s, params.held_bytes, outputs, split, e.recompute_s, head, other,
-                       stream, stream_split)
+                       params.gather_exposed_s, params.held_bytes, outputs, split, e.recompute_s - held_again, head,
+                       other, stream, stream_split, gathered, gathered_split, regather, largest)
+
+
+def _held_regathers_s(graph: Any, plan: Any) -> float:
+    """(b) ``R_w``: the seconds of the recomputation's weight re-gathers on the data dims, which a
+    stage holding its weights gathered does not run (its recomputed forward reads them as they are).
+    A redistribution that reuses an earlier copy (``Redistribution.reuses``) is counted at that
+    copy's steps, as the recomputation prices it again (``autoshard.assembly.assemble``)."""
+    from autoshard.assembly.engine_pricing import param_of
+
+    recomputed = set(getattr(plan, "recompute", ()))
+    if not recomputed:
+        return 0.0
+    tp = {i for i, n in enumerate(getattr(graph.mesh, "dim_names", ())) if n == "tp"}
+    reads, _ = edge_links(graph)
+    by_edge = {(r.tensor, r.to, r.input_index): r for r in plan.redistributions}
+    total = 0.0
+    for r in plan.redistributions:
+        src = graph.index.get(r.tensor)
+        if r.to not in recomputed or src is None or param_of(graph, src, reads) is None:
+            continue
+        steps = r.steps if r.reuses is None else getattr(by_edge.get((r.tensor, *r.reuses)), "steps", ())
+        total += sum(st.cost_s for st in steps if not tp & set(st.mesh_dims))
+    return total
 
 
 def _transients(traced: Any, graph: Any, plan: Any, chosen: Sequence[tuple[Any, int]],
@@ -396,19 +452,25 @@ def _block_outputs(graph: Any, chosen: Sequence[tuple[Any, int]]) -> tuple[float
 
 
 def _stream_saved(traced: Any, graph: Any, plan: Any, chosen: Sequence[tuple[Any, int]],
-                  end: int) -> tuple[float, float]:
-    """(h''): ``(Q, Q_sp)``, the bytes per rank of what the blocks keep for their backward on their
-    residual stream (module docstring), at the chosen placement and split along the sequence over
-    ``tp`` where the plan replicates it there. ``(0, 0)`` without module paths, blocks or ``tp``."""
+                  end: int) -> tuple[float, float, float, float, float, float]:
+    """(h''), (h'''): ``(Q, Q_sp, N, N_sp, E, N_max)``, the bytes per rank of what the blocks keep for
+    their backward on their residual stream and of the gathering modules' saved inputs (module
+    docstring), at the chosen placement and split along the sequence over ``tp`` where the plan
+    replicates them there, the all-gathers on ``tp`` that rebuild the latter and the largest of
+    them. Zeros without module paths, blocks or ``tp``."""
     from autoshard.graph.liveness import is_view_name
+    from costmodel.collectives import collective_time_s
+    from costmodel.mesh import MeshSpec
     from costmodel.placements import Replicate
+    from costmodel.shard_shapes import max_local_numel
 
     paths, blocks = getattr(traced, "module_paths", None) or {}, getattr(traced, "blocks", ())
     names = list(getattr(graph.mesh, "dim_names", ()))
     t_loss = graph.times.get(plan.nodes[end].name)
     if not paths or not blocks or "tp" not in names or t_loss is None:
-        return 0.0, 0.0
+        return 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
     at, tp = names.index("tp"), graph.mesh.shape[names.index("tp")]
+    mesh = MeshSpec(tuple(graph.mesh.shape), tuple(names))
     inside = lambda p, roots: p is not None and any(p == r or p.startswith(r + ".") for r in roots)  # noqa: E731
     # the modules the stage runtime runs on the gathered sequence (autoshard.runtime.pipeline_sp): the
     # parents of the blocks' linear layers (an attention, a feed-forward), split over tp or not
@@ -430,18 +492,38 @@ def _stream_saved(traced: Any, graph: Any, plan: Any, chosen: Sequence[tuple[Any
                     todo.append(e.dst)
         return False
 
-    whole = split = 0.0
+    whole = split = g_whole = g_split = regather = largest = 0.0
+    shapes: list[tuple[int, ...]] = []  # of the stream's tensors
+    inputs: list[tuple[Any, int, float, bool]] = []  # the gathering modules' saved inputs: node, strategy, bytes
     for node, k in chosen:
         nbytes, path = float(node.memory_bytes[k]), paths.get(node.name)
         if not nbytes or node.live is None or node.name in recomputed or not node.live[0] <= t_loss < node.live[1]:
             continue
-        if not inside(path, blocks) or inside(path, gathered) or read_gathered(graph.index[node.name]):
+        if not inside(path, blocks) or inside(path, gathered):
             continue
         made = node.strategies[k].output_placements
-        on_tp = made[0][at] if made and made[0] is not None else None
+        on_tp = isinstance(made[0][at] if made and made[0] is not None else None, Replicate)
+        if read_gathered(graph.index[node.name]):
+            inputs.append((node, k, nbytes, on_tp))
+            continue
         whole += nbytes
-        split += nbytes / tp if isinstance(on_tp, Replicate) else nbytes
-    return whole, split
+        split += nbytes / tp if on_tp else nbytes
+        if node.outputs and node.outputs[0] is not None:
+            shapes.append(tuple(node.outputs[0].shape))
+    # (h''') what the runtime gathers is a module's hidden state, the residual stream's shape (the
+    # stream's largest tensor); a smaller input made in the block (a slice of the rotary table) is kept whole
+    stream_shape = max(shapes, key=math.prod, default=())
+    for node, k, nbytes, on_tp in inputs:
+        if not node.outputs or node.outputs[0] is None or tuple(node.outputs[0].shape) != stream_shape:
+            continue
+        g_whole += nbytes
+        g_split += nbytes / tp if on_tp else nbytes
+        if on_tp:  # the gather moves the hidden state alone (a fused norm's storage holds its statistics too)
+            made = node.strategies[k].output_placements[0]
+            hidden = float(max_local_numel(stream_shape, made, graph.mesh.shape) * node.outputs[0].dtype.itemsize)
+            regather += collective_time_s("all_gather", hidden, (at,), mesh, graph.profile)
+            largest = max(largest, hidden)
+    return whole, split, g_whole, g_split, regather, largest
 
 
 def _live_at(timeline: Sequence[tuple[int, float]], time: int | None) -> float:
@@ -478,10 +560,11 @@ def hide_exposed(pricing: BlockPricing) -> BlockPricing:
 
 
 def _block_of(lo: PlanFigures, hi: PlanFigures, checkpointed: bool = False,
-              sequence_split: bool = False) -> tuple[BlockCost, float, float, float, float]:
-    """(block, reduction, optimizer, weight gathers, saved activations as solved) per block from two
-    depths (module docstring, Per block); ``checkpointed``: the block's kept input sequence-split (h');
-    ``sequence_split`` (without recomputation): its kept residual stream sequence-split (h'')."""
+              sequence_split: bool = False) -> tuple[BlockCost, float, float, float, float, float]:
+    """(block, reduction, optimizer, weight gathers, saved activations as solved, re-gathers) per block
+    from two depths (module docstring, Per block); ``checkpointed``: the block's kept input
+    sequence-split (h'); ``sequence_split`` (without recomputation): its kept residual stream
+    sequence-split (h'') and its gathering modules' inputs kept as shards, gathered again (h''')."""
     n = hi.n_blocks - lo.n_blocks
     d = lambda name: (getattr(hi, name) - getattr(lo, name)) / n  # noqa: E731
     f, b, x = max(0.0, d("forward_s")), max(0.0, d("backward_s")), max(0.0, d("exposed_s"))
@@ -495,14 +578,17 @@ def _block_of(lo: PlanFigures, hi: PlanFigures, checkpointed: bool = False,
     acts = max(0.0, kept - (state - d("held_bytes")))
     # (h') a block's share of the deeper plan's outputs: a one-block plan has no checkpoint region (O = 0)
     excess = (hi.block_output_bytes - hi.block_output_split_bytes) / hi.n_blocks
+    regather = 0.0
     if checkpointed:
         saved = max(0.0, acts - excess)
-    elif sequence_split:  # (h'') one more block's stream tensors, as the saved activations are (a Delta)
-        saved = max(0.0, acts - max(0.0, d("stream_saved_bytes") - d("stream_saved_split_bytes")))
+    elif sequence_split:  # (h'') and (h'''): one more block's tensors, as the saved activations are (a Delta)
+        kept_whole = max(0.0, d("stream_saved_bytes") - d("stream_saved_split_bytes")) + max(
+            0.0, d("gathered_saved_bytes") - d("gathered_saved_split_bytes"))
+        saved, regather = max(0.0, acts - kept_whole), max(0.0, d("regather_s"))
     else:
         saved = acts
-    return (BlockCost(f + x * share, b + x * (1 - share), int(state), int(saved)), max(0.0, d("reduction_s")),
-            max(0.0, d("optimizer_s")), max(0.0, d("gather_s")), acts)
+    return (BlockCost(f + x * share, b + x * (1 - share) + regather, int(state), int(saved)),
+            max(0.0, d("reduction_s")), max(0.0, d("optimizer_s")), max(0.0, d("gather_s")), acts, regather)
 
 
 def _extras(lo: PlanFigures, block: BlockCost, reduction: float, optimizer: float,
@@ -612,11 +698,16 @@ def pricing_from_figures(micro_batch: int, lo: PlanFigures, hi: PlanFigures, sol
 
     >>> # pricing_from_figures(4, plan_figures(prep2, plan2, 2), plan_figures(prep4, plan4, 4), 12.0)
     """
-    block, reduction, optimizer, gather, solved_acts = _block_of(lo, hi, checkpointed, sequence_split)
-    first, last, extra_reduction, extra_optimizer, peak_rule = _extras(lo, block, reduction, optimizer, solved_acts)
+    block, reduction, optimizer, gather, solved_acts, regather = _block_of(lo, hi, checkpointed, sequence_split)
+    # the extras are the shallow plan's rest after its blocks as solved, without the re-gathers priced in
+    solved_block = replace(block, backward_s=block.backward_s - regather)
+    first, last, extra_reduction, extra_optimizer, peak_rule = _extras(lo, solved_block, reduction, optimizer,
+                                                                       solved_acts)
     transient, head = _split_transient(lo, hi, peak_rule)
+    if regather:  # (h''') a block's backward holds its largest input gathered again, which the solve kept saved
+        transient += max(lo.regather_max_bytes, hi.regather_max_bytes)
     exposed = max(0.0, (hi.exposed_s - lo.exposed_s) / (hi.n_blocks - lo.n_blocks))
     return BlockPricing(micro_batch, block, reduction, optimizer, first, last, extra_reduction, extra_optimizer,
                         transient, (lo, hi), solve_s, exposed, gather, max(0.0, lo.gather_s - lo.n_blocks * gather),
                         max(0.0, (hi.recompute_s - lo.recompute_s) / (hi.n_blocks - lo.n_blocks)),
-                        head_transient_bytes=head)
+                        head_transient_bytes=head, block_regather_s=regather)

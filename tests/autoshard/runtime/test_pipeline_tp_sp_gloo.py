@@ -32,16 +32,17 @@ BATCH, SEQ, DIM, MICROBATCHES, TP = 8, 16, 64, 2, 2
 MESH = ((2, 1, 2), ("pp", "dp", "tp"))  # dp of 1: every rank steps the whole batch
 SP_SEND_BYTES = BATCH // MICROBATCHES * SEQ // TP * DIM * 4  # fp32 (micro_batch, seq/tp, dim)
 JOBS = {"llama3_sp": ("llama3", True, "none"), "llama3_replicated": ("llama3", False, "none"),
-        "hf_sp": ("hf", True, "none"), "llama3_sp_full": ("llama3", True, "full")}
+        "hf_sp": ("hf", True, "none"), "llama3_sp_full": ("llama3", True, "full"),
+        "llama3_sp_zb": ("llama3", True, "none", "InterleavedZeroBubble")}
 VOCAB_MODULES = {"tok_embeddings": "embedding", "embed_tokens": "embedding", "output": "head", "lm_head": "head"}
 VOCAB = 256
 """Both tiny models' vocabulary; the embedding is on stage 0 (pp rank 0), the head on stage 1."""
-"""label -> (model, sequence_parallel, recompute); ``build`` makes the models at batch 8 x 16. The
+"""label -> (model, sequence_parallel, recompute[, schedule: 1F1B]); ``build`` makes the models at batch 8 x 16. The
 search runs sequence parallelism with full recomputation (what it prices split: a checkpointed
 block's kept input, ``autoshard.search.pipeline_blocks`` (h'))."""
 
 
-def section_of(model, sequence_parallel: bool, recompute: str = "none"):
+def section_of(model, sequence_parallel: bool, recompute: str = "none", schedule: str = "1F1B"):
     """The two-stage section of ``model`` with its tp layout, priced sequence-split when
     ``sequence_parallel``: without recomputation, the layout and the split as ``with_plan_layout``
     reads them from the plan's placements (module docstring)."""
@@ -52,7 +53,7 @@ def section_of(model, sequence_parallel: bool, recompute: str = "none"):
     parts = model_parts(model)
     layout = tensor_parallel_from_params(plan_params(model), MESH[1], block_linears(model, parts.blocks))
     by_rule = sequence_parallel and recompute == "none"
-    section = build_pipeline_section(schedule="1F1B", n_ranks=2, n_microbatches=MICROBATCHES, batch_size=BATCH,
+    section = build_pipeline_section(schedule=schedule, n_ranks=2, n_microbatches=MICROBATCHES, batch_size=BATCH,
                                      block_paths=parts.blocks, cuts=(1,), leading=parts.leading,
                                      trailing=parts.trailing, tensor_parallel=() if by_rule else layout,
                                      send_bytes=SP_SEND_BYTES if sequence_parallel else SP_SEND_BYTES * TP,
@@ -69,11 +70,13 @@ def run_sp(rank: int, world: int) -> dict:
     from autoshard.runtime.pipeline_stages import build_pipeline
 
     mesh = init_device_mesh("cpu", MESH[0], mesh_dim_names=MESH[1])
+    records = _count_regathers()
     out = {}
-    for label, (name, sequence_parallel, recompute) in JOBS.items():
+    for label, (name, sequence_parallel, recompute, *schedule) in JOBS.items():
+        records.clear()
         reference, inputs = build(name)
         model, _ = build(name)
-        section = section_of(model, sequence_parallel, recompute)
+        section = section_of(model, sequence_parallel, recompute, *schedule)
         run = build_pipeline(model, mesh, section, record_sends=True)
         sends: list[list[tuple]] = []
         run_step = run.step
@@ -94,8 +97,30 @@ def run_sp(rank: int, world: int) -> dict:
                  for n, param in run.named_parameters() if n.split(".")[-2] in VOCAB_MODULES}
         out[label] = {"steps": steps, "sends": sends, "planned": sorted(planned),
                       "sequence_parallel": section.sequence_parallel, "layout": len(section.tensor_parallel),
-                      "vocab": vocab, "pp": mesh["pp"].get_local_rank()}
+                      "vocab": vocab, "pp": mesh["pp"].get_local_rank(),
+                      "regathers": [(r.packs, r.gathers) for r in records if r.packs]}
     return out
+
+
+def _count_regathers() -> list:
+    """The re-gather records (``pipeline_sp._Regather``) this rank makes from now on, each counting
+    the backward's gathers: the run's own class, wrapped (this spawned process only)."""
+    from autoshard.runtime import pipeline_sp
+
+    made: list = []
+    cls = pipeline_sp._Regather
+    init, take = cls.__init__, cls.take
+
+    def counted_init(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self.gathers = 0
+        made.append(self)
+
+    def counted_take(self):
+        self.gathers += self.whole is None
+        return take(self)
+    cls.__init__, cls.take = counted_init, counted_take
+    return made
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +128,7 @@ def results(tmp_path_factory):
     return spawn(4, run_sp, (), tmp_path_factory.mktemp("u4_sp") / "ranks", timeout=300)
 
 
-@pytest.mark.parametrize("label", ["llama3_sp", "hf_sp", "llama3_sp_full"])
+@pytest.mark.parametrize("label", ["llama3_sp", "hf_sp", "llama3_sp_full", "llama3_sp_zb"])
 def test_sequence_parallel_loss_and_every_gradient_equal_one_device_after_each_step(results, label):
     # the loss is on the two tp ranks of the last stage
     assert_pipeline_matches_one_device([res[label]["steps"] for res in results], holders=2, label=label)
@@ -124,6 +149,36 @@ def test_a_plans_tp_layout_without_recomputation_runs_sequence_parallel(results,
     # with_plan_layout gave these sections their layout (14 linears) and, without recomputation, the split
     assert all(res[label]["sequence_parallel"] and res[label]["layout"] == 14 for res in results)
     assert not any(res["llama3_replicated"]["sequence_parallel"] for res in results)
+
+
+@pytest.mark.parametrize("label", ["llama3_sp", "hf_sp"])
+def test_without_recomputation_the_gathered_inputs_are_kept_as_shards_and_gathered_once_again_in_the_backward(
+        results, label):
+    # a block on each rank, its attention and feed-forward each gathering again once in the backward,
+    # per microbatch and step on the first stage (a forward with no backward after it, torch's stage
+    # set-up, gathers none; the last stage backpropagates one more microbatch's worth: torch's set-up
+    # there); the attention's three column linears (two in the feed-forward: w1, w3) save views of one copy
+    for rank, res in enumerate(results):
+        regathers, first = res[label]["regathers"], res[label]["pp"] == 0
+        backpropagated = sum(gathers for _, gathers in regathers)
+        assert backpropagated == 2 * MICROBATCHES * STEPS if first else backpropagated >= 2 * MICROBATCHES * STEPS, \
+            (rank, regathers)
+        assert sorted({packs for packs, _ in regathers}) == [2, 3], (rank, regathers)
+        assert all(gathers in (0, 1) for _, gathers in regathers), (rank, regathers)
+    # checkpointed blocks keep only their input: no re-gather hooks
+    assert not any(res["llama3_sp_full"]["regathers"] for res in results)
+
+
+def test_a_split_backward_gathers_the_kept_inputs_again_once_in_each_pass_through_them(results):
+    # the zero-bubble schedule's input and weight passes each rebuild the copy once, not once per linear
+    # (priced in both: pipeline_blocks (h'''), pipeline._stage_costs); the first stage's input needs no
+    # gradient, so its input pass reaches no block: its weight pass alone gathers
+    for rank, res in enumerate(results):
+        regathers, first = res["llama3_sp_zb"]["regathers"], res["llama3_sp_zb"]["pp"] == 0
+        twice = sum(1 for _, gathers in regathers if gathers == 2)
+        assert sum(gathers for _, gathers in regathers) == 2 * MICROBATCHES * STEPS if first \
+            else twice == 2 * MICROBATCHES * STEPS, (rank, regathers)
+        assert all(gathers in ((0, 1) if first else (0, 1, 2)) for _, gathers in regathers), (rank, regathers)
 
 
 def test_sequence_parallel_sends_are_the_priced_send_bytes_one_tp_th_of_the_replicated_ones(results):

@@ -198,3 +198,20 @@ def test_a_split_backward_of_checkpointed_blocks_recomputes_in_both_halves() -> 
         for st in _stage_costs(pricing, cut, 0.0):
             assert st.full_backward_s == 6.0
             assert st.backward_input_s == st.backward_weight_s == half
+
+
+def test_a_split_backward_of_kept_blocks_gathers_their_inputs_again_in_both_halves() -> None:
+    """Without recomputation, a block's gathered inputs kept as shards are gathered again in each
+    pass of a split backward (``pipeline_blocks`` (h'''); the stage runtime's count in
+    ``test_pipeline_tp_sp_gloo.py``): I = W = (B - E) / 2 + E a stage, one E more than B."""
+    from dataclasses import replace
+
+    from costmodel.stage_cuts import cut_stages
+    from autoshard.search.pipeline import _stage_costs
+
+    plain = _pricing(4, 1.0, 3.0, 10)
+    regathered = replace(plain, block_regather_s=0.5)  # inside the backward's 3.0, as the pricing puts it
+    cut = cut_stages([plain.block] * 4, 2, first_extra=plain.first_extra, last_extra=plain.last_extra)
+    for st in _stage_costs(regathered, cut, 0.0):  # two blocks a stage: B = 6, E = 1
+        assert st.full_backward_s == 6.0
+        assert st.backward_input_s == st.backward_weight_s == 3.5

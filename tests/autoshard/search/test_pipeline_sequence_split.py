@@ -5,8 +5,9 @@ The tiny LLaMA (dim 64) at 4 x 16 tokens, fp32, on a ``tp`` mesh of 2 with Megat
 (``trace.blocks.megatron_table``, as ``choose_pipeline`` pins it), no recomputation, 2 and 3 blocks.
 On the H100 profile the trace's RMSNorm is one fused op (output and rstd): a block keeps on its
 residual stream its input and its mid-residual, which its norms' backward reads, replicated over
-``tp`` by the solve; its norms' outputs, read by the column-split linears, are kept whole as torch's
-sequence parallelism keeps their gathered copies.
+``tp`` by the solve; its norms' outputs, read by the column-split linears, are the gathering modules'
+inputs, which the stage runtime keeps as shards and gathers again in the backward (``pipeline_blocks``
+(h'''), ``autoshard.runtime.pipeline_sp``).
 """
 
 from __future__ import annotations
@@ -44,14 +45,34 @@ def test_a_block_keeps_its_input_and_mid_residual_on_the_stream_replicated_over_
     assert hi.stream_saved_split_bytes - lo.stream_saved_split_bytes == 2 * stream / TP
 
 
-def test_sequence_split_pricing_keeps_one_tp_th_of_the_stream_and_nothing_else_changes(figures) -> None:
+def test_the_norms_outputs_the_column_split_linears_read_are_the_gathered_inputs_kept_whole_by_the_solve(
+        figures) -> None:
+    # two a block (the attention's input, the feed-forward's): the fused RMSNorm's storage, output and rstd
     (lo, hi), dim = figures
-    stream = BATCH * SEQ * dim * 4
+    stream, stats = BATCH * SEQ * dim * 4, BATCH * SEQ * 4
+    assert hi.gathered_saved_bytes - lo.gathered_saved_bytes == 2 * (stream + stats)
+    assert hi.gathered_saved_split_bytes - lo.gathered_saved_split_bytes == 2 * (stream + stats) / TP
+    assert hi.regather_max_bytes == lo.regather_max_bytes == stream
+
+
+def test_sequence_split_pricing_keeps_shards_and_pays_one_more_gather_per_gathering_module(figures) -> None:
+    from costmodel.collectives import collective_time_s
+    from costmodel.mesh import MeshSpec
+    from hw_profiles import load
+
+    (lo, hi), dim = figures
+    stream, stats = BATCH * SEQ * dim * 4, BATCH * SEQ * 4
     whole = pricing_from_figures(BATCH, lo, hi, 0.0)
     split = pricing_from_figures(BATCH, lo, hi, 0.0, sequence_split=True)
-    assert whole.block.activation_bytes - split.block.activation_bytes == 2 * stream * (TP - 1) / TP
-    assert (split.block.forward_s, split.block.backward_s, split.block.state_bytes, split.transient_bytes) == (
-        whole.block.forward_s, whole.block.backward_s, whole.block.state_bytes, whole.transient_bytes)
-    # full recomputation's rule (h') is the one a checkpointed pricing applies, not (h'')
+    # (h'') the input and mid-residual, (h''') the two norms' outputs (with their statistics): 1/tp kept
+    assert whole.block.activation_bytes - split.block.activation_bytes == (
+        2 * stream * (TP - 1) / TP + 2 * (stream + stats) * (TP - 1) / TP)
+    regather = 2 * collective_time_s("all_gather", stream, (0,), MeshSpec((TP,), ("tp",)), load("h100-sxm-80gb"))
+    assert split.block_regather_s == pytest.approx(regather) and regather > 0
+    assert split.block.backward_s == pytest.approx(whole.block.backward_s + regather)
+    assert split.transient_bytes == whole.transient_bytes + stream  # the copy gathered again, while its backward runs
+    assert (split.block.forward_s, split.block.state_bytes, split.last_extra, split.first_extra) == (
+        whole.block.forward_s, whole.block.state_bytes, whole.last_extra, whole.first_extra)
+    # full recomputation's rule (h') is the one a checkpointed pricing applies, not (h'') nor (h''')
     assert pricing_from_figures(BATCH, lo, hi, 0.0, checkpointed=True, sequence_split=True).block == \
         pricing_from_figures(BATCH, lo, hi, 0.0, checkpointed=True).block
