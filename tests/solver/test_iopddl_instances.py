@@ -74,13 +74,17 @@ def check(data: dict, time_limit: float) -> None:
         assert solution.lower_bound <= total
 
 
+# The limits are what the checks need, not what the best solution needs: these instances never prove
+# optimal (A aside), so every case runs to (a share of) its limit. At 3 s (V) and 2 s (the cuts) the solve
+# still ends FEASIBLE with its LP lower bound computed (measured: V's bound 0.94e6 against 1.09e6 at
+# 8 s; N's the same at 2 s and 5 s), so every assertion below checks what it did at 8 s / 5 s.
 def test_v_is_feasible_and_priced_like_the_contest():
-    check(load("V"), time_limit=8)
+    check(load("V"), time_limit=3)
 
 
 @pytest.mark.parametrize("name, count", [("A", 3000), ("L", 2500), ("N", 4000), ("P", 5000)])
 def test_subgraph_of_a_large_instance(name, count):
-    check(cut(load(name), count), time_limit=5)
+    check(cut(load(name), count), time_limit=2)
 
 
 def test_evaluator_counts_duplicate_edges_and_half_open_intervals():

@@ -60,8 +60,10 @@ def restricted_plan(model: Any, inputs: Any, mesh_shape: tuple[int, ...], names:
 
     # prepare's build is a module global of autoshard.search.solve, replaced for this one call
     with mock.patch.object(solve, "build_graph", build_restricted):
+        # the seed's coarse solves get their share of this limit, not of the default's 60 s: a seed
+        # not proven in time is still a seed, and the plan is checked as solved whatever it keeps
         prep = solve.prepare(model, inputs, mesh_shape, names, profile=profile, device_type="cpu",
-                             recompute="none", search=search, traced=traced)
+                             recompute="none", search=search, traced=traced, time_limit=time_limit)
     return solve.solve_prepared(prep, time_limit=time_limit)
 
 

@@ -77,15 +77,19 @@ def test_one_node_with_a_sequence_per_device_searches_todays_layouts_only() -> N
 def test_search_picks_stages_across_a_slow_link() -> None:
     model, inputs = llama3.tiny(device="meta", batch_size=4, seq_len=64, max_seq_len=64, dim=512, n_layers=4,
                                 n_heads=8, n_kv_heads=8, vocab_size=256)
-    plan = search_mesh(model, inputs, devices=2, devices_per_node=1, time_limit=20, **H100)
+    # one trace for the search and the bound below (the search traces the same graph when given none);
+    # 10 s: both layouts solve to optimal within it (measured: dp 1.7 s and pp 4.7 s of an 8 s limit,
+    # the same pp step as at 20 s); more only lengthens the dp layout's stages that run to a share of
+    # the limit (4.5 s at 20 s)
+    traced = trace_joint(model, inputs, target_device="cpu")
+    plan = search_mesh(model, inputs, devices=2, devices_per_node=1, time_limit=10, traced=traced, **H100)
     rows = {tuple(r["dim_names"]): r for r in _rows(plan)}
     assert set(rows) == {("dp",), ("pp",)} and all(r["outcome"] == "solved" for r in rows.values())
     assert rows[("pp",)]["step_s"] < rows[("dp",)]["step_s"]  # the stages pay over the network
     assert plan.fingerprint.dim_names == ("pp",) and plan.pipeline is not None
     assert plan.pipeline.step_s == pytest.approx(rows[("pp",)]["step_s"])
     assert rows[("pp",)]["bound_s"] == pytest.approx(
-        pipeline_bound_s(model_shape(trace_joint(model, inputs, target_device="cpu")), 2,
-                         load_profile("h100-sxm-80gb")))
+        pipeline_bound_s(model_shape(traced), 2, load_profile("h100-sxm-80gb")))
     _check_bounds(plan)
 
 
@@ -126,14 +130,22 @@ def test_the_dim_that_splits_attention_is_named_cp_and_a_cp_dim_that_does_not_sp
     assert name_context_dim(moved).fingerprint.dim_names == ("sp", "cp")
 
 
+@pytest.fixture(scope="module")
+def llama_256():
+    """(model, inputs, traced) of a 4-block LLaMA of width 256 on 8 sequences of 64 tokens, traced
+    once for the module's pp-layout tests: the pricing reads the traced graph and the model and
+    changes neither (the mesh search hands one trace to every layout it prices, the same way)."""
+    model, inputs = llama3.tiny(device="meta", batch_size=8, seq_len=64, max_seq_len=64, dim=256, n_layers=4)
+    return model, inputs, trace_joint(model, inputs, target_device="cpu")
+
+
 @pytest.mark.parametrize("layout", [MeshLayout((2, 2), ("pp", "dp")), MeshLayout((2, 2), ("pp", "tp")),
                                     MeshLayout((4,), ("pp",))])
-def test_the_matmul_bound_is_below_the_priced_pipeline_step(layout: MeshLayout) -> None:
+def test_the_matmul_bound_is_below_the_priced_pipeline_step(layout: MeshLayout, llama_256) -> None:
     from autoshard.plan.options import solve_options
     from autoshard.search.mesh_stages import solve_pipeline_layout
 
-    model, inputs = llama3.tiny(device="meta", batch_size=8, seq_len=64, max_seq_len=64, dim=256, n_layers=4)
-    traced = trace_joint(model, inputs, target_device="cpu")
+    model, inputs, traced = llama_256
     options = solve_options(None, {"profile": "h100-sxm-80gb", "device_type": "cpu"})
     priced = solve_pipeline_layout(model, inputs, traced, layout, options, time_limit=8, incumbent_s=0.0)
     assert priced.plan is None  # slower than an incumbent of 0 s: priced, no plan built
@@ -145,12 +157,11 @@ def test_the_matmul_bound_is_below_the_priced_pipeline_step(layout: MeshLayout) 
                                            param_itemsize=itemsize) <= priced.peak_memory_bytes
 
 
-def test_a_pp_layout_whose_held_weights_exceed_the_limit_is_refused_unpriced() -> None:
+def test_a_pp_layout_whose_held_weights_exceed_the_limit_is_refused_unpriced(llama_256) -> None:
     from autoshard.plan.options import solve_options
     from autoshard.search.mesh_stages import held_memory_refusal
 
-    model, inputs = llama3.tiny(device="meta", batch_size=8, seq_len=64, max_seq_len=64, dim=256, n_layers=4)
-    traced = trace_joint(model, inputs, target_device="cpu")
+    model, _, traced = llama_256
     elems, _ = block_param_elems(model, traced.blocks)
     layout, profile = MeshLayout((2, 2), ("pp", "dp")), load_profile("h100-sxm-80gb")
     held = elems * 4 * 2 / 2  # fp32 weights and gradients, half the blocks a stage
@@ -161,7 +172,7 @@ def test_a_pp_layout_whose_held_weights_exceed_the_limit_is_refused_unpriced() -
         assert why is None or "held weights and gradients bound" in why
 
 
-def test_a_pp_layout_reads_the_search_best_after_its_pricing_not_before(monkeypatch) -> None:
+def test_a_pp_layout_reads_the_search_best_after_its_pricing_not_before(monkeypatch, llama_256) -> None:
     # the best may improve while a layout is priced (405B: a minute); read before, a slower layout
     # would build its record (minutes) for nothing
     from types import SimpleNamespace
@@ -170,8 +181,7 @@ def test_a_pp_layout_reads_the_search_best_after_its_pricing_not_before(monkeypa
     from autoshard.search import pipeline_model
     from autoshard.search.mesh_stages import solve_pipeline_layout
 
-    model, inputs = llama3.tiny(device="meta", batch_size=8, seq_len=64, max_seq_len=64, dim=256, n_layers=4)
-    traced = trace_joint(model, inputs, target_device="cpu")
+    model, inputs, traced = llama_256
     events = []
 
     def priced(*args, **kwargs):
