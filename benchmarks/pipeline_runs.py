@@ -152,8 +152,7 @@ RUNS = (
                 "sequence in 2 CP chunks, rank r holding chunks r and 2 CP - 1 - r; full AC an ASSUMPTION (the "
                 "paper names training without activation checkpointing for the 8K stage only); FSDP over dp x cp "
                 "(ASSUMPTION, as torchtitan shards)",
-                "as row 1; the K/V gathered after their expansion to the query heads (the example's attention; "
-                "Meta gathers the 8 GQA heads: 16x fewer bytes); the balanced layout's query-row moves on every "
+                "as row 1; the balanced layout's query-row moves on every "
                 "attention (Meta reorders the sequence once); memory: the held weights counted after their first "
                 "FSDP gather, still split over cp (about 18 GB a rank uncounted); see the issue 56 section of the "
                 "results",

@@ -311,7 +311,7 @@ def seeded_restriction(
     memo: dict[Any, Any] | None = None,
 ) -> tuple[SeededRestriction, SeedInfo]:
     """Solve ``traced`` on the coarse mesh and return the restriction for ``mesh``
-    (module docstring). ``memory_limit`` defaults to the profile's device memory.
+    (module docstring). ``memory_limit`` defaults to the profile's device memory (``math.inf``: none).
     ``seed_pins``: given the coarse graph, the resolved pins of further coarse
     solves (no memory limit) to seed from; the search passes
     ``autoshard.search.baselines.baseline_seed_pins`` so that each expert baseline
@@ -348,8 +348,9 @@ def seeded_restriction(
     t1 = time.perf_counter()
     limit = float(profile.device.usable_memory_bytes if memory_limit is None else memory_limit)
     # every coarse solve below ends by t1 + time_limit: the seed's share of the one time limit is all it gets
-    solution = solve_problem(to_problem(graph, memory_limit=limit), backend=backend, time_limit=time_limit,
-                             start_time=t1)
+    # (an infinite limit, the caller's "no limit", is a problem without one)
+    solution = solve_problem(to_problem(graph, memory_limit=limit if math.isfinite(limit) else None),
+                             backend=backend, time_limit=time_limit, start_time=t1)
     relaxed = False
     if solution.status is Status.INFEASIBLE or not solution.choice:
         # no coarse plan fits: seed from the unconstrained optimum; the fine mesh may still fit

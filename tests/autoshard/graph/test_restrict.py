@@ -150,3 +150,21 @@ def test_seed_pins_from_the_caller_add_coarse_seeds(mlp_traced, seeded_2d) -> No
                                         seed_pins=pins)
     assert asked and info.seeds == plain_info.seeds + len(asked)
     assert all(plain.allowed[sig] <= restrict.allowed[sig] for sig in plain.allowed)
+
+
+def test_the_seed_solves_under_the_callers_memory_limit_and_without_one_when_it_is_infinite(mlp_traced) -> None:
+    # the stage solves of a pipeline search pass "no limit" (math.inf) down to prepare's seed:
+    # it must solve without a limit, not refuse the value (it did, 2026-12-06: every 3-D stage
+    # layout of the 405B mesh search ended in "memory_limit: must be a non-negative number")
+    import math
+
+    from autoshard.plan.options import NO_MEMORY_LIMIT
+
+    _, unlimited = seeded_restriction(mlp_traced, MeshSpec((2, 2)), PROFILE, groups=((0, 1),), time_limit=10,
+                                      memory_limit=math.inf)
+    assert not unlimited.memory_relaxed
+    _, tight = seeded_restriction(mlp_traced, MeshSpec((2, 2)), PROFILE, groups=((0, 1),), time_limit=10,
+                                  memory_limit=1.0)
+    assert tight.memory_relaxed  # one byte: no coarse plan fits the caller's limit, so it seeds without it
+    prep = prepare(*mlp.tiny(device="meta", batch_size=64), (2, 2, 2), time_limit=8, memory_limit=NO_MEMORY_LIMIT)
+    assert prep.options["search"] == "seeded"
