@@ -460,7 +460,6 @@ def _stream_saved(traced: Any, graph: Any, plan: Any, chosen: Sequence[tuple[Any
     them. Zeros without module paths, blocks or ``tp``."""
     from autoshard.graph.liveness import is_view_name
     from costmodel.collectives import collective_time_s
-    from costmodel.mesh import MeshSpec
     from costmodel.placements import Replicate
     from costmodel.shard_shapes import max_local_numel
 
@@ -470,7 +469,6 @@ def _stream_saved(traced: Any, graph: Any, plan: Any, chosen: Sequence[tuple[Any
     if not paths or not blocks or "tp" not in names or t_loss is None:
         return 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
     at, tp = names.index("tp"), graph.mesh.shape[names.index("tp")]
-    mesh = MeshSpec(tuple(graph.mesh.shape), tuple(names))
     inside = lambda p, roots: p is not None and any(p == r or p.startswith(r + ".") for r in roots)  # noqa: E731
     # the modules the stage runtime runs on the gathered sequence (autoshard.runtime.pipeline_sp): the
     # parents of the blocks' linear layers (an attention, a feed-forward), split over tp or not
@@ -521,7 +519,7 @@ def _stream_saved(traced: Any, graph: Any, plan: Any, chosen: Sequence[tuple[Any
         if on_tp:  # the gather moves the hidden state alone (a fused norm's storage holds its statistics too)
             made = node.strategies[k].output_placements[0]
             hidden = float(max_local_numel(stream_shape, made, graph.mesh.shape) * node.outputs[0].dtype.itemsize)
-            regather += collective_time_s("all_gather", hidden, (at,), mesh, graph.profile)
+            regather += collective_time_s("all_gather", hidden, (at,), graph.mesh, graph.profile)
             largest = max(largest, hidden)
     return whole, split, g_whole, g_split, regather, largest
 
