@@ -8,8 +8,10 @@ stage cuts and the named schedule simulated at the published ``pp``, ``m`` and `
 Beside it, autoshard's own choice: the pipeline layouts of the same GPUs (``pp`` across
 nodes, ``tp`` 8 inside; :data:`AUTO_PP`), layouts whose FLOPs bound cannot beat the best
 found cut, each stage priced with the ``fsdp+tp`` layout without recomputation and, where
-that is memory-bound, with full recomputation (``autoshard.search.pipeline``, Recomputation:
-what the stage runtime runs), every schedule, ``m`` and ``v`` priced, the fastest that fits.
+that is memory-bound, with full recomputation and with each stage checkpointing only its first
+blocks, a count per stage (``autoshard.search.pipeline``, Recomputation (R4),
+``autoshard.search.pipeline_partial``: what the stage runtime runs), every schedule, ``m`` and
+``v`` priced, the fastest that fits.
 Under full recomputation a block keeps its input sequence-split over ``tp``
 (``autoshard.search.pipeline_blocks``, Full recomputation), as torchtitan's runs keep it; without,
 its residual stream (``pipeline_blocks`` (h'')), as the stage runtime runs a ``tp`` layout. The
@@ -163,7 +165,8 @@ RUNS = (
                 "as meta-405b-128k and meta-405b-8k-noac", titan_loss=False, recompute="none", cp=16, seq=131072),
     PipelineRun("auto-405b-512", "autoshard's choice, 405B on 512 H100 96 GB, 256 x 8192", "h100-sxm-96gb-500w",
                 512, 256, None, None, None, None, 128.0, None, "target: >= 128 tokens/s/GPU, found in < 10 min",
-                "stage layouts fsdp+tp, no or full recomputation (module docstring); bf16, TP collectives exposed"),
+                "stage layouts fsdp+tp, no, full or partial recomputation (module docstring); bf16, TP collectives "
+                "exposed"),
     PipelineRun("auto-405b-16k", "autoshard's choice, 405B on 16,384 H100 80 GB, 2048 x 8192", "h100-sxm-80gb",
                 16384, 2048, None, None, None, None, None, 400.0, "target: >= 400 TFLOPs/GPU, found in < 15 min",
                 "as auto-405b-512", titan_loss=False),
@@ -429,8 +432,14 @@ def run_one(run: PipelineRun, pricer: _Pricer, flops: float) -> dict:
         return {"error": "; ".join(errors), "wall_s": time.perf_counter() - t0}
     best = best_plan(plans)
     layout = PipelineLayout(*best.mesh_shape)
-    price = pricer.at(run, layout.dp, layout.tp, True, recompute=best.recompute)
-    hidden = search_pipeline(lambda mb: hide_exposed(price(mb)), layout=layout, recompute=best.recompute, **common)
+    if best.recompute == "partial":  # some blocks of each stage checkpointed: both policies' pricings, mixed
+        none, full = (pricer.at(run, layout.dp, layout.tp, True, recompute=r) for r in ("none", "full"))
+        hidden = search_pipeline(lambda mb: hide_exposed(none(mb)), layout=layout,
+                                 price_full=lambda mb: hide_exposed(full(mb)), **common)
+    else:
+        price = pricer.at(run, layout.dp, layout.tp, True, recompute=best.recompute)
+        hidden = search_pipeline(lambda mb: hide_exposed(price(mb)), layout=layout, recompute=best.recompute,
+                                 **common)
     return {"plan": best, "hidden": hidden, "all": plans, "wall_s": time.perf_counter() - t0, "layouts": len(layouts),
             "pruned": pruned, "errors": errors, "bound_s": bound}
 
@@ -531,6 +540,12 @@ def context_details(run: PipelineRun, r: dict) -> list[str]:
     return lines
 
 
+def _stage_sizes(plan: Any) -> list[int]:
+    """Blocks of each stage of ``plan``'s cut."""
+    bounds = (0, *plan.cuts, N_LAYERS)
+    return [b - a for a, b in zip(bounds, bounds[1:])]
+
+
 def details(rows: list[tuple[PipelineRun, dict]]) -> str:
     out = ["| run | source | what the prediction does not price |", "|---|---|---|"]
     for run, r in rows:
@@ -550,7 +565,9 @@ def details(rows: list[tuple[PipelineRun, dict]]) -> str:
                            f"{p.tokens_per_gpu_s:.1f} tokens/s/GPU, "
                            f"{p.tflops_per_gpu:.0f} TFLOPs/GPU, {max(p.rank_memory_bytes) / 2**30:.1f} GiB, "
                            f"{sum(math.isfinite(c.step_s) for c in p.candidates)}/{len(p.candidates)} candidates fit, "
-                           f"full priced at m = {full_at}")
+                           f"full priced at m = {full_at}"
+                           + (f", checkpointed blocks per stage {list(p.recompute_blocks)} of "
+                              f"{_stage_sizes(p)}" if p.recompute == "partial" else ""))
     return "\n".join(out)
 
 

@@ -38,6 +38,8 @@ __all__ = ["pipeline_lines", "simulated_bubble", "section_simulation", "plot_sch
 _RECOMPUTE_SAYS = {"none": "each block keeps what its backward reads",
                    "full": "each block's forward again before its backward, keeping only its input"}
 """What each of ``pipeline_section.RECOMPUTE_POLICIES`` does, for the recompute line."""
+_PARTIAL_SAYS = "each stage's first blocks checkpointed, the rest keep what their backward reads"
+"""The same for a ``partial`` section (the stages' counts follow it)."""
 _MODULES_SHOWN = 4
 """Module paths listed per stage before ``...``: a 126-block stage stays one row."""
 
@@ -107,7 +109,10 @@ def pipeline_lines(plan: Plan) -> list[str]:
         summary += f"; priced step {s.step_s * 1e3:.3f} ms"
     if s.send_bytes:
         summary += f"; {format_bytes(s.send_bytes)} sent per boundary per microbatch"
-    tail = ["", summary, f"recompute: {s.recompute} ({_RECOMPUTE_SAYS[s.recompute]})"]
+    tail = ["", summary, f"recompute: {s.recompute} ({_RECOMPUTE_SAYS.get(s.recompute, _PARTIAL_SAYS)})"]
+    if s.recompute == "partial":
+        tail[-1] += "; checkpointed blocks per stage " + ", ".join(
+            f"{s.checkpointed_blocks(st.index)}/{st.n_blocks}" for st in s.stages)
     if s.tensor_parallel:
         styles = [style for _, style in s.tensor_parallel]
         tail.append(f"tensor parallel inside the stages (torch's parallelize_module on tp): "

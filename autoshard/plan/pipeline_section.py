@@ -21,9 +21,13 @@ Optional, as the search priced them (absent in hand-written sections): per stage
 memory, the microbatches in flight counted); the section's ``step_s`` and
 ``bubble_fraction`` (``costmodel.pipeline_simulate``).
 
-Optional ``recompute``: ``"none"`` (each block keeps what its backward reads) or
+Optional ``recompute``: ``"none"`` (each block keeps what its backward reads),
 ``"full"`` (activation checkpointing per block: a block keeps its input and runs its forward
-again just before its backward, as torchtitan's full AC). Absent: ``"none"``.
+again just before its backward, as torchtitan's full AC) or ``"partial"``: each stage checkpoints
+the first ``recompute_blocks`` of its blocks (a count per stage entry, ``0`` to the stage's block
+count; Megatron-LM's ``--recompute-method block --recompute-num-layers``, per stage chunk) and
+keeps what the backward reads of the rest. Absent: ``"none"``. ``recompute_blocks`` is written on
+every stage of a ``"partial"`` section and on no stage of the others (one line names a bad one).
 
 Optional ``tensor_parallel``: inside each stage, the plan's column / row layout of the
 blocks' linear layers on the ``tp`` mesh dim (module path -> ``"colwise"`` or
@@ -62,7 +66,7 @@ from costmodel.pipeline_schedules import SCHEDULE_NAMES, build_schedule, stage_t
 
 __all__ = ["PIPELINE_VERSION", "DATA_PARALLEL", "TENSOR_PARALLEL_STYLES", "PipelineError", "PipelineStagePlan",
            "PipelineSection", "build_pipeline_section", "check_section", "V_SHAPED", "PIPELINE_SCHEMA",
-           "RECOMPUTE_POLICIES", "tensor_parallel_from_params", "priced_sequence_parallel"]
+           "RECOMPUTE_POLICIES", "SECTION_RECOMPUTE", "tensor_parallel_from_params", "priced_sequence_parallel"]
 
 PIPELINE_VERSION = 1
 DATA_PARALLEL = ("fsdp", "replicate")
@@ -71,6 +75,9 @@ TENSOR_PARALLEL_STYLES = ("colwise", "rowwise")
 """How a linear layer is split over ``tp``: its output features (weight ``S(0)``) or its input features (``S(1)``)."""
 RECOMPUTE_POLICIES = ("none", "full")
 """What a stage recomputes: nothing, or every block's forward (activation checkpointing per block)."""
+SECTION_RECOMPUTE = (*RECOMPUTE_POLICIES, "partial")
+"""What a section's ``recompute`` may say: a policy of every block, or ``partial`` (the first
+``recompute_blocks`` of each stage checkpointed)."""
 V_SHAPED = frozenset({"ZBVZeroBubble", "DualPipeV"})
 """Schedules whose stages sit on the ranks in a V (rank ``r`` holds stages ``r`` and ``2p - 1 - r``)."""
 
@@ -97,12 +104,19 @@ class PipelineStagePlan:
     """Priced backward of one microbatch, recomputation included (None: not priced)."""
     peak_bytes: float | None = None
     """Priced peak memory of the stage's rank (None: not priced)."""
+    recompute_blocks: int | None = None
+    """Under a ``partial`` section: how many of its blocks, from its first, are checkpointed (None otherwise)."""
+
+    @property
+    def n_blocks(self) -> int:
+        return self.end_block - self.first_block
 
     def to_dict(self) -> dict[str, Any]:
         priced = {k: v for k, v in (("forward_s", self.forward_s), ("backward_s", self.backward_s),
                                     ("peak_bytes", self.peak_bytes)) if v is not None}
+        partial = {} if self.recompute_blocks is None else {"recompute_blocks": self.recompute_blocks}
         return {"index": self.index, "rank": self.rank, "blocks": [self.first_block, self.end_block],
-                "modules": list(self.modules), **priced}
+                "modules": list(self.modules), **partial, **priced}
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,13 +143,20 @@ class PipelineSection:
     tensor_parallel: tuple[tuple[str, str], ...] = ()
     """(linear module path, ``colwise`` / ``rowwise``) inside the stages, on mesh dim ``tp`` (module docstring)."""
     recompute: str = "none"
-    """One of :data:`RECOMPUTE_POLICIES` (module docstring)."""
+    """One of :data:`SECTION_RECOMPUTE` (module docstring)."""
     sequence_parallel: bool = False
     """The residual stream between blocks split along the sequence over ``tp`` (module docstring)."""
 
     @property
     def n_stages(self) -> int:
         return len(self.stages)
+
+    def checkpointed_blocks(self, stage: int) -> int:
+        """How many of stage ``stage``'s blocks, from its first, run under activation checkpointing."""
+        st = self.stages[stage]
+        if self.recompute == "partial":
+            return int(st.recompute_blocks or 0)
+        return st.n_blocks if self.recompute == "full" else 0
 
     def stages_of_rank(self, rank: int) -> tuple[PipelineStagePlan, ...]:
         """The stages on coordinate ``rank`` of the pipeline dim, lowest index first."""
@@ -173,14 +194,17 @@ class PipelineSection:
         try:
             stages = tuple(PipelineStagePlan(int(s["index"]), int(s["rank"]), int(s["blocks"][0]), int(s["blocks"][1]),
                                              tuple(str(p) for p in s["modules"]), _number(s, "forward_s"),
-                                             _number(s, "backward_s"), _number(s, "peak_bytes"))
-                           for s in data["stages"])
+                                             _number(s, "backward_s"), _number(s, "peak_bytes"),
+                                             _count(s, i))
+                           for i, s in enumerate(data["stages"]))
             section = cls(str(data["mesh_dim"]), str(data["schedule"]), int(data["n_ranks"]),
                           int(data["stages_per_rank"]), int(data["n_microbatches"]), int(data["batch_size"]), stages,
                           int(data.get("send_bytes", 0)), str(data.get("data_parallel", "fsdp")),
                           _number(data, "step_s"), _number(data, "bubble_fraction"),
                           tuple((str(k), str(v)) for k, v in dict(data.get("tensor_parallel", {})).items()),
                           str(data.get("recompute", "none")), sequence_parallel)
+        except PipelineError:
+            raise
         except KeyError as exc:
             raise PipelineError(f"pipeline: missing {exc.args[0]!r}") from None
         except (TypeError, ValueError, IndexError) as exc:
@@ -193,6 +217,29 @@ def _number(data: Mapping[str, Any], key: str) -> float | None:
     """An optional priced figure: a number, or None when absent."""
     value = data.get(key)
     return None if value is None else float(value)
+
+
+def _count(stage: Mapping[str, Any], i: int) -> int | None:
+    """A stage's optional ``recompute_blocks``: a JSON integer (not a boolean, not 2.0), or None when absent."""
+    value = stage.get("recompute_blocks")
+    if value is not None and type(value) is not int:
+        raise PipelineError(f"pipeline.stages[{i}].recompute_blocks: expected a count of blocks, got {value!r}")
+    return value
+
+
+def _check_recompute(s: "PipelineSection") -> None:
+    """``recompute`` one of :data:`SECTION_RECOMPUTE`; ``recompute_blocks`` on every stage of a
+    ``partial`` section, each within the stage's blocks, and on no stage of the others."""
+    if s.recompute not in SECTION_RECOMPUTE:
+        raise PipelineError(f"pipeline.recompute: {s.recompute!r}; valid: {', '.join(SECTION_RECOMPUTE)}")
+    for i, st in enumerate(s.stages):
+        k = st.recompute_blocks
+        if s.recompute != "partial" and k is not None:
+            raise PipelineError(f"pipeline.stages[{i}].recompute_blocks: given with recompute {s.recompute!r}; "
+                                "a count of checkpointed blocks goes with recompute 'partial'")
+        if s.recompute == "partial" and (k is None or not 0 <= k <= st.n_blocks):
+            raise PipelineError(f"pipeline.stages[{i}].recompute_blocks: recompute 'partial' needs a count from 0 "
+                                f"to the stage's {st.n_blocks} blocks, got {k!r}")
 
 
 def _flag(data: Mapping[str, Any], key: str) -> bool:
@@ -236,8 +283,6 @@ def check_section(section: PipelineSection) -> None:
     _check_torch_accepts(s.schedule, s.n_ranks, s.stages_per_rank, s.n_microbatches)
     if s.data_parallel not in DATA_PARALLEL:
         raise PipelineError(f"pipeline.data_parallel: {s.data_parallel!r}; valid: {', '.join(DATA_PARALLEL)}")
-    if s.recompute not in RECOMPUTE_POLICIES:
-        raise PipelineError(f"pipeline.recompute: {s.recompute!r}; valid: {', '.join(RECOMPUTE_POLICIES)}")
     k = s.n_ranks * s.stages_per_rank
     if len(s.stages) != k:
         raise PipelineError(f"pipeline.stages: {len(s.stages)} stages, expected n_ranks x stages_per_rank = {k}")
@@ -255,6 +300,7 @@ def check_section(section: PipelineSection) -> None:
         if twice:
             raise PipelineError(f"pipeline.stages[{i}]: module {sorted(twice)[0]!r} is in two stages")
         seen.update(st.modules)
+    _check_recompute(s)
     for path, style in s.tensor_parallel:
         if style not in TENSOR_PARALLEL_STYLES:
             raise PipelineError(f"pipeline.tensor_parallel[{path!r}]: {style!r}; valid: "
@@ -310,8 +356,8 @@ def priced_sequence_parallel(recompute: str, tensor_parallel: Sequence[tuple[str
     >>> priced_sequence_parallel("none", (("l.0.wq", "colwise"),)), priced_sequence_parallel("full", ())
     (True, False)
     """
-    if recompute not in RECOMPUTE_POLICIES:
-        raise PipelineError(f"pipeline.recompute: {recompute!r}; valid: {', '.join(RECOMPUTE_POLICIES)}")
+    if recompute not in SECTION_RECOMPUTE:
+        raise PipelineError(f"pipeline.recompute: {recompute!r}; valid: {', '.join(SECTION_RECOMPUTE)}")
     return bool(tensor_parallel)
 
 
@@ -336,13 +382,15 @@ def build_pipeline_section(
     tensor_parallel: Sequence[tuple[str, str]] = (),
     recompute: str = "none",
     sequence_parallel: bool = False,
+    recompute_blocks: Sequence[int] = (),
 ) -> PipelineSection:
     """The section of ``K = n_ranks * stages_per_rank`` stages cut at ``cuts`` (the first block of
     every stage but the first, ``K - 1`` of them, as ``costmodel.stage_cuts.StageCuts.cuts``):
     ``leading`` (the modules before the blocks: the embedding) go to stage 0, ``trailing`` (after
     them: final norm, head) to stage ``K - 1``. The priced figures, when given: ``stage_seconds``
     (forward, backward) per stage, ``rank_peak_bytes`` per rank of the pipeline dim, ``step_s`` and
-    ``bubble_fraction``. Bad input raises :class:`PipelineError`, one line.
+    ``bubble_fraction``; ``recompute_blocks``, with ``recompute="partial"``, the checkpointed blocks of
+    each stage. Bad input raises :class:`PipelineError`, one line.
 
     >>> build_pipeline_section(schedule="1F1B", n_ranks=4, n_microbatches=4, batch_size=8,
     ...                        block_paths=("l.0", "l.1"), cuts=(1, 1, 1))
@@ -360,14 +408,16 @@ def build_pipeline_section(
         raise PipelineError(f"pipeline.cuts: {list(cuts)} is not {k - 1} increasing block indices inside 1..{n - 1}")
     _check_torch_accepts(schedule, n_ranks, stages_per_rank, n_microbatches)
     ranks = stage_to_rank(n_ranks, k, v_shape=schedule in V_SHAPED)
-    if stage_seconds and len(stage_seconds) != k or rank_peak_bytes and len(rank_peak_bytes) != n_ranks:
-        raise PipelineError(f"pipeline: {len(stage_seconds)} stage times / {len(rank_peak_bytes)} rank peaks for "
-                            f"{k} stages on {n_ranks} ranks")
+    if stage_seconds and len(stage_seconds) != k or rank_peak_bytes and len(rank_peak_bytes) != n_ranks \
+            or recompute_blocks and len(recompute_blocks) != k:
+        raise PipelineError(f"pipeline: {len(stage_seconds)} stage times / {len(rank_peak_bytes)} rank peaks / "
+                            f"{len(recompute_blocks)} checkpointed-block counts for {k} stages on {n_ranks} ranks")
     stages = tuple(PipelineStagePlan(
         i, ranks[i], bounds[i], bounds[i + 1],
         (*(leading if i == 0 else ()), *block_paths[bounds[i]:bounds[i + 1]], *(trailing if i == k - 1 else ())),
         *(stage_seconds[i] if stage_seconds else (None, None)),
-        float(rank_peak_bytes[ranks[i]]) if rank_peak_bytes else None)
+        float(rank_peak_bytes[ranks[i]]) if rank_peak_bytes else None,
+        int(recompute_blocks[i]) if recompute_blocks else None)
         for i in range(k))
     section = PipelineSection(mesh_dim, schedule, n_ranks, stages_per_rank, n_microbatches, batch_size, stages,
                               int(send_bytes), data_parallel, step_s, bubble_fraction,
@@ -395,6 +445,8 @@ _STAGE = {
         "forward_s": {"type": "number", "minimum": 0, "description": "Priced forward of one microbatch."},
         "backward_s": {"type": "number", "minimum": 0, "description": "Priced backward of one microbatch."},
         "peak_bytes": {"type": "number", "minimum": 0, "description": "Priced peak memory of the stage's rank."},
+        "recompute_blocks": {**_INDEX, "description": "With recompute partial (and only then): how many of the "
+                                                      "stage's blocks, from its first, are checkpointed."},
     },
     "additionalProperties": False,
 }
@@ -418,8 +470,9 @@ PIPELINE_SCHEMA: dict[str, Any] = {
         "step_s": {"type": "number", "minimum": 0, "description": "Priced step."},
         "bubble_fraction": {"type": "number", "minimum": 0, "maximum": 1,
                             "description": "Priced idle share of the busiest rank's step."},
-        "recompute": {"enum": list(RECOMPUTE_POLICIES),
-                      "description": "none, or full: every block's forward recomputed before its backward."},
+        "recompute": {"enum": list(SECTION_RECOMPUTE),
+                      "description": "none; full: every block's forward recomputed before its backward; partial: "
+                                     "the first recompute_blocks blocks of each stage."},
         "tensor_parallel": {"type": "object", "additionalProperties": {"enum": list(TENSOR_PARALLEL_STYLES)},
                             "description": "Linear module path -> colwise / rowwise on mesh dim tp, "
                                            "inside the stages."},

@@ -17,7 +17,8 @@ of the stage sub-mesh's solve: autoshard's interpreter runs whole-graph step pro
 not the per-microbatch stage calls a ``PipelineStage`` makes. Where the section says
 ``recompute`` "full" (the search priced the stages with activation checkpointing), each
 block's forward runs again before its backward
-(:func:`autoshard.runtime.pipeline_stages.recompute_blocks`).
+(:func:`autoshard.runtime.pipeline_stages.recompute_blocks`); "partial", only each stage's first
+``recompute_blocks`` blocks do.
 
 **Stepping it**: ``run.step(**batch)`` takes this rank's data-parallel shard of the batch
 as the model's keyword inputs (the same on every ``pp`` rank), runs the schedule's

@@ -159,18 +159,22 @@ def add_sequence_hooks(stage_module: nn.Module, column_paths: Sequence[str], blo
     all-gather after the last block when ``last``. A parent that is a block itself (its residual
     stream would be gathered) raises :class:`PipelineError`, one line. ``regather`` (blocks without
     recomputation): each gathered input is kept as its sequence shard for the backward and
-    all-gathered again there (module docstring, Re-gathering in the backward)."""
+    all-gathered again there (module docstring, Re-gathering in the backward), except inside a block
+    run under activation checkpointing (``pipeline_stages.recompute_blocks``; a ``partial`` section's
+    first blocks), which keeps only its input and gathers again in its recomputation anyway."""
     block_ids = {id(b) for b in blocks}
+    checkpointed = {id(m) for b in blocks if getattr(type(b), "_pipeline_full_recompute", False)
+                    for m in b.modules()}
     for parent in sorted({p.rpartition(".")[0] for p in column_paths}):
         module = stage_module.get_submodule(parent)
         if id(module) in block_ids:
             raise PipelineError(f"pipeline.sequence_parallel: {parent!r} is a block with column-split linears as "
                                 "direct children; the sequence is gathered at their parent (the attention, the "
                                 "feed-forward), which must be inside the block")
-        _add_gather(module, tp_mesh, parent, regather)
+        _add_gather(module, tp_mesh, parent, regather and id(module) not in checkpointed)
     for parent in replicated:
         module = stage_module.get_submodule(parent)
-        _add_gather(module, tp_mesh, parent, regather)
+        _add_gather(module, tp_mesh, parent, regather and id(module) not in checkpointed)
         module.register_forward_hook(_cut_output_hook(tp_mesh))
     for module in received:
         module.register_forward_hook(_pad_received_hook(tp_mesh))

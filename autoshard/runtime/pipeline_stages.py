@@ -45,7 +45,12 @@ parallelism and FSDP2 wrap the stage, with parameter names unchanged. Forwards p
 and microbatch: 2 with a full backward (GPipe, 1F1B, interleaved); 3 on the zero-bubble
 schedules' stages that split the backward (torch computes the input and the weight
 gradients in separate autograd calls, each recomputing the block once), 2 on their first
-stage (its split backward runs whole in the weight pass).
+stage (its split backward runs whole in the weight pass). ``section.recompute == "partial"``
+checkpoints the first ``recompute_blocks`` of each stage's blocks and keeps the rest whole: the
+first, because a stage's backward runs its blocks last to first, so a checkpointed block's
+recomputation (its forward's activations made again, the stage's transient peak) comes after the
+kept blocks' backward has freed what they saved; checkpointing the last ones would recompute
+while every kept block's activations of that microbatch are still held.
 
 **What this does not run (yet).** Inside a stage, autoshard's own per-stage placements
 (the stage sub-mesh's solve: per-op tensor parallelism, per-tensor sharding, its
@@ -285,8 +290,9 @@ def build_stage_module(model: nn.Module, section: PipelineSection, stage: int, p
         for path in parts.trailing:
             _set_module(root, path, _PassThrough(), copied)
     blocks = [root.get_submodule(p) for p in parts.blocks[st.first_block:st.end_block]]
-    if section.recompute == "full":
-        recompute_blocks(blocks)  # before TP and FSDP wrap them, the order torchtitan applies AC and FSDP in
+    # before TP and FSDP wrap them, the order torchtitan applies AC and FSDP in; a partial section's
+    # first blocks (module docstring, Recomputation)
+    recompute_blocks(blocks[:section.checkpointed_blocks(stage)])
     if data_parallel is not None:
         data_parallel(root, blocks)
     if stage < last:
@@ -537,7 +543,7 @@ def build_pipeline(model: nn.Module, mesh: Any, section: PipelineSection, *, rec
         wrap = _stage_wrapper(section, st.index, tp_mesh, dp_mesh)
         module = build_stage_module(model, section, st.index, parts, data_parallel=wrap)
         stage = PipelineStage(module, st.index, section.n_stages, device, group=pp_mesh.get_group())
-        if section.recompute == "full":
+        if section.checkpointed_blocks(st.index):
             _recompute_once_per_weight_pass(stage)
         if record_sends:
             stage.get_fwd_send_ops = _recording(stage, "activation", stage.get_fwd_send_ops, sends)

@@ -120,7 +120,7 @@ def apply_tensor_parallel(stage_module: nn.Module, section: PipelineSection, sta
         add_sequence_hooks(stage_module, columns, blocks, received=_received_modules(stage_module, section, stage),
                            last=stage == section.n_stages - 1, tp_mesh=tp_mesh,
                            replicated=replicated_parents(stage_module, layout, blocks),
-                           regather=section.recompute == "none")
+                           regather=section.recompute != "full")
     else:
         plan = {p: ColwiseParallel() if style == "colwise" else RowwiseParallel() for p, style in layout.items()}
     vocab = _vocab_plan(stage_module, blocks, tp_mesh)

@@ -17,7 +17,9 @@ have the fast links (so the search on 8 GPUs in one node is today's). Priced by
 the pipeline search (:func:`autoshard.search.pipeline_model.choose_pipeline`:
 the stage sub-mesh solves of two and three blocks, stage cuts, microbatches, the
 schedules simulated, the stages' recomputation ``none`` or ``full``, both searched unless
-the options pin one: :func:`autoshard.search.pipeline_model.stage_recompute`), not by a
+the options pin one (:func:`autoshard.search.pipeline_model.stage_recompute`), and with them
+stages checkpointing only their first blocks, a count per stage, where ``full`` is priced
+(``autoshard.search.pipeline`` (R4)), not by a
 solve of the whole mesh: the row's step is the pipeline's simulated step. The plan the
 search returns for a winning pp layout is the one ``autoshard solve --mesh ... --dims pp,...`` writes: the whole mesh's
 per-op placements and the ``pipeline`` section that the runtime runs.

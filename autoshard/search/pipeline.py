@@ -52,7 +52,12 @@ policy ``r`` has its own pricing at each ``m`` (two solves each), its own saved 
          (``W`` one microbatch's forward and backward over all blocks and extras: (f)), the
          ``m`` of the smallest bound first;
     (R3) the fastest fitting candidate of either policy; a ``full`` one replaces the incumbent
-         only when strictly faster, so a tie keeps ``none``.
+         only when strictly faster, so a tie keeps ``none``;
+    (R4) at each ``m`` where (R2) priced ``full``, also ``partial`` for every ``(schedule, v)``: each
+         stage checkpoints only its first ``c_k`` blocks, the fewest that fit the limit on the cut
+         without one (``autoshard.search.pipeline_partial``: both pricings mixed block by block);
+         it too replaces the incumbent only when strictly faster. Its work lies between the two
+         policies' (``W_none <= W_partial``), so (R2)'s bound holds for it as well.
 
 Why (R2) loses nothing the price would pick, under two ASSUMPTIONS. Per block, ``full`` does
 the forward of ``none`` and a backward no shorter (the recomputation only adds: ``f_full >=
@@ -91,7 +96,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, replace
-from typing import Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from costmodel.collectives import collective_time_s
 from costmodel.mesh import MeshSpec
@@ -106,7 +111,7 @@ from autoshard.search.pipeline_blocks import BlockPricing
 __all__ = [
     "PipelineLayout", "PipelineCandidate", "PipelinePlan", "pipeline_layouts", "layout_lower_bound_s",
     "price_pipeline", "search_pipeline", "microbatch_counts", "model_flops_per_token", "best_plan",
-    "DEFAULT_SCHEDULES", "V_OF", "pipeline_section", "RECOMPUTE_POLICIES",
+    "DEFAULT_SCHEDULES", "V_OF", "pipeline_section", "RECOMPUTE_POLICIES", "price_partial_candidate",
 ]
 
 DEFAULT_SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
@@ -182,6 +187,8 @@ class PipelineCandidate:
     """The stages' recomputation policy it was priced with (:data:`RECOMPUTE_POLICIES`)."""
     memory_bound: bool = False
     """The memory limit refused it or slowed its cut (its bottleneck above the cut without a limit): (R2)."""
+    recompute_blocks: tuple[int, ...] = ()
+    """With ``recompute="partial"``: the checkpointed blocks of each stage (R4)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,7 +221,9 @@ class PipelinePlan:
     stage_seconds: tuple[tuple[float, float], ...] = ()
     """Per stage: (forward, backward) of one microbatch, as priced."""
     recompute: str = "none"
-    """The stages' recomputation policy (:data:`RECOMPUTE_POLICIES`): ``none`` or ``full``."""
+    """The stages' recomputation policy: ``none``, ``full`` or ``partial`` (R4)."""
+    recompute_blocks: tuple[int, ...] = ()
+    """With ``partial``: per stage, how many of its blocks (its first) are checkpointed."""
 
     @property
     def gap(self) -> float:
@@ -377,6 +386,33 @@ def price_pipeline(
                              recompute, slowed), cut, sim
 
 
+def price_partial_candidate(none: BlockPricing, full: BlockPricing, *, n_blocks: int, batch: int, pp: int,
+                            schedule: str, n_microbatches: int, stages_per_rank: int = 1, send_s: float = 0.0,
+                            memory_limit_bytes: float | None = None) -> tuple[PipelineCandidate, Any]:
+    """(R4) of one ``(schedule, m, v)``: each stage checkpointing the fewest of its first blocks that fit,
+    on the cut without a memory limit or on the cut chosen with the counts, the faster
+    (``pipeline_partial.best_counts``); ``(candidate, PartialPricing)``, or a refused candidate
+    (``step_s = inf``, ``why``) and None."""
+    from autoshard.search.pipeline_partial import best_counts
+
+    m, v = n_microbatches, stages_per_rank
+    _check(n_blocks, batch, pp, schedule, m, v)
+    limit = math.inf if memory_limit_bytes is None else float(memory_limit_bytes)
+    try:
+        sched = build_schedule(schedule, n_ranks=pp, n_microbatches=m, stages_per_rank=v)
+    except ValueError as exc:
+        return PipelineCandidate(schedule, m, v, math.inf, 0.0, math.inf, str(exc), (), send_s, "partial"), None
+    last_extra = replace(none.last_extra, state_bytes=none.last_extra.state_bytes + int(none.head_transient_bytes))
+    cut = cut_stages([none.block] * n_blocks, pp * v, first_extra=none.first_extra, last_extra=last_extra,
+                     in_flight=stage_in_flight(sched), stages_per_rank=v, stage_ranks=sched.stage_ranks)
+    priced, why = best_counts(none, full, sched, cut, n_blocks, send_s if pp > 1 else 0.0, limit)
+    if priced is None:
+        return PipelineCandidate(schedule, m, v, math.inf, 0.0, math.inf, why, (), send_s, "partial", True), None
+    sim = priced.simulation
+    return PipelineCandidate(schedule, m, v, sim.step_s, sim.bubble_fraction, max(priced.rank_memory_bytes), "",
+                             priced.rank_memory_bytes, send_s, "partial", False, priced.counts), priced
+
+
 def _search_space(batch: int, layout: PipelineLayout, n_blocks: int, schedules: Sequence[str],
                   microbatches: Sequence[int] | None, stages_per_rank: Sequence[int] | None,
                   recompute: str) -> tuple[tuple[int, ...], list[int]]:
@@ -422,12 +458,14 @@ def search_pipeline(
     itemsize: int = 2,
     recompute: str = "none",
     price_full: Callable[[int], BlockPricing] | None = None,
+    partial: bool = True,
 ) -> PipelinePlan:
     """The fastest fitting candidate of ``layout`` (module docstring, Search). ``price_at(micro_batch)``
     gives the block pricing of microbatches of ``micro_batch`` sequences on the stage sub-mesh
     (:func:`autoshard.search.pipeline_blocks.price_blocks`; called once per ``m``) with the stages'
     recomputation policy ``recompute``; ``price_full``, with ``recompute="none"``, the same under
-    full recomputation, priced only where (R2) leaves it a chance;
+    full recomputation, priced only where (R2) leaves it a chance, and with it stages checkpointing
+    some of their blocks (R4) unless ``partial`` is false;
     ``profile`` a ``hw_profiles.HardwareProfile`` (sends, memory); ``memory_limit_bytes``
     defaults to its usable memory. ``stages_per_rank`` narrows :data:`V_OF`.
 
@@ -464,7 +502,20 @@ def search_pipeline(
                                                 unlimited_bottleneck_s=unlimited)
                 candidates.append(cand)
                 if cand.step_s < (best[0].step_s if best else math.inf):  # (R3): strictly faster only
-                    best[:] = [cand, cut, sim, pricing]
+                    best[:] = [cand, cut, sim, pricing, None]
+
+    def try_partial(none: BlockPricing, full: BlockPricing, m: int) -> None:  # (R4)
+        send = collective_time_s("permute", batch // m * seq_len * dim * itemsize / (dp * tp), (0,), mesh, profile)
+        for name in schedules:
+            for v in V_OF.get(name, (1,)):
+                if v not in allowed_v:
+                    continue
+                cand, priced = price_partial_candidate(none, full, n_blocks=n_blocks, batch=batch,
+                                                       pp=pp, schedule=name, n_microbatches=m, stages_per_rank=v,
+                                                       send_s=send, memory_limit_bytes=limit)
+                candidates.append(cand)
+                if priced is not None and cand.step_s < (best[0].step_s if best else math.inf):
+                    best[:] = [cand, priced.cut, priced.simulation, none, priced.costs]
 
     first = {}
     for m in counts:  # (R1)
@@ -475,7 +526,10 @@ def search_pipeline(
             bound = m * _work_s(first[m], n_blocks) / pp
             if bound < (best[0].step_s if best else math.inf) and any(
                     c.memory_bound for c in candidates if c.n_microbatches == m and c.recompute == "none"):
-                try_all(price_full(batch // m), m, "full")
+                full = price_full(batch // m)
+                try_all(full, m, "full")
+                if partial:
+                    try_partial(first[m], full, m)
     if not best:
         least = min((c.peak_bytes for c in candidates), default=math.inf)
         why = next((c.why for c in candidates if c.why), "")
@@ -489,21 +543,24 @@ def search_pipeline(
 
 def _chosen(best: Sequence, candidates: Sequence[PipelineCandidate], layout: PipelineLayout, tokens: int,
             flops_per_token: float, n_blocks: int, started: float) -> PipelinePlan:
-    """The :class:`PipelinePlan` of the best candidate ``(candidate, cut, simulation, pricing)``."""
-    cand, cut, _, pricing = best
+    """The :class:`PipelinePlan` of the best candidate ``(candidate, cut, simulation, pricing, stage costs)``
+    (the stage costs: a ``partial`` candidate's, priced with both policies; else None)."""
+    cand, cut, _, pricing, costs = best
     gpus = layout.pp * layout.dp * layout.tp
+    work = sum(c.forward_s + c.full_backward_s for c in costs) if costs else _work_s(pricing, n_blocks)
+    costs = costs or _stage_costs(pricing, cut, cand.send_s)
     return PipelinePlan(
         pp=layout.pp, mesh_shape=layout.mesh_shape, dim_names=layout.dim_names, schedule=cand.schedule,
         n_microbatches=cand.n_microbatches, stages_per_rank=cand.stages_per_rank, cuts=cut.cuts,
         stage_step_s=tuple(s.time_s for s in cut.stages), rank_memory_bytes=cand.rank_memory_bytes,
         step_s=cand.step_s, bubble_fraction=cand.bubble_fraction,
-        lower_bound_s=cand.n_microbatches * _work_s(pricing, n_blocks) / layout.pp,  # (f)
+        lower_bound_s=cand.n_microbatches * work / layout.pp,  # (f)
         tokens_per_gpu_s=tokens / (cand.step_s * gpus),
         tflops_per_gpu=flops_per_token * tokens / (cand.step_s * gpus) / 1e12,
         candidates=tuple(candidates), search_s=time.perf_counter() - started,
         stage_seconds=tuple((c.forward_s, c.full_backward_s or c.backward_input_s + c.backward_weight_s)
-                            for c in _stage_costs(pricing, cut, cand.send_s)),
-        recompute=cand.recompute)
+                            for c in costs),
+        recompute=cand.recompute, recompute_blocks=cand.recompute_blocks)
 
 
 def pipeline_section(
@@ -540,4 +597,5 @@ def pipeline_section(
         stages_per_rank=plan.stages_per_rank, mesh_dim=plan.dim_names[pp_at], send_bytes=send,
         data_parallel=data_parallel, stage_seconds=plan.stage_seconds, rank_peak_bytes=plan.rank_memory_bytes,
         step_s=plan.step_s, bubble_fraction=plan.bubble_fraction, recompute=plan.recompute,
+        recompute_blocks=plan.recompute_blocks,
         tensor_parallel=tensor_parallel, sequence_parallel=priced_sequence_parallel(plan.recompute, tensor_parallel))

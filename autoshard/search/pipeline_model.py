@@ -70,9 +70,10 @@ backward) and the V-shaped ones included."""
 
 def stage_recompute(policy: str) -> str:
     """The pipeline stages' policy for the solve's ``recompute`` (``autoshard.graph.recompute_policy``):
-    ``none`` and ``full`` as they are; ``auto``, ``selective`` and ``every:K`` search both
-    (``auto``): the stage runtime (FSDP2 / torch TP per stage) checkpoints whole blocks or none,
-    never per op, so a per-op or per-K policy is not one it can run.
+    ``none`` and ``full`` as they are; ``auto``, ``selective`` and ``every:K`` search both and the
+    stages checkpointing their first blocks only (``auto``; the per-stage counts are the search's):
+    the stage runtime (FSDP2 / torch TP per stage) checkpoints whole blocks or none, never per op,
+    so a per-op policy is not one it can run, and ``every:K``'s blocks are not a stage's first.
 
     >>> stage_recompute("full"), stage_recompute("selective"), stage_recompute("every:2")
     ('full', 'auto', 'auto')
@@ -172,8 +173,9 @@ def choose_pipeline(
     priced choice. ``time_limit`` bounds each block-pricing solve; ``memory_limit`` (bytes per
     device) defaults to the profile's usable memory. ``recompute``: the stages' policy,
     ``none`` or ``full`` (:data:`~autoshard.plan.pipeline_section.RECOMPUTE_POLICIES`), or
-    ``auto``: both searched (``autoshard.search.pipeline``, Recomputation); anything else is a
-    one-line :class:`PipelineError`.
+    ``auto``: both searched, and stages checkpointing some of their blocks where full is priced
+    (``autoshard.search.pipeline``, Recomputation (R4); the section's ``recompute`` then says
+    ``partial``, each stage its count); anything else is a one-line :class:`PipelineError`.
 
     >>> # choose_pipeline(model, (tokens, labels), (2, 2), ("pp", "dp"), block_paths=("layers.0", "layers.1"))
     """
@@ -231,7 +233,8 @@ def choose_pipeline(
         raise
     except ValueError as exc:  # the search's one-line refusals, as the section's error
         raise PipelineError(f"pipeline: {exc}") from None
-    pricing = pricings[batch // chosen.n_microbatches, chosen.recompute]
+    # a partial choice mixes both policies' pricings, solved with the same pinned layout: the split is read from none's
+    pricing = pricings[batch // chosen.n_microbatches, "none" if chosen.recompute == "partial" else chosen.recompute]
     section = pipeline_section(chosen, batch=batch, seq_len=seq_len, dim=dim, block_paths=block_paths,
                                leading=leading, trailing=trailing, itemsize=itemsize, data_parallel=data_parallel,
                                tensor_parallel=stage_tensor_parallel(pricing, model, block_paths, sub_names))

@@ -77,7 +77,7 @@ def test_schedule_names_are_the_ones_torch_offers() -> None:
     ({"schedule": "ZeroBubbleMagic"}, r"'ZeroBubbleMagic' is not a schedule torch offers; valid names: GPipe"),
     ({"cuts": (4,)}, r"pipeline.cuts"),
     ({"data_parallel": "ddp"}, r"data_parallel"),
-    ({"recompute": "selective"}, r"^pipeline.recompute: 'selective'; valid: none, full$"),
+    ({"recompute": "selective"}, r"^pipeline.recompute: 'selective'; valid: none, full, partial$"),
 ])
 def test_bad_input_gets_one_line_naming_it(over, message) -> None:
     with pytest.raises(PipelineError, match=message) as err:

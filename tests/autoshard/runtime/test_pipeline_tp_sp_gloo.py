@@ -33,7 +33,10 @@ MESH = ((2, 1, 2), ("pp", "dp", "tp"))  # dp of 1: every rank steps the whole ba
 SP_SEND_BYTES = BATCH // MICROBATCHES * SEQ // TP * DIM * 4  # fp32 (micro_batch, seq/tp, dim)
 JOBS = {"llama3_sp": ("llama3", True, "none"), "llama3_replicated": ("llama3", False, "none"),
         "hf_sp": ("hf", True, "none"), "llama3_sp_full": ("llama3", True, "full"),
-        "llama3_sp_zb": ("llama3", True, "none", "InterleavedZeroBubble")}
+        "llama3_sp_zb": ("llama3", True, "none", "InterleavedZeroBubble"),
+        "llama3_sp_partial": ("llama3", True, "partial")}
+PARTIAL_BLOCKS = (1, 0)
+"""The ``partial`` job's checkpointed blocks per stage: the first stage's block checkpointed, the last's kept."""
 VOCAB_MODULES = {"tok_embeddings": "embedding", "embed_tokens": "embedding", "output": "head", "lm_head": "head"}
 VOCAB = 256
 """Both tiny models' vocabulary; the embedding is on stage 0 (pp rank 0), the head on stage 1."""
@@ -57,7 +60,8 @@ def section_of(model, sequence_parallel: bool, recompute: str = "none", schedule
                                      block_paths=parts.blocks, cuts=(1,), leading=parts.leading,
                                      trailing=parts.trailing, tensor_parallel=() if by_rule else layout,
                                      send_bytes=SP_SEND_BYTES if sequence_parallel else SP_SEND_BYTES * TP,
-                                     sequence_parallel=sequence_parallel and not by_rule, recompute=recompute)
+                                     sequence_parallel=sequence_parallel and not by_rule, recompute=recompute,
+                                     recompute_blocks=PARTIAL_BLOCKS if recompute == "partial" else ())
     return with_plan_layout(section, model, plan_params(model), MESH[1]) if by_rule else section
 
 
@@ -128,7 +132,7 @@ def results(tmp_path_factory):
     return spawn(4, run_sp, (), tmp_path_factory.mktemp("u4_sp") / "ranks", timeout=300)
 
 
-@pytest.mark.parametrize("label", ["llama3_sp", "hf_sp", "llama3_sp_full", "llama3_sp_zb"])
+@pytest.mark.parametrize("label", ["llama3_sp", "hf_sp", "llama3_sp_full", "llama3_sp_zb", "llama3_sp_partial"])
 def test_sequence_parallel_loss_and_every_gradient_equal_one_device_after_each_step(results, label):
     # the loss is on the two tp ranks of the last stage
     assert_pipeline_matches_one_device([res[label]["steps"] for res in results], holders=2, label=label)
@@ -167,6 +171,19 @@ def test_without_recomputation_the_gathered_inputs_are_kept_as_shards_and_gather
         assert all(gathers in (0, 1) for _, gathers in regathers), (rank, regathers)
     # checkpointed blocks keep only their input: no re-gather hooks
     assert not any(res["llama3_sp_full"]["regathers"] for res in results)
+
+
+def test_a_partial_section_regathers_in_its_kept_blocks_only(results):
+    # the first stage checkpoints its block (its recomputation gathers again: no hooks), the last keeps
+    # its block and gathers its inputs again once per microbatch and step in the backward, as (h''')
+    # prices a kept block of a partial stage (pipeline_tp: regather unless the section is "full")
+    for rank, res in enumerate(results):
+        regathers = res["llama3_sp_partial"]["regathers"]
+        if res["llama3_sp_partial"]["pp"] == 0:
+            assert not regathers, (rank, regathers)
+        else:
+            assert sum(gathers for _, gathers in regathers) >= 2 * MICROBATCHES * STEPS, (rank, regathers)
+            assert all(gathers in (0, 1) for _, gathers in regathers), (rank, regathers)
 
 
 def test_a_split_backward_gathers_the_kept_inputs_again_once_in_each_pass_through_them(results):

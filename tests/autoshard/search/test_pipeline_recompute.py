@@ -51,10 +51,15 @@ def test_full_is_chosen_exactly_when_none_does_not_fit_a_limit_full_fits() -> No
     assert none.step_s < full.step_s  # recomputing costs time
     between = (_peak(full) + _peak(none)) / 2
     assert _search(_peak(none), price_full=FULL).recompute == "none"  # both fit: none is faster
-    chosen = _search(between, price_full=FULL)
+    chosen = _search(between, price_full=FULL, partial=False)  # (R4) off: the two policies alone
     assert chosen.recompute == "full" and chosen.step_s == full.step_s
     assert {c.recompute for c in chosen.candidates} == {"none", "full"}
-    with pytest.raises(ValueError, match="no pipeline candidate fits .* with recompute full, none"):
+    with pytest.raises(ValueError, match=r"no pipeline candidate fits .* with recompute full, none \("):
+        _search(_peak(full) - 1, price_full=FULL, partial=False)
+    # with (R4), some blocks checkpointed fit between the two, faster than full
+    partial = _search(between, price_full=FULL)
+    assert partial.recompute == "partial" and none.step_s < partial.step_s < full.step_s
+    with pytest.raises(ValueError, match=r"no pipeline candidate fits .* with recompute full, none, partial \("):
         _search(_peak(full) - 1, price_full=FULL)
     # a limit no cut of the blocks fits leaves no rank memory to show: the message says so, not "inf"
     with pytest.raises(ValueError, match=r"\(no cut fits; first refusal: ") as refused:
@@ -69,7 +74,9 @@ def test_a_tie_keeps_none() -> None:
     calls = []
     plan = _search(9500, price_full=lambda mb: calls.append(mb) or NONE(mb))
     assert plan.cuts == (1,) and calls == [2] and plan.recompute == "none"
-    assert all(c.memory_bound for c in plan.candidates)
+    assert all(c.memory_bound for c in plan.candidates if c.recompute != "partial")
+    # (R4) with nothing to save by checkpointing: the cut chosen with the counts is none's own, counts 0
+    assert [c.recompute_blocks for c in plan.candidates if c.recompute == "partial"] == [(0, 0)]
 
 
 def test_full_is_not_priced_where_none_is_not_memory_bound() -> None:
@@ -91,7 +98,7 @@ def test_full_is_not_priced_where_its_bound_cannot_beat_the_incumbent() -> None:
 
 def test_the_section_records_the_chosen_policy() -> None:
     chosen = _search((_peak(_search(math.inf, price_at=FULL, recompute="full")) + _peak(_search(math.inf))) / 2,
-                     price_full=FULL)
+                     price_full=FULL, partial=False)
     section = pipeline_section(chosen, batch=8, seq_len=8, dim=8, block_paths=[f"layers.{i}" for i in range(4)])
     assert section.recompute == "full" and section.to_dict()["recompute"] == "full"
     plain = pipeline_section(_search(math.inf), batch=8, seq_len=8, dim=8,

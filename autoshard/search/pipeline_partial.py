@@ -1,0 +1,297 @@
+r"""Pipeline stages that checkpoint some of their blocks: their price, and how many each checkpoints.
+
+A plan's ``pipeline.recompute`` may be ``"partial"``: stage ``k`` of ``n_k`` blocks runs its first
+``c_k`` under activation checkpointing and keeps the rest whole (``autoshard.plan.pipeline_section``;
+the runtime: ``autoshard.runtime.pipeline_stages``, Recomputation). Its price mixes the block
+pricings of the two policies at the same microbatch (``autoshard.search.pipeline_blocks``: ``N``
+without recomputation, its residual stream and gathered inputs sequence-split (h''), (h'''); ``C``
+with full recomputation, its kept input sequence-split (h')), block by block:
+
+    (p1) F_k = (n_k - c_k) f^N + c_k f^C (+ extras),   B_k = (n_k - c_k) b^N + c_k b^C (+ extras)
+    (p2) R_k = (n_k - c_k)(R^N + E^N) + c_k (R^C + E^C)   (what a split backward runs in both halves:
+         ``autoshard.search.pipeline._stage_costs``)
+    (p3) a_k = (n_k - c_k) a^N + c_k a^C (+ extras)   saved per microbatch in flight
+    (p4) s, g, o, w per block mixed the same way; a stage's extras (embedding, head) and their
+         reduction, optimizer and gathers from ``C`` where every block of the stage is checkpointed,
+         else from ``N``
+    (p5) rank r's memory = sum_{k on r} (n_k s + extras' state) + peak activations of r (the schedule
+         simulated with (p3)) + max(T_r, H_r), with T_r the block transient of the rank's policy
+         (``T^N`` where none of its blocks is checkpointed, ``T^C`` where all are, the larger of the two
+         otherwise: a rank with both kinds of blocks runs both kinds of transient) and H_r the head's
+         transient, ``T + head``, of the last stage's policy, on the rank that holds it
+
+so ``c_k = 0`` everywhere prices exactly as ``N`` and ``c_k = n_k`` as ``C`` (same cut).
+
+**Choosing the counts** (:func:`best_counts`, one candidate ``(schedule, m, v)``): the faster
+fitting of two, (c0) and (c1)-(c4).
+
+(c0) (:func:`choose_counts`) the cut without a memory limit (the blocks are alike: balanced stage
+times), every ``c_k = 0``; while a rank is over the limit by ``X_r``: on its stage with the most microbatches in flight
+``h_k`` (``costmodel.stage_cuts.stage_in_flight``; ties the lowest index) that still has a kept
+block, ``c_k += ceil(X_r / (h_k (a^N - a^C)))`` (at most its blocks); simulate again. A
+checkpointed block of stage ``k`` lowers its rank's peak by at most ``h_k (a^N - a^C)`` (the peak
+holds at most ``h_k`` of the stage's microbatches) and costs every stage the same time
+``(b^C - b^N)``, so the stage with the most in flight frees the most per block recomputed, and the
+step never checkpoints more blocks than that bound asks for. The first stages of a rank-ordered
+schedule hold the most in flight (1F1B: ``p - r`` on rank ``r``), so the counts differ per stage:
+the runtime applies each stage's own count at no cost.
+
+**The cut with the counts** (:func:`cut_with_counts`): (c0) leaves the stages that recompute the
+most, which pace the schedule, as long as the others; moving blocks off them pays. As
+``costmodel.stage_cuts`` cuts (its (c) shares: ``M_k = (M - max(T^N, T^C)) w_k / sum_{k' on
+rank(k)} w_{k'}``, ``w_k = s + h_k a^N``), with each stage's time the one of the fewest counts that fit
+its share:
+
+    (c1) c_k(i, j) = max(0, ceil((mem^N_k(i, j) - M_k) / (h_k (a^N - a^C)))),  mem^N_k the stage's
+         memory without recomputation, ``h_k`` microbatches in flight (its extras and, on the last
+         stage, the head's transient included); the stage does not fit where c_k > j - i;
+         time_k(i, j) = (j - i) t^N + c_k (t^C - t^N) (+ extras' time)
+    (c2) D(k, i) = min_j max(time_k(i, j), D(k + 1, j)) over the j that fit (``O(K N^2)``)
+    (c3) the lexicographically smallest optimal cut, with its counts
+    (c4) (:func:`trim_counts`) the counts checked with the schedule simulated ((c0)'s loop adds
+         where a rank is still over); then one fewer, stage by stage from the fewest in flight, while
+         every rank still fits: ``h_k`` microbatches per stage and the shares bound a rank's peak
+         from above, so (c1) may ask for more than the simulated peak needs.
+
+Partial: the counts and the cut are chosen against the shares' bound and the simulated peak after,
+not searched jointly with the simulation. Refused (``None`` and why) where a rank is over the
+limit with every block of its stages checkpointed on both cuts, or where checkpointing saves
+nothing (``a^C >= a^N``) and the cut without a limit does not fit.
+
+>>> from autoshard.search.pipeline_blocks import BlockPricing
+>>> from costmodel.stage_cuts import BlockCost, cut_stages
+>>> none = BlockPricing(1, BlockCost(1.0, 2.0, 0, 10), 0, 0, BlockCost(0, 0, 0, 0), BlockCost(0, 0, 0, 0), 0, 0, 0,
+...                     (), 0.0)
+>>> full = BlockPricing(1, BlockCost(1.0, 3.0, 0, 2), 0, 0, BlockCost(0, 0, 0, 0), BlockCost(0, 0, 0, 0), 0, 0, 0,
+...                     (), 0.0, block_recompute_s=1.0)
+>>> [c.activation_bytes for c in mixed_stage_costs(none, full, cut_stages([none.block] * 4, 2), (1, 0), 0.0)]
+[12, 20]
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+from costmodel.pipeline_schedules import PipelineSchedule
+from costmodel.pipeline_simulate import PipelineSimulation, StageCost, simulate_pipeline
+from costmodel.stage_cuts import Stage, StageCuts, stage_in_flight
+
+from autoshard.search.pipeline_blocks import BlockPricing
+
+__all__ = ["PartialPricing", "mixed_stage_costs", "price_counts", "choose_counts", "cut_with_counts", "trim_counts",
+           "best_counts"]
+
+
+@dataclass(frozen=True, slots=True)
+class PartialPricing:
+    """One candidate's stages with ``counts`` checkpointed blocks each, priced (module docstring)."""
+
+    counts: tuple[int, ...]
+    """``c_k`` per stage."""
+    cut: StageCuts
+    """The cut, each stage's time and memory as (p1), (p3) price them."""
+    costs: tuple[StageCost, ...]
+    simulation: PipelineSimulation
+    rank_memory_bytes: tuple[float, ...]
+    """(p5) per rank of the ``pp`` dim."""
+
+
+def _policy(c: int, n: int, none: BlockPricing, full: BlockPricing) -> BlockPricing:
+    """The pricing a stage's extras follow (p4): ``C`` where all its blocks are checkpointed."""
+    return full if n and c == n else none
+
+
+def mixed_stage_costs(none: BlockPricing, full: BlockPricing, cut: StageCuts, counts: Sequence[int],
+                      send_s: float) -> list[StageCost]:
+    """(p1)-(p4): one :class:`StageCost` per stage of ``cut``, stage ``k`` checkpointing ``counts[k]`` blocks;
+    with every count 0 (every count the stage's blocks) it is ``pipeline._stage_costs`` of ``none`` (``full``)."""
+    k_last = len(cut.stages) - 1
+    n_of, c_of = none.block, full.block
+    out = []
+    for k, st in enumerate(cut.stages):
+        n = st.end_block - st.first_block
+        c = int(counts[k])
+        if not 0 <= c <= n:
+            raise ValueError(f"stage {k}: {c} checkpointed blocks of its {n}")
+        ep = _policy(c, n, none, full)
+        extras = [e for e, here in ((ep.first_extra, k == 0), (ep.last_extra, k == k_last)) if here]
+        mix = lambda x, y: (n - c) * x + c * y  # noqa: E731
+        fwd = mix(n_of.forward_s, c_of.forward_s) + sum(e.forward_s for e in extras)
+        bwd = mix(n_of.backward_s, c_of.backward_s) + sum(e.backward_s for e in extras)
+        acts = mix(n_of.activation_bytes, c_of.activation_bytes) + sum(e.activation_bytes for e in extras)
+        redo = min(bwd, mix(none.block_recompute_s + none.block_regather_s,
+                            full.block_recompute_s + full.block_regather_s))
+        half = (bwd - redo) / 2 + redo
+        out.append(StageCost(
+            forward_s=fwd, backward_input_s=half, backward_weight_s=half, full_backward_s=bwd,
+            send_activation_s=send_s, send_gradient_s=send_s, activation_bytes=int(acts), weight_grad_bytes=int(acts),
+            gradient_reduction_s=mix(none.block_reduction_s, full.block_reduction_s)
+            + (ep.extra_reduction_s if extras else 0.0),
+            optimizer_s=mix(none.block_optimizer_s, full.block_optimizer_s) + (ep.extra_optimizer_s if extras else 0.0),
+            weight_gather_s=mix(none.block_gather_s, full.block_gather_s) + (ep.extra_gather_s if extras else 0.0)))
+    return out
+
+
+def _rank_memory(none: BlockPricing, full: BlockPricing, cut: StageCuts, counts: Sequence[int],
+                 schedule: PipelineSchedule, sim: PipelineSimulation) -> tuple[float, ...]:
+    """(p5) per rank."""
+    p, k_last = schedule.n_ranks, len(cut.stages) - 1
+    state, checkpointed, kept = [0.0] * p, [False] * p, [False] * p
+    head = [0.0] * p
+    for k, st in enumerate(cut.stages):
+        n, c, r = st.end_block - st.first_block, int(counts[k]), schedule.stage_ranks[k]
+        ep = _policy(c, n, none, full)
+        state[r] += (n - c) * none.block.state_bytes + c * full.block.state_bytes
+        state[r] += (ep.first_extra.state_bytes if k == 0 else 0) + (ep.last_extra.state_bytes if k == k_last else 0)
+        checkpointed[r] |= c > 0
+        kept[r] |= c < n
+        if k == k_last:
+            heads = [q.transient_bytes + q.head_transient_bytes for q, used in ((none, c < n), (full, c > 0)) if used]
+            head[r] = max(heads)
+    out = []
+    for r in range(p):
+        blocks = max([q.transient_bytes for q, used in ((none, kept[r]), (full, checkpointed[r])) if used],
+                     default=none.transient_bytes)
+        out.append(state[r] + sim.ranks[r].peak_activation_bytes + max(blocks, head[r]))
+    return tuple(out)
+
+
+def price_counts(none: BlockPricing, full: BlockPricing, schedule: PipelineSchedule, cut: StageCuts,
+                 counts: Sequence[int], send_s: float) -> PartialPricing:
+    """The candidate of ``schedule`` on ``cut`` with ``counts`` checkpointed blocks per stage, simulated
+    (module docstring, (p1)-(p5)); ``none`` and ``full`` priced at the same microbatch."""
+    if none.micro_batch != full.micro_batch:
+        raise ValueError(f"pricings of microbatches of {none.micro_batch} and {full.micro_batch} sequences")
+    if len(counts) != len(cut.stages):
+        raise ValueError(f"{len(counts)} counts for {len(cut.stages)} stages")
+    costs = mixed_stage_costs(none, full, cut, counts, send_s)
+    sim = simulate_pipeline(schedule, costs)
+    memory = _rank_memory(none, full, cut, counts, schedule, sim)
+    held = stage_in_flight(schedule)
+    stages = tuple(Stage(st.first_block, st.end_block, c.forward_s + c.backward_s,
+                         int(memory[schedule.stage_ranks[k]] if held[k] else 0))
+                   for k, (st, c) in enumerate(zip(cut.stages, costs)))
+    return PartialPricing(tuple(int(c) for c in counts), StageCuts(stages, max(s.time_s for s in stages)),
+                          tuple(costs), sim, memory)
+
+
+def choose_counts(none: BlockPricing, full: BlockPricing, schedule: PipelineSchedule, cut: StageCuts,
+                  send_s: float, memory_limit_bytes: float,
+                  start: Sequence[int] | None = None) -> tuple[PartialPricing | None, str]:
+    """The fewest checkpointed blocks per stage of ``cut`` that fit ``memory_limit_bytes`` a rank
+    (module docstring, Choosing the counts), from ``start`` (default none): ``(priced, "")``, or
+    ``(None, why)``."""
+    saved = none.block.activation_bytes - full.block.activation_bytes
+    held = stage_in_flight(schedule)
+    sizes = [st.end_block - st.first_block for st in cut.stages]
+    counts = list(start) if start is not None else [0] * len(sizes)
+    while True:
+        priced = price_counts(none, full, schedule, cut, counts, send_s)
+        over = [(r, m - memory_limit_bytes) for r, m in enumerate(priced.rank_memory_bytes) if m > memory_limit_bytes]
+        if not over:
+            return priced, ""
+        if saved <= 0:
+            return None, "checkpointing a block saves no memory here"
+        for r, excess in over:
+            open_ = [k for k, rank in enumerate(schedule.stage_ranks) if rank == r and counts[k] < sizes[k]]
+            if not open_:
+                return None, (f"rank {r} memory {priced.rank_memory_bytes[r] / 2**30:.1f} GiB > limit "
+                              f"{memory_limit_bytes / 2**30:.1f} GiB with every block checkpointed")
+            k = max(open_, key=lambda k: (held[k], -k))
+            more = math.ceil(excess / (max(1, held[k]) * saved))
+            counts[k] = min(sizes[k], counts[k] + max(1, more))
+
+
+def cut_with_counts(none: BlockPricing, full: BlockPricing, schedule: PipelineSchedule, n_blocks: int,
+                    memory_limit_bytes: float) -> tuple[StageCuts, tuple[int, ...]] | None:
+    """(c1)-(c3) (module docstring, The cut with the counts): the cut whose slowest stage is least when
+    each stage checkpoints the fewest blocks its share of the limit asks for, and those counts; None
+    where no cut fits."""
+    k_stages, held, ranks = schedule.n_stages, stage_in_flight(schedule), schedule.stage_ranks
+    blk, ckp = none.block, full.block
+    t_n, dt = blk.forward_s + blk.backward_s, (ckp.forward_s + ckp.backward_s) - (blk.forward_s + blk.backward_s)
+    saved = blk.activation_bytes - ckp.activation_bytes
+    budget = memory_limit_bytes - max(none.transient_bytes, full.transient_bytes)
+    first, last = none.first_extra, none.last_extra
+    head = max(none.head_transient_bytes, full.head_transient_bytes)
+    weight = [blk.state_bytes + held[k] * blk.activation_bytes for k in range(k_stages)]
+    on_rank: dict[int, float] = {}
+    for k, r in enumerate(ranks):
+        on_rank[r] = on_rank.get(r, 0.0) + weight[k]
+    share = [budget * weight[k] / on_rank[ranks[k]] if on_rank[ranks[k]] > 0 else budget for k in range(k_stages)]
+
+    def stage(k: int, i: int, j: int) -> tuple[float, int]:  # (c1): (time, count), count -1 where it cannot fit
+        n = j - i
+        extras = [e for e, here in ((first, k == 0), (last, k == k_stages - 1)) if here]
+        e_t = sum(e.forward_s + e.backward_s for e in extras)
+        kept = n * blk.state_bytes + sum(e.state_bytes for e in extras) + (head if k == k_stages - 1 else 0.0) \
+            + held[k] * (n * blk.activation_bytes + sum(e.activation_bytes for e in extras))
+        over = kept - share[k]
+        if over <= 0:
+            return n * t_n + e_t, 0
+        c = math.ceil(over / (held[k] * saved)) if held[k] and saved > 0 else n + 1
+        return (n * t_n + c * dt + e_t, c) if c <= n else (math.inf, -1)
+
+    # (c2): D[k][i], the least slowest stage of blocks [i, N) in stages k ..
+    table = [[math.inf] * (n_blocks + 1) for _ in range(k_stages + 1)]
+    table[k_stages][n_blocks] = 0.0
+    for k in range(k_stages - 1, -1, -1):
+        for i in range(k, n_blocks - (k_stages - 1 - k)):
+            best = math.inf
+            for j in range(i + 1, n_blocks - (k_stages - 2 - k)):
+                rest = table[k + 1][j]
+                if rest >= best:
+                    continue
+                t, c = stage(k, i, j)
+                if c >= 0:
+                    best = min(best, max(t, rest))
+            table[k][i] = best
+    bottleneck = table[0][0]
+    if math.isinf(bottleneck):
+        return None
+    stages, counts, i = [], [], 0
+    for k in range(k_stages):  # (c3): the smallest next cut that keeps the optimum
+        ends = [n_blocks] if k == k_stages - 1 else range(i + 1, n_blocks - (k_stages - 2 - k))
+        for j in ends:
+            t, c = stage(k, i, j)
+            if c >= 0 and t <= bottleneck and table[k + 1][j] <= bottleneck:
+                break
+        stages.append(Stage(i, j, t, 0))
+        counts.append(c)
+        i = j
+    return StageCuts(tuple(stages), bottleneck), tuple(counts)
+
+
+def trim_counts(none: BlockPricing, full: BlockPricing, schedule: PipelineSchedule, priced: PartialPricing,
+                send_s: float, memory_limit_bytes: float) -> PartialPricing:
+    """(c4): one checkpointed block fewer, stage by stage from the fewest microbatches in flight (the
+    least memory a block frees there), while the simulated ranks still fit."""
+    held = stage_in_flight(schedule)
+    counts = list(priced.counts)
+    for k in sorted(range(len(counts)), key=lambda k: (held[k], -k)):
+        while counts[k]:
+            counts[k] -= 1
+            trial = price_counts(none, full, schedule, priced.cut, counts, send_s)
+            if max(trial.rank_memory_bytes) > memory_limit_bytes:
+                counts[k] += 1
+                break
+            priced = trial
+    return priced
+
+
+def best_counts(none: BlockPricing, full: BlockPricing, schedule: PipelineSchedule, balanced: StageCuts,
+                n_blocks: int, send_s: float, memory_limit_bytes: float) -> tuple[PartialPricing | None, str]:
+    """The faster fitting of (c0) the ``balanced`` cut with :func:`choose_counts` and (c1)-(c4) the cut
+    with the counts (module docstring): ``(priced, "")``, or ``(None, why)`` where neither fits."""
+    found, why = choose_counts(none, full, schedule, balanced, send_s, memory_limit_bytes)
+    tried = [found] if found is not None else []
+    joint = cut_with_counts(none, full, schedule, n_blocks, memory_limit_bytes)
+    if joint is not None:
+        fixed, _ = choose_counts(none, full, schedule, joint[0], send_s, memory_limit_bytes, start=joint[1])
+        if fixed is not None:
+            tried.append(trim_counts(none, full, schedule, fixed, send_s, memory_limit_bytes))
+    if not tried:
+        return None, why
+    return min(tried, key=lambda p: p.simulation.step_s), ""

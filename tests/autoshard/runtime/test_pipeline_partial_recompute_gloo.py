@@ -1,0 +1,85 @@
+"""A ``partial`` pipeline section (some blocks of each stage checkpointed) on 4 gloo ranks, against one device.
+
+One spawn of 4 ranks runs two jobs of the example LLaMA (tiny, fp32, four blocks) cut by
+``build_pipeline_section`` with ``recompute="partial"``: 1F1B on ``pp 2 x dp 2`` with stages of two
+blocks, the first stage checkpointing one of them and the last none; and ZBVZeroBubble (its split
+backward) with four one-block stages, stages 0 and 2 checkpointed. Two AdamW steps each
+(``test_pipeline_gloo.run_jobs``). After each step the loss and every parameter's gradient equal
+the one-device model's, and each block runs its forward as often per step as the schedule and its
+own stage's count say: a checkpointed block (one of its stage's first ``recompute_blocks``) once
+per microbatch plus once per backward call that reads it, any other once per microbatch; so the
+jobs cannot pass with the whole stage checkpointed, or none of it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+from gloo_ranks import spawn
+from test_pipeline_gloo import FOUR, STEPS, _section, run_jobs
+
+from autoshard.plan.pipeline_section import PipelineSection
+
+
+def _partial(schedule: str, cuts: tuple[int, ...], counts: tuple[int, ...], v: int = 1) -> PipelineSection:
+    import dataclasses
+
+    whole = _section(schedule, 2, 4, cuts, FOUR, v=v)
+    stages = tuple(dataclasses.replace(st, recompute_blocks=k) for st, k in zip(whole.stages, counts))
+    section = dataclasses.replace(whole, recompute="partial", stages=stages)
+    return PipelineSection.from_dict(section.to_dict())  # validated, as a plan file is read
+
+
+JOBS = {
+    "1f1b-pp2-dp2-m4-partial": ((2, 2), ("pp", "dp"), _partial("1F1B", (2,), (1, 0)), FOUR),
+    "zbv-pp2-dp2-m4-partial": ((2, 2), ("pp", "dp"), _partial("ZBVZeroBubble", (1, 2, 3), (1, 0, 1, 0), v=2), FOUR),
+}
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    sent = {label: (shape, names, section.to_dict(), kwargs) for label, (shape, names, section, kwargs) in JOBS.items()}
+    return spawn(4, run_jobs, (sent,), tmp_path_factory.mktemp("pipeline-partial") / "ranks", timeout=120)
+
+
+@pytest.mark.parametrize("label", list(JOBS))
+def test_partial_recompute_loss_and_every_gradient_equal_one_device(results, label):
+    for step in range(STEPS):
+        last = [res[label][step] for res in results if res[label][step]["loss"] is not None]
+        assert last, f"{label}: no rank returned the loss"
+        for entry in last:
+            torch.testing.assert_close(entry["loss"], entry["ref_loss"], rtol=1e-5, atol=1e-6)
+        for rank, res in enumerate(results):
+            entry = res[label][step]
+            assert set(entry["grads"]) == set(entry["params"]), f"{label} rank {rank}: a parameter has no gradient"
+            for name, grad in entry["grads"].items():
+                torch.testing.assert_close(grad, entry["ref_grads"][name], rtol=1e-4, atol=1e-6,
+                                           msg=lambda m, n=name: f"{label} step {step} rank {rank} {n}: {m}")
+
+
+def _forwards(section: PipelineSection, stage: int, checkpointed: bool) -> int:
+    """A block's forwards per step (``test_pipeline_gloo._block_forwards``, per block): once per ``F``;
+    checkpointed, once more per ``B``, ``W`` and (not on stage 0, whose backward runs whole in ``W``) ``I``."""
+    from costmodel.pipeline_schedules import build_schedule
+
+    schedule = build_schedule(section.schedule, n_ranks=section.n_ranks, n_microbatches=section.n_microbatches,
+                              stages_per_rank=section.stages_per_rank)
+    kinds = Counter(a.kind.value for order in schedule.orders for a in order if a.stage == stage)
+    again = kinds["B"] + kinds["W"] + (kinds["I"] if stage > 0 else 0)
+    return kinds["F"] + (again if checkpointed else 0)
+
+
+@pytest.mark.parametrize("label", list(JOBS))
+def test_only_each_stages_first_counted_blocks_recompute(results, label):
+    section = JOBS[label][2]
+    for rank, res in enumerate(results):
+        entry = res[label][STEPS - 1]  # step 0 adds torch's metadata inference
+        want = {}
+        for stage in entry["stages"]:
+            st = section.stages[stage]
+            for block in range(st.first_block, st.end_block):
+                want[block] = _forwards(section, stage, block - st.first_block < section.checkpointed_blocks(stage))
+        assert entry["block_forwards"] == want, f"{label} rank {rank}"
+    assert len({_forwards(section, 0, True), _forwards(section, 0, False)}) == 2  # the check tells them apart
