@@ -9,8 +9,6 @@ pipeline section, and ``explain --plot-schedule`` draws that section's timeline.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -20,9 +18,6 @@ from autoshard.plan.format import Plan
 KWARGS = {"device": "meta", "batch_size": 4, "seq_len": 64, "max_seq_len": 64, "dim": 512, "n_layers": 4,
           "n_heads": 8, "n_kv_heads": 8, "vocab_size": 256}
 
-
-def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "autoshard.cli", *args], capture_output=True, text=True, timeout=300)
 
 
 def test_devices_over_a_slow_link_picks_stages_and_explain_draws_their_schedule(tmp_path, capsys) -> None:
@@ -43,6 +38,9 @@ def test_devices_over_a_slow_link_picks_stages_and_explain_draws_their_schedule(
     assert f"pipeline: {plan.pipeline.n_stages} stages on 2 ranks of pp" in out.out
     rows = {tuple(r["dim_names"]): r for r in plan.options["mesh_search"]["layouts"]}
     assert rows[("pp",)]["chosen"] and rows[("pp",)]["step_s"] < rows[("dp",)]["step_s"]
-    shown = _cli("explain", str(path), "--plot-schedule", str(png))
-    assert shown.returncode == 0, shown.stderr
+    # in this process too (``explain --plot-schedule`` as its own process is
+    # tests/autoshard/plan/test_explain_pipeline_plot.py's)
+    code = main(["explain", str(path), "--plot-schedule", str(png)])
+    shown = capsys.readouterr()
+    assert code == 0, shown.err
     assert png.read_bytes()[:4] == b"\x89PNG"
