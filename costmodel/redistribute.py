@@ -162,16 +162,10 @@ def redistribute_costs(
             if pl is None:
                 out.append(None)
                 continue
-            pl_t = as_placements(pl)
             try:
-                check_placements(pl_t, len(shape_t), mesh.shape)
+                out.append(_prepared(as_placements(pl), len(shape_t), mesh))
             except ShardShapeError as exc:
                 raise PlannerError(f"{name}: {exc}") from None
-            out.append((
-                canonical(pl_t, mesh),
-                frozenset(p.reduce_op for p in pl_t if isinstance(p, Partial)),
-                frozenset(p for p in pl_t if isinstance(p, StridedShard)),
-            ))
         return out
 
     src_p, dst_p = prepared(srcs, "src"), prepared(dsts, "dst")
@@ -189,6 +183,8 @@ def redistribute_costs(
         for (d_ops, d_strided), cols in dst_groups.items():
             sig = (tuple(sorted(s_ops | d_ops)), tuple(sorted(s_strided | d_strided, key=str)))
             blocks.setdefault(sig, []).append((rows, cols))
+    # state ids per structure (one per strided set; the signatures of one set differ by ops only)
+    ids: dict[tuple, tuple[dict[int, int], dict[int, int]]] = {}
     for sig, parts in blocks.items():
         ops, strided = sig
         # the edges shared by the signatures of the tensor with the same strided placements (E5 may
@@ -196,15 +192,38 @@ def redistribute_costs(
         # tensor's shape class, with its own prices (costmodel.redistribute_classes)
         table_of = tensor_table(mesh, shape_t, itemsize, profile, fuse, strided)
         state_id, mask = table_of.edges.state_id, ops_mask(ops)
+        src_ids, dst_ids = ids.setdefault(strided, ({}, {}))
+        for part_rows, cols in parts:
+            for a in part_rows:
+                if a not in src_ids:
+                    src_ids[a] = state_id(src_p[a][0])
+            for b in cols:  # ids before the rows' width
+                if b not in dst_ids:
+                    dst_ids[b] = state_id(dst_p[b][0])
         rows = sorted({a for part_rows, _ in parts for a in part_rows})
         row_of = {a: i for i, a in enumerate(rows)}
-        goals = {b: state_id(dst_p[b][0]) for _, cols in parts for b in cols}  # ids before the rows' width
-        dist = table_of.distance_rows(mask, [state_id(src_p[a][0]) for a in rows])
+        cols_all = sorted({b for _, cols in parts for b in cols})
+        col_of = {b: j for j, b in enumerate(cols_all)}
+        dist = table_of.distance_rows(mask, [src_ids[a] for a in rows], [dst_ids[b] for b in cols_all])
         for part_rows, cols in parts:
-            table[np.ix_(part_rows, cols)] = dist[np.ix_([row_of[a] for a in part_rows], [goals[b] for b in cols])]
+            at = np.asarray([row_of[a] for a in part_rows])
+            to = np.asarray([col_of[b] for b in cols])
+            table[np.asarray(part_rows)[:, None], np.asarray(cols)] = dist[at[:, None], to]
     if store is not None:
         store.put(mesh, profile, fuse, shape, itemsize, srcs, dsts, table)
     return table.tolist()
+
+
+@lru_cache(maxsize=65536)
+def _prepared(placements: tuple[Placement, ...], ndim: int, mesh: MeshSpec) -> tuple:
+    """A checked placement's canonical state and what it brings into a signature: its Partial
+    ops and strided placements (a model's edges ask the same few placements thousands of times)."""
+    check_placements(placements, ndim, mesh.shape)
+    return (
+        canonical(placements, mesh),
+        frozenset(p.reduce_op for p in placements if isinstance(p, Partial)),
+        frozenset(p for p in placements if isinstance(p, StridedShard)),
+    )
 
 
 _DEPENDENT_CACHES: list[Callable[[], None]] = []
@@ -220,6 +239,7 @@ def on_clear(clear: Callable[[], None]) -> None:
 def clear_cache() -> None:
     """Forget cached plans, search graphs and the caches built on them (e.g. before timing the planner)."""
     _plan_cached.cache_clear()
+    _prepared.cache_clear()
     search_graph.cache_clear()
     redistribute_classes.clear_cache()
     shared_edges.cache_clear()

@@ -114,7 +114,14 @@ class PlannerError(ValueError):
 
 
 def _commute(a: str, b: str) -> bool:
-    return frozenset({a, b}) in _COMMUTING
+    commute = _COMMUTES.get((a, b))
+    if commute is None:
+        commute = _COMMUTES[a, b] = frozenset({a, b}) in _COMMUTING
+    return commute
+
+
+_COMMUTES: dict[tuple[str, str], bool] = {}
+"""Memo of :func:`_commute` (asked for every Partial pair of every state; a handful of ops)."""
 
 
 def _sdim(p: Placement) -> int | None:
@@ -155,6 +162,8 @@ class SearchGraph:
     group_sizes: dict = field(default_factory=dict)
     prices: StepPrices | None = None
     groups: tuple[tuple[int, ...], ...] = ()
+    pairs: tuple[tuple[int, int], ...] = ()
+    """Mesh dims E8 may swap: equal sizes > 1 that flatten together."""
     shared: "_SharedEdges | None" = None
     """The tensor's edges priced with every Partial op allowed (module docstring, shared pricing)."""
     structure_only: bool = False
@@ -175,6 +184,8 @@ class SearchGraph:
         self.groups = tuple((k,) for k in real) + (tuple(multi) if self.fuse else ())
         # pricing asks the same few questions of ~10^5 edges per model: memoised per graph
         self.group_sizes = {g: self.mesh.group_size(g) for g in self.groups}
+        self.pairs = tuple((k, j) for k, j in itertools.combinations(range(n), 2)
+                           if self.mesh.shape[k] == self.mesh.shape[j] != 1 and self.mesh.can_flatten((k, j)))
         self.prices = step_prices(self.mesh, self.profile)
 
     # ------------------------------------------------------------ helpers
@@ -384,11 +395,9 @@ class SearchGraph:
         """(E8) swap the placements of two mesh dims of equal size."""
         out: list[_Edge | None] = []
         n = len(state)
-        for k, j in itertools.combinations(range(n), 2):
+        for k, j in self.pairs:
             a, b = state[k], state[j]
-            if a == b or self.mesh.shape[k] != self.mesh.shape[j] or self.mesh.shape[k] == 1:
-                continue
-            if not self.mesh.can_flatten((k, j)):
+            if a == b:
                 continue
             if isinstance(a, StridedShard) or isinstance(b, StridedShard):
                 continue
@@ -503,5 +512,7 @@ def search_graph(
 def canonical(placements: tuple[Placement, ...], mesh: MeshSpec) -> tuple[Placement, ...]:
     """R on every mesh dim of size 1: there any placement holds the same local
     tensor (the whole piece; the value itself for Partial)."""
+    if 1 not in mesh.shape and len(placements) == len(mesh.shape):  # nothing to replace (the common case, asked ~10^5 times a model)
+        return tuple(placements)
     return tuple(_R if m == 1 else p for p, m in zip(placements, mesh.shape))
 

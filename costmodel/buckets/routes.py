@@ -49,7 +49,7 @@ from typing import Callable, Sequence
 
 from costmodel.collectives import collective_time_s
 from costmodel.mesh import MeshSpec
-from costmodel.placements import Partial, Placement, StridedShard
+from costmodel.placements import Partial, Placement, Replicate, Shard, StridedShard
 from costmodel.redistribute import _normalize, on_clear, plan_redistribute
 from costmodel.redistribute_search import canonical, search_graph
 from costmodel.redistribute_steps import COLLECTIVE_STEPS, LOCAL_STEPS, RedistributePlan, RedistributeStep
@@ -103,10 +103,32 @@ def _routes(src: tuple[Placement, ...], dst: tuple[Placement, ...], mesh: MeshSp
         if state == goal:
             out.append(RedistributePlan((step,), cost, src, dst))
             continue
+        if not _locally_reachable(state, goal):  # the planner's rest has a collective: not a route
+            continue
         rest = plan_redistribute(state, dst, mesh, shape, itemsize, profile)
         if all(s.collective in LOCAL_STEPS for s in rest.steps):
             out.append(RedistributePlan((step, *rest.steps), cost + rest.cost_s, src, dst))
     return tuple(out)
+
+
+def _locally_reachable(state: tuple[Placement, ...], goal: tuple[Placement, ...]) -> bool:
+    """Whether local steps alone may turn ``state`` into ``goal`` (both canonical). Per mesh dim,
+    local steps (``costmodel.redistribute_search`` E5-E7) only go ``R -> anything``,
+    ``S(d) -> P(sum)`` and ``_S(d,sf) -> S(d) -> P(sum)``; a plan of local steps only is one
+    such change per dim, so where a dim needs another the planner's rest holds a collective
+    and need not be searched (a necessary condition: the plan decides the rest)."""
+    for a, b in zip(state, goal):
+        if a == b or isinstance(a, Replicate):
+            continue
+        if isinstance(a, Shard) and b == _SUM:
+            continue
+        if isinstance(a, StridedShard) and (b == Shard(a.dim) or b == _SUM):
+            continue
+        return False
+    return True
+
+
+_SUM = Partial("sum")
 
 
 def _latency(plan: RedistributePlan, accept: Accept, mesh: MeshSpec, profile: HardwareProfile) -> float | None:
