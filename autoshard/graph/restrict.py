@@ -309,6 +309,7 @@ def seeded_restriction(
     backend: str = DEFAULT_BACKEND,
     seed_pins: Callable[[StrategyGraph], Iterable[Mapping[int, int]]] | None = None,
     memo: dict[Any, Any] | None = None,
+    gap: float | None = None,
 ) -> tuple[SeededRestriction, SeedInfo]:
     """Solve ``traced`` on the coarse mesh and return the restriction for ``mesh``
     (module docstring). ``memory_limit`` defaults to the profile's device memory (``math.inf``: none).
@@ -326,7 +327,11 @@ def seeded_restriction(
     fine meshes with the same coarse mesh (``2x4x8`` and ``4x2x8`` both seed
     from ``8x8``) then share one coarse build and solve (the seed is a function
     of the arguments: reused, it is the seed a fresh call would compute,
-    unless the coarse solve stopped on its time limit)."""
+    unless the coarse solve stopped on its time limit). ``gap``: the relative gap that proves a coarse
+    solve (None: the solver's default, 1e-9); the search passes the plan's own (``PLAN_GAP``, 1e-6): a
+    seed needs no more precision than the plan it seeds, and toulbar2's integer rounding leaves its
+    proofs a few 1e-7 short of 1e-9 (tiny Mixtral, 2x2x2: the coarse solve proven to 6.4e-7 by toulbar2
+    after 3.3 s then ran windows for 10 s more, to its limit)."""
     # imported here: builder imports nothing from this module, but keep the graph package's import order flat
     from solver import solve as solve_problem
     from solver.solution import Status
@@ -337,7 +342,7 @@ def seeded_restriction(
     groups_t = tuple(tuple(g) for g in (groups or coarse_groups(mesh.shape)))
     coarse = coarse_mesh(mesh, groups_t)
     key = (id(traced), coarse.shape, coarse.strides, profile, optimizer, allow_uneven, memory_limit, time_limit,
-           backend, seed_pins)
+           backend, seed_pins, gap)
     if memo is not None and key in memo:
         allowed, signature_of, info = memo[key]
         info = SeedInfo(info.coarse_shape, groups_t, {"build": 0.0, "solve": 0.0}, info.coarse_step_s,
@@ -347,22 +352,23 @@ def seeded_restriction(
     graph = build_graph(traced, coarse, profile, optimizer=optimizer, ties=True, allow_uneven=allow_uneven)
     t1 = time.perf_counter()
     limit = float(profile.device.usable_memory_bytes if memory_limit is None else memory_limit)
+    proof = {} if gap is None else {"gap": gap}
     # every coarse solve below ends by t1 + time_limit: the seed's share of the one time limit is all it gets
     # (an infinite limit, the caller's "no limit", is a problem without one)
     solution = solve_problem(to_problem(graph, memory_limit=limit if math.isfinite(limit) else None),
-                             backend=backend, time_limit=time_limit, start_time=t1)
+                             backend=backend, time_limit=time_limit, start_time=t1, **proof)
     relaxed = False
     if solution.status is Status.INFEASIBLE or not solution.choice:
         # no coarse plan fits: seed from the unconstrained optimum; the fine mesh may still fit
         # (all-replicate and every leaf layout stay available there)
         log.warning("seeded search: no coarse plan fits %s; seeding without the limit", format_bytes(limit))
         solution = solve_problem(to_problem(graph, memory_limit=None), backend=backend, time_limit=time_limit,
-                                 start_time=t1)
+                                 start_time=t1, **proof)
         relaxed = True
     seeds = [solution.choice]
     for pins in (seed_pins(graph) if seed_pins is not None else ()):
         found = solve_problem(to_problem(graph, memory_limit=None, pins=pins), backend=backend,
-                              time_limit=time_limit, start_time=t1)
+                              time_limit=time_limit, start_time=t1, **proof)
         if found.choice:
             seeds.append(found.choice)
     # the first solve may have taken the whole share (a time-limited coarse solve runs to its end):
@@ -370,7 +376,7 @@ def seeded_restriction(
     t_light = time.perf_counter()
     light = solve_problem(to_problem(graph, memory_limit=None, pins=light_pins(graph)), backend=backend,
                           time_limit=max(time_limit - (t_light - t1), LIGHT_SEED_SHARE * time_limit),
-                          start_time=t_light)
+                          start_time=t_light, **proof)
     if light.choice:
         seeds.append(light.choice)
     else:

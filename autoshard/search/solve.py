@@ -167,7 +167,7 @@ def prepare(
         restrict, seed = seeded_restriction(traced, mesh, prof, optimizer=opt_memory, allow_uneven=allow_uneven,
                                             memory_limit=opts.memory_limit,
                                             time_limit=SEED_SHARE * opts.time_limit, backend=opts.backend,
-                                            memo=seed_memo)
+                                            memo=seed_memo, gap=PLAN_GAP)
         seed_timings = {"seed_build_s": seed.seconds["build"], "seed_solve_s": seed.seconds["solve"]}
     t_seed = time.perf_counter()
     graph = build_graph(

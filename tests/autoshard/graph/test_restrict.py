@@ -168,3 +168,28 @@ def test_the_seed_solves_under_the_callers_memory_limit_and_without_one_when_it_
     assert tight.memory_relaxed  # one byte: no coarse plan fits the caller's limit, so it seeds without it
     prep = prepare(*mlp.tiny(device="meta", batch_size=64), (2, 2, 2), time_limit=8, memory_limit=NO_MEMORY_LIMIT)
     assert prep.options["search"] == "seeded"
+
+
+def test_every_coarse_solve_of_a_seed_is_proven_at_the_gap_the_caller_gives(mlp_traced, monkeypatch) -> None:
+    # prepare passes the plan's gap (PLAN_GAP): a seed proven by toulbar2 to a few 1e-7 (its integer
+    # rounding) then ran windows to its limit under the solver's default 1e-9 (tiny Mixtral 2x2x2: 10 s)
+    import solver
+
+    from autoshard.plan.options import PLAN_GAP
+
+    gaps: list = []
+    real = solver.solve
+
+    def recording(problem, *args, **kwargs):
+        gaps.append(kwargs.get("gap"))
+        return real(problem, *args, **kwargs)
+
+    monkeypatch.setattr(solver, "solve", recording)
+    seeded_restriction(mlp_traced, MeshSpec((2, 2)), PROFILE, groups=((0, 1),), time_limit=10, gap=1e-4)
+    assert len(gaps) >= 2 and set(gaps) == {1e-4}  # the plan's seed and the memory-light one at least
+    gaps.clear()
+    seeded_restriction(mlp_traced, MeshSpec((2, 2)), PROFILE, groups=((0, 1),), time_limit=10)
+    assert gaps and set(gaps) == {None}  # the solver's own default
+    gaps.clear()
+    prepare(*mlp.tiny(device="meta", batch_size=64), (2, 2, 2), time_limit=8)
+    assert gaps and set(gaps) == {PLAN_GAP}
