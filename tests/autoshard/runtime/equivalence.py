@@ -27,18 +27,27 @@ from typing import Any
 
 import torch
 
-__all__ = ["sgd_steps", "pipeline_steps", "assert_steps_match_one_device", "assert_pipeline_matches_one_device"]
+__all__ = ["sgd_steps", "trace_key_of", "pipeline_steps", "assert_steps_match_one_device",
+           "assert_pipeline_matches_one_device"]
 
 LOSS_RTOL, LOSS_ATOL = 1e-4, 1e-6
 GRAD_RTOL = 1e-4
 
 
 def sgd_steps(model: torch.nn.Module, inputs: Any, mesh: Any, plan: str, *, steps: int = 2, lr: float = 0.1,
-              issued: list | None = None) -> dict[str, Any]:
+              issued: list | None = None, traces: dict[str, Any] | None = None,
+              trace_key: str | None = None) -> dict[str, Any]:
     """``steps`` SGD steps of ``model`` sharded by ``plan`` (a plan file) on ``mesh`` and of its
     one-device copy; per step ``loss``, ``ref_loss``, ``grads`` (name: (this rank's gradient,
     the one-device gradient's slice in the parameter's placement)), ``issued`` (a copy of the
     caller's list after the step) and ``trace`` (the collective trace).
+
+    ``traces``: this rank's joint graphs by ``trace_key`` (:func:`trace_key_of`: the model's
+    factory and overrides), shared by the jobs of one model: the first job's ``shard`` traces
+    the model as always and later ones get its graph (``shard(traced=...)``, as
+    ``benchmarks/common/equivalence.py`` shares them), the trace not depending on the plan or
+    the mesh. Each rank traced a tiny LLaMA for each of the 4-rank context-parallel test's five
+    jobs on it, 1 s each on 2 cores shared by 4 ranks.
 
     >>> # out = sgd_steps(model, inputs, mesh, "/tmp/x/plan.json", steps=2, lr=0.1)
     >>> # out["steps"][1]["grads"]["layers.0.w1.weight"]  -> (local, want)
@@ -52,7 +61,10 @@ def sgd_steps(model: torch.nn.Module, inputs: Any, mesh: Any, plan: str, *, step
 
     mesh_shape, coord = tuple(mesh.shape), tuple(mesh.get_coordinate())
     reference = copy.deepcopy(model)
-    sharded = shard(model, mesh, plan, inputs, trace_collectives=True)
+    known = traces.get(trace_key) if traces is not None and trace_key is not None else None
+    sharded = shard(model, mesh, plan, inputs, trace_collectives=True, traced=known)
+    if known is None and traces is not None and trace_key is not None:
+        traces[trace_key] = sharded._traced
     optimizers = (torch.optim.SGD(sharded.parameters(), lr=lr), torch.optim.SGD(reference.parameters(), lr=lr))
     issued = [] if issued is None else issued
     records = []
@@ -78,6 +90,15 @@ def sgd_steps(model: torch.nn.Module, inputs: Any, mesh: Any, plan: str, *, step
     return {"steps": records, "trace": records[0]["trace"], "coord": coord,
             "graph": sharded._runner.step_graph is not None,
             "expert_imbalance": sharded.measured_expert_imbalance() if experts else None}
+
+
+def trace_key_of(factory: str, overrides: Mapping[str, Any] | None) -> str:
+    """The key of :func:`sgd_steps`' ``traces``: a model built by ``factory`` with ``overrides``.
+
+    >>> trace_key_of("llama3.tiny", {"n_layers": 1})
+    "('llama3.tiny', [('n_layers', 1)])"
+    """
+    return repr((factory, sorted((overrides or {}).items())))
 
 
 def assert_steps_match_one_device(results: list[dict[str, Any]], label: str, *, steps: int,

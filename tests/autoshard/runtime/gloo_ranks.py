@@ -33,7 +33,8 @@ Restrict = Callable[[Any, list], list]
 
 def restricted_plan(model: Any, inputs: Any, mesh_shape: tuple[int, ...], names: tuple[str, ...],
                     restrict_of: Callable[[Restrict | None], Restrict], *, profile: str, search: str = "auto",
-                    time_limit: float = 10, traced: Any = None) -> Any:
+                    time_limit: float = 10, traced: Any = None, traces: dict[str, Any] | None = None,
+                    trace_key: str | None = None) -> Any:
     """The solver's plan for ``model`` on a graph whose nodes keep what ``restrict_of(seeded)``
     allows, ``seeded`` the seeded search's restriction (None where ``search`` enumerates all).
 
@@ -46,12 +47,18 @@ def restricted_plan(model: Any, inputs: Any, mesh_shape: tuple[int, ...], names:
     loaded machine a 3-D plan's solve then ends ``feasible`` (gap 0.33 seen) rather than proven.
     The tests check that whatever plan is solved runs as one device and issues its collectives,
     so an unproven plan checks the same; 30 s proves them but spends the build's saving.
-    ``traced``: the model already traced, as ``prepare`` takes it.
+    ``traced``: the model already traced, as ``prepare`` takes it. ``traces``: the traces of a
+    test's plans by ``trace_key`` (the model's factory and overrides): the first plan of a model
+    keeps ``prepare``'s trace there and the later ones start from it (the trace does not depend
+    on the mesh or the restriction; the 4-rank context-parallel test traced its tiny LLaMA for
+    each of its five plans, about 1 s each).
 
     >>> # restricted_plan(model, inputs, (2, 2), ("cp", "tp"), lambda seeded: only_cp, profile="a100-sxm-80gb")
     """
     from autoshard.search import solve
 
+    if traced is None and traces is not None:
+        traced = traces.get(trace_key)
     build = solve.build_graph
 
     def build_restricted(traced: Any, mesh: Any, prof: Any, *, optimizer: Any, restrict: Restrict | None = None,
@@ -64,6 +71,8 @@ def restricted_plan(model: Any, inputs: Any, mesh_shape: tuple[int, ...], names:
         # not proven in time is still a seed, and the plan is checked as solved whatever it keeps
         prep = solve.prepare(model, inputs, mesh_shape, names, profile=profile, device_type="cpu",
                              recompute="none", search=search, traced=traced, time_limit=time_limit)
+    if traces is not None:
+        traces.setdefault(trace_key, prep.traced)
     return solve.solve_prepared(prep, time_limit=time_limit)
 
 

@@ -68,23 +68,26 @@ def beside_seed(cp_only, kept):
     return restrict
 
 
-def forced_plan(factory: str, kind: str, mesh_shape=MESH, names=NAMES, mesh_dim: int = 0, overrides=None):
+def forced_plan(factory: str, kind: str, mesh_shape=MESH, names=NAMES, mesh_dim: int = 0, overrides=None,
+                traces: dict | None = None):
     """The solver's plan with the attention nodes restricted (:func:`only_context_parallel`); on a
     mesh of 3 dims every other node keeps the seeded search's strategies, as ``prepare`` does there
     (their full enumeration took 128 of this test's 139 s on 2x2x2; the checks read the attention
     nodes and the plan as solved, whichever strategies the rest keeps). The graph is built once
-    (``gloo_ranks.restricted_plan``)."""
+    (``gloo_ranks.restricted_plan``; ``traces``: the plans of one model share its trace there)."""
+    from equivalence import trace_key_of
+
     model, inputs = load_model(factory, overrides)
     cp_only = only_context_parallel(kind, mesh_dim)
     return restricted_plan(model, inputs, mesh_shape, names,
                            lambda seeded: cp_only if seeded is None else beside_seed(cp_only, seeded),
-                           profile=PROFILE)
+                           profile=PROFILE, traces=traces, trace_key=trace_key_of(factory, overrides))
 
 
 def run_jobs(rank: int, world: int, meshes) -> dict:
     """Two SGD steps of each job, sharded and on one device (``equivalence.sgd_steps``); per step
     the exchange collectives as (kind, mesh dim)."""
-    from equivalence import sgd_steps
+    from equivalence import sgd_steps, trace_key_of
     from torch.distributed.device_mesh import init_device_mesh
 
     from autoshard.runtime import context_comm
@@ -99,13 +102,14 @@ def run_jobs(rank: int, world: int, meshes) -> dict:
         return plain(kind, tensor, *args)
 
     context_comm.issue = counting  # the one function every context exchange's collective goes through
-    out = {}
+    out, traces = {}, {}  # the jobs of one model share its trace (sgd_steps)
     for (mesh_shape, names), jobs in meshes:
         mesh = init_device_mesh("cpu", mesh_shape, mesh_dim_names=names)
         dim_of.update({mesh.get_group(d).group_name: d for d in range(len(mesh_shape))})
         for job in jobs:
             model, inputs = load_model(job["factory"], job.get("overrides"))
-            out[job["label"]] = sgd_steps(model, inputs, mesh, job["plan"], steps=STEPS, lr=LR, issued=issued)
+            out[job["label"]] = sgd_steps(model, inputs, mesh, job["plan"], steps=STEPS, lr=LR, issued=issued,
+                                          traces=traces, trace_key=trace_key_of(job["factory"], job.get("overrides")))
     context_comm.issue = plain
     return out
 
@@ -117,10 +121,10 @@ def label_of(factory: str, kind: str) -> str:
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("cp")
-    plans, jobs = {}, []
+    plans, jobs, traces = {}, [], {}
     for factory, kind in JOBS:
         label = label_of(factory, kind)
-        plan = plans[label] = forced_plan(factory, kind, overrides=OVERRIDES.get(factory))
+        plan = plans[label] = forced_plan(factory, kind, overrides=OVERRIDES.get(factory), traces=traces)
         path = tmp / f"{label}.json"
         plan.save(path)
         jobs.append({"label": label, "factory": factory, "plan": str(path), "overrides": OVERRIDES.get(factory)})

@@ -50,9 +50,13 @@ def _only_expert_parallel(node, strategies):
         str(p) == "S(0)" for p in s.input_placements[0])] or strategies
 
 
-def _forced_plan(factory: str, mesh_shape, names):
+def _forced_plan(factory: str, mesh_shape, names, traces: dict | None = None):
+    """The plan with the experts nodes restricted (``traces``: the plans of one model share its trace)."""
+    from equivalence import trace_key_of
+
     model, inputs = load_model(f"hf.{factory}", OVERRIDES.get(factory))
-    return restricted_plan(model, inputs, mesh_shape, names, lambda _: _only_expert_parallel, profile=PROFILE)
+    return restricted_plan(model, inputs, mesh_shape, names, lambda _: _only_expert_parallel, profile=PROFILE,
+                           traces=traces, trace_key=trace_key_of(f"hf.{factory}", OVERRIDES.get(factory)))
 
 
 def _groups_and_experts_split(node, strategies):
@@ -75,7 +79,7 @@ def _rank(rank: int, world: int, meshes) -> dict:
     """Two SGD steps of each job, sharded and on one device (``equivalence.sgd_steps``); per step
     the ranks of each exchange's all-to-all group."""
     import torch.distributed as dist
-    from equivalence import sgd_steps
+    from equivalence import sgd_steps, trace_key_of
     from torch.distributed.device_mesh import init_device_mesh
 
     from autoshard.runtime import expert_dispatch
@@ -89,22 +93,23 @@ def _rank(rank: int, world: int, meshes) -> dict:
         return exchange(rows, out_splits, in_splits, group)
 
     expert_dispatch._all_to_all = counting  # the one function every exchange of the runtime goes through
-    out = {}
+    out, traces = {}, {}  # the jobs of one model share its trace (sgd_steps)
     for (mesh_shape, names), jobs in meshes:
         mesh = init_device_mesh("cpu", mesh_shape, mesh_dim_names=names)
         for job in jobs:
             model, inputs = load_model(job["factory"], job["overrides"])
-            out[job["label"]] = sgd_steps(model, inputs, mesh, job["plan"], steps=STEPS, lr=LR, issued=issued)
+            out[job["label"]] = sgd_steps(model, inputs, mesh, job["plan"], steps=STEPS, lr=LR, issued=issued,
+                                          traces=traces, trace_key=trace_key_of(job["factory"], job["overrides"]))
     return out
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("ep")
-    plans, meshes = {}, {}
+    plans, meshes, traces = {}, {}, {}
     for factory, mesh_shape, names in JOBS:
         label = f"{factory}-{'x'.join(map(str, mesh_shape))}"
-        plan = plans[label] = _forced_plan(factory, mesh_shape, names)
+        plan = plans[label] = _forced_plan(factory, mesh_shape, names, traces)
         path = tmp / f"{label}.json"
         plan.save(path)
         meshes.setdefault((mesh_shape, names), []).append(
