@@ -252,10 +252,7 @@ def run_wcsp_first(view: View, inc: Incumbent, budget: Budget) -> StageResult:
     g, seed = view.graph, view.options.seed
     tb2 = solve_wcsp(g, deadline=budget.share("wcsp_first").deadline, start=inc.values, seed=seed,
                      rows=view.wcsp_rows, phase=inc.source not in ("", "greedy"))
-    better = tb2.values if tb2.values is not None and (inc.values is None or g.cost(tb2.values) < inc.cost) \
-        else None
-    return StageResult(better, tb2.bound, _report("wcsp-first:toulbar2", tb2.to_dict()),
-                       infeasible=tb2.status == "infeasible" and inc.values is None and better is None)
+    return _toulbar2_result(g, inc, tb2, "wcsp-first:toulbar2")
 
 
 def run_exact(view: View, inc: Incumbent, budget: Budget) -> StageResult:
@@ -298,6 +295,12 @@ def run_wcsp(view: View, inc: Incumbent, budget: Budget) -> StageResult:
     else:
         tb2 = solve_wcsp_lazy(g, deadline=budget.share("wcsp_lazy").deadline, start=inc.values, seed=seed)
         label = "wcsp-lazy:toulbar2"
+    return _toulbar2_result(g, inc, tb2, label)
+
+
+def _toulbar2_result(g: CompiledGraph, inc: Incumbent, tb2: Any, label: str) -> StageResult:
+    """A toulbar2 run's values where they beat the incumbent, its bound, and infeasibility where
+    neither it nor the stages before found any values."""
     better = tb2.values if tb2.values is not None and (inc.values is None or g.cost(tb2.values) < inc.cost) \
         else None
     return StageResult(better, tb2.bound, _report(label, tb2.to_dict()),
