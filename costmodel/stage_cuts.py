@@ -66,7 +66,7 @@ from typing import Callable, Sequence
 
 from costmodel.pipeline_schedules import ActionKind, PipelineSchedule
 
-__all__ = ["BlockCost", "Stage", "StageCuts", "cut_stages", "stage_in_flight"]
+__all__ = ["BlockCost", "Stage", "StageCuts", "cut_stages", "stage_in_flight", "suffix_min_max"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,7 +141,7 @@ def _prefix(values: Sequence[float]) -> list[float]:
 _StageTerm = Callable[[int, int, int], float]  # (stage k, first block i, end block j) -> a figure of that stage
 
 
-def _suffix_min_max(n: int, k_stages: int, cost: _StageTerm, allowed: Callable[[int, int, int], bool]) -> list[list[float]]:
+def suffix_min_max(n: int, k_stages: int, cost: _StageTerm, allowed: Callable[[int, int, int], bool]) -> list[list[float]]:
     """(d), (e): ``D[k][i]``, the least max ``cost`` of blocks ``[i, N)`` in stages ``k ..``."""
     table = [[math.inf] * (n + 1) for _ in range(k_stages + 1)]
     table[k_stages][n] = 0.0
@@ -217,7 +217,7 @@ def cut_stages(
             tried.append(_cut_within(n, n_stages, stage_time, stage_memory, shares))
     found = [cut for cut in tried if cut is not None]
     if not found:
-        least = _suffix_min_max(n, n_stages, stage_memory, lambda k, i, j: True)[0][0]
+        least = suffix_min_max(n, n_stages, stage_memory, lambda k, i, j: True)[0][0]
         raise ValueError(
             f"no cut of {n} blocks into {n_stages} stages fits memory_limit_bytes={memory_limit_bytes} per rank "
             f"({limit:.0f} per stage with {stages_per_rank} stage(s) per rank): "
@@ -234,7 +234,7 @@ def _cut_within(n: int, n_stages: int, stage_time: _StageTerm, stage_memory: _St
     def fits(k: int, i: int, j: int) -> bool:  # (c)
         return stage_memory(k, i, j) <= limits[k]
 
-    table = _suffix_min_max(n, n_stages, stage_time, fits)
+    table = suffix_min_max(n, n_stages, stage_time, fits)
     bottleneck = table[0][0]
     if math.isinf(bottleneck):
         return None

@@ -70,13 +70,14 @@ nothing (``a^C >= a^N``) and the cut without a limit does not fit.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Sequence
 
 from costmodel.pipeline_schedules import PipelineSchedule
 from costmodel.pipeline_simulate import PipelineSimulation, StageCost, simulate_pipeline
-from costmodel.stage_cuts import Stage, StageCuts, stage_in_flight
+from costmodel.stage_cuts import Stage, StageCuts, stage_in_flight, suffix_min_max
 
 from autoshard.search.pipeline_blocks import BlockPricing
 
@@ -234,20 +235,10 @@ def cut_with_counts(none: BlockPricing, full: BlockPricing, schedule: PipelineSc
         c = math.ceil(over / (held[k] * saved)) if held[k] and saved > 0 else n + 1
         return (n * t_n + c * dt + e_t, c) if c <= n else (math.inf, -1)
 
-    # (c2): D[k][i], the least slowest stage of blocks [i, N) in stages k ..
-    table = [[math.inf] * (n_blocks + 1) for _ in range(k_stages + 1)]
-    table[k_stages][n_blocks] = 0.0
-    for k in range(k_stages - 1, -1, -1):
-        for i in range(k, n_blocks - (k_stages - 1 - k)):
-            best = math.inf
-            for j in range(i + 1, n_blocks - (k_stages - 2 - k)):
-                rest = table[k + 1][j]
-                if rest >= best:
-                    continue
-                t, c = stage(k, i, j)
-                if c >= 0:
-                    best = min(best, max(t, rest))
-            table[k][i] = best
+    # (c2): D[k][i], the least slowest stage of blocks [i, N) in stages k .. (stage_cuts' own recursion)
+    stage = functools.lru_cache(maxsize=None)(stage)  # asked for its fit and its time: priced once
+    table = suffix_min_max(n_blocks, k_stages, lambda k, i, j: stage(k, i, j)[0],
+                           lambda k, i, j: stage(k, i, j)[1] >= 0)
     bottleneck = table[0][0]
     if math.isinf(bottleneck):
         return None
