@@ -103,13 +103,17 @@ class PipelineRun:
     not_modeled: str
     titan_loss: bool = True
     recompute: str = "full"
-    """The stages' activation recomputation policy (``autoshard.graph.recompute_policy``)."""
+    """The stages' activation recomputation policy (``autoshard.graph.recompute_policy``); ``partial``
+    (a pinned row): each stage's checkpointed blocks chosen, both policies priced (``pipeline_partial``)."""
     engine: tuple[str, ...] = ()
     """The engine features the run used, priced (:data:`ENGINE_OPTIONS`; empty: bf16, autoshard's runtime)."""
     cp: int = 1
     """Context-parallel degree: the stage sub-mesh is ``dp x cp x tp`` (``benchmarks.pipeline_context``)."""
     seq: int = SEQ
     """Tokens a sequence."""
+    selective: bool = True
+    """autoshard's own rows: the op-level (``selective``) policy priced as a third block kind beside kept
+    and checkpointed blocks (``autoshard.search.pipeline_selective``); False: the two kinds alone."""
 
     @property
     def layout_text(self) -> str:
@@ -155,17 +159,23 @@ RUNS = (
                 "paper names training without activation checkpointing for the 8K stage only); FSDP over dp x cp "
                 "(ASSUMPTION, as torchtitan shards)",
                 "as row 1; the balanced layout's query-row moves on every "
-                "attention (Meta reorders the sequence once); memory: the held weights counted after their first "
-                "FSDP gather, still split over cp (about 18 GB a rank uncounted); see the issue 56 section of the "
-                "results",
+                "attention (Meta reorders the sequence once); MIS-PRICED: all-to-alls on cp x tp around every "
+                "matmul (the view rules cannot map rows split over dp then cp to batch on dp, sequence on cp: "
+                "about 65 ms a block exposed); see the issue 56 section of the results",
                 titan_loss=False, cp=16, seq=131072),
     PipelineRun("meta-405b-128k-noac", "the same, no activation checkpointing (as the 8K stage ran)", "h100-sxm-80gb",
                 16384, 128, (16, 8, 8), "Interleaved1F1B", 16, 2, None, 380.0,
                 LLAMA3_PAPER + " row 3; whether the 128K stage checkpointed is not published",
                 "as meta-405b-128k and meta-405b-8k-noac", titan_loss=False, recompute="none", cp=16, seq=131072),
+    PipelineRun("meta-405b-128k-partial", "the same, each stage checkpointing the fewest of its blocks that fit",
+                "h100-sxm-80gb", 16384, 128, (16, 8, 8), "Interleaved1F1B", 16, 2, None, 380.0,
+                LLAMA3_PAPER + " row 3; layout, m and v as meta-405b-128k; the recomputation CHOSEN (not published): "
+                "per stage the first c_k blocks checkpointed, the fewest that fit (autoshard.search.pipeline_partial)",
+                "as meta-405b-128k", titan_loss=False, recompute="partial", cp=16, seq=131072),
     PipelineRun("auto-405b-512", "autoshard's choice, 405B on 512 H100 96 GB, 256 x 8192", "h100-sxm-96gb-500w",
                 512, 256, None, None, None, None, 128.0, None, "target: >= 128 tokens/s/GPU, found in < 10 min",
-                "stage layouts fsdp+tp, no, full or partial recomputation (module docstring); bf16, TP collectives "
+                "stage layouts fsdp+tp, no, full or partial recomputation, blocks kept, checkpointed or selective (module "
+                "docstring); bf16, TP collectives "
                 "exposed"),
     PipelineRun("auto-405b-16k", "autoshard's choice, 405B on 16,384 H100 80 GB, 2048 x 8192", "h100-sxm-80gb",
                 16384, 2048, None, None, None, None, None, 400.0, "target: >= 400 TFLOPs/GPU, found in < 15 min",
@@ -313,8 +323,10 @@ def price_blocks_engines(factory, mesh_shape, *, micro_batch: int, engines: tupl
                               time_limit=time_limit)
         for e in engines:
             figures[e].append(engine_figures(prep, plan, depth, e))
+    # a selective block keeps its input as a checkpointed one does, sequence-split (h')
     return {e: pricing_from_figures(micro_batch, lo, hi, time.perf_counter() - started,
-                                    checkpointed=recompute == "full", sequence_split=recompute == "none")
+                                    checkpointed=recompute in ("full", "selective"),
+                                    sequence_split=recompute == "none")
             for e, (lo, hi) in figures.items()}
 
 
@@ -394,10 +406,13 @@ def run_one(run: PipelineRun, pricer: _Pricer, flops: float) -> dict:
         # the schedule sees dp x cp where it reads dp: a rank's share of a send is 1 / (dp cp tp) of the
         # microbatch's activations (split along the sequence too), and the GPUs are pp dp cp tp
         layout = PipelineLayout(pp, dp * run.cp, tp)
-        price = pricer.at(run, dp, tp, True)
-        priced = pricer.at(run, dp, tp, True, run_engine(run))
+        # "partial": the stages' checkpointed blocks chosen (both policies priced, the fewest that fit)
+        policy, full = ("none", pricer.at(run, dp, tp, True, recompute="full")) if run.recompute == "partial" \
+            else (run.recompute, None)
+        price = pricer.at(run, dp, tp, True, recompute=policy)
+        priced = pricer.at(run, dp, tp, True, run_engine(run), recompute=policy)
         pinned = dict(layout=layout, schedules=(run.schedule,), microbatches=(run.n_microbatches,),
-                      stages_per_rank=(run.stages_per_rank,), recompute=run.recompute, **common)
+                      stages_per_rank=(run.stages_per_rank,), recompute=policy, price_full=full, **common)
         over: dict[str, Any] = {}
         try:
             plan = search_pipeline(priced, **pinned)
@@ -408,8 +423,9 @@ def run_one(run: PipelineRun, pricer: _Pricer, flops: float) -> dict:
             over = {"over_memory": str(exc).splitlines()[0][:120]}
             plan = search_pipeline(priced, **pinned)
         bf16 = plan if not run.engine else search_pipeline(price, **pinned)
-        hidden = search_pipeline(lambda mb: hide_exposed(price(mb)), **pinned)
-        if run.cp > 1:
+        hidden = search_pipeline(lambda mb: hide_exposed(price(mb)), **{
+            **pinned, "price_full": full and (lambda mb: hide_exposed(full(mb)))})
+        if run.cp > 1 and run.recompute != "partial":  # the what-ifs change one policy's pricing
             mb = run.batch // run.n_microbatches
             over["context"] = context_what_ifs(run, price(mb), pricer.attention_at(run, dp, tp, mb), pinned)
         return {"plan": plan, "bf16": bf16, "hidden": hidden, "wall_s": time.perf_counter() - t0, "layouts": 1,
@@ -417,6 +433,9 @@ def run_one(run: PipelineRun, pricer: _Pricer, flops: float) -> dict:
     peak = profile.device.peak_flops_for("bf16")
     bound = layout_lower_bound_s(flops * run.batch * SEQ, run.gpus, peak)
     layouts = [l for l in pipeline_layouts(run.gpus, 8) if l.tp == 8 and l.pp in AUTO_PP[run.gpus]]
+
+    def selective_at(layout: Any) -> Any:  # the op-level policy as a third block kind (pipeline_selective)
+        return pricer.at(run, layout.dp, layout.tp, True, recompute="selective") if run.selective else None
     plans, pruned, errors = [], 0, []
     for layout in layouts:
         if plans and bound >= min(p.step_s for p in plans):  # (g): cannot beat the best
@@ -425,7 +444,7 @@ def run_one(run: PipelineRun, pricer: _Pricer, flops: float) -> dict:
         try:  # both stage policies (autoshard.search.pipeline, Recomputation): full where none is memory-bound
             plans.append(search_pipeline(pricer.at(run, layout.dp, layout.tp, True, recompute="none"), layout=layout,
                                          price_full=pricer.at(run, layout.dp, layout.tp, True, recompute="full"),
-                                         **common))
+                                         price_selective=selective_at(layout), **common))
         except ValueError as exc:
             errors.append(f"{layout.mesh_shape}: {str(exc).splitlines()[0][:160]}")
     if not plans:
@@ -434,8 +453,11 @@ def run_one(run: PipelineRun, pricer: _Pricer, flops: float) -> dict:
     layout = PipelineLayout(*best.mesh_shape)
     if best.recompute == "partial":  # some blocks of each stage checkpointed: both policies' pricings, mixed
         none, full = (pricer.at(run, layout.dp, layout.tp, True, recompute=r) for r in ("none", "full"))
+        sel = selective_at(layout)
         hidden = search_pipeline(lambda mb: hide_exposed(none(mb)), layout=layout,
-                                 price_full=lambda mb: hide_exposed(full(mb)), **common)
+                                 price_full=lambda mb: hide_exposed(full(mb)),
+                                 price_selective=None if sel is None else (lambda mb: hide_exposed(sel(mb))),
+                                 **common)
     else:
         price = pricer.at(run, layout.dp, layout.tp, True, recompute=best.recompute)
         hidden = search_pipeline(lambda mb: hide_exposed(price(mb)), layout=layout, recompute=best.recompute,
@@ -567,7 +589,10 @@ def details(rows: list[tuple[PipelineRun, dict]]) -> str:
                            f"{sum(math.isfinite(c.step_s) for c in p.candidates)}/{len(p.candidates)} candidates fit, "
                            f"full priced at m = {full_at}"
                            + (f", checkpointed blocks per stage {list(p.recompute_blocks)} of "
-                              f"{_stage_sizes(p)}" if p.recompute == "partial" else ""))
+                              f"{_stage_sizes(p)}" if p.recompute == "partial" else "")
+                           + (f", selective blocks per stage {list(p.selective_blocks)} (sum "
+                              f"{sum(p.selective_blocks)}, checkpointed sum {sum(p.recompute_blocks)})"
+                              if p.selective_blocks else ""))
     return "\n".join(out)
 
 

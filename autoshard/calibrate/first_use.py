@@ -23,8 +23,14 @@ memory curve, a compute-bound one the vector rate).
 A few seconds of timing are a snapshot of that minute: rank 0 samples the
 runnable threads of other processes meanwhile (``autoshard.calibrate.load``),
 and a correction measured under foreign load (a mean of 0.5 threads or more)
-is used for the plan at hand with a warning and never cached (one measured at
-a load average of 5 priced the benchmark steps 1.4-2.4x too slow).
+is used with a warning and never cached on disk (one measured at a load average
+of 5 priced the benchmark steps 1.4-2.4x too slow). The process keeps it in memory
+for :data:`LOADED_REUSE_S` (``here`` only; ``remeasure`` measures again): under load
+the measurement itself takes 40-46 s instead of a few (one given-mesh ``autoshard``
+call on a loaded 2-core host: 42-46 s with it, 0.2 s without), and re-measuring it on
+every call of one script only paid that again for another snapshot of the same load.
+``autoshard()`` itself asked twice per call: every rank measures together, then rank 0's
+solve asks again and, finding nothing on disk, started ranks of its own to measure anew.
 
 Where the ranks come from: inside a job (a process group of ``ranks`` ranks)
 every rank measures together; offline, :func:`corrected_profile` starts
@@ -33,7 +39,7 @@ every rank measures together; offline, :func:`corrected_profile` starts
 four sharing two cores).
 
 >>> sorted({op.label.split()[0] for op in reference_ops()})[:3]
-['add', 'clone', 'mm']
+['add', 'copy_', 'mm']
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ import dataclasses
 import datetime
 import json
 import logging
+import math
 import os
 import statistics
 import subprocess
@@ -83,6 +90,10 @@ parts): longer, since each figure is a small difference of two totals (two corre
 apart with two trials of 20 ms gave a skew of 2.7 ms and of 0)."""
 ROUNDS = 5
 """Visits of every reference op, interleaved (:func:`_interleaved`); the fastest and the median are kept."""
+LOADED_ROUNDS = 3
+"""The rounds after which a measurement already under foreign load stops (:func:`_interleaved`): it will
+not be cached, and under load each round took 8-9 s of the 42-46 s a correction took; the fastest and
+median of three are kept. A quiet measurement always runs :data:`ROUNDS`."""
 COLLECTIVES = (("all_reduce", (2**16, 2**20, 2**24)), ("all_gather", (2**20, 2**24)),
                ("reduce_scatter", (2**20, 2**24)))
 """Collective kinds and message sizes (the per-rank buffer ``S`` of ``costmodel.collectives``:
@@ -101,6 +112,13 @@ than a scheduler slice, so that the measured skew is the most a step's collectiv
 IN_STEP_BYTES = 2**19
 THIN_GEMMS = ("mm 16x512x2048", "mm 16x2048x512")
 """The thin reference GEMMs' labels: family ``matmul_thin`` (``hw_profiles.correction``)."""
+LOADED_REUSE_S = 600.0
+"""How long this process reuses a correction measured under foreign load (never written to disk): the
+calls of one script or job within minutes of each other meet the same load; a long-lived process
+measures again once it is older, the load having likely changed."""
+_LOADED: dict[str, tuple[float, ProfileCorrection]] = {}
+"""Corrections measured under foreign load in this process: (``time.monotonic()`` when measured,
+correction) by canonical machine key (:func:`corrected_profile`)."""
 aten = torch.ops.aten
 log = logging.getLogger(__name__)
 
@@ -172,8 +190,8 @@ def _gemm_bytes() -> dict[str, float]:
             for op in reference_ops() if op.op is aten.mm.default}
 
 
-def _interleaved(job: Job, calls: list[Callable[[], Any]], settings: list[Settings]
-                 ) -> tuple[list[float], list[float]]:
+def _interleaved(job: Job, calls: list[Callable[[], Any]], settings: list[Settings],
+                 loaded: Callable[[], bool] | None = None) -> tuple[list[float], list[float]]:
     """Seconds per call of each of ``calls``, measured in :data:`ROUNDS` rounds that
     visit every call in turn: ``(fastest round, median round)`` of each. Rounds: a burst
     of other work on the host lands on one round of every family, not on one family.
@@ -181,11 +199,15 @@ def _interleaved(job: Job, calls: list[Callable[[], Any]], settings: list[Settin
     calibration keeps, its fastest pass, and what ``calibrate-hardware --check`` measures);
     the reference step at its median round against its ops' fastest: a step runs at the
     machine's typical speed, and that excess is a cost of the step, not of its ops (priced
-    as ``step_op_s``, not by slowing every op down)."""
+    as ``step_op_s``, not by slowing every op down). ``loaded()`` (every rank calls it, and
+    every rank gets the same answer): after :data:`LOADED_ROUNDS` rounds, True ends the
+    measurement there."""
     for fn in calls:  # warm-up: allocator, caches, connections
         fn()
     rounds: list[list[float]] = [[] for _ in calls]
-    for _ in range(ROUNDS):
+    for k in range(ROUNDS):
+        if k >= LOADED_ROUNDS and loaded is not None and loaded():
+            break
         for i, fn in enumerate(calls):
             rounds[i].append(measure(job, fn, settings[i]).seconds)
     return [min(r) for r in rounds], [statistics.median(r) for r in rounds]
@@ -262,8 +284,17 @@ def measure_correction(job: Job, profile: HardwareProfile, key: dict[str, Any]) 
     settings[n:n + n_step_calls] = [STEP_SETTINGS] * n_step_calls  # the reference steps and their ops
     if n_colls:
         settings[-3:] = [STEP_SETTINGS] * 3  # the skew pairs and their parts
-    seconds, typical = _interleaved(job, calls, settings)
-    load = {"before": [round(v, 2) for v in load_before], "after": [round(v, 2) for v in os.getloadavg()]}
+
+    cut: list[bool] = []
+
+    def loaded() -> bool:  # rank 0's monitor decides, so that every rank stops after the same round
+        seen = monitor is not None and monitor.record().foreign
+        cut.append(job.max_over_ranks([1.0 if seen else 0.0])[0] > 0)
+        return cut[-1]
+
+    seconds, typical = _interleaved(job, calls, settings, loaded)
+    load = {"before": [round(v, 2) for v in load_before], "after": [round(v, 2) for v in os.getloadavg()],
+            "rounds": LOADED_ROUNDS if any(cut) else ROUNDS}
     if monitor is not None:
         monitor.stop()
         load["foreign_load"] = monitor.record().foreign_load
@@ -387,16 +418,22 @@ def corrected_profile(profile: HardwareProfile, *, ranks: int, mode: str = "here
     if mode not in ("here", "remeasure"):
         raise ValueError(f"profile_correction: expected here, remeasure, calibrate or off here, got {mode!r}")
     key = machine_key(profile.fingerprint, ranks=ranks)
+    memo_key = json.dumps(key, sort_keys=True)
     job = _job_here() if collective else Job.single()
     in_job = job.world > 1
     cached = load_cached(key, folder) if mode == "here" and job.rank == 0 else None
+    reused = False  # rank 0 found a correction measured under load by this process, recently
+    if cached is None and mode == "here" and job.rank == 0:
+        at, loaded = _LOADED.get(memo_key, (-math.inf, None))
+        if loaded is not None and time.monotonic() - at <= LOADED_REUSE_S:
+            cached, reused = loaded, True
     if in_job:  # every rank takes rank 0's decision: a miss is measured by all of them
-        flag = torch.tensor([1 if cached is not None else 0])
+        flag = torch.tensor([0 if cached is None else 2 if reused else 1])
         dist.broadcast(flag, 0)
-        hit = bool(flag.item())
+        hit, reused = bool(flag.item()), int(flag.item()) == 2
     else:
         hit = cached is not None
-    source = "cache"
+    source = "measured under foreign load earlier in this process, not cached" if reused else "cache"
     if not hit:
         if in_job:
             correction = measure_correction(job, profile, key)
@@ -404,13 +441,15 @@ def corrected_profile(profile: HardwareProfile, *, ranks: int, mode: str = "here
             correction = _measure_spawned(profile, ranks, key)
         source = "measured"
         foreign = float(correction.load.get("foreign_load", 0.0))
-        if foreign >= FOREIGN_THRESHOLD:  # a snapshot of someone else's burst: used once, never kept
+        if foreign >= FOREIGN_THRESHOLD:  # a snapshot of someone else's burst: never kept on disk
             source = "measured under foreign load, not cached"
             if job.rank == 0:
+                _LOADED[memo_key] = (time.monotonic(), correction)
                 log.warning("profile correction measured while other processes kept %.1f threads runnable "
-                            "(>= %.1f): its times include their load; used for this plan only, not cached",
-                            foreign, FOREIGN_THRESHOLD)
+                            "(>= %.1f): its times include their load; not cached (this process reuses it "
+                            "for %.0f s)", foreign, FOREIGN_THRESHOLD, LOADED_REUSE_S)
         elif job.rank == 0:
+            _LOADED.pop(memo_key, None)  # a quiet measurement replaces the loaded one
             save_cached(correction, folder)
     elif in_job:  # the others read what rank 0 read
         correction = ProfileCorrection.from_dict(_broadcast_json(cached.to_dict() if cached is not None else None))

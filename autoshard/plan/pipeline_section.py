@@ -28,6 +28,12 @@ the first ``recompute_blocks`` of its blocks (a count per stage entry, ``0`` to 
 count; Megatron-LM's ``--recompute-method block --recompute-num-layers``, per stage chunk) and
 keeps what the backward reads of the rest. Absent: ``"none"``. ``recompute_blocks`` is written on
 every stage of a ``"partial"`` section and on no stage of the others (one line names a bad one).
+A ``"partial"`` stage may also say ``recompute_selective_blocks``: how many of its blocks after the
+checkpointed ones run torchtitan's op-level policy (every other matmul's output and the
+attention's saved, the rest recomputed; ``autoshard.graph.recompute_policy``, ``selective``), at
+most the stage's blocks less ``recompute_blocks``; absent: 0. Order within a stage: checkpointed,
+selective, kept (the backward runs a stage's first blocks last, so the recomputations with the
+largest transients run when the later blocks' saved tensors are freed).
 
 Optional ``tensor_parallel``: inside each stage, the plan's column / row layout of the
 blocks' linear layers on the ``tp`` mesh dim (module path -> ``"colwise"`` or
@@ -106,6 +112,9 @@ class PipelineStagePlan:
     """Priced peak memory of the stage's rank (None: not priced)."""
     recompute_blocks: int | None = None
     """Under a ``partial`` section: how many of its blocks, from its first, are checkpointed (None otherwise)."""
+    recompute_selective_blocks: int | None = None
+    """Under a ``partial`` section: how many blocks after the checkpointed ones run the op-level policy
+    (None: none)."""
 
     @property
     def n_blocks(self) -> int:
@@ -115,6 +124,8 @@ class PipelineStagePlan:
         priced = {k: v for k, v in (("forward_s", self.forward_s), ("backward_s", self.backward_s),
                                     ("peak_bytes", self.peak_bytes)) if v is not None}
         partial = {} if self.recompute_blocks is None else {"recompute_blocks": self.recompute_blocks}
+        if self.recompute_selective_blocks is not None:
+            partial["recompute_selective_blocks"] = self.recompute_selective_blocks
         return {"index": self.index, "rank": self.rank, "blocks": [self.first_block, self.end_block],
                 "modules": list(self.modules), **partial, **priced}
 
@@ -158,6 +169,11 @@ class PipelineSection:
             return int(st.recompute_blocks or 0)
         return st.n_blocks if self.recompute == "full" else 0
 
+    def selective_blocks(self, stage: int) -> int:
+        """How many of stage ``stage``'s blocks, after its checkpointed ones, run the op-level policy."""
+        st = self.stages[stage]
+        return int(st.recompute_selective_blocks or 0) if self.recompute == "partial" else 0
+
     def stages_of_rank(self, rank: int) -> tuple[PipelineStagePlan, ...]:
         """The stages on coordinate ``rank`` of the pipeline dim, lowest index first."""
         return tuple(s for s in self.stages if s.rank == rank)
@@ -195,7 +211,7 @@ class PipelineSection:
             stages = tuple(PipelineStagePlan(int(s["index"]), int(s["rank"]), int(s["blocks"][0]), int(s["blocks"][1]),
                                              tuple(str(p) for p in s["modules"]), _number(s, "forward_s"),
                                              _number(s, "backward_s"), _number(s, "peak_bytes"),
-                                             _count(s, i))
+                                             _count(s, i), _count(s, i, "recompute_selective_blocks"))
                            for i, s in enumerate(data["stages"]))
             section = cls(str(data["mesh_dim"]), str(data["schedule"]), int(data["n_ranks"]),
                           int(data["stages_per_rank"]), int(data["n_microbatches"]), int(data["batch_size"]), stages,
@@ -219,11 +235,11 @@ def _number(data: Mapping[str, Any], key: str) -> float | None:
     return None if value is None else float(value)
 
 
-def _count(stage: Mapping[str, Any], i: int) -> int | None:
-    """A stage's optional ``recompute_blocks``: a JSON integer (not a boolean, not 2.0), or None when absent."""
-    value = stage.get("recompute_blocks")
+def _count(stage: Mapping[str, Any], i: int, key: str = "recompute_blocks") -> int | None:
+    """A stage's optional count ``key``: a JSON integer (not a boolean, not 2.0), or None when absent."""
+    value = stage.get(key)
     if value is not None and type(value) is not int:
-        raise PipelineError(f"pipeline.stages[{i}].recompute_blocks: expected a count of blocks, got {value!r}")
+        raise PipelineError(f"pipeline.stages[{i}].{key}: expected a count of blocks, got {value!r}")
     return value
 
 
@@ -240,6 +256,13 @@ def _check_recompute(s: "PipelineSection") -> None:
         if s.recompute == "partial" and (k is None or not 0 <= k <= st.n_blocks):
             raise PipelineError(f"pipeline.stages[{i}].recompute_blocks: recompute 'partial' needs a count from 0 "
                                 f"to the stage's {st.n_blocks} blocks, got {k!r}")
+        sel = st.recompute_selective_blocks
+        if sel is not None and s.recompute != "partial":
+            raise PipelineError(f"pipeline.stages[{i}].recompute_selective_blocks: given with recompute "
+                                f"{s.recompute!r}; a count of selective blocks goes with recompute 'partial'")
+        if sel is not None and not 0 <= sel <= st.n_blocks - (k or 0):
+            raise PipelineError(f"pipeline.stages[{i}].recompute_selective_blocks: needs a count from 0 to the "
+                                f"stage's {st.n_blocks} blocks less its {k} checkpointed, got {sel!r}")
 
 
 def _flag(data: Mapping[str, Any], key: str) -> bool:
@@ -383,6 +406,7 @@ def build_pipeline_section(
     recompute: str = "none",
     sequence_parallel: bool = False,
     recompute_blocks: Sequence[int] = (),
+    selective_blocks: Sequence[int] = (),
 ) -> PipelineSection:
     """The section of ``K = n_ranks * stages_per_rank`` stages cut at ``cuts`` (the first block of
     every stage but the first, ``K - 1`` of them, as ``costmodel.stage_cuts.StageCuts.cuts``):
@@ -390,7 +414,8 @@ def build_pipeline_section(
     them: final norm, head) to stage ``K - 1``. The priced figures, when given: ``stage_seconds``
     (forward, backward) per stage, ``rank_peak_bytes`` per rank of the pipeline dim, ``step_s`` and
     ``bubble_fraction``; ``recompute_blocks``, with ``recompute="partial"``, the checkpointed blocks of
-    each stage. Bad input raises :class:`PipelineError`, one line.
+    each stage, and ``selective_blocks`` those after them under the op-level policy (empty, or all
+    zero: the key is not written). Bad input raises :class:`PipelineError`, one line.
 
     >>> build_pipeline_section(schedule="1F1B", n_ranks=4, n_microbatches=4, batch_size=8,
     ...                        block_paths=("l.0", "l.1"), cuts=(1, 1, 1))
@@ -409,7 +434,7 @@ def build_pipeline_section(
     _check_torch_accepts(schedule, n_ranks, stages_per_rank, n_microbatches)
     ranks = stage_to_rank(n_ranks, k, v_shape=schedule in V_SHAPED)
     if stage_seconds and len(stage_seconds) != k or rank_peak_bytes and len(rank_peak_bytes) != n_ranks \
-            or recompute_blocks and len(recompute_blocks) != k:
+            or recompute_blocks and len(recompute_blocks) != k or selective_blocks and len(selective_blocks) != k:
         raise PipelineError(f"pipeline: {len(stage_seconds)} stage times / {len(rank_peak_bytes)} rank peaks / "
                             f"{len(recompute_blocks)} checkpointed-block counts for {k} stages on {n_ranks} ranks")
     stages = tuple(PipelineStagePlan(
@@ -417,7 +442,8 @@ def build_pipeline_section(
         (*(leading if i == 0 else ()), *block_paths[bounds[i]:bounds[i + 1]], *(trailing if i == k - 1 else ())),
         *(stage_seconds[i] if stage_seconds else (None, None)),
         float(rank_peak_bytes[ranks[i]]) if rank_peak_bytes else None,
-        int(recompute_blocks[i]) if recompute_blocks else None)
+        int(recompute_blocks[i]) if recompute_blocks else None,
+        int(selective_blocks[i]) if any(selective_blocks) else None)
         for i in range(k))
     section = PipelineSection(mesh_dim, schedule, n_ranks, stages_per_rank, n_microbatches, batch_size, stages,
                               int(send_bytes), data_parallel, step_s, bubble_fraction,
@@ -447,6 +473,9 @@ _STAGE = {
         "peak_bytes": {"type": "number", "minimum": 0, "description": "Priced peak memory of the stage's rank."},
         "recompute_blocks": {**_INDEX, "description": "With recompute partial (and only then): how many of the "
                                                       "stage's blocks, from its first, are checkpointed."},
+        "recompute_selective_blocks": {**_INDEX, "description": "With recompute partial (and only then): how many "
+                                       "of the stage's blocks after its checkpointed ones run the op-level "
+                                       "(selective) policy; absent: 0."},
     },
     "additionalProperties": False,
 }
@@ -472,7 +501,8 @@ PIPELINE_SCHEMA: dict[str, Any] = {
                             "description": "Priced idle share of the busiest rank's step."},
         "recompute": {"enum": list(SECTION_RECOMPUTE),
                       "description": "none; full: every block's forward recomputed before its backward; partial: "
-                                     "the first recompute_blocks blocks of each stage."},
+                                     "the first recompute_blocks blocks of each stage, the next "
+                                     "recompute_selective_blocks under the op-level policy."},
         "tensor_parallel": {"type": "object", "additionalProperties": {"enum": list(TENSOR_PARALLEL_STYLES)},
                             "description": "Linear module path -> colwise / rowwise on mesh dim tp, "
                                            "inside the stages."},

@@ -18,7 +18,8 @@ not the per-microbatch stage calls a ``PipelineStage`` makes. Where the section 
 ``recompute`` "full" (the search priced the stages with activation checkpointing), each
 block's forward runs again before its backward
 (:func:`autoshard.runtime.pipeline_stages.recompute_blocks`); "partial", only each stage's first
-``recompute_blocks`` blocks do.
+``recompute_blocks`` blocks do, and its next ``recompute_selective_blocks`` run the op-level policy
+(:func:`autoshard.runtime.pipeline_recompute.selective_blocks`).
 
 **Stepping it**: ``run.step(**batch)`` takes this rank's data-parallel shard of the batch
 as the model's keyword inputs (the same on every ``pp`` rank), runs the schedule's

@@ -163,8 +163,9 @@ def add_sequence_hooks(stage_module: nn.Module, column_paths: Sequence[str], blo
     run under activation checkpointing (``pipeline_stages.recompute_blocks``; a ``partial`` section's
     first blocks), which keeps only its input and gathers again in its recomputation anyway."""
     block_ids = {id(b) for b in blocks}
+    # a selective block (pipeline_stages.selective_blocks) recomputes its gathers as a checkpointed one does
     checkpointed = {id(m) for b in blocks if getattr(type(b), "_pipeline_full_recompute", False)
-                    for m in b.modules()}
+                    or getattr(type(b), "_pipeline_selective_recompute", False) for m in b.modules()}
     for parent in sorted({p.rpartition(".")[0] for p in column_paths}):
         module = stage_module.get_submodule(parent)
         if id(module) in block_ids:

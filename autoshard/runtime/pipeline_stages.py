@@ -50,7 +50,13 @@ checkpoints the first ``recompute_blocks`` of each stage's blocks and keeps the 
 first, because a stage's backward runs its blocks last to first, so a checkpointed block's
 recomputation (its forward's activations made again, the stage's transient peak) comes after the
 kept blocks' backward has freed what they saved; checkpointing the last ones would recompute
-while every kept block's activations of that microbatch are still held.
+while every kept block's activations of that microbatch are still held. The next
+``recompute_selective_blocks`` of a stage (after the checkpointed ones, before the kept ones, for
+the same reason: their recomputation's transient is smaller than a checkpointed block's, larger
+than none) run torchtitan's op-level policy (:func:`selective_blocks`: non-reentrant checkpoint with
+``create_selective_checkpoint_contexts``; every other ``aten.mm`` output of the block and the
+attention's outputs saved, everything else recomputed: what ``autoshard.graph.recompute_policy``'s
+``selective`` prices).
 
 **What this does not run (yet).** Inside a stage, autoshard's own per-stage placements
 (the stage sub-mesh's solve: per-op tensor parallelism, per-tensor sharding, its
@@ -86,11 +92,12 @@ import torch
 from torch import nn
 
 from autoshard.plan.pipeline_section import PipelineError, PipelineSection
+from autoshard.runtime.pipeline_recompute import recompute_blocks, selective_blocks
 from autoshard.runtime.pipeline_tp import TP_DIM, apply_tensor_parallel
 from autoshard.trace.blocks import modules_around, repeated_blocks
 
 __all__ = ["ModelParts", "SendRecord", "PipelineRun", "model_parts", "check_model", "build_stage_module",
-           "recompute_blocks", "build_pipeline"]
+           "recompute_blocks", "selective_blocks", "build_pipeline"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,53 +299,14 @@ def build_stage_module(model: nn.Module, section: PipelineSection, stage: int, p
     blocks = [root.get_submodule(p) for p in parts.blocks[st.first_block:st.end_block]]
     # before TP and FSDP wrap them, the order torchtitan applies AC and FSDP in; a partial section's
     # first blocks (module docstring, Recomputation)
-    recompute_blocks(blocks[:section.checkpointed_blocks(stage)])
+    full, sel = section.checkpointed_blocks(stage), section.selective_blocks(stage)
+    recompute_blocks(blocks[:full])
+    selective_blocks(blocks[full:full + sel])
     if data_parallel is not None:
         data_parallel(root, blocks)
     if stage < last:
         root.get_submodule(parts.blocks[st.end_block - 1]).register_forward_hook(_raise_output)
     return root
-
-
-def recompute_blocks(blocks: list[nn.Module]) -> int:
-    """Run each of ``blocks`` under full activation checkpointing (torchtitan's full AC): its forward
-    keeps only its inputs and runs again, with the random state it first ran with (dropout draws
-    the same mask), just before its backward. The block's class becomes a subclass whose forward
-    runs the block's own forward through non-reentrant ``torch.utils.checkpoint``, in place, as
-    FSDP2 swaps classes: no wrapper module, so parameter names and state-dict keys stay the
-    model's (a checkpoint saved without recomputation loads with it, and back), and the hooks
-    FSDP2 and a stage put on the block run once, outside the recomputation. Returns how many
-    blocks it changed (a block already checkpointed is left as it is).
-
-    >>> from examples.models import llama3
-    >>> model, _ = llama3.tiny(device="meta")
-    >>> recompute_blocks(list(model.layers)), type(model.layers[0]).__name__, recompute_blocks([model.layers[0]])
-    (2, 'CheckpointedTransformerBlock', 0)
-    """
-    classes: dict[type, type] = {}
-    changed = 0
-    for block in blocks:
-        cls = type(block)
-        if getattr(cls, "_pipeline_full_recompute", False):
-            continue
-        if cls not in classes:
-            classes[cls] = _checkpointed_class(cls)
-        block.__class__ = classes[cls]
-        changed += 1
-    return changed
-
-
-def _checkpointed_class(cls: type) -> type:
-    from torch.utils.checkpoint import checkpoint
-
-    block_forward = cls.forward
-
-    def forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
-        if not torch.is_grad_enabled():  # no backward to recompute for
-            return block_forward(self, *args, **kwargs)
-        return checkpoint(block_forward, self, *args, use_reentrant=False, preserve_rng_state=True, **kwargs)
-
-    return type(f"Checkpointed{cls.__name__}", (cls,), {"forward": forward, "_pipeline_full_recompute": True})
 
 
 def _recompute_once_per_weight_pass(stage: Any) -> None:
@@ -543,7 +511,7 @@ def build_pipeline(model: nn.Module, mesh: Any, section: PipelineSection, *, rec
         wrap = _stage_wrapper(section, st.index, tp_mesh, dp_mesh)
         module = build_stage_module(model, section, st.index, parts, data_parallel=wrap)
         stage = PipelineStage(module, st.index, section.n_stages, device, group=pp_mesh.get_group())
-        if section.checkpointed_blocks(st.index):
+        if section.checkpointed_blocks(st.index) or section.selective_blocks(st.index):
             _recompute_once_per_weight_pass(stage)
         if record_sends:
             stage.get_fwd_send_ops = _recording(stage, "activation", stage.get_fwd_send_ops, sends)

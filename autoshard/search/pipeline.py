@@ -57,7 +57,10 @@ policy ``r`` has its own pricing at each ``m`` (two solves each), its own saved 
          stage checkpoints only its first ``c_k`` blocks, the fewest that fit the limit on the cut
          without one (``autoshard.search.pipeline_partial``: both pricings mixed block by block);
          it too replaces the incumbent only when strictly faster. Its work lies between the two
-         policies' (``W_none <= W_partial``), so (R2)'s bound holds for it as well.
+         policies' (``W_none <= W_partial``), so (R2)'s bound holds for it as well. Given the
+         op-level (``selective``) policy's pricing too, the next ``s_k`` blocks of a stage may run
+         it (``autoshard.search.pipeline_selective``): its recomputation only adds as well, so
+         the bound stands.
 
 Why (R2) loses nothing the price would pick, under two ASSUMPTIONS. Per block, ``full`` does
 the forward of ``none`` and a backward no shorter (the recomputation only adds: ``f_full >=
@@ -189,6 +192,9 @@ class PipelineCandidate:
     """The memory limit refused it or slowed its cut (its bottleneck above the cut without a limit): (R2)."""
     recompute_blocks: tuple[int, ...] = ()
     """With ``recompute="partial"``: the checkpointed blocks of each stage (R4)."""
+    selective_blocks: tuple[int, ...] = ()
+    """With ``recompute="partial"``: each stage's blocks under the op-level policy, after its
+    checkpointed ones (R4; ``pipeline_selective``); empty: none."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,6 +230,8 @@ class PipelinePlan:
     """The stages' recomputation policy: ``none``, ``full`` or ``partial`` (R4)."""
     recompute_blocks: tuple[int, ...] = ()
     """With ``partial``: per stage, how many of its blocks (its first) are checkpointed."""
+    selective_blocks: tuple[int, ...] = ()
+    """With ``partial``: per stage, how many of its blocks after those run the op-level policy (empty: none)."""
 
     @property
     def gap(self) -> float:
@@ -388,12 +396,17 @@ def price_pipeline(
 
 def price_partial_candidate(none: BlockPricing, full: BlockPricing, *, n_blocks: int, batch: int, pp: int,
                             schedule: str, n_microbatches: int, stages_per_rank: int = 1, send_s: float = 0.0,
-                            memory_limit_bytes: float | None = None) -> tuple[PipelineCandidate, Any]:
+                            memory_limit_bytes: float | None = None,
+                            selective: BlockPricing | None = None,
+                            incumbent_s: float = math.inf) -> tuple[PipelineCandidate, Any]:
     """(R4) of one ``(schedule, m, v)``: each stage checkpointing the fewest of its first blocks that fit,
     on the cut without a memory limit or on the cut chosen with the counts, the faster
     (``pipeline_partial.best_counts``); ``(candidate, PartialPricing)``, or a refused candidate
-    (``step_s = inf``, ``why``) and None."""
+    (``step_s = inf``, ``why``) and None. ``selective``: the op-level policy's pricing at the same
+    microbatch, a third block kind (``pipeline_selective.best_counts3``), tried where the candidate could
+    beat the search's ``incumbent_s``."""
     from autoshard.search.pipeline_partial import best_counts
+    from autoshard.search.pipeline_selective import best_counts3
 
     m, v = n_microbatches, stages_per_rank
     _check(n_blocks, batch, pp, schedule, m, v)
@@ -405,12 +418,17 @@ def price_partial_candidate(none: BlockPricing, full: BlockPricing, *, n_blocks:
     last_extra = replace(none.last_extra, state_bytes=none.last_extra.state_bytes + int(none.head_transient_bytes))
     cut = cut_stages([none.block] * n_blocks, pp * v, first_extra=none.first_extra, last_extra=last_extra,
                      in_flight=stage_in_flight(sched), stages_per_rank=v, stage_ranks=sched.stage_ranks)
-    priced, why = best_counts(none, full, sched, cut, n_blocks, send_s if pp > 1 else 0.0, limit)
+    if selective is None:
+        priced, why = best_counts(none, full, sched, cut, n_blocks, send_s if pp > 1 else 0.0, limit)
+    else:
+        priced, why = best_counts3(none, full, selective, sched, cut, n_blocks, send_s if pp > 1 else 0.0, limit,
+                                   incumbent_s)
     if priced is None:
         return PipelineCandidate(schedule, m, v, math.inf, 0.0, math.inf, why, (), send_s, "partial", True), None
     sim = priced.simulation
     return PipelineCandidate(schedule, m, v, sim.step_s, sim.bubble_fraction, max(priced.rank_memory_bytes), "",
-                             priced.rank_memory_bytes, send_s, "partial", False, priced.counts), priced
+                             priced.rank_memory_bytes, send_s, "partial", False, priced.counts,
+                             priced.selective), priced
 
 
 def _search_space(batch: int, layout: PipelineLayout, n_blocks: int, schedules: Sequence[str],
@@ -459,13 +477,15 @@ def search_pipeline(
     recompute: str = "none",
     price_full: Callable[[int], BlockPricing] | None = None,
     partial: bool = True,
+    price_selective: Callable[[int], BlockPricing] | None = None,
 ) -> PipelinePlan:
     """The fastest fitting candidate of ``layout`` (module docstring, Search). ``price_at(micro_batch)``
     gives the block pricing of microbatches of ``micro_batch`` sequences on the stage sub-mesh
     (:func:`autoshard.search.pipeline_blocks.price_blocks`; called once per ``m``) with the stages'
     recomputation policy ``recompute``; ``price_full``, with ``recompute="none"``, the same under
     full recomputation, priced only where (R2) leaves it a chance, and with it stages checkpointing
-    some of their blocks (R4) unless ``partial`` is false;
+    some of their blocks (R4) unless ``partial`` is false; ``price_selective``, with ``price_full``, the
+    same under the op-level policy, priced where ``full`` is, a third block kind for (R4);
     ``profile`` a ``hw_profiles.HardwareProfile`` (sends, memory); ``memory_limit_bytes``
     defaults to its usable memory. ``stages_per_rank`` narrows :data:`V_OF`.
 
@@ -504,7 +524,8 @@ def search_pipeline(
                 if cand.step_s < (best[0].step_s if best else math.inf):  # (R3): strictly faster only
                     best[:] = [cand, cut, sim, pricing, None]
 
-    def try_partial(none: BlockPricing, full: BlockPricing, m: int) -> None:  # (R4)
+    def try_partial(none: BlockPricing, full: BlockPricing, m: int,
+                    sel: BlockPricing | None = None) -> None:  # (R4)
         send = collective_time_s("permute", batch // m * seq_len * dim * itemsize / (dp * tp), (0,), mesh, profile)
         for name in schedules:
             for v in V_OF.get(name, (1,)):
@@ -512,7 +533,8 @@ def search_pipeline(
                     continue
                 cand, priced = price_partial_candidate(none, full, n_blocks=n_blocks, batch=batch,
                                                        pp=pp, schedule=name, n_microbatches=m, stages_per_rank=v,
-                                                       send_s=send, memory_limit_bytes=limit)
+                                                       send_s=send, memory_limit_bytes=limit, selective=sel,
+                                                       incumbent_s=best[0].step_s if best else math.inf)
                 candidates.append(cand)
                 if priced is not None and cand.step_s < (best[0].step_s if best else math.inf):
                     best[:] = [cand, priced.cut, priced.simulation, none, priced.costs]
@@ -529,7 +551,8 @@ def search_pipeline(
                 full = price_full(batch // m)
                 try_all(full, m, "full")
                 if partial:
-                    try_partial(first[m], full, m)
+                    try_partial(first[m], full, m,
+                                price_selective(batch // m) if price_selective is not None else None)
     if not best:
         least = min((c.peak_bytes for c in candidates), default=math.inf)
         why = next((c.why for c in candidates if c.why), "")
@@ -560,7 +583,7 @@ def _chosen(best: Sequence, candidates: Sequence[PipelineCandidate], layout: Pip
         candidates=tuple(candidates), search_s=time.perf_counter() - started,
         stage_seconds=tuple((c.forward_s, c.full_backward_s or c.backward_input_s + c.backward_weight_s)
                             for c in costs),
-        recompute=cand.recompute, recompute_blocks=cand.recompute_blocks)
+        recompute=cand.recompute, recompute_blocks=cand.recompute_blocks, selective_blocks=cand.selective_blocks)
 
 
 def pipeline_section(
@@ -597,5 +620,5 @@ def pipeline_section(
         stages_per_rank=plan.stages_per_rank, mesh_dim=plan.dim_names[pp_at], send_bytes=send,
         data_parallel=data_parallel, stage_seconds=plan.stage_seconds, rank_peak_bytes=plan.rank_memory_bytes,
         step_s=plan.step_s, bubble_fraction=plan.bubble_fraction, recompute=plan.recompute,
-        recompute_blocks=plan.recompute_blocks,
+        recompute_blocks=plan.recompute_blocks, selective_blocks=plan.selective_blocks,
         tensor_parallel=tensor_parallel, sequence_parallel=priced_sequence_parallel(plan.recompute, tensor_parallel))

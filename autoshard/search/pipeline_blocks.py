@@ -75,7 +75,9 @@ instead of 134 MB). A stage is priced running its residual stream sequence-split
 
     a_full = a - (O - O_sp) / L_2        (of the deeper plan: the blocks are alike)
 
-the same tensor at ``1 / tp`` of the bytes; the time stands (the solve's all-reduce on ``tp``
+the same tensor at ``1 / tp`` of the bytes (so too under the op-level policy, ``recompute="selective"``:
+its block keeps the same input, beside the matmul and attention outputs it saves, which stand as
+solved; ``autoshard.search.pipeline_selective``); the time stands (the solve's all-reduce on ``tp``
 moves the bytes of the reduce-scatter and all-gather that sequence parallelism runs instead),
 and the transient ``T`` below keeps the solve's ``a`` (the peak it is taken from held the
 replicated copies).
@@ -497,7 +499,7 @@ def price_blocks(
                               time_limit=time_limit, tp_table=tp_table)
         figures.append(plan_figures(prep, plan, depth))
     pricing = pricing_from_figures(micro_batch, figures[0], figures[1], time.perf_counter() - started,
-                                   checkpointed=recompute == "full", sequence_split=recompute == "none")
+                                   checkpointed=recompute in ("full", "selective"), sequence_split=recompute == "none")
     return replace(pricing, params=tuple(sorted(plan.params.items())))
 
 

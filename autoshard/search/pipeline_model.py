@@ -6,8 +6,8 @@ model instance (not a factory): the block pricing of a microbatch
 ``L_1 = 2`` and ``L_2 = 3`` of its repeated blocks (1 and 2 for a model of two; a shallow
 copy whose block container keeps its first ``L`` blocks, the same modules, nothing copied)
 at the microbatch's rows of the example inputs, on the stage sub-mesh (the mesh without the
-``pp`` dim), once per recomputation policy the search prices (``none`` and ``full``: what
-the stage runtime runs; ``autoshard.search.pipeline``, Recomputation). The answer is the chosen :class:`~autoshard.search.pipeline.PipelinePlan` and the plan
+``pp`` dim), once per recomputation policy the search prices (``none``, ``full`` and
+``selective``: what the stage runtime runs; ``autoshard.search.pipeline``, Recomputation). The answer is the chosen :class:`~autoshard.search.pipeline.PipelinePlan` and the plan
 file's :class:`~autoshard.plan.pipeline_section.PipelineSection`, with each stage's
 priced time and its rank's peak memory recorded.
 
@@ -71,9 +71,10 @@ backward) and the V-shaped ones included."""
 def stage_recompute(policy: str) -> str:
     """The pipeline stages' policy for the solve's ``recompute`` (``autoshard.graph.recompute_policy``):
     ``none`` and ``full`` as they are; ``auto``, ``selective`` and ``every:K`` search both and the
-    stages checkpointing their first blocks only (``auto``; the per-stage counts are the search's):
-    the stage runtime (FSDP2 / torch TP per stage) checkpoints whole blocks or none, never per op,
-    so a per-op policy is not one it can run, and ``every:K``'s blocks are not a stage's first.
+    stages mixing checkpointed, selective (torchtitan's op-level policy) and kept blocks (``auto``;
+    the per-stage counts are the search's: ``autoshard.search.pipeline_selective``): a stage runs
+    its blocks in that order, so ``every:K``'s blocks are not a stage's, and ``selective`` on every
+    block is one of the mixes searched, not pinned.
 
     >>> stage_recompute("full"), stage_recompute("selective"), stage_recompute("every:2")
     ('full', 'auto', 'auto')
@@ -228,7 +229,8 @@ def choose_pipeline(
         chosen = search_pipeline(pricer(base), n_blocks=n_blocks, batch=batch, seq_len=seq_len, dim=dim,
                                  layout=layout, profile=prof, flops_per_token=0.0, schedules=schedules,
                                  microbatches=microbatches, memory_limit_bytes=memory_limit, itemsize=itemsize,
-                                 recompute=base, price_full=pricer("full") if recompute == "auto" else None)
+                                 recompute=base, price_full=pricer("full") if recompute == "auto" else None,
+                                 price_selective=pricer("selective") if recompute == "auto" else None)
     except PipelineError:
         raise
     except ValueError as exc:  # the search's one-line refusals, as the section's error

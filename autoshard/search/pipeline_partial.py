@@ -20,7 +20,10 @@ with full recomputation, its kept input sequence-split (h')), block by block:
          otherwise: a rank with both kinds of blocks runs both kinds of transient) and H_r the head's
          transient, ``T + head``, of the last stage's policy, on the rank that holds it
 
-so ``c_k = 0`` everywhere prices exactly as ``N`` and ``c_k = n_k`` as ``C`` (same cut).
+so ``c_k = 0`` everywhere prices exactly as ``N`` and ``c_k = n_k`` as ``C`` (same cut). A third kind,
+``S`` (op-level checkpointing, ``s_k`` blocks after the ``c_k``), adds its own term to each of
+(p1)-(p5) where given (``autoshard.search.pipeline_selective``); with every ``s_k = 0`` the price
+is this one, bit for bit.
 
 **Choosing the counts** (:func:`best_counts`, one candidate ``(schedule, m, v)``): the faster
 fitting of two, (c0) and (c1)-(c4).
@@ -97,85 +100,131 @@ class PartialPricing:
     simulation: PipelineSimulation
     rank_memory_bytes: tuple[float, ...]
     """(p5) per rank of the ``pp`` dim."""
+    selective: tuple[int, ...] = ()
+    """``s_k`` per stage: blocks under the op-level policy (``autoshard.search.pipeline_selective``);
+    empty: none."""
 
 
-def _policy(c: int, n: int, none: BlockPricing, full: BlockPricing) -> BlockPricing:
-    """The pricing a stage's extras follow (p4): ``C`` where all its blocks are checkpointed."""
+def _policy(c: int, n: int, none: BlockPricing, full: BlockPricing, s: int = 0,
+            sel: BlockPricing | None = None) -> BlockPricing:
+    """The pricing a stage's extras follow (p4): ``C`` (``S``) where all its blocks are checkpointed
+    (selective), else ``N``."""
+    if n and s == n and sel is not None:
+        return sel
     return full if n and c == n else none
 
 
+def _selective(counts: Sequence[int], selective: Sequence[int] | None, sel: BlockPricing | None) -> list[int]:
+    """``s_k`` per stage, zeros where none given; a count without its pricing is refused."""
+    out = [0] * len(counts) if selective is None else [int(x) for x in selective]
+    if len(out) != len(counts):
+        raise ValueError(f"{len(out)} selective counts for {len(counts)} stages")
+    if any(out) and sel is None:
+        raise ValueError("selective blocks without a selective pricing")
+    return out
+
+
 def mixed_stage_costs(none: BlockPricing, full: BlockPricing, cut: StageCuts, counts: Sequence[int],
-                      send_s: float) -> list[StageCost]:
-    """(p1)-(p4): one :class:`StageCost` per stage of ``cut``, stage ``k`` checkpointing ``counts[k]`` blocks;
-    with every count 0 (every count the stage's blocks) it is ``pipeline._stage_costs`` of ``none`` (``full``)."""
+                      send_s: float, sel: BlockPricing | None = None,
+                      selective: Sequence[int] | None = None) -> list[StageCost]:
+    """(p1)-(p4): one :class:`StageCost` per stage of ``cut``, stage ``k`` checkpointing ``counts[k]`` blocks
+    fully and ``selective[k]`` (default none) under the op-level policy priced by ``sel``; with every
+    count 0 (every count the stage's blocks) it is ``pipeline._stage_costs`` of ``none`` (``full``).
+    A stage without selective blocks adds no ``S`` term: its price is the two-kind one, bit for bit."""
     k_last = len(cut.stages) - 1
     n_of, c_of = none.block, full.block
+    sels = _selective(counts, selective, sel)
     out = []
     for k, st in enumerate(cut.stages):
         n = st.end_block - st.first_block
-        c = int(counts[k])
-        if not 0 <= c <= n:
-            raise ValueError(f"stage {k}: {c} checkpointed blocks of its {n}")
-        ep = _policy(c, n, none, full)
+        c, s = int(counts[k]), sels[k]
+        if not (0 <= c <= n and 0 <= s <= n - c):
+            raise ValueError(f"stage {k}: {c} checkpointed and {s} selective blocks of its {n}")
+        ep = _policy(c, n, none, full, s, sel)
         extras = [e for e, here in ((ep.first_extra, k == 0), (ep.last_extra, k == k_last)) if here]
-        mix = lambda x, y: (n - c) * x + c * y  # noqa: E731
-        fwd = mix(n_of.forward_s, c_of.forward_s) + sum(e.forward_s for e in extras)
-        bwd = mix(n_of.backward_s, c_of.backward_s) + sum(e.backward_s for e in extras)
-        acts = mix(n_of.activation_bytes, c_of.activation_bytes) + sum(e.activation_bytes for e in extras)
+        if s:
+            s_of = sel.block  # type: ignore[union-attr]
+
+            def mix(x: float, y: float, z: float = 0.0) -> float:
+                return (n - c - s) * x + c * y + s * z
+        else:
+            mix = lambda x, y, z=0.0: (n - c) * x + c * y  # noqa: E731
+            s_of = n_of
+        q = sel if s else none
+        fwd = mix(n_of.forward_s, c_of.forward_s, s_of.forward_s) + sum(e.forward_s for e in extras)
+        bwd = mix(n_of.backward_s, c_of.backward_s, s_of.backward_s) + sum(e.backward_s for e in extras)
+        acts = mix(n_of.activation_bytes, c_of.activation_bytes, s_of.activation_bytes) \
+            + sum(e.activation_bytes for e in extras)
         redo = min(bwd, mix(none.block_recompute_s + none.block_regather_s,
-                            full.block_recompute_s + full.block_regather_s))
+                            full.block_recompute_s + full.block_regather_s,
+                            q.block_recompute_s + q.block_regather_s))  # type: ignore[union-attr]
         half = (bwd - redo) / 2 + redo
         out.append(StageCost(
             forward_s=fwd, backward_input_s=half, backward_weight_s=half, full_backward_s=bwd,
             send_activation_s=send_s, send_gradient_s=send_s, activation_bytes=int(acts), weight_grad_bytes=int(acts),
-            gradient_reduction_s=mix(none.block_reduction_s, full.block_reduction_s)
+            gradient_reduction_s=mix(none.block_reduction_s, full.block_reduction_s,
+                                     q.block_reduction_s)  # type: ignore[union-attr]
             + (ep.extra_reduction_s if extras else 0.0),
-            optimizer_s=mix(none.block_optimizer_s, full.block_optimizer_s) + (ep.extra_optimizer_s if extras else 0.0),
-            weight_gather_s=mix(none.block_gather_s, full.block_gather_s) + (ep.extra_gather_s if extras else 0.0)))
+            optimizer_s=mix(none.block_optimizer_s, full.block_optimizer_s,
+                            q.block_optimizer_s)  # type: ignore[union-attr]
+            + (ep.extra_optimizer_s if extras else 0.0),
+            weight_gather_s=mix(none.block_gather_s, full.block_gather_s, q.block_gather_s)  # type: ignore[union-attr]
+            + (ep.extra_gather_s if extras else 0.0)))
     return out
 
 
 def _rank_memory(none: BlockPricing, full: BlockPricing, cut: StageCuts, counts: Sequence[int],
-                 schedule: PipelineSchedule, sim: PipelineSimulation) -> tuple[float, ...]:
-    """(p5) per rank."""
+                 schedule: PipelineSchedule, sim: PipelineSimulation, sel: BlockPricing | None = None,
+                 selective: Sequence[int] | None = None) -> tuple[float, ...]:
+    """(p5) per rank; a rank with ``S`` blocks adds ``T^S`` to the transients it takes the largest of."""
     p, k_last = schedule.n_ranks, len(cut.stages) - 1
-    state, checkpointed, kept = [0.0] * p, [False] * p, [False] * p
+    sels = _selective(counts, selective, sel)
+    state, checkpointed, kept, picked = [0.0] * p, [False] * p, [False] * p, [False] * p
     head = [0.0] * p
     for k, st in enumerate(cut.stages):
-        n, c, r = st.end_block - st.first_block, int(counts[k]), schedule.stage_ranks[k]
-        ep = _policy(c, n, none, full)
-        state[r] += (n - c) * none.block.state_bytes + c * full.block.state_bytes
+        n, c, s, r = st.end_block - st.first_block, int(counts[k]), sels[k], schedule.stage_ranks[k]
+        ep = _policy(c, n, none, full, s, sel)
+        if s:  # the two-kind sum stands as it was where no block is selective (bit for bit)
+            state[r] += (n - c - s) * none.block.state_bytes + c * full.block.state_bytes \
+                + s * sel.block.state_bytes  # type: ignore[union-attr]
+        else:
+            state[r] += (n - c) * none.block.state_bytes + c * full.block.state_bytes
         state[r] += (ep.first_extra.state_bytes if k == 0 else 0) + (ep.last_extra.state_bytes if k == k_last else 0)
         checkpointed[r] |= c > 0
-        kept[r] |= c < n
+        kept[r] |= c + s < n
+        picked[r] |= s > 0
         if k == k_last:
-            heads = [q.transient_bytes + q.head_transient_bytes for q, used in ((none, c < n), (full, c > 0)) if used]
+            heads = [q.transient_bytes + q.head_transient_bytes  # type: ignore[union-attr]
+                     for q, used in ((none, c + s < n), (full, c > 0), (sel, s > 0)) if used]
             head[r] = max(heads)
     out = []
     for r in range(p):
-        blocks = max([q.transient_bytes for q, used in ((none, kept[r]), (full, checkpointed[r])) if used],
-                     default=none.transient_bytes)
+        blocks = max([q.transient_bytes for q, used in ((none, kept[r]), (full, checkpointed[r]), (sel, picked[r]))
+                      if used], default=none.transient_bytes)  # type: ignore[union-attr]
         out.append(state[r] + sim.ranks[r].peak_activation_bytes + max(blocks, head[r]))
     return tuple(out)
 
 
 def price_counts(none: BlockPricing, full: BlockPricing, schedule: PipelineSchedule, cut: StageCuts,
-                 counts: Sequence[int], send_s: float) -> PartialPricing:
-    """The candidate of ``schedule`` on ``cut`` with ``counts`` checkpointed blocks per stage, simulated
-    (module docstring, (p1)-(p5)); ``none`` and ``full`` priced at the same microbatch."""
-    if none.micro_batch != full.micro_batch:
+                 counts: Sequence[int], send_s: float, sel: BlockPricing | None = None,
+                 selective: Sequence[int] | None = None) -> PartialPricing:
+    """The candidate of ``schedule`` on ``cut`` with ``counts`` checkpointed blocks per stage (and
+    ``selective`` blocks under ``sel``'s op-level policy), simulated (module docstring, (p1)-(p5));
+    every pricing at the same microbatch."""
+    if none.micro_batch != full.micro_batch or (sel is not None and sel.micro_batch != none.micro_batch):
         raise ValueError(f"pricings of microbatches of {none.micro_batch} and {full.micro_batch} sequences")
     if len(counts) != len(cut.stages):
         raise ValueError(f"{len(counts)} counts for {len(cut.stages)} stages")
-    costs = mixed_stage_costs(none, full, cut, counts, send_s)
+    costs = mixed_stage_costs(none, full, cut, counts, send_s, sel, selective)
     sim = simulate_pipeline(schedule, costs)
-    memory = _rank_memory(none, full, cut, counts, schedule, sim)
+    memory = _rank_memory(none, full, cut, counts, schedule, sim, sel, selective)
     held = stage_in_flight(schedule)
     stages = tuple(Stage(st.first_block, st.end_block, c.forward_s + c.backward_s,
                          int(memory[schedule.stage_ranks[k]] if held[k] else 0))
                    for k, (st, c) in enumerate(zip(cut.stages, costs)))
+    sels = tuple(int(x) for x in selective) if selective is not None and any(selective) else ()
     return PartialPricing(tuple(int(c) for c in counts), StageCuts(stages, max(s.time_s for s in stages)),
-                          tuple(costs), sim, memory)
+                          tuple(costs), sim, memory, sels)
 
 
 def choose_counts(none: BlockPricing, full: BlockPricing, schedule: PipelineSchedule, cut: StageCuts,

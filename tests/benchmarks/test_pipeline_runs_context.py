@@ -59,3 +59,75 @@ def test_meta_cp_what_if_removes_only_what_the_priced_attention_costs_above_the_
     assert dearer["what_if"]["meta_cp"].step_s < dearer["base"].step_s
     # no recomputation: the block's backward less R (0.15 s), whatever the attention
     assert dearer["what_if"]["noac"].step_s < dearer["base"].step_s
+
+
+PARTIAL = next(r for r in RUNS if r.key == "meta-405b-128k-partial")
+
+
+def test_the_partial_row_pins_the_long_context_rows_layout_batch_and_schedule() -> None:
+    same = ("profile", "gpus", "batch", "layout", "schedule", "n_microbatches", "stages_per_rank", "cp", "seq",
+            "published_tflops", "titan_loss")
+    assert all(getattr(PARTIAL, k) == getattr(ROW, k) for k in same)
+    assert PARTIAL.recompute == "partial"
+
+
+class _TwoPolicies:
+    """A pricer stub: the no-recomputation and full-recomputation block pricings of a cp stage, by policy."""
+
+    def __init__(self, none, full) -> None:
+        self.by_policy = {"none": none, "full": full}
+        self.asked: list[str] = []
+
+    def at(self, run, dp, tp, pinned, engine=None, recompute=None):
+        policy = run.recompute if recompute is None else recompute
+        self.asked.append(policy)
+        return lambda mb: self.by_policy[policy]
+
+
+def test_a_partial_cp_row_prices_both_policies_and_checkpoints_only_some_blocks_to_fit() -> None:
+    from costmodel.stage_cuts import BlockCost
+    from hw_profiles import load
+
+    from autoshard.search.pipeline_blocks import BlockPricing
+    from benchmarks.pipeline_runs import _flops_per_token, run_one
+
+    zero = BlockCost(0.0, 0.0, 0, 0)
+    limit = load(PARTIAL.profile).device.usable_memory_bytes
+    # one block keeps 1.5 GB a microbatch in flight without recomputation, 50 MB with: none does not fit
+    # 72 GiB with 8 blocks a rank and about 23 stage-microbatches in flight on rank 0, full fits easily
+    none = BlockPricing(8, BlockCost(0.03, 0.09, 2 * 10**9, 15 * 10**8), 0.0, 0.0, zero, zero, 0.0, 0.0, 10**9,
+                        (), 0.0)
+    full = BlockPricing(8, BlockCost(0.03, 0.12, 2 * 10**9, 5 * 10**7), 0.0, 0.0, zero, zero, 0.0, 0.0, 10**9,
+                        (), 0.0, block_recompute_s=0.03)
+    pricer = _TwoPolicies(none, full)
+    out = run_one(PARTIAL, pricer, _flops_per_token(PARTIAL.seq))
+    plan = out["plan"]
+    assert set(pricer.asked) == {"none", "full"}
+    assert "over_memory" not in out and max(plan.rank_memory_bytes) <= limit
+    assert plan.recompute == "partial"
+    assert 0 < sum(plan.recompute_blocks) < 126  # some blocks checkpointed, not all
+    assert (plan.n_microbatches, plan.stages_per_rank, plan.schedule) == (16, 2, "Interleaved1F1B")
+
+
+def test_tensor_parallel_restriction_keeps_the_pinned_tp_reads_and_never_empties_a_node(monkeypatch) -> None:
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    import autoshard.search.baselines as baselines
+    from benchmarks.pipeline_context import tensor_parallel_restriction
+
+    strat = lambda tp: SimpleNamespace(input_placements=(("R", tp),), output_placements=(("R", tp),),  # noqa: E731
+                                       exchange=None)
+    shard, whole = strat("S(1)"), strat("R")
+    graph = SimpleNamespace(nodes=[SimpleNamespace(name="mm", strategies=(shard, whole)),
+                                   SimpleNamespace(name="view", strategies=(shard, whole))])
+    monkeypatch.setattr(baselines, "tensor_parallel_reads",
+                        lambda g, pins: {0: np.array([True, False]), 1: np.array([False, False])})
+    restrict = tensor_parallel_restriction(graph, {}, lambda node, strategies: strategies)
+    assert restrict(SimpleNamespace(name="mm"), (shard, whole)) == (shard,)  # the weight read as its tp shard
+    assert restrict(SimpleNamespace(name="view"), (shard, whole)) == (shard, whole)  # no mask: left as it was
+    assert restrict(SimpleNamespace(name="other"), (whole,)) == (whole,)
+    # a restricted node whose inner restriction already dropped every tp read keeps what is left
+    only_whole = tensor_parallel_restriction(graph, {}, lambda node, strategies: (whole,))
+    assert only_whole(SimpleNamespace(name="mm"), (shard, whole)) == (whole,)

@@ -59,6 +59,63 @@ def test_remeasure_ignores_the_cache(tmp_path, fake_measure) -> None:
     assert record["source"] == "measured" and len(fake_measure) == 2
 
 
+def test_a_correction_under_foreign_load_is_reused_by_this_process_only(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(first_use, "_LOADED", {})
+    calls = []
+
+    def busy(profile, ranks, key):
+        calls.append(key)
+        return ProfileCorrection(profile.fingerprint, key, "2026-11-27T00:00:00Z",
+                                 (ReferenceTime("add 1", "launch", 1.0, 4e-6, 8e-6),), {"foreign_load": 1.5})
+
+    monkeypatch.setattr(first_use, "_measure_spawned", busy)
+    profile, record = first_use.corrected_profile(BASE, ranks=4, folder=tmp_path)
+    assert record["source"] == "measured under foreign load, not cached" and len(calls) == 1
+    again, record = first_use.corrected_profile(BASE, ranks=4, folder=tmp_path)
+    assert record["source"] == "measured under foreign load earlier in this process, not cached"
+    assert again == profile and len(calls) == 1 and not list(tmp_path.glob("*.json"))  # never on disk
+    first_use.corrected_profile(BASE, ranks=2, folder=tmp_path)  # another key is measured
+    first_use.corrected_profile(BASE, ranks=4, folder=tmp_path, mode="remeasure")  # measures again
+    assert len(calls) == 3
+    monkeypatch.setattr(first_use, "LOADED_REUSE_S", 0.0)  # older than the reuse window: measured again
+    _, record = first_use.corrected_profile(BASE, ranks=4, folder=tmp_path)
+    assert record["source"] == "measured under foreign load, not cached" and len(calls) == 4
+
+
+def test_a_quiet_measurement_replaces_the_loaded_one_in_memory_and_on_disk(tmp_path, monkeypatch,
+                                                                            fake_measure) -> None:
+    key = json.dumps(correction_cache.machine_key(BASE.fingerprint, ranks=4), sort_keys=True)
+    loaded = ProfileCorrection(BASE.fingerprint, {}, "2026-11-27T00:00:00Z", (), {"foreign_load": 2.0})
+    monkeypatch.setattr(first_use, "_LOADED", {key: (0.0, loaded)})  # measured long ago
+    _, record = first_use.corrected_profile(BASE, ranks=4, folder=tmp_path)
+    assert record["source"] == "measured" and first_use._LOADED == {} and len(list(tmp_path.glob("*.json"))) == 1
+
+
+@pytest.mark.parametrize("busy", [False, True])
+def test_a_measurement_under_foreign_load_stops_after_fewer_rounds(monkeypatch, busy) -> None:
+    from types import SimpleNamespace
+
+    from autoshard.calibrate.timing import Job, Settings
+
+    timed: list[int] = []  # per measure() call: the round it belongs to (the times 1, 2, ... by round)
+    asked: list[int] = []  # the rounds done when loaded() was asked
+    monkeypatch.setattr(first_use, "measure", lambda job, fn, settings: SimpleNamespace(
+        seconds=float(timed.append(len(timed) // 2) or timed[-1] + 1)))
+
+    def loaded() -> bool:
+        asked.append(len(timed) // 2)
+        return busy
+
+    fast = Settings(warmup=0, trials=1, min_trial_s=0.0)
+    best, typical = first_use._interleaved(Job.single(), [lambda: None, lambda: None], [fast, fast], loaded)
+    rounds = first_use.LOADED_ROUNDS if busy else first_use.ROUNDS
+    assert first_use.LOADED_ROUNDS < first_use.ROUNDS
+    assert len(timed) == 2 * rounds and best == [1.0, 1.0]  # every call timed in each round kept; fastest
+    assert typical == [float(rounds // 2 + 1)] * 2  # the median round of those kept
+    # asked only once the minimum is measured, then before each further round
+    assert asked == ([first_use.LOADED_ROUNDS] if busy else list(range(first_use.LOADED_ROUNDS, first_use.ROUNDS)))
+
+
 @pytest.mark.parametrize("text", ["{not json", json.dumps({"format": "autoshard.profile_correction/1"}), "[]"])
 def test_a_corrupt_cache_file_warns_once_and_measures_again(tmp_path, fake_measure, text) -> None:
     first_use.corrected_profile(BASE, ranks=4, folder=tmp_path)

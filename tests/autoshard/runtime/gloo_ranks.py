@@ -24,7 +24,7 @@ from benchmarks.common.gloo import spawn
 
 __all__ = ["spawn", "restricted_plan", "equivalence", "assert_matches_one_device", "planned_collectives_issued",
            "recompute_positions", "local_of", "placement_names", "whole", "teardown", "scheduled_trace",
-           "assert_trace_follows_schedule"]
+           "assert_trace_follows_schedule", "short_profile_correction"]
 
 
 Restrict = Callable[[Any, list], list]
@@ -74,6 +74,18 @@ def restricted_plan(model: Any, inputs: Any, mesh_shape: tuple[int, ...], names:
     if traces is not None:
         traces.setdefault(trace_key, prep.traced)
     return solve.solve_prepared(prep, time_limit=time_limit)
+
+
+def short_profile_correction() -> None:
+    """In a rank of a test that calls ``autoshard()`` (whose ``profile_correction="auto"`` times the
+    reference ops on every rank): time them in 2 rounds, not 5, and take the foreign-load vote
+    (``first_use.LOADED_ROUNDS``) after the first. These tests check the correction's plumbing on a
+    real job (measured together, rank 0's decision, cached, applied, recorded), not its accuracy:
+    5 rounds on 4 ranks sharing 2 cores were 30 s of ``test_api``'s 58 s (2026-12-06). Every
+    rank must call this before its first ``autoshard()``: all of them time the same rounds."""
+    from autoshard.calibrate import first_use
+
+    first_use.ROUNDS, first_use.LOADED_ROUNDS = 2, 1
 
 
 def whole(t: torch.Tensor) -> torch.Tensor:

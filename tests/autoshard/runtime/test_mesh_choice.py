@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 
-from gloo_ranks import spawn, whole
+from gloo_ranks import short_profile_correction, spawn, whole
 
 pytestmark = pytest.mark.slow
 
@@ -33,6 +33,7 @@ def search_jobs(rank: int, world: int, cache: str, limit: float) -> dict[str, An
     from autoshard import autoshard
     from examples.models import mlp
 
+    short_profile_correction()
     out: dict[str, Any] = {}
     model, inputs = mlp.tiny()
     reference = copy.deepcopy(model)

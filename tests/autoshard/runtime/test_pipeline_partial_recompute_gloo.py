@@ -1,14 +1,16 @@
 """A ``partial`` pipeline section (some blocks of each stage checkpointed) on 4 gloo ranks, against one device.
 
-One spawn of 4 ranks runs two jobs of the example LLaMA (tiny, fp32, four blocks) cut by
+One spawn of 4 ranks runs three jobs of the example LLaMA (tiny, fp32, four blocks) cut by
 ``build_pipeline_section`` with ``recompute="partial"``: 1F1B on ``pp 2 x dp 2`` with stages of two
-blocks, the first stage checkpointing one of them and the last none; and ZBVZeroBubble (its split
-backward) with four one-block stages, stages 0 and 2 checkpointed. Two AdamW steps each
-(``test_pipeline_gloo.run_jobs``). After each step the loss and every parameter's gradient equal
-the one-device model's, and each block runs its forward as often per step as the schedule and its
-own stage's count say: a checkpointed block (one of its stage's first ``recompute_blocks``) once
-per microbatch plus once per backward call that reads it, any other once per microbatch; so the
-jobs cannot pass with the whole stage checkpointed, or none of it.
+blocks, the first stage checkpointing one of them and the last none; the same with selective
+(op-level) blocks, stage 0 one checkpointed and one selective, stage 1 one selective and one kept;
+and ZBVZeroBubble (its split backward) with four one-block stages, stages 0 and 2 checkpointed,
+stage 1 selective. Two AdamW steps each (``test_pipeline_gloo.run_jobs``). After each step the loss
+and every parameter's gradient equal the one-device model's, and each block runs its forward as
+often per step as the schedule and its own stage's counts say: a checkpointed or selective block
+(one of its stage's first ``recompute_blocks + recompute_selective_blocks``) once per microbatch
+plus once per backward call that reads it, any other once per microbatch; so the jobs cannot pass
+with the whole stage recomputing, or none of it.
 """
 
 from __future__ import annotations
@@ -23,18 +25,23 @@ from test_pipeline_gloo import FOUR, STEPS, _section, run_jobs
 from autoshard.plan.pipeline_section import PipelineSection
 
 
-def _partial(schedule: str, cuts: tuple[int, ...], counts: tuple[int, ...], v: int = 1) -> PipelineSection:
+def _partial(schedule: str, cuts: tuple[int, ...], counts: tuple[int, ...], v: int = 1,
+             selective: tuple[int, ...] | None = None) -> PipelineSection:
     import dataclasses
 
     whole = _section(schedule, 2, 4, cuts, FOUR, v=v)
-    stages = tuple(dataclasses.replace(st, recompute_blocks=k) for st, k in zip(whole.stages, counts))
+    sel = selective or (None,) * len(counts)
+    stages = tuple(dataclasses.replace(st, recompute_blocks=k, recompute_selective_blocks=s)
+                   for st, k, s in zip(whole.stages, counts, sel))
     section = dataclasses.replace(whole, recompute="partial", stages=stages)
     return PipelineSection.from_dict(section.to_dict())  # validated, as a plan file is read
 
 
 JOBS = {
     "1f1b-pp2-dp2-m4-partial": ((2, 2), ("pp", "dp"), _partial("1F1B", (2,), (1, 0)), FOUR),
-    "zbv-pp2-dp2-m4-partial": ((2, 2), ("pp", "dp"), _partial("ZBVZeroBubble", (1, 2, 3), (1, 0, 1, 0), v=2), FOUR),
+    "1f1b-pp2-dp2-m4-selective": ((2, 2), ("pp", "dp"), _partial("1F1B", (2,), (1, 0), selective=(1, 1)), FOUR),
+    "zbv-pp2-dp2-m4-partial": ((2, 2), ("pp", "dp"), _partial("ZBVZeroBubble", (1, 2, 3), (1, 0, 1, 0), v=2,
+                                                              selective=(0, 1, 0, 0)), FOUR),
 }
 
 
@@ -71,6 +78,14 @@ def test_only_each_stages_first_counted_blocks_recompute(results, label):
         for stage in entry["stages"]:
             st = section.stages[stage]
             for block in range(st.first_block, st.end_block):
-                want[block] = _forwards(section, stage, block - st.first_block < section.checkpointed_blocks(stage))
+                again = section.checkpointed_blocks(stage) + section.selective_blocks(stage)
+                want[block] = _forwards(section, stage, block - st.first_block < again)
         assert entry["block_forwards"] == want, f"{label} rank {rank}"
     assert len({_forwards(section, 0, True), _forwards(section, 0, False)}) == 2  # the check tells them apart
+
+
+def test_selective_job_runs_selective_blocks():
+    # the jobs above run what they say: selective blocks after the checkpointed ones, kept ones after
+    section = JOBS["1f1b-pp2-dp2-m4-selective"][2]
+    assert [(section.checkpointed_blocks(k), section.selective_blocks(k)) for k in range(2)] == [(1, 1), (0, 1)]
+    assert section.to_dict()["stages"][1]["recompute_selective_blocks"] == 1

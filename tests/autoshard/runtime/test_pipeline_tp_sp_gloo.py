@@ -6,7 +6,8 @@ between their blocks into two stages (1F1B, 2 microbatches), with Megatron's col
 split of their linears on ``tp`` (read from plan-style placements, as
 ``test_pipeline_tp_gloo.py`` does), run with the section's ``sequence_parallel`` (the
 residual stream ``(batch, seq/tp, dim)`` on each tp rank, ``autoshard.runtime.pipeline_sp``),
-and the example LLaMA once more without it (replicated over tp), all in one spawn. After
+and the example LLaMA once more without it (replicated over tp), all in one spawn (with a partial
+section, and one whose first stage runs its block under the op-level policy). After
 each of two AdamW steps the loss and every gradient equal the one-device model's; the sends
 each rank records are the section's ``send_bytes`` (priced at ``1/tp`` of the activation)
 with sequence parallelism, ``tp`` times that without. The sequence-parallel sections without
@@ -34,9 +35,12 @@ SP_SEND_BYTES = BATCH // MICROBATCHES * SEQ // TP * DIM * 4  # fp32 (micro_batch
 JOBS = {"llama3_sp": ("llama3", True, "none"), "llama3_replicated": ("llama3", False, "none"),
         "hf_sp": ("hf", True, "none"), "llama3_sp_full": ("llama3", True, "full"),
         "llama3_sp_zb": ("llama3", True, "none", "InterleavedZeroBubble"),
-        "llama3_sp_partial": ("llama3", True, "partial")}
+        "llama3_sp_partial": ("llama3", True, "partial"), "llama3_sp_selective": ("llama3", True, "selective")}
 PARTIAL_BLOCKS = (1, 0)
 """The ``partial`` job's checkpointed blocks per stage: the first stage's block checkpointed, the last's kept."""
+SELECTIVE_BLOCKS = (1, 0)
+"""The ``selective`` job (a ``partial`` section, nothing checkpointed fully): the first stage's block under
+the op-level policy (``pipeline_stages.selective_blocks``), the last's kept."""
 VOCAB_MODULES = {"tok_embeddings": "embedding", "embed_tokens": "embedding", "output": "head", "lm_head": "head"}
 VOCAB = 256
 """Both tiny models' vocabulary; the embedding is on stage 0 (pp rank 0), the head on stage 1."""
@@ -56,12 +60,16 @@ def section_of(model, sequence_parallel: bool, recompute: str = "none", schedule
     parts = model_parts(model)
     layout = tensor_parallel_from_params(plan_params(model), MESH[1], block_linears(model, parts.blocks))
     by_rule = sequence_parallel and recompute == "none"
+    selective = recompute == "selective"
+    recompute = "partial" if selective else recompute
     section = build_pipeline_section(schedule=schedule, n_ranks=2, n_microbatches=MICROBATCHES, batch_size=BATCH,
                                      block_paths=parts.blocks, cuts=(1,), leading=parts.leading,
                                      trailing=parts.trailing, tensor_parallel=() if by_rule else layout,
                                      send_bytes=SP_SEND_BYTES if sequence_parallel else SP_SEND_BYTES * TP,
                                      sequence_parallel=sequence_parallel and not by_rule, recompute=recompute,
-                                     recompute_blocks=PARTIAL_BLOCKS if recompute == "partial" else ())
+                                     recompute_blocks=((0, 0) if selective else PARTIAL_BLOCKS)
+                                     if recompute == "partial" else (),
+                                     selective_blocks=SELECTIVE_BLOCKS if selective else ())
     return with_plan_layout(section, model, plan_params(model), MESH[1]) if by_rule else section
 
 
@@ -132,7 +140,8 @@ def results(tmp_path_factory):
     return spawn(4, run_sp, (), tmp_path_factory.mktemp("u4_sp") / "ranks", timeout=300)
 
 
-@pytest.mark.parametrize("label", ["llama3_sp", "hf_sp", "llama3_sp_full", "llama3_sp_zb", "llama3_sp_partial"])
+@pytest.mark.parametrize("label", ["llama3_sp", "hf_sp", "llama3_sp_full", "llama3_sp_zb", "llama3_sp_partial",
+                                   "llama3_sp_selective"])
 def test_sequence_parallel_loss_and_every_gradient_equal_one_device_after_each_step(results, label):
     # the loss is on the two tp ranks of the last stage
     assert_pipeline_matches_one_device([res[label]["steps"] for res in results], holders=2, label=label)
@@ -184,6 +193,18 @@ def test_a_partial_section_regathers_in_its_kept_blocks_only(results):
         else:
             assert sum(gathers for _, gathers in regathers) >= 2 * MICROBATCHES * STEPS, (rank, regathers)
             assert all(gathers in (0, 1) for _, gathers in regathers), (rank, regathers)
+
+
+def test_a_selective_block_regathers_in_its_recomputation_not_through_hooks(results):
+    # the op-level policy saves matmul and attention outputs, not the gathered inputs: its recomputation
+    # gathers them again, as a checkpointed block's does (pipeline_selective prices it so); the kept block
+    # of the last stage keeps its shards and re-gathers as in the partial job
+    for rank, res in enumerate(results):
+        regathers = res["llama3_sp_selective"]["regathers"]
+        if res["llama3_sp_selective"]["pp"] == 0:
+            assert not regathers, (rank, regathers)
+        else:
+            assert sum(gathers for _, gathers in regathers) >= 2 * MICROBATCHES * STEPS, (rank, regathers)
 
 
 def test_a_split_backward_gathers_the_kept_inputs_again_once_in_each_pass_through_them(results):

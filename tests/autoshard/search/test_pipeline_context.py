@@ -40,3 +40,13 @@ def test_the_cp_restriction_refuses_an_attention_it_cannot_split_rather_than_pri
 
     with pytest.raises(ValueError, match="no balanced context-parallel strategy on mesh dim 1"):
         balanced_context_only(1)(Node(), (Local(),))
+
+
+def test_with_dp_the_matmul_rows_map_back_to_batch_on_dp_and_sequence_on_cp() -> None:
+    # the seeds of the cp x tp search run at one dp rank's batch: at the whole batch (2 sequences over cp 2) they
+    # allow only a strided split of the flattened rows, and the 3-D solve re-laid every matmul's output instead
+    _, plan = context_stage(_tiny, (2, 2, 2), depth=1, micro_batch=2, recompute="full", profile="h100-sxm-80gb",
+                            time_limit=2)
+    unflatten = [(n.inputs[0], n.out[0]) for n in plan.nodes if n.op == "aten._unsafe_view.default"]
+    assert ("S(0)S(0)S(1)", "S(0)S(1)S(2)") in unflatten, unflatten
+    assert not any(out[4:8] == "S(2)" for _, out in unflatten), unflatten  # no hidden dim split on cp

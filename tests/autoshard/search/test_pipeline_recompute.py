@@ -135,7 +135,8 @@ def test_choose_pipeline_recomputes_a_small_model_only_where_none_does_not_fit(m
     """The tiny MLP stack on 2 pp ranks x 2 tp (cpu-gloo, Megatron stages: activations replicated
     over tp): each policy pinned; searched under a limit that full fits and no cut of none does,
     full; under the profile's memory, none. A checkpointed block keeps its input split over tp
-    (h'). Each policy's pricing is solved once for the five searches, each depth traced once."""
+    (h'). Each policy's pricing (selective's too, where full is priced) is solved once for the five
+    searches, each depth traced once."""
     from examples.models import mlp
 
     from autoshard.runtime.pipeline_stages import model_parts
@@ -168,7 +169,8 @@ def test_choose_pipeline_recomputes_a_small_model_only_where_none_does_not_fit(m
     section, chosen = search(memory_limit=_peak(full))
     assert chosen.recompute == section.recompute == "full" and chosen.step_s == pytest.approx(full.step_s)
     assert search()[1].recompute == "none"
-    assert sorted(solved) == [(4, "full"), (4, "none")] and sorted(traces) == [(2, 4), (3, 4)]
+    # selective (op-level) blocks are priced where full is, the third kind of a partial section
+    assert sorted(solved) == [(4, "full"), (4, "none"), (4, "selective")] and sorted(traces) == [(2, 4), (3, 4)]
     block_input = 4 * 16 * 4  # 4 rows of 16 fp32, replicated over tp as solved
     assert solved[4, "full"].block.activation_bytes == block_input // 2
 
