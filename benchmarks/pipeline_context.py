@@ -27,6 +27,9 @@ restriction for an extra sub-mesh dim) is not in ``autoshard.search`` yet.
 
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:
+    import _as_module  # noqa: F401 - `python benchmarks/pipeline_context.py`: re-executed as the module
+
 import math
 import re
 import time

@@ -38,17 +38,7 @@ def recompute_blocks(blocks: list[nn.Module]) -> int:
     >>> recompute_blocks(list(model.layers)), type(model.layers[0]).__name__, recompute_blocks([model.layers[0]])
     (2, 'CheckpointedTransformerBlock', 0)
     """
-    classes: dict[type, type] = {}
-    changed = 0
-    for block in blocks:
-        cls = type(block)
-        if getattr(cls, "_pipeline_full_recompute", False) or getattr(cls, "_pipeline_selective_recompute", False):
-            continue
-        if cls not in classes:
-            classes[cls] = _checkpointed_class(cls)
-        block.__class__ = classes[cls]
-        changed += 1
-    return changed
+    return _swap_classes(blocks, selective=False)
 
 
 def selective_blocks(blocks: list[nn.Module]) -> int:
@@ -64,6 +54,11 @@ def selective_blocks(blocks: list[nn.Module]) -> int:
     >>> selective_blocks([model.layers[0]]), type(model.layers[0]).__name__, recompute_blocks([model.layers[0]])
     (1, 'SelectiveTransformerBlock', 0)
     """
+    return _swap_classes(blocks, selective=True)
+
+
+def _swap_classes(blocks: list[nn.Module], selective: bool) -> int:
+    """Each block not yet checkpointed (either way) given its checkpointed subclass, one per class."""
     classes: dict[type, type] = {}
     changed = 0
     for block in blocks:
@@ -71,7 +66,7 @@ def selective_blocks(blocks: list[nn.Module]) -> int:
         if getattr(cls, "_pipeline_full_recompute", False) or getattr(cls, "_pipeline_selective_recompute", False):
             continue
         if cls not in classes:
-            classes[cls] = _checkpointed_class(cls, selective=True)
+            classes[cls] = _checkpointed_class(cls, selective=selective)
         block.__class__ = classes[cls]
         changed += 1
     return changed

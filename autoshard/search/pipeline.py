@@ -554,14 +554,19 @@ def search_pipeline(
                     try_partial(first[m], full, m,
                                 price_selective(batch // m) if price_selective is not None else None)
     if not best:
-        least = min((c.peak_bytes for c in candidates), default=math.inf)
-        why = next((c.why for c in candidates if c.why), "")
-        tried = ", ".join(sorted({c.recompute for c in candidates}))
-        # a candidate no cut fits has no rank memory to show (inf): its refusal says why
-        least_text = f"least rank memory {least / 2**30:.1f} GiB; " if math.isfinite(least) else "no cut fits; "
-        raise ValueError(f"layout {'x'.join(map(str, layout.mesh_shape))} (pp,dp,tp): no pipeline candidate fits "
-                         f"{limit / 2**30:.1f} GiB with recompute {tried} ({least_text}first refusal: {why})")
+        raise _none_fits(candidates, layout, limit)
     return _chosen(best, candidates, layout, batch * seq_len, flops_per_token, n_blocks, started)
+
+
+def _none_fits(candidates: Sequence[PipelineCandidate], layout: PipelineLayout, limit: float) -> ValueError:
+    """The one-line error of a layout none of whose ``candidates`` fits ``limit`` bytes a rank."""
+    least = min((c.peak_bytes for c in candidates), default=math.inf)
+    why = next((c.why for c in candidates if c.why), "")
+    tried = ", ".join(sorted({c.recompute for c in candidates}))
+    # a candidate no cut fits has no rank memory to show (inf): its refusal says why
+    least_text = f"least rank memory {least / 2**30:.1f} GiB; " if math.isfinite(least) else "no cut fits; "
+    return ValueError(f"layout {'x'.join(map(str, layout.mesh_shape))} (pp,dp,tp): no pipeline candidate fits "
+                      f"{limit / 2**30:.1f} GiB with recompute {tried} ({least_text}first refusal: {why})")
 
 
 def _chosen(best: Sequence, candidates: Sequence[PipelineCandidate], layout: PipelineLayout, tokens: int,
