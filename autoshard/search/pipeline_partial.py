@@ -76,7 +76,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 from costmodel.pipeline_schedules import PipelineSchedule
 from costmodel.pipeline_simulate import PipelineSimulation, StageCost, simulate_pipeline
@@ -85,7 +85,7 @@ from costmodel.stage_cuts import Stage, StageCuts, stage_in_flight, suffix_min_m
 from autoshard.search.pipeline_blocks import BlockPricing
 
 __all__ = ["PartialPricing", "mixed_stage_costs", "price_counts", "choose_counts", "cut_with_counts", "trim_counts",
-           "best_counts"]
+           "best_counts", "stage_shares", "stage_need", "cut_by_stage_price"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,49 +259,76 @@ def cut_with_counts(none: BlockPricing, full: BlockPricing, schedule: PipelineSc
     """(c1)-(c3) (module docstring, The cut with the counts): the cut whose slowest stage is least when
     each stage checkpoints the fewest blocks its share of the limit asks for, and those counts; None
     where no cut fits."""
-    k_stages, held, ranks = schedule.n_stages, stage_in_flight(schedule), schedule.stage_ranks
+    k_stages, held = schedule.n_stages, stage_in_flight(schedule)
     blk, ckp = none.block, full.block
     t_n, dt = blk.forward_s + blk.backward_s, (ckp.forward_s + ckp.backward_s) - (blk.forward_s + blk.backward_s)
     saved = blk.activation_bytes - ckp.activation_bytes
-    budget = memory_limit_bytes - max(none.transient_bytes, full.transient_bytes)
-    first, last = none.first_extra, none.last_extra
+    share = stage_shares(none, schedule, memory_limit_bytes - max(none.transient_bytes, full.transient_bytes))
     head = max(none.head_transient_bytes, full.head_transient_bytes)
-    weight = [blk.state_bytes + held[k] * blk.activation_bytes for k in range(k_stages)]
-    on_rank: dict[int, float] = {}
-    for k, r in enumerate(ranks):
-        on_rank[r] = on_rank.get(r, 0.0) + weight[k]
-    share = [budget * weight[k] / on_rank[ranks[k]] if on_rank[ranks[k]] > 0 else budget for k in range(k_stages)]
 
     def stage(k: int, i: int, j: int) -> tuple[float, int]:  # (c1): (time, count), count -1 where it cannot fit
         n = j - i
-        extras = [e for e, here in ((first, k == 0), (last, k == k_stages - 1)) if here]
-        e_t = sum(e.forward_s + e.backward_s for e in extras)
-        kept = n * blk.state_bytes + sum(e.state_bytes for e in extras) + (head if k == k_stages - 1 else 0.0) \
-            + held[k] * (n * blk.activation_bytes + sum(e.activation_bytes for e in extras))
+        kept, e_t = stage_need(none, held, k, k_stages, n, head)
         over = kept - share[k]
         if over <= 0:
             return n * t_n + e_t, 0
         c = math.ceil(over / (held[k] * saved)) if held[k] and saved > 0 else n + 1
         return (n * t_n + c * dt + e_t, c) if c <= n else (math.inf, -1)
 
+    # asked for its fit and its time: priced once
+    found = cut_by_stage_price(functools.lru_cache(maxsize=None)(stage), n_blocks, k_stages)
+    if found is None:
+        return None
+    cut, picks = found
+    return cut, tuple(c for c, in picks)
+
+
+def stage_shares(none: BlockPricing, schedule: PipelineSchedule, budget: float) -> list[float]:
+    """(c)'s shares of ``budget`` bytes a rank: ``M_k = budget w_k / sum_{k' on rank(k)} w_{k'}``,
+    ``w_k = s + h_k a^N`` (module docstring, The cut with the counts)."""
+    held, ranks, blk = stage_in_flight(schedule), schedule.stage_ranks, none.block
+    weight = [blk.state_bytes + held[k] * blk.activation_bytes for k in range(schedule.n_stages)]
+    on_rank: dict[int, float] = {}
+    for k, r in enumerate(ranks):
+        on_rank[r] = on_rank.get(r, 0.0) + weight[k]
+    return [budget * weight[k] / on_rank[ranks[k]] if on_rank[ranks[k]] > 0 else budget
+            for k in range(schedule.n_stages)]
+
+
+def stage_need(none: BlockPricing, held: Sequence[int], k: int, k_stages: int, n: int,
+               head: float) -> tuple[float, float]:
+    """``(bytes, seconds)`` of stage ``k`` of ``n`` blocks without recomputation, ``held[k]`` microbatches
+    in flight: its state, extras (embedding, head) and the head's transient ``head`` on the last stage,
+    and the extras' time (``mem^N_k`` of (c1))."""
+    blk = none.block
+    extras = [e for e, here in ((none.first_extra, k == 0), (none.last_extra, k == k_stages - 1)) if here]
+    kept = n * blk.state_bytes + sum(e.state_bytes for e in extras) + (head if k == k_stages - 1 else 0.0) \
+        + held[k] * (n * blk.activation_bytes + sum(e.activation_bytes for e in extras))
+    return kept, sum(e.forward_s + e.backward_s for e in extras)
+
+
+def cut_by_stage_price(stage: Callable[[int, int, int], tuple], n_blocks: int,
+                       k_stages: int) -> tuple[StageCuts, list[tuple]] | None:
+    """(c2)-(c3) for any stage price ``stage(k, i, j) -> (seconds, count, ...)`` of blocks ``[i, j)`` as
+    stage ``k`` (a negative count: does not fit): the lexicographically smallest cut whose slowest stage
+    is least, and each stage's ``(count, ...)``; None where no cut fits."""
     # (c2): D[k][i], the least slowest stage of blocks [i, N) in stages k .. (stage_cuts' own recursion)
-    stage = functools.lru_cache(maxsize=None)(stage)  # asked for its fit and its time: priced once
     table = suffix_min_max(n_blocks, k_stages, lambda k, i, j: stage(k, i, j)[0],
                            lambda k, i, j: stage(k, i, j)[1] >= 0)
     bottleneck = table[0][0]
     if math.isinf(bottleneck):
         return None
-    stages, counts, i = [], [], 0
+    stages, picks, i = [], [], 0
     for k in range(k_stages):  # (c3): the smallest next cut that keeps the optimum
         ends = [n_blocks] if k == k_stages - 1 else range(i + 1, n_blocks - (k_stages - 2 - k))
         for j in ends:
-            t, c = stage(k, i, j)
-            if c >= 0 and t <= bottleneck and table[k + 1][j] <= bottleneck:
+            price = stage(k, i, j)
+            if price[1] >= 0 and price[0] <= bottleneck and table[k + 1][j] <= bottleneck:
                 break
-        stages.append(Stage(i, j, t, 0))
-        counts.append(c)
+        stages.append(Stage(i, j, price[0], 0))
+        picks.append(tuple(price[1:]))
         i = j
-    return StageCuts(tuple(stages), bottleneck), tuple(counts)
+    return StageCuts(tuple(stages), bottleneck), picks
 
 
 def trim_counts(none: BlockPricing, full: BlockPricing, schedule: PipelineSchedule, priced: PartialPricing,

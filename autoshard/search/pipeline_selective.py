@@ -84,10 +84,11 @@ import math
 from typing import Sequence
 
 from costmodel.pipeline_schedules import PipelineSchedule
-from costmodel.stage_cuts import Stage, StageCuts, stage_in_flight, suffix_min_max
+from costmodel.stage_cuts import StageCuts, stage_in_flight
 
 from autoshard.search.pipeline_blocks import BlockPricing
-from autoshard.search.pipeline_partial import PartialPricing, best_counts, price_counts
+from autoshard.search.pipeline_partial import (PartialPricing, best_counts, cut_by_stage_price, price_counts,
+                                                 stage_need, stage_shares)
 
 __all__ = ["fastest_pair", "choose_counts3", "cut_with_counts3", "trim_counts3", "rebalance_counts3",
            "best_counts3", "REBALANCE_TRIALS"]
@@ -175,25 +176,17 @@ def cut_with_counts3(none: BlockPricing, full: BlockPricing, sel: BlockPricing, 
                      ) -> tuple[StageCuts, tuple[int, ...], tuple[int, ...]] | None:
     """(s1): the cut whose slowest stage is least when each stage runs the fastest ``(c, s)`` its share
     of the limit allows, and those counts; None where no cut fits."""
-    k_stages, held, ranks = schedule.n_stages, stage_in_flight(schedule), schedule.stage_ranks
+    k_stages, held = schedule.n_stages, stage_in_flight(schedule)
     blk = none.block
     _, _, dt_c, dt_s = _gains(none, full, sel)
     t_n = blk.forward_s + blk.backward_s
-    budget = memory_limit_bytes - max(none.transient_bytes, full.transient_bytes, sel.transient_bytes)
-    first, last = none.first_extra, none.last_extra
+    share = stage_shares(none, schedule,
+                         memory_limit_bytes - max(none.transient_bytes, full.transient_bytes, sel.transient_bytes))
     head = max(none.head_transient_bytes, full.head_transient_bytes, sel.head_transient_bytes)
-    weight = [blk.state_bytes + held[k] * blk.activation_bytes for k in range(k_stages)]
-    on_rank: dict[int, float] = {}
-    for k, r in enumerate(ranks):
-        on_rank[r] = on_rank.get(r, 0.0) + weight[k]
-    share = [budget * weight[k] / on_rank[ranks[k]] if on_rank[ranks[k]] > 0 else budget for k in range(k_stages)]
 
     @functools.lru_cache(maxsize=None)
     def stage(k: int, n: int) -> tuple[float, int, int]:  # (time, c, s); c = -1 where it cannot fit
-        extras = [e for e, here in ((first, k == 0), (last, k == k_stages - 1)) if here]
-        e_t = sum(e.forward_s + e.backward_s for e in extras)
-        kept = n * blk.state_bytes + sum(e.state_bytes for e in extras) + (head if k == k_stages - 1 else 0.0) \
-            + held[k] * (n * blk.activation_bytes + sum(e.activation_bytes for e in extras))
+        kept, e_t = stage_need(none, held, k, k_stages, n, head)
         over = kept - share[k]
         if over <= 0:
             return n * t_n + e_t, 0, 0
@@ -202,23 +195,11 @@ def cut_with_counts3(none: BlockPricing, full: BlockPricing, sel: BlockPricing, 
             return math.inf, -1, -1
         return n * t_n + pair[0] * dt_c + pair[1] * dt_s + e_t, pair[0], pair[1]
 
-    table = suffix_min_max(n_blocks, k_stages, lambda k, i, j: stage(k, j - i)[0],
-                           lambda k, i, j: stage(k, j - i)[1] >= 0)
-    bottleneck = table[0][0]
-    if math.isinf(bottleneck):
+    found = cut_by_stage_price(lambda k, i, j: stage(k, j - i), n_blocks, k_stages)
+    if found is None:
         return None
-    stages, cs, ss, i = [], [], [], 0
-    for k in range(k_stages):  # the smallest next cut that keeps the optimum, as (c3)
-        ends = [n_blocks] if k == k_stages - 1 else range(i + 1, n_blocks - (k_stages - 2 - k))
-        for j in ends:
-            t, c, s = stage(k, j - i)
-            if c >= 0 and t <= bottleneck and table[k + 1][j] <= bottleneck:
-                break
-        stages.append(Stage(i, j, t, 0))
-        cs.append(c)
-        ss.append(s)
-        i = j
-    return StageCuts(tuple(stages), bottleneck), tuple(cs), tuple(ss)
+    cut, picks = found
+    return cut, tuple(c for c, _ in picks), tuple(s for _, s in picks)
 
 
 def trim_counts3(none: BlockPricing, full: BlockPricing, sel: BlockPricing, schedule: PipelineSchedule,

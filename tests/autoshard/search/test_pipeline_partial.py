@@ -8,40 +8,15 @@ cut); more blocks cost time and save memory; the search chooses the fewest that 
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 
 import pytest
 
 from costmodel.pipeline_schedules import build_schedule
-from costmodel.stage_cuts import BlockCost, cut_stages
-from hw_profiles import load as load_profile
 
 from autoshard.search.pipeline import (PipelineLayout, _stage_costs, pipeline_section, price_pipeline,
                                        search_pipeline)
-from autoshard.search.pipeline_blocks import BlockPricing
 from autoshard.search.pipeline_partial import choose_counts, mixed_stage_costs, price_counts
-
-PROFILE = load_profile("cpu-gloo")
-FIRST, LAST = BlockCost(0.0, 0.0, 500, 0), BlockCost(0.5, 1.0, 700, 300)
-
-
-def _pricing(forward_s: float, backward_s: float, acts: int, *, recompute_s: float = 0.0, regather_s: float = 0.0,
-             transient: float = 0.0, head: float = 0.0) -> BlockPricing:
-    return BlockPricing(micro_batch=2, block=BlockCost(forward_s, backward_s, 1000, acts), block_reduction_s=0.01,
-                        block_optimizer_s=0.02, first_extra=FIRST, last_extra=LAST, extra_reduction_s=0.03,
-                        extra_optimizer_s=0.04, transient_bytes=transient, figures=(), solve_s=0.0,
-                        block_gather_s=0.005, extra_gather_s=0.006, block_recompute_s=recompute_s,
-                        head_transient_bytes=head, block_regather_s=regather_s)
-
-
-NONE = _pricing(1.0, 2.0, 2000, regather_s=0.1, transient=300.0, head=200.0)
-FULL = _pricing(1.0, 3.0, 200, recompute_s=1.0, transient=400.0, head=50.0)
-
-
-def _cut(n_blocks: int, schedule) -> object:
-    return cut_stages([NONE.block] * n_blocks, schedule.n_stages, first_extra=NONE.first_extra,
-                      last_extra=replace(NONE.last_extra, state_bytes=NONE.last_extra.state_bytes
-                                         + int(NONE.head_transient_bytes)))
+from tests.autoshard.search.pipeline_pricings import FULL, NONE, PROFILE, balanced_cut
 
 
 @pytest.mark.parametrize("schedule,v", [("1F1B", 1), ("ZBVZeroBubble", 2), ("Interleaved1F1B", 2)])
@@ -59,7 +34,7 @@ def test_no_block_checkpointed_prices_as_none_and_every_block_as_full(schedule, 
 
 def test_more_checkpointed_blocks_cost_time_and_save_memory():
     sched = build_schedule("1F1B", n_ranks=2, n_microbatches=4)
-    cut = _cut(8, sched)
+    cut = balanced_cut(8, sched)
     priced = [price_counts(NONE, FULL, sched, cut, (c, c), 0.05) for c in range(5)]
     steps = [p.simulation.step_s for p in priced]
     peaks = [max(p.rank_memory_bytes) for p in priced]
@@ -78,7 +53,7 @@ def test_more_checkpointed_blocks_cost_time_and_save_memory():
 
 def test_the_fewest_blocks_that_fit_are_chosen_per_stage():
     sched = build_schedule("1F1B", n_ranks=4, n_microbatches=8)
-    cut = _cut(16, sched)
+    cut = balanced_cut(16, sched)
     none_peak = max(price_counts(NONE, FULL, sched, cut, (0,) * 4, 0.05).rank_memory_bytes)
     full_peak = max(price_counts(NONE, FULL, sched, cut, (4,) * 4, 0.05).rank_memory_bytes)
     limit = (none_peak + full_peak) / 2
@@ -114,7 +89,7 @@ def test_the_cut_chosen_with_the_counts_moves_blocks_off_the_stages_that_recompu
     from autoshard.search.pipeline_partial import best_counts, cut_with_counts
 
     sched = build_schedule("1F1B", n_ranks=4, n_microbatches=8)
-    cut = _cut(32, sched)
+    cut = balanced_cut(32, sched)
     ends = [price_counts(NONE, FULL, sched, cut, [c * (st.end_block - st.first_block) for st in cut.stages], 0.05)
             for c in (0, 1)]
     limit = (max(ends[0].rank_memory_bytes) + max(ends[1].rank_memory_bytes)) / 2

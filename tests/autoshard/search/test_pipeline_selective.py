@@ -10,43 +10,21 @@ the fastest that fit.
 from __future__ import annotations
 
 import itertools
-from dataclasses import replace
 
 import pytest
 
 from costmodel.pipeline_schedules import build_schedule
 from costmodel.pipeline_simulate import StageCost
-from costmodel.stage_cuts import BlockCost, cut_stages
-from hw_profiles import load as load_profile
+from costmodel.stage_cuts import cut_stages
 
 from autoshard.plan.pipeline_section import PipelineError, PipelineSection
 from autoshard.search.pipeline import PipelineLayout, pipeline_section, search_pipeline
 from autoshard.search.pipeline_blocks import BlockPricing
 from autoshard.search.pipeline_partial import best_counts, mixed_stage_costs, price_counts
 from autoshard.search.pipeline_selective import best_counts3, choose_counts3, fastest_pair
+from tests.autoshard.search.pipeline_pricings import FULL, NONE, PROFILE, balanced_cut, pricing
 
-PROFILE = load_profile("cpu-gloo")
-FIRST, LAST = BlockCost(0.0, 0.0, 500, 0), BlockCost(0.5, 1.0, 700, 300)
-
-
-def _pricing(forward_s: float, backward_s: float, acts: int, *, recompute_s: float = 0.0, regather_s: float = 0.0,
-             transient: float = 0.0, head: float = 0.0) -> BlockPricing:
-    return BlockPricing(micro_batch=2, block=BlockCost(forward_s, backward_s, 1000, acts), block_reduction_s=0.01,
-                        block_optimizer_s=0.02, first_extra=FIRST, last_extra=LAST, extra_reduction_s=0.03,
-                        extra_optimizer_s=0.04, transient_bytes=transient, figures=(), solve_s=0.0,
-                        block_gather_s=0.005, extra_gather_s=0.006, block_recompute_s=recompute_s,
-                        head_transient_bytes=head, block_regather_s=regather_s)
-
-
-NONE = _pricing(1.0, 2.0, 2000, regather_s=0.1, transient=300.0, head=200.0)
-FULL = _pricing(1.0, 3.0, 200, recompute_s=1.0, transient=400.0, head=50.0)
-SEL = _pricing(1.0, 2.33, 800, recompute_s=0.33, transient=350.0, head=100.0)
-
-
-def _cut(n_blocks: int, schedule) -> object:
-    return cut_stages([NONE.block] * n_blocks, schedule.n_stages, first_extra=NONE.first_extra,
-                      last_extra=replace(NONE.last_extra, state_bytes=NONE.last_extra.state_bytes
-                                         + int(NONE.head_transient_bytes)))
+SEL = pricing(1.0, 2.33, 800, recompute_s=0.33, transient=350.0, head=100.0)
 
 
 def _two_kind_reference(none: BlockPricing, full: BlockPricing, cut, counts, send_s: float) -> list[StageCost]:
@@ -108,7 +86,7 @@ def test_a_selective_block_of_a_real_tiny_stage_lies_between_kept_and_checkpoint
 @pytest.mark.parametrize("schedule,v", [("1F1B", 1), ("ZBVZeroBubble", 2), ("InterleavedZeroBubble", 2)])
 def test_no_selective_block_prices_bit_for_bit_as_the_two_kind_mix(schedule, v):
     sched = build_schedule(schedule, n_ranks=2, n_microbatches=4, stages_per_rank=v)
-    cut = _cut(12, sched)
+    cut = balanced_cut(12, sched)
     sizes = [st.end_block - st.first_block for st in cut.stages]
     for counts in itertools.product(*(range(n + 1) for n in sizes[:2]), *([0, n] for n in sizes[2:])):
         reference = _two_kind_reference(NONE, FULL, cut, counts, 0.05)
@@ -122,7 +100,7 @@ def test_no_selective_block_prices_bit_for_bit_as_the_two_kind_mix(schedule, v):
 
 def test_a_stage_all_selective_takes_its_extras_and_transient_from_the_selective_pricing():
     sched = build_schedule("1F1B", n_ranks=2, n_microbatches=4)
-    cut = _cut(8, sched)
+    cut = balanced_cut(8, sched)
     mixed = price_counts(NONE, FULL, sched, cut, (0, 0), 0.05, SEL, (4, 4))
     pure = [st.end_block - st.first_block for st in cut.stages]
     assert pure == [4, 4]
@@ -163,7 +141,7 @@ def test_the_chosen_counts_fit_and_are_the_fastest_that_fit_by_brute_force(sched
     # 15 %: the best turns a C of stage 0 into an S and both S of stage 2 into C, which no single
     # change of (s2') reaches); every other case is the brute force's step exactly
     sched = build_schedule(schedule, n_ranks=2, n_microbatches=4, stages_per_rank=v)
-    cut = _cut(8, sched)
+    cut = balanced_cut(8, sched)
     unlimited = price_counts(NONE, FULL, sched, cut, [0] * sched.n_stages, 0.05, SEL, [0] * sched.n_stages)
     everything = price_counts(NONE, FULL, sched, cut, [st.end_block - st.first_block for st in cut.stages], 0.05)
     top, bottom = max(unlimited.rank_memory_bytes), max(everything.rank_memory_bytes)
@@ -188,7 +166,7 @@ def test_the_chosen_counts_fit_and_are_the_fastest_that_fit_by_brute_force(sched
 
 def test_a_candidate_that_cannot_beat_the_incumbent_gets_only_the_two_kind_choice():
     sched = build_schedule("1F1B", n_ranks=2, n_microbatches=4)
-    cut = _cut(8, sched)
+    cut = balanced_cut(8, sched)
     bound = price_counts(NONE, FULL, sched, cut, [0] * sched.n_stages, 0.05).simulation.step_s
     top = max(price_counts(NONE, FULL, sched, cut, (0, 0), 0.05).rank_memory_bytes)
     limit = top - 1500
@@ -208,7 +186,7 @@ def test_the_search_mixes_selective_blocks_and_the_section_records_them():
     common = dict(n_blocks=8, batch=8, seq_len=16, dim=8, layout=layout, profile=PROFILE, flops_per_token=1.0,
                   schedules=("1F1B",), microbatches=(4,), recompute="none", price_full=lambda mb: FULL)
     sched = build_schedule("1F1B", n_ranks=2, n_microbatches=4)
-    top = max(price_counts(NONE, FULL, sched, _cut(8, sched), (0, 0), 0.0).rank_memory_bytes)
+    top = max(price_counts(NONE, FULL, sched, balanced_cut(8, sched), (0, 0), 0.0).rank_memory_bytes)
     limit = top - 1500  # a block or two of one microbatch over
     two = search_pipeline(lambda mb: NONE, memory_limit_bytes=limit, **common)
     three = search_pipeline(lambda mb: NONE, memory_limit_bytes=limit, price_selective=lambda mb: SEL, **common)
@@ -233,7 +211,7 @@ def test_a_selective_count_outside_partial_or_its_stage_is_one_line():
                             recompute="none", price_full=lambda mb: FULL, price_selective=lambda mb: SEL,
                             memory_limit_bytes=max(price_counts(
                                 NONE, FULL, build_schedule("1F1B", n_ranks=2, n_microbatches=4),
-                                _cut(8, build_schedule("1F1B", n_ranks=2, n_microbatches=4)), (0, 0),
+                                balanced_cut(8, build_schedule("1F1B", n_ranks=2, n_microbatches=4)), (0, 0),
                                 0.0).rank_memory_bytes) - 1500)
     data = pipeline_section(three, batch=8, seq_len=16, dim=8,
                             block_paths=[f"layers.{i}" for i in range(8)]).to_dict()
