@@ -237,7 +237,8 @@ def price_context_blocks(factory: Any, mesh_shape: tuple[int, int, int], *, micr
         if not any(e in (f"{kind}@1" for kind in BALANCED_KINDS) for e in figures[-1].exchanges):
             raise ValueError(f"cp stage at depth {depth}: no balanced CP attention on cp ({figures[-1].exchanges})")
     pricing = pricing_from_figures(micro_batch, figures[0], figures[1], time.perf_counter() - started,
-                                   checkpointed=recompute == "full", sequence_split=recompute == "none")
+                                   checkpointed=recompute in ("full", "selective", "selective_all_mm"),
+                                   sequence_split=recompute == "none")
     attention = {"forward_s": 0.0, "backward_s": 0.0, "exchanges": figures[-1].exchanges}
     for node, k in chosen_strategies(prep.graph, plan):
         if "scaled_dot_product" in node.name:
@@ -305,6 +306,34 @@ def context_what_ifs(run: Any, pricing: Any, attention: dict, pinned: dict) -> d
                 "recompute": "none" if noac else pinned["recompute"]}
         out["what_if"][name] = search_pipeline(lambda mb, block=block: block, **what)
     return out
+
+
+def backward_rate_what_if(run: Any, pinned: dict, price: Any, full: Any, selective: Any, all_mm: Any = None) -> Any:
+    """The pinned row searched again (memory checked, ``v`` and each block's recomputation chosen as
+    the row chooses them) with every pricing's block backward less ``max(0, g_bc - 2.5 g_fc)``: the
+    GQA attention's backward kernels at the forward kernels' FLOP rate (``bwd_eff`` of
+    :func:`context_what_ifs`; a recomputed forward is unchanged, so the same cut applies to kept,
+    selective and checkpointed blocks). ``price`` / ``full`` / ``selective``: the row's
+    ``price(micro_batch)`` per policy, ``all_mm`` the policy saving every matmul (``full``,
+    ``selective`` and ``all_mm`` may be None)."""
+    from costmodel.stage_cuts import BlockCost
+
+    from autoshard.search.pipeline import search_pipeline
+
+    def faster(price_at: Any) -> Any:
+        if price_at is None:
+            return None
+
+        def at(micro_batch: int) -> Any:
+            pricing = price_at(micro_batch)
+            gqa = context_attention_costs(run, micro_batch)["gqa"]
+            cut = max(0.0, gqa.backward_compute_s - 2.5 * gqa.forward_compute_s)
+            blk = pricing.block
+            return replace(pricing, block=BlockCost(blk.forward_s, max(0.0, blk.backward_s - cut), blk.state_bytes,
+                                                    blk.activation_bytes))
+        return at
+    return search_pipeline(faster(price), **{**pinned, "price_full": faster(full),
+                                             "price_selective": faster(selective), "price_all_mm": faster(all_mm)})
 
 
 def _op_kind(target: str) -> str:

@@ -60,7 +60,7 @@ from types import MethodType
 from typing import Any
 
 from benchmarks.common.models import load
-from benchmarks.pipeline_context import context_what_ifs, price_context_blocks
+from benchmarks.pipeline_context import backward_rate_what_if, context_what_ifs, price_context_blocks
 
 TT_2412 = ("https://github.com/pytorch/torchtitan/blob/main/benchmarks/llama3_h100_202412_torchtitan.md"
            " Table 5 (torchtitan 9dec370, 2024-12)")
@@ -112,8 +112,9 @@ class PipelineRun:
     seq: int = SEQ
     """Tokens a sequence."""
     selective: bool = True
-    """autoshard's own rows: the op-level (``selective``) policy priced as a third block kind beside kept
-    and checkpointed blocks (``autoshard.search.pipeline_selective``); False: the two kinds alone."""
+    """autoshard's own rows and pinned ``partial`` ones: the op-level (``selective``) policy priced as a
+    third block kind beside kept and checkpointed blocks, and the one saving every matmul (``selective_all_mm``) as a fourth
+    (``autoshard.search.pipeline_selective``); False: the two kinds alone."""
 
     @property
     def layout_text(self) -> str:
@@ -171,6 +172,12 @@ RUNS = (
                 "h100-sxm-80gb", 16384, 128, (16, 8, 8), "Interleaved1F1B", 16, 2, None, 380.0,
                 LLAMA3_PAPER + " row 3; layout, m and v as meta-405b-128k; the recomputation CHOSEN (not published): "
                 "per stage the first c_k blocks checkpointed, the fewest that fit (autoshard.search.pipeline_partial)",
+                "as meta-405b-128k", titan_loss=False, recompute="partial", cp=16, seq=131072, selective=False),
+    PipelineRun("meta-405b-128k-chosen", "the same layout and schedule, v and each block's recomputation chosen",
+                "h100-sxm-80gb", 16384, 128, (16, 8, 8), "Interleaved1F1B", 16, None, None, 380.0,
+                LLAMA3_PAPER + " row 3; layout, schedule and m as meta-405b-128k; v (stages a rank) CHOSEN among "
+                "what the schedule offers (section 3.3.2: Meta tuned its interleaving, v not published), and per "
+                "block kept, under op-level (selective) or full checkpointing, chosen (pipeline_selective)",
                 "as meta-405b-128k", titan_loss=False, recompute="partial", cp=16, seq=131072),
     PipelineRun("auto-405b-512", "autoshard's choice, 405B on 512 H100 96 GB, 256 x 8192", "h100-sxm-96gb-500w",
                 512, 256, None, None, None, None, 128.0, None, "target: >= 128 tokens/s/GPU, found in < 10 min",
@@ -207,7 +214,8 @@ def _block_params() -> int:
 
 def _flops_per_token(seq: int = SEQ) -> float:
     """torchtitan's count at ``seq`` tokens (module docstring): attention's ``12 L d t`` is at its
-    whole length, the causal mask not discounted."""
+    whole length, the causal mask not discounted. It is also PaLM's model-FLOPs count (Chowdhery et
+    al. 2022, appendix B: ``6 N + 12 L H Q T`` a token), the MFU the Llama 3 paper's Table 4 cites."""
     from autoshard.search.pipeline import model_flops_per_token
 
     return model_flops_per_token(_block_params(), N_LAYERS, DIM, seq)
@@ -325,7 +333,7 @@ def price_blocks_engines(factory, mesh_shape, *, micro_batch: int, engines: tupl
             figures[e].append(engine_figures(prep, plan, depth, e))
     # a selective block keeps its input as a checkpointed one does, sequence-split (h')
     return {e: pricing_from_figures(micro_batch, lo, hi, time.perf_counter() - started,
-                                    checkpointed=recompute in ("full", "selective"),
+                                    checkpointed=recompute in ("full", "selective", "selective_all_mm"),
                                     sequence_split=recompute == "none")
             for e, (lo, hi) in figures.items()}
 
@@ -409,10 +417,15 @@ def run_one(run: PipelineRun, pricer: _Pricer, flops: float) -> dict:
         # "partial": the stages' checkpointed blocks chosen (both policies priced, the fewest that fit)
         policy, full = ("none", pricer.at(run, dp, tp, True, recompute="full")) if run.recompute == "partial" \
             else (run.recompute, None)
+        # a third block kind (op-level checkpointing) where the row lets the search choose it
+        selective = pricer.at(run, dp, tp, True, recompute="selective") if full and run.selective else None
+        all_mm = pricer.at(run, dp, tp, True, recompute="selective_all_mm") if selective else None
         price = pricer.at(run, dp, tp, True, recompute=policy)
         priced = pricer.at(run, dp, tp, True, run_engine(run), recompute=policy)
+        # stages_per_rank None: v chosen by the search among what the schedule offers (V_OF)
         pinned = dict(layout=layout, schedules=(run.schedule,), microbatches=(run.n_microbatches,),
-                      stages_per_rank=(run.stages_per_rank,), recompute=policy, price_full=full, **common)
+                      stages_per_rank=None if run.stages_per_rank is None else (run.stages_per_rank,),
+                      recompute=policy, price_full=full, price_selective=selective, price_all_mm=all_mm, **common)
         over: dict[str, Any] = {}
         try:
             plan = search_pipeline(priced, **pinned)
@@ -424,18 +437,22 @@ def run_one(run: PipelineRun, pricer: _Pricer, flops: float) -> dict:
             plan = search_pipeline(priced, **pinned)
         bf16 = plan if not run.engine else search_pipeline(price, **pinned)
         hidden = search_pipeline(lambda mb: hide_exposed(price(mb)), **{
-            **pinned, "price_full": full and (lambda mb: hide_exposed(full(mb)))})
+            **pinned, "price_full": full and (lambda mb: hide_exposed(full(mb))),
+            "price_selective": selective and (lambda mb: hide_exposed(selective(mb))),
+            "price_all_mm": all_mm and (lambda mb: hide_exposed(all_mm(mb)))})
         if run.cp > 1 and run.recompute != "partial":  # the what-ifs change one policy's pricing
             mb = run.batch // run.n_microbatches
             over["context"] = context_what_ifs(run, price(mb), pricer.attention_at(run, dp, tp, mb), pinned)
+        elif run.cp > 1:  # the attention backward's rate alone, every block kind repriced
+            over["bwd_eff"] = backward_rate_what_if(run, pinned, price, full, selective, all_mm)
         return {"plan": plan, "bf16": bf16, "hidden": hidden, "wall_s": time.perf_counter() - t0, "layouts": 1,
                 "pruned": 0, **over}
     peak = profile.device.peak_flops_for("bf16")
     bound = layout_lower_bound_s(flops * run.batch * SEQ, run.gpus, peak)
     layouts = [l for l in pipeline_layouts(run.gpus, 8) if l.tp == 8 and l.pp in AUTO_PP[run.gpus]]
 
-    def selective_at(layout: Any) -> Any:  # the op-level policy as a third block kind (pipeline_selective)
-        return pricer.at(run, layout.dp, layout.tp, True, recompute="selective") if run.selective else None
+    def selective_at(layout: Any, policy: str = "selective") -> Any:  # op-level policies: third and fourth kinds
+        return pricer.at(run, layout.dp, layout.tp, True, recompute=policy) if run.selective else None
     plans, pruned, errors = [], 0, []
     for layout in layouts:
         if plans and bound >= min(p.step_s for p in plans):  # (g): cannot beat the best
@@ -444,7 +461,8 @@ def run_one(run: PipelineRun, pricer: _Pricer, flops: float) -> dict:
         try:  # both stage policies (autoshard.search.pipeline, Recomputation): full where none is memory-bound
             plans.append(search_pipeline(pricer.at(run, layout.dp, layout.tp, True, recompute="none"), layout=layout,
                                          price_full=pricer.at(run, layout.dp, layout.tp, True, recompute="full"),
-                                         price_selective=selective_at(layout), **common))
+                                         price_selective=selective_at(layout),
+                                         price_all_mm=selective_at(layout, "selective_all_mm"), **common))
         except ValueError as exc:
             errors.append(f"{layout.mesh_shape}: {str(exc).splitlines()[0][:160]}")
     if not plans:
@@ -453,11 +471,11 @@ def run_one(run: PipelineRun, pricer: _Pricer, flops: float) -> dict:
     layout = PipelineLayout(*best.mesh_shape)
     if best.recompute == "partial":  # some blocks of each stage checkpointed: both policies' pricings, mixed
         none, full = (pricer.at(run, layout.dp, layout.tp, True, recompute=r) for r in ("none", "full"))
-        sel = selective_at(layout)
+        sel, mm = selective_at(layout), selective_at(layout, "selective_all_mm")
         hidden = search_pipeline(lambda mb: hide_exposed(none(mb)), layout=layout,
                                  price_full=lambda mb: hide_exposed(full(mb)),
                                  price_selective=None if sel is None else (lambda mb: hide_exposed(sel(mb))),
-                                 **common)
+                                 price_all_mm=None if mm is None else (lambda mb: hide_exposed(mm(mb))), **common)
     else:
         price = pricer.at(run, layout.dp, layout.tp, True, recompute=best.recompute)
         hidden = search_pipeline(lambda mb: hide_exposed(price(mb)), layout=layout, recompute=best.recompute,
@@ -575,6 +593,20 @@ def details(rows: list[tuple[PipelineRun, dict]]) -> str:
     for run, r in rows:
         if "context" in r:
             out += [""] + context_details(run, r)
+    for run, r in rows:  # a pinned layout whose blocks' recomputation the search chose
+        if run.layout is not None and "plan" in r and r["plan"].recompute == "partial":
+            p = r["plan"]
+            out += ["", f"{run.key}: v = {p.stages_per_rank}, blocks per stage {_stage_sizes(p)}, checkpointed "
+                        f"{list(p.recompute_blocks)} (sum {sum(p.recompute_blocks)}), selective "
+                        f"{list(p.selective_blocks or ())} (sum {sum(p.selective_blocks or ())}), saving every matmul "
+                        f"{list(p.all_mm_blocks or ())} (sum {sum(p.all_mm_blocks or ())}), "
+                        f"{max(p.rank_memory_bytes) / 2**30:.1f} GiB on the busiest rank"]
+            if "bwd_eff" in r:  # backward_rate_what_if
+                w = r["bwd_eff"]
+                out.append(f"- what-if, the attention's backward kernels at the forward's FLOP rate (the profile holds "
+                           f"them at 18 % of peak beyond its 3 measured points): {w.step_s:.2f} s, v = "
+                           f"{w.stages_per_rank}, {w.tflops_per_gpu:.0f} TFLOPs/GPU, "
+                           f"{max(w.rank_memory_bytes) / 2**30:.1f} GiB")
     for run, r in rows:
         if run.layout is None and "plan" in r:
             out.append("")
@@ -592,7 +624,9 @@ def details(rows: list[tuple[PipelineRun, dict]]) -> str:
                               f"{_stage_sizes(p)}" if p.recompute == "partial" else "")
                            + (f", selective blocks per stage {list(p.selective_blocks)} (sum "
                               f"{sum(p.selective_blocks)}, checkpointed sum {sum(p.recompute_blocks)})"
-                              if p.selective_blocks else ""))
+                              if p.selective_blocks else "")
+                           + (f", saving every matmul {list(p.all_mm_blocks)} (sum {sum(p.all_mm_blocks)})"
+                              if p.all_mm_blocks else ""))
     return "\n".join(out)
 
 

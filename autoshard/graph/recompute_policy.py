@@ -17,13 +17,19 @@ still picks the best placements under it.
   or ``HOLD`` for a value only the recomputation reads. torchtitan also saves
   the outputs of tensor-parallel ``reduce_scatter`` collectives; here a
   recomputed op re-runs the redistributions of its inputs, whatever they are.
+- ``selective_all_mm``: ``selective`` without the every-second-``mm`` rule: the
+  outputs of every ``aten.mm`` and of attention saved, the rest recomputed. It
+  keeps more than ``selective`` and recomputes less (a block's largest
+  matmuls are no longer run twice): the step between ``selective`` and
+  ``none`` that a pipeline stage's blocks may take
+  (``autoshard.search.pipeline_selective``).
 - ``every:K`` (torchtitan's layer-frequency policy ``selective_ac_option=K``):
   ``full`` for every K-th block (blocks K, 2K, ... counted from 1), ``none``
   for the others. The blocks then differ, so repeated-layer ties are split by
   block class.
 
->>> parse_policy("every:2"), parse_policy("selective")
-('every:2', 'selective')
+>>> parse_policy("every:2"), parse_policy("selective"), parse_policy("selective_all_mm")
+('every:2', 'selective', 'selective_all_mm')
 """
 
 from __future__ import annotations
@@ -34,10 +40,13 @@ import numpy as np
 
 from autoshard.graph.states import HOLD, KEEP, RECOMPUTE, strategy_states
 
-__all__ = ["POLICIES", "PolicyError", "parse_policy", "policy_masks", "policy_ties", "region_policy"]
+__all__ = ["POLICIES", "OP_LEVEL_POLICIES", "PolicyError", "parse_policy", "policy_masks", "policy_ties", "region_policy"]
 
-POLICIES = ("auto", "none", "full", "selective")
+POLICIES = ("auto", "none", "full", "selective", "selective_all_mm")
 """Named policies; ``every:K`` (K >= 2) is the layer-frequency one."""
+
+OP_LEVEL_POLICIES = ("selective", "selective_all_mm")
+"""The policies that save some ops' outputs of a checkpointed block (the rest recomputed)."""
 
 _MM = "aten.mm.default"
 _SDPA_PREFIX = "aten._scaled_dot_product_"
@@ -67,8 +76,9 @@ def region_policy(policy: str, region: int) -> str:
     return policy
 
 
-def _saved_by_selective(graph: object) -> set[int]:
-    """Op nodes whose output torchtitan's op-level policy saves: odd-numbered mm of each block, attention."""
+def _saved_by_selective(graph: object, every_mm: bool = False) -> set[int]:
+    """Op nodes whose output torchtitan's op-level policy saves: odd-numbered mm of each block (every mm
+    with ``every_mm``: ``selective_all_mm``), attention."""
     counts: dict[int, int] = {}
     saved = set()
     for i, node in enumerate(graph.nodes):  # type: ignore[attr-defined]
@@ -76,7 +86,7 @@ def _saved_by_selective(graph: object) -> set[int]:
             continue
         if node.target == _MM:
             counts[node.region] = counts.get(node.region, 0) + 1
-            if counts[node.region] % 2 == 1:
+            if every_mm or counts[node.region] % 2 == 1:
                 saved.add(i)
         elif node.target.startswith(_SDPA_PREFIX):
             saved.add(i)
@@ -89,7 +99,8 @@ def policy_masks(graph: object, policy: str) -> dict[int, np.ndarray]:
     policy = parse_policy(policy)
     if policy == "auto":
         return {}
-    saved = _saved_by_selective(graph) if policy == "selective" else set()
+    every_mm = policy == "selective_all_mm"
+    saved = _saved_by_selective(graph, every_mm) if policy in OP_LEVEL_POLICIES else set()
     nodes = graph.nodes  # type: ignore[attr-defined]
     allowed_states: dict[int, set[int]] = {}
     for i, node in enumerate(nodes):

@@ -9,12 +9,35 @@ enumeration, while a 2-D mesh with the same devices is routine.
 
 The restriction (coarse to fine). Let the fine mesh have dims ``0..n-1``.
 
-1. *Coarse mesh.* Merge contiguous fine dims into two groups ``G_A, G_B``
-   (``2x4x8 -> (2*4) x 8 = 8x8``; the most balanced split). A merged dim has
+1. *Coarse meshes.* Merge contiguous fine dims into two groups ``G_A, G_B``
+   (``2x4x8 -> (2*4) x 8 = 8x8``). A merged dim has
    the size of the product and the stride of its innermost member, so the
    coarse mesh numbers the ranks exactly as the fine one does: its rank groups
    are unions of fine rank groups and the cost model prices its collectives on
-   the same links (the coarse dim that spans nodes still spans nodes).
+   the same links (the coarse dim that spans nodes still spans nodes). Every
+   such split seeds (:func:`seed_groupings`: ``2x4x8 -> 8x8`` and ``2x32``; the
+   most balanced first, splits that leave a group of one rank or repeat a
+   coarse mesh left out); steps 2-5 run on each and ``Sigma`` is the union of
+   theirs. Why more than one: a coarse solve puts one idea per op on each of
+   its two dims, so one split offers an op at most two of the three a
+   ``dp x cp x tp`` mesh needs (batch, sequence, heads). Measured (the example
+   LLaMA, one layer, dim 128, 2 heads, batch 2 x 16,384 tokens, ``2x2x2``
+   named ``dp,cp,tp``, the sequence inputs pinned ``S(0)S(1)R``, H100
+   profile): the balanced split ``2 x (2*2)`` splits the sequence over the
+   merged ``4`` (two heads do not split 4 ways) and keeps no head or column
+   split for the fine ``tp``: every attention and matmul ran whole on ``tp``,
+   7.11 ms; with ``(2*2) x 2`` beside it, batch on ``dp``, the sequence on
+   ``cp`` and Megatron's heads on ``tp``: 5.02 ms (the unrestricted search,
+   stopped at 120 s unproven: 5.64 ms). ``2x2x4`` with 4 heads: 4.30 ->
+   3.74 ms (unrestricted, 120 s: 4.83 ms); ``2x4x2`` 5.28 -> 4.00 ms,
+   ``4x4x2`` (batch 4) 5.32 -> 4.04 ms. Where batch and heads alone split
+   the mesh (256-2,048 tokens, batch 4-16) the plans were the same; each more
+   coarse mesh costs its build and solve (about 2 s of the 5-6 s a ``prepare``
+   took there). The split with ``dp`` alone also gives each coarse op what the
+   fine ``cp`` needs below ``dp``: the merged ``cp x tp`` dim sees one ``dp``
+   rank's sequences, so a row split of ``[B S, d]`` over it is the sequence
+   of ``[B, S, d]`` (``S(0) -> S(1)`` of a view), not a strided split of the
+   whole batch. The seeds share the time limit (:func:`seeded_restriction`).
 2. *Seed.* Build and solve the strategy graph on the coarse mesh (exact over
    its own space, with the same memory limit). A coarse strategy of node ``v``
    is a pair of single-dim choices ``(c_A(v), c_B(v))``; a single-dim choice
@@ -79,6 +102,8 @@ full search and may be above it (measured in the task report / tests on
 >>> from costmodel.mesh import MeshSpec
 >>> coarse_groups((2, 4, 8)), coarse_mesh(MeshSpec((2, 4, 8)), ((0, 1), (2,))).shape
 (((0, 1), (2,)), (8, 8))
+>>> seed_groupings((2, 4, 8)), seed_groupings((2, 1, 4))
+((((0, 1), (2,)), ((0,), (1, 2))), (((0,), (1, 2)),))
 """
 
 from __future__ import annotations
@@ -103,7 +128,7 @@ from autoshard.graph.memory import OptimizerMemory
 from autoshard.graph.strategy_graph import StrategyGraph
 from autoshard.rules import OpStrategy
 
-__all__ = ["SEARCH_MODES", "choose_search", "coarse_groups", "coarse_mesh", "dim_choice",
+__all__ = ["SEARCH_MODES", "choose_search", "coarse_groups", "seed_groupings", "coarse_mesh", "dim_choice",
            "SeededRestriction", "SeedInfo", "seeded_restriction", "light_pins", "lightest_ops",
            "LIGHT_SEED_SHARE"]
 
@@ -159,6 +184,23 @@ def coarse_groups(mesh_shape: Sequence[int]) -> tuple[tuple[int, ...], tuple[int
     best = min(range(1, len(shape)),
                key=lambda k: abs(math.log(math.prod(shape[:k])) - math.log(math.prod(shape[k:]))))
     return tuple(range(best)), tuple(range(best, len(shape)))
+
+
+def seed_groupings(mesh_shape: Sequence[int]) -> tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]:
+    """Every split of the mesh dims into two contiguous groups that a seed solves (module
+    docstring, step 1): :func:`coarse_groups`' first, then the others in order; a split with a
+    group of one rank (a 1-D coarse mesh) or the sizes of one already listed (size-1 dims moved
+    across) is left out, unless it is the only one."""
+    shape = tuple(int(m) for m in mesh_shape)
+    first = coarse_groups(shape)
+    out, sizes = [first], {(math.prod(shape[d] for d in first[0]), math.prod(shape[d] for d in first[1]))}
+    for k in range(1, len(shape)):
+        split = (math.prod(shape[:k]), math.prod(shape[k:]))
+        if 1 in split or split in sizes:
+            continue
+        sizes.add(split)
+        out.append((tuple(range(k)), tuple(range(k, len(shape)))))
+    return tuple(out)
 
 
 def coarse_mesh(mesh: MeshSpec, groups: Sequence[Sequence[int]]) -> MeshSpec:
@@ -282,18 +324,22 @@ class SeedInfo:
     """What seeding took and found."""
 
     coarse_shape: tuple[int, ...]
+    """The first coarse mesh's (:func:`seed_groupings`' first split); so are ``groups``, the step,
+    status and strategy count."""
     groups: tuple[tuple[int, ...], ...]
     seconds: Mapping[str, float]
-    """``build``, ``solve``: the coarse graph's (``solve``: every seed's)."""
+    """``build``, ``solve``: the coarse graphs' (``solve``: every seed's), summed over the coarse meshes."""
     coarse_step_s: float
     """Objective of the coarse solution (seconds; the coarse mesh's cost model)."""
     coarse_status: str
     coarse_strategies_mean: float
     seeds: int
-    """Coarse solutions seeded from (the plan, each baseline that solved, the memory-light one)."""
+    """Coarse solutions seeded from, on every coarse mesh (the plan, each baseline that solved, the memory-light one)."""
     memory_relaxed: bool
-    """True when the coarse problem had no plan under the memory limit and was
+    """True when a coarse problem had no plan under the memory limit and was
     solved without one (the seed is then only a layout hint)."""
+    coarse_shapes: tuple[tuple[int, ...], ...] = ()
+    """Every coarse mesh seeded from, in order (module docstring, step 1)."""
 
 
 def seeded_restriction(
@@ -311,27 +357,68 @@ def seeded_restriction(
     memo: dict[Any, Any] | None = None,
     gap: float | None = None,
 ) -> tuple[SeededRestriction, SeedInfo]:
-    """Solve ``traced`` on the coarse mesh and return the restriction for ``mesh``
-    (module docstring). ``memory_limit`` defaults to the profile's device memory (``math.inf``: none).
-    ``seed_pins``: given the coarse graph, the resolved pins of further coarse
+    """Solve ``traced`` on the coarse meshes and return the restriction for ``mesh``
+    (module docstring). ``groups``: seed from that one split only (default: every split of
+    :func:`seed_groupings`). ``memory_limit`` defaults to the profile's device memory (``math.inf``: none).
+    ``seed_pins``: given a coarse graph, the resolved pins of further coarse
     solves (no memory limit) to seed from; the search passes
     ``autoshard.search.baselines.baseline_seed_pins`` so that each expert baseline
     keeps on the fine mesh the activation layouts it picks on the coarse one
     (measured on LLaMA-3-8B, 2x4x8: the baselines' estimates drop by up to 0.2 %,
     the plan's by 0.001 %, for four more coarse solves). A parameter, not an
     import: which pins to try is the search's concern, and the graph layer
-    imports nothing above it. Every coarse solve ends within ``time_limit`` of the
-    first one's start (the seed's solves share it), but the memory-light seed (module docstring,
-    step 5), which gets at least :data:`LIGHT_SEED_SHARE` of it after the others.
+    imports nothing above it. The coarse meshes share ``time_limit``: each is given an equal part of
+    what the ones before it left, and at least :data:`LIGHT_SEED_SHARE` of ``time_limit`` (so the whole
+    seed may run over it by that much a mesh); on one coarse mesh every
+    solve ends within its part of the first one's start, but the memory-light seed (module docstring,
+    step 5), which gets at least :data:`LIGHT_SEED_SHARE` of the part after the others.
     ``memo``: a dict kept by the caller across calls on the same ``traced``;
-    fine meshes with the same coarse mesh (``2x4x8`` and ``4x2x8`` both seed
-    from ``8x8``) then share one coarse build and solve (the seed is a function
+    fine meshes with a coarse mesh in common (``2x4x8`` and ``4x2x8`` both seed
+    from ``8x8``) then share its build and solve (the seed is a function
     of the arguments: reused, it is the seed a fresh call would compute,
     unless the coarse solve stopped on its time limit). ``gap``: the relative gap that proves a coarse
     solve (None: the solver's default, 1e-9); the search passes the plan's own (``PLAN_GAP``, 1e-6): a
     seed needs no more precision than the plan it seeds, and toulbar2's integer rounding leaves its
     proofs a few 1e-7 short of 1e-9 (tiny Mixtral, 2x2x2: the coarse solve proven to 6.4e-7 by toulbar2
     after 3.3 s then ran windows for 10 s more, to its limit)."""
+    groupings = (tuple(tuple(g) for g in groups),) if groups else seed_groupings(mesh.shape)
+    allowed: dict[str, frozenset[ChoiceKey]] = {}
+    signature_of: dict[str, str] = {}
+    infos: list[SeedInfo] = []
+    spent = 0.0
+    for i, groups_t in enumerate(groupings):
+        part = max((time_limit - spent) / (len(groupings) - i), LIGHT_SEED_SHARE * time_limit)
+        found, names, info = _coarse_seed(traced, mesh, profile, groups_t, optimizer=optimizer,
+                                          allow_uneven=allow_uneven, memory_limit=memory_limit, time_limit=part,
+                                          backend=backend, seed_pins=seed_pins, memo=memo, gap=gap,
+                                          memo_time=time_limit)
+        spent += info.seconds["solve"]
+        for signature, keys in found.items():
+            allowed[signature] = allowed.get(signature, frozenset()) | keys
+        # the signature is the builder's, a function of the node alone: every coarse mesh names it alike
+        signature_of.update(names)
+        infos.append(info)
+    first = infos[0]
+    info = SeedInfo(
+        coarse_shape=first.coarse_shape, groups=first.groups,
+        seconds={k: round(sum(x.seconds[k] for x in infos), 4) for k in ("build", "solve")},
+        coarse_step_s=first.coarse_step_s, coarse_status=first.coarse_status,
+        coarse_strategies_mean=first.coarse_strategies_mean, seeds=sum(x.seeds for x in infos),
+        memory_relaxed=any(x.memory_relaxed for x in infos), coarse_shapes=tuple(x.coarse_shape for x in infos),
+    )
+    return SeededRestriction(allowed, signature_of), info
+
+
+def _coarse_seed(
+    traced: Any, mesh: MeshSpec, profile: HardwareProfile, groups_t: tuple[tuple[int, ...], ...], *,
+    optimizer: OptimizerMemory | None, allow_uneven: bool, memory_limit: float | None, time_limit: float,
+    backend: str, seed_pins: Callable[[StrategyGraph], Iterable[Mapping[int, int]]] | None,
+    memo: dict[Any, Any] | None, gap: float | None, memo_time: float,
+) -> tuple[dict[str, frozenset[ChoiceKey]], dict[str, str], SeedInfo]:
+    """``Sigma`` by signature, each op's signature and what it took, from the solves on the coarse
+    mesh of one split (module docstring, steps 2-5; :func:`seeded_restriction`'s arguments).
+    ``memo_time``: the caller's whole time limit, which keys the memo (``time_limit``, this mesh's
+    part of it, depends on what the meshes before it took)."""
     # imported here: builder imports nothing from this module, but keep the graph package's import order flat
     from solver import solve as solve_problem
     from solver.solution import Status
@@ -339,15 +426,14 @@ def seeded_restriction(
     from autoshard.graph.builder import build_graph
     from autoshard.graph.problem import to_problem
 
-    groups_t = tuple(tuple(g) for g in (groups or coarse_groups(mesh.shape)))
     coarse = coarse_mesh(mesh, groups_t)
-    key = (id(traced), coarse.shape, coarse.strides, profile, optimizer, allow_uneven, memory_limit, time_limit,
+    key = (id(traced), coarse.shape, coarse.strides, profile, optimizer, allow_uneven, memory_limit, memo_time,
            backend, seed_pins, gap)
     if memo is not None and key in memo:
         allowed, signature_of, info = memo[key]
         info = SeedInfo(info.coarse_shape, groups_t, {"build": 0.0, "solve": 0.0}, info.coarse_step_s,
                         info.coarse_status, info.coarse_strategies_mean, info.seeds, info.memory_relaxed)
-        return SeededRestriction(allowed, signature_of), info  # a fresh one: its cache is per fine mesh
+        return allowed, signature_of, info
     t0 = time.perf_counter()
     graph = build_graph(traced, coarse, profile, optimizer=optimizer, ties=True, allow_uneven=allow_uneven)
     t1 = time.perf_counter()
@@ -393,4 +479,4 @@ def seeded_restriction(
     frozen = {k: frozenset(v) for k, v in allowed.items()}
     if memo is not None:
         memo[key] = (frozen, signature_of, info)
-    return SeededRestriction(frozen, signature_of), info
+    return frozen, signature_of, info

@@ -116,6 +116,9 @@ def pipeline_lines(plan: Plan) -> list[str]:
         if any(s.selective_blocks(st.index) for st in s.stages):  # op-level blocks after the checkpointed ones
             tail[-1] += "; selective (op-level) blocks per stage " + ", ".join(
                 f"{s.selective_blocks(st.index)}/{st.n_blocks}" for st in s.stages)
+        if any(s.all_mm_blocks(st.index) for st in s.stages):  # after the selective ones
+            tail[-1] += "; all-mm (op-level, every matmul saved) blocks per stage " + ", ".join(
+                f"{s.all_mm_blocks(st.index)}/{st.n_blocks}" for st in s.stages)
     if s.tensor_parallel:
         styles = [style for _, style in s.tensor_parallel]
         tail.append(f"tensor parallel inside the stages (torch's parallelize_module on tp): "

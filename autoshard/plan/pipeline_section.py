@@ -31,9 +31,12 @@ every stage of a ``"partial"`` section and on no stage of the others (one line n
 A ``"partial"`` stage may also say ``recompute_selective_blocks``: how many of its blocks after the
 checkpointed ones run torchtitan's op-level policy (every other matmul's output and the
 attention's saved, the rest recomputed; ``autoshard.graph.recompute_policy``, ``selective``), at
-most the stage's blocks less ``recompute_blocks``; absent: 0. Order within a stage: checkpointed,
-selective, kept (the backward runs a stage's first blocks last, so the recomputations with the
-largest transients run when the later blocks' saved tensors are freed).
+most the stage's blocks less ``recompute_blocks``; absent: 0. It may say ``recompute_all_mm_blocks``
+too: how many after the selective ones run the op-level policy that saves every matmul's output
+(``selective_all_mm``: recomputes less, keeps more), at most the blocks left; absent: 0. Order
+within a stage: checkpointed, selective, all-mm, kept (the backward runs a stage's first blocks
+last, so the recomputations with the largest transients run when the later blocks' saved tensors
+are freed).
 
 Optional ``tensor_parallel``: inside each stage, the plan's column / row layout of the
 blocks' linear layers on the ``tp`` mesh dim (module path -> ``"colwise"`` or
@@ -115,6 +118,9 @@ class PipelineStagePlan:
     recompute_selective_blocks: int | None = None
     """Under a ``partial`` section: how many blocks after the checkpointed ones run the op-level policy
     (None: none)."""
+    recompute_all_mm_blocks: int | None = None
+    """Under a ``partial`` section: how many blocks after the selective ones run the op-level policy
+    saving every matmul (``selective_all_mm``; None: none)."""
 
     @property
     def n_blocks(self) -> int:
@@ -126,6 +132,8 @@ class PipelineStagePlan:
         partial = {} if self.recompute_blocks is None else {"recompute_blocks": self.recompute_blocks}
         if self.recompute_selective_blocks is not None:
             partial["recompute_selective_blocks"] = self.recompute_selective_blocks
+        if self.recompute_all_mm_blocks is not None:
+            partial["recompute_all_mm_blocks"] = self.recompute_all_mm_blocks
         return {"index": self.index, "rank": self.rank, "blocks": [self.first_block, self.end_block],
                 "modules": list(self.modules), **partial, **priced}
 
@@ -174,6 +182,12 @@ class PipelineSection:
         st = self.stages[stage]
         return int(st.recompute_selective_blocks or 0) if self.recompute == "partial" else 0
 
+    def all_mm_blocks(self, stage: int) -> int:
+        """How many of stage ``stage``'s blocks, after its selective ones, run the op-level policy that
+        saves every matmul's output (``selective_all_mm``)."""
+        st = self.stages[stage]
+        return int(st.recompute_all_mm_blocks or 0) if self.recompute == "partial" else 0
+
     def stages_of_rank(self, rank: int) -> tuple[PipelineStagePlan, ...]:
         """The stages on coordinate ``rank`` of the pipeline dim, lowest index first."""
         return tuple(s for s in self.stages if s.rank == rank)
@@ -211,7 +225,8 @@ class PipelineSection:
             stages = tuple(PipelineStagePlan(int(s["index"]), int(s["rank"]), int(s["blocks"][0]), int(s["blocks"][1]),
                                              tuple(str(p) for p in s["modules"]), _number(s, "forward_s"),
                                              _number(s, "backward_s"), _number(s, "peak_bytes"),
-                                             _count(s, i), _count(s, i, "recompute_selective_blocks"))
+                                             _count(s, i), _count(s, i, "recompute_selective_blocks"),
+                                             _count(s, i, "recompute_all_mm_blocks"))
                            for i, s in enumerate(data["stages"]))
             section = cls(str(data["mesh_dim"]), str(data["schedule"]), int(data["n_ranks"]),
                           int(data["stages_per_rank"]), int(data["n_microbatches"]), int(data["batch_size"]), stages,
@@ -263,6 +278,14 @@ def _check_recompute(s: "PipelineSection") -> None:
         if sel is not None and not 0 <= sel <= st.n_blocks - (k or 0):
             raise PipelineError(f"pipeline.stages[{i}].recompute_selective_blocks: needs a count from 0 to the "
                                 f"stage's {st.n_blocks} blocks less its {k} checkpointed, got {sel!r}")
+        mm = st.recompute_all_mm_blocks
+        if mm is not None and s.recompute != "partial":
+            raise PipelineError(f"pipeline.stages[{i}].recompute_all_mm_blocks: given with recompute "
+                                f"{s.recompute!r}; a count of all-mm blocks goes with recompute 'partial'")
+        if mm is not None and not 0 <= mm <= st.n_blocks - (k or 0) - (sel or 0):
+            raise PipelineError(f"pipeline.stages[{i}].recompute_all_mm_blocks: needs a count from 0 to the "
+                                f"stage's {st.n_blocks} blocks less its {k} checkpointed and {sel or 0} selective, "
+                                f"got {mm!r}")
 
 
 def _flag(data: Mapping[str, Any], key: str) -> bool:
@@ -407,6 +430,7 @@ def build_pipeline_section(
     sequence_parallel: bool = False,
     recompute_blocks: Sequence[int] = (),
     selective_blocks: Sequence[int] = (),
+    all_mm_blocks: Sequence[int] = (),
 ) -> PipelineSection:
     """The section of ``K = n_ranks * stages_per_rank`` stages cut at ``cuts`` (the first block of
     every stage but the first, ``K - 1`` of them, as ``costmodel.stage_cuts.StageCuts.cuts``):
@@ -414,8 +438,9 @@ def build_pipeline_section(
     them: final norm, head) to stage ``K - 1``. The priced figures, when given: ``stage_seconds``
     (forward, backward) per stage, ``rank_peak_bytes`` per rank of the pipeline dim, ``step_s`` and
     ``bubble_fraction``; ``recompute_blocks``, with ``recompute="partial"``, the checkpointed blocks of
-    each stage, and ``selective_blocks`` those after them under the op-level policy (empty, or all
-    zero: the key is not written). Bad input raises :class:`PipelineError`, one line.
+    each stage, ``selective_blocks`` those after them under the op-level policy and ``all_mm_blocks``
+    those after these saving every matmul (each empty, or all zero: its key is not written). Bad
+    input raises :class:`PipelineError`, one line.
 
     >>> build_pipeline_section(schedule="1F1B", n_ranks=4, n_microbatches=4, batch_size=8,
     ...                        block_paths=("l.0", "l.1"), cuts=(1, 1, 1))
@@ -434,7 +459,8 @@ def build_pipeline_section(
     _check_torch_accepts(schedule, n_ranks, stages_per_rank, n_microbatches)
     ranks = stage_to_rank(n_ranks, k, v_shape=schedule in V_SHAPED)
     if stage_seconds and len(stage_seconds) != k or rank_peak_bytes and len(rank_peak_bytes) != n_ranks \
-            or recompute_blocks and len(recompute_blocks) != k or selective_blocks and len(selective_blocks) != k:
+            or recompute_blocks and len(recompute_blocks) != k or selective_blocks and len(selective_blocks) != k \
+            or all_mm_blocks and len(all_mm_blocks) != k:
         raise PipelineError(f"pipeline: {len(stage_seconds)} stage times / {len(rank_peak_bytes)} rank peaks / "
                             f"{len(recompute_blocks)} checkpointed-block counts for {k} stages on {n_ranks} ranks")
     stages = tuple(PipelineStagePlan(
@@ -443,7 +469,8 @@ def build_pipeline_section(
         *(stage_seconds[i] if stage_seconds else (None, None)),
         float(rank_peak_bytes[ranks[i]]) if rank_peak_bytes else None,
         int(recompute_blocks[i]) if recompute_blocks else None,
-        int(selective_blocks[i]) if any(selective_blocks) else None)
+        int(selective_blocks[i]) if any(selective_blocks) else None,
+        int(all_mm_blocks[i]) if any(all_mm_blocks) else None)
         for i in range(k))
     section = PipelineSection(mesh_dim, schedule, n_ranks, stages_per_rank, n_microbatches, batch_size, stages,
                               int(send_bytes), data_parallel, step_s, bubble_fraction,
@@ -476,6 +503,9 @@ _STAGE = {
         "recompute_selective_blocks": {**_INDEX, "description": "With recompute partial (and only then): how many "
                                        "of the stage's blocks after its checkpointed ones run the op-level "
                                        "(selective) policy; absent: 0."},
+        "recompute_all_mm_blocks": {**_INDEX, "description": "With recompute partial (and only then): how many of "
+                                    "the stage's blocks after its selective ones run the op-level policy saving "
+                                    "every matmul's output (selective_all_mm); absent: 0."},
     },
     "additionalProperties": False,
 }
@@ -502,7 +532,8 @@ PIPELINE_SCHEMA: dict[str, Any] = {
         "recompute": {"enum": list(SECTION_RECOMPUTE),
                       "description": "none; full: every block's forward recomputed before its backward; partial: "
                                      "the first recompute_blocks blocks of each stage, the next "
-                                     "recompute_selective_blocks under the op-level policy."},
+                                     "recompute_selective_blocks under the op-level policy, the next "
+                                     "recompute_all_mm_blocks under the one saving every matmul."},
         "tensor_parallel": {"type": "object", "additionalProperties": {"enum": list(TENSOR_PARALLEL_STYLES)},
                             "description": "Linear module path -> colwise / rowwise on mesh dim tp, "
                                            "inside the stages."},

@@ -4,13 +4,14 @@ Split out of :mod:`autoshard.runtime.pipeline_stages` (its module docstring, Rec
 which blocks of a stage run which): :func:`recompute_blocks` checkpoints whole blocks,
 :func:`selective_blocks` runs ``torch.utils.checkpoint`` with ``create_selective_checkpoint_contexts``
 and the policy ``autoshard.graph.recompute_policy`` prices as ``selective`` (every odd-numbered
-``aten.mm`` of a block's forward and the attention's outputs saved, the rest recomputed). Both swap
-the block's class in place, so parameter names and state-dict keys stay the model's.
+``aten.mm`` of a block's forward and the attention's outputs saved, the rest recomputed), and
+:func:`all_mm_blocks` the same with every ``aten.mm`` output saved (``selective_all_mm``). Each
+swaps the block's class in place, so parameter names and state-dict keys stay the model's.
 
 >>> from examples.models import llama3
 >>> model, _ = llama3.tiny(device="meta")
->>> recompute_blocks([model.layers[0]]), selective_blocks(list(model.layers))
-(1, 1)
+>>> recompute_blocks([model.layers[0]]), selective_blocks(list(model.layers)), all_mm_blocks(list(model.layers))
+(1, 1, 0)
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["recompute_blocks", "selective_blocks"]
+__all__ = ["recompute_blocks", "selective_blocks", "all_mm_blocks"]
 
 
 def recompute_blocks(blocks: list[nn.Module]) -> int:
@@ -57,8 +58,22 @@ def selective_blocks(blocks: list[nn.Module]) -> int:
     return _swap_classes(blocks, selective=True)
 
 
-def _swap_classes(blocks: list[nn.Module], selective: bool) -> int:
-    """Each block not yet checkpointed (either way) given its checkpointed subclass, one per class."""
+def all_mm_blocks(blocks: list[nn.Module]) -> int:
+    """Run each of ``blocks`` under the op-level checkpointing that saves the outputs of every
+    ``aten.mm`` of the block's forward and of scaled-dot-product attention (``selective_all_mm``:
+    torchtitan's op-level policy without its every-second-matmul rule), in place as
+    :func:`selective_blocks` does. Returns how many blocks it changed.
+
+    >>> from examples.models import llama3
+    >>> model, _ = llama3.tiny(device="meta")
+    >>> all_mm_blocks([model.layers[0]]), type(model.layers[0]).__name__, selective_blocks([model.layers[0]])
+    (1, 'AllMmSelectiveTransformerBlock', 0)
+    """
+    return _swap_classes(blocks, selective=True, every_mm=True)
+
+
+def _swap_classes(blocks: list[nn.Module], selective: bool, every_mm: bool = False) -> int:
+    """Each block not yet checkpointed (any way) given its checkpointed subclass, one per class."""
     classes: dict[type, type] = {}
     changed = 0
     for block in blocks:
@@ -66,14 +81,16 @@ def _swap_classes(blocks: list[nn.Module], selective: bool) -> int:
         if getattr(cls, "_pipeline_full_recompute", False) or getattr(cls, "_pipeline_selective_recompute", False):
             continue
         if cls not in classes:
-            classes[cls] = _checkpointed_class(cls, selective=selective)
+            classes[cls] = _checkpointed_class(cls, selective=selective, every_mm=every_mm)
         block.__class__ = classes[cls]
         changed += 1
     return changed
 
 
-def _saved_by_selective(counts: dict[bool, int], ctx: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
-    """The op-level policy (``recompute_policy``, ``selective``) of one op of a block's forward."""
+def _saved_by_selective(counts: dict[bool, int], ctx: Any, func: Any, *args: Any, every_mm: bool = False,
+                        **kwargs: Any) -> Any:
+    """The op-level policy (``recompute_policy``, ``selective``; every mm saved with ``every_mm``:
+    ``selective_all_mm``) of one op of a block's forward."""
     from torch.utils.checkpoint import CheckpointPolicy
 
     # torch 2.11 asks again during the recomputation (``is_recompute``), 2.13 in the forward only:
@@ -81,7 +98,7 @@ def _saved_by_selective(counts: dict[bool, int], ctx: Any, func: Any, *args: Any
     again = bool(getattr(ctx, "is_recompute", False))
     if func == torch.ops.aten.mm.default:
         counts[again] += 1
-        if counts[again] % 2 == 1:
+        if every_mm or counts[again] % 2 == 1:
             return CheckpointPolicy.MUST_SAVE
     elif str(func.name()).startswith("aten::_scaled_dot_product_"):
         return CheckpointPolicy.MUST_SAVE
@@ -116,30 +133,38 @@ class _RestartCount:
         return self.inner.__exit__(*exc)
 
 
-def _selective_contexts() -> tuple[Any, Any]:
+def _selective_contexts(every_mm: bool = False) -> tuple[Any, Any]:
     """``context_fn`` of one selective checkpoint call: a fresh matmul count for its forward."""
     import functools
 
     from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
     counts = {False: 0, True: 0}
-    forward, again = create_selective_checkpoint_contexts(functools.partial(_saved_by_selective, counts))
+    forward, again = create_selective_checkpoint_contexts(
+        functools.partial(_saved_by_selective, counts, every_mm=every_mm))
     return forward, _RestartCount(again, counts)
 
 
-def _checkpointed_class(cls: type, selective: bool = False) -> type:
+def _checkpointed_class(cls: type, selective: bool = False, every_mm: bool = False) -> type:
+    import functools
+
     from torch.utils.checkpoint import checkpoint
 
     block_forward = cls.forward
+    contexts = functools.partial(_selective_contexts, every_mm)
 
     def forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
         if not torch.is_grad_enabled():  # no backward to recompute for
             return block_forward(self, *args, **kwargs)
         if selective:
             return checkpoint(block_forward, self, *args, use_reentrant=False, preserve_rng_state=True,
-                              context_fn=_selective_contexts, **kwargs)
+                              context_fn=contexts, **kwargs)
         return checkpoint(block_forward, self, *args, use_reentrant=False, preserve_rng_state=True, **kwargs)
 
     if selective:
-        return type(f"Selective{cls.__name__}", (cls,), {"forward": forward, "_pipeline_selective_recompute": True})
+        # an all-mm block is a selective one to every reader of the flag (pipeline_sp: it recomputes its
+        # gathers as a checkpointed block does); _pipeline_all_mm tells the two apart
+        name = f"AllMmSelective{cls.__name__}" if every_mm else f"Selective{cls.__name__}"
+        return type(name, (cls,), {"forward": forward, "_pipeline_selective_recompute": True,
+                                   "_pipeline_all_mm": every_mm})
     return type(f"Checkpointed{cls.__name__}", (cls,), {"forward": forward, "_pipeline_full_recompute": True})

@@ -92,7 +92,7 @@ import torch
 from torch import nn
 
 from autoshard.plan.pipeline_section import PipelineError, PipelineSection
-from autoshard.runtime.pipeline_recompute import recompute_blocks, selective_blocks
+from autoshard.runtime.pipeline_recompute import all_mm_blocks, recompute_blocks, selective_blocks
 from autoshard.runtime.pipeline_tp import TP_DIM, apply_tensor_parallel
 from autoshard.trace.blocks import modules_around, repeated_blocks
 
@@ -302,6 +302,7 @@ def build_stage_module(model: nn.Module, section: PipelineSection, stage: int, p
     full, sel = section.checkpointed_blocks(stage), section.selective_blocks(stage)
     recompute_blocks(blocks[:full])
     selective_blocks(blocks[full:full + sel])
+    all_mm_blocks(blocks[full + sel:full + sel + section.all_mm_blocks(stage)])  # then those saving every mm
     if data_parallel is not None:
         data_parallel(root, blocks)
     if stage < last:
@@ -325,6 +326,35 @@ def _recompute_once_per_weight_pass(stage: Any) -> None:
             return weight_pass(*args, **kwargs)
 
     stage.backward_weight_one_chunk = backward_weight_one_chunk
+
+
+def _skip_self_warmup_ops(stage: Any) -> None:
+    """Keep stage ``stage``'s first-step warm-up sends and receives to other ranks only.
+
+    torch 2.11's multi-stage schedules open their first step with a dummy send and receive to each
+    neighbouring stage's rank (``PipelineScheduleMulti._initialize_stages`` batches
+    ``PipelineStage._get_init_p2p_neighbors_ops``, pytorch/pytorch#160210), without asking whether
+    that neighbour is on this rank. On a V-shaped schedule (``ZBVZeroBubble``, ``DualPipeV``) the
+    two stages at the turn (``p - 1`` and ``p`` of ``2p``) are both on rank ``p - 1``, which so
+    sends to and receives from itself. NCCL allows a send to oneself; gloo keeps no connection
+    from a rank to itself and fails the send ("Pair is not connected (... <--> [none])", gloo's
+    ``tcp/pair.cc``) before any stage runs: every V-shaped plan on gloo failed on torch 2.11. The
+    warm-up only opens connections; the turn's activations and gradients never travel by
+    send/recv (torch hands them from stage to stage in the process), so the ops to oneself carry
+    nothing anyone reads and are dropped. A sender's and a receiver's ops to oneself are dropped
+    together (both are on this rank), so the ops to other ranks still match theirs. torch 2.13
+    warms ``PipelineStage`` objects up with a vote that hands the turn over in the process
+    (``_warmup_forward_vote``, ``_is_same_rank``) and calls this only for other stage classes;
+    wrapped all the same, it keeps them from the same failure."""
+    warmup_ops = getattr(stage, "_get_init_p2p_neighbors_ops", None)
+    if warmup_ops is None:  # a torch without the warm-up: nothing to keep from it
+        return
+
+    def to_other_ranks() -> list:
+        own = stage.group_rank
+        return [op for op in warmup_ops() if getattr(op, "group_peer", None) != own]
+
+    stage._get_init_p2p_neighbors_ops = to_other_ranks
 
 
 def _apply_data_parallel(stage_module: nn.Module, blocks: list[nn.Module], kind: str, dp_mesh: Any) -> None:
@@ -511,7 +541,9 @@ def build_pipeline(model: nn.Module, mesh: Any, section: PipelineSection, *, rec
         wrap = _stage_wrapper(section, st.index, tp_mesh, dp_mesh)
         module = build_stage_module(model, section, st.index, parts, data_parallel=wrap)
         stage = PipelineStage(module, st.index, section.n_stages, device, group=pp_mesh.get_group())
-        if section.checkpointed_blocks(st.index) or section.selective_blocks(st.index):
+        _skip_self_warmup_ops(stage)
+        if section.checkpointed_blocks(st.index) or section.selective_blocks(st.index) \
+                or section.all_mm_blocks(st.index):
             _recompute_once_per_weight_pass(stage)
         if record_sends:
             stage.get_fwd_send_ops = _recording(stage, "activation", stage.get_fwd_send_ops, sends)

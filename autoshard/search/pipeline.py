@@ -195,6 +195,9 @@ class PipelineCandidate:
     selective_blocks: tuple[int, ...] = ()
     """With ``recompute="partial"``: each stage's blocks under the op-level policy, after its
     checkpointed ones (R4; ``pipeline_selective``); empty: none."""
+    all_mm_blocks: tuple[int, ...] = ()
+    """With ``recompute="partial"``: each stage's blocks under the op-level policy saving every matmul
+    (``selective_all_mm``), after its selective ones; empty: none."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,6 +235,8 @@ class PipelinePlan:
     """With ``partial``: per stage, how many of its blocks (its first) are checkpointed."""
     selective_blocks: tuple[int, ...] = ()
     """With ``partial``: per stage, how many of its blocks after those run the op-level policy (empty: none)."""
+    all_mm_blocks: tuple[int, ...] = ()
+    """With ``partial``: per stage, how many after those save every matmul (``selective_all_mm``; empty: none)."""
 
     @property
     def gap(self) -> float:
@@ -398,13 +403,16 @@ def price_partial_candidate(none: BlockPricing, full: BlockPricing, *, n_blocks:
                             schedule: str, n_microbatches: int, stages_per_rank: int = 1, send_s: float = 0.0,
                             memory_limit_bytes: float | None = None,
                             selective: BlockPricing | None = None,
-                            incumbent_s: float = math.inf) -> tuple[PipelineCandidate, Any]:
+                            incumbent_s: float = math.inf,
+                            all_mm: BlockPricing | Callable[[], BlockPricing] | None = None
+                            ) -> tuple[PipelineCandidate, Any]:
     """(R4) of one ``(schedule, m, v)``: each stage checkpointing the fewest of its first blocks that fit,
     on the cut without a memory limit or on the cut chosen with the counts, the faster
     (``pipeline_partial.best_counts``); ``(candidate, PartialPricing)``, or a refused candidate
     (``step_s = inf``, ``why``) and None. ``selective``: the op-level policy's pricing at the same
     microbatch, a third block kind (``pipeline_selective.best_counts3``), tried where the candidate could
-    beat the search's ``incumbent_s``."""
+    beat the search's ``incumbent_s``; ``all_mm``, with it, the all-mm policy's (or what prices it, called
+    only where it is tried), a fourth."""
     from autoshard.search.pipeline_partial import best_counts
     from autoshard.search.pipeline_selective import best_counts3
 
@@ -422,13 +430,13 @@ def price_partial_candidate(none: BlockPricing, full: BlockPricing, *, n_blocks:
         priced, why = best_counts(none, full, sched, cut, n_blocks, send_s if pp > 1 else 0.0, limit)
     else:
         priced, why = best_counts3(none, full, selective, sched, cut, n_blocks, send_s if pp > 1 else 0.0, limit,
-                                   incumbent_s)
+                                   incumbent_s, all_mm)
     if priced is None:
         return PipelineCandidate(schedule, m, v, math.inf, 0.0, math.inf, why, (), send_s, "partial", True), None
     sim = priced.simulation
     return PipelineCandidate(schedule, m, v, sim.step_s, sim.bubble_fraction, max(priced.rank_memory_bytes), "",
                              priced.rank_memory_bytes, send_s, "partial", False, priced.counts,
-                             priced.selective), priced
+                             priced.selective, priced.all_mm), priced
 
 
 def _search_space(batch: int, layout: PipelineLayout, n_blocks: int, schedules: Sequence[str],
@@ -478,6 +486,7 @@ def search_pipeline(
     price_full: Callable[[int], BlockPricing] | None = None,
     partial: bool = True,
     price_selective: Callable[[int], BlockPricing] | None = None,
+    price_all_mm: Callable[[int], BlockPricing] | None = None,
 ) -> PipelinePlan:
     """The fastest fitting candidate of ``layout`` (module docstring, Search). ``price_at(micro_batch)``
     gives the block pricing of microbatches of ``micro_batch`` sequences on the stage sub-mesh
@@ -485,7 +494,8 @@ def search_pipeline(
     recomputation policy ``recompute``; ``price_full``, with ``recompute="none"``, the same under
     full recomputation, priced only where (R2) leaves it a chance, and with it stages checkpointing
     some of their blocks (R4) unless ``partial`` is false; ``price_selective``, with ``price_full``, the
-    same under the op-level policy, priced where ``full`` is, a third block kind for (R4);
+    same under the op-level policy, priced where ``full`` is, a third block kind for (R4) (``price_all_mm``,
+    with it, under the policy saving every matmul, a fourth);
     ``profile`` a ``hw_profiles.HardwareProfile`` (sends, memory); ``memory_limit_bytes``
     defaults to its usable memory. ``stages_per_rank`` narrows :data:`V_OF`.
 
@@ -524,8 +534,8 @@ def search_pipeline(
                 if cand.step_s < (best[0].step_s if best else math.inf):  # (R3): strictly faster only
                     best[:] = [cand, cut, sim, pricing, None]
 
-    def try_partial(none: BlockPricing, full: BlockPricing, m: int,
-                    sel: BlockPricing | None = None) -> None:  # (R4)
+    def try_partial(none: BlockPricing, full: BlockPricing, m: int, sel: BlockPricing | None = None,
+                    mm: Callable[[], BlockPricing] | None = None) -> None:  # (R4)
         send = collective_time_s("permute", batch // m * seq_len * dim * itemsize / (dp * tp), (0,), mesh, profile)
         for name in schedules:
             for v in V_OF.get(name, (1,)):
@@ -534,7 +544,7 @@ def search_pipeline(
                 cand, priced = price_partial_candidate(none, full, n_blocks=n_blocks, batch=batch,
                                                        pp=pp, schedule=name, n_microbatches=m, stages_per_rank=v,
                                                        send_s=send, memory_limit_bytes=limit, selective=sel,
-                                                       incumbent_s=best[0].step_s if best else math.inf)
+                                                       incumbent_s=best[0].step_s if best else math.inf, all_mm=mm)
                 candidates.append(cand)
                 if priced is not None and cand.step_s < (best[0].step_s if best else math.inf):
                     best[:] = [cand, priced.cut, priced.simulation, none, priced.costs]
@@ -551,8 +561,8 @@ def search_pipeline(
                 full = price_full(batch // m)
                 try_all(full, m, "full")
                 if partial:
-                    try_partial(first[m], full, m,
-                                price_selective(batch // m) if price_selective is not None else None)
+                    try_partial(first[m], full, m, price_selective(batch // m) if price_selective is not None else None,
+                                (lambda mb=batch // m: price_all_mm(mb)) if price_all_mm and price_selective else None)
     if not best:
         raise _none_fits(candidates, layout, limit)
     return _chosen(best, candidates, layout, batch * seq_len, flops_per_token, n_blocks, started)
@@ -588,7 +598,8 @@ def _chosen(best: Sequence, candidates: Sequence[PipelineCandidate], layout: Pip
         candidates=tuple(candidates), search_s=time.perf_counter() - started,
         stage_seconds=tuple((c.forward_s, c.full_backward_s or c.backward_input_s + c.backward_weight_s)
                             for c in costs),
-        recompute=cand.recompute, recompute_blocks=cand.recompute_blocks, selective_blocks=cand.selective_blocks)
+        recompute=cand.recompute, recompute_blocks=cand.recompute_blocks, selective_blocks=cand.selective_blocks,
+        all_mm_blocks=cand.all_mm_blocks)
 
 
 def pipeline_section(
@@ -626,4 +637,5 @@ def pipeline_section(
         data_parallel=data_parallel, stage_seconds=plan.stage_seconds, rank_peak_bytes=plan.rank_memory_bytes,
         step_s=plan.step_s, bubble_fraction=plan.bubble_fraction, recompute=plan.recompute,
         recompute_blocks=plan.recompute_blocks, selective_blocks=plan.selective_blocks,
+        all_mm_blocks=plan.all_mm_blocks,
         tensor_parallel=tensor_parallel, sequence_parallel=priced_sequence_parallel(plan.recompute, tensor_parallel))

@@ -499,7 +499,8 @@ def price_blocks(
                               time_limit=time_limit, tp_table=tp_table)
         figures.append(plan_figures(prep, plan, depth))
     pricing = pricing_from_figures(micro_batch, figures[0], figures[1], time.perf_counter() - started,
-                                   checkpointed=recompute in ("full", "selective"), sequence_split=recompute == "none")
+                                   checkpointed=recompute in ("full", "selective", "selective_all_mm"),
+                                   sequence_split=recompute == "none")
     return replace(pricing, params=tuple(sorted(plan.params.items())))
 
 

@@ -230,7 +230,8 @@ def choose_pipeline(
                                  layout=layout, profile=prof, flops_per_token=0.0, schedules=schedules,
                                  microbatches=microbatches, memory_limit_bytes=memory_limit, itemsize=itemsize,
                                  recompute=base, price_full=pricer("full") if recompute == "auto" else None,
-                                 price_selective=pricer("selective") if recompute == "auto" else None)
+                                 price_selective=pricer("selective") if recompute == "auto" else None,
+                                 price_all_mm=pricer("selective_all_mm") if recompute == "auto" else None)
     except PipelineError:
         raise
     except ValueError as exc:  # the search's one-line refusals, as the section's error

@@ -23,7 +23,10 @@ with full recomputation, its kept input sequence-split (h')), block by block:
 so ``c_k = 0`` everywhere prices exactly as ``N`` and ``c_k = n_k`` as ``C`` (same cut). A third kind,
 ``S`` (op-level checkpointing, ``s_k`` blocks after the ``c_k``), adds its own term to each of
 (p1)-(p5) where given (``autoshard.search.pipeline_selective``); with every ``s_k = 0`` the price
-is this one, bit for bit.
+is this one, bit for bit. So does a fourth, ``M`` (the op-level policy saving every matmul's output,
+``selective_all_mm``: ``m_k`` blocks after the ``S`` ones): the terms of a stage are summed in the
+order ``N``, ``C``, ``S``, ``M``, each of ``S`` and ``M`` only where its count is not 0, so the
+price with every ``m_k = 0`` is the three-kind one, bit for bit.
 
 **Choosing the counts** (:func:`best_counts`, one candidate ``(schedule, m, v)``): the faster
 fitting of two, (c0) and (c1)-(c4).
@@ -103,128 +106,140 @@ class PartialPricing:
     selective: tuple[int, ...] = ()
     """``s_k`` per stage: blocks under the op-level policy (``autoshard.search.pipeline_selective``);
     empty: none."""
+    all_mm: tuple[int, ...] = ()
+    """``m_k`` per stage: blocks under the op-level policy saving every matmul (``selective_all_mm``),
+    after the selective ones; empty: none."""
 
 
-def _policy(c: int, n: int, none: BlockPricing, full: BlockPricing, s: int = 0,
-            sel: BlockPricing | None = None) -> BlockPricing:
-    """The pricing a stage's extras follow (p4): ``C`` (``S``) where all its blocks are checkpointed
-    (selective), else ``N``."""
-    if n and s == n and sel is not None:
-        return sel
-    return full if n and c == n else none
+def _terms(n: int, c: int, s: int, m: int, none: BlockPricing, full: BlockPricing, sel: BlockPricing | None,
+           mm: BlockPricing | None) -> list[tuple[int, BlockPricing]]:
+    """A stage's ``(count, pricing)`` per kind, in summing order: ``N`` and ``C`` always, ``S`` and ``M``
+    only where their count is not 0 (so a stage without them sums as before they were added)."""
+    terms = [(n - c - s - m, none), (c, full)]
+    if s:
+        terms.append((s, sel))  # type: ignore[arg-type]
+    if m:
+        terms.append((m, mm))  # type: ignore[arg-type]
+    return terms
 
 
-def _selective(counts: Sequence[int], selective: Sequence[int] | None, sel: BlockPricing | None) -> list[int]:
-    """``s_k`` per stage, zeros where none given; a count without its pricing is refused."""
+def _mix(terms: Sequence[tuple[int, BlockPricing]], get: Callable[[BlockPricing], float]) -> float:
+    """``sum count * get(pricing)`` over ``terms``, left to right."""
+    total = terms[0][0] * get(terms[0][1])
+    for count, q in terms[1:]:
+        total += count * get(q)
+    return total
+
+
+def _policy(terms: Sequence[tuple[int, BlockPricing]], n: int) -> BlockPricing:
+    """The pricing a stage's extras follow (p4): ``C``, ``S`` or ``M`` where all its blocks are of that
+    kind, else ``N``."""
+    for count, q in reversed(terms[1:]):
+        if n and count == n:
+            return q
+    return terms[0][1]
+
+
+def _selective(counts: Sequence[int], selective: Sequence[int] | None, sel: BlockPricing | None,
+               what: str = "selective") -> list[int]:
+    """``s_k`` (``m_k``) per stage, zeros where none given; a count without its pricing is refused."""
     out = [0] * len(counts) if selective is None else [int(x) for x in selective]
     if len(out) != len(counts):
-        raise ValueError(f"{len(out)} selective counts for {len(counts)} stages")
+        raise ValueError(f"{len(out)} {what} counts for {len(counts)} stages")
     if any(out) and sel is None:
-        raise ValueError("selective blocks without a selective pricing")
+        raise ValueError(f"{what} blocks without a {what} pricing")
     return out
 
 
 def mixed_stage_costs(none: BlockPricing, full: BlockPricing, cut: StageCuts, counts: Sequence[int],
                       send_s: float, sel: BlockPricing | None = None,
-                      selective: Sequence[int] | None = None) -> list[StageCost]:
+                      selective: Sequence[int] | None = None, mm: BlockPricing | None = None,
+                      all_mm: Sequence[int] | None = None) -> list[StageCost]:
     """(p1)-(p4): one :class:`StageCost` per stage of ``cut``, stage ``k`` checkpointing ``counts[k]`` blocks
-    fully and ``selective[k]`` (default none) under the op-level policy priced by ``sel``; with every
-    count 0 (every count the stage's blocks) it is ``pipeline._stage_costs`` of ``none`` (``full``).
-    A stage without selective blocks adds no ``S`` term: its price is the two-kind one, bit for bit."""
+    fully, ``selective[k]`` (default none) under the op-level policy priced by ``sel`` and ``all_mm[k]``
+    under the one saving every matmul priced by ``mm``; with every count 0 (every count the stage's
+    blocks) it is ``pipeline._stage_costs`` of ``none`` (``full``). A stage without selective (all-mm)
+    blocks adds no ``S`` (``M``) term: its price is the one without that kind, bit for bit."""
     k_last = len(cut.stages) - 1
-    n_of, c_of = none.block, full.block
     sels = _selective(counts, selective, sel)
+    mms = _selective(counts, all_mm, mm, "all-mm")
     out = []
     for k, st in enumerate(cut.stages):
         n = st.end_block - st.first_block
-        c, s = int(counts[k]), sels[k]
-        if not (0 <= c <= n and 0 <= s <= n - c):
-            raise ValueError(f"stage {k}: {c} checkpointed and {s} selective blocks of its {n}")
-        ep = _policy(c, n, none, full, s, sel)
+        c, s, m = int(counts[k]), sels[k], mms[k]
+        if not (0 <= c <= n and 0 <= s <= n - c and 0 <= m <= n - c - s):
+            raise ValueError(f"stage {k}: {c} checkpointed, {s} selective and {m} all-mm blocks of its {n}"
+                             if m else f"stage {k}: {c} checkpointed and {s} selective blocks of its {n}")
+        terms = _terms(n, c, s, m, none, full, sel, mm)
+        ep = _policy(terms, n)
         extras = [e for e, here in ((ep.first_extra, k == 0), (ep.last_extra, k == k_last)) if here]
-        if s:
-            s_of = sel.block  # type: ignore[union-attr]
-
-            def mix(x: float, y: float, z: float = 0.0) -> float:
-                return (n - c - s) * x + c * y + s * z
-        else:
-            mix = lambda x, y, z=0.0: (n - c) * x + c * y  # noqa: E731
-            s_of = n_of
-        q = sel if s else none
-        fwd = mix(n_of.forward_s, c_of.forward_s, s_of.forward_s) + sum(e.forward_s for e in extras)
-        bwd = mix(n_of.backward_s, c_of.backward_s, s_of.backward_s) + sum(e.backward_s for e in extras)
-        acts = mix(n_of.activation_bytes, c_of.activation_bytes, s_of.activation_bytes) \
-            + sum(e.activation_bytes for e in extras)
-        redo = min(bwd, mix(none.block_recompute_s + none.block_regather_s,
-                            full.block_recompute_s + full.block_regather_s,
-                            q.block_recompute_s + q.block_regather_s))  # type: ignore[union-attr]
+        fwd = _mix(terms, lambda q: q.block.forward_s) + sum(e.forward_s for e in extras)
+        bwd = _mix(terms, lambda q: q.block.backward_s) + sum(e.backward_s for e in extras)
+        acts = _mix(terms, lambda q: q.block.activation_bytes) + sum(e.activation_bytes for e in extras)
+        redo = min(bwd, _mix(terms, lambda q: q.block_recompute_s + q.block_regather_s))
         half = (bwd - redo) / 2 + redo
         out.append(StageCost(
             forward_s=fwd, backward_input_s=half, backward_weight_s=half, full_backward_s=bwd,
             send_activation_s=send_s, send_gradient_s=send_s, activation_bytes=int(acts), weight_grad_bytes=int(acts),
-            gradient_reduction_s=mix(none.block_reduction_s, full.block_reduction_s,
-                                     q.block_reduction_s)  # type: ignore[union-attr]
+            gradient_reduction_s=_mix(terms, lambda q: q.block_reduction_s)
             + (ep.extra_reduction_s if extras else 0.0),
-            optimizer_s=mix(none.block_optimizer_s, full.block_optimizer_s,
-                            q.block_optimizer_s)  # type: ignore[union-attr]
-            + (ep.extra_optimizer_s if extras else 0.0),
-            weight_gather_s=mix(none.block_gather_s, full.block_gather_s, q.block_gather_s)  # type: ignore[union-attr]
-            + (ep.extra_gather_s if extras else 0.0)))
+            optimizer_s=_mix(terms, lambda q: q.block_optimizer_s) + (ep.extra_optimizer_s if extras else 0.0),
+            weight_gather_s=_mix(terms, lambda q: q.block_gather_s) + (ep.extra_gather_s if extras else 0.0)))
     return out
 
 
 def _rank_memory(none: BlockPricing, full: BlockPricing, cut: StageCuts, counts: Sequence[int],
                  schedule: PipelineSchedule, sim: PipelineSimulation, sel: BlockPricing | None = None,
-                 selective: Sequence[int] | None = None) -> tuple[float, ...]:
-    """(p5) per rank; a rank with ``S`` blocks adds ``T^S`` to the transients it takes the largest of."""
+                 selective: Sequence[int] | None = None, mm: BlockPricing | None = None,
+                 all_mm: Sequence[int] | None = None) -> tuple[float, ...]:
+    """(p5) per rank; a rank with ``S`` (``M``) blocks adds ``T^S`` (``T^M``) to the transients it takes
+    the largest of."""
     p, k_last = schedule.n_ranks, len(cut.stages) - 1
     sels = _selective(counts, selective, sel)
-    state, checkpointed, kept, picked = [0.0] * p, [False] * p, [False] * p, [False] * p
-    head = [0.0] * p
+    mms = _selective(counts, all_mm, mm, "all-mm")
+    state, head = [0.0] * p, [0.0] * p
+    used: list[dict[int, BlockPricing]] = [{} for _ in range(p)]  # per rank: the kinds it runs, by id
     for k, st in enumerate(cut.stages):
-        n, c, s, r = st.end_block - st.first_block, int(counts[k]), sels[k], schedule.stage_ranks[k]
-        ep = _policy(c, n, none, full, s, sel)
-        if s:  # the two-kind sum stands as it was where no block is selective (bit for bit)
-            state[r] += (n - c - s) * none.block.state_bytes + c * full.block.state_bytes \
-                + s * sel.block.state_bytes  # type: ignore[union-attr]
-        else:
-            state[r] += (n - c) * none.block.state_bytes + c * full.block.state_bytes
+        n, r = st.end_block - st.first_block, schedule.stage_ranks[k]
+        terms = _terms(n, int(counts[k]), sels[k], mms[k], none, full, sel, mm)
+        ep = _policy(terms, n)
+        # the sum stands as it was where no block is selective or all-mm (bit for bit)
+        state[r] += _mix(terms, lambda q: q.block.state_bytes)
         state[r] += (ep.first_extra.state_bytes if k == 0 else 0) + (ep.last_extra.state_bytes if k == k_last else 0)
-        checkpointed[r] |= c > 0
-        kept[r] |= c + s < n
-        picked[r] |= s > 0
+        running = [q for count, q in terms if count > 0]
+        used[r].update((id(q), q) for q in running)
         if k == k_last:
-            heads = [q.transient_bytes + q.head_transient_bytes  # type: ignore[union-attr]
-                     for q, used in ((none, c + s < n), (full, c > 0), (sel, s > 0)) if used]
-            head[r] = max(heads)
+            head[r] = max(q.transient_bytes + q.head_transient_bytes for q in running)
     out = []
     for r in range(p):
-        blocks = max([q.transient_bytes for q, used in ((none, kept[r]), (full, checkpointed[r]), (sel, picked[r]))
-                      if used], default=none.transient_bytes)  # type: ignore[union-attr]
+        blocks = max([q.transient_bytes for q in used[r].values()], default=none.transient_bytes)
         out.append(state[r] + sim.ranks[r].peak_activation_bytes + max(blocks, head[r]))
     return tuple(out)
 
 
 def price_counts(none: BlockPricing, full: BlockPricing, schedule: PipelineSchedule, cut: StageCuts,
                  counts: Sequence[int], send_s: float, sel: BlockPricing | None = None,
-                 selective: Sequence[int] | None = None) -> PartialPricing:
+                 selective: Sequence[int] | None = None, mm: BlockPricing | None = None,
+                 all_mm: Sequence[int] | None = None) -> PartialPricing:
     """The candidate of ``schedule`` on ``cut`` with ``counts`` checkpointed blocks per stage (and
-    ``selective`` blocks under ``sel``'s op-level policy), simulated (module docstring, (p1)-(p5));
-    every pricing at the same microbatch."""
-    if none.micro_batch != full.micro_batch or (sel is not None and sel.micro_batch != none.micro_batch):
-        raise ValueError(f"pricings of microbatches of {none.micro_batch} and {full.micro_batch} sequences")
+    ``selective`` blocks under ``sel``'s op-level policy, then ``all_mm`` under ``mm``'s), simulated
+    (module docstring, (p1)-(p5)); every pricing at the same microbatch."""
+    for q in (full, sel, mm):
+        if q is not None and q.micro_batch != none.micro_batch:
+            raise ValueError(f"pricings of microbatches of {none.micro_batch} and {q.micro_batch} sequences")
     if len(counts) != len(cut.stages):
         raise ValueError(f"{len(counts)} counts for {len(cut.stages)} stages")
-    costs = mixed_stage_costs(none, full, cut, counts, send_s, sel, selective)
+    costs = mixed_stage_costs(none, full, cut, counts, send_s, sel, selective, mm, all_mm)
     sim = simulate_pipeline(schedule, costs)
-    memory = _rank_memory(none, full, cut, counts, schedule, sim, sel, selective)
+    memory = _rank_memory(none, full, cut, counts, schedule, sim, sel, selective, mm, all_mm)
     held = stage_in_flight(schedule)
     stages = tuple(Stage(st.first_block, st.end_block, c.forward_s + c.backward_s,
                          int(memory[schedule.stage_ranks[k]] if held[k] else 0))
                    for k, (st, c) in enumerate(zip(cut.stages, costs)))
     sels = tuple(int(x) for x in selective) if selective is not None and any(selective) else ()
+    mms = tuple(int(x) for x in all_mm) if all_mm is not None and any(all_mm) else ()
     return PartialPricing(tuple(int(c) for c in counts), StageCuts(stages, max(s.time_s for s in stages)),
-                          tuple(costs), sim, memory, sels)
+                          tuple(costs), sim, memory, sels, mms)
 
 
 def choose_counts(none: BlockPricing, full: BlockPricing, schedule: PipelineSchedule, cut: StageCuts,

@@ -1,16 +1,19 @@
 """A ``partial`` pipeline section (some blocks of each stage checkpointed) on 4 gloo ranks, against one device.
 
-One spawn of 4 ranks runs three jobs of the example LLaMA (tiny, fp32, four blocks) cut by
+One spawn of 4 ranks runs four jobs of the example LLaMA (tiny, fp32, four blocks) cut by
 ``build_pipeline_section`` with ``recompute="partial"``: 1F1B on ``pp 2 x dp 2`` with stages of two
 blocks, the first stage checkpointing one of them and the last none; the same with selective
 (op-level) blocks, stage 0 one checkpointed and one selective, stage 1 one selective and one kept;
-and ZBVZeroBubble (its split backward) with four one-block stages, stages 0 and 2 checkpointed,
-stage 1 selective. Two AdamW steps each (``test_pipeline_gloo.run_jobs``). After each step the loss
-and every parameter's gradient equal the one-device model's, and each block runs its forward as
-often per step as the schedule and its own stage's counts say: a checkpointed or selective block
-(one of its stage's first ``recompute_blocks + recompute_selective_blocks``) once per microbatch
+the same with all-mm blocks (op-level, every matmul saved), stage 0 one selective and one all-mm,
+stage 1 one all-mm and one kept; and ZBVZeroBubble (its split backward) with four one-block
+stages, stages 0 and 2 checkpointed, stage 1 selective, stage 3 all-mm. Two AdamW steps each
+(``test_pipeline_gloo.run_jobs``). After each step the loss and every parameter's gradient equal
+the one-device model's, and each block runs its forward as often per step as the schedule and its
+own stage's counts say: a checkpointed, selective or all-mm block (one of its stage's first
+``recompute_blocks + recompute_selective_blocks + recompute_all_mm_blocks``) once per microbatch
 plus once per backward call that reads it, any other once per microbatch; so the jobs cannot pass
-with the whole stage recomputing, or none of it.
+with the whole stage recomputing, or none of it. (That an all-mm block recomputes no matmul, and a
+selective one every second: ``test_pipeline_op_level_recompute.py``, one process.)
 """
 
 from __future__ import annotations
@@ -26,13 +29,14 @@ from autoshard.plan.pipeline_section import PipelineSection
 
 
 def _partial(schedule: str, cuts: tuple[int, ...], counts: tuple[int, ...], v: int = 1,
-             selective: tuple[int, ...] | None = None) -> PipelineSection:
+             selective: tuple[int, ...] | None = None, all_mm: tuple[int, ...] | None = None) -> PipelineSection:
     import dataclasses
 
     whole = _section(schedule, 2, 4, cuts, FOUR, v=v)
     sel = selective or (None,) * len(counts)
-    stages = tuple(dataclasses.replace(st, recompute_blocks=k, recompute_selective_blocks=s)
-                   for st, k, s in zip(whole.stages, counts, sel))
+    mm = all_mm or (None,) * len(counts)
+    stages = tuple(dataclasses.replace(st, recompute_blocks=k, recompute_selective_blocks=s, recompute_all_mm_blocks=m)
+                   for st, k, s, m in zip(whole.stages, counts, sel, mm))
     section = dataclasses.replace(whole, recompute="partial", stages=stages)
     return PipelineSection.from_dict(section.to_dict())  # validated, as a plan file is read
 
@@ -40,8 +44,10 @@ def _partial(schedule: str, cuts: tuple[int, ...], counts: tuple[int, ...], v: i
 JOBS = {
     "1f1b-pp2-dp2-m4-partial": ((2, 2), ("pp", "dp"), _partial("1F1B", (2,), (1, 0)), FOUR),
     "1f1b-pp2-dp2-m4-selective": ((2, 2), ("pp", "dp"), _partial("1F1B", (2,), (1, 0), selective=(1, 1)), FOUR),
+    "1f1b-pp2-dp2-m4-all-mm": ((2, 2), ("pp", "dp"), _partial("1F1B", (2,), (0, 0), selective=(1, 0),
+                                                             all_mm=(1, 1)), FOUR),
     "zbv-pp2-dp2-m4-partial": ((2, 2), ("pp", "dp"), _partial("ZBVZeroBubble", (1, 2, 3), (1, 0, 1, 0), v=2,
-                                                              selective=(0, 1, 0, 0)), FOUR),
+                                                              selective=(0, 1, 0, 0), all_mm=(0, 0, 0, 1)), FOUR),
 }
 
 
@@ -78,7 +84,8 @@ def test_only_each_stages_first_counted_blocks_recompute(results, label):
         for stage in entry["stages"]:
             st = section.stages[stage]
             for block in range(st.first_block, st.end_block):
-                again = section.checkpointed_blocks(stage) + section.selective_blocks(stage)
+                again = section.checkpointed_blocks(stage) + section.selective_blocks(stage) \
+                    + section.all_mm_blocks(stage)
                 want[block] = _forwards(section, stage, block - st.first_block < again)
         assert entry["block_forwards"] == want, f"{label} rank {rank}"
     assert len({_forwards(section, 0, True), _forwards(section, 0, False)}) == 2  # the check tells them apart
@@ -89,3 +96,6 @@ def test_selective_job_runs_selective_blocks():
     section = JOBS["1f1b-pp2-dp2-m4-selective"][2]
     assert [(section.checkpointed_blocks(k), section.selective_blocks(k)) for k in range(2)] == [(1, 1), (0, 1)]
     assert section.to_dict()["stages"][1]["recompute_selective_blocks"] == 1
+    section = JOBS["1f1b-pp2-dp2-m4-all-mm"][2]
+    assert [(section.selective_blocks(k), section.all_mm_blocks(k)) for k in range(2)] == [(1, 1), (0, 1)]
+    assert [JOBS["zbv-pp2-dp2-m4-partial"][2].all_mm_blocks(k) for k in range(4)] == [0, 0, 0, 1]
