@@ -1,9 +1,12 @@
 """Hand-made block pricings of the pipeline recomputation tests (``test_pipeline_partial``,
 ``test_pipeline_selective``): a block kept whole (``NONE``) against one fully checkpointed (``FULL``),
-with an embedding and a head as the first and last stages' extras, and the balanced cut of them."""
+with an embedding and a head as the first and last stages' extras, and the balanced cut of them; and
+the tiny LLaMA's stage priced under each recomputation policy (:func:`tiny_stage_pricing`), solved once
+per policy for every test module that asks."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 
 from costmodel.stage_cuts import BlockCost, cut_stages
@@ -32,3 +35,18 @@ def balanced_cut(n_blocks: int, schedule) -> object:
     return cut_stages([NONE.block] * n_blocks, schedule.n_stages, first_extra=NONE.first_extra,
                       last_extra=replace(NONE.last_extra, state_bytes=NONE.last_extra.state_bytes
                                          + int(NONE.head_transient_bytes)))
+
+
+_TINY_TRACES: dict = {}
+
+
+@functools.cache
+def tiny_stage_pricing(policy: str) -> BlockPricing:
+    """The tiny LLaMA's stage on 2 dp ranks (microbatches of 4, depths 2 and 3) under ``policy``: the same
+    pricing for every test module, so each policy's stage solves run once per test session."""
+    from examples.models import llama3
+
+    from autoshard.search.pipeline_blocks import price_blocks
+
+    return price_blocks(llama3.tiny, {"device": "meta"}, (2,), ("dp",), micro_batch=4, depths=(2, 3),
+                        recompute=policy, profile="cpu-gloo", time_limit=20, traces=_TINY_TRACES)

@@ -21,7 +21,7 @@ from autoshard.plan.pipeline_section import PipelineError, PipelineSection
 from autoshard.search.pipeline import PipelineLayout, pipeline_section, search_pipeline
 from autoshard.search.pipeline_partial import mixed_stage_costs, price_counts
 from autoshard.search.pipeline_selective import best_counts3, fastest_counts
-from tests.autoshard.search.pipeline_pricings import FULL, NONE, PROFILE, balanced_cut, pricing
+from tests.autoshard.search.pipeline_pricings import FULL, NONE, PROFILE, balanced_cut, pricing, tiny_stage_pricing
 
 SEL = pricing(1.0, 2.33, 800, recompute_s=0.33, transient=350.0, head=100.0)
 MM = pricing(1.0, 2.12, 1200, recompute_s=0.12, transient=320.0, head=150.0)
@@ -29,14 +29,7 @@ MM = pricing(1.0, 2.12, 1200, recompute_s=0.12, transient=320.0, head=150.0)
 
 @pytest.fixture(scope="module")
 def tiny_pricings():
-    from examples.models import llama3
-
-    from autoshard.search.pipeline_blocks import price_blocks
-
-    traces: dict = {}
-    return {policy: price_blocks(llama3.tiny, {"device": "meta"}, (2,), ("dp",), micro_batch=4, depths=(2, 3),
-                                 recompute=policy, profile="cpu-gloo", time_limit=20, traces=traces)
-            for policy in ("none", "selective_all_mm", "selective")}
+    return {policy: tiny_stage_pricing(policy) for policy in ("none", "selective_all_mm", "selective")}
 
 
 def test_an_all_mm_block_of_a_real_tiny_stage_lies_between_kept_and_selective(tiny_pricings):

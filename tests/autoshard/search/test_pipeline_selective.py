@@ -22,7 +22,7 @@ from autoshard.search.pipeline import PipelineLayout, pipeline_section, search_p
 from autoshard.search.pipeline_blocks import BlockPricing
 from autoshard.search.pipeline_partial import best_counts, mixed_stage_costs, price_counts
 from autoshard.search.pipeline_selective import best_counts3, choose_counts3, fastest_pair
-from tests.autoshard.search.pipeline_pricings import FULL, NONE, PROFILE, balanced_cut, pricing
+from tests.autoshard.search.pipeline_pricings import FULL, NONE, PROFILE, balanced_cut, pricing, tiny_stage_pricing
 
 SEL = pricing(1.0, 2.33, 800, recompute_s=0.33, transient=350.0, head=100.0)
 
@@ -55,14 +55,7 @@ def _two_kind_reference(none: BlockPricing, full: BlockPricing, cut, counts, sen
 
 @pytest.fixture(scope="module")
 def tiny_pricings():
-    from examples.models import llama3
-
-    from autoshard.search.pipeline_blocks import price_blocks
-
-    traces: dict = {}
-    return {policy: price_blocks(llama3.tiny, {"device": "meta"}, (2,), ("dp",), micro_batch=4, depths=(2, 3),
-                                 recompute=policy, profile="cpu-gloo", time_limit=20, traces=traces)
-            for policy in ("none", "full", "selective")}
+    return {policy: tiny_stage_pricing(policy) for policy in ("none", "full", "selective")}
 
 
 def test_a_selective_block_of_a_real_tiny_stage_lies_between_kept_and_checkpointed(tiny_pricings):
