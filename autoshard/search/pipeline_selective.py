@@ -33,7 +33,7 @@ lower convex hull of the three points ``(dt, d)``.
 ``a^S`` 0.20, ``a^C`` 0.03; ``dt^S`` 4.2 ms, ``dt^C`` 8.3 ms: 109 GiB/s for ``N -> S``, 41 for
 ``S -> C``; the transients ``T^N`` 1.45 GiB, ``T^S`` 2.40, ``T^C`` 2.53.)
 
-(s1) (:func:`cut_with_counts3`, (c1)-(c3) generalised) each stage's counts for its share ``M_k``
+(s1) (``_cut_with``, (c1)-(c3) generalised) each stage's counts for its share ``M_k``
 of the limit as ``pipeline_partial`` (c1) sets it (the transient the largest of the three kinds'):
 the fastest pair that frees enough,
 
@@ -43,11 +43,11 @@ found exactly by trying every ``c`` (``s`` the fewest that then suffice: ``O(n_k
 time ``n_k t^N + c_k dt^C + s_k dt^S`` enters (c2)'s recursion, which depends on ``(k, n_k)``
 only, so each pair is priced once.
 
-(s2) (:func:`trim_counts3`, (c4) generalised) after (s0)'s loop on (s1)'s cut and counts: stage by
+(s2) (``_trim``, (c4) generalised) after (s0)'s loop on (s1)'s cut and counts: stage by
 stage from the fewest in flight, each ``C`` made ``S`` while the simulated ranks fit, then each
 ``S`` made ``N``.
 
-(s2') (:func:`rebalance_counts3`) (s0) and (s1) weigh a move by what it frees, not by the stage it
+(s2') (``_rebalance``) (s0) and (s1) weigh a move by what it frees, not by the stage it
 slows: the step is paced by the slowest stages, so two ``S`` blocks on one stage may cost more than
 one on each of two stages of the same rank (Interleaved1F1B, ``v = 2``: the brute force below finds
 it). So, after (s2), one ``C`` or ``S`` block is moved from a slower stage to a faster one of the
@@ -126,8 +126,7 @@ from autoshard.search.pipeline_blocks import BlockPricing
 from autoshard.search.pipeline_partial import (PartialPricing, best_counts, cut_by_stage_price, price_counts,
                                                  stage_need, stage_shares)
 
-__all__ = ["fastest_pair", "fastest_counts", "choose_counts3", "cut_with_counts3", "trim_counts3", "rebalance_counts3",
-           "best_counts3", "REBALANCE_TRIALS"]
+__all__ = ["fastest_pair", "fastest_counts", "choose_counts3", "best_counts3", "REBALANCE_TRIALS"]
 
 REBALANCE_TRIALS = 64
 """The most simulations (s2') runs for one candidate: a 16-rank, 64-stage schedule of 16 microbatches
@@ -147,10 +146,6 @@ def _t(q: BlockPricing) -> float:
     return q.block.forward_s + q.block.backward_s
 
 
-def _gains(none: BlockPricing, full: BlockPricing, sel: BlockPricing) -> tuple[float, float, float, float]:
-    """``(d^C, d^S, dt^C, dt^S)`` per block (module docstring)."""
-    a = none.block.activation_bytes
-    return (a - full.block.activation_bytes, a - sel.block.activation_bytes, _t(full) - _t(none), _t(sel) - _t(none))
 
 
 def _price(none: BlockPricing, kinds: Sequence[BlockPricing], schedule: PipelineSchedule, cut: StageCuts,
@@ -298,13 +293,6 @@ def _cut_with(none: BlockPricing, kinds: Sequence[BlockPricing], schedule: Pipel
     return cut, [[p[j] for p in picks] for j in range(len(kinds))]
 
 
-def cut_with_counts3(none: BlockPricing, full: BlockPricing, sel: BlockPricing, schedule: PipelineSchedule,
-                     n_blocks: int, memory_limit_bytes: float, mm: BlockPricing | None = None
-                     ) -> tuple[StageCuts, tuple[int, ...], ...] | None:
-    """(s1): the cut whose slowest stage is least when each stage runs the fastest ``(c, s)`` (``(c, s,
-    m)`` where ``mm`` is given) its share of the limit allows, and those counts; None where no cut fits."""
-    found = _cut_with(none, _kinds(full, sel, mm), schedule, n_blocks, memory_limit_bytes)
-    return None if found is None else (found[0], *(tuple(c) for c in found[1]))
 
 
 def _trim(none: BlockPricing, kinds: Sequence[BlockPricing], schedule: PipelineSchedule,
@@ -336,13 +324,6 @@ def _trim(none: BlockPricing, kinds: Sequence[BlockPricing], schedule: PipelineS
     return priced
 
 
-def trim_counts3(none: BlockPricing, full: BlockPricing, sel: BlockPricing, schedule: PipelineSchedule,
-                 priced: PartialPricing, send_s: float, memory_limit_bytes: float,
-                 mm: BlockPricing | None = None) -> PartialPricing:
-    """(s2): each stage's ``C`` blocks made ``S``, then its ``S`` blocks made ``M`` (where ``mm`` is given)
-    or ``N``, then its ``M`` blocks ``N``, one at a time from the stages with the fewest in flight,
-    while the simulated ranks still fit (a kind that saves nothing is skipped)."""
-    return _trim(none, _kinds(full, sel, mm), schedule, priced, send_s, memory_limit_bytes)
 
 
 def _rebalance(none: BlockPricing, kinds: Sequence[BlockPricing], schedule: PipelineSchedule,
@@ -394,12 +375,6 @@ def _rebalance(none: BlockPricing, kinds: Sequence[BlockPricing], schedule: Pipe
     return priced
 
 
-def rebalance_counts3(none: BlockPricing, full: BlockPricing, sel: BlockPricing, schedule: PipelineSchedule,
-                      priced: PartialPricing, send_s: float, memory_limit_bytes: float,
-                      trials: int = REBALANCE_TRIALS, mm: BlockPricing | None = None) -> PartialPricing:
-    """(s2'): one block of a recomputing kind moved between two stages of one rank, or two kinds swapped
-    between them, while that fits and simulates faster; at most ``trials`` simulations."""
-    return _rebalance(none, _kinds(full, sel, mm), schedule, priced, send_s, memory_limit_bytes, trials)
 
 
 def _choices(none: BlockPricing, kinds: Sequence[BlockPricing], schedule: PipelineSchedule, balanced: StageCuts,
