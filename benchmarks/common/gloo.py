@@ -35,6 +35,7 @@ way (one rank in the calling process, NCCL on one GPU: ``gpu_check.py`` part a).
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -91,6 +92,7 @@ def _entry(rank: int, world: int, fn: Callable[..., Any], init_file: str, out_di
 
 def as_caller(env: dict[str, str], cwd: str) -> None:
     """This rank in the caller's environment and working directory (module docstring)."""
+    faulthandler.enable()  # a rank that crashes (a signal, not an exception) says where, on stderr
     os.environ.clear()
     os.environ.update(env)
     os.chdir(cwd)
