@@ -145,12 +145,23 @@ RUNS = (
                 2048, (16, 64, 8), "Interleaved1F1B", 32, 2, None, 430.0, LLAMA3_PAPER + " row 1, section 3.3.2",
                 "Meta's memory optimizations (fewer layers on the end stages, outputs freed after their send)",
                 titan_loss=False, recompute="none"),
+    PipelineRun("meta-405b-8k-chosen", "the same layout, schedule and m, v and each block's recomputation chosen",
+                "h100-sxm-80gb", 8192, 2048, (16, 64, 8), "Interleaved1F1B", 32, None, None, 430.0,
+                LLAMA3_PAPER + " row 1; layout, schedule and m as meta-405b-8k; v (stages a rank) CHOSEN among what "
+                "the schedule offers and per block kept or under one of three recomputation policies chosen "
+                "(pipeline_selective): the paper trained this stage without activation checkpointing, which does "
+                "not fit under this memory model (meta-405b-8k-noac), and does not publish v",
+                "as meta-405b-8k-noac", titan_loss=False, recompute="partial"),
     PipelineRun("meta-405b-16k", "Llama 3 405B, 16,384 GPUs, TP 8 x PP 16 x DP 128", "h100-sxm-80gb", 16384, 2048,
                 (16, 128, 8), "Interleaved1F1B", 16, 2, None, 400.0,
                 LLAMA3_PAPER + " row 2; batch per DP 16: m = 16, v = 2 (ASSUMPTION)", "as row 1", titan_loss=False),
     PipelineRun("meta-405b-16k-noac", "the same, no activation checkpointing (as published)", "h100-sxm-80gb", 16384,
                 2048, (16, 128, 8), "Interleaved1F1B", 16, 2, None, 400.0, LLAMA3_PAPER + " row 2, section 3.3.2",
                 "as meta-405b-8k-noac", titan_loss=False, recompute="none"),
+    PipelineRun("meta-405b-16k-chosen", "the same layout, schedule and m, v and each block's recomputation chosen",
+                "h100-sxm-80gb", 16384, 2048, (16, 128, 8), "Interleaved1F1B", 16, None, None, 400.0,
+                LLAMA3_PAPER + " row 2; as meta-405b-8k-chosen", "as meta-405b-8k-noac", titan_loss=False,
+                recompute="partial"),
     PipelineRun("meta-405b-128k", "Llama 3 405B long context, 16,384 GPUs, TP 8 x CP 16 x PP 16 x DP 8",
                 "h100-sxm-80gb", 16384, 128, (16, 8, 8), "Interleaved1F1B", 16, 2, None, 380.0,
                 LLAMA3_PAPER + " row 3 (issue 56): sequences of 131,072 tokens, 16M tokens = 128 sequences; DP 8 = "
@@ -468,6 +479,7 @@ def run_one(run: PipelineRun, pricer: _Pricer, flops: float) -> dict:
     if not plans:
         return {"error": "; ".join(errors), "wall_s": time.perf_counter() - t0}
     best = best_plan(plans)
+    found_s = time.perf_counter() - t0  # the plan in hand: what the target times (the what-if below is extra)
     layout = PipelineLayout(*best.mesh_shape)
     if best.recompute == "partial":  # some blocks of each stage checkpointed: both policies' pricings, mixed
         none, full = (pricer.at(run, layout.dp, layout.tp, True, recompute=r) for r in ("none", "full"))
@@ -481,7 +493,7 @@ def run_one(run: PipelineRun, pricer: _Pricer, flops: float) -> dict:
         hidden = search_pipeline(lambda mb: hide_exposed(price(mb)), layout=layout, recompute=best.recompute,
                                  **common)
     return {"plan": best, "hidden": hidden, "all": plans, "wall_s": time.perf_counter() - t0, "layouts": len(layouts),
-            "pruned": pruned, "errors": errors, "bound_s": bound}
+            "pruned": pruned, "errors": errors, "bound_s": bound, "found_s": found_s}
 
 
 def _pct(predicted: float, published: float) -> str:
@@ -610,14 +622,17 @@ def details(rows: list[tuple[PipelineRun, dict]]) -> str:
     for run, r in rows:
         if run.layout is None and "plan" in r:
             out.append("")
-            out.append(f"{run.key}: {r['layouts']} layouts, {r['pruned']} cut by the FLOPs bound "
-                       f"({r['bound_s']:.2f} s), errors: {r['errors'] or 'none'}; per layout:")
+            out.append(f"{run.key}: plan in hand after {r['found_s']:.0f} s (the wall column adds the TP-hidden "
+                       f"what-if's search, {r['wall_s'] - r['found_s']:.0f} s); {r['layouts']} layouts, "
+                       f"{r['pruned']} cut by the FLOPs bound ({r['bound_s']:.2f} s), errors: "
+                       f"{r['errors'] or 'none'}; per layout (search seconds with the stage solves it ran):")
             for p in r["all"]:
                 full_at = sorted({c.n_microbatches for c in p.candidates if c.recompute == "full"})
                 out.append(f"- {' x '.join(map(str, p.mesh_shape))}: {p.schedule} m={p.n_microbatches} "
                            f"v={p.stages_per_rank} recompute={p.recompute}: {p.step_s:.2f} s, "
                            f"{p.tokens_per_gpu_s:.1f} tokens/s/GPU, "
                            f"{p.tflops_per_gpu:.0f} TFLOPs/GPU, {max(p.rank_memory_bytes) / 2**30:.1f} GiB, "
+                           f"{p.search_s:.0f} s, "
                            f"{sum(math.isfinite(c.step_s) for c in p.candidates)}/{len(p.candidates)} candidates fit, "
                            f"full priced at m = {full_at}"
                            + (f", checkpointed blocks per stage {list(p.recompute_blocks)} of "
