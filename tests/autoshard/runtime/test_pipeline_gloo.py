@@ -146,14 +146,20 @@ def run_jobs(rank: int, world: int, jobs: dict) -> dict:
     return out
 
 
+def spawn_jobs(world: int, jobs: dict, tmp, *, timeout: float) -> list:
+    """:func:`run_jobs` of ``jobs`` (label -> (mesh shape, dim names, section, model kwargs)) on ``world``
+    gloo ranks, the sections sent as their dicts: each rank's results, in rank order."""
+    sent = {label: (shape, names, section.to_dict(), kwargs) for label, (shape, names, section, kwargs) in jobs.items()}
+    return spawn(world, run_jobs, (sent,), tmp, timeout=timeout)
+
+
 LABELS = [*JOBS, SEARCHED]
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     jobs = {**JOBS, SEARCHED: ((2, 2), ("pp", "dp"), _searched_section(), SEARCHED_KW)}
-    sent = {label: (shape, names, section.to_dict(), kwargs) for label, (shape, names, section, kwargs) in jobs.items()}
-    return jobs, spawn(4, run_jobs, (sent,), tmp_path_factory.mktemp("pipeline") / "ranks", timeout=300)
+    return jobs, spawn_jobs(4, jobs, tmp_path_factory.mktemp("pipeline") / "ranks", timeout=300)
 
 
 @pytest.fixture(scope="module")

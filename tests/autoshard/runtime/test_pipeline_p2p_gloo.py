@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import pytest
 from equivalence import assert_pipeline_matches_one_device
-from gloo_ranks import spawn
-from test_pipeline_gloo import FOUR, _section, run_jobs
+from test_pipeline_gloo import FOUR, _section, spawn_jobs
 
 JOBS = {
     "zbv-pp2-m4": ((2,), ("pp",), _section("ZBVZeroBubble", 2, 4, (1, 2, 3), FOUR, v=2, dp=1), FOUR),
@@ -57,8 +56,7 @@ def test_warmup_ops_of_the_stages_at_a_v_turn_skip_the_own_rank(rank1_of_2):
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    sent = {label: (shape, names, section.to_dict(), kwargs) for label, (shape, names, section, kwargs) in JOBS.items()}
-    return spawn(2, run_jobs, (sent,), tmp_path_factory.mktemp("pipeline-v") / "ranks", timeout=120)
+    return spawn_jobs(2, JOBS, tmp_path_factory.mktemp("pipeline-v") / "ranks", timeout=120)
 
 
 @pytest.mark.parametrize("label", list(JOBS))

@@ -22,8 +22,7 @@ from collections import Counter
 
 import pytest
 from equivalence import assert_pipeline_matches_one_device
-from gloo_ranks import spawn
-from test_pipeline_gloo import FOUR, STEPS, _section, run_jobs
+from test_pipeline_gloo import FOUR, STEPS, _section, spawn_jobs
 
 from autoshard.plan.pipeline_section import PipelineSection
 
@@ -53,8 +52,7 @@ JOBS = {
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    sent = {label: (shape, names, section.to_dict(), kwargs) for label, (shape, names, section, kwargs) in JOBS.items()}
-    return spawn(4, run_jobs, (sent,), tmp_path_factory.mktemp("pipeline-partial") / "ranks", timeout=120)
+    return spawn_jobs(4, JOBS, tmp_path_factory.mktemp("pipeline-partial") / "ranks", timeout=120)
 
 
 @pytest.mark.parametrize("label", list(JOBS))

@@ -18,12 +18,13 @@ import pytest
 from costmodel.pipeline_schedules import build_schedule
 
 from autoshard.plan.pipeline_section import PipelineError, PipelineSection
-from autoshard.search.pipeline import PipelineLayout, pipeline_section, search_pipeline
 from autoshard.search.pipeline_partial import mixed_stage_costs, price_counts
 from autoshard.search.pipeline_selective import best_counts3, fastest_counts
-from tests.autoshard.search.pipeline_pricings import FULL, NONE, PROFILE, balanced_cut, pricing, tiny_stage_pricing
+from tests.autoshard.search.pipeline_pricings import (
+    FULL, NONE, SEL, balanced_cut, kept_peak_two_ranks, recompute_line, pricing, search_two_ranks, tiny_stage_pricing,
+    two_ranks_section,
+)
 
-SEL = pricing(1.0, 2.33, 800, recompute_s=0.33, transient=350.0, head=100.0)
 MM = pricing(1.0, 2.12, 1200, recompute_s=0.12, transient=320.0, head=150.0)
 
 
@@ -160,37 +161,22 @@ def test_the_fourth_kind_is_tried_and_priced_only_where_the_three_kinds_beat_the
     assert won.simulation.step_s == four.simulation.step_s and calls == [1]
 
 
-def _search(limit: float, **more):
-    return search_pipeline(lambda mb: NONE, n_blocks=8, batch=8, seq_len=16, dim=8, layout=PipelineLayout(2, 1, 1),
-                           profile=PROFILE, flops_per_token=1.0, schedules=("1F1B",), microbatches=(4,),
-                           recompute="none", price_full=lambda mb: FULL, price_selective=lambda mb: SEL,
-                           memory_limit_bytes=limit, **more)
-
-
 def test_the_search_mixes_all_mm_blocks_and_the_section_and_explain_record_them():
-    sched = build_schedule("1F1B", n_ranks=2, n_microbatches=4)
-    top = max(price_counts(NONE, FULL, sched, balanced_cut(8, sched), (0, 0), 0.0).rank_memory_bytes)
-    three = _search(top - 1500)
-    four = _search(top - 1500, price_all_mm=lambda mb: MM)
+    limit = kept_peak_two_ranks() - 1500
+    three = search_two_ranks(limit, price_selective=lambda mb: SEL)
+    four = search_two_ranks(limit, price_selective=lambda mb: SEL, price_all_mm=lambda mb: MM)
     assert four.recompute == "partial" and sum(four.all_mm_blocks) > 0
     assert four.step_s < three.step_s
-    section = pipeline_section(four, batch=8, seq_len=16, dim=8, block_paths=[f"layers.{i}" for i in range(8)])
+    section = two_ranks_section(four)
     assert [section.all_mm_blocks(k) for k in range(2)] == list(four.all_mm_blocks)
     assert PipelineSection.from_dict(section.to_dict()) == section
-    from types import SimpleNamespace
-
-    from autoshard.plan.explain_pipeline import pipeline_lines
-
-    line = next(x for x in pipeline_lines(SimpleNamespace(pipeline=section)) if x.startswith("recompute: partial"))
     assert "all-mm (op-level, every matmul saved) blocks per stage " + ", ".join(
-        f"{k}/{st.n_blocks}" for k, st in zip(four.all_mm_blocks, section.stages)) in line
+        f"{k}/{st.n_blocks}" for k, st in zip(four.all_mm_blocks, section.stages)) in recompute_line(section)
 
 
 def test_an_all_mm_count_outside_partial_or_its_stage_is_one_line():
-    sched = build_schedule("1F1B", n_ranks=2, n_microbatches=4)
-    top = max(price_counts(NONE, FULL, sched, balanced_cut(8, sched), (0, 0), 0.0).rank_memory_bytes)
-    data = pipeline_section(_search(top - 1500, price_all_mm=lambda mb: MM), batch=8, seq_len=16, dim=8,
-                            block_paths=[f"layers.{i}" for i in range(8)]).to_dict()
+    four = search_two_ranks(kept_peak_two_ranks() - 1500, price_selective=lambda mb: SEL, price_all_mm=lambda mb: MM)
+    data = two_ranks_section(four).to_dict()
     data["stages"][0].update(recompute_blocks=1, recompute_selective_blocks=1, recompute_all_mm_blocks=3)
     with pytest.raises(PipelineError, match=r"stages\[0\].recompute_all_mm_blocks: needs a count from 0 to the "
                                             r"stage's 4 blocks less its 1 checkpointed and 1 selective, got 3"):

@@ -18,13 +18,13 @@ from costmodel.pipeline_simulate import StageCost
 from costmodel.stage_cuts import cut_stages
 
 from autoshard.plan.pipeline_section import PipelineError, PipelineSection
-from autoshard.search.pipeline import PipelineLayout, pipeline_section, search_pipeline
 from autoshard.search.pipeline_blocks import BlockPricing
 from autoshard.search.pipeline_partial import best_counts, mixed_stage_costs, price_counts
 from autoshard.search.pipeline_selective import best_counts3, choose_counts3, fastest_pair
-from tests.autoshard.search.pipeline_pricings import FULL, NONE, PROFILE, balanced_cut, pricing, tiny_stage_pricing
-
-SEL = pricing(1.0, 2.33, 800, recompute_s=0.33, transient=350.0, head=100.0)
+from tests.autoshard.search.pipeline_pricings import (
+    FULL, NONE, SEL, balanced_cut, kept_peak_two_ranks, recompute_line, search_two_ranks, tiny_stage_pricing,
+    two_ranks_section,
+)
 
 
 def _two_kind_reference(none: BlockPricing, full: BlockPricing, cut, counts, send_s: float) -> list[StageCost]:
@@ -175,39 +175,22 @@ def test_a_candidate_that_cannot_beat_the_incumbent_gets_only_the_two_kind_choic
 
 
 def test_the_search_mixes_selective_blocks_and_the_section_records_them():
-    layout = PipelineLayout(2, 1, 1)
-    common = dict(n_blocks=8, batch=8, seq_len=16, dim=8, layout=layout, profile=PROFILE, flops_per_token=1.0,
-                  schedules=("1F1B",), microbatches=(4,), recompute="none", price_full=lambda mb: FULL)
-    sched = build_schedule("1F1B", n_ranks=2, n_microbatches=4)
-    top = max(price_counts(NONE, FULL, sched, balanced_cut(8, sched), (0, 0), 0.0).rank_memory_bytes)
-    limit = top - 1500  # a block or two of one microbatch over
-    two = search_pipeline(lambda mb: NONE, memory_limit_bytes=limit, **common)
-    three = search_pipeline(lambda mb: NONE, memory_limit_bytes=limit, price_selective=lambda mb: SEL, **common)
+    limit = kept_peak_two_ranks() - 1500  # a block or two of one microbatch over
+    two = search_two_ranks(limit)
+    three = search_two_ranks(limit, price_selective=lambda mb: SEL)
     assert three.recompute == "partial" and sum(three.selective_blocks) > 0
     assert three.step_s < two.step_s
-    section = pipeline_section(three, batch=8, seq_len=16, dim=8, block_paths=[f"layers.{i}" for i in range(8)])
+    section = two_ranks_section(three)
     assert [section.selective_blocks(k) for k in range(2)] == list(three.selective_blocks)
     assert PipelineSection.from_dict(section.to_dict()) == section
     # autoshard explain's recompute line names both counts per stage
-    from types import SimpleNamespace
-
-    from autoshard.plan.explain_pipeline import pipeline_lines
-
-    line = next(x for x in pipeline_lines(SimpleNamespace(pipeline=section)) if x.startswith("recompute: partial"))
     assert "selective (op-level) blocks per stage " + ", ".join(
-        f"{k}/{st.n_blocks}" for k, st in zip(three.selective_blocks, section.stages)) in line
+        f"{k}/{st.n_blocks}" for k, st in zip(three.selective_blocks, section.stages)) in recompute_line(section)
 
 
 def test_a_selective_count_outside_partial_or_its_stage_is_one_line():
-    three = search_pipeline(lambda mb: NONE, n_blocks=8, batch=8, seq_len=16, dim=8, layout=PipelineLayout(2, 1, 1),
-                            profile=PROFILE, flops_per_token=1.0, schedules=("1F1B",), microbatches=(4,),
-                            recompute="none", price_full=lambda mb: FULL, price_selective=lambda mb: SEL,
-                            memory_limit_bytes=max(price_counts(
-                                NONE, FULL, build_schedule("1F1B", n_ranks=2, n_microbatches=4),
-                                balanced_cut(8, build_schedule("1F1B", n_ranks=2, n_microbatches=4)), (0, 0),
-                                0.0).rank_memory_bytes) - 1500)
-    data = pipeline_section(three, batch=8, seq_len=16, dim=8,
-                            block_paths=[f"layers.{i}" for i in range(8)]).to_dict()
+    three = search_two_ranks(kept_peak_two_ranks() - 1500, price_selective=lambda mb: SEL)
+    data = two_ranks_section(three).to_dict()
     data["stages"][0]["recompute_selective_blocks"] = 5
     with pytest.raises(PipelineError, match=r"stages\[0\].recompute_selective_blocks: needs a count from 0"):
         PipelineSection.from_dict(data)
