@@ -462,7 +462,8 @@ def build_pipeline_section(
             or recompute_blocks and len(recompute_blocks) != k or selective_blocks and len(selective_blocks) != k \
             or all_mm_blocks and len(all_mm_blocks) != k:
         raise PipelineError(f"pipeline: {len(stage_seconds)} stage times / {len(rank_peak_bytes)} rank peaks / "
-                            f"{len(recompute_blocks)} checkpointed-block counts for {k} stages on {n_ranks} ranks")
+                            f"{len(recompute_blocks)} checkpointed-block counts / {len(selective_blocks)} selective / "
+                            f"{len(all_mm_blocks)} all-mm for {k} stages on {n_ranks} ranks")
     stages = tuple(PipelineStagePlan(
         i, ranks[i], bounds[i], bounds[i + 1],
         (*(leading if i == 0 else ()), *block_paths[bounds[i]:bounds[i + 1]], *(trailing if i == k - 1 else ())),

@@ -94,8 +94,10 @@ def test_an_unknown_policy_lists_partial_among_the_valid_ones(pp_plan) -> None:
 
 
 def test_building_with_the_wrong_number_of_counts_is_one_line() -> None:
-    with pytest.raises(PipelineError, match="1 checkpointed-block counts for 2 stages"):
+    with pytest.raises(PipelineError, match="1 checkpointed-block counts / 0 selective / 0 all-mm for 2 stages"):
         _section(recompute="partial", recompute_blocks=(1,))
+    with pytest.raises(PipelineError, match="2 checkpointed-block counts / 0 selective / 1 all-mm for 2 stages"):
+        _section(recompute="partial", recompute_blocks=(1, 1), all_mm_blocks=(1,))
 
 
 def test_the_cli_prints_one_line_and_fails_on_a_bad_count(pp_plan, tmp_path) -> None:
